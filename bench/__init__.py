@@ -1,0 +1,1 @@
+"""Benchmarks for shmq; run ``python -m bench.local`` from the repository root."""

@@ -1,0 +1,1044 @@
+"""Local benchmark: shmq against multiprocessing.Queue, faster-fifo and pyzmq.
+
+Every case runs its producer and consumer (or pinger and ponger) in separate
+processes started with the "spawn" context. Run from the repository root::
+
+    python -m bench.local                 # full run, 5 runs per case
+    python -m bench.local --quick         # CI smoke test, well under a minute
+    python -m bench.local --systems shmq,zmq --sizes 64,1024 --json out.json
+
+Workloads: 1 producer -> 1 consumer throughput per message size, in per-message
+and batched (64) mode, and a 64 B ping-pong round-trip time (RTT) over two queues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib.metadata
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from multiprocessing import connection
+
+SYSTEMS = ("shmq", "mpqueue", "faster-fifo", "zmq")
+DEFAULT_SIZES = (64, 1024, 65536)
+BATCH = 64
+RTT_SIZE = 64
+RTT_TRIPS = 10_000
+WARMUP = 200
+QUEUE_BYTES = 64 * 2**20
+MAX_MESSAGE_BYTES = 2**20
+START_TIMEOUT = 30.0
+BARRIER_TIMEOUT = 10.0
+REAP_TIMEOUT = 10.0
+BLOCK = 3600.0  # "forever" for APIs that want a finite timeout; the parent bounds every case
+N_ANCHORS = ((64, 200_000), (1024, 100_000), (65536, 20_000))
+
+PACKAGES = {"faster-fifo": "faster-fifo", "zmq": "pyzmq"}
+BATCH_NOTES = {
+    "shmq": "put_many / get_many(64) + ack_many",
+    "mpqueue": "one list of 64 bodies per put (1 pickle), counted as 64",
+    "faster-fifo": "put_many / get_many(max_messages_to_get=64)",
+    "zmq": "one multipart message of 64 frames, counted as 64",
+}
+
+
+# ---------------------------------------------------------------- endpoints (child side)
+
+
+class _ShmqEnd:
+    """One side of a shmq queue: put/get, every delivery acked on receipt."""
+
+    def __init__(self, spec, role):
+        import shmq
+
+        namespace, name = spec
+        self._broker = shmq.connect(namespace=namespace)
+        self._q = self._broker.queue(name)
+
+    def send(self, body):
+        self._q.put(body)
+
+    def send_batch(self, bodies):
+        self._q.put_many(bodies)
+
+    def recv(self):
+        d = self._q.get()
+        body = d.body
+        d.ack()
+        return body
+
+    def recv_batch(self, limit):
+        ds = self._q.get_many(limit)
+        bodies = [d.body for d in ds]
+        self._q.ack_many(ds)
+        return bodies
+
+    def close(self):
+        self._q.close()
+        self._broker.close()
+
+
+class _MpQueueEnd:
+    """One side of a multiprocessing.Queue; a batch is one pickled list."""
+
+    def __init__(self, spec, role):
+        self._q = spec
+        self._role = role
+
+    def send(self, body):
+        self._q.put(body)
+
+    def send_batch(self, bodies):
+        self._q.put(bodies)
+
+    def recv(self):
+        return self._q.get()
+
+    def recv_batch(self, limit):
+        return self._q.get()
+
+    def close(self):
+        if self._role == "send":
+            self._q.close()
+            self._q.join_thread()
+
+
+class _FasterFifoEnd:
+    """One side of a faster_fifo.Queue."""
+
+    def __init__(self, spec, role):
+        self._q = spec
+
+    def send(self, body):
+        self._q.put(body, timeout=BLOCK)
+
+    def send_batch(self, bodies):
+        self._q.put_many(bodies, timeout=BLOCK)
+
+    def recv(self):
+        return self._q.get(timeout=BLOCK)
+
+    def recv_batch(self, limit):
+        return self._q.get_many(timeout=BLOCK, max_messages_to_get=limit)
+
+    def close(self):
+        pass
+
+
+class _ZmqEnd:
+    """A PULL socket bound to the ipc:// address, or a PUSH socket connected to it."""
+
+    def __init__(self, spec, role):
+        import zmq
+
+        self._ctx = zmq.Context()
+        if role == "recv":
+            self._sock = self._ctx.socket(zmq.PULL)
+            self._sock.bind(spec)
+        else:
+            self._sock = self._ctx.socket(zmq.PUSH)
+            self._sock.connect(spec)
+
+    def send(self, body):
+        self._sock.send(body)
+
+    def send_batch(self, bodies):
+        self._sock.send_multipart(bodies)
+
+    def recv(self):
+        return self._sock.recv()
+
+    def recv_batch(self, limit):
+        return self._sock.recv_multipart()
+
+    def close(self):
+        self._sock.close(linger=1000)
+        self._ctx.term()
+
+
+ENDPOINTS = {
+    "shmq": _ShmqEnd,
+    "mpqueue": _MpQueueEnd,
+    "faster-fifo": _FasterFifoEnd,
+    "zmq": _ZmqEnd,
+}
+
+
+# ---------------------------------------------------------------- channels (parent side)
+
+
+def queue_bytes(size):
+    """Capacity of the bounded queues (shmq, faster-fifo): 64 MiB, or two batches if larger."""
+    return max(QUEUE_BYTES, 2 * BATCH * size)
+
+
+class _ShmqChannels:
+    """Creates queues in a namespace unique to this run; deletes them all at the end."""
+
+    def __init__(self):
+        import shmq
+
+        self.namespace = f"bench{os.getpid()}"
+        self._broker = shmq.connect(namespace=self.namespace)
+        self._count = 0
+
+    def make(self, ctx, size):
+        self._count += 1
+        name = f"q{self._count}"
+        self._broker.create_queue(
+            name, max_bytes=queue_bytes(size), max_message_bytes=max(MAX_MESSAGE_BYTES, size), exist_ok=False
+        )
+        return (self.namespace, name)
+
+    def drop(self, spec):
+        self._broker.delete_queue(spec[1])
+
+    def close(self):
+        """Delete every queue of the namespace; return notes on anything left behind."""
+        for item in self._broker.list_queues():
+            self._broker.delete_queue(getattr(item, "name", item))
+        self._broker.close()
+        notes = []
+        helper = _namespace_helper()
+        if helper is not None:
+            helper(self.namespace)
+        left = _shm_leftovers(self.namespace)
+        if left:
+            why = "" if helper else " (shmq has no namespace-removal helper yet)"
+            notes.append(f"shmq left {len(left)} object(s) of namespace {self.namespace!r} "
+                         f"in /dev/shm{why}: {', '.join(left)}")
+        return notes
+
+
+NAMESPACE_HELPERS = ("remove_namespace", "destroy_namespace", "delete_namespace")
+
+
+def _namespace_helper():
+    """shmq's whole-namespace removal function, once it exists."""
+    import shmq
+
+    for name in NAMESPACE_HELPERS:
+        fn = getattr(shmq, name, None)
+        if callable(fn):
+            return fn
+    return None
+
+
+def _shm_leftovers(namespace):
+    """Names in /dev/shm that carry `namespace` as a dot-separated component."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return []
+    return sorted(n for n in names if namespace in n.split("."))
+
+
+class _MpQueueChannels:
+    """multiprocessing.Queue from the spawn context."""
+
+    def make(self, ctx, size):
+        return ctx.Queue()
+
+    def drop(self, spec):
+        spec.close()
+
+    def close(self):
+        return []
+
+
+class _FasterFifoChannels:
+    """faster_fifo.Queue with the same byte capacity as the shmq queues."""
+
+    def make(self, ctx, size):
+        import faster_fifo
+
+        return faster_fifo.Queue(max_size_bytes=queue_bytes(size))
+
+    def drop(self, spec):
+        pass
+
+    def close(self):
+        return []
+
+
+class _ZmqChannels:
+    """Unique ipc:// addresses in a private temporary directory."""
+
+    def __init__(self):
+        self._dir = tempfile.mkdtemp(prefix="shmq-bench-")
+        self._count = 0
+
+    def make(self, ctx, size):
+        self._count += 1
+        return f"ipc://{self._dir}/c{self._count}.sock"
+
+    def drop(self, spec):
+        try:
+            os.unlink(spec[len("ipc://"):])
+        except FileNotFoundError:
+            pass
+
+    def close(self):
+        shutil.rmtree(self._dir, ignore_errors=True)
+        return []
+
+
+CHANNELS = {
+    "shmq": _ShmqChannels,
+    "mpqueue": _MpQueueChannels,
+    "faster-fifo": _FasterFifoChannels,
+    "zmq": _ZmqChannels,
+}
+
+
+# ---------------------------------------------------------------- jobs and child processes
+
+
+@dataclass(frozen=True)
+class Job:
+    """One benchmark case, as handed to both of its processes."""
+
+    system: str
+    kind: str  # "tput" or "rtt"
+    size: int
+    mode: str  # "msg" or "batch"
+    n: int
+    runs: int
+    warmup: int = WARMUP
+    wait: float = START_TIMEOUT + 30.0  # children's own bound on a barrier wait
+
+    @property
+    def label(self):
+        if self.kind == "rtt":
+            return f"{self.system} rtt {self.size}B"
+        return f"{self.system} tput {self.size}B {self.mode}"
+
+    @property
+    def roles(self):
+        return ("producer", "consumer") if self.kind == "tput" else ("pinger", "ponger")
+
+
+def _open_ends(role, job, specs):
+    """Open the endpoints a role uses: [sender] / [receiver] / [sender, receiver]."""
+    end = ENDPOINTS[job.system]
+    if role == "producer":
+        return [end(specs[0], "send")]
+    if role == "consumer":
+        return [end(specs[0], "recv")]
+    if role == "pinger":
+        return [end(specs[0], "send"), end(specs[1], "recv")]
+    return [end(specs[0], "recv"), end(specs[1], "send")]
+
+
+def _batches(n):
+    """Sizes of the batches that make up n messages."""
+    full, rest = divmod(n, BATCH)
+    return [BATCH] * full + ([rest] if rest else [])
+
+
+def _produce(job, ends):
+    """Send job.n messages, one per call or in batches of 64."""
+    tx = ends[0]
+    if job.mode == "batch":
+        # distinct objects: one pickle of 64 references to one bytes object would hold one body
+        full = [bytes([i]) * job.size for i in range(BATCH)]
+        for count in _batches(job.n):
+            tx.send_batch(full if count == BATCH else full[:count])
+    else:
+        body = b"x" * job.size
+        for _ in range(job.n):
+            tx.send(body)
+    return {}
+
+
+def _consume(job, ends):
+    """Receive exactly job.n messages; time from release until the last one."""
+    rx = ends[0]
+    got = nbytes = 0
+    t0 = time.perf_counter()
+    if job.mode == "batch":
+        while got < job.n:
+            bodies = rx.recv_batch(min(BATCH, job.n - got))
+            got += len(bodies)
+            nbytes += sum(map(len, bodies))
+    else:
+        while got < job.n:
+            nbytes += len(rx.recv())
+            got += 1
+    seconds = time.perf_counter() - t0
+    if got != job.n or nbytes != job.n * job.size:
+        raise AssertionError(f"received {got} msgs / {nbytes} B, expected {job.n} / {job.n * job.size}")
+    return {"seconds": seconds}
+
+
+def _percentile(ordered, q):
+    """Nearest-rank percentile of an ascending list."""
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _ping(job, ends):
+    """job.warmup + job.n round trips; summarize the last job.n in microseconds."""
+    tx, rx = ends
+    body = b"p" * job.size
+    clock = time.perf_counter_ns
+    samples = []
+    for i in range(job.warmup + job.n):
+        t0 = clock()
+        tx.send(body)
+        reply = rx.recv()
+        t1 = clock()
+        if len(reply) != job.size:
+            raise AssertionError(f"reply of {len(reply)} B, expected {job.size}")
+        if i >= job.warmup:
+            samples.append(t1 - t0)
+    samples.sort()
+    return {
+        "p50_us": _percentile(samples, 0.50) / 1e3,
+        "p99_us": _percentile(samples, 0.99) / 1e3,
+        "mean_us": statistics.fmean(samples) / 1e3,
+        "max_us": samples[-1] / 1e3,
+    }
+
+
+def _pong(job, ends):
+    """Echo every message of a run back to the pinger."""
+    rx, tx = ends
+    for _ in range(job.warmup + job.n):
+        tx.send(rx.recv())
+    return {}
+
+
+def _warm_producer(job, ends):
+    """Before the first run: connect and warm both sides up with job.warmup messages."""
+    for _ in range(job.warmup):
+        ends[0].send(b"w" * job.size)
+
+
+def _warm_consumer(job, ends):
+    """Drain the producer's warm-up messages."""
+    for _ in range(job.warmup):
+        ends[0].recv()
+
+
+ROLES = {"producer": _produce, "consumer": _consume, "pinger": _ping, "ponger": _pong}
+WARMUPS = {"producer": _warm_producer, "consumer": _warm_consumer}
+
+
+def _trace_on_terminate(path):
+    """On SIGTERM, write every thread's Python stack to `path`, then die as usual."""
+    fh = open(path, "w")
+    faulthandler.register(signal.SIGTERM, file=fh, all_threads=True, chain=True)
+    return fh
+
+
+def _child(role, job, specs, barrier, conn, trace_path):
+    """Process entry: open, warm up, report ready, then one result per barrier release."""
+    trace = _trace_on_terminate(trace_path)  # noqa: F841  (kept open for the handler)
+    try:
+        ends = _open_ends(role, job, specs)
+        try:
+            WARMUPS.get(role, lambda j, e: None)(job, ends)
+            conn.send(("ready", None))
+            for run in range(job.runs):
+                barrier.wait(timeout=job.wait)
+                conn.send((f"run{run}", ROLES[role](job, ends)))
+            barrier.wait(timeout=job.wait)  # nobody closes while the peer may still be reading
+        finally:
+            for end in ends:
+                end.close()
+    except BaseException:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except OSError:
+            pass
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- driving a case (parent side)
+
+
+class CaseFailed(Exception):
+    """A case ended early; status is "timeout" or "error"."""
+
+    def __init__(self, status, detail):
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass
+class CaseResult:
+    """Raw outcome of one case: per-run results from the measuring process."""
+
+    system: str
+    kind: str
+    size: int
+    mode: str
+    n: int
+    status: str = "ok"
+    detail: str = ""
+    runs: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _take(role, conn, tag):
+    """Read one reply from a child; raise CaseFailed on an error or an unexpected tag."""
+    try:
+        got, payload = conn.recv()
+    except (EOFError, OSError):
+        raise CaseFailed("error", f"{role} exited without replying") from None
+    if got == "error":
+        raise CaseFailed("error", f"{role} failed:\n{payload}")
+    if got != tag:
+        raise CaseFailed("error", f"{role} replied {got!r}, expected {tag!r}")
+    return payload
+
+
+def _collect(tag, conns, procs, timeout):
+    """Wait for reply `tag` from every child, watching for crashes; bounded by timeout."""
+    deadline = time.monotonic() + timeout
+    pending = dict(conns)
+    replies = {}
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CaseFailed("timeout", f"no {tag!r} from {', '.join(pending)} within {timeout:.0f}s")
+        waitables = list(pending.values()) + [procs[r].sentinel for r in pending]
+        ready = connection.wait(waitables, timeout=left)
+        for role in list(pending):
+            conn, proc = pending[role], procs[role]
+            if conn in ready or conn.poll():
+                replies[role] = _take(role, conn, tag)
+                del pending[role]
+            elif proc.sentinel in ready:
+                raise CaseFailed("error", f"{role} exited with code {proc.exitcode} before {tag!r}")
+    return replies
+
+
+def _release(barrier, conns):
+    """Start a run; on a broken barrier report the child error if there is one."""
+    try:
+        barrier.wait(timeout=BARRIER_TIMEOUT)
+    except threading.BrokenBarrierError:
+        for role, conn in conns.items():
+            if conn.poll():
+                try:
+                    got, payload = conn.recv()
+                except (EOFError, OSError):
+                    raise CaseFailed("error", f"{role} exited before the start barrier") from None
+                if got == "error":
+                    raise CaseFailed("error", f"{role} failed:\n{payload}") from None
+        raise CaseFailed("timeout", "children did not reach the start barrier") from None
+
+
+def _reap(procs, grace):
+    """Join every process within `grace` seconds; terminate (then kill) the rest."""
+    deadline = time.monotonic() + grace
+    stuck = []
+    for role, proc in procs.items():
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            stuck.append(role)
+            proc.terminate()
+            proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return stuck
+
+
+def _is_bootstrap(line):
+    """Frames of multiprocessing's own start-up code, common to every child."""
+    return "multiprocessing" + os.sep in line or '"<string>"' in line
+
+
+def _stack_report(role, path, keep=14):
+    """The innermost frames a terminated child was in, from its SIGTERM dump."""
+    try:
+        with open(path) as fh:
+            lines = [ln.rstrip() for ln in fh if ln.strip() and not _is_bootstrap(ln)]
+    except OSError:
+        return f"\n{role} was terminated (no stack dump)"
+    if not lines:
+        return f"\n{role} was terminated (empty stack dump)"
+    return f"\n{role} was terminated; its stacks, innermost first:\n" + "\n".join(lines[:keep])
+
+
+def _spawn(ctx, job, specs, barrier, trace_dir):
+    """Start both processes of a case; return ({role: proc}, {role: reader})."""
+    procs, conns = {}, {}
+    for role in job.roles:
+        reader, writer = ctx.Pipe(duplex=False)
+        trace_path = os.path.join(trace_dir, f"{role}.txt")
+        proc = ctx.Process(
+            target=_child, args=(role, job, specs, barrier, writer, trace_path),
+            name=f"bench-{role}", daemon=True,
+        )
+        proc.start()
+        writer.close()
+        procs[role], conns[role] = proc, reader
+    return procs, conns
+
+
+def _drive(job, barrier, procs, conns, run_timeout, progress, runs):
+    """Run the case's runs, appending the measuring role's result of each to `runs`."""
+    lead = job.roles[1] if job.kind == "tput" else job.roles[0]
+    _collect("ready", conns, procs, START_TIMEOUT)
+    for run in range(job.runs):
+        progress(run)
+        _release(barrier, conns)
+        runs.append(_collect(f"run{run}", conns, procs, run_timeout)[lead])
+    _release(barrier, conns)
+
+
+def run_case(job, channels, ctx, run_timeout, progress):
+    """Run one case end to end; never raises for failures inside the case."""
+    result = CaseResult(job.system, job.kind, job.size, job.mode, job.n)
+    started = time.monotonic()
+    specs, procs = [], {}
+    trace_dir = tempfile.TemporaryDirectory(prefix="shmq-bench-trace-")
+    try:
+        specs = [channels.make(ctx, job.size) for _ in range(1 if job.kind == "tput" else 2)]
+        barrier = ctx.Barrier(3)
+        procs, conns = _spawn(ctx, job, specs, barrier, trace_dir.name)
+        _drive(job, barrier, procs, conns, run_timeout, progress, result.runs)
+    except CaseFailed as exc:
+        result.status, result.detail = exc.status, exc.detail
+        result.detail += f"\n({len(result.runs)} of {job.runs} runs had completed)"
+    except Exception:
+        result.status, result.detail = "error", traceback.format_exc()
+    finally:
+        grace = REAP_TIMEOUT if result.status == "ok" else 0.5
+        stuck = _reap(procs, grace) if procs else []
+        if stuck and result.status == "ok":
+            result.status, result.detail = "error", "processes did not exit after the last run"
+        for role in stuck:
+            result.detail += _stack_report(role, os.path.join(trace_dir.name, f"{role}.txt"))
+        trace_dir.cleanup()
+        for spec in specs:
+            try:
+                channels.drop(spec)
+            except Exception:
+                result.detail += f"\ncleanup of {spec!r} failed:\n{traceback.format_exc()}"
+    result.seconds = time.monotonic() - started
+    return result
+
+
+# ---------------------------------------------------------------- planning
+
+
+def messages_for(size):
+    """Messages per throughput run: anchors at 64 B / 1 KiB / 64 KiB, log-interpolated."""
+    (s0, n0), *_ , (s_last, n_last) = N_ANCHORS
+    if size <= s0:
+        return n0
+    if size >= s_last:
+        return max(1000, int(n_last * s_last / size))
+    for (a, na), (b, nb) in zip(N_ANCHORS, N_ANCHORS[1:]):
+        if a <= size <= b:
+            t = math.log(size / a) / math.log(b / a)
+            return int(round(math.exp(math.log(na) + t * math.log(nb / na))))
+    raise AssertionError(size)
+
+
+def plan(systems, sizes, runs, quick, run_timeout):
+    """Every job, interleaving systems so drift hits them alike."""
+    scale = 10 if quick else 1
+    wait = START_TIMEOUT + run_timeout
+    jobs = []
+    for size in sizes:
+        for mode in ("msg", "batch"):
+            for system in systems:
+                n = max(BATCH, messages_for(size) // scale)
+                jobs.append(Job(system, "tput", size, mode, n, runs, wait=wait))
+    for system in systems:
+        jobs.append(Job(system, "rtt", RTT_SIZE, "msg", RTT_TRIPS // scale, runs, wait=wait))
+    return jobs
+
+
+# ---------------------------------------------------------------- availability and machine info
+
+
+def _dist_version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def probe(system):
+    """Return None if the system can run here, else the reason it is skipped."""
+    try:
+        if system == "shmq":
+            import shmq
+
+            if not callable(getattr(shmq, "connect", None)):
+                return "shmq does not expose connect() yet"
+        elif system == "faster-fifo":
+            import faster_fifo  # noqa: F401
+        elif system == "zmq":
+            import zmq  # noqa: F401
+    except ImportError as exc:
+        if system == "shmq":
+            return f"shmq not importable ({exc})"
+        return f"{PACKAGES[system]} not installed"
+    return None
+
+
+def _shmq_version():
+    try:
+        import shmq
+    except ImportError:
+        return None
+    return getattr(shmq, "__version__", None) or _dist_version("shmq") or "source tree"
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info():
+    """CPU, cores, OS, Python and package versions."""
+    try:
+        import zmq
+
+        zmq_version = f"{zmq.__version__} (libzmq {zmq.zmq_version()})"
+    except ImportError:
+        zmq_version = None
+    physical = None
+    try:
+        import psutil
+
+        physical = psutil.cpu_count(logical=False)
+    except ImportError:
+        pass
+    return {
+        "cpu": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": physical,
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": f"{platform.python_version()} ({platform.python_implementation()})",
+        "shmq": _shmq_version(),
+        "faster-fifo": _dist_version("faster-fifo"),
+        "pyzmq": zmq_version,
+    }
+
+
+# ---------------------------------------------------------------- summary and report
+
+
+def summarize(result):
+    """Median and spread of one case's runs (empty dict unless status is ok)."""
+    if result.status != "ok" or not result.runs:
+        return {}
+    if result.kind == "rtt":
+        p50 = [r["p50_us"] for r in result.runs]
+        p99 = [r["p99_us"] for r in result.runs]
+        return {
+            "p50_us": statistics.median(p50),
+            "p99_us": statistics.median(p99),
+            "p50_min_us": min(p50),
+            "p50_max_us": max(p50),
+        }
+    rates = [result.n / r["seconds"] for r in result.runs]
+    median = statistics.median(rates)
+    return {
+        "msgs_per_s": median,
+        "msgs_per_s_min": min(rates),
+        "msgs_per_s_max": max(rates),
+        "mb_per_s": median * result.size / 1e6,
+    }
+
+
+def _si(x):
+    """1234567 -> '1.23M'."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def _size_label(size):
+    if size % 2**20 == 0:
+        return f"{size // 2**20} MiB"
+    if size % 1024 == 0:
+        return f"{size // 1024} KiB"
+    return f"{size} B"
+
+
+def _print_header(info, args, skipped, out):
+    print("shmq local benchmark", file=out)
+    cores = f"{info['logical_cpus']} logical CPUs"
+    if info["physical_cores"]:
+        cores += f", {info['physical_cores']} physical cores"
+    if info["usable_cpus"] is not None:
+        cores += f", {info['usable_cpus']} usable"
+    print(f"machine : {info['cpu']}; {cores}; {info['os']}", file=out)
+    print(f"python  : {info['python']}", file=out)
+    versions = ", ".join(f"{k} {info[k] or 'not installed'}" for k in ("shmq", "faster-fifo", "pyzmq"))
+    print(f"packages: {versions}", file=out)
+    print(f"settings: runs={args.runs}, quick={args.quick}, start method=spawn, batch={BATCH}", file=out)
+    for reason in skipped.values():
+        print(f"skipped: {reason}", file=out)
+    print(file=out)
+
+
+def _print_tput(results, runs, out):
+    rows = [(r, s) for r, s in results if r.kind == "tput"]
+    if not rows:
+        return
+    print(f"Throughput, 1 producer -> 1 consumer (separate processes), median of {runs} runs", file=out)
+    print("  msg = one message per call; batch = 64 per call (see notes); MB/s = payload, 10^6 B/s", file=out)
+    head = f"{'size':>7}  {'mode':<5}  {'system':<11}  {'N':>7}  {'msgs/s':>8}  {'(min .. max)':<19}  {'MB/s':>8}"
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for r, s in rows:
+        lead = f"{_size_label(r.size):>7}  {r.mode:<5}  {r.system:<11}  {r.n:>7}"
+        if r.status != "ok":
+            print(f"{lead}  {r.status:>8}", file=out)
+            continue
+        spread = f"({_si(s['msgs_per_s_min'])} .. {_si(s['msgs_per_s_max'])})"
+        print(f"{lead}  {_si(s['msgs_per_s']):>8}  {spread:<19}  {s['mb_per_s']:>8.1f}", file=out)
+    print("  batch notes:", file=out)
+    for system in dict.fromkeys(r.system for r, _ in rows):
+        print(f"    {system:<11} {BATCH_NOTES[system]}", file=out)
+    print(file=out)
+
+
+def _print_rtt(results, runs, out):
+    rows = [(r, s) for r, s in results if r.kind == "rtt"]
+    if not rows:
+        return
+    n = rows[0][0].n
+    print(f"RTT, {RTT_SIZE} B ping-pong over two queues (a->b, b->a), {n} round trips "
+          f"after {WARMUP} warm-up, median of {runs} runs, microseconds", file=out)
+    head = f"{'system':<11}  {'RTT p50':>9}  {'RTT p99':>9}  {'p50 (min .. max)':<20}"
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for r, s in rows:
+        if r.status != "ok":
+            print(f"{r.system:<11}  {r.status:>9}", file=out)
+            continue
+        spread = f"({s['p50_min_us']:.1f} .. {s['p50_max_us']:.1f})"
+        print(f"{r.system:<11}  {s['p50_us']:>9.1f}  {s['p99_us']:>9.1f}  {spread:<20}", file=out)
+    print(file=out)
+
+
+def _ratio(num, den):
+    return f"{num / den:.2f}x" if num and den else "n/a"
+
+
+def _ratio_cell(by_key, mine, peer, stat, invert=False):
+    """shmq / peer for one stat (peer / shmq if invert), or the status of a failed side."""
+    a, b = by_key.get(mine), by_key.get(peer)
+    for side in (a, b):
+        if side is not None and side[0].status != "ok":
+            who = "shmq" if side is a else "peer"
+            return f"{who} {side[0].status}"
+    if a is None or b is None:
+        return "n/a"
+    x, y = a[1].get(stat), b[1].get(stat)
+    return _ratio(y, x) if invert else _ratio(x, y)
+
+
+def _print_ratios(results, out):
+    """shmq / peer per throughput row, then peer / shmq RTT."""
+    by_key = {(r.system, r.kind, r.size, r.mode): (r, s) for r, s in results}
+    peers = list(dict.fromkeys(r.system for r, _ in results if r.system != "shmq"))
+    if not any(r.system == "shmq" for r, _ in results) or not peers:
+        return
+    print("Ratios shmq / peer (median msgs/s; > 1 means shmq is faster)", file=out)
+    head = f"{'size':>7}  {'mode':<5}  " + "  ".join(f"{'vs ' + p:>14}" for p in peers)
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    keys = dict.fromkeys((r.size, r.mode) for r, _ in results if r.kind == "tput")
+    for size, mode in keys:
+        cells = [_ratio_cell(by_key, ("shmq", "tput", size, mode), (p, "tput", size, mode), "msgs_per_s")
+                 for p in peers]
+        print(f"{_size_label(size):>7}  {mode:<5}  " + "  ".join(f"{c:>14}" for c in cells), file=out)
+    mine = ("shmq", "rtt", RTT_SIZE, "msg")
+    if any(r.kind == "rtt" for r, _ in results):
+        for stat in ("p50_us", "p99_us"):
+            cells = [_ratio_cell(by_key, mine, (p, "rtt", RTT_SIZE, "msg"), stat, invert=True) for p in peers]
+            label = f"RTT {stat[:3]}"
+            print(f"{label:>14}  " + "  ".join(f"{c:>14}" for c in cells), file=out)
+        print("  RTT rows are peer RTT / shmq RTT (> 1 means shmq has lower latency)", file=out)
+    print(file=out)
+
+
+def _print_failures(results, out):
+    failed = [r for r, _ in results if r.status != "ok" or r.detail]
+    if not failed:
+        return
+    print("Problems", file=out)
+    for r in failed:
+        mode = f" {r.mode}" if r.kind == "tput" else ""
+        print(f"- {r.system} {r.kind} {_size_label(r.size)}{mode}: {r.status}", file=out)
+        for line in r.detail.strip().splitlines():
+            print(f"    {line}", file=out)
+    print(file=out)
+
+
+def report(info, args, skipped, results, notes, out=sys.stdout):
+    """Print the header, the tables, the ratios, any problems and cleanup notes."""
+    _print_header(info, args, skipped, out)
+    _print_tput(results, args.runs, out)
+    _print_rtt(results, args.runs, out)
+    _print_ratios(results, out)
+    _print_failures(results, out)
+    for note in notes:
+        print(f"note: {note}", file=out)
+
+
+def write_json(path, info, args, skipped, results, notes):
+    """All raw runs and summaries as JSON."""
+    doc = {
+        "machine": info,
+        "settings": {"runs": args.runs, "quick": args.quick, "batch": BATCH, "warmup": WARMUP,
+                     "start_method": "spawn", "queue_bytes": QUEUE_BYTES, "run_timeout": args.run_timeout},
+        "skipped": skipped,
+        "notes": notes,
+        "cases": [dict(asdict(r), summary=s) for r, s in results],
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=2)
+        fh.write("\n")
+
+
+# ---------------------------------------------------------------- main
+
+
+class Progress:
+    """Progress lines on stderr: case index, label, run k/R."""
+
+    def __init__(self, total, stream=sys.stderr):
+        self._total = total
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._started = time.monotonic()
+
+    def case(self, index, job):
+        def on_run(run):
+            elapsed = time.monotonic() - self._started
+            text = f"[{index}/{self._total}] {job.label}: run {run + 1}/{job.runs} ({elapsed:.0f}s)"
+            if self._tty:
+                self._stream.write("\r\033[K" + text)
+            else:
+                self._stream.write(text + "\n")
+            self._stream.flush()
+
+        return on_run
+
+    def done(self, result):
+        if result.status != "ok":
+            line = f"  -> {result.system} {result.kind} {result.size}B {result.mode}: {result.status}"
+            self._stream.write(("\n" if self._tty else "") + line + "\n")
+        self._stream.flush()
+
+    def finish(self):
+        if self._tty:
+            self._stream.write("\n")
+        self._stream.write(f"done in {time.monotonic() - self._started:.1f}s\n")
+        self._stream.flush()
+
+
+def _csv(text, allowed=None):
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if allowed is not None:
+        bad = [x for x in items if x not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)}; choose from {', '.join(allowed)}")
+    return items
+
+
+def _parse_size(text):
+    text = text.strip().lower().removesuffix("b").removesuffix("i")
+    mult = {"k": 1024, "m": 2**20}.get(text[-1:], 1)
+    return int(text[:-1] if mult > 1 else text) * mult
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench.local", description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=5, help="runs per case (default 5)")
+    p.add_argument("--quick", action="store_true", help="N / 10 for a fast smoke test")
+    p.add_argument("--systems", type=lambda t: _csv(t, SYSTEMS), default=list(SYSTEMS),
+                   help=f"comma list from {','.join(SYSTEMS)}")
+    p.add_argument("--sizes", type=lambda t: [_parse_size(x) for x in _csv(t)], default=list(DEFAULT_SIZES),
+                   help="comma list of message sizes in bytes (1k, 64k accepted)")
+    p.add_argument("--no-rtt", action="store_true", help="skip the ping-pong latency cases")
+    p.add_argument("--run-timeout", type=float, default=None,
+                   help="seconds allowed per run before the case is a timeout (default 30; 10 with --quick)")
+    p.add_argument("--json", metavar="PATH", help="write all results as JSON")
+    args = p.parse_args(argv)
+    if args.run_timeout is None:
+        args.run_timeout = 10.0 if args.quick else 30.0
+    if args.runs < 1 or any(s < 1 for s in args.sizes):
+        p.error("--runs and --sizes must be positive")
+    return args
+
+
+def _open_channels(systems, skipped):
+    """Parent-side channel factories; a system whose factory fails is skipped."""
+    opened = {}
+    for system in systems:
+        try:
+            opened[system] = CHANNELS[system]()
+        except Exception as exc:
+            skipped[system] = f"{system} setup failed: {exc!r}"
+    return opened
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    ctx = mp.get_context("spawn")
+    skipped = {s: r for s in args.systems if (r := probe(s))}
+    channels = _open_channels([s for s in args.systems if s not in skipped], skipped)
+    jobs = [j for j in plan(list(channels), args.sizes, args.runs, args.quick, args.run_timeout)
+            if not (args.no_rtt and j.kind == "rtt")]
+    progress = Progress(len(jobs))
+    results, notes = [], []
+    try:
+        for index, job in enumerate(jobs, 1):
+            result = run_case(job, channels[job.system], ctx, args.run_timeout, progress.case(index, job))
+            progress.done(result)
+            results.append((result, summarize(result)))
+    finally:
+        for system, ch in channels.items():
+            try:
+                notes += ch.close()
+            except Exception:
+                notes.append(f"cleanup of {system} failed:\n{traceback.format_exc()}")
+        progress.finish()
+    info = machine_info()
+    report(info, args, skipped, results, notes)
+    if args.json:
+        write_json(args.json, info, args, skipped, results, notes)
+        print(f"wrote {args.json}")
+    return 0 if all(r.status == "ok" for r, _ in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""shmq: a message broker for processes on one host, with queues in shared memory.
+
+    import shmq
+    with shmq.connect() as broker:
+        q = broker.create_queue("orders", exist_ok=True)
+        q.put(b"order #42")
+        d = q.get()
+        d.ack()
+"""
+
+from .broker import Broker, default_namespace
+from .errors import (
+    DeliveryExpired,
+    MessageTooLarge,
+    QueueCorrupted,
+    QueueEmpty,
+    QueueExists,
+    QueueFull,
+    QueueNotFound,
+    ShmqError,
+)
+from .queue import Delivery, Queue, QueueStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "connect",
+    "Broker",
+    "Queue",
+    "Delivery",
+    "QueueStats",
+    "ShmqError",
+    "QueueNotFound",
+    "QueueExists",
+    "QueueFull",
+    "QueueEmpty",
+    "MessageTooLarge",
+    "DeliveryExpired",
+    "QueueCorrupted",
+    "__version__",
+]
+
+
+def connect(url: str | None = None, *, namespace: str | None = None, token: str | None = None) -> Broker:
+    """Open a broker.
+
+    With no url, attach locally to ``namespace`` (default: $SHMQ_NAMESPACE, else
+    "shmq"). ``tcp://host:port`` URLs are for remote clients of ``shmq server``.
+    """
+    if url is None:
+        return Broker(default_namespace() if namespace is None else namespace)
+    if isinstance(url, str) and url.startswith("tcp://"):
+        raise ShmqError(f"cannot connect to {url}: the TCP transport is not part of this release yet")
+    raise ValueError(f"unsupported broker url {url!r}: use no url (local) or tcp://host:port")

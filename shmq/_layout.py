@@ -1,0 +1,118 @@
+"""Byte layout of a queue segment, record encoding, and ring arithmetic.
+
+Strategy: everything here works on any writable buffer (a bytearray in the tests, the
+mmap of a segment in production) and knows nothing of locks, processes or time, so
+the arithmetic can be tested exhaustively on its own.
+
+Positions are monotonic 64-bit byte counters; a position's offset in the ring is
+``pos % capacity``. A record never straddles the end of the ring: when it would not
+fit, the tail skips the rest of the lap (marked by a PAD record, or left implicit
+when less than a record header remains). Every record starts on an 8-byte boundary,
+so its first word, the *status word*, is written by one aligned 8-byte store: the
+commit point of every change to a message's state.
+"""
+
+import struct
+
+__all__ = [
+    "MAGIC", "LAYOUT_VERSION", "ALIGN", "REC", "REC_SIZE",
+    "READY", "LEASED", "ACKED", "PAD", "DELAYED", "STATE_NAMES", "NO_HOLDER", "NEVER",
+    "STATIC", "STATIC_OFF", "MUTEX_OFF", "HOT", "HOT_OFF", "HOT_FIELDS", "COUNTERS", "COUNTERS_OFF",
+    "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE",
+    "align", "record_size", "status_word", "split_status", "skip_gap", "place", "segment_size", "data_offset",
+]
+
+MAGIC = b"SHMQ"
+LAYOUT_VERSION = 1
+ALIGN = 8
+
+# --- message states (low byte of the status word) ---------------------------------
+READY = 1     # waiting to be delivered
+LEASED = 2    # delivered, waiting for ack/nack; deadline = lease expiry
+ACKED = 3     # settled (acked, dropped, dead-lettered, purged): space to reclaim
+PAD = 4       # filler to the end of the lap; length = bytes skipped
+DELAYED = 5   # nacked with a delay; deadline = when it becomes READY again
+STATE_NAMES = {READY: "ready", LEASED: "leased", ACKED: "acked", PAD: "pad", DELAYED: "delayed"}
+NO_HOLDER = 0xFFFF
+NEVER = 2**64 - 1  # a deadline that never comes
+
+# --- record header: 48 bytes -------------------------------------------------------
+# status   u64  state | holder << 8 | attempt << 32   (the commit word)
+# length   u32  whole record, header + headers + body + padding, a multiple of 8
+# body_len u32
+# hdr_len  u32  msgpack-encoded headers that follow the record header
+# flags    u32  reserved (0): marks optional extension blocks of later versions
+# msg_id   u64
+# enq_ns   u64  wall-clock enqueue time, ns since the epoch
+# deadline u64  monotonic ns: lease expiry (LEASED) or ready time (DELAYED)
+REC = struct.Struct("<QIIIIQQQ")
+REC_SIZE = REC.size  # 48
+
+# --- segment layout ------------------------------------------------------------------
+# static header: magic, version, flags, capacity, max_message_bytes, visibility_ns,
+# max_deliveries (0 = unlimited), process slots, created_ns, data offset, name, dead-letter queue
+STATIC = struct.Struct("<4sHHQQQQQQQ H128s H128s")
+STATIC_OFF = 0
+MUTEX_OFF = 512
+HOT_OFF = 576
+HOT_FIELDS = (
+    "deleted", "head", "tail", "frontier", "ready_pos", "requeued", "next_id",
+    "ready", "in_flight", "delayed", "next_deadline", "next_liveness",
+    "cwait", "cposted", "pwait", "pposted",
+)
+HOT = struct.Struct("<%dQ" % len(HOT_FIELDS))
+COUNTERS_OFF = HOT_OFF + HOT.size
+COUNTER_FIELDS = ("acked_total", "redelivered_total", "dead_lettered_total", "purged_total", "repairs")
+COUNTERS = struct.Struct("<%dQ" % len(COUNTER_FIELDS))
+PROCS_OFF = 1024
+# process slot: pid, start_ms, consumers waiting, producers waiting
+PROC = struct.Struct("<QQQQ")
+PROC_SIZE = PROC.size
+
+assert HOT_OFF >= MUTEX_OFF + 64 and COUNTERS_OFF + COUNTERS.size <= PROCS_OFF
+assert STATIC.size <= MUTEX_OFF
+
+
+def align(n: int, to: int = ALIGN) -> int:
+    return (n + to - 1) & ~(to - 1)
+
+
+def record_size(hdr_len: int, body_len: int) -> int:
+    """Bytes a record takes in the ring."""
+    return align(REC_SIZE + hdr_len + body_len)
+
+
+def data_offset(proc_slots: int) -> int:
+    return align(PROCS_OFF + proc_slots * PROC_SIZE, 4096)
+
+
+def segment_size(capacity: int, proc_slots: int) -> int:
+    return data_offset(proc_slots) + capacity
+
+
+def status_word(state: int, holder: int = NO_HOLDER, attempt: int = 0) -> int:
+    return state | (holder << 8) | (attempt << 32)
+
+
+def split_status(word: int) -> tuple[int, int, int]:
+    """(state, holder, attempt) of a status word."""
+    return word & 0xFF, (word >> 8) & 0xFFFF, word >> 32
+
+
+def skip_gap(pos: int, capacity: int) -> int:
+    """The position itself, or the start of the next lap when too little of this one
+    remains to hold even a record header (an implicit pad)."""
+    rem = capacity - pos % capacity
+    return pos + rem if rem < REC_SIZE else pos
+
+
+def place(tail: int, size: int, capacity: int) -> tuple[int, int]:
+    """Where a record of ``size`` bytes appended at ``tail`` starts, and the new tail.
+
+    The record starts at ``tail`` when it fits before the end of the lap, else at the
+    start of the next lap (the skipped bytes are a pad). The caller checks room:
+    ``new_tail - head <= capacity``.
+    """
+    rem = capacity - tail % capacity
+    start = tail if size <= rem else tail + rem
+    return start, start + size

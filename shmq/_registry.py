@@ -1,0 +1,133 @@
+"""The namespace registry: which queues exist, in one small shared segment.
+
+Strategy: creating a queue takes several steps (segment, two semaphores, header), so
+it happens under the registry's robust mutex with the entry marked CREATING; delete
+marks it DELETING first. A process killed half-way leaves that mark behind, and the
+next holder of the lock (it gets EOWNERDEAD) removes the half-made queue. Queue
+operations never touch the registry: it is only on the create/delete/list path.
+"""
+
+import ctypes
+import struct
+import time
+
+from ._mutex import MUTEX_SIZE, RobustMutex, init_mutex
+from ._process import current_identity, is_alive
+from ._segment import create_segment, open_segment, segment_name, unlink_segment
+
+__all__ = ["Registry", "FREE", "CREATING", "LIVE", "DELETING"]
+
+_MAGIC = b"SHMR"
+_VERSION = 1
+_HEADER = struct.Struct("<4sHHQQQ")  # magic, version, pad, entries, creator pid, creator start_ms
+_MUTEX_OFF = 64
+_ENTRIES_OFF = 128
+_ENTRY = struct.Struct("<QQ128s")  # state, name length, name
+MAX_QUEUES = 1024
+_SIZE = _ENTRIES_OFF + MAX_QUEUES * _ENTRY.size
+
+FREE, CREATING, LIVE, DELETING = 0, 1, 2, 3
+_INIT_WAIT_S = 2.0
+
+
+class Registry:
+    """The registry segment of one namespace, created on first use."""
+
+    def __init__(self, namespace: str):
+        self.namespace = namespace
+        self._name = segment_name(namespace, "registry")
+        self._seg = self._open_or_create()
+        self._mm = self._seg._mmap
+        self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(self._mm, _MUTEX_OFF)))
+
+    # --- segment life -------------------------------------------------------------
+    def _open_or_create(self):
+        deadline = time.monotonic() + _INIT_WAIT_S
+        while True:
+            try:
+                seg = create_segment(self._name, _SIZE)
+            except FileExistsError:
+                pass
+            else:
+                pid, start = current_identity()
+                _HEADER.pack_into(seg._mmap, 0, b"\0\0\0\0", _VERSION, 0, MAX_QUEUES, pid, start)
+                init_mutex(ctypes.addressof(ctypes.c_char.from_buffer(seg._mmap, _MUTEX_OFF)))
+                seg._mmap[0:4] = _MAGIC  # published: attachers wait for this
+                return seg
+            try:
+                seg = open_segment(self._name)
+            except FileNotFoundError:
+                continue  # deleted between our two calls: try creating again
+            except ValueError:
+                seg = None  # zero-sized: the creator has not sized it yet
+            if seg is not None and seg.size >= _SIZE:
+                magic, _v, _p, _n, pid, start = _HEADER.unpack_from(seg._mmap, 0)
+                if magic == _MAGIC:
+                    return seg
+                if pid and not is_alive(pid, start):
+                    seg.close()
+                    unlink_segment(self._name)  # its creator died before publishing it
+                    continue
+            if seg is not None:
+                seg.close()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"registry {self._name} was never initialised by its creator")
+            time.sleep(0.001)  # the creator is between shm_open and publishing (microseconds)
+
+    def __del__(self):
+        self.close()
+
+    def close(self):
+        if getattr(self, "_seg", None) is not None:
+            self._mutex = None
+            self._seg.close()
+            self._seg = None
+
+    # --- locking ------------------------------------------------------------------
+    def __enter__(self):
+        if self._mutex.acquire():
+            # The previous holder died mid create/delete; entries it left CREATING or
+            # DELETING are finished off by the caller via ``stale_entries``.
+            self._mutex.mark_consistent()
+        return self
+
+    def __exit__(self, *exc):
+        self._mutex.release()
+
+    # --- entries (call with the lock held) ----------------------------------------
+    def _entry(self, i):
+        state, n, raw = _ENTRY.unpack_from(self._mm, _ENTRIES_OFF + i * _ENTRY.size)
+        return state, raw[:n].decode()
+
+    def _set(self, i, state, name):
+        raw = name.encode()
+        _ENTRY.pack_into(self._mm, _ENTRIES_OFF + i * _ENTRY.size, state, len(raw), raw)
+
+    def entries(self):
+        """(index, state, name) of every used entry."""
+        out = []
+        for i in range(MAX_QUEUES):
+            state, name = self._entry(i)
+            if state != FREE:
+                out.append((i, state, name))
+        return out
+
+    def find(self, name):
+        for i, state, n in self.entries():
+            if n == name:
+                return i, state
+        return None, FREE
+
+    def claim(self, name, state):
+        """Mark a free entry with ``name``; returns its index."""
+        for i in range(MAX_QUEUES):
+            if _ENTRY.unpack_from(self._mm, _ENTRIES_OFF + i * _ENTRY.size)[0] == FREE:
+                self._set(i, state, name)
+                return i
+        raise RuntimeError(f"namespace {self.namespace!r} holds {MAX_QUEUES} queues already")
+
+    def set_state(self, i, state, name):
+        self._set(i, state, name)
+
+    def free(self, i):
+        self._set(i, FREE, "")

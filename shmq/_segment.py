@@ -1,0 +1,173 @@
+"""Named shared-memory segments and semaphores, with shmq's naming and permissions.
+
+Strategy: queues must outlive every process that touches them, so no process may
+unlink a segment just because it exits. Python 3.11's ``SharedMemory`` registers every
+segment it opens — created *or merely attached* — with the resource tracker, which
+unlinks it when the process family exits (CPython issue 82300). On 3.13+ we pass
+``track=False``; before that we open segments while a thread-local gate makes the
+tracker hooks no-ops for that one call, so no registration ever happens (there is no
+window in which a SIGKILL could leave one behind). Everything is created 0600.
+"""
+
+import os
+import re
+import sys
+import threading
+from multiprocessing import shared_memory as _stdlib_shm
+
+import posix_ipc
+
+__all__ = [
+    "Segment",
+    "create_segment",
+    "open_segment",
+    "unlink_segment",
+    "create_semaphore",
+    "open_semaphore",
+    "unlink_semaphore",
+    "segment_name",
+    "check_namespace",
+    "check_queue_name",
+    "namespace_entries",
+    "destroy_namespace",
+]
+
+MODE = 0o600
+SHM_DIR = "/dev/shm"
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
+
+
+def check_namespace(namespace: str) -> str:
+    if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
+        raise ValueError(f"invalid namespace {namespace!r}: use 1-40 of A-Z a-z 0-9 _ -")
+    return namespace
+
+
+def check_queue_name(name: str) -> str:
+    if not isinstance(name, str) or not _QUEUE_RE.match(name):
+        raise ValueError(
+            f"invalid queue name {name!r}: use 1-128 of A-Z a-z 0-9 _ . : - (not starting with . : -)"
+        )
+    return name
+
+
+def segment_name(namespace: str, *parts: str) -> str:
+    """``/shmq.<namespace>.<parts...>``: every name carries the namespace."""
+    return "/" + ".".join(("shmq", namespace) + parts)
+
+
+class _TrackerGate:
+    """Stands in for ``resource_tracker`` inside ``multiprocessing.shared_memory``.
+
+    It forwards every call to the real tracker, except from a thread that is opening
+    or unlinking a shmq segment, for which register/unregister do nothing.
+    """
+
+    def __init__(self, real):
+        self._real = real
+        self._local = threading.local()
+
+    def register(self, name, rtype):
+        if not getattr(self._local, "bypass", False):
+            self._real.register(name, rtype)
+
+    def unregister(self, name, rtype):
+        if not getattr(self._local, "bypass", False):
+            self._real.unregister(name, rtype)
+
+    def __getattr__(self, attr):
+        return getattr(self._real, attr)
+
+
+_TRACK_KW = sys.version_info >= (3, 13)
+if not _TRACK_KW:
+    if not isinstance(_stdlib_shm.resource_tracker, _TrackerGate):
+        _stdlib_shm.resource_tracker = _TrackerGate(_stdlib_shm.resource_tracker)
+    _GATE = _stdlib_shm.resource_tracker
+
+
+class _Untracked:
+    def __enter__(self):
+        if not _TRACK_KW:
+            _GATE._local.bypass = True
+
+    def __exit__(self, *exc):
+        if not _TRACK_KW:
+            _GATE._local.bypass = False
+
+
+class Segment(_stdlib_shm.SharedMemory):
+    """A ``SharedMemory`` that the resource tracker never sees, created 0600."""
+
+    _mode = MODE
+
+    def __init__(self, name: str, create: bool = False, size: int = 0):
+        kwargs = {"track": False} if _TRACK_KW else {}
+        with _Untracked():
+            super().__init__(name=name.lstrip("/"), create=create, size=size, **kwargs)
+
+    def unlink(self):
+        with _Untracked():
+            super().unlink()
+
+
+def create_segment(name: str, size: int) -> Segment:
+    """Create a new segment (FileExistsError if the name is taken)."""
+    return Segment(name, create=True, size=size)
+
+
+def open_segment(name: str) -> Segment:
+    """Attach to an existing segment (FileNotFoundError if there is none)."""
+    return Segment(name)
+
+
+def unlink_segment(name: str) -> bool:
+    """Remove a segment's name; mappings stay valid until closed. False if absent."""
+    try:
+        seg = Segment.__new__(Segment)
+        seg._name = name if name.startswith("/") else "/" + name
+        Segment.unlink(seg)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def create_semaphore(name: str) -> posix_ipc.Semaphore:
+    return posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=MODE, initial_value=0)
+
+
+def open_semaphore(name: str) -> posix_ipc.Semaphore:
+    return posix_ipc.Semaphore(name)
+
+
+def unlink_semaphore(name: str) -> bool:
+    try:
+        posix_ipc.unlink_semaphore(name)
+        return True
+    except posix_ipc.ExistentialError:
+        return False
+
+
+def namespace_entries(namespace: str) -> list[str]:
+    """Every file in /dev/shm that belongs to ``namespace`` (segments and semaphores)."""
+    prefix = f"shmq.{namespace}."
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(
+        n for n in names if n.startswith(prefix) or n.startswith("sem." + prefix) or n == f"shmq.{namespace}"
+    )
+
+
+def destroy_namespace(namespace: str) -> int:
+    """Unlink every segment and semaphore of ``namespace``; returns how many were removed."""
+    check_namespace(namespace)
+    removed = 0
+    for entry in namespace_entries(namespace):
+        if entry.startswith("sem."):
+            removed += unlink_semaphore("/" + entry[4:])
+        else:
+            removed += unlink_segment("/" + entry)
+    return removed

@@ -1,0 +1,1046 @@
+"""The queue engine: one named queue in shared memory. Everything revolves around this.
+
+Strategy: a queue is one segment — a static header, a robust mutex, a control block of
+64-bit words, a table of attached processes, and a ring of records — plus two POSIX
+semaphores that wake sleepers (not_empty, not_full). Every operation takes the mutex,
+reads the control block, changes records and control words, and releases the mutex;
+semaphores only say "look again": the control block is the truth, and every wait is
+timed and re-checks it.
+
+Crash safety rests on three rules (docs/DESIGN.md walks through each crash):
+  * data is written before it is published: a put writes its records past the tail,
+    then stores the tail (one aligned 8-byte store: the commit);
+  * a message's state lives in its record's status word, changed by one aligned store;
+  * everything else in the control block (counts, cursors, waiters) can be rebuilt from
+    head, tail and the records. When a process dies holding the mutex, the next
+    locker gets EOWNERDEAD and rebuilds (``_repair``) before going on.
+Housekeeping (expired leases, delayed requeues, leases of dead processes) is done by
+whichever process touches the queue when it is due; ``shmq server`` calls it too.
+"""
+
+import ctypes
+import os
+import time
+import weakref
+from dataclasses import dataclass
+
+import posix_ipc
+
+from . import _layout as L
+from ._headers import decode_headers, encode_headers
+from ._mutex import RobustMutex
+from ._process import current_identity, is_alive
+from ._segment import open_segment, open_semaphore, segment_name
+from .errors import (
+    DeliveryExpired,
+    MessageTooLarge,
+    QueueCorrupted,
+    QueueEmpty,
+    QueueFull,
+    QueueNotFound,
+    ShmqError,
+)
+
+__all__ = ["Queue", "Delivery", "QueueStats"]
+
+LIVENESS_PERIOD_NS = 500_000_000  # how often someone checks that lease holders live
+WAIT_SLICE_S = 0.5  # longest sleep before a waiter re-reads the control block
+SPIN_NS = 50_000  # how long a consumer polls the control block before sleeping
+DLQ_RETRY_DELAY_S = 1.0  # when the dead-letter queue is full, retry after this
+
+_mono = time.monotonic_ns
+_wall = time.time_ns
+_REC_UNPACK = L.REC.unpack_from
+_REC_PACK = L.REC.pack_into
+_HOT_UNPACK = L.HOT.unpack_from
+_REC = L.REC_SIZE
+_READY, _LEASED, _ACKED, _PAD, _DELAYED = L.READY, L.LEASED, L.ACKED, L.PAD, L.DELAYED
+_NEVER = L.NEVER
+
+# word indices of the control block, for single-word reads and writes through ``_mq``
+_H = L.HOT_OFF >> 3
+(
+    I_DELETED, I_HEAD, I_TAIL, I_FRONTIER, I_READY_POS, I_REQUEUED, I_NEXT_ID, I_READY,
+    I_INFLIGHT, I_DELAYED, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_CWAIT, I_CPOSTED, I_PWAIT, I_PPOSTED,
+) = range(_H, _H + len(L.HOT_FIELDS))
+_C = L.COUNTERS_OFF >> 3
+I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = range(_C, _C + len(L.COUNTER_FIELDS))
+
+_ACK, _NACK, _DROP = 1, 2, 3
+
+_live_queues = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for q in list(_live_queues):
+        q._slot = -1  # the child is another process: it registers its own slot
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A snapshot of one queue's counters (``Queue.stats()``)."""
+
+    ready: int
+    in_flight: int
+    oldest_ready_age_s: float
+    bytes_used: int
+    max_bytes: int
+    enqueued_total: int
+    acked_total: int
+    redelivered_total: int
+    dead_lettered_total: int
+    consumers_waiting: int
+    producers_waiting: int
+    delayed: int = 0
+    purged_total: int = 0
+
+
+class Delivery:
+    """One delivered message, leased to this process until settled or expired.
+
+    Settle it exactly once: ``ack()`` deletes it, ``nack()`` makes it ready again (after
+    ``delay`` seconds), ``reject()`` dead-letters it, ``extend()`` keeps the lease longer.
+    Each raises :class:`DeliveryExpired` if the lease is no longer this delivery's.
+    """
+
+    __slots__ = ("id", "body", "attempt", "queue", "_q", "_pos", "_hraw", "_headers")
+
+    def __init__(self, q, pos, msg_id, attempt, body, hraw):
+        self._q = q
+        self._pos = pos
+        self.id = msg_id
+        self.attempt = attempt
+        self.body = body
+        self._hraw = hraw
+        self._headers = None
+        self.queue = q.name
+
+    @property
+    def headers(self) -> dict:
+        if self._headers is None:
+            self._headers = decode_headers(self._hraw)
+        return self._headers
+
+    def ack(self) -> None:
+        self._q._ack_one(self)
+
+    def nack(self, requeue: bool = True, delay: float = 0.0) -> None:
+        if requeue:
+            self._q._settle([self], _NACK, delay)
+        else:
+            self._q._dead_letter([self], "rejected")
+
+    def reject(self) -> None:
+        self._q._dead_letter([self], "rejected")
+
+    def extend(self, seconds: float) -> None:
+        self._q._extend(self, seconds)
+
+    def __repr__(self):
+        return f"<Delivery {self.queue}#{self.id} attempt={self.attempt} {len(self.body)}B>"
+
+
+class _ClosedMutex:
+    def __init__(self, name):
+        self.name = name
+
+    def acquire(self):
+        raise ShmqError(f"queue handle {self.name!r} is closed")
+
+
+def _check_body(body):
+    if type(body) is bytes:
+        return body
+    if isinstance(body, (bytearray, memoryview)):
+        return bytes(body)
+    raise TypeError(f"message body must be bytes-like, not {type(body).__name__}")
+
+
+class Queue:
+    """A handle on a named queue, attached in this process (``Broker.queue``).
+
+    Handles pickle by name: a child process (fork or spawn) re-attaches on unpickling.
+    """
+
+    def __init__(self, namespace: str, name: str):
+        self.namespace = namespace
+        self.name = name
+        self._slot = -1
+        self._dlq = None
+        try:
+            seg = open_segment(segment_name(namespace, "q", name))
+        except (FileNotFoundError, ValueError):
+            raise QueueNotFound(f"no queue {name!r} in namespace {namespace!r}") from None
+        try:
+            self._attach(seg)
+        except BaseException:
+            seg.close()
+            raise
+        _live_queues.add(self)
+
+    def _attach(self, seg):
+        mm = seg._mmap
+        if seg.size < L.PROCS_OFF:
+            raise QueueNotFound(f"no queue {self.name!r} in namespace {self.namespace!r} (being created)")
+        (magic, version, _flags, cap, maxmsg, vis_ns, maxdel, slots, created, data_off,
+         _nl, _n, dl, dlq) = L.STATIC.unpack_from(mm, L.STATIC_OFF)
+        if magic != L.MAGIC:
+            if magic == b"\0\0\0\0":
+                raise QueueNotFound(f"no queue {self.name!r} in namespace {self.namespace!r} (being created)")
+            raise QueueCorrupted(f"segment of queue {self.name!r} is not a shmq queue")
+        if version != L.LAYOUT_VERSION:
+            raise QueueCorrupted(f"queue {self.name!r} has layout version {version}, expected {L.LAYOUT_VERSION}")
+        if seg.size < data_off + cap:
+            raise QueueCorrupted(f"segment of queue {self.name!r} is truncated")
+        self._seg = seg
+        self._mm = mm
+        self._mq = memoryview(mm).cast("Q")
+        self._cap = cap
+        self._base = data_off
+        self.max_bytes = cap
+        self.max_message_bytes = maxmsg
+        self.visibility_timeout = vis_ns / 1e9
+        self._vis_ns = vis_ns
+        self.max_deliveries = maxdel or None
+        self._nslots = slots
+        self.created_at = created / 1e9
+        self.dead_letter_queue = dlq[:dl].decode() or None
+        # The mutex lives at a fixed address of the mapping, valid until close().
+        self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
+        base = segment_name(self.namespace, "q", self.name)
+        try:
+            self._ne = open_semaphore(base + ".ne")
+            self._nf = open_semaphore(base + ".nf")
+        except posix_ipc.ExistentialError:
+            raise QueueNotFound(f"queue {self.name!r} in namespace {self.namespace!r} was deleted") from None
+
+    def __reduce__(self):
+        return (_reattach, (self.namespace, self.name))
+
+    def __repr__(self):
+        return f"<shmq.Queue {self.namespace}/{self.name}>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_seg", None) is not None:
+            self.close()
+
+    def close(self) -> None:
+        """Detach from the queue in this process. The queue itself stays."""
+        if isinstance(self._mutex, _ClosedMutex):
+            return
+        self._mutex = _ClosedMutex(self.name)
+        self._mq.release()
+        self._ne.close()
+        self._nf.close()
+        self._seg.close()
+        if self._dlq is not None:
+            self._dlq.close()
+        _live_queues.discard(self)
+
+    # ------------------------------------------------------------------ locking
+    def _acquire(self):
+        if self._mutex.acquire():
+            try:
+                self._repair()
+            finally:
+                self._mutex.mark_consistent()
+
+    def _release(self):
+        self._mutex.release()
+
+    def _gone(self):
+        return QueueNotFound(f"queue {self.name!r} in namespace {self.namespace!r} was deleted")
+
+    def _repair(self):
+        """Rebuild every derived control word from head, tail and the records.
+
+        Called with the lock held after its previous holder died inside an update.
+        """
+        mq, mm, cap, base = self._mq, self._mm, self._cap, self._base
+        head, tail = mq[I_HEAD], mq[I_TAIL]
+        ready = inflight = delayed = requeued = ready_run = 0
+        first_ready = None
+        frontier = head
+        next_deadline = _NEVER
+        max_id = 0
+        pos = head
+        while pos < tail:
+            pos = L.skip_gap(pos, cap)
+            if pos >= tail:
+                break
+            a = base + pos % cap
+            status, length, _b, _h, _f, msg_id, _e, deadline = _REC_UNPACK(mm, a)
+            state = status & 0xFF
+            if length < _REC or length % 8 or pos % cap + length > cap or pos + length > tail:
+                tail = pos  # a record the dead writer never finished: drop it
+                break
+            if state == _PAD:
+                pos += length
+                continue
+            max_id = max(max_id, msg_id)
+            if state == _READY:
+                ready += 1
+                ready_run += 1
+                if first_ready is None:
+                    first_ready = pos
+            else:
+                requeued += ready_run
+                ready_run = 0
+                frontier = pos + length
+                if state == _LEASED:
+                    inflight += 1
+                    next_deadline = min(next_deadline, deadline)
+                elif state == _DELAYED:
+                    delayed += 1
+                    next_deadline = min(next_deadline, deadline)
+            pos += length
+        cwait = pwait = 0
+        for i in range(self._nslots):
+            pid, _s, cw, pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+            if pid:
+                cwait += cw
+                pwait += pw
+        mq[I_TAIL] = tail
+        mq[I_NEXT_ID] = max(mq[I_NEXT_ID], max_id + 1)
+        mq[I_FRONTIER] = frontier
+        mq[I_READY_POS] = first_ready if requeued else frontier
+        mq[I_REQUEUED] = requeued
+        mq[I_READY] = ready
+        mq[I_INFLIGHT] = inflight
+        mq[I_DELAYED] = delayed
+        mq[I_NEXT_DEADLINE] = next_deadline
+        mq[I_NEXT_LIVENESS] = 0
+        mq[I_CWAIT] = cwait
+        mq[I_CPOSTED] = 0
+        mq[I_PWAIT] = pwait
+        mq[I_PPOSTED] = 0
+        mq[I_REPAIRS] += 1
+        self._advance_head()
+
+    def _advance_head(self):
+        """Reclaim settled records and pads at the head. Lock held. Returns True if it moved."""
+        mq, cap, base = self._mq, self._cap, self._base
+        head = start = mq[I_HEAD]
+        tail = mq[I_TAIL]
+        while head < tail:
+            pos = L.skip_gap(head, cap)
+            if pos >= tail:
+                head = tail
+                break
+            a = base + pos % cap
+            state = mq[a >> 3] & 0xFF
+            if state != _ACKED and state != _PAD:
+                break
+            head = pos + (mq[(a + 8) >> 3] & 0xFFFFFFFF)
+        if head == start:
+            return False
+        mq[I_HEAD] = head
+        # only settled records and pads lay behind the new head: cursors follow it
+        if mq[I_FRONTIER] < head:
+            mq[I_FRONTIER] = head
+        if mq[I_READY_POS] < head:
+            mq[I_READY_POS] = head
+        return True
+
+    def _my_slot(self):
+        """This process's row in the process table (registered on first need). Lock held."""
+        slot = self._slot
+        if slot >= 0:
+            return slot
+        pid, start = current_identity()
+        mm, free = self._mm, -1
+        for i in range(self._nslots):
+            p, s, _cw, _pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+            if p == pid and s == start:
+                self._slot = i
+                return i
+            if p == 0 and free < 0:
+                free = i
+        if free < 0:
+            raise ShmqError(f"queue {self.name!r}: all {self._nslots} process slots are taken")
+        L.PROC.pack_into(mm, L.PROCS_OFF + free * L.PROC_SIZE, pid, start, 0, 0)
+        self._slot = free
+        return free
+
+    def _slot_word(self, slot, field):
+        return ((L.PROCS_OFF + slot * L.PROC_SIZE) >> 3) + field
+
+    # ------------------------------------------------------------------ put
+    def put(self, body, headers=None, timeout=None) -> int:
+        """Append one message; blocks while the queue is full.
+
+        Returns the message id. Raises QueueFull after ``timeout`` seconds (None: wait
+        forever), MessageTooLarge / TypeError on bad input (nothing enqueued).
+        """
+        body = _check_body(body)
+        hraw = encode_headers(headers) if headers else b""
+        if len(body) > self.max_message_bytes:
+            raise MessageTooLarge(
+                f"message body is {len(body)} bytes; queue {self.name!r} takes at most {self.max_message_bytes}"
+            )
+        ids = self._append(((body, hraw),), timeout)
+        return ids[0]
+
+    def put_nowait(self, body, headers=None) -> int:
+        """``put`` that raises QueueFull at once instead of waiting."""
+        return self.put(body, headers, timeout=0)
+
+    def put_many(self, bodies, timeout=None) -> list[int]:
+        """Append a batch under one lock, all or nothing; returns the ids in order.
+
+        Items are bodies or ``(body, headers)`` pairs.
+        """
+        items = []
+        maxmsg = self.max_message_bytes
+        for item in bodies:
+            if type(item) is tuple:
+                body, headers = item
+                hraw = encode_headers(headers) if headers else b""
+            else:
+                body, hraw = item, b""
+            body = _check_body(body)
+            if len(body) > maxmsg:
+                raise MessageTooLarge(
+                    f"message body is {len(body)} bytes; queue {self.name!r} takes at most {maxmsg}"
+                )
+            items.append((body, hraw))
+        if not items:
+            return []
+        return self._append(items, timeout)
+
+    def _append(self, items, timeout):
+        deadline = None if timeout is None else _mono() + int(timeout * 1e9)
+        total = 0
+        for body, hraw in items:
+            total += L.record_size(len(hraw), len(body))
+        if total > self._cap:
+            raise MessageTooLarge(
+                f"{total} bytes of records can never fit in queue {self.name!r} (max_bytes={self._cap})"
+            )
+        waited = 0
+        while True:
+            ids, post, deleted = self._try_append(items, waited, deadline)
+            if deleted:
+                raise self._gone()
+            if post:
+                for _ in range(post):
+                    self._ne.release()
+            if ids is not None:
+                return ids
+            if deadline is not None and _mono() >= deadline:
+                raise QueueFull(f"queue {self.name!r} is full")
+            waited = self._sleep(self._nf, deadline)
+
+    def _try_append(self, items, waited, deadline):
+        """One locked attempt. Returns (ids or None, semaphore posts owed, deleted)."""
+        mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
+        self._acquire()
+        try:
+            (deleted, head, tail, frontier, _rp, _rq, next_id, ready, _inf, _dl, _nd, _nl,
+             cwait, cposted, pwait, pposted) = _HOT_UNPACK(mm, L.HOT_OFF)
+            if deleted:
+                return None, 0, True
+            if waited:
+                slot = self._slot
+                mq[I_PWAIT] = pwait = pwait - 1
+                mq[self._slot_word(slot, 3)] -= 1
+                if waited == 2 and pposted:
+                    pposted -= 1
+                if not pwait:
+                    pposted = 0
+                mq[I_PPOSTED] = pposted
+            # where the batch goes
+            end = tail
+            for body, hraw in items:
+                end = L.place(end, L.record_size(len(hraw), len(body)), cap)[1]
+            if end - head > cap and head == tail and tail % cap:
+                # empty but badly placed: start the next lap, so any batch <= capacity fits
+                tail = head = tail + cap - tail % cap
+                mq[I_HEAD] = head
+                mq[I_FRONTIER] = mq[I_READY_POS] = tail
+                mq[I_TAIL] = tail
+                end = tail
+                for body, hraw in items:
+                    end = L.place(end, L.record_size(len(hraw), len(body)), cap)[1]
+            if end - head > cap:
+                if deadline is None or _mono() < deadline:
+                    slot = self._my_slot()
+                    mq[I_PWAIT] = pwait + 1
+                    mq[self._slot_word(slot, 3)] += 1
+                return None, 0, False
+            # write the records past the tail, then publish them with one store
+            now = _wall()
+            pos = tail
+            ids = []
+            for body, hraw in items:
+                hl = len(hraw)
+                bl = len(body)
+                size = L.record_size(hl, bl)
+                rem = cap - pos % cap
+                if size > rem:
+                    if rem >= _REC:
+                        _REC_PACK(mm, base + pos % cap, _PAD, rem, 0, 0, 0, 0, 0, 0)
+                    pos += rem
+                a = base + pos % cap
+                _REC_PACK(mm, a, _READY, size, bl, hl, 0, next_id, now, 0)
+                if hl:
+                    mm[a + _REC:a + _REC + hl] = hraw
+                mm[a + _REC + hl:a + _REC + hl + bl] = body
+                ids.append(next_id)
+                next_id += 1
+                pos += size
+            mq[I_TAIL] = pos  # commit
+            mq[I_NEXT_ID] = next_id
+            mq[I_READY] = ready + len(ids)
+            post = 0
+            if cwait > cposted:
+                post = min(cwait - cposted, len(ids))
+                mq[I_CPOSTED] = cposted + post
+            return ids, post, False
+        finally:
+            self._release()
+
+    # ------------------------------------------------------------------ get
+    def get(self, timeout=None, visibility_timeout=None) -> Delivery:
+        """Lease the oldest ready message; blocks until one is ready.
+
+        Raises QueueEmpty after ``timeout`` seconds (None: wait forever).
+        """
+        return self._get(1, timeout, visibility_timeout)[0]
+
+    def get_nowait(self, visibility_timeout=None) -> Delivery:
+        """``get`` that raises QueueEmpty at once instead of waiting."""
+        return self._get(1, 0, visibility_timeout)[0]
+
+    def get_many(self, max_messages=64, timeout=None, visibility_timeout=None) -> list[Delivery]:
+        """Lease up to ``max_messages``; returns as soon as at least one is ready."""
+        if type(max_messages) is not int or max_messages < 1:
+            raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
+        return self._get(max_messages, timeout, visibility_timeout)
+
+    def _get(self, maxn, timeout, visibility_timeout):
+        if visibility_timeout is None:
+            vis_ns = self._vis_ns
+        else:
+            vis_ns = _seconds_ns(visibility_timeout, "visibility_timeout")
+        deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
+        waited = 0
+        spun = timeout == 0
+        mq = self._mq
+        while True:
+            can_wait = deadline is None or _mono() < deadline
+            got = self._take(maxn, vis_ns, waited, spun and can_wait)
+            if got:
+                return got
+            if not can_wait:
+                raise QueueEmpty(f"queue {self.name!r} is empty")
+            if not spun:
+                spun = True
+                end = _mono() + SPIN_NS
+                if deadline is not None:
+                    end = min(end, deadline)
+                while _mono() < end:
+                    if mq[I_READY] or mq[I_DELETED]:
+                        break
+                waited = 0
+                continue
+            waited = self._sleep(self._ne, deadline)
+
+    def _sleep(self, sem, deadline):
+        """Sleep on a semaphore for at most one slice. Returns 2 if woken by a post, 1 if not."""
+        now = _mono()
+        slice_ns = int(WAIT_SLICE_S * 1e9)
+        if deadline is not None:
+            slice_ns = min(slice_ns, deadline - now)
+        next_due = self._mq[I_NEXT_DEADLINE]
+        if next_due != _NEVER:
+            slice_ns = min(slice_ns, max(next_due - now, 0) + 1_000_000)
+        try:
+            sem.acquire(max(slice_ns, 0) / 1e9)
+            return 2
+        except posix_ipc.BusyError:
+            return 1
+        except posix_ipc.SignalError:
+            return 1
+
+    def _take(self, maxn, vis_ns, waited, register):
+        """One locked attempt to lease up to ``maxn`` ready messages."""
+        mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
+        out = []
+        dead = None
+        reap = False
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            now = _mono()
+            if waited:
+                slot = self._slot
+                cwait = mq[I_CWAIT] - 1
+                mq[I_CWAIT] = cwait
+                mq[self._slot_word(slot, 2)] -= 1
+                cposted = mq[I_CPOSTED]
+                if waited == 2 and cposted:
+                    cposted -= 1
+                mq[I_CPOSTED] = cposted if cwait else 0
+            if now >= mq[I_NEXT_DEADLINE]:
+                self._expire(now)
+            if now >= mq[I_NEXT_LIVENESS]:
+                mq[I_NEXT_LIVENESS] = now + LIVENESS_PERIOD_NS
+                reap = True
+            ready = mq[I_READY]
+            if ready:
+                slot = self._my_slot()
+                requeued = mq[I_REQUEUED]
+                frontier = mq[I_FRONTIER]
+                tail = mq[I_TAIL]
+                maxdel = self.max_deliveries
+                lease = _LEASED | (slot << 8)
+                until = now + vis_ns
+                redelivered = 0
+                n = 0
+                while n < maxn:
+                    if requeued:
+                        pos = mq[I_READY_POS]
+                        while pos < frontier:  # the lowest READY record below the frontier
+                            pos = L.skip_gap(pos, cap)
+                            a = base + pos % cap
+                            if mq[a >> 3] & 0xFF == _READY:
+                                break
+                            pos += mq[(a + 8) >> 3] & 0xFFFFFFFF
+                        if pos >= frontier:  # the count was stale: none left below the frontier
+                            requeued = 0
+                            mq[I_READY_POS] = frontier
+                            continue
+                        requeued -= 1
+                    else:
+                        pos = frontier
+                        if pos >= tail:
+                            break
+                        pos = L.skip_gap(pos, cap)
+                        a = base + pos % cap
+                        w = mq[a >> 3]
+                        if w & 0xFF == _PAD:
+                            frontier = pos + (mq[(a + 8) >> 3] & 0xFFFFFFFF)
+                            continue
+                    status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
+                    attempt = (status >> 32) + 1
+                    mq[(a + 40) >> 3] = until
+                    mq[a >> 3] = lease | (attempt << 32)  # commit
+                    if pos >= frontier:
+                        frontier = pos + length
+                    mq[I_READY_POS] = mq[I_FRONTIER] = frontier  # (READY_POS fixed below)
+                    if requeued:
+                        mq[I_READY_POS] = pos + length
+                    mq[I_REQUEUED] = requeued
+                    ready -= 1
+                    mq[I_READY] = ready
+                    mq[I_INFLIGHT] += 1
+                    if attempt > 1:
+                        redelivered += 1
+                    b = a + _REC + hl
+                    if maxdel is not None and attempt > maxdel:
+                        if dead is None:
+                            dead = []
+                        dead.append(Delivery(self, pos, msg_id, attempt, mm[b:b + bl], mm[a + _REC:b] if hl else None))
+                    else:
+                        out.append(Delivery(self, pos, msg_id, attempt, mm[b:b + bl], mm[a + _REC:b] if hl else None))
+                        n += 1
+                    if not ready:
+                        break
+                if redelivered:
+                    mq[I_REDELIVERED_TOTAL] += redelivered
+                if until < mq[I_NEXT_DEADLINE]:
+                    mq[I_NEXT_DEADLINE] = until
+            if not out and register:
+                slot = self._my_slot()
+                mq[I_CWAIT] += 1
+                mq[self._slot_word(slot, 2)] += 1
+        finally:
+            self._release()
+        if reap:
+            self._reap_dead()
+        if dead:
+            self._dead_letter(dead, "max-deliveries")
+        return out
+
+    # ------------------------------------------------------------------ settle
+    def _check_lease(self, d):
+        """Address of the delivery's record if its lease is still d's, else None. Lock held."""
+        pos = d._pos
+        mq = self._mq
+        if pos < mq[I_HEAD] or pos >= mq[I_TAIL]:
+            return None
+        a = self._base + pos % self._cap
+        w = mq[a >> 3]
+        if w & 0xFF != _LEASED or w >> 32 != d.attempt or mq[(a + 24) >> 3] != d.id:
+            return None
+        if mq[(a + 40) >> 3] <= _mono():
+            return None  # lapsed, even if no one has made it ready again yet
+        return a
+
+    def _ack_one(self, d):
+        if d._q is not self:
+            raise ValueError("delivery belongs to another queue handle")
+        mq = self._mq
+        post = False
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            a = self._check_lease(d)
+            if a is None:
+                raise DeliveryExpired(f"delivery {self.name}#{d.id} attempt {d.attempt} is no longer leased")
+            mq[a >> 3] = (mq[a >> 3] & ~0xFF) | _ACKED  # commit
+            mq[I_INFLIGHT] -= 1
+            mq[I_ACKED_TOTAL] += 1
+            pos, head = d._pos, mq[I_HEAD]
+            if (pos == head or (pos % self._cap == 0 and pos - head < self._cap)) and self._advance_head():
+                pw, pp = mq[I_PWAIT], mq[I_PPOSTED]
+                if pw > pp:
+                    mq[I_PPOSTED] = pp + 1
+                    post = True
+        finally:
+            self._release()
+        if post:
+            self._nf.release()
+
+    def ack_many(self, deliveries) -> int:
+        """Ack a batch under one lock. Raises DeliveryExpired naming those no longer
+        leased (the others are acked). Returns how many were acked."""
+        return self._settle(deliveries, _ACK, 0.0)
+
+    def _settle(self, deliveries, action, delay, dead_lettered=False):
+        mq, cap, base = self._mq, self._cap, self._base
+        deliveries = list(deliveries)
+        for d in deliveries:
+            if not isinstance(d, Delivery) or d._q is not self:
+                raise TypeError(f"expected deliveries of queue {self.name!r}, got {d!r}")
+        delay_ns = _seconds_ns(delay, "delay") if action == _NACK else 0
+        expired = []
+        done = 0
+        freed = False
+        wake = 0
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            now = _mono()
+            for d in deliveries:
+                a = self._check_lease(d)
+                if a is None:
+                    expired.append(d)
+                    continue
+                w = mq[a >> 3]
+                done += 1
+                if action == _NACK:
+                    mq[I_INFLIGHT] -= 1
+                    if delay_ns:
+                        mq[(a + 40) >> 3] = now + delay_ns
+                        mq[a >> 3] = _DELAYED | (L.NO_HOLDER << 8) | (w >> 32 << 32)
+                        mq[I_DELAYED] += 1
+                        if now + delay_ns < mq[I_NEXT_DEADLINE]:
+                            mq[I_NEXT_DEADLINE] = now + delay_ns
+                    else:
+                        self._make_ready(a, d._pos, w)
+                        wake += 1
+                else:
+                    mq[a >> 3] = (w & ~0xFF) | _ACKED
+                    mq[I_INFLIGHT] -= 1
+                    mq[I_DEAD_TOTAL if dead_lettered else I_ACKED_TOTAL] += 1
+                    pos, head = d._pos, mq[I_HEAD]
+                    if pos == head or (pos % cap == 0 and pos - head < cap):  # first after head, or after a pad
+                        freed = True
+            if freed:
+                freed = self._advance_head()
+            post_nf = post_ne = 0
+            if freed and mq[I_PWAIT] > mq[I_PPOSTED]:
+                post_nf = 1
+                mq[I_PPOSTED] += 1
+            if wake:
+                post_ne = self._owed_consumer_posts(wake)
+        finally:
+            self._release()
+        for _ in range(post_nf):
+            self._nf.release()
+        for _ in range(post_ne):
+            self._ne.release()
+        if expired:
+            ids = ", ".join(f"#{d.id}" for d in expired[:10])
+            raise DeliveryExpired(f"{len(expired)} deliveries of {self.name!r} are no longer leased: {ids}")
+        return done
+
+    def _make_ready(self, a, pos, w):
+        """A delivered record becomes ready again, keeping its attempt count. Lock held."""
+        mq = self._mq
+        mq[a >> 3] = _READY | (L.NO_HOLDER << 8) | (w >> 32 << 32)  # commit
+        mq[I_READY] += 1
+        mq[I_REQUEUED] += 1
+        if pos < mq[I_READY_POS]:
+            mq[I_READY_POS] = pos
+
+    def _owed_consumer_posts(self, n):
+        mq = self._mq
+        cw, cp = mq[I_CWAIT], mq[I_CPOSTED]
+        post = min(max(cw - cp, 0), n)
+        mq[I_CPOSTED] = cp + post
+        return post
+
+    def _extend(self, d, seconds):
+        until = _mono() + _seconds_ns(seconds, "seconds")
+        mq = self._mq
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            a = self._check_lease(d)
+            if a is None:
+                raise DeliveryExpired(f"delivery {self.name}#{d.id} attempt {d.attempt} is no longer leased")
+            mq[(a + 40) >> 3] = until
+            if until < mq[I_NEXT_DEADLINE]:
+                mq[I_NEXT_DEADLINE] = until
+        finally:
+            self._release()
+
+    # ------------------------------------------------------------------ dead letters
+    def _dead_letter(self, deliveries, reason):
+        """Move leased deliveries to the dead-letter queue (or drop them), then settle.
+
+        The copy goes first: a crash in between duplicates the message, never loses it.
+        """
+        keep = []
+        self._acquire()
+        try:
+            for d in deliveries:
+                if self._check_lease(d) is None:
+                    if reason == "rejected":
+                        raise DeliveryExpired(
+                            f"delivery {self.name}#{d.id} attempt {d.attempt} is no longer leased"
+                        )
+                    continue
+                keep.append(d)
+        finally:
+            self._release()
+        if self.dead_letter_queue:
+            full = []
+            for d in keep:
+                headers = dict(d.headers)
+                headers.update({
+                    "x-death-reason": reason,
+                    "x-death-queue": self.name,
+                    "x-death-id": d.id,
+                    "x-death-attempts": d.attempt,
+                })
+                try:
+                    self._dead_letter_target().put_nowait(d.body, headers)
+                except QueueFull:
+                    full.append(d)
+                except QueueNotFound:
+                    self._dlq = None  # deleted: the message is dropped, as with no DLQ
+            if full:
+                self._settle(full, _NACK, DLQ_RETRY_DELAY_S)
+                keep = [d for d in keep if d not in full]
+        if keep:
+            try:
+                self._settle(keep, _ACK, 0.0, dead_lettered=True)
+            except DeliveryExpired:
+                pass  # expired meanwhile: it is redelivered (and was copied): at least once
+
+    def _dead_letter_target(self):
+        if self._dlq is None:
+            self._dlq = Queue(self.namespace, self.dead_letter_queue)
+        return self._dlq
+
+    # ------------------------------------------------------------------ housekeeping
+    def _expire(self, now):
+        """Expired leases and due delayed messages become ready. Lock held."""
+        mq, mm, cap, base = self._mq, self._mm, self._cap, self._base
+        pos, end = mq[I_HEAD], mq[I_FRONTIER]
+        next_deadline = _NEVER
+        woke = 0
+        while pos < end:
+            pos = L.skip_gap(pos, cap)
+            if pos >= end:
+                break
+            a = base + pos % cap
+            w = mq[a >> 3]
+            state = w & 0xFF
+            if state == _LEASED or state == _DELAYED:
+                due = mq[(a + 40) >> 3]
+                if due <= now:
+                    mq[I_INFLIGHT if state == _LEASED else I_DELAYED] -= 1
+                    self._make_ready(a, pos, w)
+                    woke += 1
+                elif due < next_deadline:
+                    next_deadline = due
+            pos += mq[(a + 8) >> 3] & 0xFFFFFFFF
+        mq[I_NEXT_DEADLINE] = next_deadline
+        if woke:
+            for _ in range(self._owed_consumer_posts(woke)):
+                self._ne.release()
+        return woke
+
+    def _reap_dead(self):
+        """Give back the leases of processes that died, and forget them."""
+        mm, mq = self._mm, self._mq
+        me = os.getpid()
+        suspects = []
+        for i in range(self._nslots):
+            pid, start, _cw, _pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+            if pid and pid != me and not is_alive(pid, start):
+                suspects.append((i, pid, start))
+        if not suspects:
+            return 0
+        returned = 0
+        self._acquire()
+        try:
+            for i, pid, start in suspects:
+                p, s, cw, pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+                if (p, s) != (pid, start):
+                    continue  # reused meanwhile
+                returned += self._release_holder(i)
+                mq[I_CWAIT] -= cw
+                mq[I_PWAIT] -= pw
+                L.PROC.pack_into(mm, L.PROCS_OFF + i * L.PROC_SIZE, 0, 0, 0, 0)
+            posts = self._owed_consumer_posts(returned) if returned else 0
+        finally:
+            self._release()
+        for _ in range(posts):
+            self._ne.release()
+        return returned
+
+    def _release_holder(self, slot):
+        """Every lease held by process ``slot`` becomes ready again. Lock held."""
+        mq, cap, base = self._mq, self._cap, self._base
+        pos, end = mq[I_HEAD], mq[I_FRONTIER]
+        n = 0
+        while pos < end:
+            pos = L.skip_gap(pos, cap)
+            if pos >= end:
+                break
+            a = base + pos % cap
+            w = mq[a >> 3]
+            if w & 0xFF == _LEASED and (w >> 8) & 0xFFFF == slot:
+                mq[I_INFLIGHT] -= 1
+                self._make_ready(a, pos, w)
+                n += 1
+            pos += mq[(a + 8) >> 3] & 0xFFFFFFFF
+        return n
+
+    def housekeep(self) -> int:
+        """Do the due work now: expire leases, wake delayed messages, return the leases
+        of dead processes. Returns how many messages became ready again."""
+        mq = self._mq
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            woke = self._expire(_mono())
+            mq[I_NEXT_LIVENESS] = _mono() + LIVENESS_PERIOD_NS
+        finally:
+            self._release()
+        return woke + self._reap_dead()
+
+    # ------------------------------------------------------------------ admin
+    def purge(self) -> int:
+        """Drop every ready message (leased and delayed ones stay). Returns how many."""
+        mq, cap, base = self._mq, self._cap, self._base
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            pos, tail = mq[I_READY_POS], mq[I_TAIL]
+            n = 0
+            while pos < tail:
+                pos = L.skip_gap(pos, cap)
+                if pos >= tail:
+                    break
+                a = base + pos % cap
+                w = mq[a >> 3]
+                if w & 0xFF == _READY:
+                    mq[a >> 3] = (w & ~0xFF) | _ACKED
+                    n += 1
+                pos += mq[(a + 8) >> 3] & 0xFFFFFFFF
+            mq[I_READY] = 0
+            mq[I_REQUEUED] = 0
+            mq[I_FRONTIER] = mq[I_READY_POS] = tail
+            mq[I_PURGED_TOTAL] += n
+            freed = self._advance_head()
+            post = freed and mq[I_PWAIT] > mq[I_PPOSTED]
+            if post:
+                mq[I_PPOSTED] += 1
+        finally:
+            self._release()
+        if post:
+            self._nf.release()
+        return n
+
+    def stats(self) -> QueueStats:
+        """A consistent snapshot of the queue's counters."""
+        mq, mm, cap, base = self._mq, self._mm, self._cap, self._base
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            hot = dict(zip(L.HOT_FIELDS, _HOT_UNPACK(mm, L.HOT_OFF)))
+            counters = dict(zip(L.COUNTER_FIELDS, L.COUNTERS.unpack_from(mm, L.COUNTERS_OFF)))
+            age = 0.0
+            if hot["ready"]:
+                pos = hot["ready_pos"]
+                while pos < hot["tail"]:
+                    pos = L.skip_gap(pos, cap)
+                    a = base + pos % cap
+                    if mq[a >> 3] & 0xFF == _READY:
+                        age = max(0.0, (_wall() - mq[(a + 32) >> 3]) / 1e9)
+                        break
+                    pos += mq[(a + 8) >> 3] & 0xFFFFFFFF
+        finally:
+            self._release()
+        return QueueStats(
+            ready=hot["ready"],
+            in_flight=hot["in_flight"],
+            oldest_ready_age_s=age,
+            bytes_used=hot["tail"] - hot["head"],
+            max_bytes=cap,
+            enqueued_total=hot["next_id"] - 1,
+            acked_total=counters["acked_total"],
+            redelivered_total=counters["redelivered_total"],
+            dead_lettered_total=counters["dead_lettered_total"],
+            consumers_waiting=hot["cwait"],
+            producers_waiting=hot["pwait"],
+            delayed=hot["delayed"],
+            purged_total=counters["purged_total"],
+        )
+
+    def _mark_deleted(self):
+        """Flag the queue deleted (for ``Broker.delete_queue``) and wake every sleeper."""
+        self._acquire()
+        try:
+            self._mq[I_DELETED] = 1
+            waiters = self._mq[I_CWAIT] + self._mq[I_PWAIT]
+        finally:
+            self._release()
+        for _ in range(waiters + 1):
+            self._ne.release()
+            self._nf.release()
+
+
+def _seconds_ns(value, what):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    if value != value or value < 0:
+        raise ValueError(f"{what} must be >= 0, not {value!r}")
+    return int(value * 1e9)
+
+
+def _reattach(namespace, name):
+    return Queue(namespace, name)

@@ -1,0 +1,145 @@
+"""Entry points for the processes that multi-process and fault tests start (spawn)."""
+
+import os
+import random
+import sys
+import time
+
+import shmq
+
+
+def _log(f, line):
+    f.write(line + "\n")
+    f.flush()
+
+
+def producer(ns, qname, tag, count, batch, log_path=None):
+    """Put ``count`` messages ``tag:seq``; with ``log_path``, log each once put returned."""
+    with shmq.connect(namespace=ns) as b:
+        q = b.queue(qname)
+        log = open(log_path, "a") if log_path else None
+        seq = 0
+        while seq < count:
+            bodies = [f"{tag}:{i}".encode() for i in range(seq, min(seq + batch, count))]
+            if batch == 1:
+                q.put(bodies[0], timeout=60)
+            else:
+                q.put_many(bodies, timeout=60)
+            if log:
+                for body in bodies:
+                    _log(log, body.decode())
+            seq += len(bodies)
+
+
+def consumer(ns, qname, out_path, batch, done_event):
+    """Consume and ack; log every body once its ack returned. Exit when the queue is
+    empty after ``done_event`` (all producers finished)."""
+    with shmq.connect(namespace=ns) as b, open(out_path, "w") as out:
+        q = b.queue(qname)
+        while True:
+            try:
+                ds = [q.get(timeout=0.05)] if batch == 1 else q.get_many(batch, timeout=0.05)
+            except shmq.QueueEmpty:
+                if done_event.is_set():
+                    return
+                continue
+            if batch == 1:
+                ds[0].ack()
+            else:
+                q.ack_many(ds)
+            for d in ds:
+                _log(out, d.body.decode())
+
+
+def chaos_producer(ns, qname, tag, log_path, stop_event):
+    """Put until told to stop, single and batched; log each body once put returned."""
+    rnd = random.Random(os.getpid())
+    with shmq.connect(namespace=ns) as b, open(log_path, "a") as log:
+        q = b.queue(qname)
+        seq = 0
+        while not stop_event.is_set():
+            n = rnd.choice([1, 1, 5, 20])
+            bodies = [f"{tag}:{i}".encode() for i in range(seq, seq + n)]
+            try:
+                if n == 1:
+                    q.put(bodies[0], timeout=0.2)
+                else:
+                    q.put_many(bodies, timeout=0.2)
+            except shmq.QueueFull:
+                continue
+            for body in bodies:
+                _log(log, body.decode())
+            seq += n
+
+
+def chaos_consumer(ns, qname, log_path):
+    """Get, then ack (mostly) or nack at random. Logs ``try <body>`` before an ack and
+    ``done <body>`` once it returned, so a kill in between is visible."""
+    rnd = random.Random(os.getpid())
+    with shmq.connect(namespace=ns) as b, open(log_path, "a") as log:
+        q = b.queue(qname)
+        while True:
+            try:
+                ds = q.get_many(rnd.choice([1, 1, 8, 32]), timeout=0.2)
+            except shmq.QueueEmpty:
+                continue
+            roll = rnd.random()
+            if roll < 0.1:
+                for d in ds:
+                    d.nack()
+                continue
+            for d in ds:
+                _log(log, "try " + d.body.decode())
+            if roll < 0.5:
+                for d in ds:
+                    d.ack()
+                    _log(log, "done " + d.body.decode())
+            else:
+                q.ack_many(ds)
+                for d in ds:
+                    _log(log, "done " + d.body.decode())
+
+
+def hold_leases(ns, qname, n, ready_event):
+    """Lease ``n`` messages, say so, then hang until killed."""
+    with shmq.connect(namespace=ns) as b:
+        q = b.queue(qname)
+        held = []
+        while len(held) < n:
+            held += q.get_many(n - len(held), timeout=10)
+        ready_event.set()
+        time.sleep(3600)
+
+
+def hold_lock(ns, qname, ready_event, half_written):
+    """Take the queue's lock (optionally half-write a put), say so, hang until killed."""
+    b = shmq.connect(namespace=ns)
+    q = b.queue(qname)
+    q._acquire()
+    if half_written:
+        # what a producer killed between writing a record and publishing the tail leaves:
+        # a record past the tail and a count bumped ahead of the commit
+        from shmq import _layout as L
+        from shmq.queue import I_READY, I_TAIL
+        tail = q._mq[I_TAIL]
+        a = q._base + tail % q._cap
+        L.REC.pack_into(q._mm, a, L.READY, 64, 8, 0, 0, 999, 0, 0)
+        q._mm[a + 48:a + 56] = b"HALFDONE"
+        q._mq[I_READY] += 1
+    ready_event.set()
+    time.sleep(3600)
+
+
+def attach_and_exit(ns, qname, body):
+    """Attach, put one message, exit normally (the resource-tracker test)."""
+    b = shmq.connect(namespace=ns)
+    b.queue(qname).put(body)
+    b.close()
+    sys.exit(0)
+
+
+def get_one_from_handle(q, out):
+    """Use a pickled Queue handle in a child."""
+    d = q.get(timeout=10)
+    out.put(d.body)
+    d.ack()

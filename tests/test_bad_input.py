@@ -1,0 +1,120 @@
+"""Bad input: clear errors, and nothing is enqueued or lost."""
+
+import pytest
+
+import shmq
+
+
+def test_body_must_be_bytes_like(broker):
+    q = broker.create_queue("q")
+    for bad in ("text", 42, None, ["list"], {"a": 1}):
+        with pytest.raises(TypeError, match="message body must be bytes-like"):
+            q.put(bad)
+    assert q.stats().ready == 0
+
+
+def test_oversize_body_raises_and_enqueues_nothing(broker):
+    q = broker.create_queue("q", max_bytes=1 << 20, max_message_bytes=1000)
+    q.put(b"ok")
+    with pytest.raises(shmq.MessageTooLarge, match="1001 bytes; queue 'q' takes at most 1000"):
+        q.put(b"x" * 1001)
+    with pytest.raises(ValueError):  # MessageTooLarge is also a ValueError
+        q.put_nowait(b"x" * 5000)
+    assert q.stats().ready == 1
+    assert q.get_nowait().body == b"ok"
+
+
+def test_bad_headers(broker):
+    q = broker.create_queue("q")
+    with pytest.raises(TypeError, match="headers must be a dict"):
+        q.put(b"x", headers=[("a", 1)])
+    with pytest.raises(TypeError, match="header keys must be str"):
+        q.put(b"x", headers={1: "a"})
+    with pytest.raises(TypeError, match="header 'a': values must be"):
+        q.put(b"x", headers={"a": [1, 2]})
+    with pytest.raises(TypeError, match="values must be"):
+        q.put(b"x", headers={"a": None})
+    with pytest.raises(ValueError, match="does not fit in 64 bits"):
+        q.put(b"x", headers={"a": 2**70})
+    with pytest.raises(shmq.MessageTooLarge, match="headers encode to"):
+        q.put(b"x", headers={"a": "v" * 70000})
+    assert q.stats().ready == 0
+
+
+def test_unknown_queue(broker):
+    with pytest.raises(shmq.QueueNotFound, match="no queue 'nope'"):
+        broker.queue("nope")
+    with pytest.raises(LookupError):
+        broker.delete_queue("nope")
+
+
+def test_queue_exists(broker):
+    q = broker.create_queue("q")
+    q.put(b"keep")
+    with pytest.raises(shmq.QueueExists, match="'q' already exists"):
+        broker.create_queue("q")
+    again = broker.create_queue("q", exist_ok=True)
+    assert again.get_nowait().body == b"keep"
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "../x", ".hidden", "x" * 129, "sp ace", 5, None])
+def test_bad_queue_names(broker, name):
+    with pytest.raises(ValueError, match="invalid queue name"):
+        broker.create_queue(name)
+
+
+@pytest.mark.parametrize("ns", ["", "a.b", "a/b", "x" * 41])
+def test_bad_namespaces(ns):
+    with pytest.raises(ValueError, match="invalid namespace"):
+        shmq.connect(namespace=ns)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"max_bytes": 100}, ValueError, "at least 4096"),
+    ({"max_bytes": "big"}, TypeError, "max_bytes must be an int"),
+    ({"max_bytes": 4096, "max_message_bytes": 4096}, ValueError, "can never fit"),
+    ({"max_message_bytes": 0}, ValueError, "must be positive"),
+    ({"visibility_timeout": 0}, ValueError, "visibility_timeout"),
+    ({"visibility_timeout": "1"}, TypeError, "visibility_timeout"),
+    ({"max_deliveries": 0}, ValueError, "max_deliveries"),
+    ({"dead_letter_queue": "missing"}, shmq.QueueNotFound, "create it first"),
+    ({"dead_letter_queue": "q"}, ValueError, "its own dead-letter queue"),
+])
+def test_bad_create_arguments(broker, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        broker.create_queue("q", **kwargs)
+    assert broker.list_queues() == []
+
+
+def test_bad_timeouts_and_counts(broker):
+    q = broker.create_queue("q")
+    q.put(b"x")
+    with pytest.raises(ValueError, match="timeout must be >= 0"):
+        q.get(timeout=-1)
+    with pytest.raises(TypeError, match="timeout must be a number"):
+        q.get(timeout="soon")
+    with pytest.raises(ValueError, match="max_messages must be a positive int"):
+        q.get_many(0)
+    d = q.get_nowait()
+    with pytest.raises(ValueError, match="delay must be >= 0"):
+        d.nack(delay=-1)
+    with pytest.raises(TypeError):
+        q.ack_many([object()])
+    d.ack()  # still leased after the bad calls
+    assert q.stats().acked_total == 1
+
+
+def test_delivery_of_another_queue_is_refused(broker):
+    a, b = broker.create_queue("a"), broker.create_queue("b")
+    a.put(b"x")
+    d = a.get_nowait()
+    with pytest.raises(TypeError, match="expected deliveries of queue 'b'"):
+        b.ack_many([d])
+    d.ack()
+
+
+def test_tcp_transport_is_not_there_yet():
+    with pytest.raises(shmq.ShmqError, match="tcp://127.0.0.1:1"):
+        shmq.connect("tcp://127.0.0.1:1")
+    with pytest.raises(ValueError, match="unsupported broker url"):
+        shmq.connect("http://x")

@@ -1,0 +1,83 @@
+"""Ring arithmetic and record encoding on plain buffers."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shmq import _layout as L
+
+
+def test_record_header_is_48_aligned_bytes():
+    assert L.REC_SIZE == 48
+    assert L.record_size(0, 0) == 48
+    assert L.record_size(0, 1) == 56
+    assert L.record_size(3, 5) == 56
+    assert L.record_size(0, 8) == 56
+
+
+def test_status_word_round_trips():
+    w = L.status_word(L.LEASED, 7, 3)
+    assert L.split_status(w) == (L.LEASED, 7, 3)
+    assert L.split_status(L.status_word(L.READY)) == (L.READY, L.NO_HOLDER, 0)
+    assert L.split_status(L.status_word(L.ACKED, 0, 2**32 - 1)) == (L.ACKED, 0, 2**32 - 1)
+
+
+def test_record_encodes_into_a_plain_buffer():
+    buf = bytearray(256)
+    L.REC.pack_into(buf, 64, L.status_word(L.READY, L.NO_HOLDER, 0), 64, 10, 6, 0, 42, 123, L.NEVER)
+    status, length, body_len, hdr_len, flags, msg_id, enq, deadline = L.REC.unpack_from(buf, 64)
+    assert L.split_status(status)[0] == L.READY
+    assert (length, body_len, hdr_len, flags, msg_id, enq, deadline) == (64, 10, 6, 0, 42, 123, L.NEVER)
+    # the status word is the record's first 8 bytes, little-endian, so one aligned store commits it
+    assert int.from_bytes(buf[64:72], "little") == status
+
+
+def test_place_fits_before_the_end_of_the_lap():
+    assert L.place(0, 64, 1024) == (0, 64)
+    assert L.place(960, 64, 1024) == (960, 1024)
+
+
+def test_place_wraps_to_the_next_lap_when_it_does_not_fit():
+    # 1000 % 1024 leaves 24 bytes: the record starts at the next lap
+    assert L.place(1000, 64, 1024) == (1024, 1088)
+    assert L.place(1024 * 5 + 1000, 64, 1024) == (1024 * 6, 1024 * 6 + 64)
+
+
+def test_skip_gap_jumps_only_when_a_header_cannot_fit():
+    cap = 1024
+    assert L.skip_gap(1024 - 48, cap) == 1024 - 48
+    assert L.skip_gap(1024 - 40, cap) == 1024
+    assert L.skip_gap(2048 + 8, cap) == 2048 + 8
+
+
+@given(
+    cap_laps=st.integers(min_value=2, max_value=64),
+    sizes=st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=200),
+)
+def test_appends_never_straddle_the_end_and_stay_aligned(cap_laps, sizes):
+    cap = cap_laps * 64
+    tail = 0
+    for body_len in sizes:
+        size = L.record_size(0, body_len)
+        if size > cap:
+            continue
+        start, end = L.place(tail, size, cap)
+        assert start % 8 == 0 and end % 8 == 0
+        assert start >= tail and end - start == size
+        assert start % cap + size <= cap  # contiguous in the ring
+        assert start - tail < size or start % cap == 0  # only skips to a lap start
+        tail = end
+
+
+def test_segment_layout_is_consistent():
+    assert L.MUTEX_OFF % 64 == 0
+    assert L.HOT_OFF % 8 == 0 and L.COUNTERS_OFF % 8 == 0
+    assert L.data_offset(256) % 4096 == 0
+    assert L.data_offset(256) >= L.PROCS_OFF + 256 * L.PROC_SIZE
+    assert L.segment_size(1 << 20, 256) == L.data_offset(256) + (1 << 20)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 4095])
+def test_align(n):
+    a = L.align(n)
+    assert a % 8 == 0 and n <= a < n + 8

@@ -1,0 +1,173 @@
+"""A Hypothesis state machine: random put/get/ack/nack/reject/extend/expire/purge
+sequences against a simple model of what the queue must do."""
+
+import time
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import shmq
+import shmq.queue as engine
+from shmq._segment import destroy_namespace, namespace_entries
+
+VIS = 10.0
+CAPACITY = 4096
+
+
+class Msg:
+    def __init__(self, body):
+        self.body = body
+        self.state = "ready"
+        self.attempt = 0
+        self.deadline = None
+
+
+class QueueModel(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.now = time.monotonic_ns()
+        self._saved_mono = engine._mono
+        engine._mono = lambda: self.now
+        self.ns = "hyp%d" % id(self)
+        self.broker = shmq.connect(namespace=self.ns)
+        self.q = self.broker.create_queue("m", max_bytes=CAPACITY, max_message_bytes=1500, visibility_timeout=VIS)
+        self.msgs = {}
+        self.held = []  # deliveries handed out, live or stale
+
+    def teardown(self):
+        engine._mono = self._saved_mono
+        self.broker.delete_queue("m")
+        self.broker.close()
+        destroy_namespace(self.ns)
+        assert namespace_entries(self.ns) == []
+
+    # -- the model ------------------------------------------------------------------
+    def _lapse(self):
+        for m in self.msgs.values():
+            if m.state in ("leased", "delayed") and m.deadline <= self.now:
+                m.state = "ready"
+
+    def _live(self):
+        return [m for m in self.msgs.values() if m.state != "gone"]
+
+    def _count(self, state):
+        return sum(1 for m in self.msgs.values() if m.state == state)
+
+    # -- rules ----------------------------------------------------------------------
+    @rule(size=st.sampled_from([0, 1, 7, 64, 300, 700, 1500]))
+    def put(self, size):
+        body = bytes([len(self.msgs) % 256]) * size
+        try:
+            msg_id = self.q.put_nowait(body)
+        except shmq.QueueFull:
+            assert self._live(), "an empty queue refused a message that fits"
+            return
+        assert msg_id not in self.msgs and msg_id == len(self.msgs) + 1
+        self.msgs[msg_id] = Msg(body)
+
+    @rule(n=st.integers(1, 4), size=st.sampled_from([0, 10, 200]))
+    def put_many(self, n, size):
+        bodies = [b"b" * size] * n
+        try:
+            ids = self.q.put_many(bodies, timeout=0)
+        except shmq.QueueFull:
+            assert self._live()
+            return
+        assert ids == list(range(len(self.msgs) + 1, len(self.msgs) + 1 + n))
+        for i in ids:
+            self.msgs[i] = Msg(b"b" * size)
+
+    @rule(n=st.integers(1, 5))
+    def get(self, n):
+        self._lapse()
+        ready = sorted(i for i, m in self.msgs.items() if m.state == "ready")
+        try:
+            got = self.q.get_many(n, timeout=0)
+        except shmq.QueueEmpty:
+            got = []
+        assert [d.id for d in got] == ready[:n]
+        for d in got:
+            m = self.msgs[d.id]
+            m.state, m.attempt, m.deadline = "leased", m.attempt + 1, self.now + int(VIS * 1e9)
+            assert (d.body, d.attempt) == (m.body, m.attempt)
+            self.held.append(d)
+
+    def _settle(self, i, action):
+        d = self.held[i % len(self.held)]
+        self._lapse()
+        m = self.msgs[d.id]
+        live = m.state == "leased" and m.attempt == d.attempt
+        try:
+            action(d)
+        except shmq.DeliveryExpired:
+            assert not live, f"a live lease of #{d.id} was refused"
+            return None
+        assert live, f"a dead lease of #{d.id} was accepted"
+        return m
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 1000))
+    def ack(self, i):
+        m = self._settle(i, lambda d: d.ack())
+        if m:
+            m.state = "gone"
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 1000))
+    def ack_many_one(self, i):
+        m = self._settle(i, lambda d: d._q.ack_many([d]))
+        if m:
+            m.state = "gone"
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 1000), delay=st.sampled_from([0.0, 0.0, 1.0, 30.0]))
+    def nack(self, i, delay):
+        m = self._settle(i, lambda d: d.nack(delay=delay))
+        if m:
+            if delay:
+                m.state, m.deadline = "delayed", self.now + int(delay * 1e9)
+            else:
+                m.state = "ready"
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 1000))
+    def reject(self, i):
+        m = self._settle(i, lambda d: d.reject())
+        if m:
+            m.state = "gone"
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 1000), seconds=st.sampled_from([0.5, 5.0, 50.0]))
+    def extend(self, i, seconds):
+        m = self._settle(i, lambda d: d.extend(seconds))
+        if m:
+            m.deadline = self.now + int(seconds * 1e9)
+
+    @rule(seconds=st.sampled_from([0.1, 1.0, 5.0, 9.99, 10.0, 25.0]))
+    def advance_clock(self, seconds):
+        self.now += int(seconds * 1e9)
+
+    @rule()
+    def purge(self):
+        self._lapse()
+        self.q.housekeep()
+        expected = self._count("ready")
+        assert self.q.purge() == expected
+        for m in self.msgs.values():
+            if m.state == "ready":
+                m.state = "gone"
+
+    @invariant()
+    def counts_match(self):
+        self._lapse()
+        self.q.housekeep()
+        s = self.q.stats()
+        assert (s.ready, s.in_flight, s.delayed) == (self._count("ready"), self._count("leased"), self._count("delayed"))
+        assert s.enqueued_total == len(self.msgs)
+        if not self._live():
+            assert s.bytes_used == 0
+
+
+TestQueueModel = QueueModel.TestCase
+TestQueueModel.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)

@@ -1,0 +1,434 @@
+"""Queue semantics in one process: FIFO, leases, settling, dead letters, limits, stats."""
+
+import pickle
+import queue as stdlib_queue
+import threading
+import time
+
+import pytest
+
+import shmq
+import shmq.queue as engine
+
+
+class Clock:
+    """A monotonic clock the test moves by hand (lease expiry without sleeping)."""
+
+    def __init__(self):
+        self.now = time.monotonic_ns()
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += int(seconds * 1e9)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(engine, "_mono", c)
+    return c
+
+
+def test_fifo_put_get_ack(broker):
+    q = broker.create_queue("q")
+    ids = [q.put(b"m%d" % i) for i in range(10)]
+    assert ids == list(range(1, 11))
+    got = [q.get_nowait() for _ in range(10)]
+    assert [d.body for d in got] == [b"m%d" % i for i in range(10)]
+    assert [d.id for d in got] == ids
+    assert all(d.attempt == 1 and d.queue == "q" and d.headers == {} for d in got)
+    for d in got:
+        d.ack()
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.enqueued_total, s.acked_total, s.bytes_used) == (0, 0, 10, 10, 0)
+
+
+def test_headers_round_trip(broker):
+    q = broker.create_queue("q")
+    headers = {"s": "x", "i": -5, "big": 2**63, "f": 1.5, "b": True, "raw": b"\x00\xff"}
+    q.put(b"body", headers=headers)
+    d = q.get_nowait()
+    assert d.headers == headers
+    d.ack()
+
+
+def test_empty_and_any_length_bodies(broker):
+    q = broker.create_queue("q", max_bytes=1 << 20, max_message_bytes=100_000)
+    bodies = [b"", b"x", bytes(range(256)) * 390, bytearray(b"ba"), memoryview(b"mv")]
+    q.put_many(bodies)
+    got = q.get_many(10, timeout=0)
+    assert [d.body for d in got] == [bytes(b) for b in bodies]
+    assert all(type(d.body) is bytes for d in got)
+    q.ack_many(got)
+
+
+def test_get_nowait_on_empty_raises_queue_empty(broker):
+    q = broker.create_queue("q")
+    with pytest.raises(shmq.QueueEmpty, match="'q' is empty"):
+        q.get_nowait()
+    with pytest.raises(stdlib_queue.Empty):
+        q.get(timeout=0.01)
+    with pytest.raises(shmq.QueueEmpty):
+        q.get_many(5, timeout=0)
+
+
+def test_get_many_returns_what_is_ready_up_to_max(broker):
+    q = broker.create_queue("q")
+    q.put_many([b"a", b"b", b"c"])
+    ds = q.get_many(2, timeout=0)
+    assert [d.body for d in ds] == [b"a", b"b"]
+    ds += q.get_many(64, timeout=0)
+    assert [d.body for d in ds] == [b"a", b"b", b"c"]
+    assert q.ack_many(ds) == 3
+    assert q.stats().acked_total == 3
+
+
+def test_nack_requeues_in_place_with_next_attempt(broker):
+    q = broker.create_queue("q")
+    q.put_many([b"1", b"2", b"3"])
+    d1, d2 = q.get_nowait(), q.get_nowait()
+    d1.nack()
+    again = q.get_nowait()
+    assert (again.id, again.body, again.attempt) == (d1.id, b"1", 2)
+    assert q.get_nowait().body == b"3"
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.redelivered_total) == (0, 3, 1)
+
+
+def test_nack_with_delay_waits_then_becomes_ready(broker, clock):
+    q = broker.create_queue("q")
+    q.put(b"x")
+    q.get_nowait().nack(delay=5.0)
+    assert q.stats().delayed == 1
+    with pytest.raises(shmq.QueueEmpty):
+        q.get_nowait()
+    clock.advance(5.001)
+    d = q.get_nowait()
+    assert (d.body, d.attempt) == (b"x", 2)
+    d.ack()
+
+
+def test_expired_lease_is_redelivered_and_old_delivery_is_dead(broker, clock):
+    q = broker.create_queue("q", visibility_timeout=10.0)
+    q.put(b"x")
+    first = q.get_nowait()
+    clock.advance(9.9)
+    with pytest.raises(shmq.QueueEmpty):
+        q.get_nowait()
+    clock.advance(0.2)
+    second = q.get_nowait()
+    assert (second.id, second.attempt) == (first.id, 2)
+    with pytest.raises(shmq.DeliveryExpired):
+        first.ack()
+    with pytest.raises(shmq.DeliveryExpired):
+        first.nack()
+    second.ack()
+    assert q.stats().acked_total == 1
+
+
+def test_extend_keeps_the_lease(broker, clock):
+    q = broker.create_queue("q", visibility_timeout=10.0)
+    q.put(b"x")
+    d = q.get_nowait()
+    clock.advance(8)
+    d.extend(30)
+    clock.advance(20)
+    with pytest.raises(shmq.QueueEmpty):
+        q.get_nowait()
+    d.ack()
+    clock.advance(100)
+    with pytest.raises(shmq.DeliveryExpired):
+        d.extend(1)
+
+
+def test_per_get_visibility_timeout(broker, clock):
+    q = broker.create_queue("q", visibility_timeout=100.0)
+    q.put(b"x")
+    q.get_nowait(visibility_timeout=1.0)
+    clock.advance(1.5)
+    assert q.get_nowait().attempt == 2
+
+
+def test_double_ack_raises_and_changes_nothing(broker):
+    q = broker.create_queue("q")
+    q.put_many([b"a", b"b"])
+    d = q.get_nowait()
+    d.ack()
+    with pytest.raises(shmq.DeliveryExpired, match="no longer leased"):
+        d.ack()
+    with pytest.raises(shmq.DeliveryExpired):
+        d.nack()
+    with pytest.raises(shmq.DeliveryExpired):
+        d.reject()
+    s = q.stats()
+    assert (s.ready, s.acked_total, s.dead_lettered_total) == (1, 1, 0)
+
+
+def test_ack_many_acks_the_live_ones_and_names_the_expired(broker):
+    q = broker.create_queue("q")
+    q.put_many([b"a", b"b", b"c"])
+    ds = q.get_many(3, timeout=0)
+    ds[1].ack()
+    with pytest.raises(shmq.DeliveryExpired, match=r"1 deliveries .* #2"):
+        q.ack_many(ds)
+    assert q.stats().acked_total == 3
+    assert q.stats().in_flight == 0
+
+
+def test_reject_without_dlq_drops_and_counts(broker):
+    q = broker.create_queue("q")
+    q.put(b"bad")
+    q.get_nowait().reject()
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.dead_lettered_total, s.bytes_used) == (0, 0, 1, 0)
+
+
+def test_reject_moves_to_dead_letter_queue_with_reason(broker):
+    dlq = broker.create_queue("dlq")
+    q = broker.create_queue("q", dead_letter_queue="dlq")
+    q.put(b"bad", headers={"k": "v"})
+    q.get_nowait().reject()
+    d = dlq.get_nowait()
+    assert d.body == b"bad"
+    assert d.headers["k"] == "v"
+    assert d.headers["x-death-reason"] == "rejected"
+    assert d.headers["x-death-queue"] == "q"
+    assert q.stats().dead_lettered_total == 1
+    d.ack()
+
+
+def test_nack_without_requeue_is_a_reject(broker):
+    broker.create_queue("dlq")
+    q = broker.create_queue("q", dead_letter_queue="dlq")
+    q.put(b"x")
+    q.get_nowait().nack(requeue=False)
+    assert broker.queue("dlq").stats().ready == 1
+
+
+def test_max_deliveries_dead_letters_the_next_delivery(broker):
+    dlq = broker.create_queue("dlq")
+    q = broker.create_queue("q", max_deliveries=2, dead_letter_queue="dlq")
+    q.put_many([b"poison", b"fine"])
+    d = q.get_nowait()
+    d.nack()
+    d = q.get_nowait()
+    assert (d.body, d.attempt) == (b"poison", 2)
+    d.nack()
+    # third delivery would exceed max_deliveries: it goes to the DLQ instead
+    d = q.get_nowait()
+    assert d.body == b"fine"
+    d.ack()
+    dead = dlq.get_nowait()
+    assert (dead.body, dead.headers["x-death-reason"], dead.headers["x-death-attempts"]) == (
+        b"poison", "max-deliveries", 3)
+    dead.ack()
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.dead_lettered_total, s.acked_total) == (0, 0, 1, 1)
+
+
+def test_dead_letter_queue_full_keeps_the_message(broker, clock):
+    dlq = broker.create_queue("dlq", max_bytes=4096, max_message_bytes=2000)
+    dlq.put(b"x" * 2000)
+    dlq.put(b"x" * 1900)
+    q = broker.create_queue("q", dead_letter_queue="dlq")
+    q.put(b"y" * 1000)
+    q.get_nowait().reject()  # DLQ full: requeued with a delay, not lost
+    s = q.stats()
+    assert (s.delayed, s.dead_lettered_total) == (1, 0)
+    dlq.get_nowait().ack()
+    clock.advance(engine.DLQ_RETRY_DELAY_S + 0.01)
+    q.get_nowait().reject()
+    assert q.stats().dead_lettered_total == 1
+    assert dlq.stats().ready == 2
+
+
+def test_purge_drops_ready_keeps_leased(broker):
+    q = broker.create_queue("q")
+    q.put_many([b"a", b"b", b"c"])
+    d = q.get_nowait()
+    assert q.purge() == 2
+    assert q.stats().ready == 0
+    d.ack()
+    s = q.stats()
+    assert (s.bytes_used, s.in_flight, s.acked_total, s.purged_total) == (0, 0, 1, 2)
+    q.put(b"after")
+    assert q.get_nowait().body == b"after"
+
+
+def test_stats_record_is_frozen_and_complete(broker):
+    q = broker.create_queue("q", max_bytes=1 << 20)
+    q.put(b"x")
+    s = q.stats()
+    for field in ("ready", "in_flight", "oldest_ready_age_s", "bytes_used", "max_bytes", "enqueued_total",
+                  "acked_total", "redelivered_total", "dead_lettered_total", "consumers_waiting",
+                  "producers_waiting"):
+        assert hasattr(s, field)
+    assert s.max_bytes == 1 << 20 and s.bytes_used == 56
+    assert s.oldest_ready_age_s >= 0
+    with pytest.raises(AttributeError):
+        s.ready = 5
+
+
+def test_full_queue_put_nowait_and_timeout(broker):
+    q = broker.create_queue("q", max_bytes=4096, max_message_bytes=1000)
+    n = 0
+    with pytest.raises(shmq.QueueFull, match="'q' is full"):
+        while True:
+            q.put_nowait(b"x" * 976)
+            n += 1
+    assert n == 4
+    with pytest.raises(stdlib_queue.Full):
+        q.put(b"x" * 976, timeout=0.01)
+    assert q.stats().ready == 4
+
+
+def test_blocked_put_resumes_when_a_consumer_acks(broker):
+    q = broker.create_queue("q", max_bytes=4096, max_message_bytes=1000)
+    for _ in range(4):
+        q.put(b"x" * 976)
+    done = threading.Event()
+
+    def producer():
+        q.put(b"last", timeout=10)
+        done.set()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    assert not done.wait(0.05)
+    q.get_nowait().ack()
+    assert done.wait(10)
+    t.join()
+    assert q.stats().ready == 4
+
+
+def test_blocked_get_wakes_on_put(broker):
+    q = broker.create_queue("q")
+    got = []
+    t = threading.Thread(target=lambda: got.append(q.get(timeout=10)))
+    t.start()
+    deadline = time.monotonic() + 5
+    while q.stats().consumers_waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert q.stats().consumers_waiting == 1
+    q.put(b"wake")
+    t.join(10)
+    assert got[0].body == b"wake"
+    assert q.stats().consumers_waiting == 0
+    got[0].ack()
+
+
+def test_put_many_is_all_or_nothing(broker):
+    q = broker.create_queue("q", max_bytes=4096, max_message_bytes=1000)
+    with pytest.raises(shmq.MessageTooLarge):
+        q.put_many([b"a", b"x" * 1001])  # over max_message_bytes
+    with pytest.raises(TypeError):
+        q.put_many([b"a", "not bytes"])
+    assert q.stats().ready == 0
+    q.put_many([b"x" * 900] * 3)
+    with pytest.raises(shmq.QueueFull):
+        q.put_many([b"y" * 900] * 2, timeout=0)
+    assert q.stats().ready == 3
+    with pytest.raises(shmq.MessageTooLarge, match="can never fit"):
+        q.put_many([b"z" * 900] * 5)
+    assert q.put_many([]) == []
+
+
+def test_put_many_with_headers(broker):
+    q = broker.create_queue("q")
+    q.put_many([(b"a", {"n": 1}), b"b"])
+    a, b = q.get_many(2, timeout=0)
+    assert (a.headers, b.headers) == ({"n": 1}, {})
+
+
+def test_wrap_around_many_laps_keeps_fifo(broker):
+    q = broker.create_queue("q", max_bytes=4096, max_message_bytes=3000)
+    expected = []
+    sizes = [0, 1, 100, 500, 1003, 2000, 7, 3000, 48, 333]
+
+    def drain():
+        while True:
+            try:
+                d = q.get_nowait()
+            except shmq.QueueEmpty:
+                return
+            assert d.body == expected.pop(0)
+            d.ack()
+
+    for i in range(300):
+        body = bytes([i % 251]) * sizes[i % len(sizes)]
+        try:
+            q.put_nowait(body)
+        except shmq.QueueFull:
+            drain()  # an empty queue takes any message up to max_bytes
+            q.put_nowait(body)
+        expected.append(body)
+        if i % 3 == 2:
+            drain()
+    while expected:
+        d = q.get_nowait()
+        assert d.body == expected.pop(0)
+        d.ack()
+    assert q.stats().bytes_used == 0
+
+
+def test_a_leased_head_message_blocks_reuse_until_acked(broker):
+    q = broker.create_queue("q", max_bytes=4096, max_message_bytes=1000)
+    q.put(b"h" * 976)
+    head = q.get_nowait()
+    for _ in range(3):
+        q.put(b"x" * 976)
+        q.get_nowait().ack()
+    with pytest.raises(shmq.QueueFull):
+        q.put_nowait(b"x" * 976)  # acked records behind the leased head are not yet reusable
+    head.ack()
+    q.put_nowait(b"x" * 976)
+
+
+def test_queue_handles_pickle_by_name(broker):
+    q = broker.create_queue("q")
+    q2 = pickle.loads(pickle.dumps(q))
+    assert (q2.name, q2.namespace) == ("q", broker.namespace)
+    q2.put(b"via copy")
+    assert q.get_nowait().body == b"via copy"
+    q2.close()
+
+
+def test_closed_handle_raises_clearly(broker):
+    q = broker.create_queue("q")
+    q.close()
+    with pytest.raises(shmq.ShmqError, match="closed"):
+        q.put(b"x")
+    q.close()  # idempotent
+
+
+def test_deleted_queue_raises_not_found_on_old_handles(broker):
+    q = broker.create_queue("q")
+    q.put(b"x")
+    broker.delete_queue("q")
+    with pytest.raises(shmq.QueueNotFound, match="deleted"):
+        q.put(b"y")
+    with pytest.raises(shmq.QueueNotFound):
+        q.get_nowait()
+    q.close()
+
+
+def test_delete_wakes_a_blocked_consumer(broker):
+    q = broker.create_queue("q")
+    errors = []
+
+    def consumer():
+        try:
+            q.get(timeout=30)
+        except shmq.QueueNotFound as e:
+            errors.append(e)
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    deadline = time.monotonic() + 5
+    while q.stats().consumers_waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    broker.delete_queue("q")
+    t.join(5)
+    assert not t.is_alive() and len(errors) == 1
