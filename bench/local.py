@@ -223,15 +223,19 @@ class _ShmqChannels:
         return notes
 
 
-NAMESPACE_HELPERS = ("remove_namespace", "destroy_namespace", "delete_namespace")
+NAMESPACE_HELPERS = ("shmq.destroy_namespace", "shmq._segment.destroy_namespace")
 
 
 def _namespace_helper():
-    """shmq's whole-namespace removal function, once it exists."""
-    import shmq
+    """shmq's whole-namespace removal function (public if exported, else the internal one)."""
+    import importlib
 
-    for name in NAMESPACE_HELPERS:
-        fn = getattr(shmq, name, None)
+    for dotted in NAMESPACE_HELPERS:
+        module, _, attr = dotted.rpartition(".")
+        try:
+            fn = getattr(importlib.import_module(module), attr, None)
+        except ImportError:
+            continue
         if callable(fn):
             return fn
     return None
@@ -319,6 +323,7 @@ class Job:
     runs: int
     warmup: int = WARMUP
     wait: float = START_TIMEOUT + 30.0  # children's own bound on a barrier wait
+    cpus: tuple = ()  # one CPU per role when pinning, else empty
 
     @property
     def label(self):
@@ -448,6 +453,8 @@ def _child(role, job, specs, barrier, conn, trace_path):
     """Process entry: open, warm up, report ready, then one result per barrier release."""
     trace = _trace_on_terminate(trace_path)  # noqa: F841  (kept open for the handler)
     try:
+        if job.cpus:
+            os.sched_setaffinity(0, {job.cpus[job.roles.index(role)]})
         ends = _open_ends(role, job, specs)
         try:
             WARMUPS.get(role, lambda j, e: None)(job, ends)
@@ -655,18 +662,26 @@ def messages_for(size):
     raise AssertionError(size)
 
 
-def plan(systems, sizes, runs, quick, run_timeout):
+def pin_cpus(enabled):
+    """Two distinct CPUs for a case's two processes, or () if not pinning / not possible."""
+    if not enabled or not hasattr(os, "sched_getaffinity"):
+        return ()
+    usable = sorted(os.sched_getaffinity(0))
+    return tuple(usable[-2:]) if len(usable) >= 2 else ()
+
+
+def plan(systems, sizes, runs, quick, run_timeout, cpus):
     """Every job, interleaving systems so drift hits them alike."""
     scale = 10 if quick else 1
-    wait = START_TIMEOUT + run_timeout
+    common = dict(wait=START_TIMEOUT + run_timeout, cpus=cpus)
     jobs = []
     for size in sizes:
         for mode in ("msg", "batch"):
             for system in systems:
                 n = max(BATCH, messages_for(size) // scale)
-                jobs.append(Job(system, "tput", size, mode, n, runs, wait=wait))
+                jobs.append(Job(system, "tput", size, mode, n, runs, **common))
     for system in systems:
-        jobs.append(Job(system, "rtt", RTT_SIZE, "msg", RTT_TRIPS // scale, runs, wait=wait))
+        jobs.append(Job(system, "rtt", RTT_SIZE, "msg", RTT_TRIPS // scale, runs, **common))
     return jobs
 
 
@@ -799,7 +814,9 @@ def _print_header(info, args, skipped, out):
     print(f"python  : {info['python']}", file=out)
     versions = ", ".join(f"{k} {info[k] or 'not installed'}" for k in ("shmq", "faster-fifo", "pyzmq"))
     print(f"packages: {versions}", file=out)
-    print(f"settings: runs={args.runs}, quick={args.quick}, start method=spawn, batch={BATCH}", file=out)
+    pinned = f"CPUs {args.cpus[0]} and {args.cpus[1]}" if args.cpus else "no (OS placement)"
+    print(f"settings: runs={args.runs}, quick={args.quick}, start method=spawn, batch={BATCH}, "
+          f"pinned: {pinned}", file=out)
     for reason in skipped.values():
         print(f"skipped: {reason}", file=out)
     print(file=out)
@@ -917,7 +934,8 @@ def write_json(path, info, args, skipped, results, notes):
     doc = {
         "machine": info,
         "settings": {"runs": args.runs, "quick": args.quick, "batch": BATCH, "warmup": WARMUP,
-                     "start_method": "spawn", "queue_bytes": QUEUE_BYTES, "run_timeout": args.run_timeout},
+                     "start_method": "spawn", "queue_bytes": QUEUE_BYTES, "run_timeout": args.run_timeout,
+                     "pinned_cpus": list(args.cpus)},
         "skipped": skipped,
         "notes": notes,
         "cases": [dict(asdict(r), summary=s) for r, s in results],
@@ -991,6 +1009,8 @@ def parse_args(argv=None):
     p.add_argument("--no-rtt", action="store_true", help="skip the ping-pong latency cases")
     p.add_argument("--run-timeout", type=float, default=None,
                    help="seconds allowed per run before the case is a timeout (default 30; 10 with --quick)")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="let the OS place the two processes (default: pin them to two distinct CPUs)")
     p.add_argument("--json", metavar="PATH", help="write all results as JSON")
     args = p.parse_args(argv)
     if args.run_timeout is None:
@@ -1016,7 +1036,8 @@ def main(argv=None):
     ctx = mp.get_context("spawn")
     skipped = {s: r for s in args.systems if (r := probe(s))}
     channels = _open_channels([s for s in args.systems if s not in skipped], skipped)
-    jobs = [j for j in plan(list(channels), args.sizes, args.runs, args.quick, args.run_timeout)
+    args.cpus = pin_cpus(args.pin)
+    jobs = [j for j in plan(list(channels), args.sizes, args.runs, args.quick, args.run_timeout, args.cpus)
             if not (args.no_rtt and j.kind == "rtt")]
     progress = Progress(len(jobs))
     results, notes = [], []

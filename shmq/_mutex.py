@@ -13,11 +13,14 @@ only a contended ``lock`` goes through ``CDLL``, which releases the GIL while it
 
 import ctypes
 import errno
+import os
 
-__all__ = ["MUTEX_SIZE", "RobustMutex", "init_mutex"]
+__all__ = ["MUTEX_SIZE", "RobustMutex", "init_mutex", "trylock", "unlock", "lock_slow"]
 
 MUTEX_SIZE = 64  # bytes reserved in the segment (sizeof(pthread_mutex_t) is 40 on x86-64 glibc)
 
+LOCK_SPIN_TRIES = 16
+_sched_yield = os.sched_yield
 _EOWNERDEAD = getattr(errno, "EOWNERDEAD", 130)
 _ENOTRECOVERABLE = getattr(errno, "ENOTRECOVERABLE", 131)
 _PTHREAD_PROCESS_SHARED = 1
@@ -48,38 +51,61 @@ def init_mutex(address: int) -> None:
     _libc.pthread_mutexattr_destroy(attr)
 
 
+# The hot path calls these two directly: ``rc = trylock(ptr)``; 0 means locked.
+trylock = _trylock
+unlock = _unlock
+
+
+def lock_slow(ptr, rc) -> bool:
+    """Finish a lock whose ``trylock`` returned ``rc`` != 0. Returns True when the
+    previous owner died holding it (the caller must repair, then ``mark_consistent``)."""
+    if rc == errno.EBUSY:
+        # Critical sections last a few microseconds: retry before sleeping in the kernel
+        # (a futex sleep + wake costs more than the wait), yielding the core in case the
+        # holder is waiting for it.
+        for i in range(LOCK_SPIN_TRIES):
+            if i >= 4:
+                _sched_yield()
+            rc = _trylock(ptr)
+            if rc != errno.EBUSY:
+                break
+        else:
+            rc = _lock(ptr)
+        if rc == 0:
+            return False
+    if rc == _EOWNERDEAD:
+        return True
+    if rc == _ENOTRECOVERABLE:
+        raise OSError(rc, "shmq lock is not recoverable (a repair was abandoned)")
+    raise OSError(rc, "pthread_mutex_lock failed: " + errno.errorcode.get(rc, str(rc)))
+
+
+def mark_consistent(ptr) -> None:
+    rc = _consistent(ptr)
+    if rc != 0:
+        raise OSError(rc, "pthread_mutex_consistent failed")
+
+
 class RobustMutex:
     """Handle on a robust mutex at a fixed address of a mapped segment.
 
     ``acquire`` returns True when the previous owner died while holding the lock: the
     caller now holds it, must repair the protected state, then call ``mark_consistent``
-    before ``release``. The owner must not be a different handle in the same thread.
+    before ``release``.
     """
 
-    __slots__ = ("address", "_ptr")
+    __slots__ = ("address", "ptr")
 
     def __init__(self, address: int):
         self.address = address
-        self._ptr = ctypes.c_void_p(address)
+        self.ptr = ctypes.c_void_p(address)
 
     def acquire(self) -> bool:
-        rc = _trylock(self._ptr)
-        if rc == 0:
-            return False
-        if rc == errno.EBUSY:
-            rc = _lock(self._ptr)
-            if rc == 0:
-                return False
-        if rc == _EOWNERDEAD:
-            return True
-        if rc == _ENOTRECOVERABLE:
-            raise OSError(rc, "shmq lock is not recoverable (a repair was abandoned)")
-        raise OSError(rc, "pthread_mutex_lock failed: " + errno.errorcode.get(rc, str(rc)))
+        rc = _trylock(self.ptr)
+        return rc != 0 and lock_slow(self.ptr, rc)
 
     def mark_consistent(self) -> None:
-        rc = _consistent(self._ptr)
-        if rc != 0:
-            raise OSError(rc, "pthread_mutex_consistent failed")
+        mark_consistent(self.ptr)
 
     def release(self) -> None:
-        _unlock(self._ptr)
+        _unlock(self.ptr)

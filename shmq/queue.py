@@ -29,6 +29,9 @@ import posix_ipc
 from . import _layout as L
 from ._headers import decode_headers, encode_headers
 from ._mutex import RobustMutex
+from ._mutex import lock_slow as _lock_slow
+from ._mutex import trylock as _trylock
+from ._mutex import unlock as _unlock
 from ._process import current_identity, is_alive
 from ._segment import open_segment, open_semaphore, segment_name
 from .errors import (
@@ -49,6 +52,7 @@ SPIN_NS = 50_000  # how long a consumer polls the control block before sleeping
 DLQ_RETRY_DELAY_S = 1.0  # when the dead-letter queue is full, retry after this
 
 _mono = time.monotonic_ns
+_sched_yield = os.sched_yield
 _wall = time.time_ns
 _REC_UNPACK = L.REC.unpack_from
 _REC_PACK = L.REC.pack_into
@@ -106,7 +110,7 @@ class Delivery:
     Each raises :class:`DeliveryExpired` if the lease is no longer this delivery's.
     """
 
-    __slots__ = ("id", "body", "attempt", "queue", "_q", "_pos", "_hraw", "_headers")
+    __slots__ = ("id", "body", "attempt", "_q", "_pos", "_hraw")
 
     def __init__(self, q, pos, msg_id, attempt, body, hraw):
         self._q = q
@@ -114,15 +118,20 @@ class Delivery:
         self.id = msg_id
         self.attempt = attempt
         self.body = body
-        self._hraw = hraw
-        self._headers = None
-        self.queue = q.name
+        self._hraw = hraw  # encoded headers, None when empty, the decoded dict once read
+
+    @property
+    def queue(self) -> str:
+        return self._q.name
 
     @property
     def headers(self) -> dict:
-        if self._headers is None:
-            self._headers = decode_headers(self._hraw)
-        return self._headers
+        h = self._hraw
+        if h is None:
+            return {}
+        if type(h) is bytes:
+            h = self._hraw = decode_headers(h)
+        return h
 
     def ack(self) -> None:
         self._q._ack_one(self)
@@ -210,6 +219,7 @@ class Queue:
         self.dead_letter_queue = dlq[:dl].decode() or None
         # The mutex lives at a fixed address of the mapping, valid until close().
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
+        self._lockp = self._mutex.ptr  # the hot paths lock through this directly
         base = segment_name(self.namespace, "q", self.name)
         try:
             self._ne = open_semaphore(base + ".ne")
@@ -238,6 +248,7 @@ class Queue:
         if isinstance(self._mutex, _ClosedMutex):
             return
         self._mutex = _ClosedMutex(self.name)
+        self._lockp = None
         self._mq.release()
         self._ne.close()
         self._nf.close()
@@ -256,6 +267,17 @@ class Queue:
 
     def _release(self):
         self._mutex.release()
+
+    def _lock_contended(self, rc):
+        """The hot paths' lock, after ``trylock`` returned ``rc``: wait, or repair."""
+        if _lock_slow(self._lockp, rc):
+            try:
+                self._repair()
+            finally:
+                self._mutex.mark_consistent()
+
+    def _closed(self):
+        return ShmqError(f"queue handle {self.name!r} is closed")
 
     def _gone(self):
         return QueueNotFound(f"queue {self.name!r} in namespace {self.namespace!r} was deleted")
@@ -381,14 +403,54 @@ class Queue:
         Returns the message id. Raises QueueFull after ``timeout`` seconds (None: wait
         forever), MessageTooLarge / TypeError on bad input (nothing enqueued).
         """
-        body = _check_body(body)
-        hraw = encode_headers(headers) if headers else b""
-        if len(body) > self.max_message_bytes:
+        if type(body) is not bytes:
+            body = _check_body(body)
+        hraw = b"" if headers is None else encode_headers(headers)
+        bl = len(body)
+        if bl > self.max_message_bytes:
             raise MessageTooLarge(
-                f"message body is {len(body)} bytes; queue {self.name!r} takes at most {self.max_message_bytes}"
+                f"message body is {bl} bytes; queue {self.name!r} takes at most {self.max_message_bytes}"
             )
-        ids = self._append(((body, hraw),), timeout)
-        return ids[0]
+        # Fast path: room at the tail without a pad. Anything else goes to _append.
+        lp = self._lockp
+        if lp is None:
+            raise self._closed()
+        mm, mq, cap = self._mm, self._mq, self._cap
+        hl = len(hraw)
+        size = (_REC + 7 + hl + bl) & -8
+        msg_id = post = 0
+        now = _wall()
+        rc = _trylock(lp)
+        if rc:
+            self._lock_contended(rc)
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            tail = mq[I_TAIL]
+            off = tail % cap
+            if size <= cap - off and tail + size - mq[I_HEAD] <= cap:
+                a = self._base + off
+                msg_id = mq[I_NEXT_ID]
+                _REC_PACK(mm, a, _READY, size, bl, hl, 0, msg_id, now, 0)
+                b = a + _REC
+                if hl:
+                    mm[b:b + hl] = hraw
+                    b += hl
+                mm[b:b + bl] = body
+                mq[I_TAIL] = tail + size  # commit
+                mq[I_NEXT_ID] = msg_id + 1
+                mq[I_READY] += 1
+                cw = mq[I_CWAIT]
+                if cw and cw > mq[I_CPOSTED]:
+                    mq[I_CPOSTED] += 1
+                    post = 1
+        finally:
+            _unlock(lp)
+        if msg_id:
+            if post:
+                self._ne.release()
+            return msg_id
+        return self._append(((body, hraw, size),), timeout)[0]
 
     def put_nowait(self, body, headers=None) -> int:
         """``put`` that raises QueueFull at once instead of waiting."""
@@ -400,114 +462,138 @@ class Queue:
         Items are bodies or ``(body, headers)`` pairs.
         """
         items = []
+        append = items.append
         maxmsg = self.max_message_bytes
-        for item in bodies:
-            if type(item) is tuple:
-                body, headers = item
-                hraw = encode_headers(headers) if headers else b""
+        for body in bodies:
+            if type(body) is bytes:
+                hraw = b""
+            elif type(body) is tuple:
+                body, headers = body
+                hraw = b"" if headers is None else encode_headers(headers)
+                if type(body) is not bytes:
+                    body = _check_body(body)
             else:
-                body, hraw = item, b""
-            body = _check_body(body)
+                body, hraw = _check_body(body), b""
             if len(body) > maxmsg:
                 raise MessageTooLarge(
                     f"message body is {len(body)} bytes; queue {self.name!r} takes at most {maxmsg}"
                 )
-            items.append((body, hraw))
+            append((body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8))
         if not items:
             return []
         return self._append(items, timeout)
 
     def _append(self, items, timeout):
-        deadline = None if timeout is None else _mono() + int(timeout * 1e9)
-        total = 0
-        for body, hraw in items:
-            total += L.record_size(len(hraw), len(body))
+        """Append ``(body, encoded headers, record size)`` items, waiting for room."""
+        deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
+        total = sum(item[2] for item in items)
         if total > self._cap:
             raise MessageTooLarge(
                 f"{total} bytes of records can never fit in queue {self.name!r} (max_bytes={self._cap})"
             )
         waited = 0
         while True:
-            ids, post, deleted = self._try_append(items, waited, deadline)
-            if deleted:
-                raise self._gone()
-            if post:
-                for _ in range(post):
-                    self._ne.release()
+            ids, post = self._try_append(items, waited, deadline)
+            for _ in range(post):
+                self._ne.release()
             if ids is not None:
                 return ids
             if deadline is not None and _mono() >= deadline:
                 raise QueueFull(f"queue {self.name!r} is full")
             waited = self._sleep(self._nf, deadline)
 
+    def _placement_end(self, items, tail):
+        """Where the tail would be after appending ``items`` at ``tail`` (pads included)."""
+        cap = self._cap
+        for item in items:
+            size = item[2]
+            rem = cap - tail % cap
+            if size > rem:
+                tail += rem
+            tail += size
+        return tail
+
     def _try_append(self, items, waited, deadline):
-        """One locked attempt. Returns (ids or None, semaphore posts owed, deleted)."""
+        """One locked attempt. Returns (ids or None, semaphore posts owed)."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
         self._acquire()
         try:
-            (deleted, head, tail, frontier, _rp, _rq, next_id, ready, _inf, _dl, _nd, _nl,
-             cwait, cposted, pwait, pposted) = _HOT_UNPACK(mm, L.HOT_OFF)
-            if deleted:
-                return None, 0, True
+            if mq[I_DELETED]:
+                raise self._gone()
             if waited:
-                slot = self._slot
-                mq[I_PWAIT] = pwait = pwait - 1
-                mq[self._slot_word(slot, 3)] -= 1
-                if waited == 2 and pposted:
-                    pposted -= 1
-                if not pwait:
-                    pposted = 0
-                mq[I_PPOSTED] = pposted
-            # where the batch goes
-            end = tail
-            for body, hraw in items:
-                end = L.place(end, L.record_size(len(hraw), len(body)), cap)[1]
+                self._unregister_wait(I_PWAIT, I_PPOSTED, 3, waited)
+            head, tail = mq[I_HEAD], mq[I_TAIL]
+            end = self._placement_end(items, tail)
             if end - head > cap and head == tail and tail % cap:
                 # empty but badly placed: start the next lap, so any batch <= capacity fits
                 tail = head = tail + cap - tail % cap
-                mq[I_HEAD] = head
-                mq[I_FRONTIER] = mq[I_READY_POS] = tail
-                mq[I_TAIL] = tail
-                end = tail
-                for body, hraw in items:
-                    end = L.place(end, L.record_size(len(hraw), len(body)), cap)[1]
+                mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = tail
+                end = self._placement_end(items, tail)
             if end - head > cap:
                 if deadline is None or _mono() < deadline:
-                    slot = self._my_slot()
-                    mq[I_PWAIT] = pwait + 1
-                    mq[self._slot_word(slot, 3)] += 1
-                return None, 0, False
+                    self._register_wait(I_PWAIT, 3)
+                return None, 0
             # write the records past the tail, then publish them with one store
             now = _wall()
             pos = tail
-            ids = []
-            for body, hraw in items:
-                hl = len(hraw)
-                bl = len(body)
-                size = L.record_size(hl, bl)
-                rem = cap - pos % cap
+            first_id = next_id = mq[I_NEXT_ID]
+            for body, hraw, size in items:
+                off = pos % cap
+                rem = cap - off
                 if size > rem:
                     if rem >= _REC:
-                        _REC_PACK(mm, base + pos % cap, _PAD, rem, 0, 0, 0, 0, 0, 0)
+                        _REC_PACK(mm, base + off, _PAD, rem, 0, 0, 0, 0, 0, 0)
                     pos += rem
-                a = base + pos % cap
+                    off = 0
+                a = base + off
+                hl = len(hraw)
+                bl = len(body)
                 _REC_PACK(mm, a, _READY, size, bl, hl, 0, next_id, now, 0)
+                a += _REC
                 if hl:
-                    mm[a + _REC:a + _REC + hl] = hraw
-                mm[a + _REC + hl:a + _REC + hl + bl] = body
-                ids.append(next_id)
+                    mm[a:a + hl] = hraw
+                    a += hl
+                mm[a:a + bl] = body
                 next_id += 1
                 pos += size
             mq[I_TAIL] = pos  # commit
             mq[I_NEXT_ID] = next_id
-            mq[I_READY] = ready + len(ids)
-            post = 0
-            if cwait > cposted:
-                post = min(cwait - cposted, len(ids))
-                mq[I_CPOSTED] = cposted + post
-            return ids, post, False
+            n = next_id - first_id
+            mq[I_READY] += n
+            return list(range(first_id, next_id)), self._owed_posts(I_CWAIT, I_CPOSTED, n)
         finally:
             self._release()
+
+    def _register_wait(self, i_wait, field):
+        """Count this process as sleeping (consumers: field 2, producers: 3). Lock held."""
+        mq = self._mq
+        slot = self._my_slot()
+        mq[i_wait] += 1
+        mq[self._slot_word(slot, field)] += 1
+
+    def _unregister_wait(self, i_wait, i_posted, field, waited):
+        """Undo ``_register_wait`` after a sleep; ``waited == 2`` consumed a post. Lock held."""
+        mq = self._mq
+        n = mq[i_wait] - 1
+        mq[i_wait] = n
+        mq[self._slot_word(self._slot, field)] -= 1
+        posted = mq[i_posted]
+        if waited == 2 and posted:
+            posted -= 1
+        mq[i_posted] = posted if n else 0
+
+    def _owed_posts(self, i_wait, i_posted, n):
+        """How many of ``n`` new messages (or freed slots) to post to sleepers. Lock held."""
+        mq = self._mq
+        w = mq[i_wait]
+        if not w:
+            return 0
+        p = mq[i_posted]
+        post = min(w - p, n)
+        if post <= 0:
+            return 0
+        mq[i_posted] = p + post
+        return post
 
     # ------------------------------------------------------------------ get
     def get(self, timeout=None, visibility_timeout=None) -> Delivery:
@@ -515,11 +601,56 @@ class Queue:
 
         Raises QueueEmpty after ``timeout`` seconds (None: wait forever).
         """
-        return self._get(1, timeout, visibility_timeout)[0]
+        d = self._take_one(visibility_timeout)
+        if d is None:
+            d = self._get(1, timeout, visibility_timeout)[0]
+        return d
 
     def get_nowait(self, visibility_timeout=None) -> Delivery:
         """``get`` that raises QueueEmpty at once instead of waiting."""
-        return self._get(1, 0, visibility_timeout)[0]
+        d = self._take_one(visibility_timeout)
+        if d is None:
+            d = self._get(1, 0, visibility_timeout)[0]
+        return d
+
+    def _take_one(self, visibility_timeout):
+        """Fast path of ``get``: the next never-delivered record at the frontier, when no
+        housekeeping is due and nothing was requeued. None sends the caller to ``_get``."""
+        lp = self._lockp
+        slot = self._slot
+        if lp is None or slot < 0 or visibility_timeout is not None:
+            return None
+        mm, mq, cap = self._mm, self._mq, self._cap
+        body = None
+        rc = _trylock(lp)
+        if rc:
+            self._lock_contended(rc)
+        try:
+            pos = mq[I_FRONTIER]
+            now = _mono()
+            off = pos % cap
+            if (pos < mq[I_TAIL] and not mq[I_REQUEUED] and not mq[I_DELETED] and cap - off >= _REC
+                    and now < mq[I_NEXT_DEADLINE] and now < mq[I_NEXT_LIVENESS]):
+                a = self._base + off
+                status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
+                attempt = (status >> 32) + 1
+                if status & 0xFF == _READY and (self.max_deliveries is None or attempt <= self.max_deliveries):
+                    until = now + self._vis_ns
+                    mq[(a + 40) >> 3] = until
+                    mq[a >> 3] = _LEASED | (slot << 8) | (attempt << 32)  # commit
+                    mq[I_FRONTIER] = mq[I_READY_POS] = pos + length
+                    mq[I_READY] -= 1
+                    mq[I_INFLIGHT] += 1
+                    if attempt > 1:
+                        mq[I_REDELIVERED_TOTAL] += 1
+                    b = a + _REC
+                    body = mm[b + hl:b + hl + bl]
+                    hraw = mm[b:b + hl] if hl else None
+        finally:
+            _unlock(lp)
+        if body is None:
+            return None
+        return Delivery(self, pos, msg_id, attempt, body, hraw)
 
     def get_many(self, max_messages=64, timeout=None, visibility_timeout=None) -> list[Delivery]:
         """Lease up to ``max_messages``; returns as soon as at least one is ready."""
@@ -545,15 +676,26 @@ class Queue:
                 raise QueueEmpty(f"queue {self.name!r} is empty")
             if not spun:
                 spun = True
-                end = _mono() + SPIN_NS
-                if deadline is not None:
-                    end = min(end, deadline)
-                while _mono() < end:
-                    if mq[I_READY] or mq[I_DELETED]:
-                        break
+                self._spin(deadline)
                 waited = 0
                 continue
             waited = self._sleep(self._ne, deadline)
+
+    def _spin(self, deadline):
+        """Poll the control block briefly before sleeping: spin, then yield the core
+        (a partner process may be runnable on it), as Aeron's backoff idle strategy."""
+        mq = self._mq
+        now = _mono()
+        yield_at = now + SPIN_NS // 5
+        end = now + SPIN_NS
+        if deadline is not None and deadline < end:
+            end = deadline
+        while now < end:
+            if mq[I_READY] or mq[I_DELETED]:
+                return
+            if now > yield_at:
+                _sched_yield()
+            now = _mono()
 
     def _sleep(self, sem, deadline):
         """Sleep on a semaphore for at most one slice. Returns 2 if woken by a post, 1 if not."""
@@ -584,14 +726,7 @@ class Queue:
                 raise self._gone()
             now = _mono()
             if waited:
-                slot = self._slot
-                cwait = mq[I_CWAIT] - 1
-                mq[I_CWAIT] = cwait
-                mq[self._slot_word(slot, 2)] -= 1
-                cposted = mq[I_CPOSTED]
-                if waited == 2 and cposted:
-                    cposted -= 1
-                mq[I_CPOSTED] = cposted if cwait else 0
+                self._unregister_wait(I_CWAIT, I_CPOSTED, 2, waited)
             if now >= mq[I_NEXT_DEADLINE]:
                 self._expire(now)
             if now >= mq[I_NEXT_LIVENESS]:
@@ -599,72 +734,63 @@ class Queue:
                 reap = True
             ready = mq[I_READY]
             if ready:
-                slot = self._my_slot()
-                requeued = mq[I_REQUEUED]
-                frontier = mq[I_FRONTIER]
-                tail = mq[I_TAIL]
-                maxdel = self.max_deliveries
-                lease = _LEASED | (slot << 8)
+                lease = _LEASED | (self._my_slot() << 8)
                 until = now + vis_ns
-                redelivered = 0
-                n = 0
-                while n < maxn:
+                maxdel = self.max_deliveries
+                requeued, frontier, tail = mq[I_REQUEUED], mq[I_FRONTIER], mq[I_TAIL]
+                taken = redelivered = 0
+                append = out.append
+                while ready and len(out) < maxn:
                     if requeued:
-                        pos = mq[I_READY_POS]
-                        while pos < frontier:  # the lowest READY record below the frontier
-                            pos = L.skip_gap(pos, cap)
-                            a = base + pos % cap
-                            if mq[a >> 3] & 0xFF == _READY:
-                                break
-                            pos += mq[(a + 8) >> 3] & 0xFFFFFFFF
-                        if pos >= frontier:  # the count was stale: none left below the frontier
+                        pos = self._next_requeued(frontier)
+                        if pos < 0:  # the count was stale: none left below the frontier
                             requeued = 0
                             mq[I_READY_POS] = frontier
                             continue
                         requeued -= 1
-                    else:
-                        pos = frontier
-                        if pos >= tail:
-                            break
-                        pos = L.skip_gap(pos, cap)
                         a = base + pos % cap
-                        w = mq[a >> 3]
-                        if w & 0xFF == _PAD:
-                            frontier = pos + (mq[(a + 8) >> 3] & 0xFFFFFFFF)
+                        status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
+                        mq[I_READY_POS] = pos + length if requeued else frontier
+                    else:
+                        if frontier >= tail:
+                            break
+                        pos = frontier
+                        off = pos % cap
+                        if cap - off < _REC:  # implicit pad to the end of the lap
+                            frontier += cap - off
                             continue
-                    status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
+                        a = base + off
+                        status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
+                        frontier = pos + length
+                        if status & 0xFF == _PAD:
+                            continue
                     attempt = (status >> 32) + 1
                     mq[(a + 40) >> 3] = until
                     mq[a >> 3] = lease | (attempt << 32)  # commit
-                    if pos >= frontier:
-                        frontier = pos + length
-                    mq[I_READY_POS] = mq[I_FRONTIER] = frontier  # (READY_POS fixed below)
-                    if requeued:
-                        mq[I_READY_POS] = pos + length
-                    mq[I_REQUEUED] = requeued
                     ready -= 1
-                    mq[I_READY] = ready
-                    mq[I_INFLIGHT] += 1
+                    taken += 1
                     if attempt > 1:
                         redelivered += 1
-                    b = a + _REC + hl
+                    a += _REC
+                    d = Delivery(self, pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None)
                     if maxdel is not None and attempt > maxdel:
                         if dead is None:
                             dead = []
-                        dead.append(Delivery(self, pos, msg_id, attempt, mm[b:b + bl], mm[a + _REC:b] if hl else None))
+                        dead.append(d)
                     else:
-                        out.append(Delivery(self, pos, msg_id, attempt, mm[b:b + bl], mm[a + _REC:b] if hl else None))
-                        n += 1
-                    if not ready:
-                        break
+                        append(d)
+                mq[I_FRONTIER] = frontier
+                if not requeued:
+                    mq[I_READY_POS] = frontier
+                mq[I_REQUEUED] = requeued
+                mq[I_READY] = ready
+                mq[I_INFLIGHT] += taken
                 if redelivered:
                     mq[I_REDELIVERED_TOTAL] += redelivered
-                if until < mq[I_NEXT_DEADLINE]:
+                if taken and until < mq[I_NEXT_DEADLINE]:
                     mq[I_NEXT_DEADLINE] = until
             if not out and register:
-                slot = self._my_slot()
-                mq[I_CWAIT] += 1
-                mq[self._slot_word(slot, 2)] += 1
+                self._register_wait(I_CWAIT, 2)
         finally:
             self._release()
         if reap:
@@ -673,44 +799,63 @@ class Queue:
             self._dead_letter(dead, "max-deliveries")
         return out
 
+    def _next_requeued(self, frontier):
+        """Position of the lowest READY record below the frontier, or -1. Lock held."""
+        mq, cap, base = self._mq, self._cap, self._base
+        pos = mq[I_READY_POS]
+        while pos < frontier:
+            pos = L.skip_gap(pos, cap)
+            a = base + pos % cap
+            if mq[a >> 3] & 0xFF == _READY:
+                return pos
+            pos += mq[(a + 8) >> 3] & 0xFFFFFFFF
+        return -1
+
     # ------------------------------------------------------------------ settle
-    def _check_lease(self, d):
+    def _check_lease(self, d, head=None, tail=None, now=None):
         """Address of the delivery's record if its lease is still d's, else None. Lock held."""
-        pos = d._pos
         mq = self._mq
-        if pos < mq[I_HEAD] or pos >= mq[I_TAIL]:
+        pos = d._pos
+        if pos < (mq[I_HEAD] if head is None else head) or pos >= (mq[I_TAIL] if tail is None else tail):
             return None
         a = self._base + pos % self._cap
         w = mq[a >> 3]
         if w & 0xFF != _LEASED or w >> 32 != d.attempt or mq[(a + 24) >> 3] != d.id:
             return None
-        if mq[(a + 40) >> 3] <= _mono():
+        if mq[(a + 40) >> 3] <= (_mono() if now is None else now):
             return None  # lapsed, even if no one has made it ready again yet
         return a
 
     def _ack_one(self, d):
-        if d._q is not self:
-            raise ValueError("delivery belongs to another queue handle")
-        mq = self._mq
+        lp = self._lockp
+        if lp is None:
+            raise self._closed()
+        mq, cap = self._mq, self._cap
+        pos = d._pos
+        a = self._base + pos % cap
         post = False
-        self._acquire()
+        rc = _trylock(lp)
+        if rc:
+            self._lock_contended(rc)
         try:
             if mq[I_DELETED]:
                 raise self._gone()
-            a = self._check_lease(d)
-            if a is None:
+            head = mq[I_HEAD]
+            w = mq[a >> 3]
+            if (pos < head or pos >= mq[I_TAIL] or w & 0xFF != _LEASED or w >> 32 != d.attempt
+                    or mq[(a + 24) >> 3] != d.id or mq[(a + 40) >> 3] <= _mono()):
                 raise DeliveryExpired(f"delivery {self.name}#{d.id} attempt {d.attempt} is no longer leased")
-            mq[a >> 3] = (mq[a >> 3] & ~0xFF) | _ACKED  # commit
+            mq[a >> 3] = (w & ~0xFF) | _ACKED  # commit
             mq[I_INFLIGHT] -= 1
             mq[I_ACKED_TOTAL] += 1
-            pos, head = d._pos, mq[I_HEAD]
-            if (pos == head or (pos % self._cap == 0 and pos - head < self._cap)) and self._advance_head():
-                pw, pp = mq[I_PWAIT], mq[I_PPOSTED]
-                if pw > pp:
-                    mq[I_PPOSTED] = pp + 1
+            # the first record after the head (or after a pad at the head) frees space
+            if (pos == head or (pos % cap == 0 and pos - head < cap)) and self._advance_head():
+                pw = mq[I_PWAIT]
+                if pw and pw > mq[I_PPOSTED]:
+                    mq[I_PPOSTED] += 1
                     post = True
         finally:
-            self._release()
+            _unlock(lp)
         if post:
             self._nf.release()
 
@@ -720,54 +865,60 @@ class Queue:
         return self._settle(deliveries, _ACK, 0.0)
 
     def _settle(self, deliveries, action, delay, dead_lettered=False):
+        """Ack (or drop as dead-lettered) or nack a batch under one lock."""
         mq, cap, base = self._mq, self._cap, self._base
         deliveries = list(deliveries)
         for d in deliveries:
-            if not isinstance(d, Delivery) or d._q is not self:
+            if getattr(d, "_q", None) is not self:
                 raise TypeError(f"expected deliveries of queue {self.name!r}, got {d!r}")
         delay_ns = _seconds_ns(delay, "delay") if action == _NACK else 0
         expired = []
         done = 0
         freed = False
-        wake = 0
+        post_nf = post_ne = 0
         self._acquire()
         try:
             if mq[I_DELETED]:
                 raise self._gone()
             now = _mono()
-            for d in deliveries:
-                a = self._check_lease(d)
-                if a is None:
-                    expired.append(d)
-                    continue
-                w = mq[a >> 3]
-                done += 1
-                if action == _NACK:
-                    mq[I_INFLIGHT] -= 1
+            head, tail = mq[I_HEAD], mq[I_TAIL]
+            if action == _NACK:
+                woke = 0
+                for d in deliveries:
+                    a = self._check_lease(d, head, tail, now)
+                    if a is None:
+                        expired.append(d)
+                        continue
+                    w = mq[a >> 3]
                     if delay_ns:
                         mq[(a + 40) >> 3] = now + delay_ns
-                        mq[a >> 3] = _DELAYED | (L.NO_HOLDER << 8) | (w >> 32 << 32)
+                        mq[a >> 3] = _DELAYED | (L.NO_HOLDER << 8) | (w >> 32 << 32)  # commit
                         mq[I_DELAYED] += 1
                         if now + delay_ns < mq[I_NEXT_DEADLINE]:
                             mq[I_NEXT_DEADLINE] = now + delay_ns
                     else:
                         self._make_ready(a, d._pos, w)
-                        wake += 1
-                else:
-                    mq[a >> 3] = (w & ~0xFF) | _ACKED
-                    mq[I_INFLIGHT] -= 1
-                    mq[I_DEAD_TOTAL if dead_lettered else I_ACKED_TOTAL] += 1
-                    pos, head = d._pos, mq[I_HEAD]
-                    if pos == head or (pos % cap == 0 and pos - head < cap):  # first after head, or after a pad
+                        woke += 1
+                    done += 1
+                mq[I_INFLIGHT] -= done
+                post_ne = self._owed_posts(I_CWAIT, I_CPOSTED, woke)
+            else:
+                for d in deliveries:
+                    pos = d._pos
+                    a = base + pos % cap
+                    w = mq[a >> 3]
+                    if (pos < head or pos >= tail or w & 0xFF != _LEASED or w >> 32 != d.attempt
+                            or mq[(a + 24) >> 3] != d.id or mq[(a + 40) >> 3] <= now):
+                        expired.append(d)
+                        continue
+                    mq[a >> 3] = (w & ~0xFF) | _ACKED  # commit
+                    done += 1
+                    if pos == head or (pos % cap == 0 and pos - head < cap):  # first after head (or a pad)
                         freed = True
-            if freed:
-                freed = self._advance_head()
-            post_nf = post_ne = 0
-            if freed and mq[I_PWAIT] > mq[I_PPOSTED]:
-                post_nf = 1
-                mq[I_PPOSTED] += 1
-            if wake:
-                post_ne = self._owed_consumer_posts(wake)
+                mq[I_INFLIGHT] -= done
+                mq[I_DEAD_TOTAL if dead_lettered else I_ACKED_TOTAL] += done
+                if freed and self._advance_head():
+                    post_nf = self._owed_posts(I_PWAIT, I_PPOSTED, 1)
         finally:
             self._release()
         for _ in range(post_nf):
@@ -787,13 +938,6 @@ class Queue:
         mq[I_REQUEUED] += 1
         if pos < mq[I_READY_POS]:
             mq[I_READY_POS] = pos
-
-    def _owed_consumer_posts(self, n):
-        mq = self._mq
-        cw, cp = mq[I_CWAIT], mq[I_CPOSTED]
-        post = min(max(cw - cp, 0), n)
-        mq[I_CPOSTED] = cp + post
-        return post
 
     def _extend(self, d, seconds):
         until = _mono() + _seconds_ns(seconds, "seconds")
@@ -885,7 +1029,7 @@ class Queue:
             pos += mq[(a + 8) >> 3] & 0xFFFFFFFF
         mq[I_NEXT_DEADLINE] = next_deadline
         if woke:
-            for _ in range(self._owed_consumer_posts(woke)):
+            for _ in range(self._owed_posts(I_CWAIT, I_CPOSTED, woke)):
                 self._ne.release()
         return woke
 
@@ -911,7 +1055,7 @@ class Queue:
                 mq[I_CWAIT] -= cw
                 mq[I_PWAIT] -= pw
                 L.PROC.pack_into(mm, L.PROCS_OFF + i * L.PROC_SIZE, 0, 0, 0, 0)
-            posts = self._owed_consumer_posts(returned) if returned else 0
+            posts = self._owed_posts(I_CWAIT, I_CPOSTED, returned) if returned else 0
         finally:
             self._release()
         for _ in range(posts):
