@@ -9,6 +9,8 @@ processes started with the "spawn" context. Run from the repository root::
 
 Workloads: 1 producer -> 1 consumer throughput per message size, in per-message
 and batched (64) mode, and a 64 B ping-pong round-trip time (RTT) over two queues.
+The two processes of a case are pinned to two distinct CPUs (``--no-pin`` to let the
+OS place them: on a 2-CPU box it may put both on one core, which changes RTT ~10x).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@
         d.ack()
 """
 
+from ._segment import destroy_namespace
 from .broker import Broker, default_namespace
 from .errors import (
     DeliveryExpired,
@@ -25,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "connect",
+    "destroy_namespace",
     "Broker",
     "Queue",
     "Delivery",

@@ -162,7 +162,9 @@ def namespace_entries(namespace: str) -> list[str]:
 
 
 def destroy_namespace(namespace: str) -> int:
-    """Unlink every segment and semaphore of ``namespace``; returns how many were removed."""
+    """Unlink every segment and semaphore of ``namespace`` (its registry and all its
+    queues, with their messages); returns how many were removed. Processes still
+    attached keep their mappings until they close them."""
     check_namespace(namespace)
     removed = 0
     for entry in namespace_entries(namespace):

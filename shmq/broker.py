@@ -52,8 +52,11 @@ class Broker:
         return (Broker, (self.namespace,))
 
     def __del__(self):
+        # Only our own mapping: queue handles we returned live on without the broker
+        # (``shmq.connect().queue("q")`` must work as a one-liner).
         if getattr(self, "_registry", None) is not None:
-            self.close()
+            self._registry.close()
+            self._registry = None
 
     def close(self) -> None:
         """Close this broker and every queue handle it returned. Queues stay."""

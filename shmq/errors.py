@@ -16,6 +16,9 @@ __all__ = [
     "MessageTooLarge",
     "DeliveryExpired",
     "QueueCorrupted",
+    "ProtocolError",
+    "Unauthorized",
+    "BrokerUnavailable",
 ]
 
 
@@ -50,3 +53,27 @@ class DeliveryExpired(ShmqError):
 
 class QueueCorrupted(ShmqError):
     """A segment does not hold a shmq queue of this layout version (foreign or damaged)."""
+
+
+class ProtocolError(ShmqError):
+    """Bytes on the wire that break the DEADBEEF protocol (docs/PROTOCOL.md).
+
+    ``status`` is the reply status code that answers it, ``msg_id`` the request's id
+    when the header could be read (else 0), and ``fatal`` says whether the connection
+    must close after the error reply (bad magic, oversized frame) or stays usable.
+    """
+
+    def __init__(self, message: str, status: int, msg_id: int = 0, fatal: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.msg_id = msg_id
+        self.fatal = fatal
+
+
+class Unauthorized(ShmqError, PermissionError):
+    """The server wants a token and this one is missing or wrong: pass ``token=``."""
+
+
+class BrokerUnavailable(ShmqError, ConnectionError):
+    """The broker at the endpoint could not be reached or the connection broke: check
+    that ``shmq server`` runs there, then reconnect."""

@@ -740,7 +740,8 @@ class Queue:
                 requeued, frontier, tail = mq[I_REQUEUED], mq[I_FRONTIER], mq[I_TAIL]
                 taken = redelivered = 0
                 append = out.append
-                while ready and len(out) < maxn:
+                ndead = 0
+                while ready and len(out) - ndead < maxn:
                     if requeued:
                         pos = self._next_requeued(frontier)
                         if pos < 0:  # the count was stale: none left below the frontier
@@ -771,14 +772,10 @@ class Queue:
                     taken += 1
                     if attempt > 1:
                         redelivered += 1
+                        if maxdel is not None and attempt > maxdel:
+                            ndead += 1  # leased to us only to be dead-lettered below
                     a += _REC
-                    d = Delivery(self, pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None)
-                    if maxdel is not None and attempt > maxdel:
-                        if dead is None:
-                            dead = []
-                        dead.append(d)
-                    else:
-                        append(d)
+                    append((pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None))
                 mq[I_FRONTIER] = frontier
                 if not requeued:
                     mq[I_READY_POS] = frontier
@@ -793,6 +790,14 @@ class Queue:
                 self._register_wait(I_CWAIT, 2)
         finally:
             self._release()
+        # Deliveries are built outside the lock: the leased bytes are ours until settled.
+        if out:
+            maxdel = self.max_deliveries
+            if maxdel is None:
+                out = [Delivery(self, *t) for t in out]
+            else:
+                dead = [Delivery(self, *t) for t in out if t[2] > maxdel]
+                out = [Delivery(self, *t) for t in out if t[2] <= maxdel]
         if reap:
             self._reap_dead()
         if dead:

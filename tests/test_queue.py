@@ -432,3 +432,13 @@ def test_delete_wakes_a_blocked_consumer(broker):
     broker.delete_queue("q")
     t.join(5)
     assert not t.is_alive() and len(errors) == 1
+
+
+def test_one_liner_attach_outlives_its_broker(broker):
+    broker.create_queue("q")
+    q = shmq.connect(namespace=broker.namespace).queue("q")  # the temporary broker is collected at once
+    import gc
+    gc.collect()
+    q.put(b"still attached")
+    assert q.get_nowait().body == b"still attached"
+    q.close()
