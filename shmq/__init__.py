@@ -11,14 +11,17 @@
 from ._segment import destroy_namespace
 from .broker import Broker, default_namespace
 from .errors import (
+    BrokerUnavailable,
     DeliveryExpired,
     MessageTooLarge,
+    ProtocolError,
     QueueCorrupted,
     QueueEmpty,
     QueueExists,
     QueueFull,
     QueueNotFound,
     ShmqError,
+    Unauthorized,
 )
 from .queue import Delivery, Queue, QueueStats
 
@@ -39,6 +42,9 @@ __all__ = [
     "MessageTooLarge",
     "DeliveryExpired",
     "QueueCorrupted",
+    "ProtocolError",
+    "Unauthorized",
+    "BrokerUnavailable",
     "__version__",
 ]
 
