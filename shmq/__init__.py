@@ -58,5 +58,7 @@ def connect(url: str | None = None, *, namespace: str | None = None, token: str 
     if url is None:
         return Broker(default_namespace() if namespace is None else namespace)
     if isinstance(url, str) and url.startswith("tcp://"):
-        raise ShmqError(f"cannot connect to {url}: the TCP transport is not part of this release yet")
+        from .client.remote import RemoteBroker
+
+        return RemoteBroker(url, token=token)
     raise ValueError(f"unsupported broker url {url!r}: use no url (local) or tcp://host:port")

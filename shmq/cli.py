@@ -1,17 +1,16 @@
 """The ``shmq`` command line (click). Errors print one line on stderr, never a traceback."""
 
+import asyncio
+import base64
+import json
 import logging
-import signal
 import sys
-import threading
 
 import click
 
 from . import __version__
 from .broker import Broker, default_namespace
-from .errors import ShmqError
-
-HOUSEKEEPING_INTERVAL_S = 0.25
+from .errors import QueueEmpty, ShmqError
 
 
 class _Cli(click.Group):
@@ -37,42 +36,206 @@ def _namespace_option(f):
 
 
 @main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=7878, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: any free).")
 @_namespace_option
+@click.option("--token", envvar="SHMQ_TOKEN", default=None, help="Require this token in HELLO (also $SHMQ_TOKEN).")
+@click.option("--max-frame-bytes", default=16 * 2**20, show_default=True, type=click.IntRange(1024, 2**31),
+              help="Largest frame accepted from a client.")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]),
               show_default=True)
-def server(namespace, log_level):
-    """Run the broker: hold the namespace's registry and do housekeeping.
+def server(host, port, namespace, token, max_frame_bytes, log_level):
+    """Run the broker: serve TCP clients, hold the namespace's registry, do housekeeping.
 
-    Stops on SIGINT/SIGTERM and exits 0; queues stay in shared memory.
+    Stops on SIGINT/SIGTERM (answering what is in flight) and exits 0; queues stay in
+    shared memory for the next start.
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s shmq %(levelname)s %(message)s",
                         stream=sys.stderr)
-    log = logging.getLogger("shmq.server")
-    from .server import Housekeeper
+    from .server.main import serve
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    with Broker(namespace) as broker:
-        keeper = Housekeeper(broker)
-        log.info("serving namespace %s (%d queues); housekeeping every %.2fs",
-                 namespace, len(broker.list_queues()), HOUSEKEEPING_INTERVAL_S)
-        try:
-            while not stop.is_set():
-                keeper.run_once()
-                stop.wait(HOUSEKEEPING_INTERVAL_S)
-        finally:
-            keeper.close()
-    log.info("stopped")
+    asyncio.run(serve(namespace, host, port, token, max_frame_bytes))
+
+
+def _target_options(f):
+    """--namespace for local attach, --url/--token for a remote broker."""
+    f = click.option("--token", envvar="SHMQ_TOKEN", default=None, help="Token for a remote broker ($SHMQ_TOKEN).")(f)
+    f = click.option("--url", envvar="SHMQ_URL", default=None,
+                     help="Remote broker tcp://host:port ($SHMQ_URL); local attach when absent.")(f)
+    return _namespace_option(f)
+
+
+def _connect(namespace, url, token):
+    if url:
+        from .client.remote import RemoteBroker
+
+        return RemoteBroker(url, token=token)
+    return Broker(namespace)
+
+
+def _json_option(f):
+    return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
+
+
+def _echo_json(value):
+    click.echo(json.dumps(value, sort_keys=True))
 
 
 @main.command("list")
-@_namespace_option
-def list_(namespace):
-    """List the namespace's queues."""
-    with Broker(namespace) as broker:
-        for name in broker.list_queues():
+@_target_options
+@_json_option
+def list_(namespace, url, token, as_json):
+    """List the queues."""
+    with _connect(namespace, url, token) as broker:
+        names = broker.list_queues()
+    if as_json:
+        _echo_json(names)
+    else:
+        for name in names:
             click.echo(name)
+
+
+@main.command()
+@click.argument("name")
+@_target_options
+@click.option("--max-bytes", type=click.IntRange(4096), default=64 * 2**20, show_default=True,
+              help="Ring size: bytes of records the queue holds.")
+@click.option("--max-message-bytes", type=click.IntRange(1), default=None, help="Largest body (default 1 MiB).")
+@click.option("--visibility-timeout", type=click.FloatRange(0, min_open=True), default=30.0, show_default=True,
+              help="Seconds a delivery stays leased.")
+@click.option("--max-deliveries", type=click.IntRange(1), default=None, help="Dead-letter after this many deliveries.")
+@click.option("--dead-letter-queue", default=None, help="Queue that receives rejected messages.")
+@click.option("--exist-ok", is_flag=True, help="Succeed if the queue exists.")
+def create(name, namespace, url, token, max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
+           dead_letter_queue, exist_ok):
+    """Create a queue."""
+    with _connect(namespace, url, token) as broker:
+        broker.create_queue(name, max_bytes=max_bytes, max_message_bytes=max_message_bytes,
+                            visibility_timeout=visibility_timeout, max_deliveries=max_deliveries,
+                            dead_letter_queue=dead_letter_queue, exist_ok=exist_ok).close()
+    click.echo(f"created {name}")
+
+
+@main.command()
+@click.argument("name")
+@_target_options
+def delete(name, namespace, url, token):
+    """Delete a queue and every message in it."""
+    with _connect(namespace, url, token) as broker:
+        broker.delete_queue(name)
+    click.echo(f"deleted {name}")
+
+
+@main.command()
+@click.argument("name")
+@_target_options
+def purge(name, namespace, url, token):
+    """Drop every ready message of a queue."""
+    with _connect(namespace, url, token) as broker:
+        n = broker.queue(name).purge()
+    click.echo(f"purged {n} message(s) from {name}")
+
+
+_STATS_COLUMNS = ("ready", "in_flight", "delayed", "bytes_used", "max_bytes", "enqueued_total", "acked_total",
+                  "redelivered_total", "dead_lettered_total", "oldest_ready_age_s")
+
+
+@main.command()
+@click.argument("name", required=False)
+@_target_options
+@_json_option
+def stats(name, namespace, url, token, as_json):
+    """Counters of one queue, or of all."""
+    with _connect(namespace, url, token) as broker:
+        names = [name] if name else broker.list_queues()
+        rows = {n: broker.queue(n).stats() for n in names}
+    if as_json:
+        _echo_json({n: {f: getattr(s, f) for f in s.__dataclass_fields__} for n, s in rows.items()})
+        return
+    header = ("queue",) + _STATS_COLUMNS
+    table = [header] + [(n,) + tuple(_cell(getattr(s, c)) for c in _STATS_COLUMNS) for n, s in rows.items()]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+
+
+def _cell(value):
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _parse_headers(pairs):
+    headers = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not key=value", param_hint="--header")
+        headers[key] = value
+    return headers or None
+
+
+@main.command()
+@click.argument("name")
+@_target_options
+@click.option("-m", "--message", "messages", multiple=True, help="A message body (repeatable).")
+@click.option("--file", "file", type=click.File("rb"), default=None, help="One message: the whole file.")
+@click.option("--header", "header_pairs", multiple=True, metavar="KEY=VALUE", help="A header (repeatable).")
+@click.option("--timeout", type=click.FloatRange(0), default=None, help="Seconds to wait while the queue is full.")
+@_json_option
+def produce(name, namespace, url, token, messages, file, header_pairs, timeout, as_json):
+    """Put messages: -m TEXT, --file F, or one per line of standard input."""
+    headers = _parse_headers(header_pairs)
+    if messages and file:
+        raise click.UsageError("give -m or --file, not both")
+    if messages:
+        bodies = [m.encode() for m in messages]
+    elif file is not None:
+        bodies = [file.read()]
+    else:
+        bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer]
+    with _connect(namespace, url, token) as broker:
+        q = broker.queue(name)
+        ids = q.put_many([(b, headers) for b in bodies], timeout=timeout) if bodies else []
+    if as_json:
+        _echo_json({"queue": name, "ids": ids})
+    else:
+        click.echo(f"produced {len(ids)} message(s) to {name}" + (f": ids {ids[0]}..{ids[-1]}" if ids else ""))
+
+
+@main.command()
+@click.argument("name")
+@_target_options
+@click.option("-n", "count", type=click.IntRange(1), default=1, show_default=True, help="At most this many.")
+@click.option("--wait", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Seconds to wait for the first message.")
+@click.option("--no-ack", "mode", flag_value="no-ack", help="Leave them leased (they come back when it lapses).")
+@click.option("--requeue", "mode", flag_value="requeue", help="Put them back (nack) after printing.")
+@_json_option
+def consume(name, namespace, url, token, count, wait, mode, as_json):
+    """Get messages, print them, and ack them (unless --no-ack or --requeue)."""
+    got = []
+    with _connect(namespace, url, token) as broker:
+        q = broker.queue(name)
+        while len(got) < count:
+            try:
+                got += q.get_many(count - len(got), timeout=wait if not got else 0)
+            except QueueEmpty:
+                break
+        for d in got:
+            if as_json:
+                _echo_json({"queue": name, "id": d.id, "attempt": d.attempt, "headers": _jsonable(d.headers),
+                            "body": d.body.decode("utf-8", "replace"),
+                            "body_base64": base64.b64encode(d.body).decode()})
+            else:
+                click.echo(d.body.decode("utf-8", "replace"))
+        if mode == "requeue":
+            for d in got:
+                d.nack()
+        elif mode != "no-ack" and got:
+            q.ack_many(got)
+
+
+def _jsonable(headers):
+    return {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in headers.items()}
 
 
 if __name__ == "__main__":

@@ -143,3 +143,14 @@ def get_one_from_handle(q, out):
     d = q.get(timeout=10)
     out.put(d.body)
     d.ack()
+
+
+def remote_hold_leases(url, qname, n, ready_event):
+    """Lease ``n`` messages over TCP, say so, then hang until killed."""
+    b = shmq.connect(url)
+    q = b.queue(qname)
+    held = []
+    while len(held) < n:
+        held += q.get_many(n - len(held), timeout=10)
+    ready_event.set()
+    time.sleep(3600)

@@ -47,3 +47,64 @@ def no_stray_children():
     for p in stray:
         p.kill()
     assert stray == [], f"test left processes running: {[p.pid for p in stray]}"
+
+
+class ThreadedServer:
+    """A real TCP server (shmq.server.tcp) on a free port, its event loop in a thread."""
+
+    def __init__(self, namespace, token=None, max_frame_bytes=None):
+        import asyncio
+        import threading
+
+        from shmq.server.tcp import TcpServer
+
+        self.loop = asyncio.new_event_loop()
+        self.broker = shmq.connect(namespace=namespace)
+        kwargs = {"token": token, "port": 0}
+        if max_frame_bytes:
+            kwargs["max_frame_bytes"] = max_frame_bytes
+        self.server = TcpServer(self.broker, **kwargs)
+        started = threading.Event()
+
+        def run():
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.server.start())
+            started.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert started.wait(10)
+        self.port = self.server.port
+        self.url = f"tcp://127.0.0.1:{self.port}"
+
+    def stop(self):
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+        self.broker.close()
+
+
+@pytest.fixture
+def tcp_server(broker):
+    srv = ThreadedServer(broker.namespace)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(params=["local", "tcp"])
+def any_broker(request, broker):
+    """The same tests against both transports: local attach and TCP."""
+    if request.param == "local":
+        yield broker
+        return
+    srv = ThreadedServer(broker.namespace)
+    remote = shmq.connect(srv.url)
+    try:
+        yield remote
+    finally:
+        remote.close()
+        srv.stop()

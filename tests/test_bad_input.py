@@ -113,8 +113,10 @@ def test_delivery_of_another_queue_is_refused(broker):
     d.ack()
 
 
-def test_tcp_transport_is_not_there_yet():
-    with pytest.raises(shmq.ShmqError, match="tcp://127.0.0.1:1"):
+def test_bad_urls():
+    with pytest.raises(shmq.BrokerUnavailable, match="cannot connect to 127.0.0.1:1"):
         shmq.connect("tcp://127.0.0.1:1")
     with pytest.raises(ValueError, match="unsupported broker url"):
         shmq.connect("http://x")
+    with pytest.raises(ValueError, match="unsupported broker url"):
+        shmq.connect("tcp://")

@@ -11,7 +11,7 @@ import pytest
 
 def _start_server(namespace):
     return subprocess.Popen(
-        [sys.executable, "-m", "shmq.cli", "server", "--namespace", namespace, "--log-level", "info"],
+        [sys.executable, "-m", "shmq.cli", "server", "--namespace", namespace, "--port", "0", "--log-level", "info"],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
 

@@ -1,1 +1,5 @@
-"""Remote clients of ``shmq server`` (the TCP transport arrives with the server issue)."""
+"""Remote clients of ``shmq server``: blocking (``remote``) and asyncio (``aio``)."""
+
+from .remote import RemoteBroker, RemoteDelivery, RemoteQueue
+
+__all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery"]

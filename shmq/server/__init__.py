@@ -1,4 +1,4 @@
-"""The broker process (``shmq server``): registry owner and housekeeper."""
+"""The broker process (``shmq server``): TCP front, registry owner, housekeeper."""
 
 from .housekeeper import Housekeeper
 

@@ -1,0 +1,496 @@
+"""The DEADBEEF wire protocol: frames to bytes, bytes to frames, request checks.
+
+Strategy: this module is sans-IO, like h11. It owns no socket and never blocks: the
+caller hands received bytes to ``FrameDecoder.feed`` and pulls whole frames out of
+``next_frame``, which returns None until a frame is complete. The asyncio server and
+the sync and async clients share it, so there is one reading of the spec
+(docs/PROTOCOL.md). The 16-byte header is packed and unpacked in one place
+(``pack_header`` / ``unpack_header``). Nothing read off the wire is trusted: a
+declared length is checked against ``max_frame_bytes`` as soon as the header is in,
+before a byte of payload is buffered; msgpack is decoded with limits tied to the
+payload size; request fields are checked against one table (``REQUEST_FIELDS``).
+
+The decoder's promise: for any bytes, in any chunking, ``next_frame`` parses, or it
+raises ProtocolError — anything else is a bug. A non-fatal ProtocolError leaves the
+stream in sync (the bad frame's bytes are consumed), so the next call goes on with the
+next frame; after a fatal one the decoder stays failed and the connection must close.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import msgpack
+
+from .errors import ProtocolError
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "HEADER_SIZE",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "REPLY_BIT",
+    "MsgType",
+    "Status",
+    "Frame",
+    "Header",
+    "Field",
+    "REQUEST_FIELDS",
+    "ProtocolError",
+    "pack_header",
+    "unpack_header",
+    "encode_frame",
+    "encode_request",
+    "encode_reply",
+    "encode_error",
+    "FrameDecoder",
+    "validate_request",
+]
+
+MAGIC = 0xDEADBEEF
+VERSION = 1
+HEADER_SIZE = 16
+DEFAULT_MAX_FRAME_BYTES = 16 * 2**20
+REPLY_BIT = 0x80
+
+
+class MsgType(enum.IntEnum):
+    """Request types; a reply's type is the request's type | REPLY_BIT."""
+
+    HELLO = 0x01
+    CREATE = 0x02
+    DELETE = 0x03
+    LIST = 0x04
+    STATS = 0x05
+    PURGE = 0x06
+    PING = 0x07
+    PRODUCE = 0x10
+    PRODUCE_BATCH = 0x11
+    CONSUME = 0x12
+    ACK = 0x13
+    NACK = 0x14
+    EXTEND = 0x15
+    REJECT = 0x16
+
+
+class Status(enum.IntEnum):
+    """The header's status field: 0 in requests; in replies OK or an error code."""
+
+    OK = 0
+    BAD_FRAME = 1
+    BAD_REQUEST = 2
+    UNAUTHORIZED = 3
+    NO_SUCH_QUEUE = 4
+    QUEUE_EXISTS = 5
+    QUEUE_FULL = 6
+    TOO_LARGE = 7
+    UNKNOWN_DELIVERY = 8
+    UNSUPPORTED_VERSION = 9
+    INTERNAL = 10
+
+
+# ---------------------------------------------------------------------------- header
+
+# magic u32, length u32, type u8, version u8, status u16, msg id u32; network order.
+_HEADER = struct.Struct("!IIBBHI")
+assert _HEADER.size == HEADER_SIZE
+
+
+class Header(NamedTuple):
+    """A header as read off the wire, fields in wire order, not yet checked."""
+
+    magic: int
+    length: int
+    type: int
+    version: int
+    status: int
+    msg_id: int
+
+
+def pack_header(length: int, msg_type: int, status: int, msg_id: int, version: int = VERSION) -> bytes:
+    """The 16 header bytes; ValueError if a field does not fit its width."""
+    try:
+        return _HEADER.pack(MAGIC, length, msg_type, version, status, msg_id)
+    except struct.error:
+        raise ValueError(
+            f"header field out of range: length={length!r} (u32) type={msg_type!r} (u8) "
+            f"version={version!r} (u8) status={status!r} (u16) msg_id={msg_id!r} (u32)"
+        ) from None
+
+
+def unpack_header(buf, offset: int = 0) -> Header:
+    """Read the header at ``buf[offset:offset+16]``; the caller checks magic etc."""
+    if len(buf) - offset < HEADER_SIZE:
+        raise ValueError(f"a header takes {HEADER_SIZE} bytes, only {len(buf) - offset} given")
+    return Header._make(_HEADER.unpack_from(buf, offset))
+
+
+# ----------------------------------------------------------------------------- frames
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame: ``type`` is the raw type byte (a reply has REPLY_BIT set)."""
+
+    type: int
+    msg_id: int
+    payload: dict
+    status: int = 0
+    version: int = VERSION
+
+    @property
+    def is_reply(self) -> bool:
+        return bool(self.type & REPLY_BIT)
+
+    @property
+    def request_type(self) -> int:
+        return self.type & 0x7F
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """Header + msgpack payload; an empty payload dict encodes as zero bytes."""
+    payload = frame.payload
+    if not isinstance(payload, dict):
+        raise TypeError(f"a frame payload must be a dict, not {type(payload).__name__}")
+    body = msgpack.packb(payload, use_bin_type=True) if payload else b""
+    return pack_header(len(body), frame.type, frame.status, frame.msg_id, frame.version) + body
+
+
+def encode_request(msg_type: int, msg_id: int, payload: dict | None = None) -> bytes:
+    """A request frame (status 0)."""
+    return encode_frame(Frame(msg_type, msg_id, {} if payload is None else payload))
+
+
+def encode_reply(request_type: int, msg_id: int, payload: dict | None = None, status: int = Status.OK) -> bytes:
+    """The reply to a request of ``request_type``: type | REPLY_BIT, same msg id."""
+    return encode_frame(Frame(request_type | REPLY_BIT, msg_id, {} if payload is None else payload, status))
+
+
+def encode_error(request_type: int, msg_id: int, status: int, message: str) -> bytes:
+    """An error reply: a non-zero ``status`` and payload {"error": message}."""
+    if status == Status.OK:
+        raise ValueError("an error reply needs a non-zero status")
+    return encode_reply(request_type, msg_id, {"error": str(message)}, status)
+
+
+def _error(message: str, status: int, msg_id: int = 0, fatal: bool = False, msg_type: int = 0) -> ProtocolError:
+    """A ProtocolError that also carries the offending frame's type byte (0 if unknown),
+    so the error reply can be typed ``msg_type | REPLY_BIT``."""
+    err = ProtocolError(message, status, msg_id, fatal)
+    err.msg_type = msg_type
+    return err
+
+
+# Everything msgpack.unpackb raises on hostile input: its own errors (subclasses of
+# ValueError or UnpackException), UnicodeDecodeError (a ValueError) for bad UTF-8 in a
+# str, TypeError for unhashable map keys, OverflowError / RecursionError for extremes.
+_DECODE_ERRORS = (ValueError, TypeError, OverflowError, RecursionError, msgpack.UnpackException)
+
+
+def _decode_payload(data, msg_id: int, msg_type: int) -> dict:
+    """msgpack bytes -> dict with str keys, or BAD_REQUEST. Limits follow len(data)."""
+    if not data:
+        return {}
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+    except _DECODE_ERRORS as exc:
+        raise _error(f"malformed msgpack payload: {exc}", Status.BAD_REQUEST, msg_id, False, msg_type) from None
+    if not isinstance(obj, dict):
+        raise _error(
+            f"the payload must be a msgpack map, not {type(obj).__name__}", Status.BAD_REQUEST, msg_id, False, msg_type
+        )
+    for key in obj:
+        if not isinstance(key, str):
+            raise _error(
+                f"payload keys must be strings, not {type(key).__name__} ({key!r:.40})",
+                Status.BAD_REQUEST,
+                msg_id,
+                False,
+                msg_type,
+            )
+    return obj
+
+
+class FrameDecoder:
+    """Bytes in (``feed``), frames out (``next_frame``); see the module docstring."""
+
+    _COMPACT_AT = 64 * 1024  # drop consumed bytes once this many lead the buffer
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+        if isinstance(max_frame_bytes, bool) or not isinstance(max_frame_bytes, int) or max_frame_bytes < 0:
+            raise ValueError(f"max_frame_bytes must be a non-negative int, not {max_frame_bytes!r}")
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._pos = 0  # start of the unconsumed bytes in _buf
+        self._header: Header | None = None  # header of the frame whose payload is awaited
+        self._skip = 0  # payload bytes of a rejected frame still to discard as they arrive
+        self._failed: ProtocolError | None = None  # set by a fatal error; raised again
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and held, not yet returned as a frame."""
+        return len(self._buf) - self._pos + (HEADER_SIZE if self._header is not None else 0)
+
+    def feed(self, data) -> None:
+        """Append received bytes; any chunking is fine."""
+        if self._failed is not None:
+            return  # the connection is closing; hold nothing more
+        if self._skip:
+            n = min(self._skip, len(data))
+            self._skip -= n
+            if n == len(data):
+                return
+            data = memoryview(data)[n:]
+        self._buf += data
+
+    def next_frame(self) -> Frame | None:
+        """One complete frame, or None when more bytes are needed; raises ProtocolError."""
+        if self._failed is not None:
+            raise self._failed
+        if self._skip:
+            return None  # feed drops the rest of the rejected frame; the buffer is empty
+        buf = self._buf
+        header = self._header
+        if header is None:
+            if len(buf) - self._pos < HEADER_SIZE:
+                return None
+            header = unpack_header(buf, self._pos)
+            self._check_header(header)  # may raise; consumes a rejected frame
+            self._pos += HEADER_SIZE
+            self._header = header
+        length = header.length
+        start = self._pos
+        if len(buf) - start < length:
+            return None
+        self._header = None
+        self._pos = start + length
+        try:
+            if length:
+                with memoryview(buf)[start : start + length] as view:
+                    payload = _decode_payload(view, header.msg_id, header.type)
+            else:
+                payload = {}
+        finally:
+            self._compact()
+        return Frame(header.type, header.msg_id, payload, header.status, header.version)
+
+    def frames(self) -> Iterator[Frame]:
+        """Yield every complete frame buffered so far (raises like next_frame)."""
+        while (frame := self.next_frame()) is not None:
+            yield frame
+
+    def _check_header(self, header: Header) -> None:
+        if header.magic != MAGIC:
+            self._fail(
+                _error(f"bad magic 0x{header.magic:08X} (expected 0x{MAGIC:08X})", Status.BAD_FRAME, fatal=True)
+            )
+        if header.length > self.max_frame_bytes:
+            self._fail(
+                _error(
+                    f"frame payload of {header.length} bytes exceeds max_frame_bytes={self.max_frame_bytes}",
+                    Status.TOO_LARGE,
+                    header.msg_id,
+                    True,
+                    header.type,
+                )
+            )
+        if header.version != VERSION:
+            # Consume the whole frame, as much as is here now and the rest as it arrives.
+            self._pos += HEADER_SIZE
+            here = min(header.length, len(self._buf) - self._pos)
+            self._pos += here
+            self._skip = header.length - here
+            self._compact()
+            raise _error(
+                f"unsupported protocol version {header.version} (this side speaks {VERSION})",
+                Status.UNSUPPORTED_VERSION,
+                header.msg_id,
+                False,
+                header.type,
+            )
+
+    def _fail(self, err: ProtocolError) -> None:
+        self._failed = err
+        self._buf = bytearray()
+        self._pos = 0
+        self._header = None
+        raise err
+
+    def _compact(self) -> None:
+        # Consumed bytes are dropped all at once when the buffer is drained, or when
+        # they are most of a big buffer: amortised O(1) per byte, even with 1-byte feeds.
+        pos = self._pos
+        if pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        elif pos >= self._COMPACT_AT and 2 * pos >= len(self._buf):
+            del self._buf[:pos]
+            self._pos = 0
+
+
+# --------------------------------------------------------------- request validation
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_HEADER_VALUE_TYPES = (str, int, float, bool, bytes)  # what a message header may hold
+
+
+def _check_str(v):
+    return None if isinstance(v, str) else "a string"
+
+
+def _check_bytes(v):
+    return None if isinstance(v, bytes) else "bytes (msgpack bin)"
+
+
+def _check_bool(v):
+    return None if isinstance(v, bool) else "a boolean"
+
+
+def _check_non_negative(v):
+    return None if _is_int(v) and v >= 0 else "a non-negative integer"
+
+
+def _check_positive(v):
+    return None if _is_int(v) and v >= 1 else "a positive integer"
+
+
+def _check_headers(v):
+    if not isinstance(v, dict):
+        return "a map of string keys to str, int, float, bool or bin values"
+    for key, value in v.items():
+        if not isinstance(key, str):
+            return f"a map with string keys (found key {key!r:.40})"
+        if not isinstance(value, _HEADER_VALUE_TYPES):
+            return f"a map of str, int, float, bool or bin values (key {key!r:.40} holds {type(value).__name__})"
+    return None
+
+
+def _check_deliveries(v):
+    if not isinstance(v, list):
+        return "a list of integers"
+    for i, item in enumerate(v):
+        if not _is_int(item):
+            return f"a list of integers (item {i} is {type(item).__name__})"
+    return None
+
+
+def _check_messages(v):
+    if not isinstance(v, list):
+        return "a list of maps {body: bin, headers?: map}"
+    for i, item in enumerate(v):
+        if not isinstance(item, dict):
+            return f"a list of maps {{body: bin, headers?: map}} (item {i} is {type(item).__name__})"
+        if "body" not in item:
+            return f"a list of maps with a body (item {i} has none)"
+        if (why := _check_bytes(item["body"])) is not None:
+            return f"a list of maps whose body is {why} (item {i}: {type(item['body']).__name__})"
+        if "headers" in item and (why := _check_headers(item["headers"])) is not None:
+            return f"a list of maps whose headers are {why} (item {i})"
+    return None
+
+
+def _normalize_messages(v):
+    return [{k: m[k] for k in ("body", "headers") if k in m} for m in v]
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One request field: ``check(value)`` returns None, or what the value should be."""
+
+    name: str
+    check: Callable[[Any], str | None]
+    required: bool = False
+    default: Any = None  # filled in when absent (None: left out)
+    normalize: Callable[[Any], Any] | None = None
+
+
+_QUEUE = Field("queue", _check_str, required=True)
+_DELIVERIES = Field("deliveries", _check_deliveries, required=True)
+
+# The one table of request payloads: type -> its fields. Unknown fields are ignored.
+REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
+    MsgType.HELLO: (Field("client", _check_str), Field("token", _check_str)),
+    MsgType.CREATE: (
+        _QUEUE,
+        Field("max_bytes", _check_positive),
+        Field("max_message_bytes", _check_positive),
+        Field("visibility_timeout_ms", _check_non_negative),
+        Field("max_deliveries", _check_positive),
+        Field("dead_letter_queue", _check_str),
+        Field("exist_ok", _check_bool, default=False),
+    ),
+    MsgType.DELETE: (_QUEUE,),
+    MsgType.LIST: (),
+    MsgType.STATS: (_QUEUE,),
+    MsgType.PURGE: (_QUEUE,),
+    MsgType.PING: (),
+    MsgType.PRODUCE: (_QUEUE, Field("body", _check_bytes, required=True), Field("headers", _check_headers)),
+    MsgType.PRODUCE_BATCH: (_QUEUE, Field("messages", _check_messages, required=True, normalize=_normalize_messages)),
+    MsgType.CONSUME: (
+        _QUEUE,
+        Field("max", _check_positive, default=1),
+        Field("wait_ms", _check_non_negative, default=0),
+        Field("visibility_ms", _check_non_negative),
+    ),
+    MsgType.ACK: (_QUEUE, _DELIVERIES),
+    MsgType.NACK: (
+        _QUEUE,
+        _DELIVERIES,
+        Field("requeue", _check_bool, default=True),
+        Field("delay_ms", _check_non_negative, default=0),
+    ),
+    MsgType.EXTEND: (_QUEUE, _DELIVERIES, Field("visibility_ms", _check_non_negative, required=True)),
+    MsgType.REJECT: (_QUEUE, _DELIVERIES),
+}
+
+
+def _type_name(msg_type: int) -> str:
+    try:
+        return MsgType(msg_type).name
+    except ValueError:
+        return f"0x{msg_type:02X}"
+
+
+def validate_request(frame: Frame) -> dict:
+    """The request's known fields, checked, with defaults filled in; else BAD_REQUEST."""
+
+    def bad(message: str) -> ProtocolError:
+        return _error(message, Status.BAD_REQUEST, frame.msg_id, False, frame.type)
+
+    fields = REQUEST_FIELDS.get(frame.type)
+    if fields is None:
+        raise bad(f"type 0x{frame.type:02X} is {'a reply' if frame.is_reply else 'an unknown request type'}")
+    name = _type_name(frame.type)
+    if frame.status != Status.OK:
+        raise bad(f"{name}: a request's status must be 0, not {frame.status}")
+    payload = frame.payload
+    out = {}
+    for field in fields:
+        if field.name not in payload:
+            if field.required:
+                raise bad(f"{name}: missing required field {field.name!r}")
+            if field.default is not None:
+                out[field.name] = field.default
+            continue
+        value = payload[field.name]
+        why = field.check(value)
+        if why is not None:
+            raise bad(f"{name}: field {field.name!r} must be {why}, not {_show(value)}")
+        out[field.name] = field.normalize(value) if field.normalize else value
+    return out
+
+
+def _show(value) -> str:
+    """A short rendering of a bad value for an error message."""
+    if isinstance(value, (list, dict)):
+        return f"a {'list' if isinstance(value, list) else 'map'} of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

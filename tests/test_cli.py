@@ -1,0 +1,94 @@
+"""The ``shmq`` command line end to end, through real subprocesses."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_server_tcp import ServerProcess
+
+
+def shmq_cli(*args, stdin=None, env=None):
+    return subprocess.run([sys.executable, "-m", "shmq.cli", *args], input=stdin, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd(), **(env or {})})
+
+
+@pytest.fixture(params=["local", "tcp"])
+def target(request, broker):
+    """CLI arguments that select the transport."""
+    if request.param == "local":
+        yield ["--namespace", broker.namespace]
+        return
+    srv = ServerProcess(broker.namespace)
+    yield ["--url", srv.url]
+    assert srv.stop() == 0
+
+
+def test_quick_start(target):
+    assert shmq_cli("create", "orders", *target).stdout == "created orders\n"
+    r = shmq_cli("produce", "orders", "-m", "order #42", *target)
+    assert r.returncode == 0 and "produced 1 message(s)" in r.stdout
+    r = shmq_cli("consume", "orders", *target)
+    assert (r.returncode, r.stdout) == (0, "order #42\n")
+    r = shmq_cli("consume", "orders", *target)
+    assert (r.returncode, r.stdout) == (0, "")  # acked: gone
+
+
+def test_json_output(target):
+    shmq_cli("create", "q", "--max-bytes", "1048576", *target)
+    r = shmq_cli("produce", "q", "--header", "k=v", "--json", *target, stdin="one\ntwo\n")
+    assert json.loads(r.stdout) == {"queue": "q", "ids": [1, 2]}
+    stats = json.loads(shmq_cli("stats", "q", "--json", *target).stdout)
+    assert stats["q"]["ready"] == 2 and stats["q"]["max_bytes"] == 1048576
+    assert json.loads(shmq_cli("list", "--json", *target).stdout) == ["q"]
+    lines = shmq_cli("consume", "q", "-n", "5", "--json", *target).stdout.splitlines()
+    got = [json.loads(line) for line in lines]
+    assert [(m["id"], m["body"], m["headers"], m["attempt"]) for m in got] == [(1, "one", {"k": "v"}, 1),
+                                                                               (2, "two", {"k": "v"}, 1)]
+
+
+def test_requeue_and_no_ack(target, broker):
+    shmq_cli("create", "q", "--visibility-timeout", "300", *target)
+    shmq_cli("produce", "q", "-m", "again", *target)
+    assert shmq_cli("consume", "q", "--requeue", "--json", *target).returncode == 0
+    first = json.loads(shmq_cli("consume", "q", "--no-ack", "--json", *target).stdout)
+    assert first["attempt"] == 2
+    # --no-ack left it leased to a process that has exited: it comes back promptly
+    r = shmq_cli("consume", "q", "--wait", "10", "--json", *target)
+    assert json.loads(r.stdout)["attempt"] == 3
+    assert broker.queue("q").stats().acked_total == 1
+
+
+def test_file_purge_delete(target, tmp_path):
+    shmq_cli("create", "q", *target)
+    (tmp_path / "payload.bin").write_bytes(b"\x00\x01binary")
+    assert shmq_cli("produce", "q", "--file", str(tmp_path / "payload.bin"), *target).returncode == 0
+    shmq_cli("produce", "q", "-m", "a", "-m", "b", *target)
+    assert shmq_cli("purge", "q", *target).stdout == "purged 3 message(s) from q\n"
+    assert shmq_cli("delete", "q", *target).stdout == "deleted q\n"
+    assert shmq_cli("list", *target).stdout == ""
+
+
+@pytest.mark.parametrize("args,message", [
+    (["consume", "missing"], "shmq: error: no queue 'missing'"),
+    (["delete", "missing"], "shmq: error: no queue 'missing'"),
+    (["create", "bad/name"], "shmq: error: invalid queue name"),
+    (["produce", "missing", "-m", "x"], "shmq: error: no queue 'missing'"),
+])
+def test_errors_are_one_line_without_traceback(target, args, message):
+    r = shmq_cli(*args, *target)
+    assert r.returncode == 1
+    assert r.stderr.startswith(message)
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_existing_queue_and_unreachable_broker(broker):
+    shmq_cli("create", "q", "--namespace", broker.namespace)
+    r = shmq_cli("create", "q", "--namespace", broker.namespace)
+    assert r.returncode == 1 and r.stderr.startswith("shmq: error: queue 'q' already exists")
+    r = shmq_cli("list", "--url", "tcp://127.0.0.1:1")
+    assert r.returncode == 1 and r.stderr.startswith("shmq: error: cannot connect to 127.0.0.1:1")
+    r = shmq_cli("list", env={"SHMQ_URL": "tcp://127.0.0.1:1"})
+    assert r.returncode == 1 and "127.0.0.1:1" in r.stderr

@@ -1,0 +1,78 @@
+"""The asyncio client against a real server: pipelining, iteration, errors."""
+
+import asyncio
+
+import pytest
+
+import shmq
+from shmq.client import aio
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_put_get_ack_and_async_for(tcp_server):
+    async def main():
+        async with await aio.connect(tcp_server.url) as b:
+            q = await b.create_queue("q")
+            ids = [await q.put(b"m%d" % i, headers={"i": i}) for i in range(5)]
+            assert ids == [1, 2, 3, 4, 5]
+            seen = []
+            async for d in q:
+                seen.append((d.id, d.body, d.headers["i"], d.attempt))
+                await d.ack()
+                if len(seen) == 5:
+                    break
+            assert seen == [(i + 1, b"m%d" % i, i, 1) for i in range(5)]
+            s = await q.stats()
+            assert (s.ready, s.in_flight, s.acked_total) == (0, 0, 5)
+            assert await b.list_queues() == ["q"]
+
+    run(main())
+
+
+def test_a_waiting_get_does_not_block_puts_on_the_same_connection(tcp_server):
+    async def main():
+        async with await aio.connect(tcp_server.url) as b:
+            q = await b.create_queue("q")
+            getter = asyncio.create_task(q.get(timeout=10))
+            await asyncio.sleep(0)  # let the CONSUME go out first
+            await q.put(b"wake")  # answered while the CONSUME still waits
+            d = await getter
+            assert d.body == b"wake"
+            await d.nack()
+            d2 = await q.get_nowait()
+            assert d2.attempt == 2
+            await q.ack_many([d2])
+
+    run(main())
+
+
+def test_errors_are_the_engine_errors(tcp_server):
+    async def main():
+        async with await aio.connect(tcp_server.url) as b:
+            with pytest.raises(shmq.QueueNotFound):
+                await b.queue("missing")
+            q = await b.create_queue("q", max_bytes=4096, max_message_bytes=976)
+            with pytest.raises(shmq.QueueEmpty):
+                await q.get(timeout=0.05)
+            for _ in range(4):
+                await q.put_nowait(b"x" * 976)
+            with pytest.raises(shmq.QueueFull):
+                await q.put(b"y", timeout=0.05)
+            d = await q.get_nowait()
+            await d.ack()
+            with pytest.raises(shmq.DeliveryExpired):
+                await d.ack()
+            assert await q.purge() == 3
+
+    run(main())
+
+
+def test_unreachable_endpoint_is_named():
+    async def main():
+        with pytest.raises(shmq.BrokerUnavailable, match="127.0.0.1:1"):
+            await aio.connect("tcp://127.0.0.1:1")
+
+    run(main())

@@ -1,0 +1,671 @@
+"""The wire codec (shmq/protocol.py): framing, decoding errors, request validation.
+
+Pure: no sockets, no processes, no sleeps. The Hypothesis properties hold the
+decoder to its promise: it parses, or it raises ProtocolError.
+"""
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shmq.errors import ProtocolError
+from shmq.protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    HEADER_SIZE,
+    MAGIC,
+    REPLY_BIT,
+    REQUEST_FIELDS,
+    VERSION,
+    Frame,
+    FrameDecoder,
+    MsgType,
+    Status,
+    encode_error,
+    encode_frame,
+    encode_reply,
+    encode_request,
+    pack_header,
+    unpack_header,
+    validate_request,
+)
+
+ALL_BYTES = bytes(range(256))
+HEADERS = {"trace": "abc-123", "attempt": 3, "ratio": 0.5, "urgent": True, "sig": b"\x00\xff", "neg": -(2**63)}
+
+# A realistic request and reply payload for every type.
+EXCHANGES = {
+    MsgType.HELLO: (
+        {"client": "shmq-py/0.1.0", "token": "s3cret"},
+        {"server": "shmq", "version": "0.1.0", "max_frame_bytes": DEFAULT_MAX_FRAME_BYTES},
+    ),
+    MsgType.CREATE: (
+        {
+            "queue": "orders",
+            "max_bytes": 64 * 2**20,
+            "max_message_bytes": 2**20,
+            "visibility_timeout_ms": 30_000,
+            "max_deliveries": 5,
+            "dead_letter_queue": "orders.dlq",
+            "exist_ok": True,
+        },
+        {},
+    ),
+    MsgType.DELETE: ({"queue": "orders"}, {}),
+    MsgType.LIST: ({}, {"queues": ["orders", "orders.dlq", "q:π"]}),
+    MsgType.STATS: (
+        {"queue": "orders"},
+        {
+            "ready": 3,
+            "in_flight": 1,
+            "oldest_ready_age_ms": 1250,
+            "bytes_used": 4096,
+            "max_bytes": 64 * 2**20,
+            "enqueued_total": 2**40,
+            "acked_total": 2**40 - 4,
+            "redelivered_total": 7,
+            "dead_lettered_total": 0,
+        },
+    ),
+    MsgType.PURGE: ({"queue": "orders"}, {"purged": 12}),
+    MsgType.PING: ({}, {}),
+    MsgType.PRODUCE: ({"queue": "orders", "body": ALL_BYTES, "headers": HEADERS}, {"id": 2**63 + 5}),
+    MsgType.PRODUCE_BATCH: (
+        {
+            "queue": "orders",
+            "messages": [{"body": ALL_BYTES, "headers": HEADERS}, {"body": b""}, {"body": ALL_BYTES[::-1]}],
+        },
+        {"ids": [1, 2, 3]},
+    ),
+    MsgType.CONSUME: (
+        {"queue": "orders", "max": 10, "wait_ms": 5000, "visibility_ms": 60_000},
+        {
+            "messages": [
+                {"id": 1, "delivery": 2**64 - 1, "body": ALL_BYTES, "headers": HEADERS, "attempt": 1},
+                {"id": 2, "delivery": 17, "body": b"", "headers": {}, "attempt": 3},
+            ]
+        },
+    ),
+    MsgType.ACK: ({"queue": "orders", "deliveries": [17, 2**64 - 1]}, {"acked": 2}),
+    MsgType.NACK: ({"queue": "orders", "deliveries": [17], "requeue": False, "delay_ms": 250}, {}),
+    MsgType.EXTEND: ({"queue": "orders", "deliveries": [17, 18], "visibility_ms": 90_000}, {}),
+    MsgType.REJECT: ({"queue": "orders", "deliveries": [17]}, {}),
+}
+
+
+def decode_all(data: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> list:
+    dec = FrameDecoder(max_frame_bytes)
+    dec.feed(data)
+    frames = list(dec.frames())
+    assert dec.buffered == 0
+    return frames
+
+
+def decode_bytewise(data: bytes) -> list:
+    dec = FrameDecoder()
+    frames = []
+    for i in range(len(data)):
+        dec.feed(data[i : i + 1])
+        frames.extend(dec.frames())
+    assert dec.buffered == 0
+    return frames
+
+
+def all_exchanges(msg_id_base: int = 1) -> tuple[bytes, list]:
+    """Every request and its reply, back to back, with the frames they should decode to."""
+    data, expected = b"", []
+    for i, (msg_type, (request, reply)) in enumerate(EXCHANGES.items()):
+        msg_id = msg_id_base + i
+        data += encode_request(msg_type, msg_id, request)
+        data += encode_reply(msg_type, msg_id, reply)
+        expected += [Frame(msg_type, msg_id, request), Frame(msg_type | REPLY_BIT, msg_id, reply)]
+    return data, expected
+
+
+def raises_protocol(dec: FrameDecoder) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        dec.next_frame()
+    return info.value
+
+
+# ---------------------------------------------------------------------------- framing
+
+
+def test_exchanges_cover_every_type():
+    assert set(EXCHANGES) == set(MsgType) == set(REQUEST_FIELDS)
+
+
+def test_header_layout_is_network_order():
+    header = pack_header(0x0102, MsgType.PRODUCE, 0, 0xA1B2C3D4)
+    assert header == bytes.fromhex("DEADBEEF 00000102 10 01 0000 A1B2C3D4")
+    assert unpack_header(header) == (MAGIC, 0x0102, 0x10, VERSION, 0, 0xA1B2C3D4)
+    h = unpack_header(b"xx" + header, 2)
+    assert (h.magic, h.length, h.type, h.version, h.status, h.msg_id) == (MAGIC, 0x102, 0x10, 1, 0, 0xA1B2C3D4)
+    reply = pack_header(5, MsgType.CONSUME | REPLY_BIT, Status.QUEUE_FULL, 7, version=1)
+    assert reply.hex() == "deadbeef000000059201000600000007"
+
+
+def test_header_fields_out_of_range():
+    with pytest.raises(ValueError, match="out of range"):
+        pack_header(2**32, 1, 0, 1)
+    with pytest.raises(ValueError, match="out of range"):
+        encode_request(MsgType.PING, 2**32)
+    with pytest.raises(ValueError, match="out of range"):
+        encode_request(MsgType.PING, -1)
+    with pytest.raises(ValueError, match="16 bytes"):
+        unpack_header(b"\xde\xad\xbe\xef")
+
+
+def test_empty_payload_is_zero_bytes():
+    data = encode_request(MsgType.PING, 9)
+    assert len(data) == HEADER_SIZE
+    assert unpack_header(data).length == 0
+    assert decode_all(data) == [Frame(MsgType.PING, 9, {})]
+    assert encode_reply(MsgType.PING, 9) == encode_reply(MsgType.PING, 9, {}) == pack_header(0, 0x87, 0, 9)
+    # an explicit msgpack empty map (0x80) decodes to {} as well
+    assert decode_all(pack_header(1, MsgType.LIST, 0, 3) + b"\x80") == [Frame(MsgType.LIST, 3, {})]
+
+
+@pytest.mark.parametrize("msg_type", list(MsgType), ids=lambda t: t.name)
+def test_request_and_reply_round_trip(msg_type):
+    request, reply = EXCHANGES[msg_type]
+    data = encode_request(msg_type, 42, request) + encode_reply(msg_type, 42, reply)
+    req_frame, reply_frame = decode_all(data)
+    assert req_frame == Frame(msg_type, 42, request, status=0, version=VERSION)
+    assert not req_frame.is_reply and req_frame.request_type == msg_type
+    assert reply_frame == Frame(msg_type | REPLY_BIT, 42, reply)
+    assert reply_frame.is_reply and reply_frame.request_type == msg_type
+    assert reply_frame.type == msg_type | 0x80
+    assert validate_request(req_frame) == request  # every field given: nothing added or dropped
+
+
+def test_bodies_and_headers_keep_their_types():
+    (frame,) = decode_all(encode_request(MsgType.PRODUCE, 1, EXCHANGES[MsgType.PRODUCE][0]))
+    assert type(frame.payload["body"]) is bytes and frame.payload["body"] == ALL_BYTES
+    assert frame.payload["headers"] == HEADERS
+    assert type(frame.payload["headers"]["sig"]) is bytes
+    assert type(frame.payload["headers"]["trace"]) is str
+    assert frame.payload["headers"]["urgent"] is True
+    # bin on the wire, not str: 0xc5 = bin 16 with a 2-byte length of 256
+    assert b"\xc5\x01\x00" + ALL_BYTES in encode_request(MsgType.PRODUCE, 1, {"queue": "q", "body": ALL_BYTES})
+
+
+def test_error_reply():
+    data = encode_error(MsgType.STATS, 77, Status.NO_SUCH_QUEUE, "no queue 'nope'")
+    (frame,) = decode_all(data)
+    assert frame == Frame(MsgType.STATS | REPLY_BIT, 77, {"error": "no queue 'nope'"}, status=Status.NO_SUCH_QUEUE)
+    assert frame.is_reply and frame.request_type == MsgType.STATS
+    with pytest.raises(ValueError, match="non-zero status"):
+        encode_error(MsgType.STATS, 1, Status.OK, "fine")
+
+
+def test_encode_frame_needs_a_dict():
+    with pytest.raises(TypeError, match="must be a dict"):
+        encode_frame(Frame(MsgType.PING, 1, [1, 2]))
+    frame = Frame(MsgType.ACK, 5, {"queue": "q", "deliveries": [1]}, status=0, version=1)
+    assert decode_all(encode_frame(frame)) == [frame]
+
+
+def test_byte_at_a_time_equals_whole():
+    data, expected = all_exchanges()
+    assert decode_all(data) == expected
+    assert decode_bytewise(data) == expected
+
+
+def test_partial_frames_wait_for_more():
+    data = encode_request(MsgType.PRODUCE, 3, {"queue": "q", "body": b"x" * 100})
+    dec = FrameDecoder()
+    dec.feed(data[:7])
+    assert dec.next_frame() is None
+    assert dec.buffered == 7  # a stalled half header is visible
+    dec.feed(data[7:HEADER_SIZE])
+    assert dec.next_frame() is None
+    assert dec.buffered == HEADER_SIZE
+    dec.feed(data[HEADER_SIZE:-1])
+    assert dec.next_frame() is None
+    assert dec.buffered == len(data) - 1
+    dec.feed(data[-1:] + data[:3])  # the end of one frame and the start of the next
+    assert dec.next_frame() == Frame(MsgType.PRODUCE, 3, {"queue": "q", "body": b"x" * 100})
+    assert dec.next_frame() is None
+    assert dec.buffered == 3
+
+
+def test_feed_accepts_bytes_like():
+    data = encode_request(MsgType.PURGE, 8, {"queue": "q"})
+    dec = FrameDecoder()
+    dec.feed(bytearray(data[:10]))
+    dec.feed(memoryview(data)[10:])
+    assert list(dec.frames()) == [Frame(MsgType.PURGE, 8, {"queue": "q"})]
+
+
+def test_large_frame_fed_one_byte_at_a_time():
+    body = ALL_BYTES * 1024  # 256 KiB: quadratic buffering would take minutes
+    data = encode_request(MsgType.PRODUCE, 1, {"queue": "q", "body": body}) + encode_request(MsgType.PING, 2)
+    dec = FrameDecoder()
+    frames = []
+    for i in range(len(data)):
+        dec.feed(data[i : i + 1])
+        frames.extend(dec.frames())
+    assert frames == [Frame(MsgType.PRODUCE, 1, {"queue": "q", "body": body}), Frame(MsgType.PING, 2, {})]
+    assert dec.buffered == 0
+
+
+def test_many_frames_in_one_chunk_compact_the_buffer():
+    one = encode_request(MsgType.PRODUCE, 1, {"queue": "q", "body": b"y" * 1000})
+    dec = FrameDecoder()
+    dec.feed(one * 500 + one[:10])
+    assert len(list(dec.frames())) == 500
+    assert dec.buffered == 10
+    assert len(dec._buf) < 100 * 1024  # consumed bytes were dropped, not kept
+
+
+def test_frame_of_exactly_max_frame_bytes_is_accepted():
+    data = encode_request(MsgType.PRODUCE, 1, {"queue": "q", "body": b"z" * 100})
+    limit = len(data) - HEADER_SIZE
+    assert len(decode_all(data, max_frame_bytes=limit)) == 1
+    dec = FrameDecoder(max_frame_bytes=limit - 1)
+    dec.feed(data)
+    assert raises_protocol(dec).status == Status.TOO_LARGE
+
+
+def test_max_frame_bytes_must_be_an_int():
+    with pytest.raises(ValueError):
+        FrameDecoder(max_frame_bytes=-1)
+    with pytest.raises(ValueError):
+        FrameDecoder(max_frame_bytes="big")
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_bad_magic_is_fatal_bad_frame():
+    dec = FrameDecoder()
+    dec.feed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    err = raises_protocol(dec)
+    assert (err.status, err.fatal, err.msg_id) == (Status.BAD_FRAME, True, 0)
+    assert "bad magic 0x47455420" in str(err)
+    assert err.msg_type == 0
+    # the decoder stays failed and holds nothing more
+    dec.feed(encode_request(MsgType.PING, 1))
+    assert dec.buffered == 0
+    assert raises_protocol(dec) is err
+
+
+def test_bad_magic_needs_only_the_header():
+    dec = FrameDecoder()
+    dec.feed(b"\x00" * 15)
+    assert dec.next_frame() is None
+    dec.feed(b"\x00")
+    assert raises_protocol(dec).status == Status.BAD_FRAME
+
+
+def test_huge_length_is_too_large_after_exactly_16_bytes():
+    header = pack_header(2**32 - 1, MsgType.PRODUCE, 0, 0x01020304)
+    dec = FrameDecoder()  # 16 MiB
+    dec.feed(header[:15])
+    assert dec.next_frame() is None
+    dec.feed(header[15:])
+    err = raises_protocol(dec)
+    assert (err.status, err.fatal, err.msg_id, err.msg_type) == (Status.TOO_LARGE, True, 0x01020304, MsgType.PRODUCE)
+    assert "4294967295" in str(err) and str(DEFAULT_MAX_FRAME_BYTES) in str(err)
+    assert dec.buffered == 0 and len(dec._buf) == 0  # nothing allocated for the payload
+    dec.feed(b"\x00" * 4096)
+    assert dec.buffered == 0
+    assert raises_protocol(dec).status == Status.TOO_LARGE
+
+
+def test_other_version_is_skipped_and_the_stream_goes_on():
+    payload = {"queue": "q", "body": b"v2 body"}
+    v2 = encode_frame(Frame(MsgType.PRODUCE, 5, payload, version=2))
+    after = encode_request(MsgType.PING, 6)
+    dec = FrameDecoder()
+    dec.feed(v2 + after)
+    err = raises_protocol(dec)
+    assert (err.status, err.fatal, err.msg_id, err.msg_type) == (Status.UNSUPPORTED_VERSION, False, 5, MsgType.PRODUCE)
+    assert "version 2" in str(err)
+    assert list(dec.frames()) == [Frame(MsgType.PING, 6, {})]
+    assert dec.buffered == 0
+
+
+def test_other_version_payload_arriving_later_is_skipped_unbuffered():
+    v2 = pack_header(10_000, MsgType.PRODUCE, 0, 5, version=2) + b"\xc1" * 10_000  # 0xc1: never valid msgpack
+    after = encode_request(MsgType.PING, 6)
+    dec = FrameDecoder()
+    dec.feed(v2[:20])
+    assert raises_protocol(dec).status == Status.UNSUPPORTED_VERSION
+    assert dec.next_frame() is None
+    for i in range(20, len(v2), 1000):
+        dec.feed(v2[i : i + 1000])
+        assert dec.buffered == 0  # the rest of the rejected frame is dropped as it comes
+        assert dec.next_frame() is None
+    dec.feed(after[:5])
+    assert dec.next_frame() is None
+    dec.feed(after[5:])
+    assert dec.next_frame() == Frame(MsgType.PING, 6, {})
+
+
+def test_other_version_tail_and_next_frame_in_one_chunk():
+    v2 = pack_header(6, MsgType.ACK, 0, 1, version=0) + b"abcdef"
+    after = encode_request(MsgType.ACK, 2, {"queue": "q", "deliveries": [3]})
+    dec = FrameDecoder()
+    dec.feed(v2[:18])
+    assert raises_protocol(dec).status == Status.UNSUPPORTED_VERSION
+    dec.feed(v2[18:] + after)
+    assert list(dec.frames()) == [Frame(MsgType.ACK, 2, {"queue": "q", "deliveries": [3]})]
+
+
+BAD_PAYLOADS = {
+    "not msgpack": b"\xc1",
+    "truncated bin": b"\x82\xa5queue\xa1q\xa4body\xc4\x10abc",
+    "two objects": b"\x80\x80",
+    "bad utf-8 str": b"\x81\xa5queue\xa2\xff\xfe",
+    "a list": msgpack.packb([1, 2, 3]),
+    "a str": msgpack.packb("queue"),
+    "nil": msgpack.packb(None),
+    "int keys": msgpack.packb({1: "a"}),
+    "bin keys": msgpack.packb({b"queue": "q"}, use_bin_type=True),
+    "nested int keys": msgpack.packb({"headers": {1: 2}}),
+    "map key is a map": b"\x81\x81\xa1a\x01\x01",
+    "huge declared array": b"\xdd\xff\xff\xff\xff",
+    "bad timestamp length": b"\x81\xa1t\xd5\xff\x00\x00",
+    "bad timestamp nanoseconds": b"\x81\xa1t\xc7\x0c\xff" + b"\xff" * 4 + b"\x00" * 8,
+}
+
+
+@pytest.mark.parametrize("payload", BAD_PAYLOADS.values(), ids=BAD_PAYLOADS.keys())
+def test_bad_payload_is_bad_request_and_the_stream_goes_on(payload):
+    data = pack_header(len(payload), MsgType.PRODUCE, 0, 0xCAFE) + payload + encode_request(MsgType.PING, 0xCAFF)
+    dec = FrameDecoder()
+    dec.feed(data)
+    err = raises_protocol(dec)
+    assert (err.status, err.fatal, err.msg_id, err.msg_type) == (Status.BAD_REQUEST, False, 0xCAFE, MsgType.PRODUCE)
+    assert dec.next_frame() == Frame(MsgType.PING, 0xCAFF, {})
+    assert dec.next_frame() is None and dec.buffered == 0
+
+
+def test_bad_payload_messages_are_readable():
+    def error_for(payload):
+        dec = FrameDecoder()
+        dec.feed(pack_header(len(payload), MsgType.STATS, 0, 1) + payload)
+        return str(raises_protocol(dec))
+
+    assert "must be a msgpack map, not list" in error_for(BAD_PAYLOADS["a list"])
+    assert "keys must be strings, not bytes" in error_for(BAD_PAYLOADS["bin keys"])
+    assert "malformed msgpack" in error_for(BAD_PAYLOADS["not msgpack"])
+
+
+# ------------------------------------------------------------------------- validation
+
+
+def bad_request(msg_type, payload, msg_id=11, **frame_args) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        validate_request(Frame(msg_type, msg_id, payload, **frame_args))
+    err = info.value
+    assert (err.status, err.fatal, err.msg_id) == (Status.BAD_REQUEST, False, msg_id)
+    return err
+
+
+def test_defaults_are_filled_in():
+    assert validate_request(Frame(MsgType.CONSUME, 1, {"queue": "q"})) == {"queue": "q", "max": 1, "wait_ms": 0}
+    assert validate_request(Frame(MsgType.NACK, 1, {"queue": "q", "deliveries": [4]})) == {
+        "queue": "q",
+        "deliveries": [4],
+        "requeue": True,
+        "delay_ms": 0,
+    }
+    assert validate_request(Frame(MsgType.CREATE, 1, {"queue": "q"})) == {"queue": "q", "exist_ok": False}
+    assert validate_request(Frame(MsgType.PING, 1, {})) == {}
+    assert validate_request(Frame(MsgType.HELLO, 1, {})) == {}
+
+
+def test_unknown_fields_are_ignored_and_dropped():
+    frame = Frame(MsgType.PURGE, 1, {"queue": "q", "future_option": [1, {"x": None}]})
+    assert validate_request(frame) == {"queue": "q"}
+    frame = Frame(MsgType.PRODUCE_BATCH, 1, {"queue": "q", "messages": [{"body": b"a", "priority": 9}]})
+    assert validate_request(frame) == {"queue": "q", "messages": [{"body": b"a"}]}
+
+
+def test_validate_does_not_change_the_frame():
+    payload = {"queue": "q", "extra": 1}
+    validate_request(Frame(MsgType.CONSUME, 1, payload))
+    assert payload == {"queue": "q", "extra": 1}
+
+
+def test_missing_queue():
+    for msg_type in (MsgType.CREATE, MsgType.DELETE, MsgType.STATS, MsgType.PURGE, MsgType.PRODUCE, MsgType.CONSUME):
+        err = bad_request(msg_type, {"body": b"x"})
+        assert str(err) == f"{msg_type.name}: missing required field 'queue'"
+
+
+def test_missing_required_fields():
+    assert "missing required field 'body'" in str(bad_request(MsgType.PRODUCE, {"queue": "q"}))
+    assert "missing required field 'messages'" in str(bad_request(MsgType.PRODUCE_BATCH, {"queue": "q"}))
+    assert "missing required field 'deliveries'" in str(bad_request(MsgType.ACK, {"queue": "q"}))
+    err = bad_request(MsgType.EXTEND, {"queue": "q", "deliveries": [1]})
+    assert "missing required field 'visibility_ms'" in str(err)
+
+
+@pytest.mark.parametrize(
+    "msg_type, payload, field, words",
+    [
+        (MsgType.CONSUME, {"queue": "q", "max": True}, "max", "a positive integer, not True"),
+        (MsgType.CONSUME, {"queue": "q", "max": 0}, "max", "a positive integer, not 0"),
+        (MsgType.CONSUME, {"queue": "q", "max": 1.0}, "max", "a positive integer"),
+        (MsgType.CONSUME, {"queue": "q", "wait_ms": -1}, "wait_ms", "a non-negative integer, not -1"),
+        (MsgType.CONSUME, {"queue": "q", "wait_ms": False}, "wait_ms", "a non-negative integer, not False"),
+        (MsgType.CONSUME, {"queue": "q", "visibility_ms": "1000"}, "visibility_ms", "a non-negative integer"),
+        (MsgType.PRODUCE, {"queue": "q", "body": "text"}, "body", "bytes (msgpack bin), not 'text'"),
+        (MsgType.PRODUCE, {"queue": b"q", "body": b"x"}, "queue", "a string, not b'q'"),
+        (MsgType.PRODUCE, {"queue": 7, "body": b"x"}, "queue", "a string, not 7"),
+        (MsgType.PRODUCE, {"queue": "q", "body": b"x", "headers": [1]}, "headers", "a map"),
+        (MsgType.PRODUCE, {"queue": "q", "body": b"x", "headers": {b"k": 1}}, "headers", "string keys"),
+        (MsgType.PRODUCE, {"queue": "q", "body": b"x", "headers": {"k": [1]}}, "headers", "holds list"),
+        (MsgType.PRODUCE, {"queue": "q", "body": b"x", "headers": {"k": None}}, "headers", "holds NoneType"),
+        (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": {"body": b"x"}}, "messages", "a list of maps"),
+        (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [b"x"]}, "messages", "item 0 is bytes"),
+        (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [{"body": b"x"}, {}]}, "messages", "item 1 has none"),
+        (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [{"body": "x"}]}, "messages", "body is bytes"),
+        (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [{"body": b"", "headers": 3}]}, "messages", "headers are"),
+        (MsgType.ACK, {"queue": "q", "deliveries": 5}, "deliveries", "a list of integers, not 5"),
+        (MsgType.ACK, {"queue": "q", "deliveries": [5, True]}, "deliveries", "item 1 is bool"),
+        (MsgType.ACK, {"queue": "q", "deliveries": [5, "6"]}, "deliveries", "item 1 is str"),
+        (MsgType.NACK, {"queue": "q", "deliveries": [1], "requeue": 1}, "requeue", "a boolean, not 1"),
+        (MsgType.NACK, {"queue": "q", "deliveries": [1], "delay_ms": -5}, "delay_ms", "a non-negative integer"),
+        (MsgType.EXTEND, {"queue": "q", "deliveries": [1], "visibility_ms": None}, "visibility_ms", "not None"),
+        (MsgType.CREATE, {"queue": "q", "max_bytes": 0}, "max_bytes", "a positive integer"),
+        (MsgType.CREATE, {"queue": "q", "exist_ok": "yes"}, "exist_ok", "a boolean"),
+        (MsgType.CREATE, {"queue": "q", "dead_letter_queue": 1}, "dead_letter_queue", "a string"),
+        (MsgType.HELLO, {"token": b"s3cret"}, "token", "a string"),
+    ],
+)
+def test_ill_typed_fields(msg_type, payload, field, words):
+    message = str(bad_request(msg_type, payload))
+    assert message.startswith(f"{msg_type.name}: field {field!r} must be ")
+    assert words in message
+
+
+def test_long_bad_values_are_shortened_in_messages():
+    message = str(bad_request(MsgType.PRODUCE, {"queue": "q", "body": "x" * 10_000}))
+    assert len(message) < 120
+    message = str(bad_request(MsgType.ACK, {"queue": "q", "deliveries": {"a": 1}}))
+    assert "not a map of 1" in message
+
+
+def test_unknown_type_and_replies_are_bad_requests():
+    err = bad_request(0x55, {"queue": "q"})
+    assert str(err) == "type 0x55 is an unknown request type"
+    assert err.msg_type == 0x55
+    err = bad_request(MsgType.PING | REPLY_BIT, {})
+    assert str(err) == "type 0x87 is a reply"
+
+
+def test_requests_carry_status_zero():
+    err = bad_request(MsgType.PING, {}, status=Status.INTERNAL)
+    assert "status must be 0" in str(err)
+
+
+def test_validate_after_decode():
+    data, expected = all_exchanges()
+    for frame in decode_all(data):
+        if not frame.is_reply:
+            assert validate_request(frame) == frame.payload
+        else:
+            with pytest.raises(ProtocolError):
+                validate_request(frame)
+
+
+# ------------------------------------------------------------------------- properties
+
+HYPOTHESIS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HYPOTHESIS_STRUCTURED = settings(HYPOTHESIS, max_examples=100)  # generating nested values costs more
+
+msgpack_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=40),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    max_leaves=12,
+)
+payloads = st.dictionaries(st.text(max_size=12), msgpack_values, max_size=6)
+frames = st.builds(
+    Frame,
+    type=st.integers(0, 255),
+    msg_id=st.integers(0, 2**32 - 1),
+    payload=payloads,
+    status=st.integers(0, 2**16 - 1),
+)
+
+
+def chunked(data, cuts):
+    """``data`` split at the (sorted) offsets in ``cuts``."""
+    edges = [0, *sorted(c % (len(data) + 1) for c in cuts), len(data)]
+    return [data[a:b] for a, b in zip(edges, edges[1:])]
+
+
+def drain(dec: FrameDecoder, out: list) -> bool:
+    """next_frame until None; only Frames or ProtocolError allowed. False once fatal."""
+    while True:
+        try:
+            frame = dec.next_frame()
+        except ProtocolError as err:
+            assert err.status in set(Status) and err.status != Status.OK
+            if err.fatal:
+                return False
+            continue
+        if frame is None:
+            return True
+        assert isinstance(frame, Frame) and isinstance(frame.payload, dict)
+        assert all(isinstance(k, str) for k in frame.payload)
+        out.append(frame)
+        try:
+            assert isinstance(validate_request(frame), dict)
+        except ProtocolError as err:
+            assert (err.status, err.fatal) == (Status.BAD_REQUEST, False)
+
+
+def feed_and_drain(data, cuts, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES) -> list:
+    dec = FrameDecoder(max_frame_bytes)
+    out = []
+    alive = True
+    for chunk in chunked(data, cuts):
+        dec.feed(chunk)
+        alive = drain(dec, out)
+        if not alive:
+            break
+    if not alive:  # a failed decoder keeps failing the same way
+        with pytest.raises(ProtocolError) as info:
+            dec.next_frame()
+        assert info.value.fatal
+    return out
+
+
+@HYPOTHESIS
+@given(data=st.binary(max_size=2000), cuts=st.lists(st.integers(0, 2000), max_size=20))
+def test_any_bytes_parse_or_raise_protocol_error(data, cuts):
+    feed_and_drain(data, cuts)
+    feed_and_drain(data, cuts, max_frame_bytes=64)
+
+
+valid_headers = st.builds(
+    lambda length, t, v, s, m: pack_header(length, t, s, m, version=v),
+    length=st.integers(0, 400),
+    t=st.sampled_from(list(MsgType)) | st.integers(0, 255),
+    v=st.sampled_from([1, 1, 1, 2, 0, 255]),
+    s=st.integers(0, 2**16 - 1),
+    m=st.integers(0, 2**32 - 1),
+)
+
+
+@HYPOTHESIS
+@given(
+    parts=st.lists(
+        st.tuples(valid_headers, st.binary(max_size=400) | payloads.map(lambda p: msgpack.packb(p, use_bin_type=True))),
+        min_size=1,
+        max_size=6,
+    ),
+    cuts=st.lists(st.integers(0, 5000), max_size=30),
+)
+def test_valid_headers_then_random_bytes_parse_or_raise_protocol_error(parts, cuts):
+    data = b"".join(header + tail for header, tail in parts)
+    feed_and_drain(data, cuts)
+    feed_and_drain(data, cuts, max_frame_bytes=100)
+
+
+@HYPOTHESIS_STRUCTURED
+@given(
+    requests=st.lists(
+        st.builds(
+            Frame,
+            type=st.sampled_from(list(MsgType)),
+            msg_id=st.integers(0, 2**32 - 1),
+            payload=st.dictionaries(
+                st.sampled_from(sorted({f.name for fields in REQUEST_FIELDS.values() for f in fields}))
+                | st.text(max_size=5),
+                msgpack_values,
+                max_size=6,
+            ),
+        ),
+        max_size=5,
+    )
+)
+def test_validate_request_returns_a_dict_or_raises_bad_request(requests):
+    for frame in requests:
+        try:
+            checked = validate_request(frame)
+        except ProtocolError as err:
+            assert (err.status, err.fatal, err.msg_id) == (Status.BAD_REQUEST, False, frame.msg_id)
+            continue
+        names = {f.name for f in REQUEST_FIELDS[frame.type]}
+        assert set(checked) <= names
+        assert all(checked[k] == v for k, v in frame.payload.items() if k in names and k != "messages")
+
+
+@HYPOTHESIS_STRUCTURED
+@given(frame_list=st.lists(frames, max_size=8), cuts=st.lists(st.integers(0, 10_000), max_size=40))
+def test_any_frames_round_trip_in_any_chunking(frame_list, cuts):
+    data = b"".join(encode_frame(f) for f in frame_list)
+    dec = FrameDecoder()
+    out = []
+    for chunk in chunked(data, cuts):
+        dec.feed(chunk)
+        out.extend(dec.frames())
+    assert out == frame_list
+    assert dec.buffered == 0
+
+
+def test_worked_example_of_docs_protocol_md():
+    request = encode_request(MsgType.PRODUCE, 7, {"queue": "orders", "body": b"hello"})
+    assert request.hex(" ") == (
+        "de ad be ef 00 00 00 1a 10 01 00 00 00 00 00 07 "
+        "82 a5 71 75 65 75 65 a6 6f 72 64 65 72 73 a4 62 6f 64 79 c4 05 68 65 6c 6c 6f"
+    )
+    assert encode_reply(MsgType.PRODUCE, 7, {"id": 42}).hex(" ") == (
+        "de ad be ef 00 00 00 05 90 01 00 00 00 00 00 07 81 a2 69 64 2a"
+    )
+    assert encode_error(MsgType.PRODUCE, 8, Status.NO_SUCH_QUEUE, "no such queue").hex(" ") == (
+        "de ad be ef 00 00 00 15 90 01 00 04 00 00 00 08 "
+        "81 a5 65 72 72 6f 72 ad 6e 6f 20 73 75 63 68 20 71 75 65 75 65"
+    )
