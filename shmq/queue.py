@@ -657,13 +657,17 @@ class Queue:
             return None
         return Delivery(self, pos, msg_id, attempt, body, hraw)
 
-    def get_many(self, max_messages=64, timeout=None, visibility_timeout=None) -> list[Delivery]:
-        """Lease up to ``max_messages``; returns as soon as at least one is ready."""
+    def get_many(self, max_messages=64, timeout=None, visibility_timeout=None, max_bytes=None) -> list[Delivery]:
+        """Lease up to ``max_messages``; returns as soon as at least one is ready.
+
+        With ``max_bytes``, stops before the bodies and headers taken would exceed it
+        (the first message is always taken).
+        """
         if type(max_messages) is not int or max_messages < 1:
             raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
-        return self._get(max_messages, timeout, visibility_timeout)
+        return self._get(max_messages, timeout, visibility_timeout, max_bytes)
 
-    def _get(self, maxn, timeout, visibility_timeout):
+    def _get(self, maxn, timeout, visibility_timeout, max_bytes=None):
         if visibility_timeout is None:
             vis_ns = self._vis_ns
         else:
@@ -674,7 +678,7 @@ class Queue:
         mq = self._mq
         while True:
             can_wait = deadline is None or _mono() < deadline
-            got = self._take(maxn, vis_ns, waited, spun and can_wait)
+            got = self._take(maxn, vis_ns, waited, spun and can_wait, max_bytes)
             if got:
                 return got
             if not can_wait:
@@ -719,7 +723,7 @@ class Queue:
         except posix_ipc.SignalError:
             return 1
 
-    def _take(self, maxn, vis_ns, waited, register):
+    def _take(self, maxn, vis_ns, waited, register, max_bytes=None):
         """One locked attempt to lease up to ``maxn`` ready messages."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
         out = []
@@ -746,6 +750,7 @@ class Queue:
                 taken = redelivered = 0
                 append = out.append
                 ndead = 0
+                budget = max_bytes
                 while ready and len(out) - ndead < maxn:
                     if requeued:
                         pos = self._next_requeued(frontier)
@@ -770,6 +775,15 @@ class Queue:
                         frontier = pos + length
                         if status & 0xFF == _PAD:
                             continue
+                    if budget is not None:
+                        if out and bl + hl > budget:
+                            if pos < frontier:  # a requeued one: leave it for the next take, as it was
+                                requeued += 1
+                                mq[I_READY_POS] = pos
+                            else:
+                                frontier = pos
+                            break
+                        budget -= bl + hl
                     attempt = (status >> 32) + 1
                     mq[(a + 40) >> 3] = until
                     mq[a >> 3] = lease | (attempt << 32)  # commit
@@ -820,6 +834,15 @@ class Queue:
                 return pos
             pos += mq[(a + 8) >> 3] & 0xFFFFFFFF
         return -1
+
+    def ready_hint(self) -> bool:
+        """Whether a message looks ready, read without the lock (a hint: re-check by taking)."""
+        if self._lockp is None:
+            raise self._closed()
+        mq = self._mq
+        if mq[I_DELETED]:
+            raise self._gone()
+        return mq[I_READY] > 0 or _mono() >= mq[I_NEXT_DEADLINE]
 
     def wait_ready(self, timeout: float) -> bool:
         """Block until a message is ready (without taking it) or ``timeout`` passes.

@@ -442,3 +442,20 @@ def test_one_liner_attach_outlives_its_broker(broker):
     q.put(b"still attached")
     assert q.get_nowait().body == b"still attached"
     q.close()
+
+
+def test_get_many_max_bytes_bounds_the_batch(broker):
+    q = broker.create_queue("q")
+    q.put_many([b"x" * 100] * 5)
+    first = q.get_many(10, timeout=0, max_bytes=250)
+    assert [len(d.body) for d in first] == [100, 100]
+    one = q.get_many(10, timeout=0, max_bytes=10)  # the first message is always taken
+    assert len(one) == 1
+    one[0].nack()  # requeued below the frontier: max_bytes must leave the next requeued one in place
+    first[0].nack()
+    again = q.get_many(10, timeout=0, max_bytes=150)
+    assert [d.id for d in again] == [1]
+    rest = q.get_many(10, timeout=0)
+    assert [d.id for d in rest] == [3, 4, 5]
+    q.ack_many(again + rest + first[1:])
+    assert q.stats().in_flight == 0 and q.stats().ready == 0

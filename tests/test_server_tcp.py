@@ -250,14 +250,15 @@ def test_sigterm_answers_a_waiting_consume_and_exits_0(broker):
     broker.create_queue("q")
     srv = ServerProcess(broker.namespace)
     s = _sock(srv.port)
-    s.sendall(encode_request(MsgType.CONSUME, 1, {"queue": "q", "wait_ms": 20000}))
-    q = broker.queue("q")
-    deadline = time.monotonic() + 10
-    while q.stats().consumers_waiting == 0 and time.monotonic() < deadline:  # the server's watch sleeps
-        time.sleep(0.005)
-    assert q.stats().consumers_waiting == 1
+    s.sendall(encode_request(MsgType.CONSUME, 1, {"queue": "q", "wait_ms": 20000}) + encode_request(MsgType.PING, 2))
+    dec = FrameDecoder()
+    s.settimeout(10)
+    while (pong := dec.next_frame()) is None:  # requests run in order: the CONSUME now waits
+        dec.feed(s.recv(65536))
+    assert pong.msg_id == 2
     srv.proc.send_signal(signal.SIGTERM)
-    (f,) = _read_frames(s, timeout=10)
+    while (f := dec.next_frame()) is None:
+        dec.feed(s.recv(65536))
     assert (f.msg_id, f.status, f.payload["messages"]) == (1, Status.OK, [])
     assert srv.stop() == 0
     s.close()

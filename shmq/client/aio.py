@@ -62,7 +62,7 @@ class AsyncBroker:
         error = None
         try:
             while True:
-                data = await reader.read(1 << 20)
+                data = await reader.read(65536)
                 if not data:
                     break
                 decoder.feed(data)

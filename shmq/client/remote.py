@@ -143,7 +143,7 @@ class RemoteBroker:
                 while True:
                     frame = self._decoder.next_frame()
                     if frame is None:
-                        data = sock.recv(1 << 20)
+                        data = sock.recv(65536)
                         if not data:
                             raise ConnectionError("connection closed by the server")
                         self._decoder.feed(data)

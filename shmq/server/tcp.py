@@ -3,9 +3,9 @@
 Strategy: one asyncio event loop, one coroutine per connection, no thread per client.
 Every engine call the loop makes is non-blocking (``put_nowait``, ``get_many(timeout=0)``,
 settles): they hold a queue's lock for microseconds. The only waiting — a CONSUME with
-``wait_ms`` on an empty queue — is done by one thread per queue (``_ReadyWatch``) that
-sleeps on the queue's semaphore like any local consumer and wakes the loop, so a
-thousand waiting consumers cost one thread per queue, not one per consumer. Requests
+``wait_ms`` on an empty queue — is an asyncio wait on a per-queue event
+(``_ReadyWatch``): a thousand waiting consumers cost one event and one poller task per
+queue, not a thread each. Requests
 are handled as they arrive and replies carry the request's msg id, so a waiting
 CONSUME never holds back the replies behind it. Deliveries belong to the connection
 that received them; when it closes, every one it did not settle is ready again at once.
@@ -15,7 +15,6 @@ import asyncio
 import hmac
 import itertools
 import logging
-import threading
 
 from .. import __version__
 from ..broker import Broker
@@ -60,25 +59,29 @@ _STATUS_OF = (
 
 
 class _ReadyWatch:
-    """One thread per queue that has waiting remote consumers: it sleeps on the queue's
-    not-empty semaphore and wakes the waiting coroutines when a message is ready."""
+    """Wakes the CONSUMEs waiting on one queue when a message may be ready.
 
-    def __init__(self, loop, queue):
-        self._loop = loop
+    Puts made by this server's own loop wake them directly (``TcpServer.notify``).
+    Puts by other processes (local producers writing to shared memory) are seen by a
+    poller task that reads the queue's ready count — one word, no lock, no syscall —
+    with a short backoff while anyone waits, so no thread and no semaphore wake-up
+    ever competes with the event loop for the GIL.
+    """
+
+    POLL_S = (0.0002, 0.002)  # first and longest pause between reads of the ready count
+
+    def __init__(self, queue):
         self._queue = queue
         self._event = asyncio.Event()
         self._waiters = 0
-        self._thread = None
-        self._served = threading.Event()
-        self._stop = False
+        self._poller = None
 
     async def wait(self, timeout):
         """Wait until a message may be ready (or ``timeout`` seconds)."""
         self._waiters += 1
         event = self._event
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name=f"shmq-watch-{self._queue.name}", daemon=True)
-            self._thread.start()
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.ensure_future(self._poll())
         try:
             await asyncio.wait_for(event.wait(), timeout)
         except asyncio.TimeoutError:
@@ -89,25 +92,25 @@ class _ReadyWatch:
     def _fire(self):
         event, self._event = self._event, asyncio.Event()
         event.set()
-        self._served.set()
 
-    def _run(self):
-        while not self._stop and self._waiters > 0:
+    async def _poll(self):
+        pause = self.POLL_S[0]
+        while self._waiters > 0:
             try:
-                ready = self._queue.wait_ready(0.25)
+                ready = self._queue.ready_hint()
             except ShmqError:
                 ready = True  # deleted or closed: let the waiters find out
-            if ready and self._waiters > 0:
-                self._served.clear()
-                self._loop.call_soon_threadsafe(self._fire)
-                self._served.wait(0.25)  # let them take it before looking again
+            if ready:
+                self._fire()
+                pause = self.POLL_S[0]
+            else:
+                pause = min(pause * 2, self.POLL_S[1])
+            await asyncio.sleep(pause)
 
     def stop(self):
-        """Stop the thread and wait for it: the queue handle may be closed after this."""
-        self._stop = True
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(2 * 0.25 + 1)
+        if self._poller is not None:
+            self._poller.cancel()
+        self._fire()
 
 
 class _Connection:
@@ -262,10 +265,14 @@ class _Connection:
             return {}
         q = server.queue(f["queue"])
         if msg_type == MsgType.PRODUCE:
-            return {"id": q.put_nowait(f["body"], f.get("headers"))}
+            msg_id = q.put_nowait(f["body"], f.get("headers"))
+            server.notify(q.name)
+            return {"id": msg_id}
         if msg_type == MsgType.PRODUCE_BATCH:
             items = [(m["body"], m.get("headers")) for m in f["messages"]]
-            return {"ids": q.put_many(items, timeout=0)}
+            ids = q.put_many(items, timeout=0)
+            server.notify(q.name)
+            return {"ids": ids}
         if msg_type == MsgType.STATS:
             s = q.stats()
             return {
@@ -286,6 +293,7 @@ class _Connection:
             ds = self.take_deliveries(q, f["deliveries"], keep=False)
             if f.get("requeue", True):
                 q._settle(ds, 2, f.get("delay_ms", 0) / 1000)
+                server.notify(q.name)
             else:
                 q._dead_letter(ds, "rejected")
             return {}
@@ -313,13 +321,15 @@ class _Connection:
         name, wait_ms = f["queue"], f.get("wait_ms", 0)
         vis_ms = f.get("visibility_ms")
         q = server.queue(name)
-        per_message = q.max_message_bytes + _RECORD_OVERHEAD + 65536
-        most = max(1, min(f.get("max", 1), server.max_frame_bytes // per_message))
+        most = f.get("max", 1)
+        # the reply must fit in a frame: bodies and headers, plus per-message framing
+        budget = server.max_frame_bytes - 1024 - most * _RECORD_OVERHEAD
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         while True:
             try:
-                ds = q.get_many(most, timeout=0, visibility_timeout=None if vis_ms is None else vis_ms / 1000)
+                ds = q.get_many(most, timeout=0, visibility_timeout=None if vis_ms is None else vis_ms / 1000,
+                                max_bytes=max(budget, 0))
                 break
             except QueueEmpty:
                 remaining = deadline - loop.time()
@@ -388,10 +398,17 @@ class TcpServer:
         if q is not None:
             q.close()
 
+    def notify(self, name):
+        """Messages were just put by this loop: wake its waiting CONSUMEs directly
+        (the watch thread is for puts by other processes)."""
+        watch = self._watches.get(name)
+        if watch is not None and watch._waiters:
+            watch._fire()
+
     def watch(self, q):
         w = self._watches.get(q.name)
         if w is None or w._queue is not q:
-            w = self._watches[q.name] = _ReadyWatch(asyncio.get_running_loop(), q)
+            w = self._watches[q.name] = _ReadyWatch(q)
         return w
 
     async def start(self):
