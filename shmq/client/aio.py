@@ -14,6 +14,7 @@ from ..protocol import FrameDecoder, MsgType, Status, encode_request
 from .remote import (
     CONSUME_SLICE_MS,
     PUT_RETRY_S,
+    WireDelivery,
     _message,
     _ms,
     create_fields,
@@ -126,22 +127,10 @@ class AsyncBroker:
         return (await self.request(MsgType.LIST))["queues"]
 
 
-class AsyncDelivery:
+class AsyncDelivery(WireDelivery):
     """A leased message; ``await d.ack()`` / ``nack()`` / ``reject()`` / ``extend()``."""
 
-    __slots__ = ("id", "body", "headers", "attempt", "_q", "_tag")
-
-    def __init__(self, q, m):
-        self._q = q
-        self._tag = m["delivery"]
-        self.id = m["id"]
-        self.body = m["body"]
-        self.headers = m.get("headers") or {}
-        self.attempt = m["attempt"]
-
-    @property
-    def queue(self):
-        return self._q.name
+    __slots__ = ()
 
     async def ack(self):
         await self._q._call(MsgType.ACK, deliveries=[self._tag])

@@ -178,8 +178,8 @@ class RemoteBroker:
         self.request(MsgType.PING)
 
 
-class RemoteDelivery:
-    """A message leased to this connection; settle it like a local ``Delivery``."""
+class WireDelivery:
+    """What a CONSUME reply says of one message; the tag is this connection's handle."""
 
     __slots__ = ("id", "body", "headers", "attempt", "_q", "_tag")
 
@@ -194,6 +194,12 @@ class RemoteDelivery:
     @property
     def queue(self) -> str:
         return self._q.name
+
+
+class RemoteDelivery(WireDelivery):
+    """A message leased to this connection; settle it like a local ``Delivery``."""
+
+    __slots__ = ()
 
     def ack(self) -> None:
         self._q._call(MsgType.ACK, deliveries=[self._tag])

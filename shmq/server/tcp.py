@@ -182,6 +182,8 @@ class _Connection:
         by_queue = {}
         for d in self.deliveries.values():
             by_queue.setdefault(d.queue, []).append(d)
+        if self.deliveries:
+            log.info("%s: closed holding %d deliveries: ready again", self.peer, len(self.deliveries))
         self.deliveries.clear()
         for name, ds in by_queue.items():
             try:

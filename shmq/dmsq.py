@@ -1,0 +1,718 @@
+"""The .dmsq snapshot file format and the write-ahead log entry codec.
+
+Strategy: this module is sans-engine. It turns a queue's header and records into a
+file and back, and knows nothing of shared memory, locks or the queue engine; the
+caller decides what to snapshot and what to do with what it reads back. The byte
+layout is specified in docs/FORMAT.md; the structs below are its only encoding.
+
+Writing is crash-safe: a snapshot is written to ``<path>.tmp``, fsynced, renamed over
+``<path>`` and the directory fsynced, so at every instant ``<path>`` is either the old
+snapshot or the new one, whole. Reading is damage-tolerant: nothing read from disk is
+trusted. Every length is checked against a fixed maximum and the bytes left in the file
+before a byte is read, every structure carries a CRC-32, and the reader stops at the
+first structure that fails a check, keeping everything before it. The readers' promise:
+for any file content they return (a prefix of what was written, and an error naming the
+file and byte offset of the first damage); an exception is only ever an OSError from
+opening or reading the file.
+
+The CRCs are chained: each stored CRC is the CRC-32 of every covered byte from the start
+of the file up to it (a record's CRC is seeded with the previous one), so a record from
+another snapshot, or a record moved within the file, fails its check even if it is
+itself intact.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import msgpack
+
+from .errors import MessageTooLarge
+
+__all__ = [
+    "MAGIC",
+    "FORMAT_VERSION",
+    "SUFFIX",
+    "MAX_NAME_BYTES",
+    "MAX_SETTINGS_BYTES",
+    "MAX_HEADERS_BYTES",
+    "MAX_BODY_BYTES",
+    "PUT",
+    "ACK",
+    "SnapshotHeader",
+    "SnapshotRecord",
+    "SnapshotWriter",
+    "SnapshotReader",
+    "ReadResult",
+    "LogEntry",
+    "write_snapshot",
+    "read_snapshot",
+    "iter_records",
+    "quarantine",
+    "summary",
+    "encode_log_entry",
+    "read_log",
+]
+
+MAGIC = b"DMSQ"
+FORMAT_VERSION = 1
+SUFFIX = ".dmsq"
+TMP_SUFFIX = ".tmp"
+CORRUPT_SUFFIX = ".corrupt"
+
+# Bounds on every length field: a damaged length is refused before anything is read.
+MAX_NAME_BYTES = 1024
+MAX_SETTINGS_BYTES = 64 * 1024
+MAX_HEADERS_BYTES = 1 << 20
+MAX_BODY_BYTES = 1 << 30
+MAX_HEADER_BYTES = 1 << 20  # any version's file header, so a newer one can be checked
+
+# ------------------------------------------------------------------------ byte layout
+# All integers little-endian and unsigned. CRC = zlib.crc32 (CRC-32/ISO-HDLC).
+#
+# File header prefix, the same in every format version:
+#   magic 4s, version u16, reserved u16 (0), header_len u32 (whole header, CRC included)
+PREFIX = struct.Struct("<4sHHI")
+# Version 1 header body, after the prefix:
+#   created_ns u64, snapshot_ns u64, settings_len u32, name_len u16, reserved u16 (0)
+#   then name (UTF-8), settings (msgpack map), then crc u32 over everything before it.
+HEADER_V1 = struct.Struct("<QQIHH")
+HEADER_V1_FIXED = PREFIX.size + HEADER_V1.size  # 36
+# Record head: tag b"RECD", headers_len u32, body_len u32, attempt u32, msg_id u64,
+# enqueued_ns u64; then headers, body, crc u32 (chained).
+RECORD_TAG = b"RECD"
+RECORD_HEAD = struct.Struct("<4sIIIQQ")
+# Trailer: tag b"TAIL", records_crc u32 (the last chained CRC), record_count u64,
+# file_bytes u64 (the whole file, trailer included), reserved u32 (0), crc u32 (over
+# the 28 bytes before it, not chained).
+TRAILER_TAG = b"TAIL"
+TRAILER = struct.Struct("<4sIQQII")
+# Log entry: tag b"WAL" + op byte, then the same fields as a record head; then headers,
+# body, crc u32 over the entry before it (not chained: entries stand alone).
+LOG_TAG = b"WAL"
+LOG_HEAD = RECORD_HEAD
+CRC = struct.Struct("<I")
+
+RECORD_HEAD_SIZE = RECORD_HEAD.size  # 32
+TRAILER_SIZE = TRAILER.size  # 32
+CRC_SIZE = CRC.size  # 4
+RECORD_OVERHEAD = RECORD_HEAD_SIZE + CRC_SIZE  # 36 bytes besides headers and body
+assert RECORD_HEAD_SIZE == TRAILER_SIZE == 32
+
+PUT = 1
+ACK = 2
+_LOG_OPS = {PUT: "PUT", ACK: "ACK"}
+
+_crc32 = zlib.crc32
+_U64 = 2**64
+
+
+# ------------------------------------------------------------------------------ types
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotHeader:
+    """What a snapshot says about its queue. ``settings`` is a map with str keys
+    (max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
+    dead_letter_queue, durability, and whatever later versions add)."""
+
+    queue: str
+    settings: dict
+    created_ns: int
+    snapshot_ns: int
+    version: int = FORMAT_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    """One message. ``headers`` is the msgpack-encoded headers map (b"" when none);
+    ``attempt`` counts deliveries so far (an in-flight message is saved as ready)."""
+
+    msg_id: int
+    attempt: int
+    enqueued_ns: int
+    headers: bytes
+    body: bytes
+
+
+@dataclass
+class ReadResult:
+    """What ``read_snapshot`` found.
+
+    ``records`` are the intact records before the first damage, in file order.
+    ``complete`` is True only when the trailer is present and agrees with them.
+    ``error`` is one line naming the file and the byte offset of the first damage, and
+    ``error_offset`` that offset: the start of the first structure not accepted (every
+    byte before it was checked and kept). ``unsupported`` is True when the file is an
+    intact snapshot of a format version this code cannot read: leave such a file alone
+    rather than quarantine it.
+    """
+
+    header: SnapshotHeader | None
+    records: list[SnapshotRecord] = field(default_factory=list)
+    complete: bool = False
+    error: str | None = None
+    error_offset: int | None = None
+    unsupported: bool = False
+
+
+class LogEntry(NamedTuple):
+    """One write-ahead log entry; ACK entries have empty headers and body."""
+
+    op: int
+    msg_id: int
+    attempt: int
+    enqueued_ns: int
+    headers: bytes
+    body: bytes
+
+
+# ---------------------------------------------------------------------------- encoding
+
+
+def _encode_header(header: SnapshotHeader) -> bytes:
+    if not isinstance(header, SnapshotHeader):
+        raise TypeError(f"header must be a SnapshotHeader, not {type(header).__name__}")
+    if header.version != FORMAT_VERSION:
+        raise ValueError(f"can only write format version {FORMAT_VERSION}, not {header.version!r}")
+    if not isinstance(header.queue, str):
+        raise TypeError(f"queue name must be a str, not {type(header.queue).__name__}")
+    name = header.queue.encode("utf-8")
+    if len(name) > MAX_NAME_BYTES:
+        raise ValueError(f"queue name is {len(name)} bytes in UTF-8; the limit is {MAX_NAME_BYTES}")
+    settings = header.settings
+    if not isinstance(settings, dict) or not all(isinstance(k, str) for k in settings):
+        raise TypeError("settings must be a dict with str keys")
+    raw = msgpack.packb(settings, use_bin_type=True)
+    if len(raw) > MAX_SETTINGS_BYTES:
+        raise ValueError(f"settings encode to {len(raw)} bytes; the limit is {MAX_SETTINGS_BYTES}")
+    for what, v in (("created_ns", header.created_ns), ("snapshot_ns", header.snapshot_ns)):
+        if type(v) is not int or not 0 <= v < _U64:
+            raise ValueError(f"{what} must be an int in [0, 2**64), not {v!r}")
+    header_len = HEADER_V1_FIXED + len(name) + len(raw) + CRC_SIZE
+    body = (
+        PREFIX.pack(MAGIC, FORMAT_VERSION, 0, header_len)
+        + HEADER_V1.pack(header.created_ns, header.snapshot_ns, len(raw), len(name), 0)
+        + name
+        + raw
+    )
+    return body + CRC.pack(_crc32(body))
+
+
+def _record_head(tag: bytes, msg_id, attempt, enqueued_ns, headers, body) -> bytes:
+    """The 32-byte head of a record or log entry, after checking every field."""
+    hl = len(headers)
+    bl = len(body)
+    if hl > MAX_HEADERS_BYTES:
+        raise MessageTooLarge(f"headers are {hl} bytes; a record takes at most {MAX_HEADERS_BYTES}")
+    if bl > MAX_BODY_BYTES:
+        raise MessageTooLarge(f"body is {bl} bytes; a record takes at most {MAX_BODY_BYTES}")
+    try:
+        return RECORD_HEAD.pack(tag, hl, bl, attempt, msg_id, enqueued_ns)
+    except struct.error:
+        raise ValueError(
+            f"record field out of range: msg_id={msg_id!r} (u64) attempt={attempt!r} (u32) "
+            f"enqueued_ns={enqueued_ns!r} (u64)"
+        ) from None
+
+
+def _byte_view(value, what: str):
+    """bytes or bytearray as they are; a memoryview as bytes (len = bytes); else TypeError."""
+    if isinstance(value, (bytes, bytearray)):
+        return value
+    if isinstance(value, memoryview):
+        return value.cast("B") if value.c_contiguous else value.tobytes()
+    raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
+
+
+def encode_log_entry(op: int, msg_id: int, attempt: int, enqueued_ns: int, headers: bytes, body: bytes) -> bytes:
+    """One write-ahead log entry, ready to append; ACK entries take empty headers/body."""
+    if op not in _LOG_OPS:
+        raise ValueError(f"log op must be PUT ({PUT}) or ACK ({ACK}), not {op!r}")
+    headers = _byte_view(headers, "headers (msgpack-encoded)")
+    body = _byte_view(body, "body")
+    if op == ACK and (len(headers) or len(body)):
+        raise ValueError("an ACK log entry has no headers and no body")
+    head = _record_head(LOG_TAG + bytes((op,)), msg_id, attempt, enqueued_ns, headers, body)
+    crc = _crc32(body, _crc32(headers, _crc32(head)))
+    return b"".join((head, headers, body, CRC.pack(crc)))
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some filesystems cannot fsync a directory
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+class SnapshotWriter:
+    """Writes one snapshot to ``<path>.tmp``; ``commit`` puts it in place atomically.
+
+    Until ``commit`` returns, ``path`` still holds the previous snapshot (if any),
+    byte for byte. Used as a context manager, a clean exit commits (if ``commit`` was
+    not called) and an exception aborts. Files are created owner-only (0o600). One
+    writer per path at a time: that is the caller's business.
+    """
+
+    def __init__(self, path, header: SnapshotHeader, fsync: bool = True):
+        self.path = os.fsdecode(path)
+        self.tmp_path = self.path + TMP_SUFFIX
+        self.fsync = fsync
+        head = _encode_header(header)
+        self._chain = _crc32(head[:-CRC_SIZE])
+        self._count = 0
+        self._bytes = len(head)
+        self._done = False
+        # A .tmp left by a crash is removed, not reused: its mode or owner may be wrong.
+        try:
+            os.unlink(self.tmp_path)
+        except FileNotFoundError:
+            pass
+        fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
+            self._f = os.fdopen(fd, "wb", buffering=1 << 20)
+        except BaseException:
+            os.close(fd)
+            self._remove_tmp()
+            raise
+        try:
+            self._f.write(head)
+        except BaseException:
+            self.abort()
+            raise
+
+    @property
+    def records(self) -> int:
+        """Records appended so far."""
+        return self._count
+
+    def append(self, record: SnapshotRecord) -> None:
+        """Add one record; ValueError/TypeError/MessageTooLarge leave the writer usable."""
+        if self._done:
+            raise ValueError(f"snapshot writer for {self.path} is closed")
+        headers = _byte_view(record.headers, "headers (msgpack-encoded)")
+        body = _byte_view(record.body, "body")
+        head = _record_head(RECORD_TAG, record.msg_id, record.attempt, record.enqueued_ns, headers, body)
+        crc = _crc32(body, _crc32(headers, _crc32(head, self._chain)))
+        w = self._f.write
+        try:
+            w(head)
+            if headers:
+                w(headers)
+            if body:
+                w(body)
+            w(CRC.pack(crc))
+        except BaseException:
+            self.abort()
+            raise
+        self._chain = crc
+        self._count += 1
+        self._bytes += RECORD_OVERHEAD + len(headers) + len(body)
+
+    def commit(self) -> int:
+        """Write the trailer, flush, fsync, rename over ``path``, fsync the directory.
+
+        Returns the file's size in bytes. On any error before the rename the temporary
+        file is removed and ``path`` is untouched.
+        """
+        if self._done:
+            raise ValueError(f"snapshot writer for {self.path} is closed")
+        total = self._bytes + TRAILER_SIZE
+        body = TRAILER.pack(TRAILER_TAG, self._chain, self._count, total, 0, 0)[:-CRC_SIZE]
+        try:
+            self._f.write(body + CRC.pack(_crc32(body)))
+            self._f.flush()
+            if self.fsync:
+                os.fsync(self._f.fileno())
+            self._f.close()
+            os.replace(self.tmp_path, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        if self.fsync:
+            _fsync_dir(self.path)
+        return total
+
+    def abort(self) -> None:
+        """Drop the snapshot being written: close and remove the temporary file."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._f.close()
+        except (OSError, AttributeError):
+            pass
+        self._remove_tmp()
+
+    def _remove_tmp(self) -> None:
+        try:
+            os.unlink(self.tmp_path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> SnapshotWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self._done:
+            self.commit()
+
+
+def write_snapshot(path, header: SnapshotHeader, records: Iterable[SnapshotRecord], fsync: bool = True) -> int:
+    """Write a whole snapshot crash-safely; returns the file's size in bytes."""
+    with SnapshotWriter(path, header, fsync=fsync) as w:
+        for r in records:
+            w.append(r)
+        return w.commit()
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+class _Damage(Exception):
+    """Internal: the structure at ``offset`` failed a check."""
+
+    def __init__(self, offset: int, what: str):
+        super().__init__(what)
+        self.offset = offset
+        self.what = what
+
+
+class _Unsupported(_Damage):
+    pass
+
+
+def _read_exact(f, n: int, offset: int, what: str) -> bytes:
+    data = f.read(n)
+    if len(data) != n:  # the file shrank while we read it
+        raise _Damage(offset, f"truncated: {what} needs {n} bytes, the file ends after {len(data)}")
+    return data
+
+
+def _parse_header(f, size: int) -> tuple[SnapshotHeader, int, int]:
+    """(header, its length, the CRC that seeds the record chain) or _Damage at 0."""
+    if size == 0:
+        raise _Damage(0, "empty file (no header): truncated")
+    pre = f.read(min(PREFIX.size, size))
+    if pre[:4] != MAGIC[: len(pre[:4])]:
+        raise _Damage(0, f"bad magic {pre[:4]!r} (expected {MAGIC!r}): not a {SUFFIX} snapshot")
+    if len(pre) < PREFIX.size:
+        raise _Damage(0, f"truncated: the file is {size} bytes, too short for the {PREFIX.size}-byte header prefix")
+    _magic, version, _reserved, header_len = PREFIX.unpack(pre)
+    if not PREFIX.size + CRC_SIZE <= header_len <= MAX_HEADER_BYTES:
+        raise _Damage(0, f"damaged header: implausible header length {header_len}")
+    if header_len > size:
+        raise _Damage(0, f"truncated: the header declares {header_len} bytes, the file has {size}")
+    rest = _read_exact(f, header_len - PREFIX.size, 0, "the header")
+    raw = pre + rest
+    chain = _crc32(raw[:-CRC_SIZE])
+    if CRC.unpack_from(raw, header_len - CRC_SIZE)[0] != chain:
+        raise _Damage(0, "damaged header: checksum mismatch")
+    if version != FORMAT_VERSION:
+        raise _Unsupported(0, f"unsupported format version {version} (this shmq reads version {FORMAT_VERSION})")
+    if header_len < HEADER_V1_FIXED + CRC_SIZE:
+        raise _Damage(0, f"damaged header: {header_len} bytes is too short for version {version}")
+    created_ns, snapshot_ns, settings_len, name_len, _ = HEADER_V1.unpack_from(raw, PREFIX.size)
+    if HEADER_V1_FIXED + name_len + settings_len + CRC_SIZE != header_len:
+        raise _Damage(0, "damaged header: name and settings lengths disagree with the header length")
+    if name_len > MAX_NAME_BYTES or settings_len > MAX_SETTINGS_BYTES:
+        raise _Damage(0, "damaged header: implausible name or settings length")
+    pos = HEADER_V1_FIXED
+    try:
+        name = raw[pos : pos + name_len].decode("utf-8")
+        settings = msgpack.unpackb(raw[pos + name_len : pos + name_len + settings_len], raw=False)
+    except Exception as e:  # msgpack raises several kinds; all mean the same here
+        raise _Damage(0, f"damaged header: undecodable name or settings ({type(e).__name__}: {e})") from None
+    if not isinstance(settings, dict) or not all(isinstance(k, str) for k in settings):
+        raise _Damage(0, "damaged header: settings are not a map with str keys")
+    return SnapshotHeader(name, settings, created_ns, snapshot_ns, version), header_len, chain
+
+
+class SnapshotReader:
+    """Streams one snapshot: ``header`` on open, records by iterating, and after the
+    iteration ends ``complete``, ``error`` and ``error_offset`` as in ReadResult.
+
+    Opening raises OSError only (missing or unreadable file); damage never raises: a
+    damaged header leaves ``header`` None and the iteration empty.
+    """
+
+    def __init__(self, path):
+        self.path = os.fsdecode(path)
+        self.header: SnapshotHeader | None = None
+        self.complete = False
+        self.error: str | None = None
+        self.error_offset: int | None = None
+        self.unsupported = False
+        self.count = 0
+        self.offset = 0  # end of the last structure accepted
+        self._f = open(self.path, "rb")
+        try:
+            self.size = os.fstat(self._f.fileno()).st_size
+            try:
+                self.header, self.offset, self._chain = _parse_header(self._f, self.size)
+            except _Damage as d:
+                self.unsupported = isinstance(d, _Unsupported)
+                self._fail(d)
+        except BaseException:
+            self._f.close()
+            raise
+
+    def _fail(self, d: _Damage) -> None:
+        self.error = _error_line(self.path, d)
+        self.error_offset = d.offset
+        self.close()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> SnapshotReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[SnapshotRecord]:
+        return self
+
+    def __next__(self) -> SnapshotRecord:
+        if self._f.closed:
+            raise StopIteration
+        try:
+            rec = self._next()
+        except _Damage as d:
+            self._fail(d)
+            raise StopIteration from None
+        if rec is None:
+            self.complete = self.error is None
+            self.close()
+            raise StopIteration
+        return rec
+
+    def _next(self) -> SnapshotRecord | None:
+        pos, f = self.offset, self._f
+        left = self.size - pos
+        n = self.count
+        if left == 0:
+            raise _Damage(pos, f"truncated: the file ends after {n} records with no trailer")
+        head = f.read(min(RECORD_HEAD_SIZE, left))
+        tag = head[:4]
+        if tag == TRAILER_TAG:
+            self._trailer(head, pos, left)
+            return None
+        if tag != RECORD_TAG:
+            if len(head) < 4 and (RECORD_TAG.startswith(tag) or TRAILER_TAG.startswith(tag)):
+                raise _Damage(pos, f"truncated: the file ends {len(head)} bytes into record {n}")
+            raise _Damage(pos, f"record {n}: bad tag {tag!r} (expected {RECORD_TAG!r} or {TRAILER_TAG!r})")
+        if len(head) < RECORD_HEAD_SIZE:
+            raise _Damage(pos, f"truncated: the file ends {len(head)} bytes into record {n}")
+        _, hl, bl, attempt, msg_id, enqueued_ns = RECORD_HEAD.unpack(head)
+        if hl > MAX_HEADERS_BYTES or bl > MAX_BODY_BYTES:
+            raise _Damage(pos, f"record {n}: implausible lengths (headers {hl}, body {bl})")
+        need = hl + bl + CRC_SIZE
+        if need > left - RECORD_HEAD_SIZE:
+            raise _Damage(
+                pos,
+                f"record {n} declares {RECORD_HEAD_SIZE + need} bytes, only {left} remain "
+                "(truncated, or a damaged length)",
+            )
+        headers = _read_exact(f, hl, pos, f"record {n}") if hl else b""
+        body = _read_exact(f, bl, pos, f"record {n}") if bl else b""
+        (stored,) = CRC.unpack(_read_exact(f, CRC_SIZE, pos, f"record {n}"))
+        crc = _crc32(body, _crc32(headers, _crc32(head, self._chain)))
+        if crc != stored:
+            raise _Damage(pos, f"record {n}: checksum mismatch")
+        self._chain = crc
+        self.count = n + 1
+        self.offset = pos + RECORD_HEAD_SIZE + need
+        return SnapshotRecord(msg_id, attempt, enqueued_ns, headers, body)
+
+    def _trailer(self, raw: bytes, pos: int, left: int) -> None:
+        if len(raw) < TRAILER_SIZE:
+            raise _Damage(pos, f"truncated: the file ends {len(raw)} bytes into the trailer")
+        _, records_crc, count, file_bytes, _, stored = TRAILER.unpack(raw)
+        if _crc32(raw[:-CRC_SIZE]) != stored:
+            raise _Damage(pos, "trailer: checksum mismatch")
+        if count != self.count or records_crc != self._chain:
+            raise _Damage(
+                pos, f"trailer: says {count} records, {self.count} were read, or their checksums disagree"
+            )
+        end = pos + TRAILER_SIZE
+        if file_bytes != end:
+            raise _Damage(pos, f"trailer: says the file is {file_bytes} bytes, the trailer ends at {end}")
+        self.offset = end
+        if left > TRAILER_SIZE:
+            raise _Damage(end, f"{left - TRAILER_SIZE} unexpected bytes after the trailer")
+
+
+def _error_line(path: str, d: _Damage) -> str:
+    what = " ".join(d.what.split())  # one line, whatever an exception message held
+    return f"{path}: {what} (at byte {d.offset})"
+
+
+def iter_records(path) -> SnapshotReader:
+    """A streaming reader of ``path``: iterate it for the records; see SnapshotReader."""
+    return SnapshotReader(path)
+
+
+def read_snapshot(path) -> ReadResult:
+    """Every intact record before the first damage, and what stopped the reading.
+
+    Never raises for damaged or foreign content; only OSError when the file cannot be
+    opened or read.
+    """
+    with SnapshotReader(path) as r:
+        records = list(r)
+    return ReadResult(r.header, records, r.complete, r.error, r.error_offset, r.unsupported)
+
+
+def read_log(path) -> tuple[list[LogEntry], str | None, int | None]:
+    """(entries, error, error_offset): every intact log entry before the first damage.
+
+    A torn last entry (a crash mid-append) is reported like any damage; the entries
+    before it are all returned. Before appending to such a log, truncate it to
+    ``error_offset``. An empty log is valid. Raises only OSError.
+    """
+    path = os.fsdecode(path)
+    entries: list[LogEntry] = []
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        pos = 0
+        try:
+            while pos < size:
+                entries.append(_read_log_entry(f, pos, size - pos, len(entries)))
+                pos += RECORD_OVERHEAD + len(entries[-1].headers) + len(entries[-1].body)
+        except _Damage as d:
+            return entries, _error_line(path, d), d.offset
+    return entries, None, None
+
+
+def _read_log_entry(f, pos: int, left: int, n: int) -> LogEntry:
+    head = f.read(min(RECORD_HEAD_SIZE, left))
+    tag = head[:3]
+    if tag != LOG_TAG:
+        if len(head) < 3 and LOG_TAG.startswith(tag):
+            raise _Damage(pos, f"truncated: the file ends {len(head)} bytes into log entry {n}")
+        raise _Damage(pos, f"log entry {n}: bad tag {head[:4]!r} (expected {LOG_TAG!r} + op)")
+    if len(head) < RECORD_HEAD_SIZE:
+        raise _Damage(pos, f"truncated: the file ends {len(head)} bytes into log entry {n}")
+    _, hl, bl, attempt, msg_id, enqueued_ns = LOG_HEAD.unpack(head)
+    op = head[3]
+    if op not in _LOG_OPS:
+        raise _Damage(pos, f"log entry {n}: unknown op {op}")
+    if hl > MAX_HEADERS_BYTES or bl > MAX_BODY_BYTES:
+        raise _Damage(pos, f"log entry {n}: implausible lengths (headers {hl}, body {bl})")
+    need = hl + bl + CRC_SIZE
+    if need > left - RECORD_HEAD_SIZE:
+        raise _Damage(
+            pos,
+            f"log entry {n} declares {RECORD_HEAD_SIZE + need} bytes, only {left} remain "
+            "(torn write, or a damaged length)",
+        )
+    headers = _read_exact(f, hl, pos, f"log entry {n}") if hl else b""
+    body = _read_exact(f, bl, pos, f"log entry {n}") if bl else b""
+    (stored,) = CRC.unpack(_read_exact(f, CRC_SIZE, pos, f"log entry {n}"))
+    if _crc32(body, _crc32(headers, _crc32(head))) != stored:
+        raise _Damage(pos, f"log entry {n}: checksum mismatch")
+    if op == ACK and (hl or bl):
+        raise _Damage(pos, f"log entry {n}: an ACK with headers or a body")
+    return LogEntry(op, msg_id, attempt, enqueued_ns, headers, body)
+
+
+# ------------------------------------------------------------------------ maintenance
+
+
+def quarantine(path) -> str:
+    """Move a damaged file aside to ``<path>.corrupt`` (or ``.corrupt.1``, ``.2``, ...,
+    never overwriting one); returns the new path. Nothing is deleted."""
+    path = os.fsdecode(path)
+    n = 0
+    while True:
+        dest = path + CORRUPT_SUFFIX + (f".{n}" if n else "")
+        try:
+            os.link(path, dest)  # fails if dest exists: no overwrite, no race
+        except FileExistsError:
+            n += 1
+            continue
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+                raise
+            # no hard links on this filesystem: check, then rename (racy, but rare)
+            if os.path.lexists(dest):
+                n += 1
+                continue
+            os.rename(path, dest)
+        else:
+            os.unlink(path)
+        try:
+            _fsync_dir(path)
+        except OSError:
+            pass
+        return dest
+
+
+def _jsonable(v):
+    if isinstance(v, (bytes, bytearray)):
+        return v.hex()
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, float) and v != v:
+        return None
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return repr(v)  # e.g. a msgpack ExtType: shown, not lost
+
+
+def summary(path) -> dict:
+    """What ``shmq inspect`` shows of a snapshot: JSON-serialisable, never raises for
+    damaged content (OSError for an unreadable file). Counts only the intact records."""
+    with SnapshotReader(path) as r:
+        h = r.header
+        first_id = last_id = oldest = None
+        body_bytes = max_attempt = 0
+        for rec in r:
+            if first_id is None:
+                first_id = rec.msg_id
+            last_id = rec.msg_id
+            if oldest is None or rec.enqueued_ns < oldest:
+                oldest = rec.enqueued_ns
+            body_bytes += len(rec.body)
+            max_attempt = max(max_attempt, rec.attempt)
+        size = r.size
+    return {
+        "path": r.path,
+        "format_version": h.version if h else None,
+        "queue": h.queue if h else None,
+        "settings": _jsonable(h.settings) if h else None,
+        "created_ns": h.created_ns if h else None,
+        "snapshot_ns": h.snapshot_ns if h else None,
+        "records": r.count,
+        "bytes": size,
+        "body_bytes": body_bytes,
+        "first_id": first_id,
+        "last_id": last_id,
+        "oldest_enqueued_ns": oldest,
+        "max_attempt": max_attempt,
+        "complete": r.complete,
+        "error": r.error,
+        "error_offset": r.error_offset,
+        "unsupported": r.unsupported,
+    }
