@@ -505,7 +505,7 @@ class Queue:
                 return ids
             if deadline is not None and _mono() >= deadline:
                 raise QueueFull(f"queue {self.name!r} is full")
-            waited = self._sleep(self._nf, deadline)
+            waited = self._sleep(self._nf, deadline, I_PWAIT, I_PPOSTED, 3)
 
     def _placement_end(self, items, tail):
         """Where the tail would be after appending ``items`` at ``tail`` (pads included)."""
@@ -688,7 +688,7 @@ class Queue:
                 self._spin(deadline)
                 waited = 0
                 continue
-            waited = self._sleep(self._ne, deadline)
+            waited = self._sleep(self._ne, deadline, I_CWAIT, I_CPOSTED, 2)
 
     def _spin(self, deadline):
         """Poll the control block briefly before sleeping: spin, then yield the core
@@ -706,8 +706,23 @@ class Queue:
                 _sched_yield()
             now = _mono()
 
-    def _sleep(self, sem, deadline):
-        """Sleep on a semaphore for at most one slice. Returns 2 if woken by a post, 1 if not."""
+    def _sleep(self, sem, deadline, i_wait, i_posted, field):
+        """Sleep on a semaphore for at most one slice. Returns 2 if woken by a post, 1 if not.
+
+        The caller registered as a sleeper; if the sleep is interrupted (KeyboardInterrupt
+        from a signal), the registration is undone before the exception propagates.
+        """
+        try:
+            return self._sleep_slice(sem, deadline)
+        except BaseException:
+            self._acquire()
+            try:
+                self._unregister_wait(i_wait, i_posted, field, 1)
+            finally:
+                self._release()
+            raise
+
+    def _sleep_slice(self, sem, deadline):
         now = _mono()
         slice_ns = int(WAIT_SLICE_S * 1e9)
         if deadline is not None:
@@ -873,7 +888,7 @@ class Queue:
                 self._release()
             if not register:
                 return ready
-            waited = self._sleep(self._ne, deadline)
+            waited = self._sleep(self._ne, deadline, I_CWAIT, I_CPOSTED, 2)
 
     # ------------------------------------------------------------------ settle
     def _check_lease(self, d, head=None, tail=None, now=None):

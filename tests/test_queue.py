@@ -459,3 +459,22 @@ def test_get_many_max_bytes_bounds_the_batch(broker):
     assert [d.id for d in rest] == [3, 4, 5]
     q.ack_many(again + rest + first[1:])
     assert q.stats().in_flight == 0 and q.stats().ready == 0
+
+
+def test_an_interrupted_sleep_unregisters_the_waiter(broker, monkeypatch):
+    q = broker.create_queue("q")
+
+    def interrupted(sem, deadline):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(q, "_sleep_slice", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        q.get(timeout=5)
+    assert q.stats().consumers_waiting == 0
+    small = broker.create_queue("small", max_bytes=4096, max_message_bytes=976)
+    for _ in range(4):
+        small.put(b"x" * 976)
+    monkeypatch.setattr(small, "_sleep_slice", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        small.put(b"y", timeout=5)
+    assert small.stats().producers_waiting == 0
