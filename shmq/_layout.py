@@ -17,6 +17,7 @@ import struct
 __all__ = [
     "MAGIC", "LAYOUT_VERSION", "ALIGN", "REC", "REC_SIZE",
     "READY", "LEASED", "ACKED", "PAD", "DELAYED", "STATE_NAMES", "NO_HOLDER", "NEVER",
+    "DURABILITY", "DURABILITY_NAMES",
     "STATIC", "STATIC_OFF", "MUTEX_OFF", "HOT", "HOT_OFF", "HOT_FIELDS", "COUNTERS", "COUNTERS_OFF",
     "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE",
     "align", "record_size", "status_word", "split_status", "skip_gap", "place", "segment_size", "data_offset",
@@ -34,6 +35,9 @@ PAD = 4       # filler to the end of the lap; length = bytes skipped
 DELAYED = 5   # nacked with a delay; deadline = when it becomes READY again
 STATE_NAMES = {READY: "ready", LEASED: "leased", ACKED: "acked", PAD: "pad", DELAYED: "delayed"}
 NO_HOLDER = 0xFFFF
+# durability mode, in the low byte of the static header's flags
+DURABILITY = {"memory": 0, "snapshot": 1, "wal": 2}
+DURABILITY_NAMES = {v: k for k, v in DURABILITY.items()}
 NEVER = 2**64 - 1  # a deadline that never comes
 
 # --- record header: 48 bytes -------------------------------------------------------
@@ -49,7 +53,7 @@ REC = struct.Struct("<QIIIIQQQ")
 REC_SIZE = REC.size  # 48
 
 # --- segment layout ------------------------------------------------------------------
-# static header: magic, version, flags, capacity, max_message_bytes, visibility_ns,
+# static header: magic, version, flags (low byte: durability), capacity, max_message_bytes, visibility_ns,
 # max_deliveries (0 = unlimited), process slots, created_ns, data offset, name, dead-letter queue
 STATIC = struct.Struct("<4sHHQQQQQQQ H128s H128s")
 STATIC_OFF = 0

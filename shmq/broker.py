@@ -29,6 +29,7 @@ __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS"]
 DEFAULT_PROCESS_SLOTS = 256
 DEFAULT_MAX_MESSAGE_BYTES = 2**20
 _MIN_BYTES = 4096
+_DURABILITY_MODES = ("memory", "snapshot")  # "wal" arrives with the write-ahead log
 
 
 class Broker:
@@ -82,11 +83,14 @@ class Broker:
         max_deliveries: int | None = None,
         dead_letter_queue: str | None = None,
         exist_ok: bool = False,
+        durability: str = "snapshot",
     ) -> Queue:
         """Create a queue and attach to it. Raises QueueExists unless ``exist_ok``
         (then the existing queue is returned as it is).
 
         ``max_message_bytes`` defaults to 1 MiB (less if ``max_bytes`` is smaller).
+        ``durability``: "memory" (never written to disk) or "snapshot" (saved by a
+        ``shmq server`` that has a ``--data-dir``, every ``--snapshot-interval``).
         """
         check_queue_name(name)
         max_bytes = _positive_int(max_bytes, "max_bytes")
@@ -107,6 +111,8 @@ class Broker:
             raise ValueError(f"visibility_timeout must be > 0 seconds, not {visibility_timeout!r}")
         if max_deliveries is not None:
             max_deliveries = _positive_int(max_deliveries, "max_deliveries")
+        if durability not in _DURABILITY_MODES:
+            raise ValueError(f"durability must be one of {', '.join(_DURABILITY_MODES)}, not {durability!r}")
         if dead_letter_queue is not None:
             check_queue_name(dead_letter_queue)
             if dead_letter_queue == name:
@@ -123,11 +129,12 @@ class Broker:
                 raise QueueNotFound(f"dead-letter queue {dead_letter_queue!r} does not exist: create it first")
             index = reg.claim(name, CREATING)
             self._unlink_queue_files(name)  # leftovers of a crash, if any
-            self._build(name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries, dead_letter_queue)
+            self._build(name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries, dead_letter_queue,
+                        durability)
             reg.set_state(index, LIVE, name)
         return self.queue(name)
 
-    def _build(self, name, capacity, max_message_bytes, visibility_timeout, max_deliveries, dlq):
+    def _build(self, name, capacity, max_message_bytes, visibility_timeout, max_deliveries, dlq, durability):
         slots = DEFAULT_PROCESS_SLOTS
         base = segment_name(self.namespace, "q", name)
         seg = create_segment(base, L.segment_size(capacity, slots))
@@ -137,7 +144,7 @@ class Broker:
             mm = seg._mmap
             raw_name, raw_dlq = name.encode(), (dlq or "").encode()
             L.STATIC.pack_into(
-                mm, L.STATIC_OFF, b"\0\0\0\0", L.LAYOUT_VERSION, 0, capacity, max_message_bytes,
+                mm, L.STATIC_OFF, b"\0\0\0\0", L.LAYOUT_VERSION, L.DURABILITY[durability], capacity, max_message_bytes,
                 int(visibility_timeout * 1e9), max_deliveries or 0, slots, time.time_ns(),
                 L.data_offset(slots), len(raw_name), raw_name, len(raw_dlq), raw_dlq,
             )

@@ -4,6 +4,7 @@ import asyncio
 import base64
 import json
 import logging
+import os
 import sys
 
 import click
@@ -42,9 +43,13 @@ def _namespace_option(f):
 @click.option("--token", envvar="SHMQ_TOKEN", default=None, help="Require this token in HELLO (also $SHMQ_TOKEN).")
 @click.option("--max-frame-bytes", default=16 * 2**20, show_default=True, type=click.IntRange(1024, 2**31),
               help="Largest frame accepted from a client.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Snapshot durable queues here; rebuild lost queues from it on start.")
+@click.option("--snapshot-interval", type=click.FloatRange(0.01), default=1.0, show_default=True,
+              help="Seconds between snapshots (with --data-dir).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]),
               show_default=True)
-def server(host, port, namespace, token, max_frame_bytes, log_level):
+def server(host, port, namespace, token, max_frame_bytes, data_dir, snapshot_interval, log_level):
     """Run the broker: serve TCP clients, hold the namespace's registry, do housekeeping.
 
     Stops on SIGINT/SIGTERM (answering what is in flight) and exits 0; queues stay in
@@ -54,7 +59,8 @@ def server(host, port, namespace, token, max_frame_bytes, log_level):
                         stream=sys.stderr)
     from .server.main import serve
 
-    asyncio.run(serve(namespace, host, port, token, max_frame_bytes))
+    asyncio.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
+                      snapshot_interval=snapshot_interval))
 
 
 def _target_options(f):
@@ -106,13 +112,16 @@ def list_(namespace, url, token, as_json):
 @click.option("--max-deliveries", type=click.IntRange(1), default=None, help="Dead-letter after this many deliveries.")
 @click.option("--dead-letter-queue", default=None, help="Queue that receives rejected messages.")
 @click.option("--exist-ok", is_flag=True, help="Succeed if the queue exists.")
+@click.option("--durability", type=click.Choice(["memory", "snapshot"]), default="snapshot", show_default=True,
+              help="memory: never on disk; snapshot: saved by a server with --data-dir.")
 def create(name, namespace, url, token, max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
-           dead_letter_queue, exist_ok):
+           dead_letter_queue, exist_ok, durability):
     """Create a queue."""
+    kwargs = {} if durability == "snapshot" else {"durability": durability}
     with _connect(namespace, url, token) as broker:
         broker.create_queue(name, max_bytes=max_bytes, max_message_bytes=max_message_bytes,
                             visibility_timeout=visibility_timeout, max_deliveries=max_deliveries,
-                            dead_letter_queue=dead_letter_queue, exist_ok=exist_ok).close()
+                            dead_letter_queue=dead_letter_queue, exist_ok=exist_ok, **kwargs).close()
     click.echo(f"created {name}")
 
 
@@ -232,6 +241,61 @@ def consume(name, namespace, url, token, count, wait, mode, as_json):
                 d.nack()
         elif mode != "no-ack" and got:
             q.ack_many(got)
+
+
+@main.command()
+@click.argument("name", required=False)
+@_namespace_option
+@click.option("--data-dir", type=click.Path(file_okay=False), required=True, envvar="SHMQ_DATA_DIR",
+              help="Where the .dmsq files go ($SHMQ_DATA_DIR).")
+def snapshot(name, namespace, data_dir):
+    """Snapshot one queue (or every durable one) to .dmsq files now."""
+    from .persistence import Snapshotter, snapshot_queue
+
+    with Broker(namespace) as broker:
+        if name:
+            os.makedirs(data_dir, mode=0o700, exist_ok=True)
+            q = broker.queue(name)
+            try:
+                path, n = snapshot_queue(q, data_dir)
+            finally:
+                q.close()
+            click.echo(f"snapshot of {name}: {n} message(s) in {path}")
+        else:
+            n = Snapshotter(broker, data_dir).run_once()
+            click.echo(f"{n} queue(s) snapshotted into {data_dir}")
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@_json_option
+def inspect(file, as_json):
+    """Show a .dmsq file's header and a summary of its records."""
+    from .dmsq import summary
+
+    info = summary(file)
+    if as_json:
+        _echo_json(info)
+        return
+    for key, value in info.items():
+        click.echo(f"{key:18s} {value}")
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@_namespace_option
+@click.option("--into", default=None, help="Queue to load into (default: the one it was taken from).")
+def restore(file, namespace, into):
+    """Load a .dmsq file into a queue (created with the file's settings if needed)."""
+    from .persistence import restore_file
+
+    with Broker(namespace) as broker:
+        name, n, error = restore_file(broker, file, into)
+    if error and not name:
+        raise ShmqError(error)
+    click.echo(f"restored {n} message(s) into {name}")
+    if error:
+        click.echo(f"shmq: warning: {error}", err=True)
 
 
 def _jsonable(headers):

@@ -426,6 +426,7 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("max_deliveries", _check_positive),
         Field("dead_letter_queue", _check_str),
         Field("exist_ok", _check_bool, default=False),
+        Field("durability", _check_str),
     ),
     MsgType.DELETE: (_QUEUE,),
     MsgType.LIST: (),

@@ -194,7 +194,7 @@ class Queue:
         mm = seg._mmap
         if seg.size < L.PROCS_OFF:
             raise QueueNotFound(f"no queue {self.name!r} in namespace {self.namespace!r} (being created)")
-        (magic, version, _flags, cap, maxmsg, vis_ns, maxdel, slots, created, data_off,
+        (magic, version, flags, cap, maxmsg, vis_ns, maxdel, slots, created, data_off,
          _nl, _n, dl, dlq) = L.STATIC.unpack_from(mm, L.STATIC_OFF)
         if magic != L.MAGIC:
             if magic == b"\0\0\0\0":
@@ -217,6 +217,7 @@ class Queue:
         self._nslots = slots
         self.created_at = created / 1e9
         self.dead_letter_queue = dlq[:dl].decode() or None
+        self.durability = L.DURABILITY_NAMES.get(flags & 0xFF, "memory")
         # The mutex lives at a fixed address of the mapping, valid until close().
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
         self._lockp = self._mutex.ptr  # the hot paths lock through this directly
@@ -1243,6 +1244,94 @@ class Queue:
             delayed=hot["delayed"],
             purged_total=counters["purged_total"],
         )
+
+    # ------------------------------------------------------------------ snapshots
+    def settings(self) -> dict:
+        """The queue's settings, as ``create_queue`` takes them."""
+        return {
+            "max_bytes": self.max_bytes, "max_message_bytes": self.max_message_bytes,
+            "visibility_timeout": self.visibility_timeout, "max_deliveries": self.max_deliveries,
+            "dead_letter_queue": self.dead_letter_queue, "durability": self.durability,
+        }
+
+    def export_messages(self) -> list[tuple[int, int, int, bytes, bytes]]:
+        """Every message not yet settled, as (id, attempt, enqueued_ns, encoded headers,
+        body), oldest first. Leased and delayed ones are included with their attempt
+        count (restored as ready, they are delivered again). The lock is held only to
+        copy the used part of the ring; records are parsed from the copy."""
+        mq, mm, cap, base = self._mq, self._mm, self._cap, self._base
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            head, tail = mq[I_HEAD], mq[I_TAIL]
+            if tail - head == 0:
+                return []
+            start = head % cap
+            if start + (tail - head) <= cap:
+                ring = mm[base + start:base + start + (tail - head)]
+            else:  # the used part wraps: copy it as one lap-relative run
+                ring = mm[base + start:base + cap] + mm[base:base + (tail - head) - (cap - start)]
+        finally:
+            self._release()
+        out = []
+        pos = head
+        while pos < tail:
+            pos = L.skip_gap(pos, cap)
+            if pos >= tail:
+                break
+            o = pos - head  # the copy starts at the head and runs on across the lap end
+            status, length, bl, hl, _f, msg_id, enq, _d = L.REC.unpack_from(ring, o)
+            state = status & 0xFF
+            if state in (_READY, _LEASED, _DELAYED):
+                b = o + _REC
+                out.append((msg_id, status >> 32, enq, bytes(ring[b:b + hl]), bytes(ring[b + hl:b + hl + bl])))
+            pos += length
+        return out
+
+    def import_messages(self, messages) -> int:
+        """Append messages keeping their (id, attempt, enqueued_ns, headers, body) — for
+        restoring a snapshot. All or nothing; QueueFull if they do not fit now."""
+        items = [(body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8, msg_id, attempt, enq)
+                 for msg_id, attempt, enq, hraw, body in messages]
+        if not items:
+            return 0
+        mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            head, tail = mq[I_HEAD], mq[I_TAIL]
+            if head == tail and tail % cap:
+                tail = head = tail + cap - tail % cap
+                mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = tail
+            if self._placement_end(items, tail) - head > cap:
+                raise QueueFull(f"queue {self.name!r} has no room for {len(items)} restored messages")
+            pos = tail
+            top = 0
+            for body, hraw, size, msg_id, attempt, enq in items:
+                off = pos % cap
+                if size > cap - off:
+                    if cap - off >= _REC:
+                        _REC_PACK(mm, base + off, _PAD, cap - off, 0, 0, 0, 0, 0, 0)
+                    pos += cap - off
+                    off = 0
+                a = base + off
+                _REC_PACK(mm, a, _READY | (L.NO_HOLDER << 8) | (attempt << 32), size, len(body), len(hraw), 0,
+                          msg_id, enq, 0)
+                mm[a + _REC:a + _REC + len(hraw)] = hraw
+                mm[a + _REC + len(hraw):a + _REC + len(hraw) + len(body)] = body
+                top = max(top, msg_id)
+                pos += size
+            mq[I_TAIL] = pos  # commit
+            mq[I_NEXT_ID] = max(mq[I_NEXT_ID], top + 1)
+            mq[I_READY] += len(items)
+            post = self._owed_posts(I_CWAIT, I_CPOSTED, len(items))
+        finally:
+            self._release()
+        for _ in range(post):
+            self._ne.release()
+        return len(items)
 
     def _mark_deleted(self):
         """Flag the queue deleted (for ``Broker.delete_queue``) and wake every sleeper."""

@@ -26,8 +26,13 @@ class ServerProcess:
             [sys.executable, "-m", "shmq.cli", "server", "--namespace", namespace, "--port", "0", *args],
             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
         )
-        line = self.proc.stderr.readline()
-        assert "serving namespace" in line, line
+        self.log = []
+        while True:  # the start-up lines end with the one naming the port
+            line = self.proc.stderr.readline()
+            self.log.append(line)
+            assert line and len(self.log) < 100, self.log
+            if "serving namespace" in line:
+                break
         self.port = int(line.split(" on ")[1].split()[0].rsplit(":", 1)[1])
         self.url = f"tcp://127.0.0.1:{self.port}"
 

@@ -115,9 +115,10 @@ class AsyncBroker:
         return AsyncQueue(self, name)
 
     async def create_queue(self, name, max_bytes=64 * 2**20, max_message_bytes=None, visibility_timeout=30.0,
-                           max_deliveries=None, dead_letter_queue=None, exist_ok=False) -> "AsyncQueue":
+                           max_deliveries=None, dead_letter_queue=None, exist_ok=False,
+                           durability=None) -> "AsyncQueue":
         await self.request(MsgType.CREATE, create_fields(name, max_bytes, max_message_bytes, visibility_timeout,
-                                                         max_deliveries, dead_letter_queue, exist_ok))
+                                                         max_deliveries, dead_letter_queue, exist_ok, durability))
         return AsyncQueue(self, name)
 
     async def delete_queue(self, name):

@@ -79,11 +79,11 @@ def stats_from_reply(p) -> QueueStats:
 
 
 def create_fields(name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries, dead_letter_queue,
-                  exist_ok):
+                  exist_ok, durability=None):
     fields = {"queue": name, "max_bytes": max_bytes, "visibility_timeout_ms": round(visibility_timeout * 1000),
               "exist_ok": exist_ok}
     for key, value in (("max_message_bytes", max_message_bytes), ("max_deliveries", max_deliveries),
-                       ("dead_letter_queue", dead_letter_queue)):
+                       ("dead_letter_queue", dead_letter_queue), ("durability", durability)):
         if value is not None:
             fields[key] = value
     return fields
@@ -163,9 +163,9 @@ class RemoteBroker:
         return RemoteQueue(self, name)
 
     def create_queue(self, name, max_bytes=64 * 2**20, max_message_bytes=None, visibility_timeout=30.0,
-                     max_deliveries=None, dead_letter_queue=None, exist_ok=False) -> "RemoteQueue":
+                     max_deliveries=None, dead_letter_queue=None, exist_ok=False, durability=None) -> "RemoteQueue":
         self.request(MsgType.CREATE, create_fields(name, max_bytes, max_message_bytes, visibility_timeout,
-                                                   max_deliveries, dead_letter_queue, exist_ok))
+                                                   max_deliveries, dead_letter_queue, exist_ok, durability))
         return RemoteQueue(self, name)
 
     def delete_queue(self, name: str) -> None:

@@ -6,6 +6,7 @@ import resource
 import signal
 
 from ..broker import Broker
+from ..persistence import Snapshotter, recover
 from .housekeeper import Housekeeper
 from .tcp import TcpServer
 
@@ -23,14 +24,26 @@ def _raise_fd_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_bytes=16 * 2**20, ready=None):
-    """Serve until SIGINT/SIGTERM. ``ready`` (an optional callable) gets the bound port."""
+async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_bytes=16 * 2**20, ready=None,
+                data_dir=None, snapshot_interval=1.0):
+    """Serve until SIGINT/SIGTERM. ``ready`` (an optional callable) gets the bound port.
+
+    With ``data_dir``: queues lost with shared memory (a reboot) are rebuilt from their
+    snapshots first, then every durable queue is snapshotted every ``snapshot_interval``
+    seconds and once more on a clean stop.
+    """
     _raise_fd_limit()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    with Broker(namespace) as broker, Broker(namespace) as keeper_broker:
+    with Broker(namespace) as broker, Broker(namespace) as keeper_broker, Broker(namespace) as snap_broker:
+        snapshotter = None
+        if data_dir is not None:
+            snapshotter = Snapshotter(snap_broker, data_dir)
+            rebuilt = await asyncio.to_thread(recover, snap_broker, data_dir)
+            log.info("data dir %s: %d queue(s) rebuilt from snapshots; snapshots every %.2fs", data_dir,
+                     len(rebuilt), snapshot_interval)
         server = await TcpServer(broker, host, port, token, max_frame_bytes).start()
         keeper = Housekeeper(keeper_broker)
         log.info("serving namespace %s on %s:%d (%d queues)%s; housekeeping every %.2fs", namespace, host,
@@ -47,10 +60,20 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                 except asyncio.TimeoutError:
                     pass
 
-        task = asyncio.create_task(housekeeping())
+        async def snapshots():
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), snapshot_interval)
+                except asyncio.TimeoutError:
+                    pass
+                await asyncio.to_thread(snapshotter.run_once)
+
+        tasks = [asyncio.create_task(housekeeping())]
+        if snapshotter is not None:
+            tasks.append(asyncio.create_task(snapshots()))
         await stop.wait()
         log.info("stopping: answering what is in flight")
         await server.stop()
-        await task
+        await asyncio.gather(*tasks)  # the snapshot task ends with a last snapshot
         keeper.close()
     log.info("stopped")

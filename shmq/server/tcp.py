@@ -251,6 +251,7 @@ class _Connection:
             return {"queues": server.broker.list_queues()}
         if msg_type == MsgType.CREATE:
             vis = f.get("visibility_timeout_ms")
+            extra = {"durability": f["durability"]} if "durability" in f else {}
             server.broker.create_queue(
                 f["queue"],
                 max_bytes=f.get("max_bytes", 64 * 2**20),
@@ -259,6 +260,7 @@ class _Connection:
                 max_deliveries=f.get("max_deliveries"),
                 dead_letter_queue=f.get("dead_letter_queue"),
                 exist_ok=bool(f.get("exist_ok", False)),
+                **extra,
             ).close()
             return {}
         if msg_type == MsgType.DELETE:

@@ -1,0 +1,150 @@
+"""Snapshots to .dmsq files and queues rebuilt from them (snapshot durability)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import shmq
+from shmq import dmsq
+from shmq.persistence import Snapshotter, recover, restore_file, snapshot_queue
+from tests.test_cli import shmq_cli
+from tests.test_server_tcp import ServerProcess
+
+
+def _fill(q):
+    """Messages in every state: acked (gone), ready, leased, nacked-with-delay."""
+    q.put_many([b"m%d" % i for i in range(10)])
+    q.put(b"with headers", headers={"k": "v", "n": 7})
+    q.get_many(3, timeout=0)[0].ack()  # #1 acked, #2 #3 leased
+    q.get_nowait().nack(delay=60)      # #4 delayed, attempt 1
+    return {"ready": [5, 6, 7, 8, 9, 10, 11], "leased": [2, 3], "delayed": [4]}
+
+
+def test_export_import_round_trip_across_the_ring_end(broker):
+    q = broker.create_queue("q", max_bytes=4096, max_message_bytes=900)
+    for i in range(40):  # move the used part across the end of the ring
+        q.put(b"%02d" % i * 100, headers={"i": i})
+        if i < 37:
+            q.get_nowait().ack()
+    exported = q.export_messages()
+    assert [(m[0], m[1], len(m[4])) for m in exported] == [(38, 0, 200), (39, 0, 200), (40, 0, 200)]
+    other = broker.create_queue("other", max_bytes=8192)
+    assert other.import_messages(exported) == 3
+    got = other.get_many(10, timeout=0)
+    assert [(d.id, d.body, d.headers["i"], d.attempt) for d in got] == [
+        (38, b"37" * 100, 37, 1), (39, b"38" * 100, 38, 1), (40, b"39" * 100, 39, 1)]
+    assert other.put(b"next") == 41  # ids go on after the restored ones
+
+
+def test_snapshot_and_restore_keep_settings_ids_and_attempts(broker, tmp_path):
+    broker.create_queue("dlq")
+    q = broker.create_queue("q", max_bytes=1 << 20, visibility_timeout=7.5, max_deliveries=3,
+                            dead_letter_queue="dlq")
+    states = _fill(q)
+    path, n = snapshot_queue(q, str(tmp_path))
+    assert n == 10 and path == str(tmp_path / "q.dmsq")
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    name, restored, error = restore_file(broker, path, into="copy")
+    assert (name, restored, error) == ("copy", 10, None)
+    c = broker.queue("copy")
+    assert (c.max_bytes, c.visibility_timeout, c.max_deliveries, c.dead_letter_queue) == (1 << 20, 7.5, 3, "dlq")
+    got = {d.id: d for d in c.get_many(20, timeout=0)}
+    assert sorted(got) == sorted(states["ready"] + states["leased"] + states["delayed"])
+    assert got[2].attempt == 2 and got[4].attempt == 2 and got[5].attempt == 1  # in-flight: delivered again
+    assert got[11].headers == {"k": "v", "n": 7} and got[7].body == b"m6"
+
+
+def test_memory_queues_are_never_written_and_deleted_queues_lose_their_file(broker, tmp_path):
+    broker.create_queue("durable").put(b"x")
+    broker.create_queue("volatile", durability="memory").put(b"y")
+    snap = Snapshotter(broker, str(tmp_path))
+    assert snap.run_once() == 1
+    assert sorted(os.listdir(tmp_path)) == ["durable.dmsq"]
+    broker.delete_queue("durable")
+    snap.run_once()
+    assert os.listdir(tmp_path) == []
+
+
+def test_recover_rebuilds_only_what_shared_memory_lost(broker, tmp_path):
+    q = broker.create_queue("q")
+    q.put_many([b"a", b"b"])
+    snapshot_queue(q, str(tmp_path))
+    q.put(b"c")  # newer than the file
+    assert recover(broker, str(tmp_path)) == []  # the segment is there: memory wins
+    assert q.stats().ready == 3
+    q.close()
+    broker.delete_queue("q")  # as a reboot would
+    assert recover(broker, str(tmp_path)) == ["q"]
+    assert [d.body for d in broker.queue("q").get_many(5, timeout=0)] == [b"a", b"b"]
+
+
+def test_a_damaged_snapshot_restores_up_to_the_damage_and_is_set_aside(broker, tmp_path, caplog):
+    q = broker.create_queue("q")
+    q.put_many([b"x" * 100] * 10)
+    path, _ = snapshot_queue(q, str(tmp_path))
+    q.close()
+    broker.delete_queue("q")
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF  # damage a record in the middle
+    open(path, "wb").write(bytes(data))
+    with caplog.at_level("ERROR"):
+        assert recover(broker, str(tmp_path)) == ["q"]
+    n = broker.queue("q").stats().ready
+    assert 0 < n < 10  # everything before the damage, nothing after
+    assert os.listdir(tmp_path) == ["q.dmsq.corrupt"]
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "q.dmsq" in line and "byte" in line
+
+
+def test_reboot_simulation_with_the_server(broker, tmp_path):
+    data_dir = str(tmp_path / "data")
+    q = broker.create_queue("q", visibility_timeout=300)
+    states = _fill(q)
+    srv = ServerProcess(broker.namespace, "--data-dir", data_dir, "--snapshot-interval", "0.05")
+    assert srv.stop() == 0  # a clean stop writes a last snapshot
+    q.close()
+    broker.close()
+    shmq.destroy_namespace(broker.namespace)  # the reboot: shared memory is gone
+    srv = ServerProcess(broker.namespace, "--data-dir", data_dir)
+    try:
+        with shmq.connect(srv.url) as remote:
+            got = remote.queue("q").get_many(20, timeout=5)
+            assert sorted(d.id for d in got) == sorted(states["ready"] + states["leased"] + states["delayed"])
+            assert {d.id: d.attempt for d in got}[3] == 2
+    finally:
+        assert srv.stop() == 0
+    broker.__init__(broker.namespace)  # the fixture's teardown uses it
+
+
+def test_a_sigkilled_broker_loses_nothing_that_is_still_in_memory(broker, tmp_path):
+    q = broker.create_queue("q")
+    srv = ServerProcess(broker.namespace, "--data-dir", str(tmp_path), "--snapshot-interval", "0.05")
+    with shmq.connect(srv.url) as remote:
+        remote.queue("q").put_many([b"%d" % i for i in range(100)])
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait(10)
+    srv.proc.stderr.close()
+    srv = ServerProcess(broker.namespace, "--data-dir", str(tmp_path))  # segments still there: kept as they are
+    try:
+        assert q.stats().ready == 100
+    finally:
+        assert srv.stop() == 0
+
+
+def test_cli_snapshot_inspect_restore(broker, tmp_path):
+    ns = ["--namespace", broker.namespace]
+    broker.create_queue("orders").put_many([b"order #42", b"order #43"])
+    r = shmq_cli("snapshot", "orders", "--data-dir", str(tmp_path), *ns)
+    assert r.returncode == 0 and "2 message(s)" in r.stdout
+    info = json.loads(shmq_cli("inspect", str(tmp_path / "orders.dmsq"), "--json").stdout)
+    assert info["queue"] == "orders" and info["records"] == 2 and info["complete"] is True
+    r = shmq_cli("restore", str(tmp_path / "orders.dmsq"), "--into", "copy", *ns)
+    assert (r.returncode, r.stdout) == (0, "restored 2 message(s) into copy\n")
+    assert [d.body for d in broker.queue("copy").get_many(5, timeout=0)] == [b"order #42", b"order #43"]
+    (tmp_path / "junk.dmsq").write_bytes(b"\x89PNG not a snapshot")
+    r = shmq_cli("restore", str(tmp_path / "junk.dmsq"), *ns)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
