@@ -57,6 +57,7 @@ _wall = time.time_ns
 _REC_UNPACK = L.REC.unpack_from
 _REC_PACK = L.REC.pack_into
 _HOT_UNPACK = L.HOT.unpack_from
+_HOT_OFF = L.HOT_OFF
 _REC = L.REC_SIZE
 _READY, _LEASED, _ACKED, _PAD, _DELAYED = L.READY, L.LEASED, L.ACKED, L.PAD, L.DELAYED
 _NEVER = L.NEVER
@@ -632,11 +633,12 @@ class Queue:
         if rc:
             self._lock_contended(rc)
         try:
-            pos = mq[I_FRONTIER]
+            (deleted, _head, tail, pos, _rp, requeued, _nid, ready, inflight, _dl, next_deadline, next_liveness,
+             _cw, _cp, _pw, _pp) = _HOT_UNPACK(mm, _HOT_OFF)
             now = _mono()
             off = pos % cap
-            if (pos < mq[I_TAIL] and not mq[I_REQUEUED] and not mq[I_DELETED] and cap - off >= _REC
-                    and now < mq[I_NEXT_DEADLINE] and now < mq[I_NEXT_LIVENESS]):
+            if (pos < tail and not requeued and not deleted and cap - off >= _REC
+                    and now < next_deadline and now < next_liveness):
                 a = self._base + off
                 status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
                 attempt = (status >> 32) + 1
@@ -644,9 +646,11 @@ class Queue:
                     until = now + self._vis_ns
                     mq[(a + 40) >> 3] = until
                     mq[a >> 3] = _LEASED | (slot << 8) | (attempt << 32)  # commit
-                    mq[I_FRONTIER] = mq[I_READY_POS] = pos + length
-                    mq[I_READY] -= 1
-                    mq[I_INFLIGHT] += 1
+                    mq[I_FRONTIER] = pos + length  # (ready_pos means nothing while requeued == 0)
+                    mq[I_READY] = ready - 1
+                    mq[I_INFLIGHT] = inflight + 1
+                    if until < next_deadline:
+                        mq[I_NEXT_DEADLINE] = until
                     if attempt > 1:
                         mq[I_REDELIVERED_TOTAL] += 1
                     b = a + _REC
@@ -1015,8 +1019,9 @@ class Queue:
         mq = self._mq
         mq[a >> 3] = _READY | (L.NO_HOLDER << 8) | (w >> 32 << 32)  # commit
         mq[I_READY] += 1
-        mq[I_REQUEUED] += 1
-        if pos < mq[I_READY_POS]:
+        requeued = mq[I_REQUEUED]
+        mq[I_REQUEUED] = requeued + 1
+        if not requeued or pos < mq[I_READY_POS]:  # ready_pos is only kept while requeued > 0
             mq[I_READY_POS] = pos
 
     def _extend(self, d, seconds):
@@ -1182,7 +1187,7 @@ class Queue:
         try:
             if mq[I_DELETED]:
                 raise self._gone()
-            pos, tail = mq[I_READY_POS], mq[I_TAIL]
+            pos, tail = mq[I_READY_POS] if mq[I_REQUEUED] else mq[I_FRONTIER], mq[I_TAIL]
             n = 0
             while pos < tail:
                 pos = L.skip_gap(pos, cap)
@@ -1219,7 +1224,7 @@ class Queue:
             counters = dict(zip(L.COUNTER_FIELDS, L.COUNTERS.unpack_from(mm, L.COUNTERS_OFF)))
             age = 0.0
             if hot["ready"]:
-                pos = hot["ready_pos"]
+                pos = hot["ready_pos"] if hot["requeued"] else hot["frontier"]
                 while pos < hot["tail"]:
                     pos = L.skip_gap(pos, cap)
                     a = base + pos % cap
