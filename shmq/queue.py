@@ -513,11 +513,7 @@ class Queue:
         """Where the tail would be after appending ``items`` at ``tail`` (pads included)."""
         cap = self._cap
         for item in items:
-            size = item[2]
-            rem = cap - tail % cap
-            if size > rem:
-                tail += rem
-            tail += size
+            tail = L.place(tail, item[2], cap)[1]
         return tail
 
     def _try_append(self, items, waited, deadline):
@@ -976,7 +972,7 @@ class Queue:
                     w = mq[a >> 3]
                     if delay_ns:
                         mq[(a + 40) >> 3] = now + delay_ns
-                        mq[a >> 3] = _DELAYED | (L.NO_HOLDER << 8) | (w >> 32 << 32)  # commit
+                        mq[a >> 3] = L.status_word(_DELAYED, L.NO_HOLDER, w >> 32)  # commit
                         mq[I_DELAYED] += 1
                         if now + delay_ns < mq[I_NEXT_DEADLINE]:
                             mq[I_NEXT_DEADLINE] = now + delay_ns
@@ -1017,7 +1013,7 @@ class Queue:
     def _make_ready(self, a, pos, w):
         """A delivered record becomes ready again, keeping its attempt count. Lock held."""
         mq = self._mq
-        mq[a >> 3] = _READY | (L.NO_HOLDER << 8) | (w >> 32 << 32)  # commit
+        mq[a >> 3] = L.status_word(_READY, L.NO_HOLDER, w >> 32)  # commit
         mq[I_READY] += 1
         requeued = mq[I_REQUEUED]
         mq[I_REQUEUED] = requeued + 1
@@ -1322,7 +1318,7 @@ class Queue:
                     pos += cap - off
                     off = 0
                 a = base + off
-                _REC_PACK(mm, a, _READY | (L.NO_HOLDER << 8) | (attempt << 32), size, len(body), len(hraw), 0,
+                _REC_PACK(mm, a, L.status_word(_READY, L.NO_HOLDER, attempt), size, len(body), len(hraw), 0,
                           msg_id, enq, 0)
                 mm[a + _REC:a + _REC + len(hraw)] = hraw
                 mm[a + _REC + len(hraw):a + _REC + len(hraw) + len(body)] = body
