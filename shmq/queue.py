@@ -860,37 +860,6 @@ class Queue:
             raise self._gone()
         return mq[I_READY] > 0 or _mono() >= mq[I_NEXT_DEADLINE]
 
-    def wait_ready(self, timeout: float) -> bool:
-        """Block until a message is ready (without taking it) or ``timeout`` passes.
-
-        Returns whether one is ready. For brokers that serve many remote consumers
-        from one waiting thread per queue.
-        """
-        mq = self._mq
-        deadline = _mono() + _seconds_ns(timeout, "timeout")
-        waited = 0
-        while True:
-            if self._lockp is None:
-                raise self._closed()
-            self._acquire()
-            try:
-                if mq[I_DELETED]:
-                    raise self._gone()
-                if waited:
-                    self._unregister_wait(I_CWAIT, I_CPOSTED, 2, waited)
-                now = _mono()
-                if now >= mq[I_NEXT_DEADLINE]:
-                    self._expire(now)
-                ready = mq[I_READY] > 0
-                register = not ready and now < deadline
-                if register:
-                    self._register_wait(I_CWAIT, 2)
-            finally:
-                self._release()
-            if not register:
-                return ready
-            waited = self._sleep(self._ne, deadline, I_CWAIT, I_CPOSTED, 2)
-
     # ------------------------------------------------------------------ settle
     def _check_lease(self, d, head=None, tail=None, now=None):
         """Address of the delivery's record if its lease is still d's, else None. Lock held."""

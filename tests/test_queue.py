@@ -478,3 +478,17 @@ def test_an_interrupted_sleep_unregisters_the_waiter(broker, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         small.put(b"y", timeout=5)
     assert small.stats().producers_waiting == 0
+
+
+def test_ready_hint_reads_without_the_lock(broker):
+    q = broker.create_queue("q")
+    assert q.ready_hint() is False
+    q.put(b"x")
+    assert q.ready_hint() is True
+    q._acquire()  # even while someone holds the lock
+    try:
+        assert q.ready_hint() is True
+    finally:
+        q._release()
+    q.get_nowait().ack()
+    assert q.ready_hint() is False
