@@ -154,3 +154,27 @@ def remote_hold_leases(url, qname, n, ready_event):
         held += q.get_many(n - len(held), timeout=10)
     ready_event.set()
     time.sleep(3600)
+
+
+def remote_chaos_consumer(url_file, qname, log_path, stop_event):
+    """Consume over TCP, reconnecting whenever the broker dies; logs like chaos_consumer.
+    The broker's current URL is read from ``url_file`` (it changes across restarts)."""
+    with open(log_path, "a") as log:
+        while not stop_event.is_set():
+            try:
+                with open(url_file) as f:
+                    url = f.read().strip()
+                with shmq.connect(url) as b:
+                    q = b.queue(qname)
+                    while not stop_event.is_set():
+                        try:
+                            ds = q.get_many(16, timeout=0.2)
+                        except shmq.QueueEmpty:
+                            continue
+                        for d in ds:
+                            _log(log, "try " + d.body.decode())
+                        q.ack_many(ds)
+                        for d in ds:
+                            _log(log, "done " + d.body.decode())
+            except (shmq.BrokerUnavailable, shmq.DeliveryExpired, OSError):
+                time.sleep(0.05)  # the broker is restarting: try again

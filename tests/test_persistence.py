@@ -1,6 +1,7 @@
 """Snapshots to .dmsq files and queues rebuilt from them (snapshot durability)."""
 
 import json
+import time
 import os
 import signal
 import subprocess
@@ -148,3 +149,71 @@ def test_cli_snapshot_inspect_restore(broker, tmp_path):
     (tmp_path / "junk.dmsq").write_bytes(b"\x89PNG not a snapshot")
     r = shmq_cli("restore", str(tmp_path / "junk.dmsq"), *ns)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_sigkill_the_broker_under_load_loses_nothing(broker, tmp_path):
+    """Local producers and consumers and remote consumers hammer a queue while the
+    broker is SIGKILLed and restarted: nothing acked comes back, nothing put is lost."""
+    import multiprocessing as mp
+
+    from tests import _workers as w
+
+    ctx = mp.get_context("spawn")
+    broker.create_queue("q", max_bytes=256 * 1024, visibility_timeout=300)
+    url_file = tmp_path / "url"
+    srv = ServerProcess(broker.namespace, "--data-dir", str(tmp_path / "data"), "--snapshot-interval", "0.05")
+    url_file.write_text(srv.url)
+    stop = ctx.Event()
+    procs = [ctx.Process(target=w.chaos_producer, args=(broker.namespace, "q", f"p{i}", str(tmp_path / f"p{i}"), stop))
+             for i in range(2)]
+    procs.append(ctx.Process(target=w.chaos_consumer, args=(broker.namespace, "q", str(tmp_path / "c0"))))
+    procs += [ctx.Process(target=w.remote_chaos_consumer, args=(str(url_file), "q", str(tmp_path / f"r{i}"), stop))
+              for i in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in range(3):
+            deadline = time.monotonic() + 30
+            start = broker.queue("q").stats().acked_total
+            while broker.queue("q").stats().acked_total < start + 200 and time.monotonic() < deadline:
+                time.sleep(0.01)  # under load: wait for real progress before the kill
+            srv.proc.send_signal(signal.SIGKILL)
+            srv.proc.wait(10)
+            srv.proc.stderr.close()
+            srv = ServerProcess(broker.namespace, "--data-dir", str(tmp_path / "data"), "--snapshot-interval", "0.05")
+            url_file.write_text(srv.url)
+        stop.set()
+        for p in procs[:2] + procs[3:]:
+            p.join(30)
+            assert p.exitcode == 0
+        os.kill(procs[2].pid, signal.SIGKILL)
+        procs[2].join(10)
+    finally:
+        stop.set()
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert srv.stop() == 0
+    produced, tried, done = [], set(), []
+    for path in tmp_path.iterdir():
+        if path.name[0] == "p" and path.is_file():
+            produced += path.read_text().split("\n")[:-1]
+        elif path.name[0] in "cr":
+            for line in path.read_text().split("\n")[:-1]:
+                verb, body = line.split(" ")
+                (tried.add(body) if verb == "try" else done.append(body))
+    q = broker.queue("q")
+    drained = []
+    while True:
+        try:
+            ds = q.get_many(256, timeout=3)
+        except shmq.QueueEmpty:
+            break
+        drained += [d.body.decode() for d in ds]
+        q.ack_many(ds)
+    assert len(done) == len(set(done)), "a message was acked twice"
+    assert not set(drained) & set(done), "an acked message came back"
+    assert not set(produced) - tried - set(drained), "a message whose put returned was lost"
+    assert len(produced) > 500
