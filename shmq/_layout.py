@@ -19,7 +19,7 @@ __all__ = [
     "READY", "LEASED", "ACKED", "PAD", "DELAYED", "STATE_NAMES", "NO_HOLDER", "NEVER",
     "DURABILITY", "DURABILITY_NAMES",
     "STATIC", "STATIC_OFF", "MUTEX_OFF", "HOT", "HOT_OFF", "HOT_FIELDS", "COUNTERS", "COUNTERS_OFF",
-    "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE",
+    "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE", "WALCFG", "WALCFG_OFF", "WAL_WORDS_OFF",
     "align", "record_size", "status_word", "split_status", "skip_gap", "place", "segment_size", "data_offset",
 ]
 
@@ -57,6 +57,10 @@ REC_SIZE = REC.size  # 48
 # max_deliveries (0 = unlimited), process slots, created_ns, data offset, name, dead-letter queue
 STATIC = struct.Struct("<4sHHQQQQQQQ H128s H128s")
 STATIC_OFF = 0
+# write-ahead log config (durability "wal"), set by the broker that owns the data dir:
+# generation (0: no log yet), fsync mode (0 never, 1 always, 2 batch), batch ms, directory
+WALCFG = struct.Struct("<QIIH150s")
+WALCFG_OFF = 328
 MUTEX_OFF = 512
 HOT_OFF = 576
 HOT_FIELDS = (
@@ -68,13 +72,17 @@ HOT = struct.Struct("<%dQ" % len(HOT_FIELDS))
 COUNTERS_OFF = HOT_OFF + HOT.size
 COUNTER_FIELDS = ("acked_total", "redelivered_total", "dead_lettered_total", "purged_total", "repairs")
 COUNTERS = struct.Struct("<%dQ" % len(COUNTER_FIELDS))
+# write-ahead log words: bytes appended to the current generation, bytes known fsynced,
+# monotonic ns of the last fsync
+WAL_WORDS_OFF = 768
 PROCS_OFF = 1024
 # process slot: pid, start_ms, consumers waiting, producers waiting
 PROC = struct.Struct("<QQQQ")
 PROC_SIZE = PROC.size
 
 assert HOT_OFF >= MUTEX_OFF + 64 and COUNTERS_OFF + COUNTERS.size <= PROCS_OFF
-assert STATIC.size <= MUTEX_OFF
+assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= MUTEX_OFF
+assert COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF
 
 
 def align(n: int, to: int = ALIGN) -> int:

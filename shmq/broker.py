@@ -29,7 +29,7 @@ __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS"]
 DEFAULT_PROCESS_SLOTS = 256
 DEFAULT_MAX_MESSAGE_BYTES = 2**20
 _MIN_BYTES = 4096
-_DURABILITY_MODES = ("memory", "snapshot")  # "wal" arrives with the write-ahead log
+_DURABILITY_MODES = ("memory", "snapshot", "wal")
 
 
 class Broker:
@@ -89,8 +89,10 @@ class Broker:
         (then the existing queue is returned as it is).
 
         ``max_message_bytes`` defaults to 1 MiB (less if ``max_bytes`` is smaller).
-        ``durability``: "memory" (never written to disk) or "snapshot" (saved by a
-        ``shmq server`` that has a ``--data-dir``, every ``--snapshot-interval``).
+        ``durability``: "memory" (never written to disk), "snapshot" (saved by a
+        ``shmq server`` that has a ``--data-dir``, every ``--snapshot-interval``) or
+        "wal" (also every put and ack appended to a write-ahead log before it returns;
+        the log is opened by that server).
         """
         check_queue_name(name)
         max_bytes = _positive_int(max_bytes, "max_bytes")

@@ -47,9 +47,11 @@ def _namespace_option(f):
               help="Snapshot durable queues here; rebuild lost queues from it on start.")
 @click.option("--snapshot-interval", type=click.FloatRange(0.01), default=1.0, show_default=True,
               help="Seconds between snapshots (with --data-dir).")
+@click.option("--fsync", default="batch:2", show_default=True, metavar="always|batch:MS|never",
+              help="When write-ahead logs of 'wal' queues are fsynced.")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]),
               show_default=True)
-def server(host, port, namespace, token, max_frame_bytes, data_dir, snapshot_interval, log_level):
+def server(host, port, namespace, token, max_frame_bytes, data_dir, snapshot_interval, fsync, log_level):
     """Run the broker: serve TCP clients, hold the namespace's registry, do housekeeping.
 
     Stops on SIGINT/SIGTERM (answering what is in flight) and exits 0; queues stay in
@@ -57,10 +59,11 @@ def server(host, port, namespace, token, max_frame_bytes, data_dir, snapshot_int
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s shmq %(levelname)s %(message)s",
                         stream=sys.stderr)
-    from .server.main import serve
+    from .server.main import parse_fsync, serve
 
+    parse_fsync(fsync)  # a bad policy is an error before anything starts
     asyncio.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
-                      snapshot_interval=snapshot_interval))
+                      snapshot_interval=snapshot_interval, fsync=fsync))
 
 
 def _target_options(f):
@@ -112,8 +115,9 @@ def list_(namespace, url, token, as_json):
 @click.option("--max-deliveries", type=click.IntRange(1), default=None, help="Dead-letter after this many deliveries.")
 @click.option("--dead-letter-queue", default=None, help="Queue that receives rejected messages.")
 @click.option("--exist-ok", is_flag=True, help="Succeed if the queue exists.")
-@click.option("--durability", type=click.Choice(["memory", "snapshot"]), default="snapshot", show_default=True,
-              help="memory: never on disk; snapshot: saved by a server with --data-dir.")
+@click.option("--durability", type=click.Choice(["memory", "snapshot", "wal"]), default="snapshot",
+              show_default=True,
+              help="memory: never on disk; snapshot: saved by a server with --data-dir; wal: also logged.")
 def create(name, namespace, url, token, max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
            dead_letter_queue, exist_ok, durability):
     """Create a queue."""

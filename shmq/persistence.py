@@ -27,14 +27,37 @@ def snapshot_path(data_dir: str, name: str) -> str:
     return os.path.join(data_dir, name + dmsq.SUFFIX)
 
 
+def wal_files(data_dir: str, name: str) -> list[tuple[int, str]]:
+    """(generation, path) of every write-ahead log of queue ``name``, oldest first."""
+    prefix = name + ".wal."
+    out = []
+    for entry in os.listdir(data_dir):
+        if entry.startswith(prefix) and entry[len(prefix):].isdigit():
+            out.append((int(entry[len(prefix):]), os.path.join(data_dir, entry)))
+    return sorted(out)
+
+
 def snapshot_queue(q: Queue, data_dir: str, fsync: bool = True) -> tuple[str, int]:
-    """Write ``q``'s unsettled messages to ``<data_dir>/<name>.dmsq``; (path, count)."""
-    messages = q.export_messages()
-    header = dmsq.SnapshotHeader(queue=q.name, settings=q.settings(), created_ns=int(q.created_at * 1e9),
+    """Write ``q``'s unsettled messages to ``<data_dir>/<name>.dmsq``; (path, count).
+
+    For a "wal" queue the log is rotated in the same critical section as the copy, the
+    snapshot records the first generation it does not cover, and older logs are
+    removed once the snapshot is on disk.
+    """
+    wal = q.durability == "wal" and q.wal_config()[0] > 0
+    messages = q.export_messages(rotate_wal=wal)
+    settings = q.settings()
+    if wal:
+        settings["wal_from"] = q.wal_config()[0]
+    header = dmsq.SnapshotHeader(queue=q.name, settings=settings, created_ns=int(q.created_at * 1e9),
                                  snapshot_ns=time.time_ns(), version=dmsq.FORMAT_VERSION)
     path = snapshot_path(data_dir, q.name)
     dmsq.write_snapshot(path, header, (dmsq.SnapshotRecord(i, a, e, h, b) for i, a, e, h, b in messages),
                         fsync=fsync)
+    if wal:
+        for gen, log_path in wal_files(data_dir, q.name):
+            if gen < settings["wal_from"]:
+                os.unlink(log_path)
     return path, len(messages)
 
 
@@ -62,40 +85,91 @@ def restore_file(broker: Broker, path: str, into: str | None = None) -> tuple[st
     return name, n, result.error
 
 
+def _replay_logs(data_dir, name, wal_from, records):
+    """Apply the logs of ``name`` from generation ``wal_from`` on to ``records`` (an id ->
+    message dict, in order). Damage stops a log there (what precedes it is kept)."""
+    for gen, path in wal_files(data_dir, name):
+        if gen < wal_from:
+            continue
+        entries, error, _offset = dmsq.read_log(path)
+        for e in entries:
+            if e.op == dmsq.PUT:
+                records[e.msg_id] = (e.msg_id, e.attempt, e.enqueued_ns, e.headers, e.body)
+            else:
+                records.pop(e.msg_id, None)
+        if error:
+            log.error("%s; replayed %d entries before it", error, len(entries))
+
+
 def recover(broker: Broker, data_dir: str) -> list[str]:
-    """On start: rebuild every queue whose segment is gone from its snapshot; keep the
-    ones still in shared memory. Damaged files are restored up to the damage and moved
-    aside (``.corrupt``). Returns the names of the queues rebuilt."""
+    """On start: rebuild every queue whose segment is gone from its snapshot and its
+    write-ahead logs; keep the ones still in shared memory. Damaged snapshots are
+    restored up to the damage and moved aside (``.corrupt``). Returns the names rebuilt."""
     rebuilt = []
     live = set(broker.list_queues())
-    for entry in sorted(os.listdir(data_dir)):
-        if not entry.endswith(dmsq.SUFFIX):
+    names = set()
+    for entry in os.listdir(data_dir):
+        if entry.endswith(dmsq.SUFFIX):
+            names.add(entry[: -len(dmsq.SUFFIX)])
+        elif ".wal." in entry and entry.rsplit(".", 1)[-1].isdigit():
+            names.add(entry.rsplit(".wal.", 1)[0])
+    for name in sorted(names - live):  # the live ones: memory is newer than any file
+        path = snapshot_path(data_dir, name)
+        records, settings, error = {}, None, None
+        if os.path.exists(path):
+            result = dmsq.read_snapshot(path)
+            error = result.error
+            if result.header is not None:
+                settings = result.header.settings
+                for r in result.records:
+                    records[r.msg_id] = (r.msg_id, r.attempt, r.enqueued_ns, r.headers, r.body)
+            if error:
+                aside = dmsq.quarantine(path)
+                log.error("%s; kept %d message(s) before it; file moved to %s", error, len(records), aside)
+        if settings is None:
+            settings = {"durability": "wal"} if wal_files(data_dir, name) else None
+        if settings is None:
             continue
-        path = os.path.join(data_dir, entry)
-        name = entry[: -len(dmsq.SUFFIX)]
-        if name in live:
-            continue  # the host did not reboot: memory is newer than the file
+        _replay_logs(data_dir, name, settings.get("wal_from", 0), records)
+        create = {k: v for k, v in settings.items() if k in _CREATE_KEYS}
+        if create.get("dead_letter_queue") and create["dead_letter_queue"] not in broker.list_queues():
+            create.pop("dead_letter_queue")
         try:
-            queue, n, error = restore_file(broker, path)
+            q = broker.create_queue(name, exist_ok=True, **create)
+            try:
+                n = q.import_messages(records.values())
+            finally:
+                q.close()
         except (ValueError, TypeError, OSError, QueueNotFound) as e:
-            error, queue, n = f"{path}: cannot restore: {e}", name, 0
-        if error:
-            aside = dmsq.quarantine(path)
-            log.error("%s; kept %d message(s) before it; file moved to %s", error, n, aside)
-        if queue:
-            log.info("queue %s rebuilt from %s: %d message(s)", queue, path, n)
-            rebuilt.append(queue)
+            log.error("%s: cannot rebuild queue %s: %s", data_dir, name, e)
+            continue
+        log.info("queue %s rebuilt from %s: %d message(s)", name, data_dir, n)
+        rebuilt.append(name)
     return rebuilt
 
 
 class Snapshotter:
-    """Snapshots every queue whose durability is not "memory" into ``data_dir``."""
+    """Snapshots every queue whose durability is not "memory" into ``data_dir``, and
+    opens the write-ahead log of every "wal" queue there."""
 
-    def __init__(self, broker: Broker, data_dir: str, fsync: bool = True):
+    def __init__(self, broker: Broker, data_dir: str, fsync: bool = True, wal_mode: int = 2, wal_batch_ms: int = 2):
         self.broker = broker
         self.data_dir = data_dir
         self.fsync = fsync
+        self.wal_mode = wal_mode
+        self.wal_batch_ms = wal_batch_ms
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
+
+    def open_wal(self, q: Queue) -> None:
+        """Point a "wal" queue's log at our data dir, in a generation after any on disk."""
+        if q.durability != "wal":
+            return
+        gen, _mode, _ms, directory = q.wal_config()
+        if gen and directory == os.path.abspath(self.data_dir):
+            q.configure_wal(self.data_dir, self.wal_mode, self.wal_batch_ms)  # keep its generation
+            return
+        on_disk = [g for g, _p in wal_files(self.data_dir, q.name)]
+        q.configure_wal(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=max(on_disk, default=0) + 1)
 
     def run_once(self) -> int:
         """One snapshot of every durable queue; returns how many files were written.
@@ -109,6 +183,8 @@ class Snapshotter:
             except QueueNotFound:
                 continue
             try:
+                if q.durability == "wal" and not q.wal_config()[0]:
+                    self.open_wal(q)
                 if q.durability != "memory":
                     snapshot_queue(q, self.data_dir, self.fsync)
                     keep.add(name)
@@ -118,6 +194,23 @@ class Snapshotter:
             finally:
                 q.close()
         for entry in os.listdir(self.data_dir):
-            if entry.endswith(dmsq.SUFFIX) and entry[: -len(dmsq.SUFFIX)] not in keep:
+            if entry.endswith(dmsq.SUFFIX):
+                owner = entry[: -len(dmsq.SUFFIX)]
+            elif ".wal." in entry and entry.rsplit(".", 1)[-1].isdigit():
+                owner = entry.rsplit(".wal.", 1)[0]
+            else:
+                continue
+            if owner not in keep:
                 os.unlink(os.path.join(self.data_dir, entry))
         return written
+
+    def open_all_wals(self) -> None:
+        for name in self.broker.list_queues():
+            try:
+                q = self.broker.queue(name)
+            except QueueNotFound:
+                continue
+            try:
+                self.open_wal(q)
+            finally:
+                q.close()

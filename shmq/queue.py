@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import posix_ipc
 
 from . import _layout as L
+from . import dmsq
 from ._headers import decode_headers, encode_headers
 from ._mutex import RobustMutex
 from ._mutex import lock_slow as _lock_slow
@@ -72,6 +73,9 @@ _C = L.COUNTERS_OFF >> 3
 I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = range(_C, _C + len(L.COUNTER_FIELDS))
 
 _ACK, _NACK, _DROP = 1, 2, 3
+_W = L.WAL_WORDS_OFF >> 3
+I_WAL_SIZE, I_WAL_SYNCED, I_WAL_LAST_SYNC = _W, _W + 1, _W + 2
+WAL_NEVER, WAL_ALWAYS, WAL_BATCH = 0, 1, 2
 
 _live_queues = weakref.WeakSet()
 
@@ -219,6 +223,8 @@ class Queue:
         self.created_at = created / 1e9
         self.dead_letter_queue = dlq[:dl].decode() or None
         self.durability = L.DURABILITY_NAMES.get(flags & 0xFF, "memory")
+        self._wal = self.durability == "wal"
+        self._wal_fd = None  # (generation, fd) of the log this process appends to
         # The mutex lives at a fixed address of the mapping, valid until close().
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
         self._lockp = self._mutex.ptr  # the hot paths lock through this directly
@@ -256,6 +262,9 @@ class Queue:
             return
         self._mutex = _ClosedMutex(self.name)
         self._lockp = None
+        if self._wal_fd is not None:
+            os.close(self._wal_fd[1])
+            self._wal_fd = None
         self._mq.release()
         self._ne.close()
         self._nf.close()
@@ -435,7 +444,7 @@ class Queue:
                 raise self._gone()
             tail = mq[I_TAIL]
             off = tail % cap
-            if size <= cap - off and tail + size - mq[I_HEAD] <= cap:
+            if size <= cap - off and tail + size - mq[I_HEAD] <= cap and not self._wal:
                 a = self._base + off
                 msg_id = mq[I_NEXT_ID]
                 _REC_PACK(mm, a, _READY, size, bl, hl, 0, msg_id, now, 0)
@@ -504,6 +513,8 @@ class Queue:
             for _ in range(post):
                 self._ne.release()
             if ids is not None:
+                if self._wal:
+                    self._wal_wait()
                 return ids
             if deadline is not None and _mono() >= deadline:
                 raise QueueFull(f"queue {self.name!r} is full")
@@ -540,6 +551,10 @@ class Queue:
             now = _wall()
             pos = tail
             first_id = next_id = mq[I_NEXT_ID]
+            if self._wal:  # logged (and fsynced, by policy) before the commit below
+                self._wal_append(b"".join(
+                    dmsq.encode_log_entry(dmsq.PUT, first_id + i, 0, now, item[1], item[0])
+                    for i, item in enumerate(items)))
             for body, hraw, size in items:
                 off = pos % cap
                 rem = cap - off
@@ -879,6 +894,9 @@ class Queue:
         lp = self._lockp
         if lp is None:
             raise self._closed()
+        if self._wal:
+            self._settle([d], _ACK, 0.0)
+            return
         mq, cap = self._mq, self._cap
         pos = d._pos
         a = self._base + pos % cap
@@ -952,6 +970,11 @@ class Queue:
                 mq[I_INFLIGHT] -= done
                 post_ne = self._owed_posts(I_CWAIT, I_CPOSTED, woke)
             else:
+                if self._wal:
+                    live = [d for d in deliveries if self._check_lease(d, head, tail, now) is not None]
+                    if live:
+                        self._wal_append(b"".join(dmsq.encode_log_entry(dmsq.ACK, d.id, d.attempt, 0, b"", b"")
+                                                  for d in live))
                 for d in deliveries:
                     pos = d._pos
                     a = base + pos % cap
@@ -974,6 +997,8 @@ class Queue:
             self._nf.release()
         for _ in range(post_ne):
             self._ne.release()
+        if self._wal and action != _NACK and done:
+            self._wal_wait()
         if expired:
             ids = ", ".join(f"#{d.id}" for d in expired[:10])
             raise DeliveryExpired(f"{len(expired)} deliveries of {self.name!r} are no longer leased: {ids}")
@@ -1154,6 +1179,20 @@ class Queue:
                 raise self._gone()
             pos, tail = mq[I_READY_POS] if mq[I_REQUEUED] else mq[I_FRONTIER], mq[I_TAIL]
             n = 0
+            start = pos
+            if self._wal:  # log the drops first
+                ids = []
+                while pos < tail:
+                    pos = L.skip_gap(pos, cap)
+                    if pos >= tail:
+                        break
+                    a = base + pos % cap
+                    if mq[a >> 3] & 0xFF == _READY:
+                        ids.append(mq[(a + 24) >> 3])
+                    pos += mq[(a + 8) >> 3] & 0xFFFFFFFF
+                if ids:
+                    self._wal_append(b"".join(dmsq.encode_log_entry(dmsq.ACK, i, 0, 0, b"", b"") for i in ids))
+                pos = start
             while pos < tail:
                 pos = L.skip_gap(pos, cap)
                 if pos >= tail:
@@ -1176,6 +1215,8 @@ class Queue:
             self._release()
         if post:
             self._nf.release()
+        if self._wal and n:
+            self._wal_wait()
         return n
 
     def stats(self) -> QueueStats:
@@ -1215,6 +1256,83 @@ class Queue:
             purged_total=counters["purged_total"],
         )
 
+    # ------------------------------------------------------------------ write-ahead log
+    def wal_config(self) -> tuple[int, int, int, str]:
+        """(generation, fsync mode, batch ms, directory) of the queue's log; generation 0
+        means no broker has opened a log for it yet."""
+        gen, mode, ms, n, raw = L.WALCFG.unpack_from(self._mm, L.WALCFG_OFF)
+        return gen, mode, ms, raw[:n].decode()
+
+    def configure_wal(self, directory: str, mode: int, batch_ms: int, generation: int | None = None) -> int:
+        """Point the queue's log at ``directory`` (the broker does this). Keeps the
+        current generation unless ``generation`` is given. Returns the generation."""
+        raw = os.path.abspath(directory).encode()
+        if len(raw) > 150:
+            raise ValueError(f"data dir path is longer than 150 bytes: {directory!r}")
+        self._acquire()
+        try:
+            gen = L.WALCFG.unpack_from(self._mm, L.WALCFG_OFF)[0]
+            if generation is not None or not gen:
+                gen = generation or 1
+                self._mq[I_WAL_SIZE] = self._mq[I_WAL_SYNCED] = 0
+            L.WALCFG.pack_into(self._mm, L.WALCFG_OFF, gen, mode, batch_ms, len(raw), raw)
+        finally:
+            self._release()
+        return gen
+
+    def wal_path(self, generation: int) -> str:
+        return os.path.join(self.wal_config()[3], f"{self.name}.wal.{generation:08d}")
+
+    def _wal_append(self, data: bytes) -> None:
+        """Append log entries (lock held), fsync by policy; before the caller commits."""
+        gen, mode, _ms, directory = self.wal_config()
+        if not gen:
+            raise ShmqError(f"queue {self.name!r} is durability='wal' but no shmq server with a --data-dir "
+                            "has opened its write-ahead log yet")
+        if self._wal_fd is None or self._wal_fd[0] != gen:
+            if self._wal_fd is not None:
+                os.close(self._wal_fd[1])
+            path = os.path.join(directory, f"{self.name}.wal.{gen:08d}")
+            self._wal_fd = (gen, os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+        fd = self._wal_fd[1]
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        mq = self._mq
+        size = mq[I_WAL_SIZE] + len(data)
+        mq[I_WAL_SIZE] = size
+        if mode == WAL_ALWAYS:
+            os.fsync(fd)
+            mq[I_WAL_SYNCED] = size
+        self._wal_pending = (gen, size) if mode == WAL_BATCH else None
+
+    def _wal_wait(self) -> None:
+        """Batch policy: return once an fsync covers this process's last append (group
+        commit: whoever finds the batch window over fsyncs for everyone)."""
+        pending = getattr(self, "_wal_pending", None)
+        self._wal_pending = None
+        if pending is None:
+            return
+        gen, end = pending
+        mq = self._mq
+        while True:
+            cur_gen, _mode, ms, _dir = self.wal_config()
+            if cur_gen != gen or mq[I_WAL_SYNCED] >= end:
+                return  # synced, or rotated (the broker fsyncs a log before it rotates it)
+            wait = mq[I_WAL_LAST_SYNC] + ms * 1_000_000 - _mono()
+            if wait <= 0:
+                size = mq[I_WAL_SIZE]
+                os.fsync(self._wal_fd[1])
+                self._acquire()
+                try:
+                    if self.wal_config()[0] == gen and mq[I_WAL_SYNCED] < size:
+                        mq[I_WAL_SYNCED] = size
+                    mq[I_WAL_LAST_SYNC] = _mono()
+                finally:
+                    self._release()
+            else:
+                time.sleep(min(wait, 500_000) / 1e9)  # the batch window: fsync is due then
+
     # ------------------------------------------------------------------ snapshots
     def settings(self) -> dict:
         """The queue's settings, as ``create_queue`` takes them."""
@@ -1224,7 +1342,7 @@ class Queue:
             "dead_letter_queue": self.dead_letter_queue, "durability": self.durability,
         }
 
-    def export_messages(self) -> list[tuple[int, int, int, bytes, bytes]]:
+    def export_messages(self, rotate_wal: bool = False) -> list[tuple[int, int, int, bytes, bytes]]:
         """Every message not yet settled, as (id, attempt, enqueued_ns, encoded headers,
         body), oldest first. Leased and delayed ones are included with their attempt
         count (restored as ready, they are delivered again). The lock is held only to
@@ -1235,6 +1353,8 @@ class Queue:
             if mq[I_DELETED]:
                 raise self._gone()
             head, tail = mq[I_HEAD], mq[I_TAIL]
+            if rotate_wal:
+                self._rotate_wal()
             if tail - head == 0:
                 return []
             start = head % cap
@@ -1258,6 +1378,26 @@ class Queue:
                 out.append((msg_id, status >> 32, enq, bytes(ring[b:b + hl]), bytes(ring[b + hl:b + hl + bl])))
             pos += length
         return out
+
+    def _rotate_wal(self):
+        """Start a new log generation (lock held): the old log is fsynced first, so every
+        put that returned is durable either in it or in the snapshot being taken."""
+        gen, mode, ms, directory = self.wal_config()
+        if not gen:
+            return
+        old = os.path.join(directory, f"{self.name}.wal.{gen:08d}")
+        try:
+            fd = os.open(old, os.O_WRONLY)
+        except FileNotFoundError:
+            pass
+        else:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        raw = directory.encode()
+        L.WALCFG.pack_into(self._mm, L.WALCFG_OFF, gen + 1, mode, ms, len(raw), raw)
+        self._mq[I_WAL_SIZE] = self._mq[I_WAL_SYNCED] = 0
 
     def import_messages(self, messages) -> int:
         """Append messages keeping their (id, attempt, enqueued_ns, headers, body) — for

@@ -10,11 +10,22 @@ from ..persistence import Snapshotter, recover
 from .housekeeper import Housekeeper
 from .tcp import TcpServer
 
-__all__ = ["serve", "HOUSEKEEPING_INTERVAL_S"]
+__all__ = ["serve", "parse_fsync", "HOUSEKEEPING_INTERVAL_S"]
 
 HOUSEKEEPING_INTERVAL_S = 0.25
 
 log = logging.getLogger("shmq.server")
+
+
+def parse_fsync(policy: str) -> tuple[int, int]:
+    """``always`` | ``batch:MS`` | ``never`` -> (mode, batch ms) for the write-ahead logs."""
+    if policy == "always":
+        return 1, 0
+    if policy == "never":
+        return 0, 0
+    if policy.startswith("batch:") and policy[6:].isdigit() and int(policy[6:]) > 0:
+        return 2, int(policy[6:])
+    raise ValueError(f"--fsync must be always, batch:MS or never, not {policy!r}")
 
 
 def _raise_fd_limit():
@@ -25,7 +36,7 @@ def _raise_fd_limit():
 
 
 async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_bytes=16 * 2**20, ready=None,
-                data_dir=None, snapshot_interval=1.0):
+                data_dir=None, snapshot_interval=1.0, fsync="batch:2"):
     """Serve until SIGINT/SIGTERM. ``ready`` (an optional callable) gets the bound port.
 
     With ``data_dir``: queues lost with shared memory (a reboot) are rebuilt from their
@@ -40,11 +51,15 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
     with Broker(namespace) as broker, Broker(namespace) as keeper_broker, Broker(namespace) as snap_broker:
         snapshotter = None
         if data_dir is not None:
-            snapshotter = Snapshotter(snap_broker, data_dir)
+            mode, ms = parse_fsync(fsync)
+            snapshotter = Snapshotter(snap_broker, data_dir, wal_mode=mode, wal_batch_ms=ms)
             rebuilt = await asyncio.to_thread(recover, snap_broker, data_dir)
+            await asyncio.to_thread(snapshotter.open_all_wals)
+            await asyncio.to_thread(snapshotter.run_once)  # what was rebuilt is on disk again at once
             log.info("data dir %s: %d queue(s) rebuilt from snapshots; snapshots every %.2fs", data_dir,
                      len(rebuilt), snapshot_interval)
-        server = await TcpServer(broker, host, port, token, max_frame_bytes).start()
+        on_create = snapshotter.open_wal if snapshotter is not None else None
+        server = await TcpServer(broker, host, port, token, max_frame_bytes, on_create=on_create).start()
         keeper = Housekeeper(keeper_broker)
         log.info("serving namespace %s on %s:%d (%d queues)%s; housekeeping every %.2fs", namespace, host,
                  server.port, len(broker.list_queues()), ", token required" if token else "",

@@ -252,7 +252,7 @@ class _Connection:
         if msg_type == MsgType.CREATE:
             vis = f.get("visibility_timeout_ms")
             extra = {"durability": f["durability"]} if "durability" in f else {}
-            server.broker.create_queue(
+            q = server.broker.create_queue(
                 f["queue"],
                 max_bytes=f.get("max_bytes", 64 * 2**20),
                 max_message_bytes=f.get("max_message_bytes"),
@@ -261,7 +261,12 @@ class _Connection:
                 dead_letter_queue=f.get("dead_letter_queue"),
                 exist_ok=bool(f.get("exist_ok", False)),
                 **extra,
-            ).close()
+            )
+            try:
+                if server.on_create is not None:
+                    server.on_create(q)
+            finally:
+                q.close()
             return {}
         if msg_type == MsgType.DELETE:
             server.forget(f["queue"])
@@ -372,8 +377,9 @@ class TcpServer:
     """Serves one namespace over TCP until ``stop``."""
 
     def __init__(self, broker: Broker, host="127.0.0.1", port=7878, token=None,
-                 max_frame_bytes=DEFAULT_MAX_FRAME_BYTES):
+                 max_frame_bytes=DEFAULT_MAX_FRAME_BYTES, on_create=None):
         self.broker = broker
+        self.on_create = on_create  # called with each queue this server creates
         self.host = host
         self.port = port
         self.token = token
