@@ -204,6 +204,31 @@ class Snapshotter:
                 os.unlink(os.path.join(self.data_dir, entry))
         return written
 
+    def sync_logs(self) -> int:
+        """fsync the current log of every "wal" queue (the ``batch:MS`` policy: the
+        broker does this every MS milliseconds). Returns how many logs were synced."""
+        n = 0
+        for name in self.broker.list_queues():
+            try:
+                q = self.broker.queue(name)
+            except QueueNotFound:
+                continue
+            try:
+                gen = q.wal_config()[0] if q.durability == "wal" else 0
+                if gen:
+                    try:
+                        fd = os.open(q.wal_path(gen), os.O_RDONLY)
+                    except FileNotFoundError:
+                        continue
+                    try:
+                        os.fsync(fd)
+                        n += 1
+                    finally:
+                        os.close(fd)
+            finally:
+                q.close()
+        return n
+
     def open_all_wals(self) -> None:
         for name in self.broker.list_queues():
             try:

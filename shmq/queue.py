@@ -513,8 +513,6 @@ class Queue:
             for _ in range(post):
                 self._ne.release()
             if ids is not None:
-                if self._wal:
-                    self._wal_wait()
                 return ids
             if deadline is not None and _mono() >= deadline:
                 raise QueueFull(f"queue {self.name!r} is full")
@@ -997,8 +995,6 @@ class Queue:
             self._nf.release()
         for _ in range(post_ne):
             self._ne.release()
-        if self._wal and action != _NACK and done:
-            self._wal_wait()
         if expired:
             ids = ", ".join(f"#{d.id}" for d in expired[:10])
             raise DeliveryExpired(f"{len(expired)} deliveries of {self.name!r} are no longer leased: {ids}")
@@ -1215,8 +1211,6 @@ class Queue:
             self._release()
         if post:
             self._nf.release()
-        if self._wal and n:
-            self._wal_wait()
         return n
 
     def stats(self) -> QueueStats:
@@ -1304,34 +1298,7 @@ class Queue:
         if mode == WAL_ALWAYS:
             os.fsync(fd)
             mq[I_WAL_SYNCED] = size
-        self._wal_pending = (gen, size) if mode == WAL_BATCH else None
-
-    def _wal_wait(self) -> None:
-        """Batch policy: return once an fsync covers this process's last append (group
-        commit: whoever finds the batch window over fsyncs for everyone)."""
-        pending = getattr(self, "_wal_pending", None)
-        self._wal_pending = None
-        if pending is None:
-            return
-        gen, end = pending
-        mq = self._mq
-        while True:
-            cur_gen, _mode, ms, _dir = self.wal_config()
-            if cur_gen != gen or mq[I_WAL_SYNCED] >= end:
-                return  # synced, or rotated (the broker fsyncs a log before it rotates it)
-            wait = mq[I_WAL_LAST_SYNC] + ms * 1_000_000 - _mono()
-            if wait <= 0:
-                size = mq[I_WAL_SIZE]
-                os.fsync(self._wal_fd[1])
-                self._acquire()
-                try:
-                    if self.wal_config()[0] == gen and mq[I_WAL_SYNCED] < size:
-                        mq[I_WAL_SYNCED] = size
-                    mq[I_WAL_LAST_SYNC] = _mono()
-                finally:
-                    self._release()
-            else:
-                time.sleep(min(wait, 500_000) / 1e9)  # the batch window: fsync is due then
+        # batch: the broker fsyncs every log each batch interval (``Snapshotter.sync_logs``)
 
     # ------------------------------------------------------------------ snapshots
     def settings(self) -> dict:

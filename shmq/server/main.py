@@ -83,9 +83,19 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                     pass
                 await asyncio.to_thread(snapshotter.run_once)
 
+        async def log_syncs():
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), ms / 1000)
+                except asyncio.TimeoutError:
+                    pass
+                await asyncio.to_thread(snapshotter.sync_logs)
+
         tasks = [asyncio.create_task(housekeeping())]
         if snapshotter is not None:
             tasks.append(asyncio.create_task(snapshots()))
+            if mode == 2:
+                tasks.append(asyncio.create_task(log_syncs()))
         await stop.wait()
         log.info("stopping: answering what is in flight")
         await server.stop()
