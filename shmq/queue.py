@@ -363,6 +363,22 @@ class Queue:
         mq[I_PPOSTED] = 0
         mq[I_REPAIRS] += 1
         self._advance_head()
+        self._repair_wal()
+
+    def _repair_wal(self):
+        """A log append the dead holder left half-written is cut off (lock held): the log
+        ends where the last complete append ended, so later entries stay readable."""
+        if not self._wal:
+            return
+        gen, _mode, _ms, directory = self.wal_config()
+        if not gen:
+            return
+        path = os.path.join(directory, f"{self.name}.wal.{gen:08d}")
+        try:
+            if os.path.getsize(path) > self._mq[I_WAL_SIZE]:
+                os.truncate(path, self._mq[I_WAL_SIZE])
+        except FileNotFoundError:
+            pass
 
     def _advance_head(self):
         """Reclaim settled records and pads at the head. Lock held. Returns True if it moved."""

@@ -178,3 +178,17 @@ def remote_chaos_consumer(url_file, qname, log_path, stop_event):
                             _log(log, "done " + d.body.decode())
             except (shmq.BrokerUnavailable, shmq.DeliveryExpired, OSError):
                 time.sleep(0.05)  # the broker is restarting: try again
+
+
+def tear_wal_append(ns, qname, ready_event):
+    """Take the lock of a wal queue, leave half a log entry, hang until killed."""
+    from shmq import dmsq
+
+    b = shmq.connect(namespace=ns)
+    q = b.queue(qname)
+    q._acquire()
+    entry = dmsq.encode_log_entry(dmsq.PUT, 999, 0, 0, b"", b"torn" * 100)
+    with open(q.wal_path(q.wal_config()[0]), "ab") as f:
+        f.write(entry[: len(entry) // 2])
+    ready_event.set()
+    time.sleep(3600)

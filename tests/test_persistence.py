@@ -306,3 +306,26 @@ def test_wal_survives_a_reboot_from_the_log_alone(broker, tmp_path, fsync):
 
 def test_wal_survives_a_reboot_from_snapshots_plus_logs(broker, tmp_path):
     _wal_reboot(broker, tmp_path, "batch:2", "0.02")
+
+
+def test_a_torn_log_append_is_cut_off_by_the_next_lock_holder(broker, tmp_path):
+    import multiprocessing as mp
+
+    from tests import _workers as w
+
+    data = str(tmp_path)
+    q = broker.create_queue("q", durability="wal")
+    Snapshotter(broker, data, wal_mode=0).open_wal(q)
+    q.put(b"before")
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=w.tear_wal_append, args=(broker.namespace, "q", ready))
+    p.start()
+    assert ready.wait(30)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    q.put(b"after")  # EOWNERDEAD: the repair cuts the torn entry before this append
+    q.close()
+    broker.delete_queue("q")  # the reboot
+    assert recover(broker, data) == ["q"]
+    assert [d.body for d in broker.queue("q").get_many(5, timeout=0)] == [b"before", b"after"]
