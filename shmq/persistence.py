@@ -171,28 +171,33 @@ class Snapshotter:
         on_disk = [g for g, _p in wal_files(self.data_dir, q.name)]
         q.configure_wal(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=max(on_disk, default=0) + 1)
 
-    def run_once(self) -> int:
-        """One snapshot of every durable queue; returns how many files were written.
-        Files of queues deleted since (or made "memory") are removed."""
-        written = 0
-        live = self.broker.list_queues()
-        keep = set()
-        for name in live:
+    def _each_queue(self):
+        """Attach to each queue of the namespace in turn (closed after use)."""
+        for name in self.broker.list_queues():
             try:
                 q = self.broker.queue(name)
             except QueueNotFound:
                 continue
             try:
+                yield q
+            finally:
+                q.close()
+
+    def run_once(self) -> int:
+        """One snapshot of every durable queue; returns how many files were written.
+        Files of queues deleted since (or made "memory") are removed."""
+        written = 0
+        keep = set()
+        for q in self._each_queue():
+            try:
                 if q.durability == "wal" and not q.wal_config()[0]:
                     self.open_wal(q)
                 if q.durability != "memory":
                     snapshot_queue(q, self.data_dir, self.fsync)
-                    keep.add(name)
+                    keep.add(q.name)
                     written += 1
             except QueueNotFound:
-                pass
-            finally:
-                q.close()
+                pass  # deleted meanwhile
         for entry in os.listdir(self.data_dir):
             if entry.endswith(dmsq.SUFFIX):
                 owner = entry[: -len(dmsq.SUFFIX)]
@@ -208,34 +213,21 @@ class Snapshotter:
         """fsync the current log of every "wal" queue (the ``batch:MS`` policy: the
         broker does this every MS milliseconds). Returns how many logs were synced."""
         n = 0
-        for name in self.broker.list_queues():
-            try:
-                q = self.broker.queue(name)
-            except QueueNotFound:
+        for q in self._each_queue():
+            gen = q.wal_config()[0] if q.durability == "wal" else 0
+            if not gen:
                 continue
             try:
-                gen = q.wal_config()[0] if q.durability == "wal" else 0
-                if gen:
-                    try:
-                        fd = os.open(q.wal_path(gen), os.O_RDONLY)
-                    except FileNotFoundError:
-                        continue
-                    try:
-                        os.fsync(fd)
-                        n += 1
-                    finally:
-                        os.close(fd)
+                fd = os.open(q.wal_path(gen), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+                n += 1
             finally:
-                q.close()
+                os.close(fd)
         return n
 
     def open_all_wals(self) -> None:
-        for name in self.broker.list_queues():
-            try:
-                q = self.broker.queue(name)
-            except QueueNotFound:
-                continue
-            try:
-                self.open_wal(q)
-            finally:
-                q.close()
+        for q in self._each_queue():
+            self.open_wal(q)

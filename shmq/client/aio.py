@@ -17,6 +17,7 @@ from .remote import (
     WireDelivery,
     _message,
     _ms,
+    consume_fields,
     create_fields,
     error_from_reply,
     parse_url,
@@ -189,13 +190,9 @@ class AsyncQueue:
         return (await self.get_many(1, 0, visibility_timeout))[0]
 
     async def get_many(self, max_messages=64, timeout=None, visibility_timeout=None) -> list[AsyncDelivery]:
-        if type(max_messages) is not int or max_messages < 1:
-            raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
+        fields = consume_fields(max_messages, visibility_timeout)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + _ms(timeout, "timeout") / 1000
-        fields = {"max": max_messages}
-        if visibility_timeout is not None:
-            fields["visibility_ms"] = _ms(visibility_timeout, "visibility_timeout")
         while True:
             wait = CONSUME_SLICE_MS
             if deadline is not None:

@@ -278,12 +278,8 @@ class RemoteQueue:
         return self.get_many(1, 0, visibility_timeout)[0]
 
     def get_many(self, max_messages=64, timeout=None, visibility_timeout=None):
-        if type(max_messages) is not int or max_messages < 1:
-            raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
+        fields = consume_fields(max_messages, visibility_timeout)
         deadline = None if timeout is None else time.monotonic() + _ms(timeout, "timeout") / 1000
-        fields = {"max": max_messages}
-        if visibility_timeout is not None:
-            fields["visibility_ms"] = _ms(visibility_timeout, "visibility_timeout")
         while True:
             wait = CONSUME_SLICE_MS
             if deadline is not None:
@@ -303,6 +299,16 @@ class RemoteQueue:
 
     def purge(self) -> int:
         return self._call(MsgType.PURGE)["purged"]
+
+
+def consume_fields(max_messages, visibility_timeout) -> dict:
+    """The CONSUME fields of a get_many, checked as the local engine checks them."""
+    if type(max_messages) is not int or max_messages < 1:
+        raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
+    fields = {"max": max_messages}
+    if visibility_timeout is not None:
+        fields["visibility_ms"] = _ms(visibility_timeout, "visibility_timeout")
+    return fields
 
 
 def _message(body, headers):
