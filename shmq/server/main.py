@@ -67,35 +67,29 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         if ready is not None:
             ready(server.port)
 
-        async def housekeeping():
-            while not stop.is_set():
-                await asyncio.to_thread(keeper.run_once)
+        async def every(seconds, work, what, first=True):
+            """Run ``work`` in a thread every ``seconds`` until stopped (and once more
+            after, unless ``first``); a failure is logged and the loop goes on."""
+            while True:
+                if first or stop.is_set():
+                    try:
+                        await asyncio.to_thread(work)
+                    except Exception:
+                        log.exception("%s failed; trying again in %.2fs", what, seconds)
+                if stop.is_set():
+                    return
+                first = True
                 try:
-                    await asyncio.wait_for(stop.wait(), HOUSEKEEPING_INTERVAL_S)
+                    await asyncio.wait_for(stop.wait(), seconds)
                 except asyncio.TimeoutError:
                     pass
 
-        async def snapshots():
-            while not stop.is_set():
-                try:
-                    await asyncio.wait_for(stop.wait(), snapshot_interval)
-                except asyncio.TimeoutError:
-                    pass
-                await asyncio.to_thread(snapshotter.run_once)
-
-        async def log_syncs():
-            while not stop.is_set():
-                try:
-                    await asyncio.wait_for(stop.wait(), ms / 1000)
-                except asyncio.TimeoutError:
-                    pass
-                await asyncio.to_thread(snapshotter.sync_logs)
-
-        tasks = [asyncio.create_task(housekeeping())]
+        tasks = [asyncio.create_task(every(HOUSEKEEPING_INTERVAL_S, keeper.run_once, "housekeeping"))]
         if snapshotter is not None:
-            tasks.append(asyncio.create_task(snapshots()))
+            # the snapshot loop ends with a last snapshot after the stop
+            tasks.append(asyncio.create_task(every(snapshot_interval, snapshotter.run_once, "snapshot", first=False)))
             if mode == 2:
-                tasks.append(asyncio.create_task(log_syncs()))
+                tasks.append(asyncio.create_task(every(ms / 1000, snapshotter.sync_logs, "log fsync", first=False)))
         await stop.wait()
         log.info("stopping: answering what is in flight")
         await server.stop()
