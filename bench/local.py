@@ -34,8 +34,12 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from multiprocessing import connection
 
-SYSTEMS = ("shmq", "mpqueue", "faster-fifo", "zmq")
-DEFAULT_SIZES = (64, 1024, 65536)
+SYSTEMS = ("shmq", "shmq-tcp", "mpqueue", "simplequeue", "faster-fifo", "zmq", "posix-mq", "redis")
+BASELINE = "mpqueue"
+DEFAULT_SIZES = (64, 1024, 65536, 2**20)
+TOPOLOGIES = (1, 4)  # producers = consumers per case
+SINGLE_CONSUMER = {"zmq": "PUSH/PULL over one ipc:// address has a single binding PULL"}
+MQ_SLACK = 64  # posix MQ message size above the body size
 BATCH = 64
 RTT_SIZE = 64
 RTT_TRIPS = 10_000
@@ -48,12 +52,16 @@ REAP_TIMEOUT = 10.0
 BLOCK = 3600.0  # "forever" for APIs that want a finite timeout; the parent bounds every case
 N_ANCHORS = ((64, 200_000), (1024, 100_000), (65536, 20_000))
 
-PACKAGES = {"faster-fifo": "faster-fifo", "zmq": "pyzmq"}
+PACKAGES = {"faster-fifo": "faster-fifo", "zmq": "pyzmq", "redis": "redis", "posix-mq": "posix_ipc"}
 BATCH_NOTES = {
     "shmq": "put_many / get_many(64) + ack_many",
     "mpqueue": "one list of 64 bodies per put (1 pickle), counted as 64",
     "faster-fifo": "put_many / get_many(max_messages_to_get=64)",
     "zmq": "one multipart message of 64 frames, counted as 64",
+    "shmq-tcp": "put_many / get_many(64) + ack_many over TCP",
+    "simplequeue": "one list of 64 bodies per put (1 pickle), counted as 64",
+    "posix-mq": "no batch API: 64 single sends; receives one at a time",
+    "redis": "LPUSH of 64 values / BLMPOP COUNT 64",
 }
 
 
@@ -171,11 +179,83 @@ class _ZmqEnd:
         self._ctx.term()
 
 
+class _ShmqTcpEnd(_ShmqEnd):
+    """One side of a shmq queue reached through `shmq server` over TCP."""
+
+    def __init__(self, spec, role):
+        import shmq
+
+        url, name = spec
+        self._broker = shmq.connect(url)
+        self._q = self._broker.queue(name)
+
+
+class _SimpleQueueEnd(_MpQueueEnd):
+    """One side of a multiprocessing.SimpleQueue (no feeder thread to join)."""
+
+    def close(self):
+        pass
+
+
+class _PosixMqEnd:
+    """One side of a POSIX message queue; a batch is 64 single sends."""
+
+    def __init__(self, spec, role):
+        import posix_ipc
+
+        self._q = posix_ipc.MessageQueue(spec)
+
+    def send(self, body):
+        self._q.send(body)
+
+    def send_batch(self, bodies):
+        for body in bodies:
+            self._q.send(body)
+
+    def recv(self):
+        return self._q.receive()[0]
+
+    def recv_batch(self, limit):
+        return [self._q.receive()[0]]
+
+    def close(self):
+        self._q.close()
+
+
+class _RedisEnd:
+    """One side of a Redis list: LPUSH / BRPOP, batched LPUSH / BLMPOP."""
+
+    def __init__(self, spec, role):
+        import redis
+
+        self._port, self._key = spec
+        self._r = redis.Redis(port=self._port)
+
+    def send(self, body):
+        self._r.lpush(self._key, body)
+
+    def send_batch(self, bodies):
+        self._r.lpush(self._key, *bodies)
+
+    def recv(self):
+        return self._r.brpop(self._key, 0)[1]
+
+    def recv_batch(self, limit):
+        return self._r.blmpop(0, 1, self._key, direction="RIGHT", count=limit)[1]
+
+    def close(self):
+        self._r.close()
+
+
 ENDPOINTS = {
     "shmq": _ShmqEnd,
+    "shmq-tcp": _ShmqTcpEnd,
     "mpqueue": _MpQueueEnd,
+    "simplequeue": _SimpleQueueEnd,
     "faster-fifo": _FasterFifoEnd,
     "zmq": _ZmqEnd,
+    "posix-mq": _PosixMqEnd,
+    "redis": _RedisEnd,
 }
 
 
@@ -302,11 +382,114 @@ class _ZmqChannels:
         return []
 
 
+class _ShmqTcpChannels:
+    """A `shmq server --port 0` for the whole run (bench/tcp.py); queues made over TCP."""
+
+    def __init__(self):
+        from bench.tcp import ShmqSystem
+
+        self._server = ShmqSystem()
+        self._count = 0
+
+    def make(self, ctx, size):
+        import shmq
+
+        self._count += 1
+        name = f"q{self._count}"
+        with shmq.connect(self._server.url) as broker:
+            broker.create_queue(name, max_bytes=queue_bytes(size), max_message_bytes=max(MAX_MESSAGE_BYTES, size))
+        return (self._server.url, name)
+
+    def drop(self, spec):
+        import shmq
+
+        with shmq.connect(spec[0]) as broker:
+            broker.delete_queue(spec[1])
+
+    def close(self):
+        self._server.close()
+        left = _shm_leftovers(self._server.namespace)
+        return [f"shmq-tcp left {', '.join(left)} in /dev/shm"] if left else []
+
+
+class _SimpleQueueChannels(_MpQueueChannels):
+    """multiprocessing.SimpleQueue from the spawn context."""
+
+    def make(self, ctx, size):
+        return ctx.SimpleQueue()
+
+
+def _mq_limit(name, default):
+    try:
+        with open(f"/proc/sys/fs/mqueue/{name}") as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return default
+
+
+class _PosixMqChannels:
+    """Named POSIX message queues (O_CREX), unlinked when the case ends."""
+
+    def __init__(self):
+        self.msgsize_max = _mq_limit("msgsize_max", 8192)
+        self._depth = _mq_limit("msg_max", 10)
+        self._count = 0
+
+    def make(self, ctx, size):
+        import posix_ipc
+
+        self._count += 1
+        name = f"/shmq-bench-{os.getpid()}-{self._count}"
+        q = posix_ipc.MessageQueue(name, posix_ipc.O_CREX, max_messages=self._depth,
+                                   max_message_size=min(size + MQ_SLACK, self.msgsize_max))
+        q.close()
+        return name
+
+    def drop(self, spec):
+        import posix_ipc
+
+        try:
+            posix_ipc.unlink_message_queue(spec)
+        except posix_ipc.ExistentialError:
+            pass
+
+    def close(self):
+        return []
+
+
+class _RedisChannels:
+    """A private redis-server on a free loopback port (bench/tcp.py); one list per case."""
+
+    def __init__(self):
+        from bench.tcp import RedisSystem
+
+        self._server = RedisSystem()
+        self.version = self._server.version
+        self._count = 0
+
+    def make(self, ctx, size):
+        self._count += 1
+        key = f"q{self._count}"
+        self._server.reset(key)
+        return (self._server.port, key)
+
+    def drop(self, spec):
+        self._server.reset(spec[1])
+
+    def close(self):
+        self._server.close()
+        return []
+
+
 CHANNELS = {
     "shmq": _ShmqChannels,
+    "shmq-tcp": _ShmqTcpChannels,
     "mpqueue": _MpQueueChannels,
+    "simplequeue": _SimpleQueueChannels,
     "faster-fifo": _FasterFifoChannels,
     "zmq": _ZmqChannels,
+    "posix-mq": _PosixMqChannels,
+    "redis": _RedisChannels,
 }
 
 
@@ -326,25 +509,35 @@ class Job:
     warmup: int = WARMUP
     wait: float = START_TIMEOUT + 30.0  # children's own bound on a barrier wait
     cpus: tuple = ()  # one CPU per role when pinning, else empty
+    pairs: int = 1  # producers = consumers (tput only)
 
     @property
     def label(self):
         if self.kind == "rtt":
             return f"{self.system} rtt {self.size}B"
-        return f"{self.system} tput {self.size}B {self.mode}"
+        return f"{self.system} tput {self.size}B {self.mode} {self.pairs}->{self.pairs}"
 
     @property
     def roles(self):
-        return ("producer", "consumer") if self.kind == "tput" else ("pinger", "ponger")
+        if self.kind == "rtt":
+            return ("pinger", "ponger")
+        if self.pairs == 1:
+            return ("producer", "consumer")
+        return tuple(f"{r}{i}" for r in ("producer", "consumer") for i in range(self.pairs))
+
+    @property
+    def share(self):
+        """Messages per producer."""
+        return self.n // self.pairs
 
 
 def _open_ends(role, job, specs):
     """Open the endpoints a role uses: [sender] / [receiver] / [sender, receiver]."""
     end = ENDPOINTS[job.system]
-    if role == "producer":
+    if role.startswith("producer"):
         return [end(specs[0], "send")]
-    if role == "consumer":
-        return [end(specs[0], "recv")]
+    if role.startswith("consumer"):
+        return [end(specs[0], "recv")] + ([end(specs[0], "send")] if job.pairs > 1 else [])
     if role == "pinger":
         return [end(specs[0], "send"), end(specs[1], "recv")]
     return [end(specs[0], "recv"), end(specs[1], "send")]
@@ -362,17 +555,64 @@ def _produce(job, ends):
     if job.mode == "batch":
         # distinct objects: one pickle of 64 references to one bytes object would hold one body
         full = [bytes([i]) * job.size for i in range(BATCH)]
-        for count in _batches(job.n):
+        for count in _batches(job.share):
             tx.send_batch(full if count == BATCH else full[:count])
     else:
         body = b"x" * job.size
-        for _ in range(job.n):
+        for _ in range(job.share):
             tx.send(body)
     return {}
 
 
-def _consume(job, ends):
+def _stop(job, tx, count):
+    """Send `count` empty stop messages, one per call (a batch of one in batch mode)."""
+    for _ in range(count):
+        if job.mode == "batch":
+            tx.send_batch([b""])
+        else:
+            tx.send(b"")
+
+
+def _bodies(job, rx):
+    """The next message(s) of a consumer, as a list (empty bytes = stop)."""
+    if job.mode == "batch":
+        return list(rx.recv_batch(BATCH))
+    return [rx.recv()]
+
+
+def _consume_shared(job, ends, total):
+    """One of several consumers: stop at the shared total; the one reaching it stops the others.
+
+    A consumer that took more than one stop puts the extras back, so each takes exactly one.
+    """
+    rx, tx = ends
+    got = nbytes = 0
+    t0 = time.perf_counter()
+    while True:
+        bodies = _bodies(job, rx)
+        data = [b for b in bodies if b]
+        stops = len(bodies) - len(data)
+        got += len(data)
+        nbytes += sum(map(len, data))
+        if data:
+            with total.get_lock():
+                before = total.value
+                total.value += len(data)
+            if before < job.n <= total.value:
+                _stop(job, tx, job.pairs - 1)
+                break
+        if stops:
+            _stop(job, tx, stops - 1)
+            break
+    if nbytes != got * job.size:
+        raise AssertionError(f"received {nbytes} B in {got} msgs of {job.size} B")
+    return {"seconds": time.perf_counter() - t0, "got": got}
+
+
+def _consume(job, ends, total=None):
     """Receive exactly job.n messages; time from release until the last one."""
+    if job.pairs > 1:
+        return _consume_shared(job, ends, total)
     rx = ends[0]
     got = nbytes = 0
     t0 = time.perf_counter()
@@ -415,6 +655,7 @@ def _ping(job, ends):
     return {
         "p50_us": _percentile(samples, 0.50) / 1e3,
         "p99_us": _percentile(samples, 0.99) / 1e3,
+        "p999_us": _percentile(samples, 0.999) / 1e3,
         "mean_us": statistics.fmean(samples) / 1e3,
         "max_us": samples[-1] / 1e3,
     }
@@ -451,19 +692,22 @@ def _trace_on_terminate(path):
     return fh
 
 
-def _child(role, job, specs, barrier, conn, trace_path):
+def _child(role, job, specs, barrier, conn, trace_path, total):
     """Process entry: open, warm up, report ready, then one result per barrier release."""
     trace = _trace_on_terminate(trace_path)  # noqa: F841  (kept open for the handler)
+    kind = role.rstrip("0123456789")
     try:
         if job.cpus:
             os.sched_setaffinity(0, {job.cpus[job.roles.index(role)]})
         ends = _open_ends(role, job, specs)
         try:
-            WARMUPS.get(role, lambda j, e: None)(job, ends)
+            if job.pairs == 1:
+                WARMUPS.get(kind, lambda j, e: None)(job, ends)
             conn.send(("ready", None))
             for run in range(job.runs):
                 barrier.wait(timeout=job.wait)
-                conn.send((f"run{run}", ROLES[role](job, ends)))
+                args = (total,) if kind == "consumer" else ()
+                conn.send((f"run{run}", ROLES[kind](job, ends, *args)))
             barrier.wait(timeout=job.wait)  # nobody closes while the peer may still be reading
         finally:
             for end in ends:
@@ -498,6 +742,7 @@ class CaseResult:
     size: int
     mode: str
     n: int
+    pairs: int = 1
     status: str = "ok"
     detail: str = ""
     runs: list = field(default_factory=list)
@@ -587,14 +832,14 @@ def _stack_report(role, path, keep=14):
     return f"\n{role} was terminated; its stacks, innermost first:\n" + "\n".join(lines[:keep])
 
 
-def _spawn(ctx, job, specs, barrier, trace_dir):
+def _spawn(ctx, job, specs, barrier, trace_dir, total):
     """Start both processes of a case; return ({role: proc}, {role: reader})."""
     procs, conns = {}, {}
     for role in job.roles:
         reader, writer = ctx.Pipe(duplex=False)
         trace_path = os.path.join(trace_dir, f"{role}.txt")
         proc = ctx.Process(
-            target=_child, args=(role, job, specs, barrier, writer, trace_path),
+            target=_child, args=(role, job, specs, barrier, writer, trace_path, total),
             name=f"bench-{role}", daemon=True,
         )
         proc.start()
@@ -603,28 +848,38 @@ def _spawn(ctx, job, specs, barrier, trace_dir):
     return procs, conns
 
 
-def _drive(job, barrier, procs, conns, run_timeout, progress, runs):
-    """Run the case's runs, appending the measuring role's result of each to `runs`."""
-    lead = job.roles[1] if job.kind == "tput" else job.roles[0]
+def _merge_consumers(job, replies):
+    """One run's result: the slowest consumer's time; the consumers' counts must add up to n."""
+    parts = [v for k, v in replies.items() if k.startswith("consumer")]
+    got = sum(p.get("got", job.n) for p in parts)
+    if got != job.n:
+        raise CaseFailed("error", f"consumers received {got} messages, expected {job.n}")
+    return {"seconds": max(p["seconds"] for p in parts)}
+
+
+def _drive(job, barrier, procs, conns, run_timeout, progress, runs, total):
+    """Run the case's runs, appending the measured result of each to `runs`."""
     _collect("ready", conns, procs, START_TIMEOUT)
     for run in range(job.runs):
         progress(run)
+        total.value = 0
         _release(barrier, conns)
-        runs.append(_collect(f"run{run}", conns, procs, run_timeout)[lead])
+        replies = _collect(f"run{run}", conns, procs, run_timeout)
+        runs.append(replies["pinger"] if job.kind == "rtt" else _merge_consumers(job, replies))
     _release(barrier, conns)
 
 
 def run_case(job, channels, ctx, run_timeout, progress):
     """Run one case end to end; never raises for failures inside the case."""
-    result = CaseResult(job.system, job.kind, job.size, job.mode, job.n)
+    result = CaseResult(job.system, job.kind, job.size, job.mode, job.n, pairs=job.pairs)
     started = time.monotonic()
     specs, procs = [], {}
     trace_dir = tempfile.TemporaryDirectory(prefix="shmq-bench-trace-")
     try:
         specs = [channels.make(ctx, job.size) for _ in range(1 if job.kind == "tput" else 2)]
-        barrier = ctx.Barrier(3)
-        procs, conns = _spawn(ctx, job, specs, barrier, trace_dir.name)
-        _drive(job, barrier, procs, conns, run_timeout, progress, result.runs)
+        barrier, total = ctx.Barrier(len(job.roles) + 1), ctx.Value("q", 0)
+        procs, conns = _spawn(ctx, job, specs, barrier, trace_dir.name, total)
+        _drive(job, barrier, procs, conns, run_timeout, progress, result.runs, total)
     except CaseFailed as exc:
         result.status, result.detail = exc.status, exc.detail
         result.detail += f"\n({len(result.runs)} of {job.runs} runs had completed)"
@@ -672,22 +927,40 @@ def pin_cpus(enabled):
     return tuple(usable[-2:]) if len(usable) >= 2 else ()
 
 
-def plan(systems, sizes, runs, quick, run_timeout, cpus):
+QUICK_MULTI = ("shmq", "mpqueue")  # the only systems run 4 -> 4 with --quick
+
+
+def plan(systems, sizes, runs, quick, run_timeout, cpus, topologies=TOPOLOGIES):
     """Every job, interleaving systems so drift hits them alike."""
-    scale = 10 if quick else 1
-    common = dict(wait=START_TIMEOUT + run_timeout, cpus=cpus)
+    scale = 20 if quick else 1
+    common = dict(wait=START_TIMEOUT + run_timeout)
     jobs = []
-    for size in sizes:
-        for mode in ("msg", "batch"):
-            for system in systems:
-                n = max(BATCH, messages_for(size) // scale)
-                jobs.append(Job(system, "tput", size, mode, n, runs, **common))
+    for pairs in topologies:
+        for size in sizes[:1] if quick and pairs > 1 else sizes:
+            for mode in ("msg", "batch"):
+                for system in systems:
+                    if quick and pairs > 1 and system not in QUICK_MULTI:
+                        continue
+                    n = max(BATCH, messages_for(size) // scale) // pairs * pairs
+                    jobs.append(Job(system, "tput", size, mode, n, runs, pairs=pairs,
+                                    cpus=cpus if pairs == 1 else (), **common))
+    common["cpus"] = cpus
     for system in systems:
         jobs.append(Job(system, "rtt", RTT_SIZE, "msg", RTT_TRIPS // scale, runs, **common))
     return jobs
 
 
 # ---------------------------------------------------------------- availability and machine info
+
+
+def unsupported(job, channels):
+    """Why a planned case cannot run on this system here, or None."""
+    if job.pairs > 1 and job.system in SINGLE_CONSUMER:
+        return f"{job.pairs}->{job.pairs}: {SINGLE_CONSUMER[job.system]}"
+    limit = getattr(channels, "msgsize_max", None)
+    if limit is not None and job.size + MQ_SLACK > limit:
+        return f"msgsize_max: /proc/sys/fs/mqueue/msgsize_max is {limit} B"
+    return None
 
 
 def _dist_version(name):
@@ -709,6 +982,13 @@ def probe(system):
             import faster_fifo  # noqa: F401
         elif system == "zmq":
             import zmq  # noqa: F401
+        elif system == "posix-mq":
+            import posix_ipc  # noqa: F401
+        elif system == "redis":
+            import redis  # noqa: F401
+
+            if shutil.which("redis-server") is None:
+                return "redis-server not on PATH"
     except ImportError as exc:
         if system == "shmq":
             return f"shmq not importable ({exc})"
@@ -760,7 +1040,23 @@ def machine_info():
         "shmq": _shmq_version(),
         "faster-fifo": _dist_version("faster-fifo"),
         "pyzmq": zmq_version,
+        "redis-py": _dist_version("redis"),
+        "posix_ipc": _dist_version("posix_ipc"),
+        "redis-server": _redis_server_version(),
     }
+
+
+def _redis_server_version():
+    exe = shutil.which("redis-server")
+    if exe is None:
+        return None
+    import subprocess
+
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return next((w[2:] for w in out.split() if w.startswith("v=")), out.strip() or None)
 
 
 # ---------------------------------------------------------------- summary and report
@@ -773,9 +1069,11 @@ def summarize(result):
     if result.kind == "rtt":
         p50 = [r["p50_us"] for r in result.runs]
         p99 = [r["p99_us"] for r in result.runs]
+        p999 = [r.get("p999_us", r["max_us"]) for r in result.runs]
         return {
             "p50_us": statistics.median(p50),
             "p99_us": statistics.median(p99),
+            "p999_us": statistics.median(p999),
             "p50_min_us": min(p50),
             "p50_max_us": max(p50),
         }

@@ -410,7 +410,7 @@ class TcpServer:
 
     def notify(self, name):
         """Messages were just put by this loop: wake its waiting CONSUMEs directly
-        (the watch thread is for puts by other processes)."""
+        (the poller is for puts by other processes)."""
         watch = self._watches.get(name)
         if watch is not None and watch._waiters:
             watch._fire()
