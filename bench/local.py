@@ -1103,6 +1103,34 @@ def _size_label(size):
     return f"{size} B"
 
 
+VERSIONED = ("shmq", "faster-fifo", "pyzmq", "posix_ipc", "redis-py", "redis-server")
+
+
+def _case_key(r):
+    return (r.kind, r.size, r.mode, r.pairs)
+
+
+def _better(r, s):
+    """A figure where larger is better: msgs/s, or 1 / RTT p50."""
+    if r.kind == "rtt":
+        return 1 / s["p50_us"] if s.get("p50_us") else None
+    return s.get("msgs_per_s")
+
+
+def relative(results):
+    """{id(result): (vs mpqueue, vs fastest)}: how many times better than each (> 1 = better)."""
+    groups = {}
+    for r, s in results:
+        if r.status == "ok" and _better(r, s):
+            groups.setdefault(_case_key(r), {})[r.system] = _better(r, s)
+    out = {}
+    for r, s in results:
+        mine, group = _better(r, s) if r.status == "ok" else None, groups.get(_case_key(r), {})
+        base, best = group.get(BASELINE), max(group.values(), default=None)
+        out[id(r)] = (_ratio(mine, base), _ratio(mine, best))
+    return out
+
+
 def _print_header(info, args, skipped, out):
     print("shmq local benchmark", file=out)
     cores = f"{info['logical_cpus']} logical CPUs"
@@ -1112,7 +1140,7 @@ def _print_header(info, args, skipped, out):
         cores += f", {info['usable_cpus']} usable"
     print(f"machine : {info['cpu']}; {cores}; {info['os']}", file=out)
     print(f"python  : {info['python']}", file=out)
-    versions = ", ".join(f"{k} {info[k] or 'not installed'}" for k in ("shmq", "faster-fifo", "pyzmq"))
+    versions = ", ".join(f"{k} {info.get(k) or 'not installed'}" for k in VERSIONED)
     print(f"packages: {versions}", file=out)
     pinned = f"CPUs {args.cpus[0]} and {args.cpus[1]}" if args.cpus else "no (OS placement)"
     print(f"settings: runs={args.runs}, quick={args.quick}, start method=spawn, batch={BATCH}, "
@@ -1126,18 +1154,23 @@ def _print_tput(results, runs, out):
     rows = [(r, s) for r, s in results if r.kind == "tput"]
     if not rows:
         return
-    print(f"Throughput, 1 producer -> 1 consumer (separate processes), median of {runs} runs", file=out)
-    print("  msg = one message per call; batch = 64 per call (see notes); MB/s = payload, 10^6 B/s", file=out)
-    head = f"{'size':>7}  {'mode':<5}  {'system':<11}  {'N':>7}  {'msgs/s':>8}  {'(min .. max)':<19}  {'MB/s':>8}"
+    rel = relative(results)
+    print(f"Throughput, P producers -> P consumers (separate processes), median of {runs} runs", file=out)
+    print("  msg = one message per call; batch = 64 per call (see notes); MB/s = payload, 10^6 B/s;", file=out)
+    print(f"  vs mpq / vs best = msgs/s over {BASELINE}'s / the fastest system's in the same case", file=out)
+    head = (f"{'size':>7}  {'mode':<5}  {'P':>4}  {'system':<11}  {'N':>7}  {'msgs/s':>8}  {'(min .. max)':<19}  "
+            f"{'MB/s':>8}  {'vs mpq':>7}  {'vs best':>7}")
     print(head, file=out)
     print("-" * len(head), file=out)
     for r, s in rows:
-        lead = f"{_size_label(r.size):>7}  {r.mode:<5}  {r.system:<11}  {r.n:>7}"
+        lead = f"{_size_label(r.size):>7}  {r.mode:<5}  {f'{r.pairs}->{r.pairs}':>4}  {r.system:<11}  {r.n:>7}"
         if r.status != "ok":
-            print(f"{lead}  {r.status:>8}", file=out)
+            print(f"{lead}  {r.status}" + (f": {r.detail}" if r.status == "skipped" else ""), file=out)
             continue
         spread = f"({_si(s['msgs_per_s_min'])} .. {_si(s['msgs_per_s_max'])})"
-        print(f"{lead}  {_si(s['msgs_per_s']):>8}  {spread:<19}  {s['mb_per_s']:>8.1f}", file=out)
+        vs_base, vs_best = rel[id(r)]
+        print(f"{lead}  {_si(s['msgs_per_s']):>8}  {spread:<19}  {s['mb_per_s']:>8.1f}  {vs_base:>7}  {vs_best:>7}",
+              file=out)
     print("  batch notes:", file=out)
     for system in dict.fromkeys(r.system for r, _ in rows):
         print(f"    {system:<11} {BATCH_NOTES[system]}", file=out)
@@ -1151,15 +1184,21 @@ def _print_rtt(results, runs, out):
     n = rows[0][0].n
     print(f"RTT, {RTT_SIZE} B ping-pong over two queues (a->b, b->a), {n} round trips "
           f"after {WARMUP} warm-up, median of {runs} runs, microseconds", file=out)
-    head = f"{'system':<11}  {'RTT p50':>9}  {'RTT p99':>9}  {'p50 (min .. max)':<20}"
+    print(f"  vs mpq / vs best = {BASELINE}'s / the lowest p50 over this system's p50 (> 1 = lower latency)",
+          file=out)
+    rel = relative(results)
+    head = (f"{'system':<11}  {'RTT p50':>9}  {'RTT p99':>9}  {'RTT p99.9':>9}  {'p50 (min .. max)':<20}  "
+            f"{'vs mpq':>7}  {'vs best':>7}")
     print(head, file=out)
     print("-" * len(head), file=out)
     for r, s in rows:
         if r.status != "ok":
-            print(f"{r.system:<11}  {r.status:>9}", file=out)
+            print(f"{r.system:<11}  {r.status}" + (f": {r.detail}" if r.status == "skipped" else ""), file=out)
             continue
         spread = f"({s['p50_min_us']:.1f} .. {s['p50_max_us']:.1f})"
-        print(f"{r.system:<11}  {s['p50_us']:>9.1f}  {s['p99_us']:>9.1f}  {spread:<20}", file=out)
+        vs_base, vs_best = rel[id(r)]
+        print(f"{r.system:<11}  {s['p50_us']:>9.1f}  {s['p99_us']:>9.1f}  {s['p999_us']:>9.1f}  {spread:<20}  "
+              f"{vs_base:>7}  {vs_best:>7}", file=out)
     print(file=out)
 
 
@@ -1182,11 +1221,12 @@ def _ratio_cell(by_key, mine, peer, stat, invert=False):
 
 def _print_ratios(results, out):
     """shmq / peer per throughput row, then peer / shmq RTT."""
+    results = [(r, s) for r, s in results if r.pairs == 1]
     by_key = {(r.system, r.kind, r.size, r.mode): (r, s) for r, s in results}
     peers = list(dict.fromkeys(r.system for r, _ in results if r.system != "shmq"))
     if not any(r.system == "shmq" for r, _ in results) or not peers:
         return
-    print("Ratios shmq / peer (median msgs/s; > 1 means shmq is faster)", file=out)
+    print("Ratios shmq / peer, 1 -> 1 (median msgs/s; > 1 means shmq is faster)", file=out)
     head = f"{'size':>7}  {'mode':<5}  " + "  ".join(f"{'vs ' + p:>14}" for p in peers)
     print(head, file=out)
     print("-" * len(head), file=out)
@@ -1206,13 +1246,13 @@ def _print_ratios(results, out):
 
 
 def _print_failures(results, out):
-    failed = [r for r, _ in results if r.status != "ok" or r.detail]
+    failed = [r for r, _ in results if r.status != "skipped" and (r.status != "ok" or r.detail)]
     if not failed:
         return
     print("Problems", file=out)
     for r in failed:
         mode = f" {r.mode}" if r.kind == "tput" else ""
-        print(f"- {r.system} {r.kind} {_size_label(r.size)}{mode}: {r.status}", file=out)
+        print(f"- {r.system} {r.kind} {_size_label(r.size)}{mode} {r.pairs}->{r.pairs}: {r.status}", file=out)
         for line in r.detail.strip().splitlines():
             print(f"    {line}", file=out)
     print(file=out)
@@ -1331,9 +1371,8 @@ def _open_channels(systems, skipped):
     return opened
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    ctx = mp.get_context("spawn")
+def run_matrix(args, ctx):
+    """Run every planned case; return (info, skipped systems, [(result, summary)], notes)."""
     skipped = {s: r for s in args.systems if (r := probe(s))}
     channels = _open_channels([s for s in args.systems if s not in skipped], skipped)
     args.cpus = pin_cpus(args.pin)
@@ -1343,6 +1382,11 @@ def main(argv=None):
     results, notes = [], []
     try:
         for index, job in enumerate(jobs, 1):
+            reason = unsupported(job, channels[job.system])
+            if reason:
+                result = CaseResult(job.system, job.kind, job.size, job.mode, job.n, job.pairs, "skipped", reason)
+                results.append((result, {}))
+                continue
             result = run_case(job, channels[job.system], ctx, args.run_timeout, progress.case(index, job))
             progress.done(result)
             results.append((result, summarize(result)))
@@ -1353,12 +1397,17 @@ def main(argv=None):
             except Exception:
                 notes.append(f"cleanup of {system} failed:\n{traceback.format_exc()}")
         progress.finish()
-    info = machine_info()
+    return machine_info(), skipped, results, notes
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    info, skipped, results, notes = run_matrix(args, mp.get_context("spawn"))
     report(info, args, skipped, results, notes)
     if args.json:
         write_json(args.json, info, args, skipped, results, notes)
         print(f"wrote {args.json}")
-    return 0 if all(r.status == "ok" for r, _ in results) else 1
+    return 0 if all(r.status in ("ok", "skipped") for r, _ in results) else 1
 
 
 if __name__ == "__main__":

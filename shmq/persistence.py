@@ -15,7 +15,7 @@ import time
 
 from . import dmsq
 from .broker import Broker
-from .errors import QueueNotFound
+from .errors import QueueNotFound, ShmqError
 from .queue import Queue
 
 __all__ = ["snapshot_path", "snapshot_queue", "restore_file", "recover", "Snapshotter"]
@@ -140,7 +140,7 @@ def recover(broker: Broker, data_dir: str) -> list[str]:
                 n = q.import_messages(records.values())
             finally:
                 q.close()
-        except (ValueError, TypeError, OSError, QueueNotFound) as e:
+        except (ValueError, TypeError, OSError, ShmqError) as e:
             log.error("%s: cannot rebuild queue %s: %s", data_dir, name, e)
             continue
         log.info("queue %s rebuilt from %s: %d message(s)", name, data_dir, n)
