@@ -389,6 +389,7 @@ class _ShmqTcpChannels:
         from bench.tcp import ShmqSystem
 
         self._server = ShmqSystem()
+        self.max_frame_bytes = _default_frame_bytes()
         self._count = 0
 
     def make(self, ctx, size):
@@ -410,6 +411,15 @@ class _ShmqTcpChannels:
         self._server.close()
         left = _shm_leftovers(self._server.namespace)
         return [f"shmq-tcp left {', '.join(left)} in /dev/shm"] if left else []
+
+
+def _default_frame_bytes():
+    """The largest frame `shmq server` accepts by default (16 MiB if shmq does not say)."""
+    try:
+        from shmq.protocol import DEFAULT_MAX_FRAME_BYTES
+    except ImportError:
+        return 16 * 2**20
+    return DEFAULT_MAX_FRAME_BYTES
 
 
 class _SimpleQueueChannels(_MpQueueChannels):
@@ -928,6 +938,7 @@ def pin_cpus(enabled):
 
 
 QUICK_MULTI = ("shmq", "mpqueue")  # the only systems run 4 -> 4 with --quick
+ROUND_TRIP_SCALE = {"shmq-tcp": 20, "redis": 10}  # one network round trip per message: fewer messages
 
 
 def plan(systems, sizes, runs, quick, run_timeout, cpus, topologies=TOPOLOGIES):
@@ -941,7 +952,8 @@ def plan(systems, sizes, runs, quick, run_timeout, cpus, topologies=TOPOLOGIES):
                 for system in systems:
                     if quick and pairs > 1 and system not in QUICK_MULTI:
                         continue
-                    n = max(BATCH, messages_for(size) // scale) // pairs * pairs
+                    slow = ROUND_TRIP_SCALE.get(system, 1) if mode == "msg" else 1
+                    n = max(BATCH, messages_for(size) // scale // slow) // pairs * pairs
                     jobs.append(Job(system, "tput", size, mode, n, runs, pairs=pairs,
                                     cpus=cpus if pairs == 1 else (), **common))
     common["cpus"] = cpus
@@ -957,6 +969,9 @@ def unsupported(job, channels):
     """Why a planned case cannot run on this system here, or None."""
     if job.pairs > 1 and job.system in SINGLE_CONSUMER:
         return f"{job.pairs}->{job.pairs}: {SINGLE_CONSUMER[job.system]}"
+    frame = getattr(channels, "max_frame_bytes", None)
+    if frame is not None and job.mode == "batch" and BATCH * job.size > frame // 2:
+        return f"a batch of {BATCH} x {_size_label(job.size)} exceeds the server's {_size_label(frame)} frames"
     limit = getattr(channels, "msgsize_max", None)
     if limit is not None and job.size + MQ_SLACK > limit:
         return f"msgsize_max: /proc/sys/fs/mqueue/msgsize_max is {limit} B"

@@ -302,6 +302,18 @@ def restore(file, namespace, into):
         click.echo(f"shmq: warning: {error}", err=True)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args):
+    """Run the benchmark matrix (``python -m bench``; needs a shmq checkout). ARGS go
+    to it, e.g. ``shmq bench --quick``."""
+    import subprocess
+
+    if not os.path.exists(os.path.join("bench", "__main__.py")):
+        raise ShmqError("shmq bench runs the bench/ folder of a shmq checkout: cd into one first")
+    sys.exit(subprocess.call([sys.executable, "-m", "bench", *args]))
+
+
 def _jsonable(headers):
     return {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in headers.items()}
 

@@ -92,3 +92,11 @@ def test_existing_queue_and_unreachable_broker(broker):
     assert r.returncode == 1 and r.stderr.startswith("shmq: error: cannot connect to 127.0.0.1:1")
     r = shmq_cli("list", env={"SHMQ_URL": "tcp://127.0.0.1:1"})
     assert r.returncode == 1 and "127.0.0.1:1" in r.stderr
+
+
+def test_bench_command_runs_the_checkouts_harness(tmp_path):
+    r = shmq_cli("bench", "--help")
+    assert r.returncode == 0 and "--quick" in r.stdout
+    outside = subprocess.run([sys.executable, "-m", "shmq.cli", "bench", "--quick"], capture_output=True, text=True,
+                             timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert outside.returncode == 1 and outside.stderr.startswith("shmq: error: shmq bench runs the bench/ folder")
