@@ -72,8 +72,7 @@ HOT = struct.Struct("<%dQ" % len(HOT_FIELDS))
 COUNTERS_OFF = HOT_OFF + HOT.size
 COUNTER_FIELDS = ("acked_total", "redelivered_total", "dead_lettered_total", "purged_total", "repairs")
 COUNTERS = struct.Struct("<%dQ" % len(COUNTER_FIELDS))
-# write-ahead log words: bytes appended to the current generation, bytes known fsynced,
-# monotonic ns of the last fsync
+# write-ahead log words: bytes appended to the current generation, bytes known fsynced
 WAL_WORDS_OFF = 768
 PROCS_OFF = 1024
 # process slot: pid, start_ms, consumers waiting, producers waiting

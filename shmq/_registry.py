@@ -11,7 +11,7 @@ import ctypes
 import struct
 import time
 
-from ._mutex import MUTEX_SIZE, RobustMutex, init_mutex
+from ._mutex import RobustMutex, init_mutex
 from ._process import current_identity, is_alive
 from ._segment import create_segment, open_segment, segment_name, unlink_segment
 

@@ -11,7 +11,7 @@ import weakref
 
 from . import _layout as L
 from ._mutex import init_mutex
-from ._registry import CREATING, DELETING, FREE, LIVE, Registry
+from ._registry import CREATING, DELETING, LIVE, Registry
 from ._segment import (
     check_namespace,
     check_queue_name,

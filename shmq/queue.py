@@ -72,9 +72,9 @@ _H = L.HOT_OFF >> 3
 _C = L.COUNTERS_OFF >> 3
 I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = range(_C, _C + len(L.COUNTER_FIELDS))
 
-_ACK, _NACK, _DROP = 1, 2, 3
+_ACK, _NACK = 1, 2
 _W = L.WAL_WORDS_OFF >> 3
-I_WAL_SIZE, I_WAL_SYNCED, I_WAL_LAST_SYNC = _W, _W + 1, _W + 2
+I_WAL_SIZE, I_WAL_SYNCED = _W, _W + 1
 WAL_NEVER, WAL_ALWAYS, WAL_BATCH = 0, 1, 2
 
 _live_queues = weakref.WeakSet()
@@ -705,7 +705,6 @@ class Queue:
         deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
         waited = 0
         spun = timeout == 0
-        mq = self._mq
         while True:
             can_wait = deadline is None or _mono() < deadline
             got = self._take(maxn, vis_ns, waited, spun and can_wait, max_bytes)
@@ -1094,7 +1093,7 @@ class Queue:
     # ------------------------------------------------------------------ housekeeping
     def _expire(self, now):
         """Expired leases and due delayed messages become ready. Lock held."""
-        mq, mm, cap, base = self._mq, self._mm, self._cap, self._base
+        mq, cap, base = self._mq, self._cap, self._base
         pos, end = mq[I_HEAD], mq[I_FRONTIER]
         next_deadline = _NEVER
         woke = 0

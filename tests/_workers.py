@@ -100,15 +100,16 @@ def chaos_consumer(ns, qname, log_path):
                     _log(log, "done " + d.body.decode())
 
 
-def hold_leases(ns, qname, n, ready_event):
-    """Lease ``n`` messages, say so, then hang until killed."""
-    with shmq.connect(namespace=ns) as b:
-        q = b.queue(qname)
-        held = []
-        while len(held) < n:
-            held += q.get_many(n - len(held), timeout=10)
-        ready_event.set()
-        time.sleep(3600)
+def hold_leases(ns, qname, n, ready_event, url=None):
+    """Lease ``n`` messages (locally, or over TCP with ``url``), say so, then hang
+    until killed."""
+    b = shmq.connect(url) if url else shmq.connect(namespace=ns)
+    q = b.queue(qname)
+    held = []
+    while len(held) < n:
+        held += q.get_many(n - len(held), timeout=10)
+    ready_event.set()
+    time.sleep(3600)
 
 
 def hold_lock(ns, qname, ready_event, half_written):
@@ -144,16 +145,6 @@ def get_one_from_handle(q, out):
     out.put(d.body)
     d.ack()
 
-
-def remote_hold_leases(url, qname, n, ready_event):
-    """Lease ``n`` messages over TCP, say so, then hang until killed."""
-    b = shmq.connect(url)
-    q = b.queue(qname)
-    held = []
-    while len(held) < n:
-        held += q.get_many(n - len(held), timeout=10)
-    ready_event.set()
-    time.sleep(3600)
 
 
 def remote_chaos_consumer(url_file, qname, log_path, stop_event):

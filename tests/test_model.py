@@ -5,7 +5,7 @@ import time
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import shmq
 import shmq.queue as engine

@@ -4,13 +4,10 @@ import json
 import time
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
 import shmq
-from shmq import dmsq
 from shmq.persistence import Snapshotter, recover, restore_file, snapshot_queue
 from tests.test_cli import shmq_cli
 from tests.test_server_tcp import ServerProcess

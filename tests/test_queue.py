@@ -89,6 +89,7 @@ def test_nack_requeues_in_place_with_next_attempt(broker):
     q = broker.create_queue("q")
     q.put_many([b"1", b"2", b"3"])
     d1, d2 = q.get_nowait(), q.get_nowait()
+    assert (d1.body, d2.body) == (b"1", b"2")
     d1.nack()
     again = q.get_nowait()
     assert (again.id, again.body, again.attempt) == (d1.id, b"1", 2)

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -191,7 +190,7 @@ def test_a_client_killed_mid_consume_gives_its_deliveries_back(server, broker):
     q = broker.create_queue("q", visibility_timeout=300)
     q.put_many([b"%d" % i for i in range(5)])
     ready = mp.get_context("spawn").Event()
-    p = mp.get_context("spawn").Process(target=w.remote_hold_leases, args=(server.url, "q", 5, ready))
+    p = mp.get_context("spawn").Process(target=w.hold_leases, args=(None, "q", 5, ready, server.url))
     p.start()
     assert ready.wait(30)
     os.kill(p.pid, signal.SIGKILL)

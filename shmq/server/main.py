@@ -7,6 +7,7 @@ import signal
 
 from ..broker import Broker
 from ..persistence import Snapshotter, recover
+from ..queue import WAL_ALWAYS, WAL_BATCH, WAL_NEVER
 from .housekeeper import Housekeeper
 from .tcp import TcpServer
 
@@ -20,11 +21,11 @@ log = logging.getLogger("shmq.server")
 def parse_fsync(policy: str) -> tuple[int, int]:
     """``always`` | ``batch:MS`` | ``never`` -> (mode, batch ms) for the write-ahead logs."""
     if policy == "always":
-        return 1, 0
+        return WAL_ALWAYS, 0
     if policy == "never":
-        return 0, 0
+        return WAL_NEVER, 0
     if policy.startswith("batch:") and policy[6:].isdigit() and int(policy[6:]) > 0:
-        return 2, int(policy[6:])
+        return WAL_BATCH, int(policy[6:])
     raise ValueError(f"--fsync must be always, batch:MS or never, not {policy!r}")
 
 
@@ -88,7 +89,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         if snapshotter is not None:
             # the snapshot loop ends with a last snapshot after the stop
             tasks.append(asyncio.create_task(every(snapshot_interval, snapshotter.run_once, "snapshot", first=False)))
-            if mode == 2:
+            if mode == WAL_BATCH:
                 tasks.append(asyncio.create_task(every(ms / 1000, snapshotter.sync_logs, "log fsync", first=False)))
         await stop.wait()
         log.info("stopping: answering what is in flight")
