@@ -55,7 +55,8 @@ def run_durability(ctx, quick):
 def print_durability(rows, out=sys.stdout):
     print("Durability modes, 64 B, 1 producer -> 1 consumer (put / get + ack), local attach; "
           f"median of {rows[0].get('runs', '?')} runs", file=out)
-    head = f"{'mode':<12}  {'msgs/s':>10}  {'(min .. max)':<22}  {'vs memory':>9}  {'RTT p50 us':>10}"
+    head = (f"{'mode':<12}  {'msgs/s':>10}  {'(min .. max)':<22}  {'vs memory':>9}  {'RTT p50 us':>10}  "
+            f"{'p99 us':>8}  {'p99.9 us':>8}")
     print(head, file=out)
     print("-" * len(head), file=out)
     base = rows[0].get("msgs_per_s")
@@ -65,7 +66,7 @@ def print_durability(rows, out=sys.stdout):
             continue
         spread = f"({local._si(r['min'])} .. {local._si(r['max'])})"
         print(f"{r['mode']:<12}  {r['msgs_per_s']:>10,.0f}  {spread:<22}  {local._ratio(r['msgs_per_s'], base):>9}  "
-              f"{r['rtt_p50_us']:>10.1f}", file=out)
+              f"{r['rtt_p50_us']:>10.1f}  {r['rtt_p99_us']:>8.1f}  {r['rtt_p999_us']:>8.1f}", file=out)
     print(file=out)
 
 
@@ -92,7 +93,9 @@ def main(argv=None):
     print(f"wrote {args.json}")
     from bench import plot
 
-    print(plot.draw(args.plot, results))
+    title = (f"shmq bench, median of {args.runs} run(s){' (--quick)' if args.quick else ''}: "
+             f"{info['cpu']}, {info['logical_cpus']} CPUs, Python {info['python']}")
+    print(plot.draw(args.plot, results, dur, title))
     ok = all(r.status in ("ok", "skipped") for r, _ in results) and not any("error" in d for d in dur)
     return 0 if ok else 1
 

@@ -20,7 +20,10 @@ import time
 import uuid
 
 import shmq
+from bench.local import percentile
 
+WARMUP = 200  # round trips before the measured ones
+PERCENTILES = (("rtt_p50_us", 0.50), ("rtt_p99_us", 0.99), ("rtt_p999_us", 0.999))
 MODES = (("memory", "memory", "batch:2"), ("snapshot", "snapshot", "batch:2"),
          ("wal batch:2", "wal", "batch:2"), ("wal always", "wal", "always"))
 
@@ -85,19 +88,21 @@ def run_mode(ctx, label, durability, fsync, n, trips, runs):
             qb = broker.create_queue(b, durability=durability)
             _open_log(broker, a, durability)
             _open_log(broker, b, durability)
-            echo = ctx.Process(target=_echo, args=(ns, a, b, trips))
+            echo = ctx.Process(target=_echo, args=(ns, a, b, WARMUP + trips))
             echo.start()
             samples = []
-            for _ in range(trips):
+            for i in range(WARMUP + trips):  # the first trips wait for the echo process to start
                 t0 = time.perf_counter_ns()
                 qa.put(b"x" * 64)
                 qb.get(timeout=60).ack()
-                samples.append(time.perf_counter_ns() - t0)
+                if i >= WARMUP:
+                    samples.append(time.perf_counter_ns() - t0)
             echo.join(60)
             samples.sort()
-            rtts.append(samples[len(samples) // 2] / 1000)
-        return {"mode": label, "msgs_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
-                "rtt_p50_us": statistics.median(rtts)}
+            rtts.append({key: percentile(samples, q) / 1000 for key, q in PERCENTILES})
+        row = {"mode": label, "msgs_per_s": statistics.median(rates), "min": min(rates), "max": max(rates)}
+        row.update({key: statistics.median(r[key] for r in rtts) for key, _ in PERCENTILES})
+        return row
     finally:
         broker.close()
         server.send_signal(signal.SIGTERM)
@@ -130,10 +135,11 @@ def main(argv=None):
     print(f"shmq durability modes: 64 B, 1 producer -> 1 consumer (put / get + ack), median of {runs} runs")
     results = [run_mode(ctx, label, durability, fsync, n, trips, runs) for label, durability, fsync in MODES]
     base = results[0]["msgs_per_s"]
-    print(f"\n{'mode':12s} {'msgs/s':>10s}  {'(min .. max)':>22s}  {'vs memory':>9s}  {'RTT p50 us':>10s}")
+    print(f"\n{'mode':12s} {'msgs/s':>10s}  {'(min .. max)':>22s}  {'vs memory':>9s}  "
+          f"{'RTT p50 us':>10s}  {'p99':>8s}  {'p99.9':>8s}")
     for r in results:
         print(f"{r['mode']:12s} {r['msgs_per_s']:10,.0f}  ({r['min']:>9,.0f} .. {r['max']:>9,.0f})  "
-              f"{r['msgs_per_s'] / base:8.2f}x  {r['rtt_p50_us']:10.1f}")
+              f"{r['msgs_per_s'] / base:8.2f}x  {r['rtt_p50_us']:10.1f}  {r['rtt_p99_us']:8.1f}  {r['rtt_p999_us']:8.1f}")
 
 
 if __name__ == "__main__":

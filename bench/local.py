@@ -7,10 +7,15 @@ processes started with the "spawn" context. Run from the repository root::
     python -m bench.local --quick         # CI smoke test, well under a minute
     python -m bench.local --systems shmq,zmq --sizes 64,1024 --json out.json
 
-Workloads: 1 producer -> 1 consumer throughput per message size, in per-message
-and batched (64) mode, and a 64 B ping-pong round-trip time (RTT) over two queues.
-The two processes of a case are pinned to two distinct CPUs (``--no-pin`` to let the
-OS place them: on a 2-CPU box it may put both on one core, which changes RTT ~10x).
+Workloads: throughput per message size, 1 producer -> 1 consumer and 4 -> 4, in
+per-message and batched (64) mode, and a 64 B ping-pong round-trip time (RTT) over two
+queues. Every case warms up before its first measured run. In 4 -> 4 the consumers
+share one counter: on a shared queue the one that takes message n sends a stop to each
+of the others; pyzmq has no shared queue, so each producer binds its own PUSH, every
+consumer's PULL connects to all of them, and a consumer stops when it finds the count
+complete after an idle poll. The two processes of a 1 -> 1 case are pinned to two
+distinct CPUs (``--no-pin`` to let the OS place them: on a 2-CPU box it may put both on
+one core, which changes RTT ~10x).
 """
 
 from __future__ import annotations
@@ -31,14 +36,14 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import connection
 
 SYSTEMS = ("shmq", "shmq-tcp", "mpqueue", "simplequeue", "faster-fifo", "zmq", "posix-mq", "redis")
 BASELINE = "mpqueue"
 DEFAULT_SIZES = (64, 1024, 65536, 2**20)
 TOPOLOGIES = (1, 4)  # producers = consumers per case
-SINGLE_CONSUMER = {"zmq": "PUSH/PULL over one ipc:// address has a single binding PULL"}
+POLL_SECONDS = 0.02  # a mesh consumer's idle poll, after which it checks the shared count
 MQ_SLACK = 64  # posix MQ message size above the body size
 BATCH = 64
 RTT_SIZE = 64
@@ -179,6 +184,29 @@ class _ZmqEnd:
         self._ctx.term()
 
 
+class _ZmqMeshEnd(_ZmqEnd):
+    """P -> P without a broker: producer i binds a PUSH at ``<spec>.p<i>``; every
+    consumer's PULL connects to all P of them (PUSH round-robins, PULL fair-queues)."""
+
+    def __init__(self, spec, role, index, pairs):
+        import zmq
+
+        self._ctx = zmq.Context()
+        if role == "recv":
+            self._sock = self._ctx.socket(zmq.PULL)
+            for i in range(pairs):
+                self._sock.connect(f"{spec}.p{i}")
+        else:
+            self._sock = self._ctx.socket(zmq.PUSH)
+            self._sock.bind(f"{spec}.p{index}")
+
+    def poll_batch(self, batch, seconds):
+        """The next message (batch: multipart message) as a list, or [] after `seconds` idle."""
+        if not self._sock.poll(int(seconds * 1000)):
+            return []
+        return self._sock.recv_multipart() if batch else [self._sock.recv()]
+
+
 class _ShmqTcpEnd(_ShmqEnd):
     """One side of a shmq queue reached through `shmq server` over TCP."""
 
@@ -257,6 +285,7 @@ ENDPOINTS = {
     "posix-mq": _PosixMqEnd,
     "redis": _RedisEnd,
 }
+MESH_ENDPOINTS = {"zmq": _ZmqMeshEnd}  # P -> P without a shared queue: consumers poll, no stop messages
 
 
 # ---------------------------------------------------------------- channels (parent side)
@@ -372,10 +401,11 @@ class _ZmqChannels:
         return f"ipc://{self._dir}/c{self._count}.sock"
 
     def drop(self, spec):
-        try:
-            os.unlink(spec[len("ipc://"):])
-        except FileNotFoundError:
-            pass
+        path = spec[len("ipc://"):]
+        for name in os.listdir(self._dir):
+            full = os.path.join(self._dir, name)
+            if full == path or full.startswith(path + ".p"):
+                os.unlink(full)
 
     def close(self):
         shutil.rmtree(self._dir, ignore_errors=True)
@@ -543,6 +573,10 @@ class Job:
 
 def _open_ends(role, job, specs):
     """Open the endpoints a role uses: [sender] / [receiver] / [sender, receiver]."""
+    if job.pairs > 1 and job.system in MESH_ENDPOINTS:
+        kind = role.rstrip("0123456789")
+        index = int(role[len(kind):])
+        return [MESH_ENDPOINTS[job.system](specs[0], "send" if kind == "producer" else "recv", index, job.pairs)]
     end = ENDPOINTS[job.system]
     if role.startswith("producer"):
         return [end(specs[0], "send")]
@@ -607,8 +641,8 @@ def _consume_shared(job, ends, total):
         if data:
             with total.get_lock():
                 before = total.value
-                total.value += len(data)
-            if before < job.n <= total.value:
+                after = total.value = before + len(data)
+            if before < job.n <= after:  # exactly one consumer crosses n (both ends read under the lock)
                 _stop(job, tx, job.pairs - 1)
                 break
         if stops:
@@ -619,10 +653,34 @@ def _consume_shared(job, ends, total):
     return {"seconds": time.perf_counter() - t0, "got": got}
 
 
+def _consume_polled(job, ends, total):
+    """One of several mesh consumers: receive until the shared total reaches n.
+
+    Its time is that of its last message, so the idle poll that ends it is not counted.
+    """
+    rx = ends[0]
+    got = nbytes = 0
+    t0 = last = time.perf_counter()
+    while True:
+        bodies = rx.poll_batch(job.mode == "batch", POLL_SECONDS)
+        if bodies:
+            last = time.perf_counter()
+            got += len(bodies)
+            nbytes += sum(map(len, bodies))
+            with total.get_lock():
+                total.value += len(bodies)
+        elif total.value >= job.n:  # every message has reached some consumer: none is in flight
+            break
+    if nbytes != got * job.size:
+        raise AssertionError(f"received {nbytes} B in {got} msgs of {job.size} B")
+    return {"seconds": last - t0, "got": got}
+
+
 def _consume(job, ends, total=None):
     """Receive exactly job.n messages; time from release until the last one."""
     if job.pairs > 1:
-        return _consume_shared(job, ends, total)
+        polled = job.system in MESH_ENDPOINTS
+        return (_consume_polled if polled else _consume_shared)(job, ends, total)
     rx = ends[0]
     got = nbytes = 0
     t0 = time.perf_counter()
@@ -641,7 +699,7 @@ def _consume(job, ends, total=None):
     return {"seconds": seconds}
 
 
-def _percentile(ordered, q):
+def percentile(ordered, q):
     """Nearest-rank percentile of an ascending list."""
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
@@ -663,9 +721,9 @@ def _ping(job, ends):
             samples.append(t1 - t0)
     samples.sort()
     return {
-        "p50_us": _percentile(samples, 0.50) / 1e3,
-        "p99_us": _percentile(samples, 0.99) / 1e3,
-        "p999_us": _percentile(samples, 0.999) / 1e3,
+        "p50_us": percentile(samples, 0.50) / 1e3,
+        "p99_us": percentile(samples, 0.99) / 1e3,
+        "p999_us": percentile(samples, 0.999) / 1e3,
         "mean_us": statistics.fmean(samples) / 1e3,
         "max_us": samples[-1] / 1e3,
     }
@@ -679,14 +737,17 @@ def _pong(job, ends):
     return {}
 
 
-def _warm_producer(job, ends):
+def _warm_producer(job, ends, total):
     """Before the first run: connect and warm both sides up with job.warmup messages."""
     for _ in range(job.warmup):
         ends[0].send(b"w" * job.size)
 
 
-def _warm_consumer(job, ends):
-    """Drain the producer's warm-up messages."""
+def _warm_consumer(job, ends, total):
+    """Drain the producers' warm-up messages (P -> P: as a run of warmup x P messages)."""
+    if job.pairs > 1:
+        _consume(replace(job, n=job.warmup * job.pairs, mode="msg"), ends, total)
+        return
     for _ in range(job.warmup):
         ends[0].recv()
 
@@ -711,8 +772,7 @@ def _child(role, job, specs, barrier, conn, trace_path, total):
             os.sched_setaffinity(0, {job.cpus[job.roles.index(role)]})
         ends = _open_ends(role, job, specs)
         try:
-            if job.pairs == 1:
-                WARMUPS.get(kind, lambda j, e: None)(job, ends)
+            WARMUPS.get(kind, lambda j, e, t: None)(job, ends, total)
             conn.send(("ready", None))
             for run in range(job.runs):
                 barrier.wait(timeout=job.wait)
@@ -937,7 +997,7 @@ def pin_cpus(enabled):
     return tuple(usable[-2:]) if len(usable) >= 2 else ()
 
 
-QUICK_MULTI = ("shmq", "mpqueue")  # the only systems run 4 -> 4 with --quick
+QUICK_MULTI = ("shmq", "mpqueue", "faster-fifo", "zmq")  # the systems run 4 -> 4 with --quick (shared queue and mesh)
 ROUND_TRIP_SCALE = {"shmq-tcp": 20, "redis": 10}  # one network round trip per message: fewer messages
 
 
@@ -967,8 +1027,6 @@ def plan(systems, sizes, runs, quick, run_timeout, cpus, topologies=TOPOLOGIES):
 
 def unsupported(job, channels):
     """Why a planned case cannot run on this system here, or None."""
-    if job.pairs > 1 and job.system in SINGLE_CONSUMER:
-        return f"{job.pairs}->{job.pairs}: {SINGLE_CONSUMER[job.system]}"
     frame = getattr(channels, "max_frame_bytes", None)
     if frame is not None and job.mode == "batch" and BATCH * job.size > frame // 2:
         return f"a batch of {BATCH} x {_size_label(job.size)} exceeds the server's {_size_label(frame)} frames"

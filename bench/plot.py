@@ -1,8 +1,12 @@
-"""PNG of a benchmark run: throughput by message size per system, RTT percentiles per system."""
+"""PNG of a benchmark run: throughput by message size per system and topology, RTT
+percentiles per system, and the durability modes."""
 
 from __future__ import annotations
 
 import os
+
+SYSTEM_ORDER = ("shmq", "shmq-tcp", "mpqueue", "simplequeue", "faster-fifo", "zmq", "posix-mq", "redis")
+PANEL_ORDER = (("msg", 1), ("batch", 1), ("msg", 4), ("batch", 4))
 
 
 def _series(results):
@@ -18,27 +22,51 @@ def _series(results):
     return tput, rtt
 
 
-def _throughput(ax, title, by_system):
-    for system, points in sorted(by_system.items()):
-        points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=system)
+def _ordered(systems):
+    return sorted(systems, key=lambda s: (SYSTEM_ORDER.index(s) if s in SYSTEM_ORDER else len(SYSTEM_ORDER), s))
+
+
+def _style(system, colors):
+    """One colour per system in every panel; shmq drawn heavier."""
+    return dict(color=colors[system], linewidth=2.6 if system == "shmq" else 1.3,
+                zorder=3 if system == "shmq" else 2)
+
+
+def _throughput(ax, title, by_system, colors):
+    for system in _ordered(by_system):
+        points = sorted(by_system[system])
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=system,
+                **_style(system, colors))
     ax.set(xscale="log", yscale="log", title=title, xlabel="message size (B)", ylabel="msgs/s")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
 
 
 def _latency(ax, rtt):
-    systems = sorted(rtt)
+    systems = _ordered(rtt)
     width = 0.27
     for i, label in enumerate(("p50", "p99", "p99.9")):
         xs = [k + (i - 1) * width for k in range(len(systems))]
         ax.bar(xs, [rtt[s][i] for s in systems], width, label=label)
     ax.set_xticks(range(len(systems)), systems, rotation=30, ha="right", fontsize=8)
-    ax.set(yscale="log", title="ping-pong RTT (64 B)", ylabel="microseconds")
+    ax.set(yscale="log", title="ping-pong RTT (64 B), lower is better", ylabel="microseconds")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=7)
 
 
-def draw(path, results):
+def _durability(ax, rows):
+    rows = [r for r in rows if "error" not in r]
+    labels = [r["mode"] for r in rows]
+    bars = ax.bar(range(len(rows)), [r["msgs_per_s"] for r in rows], color="tab:purple")
+    for bar, r in zip(bars, rows):
+        ax.annotate(f"p50 {r['rtt_p50_us']:.0f} us", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    ax.set(yscale="log", title="shmq durability modes (64 B, 1 -> 1)", ylabel="msgs/s")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+
+
+def draw(path, results, durability=(), title=""):
     """Write the PNG; return a one-line message (also when matplotlib is missing)."""
     try:
         import matplotlib
@@ -48,19 +76,29 @@ def draw(path, results):
     from matplotlib import pyplot as plt
 
     tput, rtt = _series(results)
-    panels = sorted(tput) + ([None] if rtt else [])
+    keys = [k for k in PANEL_ORDER if k in tput] + sorted(k for k in tput if k not in PANEL_ORDER)
+    panels = [("tput", k) for k in keys] + ([("rtt", None)] if rtt else [])
+    if any("error" not in r for r in durability):
+        panels.append(("durability", None))
     if not panels:
         return "plot skipped: no successful cases"
+    systems = _ordered({s for by_system in tput.values() for s in by_system} | set(rtt))
+    palette = plt.get_cmap("tab10").colors
+    colors = {s: palette[i % len(palette)] for i, s in enumerate(systems)}
     cols = min(3, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.2 * rows), squeeze=False)
-    for ax, key in zip(axes.flat, panels):
-        if key is None:
+    for ax, (kind, key) in zip(axes.flat, panels):
+        if kind == "rtt":
             _latency(ax, rtt)
+        elif kind == "durability":
+            _durability(ax, durability)
         else:
-            _throughput(ax, f"throughput, {key[0]}, {key[1]} -> {key[1]}", tput[key])
+            _throughput(ax, f"throughput, {key[0]}, {key[1]} -> {key[1]}", tput[key], colors)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
