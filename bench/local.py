@@ -144,10 +144,19 @@ class _FasterFifoEnd:
         self._q.put_many(bodies, timeout=BLOCK)
 
     def recv(self):
-        return self._q.get(timeout=BLOCK)
+        return self.recv_batch(1)[0]
 
     def recv_batch(self, limit):
-        return self._q.get_many(timeout=BLOCK, max_messages_to_get=limit)
+        # faster-fifo 1.5.2: when its read buffer is too small for the next message it grows
+        # the buffer and retries with get_many_nowait, which raises Empty if another consumer
+        # took that message meanwhile; a blocking receive must then simply wait again
+        from queue import Empty
+
+        while True:
+            try:
+                return self._q.get_many(timeout=BLOCK, max_messages_to_get=limit)
+            except Empty:
+                continue
 
     def close(self):
         pass
