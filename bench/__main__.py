@@ -30,6 +30,8 @@ def parse_args(argv=None):
                    help="message sizes (64,1k,64k,1m); default all four, 64 and 64k with --quick")
     p.add_argument("--no-durability", dest="durability", action="store_false")
     p.add_argument("--no-pin", dest="pin", action="store_false")
+    p.add_argument("--report", metavar="JSON",
+                   help="run nothing: print the tables of a saved run and draw its plot (to --plot)")
     args = p.parse_args(argv)
     args.runs = args.runs or (1 if args.quick else 5)
     args.sizes = args.sizes or ([64, 65536] if args.quick else list(local.DEFAULT_SIZES))
@@ -81,21 +83,31 @@ def write_json(path, info, args, skipped, results, notes, dur):
         fh.write("\n")
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    ctx = mp.get_context("spawn")
-    info, skipped, results, notes = local.run_matrix(args, ctx)
-    dur = run_durability(ctx, args.quick) if args.durability else []
-    local.report(info, args, skipped, results, notes)
+def publish(info, settings, skipped, results, notes, dur, plot_path):
+    """Print every table, then draw the plot."""
+    local.report(info, settings, skipped, results, notes)
     if dur:
         print_durability(dur)
-    write_json(args.json, info, args, skipped, results, notes, dur)
-    print(f"wrote {args.json}")
     from bench import plot
 
-    title = (f"shmq bench, median of {args.runs} run(s){' (--quick)' if args.quick else ''}: "
+    title = (f"shmq bench, median of {settings.runs} run(s){' (--quick)' if settings.quick else ''}: "
              f"{info['cpu']}, {info['logical_cpus']} CPUs, Python {info['python']}")
-    print(plot.draw(args.plot, results, dur, title))
+    print(plot.draw(plot_path, results, dur, title))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.report:
+        info, settings, skipped, results, notes, doc = local.read_json(args.report)
+        dur = doc.get("durability", [])
+        publish(info, settings, skipped, results, notes, dur, args.plot)
+    else:
+        ctx = mp.get_context("spawn")
+        info, skipped, results, notes = local.run_matrix(args, ctx)
+        dur = run_durability(ctx, args.quick) if args.durability else []
+        write_json(args.json, info, args, skipped, results, notes, dur)
+        publish(info, args, skipped, results, notes, dur, args.plot)
+        print(f"wrote {args.json}")
     ok = all(r.status in ("ok", "skipped") for r, _ in results) and not any("error" in d for d in dur)
     return 0 if ok else 1
 

@@ -41,6 +41,7 @@ from multiprocessing import connection
 
 SYSTEMS = ("shmq", "shmq-tcp", "mpqueue", "simplequeue", "faster-fifo", "zmq", "posix-mq", "redis")
 BASELINE = "mpqueue"
+OWN = ("shmq", "shmq-tcp")  # every other system is a peer
 DEFAULT_SIZES = (64, 1024, 65536, 2**20)
 TOPOLOGIES = (1, 4)  # producers = consumers per case
 POLL_SECONDS = 0.02  # a mesh consumer's idle poll, after which it checks the shared count
@@ -1200,7 +1201,11 @@ def _better(r, s):
 
 
 def relative(results):
-    """{id(result): (vs mpqueue, vs fastest)}: how many times better than each (> 1 = better)."""
+    """{id(result): (vs mpqueue, vs the best peer)}: how many times better (> 1 = better).
+
+    Peers are the systems other than shmq's own two, so shmq's rows say by how much it
+    leads or trails the best of the others.
+    """
     groups = {}
     for r, s in results:
         if r.status == "ok" and _better(r, s):
@@ -1208,8 +1213,8 @@ def relative(results):
     out = {}
     for r, s in results:
         mine, group = _better(r, s) if r.status == "ok" else None, groups.get(_case_key(r), {})
-        base, best = group.get(BASELINE), max(group.values(), default=None)
-        out[id(r)] = (_ratio(mine, base), _ratio(mine, best))
+        best = max((v for k, v in group.items() if k not in OWN), default=None)
+        out[id(r)] = (_ratio(mine, group.get(BASELINE)), _ratio(mine, best))
     return out
 
 
@@ -1239,9 +1244,10 @@ def _print_tput(results, runs, out):
     rel = relative(results)
     print(f"Throughput, P producers -> P consumers (separate processes), median of {runs} runs", file=out)
     print("  msg = one message per call; batch = 64 per call (see notes); MB/s = payload, 10^6 B/s;", file=out)
-    print(f"  vs mpq / vs best = msgs/s over {BASELINE}'s / the fastest system's in the same case", file=out)
+    print(f"  vs mpq / vs best peer = msgs/s over {BASELINE}'s / over the fastest peer's (any system but "
+          "shmq's own) in the same case", file=out)
     head = (f"{'size':>7}  {'mode':<5}  {'P':>4}  {'system':<11}  {'N':>7}  {'msgs/s':>8}  {'(min .. max)':<19}  "
-            f"{'MB/s':>8}  {'vs mpq':>7}  {'vs best':>7}")
+            f"{'MB/s':>8}  {'vs mpq':>7}  {'vs best peer':>12}")
     print(head, file=out)
     print("-" * len(head), file=out)
     for r, s in rows:
@@ -1251,7 +1257,7 @@ def _print_tput(results, runs, out):
             continue
         spread = f"({_si(s['msgs_per_s_min'])} .. {_si(s['msgs_per_s_max'])})"
         vs_base, vs_best = rel[id(r)]
-        print(f"{lead}  {_si(s['msgs_per_s']):>8}  {spread:<19}  {s['mb_per_s']:>8.1f}  {vs_base:>7}  {vs_best:>7}",
+        print(f"{lead}  {_si(s['msgs_per_s']):>8}  {spread:<19}  {s['mb_per_s']:>8.1f}  {vs_base:>7}  {vs_best:>12}",
               file=out)
     print("  batch notes:", file=out)
     for system in dict.fromkeys(r.system for r, _ in rows):
@@ -1266,11 +1272,11 @@ def _print_rtt(results, runs, out):
     n = rows[0][0].n
     print(f"RTT, {RTT_SIZE} B ping-pong over two queues (a->b, b->a), {n} round trips "
           f"after {WARMUP} warm-up, median of {runs} runs, microseconds", file=out)
-    print(f"  vs mpq / vs best = {BASELINE}'s / the lowest p50 over this system's p50 (> 1 = lower latency)",
-          file=out)
+    print(f"  vs mpq / vs best peer = {BASELINE}'s / the lowest peer p50 over this system's p50 "
+          "(> 1 = lower latency)", file=out)
     rel = relative(results)
     head = (f"{'system':<11}  {'RTT p50':>9}  {'RTT p99':>9}  {'RTT p99.9':>9}  {'p50 (min .. max)':<20}  "
-            f"{'vs mpq':>7}  {'vs best':>7}")
+            f"{'vs mpq':>7}  {'vs best peer':>12}")
     print(head, file=out)
     print("-" * len(head), file=out)
     for r, s in rows:
@@ -1280,7 +1286,7 @@ def _print_rtt(results, runs, out):
         spread = f"({s['p50_min_us']:.1f} .. {s['p50_max_us']:.1f})"
         vs_base, vs_best = rel[id(r)]
         print(f"{r.system:<11}  {s['p50_us']:>9.1f}  {s['p99_us']:>9.1f}  {s['p999_us']:>9.1f}  {spread:<20}  "
-              f"{vs_base:>7}  {vs_best:>7}", file=out)
+              f"{vs_base:>7}  {vs_best:>12}", file=out)
     print(file=out)
 
 
@@ -1302,13 +1308,17 @@ def _ratio_cell(by_key, mine, peer, stat, invert=False):
 
 
 def _print_ratios(results, out):
-    """shmq / peer per throughput row, then peer / shmq RTT."""
-    results = [(r, s) for r, s in results if r.pairs == 1]
+    """One table per topology: shmq / peer per throughput row (1 -> 1: then peer / shmq RTT)."""
+    for pairs in dict.fromkeys(r.pairs for r, _ in results):
+        _print_ratio_table([(r, s) for r, s in results if r.pairs == pairs], pairs, out)
+
+
+def _print_ratio_table(results, pairs, out):
     by_key = {(r.system, r.kind, r.size, r.mode): (r, s) for r, s in results}
     peers = list(dict.fromkeys(r.system for r, _ in results if r.system != "shmq"))
     if not any(r.system == "shmq" for r, _ in results) or not peers:
         return
-    print("Ratios shmq / peer, 1 -> 1 (median msgs/s; > 1 means shmq is faster)", file=out)
+    print(f"Ratios shmq / peer, {pairs} -> {pairs} (median msgs/s; > 1 means shmq is faster)", file=out)
     head = f"{'size':>7}  {'mode':<5}  " + "  ".join(f"{'vs ' + p:>14}" for p in peers)
     print(head, file=out)
     print("-" * len(head), file=out)
@@ -1366,6 +1376,19 @@ def write_json(path, info, args, skipped, results, notes):
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=2)
         fh.write("\n")
+
+
+def read_json(path):
+    """A document written by write_json, as (info, settings namespace, skipped, results, notes, doc)."""
+    with open(path) as fh:
+        doc = json.load(fh)
+    st = doc["settings"]
+    settings = argparse.Namespace(runs=st["runs"], quick=st["quick"], cpus=tuple(st["pinned_cpus"]),
+                                  run_timeout=st["run_timeout"])
+    fields = {f for f in CaseResult.__dataclass_fields__}
+    results = [(CaseResult(**{k: v for k, v in case.items() if k in fields}), case.get("summary", {}))
+               for case in doc["cases"]]
+    return doc["machine"], settings, doc["skipped"], results, doc["notes"], doc
 
 
 # ---------------------------------------------------------------- main

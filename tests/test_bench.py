@@ -64,6 +64,21 @@ def test_quick_bench_output_is_well_formed(tmp_path):
         assert "plot skipped: matplotlib not installed" in proc.stdout
     assert _shmq_entries() - before == set()
 
+    # --report reprints the same tables from the JSON alone, and redraws the plot
+    again_png = tmp_path / "again.png"
+    again = subprocess.run(
+        [sys.executable, "-m", "bench", "--report", str(out_json), "--plot", str(again_png)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+
+    def tables(text):
+        return [line for line in text.splitlines() if not line.startswith(("wrote ", "plot skipped"))]
+
+    assert tables(again.stdout) == tables(proc.stdout)
+    if _has_matplotlib():
+        assert again_png.read_bytes()[:8] == PNG_SIGNATURE
+
 
 class _ListEnd:
     """A receive end over a list of bodies, and a send end that records what it sent."""
