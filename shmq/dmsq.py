@@ -244,6 +244,25 @@ def encode_log_entry(op: int, msg_id: int, attempt: int, enqueued_ns: int, heade
     return b"".join((head, headers, body, CRC.pack(crc)))
 
 
+_PUT_TAG = LOG_TAG + bytes((PUT,))
+_ACK_TAG = LOG_TAG + bytes((ACK,))
+_ACK_ENTRY = struct.Struct("<4sIIIQQI")  # an ACK entry whole: head + CRC
+
+
+def encode_put_entry(msg_id: int, enqueued_ns: int, headers: bytes, body: bytes) -> bytes:
+    """``encode_log_entry(PUT, msg_id, 0, ...)`` for the engine's hot path: the caller has
+    already checked the sizes and types (a queue's own limits are far below the format's)."""
+    head = RECORD_HEAD.pack(_PUT_TAG, len(headers), len(body), 0, msg_id, enqueued_ns)
+    crc = _crc32(body, _crc32(headers, _crc32(head))) if headers else _crc32(body, _crc32(head))
+    return b"".join((head, headers, body, CRC.pack(crc)))
+
+
+def encode_ack_entry(msg_id: int, attempt: int) -> bytes:
+    """``encode_log_entry(ACK, msg_id, attempt, 0, b"", b"")`` for the engine's hot path."""
+    crc = _crc32(RECORD_HEAD.pack(_ACK_TAG, 0, 0, attempt, msg_id, 0))
+    return _ACK_ENTRY.pack(_ACK_TAG, 0, 0, attempt, msg_id, 0, crc)
+
+
 # ----------------------------------------------------------------------------- writing
 
 

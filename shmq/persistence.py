@@ -158,6 +158,7 @@ class Snapshotter:
         self.fsync = fsync
         self.wal_mode = wal_mode
         self.wal_batch_ms = wal_batch_ms
+        self._logs = {}  # name -> [attached Queue, generation of fd, fd or None], for sync_logs
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
 
     def open_wal(self, q: Queue) -> None:
@@ -210,23 +211,49 @@ class Snapshotter:
         return written
 
     def sync_logs(self) -> int:
-        """fsync the current log of every "wal" queue (the ``batch:MS`` policy: the
-        broker does this every MS milliseconds). Returns how many logs were synced."""
-        n = 0
-        for q in self._each_queue():
-            gen = q.wal_config()[0] if q.durability == "wal" else 0
-            if not gen:
+        """fsync the log of every "wal" queue that has entries not yet synced (the
+        ``batch:MS`` policy: the broker does this every MS milliseconds). Queues stay
+        attached and logs open between calls. Returns how many logs were synced."""
+        names = set(self.broker.list_queues())
+        for name in [n for n, entry in self._logs.items() if n not in names or entry[0].deleted]:
+            self._forget_log(name)
+        synced = 0
+        for name in names:
+            entry = self._logs.get(name)
+            if entry is None:
+                try:
+                    entry = self._logs[name] = [self.broker.queue(name), 0, None]
+                except QueueNotFound:
+                    continue
+            q = entry[0]
+            pending = q.wal_pending() if q.durability == "wal" else None
+            if pending is None:
                 continue
-            try:
-                fd = os.open(q.wal_path(gen), os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-                n += 1
-            finally:
-                os.close(fd)
-        return n
+            gen, size = pending
+            if entry[1] != gen or entry[2] is None:
+                if entry[2] is not None:
+                    os.close(entry[2])
+                    entry[2] = None
+                try:
+                    entry[2] = os.open(q.wal_path(gen), os.O_RDONLY)
+                except FileNotFoundError:
+                    continue
+                entry[1] = gen
+            os.fsync(entry[2])
+            q.mark_wal_synced(gen, size)
+            synced += 1
+        return synced
+
+    def _forget_log(self, name: str) -> None:
+        q, _gen, fd = self._logs.pop(name)
+        if fd is not None:
+            os.close(fd)
+        q.close()
+
+    def close(self) -> None:
+        """Detach what ``sync_logs`` kept attached and open."""
+        for name in list(self._logs):
+            self._forget_log(name)
 
     def open_all_wals(self) -> None:
         for q in self._each_queue():

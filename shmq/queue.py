@@ -75,7 +75,10 @@ I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = ra
 _ACK, _NACK = 1, 2
 _W = L.WAL_WORDS_OFF >> 3
 I_WAL_SIZE, I_WAL_SYNCED = _W, _W + 1
+I_WAL_GEN, I_WAL_MODE = L.WALCFG_OFF >> 3, (L.WALCFG_OFF >> 3) + 1  # WALCFG's generation; mode (low half)
 WAL_NEVER, WAL_ALWAYS, WAL_BATCH = 0, 1, 2
+_encode_put_entry = dmsq.encode_put_entry
+_encode_ack_entry = dmsq.encode_ack_entry
 
 _live_queues = weakref.WeakSet()
 
@@ -460,9 +463,11 @@ class Queue:
                 raise self._gone()
             tail = mq[I_TAIL]
             off = tail % cap
-            if size <= cap - off and tail + size - mq[I_HEAD] <= cap and not self._wal:
+            if size <= cap - off and tail + size - mq[I_HEAD] <= cap:
                 a = self._base + off
                 msg_id = mq[I_NEXT_ID]
+                if self._wal:  # logged (and fsynced, by policy) before the commit below
+                    self._wal_append(_encode_put_entry(msg_id, now, hraw, body))
                 _REC_PACK(mm, a, _READY, size, bl, hl, 0, msg_id, now, 0)
                 b = a + _REC
                 if hl:
@@ -567,8 +572,7 @@ class Queue:
             first_id = next_id = mq[I_NEXT_ID]
             if self._wal:  # logged (and fsynced, by policy) before the commit below
                 self._wal_append(b"".join(
-                    dmsq.encode_log_entry(dmsq.PUT, first_id + i, 0, now, item[1], item[0])
-                    for i, item in enumerate(items)))
+                    _encode_put_entry(first_id + i, now, item[1], item[0]) for i, item in enumerate(items)))
             for body, hraw, size in items:
                 off = pos % cap
                 rem = cap - off
@@ -907,9 +911,6 @@ class Queue:
         lp = self._lockp
         if lp is None:
             raise self._closed()
-        if self._wal:
-            self._settle([d], _ACK, 0.0)
-            return
         mq, cap = self._mq, self._cap
         pos = d._pos
         a = self._base + pos % cap
@@ -925,6 +926,8 @@ class Queue:
             if (pos < head or pos >= mq[I_TAIL] or w & 0xFF != _LEASED or w >> 32 != d.attempt
                     or mq[(a + 24) >> 3] != d.id or mq[(a + 40) >> 3] <= _mono()):
                 raise DeliveryExpired(f"delivery {self.name}#{d.id} attempt {d.attempt} is no longer leased")
+            if self._wal:
+                self._wal_append(_encode_ack_entry(d.id, d.attempt))
             mq[a >> 3] = (w & ~0xFF) | _ACKED  # commit
             mq[I_INFLIGHT] -= 1
             mq[I_ACKED_TOTAL] += 1
@@ -986,8 +989,7 @@ class Queue:
                 if self._wal:
                     live = [d for d in deliveries if self._check_lease(d, head, tail, now) is not None]
                     if live:
-                        self._wal_append(b"".join(dmsq.encode_log_entry(dmsq.ACK, d.id, d.attempt, 0, b"", b"")
-                                                  for d in live))
+                        self._wal_append(b"".join(_encode_ack_entry(d.id, d.attempt) for d in live))
                 for d in deliveries:
                     pos = d._pos
                     a = base + pos % cap
@@ -1202,7 +1204,7 @@ class Queue:
                         ids.append(mq[(a + 24) >> 3])
                     pos += mq[(a + 8) >> 3] & 0xFFFFFFFF
                 if ids:
-                    self._wal_append(b"".join(dmsq.encode_log_entry(dmsq.ACK, i, 0, 0, b"", b"") for i in ids))
+                    self._wal_append(b"".join(_encode_ack_entry(i, 0) for i in ids))
                 pos = start
             while pos < tail:
                 pos = L.skip_gap(pos, cap)
@@ -1289,31 +1291,57 @@ class Queue:
             self._release()
         return gen
 
+    def wal_pending(self) -> tuple[int, int] | None:
+        """(generation, logged bytes) when the log holds entries not yet fsynced, else None."""
+        mq = self._mq
+        gen, size = mq[I_WAL_GEN], mq[I_WAL_SIZE]
+        if not gen or size == mq[I_WAL_SYNCED]:
+            return None
+        return gen, size
+
+    def mark_wal_synced(self, generation: int, size: int) -> None:
+        """Record an fsync that covered the first ``size`` bytes of log ``generation``."""
+        mq = self._mq
+        self._acquire()
+        try:
+            if mq[I_WAL_GEN] == generation and mq[I_WAL_SYNCED] < size <= mq[I_WAL_SIZE]:
+                mq[I_WAL_SYNCED] = size
+        finally:
+            self._release()
+
     def wal_path(self, generation: int) -> str:
         return os.path.join(self.wal_config()[3], f"{self.name}.wal.{generation:08d}")
 
     def _wal_append(self, data: bytes) -> None:
         """Append log entries (lock held), fsync by policy; before the caller commits."""
-        gen, mode, _ms, directory = self.wal_config()
-        if not gen:
-            raise ShmqError(f"queue {self.name!r} is durability='wal' but no shmq server with a --data-dir "
-                            "has opened its write-ahead log yet")
-        if self._wal_fd is None or self._wal_fd[0] != gen:
-            if self._wal_fd is not None:
-                os.close(self._wal_fd[1])
-            path = os.path.join(directory, f"{self.name}.wal.{gen:08d}")
-            self._wal_fd = (gen, os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
-        fd = self._wal_fd[1]
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
         mq = self._mq
-        size = mq[I_WAL_SIZE] + len(data)
+        gen = mq[I_WAL_GEN]
+        fd_gen = self._wal_fd
+        fd = fd_gen[1] if fd_gen is not None and fd_gen[0] == gen else self._open_wal(gen)
+        n = len(data)
+        written = os.write(fd, data)
+        if written != n:  # a short write: finish it
+            view = memoryview(data)[written:]
+            while view:
+                view = view[os.write(fd, view):]
+        size = mq[I_WAL_SIZE] + n
         mq[I_WAL_SIZE] = size
-        if mode == WAL_ALWAYS:
+        if mq[I_WAL_MODE] & 0xFFFFFFFF == WAL_ALWAYS:
             os.fsync(fd)
             mq[I_WAL_SYNCED] = size
         # batch: the broker fsyncs every log each batch interval (``Snapshotter.sync_logs``)
+
+    def _open_wal(self, gen: int) -> int:
+        """This process's descriptor for log generation ``gen`` (lock held)."""
+        if not gen:
+            raise ShmqError(f"queue {self.name!r} is durability='wal' but no shmq server with a --data-dir "
+                            "has opened its write-ahead log yet")
+        if self._wal_fd is not None:
+            os.close(self._wal_fd[1])
+            self._wal_fd = None
+        path = os.path.join(self.wal_config()[3], f"{self.name}.wal.{gen:08d}")
+        self._wal_fd = (gen, os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+        return self._wal_fd[1]
 
     # ------------------------------------------------------------------ snapshots
     def settings(self) -> dict:

@@ -623,3 +623,14 @@ def test_summary_of_a_damaged_file(snap, tmp_path):
     assert json.loads(json.dumps(s)) == s
     assert (s["queue"], s["records"], s["first_id"], s["complete"], s["bytes"]) == (None, 0, None, False, len(PNG))
     assert "magic" in s["error"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    msg_id=st.integers(0, 2**64 - 1), attempt=st.integers(0, 2**32 - 1), enqueued_ns=st.integers(0, 2**64 - 1),
+    headers=st.binary(max_size=64), body=st.binary(max_size=512),
+)
+def test_the_engines_fast_log_encoders_write_the_same_bytes(msg_id, attempt, enqueued_ns, headers, body):
+    assert dmsq.encode_put_entry(msg_id, enqueued_ns, headers, body) == dmsq.encode_log_entry(
+        dmsq.PUT, msg_id, 0, enqueued_ns, headers, body)
+    assert dmsq.encode_ack_entry(msg_id, attempt) == dmsq.encode_log_entry(dmsq.ACK, msg_id, attempt, 0, b"", b"")

@@ -96,4 +96,6 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         await server.stop()
         await asyncio.gather(*tasks)  # the snapshot task ends with a last snapshot
         keeper.close()
+        if snapshotter is not None:
+            snapshotter.close()
     log.info("stopped")
