@@ -1084,7 +1084,9 @@ def _shmq_version():
         import shmq
     except ImportError:
         return None
-    return getattr(shmq, "__version__", None) or _dist_version("shmq") or "source tree"
+    version = getattr(shmq, "__version__", None) or _dist_version("shmq") or "source tree"
+    fast = getattr(importlib.import_module("shmq.queue"), "FAST", None)
+    return version if fast is None else f"{version} ({'C hot paths' if fast else 'pure Python'})"
 
 
 def _cpu_model():

@@ -80,6 +80,19 @@ WAL_NEVER, WAL_ALWAYS, WAL_BATCH = 0, 1, 2
 _encode_put_entry = dmsq.encode_put_entry
 _encode_ack_entry = dmsq.encode_ack_entry
 
+try:  # the C hot paths (shmq/_fast.c), when they were built; else the Python ones below
+    from . import _fast
+except ImportError:  # pragma: no cover - depends on the build
+    _fast = None
+FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
+_fast_put = _fast.put if FAST else None
+_fast_take = _fast.take if FAST else None
+_fast_ack = _fast.ack if FAST else None
+_F_OWNERDEAD = _fast.OWNERDEAD if FAST else None
+_F_FALLBACK = _fast.FALLBACK if FAST else None
+_F_EXPIRED = _fast.EXPIRED if FAST else None
+_F_DELETED = _fast.DELETED if FAST else None
+
 _live_queues = weakref.WeakSet()
 
 
@@ -231,6 +244,7 @@ class Queue:
         # The mutex lives at a fixed address of the mapping, valid until close().
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
         self._lockp = self._mutex.ptr  # the hot paths lock through this directly
+        self._segp = self._lockp.value - L.MUTEX_OFF  # the mapping's address, for the C hot paths
         base = segment_name(self.namespace, "q", self.name)
         try:
             self._ne = open_semaphore(base + ".ne")
@@ -286,6 +300,14 @@ class Queue:
 
     def _release(self):
         self._mutex.release()
+
+    def _repair_held_lock(self):
+        """A C hot path took the lock from a dead holder: repair, then let it go."""
+        try:
+            self._repair()
+        finally:
+            self._mutex.mark_consistent()
+            _unlock(self._lockp)
 
     def _lock_contended(self, rc):
         """The hot paths' lock, after ``trylock`` returned ``rc``: wait, or repair."""
@@ -455,6 +477,17 @@ class Queue:
         size = (_REC + 7 + hl + bl) & -8
         msg_id = post = 0
         now = _wall()
+        if _fast_put is not None and not self._wal:
+            r = _fast_put(self._segp, self._base, cap, body, hraw, now)
+            if r > 0:
+                if r & 1:
+                    self._ne.release()
+                return r >> 1
+            if r == _F_FALLBACK:
+                return self._append(((body, hraw, size),), timeout)[0]
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            # busy: the Python path below waits for the lock
         rc = _trylock(lp)
         if rc:
             self._lock_contended(rc)
@@ -656,6 +689,15 @@ class Queue:
         slot = self._slot
         if lp is None or slot < 0 or visibility_timeout is not None:
             return None
+        if _fast_take is not None:
+            r = _fast_take(self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0, _mono())
+            if type(r) is tuple:
+                return Delivery(self, *r)
+            if r == _F_FALLBACK:
+                return None
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            # busy: the Python path below waits for the lock
         mm, mq, cap = self._mm, self._mq, self._cap
         body = None
         rc = _trylock(lp)
@@ -911,6 +953,19 @@ class Queue:
         lp = self._lockp
         if lp is None:
             raise self._closed()
+        if _fast_ack is not None and not self._wal:
+            r = _fast_ack(self._segp, self._base, self._cap, d._pos, d.attempt, d.id, _mono())
+            if r >= 0:
+                if r:
+                    self._nf.release()
+                return
+            if r == _F_EXPIRED:
+                raise DeliveryExpired(f"delivery {self.name}#{d.id} attempt {d.attempt} is no longer leased")
+            if r == _F_DELETED:
+                raise self._gone()
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            # busy: the Python path below waits for the lock
         mq, cap = self._mq, self._cap
         pos = d._pos
         a = self._base + pos % cap

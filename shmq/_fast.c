@@ -1,0 +1,257 @@
+/* The engine's three hot paths in C: put, get (the plain frontier take) and ack.
+ *
+ * Strategy: these are the pure-Python fast paths of shmq/queue.py (Queue.put,
+ * Queue._take_one, Queue._ack_one) done with the same loads and stores in the same
+ * order, on the same segment layout (shmq/_layout.py). They only ever take the
+ * uncontended case: anything else -- a busy lock, a dead lock holder, a full ring, a
+ * requeued message, housekeeping due -- is handed back to the Python code, which
+ * handles every case. The commit stores (the tail of a put, the status word of a take
+ * or an ack) are release stores, so the compiler cannot move the record's writes after
+ * them. The GIL stays held: nothing here blocks.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+/* layout (checked against shmq/_layout.py by tests/test_fast.py) */
+#define MUTEX_OFF 512
+#define HOT_OFF 576
+#define COUNTERS_OFF 704
+#define REC_SIZE 48
+#define ST_READY 1
+#define ST_LEASED 2
+#define ST_ACKED 3
+#define ST_PAD 4
+
+enum { H_DELETED, H_HEAD, H_TAIL, H_FRONTIER, H_READY_POS, H_REQUEUED, H_NEXT_ID, H_READY,
+       H_INFLIGHT, H_DELAYED, H_NEXT_DEADLINE, H_NEXT_LIVENESS, H_CWAIT, H_CPOSTED, H_PWAIT,
+       H_PPOSTED };
+enum { C_ACKED_TOTAL, C_REDELIVERED_TOTAL };
+
+/* results other than success */
+#define R_BUSY (-1)      /* lock busy: not taken */
+#define R_OWNERDEAD (-2) /* lock taken from a dead holder: the caller repairs, then unlocks */
+#define R_FALLBACK (-3)  /* not a fast-path case: lock released, nothing changed */
+#define R_EXPIRED (-4)   /* ack: the delivery is no longer leased */
+#define R_DELETED (-5)   /* the queue was deleted */
+
+#define HOT(seg) ((uint64_t *)((seg) + HOT_OFF))
+#define CNT(seg) ((uint64_t *)((seg) + COUNTERS_OFF))
+#define U64(p) (*(uint64_t *)(p))
+#define U32(p) (*(uint32_t *)(p))
+
+/* 0 when locked; else R_BUSY or R_OWNERDEAD (then the lock is held). */
+static inline int lock(char *seg) {
+    int rc = pthread_mutex_trylock((pthread_mutex_t *)(seg + MUTEX_OFF));
+    if (rc == 0) return 0;
+    return rc == EOWNERDEAD ? R_OWNERDEAD : R_BUSY;
+}
+
+static inline void unlock(char *seg) { pthread_mutex_unlock((pthread_mutex_t *)(seg + MUTEX_OFF)); }
+
+static int parse_u64s(PyObject *const *args, Py_ssize_t n, uint64_t *out) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsUnsignedLongLong(args[i]);
+        if (out[i] == (uint64_t)-1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+/* put(seg, base, cap, body, hraw, enq_ns) -> msg_id << 1 | (1 if a consumer must be woken), or R_* */
+static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[3], enq;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "put takes 6 arguments");
+        return NULL;
+    }
+    if (parse_u64s(args, 3, v) < 0) return NULL;
+    if (!PyBytes_CheckExact(args[3]) || !PyBytes_CheckExact(args[4])) return PyLong_FromLong(R_FALLBACK);
+    enq = PyLong_AsUnsignedLongLong(args[5]);
+    if (enq == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    char *seg = (char *)(uintptr_t)v[0];
+    uint64_t base = v[1], cap = v[2];
+    const char *body = PyBytes_AS_STRING(args[3]), *hraw = PyBytes_AS_STRING(args[4]);
+    uint64_t bl = (uint64_t)PyBytes_GET_SIZE(args[3]), hl = (uint64_t)PyBytes_GET_SIZE(args[4]);
+    uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
+
+    int rc = lock(seg);
+    if (rc) return PyLong_FromLong(rc);
+    uint64_t *h = HOT(seg);
+    uint64_t tail = h[H_TAIL], off = tail % cap;
+    if (h[H_DELETED] || size > cap - off || tail + size - h[H_HEAD] > cap) {
+        unlock(seg);
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    char *a = seg + base + off;
+    uint64_t msg_id = h[H_NEXT_ID];
+    U64(a) = ST_READY;
+    U32(a + 8) = (uint32_t)size;
+    U32(a + 12) = (uint32_t)bl;
+    U32(a + 16) = (uint32_t)hl;
+    U32(a + 20) = 0;
+    U64(a + 24) = msg_id;
+    U64(a + 32) = enq;
+    U64(a + 40) = 0;
+    if (hl) memcpy(a + REC_SIZE, hraw, hl);
+    memcpy(a + REC_SIZE + hl, body, bl);
+    __atomic_store_n(&h[H_TAIL], tail + size, __ATOMIC_RELEASE); /* commit */
+    h[H_NEXT_ID] = msg_id + 1;
+    h[H_READY] += 1;
+    int post = 0;
+    uint64_t cw = h[H_CWAIT];
+    if (cw && cw > h[H_CPOSTED]) {
+        h[H_CPOSTED] += 1;
+        post = 1;
+    }
+    unlock(seg);
+    return PyLong_FromUnsignedLongLong(msg_id << 1 | (uint64_t)post);
+}
+
+/* take(seg, base, cap, slot, vis_ns, max_deliveries or 0, now)
+ *   -> (pos, msg_id, attempt, body, hraw or None), or R_*
+ * (``now`` is the caller's monotonic clock in ns, so the Python and C paths share one clock) */
+static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[7];
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "take takes 7 arguments");
+        return NULL;
+    }
+    if (parse_u64s(args, 7, v) < 0) return NULL;
+    char *seg = (char *)(uintptr_t)v[0];
+    uint64_t base = v[1], cap = v[2], slot = v[3], vis_ns = v[4], maxdel = v[5], now = v[6];
+
+    int rc = lock(seg);
+    if (rc) return PyLong_FromLong(rc);
+    uint64_t *h = HOT(seg);
+    uint64_t pos = h[H_FRONTIER], off = pos % cap, next_deadline = h[H_NEXT_DEADLINE];
+    if (!(pos < h[H_TAIL] && !h[H_REQUEUED] && !h[H_DELETED] && cap - off >= REC_SIZE && now < next_deadline &&
+          now < h[H_NEXT_LIVENESS])) {
+        unlock(seg);
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    char *a = seg + base + off;
+    uint64_t status = U64(a), attempt = (status >> 32) + 1;
+    if ((status & 0xFF) != ST_READY || (maxdel && attempt > maxdel)) {
+        unlock(seg);
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    uint64_t length = U32(a + 8), bl = U32(a + 12), hl = U32(a + 16), msg_id = U64(a + 24);
+    /* copy out first: on a MemoryError nothing has changed */
+    PyObject *body = PyBytes_FromStringAndSize(a + REC_SIZE + hl, (Py_ssize_t)bl);
+    PyObject *hraw = body && hl ? PyBytes_FromStringAndSize(a + REC_SIZE, (Py_ssize_t)hl) : NULL;
+    if (!body || (hl && !hraw)) {
+        unlock(seg);
+        Py_XDECREF(body);
+        return NULL;
+    }
+    uint64_t until = now + vis_ns;
+    U64(a + 40) = until;
+    __atomic_store_n((uint64_t *)a, ST_LEASED | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
+    h[H_FRONTIER] = pos + length;
+    h[H_READY] -= 1;
+    h[H_INFLIGHT] += 1;
+    if (until < next_deadline) h[H_NEXT_DEADLINE] = until;
+    if (attempt > 1) CNT(seg)[C_REDELIVERED_TOTAL] += 1;
+    unlock(seg);
+    if (!hraw) {
+        hraw = Py_None;
+        Py_INCREF(hraw);
+    }
+    PyObject *t = Py_BuildValue("(KKKNN)", (unsigned long long)pos, (unsigned long long)msg_id,
+                                (unsigned long long)attempt, body, hraw);
+    return t;
+}
+
+/* Reclaim settled records and pads at the head (lock held); 1 if the head moved. */
+static int advance_head(char *seg, uint64_t base, uint64_t cap) {
+    uint64_t *h = HOT(seg);
+    uint64_t head = h[H_HEAD], start = head, tail = h[H_TAIL];
+    while (head < tail) {
+        uint64_t rem = cap - head % cap, p = rem < REC_SIZE ? head + rem : head;
+        if (p >= tail) {
+            head = tail;
+            break;
+        }
+        char *a = seg + base + p % cap;
+        uint64_t st = U64(a) & 0xFF;
+        if (st != ST_ACKED && st != ST_PAD) break;
+        head = p + U32(a + 8);
+    }
+    if (head == start) return 0;
+    h[H_HEAD] = head;
+    if (h[H_FRONTIER] < head) h[H_FRONTIER] = head;
+    if (h[H_READY_POS] < head) h[H_READY_POS] = head;
+    return 1;
+}
+
+/* ack(seg, base, cap, pos, attempt, msg_id, now) -> 1 if a producer must be woken, else 0; or R_* */
+static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[7];
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "ack takes 7 arguments");
+        return NULL;
+    }
+    if (parse_u64s(args, 7, v) < 0) return NULL;
+    char *seg = (char *)(uintptr_t)v[0];
+    uint64_t base = v[1], cap = v[2], pos = v[3], attempt = v[4], msg_id = v[5], now = v[6];
+
+    int rc = lock(seg);
+    if (rc) return PyLong_FromLong(rc);
+    uint64_t *h = HOT(seg);
+    if (h[H_DELETED]) {
+        unlock(seg);
+        return PyLong_FromLong(R_DELETED);
+    }
+    uint64_t head = h[H_HEAD];
+    char *a = seg + base + pos % cap;
+    uint64_t w = U64(a);
+    if (pos < head || pos >= h[H_TAIL] || (w & 0xFF) != ST_LEASED || (w >> 32) != attempt ||
+        U64(a + 24) != msg_id || U64(a + 40) <= now) {
+        unlock(seg);
+        return PyLong_FromLong(R_EXPIRED);
+    }
+    __atomic_store_n((uint64_t *)a, (w & ~(uint64_t)0xFF) | ST_ACKED, __ATOMIC_RELEASE); /* commit */
+    h[H_INFLIGHT] -= 1;
+    CNT(seg)[C_ACKED_TOTAL] += 1;
+    int post = 0;
+    /* the first record after the head (or after a pad at the head) frees space */
+    if ((pos == head || (pos % cap == 0 && pos - head < cap)) && advance_head(seg, base, cap)) {
+        uint64_t pw = h[H_PWAIT];
+        if (pw && pw > h[H_PPOSTED]) {
+            h[H_PPOSTED] += 1;
+            post = 1;
+        }
+    }
+    unlock(seg);
+    return PyLong_FromLong(post);
+}
+
+static PyMethodDef methods[] = {
+    {"put", (PyCFunction)(void (*)(void))fast_put, METH_FASTCALL, "the put fast path"},
+    {"take", (PyCFunction)(void (*)(void))fast_take, METH_FASTCALL, "the get fast path"},
+    {"ack", (PyCFunction)(void (*)(void))fast_ack, METH_FASTCALL, "the ack fast path"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "shmq._fast", "The engine's hot paths in C.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__fast(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (PyModule_AddIntConstant(m, "MUTEX_OFF", MUTEX_OFF) || PyModule_AddIntConstant(m, "HOT_OFF", HOT_OFF) ||
+        PyModule_AddIntConstant(m, "COUNTERS_OFF", COUNTERS_OFF) ||
+        PyModule_AddIntConstant(m, "REC_SIZE", REC_SIZE) || PyModule_AddIntConstant(m, "READY", ST_READY) ||
+        PyModule_AddIntConstant(m, "LEASED", ST_LEASED) || PyModule_AddIntConstant(m, "ACKED", ST_ACKED) ||
+        PyModule_AddIntConstant(m, "PAD", ST_PAD) || PyModule_AddIntConstant(m, "BUSY", R_BUSY) ||
+        PyModule_AddIntConstant(m, "OWNERDEAD", R_OWNERDEAD) ||
+        PyModule_AddIntConstant(m, "FALLBACK", R_FALLBACK) || PyModule_AddIntConstant(m, "EXPIRED", R_EXPIRED) ||
+        PyModule_AddIntConstant(m, "DELETED", R_DELETED)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

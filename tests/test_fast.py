@@ -1,0 +1,147 @@
+"""The C hot paths (shmq/_fast.c): built, on the same layout, and exact in the cases
+where they must hand over to the Python paths or refuse. Each scenario runs on both
+implementations (``fast`` / ``pure``); tests/test_model.py runs the model on both."""
+
+import os
+
+import pytest
+
+import shmq
+import shmq.queue as engine
+from shmq import _layout as L
+
+FAST_PATHS = ("_fast_put", "_fast_take", "_fast_ack")
+
+
+def test_the_c_hot_paths_are_built_and_share_the_layout():
+    if os.environ.get("SHMQ_PURE_PYTHON"):
+        pytest.skip("SHMQ_PURE_PYTHON is set")
+    from shmq import _fast
+
+    assert engine.FAST
+    assert (_fast.MUTEX_OFF, _fast.HOT_OFF, _fast.COUNTERS_OFF, _fast.REC_SIZE) == (
+        L.MUTEX_OFF, L.HOT_OFF, L.COUNTERS_OFF, L.REC_SIZE)
+    assert (_fast.READY, _fast.LEASED, _fast.ACKED, _fast.PAD) == (L.READY, L.LEASED, L.ACKED, L.PAD)
+    assert L.HOT_FIELDS.index("pposted") == 15 and L.COUNTER_FIELDS[:2] == ("acked_total", "redelivered_total")
+
+
+@pytest.fixture(params=["fast", "pure"])
+def impl(request, monkeypatch):
+    if request.param == "fast" and not engine.FAST:
+        pytest.skip("the C hot paths are not built")
+    if request.param == "pure":
+        for name in FAST_PATHS:
+            monkeypatch.setattr(engine, name, None)
+    return request.param
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The engine's monotonic clock, moved by hand."""
+    now = [engine._mono()]
+    monkeypatch.setattr(engine, "_mono", lambda: now[0])
+    return now
+
+
+def _registered(q):
+    """A handle whose process slot is taken (the first get of a handle takes the general
+    path, which registers it; the hot paths need it)."""
+    q.put(b"warm-up")
+    q.get().ack()
+    return q
+
+
+def test_a_lapsed_lease_is_taken_again_before_the_frontier(impl, broker, clock):
+    q = _registered(broker.create_queue("q", visibility_timeout=5))
+    clock[0] += 6 * 10**9
+    q.housekeep()  # nothing is leased: no deadline is pending, so only this get can set one
+    q.put(b"one")
+    q.put(b"two")
+    first = q.get()
+    assert (first.id, first.attempt) == (2, 1)
+    clock[0] += 6 * 10**9  # the lease lapsed: the next get must see that housekeeping is due
+    again = q.get()
+    assert (again.id, again.attempt, again.body) == (2, 2, b"one")
+    with pytest.raises(shmq.DeliveryExpired):
+        first.ack()
+    again.ack()
+    assert q.get().body == b"two"
+    s = q.stats()
+    assert (s.redelivered_total, s.acked_total, s.in_flight, s.ready) == (1, 2, 1, 0)
+    q.close()
+
+
+def test_a_restored_message_at_the_frontier_counts_as_redelivered(impl, broker):
+    q = _registered(broker.create_queue("q"))
+    q.import_messages([(10, 3, 0, b"", b"restored")])  # (id, attempt, enqueued_ns, headers, body)
+    d = q.get()
+    assert (d.id, d.attempt, d.body) == (10, 4, b"restored")
+    assert q.stats().redelivered_total == 1
+    d.ack()
+    q.close()
+
+
+def test_an_ack_after_the_deadline_is_refused_even_before_housekeeping(impl, broker, clock):
+    q = _registered(broker.create_queue("q", visibility_timeout=5))
+    q.put(b"x")
+    d = q.get()
+    clock[0] += 5 * 10**9  # exactly at the deadline: lapsed
+    with pytest.raises(shmq.DeliveryExpired):
+        d.ack()
+    assert q.stats().acked_total == 1  # the warm-up's
+    q.close()
+
+
+def test_acks_at_the_head_free_room_for_a_full_queue(impl, broker):
+    q = _registered(broker.create_queue("q", max_bytes=4096))
+    ids = []
+    while True:
+        try:
+            ids.append(q.put_nowait(b"b" * 100, headers={"k": len(ids)}))
+        except shmq.QueueFull:
+            break
+    got = [q.get() for _ in ids]
+    assert [d.id for d in got] == ids and [d.headers["k"] for d in got] == list(range(len(ids)))
+    for d in reversed(got[1:]):  # acks behind the head reclaim nothing yet
+        d.ack()
+    assert q.stats().bytes_used > 0
+    got[0].ack()  # the head moves past all of them at once
+    s = q.stats()
+    assert (s.bytes_used, s.in_flight, s.acked_total) == (0, 0, len(ids) + 1)
+    # round the ring a few times: pads at the end of a lap are skipped on both sides
+    for i in range(3 * len(ids)):
+        q.put(bytes([i % 256]) * (i % 300))
+        d = q.get()
+        assert d.body == bytes([i % 256]) * (i % 300)
+        d.ack()
+    assert q.stats().bytes_used == 0
+    q.close()
+
+
+def test_max_deliveries_hands_the_last_attempt_to_the_dead_letter_path(impl, broker, clock):
+    broker.create_queue("dlq")
+    q = _registered(broker.create_queue("q", visibility_timeout=1, max_deliveries=2, dead_letter_queue="dlq"))
+    q.put(b"m")
+    for attempt in (1, 2):
+        assert q.get().attempt == attempt
+        clock[0] += 2 * 10**9
+    with pytest.raises(shmq.QueueEmpty):
+        q.get(timeout=0)
+    dlq = broker.queue("dlq")
+    assert dlq.get(timeout=0).body == b"m"
+    q.close()
+    dlq.close()
+
+
+def test_a_deleted_queue_is_refused_on_every_hot_path(impl, broker):
+    q = _registered(broker.create_queue("q"))
+    q.put(b"x")
+    d = q.get()
+    broker.delete_queue("q")
+    with pytest.raises(shmq.QueueNotFound):
+        q.put(b"y")
+    with pytest.raises(shmq.QueueNotFound):
+        d.ack()
+    with pytest.raises(shmq.QueueNotFound):
+        q.get(timeout=0)
+    q.close()
