@@ -28,7 +28,7 @@ def test_the_c_hot_paths_are_built_and_share_the_layout():
 @pytest.fixture(params=["fast", "pure"])
 def impl(request, monkeypatch):
     if request.param == "fast" and not engine.FAST:
-        pytest.skip("the C hot paths are not built")
+        pytest.skip("the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
     if request.param == "pure":
         for name in FAST_PATHS:
             monkeypatch.setattr(engine, name, None)
