@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 /* layout (checked against shmq/_layout.py by tests/test_fast.py) */
 #define MUTEX_OFF 512
@@ -30,6 +31,11 @@ enum { H_DELETED, H_HEAD, H_TAIL, H_FRONTIER, H_READY_POS, H_REQUEUED, H_NEXT_ID
        H_INFLIGHT, H_DELAYED, H_NEXT_DEADLINE, H_NEXT_LIVENESS, H_CWAIT, H_CPOSTED, H_PWAIT,
        H_PPOSTED };
 enum { C_ACKED_TOTAL, C_REDELIVERED_TOTAL };
+#define WALCFG_W (328 / 8)   /* log generation; then fsync mode (low half of the next word) */
+#define WAL_WORDS_W (768 / 8) /* wal_size, wal_synced */
+#define WAL_ALWAYS 1
+#define WAL_MAX_PAYLOAD 4096 /* larger entries take the Python path (zlib's faster CRC) */
+#define LOG_HEAD 32
 
 /* results other than success */
 #define R_BUSY (-1)      /* lock busy: not taken */
@@ -52,6 +58,61 @@ static inline int lock(char *seg) {
 
 static inline void unlock(char *seg) { pthread_mutex_unlock((pthread_mutex_t *)(seg + MUTEX_OFF)); }
 
+/* ---- write-ahead log entries (docs/FORMAT.md): head "WAL"+op, hdr_len, body_len, attempt,
+ * msg_id, enqueued_ns (32 bytes), headers, body, CRC-32 (zlib's) of all that. */
+static uint32_t crc_table[256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+static uint32_t crc32_of(const unsigned char *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n--) c = crc_table[(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* Fill a log entry's head and CRC in `e` (its headers and body already in place). */
+static size_t log_entry(unsigned char *e, int op, uint64_t hl, uint64_t bl, uint64_t attempt, uint64_t msg_id,
+                        uint64_t enq) {
+    memcpy(e, "WAL", 3);
+    e[3] = (unsigned char)op;
+    U32(e + 4) = (uint32_t)hl;
+    U32(e + 8) = (uint32_t)bl;
+    U32(e + 12) = (uint32_t)attempt;
+    memcpy(e + 16, &msg_id, 8);
+    memcpy(e + 24, &enq, 8);
+    size_t n = LOG_HEAD + hl + bl;
+    uint32_t crc = crc32_of(e, n);
+    memcpy(e + n, &crc, 4);
+    return n + 4;
+}
+
+/* Is the caller's descriptor for the current log generation, and no fsync owed per entry? */
+static inline int wal_usable(char *seg, uint64_t gen) {
+    uint64_t *w = (uint64_t *)seg;
+    return gen && w[WALCFG_W] == gen && (w[WALCFG_W + 1] & 0xFFFFFFFFu) != WAL_ALWAYS;
+}
+
+/* Append (lock held); 0, or -1 with errno set. */
+static int wal_write(char *seg, int fd, const unsigned char *e, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = write(fd, e + done, n - done);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        done += (size_t)k;
+    }
+    ((uint64_t *)seg)[WAL_WORDS_W] += n;
+    return 0;
+}
+
 static int parse_u64s(PyObject *const *args, Py_ssize_t n, uint64_t *out) {
     for (Py_ssize_t i = 0; i < n; i++) {
         out[i] = PyLong_AsUnsignedLongLong(args[i]);
@@ -60,13 +121,19 @@ static int parse_u64s(PyObject *const *args, Py_ssize_t n, uint64_t *out) {
     return 0;
 }
 
-/* put(seg, base, cap, body, hraw, enq_ns) -> msg_id << 1 | (1 if a consumer must be woken), or R_* */
+/* put(seg, base, cap, body, hraw, enq_ns, wal_fd, wal_gen)
+ *   -> msg_id << 1 | (1 if a consumer must be woken), or R_*
+ * wal_fd < 0: no log; else the PUT entry is appended to it before the commit */
 static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[3], enq;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "put takes 6 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "put takes 8 arguments");
         return NULL;
     }
+    long wal_fd = PyLong_AsLong(args[6]);
+    if (wal_fd == -1 && PyErr_Occurred()) return NULL;
+    uint64_t wal_gen = PyLong_AsUnsignedLongLong(args[7]);
+    if (wal_gen == (uint64_t)-1 && PyErr_Occurred()) return NULL;
     if (parse_u64s(args, 3, v) < 0) return NULL;
     if (!PyBytes_CheckExact(args[3]) || !PyBytes_CheckExact(args[4])) return PyLong_FromLong(R_FALLBACK);
     enq = PyLong_AsUnsignedLongLong(args[5]);
@@ -76,17 +143,40 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
     const char *body = PyBytes_AS_STRING(args[3]), *hraw = PyBytes_AS_STRING(args[4]);
     uint64_t bl = (uint64_t)PyBytes_GET_SIZE(args[3]), hl = (uint64_t)PyBytes_GET_SIZE(args[4]);
     uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
+    unsigned char *entry = NULL;
+    if (wal_fd >= 0) {
+        if (hl + bl > WAL_MAX_PAYLOAD) return PyLong_FromLong(R_FALLBACK);
+        entry = PyMem_Malloc(LOG_HEAD + hl + bl + 4);
+        if (!entry) return PyErr_NoMemory();
+        memcpy(entry + LOG_HEAD, hraw, hl);
+        memcpy(entry + LOG_HEAD + hl, body, bl);
+    }
 
     int rc = lock(seg);
-    if (rc) return PyLong_FromLong(rc);
+    if (rc) {
+        PyMem_Free(entry);
+        return PyLong_FromLong(rc);
+    }
     uint64_t *h = HOT(seg);
     uint64_t tail = h[H_TAIL], off = tail % cap;
-    if (h[H_DELETED] || size > cap - off || tail + size - h[H_HEAD] > cap) {
+    if (h[H_DELETED] || size > cap - off || tail + size - h[H_HEAD] > cap || (entry && !wal_usable(seg, wal_gen))) {
         unlock(seg);
+        PyMem_Free(entry);
         return PyLong_FromLong(R_FALLBACK);
     }
     char *a = seg + base + off;
     uint64_t msg_id = h[H_NEXT_ID];
+    if (entry) { /* logged before the commit below */
+        size_t n = log_entry(entry, 1, hl, bl, 0, msg_id, enq);
+        if (wal_write(seg, (int)wal_fd, entry, n) < 0) {
+            int err = errno;
+            unlock(seg);
+            PyMem_Free(entry);
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        PyMem_Free(entry);
+    }
     U64(a) = ST_READY;
     U32(a + 8) = (uint32_t)size;
     U32(a + 12) = (uint32_t)bl;
@@ -187,14 +277,20 @@ static int advance_head(char *seg, uint64_t base, uint64_t cap) {
     return 1;
 }
 
-/* ack(seg, base, cap, pos, attempt, msg_id, now) -> 1 if a producer must be woken, else 0; or R_* */
+/* ack(seg, base, cap, pos, attempt, msg_id, now, wal_fd, wal_gen)
+ *   -> 1 if a producer must be woken, else 0; or R_*
+ * wal_fd < 0: no log; else the ACK entry is appended to it before the commit */
 static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[7];
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "ack takes 7 arguments");
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "ack takes 9 arguments");
         return NULL;
     }
     if (parse_u64s(args, 7, v) < 0) return NULL;
+    long wal_fd = PyLong_AsLong(args[7]);
+    if (wal_fd == -1 && PyErr_Occurred()) return NULL;
+    uint64_t wal_gen = PyLong_AsUnsignedLongLong(args[8]);
+    if (wal_gen == (uint64_t)-1 && PyErr_Occurred()) return NULL;
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2], pos = v[3], attempt = v[4], msg_id = v[5], now = v[6];
 
@@ -212,6 +308,20 @@ static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t narg
         U64(a + 24) != msg_id || U64(a + 40) <= now) {
         unlock(seg);
         return PyLong_FromLong(R_EXPIRED);
+    }
+    if (wal_fd >= 0) { /* logged before the commit below */
+        unsigned char entry[LOG_HEAD + 4];
+        if (!wal_usable(seg, wal_gen)) {
+            unlock(seg);
+            return PyLong_FromLong(R_FALLBACK);
+        }
+        size_t n = log_entry(entry, 2, 0, 0, attempt, msg_id, 0);
+        if (wal_write(seg, (int)wal_fd, entry, n) < 0) {
+            int err = errno;
+            unlock(seg);
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
     }
     __atomic_store_n((uint64_t *)a, (w & ~(uint64_t)0xFF) | ST_ACKED, __ATOMIC_RELEASE); /* commit */
     h[H_INFLIGHT] -= 1;
@@ -240,6 +350,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "shmq._fast", "The en
                                     methods};
 
 PyMODINIT_FUNC PyInit__fast(void) {
+    crc_init();
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     if (PyModule_AddIntConstant(m, "MUTEX_OFF", MUTEX_OFF) || PyModule_AddIntConstant(m, "HOT_OFF", HOT_OFF) ||

@@ -477,8 +477,9 @@ class Queue:
         size = (_REC + 7 + hl + bl) & -8
         msg_id = post = 0
         now = _wall()
-        if _fast_put is not None and not self._wal:
-            r = _fast_put(self._segp, self._base, cap, body, hraw, now)
+        if _fast_put is not None and (not self._wal or self._wal_fd is not None):
+            fd, gen = self._wal_fd[1::-1] if self._wal else (-1, 0)
+            r = _fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
             if r > 0:
                 if r & 1:
                     self._ne.release()
@@ -953,8 +954,9 @@ class Queue:
         lp = self._lockp
         if lp is None:
             raise self._closed()
-        if _fast_ack is not None and not self._wal:
-            r = _fast_ack(self._segp, self._base, self._cap, d._pos, d.attempt, d.id, _mono())
+        if _fast_ack is not None and (not self._wal or self._wal_fd is not None):
+            fd, gen = self._wal_fd[1::-1] if self._wal else (-1, 0)
+            r = _fast_ack(self._segp, self._base, self._cap, d._pos, d.attempt, d.id, _mono(), fd, gen)
             if r >= 0:
                 if r:
                     self._nf.release()
@@ -965,7 +967,7 @@ class Queue:
                 raise self._gone()
             if r == _F_OWNERDEAD:
                 self._repair_held_lock()
-            # busy: the Python path below waits for the lock
+            # busy, or a log the C path does not append to: the Python path below
         mq, cap = self._mq, self._cap
         pos = d._pos
         a = self._base + pos % cap
