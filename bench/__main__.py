@@ -15,7 +15,7 @@ import sys
 
 from bench import durability, local
 
-DURABILITY = {"full": (20_000, 2_000, 3), "quick": (1_000, 100, 1)}  # n, trips, runs
+DURABILITY = {"full": (200_000, 2_000, 3), "quick": (2_000, 100, 1)}  # n (wal always: 1/40), trips, runs
 
 
 def parse_args(argv=None):
@@ -48,7 +48,8 @@ def run_durability(ctx, quick):
     rows = []
     for label, mode, fsync in durability.MODES:
         try:
-            rows.append(dict(durability.run_mode(ctx, label, mode, fsync, n, trips, runs), runs=runs, n=n))
+            count = durability.messages(label, n)
+            rows.append(dict(durability.run_mode(ctx, label, mode, fsync, count, trips, runs), runs=runs, n=count))
         except Exception as exc:  # reported in the table, not fatal
             rows.append({"mode": label, "error": repr(exc)})
     return rows
