@@ -360,7 +360,8 @@ PyMODINIT_FUNC PyInit__fast(void) {
         PyModule_AddIntConstant(m, "PAD", ST_PAD) || PyModule_AddIntConstant(m, "BUSY", R_BUSY) ||
         PyModule_AddIntConstant(m, "OWNERDEAD", R_OWNERDEAD) ||
         PyModule_AddIntConstant(m, "FALLBACK", R_FALLBACK) || PyModule_AddIntConstant(m, "EXPIRED", R_EXPIRED) ||
-        PyModule_AddIntConstant(m, "DELETED", R_DELETED)) {
+        PyModule_AddIntConstant(m, "DELETED", R_DELETED) ||
+        PyModule_AddIntConstant(m, "WAL_MAX_PAYLOAD", WAL_MAX_PAYLOAD)) {
         Py_DECREF(m);
         return NULL;
     }

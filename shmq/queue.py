@@ -92,6 +92,7 @@ _F_OWNERDEAD = _fast.OWNERDEAD if FAST else None
 _F_FALLBACK = _fast.FALLBACK if FAST else None
 _F_EXPIRED = _fast.EXPIRED if FAST else None
 _F_DELETED = _fast.DELETED if FAST else None
+_F_WAL_MAX = _fast.WAL_MAX_PAYLOAD if FAST else 0  # larger wal puts take the Python fast path
 
 _live_queues = weakref.WeakSet()
 
@@ -477,8 +478,8 @@ class Queue:
         size = (_REC + 7 + hl + bl) & -8
         msg_id = post = 0
         now = _wall()
-        if _fast_put is not None and (not self._wal or self._wal_fd is not None):
-            fd, gen = self._wal_fd[1::-1] if self._wal else (-1, 0)
+        if _fast_put is not None and (not self._wal or (self._wal_fd is not None and hl + bl <= _F_WAL_MAX)):
+            gen, fd = self._wal_fd if self._wal else (0, -1)
             r = _fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
             if r > 0:
                 if r & 1:
@@ -955,7 +956,7 @@ class Queue:
         if lp is None:
             raise self._closed()
         if _fast_ack is not None and (not self._wal or self._wal_fd is not None):
-            fd, gen = self._wal_fd[1::-1] if self._wal else (-1, 0)
+            gen, fd = self._wal_fd if self._wal else (0, -1)
             r = _fast_ack(self._segp, self._base, self._cap, d._pos, d.attempt, d.id, _mono(), fd, gen)
             if r >= 0:
                 if r:

@@ -232,6 +232,33 @@ def test_a_wal_queue_refuses_puts_until_its_log_is_open(broker, tmp_path):
     assert q.get_nowait().body == b"x"
 
 
+def test_the_batch_fsync_round_syncs_only_logs_with_new_entries(broker, tmp_path):
+    snap = Snapshotter(broker, str(tmp_path), wal_mode=2, wal_batch_ms=2)
+    q = broker.create_queue("q", durability="wal")
+    broker.create_queue("plain", durability="memory")
+    snap.open_wal(q)
+    try:
+        assert q.wal_pending() is None and snap.sync_logs() == 0  # nothing logged yet
+        q.put(b"x")
+        gen, size = q.wal_pending()
+        assert size > 0 and snap.sync_logs() == 1
+        assert q.wal_pending() is None and snap.sync_logs() == 0  # synced; nothing new
+        q.get().ack()
+        assert snap.sync_logs() == 1 and q.wal_pending() is None
+        snap.run_once()  # a snapshot rotates the log: the next entries go to a new generation
+        q.put(b"y")
+        assert q.wal_pending()[0] == gen + 1 and snap.sync_logs() == 1 and q.wal_pending() is None
+        q.mark_wal_synced(gen, 10**9)  # a stale generation's mark changes nothing
+        q.put(b"z")
+        assert q.wal_pending() is not None
+        q.close()
+        broker.delete_queue("q")
+        assert snap.sync_logs() == 0 and list(snap._logs) == ["plain"]  # the deleted queue is let go
+    finally:
+        snap.close()
+    assert snap._logs == {}
+
+
 @pytest.mark.parametrize("mode,ms", [(0, 0), (1, 0), (2, 2)])
 def test_wal_replay_rebuilds_exactly_what_was_put_and_not_acked(broker, tmp_path, mode, ms):
     data = str(tmp_path)
