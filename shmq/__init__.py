@@ -13,6 +13,8 @@ from .broker import Broker, default_namespace
 from .errors import (
     BrokerUnavailable,
     DeliveryExpired,
+    LimitExceeded,
+    LockTimeout,
     MessageTooLarge,
     ProtocolError,
     QueueCorrupted,
@@ -21,6 +23,7 @@ from .errors import (
     QueueFull,
     QueueNotFound,
     ShmqError,
+    StorageError,
     Unauthorized,
 )
 from .queue import Delivery, Queue, QueueStats
@@ -45,6 +48,9 @@ __all__ = [
     "ProtocolError",
     "Unauthorized",
     "BrokerUnavailable",
+    "StorageError",
+    "LockTimeout",
+    "LimitExceeded",
     "__version__",
 ]
 

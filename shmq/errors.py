@@ -19,6 +19,9 @@ __all__ = [
     "ProtocolError",
     "Unauthorized",
     "BrokerUnavailable",
+    "StorageError",
+    "LockTimeout",
+    "LimitExceeded",
 ]
 
 
@@ -77,3 +80,20 @@ class Unauthorized(ShmqError, PermissionError):
 class BrokerUnavailable(ShmqError, ConnectionError):
     """The broker at the endpoint could not be reached or the connection broke: check
     that ``shmq server`` runs there, then reconnect."""
+
+
+class StorageError(ShmqError, OSError):
+    """The broker's data directory could not take a write-ahead log entry (disk full,
+    directory deleted, I/O error). Nothing was enqueued or settled and the log is as it
+    was: free space or restore the data directory, then retry."""
+
+
+class LockTimeout(ShmqError, TimeoutError):
+    """A queue's lock stayed held by a live process (stopped, or in a debugger) for
+    longer than this call may wait. Nothing changed: retry later, or find that process."""
+
+
+class LimitExceeded(ShmqError):
+    """The server refused the request because a limit was reached (waiting requests
+    per connection, connections, buffered bytes). Nothing changed: wait for replies
+    before sending more, or raise the limit on the server."""

@@ -91,6 +91,9 @@ class Status(enum.IntEnum):
     UNKNOWN_DELIVERY = 8
     UNSUPPORTED_VERSION = 9
     INTERNAL = 10
+    STORAGE = 11
+    LOCK_TIMEOUT = 12
+    LIMIT_EXCEEDED = 13
 
 
 # ---------------------------------------------------------------------------- header

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 from ..errors import (
     BrokerUnavailable,
     DeliveryExpired,
+    LimitExceeded,
+    LockTimeout,
     MessageTooLarge,
     ProtocolError,
     QueueEmpty,
@@ -23,6 +25,7 @@ from ..errors import (
     QueueFull,
     QueueNotFound,
     ShmqError,
+    StorageError,
     Unauthorized,
 )
 from .._headers import encode_headers
@@ -43,6 +46,9 @@ EXCEPTIONS = {
     Status.UNKNOWN_DELIVERY: DeliveryExpired,
     Status.UNSUPPORTED_VERSION: ProtocolError,
     Status.INTERNAL: ShmqError,
+    Status.STORAGE: StorageError,
+    Status.LOCK_TIMEOUT: LockTimeout,
+    Status.LIMIT_EXCEEDED: LimitExceeded,
 }
 
 CONSUME_SLICE_MS = 5000  # a blocking get waits in slices, so the socket never idles for long

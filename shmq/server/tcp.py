@@ -20,6 +20,8 @@ from .. import __version__
 from ..broker import Broker
 from ..errors import (
     DeliveryExpired,
+    LimitExceeded,
+    LockTimeout,
     MessageTooLarge,
     ProtocolError,
     QueueEmpty,
@@ -27,6 +29,7 @@ from ..errors import (
     QueueFull,
     QueueNotFound,
     ShmqError,
+    StorageError,
 )
 from ..protocol import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -47,6 +50,9 @@ _RECORD_OVERHEAD = 128  # bytes a message adds to a CONSUME reply besides body a
 
 # engine exceptions -> reply status (the client maps them back)
 _STATUS_OF = (
+    (StorageError, Status.STORAGE),
+    (LockTimeout, Status.LOCK_TIMEOUT),
+    (LimitExceeded, Status.LIMIT_EXCEEDED),
     (QueueNotFound, Status.NO_SUCH_QUEUE),
     (QueueExists, Status.QUEUE_EXISTS),
     (QueueFull, Status.QUEUE_FULL),
