@@ -98,18 +98,27 @@ static inline int wal_usable(char *seg, uint64_t gen) {
     return gen && w[WALCFG_W] == gen && (w[WALCFG_W + 1] & 0xFFFFFFFFu) != WAL_ALWAYS;
 }
 
-/* Append (lock held); 0, or -1 with errno set. */
+/* Append (lock held); 0, or -1 with errno set. All or nothing: a failed append (a full
+ * disk) is cut back off the log; if even that fails, later appends go to the next
+ * generation (as Queue._wal_cut does), so none lands after the damage. */
 static int wal_write(char *seg, int fd, const unsigned char *e, size_t n) {
+    uint64_t *w = (uint64_t *)seg;
     size_t done = 0;
     while (done < n) {
         ssize_t k = write(fd, e + done, n - done);
         if (k < 0) {
             if (errno == EINTR) continue;
+            int err = errno;
+            if (done && ftruncate(fd, (off_t)w[WAL_WORDS_W]) != 0) {
+                w[WALCFG_W] += 1;
+                w[WAL_WORDS_W] = w[WAL_WORDS_W + 1] = 0;
+            }
+            errno = err;
             return -1;
         }
         done += (size_t)k;
     }
-    ((uint64_t *)seg)[WAL_WORDS_W] += n;
+    w[WAL_WORDS_W] += n;
     return 0;
 }
 

@@ -19,7 +19,7 @@ __all__ = [
     "READY", "LEASED", "ACKED", "PAD", "DELAYED", "STATE_NAMES", "NO_HOLDER", "NEVER",
     "DURABILITY", "DURABILITY_NAMES",
     "STATIC", "STATIC_OFF", "MUTEX_OFF", "HOT", "HOT_OFF", "HOT_FIELDS", "COUNTERS", "COUNTERS_OFF",
-    "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE", "WALCFG", "WALCFG_OFF", "WAL_WORDS_OFF",
+    "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE", "WALCFG", "WALCFG_OFF", "WAL_WORDS_OFF", "TIMENS_OFF", "WORD",
     "align", "record_size", "status_word", "split_status", "skip_gap", "place", "segment_size", "data_offset",
 ]
 
@@ -74,6 +74,10 @@ COUNTER_FIELDS = ("acked_total", "redelivered_total", "dead_lettered_total", "pu
 COUNTERS = struct.Struct("<%dQ" % len(COUNTER_FIELDS))
 # write-ahead log words: bytes appended to the current generation, bytes known fsynced
 WAL_WORDS_OFF = 768
+# the creator's CLOCK_MONOTONIC offset (its time namespace's; 0 in the initial one):
+# deadlines are monotonic values shared by every process, so all must read one clock
+TIMENS_OFF = 784
+WORD = struct.Struct("<q")  # one signed word
 PROCS_OFF = 1024
 # process slot: pid, start_ms, consumers waiting, producers waiting
 PROC = struct.Struct("<QQQQ")
@@ -81,7 +85,7 @@ PROC_SIZE = PROC.size
 
 assert HOT_OFF >= MUTEX_OFF + 64 and COUNTERS_OFF + COUNTERS.size <= PROCS_OFF
 assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= MUTEX_OFF
-assert COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF
+assert COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF and WAL_WORDS_OFF + 16 <= TIMENS_OFF < PROCS_OFF
 
 
 def align(n: int, to: int = ALIGN) -> int:

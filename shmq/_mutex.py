@@ -9,15 +9,29 @@ Python, against ~2.1 us for an fcntl OFD lock (two syscalls). See docs/DESIGN.md
 
 ``trylock``/``unlock`` go through ``PyDLL`` (the GIL stays held: they never block);
 only a contended ``lock`` goes through ``CDLL``, which releases the GIL while it waits.
+
+A live holder can still hold the lock for ever: a process stopped by SIGSTOP or a
+debugger is not dead, so the kernel never hands its lock on. Every wait is therefore
+bounded (``pthread_mutex_clocklock`` on CLOCK_MONOTONIC keeps EOWNERDEAD), by the
+caller's deadline or by ``LOCK_TIMEOUT_S``; only a caller that asked to wait for ever
+(``timeout=None``) does.
 """
 
 import ctypes
 import errno
 import os
+import time
 
-__all__ = ["MUTEX_SIZE", "RobustMutex", "init_mutex", "trylock", "unlock", "lock_slow"]
+from .errors import LockTimeout
+
+__all__ = ["MUTEX_SIZE", "RobustMutex", "init_mutex", "trylock", "unlock", "lock_slow", "FOREVER",
+           "LOCK_TIMEOUT_S", "LOCK_GRACE_S"]
 
 MUTEX_SIZE = 64  # bytes reserved in the segment (sizeof(pthread_mutex_t) is 40 on x86-64 glibc)
+_OWNER_OFF = 8  # glibc's pthread_mutex_t: int lock, unsigned count, int owner (the holder's thread id)
+FOREVER = -1  # a lock deadline: wait as long as it takes
+LOCK_TIMEOUT_S = 10.0  # the longest wait of a call that has no timeout of its own
+LOCK_GRACE_S = 0.1  # the shortest wait, even for a timeout of 0: a running holder lets go in microseconds
 
 LOCK_SPIN_TRIES = 16
 _sched_yield = os.sched_yield
@@ -29,9 +43,19 @@ _PTHREAD_MUTEX_ROBUST = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc_nogil = ctypes.PyDLL(None)
 
+_CLOCK_MONOTONIC = 1
+_mono = time.monotonic_ns
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
 _proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 _pyproto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 _lock = _proto(("pthread_mutex_lock", _libc))
+_clocklock = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_Timespec))(
+    ("pthread_mutex_clocklock", _libc))  # glibc >= 2.30
 _trylock = _pyproto(("pthread_mutex_trylock", _libc_nogil))
 _unlock = _pyproto(("pthread_mutex_unlock", _libc_nogil))
 _consistent = _pyproto(("pthread_mutex_consistent", _libc_nogil))
@@ -56,9 +80,14 @@ trylock = _trylock
 unlock = _unlock
 
 
-def lock_slow(ptr, rc) -> bool:
+def lock_slow(ptr, rc, deadline=None, wait_s=None) -> bool:
     """Finish a lock whose ``trylock`` returned ``rc`` != 0. Returns True when the
-    previous owner died holding it (the caller must repair, then ``mark_consistent``)."""
+    previous owner died holding it (the caller must repair, then ``mark_consistent``).
+
+    ``deadline``: a ``time.monotonic_ns()`` value, never sooner than ``LOCK_GRACE_S``
+    from now; ``FOREVER``; or None: ``wait_s`` (default ``LOCK_TIMEOUT_S``) seconds
+    from now. Past it, LockTimeout.
+    """
     if rc == errno.EBUSY:
         # Critical sections last a few microseconds: retry before sleeping in the kernel
         # (a futex sleep + wake costs more than the wait), yielding the core in case the
@@ -70,7 +99,7 @@ def lock_slow(ptr, rc) -> bool:
             if rc != errno.EBUSY:
                 break
         else:
-            rc = _lock(ptr)
+            rc = _lock(ptr) if deadline == FOREVER else _timed_lock(ptr, deadline, wait_s)
         if rc == 0:
             return False
     if rc == _EOWNERDEAD:
@@ -78,6 +107,21 @@ def lock_slow(ptr, rc) -> bool:
     if rc == _ENOTRECOVERABLE:
         raise OSError(rc, "shmq lock is not recoverable (a repair was abandoned)")
     raise OSError(rc, "pthread_mutex_lock failed: " + errno.errorcode.get(rc, str(rc)))
+
+
+def _timed_lock(ptr, deadline, wait_s):
+    now = _mono()
+    grace = now + int(LOCK_GRACE_S * 1e9)
+    if deadline is None:
+        deadline = now + int((LOCK_TIMEOUT_S if wait_s is None else wait_s) * 1e9)
+    elif deadline < grace:
+        deadline = grace
+    rc = _clocklock(ptr, _CLOCK_MONOTONIC, ctypes.byref(_Timespec(deadline // 10**9, deadline % 10**9)))
+    if rc == errno.ETIMEDOUT:
+        owner = ctypes.c_int.from_address(ptr.value + _OWNER_OFF).value
+        raise LockTimeout(f"its lock stayed held by a live process (thread {owner}) for {(_mono() - now) / 1e9:.2f}s: "
+                          "is it stopped (SIGSTOP, a debugger)?")
+    return rc
 
 
 def mark_consistent(ptr) -> None:
@@ -100,9 +144,10 @@ class RobustMutex:
         self.address = address
         self.ptr = ctypes.c_void_p(address)
 
-    def acquire(self) -> bool:
+    def acquire(self, deadline=None, wait_s=None) -> bool:
+        """Lock; True when the previous owner died. Arguments as for ``lock_slow``."""
         rc = _trylock(self.ptr)
-        return rc != 0 and lock_slow(self.ptr, rc)
+        return rc != 0 and lock_slow(self.ptr, rc, deadline, wait_s)
 
     def mark_consistent(self) -> None:
         mark_consistent(self.ptr)

@@ -10,9 +10,10 @@ import os
 
 import psutil
 
-__all__ = ["current_identity", "is_alive"]
+__all__ = ["current_identity", "is_alive", "monotonic_offset"]
 
 _identity = None
+_offset = None
 
 
 def _start_ms(proc: psutil.Process) -> int:
@@ -28,9 +29,30 @@ def current_identity() -> tuple[int, int]:
     return _identity
 
 
+def monotonic_offset() -> int:
+    """This process's CLOCK_MONOTONIC offset in ns, as its time namespace sets it (0 in
+    the initial one, or where the kernel has no time namespaces).
+
+    Lease deadlines are CLOCK_MONOTONIC values shared by every process of a queue, so
+    all of them must read the same clock. Cached until the next fork (a child of a
+    process that unshared its time namespace lives in the new one)."""
+    global _offset
+    if _offset is None:
+        _offset = 0
+        try:
+            with open("/proc/self/timens_offsets") as f:
+                for line in f:
+                    clock, sec, nsec = line.split()
+                    if clock in ("monotonic", "1"):
+                        _offset = int(sec) * 10**9 + int(nsec)
+        except (OSError, ValueError):
+            pass
+    return _offset
+
+
 def _forget_identity():
-    global _identity
-    _identity = None
+    global _identity, _offset
+    _identity = _offset = None
 
 
 os.register_at_fork(after_in_child=_forget_identity)

@@ -7,8 +7,15 @@ unlinks it when the process family exits (CPython issue 82300). On 3.13+ we pass
 ``track=False``; before that we open segments while a thread-local gate makes the
 tracker hooks no-ops for that one call, so no registration ever happens (there is no
 window in which a SIGKILL could leave one behind). Everything is created 0600.
+
+A new segment's memory is reserved at once (``posix_fallocate``): /dev/shm is a tmpfs
+of limited size (Docker's default is 64 MB), and a sparse segment larger than its free
+space would kill with SIGBUS whichever process first touches a page past the limit —
+a producer, in the middle of a put. Reserving up front turns that into a clear error
+at create time.
 """
 
+import errno
 import os
 import re
 import sys
@@ -16,6 +23,8 @@ import threading
 from multiprocessing import shared_memory as _stdlib_shm
 
 import posix_ipc
+
+from .errors import StorageError
 
 __all__ = [
     "Segment",
@@ -113,8 +122,31 @@ class Segment(_stdlib_shm.SharedMemory):
 
 
 def create_segment(name: str, size: int) -> Segment:
-    """Create a new segment (FileExistsError if the name is taken)."""
-    return Segment(name, create=True, size=size)
+    """Create a new segment with all its memory reserved (FileExistsError if the name is
+    taken; StorageError, and nothing left behind, if /dev/shm has no room for it)."""
+    seg = Segment(name, create=True, size=size)
+    try:
+        os.posix_fallocate(seg._fd, 0, size)
+    except OSError as e:
+        seg.close()
+        unlink_segment(name)
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # cannot reserve here: sparse, as before
+            return Segment(name, create=True, size=size)
+        if e.errno == errno.ENOSPC:
+            raise StorageError(f"{SHM_DIR} has {_mib(_free_bytes())} free, too little for the "
+                               f"{_mib(size)} segment {name}: free space there, ask for less (max_bytes), "
+                               f"or enlarge {SHM_DIR} (Docker: --shm-size)") from None
+        raise
+    return seg
+
+
+def _free_bytes() -> int:
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def open_segment(name: str) -> Segment:

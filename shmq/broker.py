@@ -11,6 +11,7 @@ import weakref
 
 from . import _layout as L
 from ._mutex import init_mutex
+from ._process import monotonic_offset
 from ._registry import CREATING, DELETING, LIVE, Registry
 from ._segment import (
     check_namespace,
@@ -131,8 +132,13 @@ class Broker:
                 raise QueueNotFound(f"dead-letter queue {dead_letter_queue!r} does not exist: create it first")
             index = reg.claim(name, CREATING)
             self._unlink_queue_files(name)  # leftovers of a crash, if any
-            self._build(name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries, dead_letter_queue,
-                        durability)
+            try:
+                self._build(name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
+                            dead_letter_queue, durability)
+            except BaseException:
+                self._unlink_queue_files(name)
+                reg.free(index)
+                raise
             reg.set_state(index, LIVE, name)
         return self.queue(name)
 
@@ -150,6 +156,7 @@ class Broker:
                 int(visibility_timeout * 1e9), max_deliveries or 0, slots, time.time_ns(),
                 L.data_offset(slots), len(raw_name), raw_name, len(raw_dlq), raw_dlq,
             )
+            L.WORD.pack_into(mm, L.TIMENS_OFF, monotonic_offset())
             hot = dict.fromkeys(L.HOT_FIELDS, 0)
             hot.update(next_id=1, next_deadline=L.NEVER)
             L.HOT.pack_into(mm, L.HOT_OFF, *hot.values())

@@ -36,6 +36,9 @@ import msgpack
 from .errors import MessageTooLarge
 
 __all__ = [
+    "fsync_dir",
+    "wal_path",
+    "parse_wal_name",
     "MAGIC",
     "FORMAT_VERSION",
     "SUFFIX",
@@ -266,7 +269,21 @@ def encode_ack_entry(msg_id: int, attempt: int) -> bytes:
 # ----------------------------------------------------------------------------- writing
 
 
-def _fsync_dir(path: str) -> None:
+def wal_path(directory: str, queue: str, generation: int) -> str:
+    """``DIR/QUEUE.wal.NNNNNNNN``: the one place a log's file name is made."""
+    return os.path.join(directory, f"{queue}.wal.{generation:08d}")
+
+
+def parse_wal_name(entry: str) -> tuple[str, int] | None:
+    """(queue, generation) of a log's file name, or None if ``entry`` is not one."""
+    name, sep, gen = entry.rpartition(".wal.")
+    if not sep or not name or not gen.isdigit():
+        return None
+    return name, int(gen)
+
+
+def fsync_dir(path: str) -> None:
+    """fsync the directory holding ``path``: a new name is durable only once its directory is."""
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
@@ -364,7 +381,7 @@ class SnapshotWriter:
             raise
         self._done = True
         if self.fsync:
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
         return total
 
     def abort(self) -> None:
@@ -680,7 +697,7 @@ def quarantine(path) -> str:
         else:
             os.unlink(path)
         try:
-            _fsync_dir(path)
+            fsync_dir(path)
         except OSError:
             pass
         return dest

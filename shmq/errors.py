@@ -83,9 +83,10 @@ class BrokerUnavailable(ShmqError, ConnectionError):
 
 
 class StorageError(ShmqError, OSError):
-    """The broker's data directory could not take a write-ahead log entry (disk full,
-    directory deleted, I/O error). Nothing was enqueued or settled and the log is as it
-    was: free space or restore the data directory, then retry."""
+    """Storage ran out: the broker's data directory could not take a write-ahead log
+    entry (disk full, directory deleted, I/O error), or /dev/shm has no room for a new
+    queue. Nothing was enqueued, settled or created, and the log is as it was: free
+    space (or restore the data directory), then retry."""
 
 
 class LockTimeout(ShmqError, TimeoutError):

@@ -5,8 +5,11 @@ reboot. A snapshot copies a queue's unsettled messages (the lock is held only fo
 copy of the ring) and writes them with ``shmq.dmsq`` (temp file, fsync, rename,
 directory fsync), so a crash mid-snapshot leaves the previous file whole. On start, a
 queue whose segment is still there is kept as it is (memory is newer than any file);
-a queue whose segment is gone is rebuilt from its file. A damaged file is replayed up
-to the damage, set aside as ``.corrupt`` and reported in one line; start-up goes on.
+a queue whose segment is gone is rebuilt from its file. A damaged file (snapshot or
+log) is replayed up to the damage, set aside as ``.corrupt`` and reported in one line;
+start-up goes on. A full disk or a vanished data directory is reported, never fatal:
+snapshots are retried every interval, and while the directory is gone every logged put
+fails (``Queue.suspend_wal``) rather than return without a log behind it.
 """
 
 import logging
@@ -29,12 +32,20 @@ def snapshot_path(data_dir: str, name: str) -> str:
 
 def wal_files(data_dir: str, name: str) -> list[tuple[int, str]]:
     """(generation, path) of every write-ahead log of queue ``name``, oldest first."""
-    prefix = name + ".wal."
     out = []
     for entry in os.listdir(data_dir):
-        if entry.startswith(prefix) and entry[len(prefix):].isdigit():
-            out.append((int(entry[len(prefix):]), os.path.join(data_dir, entry)))
+        parsed = dmsq.parse_wal_name(entry)
+        if parsed is not None and parsed[0] == name:
+            out.append((parsed[1], os.path.join(data_dir, entry)))
     return sorted(out)
+
+
+def _owner(entry: str) -> str | None:
+    """The queue a data-dir entry (snapshot or log) belongs to, or None."""
+    if entry.endswith(dmsq.SUFFIX):
+        return entry[: -len(dmsq.SUFFIX)]
+    parsed = dmsq.parse_wal_name(entry)
+    return parsed[0] if parsed is not None else None
 
 
 def snapshot_queue(q: Queue, data_dir: str, fsync: bool = True) -> tuple[str, int]:
@@ -87,7 +98,8 @@ def restore_file(broker: Broker, path: str, into: str | None = None) -> tuple[st
 
 def _replay_logs(data_dir, name, wal_from, records):
     """Apply the logs of ``name`` from generation ``wal_from`` on to ``records`` (an id ->
-    message dict, in order). Damage stops a log there (what precedes it is kept)."""
+    message dict, in order). Damage stops a log there (what precedes it is kept) and
+    the log is moved aside as ``.corrupt``, out of reach of the clean-up of old logs."""
     for gen, path in wal_files(data_dir, name):
         if gen < wal_from:
             continue
@@ -98,7 +110,8 @@ def _replay_logs(data_dir, name, wal_from, records):
             else:
                 records.pop(e.msg_id, None)
         if error:
-            log.error("%s; replayed %d entries before it", error, len(entries))
+            aside = dmsq.quarantine(path)
+            log.error("%s; replayed %d entries before it; file moved to %s", error, len(entries), aside)
 
 
 def recover(broker: Broker, data_dir: str) -> list[str]:
@@ -107,12 +120,7 @@ def recover(broker: Broker, data_dir: str) -> list[str]:
     restored up to the damage and moved aside (``.corrupt``). Returns the names rebuilt."""
     rebuilt = []
     live = set(broker.list_queues())
-    names = set()
-    for entry in os.listdir(data_dir):
-        if entry.endswith(dmsq.SUFFIX):
-            names.add(entry[: -len(dmsq.SUFFIX)])
-        elif ".wal." in entry and entry.rsplit(".", 1)[-1].isdigit():
-            names.add(entry.rsplit(".wal.", 1)[0])
+    names = {owner for owner in map(_owner, os.listdir(data_dir)) if owner is not None}
     for name in sorted(names - live):  # the live ones: memory is newer than any file
         path = snapshot_path(data_dir, name)
         records, settings, error = {}, None, None
@@ -159,6 +167,8 @@ class Snapshotter:
         self.wal_mode = wal_mode
         self.wal_batch_ms = wal_batch_ms
         self._logs = {}  # name -> [attached Queue, generation of fd, fd or None], for sync_logs
+        self._failing = {}  # name -> the snapshot error last logged
+        self._lost = False  # the data dir vanished
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
 
     def open_wal(self, q: Queue) -> None:
@@ -186,7 +196,10 @@ class Snapshotter:
 
     def run_once(self) -> int:
         """One snapshot of every durable queue; returns how many files were written.
-        Files of queues deleted since (or made "memory") are removed."""
+        Files of queues deleted since (or made "memory") are removed. A snapshot that
+        fails (a full disk) is logged once, keeps the previous file, and is retried."""
+        if not self.data_dir_present():
+            return 0
         written = 0
         keep = set()
         for q in self._each_queue():
@@ -194,26 +207,60 @@ class Snapshotter:
                 if q.durability == "wal" and not q.wal_config()[0]:
                     self.open_wal(q)
                 if q.durability != "memory":
-                    snapshot_queue(q, self.data_dir, self.fsync)
                     keep.add(q.name)
+                    snapshot_queue(q, self.data_dir, self.fsync)
                     written += 1
+                    self._report(q.name, None)
             except QueueNotFound:
                 pass  # deleted meanwhile
+            except OSError as e:
+                self._report(q.name, f"cannot write the snapshot of queue {q.name} to {self.data_dir}: {e}")
         for entry in os.listdir(self.data_dir):
-            if entry.endswith(dmsq.SUFFIX):
-                owner = entry[: -len(dmsq.SUFFIX)]
-            elif ".wal." in entry and entry.rsplit(".", 1)[-1].isdigit():
-                owner = entry.rsplit(".wal.", 1)[0]
-            else:
-                continue
-            if owner not in keep:
+            owner = _owner(entry)
+            if owner is not None and owner not in keep:
                 os.unlink(os.path.join(self.data_dir, entry))
         return written
+
+    def _report(self, name: str, error: str | None) -> None:
+        """Log a queue's snapshot failure when it starts or changes, and its end."""
+        before = self._failing.get(name)
+        if error == before:
+            return
+        if error is None:
+            del self._failing[name]
+            log.info("snapshot of queue %s written again", name)
+        else:
+            self._failing[name] = error
+            log.error("%s; retrying every interval", error)
+
+    def data_dir_present(self) -> bool:
+        """Whether the data directory is there. When it vanishes, every "wal" queue's
+        log is suspended (its puts and acks fail); when it is back, they get a new log."""
+        present = os.path.isdir(self.data_dir)
+        if present == (not self._lost):
+            return present
+        self._lost = not present
+        if present:
+            log.warning("data dir %s is back: write-ahead logs reopened", self.data_dir)
+        else:
+            log.error("data dir %s is gone: puts and acks of 'wal' queues fail until it is back", self.data_dir)
+        for q in self._each_queue():
+            try:
+                if q.durability == "wal":
+                    if present:
+                        self.open_wal(q)
+                    else:
+                        q.suspend_wal()
+            except QueueNotFound:
+                pass
+        return present
 
     def sync_logs(self) -> int:
         """fsync the log of every "wal" queue that has entries not yet synced (the
         ``batch:MS`` policy: the broker does this every MS milliseconds). Queues stay
         attached and logs open between calls. Returns how many logs were synced."""
+        if not self.data_dir_present():
+            return 0
         names = set(self.broker.list_queues())
         for name in [n for n, entry in self._logs.items() if n not in names or entry[0].deleted]:
             self._forget_log(name)
@@ -240,6 +287,10 @@ class Snapshotter:
                     continue
                 entry[1] = gen
             os.fsync(entry[2])
+            if os.fstat(entry[2]).st_nlink == 0:  # deleted under us: its entries are nowhere
+                log.error("the log of queue %s was deleted; its puts and acks fail until it is reopened", name)
+                q.suspend_wal()
+                continue
             q.mark_wal_synced(gen, size)
             synced += 1
         return synced

@@ -19,6 +19,7 @@ whichever process touches the queue when it is due; ``shmq server`` calls it too
 """
 
 import ctypes
+import errno
 import os
 import time
 import weakref
@@ -29,20 +30,22 @@ import posix_ipc
 from . import _layout as L
 from . import dmsq
 from ._headers import decode_headers, encode_headers
-from ._mutex import RobustMutex
+from ._mutex import FOREVER, RobustMutex
 from ._mutex import lock_slow as _lock_slow
 from ._mutex import trylock as _trylock
 from ._mutex import unlock as _unlock
-from ._process import current_identity, is_alive
+from ._process import current_identity, is_alive, monotonic_offset
 from ._segment import open_segment, open_semaphore, segment_name
 from .errors import (
     DeliveryExpired,
+    LockTimeout,
     MessageTooLarge,
     QueueCorrupted,
     QueueEmpty,
     QueueFull,
     QueueNotFound,
     ShmqError,
+    StorageError,
 )
 
 __all__ = ["Queue", "Delivery", "QueueStats"]
@@ -77,6 +80,7 @@ _W = L.WAL_WORDS_OFF >> 3
 I_WAL_SIZE, I_WAL_SYNCED = _W, _W + 1
 I_WAL_GEN, I_WAL_MODE = L.WALCFG_OFF >> 3, (L.WALCFG_OFF >> 3) + 1  # WALCFG's generation; mode (low half)
 WAL_NEVER, WAL_ALWAYS, WAL_BATCH = 0, 1, 2
+WAL_SUSPENDED = 3  # with generation 0: the data directory vanished; appends fail
 _encode_put_entry = dmsq.encode_put_entry
 _encode_ack_entry = dmsq.encode_ack_entry
 
@@ -178,7 +182,7 @@ class _ClosedMutex:
     def __init__(self, name):
         self.name = name
 
-    def acquire(self):
+    def acquire(self, deadline=None, wait_s=None):
         raise ShmqError(f"queue handle {self.name!r} is closed")
 
 
@@ -194,7 +198,11 @@ class Queue:
     """A handle on a named queue, attached in this process (``Broker.queue``).
 
     Handles pickle by name: a child process (fork or spawn) re-attaches on unpickling.
+    ``lock_timeout``: how long a call with no timeout of its own waits for the queue's
+    lock before LockTimeout (None: ``shmq._mutex.LOCK_TIMEOUT_S``).
     """
+
+    lock_timeout = None
 
     def __init__(self, namespace: str, name: str):
         self.namespace = namespace
@@ -226,6 +234,11 @@ class Queue:
             raise QueueCorrupted(f"queue {self.name!r} has layout version {version}, expected {L.LAYOUT_VERSION}")
         if seg.size < data_off + cap:
             raise QueueCorrupted(f"segment of queue {self.name!r} is truncated")
+        offset = L.WORD.unpack_from(mm, L.TIMENS_OFF)[0]
+        if offset != monotonic_offset():
+            raise ShmqError(f"queue {self.name!r} was created in another time namespace (its CLOCK_MONOTONIC is "
+                            f"{(offset - monotonic_offset()) / 1e9:+.3f}s from ours): lease deadlines need one "
+                            "clock; use the queue from one time namespace (docs/DESIGN.md, Clocks)")
         self._seg = seg
         self._mm = mm
         self._mq = memoryview(mm).cast("Q")
@@ -292,8 +305,13 @@ class Queue:
         _live_queues.discard(self)
 
     # ------------------------------------------------------------------ locking
-    def _acquire(self):
-        if self._mutex.acquire():
+    def _acquire(self, deadline=None):
+        """Take the lock, repairing after a dead holder. ``deadline``: see ``_mutex.lock_slow``."""
+        try:
+            dead = self._mutex.acquire(deadline, self.lock_timeout)
+        except LockTimeout as e:
+            raise LockTimeout(f"queue {self.name!r}: {e}") from None
+        if dead:
             try:
                 self._repair()
             finally:
@@ -310,9 +328,14 @@ class Queue:
             self._mutex.mark_consistent()
             _unlock(self._lockp)
 
-    def _lock_contended(self, rc):
-        """The hot paths' lock, after ``trylock`` returned ``rc``: wait, or repair."""
-        if _lock_slow(self._lockp, rc):
+    def _lock_contended(self, rc, deadline=None, timeout_error=LockTimeout):
+        """The hot paths' lock, after ``trylock`` returned ``rc``: wait (until ``deadline``,
+        else ``timeout_error``), or repair."""
+        try:
+            dead = _lock_slow(self._lockp, rc, deadline, self.lock_timeout)
+        except LockTimeout as e:
+            raise timeout_error(f"queue {self.name!r}: {e}") from None
+        if dead:
             try:
                 self._repair()
             finally:
@@ -399,7 +422,7 @@ class Queue:
         gen, _mode, _ms, directory = self.wal_config()
         if not gen:
             return
-        path = os.path.join(directory, f"{self.name}.wal.{gen:08d}")
+        path = dmsq.wal_path(directory, self.name, gen)
         try:
             if os.path.getsize(path) > self._mq[I_WAL_SIZE]:
                 os.truncate(path, self._mq[I_WAL_SIZE])
@@ -480,7 +503,10 @@ class Queue:
         now = _wall()
         if _fast_put is not None and (not self._wal or (self._wal_fd is not None and hl + bl <= _F_WAL_MAX)):
             gen, fd = self._wal_fd if self._wal else (0, -1)
-            r = _fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
+            try:
+                r = _fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
+            except OSError as e:
+                raise self._fast_failed(e) from None
             if r > 0:
                 if r & 1:
                     self._ne.release()
@@ -492,7 +518,7 @@ class Queue:
             # busy: the Python path below waits for the lock
         rc = _trylock(lp)
         if rc:
-            self._lock_contended(rc)
+            self._lock_contended(rc, _lock_deadline(timeout), QueueFull)
         try:
             if mq[I_DELETED]:
                 raise self._gone()
@@ -565,7 +591,10 @@ class Queue:
             )
         waited = 0
         while True:
-            ids, post = self._try_append(items, waited, deadline)
+            try:
+                ids, post = self._try_append(items, waited, deadline)
+            except LockTimeout as e:
+                raise QueueFull(str(e)) from None
             for _ in range(post):
                 self._ne.release()
             if ids is not None:
@@ -584,7 +613,7 @@ class Queue:
     def _try_append(self, items, waited, deadline):
         """One locked attempt. Returns (ids or None, semaphore posts owed)."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
-        self._acquire()
+        self._acquire(FOREVER if deadline is None else deadline)
         try:
             if mq[I_DELETED]:
                 raise self._gone()
@@ -672,19 +701,19 @@ class Queue:
 
         Raises QueueEmpty after ``timeout`` seconds (None: wait forever).
         """
-        d = self._take_one(visibility_timeout)
+        d = self._take_one(visibility_timeout, timeout)
         if d is None:
             d = self._get(1, timeout, visibility_timeout)[0]
         return d
 
     def get_nowait(self, visibility_timeout=None) -> Delivery:
         """``get`` that raises QueueEmpty at once instead of waiting."""
-        d = self._take_one(visibility_timeout)
+        d = self._take_one(visibility_timeout, 0)
         if d is None:
             d = self._get(1, 0, visibility_timeout)[0]
         return d
 
-    def _take_one(self, visibility_timeout):
+    def _take_one(self, visibility_timeout, timeout):
         """Fast path of ``get``: the next never-delivered record at the frontier, when no
         housekeeping is due and nothing was requeued. None sends the caller to ``_get``."""
         lp = self._lockp
@@ -704,7 +733,7 @@ class Queue:
         body = None
         rc = _trylock(lp)
         if rc:
-            self._lock_contended(rc)
+            self._lock_contended(rc, _lock_deadline(timeout), QueueEmpty)
         try:
             (deleted, _head, tail, pos, _rp, requeued, _nid, ready, inflight, _dl, next_deadline, next_liveness,
              _cw, _cp, _pw, _pp) = _HOT_UNPACK(mm, _HOT_OFF)
@@ -755,7 +784,11 @@ class Queue:
         spun = timeout == 0
         while True:
             can_wait = deadline is None or _mono() < deadline
-            got = self._take(maxn, vis_ns, waited, spun and can_wait, max_bytes)
+            try:
+                got = self._take(maxn, vis_ns, waited, spun and can_wait, max_bytes,
+                                 FOREVER if deadline is None else deadline)
+            except LockTimeout as e:
+                raise QueueEmpty(str(e)) from None
             if got:
                 return got
             if not can_wait:
@@ -815,13 +848,13 @@ class Queue:
         except posix_ipc.SignalError:
             return 1
 
-    def _take(self, maxn, vis_ns, waited, register, max_bytes=None):
+    def _take(self, maxn, vis_ns, waited, register, max_bytes=None, deadline=None):
         """One locked attempt to lease up to ``maxn`` ready messages."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
         out = []
         dead = None
         reap = False
-        self._acquire()
+        self._acquire(deadline)
         try:
             if mq[I_DELETED]:
                 raise self._gone()
@@ -957,7 +990,10 @@ class Queue:
             raise self._closed()
         if _fast_ack is not None and (not self._wal or self._wal_fd is not None):
             gen, fd = self._wal_fd if self._wal else (0, -1)
-            r = _fast_ack(self._segp, self._base, self._cap, d._pos, d.attempt, d.id, _mono(), fd, gen)
+            try:
+                r = _fast_ack(self._segp, self._base, self._cap, d._pos, d.attempt, d.id, _mono(), fd, gen)
+            except OSError as e:
+                raise self._fast_failed(e) from None
             if r >= 0:
                 if r:
                     self._nf.release()
@@ -1368,38 +1404,94 @@ class Queue:
             self._release()
 
     def wal_path(self, generation: int) -> str:
-        return os.path.join(self.wal_config()[3], f"{self.name}.wal.{generation:08d}")
+        return dmsq.wal_path(self.wal_config()[3], self.name, generation)
 
     def _wal_append(self, data: bytes) -> None:
-        """Append log entries (lock held), fsync by policy; before the caller commits."""
+        """Append log entries (lock held), fsync by policy; before the caller commits.
+
+        All or nothing: when the disk is full (or the log is gone) the log is cut back to
+        where this append began and StorageError is raised, so the caller commits nothing
+        and later appends stay readable."""
         mq = self._mq
         gen = mq[I_WAL_GEN]
         fd_gen = self._wal_fd
-        fd = fd_gen[1] if fd_gen is not None and fd_gen[0] == gen else self._open_wal(gen)
+        start = mq[I_WAL_SIZE]
         n = len(data)
-        written = os.write(fd, data)
-        if written != n:  # a short write: finish it
-            view = memoryview(data)[written:]
-            while view:
-                view = view[os.write(fd, view):]
-        size = mq[I_WAL_SIZE] + n
+        try:
+            fd = fd_gen[1] if fd_gen is not None and fd_gen[0] == gen else self._open_wal(gen)
+            written = os.write(fd, data)
+            if written != n:  # a short write: finish it
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.write(fd, view):]
+            if mq[I_WAL_MODE] & 0xFFFFFFFF == WAL_ALWAYS:
+                os.fsync(fd)
+                if os.fstat(fd).st_nlink == 0:  # synced into a file no one can find again
+                    self._suspend_wal()
+                    raise FileNotFoundError(errno.ENOENT, "the log file was deleted (is the data directory gone?)")
+        except OSError as e:
+            if mq[I_WAL_GEN] == gen and self._wal_fd is not None and self._wal_fd[0] == gen:
+                self._wal_cut(self._wal_fd[1], start)
+            raise StorageError(f"queue {self.name!r}: cannot append to its write-ahead log "
+                               f"{self.wal_path(gen)}: {e.strerror or e}; nothing was changed") from None
+        size = start + n
         mq[I_WAL_SIZE] = size
         if mq[I_WAL_MODE] & 0xFFFFFFFF == WAL_ALWAYS:
-            os.fsync(fd)
             mq[I_WAL_SYNCED] = size
         # batch: the broker fsyncs every log each batch interval (``Snapshotter.sync_logs``)
+
+    def _wal_cut(self, fd, size):
+        """Cut the log back to ``size`` bytes after a failed append (lock held). If even
+        that fails, later appends go to the next generation, so none lands after the
+        damage (recovery reads this log up to it, then the next)."""
+        try:
+            if os.fstat(fd).st_size > size:
+                os.ftruncate(fd, size)
+        except OSError:
+            mq = self._mq
+            mq[I_WAL_GEN] += 1
+            mq[I_WAL_SIZE] = mq[I_WAL_SYNCED] = 0
+
+    def _fast_failed(self, e):
+        """A C hot path's log append failed (it cut the log back): StorageError."""
+        gen = self._wal_fd[0] if self._wal_fd is not None else 0
+        return StorageError(f"queue {self.name!r}: cannot append to its write-ahead log {self.wal_path(gen)}: "
+                            f"{e.strerror or e}; nothing was changed")
 
     def _open_wal(self, gen: int) -> int:
         """This process's descriptor for log generation ``gen`` (lock held)."""
         if not gen:
+            directory = self.wal_config()[3]
+            if self._mq[I_WAL_MODE] & 0xFFFFFFFF == WAL_SUSPENDED:
+                raise StorageError(f"queue {self.name!r}: its data directory {directory} is gone; write-ahead "
+                                   "logged puts and acks fail until it is back")
             raise ShmqError(f"queue {self.name!r} is durability='wal' but no shmq server with a --data-dir "
                             "has opened its write-ahead log yet")
         if self._wal_fd is not None:
             os.close(self._wal_fd[1])
             self._wal_fd = None
-        path = os.path.join(self.wal_config()[3], f"{self.name}.wal.{gen:08d}")
-        self._wal_fd = (gen, os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
-        return self._wal_fd[1]
+        path = self.wal_path(gen)
+        try:  # the first appender creates the log, and makes its name durable
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        else:
+            dmsq.fsync_dir(path)
+        self._wal_fd = (gen, fd)
+        return fd
+
+    def suspend_wal(self) -> None:
+        """The log or its data directory is gone (the broker found out): every logged put
+        and ack fails with StorageError until ``configure_wal`` opens a log again."""
+        self._acquire()
+        try:
+            self._suspend_wal()
+        finally:
+            self._release()
+
+    def _suspend_wal(self):
+        _gen, _mode, _ms, n, raw = L.WALCFG.unpack_from(self._mm, L.WALCFG_OFF)
+        L.WALCFG.pack_into(self._mm, L.WALCFG_OFF, 0, WAL_SUSPENDED, 0, n, raw)
 
     # ------------------------------------------------------------------ snapshots
     def settings(self) -> dict:
@@ -1453,7 +1545,7 @@ class Queue:
         gen, mode, ms, directory = self.wal_config()
         if not gen:
             return
-        old = os.path.join(directory, f"{self.name}.wal.{gen:08d}")
+        old = dmsq.wal_path(directory, self.name, gen)
         try:
             fd = os.open(old, os.O_WRONLY)
         except FileNotFoundError:
@@ -1522,6 +1614,11 @@ class Queue:
         for _ in range(waiters + 1):
             self._ne.release()
             self._nf.release()
+
+
+def _lock_deadline(timeout):
+    """The lock deadline of a call that may wait ``timeout`` seconds (None: for ever)."""
+    return FOREVER if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
 
 
 def _seconds_ns(value, what):

@@ -1,0 +1,289 @@
+"""Storage that runs out or goes away: a full disk under a wal queue, a damaged log, a
+data dir deleted under a running broker, a start on a full disk, a small /dev/shm.
+
+Each test puts its data on a real filesystem of its own (a small tmpfs it mounts, or
+a private /dev/shm in a mount namespace of its own) and accounts exactly for what a
+reboot brings back. Mounting needs root: elsewhere these tests skip, saying why.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import shmq
+from shmq import dmsq
+from shmq.persistence import Snapshotter, recover
+from tests.test_server_tcp import ServerProcess
+
+
+def _mount_tmpfs(path, size):
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 4 MiB tmpfs of the test's own, unmounted afterwards."""
+    path = tmp_path / "small"
+    path.mkdir()
+    _mount_tmpfs(path, "4m")
+    yield path
+    subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.fixture
+def start_server(broker):
+    """Starts ``shmq server`` processes for the test; any still running at the end (a
+    failed assertion midway) is killed."""
+    started = []
+
+    def start(*args):
+        srv = ServerProcess(broker.namespace, *args)
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait(10)
+
+
+def _fill_disk(path):
+    """Write a file until the filesystem is full; returns its path."""
+    filler = path / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        chunk = b"\xff" * 65536
+        while True:
+            try:
+                f.write(chunk)
+            except OSError as e:
+                assert e.errno == 28  # ENOSPC
+                break
+        try:  # fill the last partial chunk too
+            while f.write(b"\xff" * 512):
+                pass
+        except OSError:
+            pass
+    return filler
+
+
+def _reboot(broker, srv, start, *args):
+    """SIGKILL the broker (no last snapshot), wipe shared memory, start it again."""
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait(10)
+    srv.proc.stderr.close()
+    broker.close()
+    shmq.destroy_namespace(broker.namespace)
+    broker.__init__(broker.namespace)
+    return start(*args)
+
+
+def _drain_ids(q):
+    ids = []
+    while True:
+        try:
+            ds = q.get_many(256, timeout=0)
+        except shmq.QueueEmpty:
+            return ids
+        ids += [d.id for d in ds]
+        q.ack_many(ds)
+
+
+@pytest.mark.parametrize("body_size,after", [(1000, 300), (6000, 100)], ids=["c-path", "python-path"])
+def test_a_full_disk_fails_wal_puts_cleanly_and_the_log_stays_readable(broker, small_fs, start_server, body_size,
+                                                                      after):
+    data = str(small_fs / "data")
+    args = ("--data-dir", data, "--snapshot-interval", "3600")
+    srv = start_server(*args)
+    with shmq.connect(srv.url) as remote:
+        remote.create_queue("q", durability="wal", max_bytes=8 << 20, max_message_bytes=8192)
+    q = broker.queue("q")
+    returned = [q.put(b"a" * body_size) for _ in range(5)]
+    filler = _fill_disk(small_fs)
+    with pytest.raises(shmq.StorageError, match="No space left on device") as err:
+        for _ in range(100):  # the last page may still take an entry or two
+            returned.append(q.put(b"b" * body_size))
+    assert "nothing was changed" in str(err.value)
+    with pytest.raises(shmq.StorageError):  # and again: it stays refused, not half-done
+        q.put(b"c" * body_size)
+    with shmq.connect(srv.url) as remote:  # a clear status over TCP, not INTERNAL
+        with pytest.raises(shmq.StorageError, match="No space left on device"):
+            remote.queue("q").put(b"d" * body_size, timeout=0)
+    (log_path,) = [os.path.join(data, e) for e in os.listdir(data) if ".wal." in e]
+    entries, error, _end = dmsq.read_log(log_path)
+    assert error is None and [e.msg_id for e in entries] == returned  # no torn entry left behind
+    assert q.stats().ready == len(returned)
+
+    os.unlink(filler)
+    returned += [q.put(b"e" * body_size) for _ in range(after)]
+    q.close()
+    srv = _reboot(broker, srv, start_server, *args)
+    try:
+        assert sorted(_drain_ids(broker.queue("q"))) == returned
+    finally:
+        assert srv.stop() == 0
+
+
+def test_a_damaged_log_is_replayed_to_the_damage_and_kept_aside(broker, tmp_path, caplog):
+    data = str(tmp_path)
+    q = broker.create_queue("q", durability="wal")
+    snap = Snapshotter(broker, data, wal_mode=0)
+    snap.open_wal(q)
+    q.put_many([b"first", b"second", b"third"])
+    (path,) = [os.path.join(data, e) for e in os.listdir(data)]
+    entries, _error, _end = dmsq.read_log(path)
+    raw = bytearray(open(path, "rb").read())
+    second = len(raw) * 1 // 3 + 20  # inside the second entry (three of equal size)
+    raw[second] ^= 0xFF
+    open(path, "wb").write(raw)
+    q.close()
+    broker.delete_queue("q")  # the reboot
+    assert recover(broker, data) == ["q"]
+    assert [d.body for d in broker.queue("q").get_many(5, timeout=0)] == [b"first"]
+    assert "moved to" in caplog.text
+    snap.run_once()  # the first snapshot removes older logs, but not the evidence
+    corrupt = [e for e in os.listdir(data) if e.endswith(".corrupt")]
+    assert corrupt == [os.path.basename(path) + ".corrupt"]
+    assert open(os.path.join(data, corrupt[0]), "rb").read() == bytes(raw)
+    snap.close()
+
+
+def _log_lines(srv):
+    """The server's log lines from now on, collected by a thread (until it exits)."""
+    lines = []
+    threading.Thread(target=lambda: lines.extend(iter(srv.proc.stderr.readline, "")), daemon=True).start()
+    return lines
+
+
+def _wait(condition, what, timeout=10):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_the_server_starts_on_a_full_disk_and_snapshots_once_there_is_room(broker, small_fs, start_server):
+    data = small_fs / "data"
+    data.mkdir()
+    broker.create_queue("q").put_many([b"x" * 1000] * 50)
+    filler = _fill_disk(small_fs)
+    srv = start_server("--data-dir", str(data), "--snapshot-interval", "0.05")
+    lines = _log_lines(srv)
+    try:
+        assert srv.alive()
+        failed = [line for line in srv.log if "cannot write the snapshot" in line]  # said at start-up
+        assert len(failed) == 1 and "queue q" in failed[0] and "No space left on device" in failed[0]
+        os.unlink(filler)
+        _wait(lambda: (data / "q.dmsq").exists(), "no snapshot after the disk had room again")
+        _wait(lambda: any("snapshot of queue q written again" in line for line in lines), "no word of it")
+        assert srv.alive()
+    finally:
+        assert srv.stop() == 0
+    assert len(dmsq.read_snapshot(str(data / "q.dmsq")).records) == 50
+
+
+@pytest.mark.parametrize("fsync", ["always", "batch:2"])
+def test_wal_puts_fail_while_the_data_dir_is_gone(broker, tmp_path, start_server, fsync):
+    data = tmp_path / "data"
+    args = ("--data-dir", str(data), "--fsync", fsync, "--snapshot-interval", "0.05")
+    srv = start_server(*args)
+    with shmq.connect(srv.url) as remote:
+        remote.create_queue("q", durability="wal")
+    q = broker.queue("q")
+    returned = [q.put(b"before")]
+    shutil.rmtree(data)
+    if fsync == "always":  # every put is fsynced: the very next one finds out
+        with pytest.raises(shmq.StorageError):
+            q.put(b"lost")
+    else:  # the broker's fsync round (every 2 ms) finds out
+        deadline = time.monotonic() + 10
+        with pytest.raises(shmq.StorageError, match="is gone"):
+            while True:
+                assert time.monotonic() < deadline, "wal puts still return with the data dir gone"
+                returned.append(q.put(b"in the window"))
+    for _ in range(3):
+        with pytest.raises(shmq.StorageError):
+            q.put(b"refused")
+    data.mkdir()
+    deadline = time.monotonic() + 10
+    while True:  # the broker reopens the logs in the new directory
+        try:
+            returned.append(q.put(b"after"))
+            break
+        except shmq.StorageError:
+            assert time.monotonic() < deadline, "wal puts still refused with the data dir back"
+    _wait(lambda: (data / "q.dmsq").exists(), "no snapshot in the new data dir")  # of what memory holds
+    q.close()
+    srv = _reboot(broker, srv, start_server, *args)
+    try:
+        assert sorted(_drain_ids(broker.queue("q"))) == returned
+    finally:
+        assert srv.stop() == 0
+
+
+_SMALL_SHM = textwrap.dedent("""
+    import json, sys
+    import shmq
+    out = {}
+    b = shmq.connect(namespace="small")
+    try:
+        b.create_queue("big", max_bytes=64 * 2**20)
+    except shmq.StorageError as e:
+        out["big"] = str(e)
+    out["left_after_big"] = sorted(__import__("os").listdir("/dev/shm"))
+    q = b.create_queue("q", max_bytes=10 * 2**20)
+    n = 0
+    while True:  # fill it: every page was reserved at create, none can SIGBUS
+        try:
+            q.put_nowait(b"x" * 65000)
+            n += 1
+        except shmq.QueueFull:
+            break
+    got = 0
+    while True:
+        try:
+            q.get_nowait().ack()
+            got += 1
+        except shmq.QueueEmpty:
+            break
+    out["put"], out["got"] = n, got
+    try:
+        b.create_queue("second", max_bytes=10 * 2**20)
+    except shmq.StorageError as e:
+        out["second"] = str(e)
+    b.delete_queue("q")
+    b.close()
+    shmq.destroy_namespace("small")
+    print(json.dumps(out))
+""")
+
+
+def test_a_queue_larger_than_dev_shm_is_refused_at_create_never_a_sigbus():
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"cannot make a mount namespace here: {probe.stderr.strip()}")
+    # a private mount namespace with a 16 MiB /dev/shm, as Docker's small default
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c",
+         'mount -t tmpfs -o size=16m,mode=1777 tmpfs /dev/shm && exec "$0" -c "$1"', sys.executable, _SMALL_SHM],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert r.returncode == 0, f"exit {r.returncode} (-7 is SIGBUS): {r.stderr[-2000:]}"
+    out = json.loads(r.stdout)
+    assert "/dev/shm has" in out["big"] and "MiB free" in out["big"] and "64.0 MiB" in out["big"]
+    assert out["left_after_big"] == ["shmq.small.registry"]  # nothing of the refused queue is left
+    assert out["put"] == out["got"] > 100
+    assert "/dev/shm has" in out["second"]
