@@ -59,7 +59,9 @@ def connect(url: str | None = None, *, namespace: str | None = None, token: str 
     """Open a broker.
 
     With no url, attach locally to ``namespace`` (default: $SHMQ_NAMESPACE, else
-    "shmq"). ``tcp://host:port`` URLs are for remote clients of ``shmq server``.
+    "shmq"). ``tcp://host:port`` URLs are for remote clients of ``shmq server``; their
+    token is ``token``, else $SHMQ_TOKEN, else the one of your own server at that
+    endpoint on this host, found in its runtime file (see shmq.auth).
     """
     if url is None:
         return Broker(default_namespace() if namespace is None else namespace)

@@ -10,6 +10,7 @@ import sys
 import click
 
 from . import __version__
+from .auth import command_line_warning
 from .broker import Broker, default_namespace
 from .errors import QueueEmpty, ShmqError
 
@@ -40,9 +41,27 @@ def _namespace_option(f):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=7878, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: any free).")
 @_namespace_option
-@click.option("--token", envvar="SHMQ_TOKEN", default=None, help="Require this token in HELLO (also $SHMQ_TOKEN).")
+@click.option("--token", envvar="SHMQ_TOKEN", default=None,
+              help="Require this token in HELLO. Prefer $SHMQ_TOKEN or --token-file: a command line is readable "
+                   "by every user.")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None,
+              help="Require the token in this file (0600; created with a new token if missing). "
+                   "Default: $SHMQ_HOME/token (~/.local/state/shmq/token).")
+@click.option("--no-auth", is_flag=True, help="Require no token: every local user can use the queues over TCP.")
 @click.option("--max-frame-bytes", default=16 * 2**20, show_default=True, type=click.IntRange(1024, 2**31),
               help="Largest frame accepted from a client.")
+@click.option("--max-connections", type=click.IntRange(1), default=None,
+              help="Open connections at most; more get LIMIT_EXCEEDED and are closed. [default: 1024]")
+@click.option("--max-waiting-per-connection", type=click.IntRange(1), default=None,
+              help="Waiting CONSUMEs per connection; more get LIMIT_EXCEEDED. [default: 256]")
+@click.option("--max-buffered-bytes", type=click.IntRange(1024), default=None,
+              help="Bytes of unfinished big frames held across all connections; beyond, readers wait. "
+                   "At least --max-frame-bytes + 16. [default: 64 MiB]")
+@click.option("--frame-timeout", type=click.FloatRange(0, min_open=True), default=None,
+              help="Seconds a frame may take from its first byte to its last; then the connection closes. "
+                   "[default: 30]")
+@click.option("--idle-timeout", type=click.FloatRange(0, min_open=True), default=None,
+              help="Seconds a connection may stay without a request or a waiting CONSUME. [default: 300]")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Snapshot durable queues here; rebuild lost queues from it on start.")
 @click.option("--snapshot-interval", type=click.FloatRange(0.01), default=1.0, show_default=True,
@@ -51,30 +70,51 @@ def _namespace_option(f):
               help="When write-ahead logs of 'wal' queues are fsynced.")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]),
               show_default=True)
-def server(host, port, namespace, token, max_frame_bytes, data_dir, snapshot_interval, fsync, log_level):
+def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, data_dir, snapshot_interval, fsync,
+           log_level, **limits):
     """Run the broker: serve TCP clients, hold the namespace's registry, do housekeeping.
 
+    Clients must present a token, by default one generated at the first start into
+    $SHMQ_HOME/token; your own clients on this host find it by themselves.
     Stops on SIGINT/SIGTERM (answering what is in flight) and exits 0; queues stay in
     shared memory for the next start.
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s shmq %(levelname)s %(message)s",
                         stream=sys.stderr)
     from .server.main import parse_fsync, serve
+    from .server.tcp import Limits
 
     parse_fsync(fsync)  # a bad policy is an error before anything starts
+    limits = Limits(**{k: v for k, v in limits.items() if v is not None})  # the options left out: defaults
+    if token is not None and not _on_command_line("token") and (token_file or no_auth):
+        token = None  # --token-file and --no-auth win over $SHMQ_TOKEN
+    if token is not None and _on_command_line("token"):
+        logging.getLogger("shmq.server").warning(command_line_warning(os.getpid()))
     asyncio.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
-                      snapshot_interval=snapshot_interval, fsync=fsync))
+                      snapshot_interval=snapshot_interval, fsync=fsync, token_file=token_file, no_auth=no_auth,
+                      limits=limits))
+
+
+def _on_command_line(param) -> bool:
+    """Whether the current command got ``param`` on its command line (not from the environment)."""
+    return click.get_current_context().get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE
 
 
 def _target_options(f):
     """--namespace for local attach, --url/--token for a remote broker."""
-    f = click.option("--token", envvar="SHMQ_TOKEN", default=None, help="Token for a remote broker ($SHMQ_TOKEN).")(f)
+    f = click.option("--token", envvar="SHMQ_TOKEN", default=None,
+                     help="Token for a remote broker (prefer $SHMQ_TOKEN; default: your own server's on this host, "
+                          "found in $SHMQ_HOME/run).")(f)
     f = click.option("--url", envvar="SHMQ_URL", default=None,
                      help="Remote broker tcp://host:port ($SHMQ_URL); local attach when absent.")(f)
     return _namespace_option(f)
 
 
 def _connect(namespace, url, token):
+    if token is not None and _on_command_line("token"):
+        click.echo(f"shmq: warning: {command_line_warning(os.getpid(), '$SHMQ_TOKEN')}", err=True)
+    elif token is not None:
+        token = None  # from $SHMQ_TOKEN: the client reads it itself (and names it if refused)
     if url:
         from .client.remote import RemoteBroker
 

@@ -16,6 +16,17 @@ import shmq
 from shmq._segment import destroy_namespace, namespace_entries
 
 
+@pytest.fixture(autouse=True, scope="session")
+def shmq_home(tmp_path_factory):
+    """The suite's servers and clients keep their token and runtime files in a temporary
+    $SHMQ_HOME (inherited by every subprocess), never in the real home directory."""
+    home = tmp_path_factory.mktemp("shmq-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SHMQ_HOME", str(home))
+        mp.delenv("SHMQ_TOKEN", raising=False)
+        yield home
+
+
 @pytest.fixture
 def namespace():
     ns = "t" + uuid.uuid4().hex[:12]

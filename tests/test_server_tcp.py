@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 import shmq
+from shmq.auth import client_token
 from shmq.protocol import FrameDecoder, MsgType, Status, encode_request, pack_header
 from tests import _workers as w
 
@@ -57,9 +58,15 @@ def server(broker):
     assert srv.stop() == 0
 
 
-def _sock(port):
+def _sock(port, hello=True):
+    """A raw connection; with ``hello``, it has said HELLO with the token a client finds."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if hello:
+        token, _ = client_token(None, s.getsockname(), s.getpeername())
+        s.sendall(encode_request(MsgType.HELLO, 0, {"token": token} if token else {}))
+        (f,) = _read_frames(s)
+        assert (f.msg_id, f.status) == (0, Status.OK), f.payload
     return s
 
 
@@ -208,7 +215,7 @@ def test_token_guards_remote_access(broker):
     try:
         with pytest.raises(shmq.Unauthorized):
             shmq.connect(srv.url, token="wrong")
-        s = _sock(srv.port)
+        s = _sock(srv.port, hello=False)
         s.sendall(encode_request(MsgType.LIST, 1))
         (f,) = _read_frames(s)
         assert f.status == Status.UNAUTHORIZED

@@ -9,7 +9,8 @@ back a ``put`` on the same connection. Errors are the same exceptions as everywh
 import asyncio
 import itertools
 
-from ..errors import BrokerUnavailable, QueueEmpty, QueueFull, ShmqError
+from ..auth import client_token, refused
+from ..errors import BrokerUnavailable, QueueEmpty, QueueFull, ShmqError, Unauthorized
 from ..protocol import FrameDecoder, MsgType, Status, encode_request
 from .remote import (
     CONSUME_SLICE_MS,
@@ -28,7 +29,8 @@ __all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery"]
 
 
 async def connect(url: str, token: str | None = None) -> "AsyncBroker":
-    """Open a connection to ``shmq server`` and say HELLO."""
+    """Open a connection to ``shmq server`` and say HELLO (with ``token``, else
+    $SHMQ_TOKEN, else your own server's token on this host: see shmq.auth)."""
     broker = AsyncBroker(url, token)
     await broker._open()
     return broker
@@ -55,9 +57,15 @@ class AsyncBroker:
             raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {e.strerror or e}") from None
         self._reader_task = asyncio.create_task(self._read(reader))
         hello = {"client": "shmq-python-aio"}
-        if self.token is not None:
-            hello["token"] = self.token
-        self.server_info = await self.request(MsgType.HELLO, hello)
+        token, source = client_token(self.token, self._writer.get_extra_info("sockname"),
+                                     self._writer.get_extra_info("peername"))
+        if token is not None:
+            hello["token"] = token
+        try:
+            self.server_info = await self.request(MsgType.HELLO, hello)
+        except Unauthorized as e:
+            await self.close()
+            raise refused(self.endpoint, source, e) from None
 
     async def _read(self, reader):
         decoder = FrameDecoder(2**31 - 1)

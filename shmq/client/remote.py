@@ -29,6 +29,7 @@ from ..errors import (
     Unauthorized,
 )
 from .._headers import encode_headers
+from ..auth import client_token, refused
 from ..protocol import FrameDecoder, MsgType, Status, encode_request
 from ..queue import QueueStats
 
@@ -114,9 +115,14 @@ class RemoteBroker:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.settimeout(None)
         hello = {"client": "shmq-python"}
+        token, source = client_token(token, self._sock.getsockname(), self._sock.getpeername())
         if token is not None:
             hello["token"] = token
-        self.server_info = self.request(MsgType.HELLO, hello)
+        try:
+            self.server_info = self.request(MsgType.HELLO, hello)
+        except Unauthorized as e:
+            self.close()
+            raise refused(self.endpoint, source, e) from None
 
     def __repr__(self):
         return f"<shmq.RemoteBroker {self.url}>"
