@@ -1,1 +1,1 @@
-"""Benchmarks for shmq; run ``python -m bench.local`` from the repository root."""
+"""Benchmarks for shmq beside its peers; run ``python -m bench`` from the repository root."""

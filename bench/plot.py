@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 
-SYSTEM_ORDER = ("shmq", "shmq-tcp", "mpqueue", "simplequeue", "faster-fifo", "zmq", "posix-mq", "redis")
+from bench.adapters import SYSTEMS
+
+SYSTEM_ORDER = SYSTEMS  # the registry's order: shmq's own two first, then the peers
 PANEL_ORDER = (("msg", 1), ("batch", 1), ("msg", 4), ("batch", 4))
 
 

@@ -1,6 +1,10 @@
-"""`python -m bench --quick` runs end to end and writes well-formed output (not its speed)."""
+"""The bench: `python -m bench --quick` runs end to end and writes well-formed output (not
+its speed), every adapter carries a case through the harness, and the consumers' stop
+logic. Each test looks only at the shmq namespaces it or its bench created."""
 
+import io
 import json
+import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -8,15 +12,22 @@ from pathlib import Path
 
 import pytest
 
+from bench import adapters, harness
+from bench.plan import Job
+from bench.roles import consume_polled, consume_shared
+
 ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _shmq_entries():
+def _entries_of_run(pid):
+    """/dev/shm entries of the namespaces a bench process created (``bench-<pid>-*``)."""
+    prefix = f"bench-{pid}-"
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("shmq.")}
+        names = os.listdir("/dev/shm")
     except FileNotFoundError:
-        return set()
+        return []
+    return sorted(n for n in names if any(part.startswith(prefix) for part in n.split(".")))
 
 
 def _has_matplotlib():
@@ -27,23 +38,31 @@ def _has_matplotlib():
     return True
 
 
+def _run(argv, env, timeout):
+    """Run ``python -m bench ...``; returns (pid, returncode, stdout, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return proc.pid, proc.returncode, out, err
+
+
 @pytest.mark.slow
 def test_quick_bench_output_is_well_formed(tmp_path):
-    before = _shmq_entries()
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--json", str(out_json), "--plot", str(out_png)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
+    pid, code, stdout, stderr = _run(["--quick", "--json", str(out_json), "--plot", str(out_png)], env, 180)
+    assert code == 0, stdout + stderr
+    lines = stdout.splitlines()
     assert lines[0].startswith("shmq") and lines[1].startswith("machine :")
     assert lines[2].startswith("python  :") and lines[3].startswith("packages:")
-    assert "Throughput, P producers -> P consumers" in proc.stdout
-    assert "msgs/s" in proc.stdout and "vs mpq" in proc.stdout and "vs best" in proc.stdout
-    assert "RTT p50" in proc.stdout and "RTT p99.9" in proc.stdout
-    assert "Durability modes" in proc.stdout and "wal always" in proc.stdout
+    assert "Throughput, P producers -> P consumers" in stdout
+    assert "msgs/s" in stdout and "vs mpq" in stdout and "vs best" in stdout
+    assert "RTT p50" in stdout and "RTT p99.9" in stdout
+    assert "Durability modes" in stdout and "wal always" in stdout
 
     doc = json.loads(out_json.read_text())
     assert {"machine", "settings", "cases", "durability"} <= set(doc)
@@ -61,21 +80,20 @@ def test_quick_bench_output_is_well_formed(tmp_path):
     if _has_matplotlib():
         assert out_png.read_bytes()[:8] == PNG_SIGNATURE
     else:
-        assert "plot skipped: matplotlib not installed" in proc.stdout
-    assert _shmq_entries() - before == set()
+        assert "plot skipped: matplotlib not installed" in stdout
+    # the bench's own leak check (its notes) and ours look at its namespaces only
+    assert doc["notes"] == []
+    assert _entries_of_run(pid) == []
 
     # --report reprints the same tables from the JSON alone, and redraws the plot
     again_png = tmp_path / "again.png"
-    again = subprocess.run(
-        [sys.executable, "-m", "bench", "--report", str(out_json), "--plot", str(again_png)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )
-    assert again.returncode == 0, again.stdout + again.stderr
+    _pid, again_code, again_out, again_err = _run(["--report", str(out_json), "--plot", str(again_png)], env, 60)
+    assert again_code == 0, again_out + again_err
 
     def tables(text):
         return [line for line in text.splitlines() if not line.startswith(("wrote ", "plot skipped"))]
 
-    assert tables(again.stdout) == tables(proc.stdout)
+    assert tables(again_out) == tables(stdout)
     if _has_matplotlib():
         assert again_png.read_bytes()[:8] == PNG_SIGNATURE
 
@@ -118,17 +136,15 @@ class _RacyTotal:
 
 @pytest.mark.parametrize("mode", ["msg", "batch"])
 def test_only_the_consumer_that_crosses_n_sends_the_stops(mode):
-    from bench.local import Job, _consume_shared
-
     job = Job("mpqueue", "tput", 8, mode, n=100, runs=1, pairs=4)
     # this consumer takes the 99th message; another takes the 100th between the lock and the check
     rx_tx = _ListEnd([b"x" * 8, b""]), _ListEnd()
-    result = _consume_shared(job, rx_tx, _RacyTotal(98, bump=1))
+    result = consume_shared(job, rx_tx, _RacyTotal(98, bump=1))
     assert result["got"] == 1
     assert rx_tx[1].sent == []  # it left through its own stop, sending none back
 
     rx_tx = _ListEnd([b"x" * 8]), _ListEnd()
-    result = _consume_shared(job, rx_tx, _RacyTotal(99, bump=0))
+    result = consume_shared(job, rx_tx, _RacyTotal(99, bump=0))
     assert result["got"] == 1 and rx_tx[1].sent == [b""] * 3  # the crosser stops the other three
 
 
@@ -146,8 +162,6 @@ class _PolledEnd:
 
 
 def test_a_mesh_consumer_polls_until_the_shared_total_reaches_n():
-    from bench.local import Job, _consume_polled
-
     job = Job("zmq", "tput", 4, "msg", n=10, runs=1, pairs=4)
     total = _RacyTotal(5, bump=0)
     idle = []
@@ -158,6 +172,34 @@ def test_a_mesh_consumer_polls_until_the_shared_total_reaches_n():
             total.value = job.n
 
     rx = _PolledEnd([[b"abcd"], [b"abcd"], [], [], []], another_consumer_finishes)
-    result = _consume_polled(job, [rx], total)
+    result = consume_polled(job, [rx], total)
     assert result["got"] == 2
     assert idle == [7, 7]  # it polled on at 7 of 10 and stopped once all 10 were taken
+
+
+def test_the_leak_check_counts_only_its_own_namespace(broker, namespace):
+    broker.create_queue("q")
+    assert adapters.leftover_notes("shmq", adapters.run_namespace("local")) == []
+    notes = adapters.leftover_notes("shmq", namespace)
+    assert len(notes) == 1 and notes[0].startswith("shmq left ") and f"shmq.{namespace}.registry" in notes[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("system", adapters.SYSTEMS)
+def test_every_adapter_carries_cases_through_the_harness(system):
+    reason = adapters.probe(system)
+    if reason:
+        pytest.skip(reason)
+    jobs = [Job(system, "tput", 64, "msg", n=128, runs=1, warmup=8),
+            Job(system, "tput", 64, "batch", n=256, runs=2, warmup=8, pairs=2),
+            Job(system, "rtt", 64, "msg", n=20, runs=1, warmup=4)]
+    adapter = adapters.adapter_class(system)()
+    try:
+        progress = harness.Progress(len(jobs), stream=io.StringIO())
+        results = harness.run_jobs(jobs, {system: adapter}, mp.get_context("spawn"), 30.0, progress)
+    finally:
+        notes = adapter.close()
+    assert [(r.status, len(r.runs)) for r, _ in results] == [("ok", 1), ("ok", 2), ("ok", 1)], \
+        [r.detail for r, _ in results]
+    assert all(s["msgs_per_s"] > 0 for _, s in results[:2]) and results[2][1]["p50_us"] > 0
+    assert notes == []

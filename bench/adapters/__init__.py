@@ -1,0 +1,128 @@
+"""The one shape every system under test takes (Adapter + End), and the table of systems.
+
+Strategy: a system is two small classes in its own module here. Its ``Adapter`` lives in
+the parent for the whole run: it starts what the system needs (a server, a directory),
+makes one channel per case (``make`` returns a spec the children can unpickle), drops it
+afterwards, names the cases it cannot run (``unsupported``) and, at ``close``, reports
+what it left behind. Its ``End`` is opened from that spec inside a case's processes: one
+sender or one receiver with ``send`` / ``send_batch`` / ``recv`` / ``recv_batch`` /
+``close``. The harness and the roles know nothing else of a system.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import NamedTuple
+
+
+class Entry(NamedTuple):
+    """What is known of a system without importing it (a saved run is reported where its package is missing)."""
+
+    module: str  # in bench/adapters
+    cls: str
+    package: str | None  # the distribution to install when the module cannot be imported
+    batch_note: str  # what "batch" means for this system, printed under the throughput table
+
+
+REGISTRY = {
+    "shmq": Entry("shmq_local", "ShmqLocal", None, "put_many / get_many(64) + ack_many"),
+    "shmq-tcp": Entry("shmq_tcp", "ShmqTcp", None, "put_many / get_many(64) + ack_many over TCP"),
+    "mpqueue": Entry("mp_queues", "MpQueue", None, "one list of 64 bodies per put (1 pickle), counted as 64"),
+    "simplequeue": Entry("mp_queues", "SimpleQueue", None, "one list of 64 bodies per put (1 pickle), counted as 64"),
+    "faster-fifo": Entry("fasterfifo", "FasterFifo", "faster-fifo", "put_many / get_many(max_messages_to_get=64)"),
+    "zmq": Entry("zmq_pushpull", "ZmqPushPull", "pyzmq", "one multipart message of 64 frames, counted as 64"),
+    "posix-mq": Entry("posix_mq", "PosixMq", "posix_ipc", "no batch API: 64 single sends; receives one at a time"),
+    "redis": Entry("redis_lists", "RedisLists", "redis", "LPUSH of 64 values / BLMPOP COUNT 64"),
+}
+SYSTEMS = tuple(REGISTRY)
+SHM_DIR = "/dev/shm"
+
+
+class End:
+    """One process's sender (``role`` "send") or receiver ("recv") on a channel made by its Adapter."""
+
+    def __init__(self, spec, role):
+        raise NotImplementedError
+
+    def send(self, body):
+        raise NotImplementedError
+
+    def send_batch(self, bodies):
+        """Several messages in one call; a system without a batch API sends them one by one."""
+        for body in bodies:
+            self.send(body)
+
+    def recv(self):
+        """The next message's body; blocks until there is one."""
+        raise NotImplementedError
+
+    def recv_batch(self, limit):
+        """At least one and at most ``limit`` bodies, as a list; by default one receive."""
+        return [self.recv()]
+
+    def close(self):
+        pass
+
+
+class Adapter:
+    """One system under test, on the parent's side, for a whole run."""
+
+    name = ""
+    End = End
+    # P -> P without a shared queue: MeshEnd(spec, role, index, pairs), with poll_batch(batch, seconds)
+    MeshEnd = None
+
+    @classmethod
+    def probe(cls):
+        """Why this system cannot run here (a missing program, say), or None."""
+        return None
+
+    def make(self, ctx, size):
+        """A new channel for messages of ``size`` bytes; returns its spec for the Ends."""
+        raise NotImplementedError
+
+    def drop(self, spec):
+        """Remove a channel once its case is over."""
+
+    def unsupported(self, job):
+        """Why this system cannot run ``job`` (a plan.Job), or None."""
+        return None
+
+    def close(self):
+        """Stop what the adapter started; returns notes on anything it left behind."""
+        return []
+
+
+def adapter_class(system):
+    """The Adapter subclass of ``system``; ImportError if its package is missing."""
+    entry = REGISTRY[system]
+    return getattr(importlib.import_module(f"bench.adapters.{entry.module}"), entry.cls)
+
+
+def probe(system):
+    """None if ``system`` can run here, else why not."""
+    package = REGISTRY[system].package
+    try:
+        cls = adapter_class(system)
+    except ImportError as exc:
+        return f"{package} not installed" if package else f"{system} not importable ({exc})"
+    return cls.probe()
+
+
+def run_namespace(part):
+    """A shmq namespace of this run: ``bench-<pid>-<part>``. Only what carries this
+    run's prefix is the bench's to remove or to count as leaked."""
+    return f"bench-{os.getpid()}-{part}"
+
+
+def leftover_notes(system, namespace):
+    """Notes on the entries of ``namespace`` still in /dev/shm (segments and semaphores)."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    left = sorted(n for n in names if namespace in n.split("."))
+    if not left:
+        return []
+    return [f"{system} left {len(left)} object(s) of namespace {namespace!r} in /dev/shm: {', '.join(left)}"]

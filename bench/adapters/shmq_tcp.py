@@ -1,0 +1,61 @@
+"""shmq over TCP: a ``shmq server --port 0`` of the run's own; its queues made and used over TCP."""
+
+from __future__ import annotations
+
+import shmq
+from bench.adapters import Adapter, leftover_notes, run_namespace
+from bench.adapters.shmq_local import ShmqEnd
+from bench.plan import BATCH, MAX_MESSAGE_BYTES, queue_bytes, size_label
+from bench.servers import ShmqServer
+
+
+def default_frame_bytes():
+    """The largest frame `shmq server` accepts by default (16 MiB if shmq does not say)."""
+    try:
+        from shmq.protocol import DEFAULT_MAX_FRAME_BYTES
+    except ImportError:
+        return 16 * 2**20
+    return DEFAULT_MAX_FRAME_BYTES
+
+
+class ShmqTcp(Adapter):
+    """A server on its own namespace for the whole run; one queue per case."""
+
+    name = "shmq-tcp"
+    End = ShmqEnd
+    part = "tcp"  # of the namespace
+
+    def __init__(self, *server_options):
+        self.namespace = run_namespace(self.part)
+        self._server = ShmqServer(self.namespace, *server_options)
+        self.url = self._server.url
+        self.max_frame_bytes = default_frame_bytes()
+        self._count = 0
+
+    def create(self, broker, name, size):
+        broker.create_queue(name, max_bytes=queue_bytes(size), max_message_bytes=max(MAX_MESSAGE_BYTES, size))
+
+    def spec(self, name):
+        return (self.url, name)
+
+    def make(self, ctx, size):
+        self._count += 1
+        name = f"q{self._count}"
+        with shmq.connect(self.url) as broker:
+            self.create(broker, name, size)
+        return self.spec(name)
+
+    def drop(self, spec):
+        with shmq.connect(self.url) as broker:
+            broker.delete_queue(spec[1])
+
+    def unsupported(self, job):
+        if job.mode == "batch" and BATCH * job.size > self.max_frame_bytes // 2:
+            return (f"a batch of {BATCH} x {size_label(job.size)} exceeds the server's "
+                    f"{size_label(self.max_frame_bytes)} frames")
+        return None
+
+    def close(self):
+        self._server.close()
+        shmq.destroy_namespace(self.namespace)
+        return leftover_notes(self.name, self.namespace)

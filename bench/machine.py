@@ -1,0 +1,93 @@
+"""Facts about the machine a run measured: CPU, cores, OS, Python, and the version of every system."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+
+# the versions the report's header lists, in order (keys of machine_info())
+VERSIONED = ("shmq", "faster-fifo", "pyzmq", "posix_ipc", "redis-py", "redis-server")
+# where shmq says whether its C hot paths are built: the one shmq internal the report reads
+SHMQ_FAST_FLAG = ("shmq.queue", "FAST")
+
+
+def _dist_version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _shmq_version():
+    """'0.1.0 (C hot paths)' / '0.1.0 (pure Python)'; without the suffix if shmq does not say."""
+    try:
+        import shmq
+    except ImportError:
+        return None
+    version = getattr(shmq, "__version__", None) or _dist_version("shmq") or "source tree"
+    module, attr = SHMQ_FAST_FLAG
+    try:
+        fast = getattr(importlib.import_module(module), attr, None)
+    except ImportError:
+        fast = None
+    return version if fast is None else f"{version} ({'C hot paths' if fast else 'pure Python'})"
+
+
+def _zmq_version():
+    try:
+        import zmq
+    except ImportError:
+        return None
+    return f"{zmq.__version__} (libzmq {zmq.zmq_version()})"
+
+
+def _physical_cores():
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.cpu_count(logical=False)
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _redis_server_version():
+    exe = shutil.which("redis-server")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return next((w[2:] for w in out.split() if w.startswith("v=")), out.strip() or None)
+
+
+def machine_info():
+    """CPU, cores, OS, Python and package versions (the JSON's "machine")."""
+    return {
+        "cpu": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": _physical_cores(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": f"{platform.python_version()} ({platform.python_implementation()})",
+        "shmq": _shmq_version(),
+        "faster-fifo": _dist_version("faster-fifo"),
+        "pyzmq": _zmq_version(),
+        "redis-py": _dist_version("redis"),
+        "posix_ipc": _dist_version("posix_ipc"),
+        "redis-server": _redis_server_version(),
+    }

@@ -1,0 +1,214 @@
+"""What a run measures: the cases (Job), their sizes, counts and topologies, and the command line.
+
+Strategy: every front end (``python -m bench``, ``bench.local``, ``bench.tcp``,
+``bench.durability``) turns its options into a list of Jobs here; the harness runs any
+Job against any adapter, so a front end is only a choice of systems and cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import dataclass
+
+from bench.adapters import SYSTEMS
+
+BASELINE = "mpqueue"
+OWN = ("shmq", "shmq-tcp")  # every other system is a peer
+DEFAULT_SIZES = (64, 1024, 65536, 2**20)
+QUICK_SIZES = (64, 65536)
+TOPOLOGIES = (1, 4)  # producers = consumers per case
+BATCH = 64
+RTT_SIZE = 64
+RTT_TRIPS = 10_000
+WARMUP = 200
+QUEUE_BYTES = 64 * 2**20
+MAX_MESSAGE_BYTES = 2**20
+START_TIMEOUT = 30.0
+N_ANCHORS = ((64, 200_000), (1024, 100_000), (65536, 20_000))
+QUICK_SCALE = 20  # --quick: N / 20
+QUICK_MULTI = ("shmq", "mpqueue", "faster-fifo", "zmq")  # the systems run 4 -> 4 with --quick (shared queue and mesh)
+ROUND_TRIP_SCALE = {"shmq-tcp": 20, "redis": 10}  # one network round trip per message: fewer messages
+
+TCP_SIZE = 1024
+DURABILITY_SIZE = 64
+# (label, durability of the queues, the server's --fsync)
+DURABILITY_MODES = (("memory", "memory", "batch:2"), ("snapshot", "snapshot", "batch:2"),
+                    ("wal batch:2", "wal", "batch:2"), ("wal always", "wal", "always"))
+DURABILITY_COUNTS = {"full": (200_000, 2_000, 3), "quick": (2_000, 100, 1)}  # messages, round trips, runs
+# a mode bound by one fsync per put gets fewer messages, so that every mode's run lasts
+# seconds, not milliseconds
+DURABILITY_FEWER = {"wal always": 40}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One benchmark case, as handed to each of its processes."""
+
+    system: str
+    kind: str  # "tput" or "rtt"
+    size: int
+    mode: str  # "msg" or "batch"
+    n: int
+    runs: int
+    warmup: int = WARMUP
+    wait: float = START_TIMEOUT + 30.0  # children's own bound on a barrier wait
+    cpus: tuple = ()  # one CPU per role when pinning, else empty
+    pairs: int = 1  # producers = consumers (tput only)
+    mesh: bool = False  # P -> P without a shared queue (set by the harness from the adapter)
+    variant: str = ""  # what the system runs as, in progress lines (a durability mode)
+
+    @property
+    def label(self):
+        system = f"{self.system} ({self.variant})" if self.variant else self.system
+        if self.kind == "rtt":
+            return f"{system} rtt {self.size}B"
+        return f"{system} tput {self.size}B {self.mode} {self.pairs}->{self.pairs}"
+
+    @property
+    def roles(self):
+        if self.kind == "rtt":
+            return ("pinger", "ponger")
+        if self.pairs == 1:
+            return ("producer", "consumer")
+        return tuple(f"{r}{i}" for r in ("producer", "consumer") for i in range(self.pairs))
+
+    @property
+    def share(self):
+        """Messages per producer."""
+        return self.n // self.pairs
+
+
+def queue_bytes(size):
+    """Capacity of the bounded queues (shmq, faster-fifo): 64 MiB, or two batches if larger."""
+    return max(QUEUE_BYTES, 2 * BATCH * size)
+
+
+def messages_for(size):
+    """Messages per throughput run: anchors at 64 B / 1 KiB / 64 KiB, log-interpolated."""
+    (s0, n0), *_, (s_last, n_last) = N_ANCHORS
+    if size <= s0:
+        return n0
+    if size >= s_last:
+        return max(1000, int(n_last * s_last / size))
+    for (a, na), (b, nb) in zip(N_ANCHORS, N_ANCHORS[1:]):
+        if a <= size <= b:
+            t = math.log(size / a) / math.log(b / a)
+            return int(round(math.exp(math.log(na) + t * math.log(nb / na))))
+    raise AssertionError(size)
+
+
+def pin_cpus(enabled):
+    """Two distinct CPUs for a case's two processes, or () if not pinning / not possible."""
+    if not enabled or not hasattr(os, "sched_getaffinity"):
+        return ()
+    usable = sorted(os.sched_getaffinity(0))
+    return tuple(usable[-2:]) if len(usable) >= 2 else ()
+
+
+def plan(systems, sizes, runs, quick, run_timeout, cpus, topologies=TOPOLOGIES):
+    """The matrix: every job, interleaving systems so drift hits them alike."""
+    scale = QUICK_SCALE if quick else 1
+    common = dict(wait=START_TIMEOUT + run_timeout)
+    jobs = []
+    for pairs in topologies:
+        for size in sizes[:1] if quick and pairs > 1 else sizes:
+            for mode in ("msg", "batch"):
+                for system in systems:
+                    if quick and pairs > 1 and system not in QUICK_MULTI:
+                        continue
+                    slow = ROUND_TRIP_SCALE.get(system, 1) if mode == "msg" else 1
+                    n = max(BATCH, messages_for(size) // scale // slow) // pairs * pairs
+                    jobs.append(Job(system, "tput", size, mode, n, runs, pairs=pairs,
+                                    cpus=cpus if pairs == 1 else (), **common))
+    common["cpus"] = cpus
+    for system in systems:
+        jobs.append(Job(system, "rtt", RTT_SIZE, "msg", RTT_TRIPS // scale, runs, **common))
+    return jobs
+
+
+def plan_tcp(systems, count, runs, run_timeout, cpus):
+    """1 KiB over TCP: per message (``count`` messages) and batched (4 x count), 1 -> 1 and 4 -> 4."""
+    jobs = []
+    for mode in ("msg", "batch"):
+        for pairs in TOPOLOGIES:
+            for system in systems:
+                n = (count if mode == "msg" else 4 * count) // pairs // BATCH * BATCH * pairs
+                jobs.append(Job(system, "tput", TCP_SIZE, mode, n, runs, pairs=pairs, cpus=cpus if pairs == 1 else (),
+                                wait=START_TIMEOUT + run_timeout))
+    return jobs
+
+
+def durability_messages(label, count):
+    """Messages per run for a durability mode (see DURABILITY_FEWER)."""
+    return max(100, count // DURABILITY_FEWER.get(label, 1))
+
+
+def plan_durability(count, trips, runs, run_timeout, cpus):
+    """[(label, durability, fsync, [throughput job, ping-pong job])], one per mode, local attach to shmq."""
+    out = []
+    for label, durability, fsync in DURABILITY_MODES:
+        common = dict(runs=runs, cpus=cpus, variant=label, wait=START_TIMEOUT + run_timeout)
+        jobs = [Job("shmq", "tput", DURABILITY_SIZE, "msg", durability_messages(label, count), **common),
+                Job("shmq", "rtt", DURABILITY_SIZE, "msg", trips, **common)]
+        out.append((label, durability, fsync, jobs))
+    return out
+
+
+# ---------------------------------------------------------------- sizes and the command line
+
+
+def size_label(size):
+    """65536 -> '64 KiB'."""
+    if size % 2**20 == 0:
+        return f"{size // 2**20} MiB"
+    if size % 1024 == 0:
+        return f"{size // 1024} KiB"
+    return f"{size} B"
+
+
+def parse_size(text):
+    """'64k' -> 65536 ('1m', '1MiB', '64' accepted)."""
+    text = text.strip().lower().removesuffix("b").removesuffix("i")
+    mult = {"k": 1024, "m": 2**20}.get(text[-1:], 1)
+    return int(text[:-1] if mult > 1 else text) * mult
+
+
+def csv(text, allowed=None):
+    """A comma list, each item checked against ``allowed``."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if allowed is not None:
+        bad = [x for x in items if x not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)}; choose from {', '.join(allowed)}")
+    return items
+
+
+def parse_args(argv=None, prog="python -m bench", description="", **defaults):
+    """The matrix's options; a front end changes their ``defaults`` (bench.local: no JSON, plot or durability)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--quick", action="store_true", help="small matrix, 1 run, N / 20: under a minute")
+    p.add_argument("--runs", type=int, default=None, help="runs per case (default 5; 1 with --quick)")
+    p.add_argument("--json", metavar="PATH", default="bench/results/bench.json")
+    p.add_argument("--plot", metavar="PATH", default="bench/results/bench.png")
+    p.add_argument("--systems", type=lambda t: csv(t, SYSTEMS), default=list(SYSTEMS),
+                   help=f"comma list from {','.join(SYSTEMS)}")
+    p.add_argument("--sizes", type=lambda t: [parse_size(x) for x in csv(t)], default=None,
+                   help="message sizes (64,1k,64k,1m); default all four, 64 and 64k with --quick")
+    p.add_argument("--no-rtt", action="store_true", help="skip the ping-pong latency cases")
+    p.add_argument("--run-timeout", type=float, default=None,
+                   help="seconds allowed per run before the case is a timeout (default 60; 10 with --quick)")
+    p.add_argument("--no-durability", dest="durability", action="store_false")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="let the OS place a case's two processes (default: pin them to two distinct CPUs)")
+    p.add_argument("--report", metavar="JSON",
+                   help="run nothing: print the tables of a saved run and draw its plot (to --plot)")
+    p.set_defaults(**defaults)
+    args = p.parse_args(argv)
+    args.runs = args.runs or (1 if args.quick else 5)
+    args.sizes = args.sizes or list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    args.run_timeout = args.run_timeout or (10.0 if args.quick else 60.0)
+    if args.runs < 1 or any(s < 1 for s in args.sizes):
+        p.error("--runs and --sizes must be positive")
+    return args

@@ -1,0 +1,292 @@
+"""The report: every table a run prints, the ratios in them, and the JSON a run is saved as.
+
+Strategy: tables are computed from [(CaseResult, summary)] and the durability rows alone,
+so a saved run (``--report``) prints exactly what the run printed. The JSON keeps every
+raw run: machine, settings, skipped systems, notes, cases (a CaseResult each, plus its
+summary) and the durability rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+
+from bench.adapters import REGISTRY
+from bench.harness import CaseResult
+from bench.machine import VERSIONED
+from bench.plan import BASELINE, BATCH, OWN, QUEUE_BYTES, RTT_SIZE, WARMUP, size_label
+def _si(x):
+    """1234567 -> '1.23M'."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def _case_key(r):
+    return (r.kind, r.size, r.mode, r.pairs)
+
+
+def _better(r, s):
+    """A figure where larger is better: msgs/s, or 1 / RTT p50."""
+    if r.kind == "rtt":
+        return 1 / s["p50_us"] if s.get("p50_us") else None
+    return s.get("msgs_per_s")
+
+
+def relative(results):
+    """{id(result): (vs mpqueue, vs the best peer)}: how many times better (> 1 = better).
+
+    Peers are the systems other than shmq's own two, so shmq's rows say by how much it
+    leads or trails the best of the others.
+    """
+    groups = {}
+    for r, s in results:
+        if r.status == "ok" and _better(r, s):
+            groups.setdefault(_case_key(r), {})[r.system] = _better(r, s)
+    out = {}
+    for r, s in results:
+        mine, group = _better(r, s) if r.status == "ok" else None, groups.get(_case_key(r), {})
+        best = max((v for k, v in group.items() if k not in OWN), default=None)
+        out[id(r)] = (_ratio(mine, group.get(BASELINE)), _ratio(mine, best))
+    return out
+
+
+def _print_header(info, args, skipped, out):
+    print("shmq local benchmark", file=out)
+    cores = f"{info['logical_cpus']} logical CPUs"
+    if info["physical_cores"]:
+        cores += f", {info['physical_cores']} physical cores"
+    if info["usable_cpus"] is not None:
+        cores += f", {info['usable_cpus']} usable"
+    print(f"machine : {info['cpu']}; {cores}; {info['os']}", file=out)
+    print(f"python  : {info['python']}", file=out)
+    versions = ", ".join(f"{k} {info.get(k) or 'not installed'}" for k in VERSIONED)
+    print(f"packages: {versions}", file=out)
+    pinned = f"CPUs {args.cpus[0]} and {args.cpus[1]}" if args.cpus else "no (OS placement)"
+    print(f"settings: runs={args.runs}, quick={args.quick}, start method=spawn, batch={BATCH}, "
+          f"pinned: {pinned}", file=out)
+    for reason in skipped.values():
+        print(f"skipped: {reason}", file=out)
+    print(file=out)
+
+
+def _print_head(head, out):
+    """A table's column heads, underlined."""
+    print(head, file=out)
+    print("-" * len(head), file=out)
+
+
+def _print_tput(results, runs, out):
+    rows = [(r, s) for r, s in results if r.kind == "tput"]
+    if not rows:
+        return
+    rel = relative(results)
+    print(f"Throughput, P producers -> P consumers (separate processes), median of {runs} runs", file=out)
+    print("  msg = one message per call; batch = 64 per call (see notes); MB/s = payload, 10^6 B/s;", file=out)
+    print(f"  vs mpq / vs best peer = msgs/s over {BASELINE}'s / over the fastest peer's (any system but "
+          "shmq's own) in the same case", file=out)
+    head = (f"{'size':>7}  {'mode':<5}  {'P':>4}  {'system':<11}  {'N':>7}  {'msgs/s':>8}  {'(min .. max)':<19}  "
+            f"{'MB/s':>8}  {'vs mpq':>7}  {'vs best peer':>12}")
+    _print_head(head, out)
+    for r, s in rows:
+        lead = f"{size_label(r.size):>7}  {r.mode:<5}  {f'{r.pairs}->{r.pairs}':>4}  {r.system:<11}  {r.n:>7}"
+        if r.status != "ok":
+            print(f"{lead}  {r.status}" + (f": {r.detail}" if r.status == "skipped" else ""), file=out)
+            continue
+        spread = f"({_si(s['msgs_per_s_min'])} .. {_si(s['msgs_per_s_max'])})"
+        vs_base, vs_best = rel[id(r)]
+        print(f"{lead}  {_si(s['msgs_per_s']):>8}  {spread:<19}  {s['mb_per_s']:>8.1f}  {vs_base:>7}  {vs_best:>12}",
+              file=out)
+    print("  batch notes:", file=out)
+    for system in dict.fromkeys(r.system for r, _ in rows):
+        print(f"    {system:<11} {REGISTRY[system].batch_note}", file=out)
+    print(file=out)
+
+
+def _print_rtt(results, runs, out):
+    rows = [(r, s) for r, s in results if r.kind == "rtt"]
+    if not rows:
+        return
+    n = rows[0][0].n
+    print(f"RTT, {RTT_SIZE} B ping-pong over two queues (a->b, b->a), {n} round trips "
+          f"after {WARMUP} warm-up, median of {runs} runs, microseconds", file=out)
+    print(f"  vs mpq / vs best peer = {BASELINE}'s / the lowest peer p50 over this system's p50 "
+          "(> 1 = lower latency)", file=out)
+    rel = relative(results)
+    head = (f"{'system':<11}  {'RTT p50':>9}  {'RTT p99':>9}  {'RTT p99.9':>9}  {'p50 (min .. max)':<20}  "
+            f"{'vs mpq':>7}  {'vs best peer':>12}")
+    _print_head(head, out)
+    for r, s in rows:
+        if r.status != "ok":
+            print(f"{r.system:<11}  {r.status}" + (f": {r.detail}" if r.status == "skipped" else ""), file=out)
+            continue
+        spread = f"({s['p50_min_us']:.1f} .. {s['p50_max_us']:.1f})"
+        vs_base, vs_best = rel[id(r)]
+        print(f"{r.system:<11}  {s['p50_us']:>9.1f}  {s['p99_us']:>9.1f}  {s['p999_us']:>9.1f}  {spread:<20}  "
+              f"{vs_base:>7}  {vs_best:>12}", file=out)
+    print(file=out)
+
+
+def _ratio(num, den):
+    return f"{num / den:.2f}x" if num and den else "n/a"
+
+
+def _ratio_cell(by_key, mine, peer, stat, invert=False):
+    """shmq / peer for one stat (peer / shmq if invert), or the status of a failed side."""
+    a, b = by_key.get(mine), by_key.get(peer)
+    for side in (a, b):
+        if side is not None and side[0].status != "ok":
+            who = "shmq" if side is a else "peer"
+            return f"{who} {side[0].status}"
+    if a is None or b is None:
+        return "n/a"
+    x, y = a[1].get(stat), b[1].get(stat)
+    return _ratio(y, x) if invert else _ratio(x, y)
+
+
+def _print_ratios(results, out):
+    """One table per topology: shmq / peer per throughput row (1 -> 1: then peer / shmq RTT)."""
+    for pairs in dict.fromkeys(r.pairs for r, _ in results):
+        _print_ratio_table([(r, s) for r, s in results if r.pairs == pairs], pairs, out)
+
+
+def _print_ratio_table(results, pairs, out):
+    by_key = {(r.system, r.kind, r.size, r.mode): (r, s) for r, s in results}
+    peers = list(dict.fromkeys(r.system for r, _ in results if r.system != "shmq"))
+    if not any(r.system == "shmq" for r, _ in results) or not peers:
+        return
+    print(f"Ratios shmq / peer, {pairs} -> {pairs} (median msgs/s; > 1 means shmq is faster)", file=out)
+    head = f"{'size':>7}  {'mode':<5}  " + "  ".join(f"{'vs ' + p:>14}" for p in peers)
+    _print_head(head, out)
+    keys = dict.fromkeys((r.size, r.mode) for r, _ in results if r.kind == "tput")
+    for size, mode in keys:
+        cells = [_ratio_cell(by_key, ("shmq", "tput", size, mode), (p, "tput", size, mode), "msgs_per_s")
+                 for p in peers]
+        print(f"{size_label(size):>7}  {mode:<5}  " + "  ".join(f"{c:>14}" for c in cells), file=out)
+    mine = ("shmq", "rtt", RTT_SIZE, "msg")
+    if any(r.kind == "rtt" for r, _ in results):
+        for stat in ("p50_us", "p99_us"):
+            cells = [_ratio_cell(by_key, mine, (p, "rtt", RTT_SIZE, "msg"), stat, invert=True) for p in peers]
+            label = f"RTT {stat[:3]}"
+            print(f"{label:>14}  " + "  ".join(f"{c:>14}" for c in cells), file=out)
+        print("  RTT rows are peer RTT / shmq RTT (> 1 means shmq has lower latency)", file=out)
+    print(file=out)
+
+
+def _print_failures(results, out):
+    failed = [r for r, _ in results if r.status != "skipped" and (r.status != "ok" or r.detail)]
+    if not failed:
+        return
+    print("Problems", file=out)
+    for r in failed:
+        mode = f" {r.mode}" if r.kind == "tput" else ""
+        print(f"- {r.system} {r.kind} {size_label(r.size)}{mode} {r.pairs}->{r.pairs}: {r.status}", file=out)
+        for line in r.detail.strip().splitlines():
+            print(f"    {line}", file=out)
+    print(file=out)
+
+
+def report(info, args, skipped, results, notes, out=sys.stdout):
+    """Print the header, the tables, the ratios, any problems and cleanup notes."""
+    _print_header(info, args, skipped, out)
+    _print_tput(results, args.runs, out)
+    _print_rtt(results, args.runs, out)
+    _print_ratios(results, out)
+    _print_failures(results, out)
+    for note in notes:
+        print(f"note: {note}", file=out)
+
+
+def write_json(path, info, args, skipped, results, notes, durability=None):
+    """All raw runs and summaries as JSON (with the durability rows, when given)."""
+    doc = {
+        "machine": info,
+        "settings": {"runs": args.runs, "quick": args.quick, "batch": BATCH, "warmup": WARMUP,
+                     "start_method": "spawn", "queue_bytes": QUEUE_BYTES, "run_timeout": args.run_timeout,
+                     "pinned_cpus": list(args.cpus)},
+        "skipped": skipped,
+        "notes": notes,
+        "cases": [dict(asdict(r), summary=s) for r, s in results],
+    }
+    if durability is not None:
+        doc["durability"] = durability
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=2)
+        fh.write("\n")
+
+
+def read_json(path):
+    """A document written by write_json, as (info, settings namespace, skipped, results, notes, doc)."""
+    with open(path) as fh:
+        doc = json.load(fh)
+    st = doc["settings"]
+    settings = argparse.Namespace(runs=st["runs"], quick=st["quick"], cpus=tuple(st["pinned_cpus"]),
+                                  run_timeout=st["run_timeout"])
+    fields = {f for f in CaseResult.__dataclass_fields__}
+    results = [(CaseResult(**{k: v for k, v in case.items() if k in fields}), case.get("summary", {}))
+               for case in doc["cases"]]
+    return doc["machine"], settings, doc["skipped"], results, doc["notes"], doc
+
+
+# ---------------------------------------------------------------- the durability modes and TCP views
+
+
+def durability_row(label, results, runs, n):
+    """A mode's row from its throughput and ping-pong cases, or the error that stopped it."""
+    failed = [r for r, _ in results if r.status != "ok"]
+    if failed:
+        return {"mode": label, "error": "; ".join(f"{r.kind} {r.status}: {r.detail.strip()}" for r in failed)}
+    (_, tput), (_, rtt) = results
+    return {"mode": label, "msgs_per_s": tput["msgs_per_s"], "min": tput["msgs_per_s_min"],
+            "max": tput["msgs_per_s_max"], "rtt_p50_us": rtt["p50_us"], "rtt_p99_us": rtt["p99_us"],
+            "rtt_p999_us": rtt["p999_us"], "runs": runs, "n": n}
+
+
+def print_durability(rows, out=sys.stdout):
+    """One row per durability mode: msgs/s and spread, ratio to memory mode, RTT percentiles."""
+    print("Durability modes, 64 B, 1 producer -> 1 consumer (put / get + ack), local attach; "
+          f"median of {rows[0].get('runs', '?')} runs", file=out)
+    head = (f"{'mode':<12}  {'msgs/s':>10}  {'(min .. max)':<22}  {'vs memory':>9}  {'RTT p50 us':>10}  "
+            f"{'p99 us':>8}  {'p99.9 us':>8}")
+    _print_head(head, out)
+    base = rows[0].get("msgs_per_s")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['mode']:<12}  error: {r['error']}", file=out)
+            continue
+        spread = f"({_si(r['min'])} .. {_si(r['max'])})"
+        print(f"{r['mode']:<12}  {r['msgs_per_s']:>10,.0f}  {spread:<22}  {_ratio(r['msgs_per_s'], base):>9}  "
+              f"{r['rtt_p50_us']:>10.1f}  {r['rtt_p99_us']:>8.1f}  {r['rtt_p999_us']:>8.1f}", file=out)
+    print(file=out)
+
+
+def print_tcp(info, skipped, results, out=sys.stdout):
+    """shmq over TCP against Redis: msgs/s per mode and connection count, then shmq-tcp / redis."""
+    print(f"shmq TCP benchmark ({size_label(results[0][0].size) if results else '?'} messages, "
+          "separate producer and consumer processes)", file=out)
+    print(f"machine : {info['cpu']}, {info['logical_cpus']} CPUs, Python {info['python']}, shmq {info['shmq']}"
+          + (f", redis {info['redis-server']}" if "redis" not in skipped else ""), file=out)
+    for name, why in skipped.items():
+        print(f"skipped : {name}: {why}", file=out)
+    print(f"\n{'mode':6s} {'conns':>5s}  {'system':9s} {'msgs/s':>10s}  (min .. max)", file=out)
+    by = {}
+    for r, s in results:
+        lead = f"{r.mode:6s} {2 * r.pairs:5d}  {r.system:9s}"
+        if r.status != "ok":
+            print(f"{lead} {r.status}", file=out)
+            continue
+        by[(r.system, r.mode, r.pairs)] = s["msgs_per_s"]
+        print(f"{lead} {s['msgs_per_s']:10,.0f}  ({s['msgs_per_s_min']:,.0f} .. {s['msgs_per_s_max']:,.0f})", file=out)
+    keys = [(r.mode, r.pairs) for r, _ in results if r.system == "redis"]
+    if keys:
+        print("\nshmq-tcp / redis", file=out)
+        for mode, pairs in keys:
+            print(f"{mode:6s} {2 * pairs:5d}  {_ratio(by.get(('shmq-tcp', mode, pairs)), by.get(('redis', mode, pairs)))}",
+                  file=out)
+    print(file=out)
+    _print_failures(results, out)

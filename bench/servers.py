@@ -1,0 +1,110 @@
+"""Servers the adapters start for a run and stop at its end: ``shmq server`` and ``redis-server``.
+
+Strategy: a server is ready when it says so on its output (no polling of its port); the
+line is read with a deadline, the rest of the output is drained by a thread, so a chatty
+server never blocks on a full pipe, and its last lines go into the error if it dies.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 30.0
+
+
+class ServerProcess:
+    """A child process, started and read until a line matches ``ready`` (kept as ``self.ready``)."""
+
+    def __init__(self, argv, ready, what, timeout=START_TIMEOUT):
+        self.what = what
+        self._tail = collections.deque(maxlen=20)
+        self._lines = queue.Queue()
+        self._started = threading.Event()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self._reader = threading.Thread(target=self._read, name=f"{what} output", daemon=True)
+        self._reader.start()
+        try:
+            self.ready = self._wait_for(re.compile(ready), timeout)
+        except BaseException:
+            self.close()
+            raise
+        self._started.set()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self._tail.append(line.rstrip())
+            if not self._started.is_set():
+                self._lines.put(line)
+        self._lines.put(None)
+
+    def _wait_for(self, pattern, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"{self.what} did not start within {timeout:.0f}s{self.output()}") from None
+            if line is None:
+                raise RuntimeError(f"{self.what} exited with code {self.proc.wait()}{self.output()}")
+            match = pattern.search(line)
+            if match:
+                return match
+
+    def output(self):
+        """The server's last lines, for an error message."""
+        return "".join(f"\n  {line}" for line in self._tail)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(STOP_TIMEOUT)
+
+
+class ShmqServer(ServerProcess):
+    """``shmq server --namespace NS --port 0`` (plus ``extra`` options); its URL from its start-up line."""
+
+    def __init__(self, namespace, *extra):
+        argv = [sys.executable, "-m", "shmq.cli", "server", "--namespace", namespace, "--port", "0", *extra]
+        super().__init__(argv, r"serving namespace \S+ on (\S+):(\d+)", "shmq server")
+        self.url = f"tcp://{self.ready.group(1)}:{self.ready.group(2)}"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer(ServerProcess):
+    """A private ``redis-server`` on a free loopback port, no persistence, in a temporary directory."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="bench-redis-")
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", self.dir]
+        try:
+            super().__init__(argv, r"Ready to accept connections", "redis-server")
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+
+    def close(self):
+        super().close()
+        shutil.rmtree(self.dir, ignore_errors=True)
