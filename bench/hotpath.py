@@ -11,13 +11,10 @@ import time
 import uuid
 
 import shmq
-import shmq.queue as engine
+from shmq.engine import cpaths
 
 N = 100_000
 RUNS = 5
-FAST_PATHS = ("_fast_put", "_fast_take", "_fast_ack")
-
-
 def _measure(q, body):
     """(put, get + ack) in microseconds per message, one run."""
     t0 = time.perf_counter()
@@ -31,10 +28,7 @@ def _measure(q, body):
 
 
 def run(pure, size=64):
-    saved = {name: getattr(engine, name) for name in FAST_PATHS}
-    if pure:
-        for name in FAST_PATHS:
-            setattr(engine, name, None)
+    cpaths.set_enabled(not pure)
     ns = "hp" + uuid.uuid4().hex[:8]
     broker = shmq.connect(namespace=ns)
     try:
@@ -46,8 +40,7 @@ def run(pure, size=64):
     finally:
         broker.close()
         shmq.destroy_namespace(ns)
-        for name, fn in saved.items():
-            setattr(engine, name, fn)
+        cpaths.set_enabled(True)
     put = statistics.median(r[0] for r in runs)
     take = statistics.median(r[1] for r in runs)
     return put, take
@@ -57,7 +50,7 @@ def main():
     print(f"shmq hot paths, one process, 64 B, {N} messages, median of {RUNS} runs (microseconds per message)")
     print(f"{'paths':<12} {'put':>7} {'get+ack':>8} {'all':>7}")
     rows = [("pure Python", run(pure=True))]
-    if engine.FAST:
+    if cpaths.FAST:
         rows.append(("C", run(pure=False)))
     else:
         print("(the C hot paths are not built here: pip install -e . with gcc and the Python headers)")

@@ -12,7 +12,7 @@ import subprocess
 # the versions the report's header lists, in order (keys of machine_info())
 VERSIONED = ("shmq", "faster-fifo", "pyzmq", "posix_ipc", "redis-py", "redis-server")
 # where shmq says whether its C hot paths are built: the one shmq internal the report reads
-SHMQ_FAST_FLAG = ("shmq.queue", "FAST")
+SHMQ_FAST_FLAG = ("shmq.engine.cpaths", "FAST")
 
 
 def _dist_version(name):

@@ -8,8 +8,8 @@
         d.ack()
 """
 
-from ._segment import destroy_namespace
-from .broker import Broker, default_namespace
+from .engine.segment import destroy_namespace
+from .engine.broker import Broker, default_namespace
 from .errors import (
     BrokerUnavailable,
     DeliveryExpired,
@@ -26,7 +26,7 @@ from .errors import (
     StorageError,
     Unauthorized,
 )
-from .queue import Delivery, Queue, QueueStats
+from .engine.queue import Delivery, Queue, QueueStats
 
 __version__ = "0.1.0"
 

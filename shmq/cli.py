@@ -11,7 +11,7 @@ import click
 
 from . import __version__
 from .auth import command_line_warning
-from .broker import Broker, default_namespace
+from .engine.broker import Broker, default_namespace
 from .errors import QueueEmpty, ShmqError
 
 

@@ -37,8 +37,6 @@ from .errors import MessageTooLarge
 
 __all__ = [
     "fsync_dir",
-    "wal_path",
-    "parse_wal_name",
     "MAGIC",
     "FORMAT_VERSION",
     "SUFFIX",
@@ -242,44 +240,31 @@ def encode_log_entry(op: int, msg_id: int, attempt: int, enqueued_ns: int, heade
     body = _byte_view(body, "body")
     if op == ACK and (len(headers) or len(body)):
         raise ValueError("an ACK log entry has no headers and no body")
-    head = _record_head(LOG_TAG + bytes((op,)), msg_id, attempt, enqueued_ns, headers, body)
-    crc = _crc32(body, _crc32(headers, _crc32(head)))
+    return _log_entry(_record_head(LOG_TAG + bytes((op,)), msg_id, attempt, enqueued_ns, headers, body), headers, body)
+
+
+def _log_entry(head: bytes, headers, body) -> bytes:
+    """An entry from its packed head: the one place its bytes are put together."""
+    crc = _crc32(body, _crc32(headers, _crc32(head))) if headers else _crc32(body, _crc32(head))
     return b"".join((head, headers, body, CRC.pack(crc)))
 
 
 _PUT_TAG = LOG_TAG + bytes((PUT,))
 _ACK_TAG = LOG_TAG + bytes((ACK,))
-_ACK_ENTRY = struct.Struct("<4sIIIQQI")  # an ACK entry whole: head + CRC
 
 
 def encode_put_entry(msg_id: int, enqueued_ns: int, headers: bytes, body: bytes) -> bytes:
     """``encode_log_entry(PUT, msg_id, 0, ...)`` for the engine's hot path: the caller has
     already checked the sizes and types (a queue's own limits are far below the format's)."""
-    head = RECORD_HEAD.pack(_PUT_TAG, len(headers), len(body), 0, msg_id, enqueued_ns)
-    crc = _crc32(body, _crc32(headers, _crc32(head))) if headers else _crc32(body, _crc32(head))
-    return b"".join((head, headers, body, CRC.pack(crc)))
+    return _log_entry(RECORD_HEAD.pack(_PUT_TAG, len(headers), len(body), 0, msg_id, enqueued_ns), headers, body)
 
 
 def encode_ack_entry(msg_id: int, attempt: int) -> bytes:
     """``encode_log_entry(ACK, msg_id, attempt, 0, b"", b"")`` for the engine's hot path."""
-    crc = _crc32(RECORD_HEAD.pack(_ACK_TAG, 0, 0, attempt, msg_id, 0))
-    return _ACK_ENTRY.pack(_ACK_TAG, 0, 0, attempt, msg_id, 0, crc)
+    return _log_entry(RECORD_HEAD.pack(_ACK_TAG, 0, 0, attempt, msg_id, 0), b"", b"")
 
 
 # ----------------------------------------------------------------------------- writing
-
-
-def wal_path(directory: str, queue: str, generation: int) -> str:
-    """``DIR/QUEUE.wal.NNNNNNNN``: the one place a log's file name is made."""
-    return os.path.join(directory, f"{queue}.wal.{generation:08d}")
-
-
-def parse_wal_name(entry: str) -> tuple[str, int] | None:
-    """(queue, generation) of a log's file name, or None if ``entry`` is not one."""
-    name, sep, gen = entry.rpartition(".wal.")
-    if not sep or not name or not gen.isdigit():
-        return None
-    return name, int(gen)
 
 
 def fsync_dir(path: str) -> None:

@@ -9,7 +9,7 @@ a queue whose segment is gone is rebuilt from its file. A damaged file (snapshot
 log) is replayed up to the damage, set aside as ``.corrupt`` and reported in one line;
 start-up goes on. A full disk or a vanished data directory is reported, never fatal:
 snapshots are retried every interval, and while the directory is gone every logged put
-fails (``Queue.suspend_wal``) rather than return without a log behind it.
+fails (``Log.suspend``) rather than return without a log behind it.
 """
 
 import logging
@@ -17,9 +17,10 @@ import os
 import time
 
 from . import dmsq
-from .broker import Broker
+from .engine.broker import Broker
+from .engine.queue import Queue
+from .engine.wal import parse_wal_name
 from .errors import QueueNotFound, ShmqError
-from .queue import Queue
 
 __all__ = ["snapshot_path", "snapshot_queue", "restore_file", "recover", "Snapshotter"]
 
@@ -34,7 +35,7 @@ def wal_files(data_dir: str, name: str) -> list[tuple[int, str]]:
     """(generation, path) of every write-ahead log of queue ``name``, oldest first."""
     out = []
     for entry in os.listdir(data_dir):
-        parsed = dmsq.parse_wal_name(entry)
+        parsed = parse_wal_name(entry)
         if parsed is not None and parsed[0] == name:
             out.append((parsed[1], os.path.join(data_dir, entry)))
     return sorted(out)
@@ -44,7 +45,7 @@ def _owner(entry: str) -> str | None:
     """The queue a data-dir entry (snapshot or log) belongs to, or None."""
     if entry.endswith(dmsq.SUFFIX):
         return entry[: -len(dmsq.SUFFIX)]
-    parsed = dmsq.parse_wal_name(entry)
+    parsed = parse_wal_name(entry)
     return parsed[0] if parsed is not None else None
 
 
@@ -55,11 +56,11 @@ def snapshot_queue(q: Queue, data_dir: str, fsync: bool = True) -> tuple[str, in
     snapshot records the first generation it does not cover, and older logs are
     removed once the snapshot is on disk.
     """
-    wal = q.durability == "wal" and q.wal_config()[0] > 0
+    wal = q.durability == "wal" and q.wal.config()[0] > 0
     messages = q.export_messages(rotate_wal=wal)
     settings = q.settings()
     if wal:
-        settings["wal_from"] = q.wal_config()[0]
+        settings["wal_from"] = q.wal.config()[0]
     header = dmsq.SnapshotHeader(queue=q.name, settings=settings, created_ns=int(q.created_at * 1e9),
                                  snapshot_ns=time.time_ns(), version=dmsq.FORMAT_VERSION)
     path = snapshot_path(data_dir, q.name)
@@ -175,12 +176,12 @@ class Snapshotter:
         """Point a "wal" queue's log at our data dir, in a generation after any on disk."""
         if q.durability != "wal":
             return
-        gen, _mode, _ms, directory = q.wal_config()
+        gen, _mode, _ms, directory = q.wal.config()
         if gen and directory == os.path.abspath(self.data_dir):
-            q.configure_wal(self.data_dir, self.wal_mode, self.wal_batch_ms)  # keep its generation
+            q.wal.configure(self.data_dir, self.wal_mode, self.wal_batch_ms)  # keep its generation
             return
         on_disk = [g for g, _p in wal_files(self.data_dir, q.name)]
-        q.configure_wal(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=max(on_disk, default=0) + 1)
+        q.wal.configure(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=max(on_disk, default=0) + 1)
 
     def _each_queue(self):
         """Attach to each queue of the namespace in turn (closed after use)."""
@@ -204,7 +205,7 @@ class Snapshotter:
         keep = set()
         for q in self._each_queue():
             try:
-                if q.durability == "wal" and not q.wal_config()[0]:
+                if q.durability == "wal" and not q.wal.config()[0]:
                     self.open_wal(q)
                 if q.durability != "memory":
                     keep.add(q.name)
@@ -250,7 +251,7 @@ class Snapshotter:
                     if present:
                         self.open_wal(q)
                     else:
-                        q.suspend_wal()
+                        q.wal.suspend()
             except QueueNotFound:
                 pass
         return present
@@ -273,7 +274,7 @@ class Snapshotter:
                 except QueueNotFound:
                     continue
             q = entry[0]
-            pending = q.wal_pending() if q.durability == "wal" else None
+            pending = q.wal.pending() if q.durability == "wal" else None
             if pending is None:
                 continue
             gen, size = pending
@@ -282,16 +283,16 @@ class Snapshotter:
                     os.close(entry[2])
                     entry[2] = None
                 try:
-                    entry[2] = os.open(q.wal_path(gen), os.O_RDONLY)
+                    entry[2] = os.open(q.wal.path(gen), os.O_RDONLY)
                 except FileNotFoundError:
                     continue
                 entry[1] = gen
             os.fsync(entry[2])
             if os.fstat(entry[2]).st_nlink == 0:  # deleted under us: its entries are nowhere
                 log.error("the log of queue %s was deleted; its puts and acks fail until it is reopened", name)
-                q.suspend_wal()
+                q.wal.suspend()
                 continue
-            q.mark_wal_synced(gen, size)
+            q.wal.mark_synced(gen, size)
             synced += 1
         return synced
 

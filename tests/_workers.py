@@ -120,8 +120,8 @@ def hold_lock(ns, qname, ready_event, half_written):
     if half_written:
         # what a producer killed between writing a record and publishing the tail leaves:
         # a record past the tail and a count bumped ahead of the commit
-        from shmq import _layout as L
-        from shmq.queue import I_READY, I_TAIL
+        from shmq.engine import layout as L
+        from shmq.engine.layout import I_READY, I_TAIL
         tail = q._mq[I_TAIL]
         a = q._base + tail % q._cap
         L.REC.pack_into(q._mm, a, L.READY, 64, 8, 0, 0, 999, 0, 0)
@@ -179,7 +179,7 @@ def tear_wal_append(ns, qname, ready_event):
     q = b.queue(qname)
     q._acquire()
     entry = dmsq.encode_log_entry(dmsq.PUT, 999, 0, 0, b"", b"torn" * 100)
-    with open(q.wal_path(q.wal_config()[0]), "ab") as f:
+    with open(q.wal.path(q.wal.config()[0]), "ab") as f:
         f.write(entry[: len(entry) // 2])
     ready_event.set()
     time.sleep(3600)

@@ -7,16 +7,16 @@ import os
 import pytest
 
 import shmq
-import shmq.queue as engine
-from shmq import _layout as L
-
-FAST_PATHS = ("_fast_put", "_fast_take", "_fast_ack")
+import shmq.engine.queue as engine
+from shmq.engine import cpaths
+from shmq.engine import layout as L
+from tests._engine import set_clock
 
 
 def test_the_c_hot_paths_are_built_and_share_the_layout():
     if os.environ.get("SHMQ_PURE_PYTHON"):
         pytest.skip("SHMQ_PURE_PYTHON is set")
-    from shmq import _fast
+    from shmq.engine import _fast
 
     assert engine.FAST
     assert (_fast.MUTEX_OFF, _fast.HOT_OFF, _fast.COUNTERS_OFF, _fast.REC_SIZE) == (
@@ -26,21 +26,21 @@ def test_the_c_hot_paths_are_built_and_share_the_layout():
 
 
 @pytest.fixture(params=["fast", "pure"])
-def impl(request, monkeypatch):
+def impl(request):
     if request.param == "fast" and not engine.FAST:
         pytest.skip("the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
-    if request.param == "pure":
-        for name in FAST_PATHS:
-            monkeypatch.setattr(engine, name, None)
-    return request.param
+    cpaths.set_enabled(request.param == "fast")
+    yield request.param
+    cpaths.set_enabled(True)
 
 
 @pytest.fixture
-def clock(monkeypatch):
+def clock():
     """The engine's monotonic clock, moved by hand."""
     now = [engine._mono()]
-    monkeypatch.setattr(engine, "_mono", lambda: now[0])
-    return now
+    restore = set_clock(lambda: now[0])
+    yield now
+    restore()
 
 
 def _registered(q):
@@ -147,19 +147,19 @@ def test_a_deleted_queue_is_refused_on_every_hot_path(impl, broker):
     q.close()
 
 
-@pytest.mark.parametrize("mode", [engine.WAL_BATCH, engine.WAL_ALWAYS])
+@pytest.mark.parametrize("mode", [L.WAL_BATCH, L.WAL_ALWAYS])
 def test_the_write_ahead_log_is_the_same_from_either_path(impl, broker, tmp_path, mode):
     from shmq import dmsq
-    from shmq._headers import decode_headers
+    from shmq.engine.headers import decode_headers
 
     q = broker.create_queue("q", durability="wal")
-    q.configure_wal(str(tmp_path), mode, 2)
+    q.wal.configure(str(tmp_path), mode, 2)
     bodies = [b"", b"a", b"x" * 300, b"y" * 5000]  # 5000 B: past the C path's limit, logged by Python
     ids = [q.put(b, headers={"n": i} if i % 2 else None) for i, b in enumerate(bodies)]
     got = [q.get() for _ in bodies]
     for d in got:
         d.ack()
-    entries, error, _offset = dmsq.read_log(q.wal_path(q.wal_config()[0]))
+    entries, error, _offset = dmsq.read_log(q.wal.path(q.wal.config()[0]))
     assert error is None  # every CRC checks out
     puts = [(e.op, e.msg_id, e.attempt, e.body) for e in entries if e.op == dmsq.PUT]
     acks = [(e.op, e.msg_id, e.attempt) for e in entries if e.op == dmsq.ACK]
@@ -168,5 +168,5 @@ def test_the_write_ahead_log_is_the_same_from_either_path(impl, broker, tmp_path
         None, {"n": 1}, None, {"n": 3}]
     assert acks == [(dmsq.ACK, d.id, d.attempt) for d in got]
     assert q.stats().acked_total == len(bodies)
-    assert q._mq[engine.I_WAL_SIZE] == sum(len(e.headers) + len(e.body) + 36 for e in entries)
+    assert q._mq[L.I_WAL_SIZE] == sum(len(e.headers) + len(e.body) + 36 for e in entries)
     q.close()

@@ -1,10 +1,13 @@
 """Ring arithmetic and record encoding on plain buffers."""
 
+import os
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shmq import _layout as L
+from shmq.engine import layout as L
 
 
 def test_record_header_is_48_aligned_bytes():
@@ -81,3 +84,27 @@ def test_segment_layout_is_consistent():
 def test_align(n):
     a = L.align(n)
     assert a % 8 == 0 and n <= a < n + 8
+
+
+def test_the_c_header_is_generated_from_this_layout():
+    """_fast.c takes every offset and constant from _layout.h, generated from layout.py
+    (as trio keeps its generated code honest): a change of layout without
+    ``layout.write_c_header()`` fails here."""
+    path = os.path.join(os.path.dirname(L.__file__), L.C_HEADER)
+    with open(path) as f:
+        assert f.read() == L.c_header(), "stale: run python -c 'from shmq.engine import layout; layout.write_c_header()'"
+    source = open(os.path.join(os.path.dirname(L.__file__), "_fast.c")).read()
+    assert '#include "_layout.h"' in source
+    assert not re.search(r"\b(U64|U32)\([a-z]+ \+ \d", source), "a literal offset in _fast.c"
+    assert not re.search(r"#define (MUTEX_OFF|HOT_OFF|REC_SIZE|ST_\w+|WALCFG_W|LOG_HEAD)\b", source)
+
+
+def test_named_record_offsets_match_the_record_struct():
+    rec = bytearray(L.REC_SIZE)
+    L.REC.pack_into(rec, 0, 1, 2, 3, 4, 5, 6, 7, 8)
+    for i, field in enumerate(L.REC_FIELDS):
+        size = 8 if i in (0, 5, 6, 7) else 4
+        assert int.from_bytes(rec[L.REC_OFFSETS[field]:L.REC_OFFSETS[field] + size], "little") == i + 1
+    words = memoryview(rec).cast("Q")
+    assert (words[L.R_STATUS], words[L.R_LENGTH] & 0xFFFFFFFF, words[L.R_MSG_ID], words[L.R_ENQ],
+            words[L.R_DEADLINE]) == (1, 2, 6, 7, 8)

@@ -8,8 +8,9 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 import shmq
-import shmq.queue as engine
-from shmq._segment import destroy_namespace, namespace_entries
+from shmq.engine import cpaths
+from shmq.engine.segment import destroy_namespace, namespace_entries
+from tests._engine import set_clock
 
 VIS = 10.0
 CAPACITY = 4096
@@ -27,8 +28,7 @@ class QueueModel(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.now = time.monotonic_ns()
-        self._saved_mono = engine._mono
-        engine._mono = lambda: self.now
+        self._restore_clock = set_clock(lambda: self.now)
         self.ns = "hyp%d" % id(self)
         self.broker = shmq.connect(namespace=self.ns)
         self.q = self.broker.create_queue("m", max_bytes=CAPACITY, max_message_bytes=1500, visibility_timeout=VIS)
@@ -36,7 +36,7 @@ class QueueModel(RuleBasedStateMachine):
         self.held = []  # deliveries handed out, live or stale
 
     def teardown(self):
-        engine._mono = self._saved_mono
+        self._restore_clock()
         self.broker.delete_queue("m")
         self.broker.close()
         destroy_namespace(self.ns)
@@ -188,25 +188,19 @@ class QueueModel(RuleBasedStateMachine):
 TestQueueModel = QueueModel.TestCase
 TestQueueModel.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 
-FAST_PATHS = ("_fast_put", "_fast_take", "_fast_ack")
-
-
 class PurePythonQueueModel(QueueModel):
     """The same machine with the C hot paths switched off (when they are built, the
     machine above runs them: the two implementations must both match the model)."""
 
     def __init__(self):
-        self._saved_fast = {name: getattr(engine, name) for name in FAST_PATHS}
-        for name in FAST_PATHS:
-            setattr(engine, name, None)
+        cpaths.set_enabled(False)
         super().__init__()
 
     def teardown(self):
         try:
             super().teardown()
         finally:
-            for name, fn in self._saved_fast.items():
-                setattr(engine, name, fn)
+            cpaths.set_enabled(True)
 
 
 TestPurePythonQueueModel = PurePythonQueueModel.TestCase

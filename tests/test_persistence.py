@@ -238,19 +238,19 @@ def test_the_batch_fsync_round_syncs_only_logs_with_new_entries(broker, tmp_path
     broker.create_queue("plain", durability="memory")
     snap.open_wal(q)
     try:
-        assert q.wal_pending() is None and snap.sync_logs() == 0  # nothing logged yet
+        assert q.wal.pending() is None and snap.sync_logs() == 0  # nothing logged yet
         q.put(b"x")
-        gen, size = q.wal_pending()
+        gen, size = q.wal.pending()
         assert size > 0 and snap.sync_logs() == 1
-        assert q.wal_pending() is None and snap.sync_logs() == 0  # synced; nothing new
+        assert q.wal.pending() is None and snap.sync_logs() == 0  # synced; nothing new
         q.get().ack()
-        assert snap.sync_logs() == 1 and q.wal_pending() is None
+        assert snap.sync_logs() == 1 and q.wal.pending() is None
         snap.run_once()  # a snapshot rotates the log: the next entries go to a new generation
         q.put(b"y")
-        assert q.wal_pending()[0] == gen + 1 and snap.sync_logs() == 1 and q.wal_pending() is None
-        q.mark_wal_synced(gen, 10**9)  # a stale generation's mark changes nothing
+        assert q.wal.pending()[0] == gen + 1 and snap.sync_logs() == 1 and q.wal.pending() is None
+        q.wal.mark_synced(gen, 10**9)  # a stale generation's mark changes nothing
         q.put(b"z")
-        assert q.wal_pending() is not None
+        assert q.wal.pending() is not None
         q.close()
         broker.delete_queue("q")
         assert snap.sync_logs() == 0 and list(snap._logs) == ["plain"]  # the deleted queue is let go

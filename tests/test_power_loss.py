@@ -241,7 +241,7 @@ def test_a_power_loss_keeps_what_the_fsync_policy_promises(host, fsync, tmp_path
     host.start(fsync, interval=0.2)
     host.create("q", durability="wal")
     host.producer("q", pace=0.0002)
-    generation = lambda: host.queue_stat("q", lambda q: q.wal_config()[0])  # noqa: E731
+    generation = lambda: host.queue_stat("q", lambda q: q.wal.config()[0])  # noqa: E731
     wait_for(lambda: os.path.exists(host.record("q")) and os.path.getsize(host.record("q")), "the first put")
     first = generation()
     wait_for(lambda: generation() >= first + 2, "two log rotations while the producer runs")
@@ -273,7 +273,7 @@ def test_the_first_log_of_a_new_queue_survives(host, fsync):
     p = host.producer("q", count=200)
     p.join(30)
     assert p.exitcode == 0
-    wait_for(lambda: host.queue_stat("q", lambda q: q.wal_pending()) is None, "the log synced")
+    wait_for(lambda: host.queue_stat("q", lambda q: q.wal.pending()) is None, "the log synced")
     host.fs.power_off()
     host.reboot()
     host.start(fsync)
@@ -293,7 +293,7 @@ def test_the_log_after_a_rotation_survives(host):
         assert p.exitcode == 0
         if first == 1:  # the snapshot the broker takes every interval, taken by hand now
             host.queue_stat("q", lambda q: snapshot_queue(q, host.fs.path))
-    assert host.queue_stat("q", lambda q: q.wal_config()[0]) == 2
+    assert host.queue_stat("q", lambda q: q.wal.config()[0]) == 2
     host.fs.power_off()
     host.reboot()
     host.start("always")

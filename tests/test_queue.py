@@ -8,7 +8,9 @@ import time
 import pytest
 
 import shmq
-import shmq.queue as engine
+import shmq.engine.queue as engine
+from shmq.engine import deadletter, waits
+from tests._engine import set_clock
 
 
 class Clock:
@@ -25,10 +27,11 @@ class Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch):
+def clock():
     c = Clock()
-    monkeypatch.setattr(engine, "_mono", c)
-    return c
+    restore = set_clock(c)
+    yield c
+    restore()
 
 
 def test_fifo_put_get_ack(broker):
@@ -239,7 +242,7 @@ def test_dead_letter_queue_full_keeps_the_message(broker, clock):
     s = q.stats()
     assert (s.delayed, s.dead_lettered_total) == (1, 0)
     dlq.get_nowait().ack()
-    clock.advance(engine.DLQ_RETRY_DELAY_S + 0.01)
+    clock.advance(deadletter.DLQ_RETRY_DELAY_S + 0.01)
     q.get_nowait().reject()
     assert q.stats().dead_lettered_total == 1
     assert dlq.stats().ready == 2
@@ -465,17 +468,16 @@ def test_get_many_max_bytes_bounds_the_batch(broker):
 def test_an_interrupted_sleep_unregisters_the_waiter(broker, monkeypatch):
     q = broker.create_queue("q")
 
-    def interrupted(sem, deadline):
+    def interrupted(mq, sem, deadline, now):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(q, "_sleep_slice", interrupted)
+    monkeypatch.setattr(waits, "sleep_slice", interrupted)
     with pytest.raises(KeyboardInterrupt):
         q.get(timeout=5)
     assert q.stats().consumers_waiting == 0
     small = broker.create_queue("small", max_bytes=4096, max_message_bytes=976)
     for _ in range(4):
         small.put(b"x" * 976)
-    monkeypatch.setattr(small, "_sleep_slice", interrupted)
     with pytest.raises(KeyboardInterrupt):
         small.put(b"y", timeout=5)
     assert small.stats().producers_waiting == 0

@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import shmq
-from shmq._segment import destroy_namespace, namespace_entries
+from shmq.engine.segment import destroy_namespace, namespace_entries
 from tests import _workers as w
 
 

@@ -28,10 +28,10 @@ from ..errors import (
     StorageError,
     Unauthorized,
 )
-from .._headers import encode_headers
 from ..auth import client_token, refused
+from ..engine.headers import encode_headers
 from ..protocol import FrameDecoder, MsgType, Status, encode_request
-from ..queue import QueueStats
+from ..engine.delivery import QueueStats
 
 __all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "EXCEPTIONS", "parse_url"]
 

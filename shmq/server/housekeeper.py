@@ -7,7 +7,7 @@ delayed messages moving even while no client is calling ``get``.
 
 import logging
 
-from ..broker import Broker
+from ..engine.broker import Broker
 from ..errors import QueueNotFound, ShmqError
 
 __all__ = ["Housekeeper"]

@@ -6,9 +6,9 @@ import resource
 import signal
 
 from ..auth import advertise, server_token, withdraw
-from ..broker import Broker
+from ..engine.broker import Broker
 from ..persistence import Snapshotter, recover
-from ..queue import WAL_ALWAYS, WAL_BATCH, WAL_NEVER
+from ..engine.layout import WAL_ALWAYS, WAL_BATCH, WAL_NEVER
 from .housekeeper import Housekeeper
 from .tcp import TcpServer
 

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .. import __version__
-from ..broker import Broker
+from ..engine.broker import Broker
 from ..errors import (
     DeliveryExpired,
     LimitExceeded,
@@ -528,7 +528,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.deliveries.clear()
         for name, ds in by_queue.items():
             try:
-                self.server.queue(name)._settle(ds, 2, 0.0)  # nack, requeue now
+                self.server.queue(name).nack_many(ds)  # requeued now
             except (DeliveryExpired, QueueNotFound):
                 continue
             except ShmqError as e:
@@ -628,13 +628,13 @@ class _Connection(asyncio.BufferedProtocol):
         if msg_type == MsgType.NACK:
             ds = self.take_deliveries(q, f["deliveries"], keep=False)
             if f.get("requeue", True):
-                q._settle(ds, 2, f.get("delay_ms", 0) / 1000)
+                q.nack_many(ds, f.get("delay_ms", 0) / 1000)
                 server.notify(q.name)
             else:
-                q._dead_letter(ds, "rejected")
+                q.reject_many(ds)
             return {}
         if msg_type == MsgType.REJECT:
-            q._dead_letter(self.take_deliveries(q, f["deliveries"], keep=False), "rejected")
+            q.reject_many(self.take_deliveries(q, f["deliveries"], keep=False))
             return {}
         if msg_type == MsgType.EXTEND:
             for d in self.take_deliveries(q, f["deliveries"], keep=True):

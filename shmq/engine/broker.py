@@ -9,11 +9,11 @@ import os
 import time
 import weakref
 
-from . import _layout as L
-from ._mutex import init_mutex
-from ._process import monotonic_offset
-from ._registry import CREATING, DELETING, LIVE, Registry
-from ._segment import (
+from . import layout as L
+from .mutex import init_mutex
+from .process import monotonic_offset
+from .registry import CREATING, DELETING, LIVE, Registry
+from .segment import (
     check_namespace,
     check_queue_name,
     create_segment,
@@ -22,7 +22,7 @@ from ._segment import (
     unlink_segment,
     unlink_semaphore,
 )
-from .errors import QueueExists, QueueNotFound
+from ..errors import QueueExists, QueueNotFound
 from .queue import Queue
 
 __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS"]

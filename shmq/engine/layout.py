@@ -1,4 +1,5 @@
-"""Byte layout of a queue segment, record encoding, and ring arithmetic.
+"""Byte layout of a queue segment, record encoding, and ring arithmetic: the one place
+a byte offset is written (``_layout.h``, the C hot paths' copy, is generated from it).
 
 Strategy: everything here works on any writable buffer (a bytearray in the tests, the
 mmap of a segment in production) and knows nothing of locks, processes or time, so
@@ -12,6 +13,7 @@ so its first word, the *status word*, is written by one aligned 8-byte store: th
 commit point of every change to a message's state.
 """
 
+import re
 import struct
 
 __all__ = [
@@ -20,6 +22,8 @@ __all__ = [
     "DURABILITY", "DURABILITY_NAMES",
     "STATIC", "STATIC_OFF", "MUTEX_OFF", "HOT", "HOT_OFF", "HOT_FIELDS", "COUNTERS", "COUNTERS_OFF",
     "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE", "WALCFG", "WALCFG_OFF", "WAL_WORDS_OFF", "TIMENS_OFF", "WORD",
+    "REC_FIELDS", "REC_OFFSETS", "field_offsets", "R_STATUS", "R_LENGTH", "R_MSG_ID", "R_ENQ", "R_DEADLINE", "P_CWAIT", "P_PWAIT",
+    "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "c_header", "write_c_header",
     "align", "record_size", "status_word", "split_status", "skip_gap", "place", "segment_size", "data_offset",
 ]
 
@@ -51,6 +55,21 @@ NEVER = 2**64 - 1  # a deadline that never comes
 # deadline u64  monotonic ns: lease expiry (LEASED) or ready time (DELAYED)
 REC = struct.Struct("<QIIIIQQQ")
 REC_SIZE = REC.size  # 48
+REC_FIELDS = ("status", "length", "body_len", "hdr_len", "flags", "msg_id", "enq_ns", "deadline")
+
+
+def field_offsets(st: struct.Struct, names) -> dict:
+    """Byte offset of each field of a little-endian struct, by name, in order."""
+    codes = re.findall(r"\d*[a-zA-Z?]", st.format[1:])
+    assert len(codes) == len(names), (st.format, names)
+    return {n: struct.calcsize("<" + "".join(codes[:i])) for i, n in enumerate(names)}
+
+
+REC_OFFSETS = field_offsets(REC, REC_FIELDS)
+# the record's words, as indices from its first word (records are 8-aligned): the status
+# word, the word whose low half is the length, and the three 64-bit fields at the end
+R_STATUS, R_LENGTH, R_MSG_ID, R_ENQ, R_DEADLINE = (
+    REC_OFFSETS[f] >> 3 for f in ("status", "length", "msg_id", "enq_ns", "deadline"))
 
 # --- segment layout ------------------------------------------------------------------
 # static header: magic, version, flags (low byte: durability), capacity, max_message_bytes, visibility_ns,
@@ -82,6 +101,20 @@ PROCS_OFF = 1024
 # process slot: pid, start_ms, consumers waiting, producers waiting
 PROC = struct.Struct("<QQQQ")
 PROC_SIZE = PROC.size
+
+# --- control words, as indices into the segment viewed as 64-bit words -------------------
+(
+    I_DELETED, I_HEAD, I_TAIL, I_FRONTIER, I_READY_POS, I_REQUEUED, I_NEXT_ID, I_READY,
+    I_INFLIGHT, I_DELAYED, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_CWAIT, I_CPOSTED, I_PWAIT, I_PPOSTED,
+) = range(HOT_OFF >> 3, (HOT_OFF >> 3) + len(HOT_FIELDS))
+I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = range(
+    COUNTERS_OFF >> 3, (COUNTERS_OFF >> 3) + len(COUNTER_FIELDS))
+I_WAL_SIZE, I_WAL_SYNCED = WAL_WORDS_OFF >> 3, (WAL_WORDS_OFF >> 3) + 1
+I_WAL_GEN, I_WAL_MODE = WALCFG_OFF >> 3, (WALCFG_OFF >> 3) + 1  # WALCFG's generation; fsync mode (low half)
+# process slot words: pid, start_ms, consumers waiting, producers waiting
+P_CWAIT, P_PWAIT = 2, 3
+# write-ahead log fsync modes (WALCFG); SUSPENDED, with generation 0: the data dir vanished
+WAL_NEVER, WAL_ALWAYS, WAL_BATCH, WAL_SUSPENDED = 0, 1, 2, 3
 
 assert HOT_OFF >= MUTEX_OFF + 64 and COUNTERS_OFF + COUNTERS.size <= PROCS_OFF
 assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= MUTEX_OFF
@@ -131,3 +164,42 @@ def place(tail: int, size: int, capacity: int) -> tuple[int, int]:
     rem = capacity - tail % capacity
     start = tail if size <= rem else tail + rem
     return start, start + size
+
+
+# --- the C hot paths' copy ---------------------------------------------------------------
+C_HEADER = "_layout.h"
+
+
+def c_header() -> str:
+    """The text of ``_layout.h``: every constant ``_fast.c`` uses, from this module.
+    ``write_c_header()`` regenerates it; a test fails while it is stale."""
+    defines = {
+        "MUTEX_OFF": MUTEX_OFF, "HOT_W": HOT_OFF >> 3, "COUNTERS_W": COUNTERS_OFF >> 3,
+        "WALCFG_W": I_WAL_GEN, "WAL_WORDS_W": I_WAL_SIZE, "REC_SIZE": REC_SIZE,
+        "ST_READY": READY, "ST_LEASED": LEASED, "ST_ACKED": ACKED, "ST_PAD": PAD, "WAL_ALWAYS": WAL_ALWAYS,
+    }
+    defines.update({"REC_" + f.upper(): off for f, off in REC_OFFSETS.items()})
+    from .. import dmsq  # the log entry's format (docs/FORMAT.md)
+
+    log_fields = ("tag", "hdr_len", "body_len", "attempt", "msg_id", "enq_ns")
+    defines.update({"LOG_" + f.upper(): off for f, off in field_offsets(dmsq.LOG_HEAD, log_fields).items()})
+    defines.update({"LOG_HEAD": dmsq.LOG_HEAD.size, "LOG_PUT": dmsq.PUT, "LOG_ACK": dmsq.ACK,
+                    "LOG_TAG_BYTES": '"%s"' % dmsq.LOG_TAG.decode("ascii")})
+    lines = ["/* AUTOGENERATED from shmq/engine/layout.py by layout.write_c_header(): do not edit. */",
+             "#ifndef SHMQ_LAYOUT_H", "#define SHMQ_LAYOUT_H", ""]
+    lines += [f"#define {k} {v}" for k, v in defines.items()]
+    lines.append("/* control words, from HOT_W; counters, from COUNTERS_W */")
+    lines.append("enum { " + ", ".join(f"H_{f.upper()} = {i}" for i, f in enumerate(HOT_FIELDS)) + " };")
+    lines.append("enum { " + ", ".join(f"C_{f.upper()} = {i}" for i, f in enumerate(COUNTER_FIELDS)) + " };")
+    lines += ["", "#endif", ""]
+    return "\n".join(lines)
+
+
+def write_c_header() -> str:
+    """Write ``_layout.h`` beside this module; returns its path."""
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), C_HEADER)
+    with open(path, "w") as f:
+        f.write(c_header())
+    return path

@@ -11,9 +11,9 @@ import ctypes
 import struct
 import time
 
-from ._mutex import RobustMutex, init_mutex
-from ._process import current_identity, is_alive
-from ._segment import create_segment, open_segment, segment_name, unlink_segment
+from .mutex import RobustMutex, init_mutex
+from .process import current_identity, is_alive
+from .segment import create_segment, open_segment, segment_name, unlink_segment
 
 __all__ = ["Registry", "FREE", "CREATING", "LIVE", "DELETING"]
 

@@ -7,7 +7,7 @@ dict encodes to zero bytes and never touches msgpack (packb of a small dict cost
 
 import msgpack
 
-from .errors import MessageTooLarge
+from ..errors import MessageTooLarge
 
 __all__ = ["MAX_HEADERS_BYTES", "encode_headers", "decode_headers"]
 

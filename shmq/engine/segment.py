@@ -24,7 +24,7 @@ from multiprocessing import shared_memory as _stdlib_shm
 
 import posix_ipc
 
-from .errors import StorageError
+from ..errors import StorageError
 
 __all__ = [
     "Segment",

@@ -1,8 +1,8 @@
 /* The engine's three hot paths in C: put, get (the plain frontier take) and ack.
  *
- * Strategy: these are the pure-Python fast paths of shmq/queue.py (Queue.put,
+ * Strategy: these are the pure-Python fast paths of shmq/engine/queue.py (Queue.put,
  * Queue._take_one, Queue._ack_one) done with the same loads and stores in the same
- * order, on the same segment layout (shmq/_layout.py). They only ever take the
+ * order, on the same segment layout (shmq/engine/layout.py, through the generated _layout.h). They only ever take the
  * uncontended case: anything else -- a busy lock, a dead lock holder, a full ring, a
  * requeued message, housekeeping due -- is handed back to the Python code, which
  * handles every case. The commit stores (the tail of a put, the status word of a take
@@ -17,25 +17,9 @@
 #include <string.h>
 #include <unistd.h>
 
-/* layout (checked against shmq/_layout.py by tests/test_fast.py) */
-#define MUTEX_OFF 512
-#define HOT_OFF 576
-#define COUNTERS_OFF 704
-#define REC_SIZE 48
-#define ST_READY 1
-#define ST_LEASED 2
-#define ST_ACKED 3
-#define ST_PAD 4
+#include "_layout.h" /* generated from layout.py; tests/test_layout.py fails while it is stale */
 
-enum { H_DELETED, H_HEAD, H_TAIL, H_FRONTIER, H_READY_POS, H_REQUEUED, H_NEXT_ID, H_READY,
-       H_INFLIGHT, H_DELAYED, H_NEXT_DEADLINE, H_NEXT_LIVENESS, H_CWAIT, H_CPOSTED, H_PWAIT,
-       H_PPOSTED };
-enum { C_ACKED_TOTAL, C_REDELIVERED_TOTAL };
-#define WALCFG_W (328 / 8)   /* log generation; then fsync mode (low half of the next word) */
-#define WAL_WORDS_W (768 / 8) /* wal_size, wal_synced */
-#define WAL_ALWAYS 1
 #define WAL_MAX_PAYLOAD 4096 /* larger entries take the Python path (zlib's faster CRC) */
-#define LOG_HEAD 32
 
 /* results other than success */
 #define R_BUSY (-1)      /* lock busy: not taken */
@@ -44,8 +28,8 @@ enum { C_ACKED_TOTAL, C_REDELIVERED_TOTAL };
 #define R_EXPIRED (-4)   /* ack: the delivery is no longer leased */
 #define R_DELETED (-5)   /* the queue was deleted */
 
-#define HOT(seg) ((uint64_t *)((seg) + HOT_OFF))
-#define CNT(seg) ((uint64_t *)((seg) + COUNTERS_OFF))
+#define HOT(seg) ((uint64_t *)(seg) + HOT_W)
+#define CNT(seg) ((uint64_t *)(seg) + COUNTERS_W)
 #define U64(p) (*(uint64_t *)(p))
 #define U32(p) (*(uint32_t *)(p))
 
@@ -79,13 +63,13 @@ static uint32_t crc32_of(const unsigned char *p, size_t n) {
 /* Fill a log entry's head and CRC in `e` (its headers and body already in place). */
 static size_t log_entry(unsigned char *e, int op, uint64_t hl, uint64_t bl, uint64_t attempt, uint64_t msg_id,
                         uint64_t enq) {
-    memcpy(e, "WAL", 3);
-    e[3] = (unsigned char)op;
-    U32(e + 4) = (uint32_t)hl;
-    U32(e + 8) = (uint32_t)bl;
-    U32(e + 12) = (uint32_t)attempt;
-    memcpy(e + 16, &msg_id, 8);
-    memcpy(e + 24, &enq, 8);
+    memcpy(e + LOG_TAG, LOG_TAG_BYTES, 3);
+    e[LOG_TAG + 3] = (unsigned char)op;
+    U32(e + LOG_HDR_LEN) = (uint32_t)hl;
+    U32(e + LOG_BODY_LEN) = (uint32_t)bl;
+    U32(e + LOG_ATTEMPT) = (uint32_t)attempt;
+    memcpy(e + LOG_MSG_ID, &msg_id, 8);
+    memcpy(e + LOG_ENQ_NS, &enq, 8);
     size_t n = LOG_HEAD + hl + bl;
     uint32_t crc = crc32_of(e, n);
     memcpy(e + n, &crc, 4);
@@ -176,7 +160,7 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
     char *a = seg + base + off;
     uint64_t msg_id = h[H_NEXT_ID];
     if (entry) { /* logged before the commit below */
-        size_t n = log_entry(entry, 1, hl, bl, 0, msg_id, enq);
+        size_t n = log_entry(entry, LOG_PUT, hl, bl, 0, msg_id, enq);
         if (wal_write(seg, (int)wal_fd, entry, n) < 0) {
             int err = errno;
             unlock(seg);
@@ -186,14 +170,14 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
         }
         PyMem_Free(entry);
     }
-    U64(a) = ST_READY;
-    U32(a + 8) = (uint32_t)size;
-    U32(a + 12) = (uint32_t)bl;
-    U32(a + 16) = (uint32_t)hl;
-    U32(a + 20) = 0;
-    U64(a + 24) = msg_id;
-    U64(a + 32) = enq;
-    U64(a + 40) = 0;
+    U64(a + REC_STATUS) = ST_READY;
+    U32(a + REC_LENGTH) = (uint32_t)size;
+    U32(a + REC_BODY_LEN) = (uint32_t)bl;
+    U32(a + REC_HDR_LEN) = (uint32_t)hl;
+    U32(a + REC_FLAGS) = 0;
+    U64(a + REC_MSG_ID) = msg_id;
+    U64(a + REC_ENQ_NS) = enq;
+    U64(a + REC_DEADLINE) = 0;
     if (hl) memcpy(a + REC_SIZE, hraw, hl);
     memcpy(a + REC_SIZE + hl, body, bl);
     __atomic_store_n(&h[H_TAIL], tail + size, __ATOMIC_RELEASE); /* commit */
@@ -237,7 +221,8 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
         unlock(seg);
         return PyLong_FromLong(R_FALLBACK);
     }
-    uint64_t length = U32(a + 8), bl = U32(a + 12), hl = U32(a + 16), msg_id = U64(a + 24);
+    uint64_t length = U32(a + REC_LENGTH), bl = U32(a + REC_BODY_LEN), hl = U32(a + REC_HDR_LEN),
+             msg_id = U64(a + REC_MSG_ID);
     /* copy out first: on a MemoryError nothing has changed */
     PyObject *body = PyBytes_FromStringAndSize(a + REC_SIZE + hl, (Py_ssize_t)bl);
     PyObject *hraw = body && hl ? PyBytes_FromStringAndSize(a + REC_SIZE, (Py_ssize_t)hl) : NULL;
@@ -247,11 +232,11 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     uint64_t until = now + vis_ns;
-    U64(a + 40) = until;
+    U64(a + REC_DEADLINE) = until;
     __atomic_store_n((uint64_t *)a, ST_LEASED | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
     h[H_FRONTIER] = pos + length;
     h[H_READY] -= 1;
-    h[H_INFLIGHT] += 1;
+    h[H_IN_FLIGHT] += 1;
     if (until < next_deadline) h[H_NEXT_DEADLINE] = until;
     if (attempt > 1) CNT(seg)[C_REDELIVERED_TOTAL] += 1;
     unlock(seg);
@@ -277,7 +262,7 @@ static int advance_head(char *seg, uint64_t base, uint64_t cap) {
         char *a = seg + base + p % cap;
         uint64_t st = U64(a) & 0xFF;
         if (st != ST_ACKED && st != ST_PAD) break;
-        head = p + U32(a + 8);
+        head = p + U32(a + REC_LENGTH);
     }
     if (head == start) return 0;
     h[H_HEAD] = head;
@@ -314,7 +299,7 @@ static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t narg
     char *a = seg + base + pos % cap;
     uint64_t w = U64(a);
     if (pos < head || pos >= h[H_TAIL] || (w & 0xFF) != ST_LEASED || (w >> 32) != attempt ||
-        U64(a + 24) != msg_id || U64(a + 40) <= now) {
+        U64(a + REC_MSG_ID) != msg_id || U64(a + REC_DEADLINE) <= now) {
         unlock(seg);
         return PyLong_FromLong(R_EXPIRED);
     }
@@ -324,7 +309,7 @@ static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t narg
             unlock(seg);
             return PyLong_FromLong(R_FALLBACK);
         }
-        size_t n = log_entry(entry, 2, 0, 0, attempt, msg_id, 0);
+        size_t n = log_entry(entry, LOG_ACK, 0, 0, attempt, msg_id, 0);
         if (wal_write(seg, (int)wal_fd, entry, n) < 0) {
             int err = errno;
             unlock(seg);
@@ -333,7 +318,7 @@ static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t narg
         }
     }
     __atomic_store_n((uint64_t *)a, (w & ~(uint64_t)0xFF) | ST_ACKED, __ATOMIC_RELEASE); /* commit */
-    h[H_INFLIGHT] -= 1;
+    h[H_IN_FLIGHT] -= 1;
     CNT(seg)[C_ACKED_TOTAL] += 1;
     int post = 0;
     /* the first record after the head (or after a pad at the head) frees space */
@@ -355,15 +340,15 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "shmq._fast", "The engine's hot paths in C.", -1,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "shmq.engine._fast", "The engine's hot paths in C.", -1,
                                     methods};
 
 PyMODINIT_FUNC PyInit__fast(void) {
     crc_init();
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    if (PyModule_AddIntConstant(m, "MUTEX_OFF", MUTEX_OFF) || PyModule_AddIntConstant(m, "HOT_OFF", HOT_OFF) ||
-        PyModule_AddIntConstant(m, "COUNTERS_OFF", COUNTERS_OFF) ||
+    if (PyModule_AddIntConstant(m, "MUTEX_OFF", MUTEX_OFF) || PyModule_AddIntConstant(m, "HOT_OFF", HOT_W * 8) ||
+        PyModule_AddIntConstant(m, "COUNTERS_OFF", COUNTERS_W * 8) ||
         PyModule_AddIntConstant(m, "REC_SIZE", REC_SIZE) || PyModule_AddIntConstant(m, "READY", ST_READY) ||
         PyModule_AddIntConstant(m, "LEASED", ST_LEASED) || PyModule_AddIntConstant(m, "ACKED", ST_ACKED) ||
         PyModule_AddIntConstant(m, "PAD", ST_PAD) || PyModule_AddIntConstant(m, "BUSY", R_BUSY) ||

@@ -1,0 +1,251 @@
+"""Getting messages: ``get`` (the hot path: C first, then a Python fast path at the
+frontier) and the general take under the lock, which expires due leases, returns the
+leases of dead processes, takes requeued messages first, and waits (spin, then sleep
+slices) when nothing is ready. Part of ``Queue`` (``queue.py``).
+"""
+
+import time
+
+from ..errors import LockTimeout, QueueEmpty
+from . import cpaths, deadletter, housekeeping, ring, waits
+from . import layout as L
+from .layout import (
+    I_DELETED, I_FRONTIER, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS, I_REDELIVERED_TOTAL,
+    I_REQUEUED, I_TAIL,
+)
+from .delivery import Delivery
+from .mutex import FOREVER
+from .mutex import trylock as _trylock
+from .mutex import unlock as _unlock
+
+__all__ = ["Consuming"]
+
+_mono = time.monotonic_ns
+_REC = L.REC_SIZE
+_REC_UNPACK = L.REC.unpack_from
+_HOT_UNPACK = L.HOT.unpack_from
+_HOT_OFF = L.HOT_OFF
+_READY, _LEASED, _PAD = L.READY, L.LEASED, L.PAD
+_R_DEADLINE = L.R_DEADLINE
+_CONSUMERS = waits.CONSUMERS
+_lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
+_fast_take = cpaths.take
+_F_OWNERDEAD, _F_FALLBACK = cpaths.OWNERDEAD, cpaths.FALLBACK
+
+
+class Consuming:
+    """The get operations of ``Queue``."""
+
+    def get(self, timeout=None, visibility_timeout=None) -> Delivery:
+        """Lease the oldest ready message; blocks until one is ready.
+
+        Raises QueueEmpty after ``timeout`` seconds (None: wait forever).
+        """
+        d = self._take_one(visibility_timeout, timeout)
+        if d is None:
+            d = self._get(1, timeout, visibility_timeout)[0]
+        return d
+
+    def get_nowait(self, visibility_timeout=None) -> Delivery:
+        """``get`` that raises QueueEmpty at once instead of waiting."""
+        d = self._take_one(visibility_timeout, 0)
+        if d is None:
+            d = self._get(1, 0, visibility_timeout)[0]
+        return d
+
+    def _take_one(self, visibility_timeout, timeout):
+        """Fast path of ``get``: the next never-delivered record at the frontier, when no
+        housekeeping is due and nothing was requeued. None sends the caller to ``_get``."""
+        lp = self._lockp
+        slot = self._slot
+        if lp is None or slot < 0 or visibility_timeout is not None:
+            return None
+        if _fast_take is not None:
+            r = _fast_take(self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0, _mono())
+            if type(r) is tuple:
+                return Delivery(self, *r)
+            if r == _F_FALLBACK:
+                return None
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            # busy: the Python path below waits for the lock
+        mm, mq, cap = self._mm, self._mq, self._cap
+        body = None
+        rc = _trylock(lp)
+        if rc:
+            self._lock_contended(rc, _lock_deadline(timeout), QueueEmpty)
+        try:
+            (deleted, _head, tail, pos, _rp, requeued, _nid, ready, inflight, _dl, next_deadline, next_liveness,
+             _cw, _cp, _pw, _pp) = _HOT_UNPACK(mm, _HOT_OFF)
+            now = _mono()
+            off = pos % cap
+            if (pos < tail and not requeued and not deleted and cap - off >= _REC
+                    and now < next_deadline and now < next_liveness):
+                a = self._base + off
+                status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
+                attempt = (status >> 32) + 1
+                if status & 0xFF == _READY and (self.max_deliveries is None or attempt <= self.max_deliveries):
+                    until = now + self._vis_ns
+                    w = a >> 3
+                    mq[w + _R_DEADLINE] = until
+                    mq[w] = _LEASED | (slot << 8) | (attempt << 32)  # commit
+                    mq[I_FRONTIER] = pos + length  # (ready_pos means nothing while requeued == 0)
+                    mq[I_READY] = ready - 1
+                    mq[I_INFLIGHT] = inflight + 1
+                    if until < next_deadline:
+                        mq[I_NEXT_DEADLINE] = until
+                    if attempt > 1:
+                        mq[I_REDELIVERED_TOTAL] += 1
+                    b = a + _REC
+                    body = mm[b + hl:b + hl + bl]
+                    hraw = mm[b:b + hl] if hl else None
+        finally:
+            _unlock(lp)
+        if body is None:
+            return None
+        return Delivery(self, pos, msg_id, attempt, body, hraw)
+
+    def get_many(self, max_messages=64, timeout=None, visibility_timeout=None, max_bytes=None) -> list[Delivery]:
+        """Lease up to ``max_messages``; returns as soon as at least one is ready.
+
+        With ``max_bytes``, stops before the bodies and headers taken would exceed it
+        (the first message is always taken).
+        """
+        if type(max_messages) is not int or max_messages < 1:
+            raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
+        return self._get(max_messages, timeout, visibility_timeout, max_bytes)
+
+    def _get(self, maxn, timeout, visibility_timeout, max_bytes=None):
+        if visibility_timeout is None:
+            vis_ns = self._vis_ns
+        else:
+            vis_ns = _seconds_ns(visibility_timeout, "visibility_timeout")
+        deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
+        waited = 0
+        spun = timeout == 0
+        while True:
+            can_wait = deadline is None or _mono() < deadline
+            try:
+                got = self._take(maxn, vis_ns, waited, spun and can_wait, max_bytes,
+                                 FOREVER if deadline is None else deadline)
+            except LockTimeout as e:
+                raise QueueEmpty(str(e)) from None
+            if got:
+                return got
+            if not can_wait:
+                raise QueueEmpty(f"queue {self.name!r} is empty")
+            if not spun:
+                spun = True
+                waits.spin(self._mq, deadline, _mono)
+                waited = 0
+                continue
+            waited = self._sleep(self._ne, deadline, _CONSUMERS)
+
+    def _take(self, maxn, vis_ns, waited, register, max_bytes=None, deadline=None):
+        """One locked attempt to lease up to ``maxn`` ready messages."""
+        mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
+        out = []
+        dead = None
+        reap = False
+        self._acquire(deadline)
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            now = _mono()
+            if waited:
+                waits.unregister(mq, self._slot, _CONSUMERS, waited)
+            if now >= mq[I_NEXT_DEADLINE]:
+                housekeeping.expire(self, now)
+            if now >= mq[I_NEXT_LIVENESS]:
+                mq[I_NEXT_LIVENESS] = now + housekeeping.LIVENESS_PERIOD_NS
+                reap = True
+            ready = mq[I_READY]
+            if ready:
+                lease = _LEASED | (self._my_slot() << 8)
+                until = now + vis_ns
+                maxdel = self.max_deliveries
+                requeued, frontier, tail = mq[I_REQUEUED], mq[I_FRONTIER], mq[I_TAIL]
+                taken = redelivered = 0
+                append = out.append
+                ndead = 0
+                budget = max_bytes
+                while ready and len(out) - ndead < maxn:
+                    if requeued:
+                        pos = ring.next_ready(mq, cap, base, mq[I_READY_POS], frontier)
+                        if pos < 0:  # the count was stale: none left below the frontier
+                            requeued = 0
+                            mq[I_READY_POS] = frontier
+                            continue
+                        requeued -= 1
+                        a = base + pos % cap
+                        status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
+                        mq[I_READY_POS] = pos + length if requeued else frontier
+                    else:
+                        if frontier >= tail:
+                            break
+                        pos = frontier
+                        off = pos % cap
+                        if cap - off < _REC:  # implicit pad to the end of the lap
+                            frontier += cap - off
+                            continue
+                        a = base + off
+                        status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
+                        frontier = pos + length
+                        if status & 0xFF == _PAD:
+                            continue
+                    if budget is not None:
+                        if out and bl + hl > budget:
+                            if pos < frontier:  # a requeued one: leave it for the next take, as it was
+                                requeued += 1
+                                mq[I_READY_POS] = pos
+                            else:
+                                frontier = pos
+                            break
+                        budget -= bl + hl
+                    attempt = (status >> 32) + 1
+                    mq[(a >> 3) + _R_DEADLINE] = until
+                    mq[a >> 3] = lease | (attempt << 32)  # commit
+                    ready -= 1
+                    taken += 1
+                    if attempt > 1:
+                        redelivered += 1
+                        if maxdel is not None and attempt > maxdel:
+                            ndead += 1  # leased to us only to be dead-lettered below
+                    a += _REC
+                    append((pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None))
+                mq[I_FRONTIER] = frontier
+                if not requeued:
+                    mq[I_READY_POS] = frontier
+                mq[I_REQUEUED] = requeued
+                mq[I_READY] = ready
+                mq[I_INFLIGHT] += taken
+                if redelivered:
+                    mq[I_REDELIVERED_TOTAL] += redelivered
+                if taken and until < mq[I_NEXT_DEADLINE]:
+                    mq[I_NEXT_DEADLINE] = until
+            if not out and register:
+                waits.register(mq, self._my_slot(), _CONSUMERS)
+        finally:
+            self._release()
+        # Deliveries are built outside the lock: the leased bytes are ours until settled.
+        if out:
+            maxdel = self.max_deliveries
+            if maxdel is None:
+                out = [Delivery(self, *t) for t in out]
+            else:
+                dead = [Delivery(self, *t) for t in out if t[2] > maxdel]
+                out = [Delivery(self, *t) for t in out if t[2] <= maxdel]
+        if reap:
+            housekeeping.reap_dead(self)
+        if dead:
+            deadletter.dead_letter(self, dead, "max-deliveries")
+        return out
+
+    def ready_hint(self) -> bool:
+        """Whether a message looks ready, read without the lock (a hint: re-check by taking)."""
+        if self._lockp is None:
+            raise self._closed()
+        mq = self._mq
+        if mq[I_DELETED]:
+            raise self._gone()
+        return mq[I_READY] > 0 or _mono() >= mq[I_NEXT_DEADLINE]

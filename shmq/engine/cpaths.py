@@ -1,0 +1,40 @@
+"""The C hot paths (``_fast.c``: plain put, get and ack) when they were built and are
+wanted (``SHMQ_PURE_PYTHON=1`` turns them off); else None each, and the Python paths run.
+"""
+
+import os
+
+try:
+    from . import _fast
+except ImportError:  # pragma: no cover - depends on the build
+    _fast = None
+
+__all__ = ["FAST", "put", "take", "ack", "OWNERDEAD", "FALLBACK", "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled",
+           "enabled"]
+
+FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
+put = _fast.put if FAST else None
+take = _fast.take if FAST else None
+ack = _fast.ack if FAST else None
+OWNERDEAD = _fast.OWNERDEAD if FAST else None  # the lock was taken from a dead holder: repair, then unlock
+FALLBACK = _fast.FALLBACK if FAST else None  # not a plain case: nothing done, take the Python path
+EXPIRED = _fast.EXPIRED if FAST else None
+DELETED = _fast.DELETED if FAST else None
+WAL_MAX_PAYLOAD = _fast.WAL_MAX_PAYLOAD if FAST else 0  # larger wal puts take the Python fast path
+
+
+def set_enabled(enabled: bool) -> None:
+    """Use the C paths in this process or not (the benchmark and the tests run both)."""
+    from . import consume, produce, settle
+
+    on = enabled and FAST
+    produce._fast_put = put if on else None
+    consume._fast_take = take if on else None
+    settle._fast_ack = ack if on else None
+
+
+def enabled() -> bool:
+    """Whether this process uses the C paths now."""
+    from . import produce
+
+    return produce._fast_put is not None

@@ -1,0 +1,166 @@
+"""Housekeeping: lapsed leases and due delayed messages made ready, leases of dead
+processes given back, and the repair after a process died holding the lock.
+
+Strategy: no daemon is needed. Whichever process takes the lock when a deadline is due
+(``next_deadline``) or the liveness check is (``next_liveness``, every
+``LIVENESS_PERIOD_NS``) does the work; ``shmq server`` calls ``housekeep`` too, so leases
+move even while nobody calls ``get``. A process that dies inside the lock leaves the
+robust mutex owner-dead: the next holder gets EOWNERDEAD and ``repair`` rebuilds every
+derived control word from head, tail and the records (docs/DESIGN.md, Crash safety).
+Each function takes the queue handle (``q``) and says whether it needs the lock held.
+"""
+
+import os
+
+from . import layout as L
+from . import ring, waits
+from .process import is_alive
+
+__all__ = ["LIVENESS_PERIOD_NS", "expire", "reap_dead", "housekeep", "repair"]
+
+LIVENESS_PERIOD_NS = 500_000_000  # how often someone checks that lease holders live
+
+_REC = L.REC_SIZE
+_READY, _LEASED, _PAD, _DELAYED = L.READY, L.LEASED, L.PAD, L.DELAYED
+_R_DEADLINE = L.R_DEADLINE
+
+
+def expire(q, now) -> int:
+    """Lapsed leases and due delayed messages become ready. Lock held. Returns how many."""
+    mq = q._mq
+    next_deadline = L.NEVER
+    woke = 0
+    for pos, w in ring.records(mq, q._cap, q._base, mq[L.I_HEAD], mq[L.I_FRONTIER]):
+        state = mq[w] & 0xFF
+        if state == _LEASED or state == _DELAYED:
+            due = mq[w + _R_DEADLINE]
+            if due <= now:
+                mq[L.I_INFLIGHT if state == _LEASED else L.I_DELAYED] -= 1
+                ring.make_ready(mq, w, pos)
+                woke += 1
+            elif due < next_deadline:
+                next_deadline = due
+    mq[L.I_NEXT_DEADLINE] = next_deadline
+    if woke:
+        for _ in range(waits.owed_posts(mq, waits.CONSUMERS, woke)):
+            q._ne.release()
+    return woke
+
+
+def _release_holder(q, slot) -> int:
+    """Every lease held by process ``slot`` becomes ready again. Lock held."""
+    mq = q._mq
+    n = 0
+    for pos, w in ring.records(mq, q._cap, q._base, mq[L.I_HEAD], mq[L.I_FRONTIER]):
+        s = mq[w]
+        if s & 0xFF == _LEASED and (s >> 8) & 0xFFFF == slot:
+            mq[L.I_INFLIGHT] -= 1
+            ring.make_ready(mq, w, pos)
+            n += 1
+    return n
+
+
+def reap_dead(q) -> int:
+    """Give back the leases of processes that died, and forget them. Takes the lock."""
+    mm, mq = q._mm, q._mq
+    me = os.getpid()
+    suspects = []
+    for i in range(q._nslots):
+        pid, start, _cw, _pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+        if pid and pid != me and not is_alive(pid, start):
+            suspects.append((i, pid, start))
+    if not suspects:
+        return 0
+    returned = 0
+    q._acquire()
+    try:
+        for i, pid, start in suspects:
+            p, s, cw, pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+            if (p, s) != (pid, start):
+                continue  # reused meanwhile
+            returned += _release_holder(q, i)
+            mq[L.I_CWAIT] -= cw
+            mq[L.I_PWAIT] -= pw
+            L.PROC.pack_into(mm, L.PROCS_OFF + i * L.PROC_SIZE, 0, 0, 0, 0)
+        posts = waits.owed_posts(mq, waits.CONSUMERS, returned) if returned else 0
+    finally:
+        q._release()
+    for _ in range(posts):
+        q._ne.release()
+    return returned
+
+
+def housekeep(q, now) -> int:
+    """Do the due work now (``now``: the engine's monotonic clock): expire leases, wake
+    delayed messages, return the leases of dead processes. Returns how many messages
+    became ready again."""
+    mq = q._mq
+    q._acquire()
+    try:
+        if mq[L.I_DELETED]:
+            raise q._gone()
+        woke = expire(q, now)
+        mq[L.I_NEXT_LIVENESS] = now + LIVENESS_PERIOD_NS
+    finally:
+        q._release()
+    return woke + reap_dead(q)
+
+
+def repair(q) -> None:
+    """Rebuild every derived control word from head, tail and the records, after the
+    lock's previous holder died inside an update. Lock held."""
+    mq, mm, cap = q._mq, q._mm, q._cap
+    head, tail = mq[L.I_HEAD], mq[L.I_TAIL]
+    ready = inflight = delayed = requeued = ready_run = 0
+    first_ready = None
+    frontier = head
+    next_deadline = L.NEVER
+    max_id = 0
+    for pos, w in ring.records(mq, cap, q._base, head, tail):
+        status, length, _b, _h, _f, msg_id, _e, deadline = L.REC.unpack_from(mm, w << 3)
+        state = status & 0xFF
+        if length < _REC or length % 8 or pos % cap + length > cap or pos + length > tail:
+            tail = pos  # a record the dead writer never finished: drop it
+            break
+        if state == _PAD:
+            continue
+        max_id = max(max_id, msg_id)
+        if state == _READY:
+            ready += 1
+            ready_run += 1
+            if first_ready is None:
+                first_ready = pos
+        else:
+            requeued += ready_run
+            ready_run = 0
+            frontier = pos + length
+            if state == _LEASED:
+                inflight += 1
+                next_deadline = min(next_deadline, deadline)
+            elif state == _DELAYED:
+                delayed += 1
+                next_deadline = min(next_deadline, deadline)
+    cwait = pwait = 0
+    for i in range(q._nslots):
+        pid, _s, cw, pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+        if pid:
+            cwait += cw
+            pwait += pw
+    mq[L.I_TAIL] = tail
+    mq[L.I_NEXT_ID] = max(mq[L.I_NEXT_ID], max_id + 1)
+    mq[L.I_FRONTIER] = frontier
+    mq[L.I_READY_POS] = first_ready if requeued else frontier
+    mq[L.I_REQUEUED] = requeued
+    mq[L.I_READY] = ready
+    mq[L.I_INFLIGHT] = inflight
+    mq[L.I_DELAYED] = delayed
+    mq[L.I_NEXT_DEADLINE] = next_deadline
+    mq[L.I_NEXT_LIVENESS] = 0
+    mq[L.I_CWAIT] = cwait
+    mq[L.I_CPOSTED] = 0
+    mq[L.I_PWAIT] = pwait
+    mq[L.I_PPOSTED] = 0
+    mq[L.I_REPAIRS] += 1
+    ring.advance_head(mq, cap, q._base)
+    if q._logged:
+        q.wal.repair()

@@ -1,0 +1,207 @@
+"""Putting messages: ``put`` (the hot path: C first, then a Python fast path) and the
+general append under the lock, which waits for room, places records across the end of
+the ring and takes batches all or nothing. Part of ``Queue`` (``queue.py``).
+"""
+
+import time
+
+from .. import dmsq
+from ..errors import MessageTooLarge, LockTimeout, QueueFull
+from . import cpaths, ring, waits
+from . import layout as L
+from .layout import I_CPOSTED, I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY, I_READY_POS, I_TAIL
+from .headers import encode_headers
+from .mutex import FOREVER
+from .mutex import trylock as _trylock
+from .mutex import unlock as _unlock
+
+__all__ = ["Producing"]
+
+_mono = time.monotonic_ns
+_wall = time.time_ns
+_REC = L.REC_SIZE
+_READY = L.READY
+_CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
+_encode_put_entry = dmsq.encode_put_entry
+_write_record = ring.write_record
+_lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
+_fast_put = cpaths.put
+_F_OWNERDEAD, _F_FALLBACK, _F_WAL_MAX = cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.WAL_MAX_PAYLOAD
+
+
+def _check_body(body):
+    if type(body) is bytes:
+        return body
+    if isinstance(body, (bytearray, memoryview)):
+        return bytes(body)
+    raise TypeError(f"message body must be bytes-like, not {type(body).__name__}")
+
+
+
+class Producing:
+    """The put operations of ``Queue``."""
+
+    def put(self, body, headers=None, timeout=None) -> int:
+        """Append one message; blocks while the queue is full.
+
+        Returns the message id. Raises QueueFull after ``timeout`` seconds (None: wait
+        forever), MessageTooLarge / TypeError on bad input (nothing enqueued).
+        """
+        if type(body) is not bytes:
+            body = _check_body(body)
+        hraw = b"" if headers is None else encode_headers(headers)
+        bl = len(body)
+        if bl > self.max_message_bytes:
+            raise MessageTooLarge(
+                f"message body is {bl} bytes; queue {self.name!r} takes at most {self.max_message_bytes}"
+            )
+        # Fast path: room at the tail without a pad. Anything else goes to _append.
+        lp = self._lockp
+        if lp is None:
+            raise self._closed()
+        mq, cap = self._mq, self._cap
+        size = (_REC + 7 + len(hraw) + bl) & -8
+        msg_id = post = 0
+        now = _wall()
+        if _fast_put is not None and (not self._logged or (self.wal.fd is not None and len(hraw) + bl <= _F_WAL_MAX)):
+            gen, fd = self.wal.fd if self._logged else (0, -1)
+            try:
+                r = _fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
+            except OSError as e:
+                raise self.wal.failed(e) from None
+            if r > 0:
+                if r & 1:
+                    self._ne.release()
+                return r >> 1
+            if r == _F_FALLBACK:
+                return self._append(((body, hraw, size),), timeout)[0]
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            # busy: the Python path below waits for the lock
+        rc = _trylock(lp)
+        if rc:
+            self._lock_contended(rc, _lock_deadline(timeout), QueueFull)
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            tail = mq[I_TAIL]
+            off = tail % cap
+            if size <= cap - off and tail + size - mq[I_HEAD] <= cap:
+                msg_id = mq[I_NEXT_ID]
+                if self._logged:  # logged (and fsynced, by policy) before the commit below
+                    self.wal.append(_encode_put_entry(msg_id, now, hraw, body))
+                _write_record(self._mm, self._base + off, _READY, size, body, hraw, msg_id, now)
+                mq[I_TAIL] = tail + size  # commit
+                mq[I_NEXT_ID] = msg_id + 1
+                mq[I_READY] += 1
+                cw = mq[I_CWAIT]
+                if cw and cw > mq[I_CPOSTED]:
+                    mq[I_CPOSTED] += 1
+                    post = 1
+        finally:
+            _unlock(lp)
+        if msg_id:
+            if post:
+                self._ne.release()
+            return msg_id
+        return self._append(((body, hraw, size),), timeout)[0]
+
+    def put_nowait(self, body, headers=None) -> int:
+        """``put`` that raises QueueFull at once instead of waiting."""
+        return self.put(body, headers, timeout=0)
+
+    def put_many(self, bodies, timeout=None) -> list[int]:
+        """Append a batch under one lock, all or nothing; returns the ids in order.
+
+        Items are bodies or ``(body, headers)`` pairs.
+        """
+        items = []
+        append = items.append
+        maxmsg = self.max_message_bytes
+        for body in bodies:
+            if type(body) is bytes:
+                hraw = b""
+            elif type(body) is tuple:
+                body, headers = body
+                hraw = b"" if headers is None else encode_headers(headers)
+                if type(body) is not bytes:
+                    body = _check_body(body)
+            else:
+                body, hraw = _check_body(body), b""
+            if len(body) > maxmsg:
+                raise MessageTooLarge(
+                    f"message body is {len(body)} bytes; queue {self.name!r} takes at most {maxmsg}"
+                )
+            append((body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8))
+        if not items:
+            return []
+        return self._append(items, timeout)
+
+    def _append(self, items, timeout):
+        """Append ``(body, encoded headers, record size)`` items, waiting for room."""
+        deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
+        total = sum(item[2] for item in items)
+        if total > self._cap:
+            raise MessageTooLarge(
+                f"{total} bytes of records can never fit in queue {self.name!r} (max_bytes={self._cap})"
+            )
+        waited = 0
+        while True:
+            try:
+                ids, post = self._try_append(items, waited, deadline)
+            except LockTimeout as e:
+                raise QueueFull(str(e)) from None
+            for _ in range(post):
+                self._ne.release()
+            if ids is not None:
+                return ids
+            if deadline is not None and _mono() >= deadline:
+                raise QueueFull(f"queue {self.name!r} is full")
+            waited = self._sleep(self._nf, deadline, _PRODUCERS)
+
+    def _placement_end(self, items, tail):
+        """Where the tail would be after appending ``items`` at ``tail`` (pads included)."""
+        cap = self._cap
+        for item in items:
+            tail = L.place(tail, item[2], cap)[1]
+        return tail
+
+    def _try_append(self, items, waited, deadline):
+        """One locked attempt. Returns (ids or None, semaphore posts owed)."""
+        mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
+        self._acquire(FOREVER if deadline is None else deadline)
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            if waited:
+                waits.unregister(mq, self._slot, _PRODUCERS, waited)
+            head, tail = mq[I_HEAD], mq[I_TAIL]
+            end = self._placement_end(items, tail)
+            if end - head > cap and head == tail and tail % cap:
+                # empty but badly placed: start the next lap, so any batch <= capacity fits
+                tail = head = tail + cap - tail % cap
+                mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = tail
+                end = self._placement_end(items, tail)
+            if end - head > cap:
+                if deadline is None or _mono() < deadline:
+                    waits.register(mq, self._my_slot(), _PRODUCERS)
+                return None, 0
+            # write the records past the tail, then publish them with one store
+            now = _wall()
+            pos = tail
+            first_id = next_id = mq[I_NEXT_ID]
+            if self._logged:  # logged (and fsynced, by policy) before the commit below
+                self.wal.append(b"".join(
+                    _encode_put_entry(first_id + i, now, item[1], item[0]) for i, item in enumerate(items)))
+            for body, hraw, size in items:
+                pos, a = ring.place(mm, base, cap, pos, size)
+                _write_record(mm, a, _READY, size, body, hraw, next_id, now)
+                next_id += 1
+                pos += size
+            mq[I_TAIL] = pos  # commit
+            mq[I_NEXT_ID] = next_id
+            n = next_id - first_id
+            mq[I_READY] += n
+            return list(range(first_id, next_id)), waits.owed_posts(mq, _CONSUMERS, n)
+        finally:
+            self._release()

@@ -1,0 +1,429 @@
+"""The queue engine: the operations of one named queue in shared memory. Everything
+revolves around this module.
+
+Strategy: a queue is one segment — a static header, a robust mutex, a control block of
+64-bit words, a table of attached processes, and a ring of records (``layout``) — plus
+two POSIX semaphores that wake sleepers (not_empty, not_full; ``waits``). Every
+operation takes the mutex, reads the control block, changes records and control words
+(``ring``), and releases the mutex; semaphores only say "look again": the control block
+is the truth, and every wait is timed and re-checks it.
+
+Crash safety rests on three rules (docs/DESIGN.md walks through each crash):
+  * data is written before it is published: a put writes its records past the tail,
+    then stores the tail (one aligned 8-byte store: the commit);
+  * a message's state lives in its record's status word, changed by one aligned store;
+  * everything else in the control block (counts, cursors, waiters) can be rebuilt from
+    head, tail and the records. When a process dies holding the mutex, the next
+    locker gets EOWNERDEAD and rebuilds (``housekeeping.repair``) before going on.
+Housekeeping (expired leases, delayed requeues, leases of dead processes) is done by
+whichever process touches the queue when it is due; ``shmq server`` calls it too.
+The operations live in three parts of ``Queue``: ``produce`` (put), ``consume`` (get)
+and ``settle`` (ack, nack, reject); the plain put, get and ack have twins in C
+(``_fast.c``, through ``cpaths``), tried first where built.
+"""
+
+import ctypes
+import os
+import time
+import weakref
+
+import posix_ipc
+
+from .. import dmsq
+from ..errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
+from . import housekeeping, ring, waits
+from . import layout as L
+from .layout import (
+    I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_PPOSTED, I_PURGED_TOTAL, I_PWAIT, I_READY, I_READY_POS,
+    I_REQUEUED, I_TAIL,
+)
+from .consume import Consuming
+from .cpaths import FAST
+from .delivery import Delivery, QueueStats
+from .mutex import RobustMutex
+from .mutex import lock_slow as _lock_slow
+from .mutex import trylock as _trylock
+from .mutex import unlock as _unlock
+from .process import current_identity, monotonic_offset
+from .produce import Producing
+from .segment import open_segment, open_semaphore, segment_name
+from .settle import Settling
+from .wal import Log
+
+__all__ = ["Queue", "Delivery", "QueueStats", "FAST"]
+
+_mono = time.monotonic_ns
+_wall = time.time_ns
+_REC = L.REC_SIZE
+_HOT_UNPACK = L.HOT.unpack_from
+_READY, _LEASED, _ACKED, _DELAYED = L.READY, L.LEASED, L.ACKED, L.DELAYED
+_R_MSG_ID = L.R_MSG_ID
+_CONSUMERS = waits.CONSUMERS
+_encode_ack_entry = dmsq.encode_ack_entry
+_write_record = ring.write_record
+
+_live_queues = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for q in list(_live_queues):
+        q._slot = -1  # the child is another process: it registers its own slot
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Queue(Producing, Consuming, Settling):
+    """A handle on a named queue, attached in this process (``Broker.queue``).
+
+    Handles pickle by name: a child process (fork or spawn) re-attaches on unpickling.
+    ``lock_timeout``: how long a call with no timeout of its own waits for the queue's
+    lock before LockTimeout (None: ``shmq.engine.mutex.LOCK_TIMEOUT_S``).
+    """
+
+    lock_timeout = None
+
+    def __init__(self, namespace: str, name: str):
+        self.namespace = namespace
+        self.name = name
+        self._slot = -1
+        self._dlq = None
+        try:
+            seg = open_segment(segment_name(namespace, "q", name))
+        except (FileNotFoundError, ValueError):
+            raise QueueNotFound(f"no queue {name!r} in namespace {namespace!r}") from None
+        try:
+            self._attach(seg)
+        except BaseException:
+            seg.close()
+            raise
+        _live_queues.add(self)
+
+    def _attach(self, seg):
+        mm = seg._mmap
+        if seg.size < L.PROCS_OFF:
+            raise QueueNotFound(f"no queue {self.name!r} in namespace {self.namespace!r} (being created)")
+        (magic, version, flags, cap, maxmsg, vis_ns, maxdel, slots, created, data_off,
+         _nl, _n, dl, dlq) = L.STATIC.unpack_from(mm, L.STATIC_OFF)
+        if magic != L.MAGIC:
+            if magic == b"\0\0\0\0":
+                raise QueueNotFound(f"no queue {self.name!r} in namespace {self.namespace!r} (being created)")
+            raise QueueCorrupted(f"segment of queue {self.name!r} is not a shmq queue")
+        if version != L.LAYOUT_VERSION:
+            raise QueueCorrupted(f"queue {self.name!r} has layout version {version}, expected {L.LAYOUT_VERSION}")
+        if seg.size < data_off + cap:
+            raise QueueCorrupted(f"segment of queue {self.name!r} is truncated")
+        offset = L.WORD.unpack_from(mm, L.TIMENS_OFF)[0]
+        if offset != monotonic_offset():
+            raise ShmqError(f"queue {self.name!r} was created in another time namespace (its CLOCK_MONOTONIC is "
+                            f"{(offset - monotonic_offset()) / 1e9:+.3f}s from ours): lease deadlines need one "
+                            "clock; use the queue from one time namespace (docs/DESIGN.md, Clocks)")
+        self._seg = seg
+        self._mm = mm
+        self._mq = memoryview(mm).cast("Q")
+        self._cap = cap
+        self._base = data_off
+        self.max_bytes = cap
+        self.max_message_bytes = maxmsg
+        self.visibility_timeout = vis_ns / 1e9
+        self._vis_ns = vis_ns
+        self.max_deliveries = maxdel or None
+        self._nslots = slots
+        self.created_at = created / 1e9
+        self.dead_letter_queue = dlq[:dl].decode() or None
+        self.durability = L.DURABILITY_NAMES.get(flags & 0xFF, "memory")
+        self._logged = self.durability == "wal"
+        self.wal = Log(self)  # the write-ahead log (durability "wal"), and this process's descriptor
+        # The mutex lives at a fixed address of the mapping, valid until close().
+        self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
+        self._lockp = self._mutex.ptr  # the hot paths lock through this directly
+        self._segp = self._lockp.value - L.MUTEX_OFF  # the mapping's address, for the C hot paths
+        base = segment_name(self.namespace, "q", self.name)
+        try:
+            self._ne = open_semaphore(base + ".ne")
+            self._nf = open_semaphore(base + ".nf")
+        except posix_ipc.ExistentialError:
+            raise QueueNotFound(f"queue {self.name!r} in namespace {self.namespace!r} was deleted") from None
+
+    def __reduce__(self):
+        return (_reattach, (self.namespace, self.name))
+
+    @property
+    def deleted(self) -> bool:
+        """True once the queue was deleted (this handle then only raises QueueNotFound)."""
+        return self._lockp is None or bool(self._mq[I_DELETED])
+
+    def __repr__(self):
+        return f"<shmq.Queue {self.namespace}/{self.name}>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_seg", None) is not None:
+            self.close()
+
+    def close(self) -> None:
+        """Detach from the queue in this process. The queue itself stays."""
+        if self._lockp is None:
+            return
+        self._lockp = None
+        self.wal.close()
+        self._mq.release()
+        self._ne.close()
+        self._nf.close()
+        self._seg.close()
+        if self._dlq is not None:
+            self._dlq.close()
+        _live_queues.discard(self)
+
+    # ------------------------------------------------------------------ locking
+    def _acquire(self, deadline=None):
+        """Take the lock, repairing after a dead holder. ``deadline``: see ``mutex.lock_slow``."""
+        lp = self._lockp
+        if lp is None:
+            raise self._closed()
+        rc = _trylock(lp)
+        if rc:
+            self._lock_contended(rc, deadline)
+
+    def _release(self):
+        _unlock(self._lockp)
+
+    def _repair_held_lock(self):
+        """A C hot path took the lock from a dead holder: repair, then let it go."""
+        try:
+            self._repair()
+        finally:
+            self._mutex.mark_consistent()
+            _unlock(self._lockp)
+
+    def _lock_contended(self, rc, deadline=None, timeout_error=LockTimeout):
+        """The hot paths' lock, after ``trylock`` returned ``rc``: wait (until ``deadline``,
+        else ``timeout_error``), or repair."""
+        try:
+            dead = _lock_slow(self._lockp, rc, deadline, self.lock_timeout)
+        except LockTimeout as e:
+            raise timeout_error(f"queue {self.name!r}: {e}") from None
+        if dead:
+            try:
+                self._repair()
+            finally:
+                self._mutex.mark_consistent()
+
+    def _closed(self):
+        return ShmqError(f"queue handle {self.name!r} is closed")
+
+    def _gone(self):
+        return QueueNotFound(f"queue {self.name!r} in namespace {self.namespace!r} was deleted")
+
+    def _repair(self):
+        housekeeping.repair(self)
+
+    def _my_slot(self):
+        """This process's row in the process table (registered on first need). Lock held."""
+        slot = self._slot
+        if slot >= 0:
+            return slot
+        pid, start = current_identity()
+        mm, free = self._mm, -1
+        for i in range(self._nslots):
+            p, s, _cw, _pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+            if p == pid and s == start:
+                self._slot = i
+                return i
+            if p == 0 and free < 0:
+                free = i
+        if free < 0:
+            raise ShmqError(f"queue {self.name!r}: all {self._nslots} process slots are taken")
+        L.PROC.pack_into(mm, L.PROCS_OFF + free * L.PROC_SIZE, pid, start, 0, 0)
+        self._slot = free
+        return free
+
+    def _sleep(self, sem, deadline, side):
+        """Sleep one slice on ``sem`` as a registered waiter of ``side``. Returns 2 if woken
+        by a post, 1 if not. If the sleep is interrupted (KeyboardInterrupt from a
+        signal), the registration is undone before the exception propagates."""
+        try:
+            return waits.sleep_slice(self._mq, sem, deadline, _mono())
+        except BaseException:
+            self._acquire()
+            try:
+                waits.unregister(self._mq, self._slot, side, 1)
+            finally:
+                self._release()
+            raise
+
+    def _dead_letter_target(self):
+        if self._dlq is None:
+            self._dlq = Queue(self.namespace, self.dead_letter_queue)
+        return self._dlq
+
+    def housekeep(self) -> int:
+        """Do the due work now: expire leases, wake delayed messages, return the leases
+        of dead processes. Returns how many messages became ready again."""
+        return housekeeping.housekeep(self, _mono())
+
+    # ------------------------------------------------------------------ admin
+    def purge(self) -> int:
+        """Drop every ready message (leased and delayed ones stay). Returns how many."""
+        mq, cap, base = self._mq, self._cap, self._base
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            start, tail = mq[I_READY_POS] if mq[I_REQUEUED] else mq[I_FRONTIER], mq[I_TAIL]
+            ready = [(pos, w) for pos, w in ring.records(mq, cap, base, start, tail) if mq[w] & 0xFF == _READY]
+            if self._logged and ready:  # log the drops first
+                self.wal.append(b"".join(_encode_ack_entry(mq[w + _R_MSG_ID], 0) for _pos, w in ready))
+            for _pos, w in ready:
+                mq[w] = (mq[w] & ~0xFF) | _ACKED
+            n = len(ready)
+            mq[I_READY] = 0
+            mq[I_REQUEUED] = 0
+            mq[I_FRONTIER] = mq[I_READY_POS] = tail
+            mq[I_PURGED_TOTAL] += n
+            freed = ring.advance_head(mq, cap, base)
+            post = freed and mq[I_PWAIT] > mq[I_PPOSTED]
+            if post:
+                mq[I_PPOSTED] += 1
+        finally:
+            self._release()
+        if post:
+            self._nf.release()
+        return n
+
+    def stats(self) -> QueueStats:
+        """A consistent snapshot of the queue's counters."""
+        mq, mm = self._mq, self._mm
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            hot = dict(zip(L.HOT_FIELDS, _HOT_UNPACK(mm, L.HOT_OFF)))
+            counters = dict(zip(L.COUNTER_FIELDS, L.COUNTERS.unpack_from(mm, L.COUNTERS_OFF)))
+            age = 0.0
+            if hot["ready"]:
+                start = hot["ready_pos"] if hot["requeued"] else hot["frontier"]
+                for _pos, w in ring.records(mq, self._cap, self._base, start, hot["tail"]):
+                    if mq[w] & 0xFF == _READY:
+                        age = max(0.0, (_wall() - mq[w + L.R_ENQ]) / 1e9)
+                        break
+        finally:
+            self._release()
+        return QueueStats(
+            ready=hot["ready"],
+            in_flight=hot["in_flight"],
+            oldest_ready_age_s=age,
+            bytes_used=hot["tail"] - hot["head"],
+            max_bytes=self._cap,
+            enqueued_total=hot["next_id"] - 1,
+            acked_total=counters["acked_total"],
+            redelivered_total=counters["redelivered_total"],
+            dead_lettered_total=counters["dead_lettered_total"],
+            consumers_waiting=hot["cwait"],
+            producers_waiting=hot["pwait"],
+            delayed=hot["delayed"],
+            purged_total=counters["purged_total"],
+        )
+
+    # ------------------------------------------------------------------ snapshots
+    def settings(self) -> dict:
+        """The queue's settings, as ``create_queue`` takes them."""
+        return {
+            "max_bytes": self.max_bytes, "max_message_bytes": self.max_message_bytes,
+            "visibility_timeout": self.visibility_timeout, "max_deliveries": self.max_deliveries,
+            "dead_letter_queue": self.dead_letter_queue, "durability": self.durability,
+        }
+
+    def export_messages(self, rotate_wal: bool = False) -> list[tuple[int, int, int, bytes, bytes]]:
+        """Every message not yet settled, as (id, attempt, enqueued_ns, encoded headers,
+        body), oldest first. Leased and delayed ones are included with their attempt
+        count (restored as ready, they are delivered again). The lock is held only to
+        copy the used part of the ring (and, with ``rotate_wal``, to start the next log
+        generation, so the older logs hold nothing the copy does not); records are
+        parsed from the copy."""
+        mq, mm, cap, base = self._mq, self._mm, self._cap, self._base
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            head, tail = mq[I_HEAD], mq[I_TAIL]
+            if rotate_wal:
+                self.wal.rotate()
+            if tail - head == 0:
+                return []
+            start = head % cap
+            if start + (tail - head) <= cap:
+                copy = mm[base + start:base + start + (tail - head)]
+            else:  # the used part wraps: copy it as one run, head first
+                copy = mm[base + start:base + cap] + mm[base:base + (tail - head) - (cap - start)]
+        finally:
+            self._release()
+        out = []
+        pos = head
+        while pos < tail:  # positions map to the copy as pos - head (it runs on across the lap end)
+            pos = L.skip_gap(pos, cap)
+            if pos >= tail:
+                break
+            o = pos - head
+            status, length, bl, hl, _f, msg_id, enq, _d = L.REC.unpack_from(copy, o)
+            if status & 0xFF in (_READY, _LEASED, _DELAYED):
+                b = o + _REC
+                out.append((msg_id, status >> 32, enq, bytes(copy[b:b + hl]), bytes(copy[b + hl:b + hl + bl])))
+            pos += length
+        return out
+
+    def import_messages(self, messages) -> int:
+        """Append messages keeping their (id, attempt, enqueued_ns, headers, body) — for
+        restoring a snapshot. All or nothing; QueueFull if they do not fit now."""
+        items = [(body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8, msg_id, attempt, enq)
+                 for msg_id, attempt, enq, hraw, body in messages]
+        if not items:
+            return 0
+        mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            head, tail = mq[I_HEAD], mq[I_TAIL]
+            if head == tail and tail % cap:
+                tail = head = tail + cap - tail % cap
+                mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = tail
+            if self._placement_end(items, tail) - head > cap:
+                raise QueueFull(f"queue {self.name!r} has no room for {len(items)} restored messages")
+            pos = tail
+            top = 0
+            for body, hraw, size, msg_id, attempt, enq in items:
+                pos, a = ring.place(mm, base, cap, pos, size)
+                _write_record(mm, a, L.status_word(_READY, L.NO_HOLDER, attempt), size, body, hraw, msg_id, enq)
+                top = max(top, msg_id)
+                pos += size
+            mq[I_TAIL] = pos  # commit
+            mq[I_NEXT_ID] = max(mq[I_NEXT_ID], top + 1)
+            mq[I_READY] += len(items)
+            post = waits.owed_posts(mq, _CONSUMERS, len(items))
+        finally:
+            self._release()
+        for _ in range(post):
+            self._ne.release()
+        return len(items)
+
+    def _mark_deleted(self):
+        """Flag the queue deleted (for ``Broker.delete_queue``) and wake every sleeper."""
+        self._acquire()
+        try:
+            self._mq[I_DELETED] = 1
+            waiters = self._mq[I_CWAIT] + self._mq[I_PWAIT]
+        finally:
+            self._release()
+        for _ in range(waiters + 1):
+            self._ne.release()
+            self._nf.release()
+
+
+def _reattach(namespace, name):
+    return Queue(namespace, name)

@@ -1,0 +1,112 @@
+"""Records in the ring: walking them, placing and writing one, the lease check, and the
+head's reclaim — each written once.
+
+Strategy: these work on a segment seen two ways, as bytes (``mm``) and as 64-bit words
+(``mq``), and know nothing of locks, processes or time: every caller holds the queue's
+lock and passes ``now``. A record is addressed by its word index ``w`` (records are
+8-aligned), so a field is ``mq[w + R_FIELD]``. Priority rings, a timer ring and streams
+reuse these as they are.
+"""
+
+from . import layout as L
+
+__all__ = ["records", "place", "write_record", "leased_word", "make_ready", "advance_head", "next_ready"]
+
+_REC = L.REC_SIZE
+_PACK = L.REC.pack_into
+_LEASED, _READY, _ACKED, _PAD = L.LEASED, L.READY, L.ACKED, L.PAD
+R_LENGTH, R_MSG_ID, R_DEADLINE = L.R_LENGTH, L.R_MSG_ID, L.R_DEADLINE
+I_HEAD, I_TAIL, I_FRONTIER, I_READY_POS = L.I_HEAD, L.I_TAIL, L.I_FRONTIER, L.I_READY_POS
+I_READY, I_REQUEUED = L.I_READY, L.I_REQUEUED
+
+
+def records(mq, cap, base, pos, end):
+    """Yield (position, word index) of every record from ``pos`` up to ``end``, PAD
+    records included, stepping over the implicit pads at lap ends. The caller may stop
+    before the next one is read (a record it finds unfinished)."""
+    while pos < end:
+        rem = cap - pos % cap
+        if rem < _REC:  # too little of the lap left for a record: the next lap
+            pos += rem
+            if pos >= end:
+                return
+        w = (base + pos % cap) >> 3
+        yield pos, w
+        pos += mq[w + R_LENGTH] & 0xFFFFFFFF
+
+
+def place(mm, base, cap, pos, size):
+    """Where a record of ``size`` bytes appended at ``pos`` goes: (its position, its
+    byte address). A record never straddles the end of the ring: when it would, a PAD
+    record fills the rest of the lap (or nothing, when less than a header remains)."""
+    off = pos % cap
+    rem = cap - off
+    if size > rem:
+        if rem >= _REC:
+            _PACK(mm, base + off, _PAD, rem, 0, 0, 0, 0, 0, 0)
+        return pos + rem, base
+    return pos, base + off
+
+
+def write_record(mm, a, status, size, body, hraw, msg_id, enq_ns):
+    """Write a whole record at byte address ``a``; it is published by the caller's commit."""
+    hl = len(hraw)
+    bl = len(body)
+    _PACK(mm, a, status, size, bl, hl, 0, msg_id, enq_ns, 0)
+    a += _REC
+    if hl:
+        mm[a:a + hl] = hraw
+        a += hl
+    mm[a:a + bl] = body
+
+
+def leased_word(mq, base, cap, pos, attempt, msg_id, head, tail, now):
+    """Word index of a delivery's record while it is still leased to that delivery
+    (same attempt and id, lease not lapsed at ``now``), else -1."""
+    if pos < head or pos >= tail:
+        return -1
+    w = (base + pos % cap) >> 3
+    s = mq[w]
+    if s & 0xFF != _LEASED or s >> 32 != attempt or mq[w + R_MSG_ID] != msg_id or mq[w + R_DEADLINE] <= now:
+        return -1
+    return w
+
+
+def make_ready(mq, w, pos):
+    """A delivered record becomes ready again, keeping its attempt count."""
+    mq[w] = L.status_word(_READY, L.NO_HOLDER, mq[w] >> 32)  # commit
+    mq[I_READY] += 1
+    requeued = mq[I_REQUEUED]
+    mq[I_REQUEUED] = requeued + 1
+    if not requeued or pos < mq[I_READY_POS]:  # ready_pos is only kept while requeued > 0
+        mq[I_READY_POS] = pos
+
+
+def advance_head(mq, cap, base):
+    """Reclaim settled records and pads at the head. Returns True if it moved."""
+    start = head = mq[I_HEAD]
+    tail = mq[I_TAIL]
+    for pos, w in records(mq, cap, base, head, tail):
+        state = mq[w] & 0xFF
+        if state != _ACKED and state != _PAD:
+            break
+        head = pos + (mq[w + R_LENGTH] & 0xFFFFFFFF)
+    else:
+        head = tail
+    if head == start:
+        return False
+    mq[I_HEAD] = head
+    # only settled records and pads lay behind the new head: cursors follow it
+    if mq[I_FRONTIER] < head:
+        mq[I_FRONTIER] = head
+    if mq[I_READY_POS] < head:
+        mq[I_READY_POS] = head
+    return True
+
+
+def next_ready(mq, cap, base, pos, frontier):
+    """Position of the first READY record from ``pos`` below the frontier, or -1."""
+    for p, w in records(mq, cap, base, pos, frontier):
+        if mq[w] & 0xFF == _READY:
+            return p
+    return -1

@@ -1,0 +1,206 @@
+"""Settling deliveries: ack (the hot path: C first), batches of acks, nacks with an
+optional delay, rejects to the dead-letter queue, lease extension — each checks that
+the lease is still the delivery's (``ring.leased_word``). Part of ``Queue`` (``queue.py``).
+"""
+
+import time
+
+from .. import dmsq
+from ..errors import DeliveryExpired
+from . import cpaths, deadletter, ring, waits
+from . import layout as L
+from .layout import (
+    I_ACKED_TOTAL, I_DEAD_TOTAL, I_DELAYED, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE, I_PPOSTED, I_PWAIT,
+    I_TAIL,
+)
+from .mutex import trylock as _trylock
+from .mutex import unlock as _unlock
+
+__all__ = ["Settling"]
+
+_mono = time.monotonic_ns
+_ACKED, _DELAYED = L.ACKED, L.DELAYED
+_R_DEADLINE = L.R_DEADLINE
+_CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
+_encode_ack_entry = dmsq.encode_ack_entry
+_seconds_ns = waits.seconds_ns
+_fast_ack = cpaths.ack
+_F_OWNERDEAD, _F_EXPIRED, _F_DELETED = cpaths.OWNERDEAD, cpaths.EXPIRED, cpaths.DELETED
+
+
+class Settling:
+    """The settle operations of ``Queue`` and its deliveries."""
+
+    def _leased_word(self, d, head=None, tail=None, now=None):
+        """Word index of the delivery's record if its lease is still d's, else -1. Lock held."""
+        mq = self._mq
+        return ring.leased_word(mq, self._base, self._cap, d._pos, d.attempt, d.id,
+                                mq[I_HEAD] if head is None else head, mq[I_TAIL] if tail is None else tail,
+                                _mono() if now is None else now)
+
+    def _expired(self, d):
+        return DeliveryExpired(f"delivery {self.name}#{d.id} attempt {d.attempt} is no longer leased")
+
+    def _ack_one(self, d):
+        lp = self._lockp
+        if lp is None:
+            raise self._closed()
+        if _fast_ack is not None and (not self._logged or self.wal.fd is not None):
+            gen, fd = self.wal.fd if self._logged else (0, -1)
+            try:
+                r = _fast_ack(self._segp, self._base, self._cap, d._pos, d.attempt, d.id, _mono(), fd, gen)
+            except OSError as e:
+                raise self.wal.failed(e) from None
+            if r >= 0:
+                if r:
+                    self._nf.release()
+                return
+            if r == _F_EXPIRED:
+                raise self._expired(d)
+            if r == _F_DELETED:
+                raise self._gone()
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            # busy, or a log the C path does not append to: the Python path below
+        mq, cap = self._mq, self._cap
+        pos = d._pos
+        post = False
+        rc = _trylock(lp)
+        if rc:
+            self._lock_contended(rc)
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            head = mq[I_HEAD]
+            w = ring.leased_word(mq, self._base, cap, pos, d.attempt, d.id, head, mq[I_TAIL], _mono())
+            if w < 0:
+                raise self._expired(d)
+            if self._logged:
+                self.wal.append(_encode_ack_entry(d.id, d.attempt))
+            mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
+            mq[I_INFLIGHT] -= 1
+            mq[I_ACKED_TOTAL] += 1
+            # the first record after the head (or after a pad at the head) frees space
+            if (pos == head or (pos % cap == 0 and pos - head < cap)) and ring.advance_head(mq, cap, self._base):
+                pw = mq[I_PWAIT]
+                if pw and pw > mq[I_PPOSTED]:
+                    mq[I_PPOSTED] += 1
+                    post = True
+        finally:
+            _unlock(lp)
+        if post:
+            self._nf.release()
+
+    def ack_many(self, deliveries) -> int:
+        """Ack a batch under one lock. Raises DeliveryExpired naming those no longer
+        leased (the others are acked). Returns how many were acked."""
+        return self._settle_acks(self._own(deliveries))
+
+    def nack_many(self, deliveries, delay: float = 0.0) -> int:
+        """Make a batch ready again under one lock (after ``delay`` seconds), keeping their
+        attempt counts. Raises DeliveryExpired naming those no longer leased (the others
+        are nacked). Returns how many were nacked."""
+        deliveries = self._own(deliveries)
+        delay_ns = _seconds_ns(delay, "delay")
+        mq = self._mq
+        woke = 0
+        self._acquire()
+        try:
+            now = _mono()
+            live, expired = self._leased(deliveries, now)
+            for d, w in live:
+                if delay_ns:
+                    mq[w + _R_DEADLINE] = now + delay_ns
+                    mq[w] = L.status_word(_DELAYED, L.NO_HOLDER, mq[w] >> 32)  # commit
+                    mq[I_DELAYED] += 1
+                    if now + delay_ns < mq[I_NEXT_DEADLINE]:
+                        mq[I_NEXT_DEADLINE] = now + delay_ns
+                else:
+                    ring.make_ready(mq, w, d._pos)
+                    woke += 1
+            done = len(live)
+            mq[I_INFLIGHT] -= done
+            post = waits.owed_posts(mq, _CONSUMERS, woke)
+        finally:
+            self._release()
+        for _ in range(post):
+            self._ne.release()
+        self._raise_expired(expired)
+        return done
+
+    def reject_many(self, deliveries) -> None:
+        """Dead-letter a batch (to ``dead_letter_queue``, or drop it when there is none).
+        Raises DeliveryExpired if one is no longer leased (then none is touched)."""
+        deadletter.dead_letter(self, self._own(deliveries), "rejected")
+
+    def _leased(self, deliveries, now):
+        """([(delivery, word index)] still leased to them, [those no longer]). Lock held;
+        QueueNotFound if the queue was deleted."""
+        mq = self._mq
+        if mq[I_DELETED]:
+            raise self._gone()
+        head, tail = mq[I_HEAD], mq[I_TAIL]
+        live, expired = [], []
+        for d in deliveries:
+            w = self._leased_word(d, head, tail, now)
+            if w < 0:
+                expired.append(d)
+            else:
+                live.append((d, w))
+        return live, expired
+
+    def _own(self, deliveries):
+        deliveries = list(deliveries)
+        for d in deliveries:
+            if getattr(d, "_q", None) is not self:
+                raise TypeError(f"expected deliveries of queue {self.name!r}, got {d!r}")
+        return deliveries
+
+    def _raise_expired(self, expired):
+        if expired:
+            ids = ", ".join(f"#{d.id}" for d in expired[:10])
+            raise DeliveryExpired(f"{len(expired)} deliveries of {self.name!r} are no longer leased: {ids}")
+
+    def _settle_acks(self, deliveries, dead_lettered=False) -> int:
+        """Ack (or drop as dead-lettered) a batch under one lock."""
+        mq, cap = self._mq, self._cap
+        freed = False
+        post = 0
+        self._acquire()
+        try:
+            live, expired = self._leased(deliveries, _mono())
+            head = mq[I_HEAD]
+            if self._logged and live:
+                self.wal.append(b"".join(_encode_ack_entry(d.id, d.attempt) for d, _w in live))
+            for d, w in live:
+                mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
+                pos = d._pos
+                if pos == head or (pos % cap == 0 and pos - head < cap):  # first after head (or a pad)
+                    freed = True
+            done = len(live)
+            mq[I_INFLIGHT] -= done
+            mq[I_DEAD_TOTAL if dead_lettered else I_ACKED_TOTAL] += done
+            if freed and ring.advance_head(mq, cap, self._base):
+                post = waits.owed_posts(mq, _PRODUCERS, 1)
+        finally:
+            self._release()
+        for _ in range(post):
+            self._nf.release()
+        self._raise_expired(expired)
+        return done
+
+    def _extend(self, d, seconds):
+        until = _mono() + _seconds_ns(seconds, "seconds")
+        mq = self._mq
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            w = self._leased_word(d)
+            if w < 0:
+                raise self._expired(d)
+            mq[w + _R_DEADLINE] = until
+            if until < mq[I_NEXT_DEADLINE]:
+                mq[I_NEXT_DEADLINE] = until
+        finally:
+            self._release()

@@ -1,0 +1,118 @@
+"""Waiting for a message or for room: a short spin, then sleeps in slices on a POSIX
+semaphore, and the waiter accounting that tells a waker how many posts it owes.
+
+Strategy: semaphores only say "look again"; the control block is the truth. A sleeper
+counts itself in the queue's waiter word (and in its process slot, so that its death
+can be undone) before it sleeps; a waker posts at most one per waiter not yet posted.
+Every sleep is one bounded slice (``WAIT_SLICE_S``, or until the next deadline is due),
+after which the sleeper re-reads the control block, so a lost post costs one slice,
+never a hang. Consumers count in ``cwait``/``cposted``, producers in ``pwait``/``pposted``.
+"""
+
+import os
+import time
+
+import posix_ipc
+
+from . import layout as L
+from .mutex import FOREVER
+
+__all__ = ["SPIN_NS", "WAIT_SLICE_S", "CONSUMERS", "PRODUCERS", "register", "unregister", "owed_posts", "spin",
+           "sleep_slice", "seconds_ns", "lock_deadline"]
+
+SPIN_NS = 50_000  # how long a consumer polls the control block before sleeping
+WAIT_SLICE_S = 0.5  # longest sleep before a waiter re-reads the control block
+# (waiter word, posted word, word of the process slot) of each side
+CONSUMERS = (L.I_CWAIT, L.I_CPOSTED, L.P_CWAIT)
+PRODUCERS = (L.I_PWAIT, L.I_PPOSTED, L.P_PWAIT)
+
+_sched_yield = os.sched_yield
+
+
+def _slot_word(slot, field):
+    return ((L.PROCS_OFF + slot * L.PROC_SIZE) >> 3) + field
+
+
+def register(mq, slot, side) -> None:
+    """Count this process (``slot``) as sleeping on ``side``. Lock held."""
+    i_wait, _i_posted, field = side
+    mq[i_wait] += 1
+    mq[_slot_word(slot, field)] += 1
+
+
+def unregister(mq, slot, side, waited) -> None:
+    """Undo ``register`` after a sleep; ``waited == 2`` consumed a post. Lock held."""
+    i_wait, i_posted, field = side
+    n = mq[i_wait] - 1
+    mq[i_wait] = n
+    mq[_slot_word(slot, field)] -= 1
+    posted = mq[i_posted]
+    if waited == 2 and posted:
+        posted -= 1
+    mq[i_posted] = posted if n else 0
+
+
+def owed_posts(mq, side, n) -> int:
+    """How many of ``n`` new messages (or freed slots) to post to ``side``'s sleepers,
+    counted as posted. Lock held."""
+    i_wait, i_posted, _field = side
+    w = mq[i_wait]
+    if not w:
+        return 0
+    p = mq[i_posted]
+    post = min(w - p, n)
+    if post <= 0:
+        return 0
+    mq[i_posted] = p + post
+    return post
+
+
+def spin(mq, deadline, clock) -> None:
+    """Poll the control block briefly before sleeping: spin, then yield the core (a
+    partner process may be runnable on it), as Aeron's backoff idle strategy.
+    ``clock``: the engine's monotonic clock (``deadline`` is on it)."""
+    now = clock()
+    yield_at = now + SPIN_NS // 5
+    end = now + SPIN_NS
+    if deadline is not None and deadline < end:
+        end = deadline
+    while now < end:
+        if mq[L.I_READY] or mq[L.I_DELETED]:
+            return
+        if now > yield_at:
+            _sched_yield()
+        now = clock()
+
+
+def sleep_slice(mq, sem, deadline, now) -> int:
+    """Sleep on ``sem`` for at most one slice (less if ``deadline`` or the queue's next
+    deadline comes sooner; both on the clock of ``now``). Returns 2 if woken by a post,
+    1 if not."""
+    slice_ns = int(WAIT_SLICE_S * 1e9)
+    if deadline is not None:
+        slice_ns = min(slice_ns, deadline - now)
+    next_due = mq[L.I_NEXT_DEADLINE]
+    if next_due != L.NEVER:
+        slice_ns = min(slice_ns, max(next_due - now, 0) + 1_000_000)
+    try:
+        sem.acquire(max(slice_ns, 0) / 1e9)
+        return 2
+    except posix_ipc.BusyError:
+        return 1
+    except posix_ipc.SignalError:
+        return 1
+
+
+def seconds_ns(value, what) -> int:
+    """A timeout, delay or lease given in seconds, checked, in nanoseconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    if value != value or value < 0:
+        raise ValueError(f"{what} must be >= 0, not {value!r}")
+    return int(value * 1e9)
+
+
+def lock_deadline(timeout) -> int:
+    """The lock deadline (CLOCK_MONOTONIC ns) of a call that may wait ``timeout`` seconds
+    (None: for ever)."""
+    return FOREVER if timeout is None else time.monotonic_ns() + seconds_ns(timeout, "timeout")
