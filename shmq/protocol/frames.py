@@ -1,4 +1,4 @@
-"""The DEADBEEF wire protocol: frames to bytes, bytes to frames, request checks.
+"""DEADBEEF frames: the header, frames to bytes, and bytes to frames (``FrameDecoder``).
 
 Strategy: this module is sans-IO, like h11. It owns no socket and never blocks: the
 caller hands received bytes to ``FrameDecoder.feed`` and pulls whole frames out of
@@ -8,7 +8,7 @@ the sync and async clients share it, so there is one reading of the spec
 (``pack_header`` / ``unpack_header``). Nothing read off the wire is trusted: a
 declared length is checked against ``max_frame_bytes`` as soon as the header is in,
 before a byte of payload is buffered; msgpack is decoded with limits tied to the
-payload size; request fields are checked against one table (``REQUEST_FIELDS``).
+payload size; request fields are checked against one table (``requests.REQUEST_FIELDS``).
 
 The decoder's promise: for any bytes, in any chunking, ``next_frame`` parses, or it
 raises ProtocolError — anything else is a bug. A non-fatal ProtocolError leaves the
@@ -22,11 +22,11 @@ import enum
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import NamedTuple
 
 import msgpack
 
-from .errors import ProtocolError
+from ..errors import ProtocolError
 
 __all__ = [
     "MAGIC",
@@ -38,8 +38,6 @@ __all__ = [
     "Status",
     "Frame",
     "Header",
-    "Field",
-    "REQUEST_FIELDS",
     "ProtocolError",
     "pack_header",
     "unpack_header",
@@ -48,7 +46,6 @@ __all__ = [
     "encode_reply",
     "encode_error",
     "FrameDecoder",
-    "validate_request",
 ]
 
 MAGIC = 0xDEADBEEF
@@ -333,168 +330,3 @@ class FrameDecoder:
         elif pos >= self._COMPACT_AT and 2 * pos >= len(self._buf):
             del self._buf[:pos]
             self._pos = 0
-
-
-# --------------------------------------------------------------- request validation
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-_HEADER_VALUE_TYPES = (str, int, float, bool, bytes)  # what a message header may hold
-
-
-def _check_str(v):
-    return None if isinstance(v, str) else "a string"
-
-
-def _check_bytes(v):
-    return None if isinstance(v, bytes) else "bytes (msgpack bin)"
-
-
-def _check_bool(v):
-    return None if isinstance(v, bool) else "a boolean"
-
-
-def _check_non_negative(v):
-    return None if _is_int(v) and v >= 0 else "a non-negative integer"
-
-
-def _check_positive(v):
-    return None if _is_int(v) and v >= 1 else "a positive integer"
-
-
-def _check_headers(v):
-    if not isinstance(v, dict):
-        return "a map of string keys to str, int, float, bool or bin values"
-    for key, value in v.items():
-        if not isinstance(key, str):
-            return f"a map with string keys (found key {key!r:.40})"
-        if not isinstance(value, _HEADER_VALUE_TYPES):
-            return f"a map of str, int, float, bool or bin values (key {key!r:.40} holds {type(value).__name__})"
-    return None
-
-
-def _check_deliveries(v):
-    if not isinstance(v, list):
-        return "a list of integers"
-    for i, item in enumerate(v):
-        if not _is_int(item):
-            return f"a list of integers (item {i} is {type(item).__name__})"
-    return None
-
-
-def _check_messages(v):
-    if not isinstance(v, list):
-        return "a list of maps {body: bin, headers?: map}"
-    for i, item in enumerate(v):
-        if not isinstance(item, dict):
-            return f"a list of maps {{body: bin, headers?: map}} (item {i} is {type(item).__name__})"
-        if "body" not in item:
-            return f"a list of maps with a body (item {i} has none)"
-        if (why := _check_bytes(item["body"])) is not None:
-            return f"a list of maps whose body is {why} (item {i}: {type(item['body']).__name__})"
-        if "headers" in item and (why := _check_headers(item["headers"])) is not None:
-            return f"a list of maps whose headers are {why} (item {i})"
-    return None
-
-
-def _normalize_messages(v):
-    return [{k: m[k] for k in ("body", "headers") if k in m} for m in v]
-
-
-@dataclass(frozen=True, slots=True)
-class Field:
-    """One request field: ``check(value)`` returns None, or what the value should be."""
-
-    name: str
-    check: Callable[[Any], str | None]
-    required: bool = False
-    default: Any = None  # filled in when absent (None: left out)
-    normalize: Callable[[Any], Any] | None = None
-
-
-_QUEUE = Field("queue", _check_str, required=True)
-_DELIVERIES = Field("deliveries", _check_deliveries, required=True)
-
-# The one table of request payloads: type -> its fields. Unknown fields are ignored.
-REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
-    MsgType.HELLO: (Field("client", _check_str), Field("token", _check_str)),
-    MsgType.CREATE: (
-        _QUEUE,
-        Field("max_bytes", _check_positive),
-        Field("max_message_bytes", _check_positive),
-        Field("visibility_timeout_ms", _check_non_negative),
-        Field("max_deliveries", _check_positive),
-        Field("dead_letter_queue", _check_str),
-        Field("exist_ok", _check_bool, default=False),
-        Field("durability", _check_str),
-    ),
-    MsgType.DELETE: (_QUEUE,),
-    MsgType.LIST: (),
-    MsgType.STATS: (_QUEUE,),
-    MsgType.PURGE: (_QUEUE,),
-    MsgType.PING: (),
-    MsgType.PRODUCE: (_QUEUE, Field("body", _check_bytes, required=True), Field("headers", _check_headers)),
-    MsgType.PRODUCE_BATCH: (_QUEUE, Field("messages", _check_messages, required=True, normalize=_normalize_messages)),
-    MsgType.CONSUME: (
-        _QUEUE,
-        Field("max", _check_positive, default=1),
-        Field("wait_ms", _check_non_negative, default=0),
-        Field("visibility_ms", _check_non_negative),
-    ),
-    MsgType.ACK: (_QUEUE, _DELIVERIES),
-    MsgType.NACK: (
-        _QUEUE,
-        _DELIVERIES,
-        Field("requeue", _check_bool, default=True),
-        Field("delay_ms", _check_non_negative, default=0),
-    ),
-    MsgType.EXTEND: (_QUEUE, _DELIVERIES, Field("visibility_ms", _check_non_negative, required=True)),
-    MsgType.REJECT: (_QUEUE, _DELIVERIES),
-}
-
-
-def _type_name(msg_type: int) -> str:
-    try:
-        return MsgType(msg_type).name
-    except ValueError:
-        return f"0x{msg_type:02X}"
-
-
-def validate_request(frame: Frame) -> dict:
-    """The request's known fields, checked, with defaults filled in; else BAD_REQUEST."""
-
-    def bad(message: str) -> ProtocolError:
-        return _error(message, Status.BAD_REQUEST, frame.msg_id, False, frame.type)
-
-    fields = REQUEST_FIELDS.get(frame.type)
-    if fields is None:
-        raise bad(f"type 0x{frame.type:02X} is {'a reply' if frame.is_reply else 'an unknown request type'}")
-    name = _type_name(frame.type)
-    if frame.status != Status.OK:
-        raise bad(f"{name}: a request's status must be 0, not {frame.status}")
-    payload = frame.payload
-    out = {}
-    for field in fields:
-        if field.name not in payload:
-            if field.required:
-                raise bad(f"{name}: missing required field {field.name!r}")
-            if field.default is not None:
-                out[field.name] = field.default
-            continue
-        value = payload[field.name]
-        why = field.check(value)
-        if why is not None:
-            raise bad(f"{name}: field {field.name!r} must be {why}, not {_show(value)}")
-        out[field.name] = field.normalize(value) if field.normalize else value
-    return out
-
-
-def _show(value) -> str:
-    """A short rendering of a bad value for an error message."""
-    if isinstance(value, (list, dict)):
-        return f"a {'list' if isinstance(value, list) else 'map'} of {len(value)}"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
