@@ -10,7 +10,7 @@ import pytest
 import shmq
 import shmq.engine.queue as engine
 from shmq.engine import deadletter, waits
-from tests._engine import set_clock
+from tests.engine._clock import set_clock
 
 
 class Clock:

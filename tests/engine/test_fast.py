@@ -10,7 +10,7 @@ import shmq
 import shmq.engine.queue as engine
 from shmq.engine import cpaths
 from shmq.engine import layout as L
-from tests._engine import set_clock
+from tests.engine._clock import set_clock
 
 
 def test_the_c_hot_paths_are_built_and_share_the_layout():

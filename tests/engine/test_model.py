@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 import shmq
 from shmq.engine import cpaths
 from shmq.engine.segment import destroy_namespace, namespace_entries
-from tests._engine import set_clock
+from tests.engine._clock import set_clock
 
 VIS = 10.0
 CAPACITY = 4096
