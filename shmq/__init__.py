@@ -12,10 +12,12 @@ from .engine.segment import destroy_namespace
 from .engine.broker import Broker, default_namespace
 from .errors import (
     BrokerUnavailable,
+    CommitFailed,
     DeliveryExpired,
     LimitExceeded,
     LockTimeout,
     MessageTooLarge,
+    OffsetOutOfRange,
     ProtocolError,
     QueueCorrupted,
     QueueEmpty,
@@ -24,9 +26,12 @@ from .errors import (
     QueueNotFound,
     ShmqError,
     StorageError,
+    StreamExists,
+    StreamNotFound,
     Unauthorized,
 )
 from .engine.queue import Delivery, Queue, QueueStats
+from .engine.stream import Consumer, Record, RecordMetadata, Stream
 
 __version__ = "0.1.0"
 
@@ -51,6 +56,14 @@ __all__ = [
     "StorageError",
     "LockTimeout",
     "LimitExceeded",
+    "StreamNotFound",
+    "StreamExists",
+    "OffsetOutOfRange",
+    "CommitFailed",
+    "Stream",
+    "Record",
+    "RecordMetadata",
+    "Consumer",
     "__version__",
 ]
 

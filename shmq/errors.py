@@ -22,6 +22,10 @@ __all__ = [
     "StorageError",
     "LockTimeout",
     "LimitExceeded",
+    "StreamNotFound",
+    "StreamExists",
+    "OffsetOutOfRange",
+    "CommitFailed",
 ]
 
 
@@ -98,3 +102,26 @@ class LimitExceeded(ShmqError):
     """The server refused the request because a limit was reached (waiting requests
     per connection, connections, buffered bytes). Nothing changed: wait for replies
     before sending more, or raise the limit on the server."""
+
+
+class StreamNotFound(ShmqError, LookupError):
+    """No stream of that name exists (or it was deleted): create it first."""
+
+
+class StreamExists(ShmqError):
+    """``create_stream`` found the name taken: attach with ``stream()`` or pass ``exist_ok=True``."""
+
+
+class OffsetOutOfRange(ShmqError, IndexError):
+    """A read below the partition's retained range (retention dropped it) or past its end.
+    ``earliest`` and ``end`` say what can be read now: seek there and read again."""
+
+    def __init__(self, message: str, earliest: int = 0, end: int = 0):
+        super().__init__(message)
+        self.earliest = earliest
+        self.end = end
+
+
+class CommitFailed(ShmqError):
+    """The consumer no longer owns the partition (the group rebalanced since it polled):
+    nothing was committed. Poll again; another member resumes from the last commit."""

@@ -183,3 +183,37 @@ def tear_wal_append(ns, qname, ready_event):
         f.write(entry[: len(entry) // 2])
     ready_event.set()
     time.sleep(3600)
+
+
+def stream_appender(ns, stream, tag, count, log_path, batch=1):
+    """Append ``count`` records keyed by ``tag``; log each one whose append returned
+    (``offset``), so a kill at any instant leaves "returned => present" checkable."""
+    s = shmq.connect(namespace=ns).stream(stream)
+    with open(log_path, "a", buffering=1) as log:
+        i = 0
+        while i < count:
+            n = min(batch, count - i)
+            values = [b"%s-%d" % (tag.encode(), i + j) for j in range(n)]
+            ms = s.append_many(values, keys=[tag.encode()] * n)
+            for v, m in zip(values, ms):
+                _log(log, f"{v.decode()} {m.partition} {m.offset}")
+            i += n
+
+
+def stream_member(ns, stream, group, out_path, ready_event, stop_event):
+    """A group member that logs every record it polls, commits after each poll, and
+    runs until stopped (or killed)."""
+    s = shmq.connect(namespace=ns).stream(stream)
+    c = s.consumer(group)
+    ready_event.set()
+    with open(out_path, "a", buffering=1) as out:
+        while not stop_event.is_set():
+            rs = c.poll(max_records=50, timeout=0.05)
+            for r in rs:
+                _log(out, f"{r.partition} {r.offset} {r.value.decode()}")
+            if rs:
+                try:
+                    c.commit()
+                except shmq.CommitFailed:
+                    pass
+    c.close()

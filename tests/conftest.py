@@ -41,11 +41,13 @@ def broker(namespace):
     try:
         for name in b.list_queues():
             b.delete_queue(name)
+        for name in b.list_streams():
+            b.delete_stream(name)
         left = [e for e in namespace_entries(namespace) if e != f"shmq.{namespace}.registry"]
     finally:
         b.close()
         destroy_namespace(namespace)
-    assert left == [], f"delete_queue left these in /dev/shm: {left}"
+    assert left == [], f"delete_queue / delete_stream left these in /dev/shm: {left}"
     assert namespace_entries(namespace) == []
 
 

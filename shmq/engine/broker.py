@@ -1,4 +1,5 @@
-"""The local broker: create, attach, list and delete the queues of one namespace.
+"""The local broker: create, attach, list and delete the queues and streams of one
+namespace.
 
 Strategy: a Broker is a thin handle on the namespace registry. It never sits on the
 message path: a Queue handle it returns talks to shared memory directly.
@@ -22,8 +23,10 @@ from .segment import (
     unlink_segment,
     unlink_semaphore,
 )
-from ..errors import QueueExists, QueueNotFound
+from ..errors import QueueExists, QueueNotFound, StreamExists, StreamNotFound
+from .partition import partition_segment_name
 from .queue import Queue
+from .stream import Stream, stream_base
 
 __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS"]
 
@@ -31,6 +34,7 @@ DEFAULT_PROCESS_SLOTS = 256
 DEFAULT_MAX_MESSAGE_BYTES = 2**20
 _MIN_BYTES = 4096
 _DURABILITY_MODES = ("memory", "snapshot", "wal")
+_STREAM = "@"  # a stream's registry entry is "@NAME": no queue name starts with "@"
 
 
 class Broker:
@@ -177,7 +181,10 @@ class Broker:
         """Finish off creates and deletes whose process died holding the registry lock."""
         for index, state, name in reg.entries():
             if state in (CREATING, DELETING):
-                self._unlink_queue_files(name)
+                if name.startswith(_STREAM):
+                    self._unlink_stream_files(name[1:])
+                else:
+                    self._unlink_queue_files(name)
                 reg.free(index)
 
     def delete_queue(self, name: str) -> None:
@@ -205,7 +212,135 @@ class Broker:
         reg = self._registry
         with reg:
             self._clean_stale(reg)
-            return sorted(name for _i, state, name in reg.entries() if state == LIVE)
+            return sorted(name for _i, state, name in reg.entries() if state == LIVE and name[0] != _STREAM)
+
+    # ---------------------------------------------------------------- streams
+    def stream(self, name: str) -> Stream:
+        """Attach to an existing stream; raises StreamNotFound."""
+        return Stream(self.namespace, check_queue_name(name))
+
+    def create_stream(self, name: str, partitions: int = 4, max_bytes: int = 64 * 2**20,
+                      max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
+                      retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
+                      durability: str = "snapshot", exist_ok: bool = False) -> Stream:
+        """Create a stream of ``partitions`` append-only logs and attach to it. Raises
+        StreamExists unless ``exist_ok`` (then the existing stream is returned as it is).
+
+        ``max_bytes``: each partition's ring in shared memory (the hot tail); when it is
+        full the oldest records are dropped (``retention="drop"``, Kafka's) or appends
+        wait for the slowest group's committed offset (``"block"``; a group with no live
+        member for ``group_idle_timeout`` seconds stops holding them back).
+        ``retention_bytes`` / ``retention_seconds`` bound the on-disk tail of a "wal"
+        stream's logs.
+        """
+        check_queue_name(name)
+        partitions = _positive_int(partitions, "partitions")
+        if partitions > L.MAX_PARTITIONS:
+            raise ValueError(f"partitions must be at most {L.MAX_PARTITIONS}, not {partitions}")
+        max_bytes = _positive_int(max_bytes, "max_bytes")
+        if max_bytes < _MIN_BYTES:
+            raise ValueError(f"max_bytes must be at least {_MIN_BYTES}, not {max_bytes}")
+        max_bytes = L.align(max_bytes)
+        max_message_bytes = min(_positive_int(max_message_bytes, "max_message_bytes"), max_bytes - L.REC_SIZE)
+        if retention not in L.RETENTION:
+            raise ValueError(f"retention must be 'drop' or 'block', not {retention!r}")
+        for value, what in ((retention_bytes, "retention_bytes"), (retention_seconds, "retention_seconds")):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ValueError(f"{what} must be a positive number or None, not {value!r}")
+        if isinstance(group_idle_timeout, bool) or not isinstance(group_idle_timeout, (int, float)) \
+                or not 0 < group_idle_timeout < 10**9:
+            raise ValueError(f"group_idle_timeout must be > 0 seconds, not {group_idle_timeout!r}")
+        if durability not in _DURABILITY_MODES:
+            raise ValueError(f"durability must be one of {', '.join(_DURABILITY_MODES)}, not {durability!r}")
+        reg = self._registry
+        entry = _STREAM + name
+        with reg:
+            self._clean_stale(reg)
+            index, state = reg.find(entry)
+            if state == LIVE:
+                if exist_ok:
+                    return self.stream(name)
+                raise StreamExists(f"stream {name!r} already exists in namespace {self.namespace!r}")
+            index = reg.claim(entry, CREATING)
+            self._unlink_stream_files(name)
+            try:
+                self._build_stream(name, partitions, max_bytes, max_message_bytes, retention, retention_bytes,
+                                   retention_seconds, group_idle_timeout, durability)
+            except BaseException:
+                self._unlink_stream_files(name)
+                reg.free(index)
+                raise
+            reg.set_state(index, LIVE, entry)
+        return self.stream(name)
+
+    def _build_stream(self, name, partitions, max_bytes, maxmsg, retention, ret_bytes, ret_s, idle_s, durability):
+        base = stream_base(self.namespace, name)
+        now = time.time_ns()
+        for p in range(partitions):
+            seg = create_segment(partition_segment_name(base, p), L.part_data_offset(max_bytes) + max_bytes)
+            try:
+                L.PART_STATIC.pack_into(seg._mmap, 0, b"\0\0\0\0", L.STREAM_VERSION, 0, max_bytes, maxmsg,
+                                        L.index_slots(max_bytes), L.part_data_offset(max_bytes), now)
+                self._init_mutex(seg._mmap, L.PART_MUTEX_OFF)
+                seg._mmap[0:4] = L.PART_MAGIC
+            finally:
+                seg.close()
+        create_semaphore(base + ".ne").close()
+        seg = create_segment(base, L.STREAM_SIZE)
+        try:
+            L.STREAM_STATIC.pack_into(seg._mmap, 0, b"\0\0\0\0", L.STREAM_VERSION, partitions, L.RETENTION[retention],
+                                      L.DURABILITY[durability], max_bytes, maxmsg, int(ret_bytes or 0),
+                                      int((ret_s or 0) * 1e9), int(idle_s * 1e9), now)
+            self._init_mutex(seg._mmap, L.STREAM_MUTEX_OFF)
+            seg._mmap[0:4] = L.STREAM_MAGIC  # published
+        finally:
+            seg.close()
+
+    @staticmethod
+    def _init_mutex(mm, offset):
+        anchor = ctypes.c_char.from_buffer(mm, offset)
+        init_mutex(ctypes.addressof(anchor))
+        del anchor
+
+    def _unlink_stream_files(self, name):
+        base = stream_base(self.namespace, name)
+        unlink_segment(base)
+        unlink_semaphore(base + ".ne")
+        for p in range(L.MAX_PARTITIONS):
+            if not unlink_segment(partition_segment_name(base, p)) and p > 0:
+                break
+
+    def delete_stream(self, name: str) -> None:
+        """Delete a stream, its records and its groups. Handles elsewhere get StreamNotFound."""
+        check_queue_name(name)
+        reg = self._registry
+        entry = _STREAM + name
+        with reg:
+            self._clean_stale(reg)
+            index, state = reg.find(entry)
+            if state != LIVE:
+                raise StreamNotFound(f"no stream {name!r} in namespace {self.namespace!r}")
+            reg.set_state(index, DELETING, entry)
+            try:
+                s = Stream(self.namespace, name)
+            except StreamNotFound:
+                pass
+            else:
+                s._mq[L.SI_DELETED] = 1
+                for p in range(s.partitions):
+                    s._part(p)._mq[L.PI_DELETED] = 1
+                for _ in range(s._mq[L.SI_CWAIT] + 1):
+                    s._ne.release()
+                s.close()
+            self._unlink_stream_files(name)
+            reg.free(index)
+
+    def list_streams(self) -> list[str]:
+        """Names of the namespace's streams, sorted."""
+        reg = self._registry
+        with reg:
+            self._clean_stale(reg)
+            return sorted(name[1:] for _i, state, name in reg.entries() if state == LIVE and name[0] == _STREAM)
 
 
 def _positive_int(value, what):

@@ -203,3 +203,57 @@ def write_c_header() -> str:
     with open(path, "w") as f:
         f.write(c_header())
     return path
+
+
+# --- streams -------------------------------------------------------------------------------
+# A stream is a meta segment (settings, the consumer groups, readers waiting) and one
+# segment per partition (a ring of records whose msg_id is the record's offset; the
+# deadline word holds the key's length + 1, 0 for no key; the key precedes the encoded
+# headers in the record's header bytes). Offsets are found through a sparse index: the
+# position of every INDEX_STRIDE-th offset.
+STREAM_MAGIC = b"SHMS"
+PART_MAGIC = b"SHMP"
+STREAM_VERSION = 1
+MAX_PARTITIONS = 256
+MAX_GROUPS = 64
+MAX_MEMBERS = 64
+NO_OFFSET = 2**64 - 1  # a group's committed offset before its first commit
+RETENTION = {"drop": 0, "block": 1}
+RETENTION_NAMES = {v: k for k, v in RETENTION.items()}
+INDEX_STRIDE = 16
+# partition: magic, version, pad, capacity, max_message_bytes, index slots, data offset, created_ns
+PART_STATIC = struct.Struct("<4sHHQQQQQ")
+PART_MUTEX_OFF = 64
+PART_CTL_OFF = 128
+PART_FIELDS = ("deleted", "head", "tail", "earliest", "next_offset", "pwait", "pposted", "appended_total",
+               "dropped_total", "bytes_dropped")
+PART_INDEX_OFF = 256
+(PI_DELETED, PI_HEAD, PI_TAIL, PI_EARLIEST, PI_NEXT, PI_PWAIT, PI_PPOSTED, PI_APPENDED, PI_DROPPED,
+ PI_BYTES_DROPPED) = range(PART_CTL_OFF >> 3, (PART_CTL_OFF >> 3) + len(PART_FIELDS))
+# stream meta: magic, version, partitions, retention, durability, max_bytes, max_message_bytes,
+# retention_bytes (0: none), retention_ns (0: none), group_idle_ns, created_ns
+STREAM_STATIC = struct.Struct("<4sHHBB6xQQQQQQ")
+STREAM_MUTEX_OFF = 128
+STREAM_CTL_OFF = 192
+STREAM_FIELDS = ("deleted", "cwait", "cposted", "next_member")
+(SI_DELETED, SI_CWAIT, SI_CPOSTED, SI_NEXT_MEMBER) = range(STREAM_CTL_OFF >> 3, (STREAM_CTL_OFF >> 3) + len(STREAM_FIELDS))
+# a group: used, name, generation, last time a member was seen (monotonic ns), members
+# (pid, start_ms, member id), committed offset per partition
+GROUP_HEAD = struct.Struct("<QH126sQQ")
+MEMBER = struct.Struct("<QQQ")
+GROUPS_OFF = 256
+GROUP_SIZE = align(GROUP_HEAD.size + MAX_MEMBERS * MEMBER.size + MAX_PARTITIONS * 8, 64)
+STREAM_SIZE = GROUPS_OFF + MAX_GROUPS * GROUP_SIZE
+
+assert PART_STATIC.size <= PART_MUTEX_OFF and PART_CTL_OFF + 8 * len(PART_FIELDS) <= PART_INDEX_OFF
+assert STREAM_STATIC.size <= STREAM_MUTEX_OFF and STREAM_CTL_OFF + 8 * len(STREAM_FIELDS) <= GROUPS_OFF
+
+
+def index_slots(capacity: int) -> int:
+    """Index entries a partition of ``capacity`` bytes needs: one per INDEX_STRIDE of the
+    most records it can hold (every record takes at least a header)."""
+    return capacity // (REC_SIZE * INDEX_STRIDE) + 2
+
+
+def part_data_offset(capacity: int) -> int:
+    return align(PART_INDEX_OFF + index_slots(capacity) * 8, 4096)

@@ -1,0 +1,263 @@
+"""Consumer groups of a stream: members, the partitions each owns, committed offsets.
+
+Strategy: Kafka's group semantics without a coordinator process. The group table lives
+in the stream's meta segment, under its robust mutex. A group has a generation that
+moves whenever its membership does (a join, a close, a member found dead); every
+member derives the same assignment from the same sorted member list (partition ``p``
+goes to member ``p % n``), so no one hands partitions out and no two members of a
+generation own one partition. A commit names the generation it was made in and is
+refused (CommitFailed) once the group moved on or the partition is no longer the
+member's: the fence. Members are processes found dead the way lease holders are (pid
++ start time); over TCP the server is the member on behalf of each connection, so one
+process may hold several members.
+"""
+
+import time
+
+from ..errors import CommitFailed, ShmqError
+from . import layout as L
+from .process import current_identity, is_alive
+
+__all__ = ["Groups", "assign"]
+
+_NO = L.NO_OFFSET
+_mono = time.monotonic_ns
+
+
+def assign(members, partitions: int, member_id: int) -> list[int]:
+    """The partitions ``member_id`` owns among ``members`` (ids): p % n == its rank."""
+    ids = sorted(members)
+    if member_id not in ids:
+        return []
+    rank, n = ids.index(member_id), len(ids)
+    return [p for p in range(partitions) if p % n == rank]
+
+
+class Groups:
+    """The group table of one stream's meta segment. Every method takes the stream's lock."""
+
+    def __init__(self, stream):
+        self._s = stream  # the Stream handle: its meta mapping, lock and partition count
+
+    # --------------------------------------------------------------- table access (lock held)
+    def _off(self, i):
+        return L.GROUPS_OFF + i * L.GROUP_SIZE
+
+    def _head(self, i):
+        used, n, raw, gen, seen = L.GROUP_HEAD.unpack_from(self._s._mm, self._off(i))
+        return used, raw[:n].decode(), gen, seen
+
+    def _find(self, name, create=False):
+        free = None
+        for i in range(L.MAX_GROUPS):
+            used, n, _gen, _seen = self._head(i)
+            if used and n == name:
+                return i
+            if not used and free is None:
+                free = i
+        if not create:
+            return None
+        if free is None:
+            raise ShmqError(f"stream {self._s.name!r} has {L.MAX_GROUPS} groups already")
+        raw = name.encode()
+        L.GROUP_HEAD.pack_into(self._s._mm, self._off(free), 1, len(raw), raw, 0, _mono())
+        for m in range(L.MAX_MEMBERS):
+            L.MEMBER.pack_into(self._s._mm, self._member_off(free, m), 0, 0, 0)
+        for p in range(L.MAX_PARTITIONS):
+            self._set_committed(free, p, _NO)
+        return free
+
+    def _member_off(self, i, m):
+        return self._off(i) + L.GROUP_HEAD.size + m * L.MEMBER.size
+
+    def _committed_w(self, i, p):
+        return (self._off(i) + L.GROUP_HEAD.size + L.MAX_MEMBERS * L.MEMBER.size + 8 * p) >> 3
+
+    def _set_committed(self, i, p, offset):
+        self._s._mq[self._committed_w(i, p)] = offset
+
+    def _members(self, i):
+        """[(slot, pid, start_ms, member_id)] of group ``i``."""
+        out = []
+        for m in range(L.MAX_MEMBERS):
+            pid, start, mid = L.MEMBER.unpack_from(self._s._mm, self._member_off(i, m))
+            if mid:
+                out.append((m, pid, start, mid))
+        return out
+
+    def _set_generation(self, i, gen, seen=None):
+        used, n, raw, _gen, old_seen = L.GROUP_HEAD.unpack_from(self._s._mm, self._off(i))
+        L.GROUP_HEAD.pack_into(self._s._mm, self._off(i), used, n, raw, gen, old_seen if seen is None else seen)
+
+    def _bump(self, i):
+        self._set_generation(i, self._head(i)[2] + 1, _mono())
+
+    def _reap(self, i) -> bool:
+        """Remove members whose process died; True if any was."""
+        gone = False
+        for m, pid, start, _mid in self._members(i):
+            if not is_alive(pid, start):
+                L.MEMBER.pack_into(self._s._mm, self._member_off(i, m), 0, 0, 0)
+                gone = True
+        if gone:
+            self._bump(i)
+        return gone
+
+    # --------------------------------------------------------------- membership
+    def join(self, name: str) -> tuple[int, int]:
+        """Add this process as a member of group ``name`` (created if new); returns
+        (member id, generation)."""
+        s = self._s
+        s._acquire()
+        try:
+            i = self._find(name, create=True)
+            self._reap(i)
+            slots = [m for m in range(L.MAX_MEMBERS)
+                     if not L.MEMBER.unpack_from(s._mm, self._member_off(i, m))[2]]
+            if not slots:
+                raise ShmqError(f"group {name!r} of stream {s.name!r} has {L.MAX_MEMBERS} members already")
+            member_id = s._mq[L.SI_NEXT_MEMBER] + 1
+            s._mq[L.SI_NEXT_MEMBER] = member_id
+            pid, start = current_identity()
+            L.MEMBER.pack_into(s._mm, self._member_off(i, slots[0]), pid, start, member_id)
+            self._bump(i)
+            return member_id, self._head(i)[2]
+        finally:
+            s._release()
+
+    def leave(self, name: str, member_id: int) -> None:
+        """Remove a member; its partitions go to the others at their next poll."""
+        s = self._s
+        s._acquire()
+        try:
+            i = self._find(name)
+            if i is None:
+                return
+            for m, _pid, _start, mid in self._members(i):
+                if mid == member_id:
+                    L.MEMBER.pack_into(s._mm, self._member_off(i, m), 0, 0, 0)
+                    self._bump(i)
+        finally:
+            s._release()
+
+    def generation(self, name: str) -> int:
+        """The group's generation, read without the lock (a hint: it only moves forward)."""
+        i = self._find(name)
+        return -1 if i is None else self._head(i)[2]
+
+    def view(self, name: str, member_id: int, reap: bool) -> tuple[int, list[int] | None, dict]:
+        """(generation, the member's partitions or None if it is not a member,
+        committed offsets), consistent; with ``reap``, dead members are removed first."""
+        s = self._s
+        s._acquire()
+        try:
+            i = self._find(name)
+            if i is None:
+                return -1, None, {}
+            if reap:
+                self._reap(i)
+            ids = [mid for _m, _p, _s, mid in self._members(i)]
+            gen = self._head(i)[2]
+            owned = assign(ids, s.partitions, member_id) if member_id in ids else None
+            return gen, owned, self._committed(i)
+        finally:
+            s._release()
+
+    # --------------------------------------------------------------- offsets
+    def _committed(self, i) -> dict:
+        mq = self._s._mq
+        out = {}
+        for p in range(self._s.partitions):
+            off = mq[self._committed_w(i, p)]
+            if off != _NO:
+                out[p] = off
+        return out
+
+    def commit(self, name: str, member_id: int, generation: int, offsets: dict) -> None:
+        """Store committed offsets (the next offset to read) made in ``generation``;
+        CommitFailed if the group moved on or a partition is not the member's."""
+        s = self._s
+        s._acquire()
+        try:
+            i = self._find(name)
+            if i is None:
+                raise CommitFailed(f"group {name!r} of stream {s.name!r} no longer exists")
+            gen = self._head(i)[2]
+            ids = [mid for _m, _p, _s, mid in self._members(i)]
+            owned = set(assign(ids, s.partitions, member_id))
+            if gen != generation or not set(offsets) <= owned:
+                raise CommitFailed(
+                    f"group {name!r} of stream {s.name!r} rebalanced (generation {generation} -> {gen}): "
+                    f"partitions {sorted(set(offsets) - owned) or sorted(offsets)} are no longer this member's")
+            for p, off in offsets.items():
+                self._set_committed(i, p, off)
+            self._set_generation(i, gen, _mono())
+        finally:
+            s._release()
+
+    def names(self) -> list[str]:
+        s = self._s
+        s._acquire()
+        try:
+            return sorted(n for used, n, _g, _s in map(self._head, range(L.MAX_GROUPS)) if used)
+        finally:
+            s._release()
+
+    def committed(self, name: str) -> dict:
+        s = self._s
+        s._acquire()
+        try:
+            i = self._find(name)
+            return {} if i is None else self._committed(i)
+        finally:
+            s._release()
+
+    def members(self, name: str) -> int:
+        """How many live members the group has."""
+        s = self._s
+        s._acquire()
+        try:
+            i = self._find(name)
+            if i is None:
+                return 0
+            self._reap(i)
+            return len(self._members(i))
+        finally:
+            s._release()
+
+    def set_offsets(self, name: str, offsets: dict) -> None:
+        """Set committed offsets while the group has no live member (``Stream.reset``)."""
+        s = self._s
+        s._acquire()
+        try:
+            i = self._find(name, create=True)
+            self._reap(i)
+            if self._members(i):
+                raise ShmqError(f"group {name!r} of stream {s.name!r} has live members: close them first")
+            for p, off in offsets.items():
+                self._set_committed(i, p, off)
+        finally:
+            s._release()
+
+    def floor(self, partition: int, idle_ns: int) -> int | None:
+        """The lowest offset of ``partition`` a group still needs (retention="block"),
+        or None when no group holds it. A group with no live member for longer than
+        ``idle_ns`` holds nothing: a dead group never wedges producers."""
+        s = self._s
+        now = _mono()
+        low = None
+        s._acquire()
+        try:
+            for i in range(L.MAX_GROUPS):
+                used, _n, _gen, seen = self._head(i)
+                if not used:
+                    continue
+                self._reap(i)
+                if not self._members(i) and now - self._head(i)[3] > idle_ns:
+                    continue
+                off = s._mq[self._committed_w(i, partition)]
+                off = 0 if off == _NO else off
+                low = off if low is None else min(low, off)
+            return low
+        finally:
+            s._release()

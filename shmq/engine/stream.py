@@ -1,0 +1,470 @@
+"""Streams: partitioned append-only logs with offsets, replay, and consumer groups —
+Kafka's model on one host.
+
+Strategy: a stream is a meta segment (its settings, the group table, the count of
+readers waiting) and one segment per partition (``partition.Partition``). An append
+goes to one partition: by a stable hash of its key (CRC-32 of the key bytes: the same
+key always lands in the same partition, in append order), else to the next partition
+in turn, sticky for one call, so an ``append_many`` without keys lands whole in one
+partition. Readers read by offset, so replay is a read from an older offset; a
+``Consumer`` is a member of a group (``groups``) that polls the partitions it owns
+from the group's committed offsets. Readers waiting at the end sleep on the stream's
+semaphore; an append posts it only when someone waits.
+"""
+
+import ctypes
+import itertools
+import random
+import logging
+import time
+import zlib
+from dataclasses import dataclass, field
+
+from ..errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
+from . import layout as L
+from . import waits
+from .groups import Groups
+from .headers import decode_headers, encode_headers
+from .mutex import RobustMutex
+from .mutex import lock_slow as _lock_slow
+from .mutex import trylock as _trylock
+from .mutex import unlock as _unlock
+from .partition import Partition
+from .segment import open_segment, open_semaphore, segment_name
+
+__all__ = ["Stream", "Consumer", "Record", "RecordMetadata", "stream_base", "partition_of"]
+
+log = logging.getLogger("shmq.stream")
+
+_mono = time.monotonic_ns
+_wall = time.time_ns
+REFRESH_NS = 500_000_000  # how often a consumer checks that the other members of its group live
+WAIT_SLICE_S = 0.05  # longest sleep of a reader waiting at the end before it looks again
+_READERS = (L.SI_CWAIT, L.SI_CPOSTED, None)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where an append went: its partition, offset and timestamp (UTC epoch seconds)."""
+
+    partition: int
+    offset: int
+    timestamp: float
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record read from a stream."""
+
+    stream: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: dict = field(default_factory=dict)
+    timestamp: float = 0.0
+
+
+def stream_base(namespace: str, name: str) -> str:
+    return segment_name(namespace, "s", name)
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition of ``key``: CRC-32 of its bytes (stable across processes and
+    versions, unlike ``hash()``), modulo the partition count."""
+    return zlib.crc32(key) % partitions
+
+
+def _bytes(value, what):
+    if type(value) is bytes:
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}")
+
+
+class Stream:
+    """A handle on a named stream, attached in this process (``Broker.stream``)."""
+
+    def __init__(self, namespace: str, name: str):
+        self.namespace = namespace
+        self.name = name
+        self._base = stream_base(namespace, name)
+        try:
+            seg = open_segment(self._base)
+        except (FileNotFoundError, ValueError):
+            raise StreamNotFound(f"no stream {name!r} in namespace {namespace!r}") from None
+        mm = seg._mmap
+        if seg.size < L.STREAM_SIZE:
+            seg.close()
+            raise StreamNotFound(f"no stream {name!r} in namespace {namespace!r} (being created)")
+        (magic, version, parts, retention, durability, max_bytes, maxmsg, ret_bytes, ret_ns, idle_ns,
+         created) = L.STREAM_STATIC.unpack_from(mm, 0)
+        if magic != L.STREAM_MAGIC or version != L.STREAM_VERSION:
+            seg.close()
+            raise StreamNotFound(f"no stream {name!r} in namespace {namespace!r} (being created)")
+        self._seg, self._mm, self._mq = seg, mm, memoryview(mm).cast("Q")
+        self.partitions = parts
+        self.retention = L.RETENTION_NAMES[retention]
+        self.durability = L.DURABILITY_NAMES.get(durability, "memory")
+        self.max_bytes, self.max_message_bytes = max_bytes, maxmsg
+        self.retention_bytes, self.retention_seconds = ret_bytes or None, (ret_ns / 1e9) or None
+        self.group_idle_timeout = idle_ns / 1e9
+        self._idle_ns = idle_ns
+        self.created_at = created / 1e9
+        self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.STREAM_MUTEX_OFF)))
+        self._lockp = self._mutex.ptr
+        self._ne = open_semaphore(self._base + ".ne")
+        self._parts = [None] * parts
+        self._turn = itertools.count(random.randrange(parts))  # where key-less appends start
+        self.groups_table = Groups(self)
+
+    def __repr__(self):
+        return f"<shmq.Stream {self.namespace}/{self.name} partitions={self.partitions}>"
+
+    def __reduce__(self):
+        return (Stream, (self.namespace, self.name))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_lockp", None) is not None:
+            self.close()
+
+    def close(self) -> None:
+        """Detach in this process; the stream stays."""
+        if self._lockp is None:
+            return
+        self._lockp = None
+        for p in self._parts:
+            if p is not None:
+                p.close()
+        self._mq.release()
+        self._ne.close()
+        self._seg.close()
+
+    @property
+    def deleted(self) -> bool:
+        return self._lockp is None or bool(self._mq[L.SI_DELETED])
+
+    # ------------------------------------------------------------------ locking (meta)
+    def _acquire(self):
+        lp = self._lockp
+        if lp is None:
+            raise ShmqError(f"stream handle {self.name!r} is closed")
+        rc = _trylock(lp)
+        if rc and _lock_slow(lp, rc):
+            self._mutex.mark_consistent()  # the group table is written entry by entry: nothing to rebuild
+        if self._mq[L.SI_DELETED]:
+            _unlock(lp)
+            raise StreamNotFound(f"stream {self.name!r} in namespace {self.namespace!r} was deleted")
+
+    def _release(self):
+        _unlock(self._lockp)
+
+    def _part(self, p) -> Partition:
+        if isinstance(p, bool) or not isinstance(p, int):
+            raise TypeError(f"partition must be an int, not {type(p).__name__}")
+        if not 0 <= p < self.partitions:
+            raise ValueError(f"stream {self.name!r} has partitions 0..{self.partitions - 1}, not {p}")
+        part = self._parts[p]
+        if part is None:
+            if self._lockp is None:
+                raise ShmqError(f"stream handle {self.name!r} is closed")
+            part = self._parts[p] = Partition(self._base, p, self.name)
+        return part
+
+    # ------------------------------------------------------------------ append
+    def _item(self, value, key, headers):
+        value = _bytes(value, "value")
+        if key is not None:
+            key = _bytes(key, "key")
+        hraw = b"" if headers is None else encode_headers(headers)
+        n = len(value) + len(hraw) + (len(key) if key is not None else 0)
+        if n > self.max_message_bytes:
+            raise MessageTooLarge(f"record of {n} bytes (key, headers and value); stream {self.name!r} takes "
+                                  f"at most {self.max_message_bytes}")
+        return key, hraw, value
+
+    def append(self, value, key=None, headers=None, partition=None) -> RecordMetadata:
+        """Append one record; returns where it went. Blocks only with retention="block"
+        while the slowest group has not committed enough."""
+        return self.append_many([value], keys=None if key is None else [key],
+                                headers=None if headers is None else [headers], partition=partition)[0]
+
+    def append_many(self, values, keys=None, headers=None, partition=None) -> list[RecordMetadata]:
+        """Append a batch, all or nothing per partition (without keys or with
+        ``partition``, one partition: all or nothing). ``keys`` and ``headers`` are
+        lists as long as ``values`` (or None)."""
+        values = list(values)
+        n = len(values)
+        keys = [None] * n if keys is None else list(keys)
+        hdrs = [None] * n if headers is None else list(headers)
+        if len(keys) != n or len(hdrs) != n:
+            raise ValueError(f"keys and headers must be as many as values ({n})")
+        items = [self._item(v, k, h) for v, k, h in zip(values, keys, hdrs)]
+        if not items:
+            return []
+        if partition is not None:
+            self._part(partition)
+            route = [partition] * n
+        elif all(k is None for k, _h, _v in items):
+            route = [next(self._turn) % self.partitions] * n
+        else:
+            sticky = next(self._turn) % self.partitions
+            route = [sticky if k is None else partition_of(k, self.partitions) for k, _h, _v in items]
+        now = _wall()
+        out = [None] * n
+        for p in sorted(set(route)):
+            idx = [i for i in range(n) if route[i] == p]
+            floor = None
+            if self.retention == "block":
+                floor = lambda p=p: self.groups_table.floor(p, self._idle_ns)  # noqa: E731
+            first = self._part(p).append([items[i] for i in idx], now, floor)
+            for j, i in enumerate(idx):
+                out[i] = RecordMetadata(p, first + j, now / 1e9)
+        self._wake_readers()
+        return out
+
+    def _wake_readers(self):
+        if self._mq[L.SI_CWAIT]:  # someone waits: settle the posts owed under the lock
+            self._acquire()
+            try:
+                posts = waits.owed_posts(self._mq, _READERS, 2**31)
+            finally:
+                self._release()
+            for _ in range(posts):
+                self._ne.release()
+
+    # ------------------------------------------------------------------ read
+    def offsets(self, p: int) -> tuple[int, int]:
+        """(earliest retained offset, the offset the next append gets) of partition ``p``."""
+        return self._part(p).offsets()
+
+    def read(self, p: int, offset: int, max_records: int = 1000, timeout: float = 0.0) -> list[Record]:
+        """Records of partition ``p`` from ``offset`` on, the same every time while they
+        are retained. At the end, waits up to ``timeout`` seconds and returns [] if
+        nothing came; OffsetOutOfRange below the retained range or past the end."""
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise TypeError(f"offset must be an int, not {type(offset).__name__}")
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, not {offset}")
+        if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
+            raise ValueError(f"max_records must be a positive int, not {max_records!r}")
+        part = self._part(p)
+        deadline = _mono() + waits.seconds_ns(timeout, "timeout")
+        while True:
+            rows = part.read(offset, max_records)
+            if rows or _mono() >= deadline:
+                return [self._record(p, row) for row in rows]
+            self._wait(deadline, lambda: part.offsets()[1] > offset)
+
+    def _record(self, p, row) -> Record:
+        off, ts, key, hraw, value = row
+        return Record(self.name, p, off, key, value, decode_headers(hraw) if hraw else {}, ts / 1e9)
+
+    def _wait(self, deadline, ready) -> None:
+        """Sleep until an append may have come (or ``deadline``), as a registered reader."""
+        mq = self._mq
+        self._acquire()
+        mq[L.SI_CWAIT] += 1
+        self._release()
+        try:
+            if not ready():
+                waits.sleep_slice(mq, self._ne, min(deadline, _mono() + int(WAIT_SLICE_S * 1e9)), _mono())
+        finally:
+            self._acquire()
+            n = mq[L.SI_CWAIT] - 1
+            mq[L.SI_CWAIT] = n
+            if mq[L.SI_CPOSTED] > n:
+                mq[L.SI_CPOSTED] = n
+            self._release()
+
+    # ------------------------------------------------------------------ groups
+    def consumer(self, group: str, auto_offset_reset: str = "earliest") -> "Consumer":
+        """Join ``group`` as a new member; the context manager leaves on exit."""
+        return Consumer(self, group, auto_offset_reset)
+
+    def groups(self) -> list[str]:
+        return self.groups_table.names()
+
+    def committed(self, group: str) -> dict:
+        """{partition: committed offset} of ``group`` (the next offset it reads)."""
+        return self.groups_table.committed(_group_name(group))
+
+    def lag(self, group: str) -> dict:
+        """{partition: records between the group's committed offset (or the earliest
+        retained one) and the end}."""
+        committed = self.committed(group)
+        out = {}
+        for p in range(self.partitions):
+            earliest, end = self.offsets(p)
+            out[p] = end - max(committed.get(p, earliest), earliest)
+        return out
+
+    def reset(self, group: str, to="earliest") -> None:
+        """Move ``group``'s committed offsets (only while it has no live member): to
+        "earliest", "latest" or {partition: offset}."""
+        group = _group_name(group)
+        if isinstance(to, dict):
+            offsets = {self._check_p(p): _check_offset(o) for p, o in to.items()}
+        elif to in ("earliest", "latest"):
+            offsets = {p: self.offsets(p)[0 if to == "earliest" else 1] for p in range(self.partitions)}
+        else:
+            raise ValueError(f"reset to 'earliest', 'latest' or {{partition: offset}}, not {to!r}")
+        self.groups_table.set_offsets(group, offsets)
+
+    def _check_p(self, p):
+        self._part(p)
+        return p
+
+    def stats(self) -> dict:
+        """Per partition: earliest, end, bytes; per group: members and lag."""
+        parts = [self._part(p).stats() for p in range(self.partitions)]
+        groups = {g: {"members": self.groups_table.members(g), "lag": self.lag(g), "committed": self.committed(g)}
+                  for g in self.groups()}
+        return {"stream": self.name, "partitions": parts, "groups": groups, "retention": self.retention,
+                "durability": self.durability}
+
+
+class Consumer:
+    """A member of a consumer group: polls the partitions it owns, from the group's
+    committed offsets on, and commits what it processed (the next offset to read)."""
+
+    def __init__(self, stream: Stream, group: str, auto_offset_reset: str = "earliest"):
+        if auto_offset_reset not in ("earliest", "latest", "none"):
+            raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', not {auto_offset_reset!r}")
+        self.stream = stream
+        self.group = _group_name(group)
+        self.auto_offset_reset = auto_offset_reset
+        self._member, self._gen = stream.groups_table.join(self.group)
+        self._owned = []
+        self._positions = {}
+        self._next_reap = 0
+        self._turn = 0
+        self._closed = False
+        self._refresh(force=True)
+
+    def __repr__(self):
+        return f"<shmq.Consumer {self.stream.name}/{self.group} member={self._member} owns={self._owned}>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _refresh(self, force=False):
+        """Take the group's current view when its generation moved (or the liveness
+        check is due): new partitions start at the committed offset, lost ones are let go."""
+        now = _mono()
+        reap = now >= self._next_reap
+        if not (force or reap or self.stream.groups_table.generation(self.group) != self._gen):
+            return
+        if reap:
+            self._next_reap = now + REFRESH_NS
+        gen, owned, committed = self.stream.groups_table.view(self.group, self._member, reap)
+        if owned is None:  # we were taken for dead (or the group was reset): join again
+            self._member, gen = self.stream.groups_table.join(self.group)
+            gen, owned, committed = self.stream.groups_table.view(self.group, self._member, False)
+        self._gen = gen
+        positions = {}
+        for p in owned or []:
+            positions[p] = self._positions[p] if p in self._positions and p in self._owned else self._start(p, committed)
+        self._owned, self._positions = list(owned or []), positions
+
+    def _start(self, p, committed):
+        if p in committed:
+            return committed[p]
+        earliest, end = self.stream.offsets(p)
+        if self.auto_offset_reset == "none":
+            raise OffsetOutOfRange(f"group {self.group!r} has no committed offset for partition {p} of "
+                                   f"stream {self.stream.name!r}", earliest, end)
+        return earliest if self.auto_offset_reset == "earliest" else end
+
+    def assignment(self) -> list[int]:
+        """The partitions this member owns now."""
+        self._check_open()
+        self._refresh()
+        return list(self._owned)
+
+    def position(self, p: int) -> int:
+        """The next offset this member reads from partition ``p`` (one it owns)."""
+        return self._positions[p]
+
+    def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
+        """Records from the partitions this member owns, from where it is on; waits up to
+        ``timeout`` seconds for some, returns [] if none came."""
+        self._check_open()
+        if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
+            raise ValueError(f"max_records must be a positive int, not {max_records!r}")
+        deadline = _mono() + waits.seconds_ns(timeout, "timeout")
+        s = self.stream
+        while True:
+            self._refresh()
+            out = []
+            owned = self._owned
+            for k in range(len(owned)):
+                p = owned[(self._turn + k) % len(owned)]
+                rows = self._read(p, max_records - len(out))
+                if rows:
+                    out += [s._record(p, row) for row in rows]
+                    self._positions[p] = rows[-1][0] + 1
+                if len(out) >= max_records:
+                    break
+            self._turn += 1
+            if out or _mono() >= deadline:
+                return out
+            positions = dict(self._positions)
+            s._wait(deadline, lambda: any(s.offsets(p)[1] > o for p, o in positions.items()))
+
+    def _read(self, p, n):
+        try:
+            return self.stream._part(p).read(self._positions[p], n)
+        except OffsetOutOfRange as e:
+            if self.auto_offset_reset == "none" or self._positions[p] > e.end:
+                raise
+            log.warning("stream %s partition %d: group %s skips offsets %d..%d, dropped by retention",
+                        self.stream.name, p, self.group, self._positions[p], e.earliest - 1)
+            self._positions[p] = e.earliest
+            return self.stream._part(p).read(e.earliest, n)
+
+    def commit(self, offsets: dict | None = None) -> None:
+        """Commit ``{partition: next offset to read}`` (default: where this member is in
+        every partition it owns). CommitFailed if the group rebalanced since the poll."""
+        self._check_open()
+        if offsets is None:
+            offsets = dict(self._positions)
+        else:
+            offsets = {p: _check_offset(o) for p, o in offsets.items()}
+        self.stream.groups_table.commit(self.group, self._member, self._gen, offsets)
+
+    def close(self) -> None:
+        """Leave the group: this member's partitions go to the others."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.stream.groups_table.leave(self.group, self._member)
+        except StreamNotFound:
+            pass
+
+    def _check_open(self):
+        if self._closed:
+            raise ShmqError(f"consumer of group {self.group!r} is closed")
+
+
+def _group_name(group):
+    if not isinstance(group, str) or not 1 <= len(group.encode()) <= 126:
+        raise ValueError(f"group must be a name of 1-126 bytes, not {group!r}")
+    return group
+
+
+def _check_offset(o):
+    if isinstance(o, bool) or not isinstance(o, int) or o < 0:
+        raise ValueError(f"offsets must be ints >= 0, not {o!r}")
+    return o
