@@ -196,10 +196,13 @@ class Stream:
         return self.append_many([value], keys=None if key is None else [key],
                                 headers=None if headers is None else [headers], partition=partition)[0]
 
-    def append_many(self, values, keys=None, headers=None, partition=None) -> list[RecordMetadata]:
+    def append_many(self, values, keys=None, headers=None, partition=None, compression=None) -> list[RecordMetadata]:
         """Append a batch, all or nothing per partition (without keys or with
         ``partition``, one partition: all or nothing). ``keys`` and ``headers`` are
-        lists as long as ``values`` (or None)."""
+        lists as long as ``values`` (or None). ``compression`` applies to the wire only
+        (a remote stream); locally there is no wire, and it is checked and ignored."""
+        if compression not in (None, "zstd"):
+            raise ValueError(f"compression must be None or 'zstd', not {compression!r}")
         values = list(values)
         n = len(values)
         keys = [None] * n if keys is None else list(keys)
