@@ -1,0 +1,39 @@
+"""The blocking client's own conventions: handles pickle by url and name, and work in a
+spawned child (which connects again)."""
+
+import multiprocessing as mp
+import pickle
+
+import shmq
+from tests import _workers as w
+
+
+def test_remote_handles_pickle_as_their_url_and_name(tcp_server):
+    with shmq.connect(tcp_server.url) as b:
+        q = b.create_queue("q")
+        copy = pickle.loads(pickle.dumps(q))
+        try:
+            assert (repr(copy), copy._broker is not b) == (f"<shmq.RemoteQueue {tcp_server.url}/q>", True)
+            copy.put(b"from the copy")
+            assert q.get(timeout=5).body == b"from the copy"
+        finally:
+            copy._broker.close()
+        b2 = pickle.loads(pickle.dumps(b))
+        with b2:
+            assert (repr(b2), b2.list_queues()) == (f"<shmq.RemoteBroker {tcp_server.url}>", ["q"])
+
+
+def test_a_remote_handle_works_in_a_spawned_child(tcp_server):
+    with shmq.connect(tcp_server.url) as b:
+        q = b.create_queue("q")
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        p = ctx.Process(target=w.get_one_from_handle, args=(q, out))
+        p.start()
+        q.put(b"hello child")
+        assert out.get(timeout=30) == b"hello child"
+        p.join(30)
+        assert p.exitcode == 0
+        out.close()
+        out.join_thread()
+        assert q.stats().acked_total == 1
