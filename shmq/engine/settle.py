@@ -141,11 +141,13 @@ class Settling:
             raise self._gone()
         head, tail = mq[I_HEAD], mq[I_TAIL]
         live, expired = [], []
+        seen = set()
         for d in deliveries:
             w = self._leased_word(d, head, tail, now)
-            if w < 0:
+            if w < 0 or w in seen:  # a delivery named twice is settled once, as two calls would
                 expired.append(d)
             else:
+                seen.add(w)
                 live.append((d, w))
         return live, expired
 

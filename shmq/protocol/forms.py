@@ -10,7 +10,7 @@ from ..engine.delivery import QueueStats
 from ..engine.headers import encode_headers
 
 __all__ = ["create_fields", "create_args", "stats_fields", "stats_from_fields", "message_fields",
-           "consume_fields", "ms"]
+           "consume_fields", "consume_args", "delivery_fields", "ms"]
 
 DEFAULT_MAX_BYTES = 64 * 2**20
 DEFAULT_VISIBILITY_S = 30.0
@@ -93,3 +93,14 @@ def consume_fields(max_messages, visibility_timeout) -> dict:
     if visibility_timeout is not None:
         fields["visibility_ms"] = ms(visibility_timeout, "visibility_timeout")
     return fields
+
+
+def consume_args(f) -> tuple:
+    """(max_messages, visibility_timeout in seconds or None) from CONSUME's checked fields."""
+    vis = f.get("visibility_ms")
+    return f["max"], None if vis is None else vis / 1000
+
+
+def delivery_fields(d, tag: int) -> dict:
+    """The wire form of one leased message in a CONSUME reply; ``tag`` names the lease."""
+    return {"id": d.id, "delivery": tag, "body": d.body, "headers": d.headers, "attempt": d.attempt}

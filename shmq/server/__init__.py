@@ -1,4 +1,7 @@
-"""The broker process (``shmq server``): TCP front, registry owner, housekeeper."""
+"""The broker process (``shmq server``): ``main`` (the process), ``tcp`` (TcpServer:
+listening, connections, queue handles, stop), ``connection`` (bytes in, frames out),
+``handlers`` (one function per request type), ``leases`` (a connection's deliveries),
+``waiters`` (waiting CONSUMEs), ``limits`` (what clients may cost), ``housekeeper``."""
 
 from .housekeeper import Housekeeper
 

@@ -1,4 +1,10 @@
-"""``shmq server``: the TCP front and the housekeeper in one process, until a signal."""
+"""``shmq server``: the TCP front, the housekeeper and the snapshots in one process,
+until a signal.
+
+Strategy: the event loop only serves clients (``tcp.TcpServer``); housekeeping,
+snapshots and log fsyncs run in threads (``asyncio.to_thread``) on brokers of their
+own, so the loop never waits on a disk or on a pass over every queue.
+"""
 
 import asyncio
 import logging
@@ -61,7 +67,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
 
     With ``data_dir``: queues lost with shared memory (a reboot) are rebuilt from their
     snapshots first, then every durable queue is snapshotted every ``snapshot_interval``
-    seconds and once more on a clean stop. ``limits`` (``shmq.server.tcp.Limits``, default
+    seconds and once more on a clean stop. ``limits`` (``shmq.server.limits.Limits``, default
     its defaults) caps what clients may cost: connections, waiting CONSUMEs, buffered
     bytes, frame and idle deadlines.
 

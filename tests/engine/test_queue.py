@@ -495,3 +495,16 @@ def test_ready_hint_reads_without_the_lock(broker):
         q._release()
     q.get_nowait().ack()
     assert q.ready_hint() is False
+
+
+def test_a_delivery_named_twice_in_a_batch_is_settled_once(broker):
+    q = broker.create_queue("q")
+    q.put_many([b"a", b"b"])
+    d, e = q.get_many(2, timeout=0)
+    with pytest.raises(shmq.DeliveryExpired, match="1 deliveries"):
+        q.ack_many([d, d])
+    s = q.stats()
+    assert (s.acked_total, s.in_flight) == (1, 1)
+    with pytest.raises(shmq.DeliveryExpired, match="1 deliveries"):
+        q.nack_many([e, e])
+    assert q.stats().ready == 1 and q.stats().in_flight == 0

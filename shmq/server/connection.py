@@ -1,0 +1,297 @@
+"""One client connection (``Connection``, an asyncio ``BufferedProtocol``), the object the
+server revolves around: bytes in, frames out, its limits enforced, each request to its
+handler in ``HANDLERS``.
+
+Strategy: no task and no thread per client. The connection reads only as many bytes as
+it may hold (into one receive buffer all connections share, in turn), feeds them to the
+sans-IO decoder, and hands each request to its handler as it arrives; replies carry the
+request's msg id, so a waiting CONSUME never holds back the replies behind it. Every
+error becomes an error reply (``status_of``), and a bug costs its connection at most,
+never the server. Closing — for a fault, an EOF, idleness or a stop — drops the
+connection's waiting CONSUMEs and makes every delivery it held ready again at once.
+"""
+
+import asyncio
+import logging
+
+from ..errors import LimitExceeded, ProtocolError, ShmqError, Unauthorized
+from ..protocol import HEADER_SIZE, FrameDecoder, MsgType, Status, encode_error, encode_reply, validate_request
+from ..protocol.status import reason_of, status_of
+from .handlers import HANDLERS, Wait
+from .leases import Leases
+from .limits import PRE_AUTH_MAX_FRAME_BYTES, SMALL_FRAME_BYTES, Boundaries, Clocks
+from .waiters import Waiter
+
+__all__ = ["Connection", "READ_CHUNK", "error_frame"]
+
+log = logging.getLogger("shmq.server")
+
+READ_CHUNK = 256 * 1024  # the shared receive buffer: most bytes one read takes
+_LINGER_S = 1.0  # how long a connection closed for a fault drops its client's bytes
+_MAX_LINGERING = 256  # refused connections lingering at once; beyond, closed at once
+
+
+def error_frame(msg_type, msg_id, exc) -> bytes:
+    """The error reply that answers ``exc``. An exception that is not a shmq error and has
+    no status of its own is a bug: logged, with its traceback, once."""
+    status = status_of(exc)
+    if status == Status.INTERNAL and not isinstance(exc, ShmqError):
+        log.error("internal error", exc_info=exc)
+    return encode_error(msg_type, msg_id, status, reason_of(exc))
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One client connection: its decoder, its deliveries, its waiting CONSUMEs, its clocks."""
+
+    def __init__(self, server):
+        self.server = server
+        self.transport = None
+        self.peer = None
+        self.authed = server.token is None
+        self.decoder = FrameDecoder(server.max_frame_bytes if self.authed else PRE_AUTH_MAX_FRAME_BYTES)
+        self.bounds = Boundaries()
+        self.clocks = Clocks(server.limits, server.loop.time())
+        self.leases = Leases()  # the deliveries it holds
+        self.waiters = set()  # its waiting CONSUMEs
+        self.reserved = 0  # budget bytes held for the open frame
+        self.budget_wait = False  # in line for budget: paused (its frame clock runs on)
+        self.write_paused = False  # the client does not read its replies: take no requests
+        self.reading = True
+        self.closing = False
+        self.refused = False  # over the connection cap: the error frame, then close
+        self.lingering = False  # a refused one, counted in server.lingering
+        self.eof_sent = False
+        self.said_waiting_limit = False
+        self._abort = None
+
+    # ------------------------------------------------------------------ transport events
+    def connection_made(self, transport):
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername")
+        if not self.server.admit(self):
+            self.refuse()
+
+    def get_buffer(self, sizehint):
+        room = self.room() if not self.closing else READ_CHUNK  # a closing one's bytes are dropped
+        return self.server.rview[: min(max(room, 1), READ_CHUNK)]  # an empty buffer is an error
+
+    def buffer_updated(self, nbytes):
+        if self.closing:
+            return
+        try:
+            self.received(self.server.rview[:nbytes])
+        except Exception:  # a bug must cost this connection, never the server
+            log.exception("%s: internal error; closing", self.peer)
+            self.shut()
+
+    def eof_received(self):
+        if not self.closing:
+            self.shut(linger=False)
+        return False  # the transport closes, once what is written is sent
+
+    def pause_writing(self):
+        self.write_paused = True
+        self.update_reading()
+
+    def resume_writing(self):
+        self.write_paused = False
+        if not self.closing:
+            self.process()
+            if not self.closing:
+                self.account()
+
+    def connection_lost(self, exc):
+        if self._abort is not None:
+            self._abort.cancel()
+        self.closing = True
+        if self.refused:
+            if self.lingering:
+                self.server.lingering -= 1
+            return
+        self.let_go()
+        self.server.connection_gone(self)
+
+    # ------------------------------------------------------------------ reading
+    def room(self) -> int:
+        """How many more bytes this connection may take now."""
+        if self.reserved:
+            return self.reserved - self.bounds.got
+        limit = SMALL_FRAME_BYTES if self.authed else PRE_AUTH_MAX_FRAME_BYTES + HEADER_SIZE
+        return limit - self.decoder.buffered
+
+    def received(self, data):
+        self.decoder.feed(data)
+        ended = self.bounds.advance(data)
+        if ended and self.reserved:
+            self.server.budget.release(self)  # a reserved read ends where its frame does
+        self.clocks.received(self.server.loop.time(), self.bounds.got, ended)
+        self.process()
+        if not self.closing:
+            self.account()
+
+    def account(self):
+        """Reserve budget for the open frame if it is big, then read on or pause."""
+        need = self.bounds.need
+        if (need > SMALL_FRAME_BYTES and not self.reserved and not self.budget_wait
+                and need <= self.decoder.max_frame_bytes + HEADER_SIZE):
+            if not self.server.budget.reserve(self, need):
+                log.debug("%s: waits for %d bytes of the buffer budget", self.peer, need)
+        self.update_reading()
+
+    def update_reading(self):
+        want = not (self.closing or self.write_paused or self.budget_wait) and self.room() > 0
+        if want != self.reading:
+            self.reading = want
+            if want:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
+
+    def process(self):
+        """Handle the complete frames the decoder holds, while the client reads replies."""
+        while not self.closing and not self.write_paused:
+            try:
+                frame = self.decoder.next_frame()
+            except ProtocolError as e:
+                self.protocol_error(e)
+                continue
+            if frame is None:
+                return
+            self.clocks.last_active = self.server.loop.time()
+            self.dispatch(frame)
+
+    def protocol_error(self, e):
+        reason = str(e)
+        if not self.authed and e.status == Status.TOO_LARGE:
+            reason = f"before a HELLO with the token, frames may be at most {PRE_AUTH_MAX_FRAME_BYTES} bytes"
+        self.send(encode_error(getattr(e, "msg_type", 0), e.msg_id, e.status, reason))
+        if e.fatal:
+            self.shut(f"{reason}; closing")
+
+    # ------------------------------------------------------------------ requests
+    def dispatch(self, frame):
+        """A request to its handler; the reply (or error reply) out, or the CONSUME in line."""
+        if frame.is_reply:
+            self.send(encode_error(frame.request_type, frame.msg_id, Status.BAD_REQUEST, "clients send requests"))
+            return
+        if not self.authed and frame.type != MsgType.HELLO:
+            self.send(encode_error(frame.type, frame.msg_id, Status.UNAUTHORIZED, "say HELLO with the token first"))
+            self.shut("a request before HELLO; closing")
+            return
+        try:
+            fields = validate_request(frame)  # first: it refuses unknown types
+            result = HANDLERS[frame.type](self, fields)
+            if type(result) is Wait:
+                self.wait(frame.msg_id, result)
+                return
+        except Unauthorized as e:
+            self.send(encode_error(frame.type, frame.msg_id, Status.UNAUTHORIZED, str(e)))
+            self.shut(f"{e}; closing")
+            return
+        except Exception as e:  # every error becomes an error reply; the server lives on
+            self.send(error_frame(frame.type, frame.msg_id, e))
+            return
+        self.send(encode_reply(frame.type, frame.msg_id, result))
+
+    def authenticated(self):
+        """A HELLO with the right token: every request and ``max_frame_bytes`` from now."""
+        self.authed = True
+        self.decoder.max_frame_bytes = self.server.max_frame_bytes
+
+    def wait(self, msg_id, wait: Wait):
+        """Put a CONSUME in its queue's line, up to the per-connection limit (then LIMIT_EXCEEDED)."""
+        limit = self.server.limits.max_waiting_per_connection
+        if len(self.waiters) >= limit:
+            if not self.said_waiting_limit:
+                self.said_waiting_limit = True
+                log.info("%s: reached its limit of %d waiting CONSUMEs; refusing more", self.peer, limit)
+            raise LimitExceeded(f"too many waiting CONSUMEs on this connection (the limit is {limit}): "
+                                f"wait for replies before sending more")
+        group = self.server.waiters_of(wait.q)
+        w = Waiter(self, group, msg_id, wait.most, wait.vis, wait.max_bytes)
+        group.add(w, self.server.loop.time() + wait.wait_ms / 1000)
+        self.waiters.add(w)
+
+    def answer(self, w, result):
+        """The end of a wait: messages (maybe none) or an error."""
+        self.waiters.discard(w)
+        self.clocks.last_active = self.server.loop.time()
+        if isinstance(result, BaseException):
+            self.send(error_frame(MsgType.CONSUME, w.msg_id, result))
+        else:
+            self.send(encode_reply(MsgType.CONSUME, w.msg_id, {"messages": self.leases.lease(w.group.q, result)}))
+
+    # ------------------------------------------------------------------ writing, closing
+    def send(self, data: bytes):
+        if not self.eof_sent and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def refuse(self):
+        """Over the connection cap: a LIMIT_EXCEEDED frame (msg id 0), then close."""
+        server = self.server
+        self.refused = self.closing = True
+        if server.stopping:
+            self.send(encode_error(0, 0, Status.LIMIT_EXCEEDED, "the server is stopping"))
+        else:
+            self.send(encode_error(0, 0, Status.LIMIT_EXCEEDED,
+                                   f"too many connections (the server's limit is {server.limits.max_connections})"))
+            server.note_refused()
+        if server.lingering >= _MAX_LINGERING:  # a storm of connections: no time for each
+            self.transport.close()
+            return
+        server.lingering += 1
+        self.lingering = True
+        self.linger()
+
+    def shut(self, reason=None, linger=True):
+        """Close: waiting CONSUMEs are dropped and deliveries are ready again at once.
+        With ``linger`` (a client's fault), see ``linger``; else the written replies
+        leave within the frame timeout, or the connection is aborted."""
+        if self.closing:
+            return
+        self.closing = True
+        if reason:
+            log.info("%s: %s", self.peer, reason)
+        self.let_go()
+        if linger:
+            self.linger()
+            return
+        self.transport.close()
+        self._abort = self.server.loop.call_later(self.server.limits.frame_timeout, self.transport.abort)
+
+    def let_go(self):
+        """Drop the waiting CONSUMEs, make the deliveries ready again, return the budget."""
+        for w in self.waiters:
+            w.group.drop(w)
+        self.waiters.clear()
+        self.leases.release(self.server.notify, self.peer)
+        self.server.budget.forget(self)
+
+    def linger(self):
+        """FIN after the written replies, then read and drop what the client still sends
+        until it closes too, for a second at most. Closing a socket that has unread bytes
+        resets the connection, and a reset makes the client drop our error frame unread."""
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.eof_sent = True
+        try:
+            self.transport.write_eof()
+        except OSError:  # the client is gone already
+            self.transport.abort()
+            return
+        if not self.reading:
+            self.reading = True
+            self.transport.resume_reading()
+        self._abort = self.server.loop.call_later(_LINGER_S, self.transport.abort)
+
+    def check_clocks(self, now):
+        """Called by the server's sweeper: close on a frame past its deadline, or when idle."""
+        if self.closing:
+            return
+        overdue = self.clocks.overdue(now, self.authed, bool(self.waiters) or self.budget_wait)
+        if overdue is not None:
+            error, reason = overdue
+            if error is not None:
+                self.send(encode_error(0, 0, Status.LIMIT_EXCEEDED, error))
+            self.shut(reason)

@@ -1,0 +1,96 @@
+"""The deliveries one connection holds (``Leases``): the tags it hands out in CONSUME
+replies, the checks of the tags it sends back, settling, and the release at its close.
+
+Strategy: a delivery belongs to the connection that received it and to the queue handle
+that leased it, so a tag is valid only there (docs/PROTOCOL.md, Delivery ids). A settle
+first checks every tag, touching none if one is unknown; the deliveries then leave the
+connection once the engine has settled them or found them gone — but not when it
+changed nothing and asks for a retry (StorageError, LockTimeout): they stay, so a
+retried request works and a close still makes them ready again at once.
+"""
+
+import itertools
+import logging
+
+from ..errors import DeliveryExpired, LockTimeout, QueueNotFound, ShmqError, StorageError
+from ..protocol.forms import delivery_fields
+
+__all__ = ["Leases"]
+
+log = logging.getLogger("shmq.server")
+
+_RETRY = (StorageError, LockTimeout)  # the engine changed nothing: the deliveries stay held
+
+
+class Leases:
+    """tag -> (queue handle, Delivery) for one connection."""
+
+    _tags = itertools.count(1)  # unique in the server process, never reused
+
+    __slots__ = ("held",)
+
+    def __init__(self):
+        self.held = {}
+
+    def __len__(self):
+        return len(self.held)
+
+    def lease(self, q, ds) -> list:
+        """The wire form of deliveries ``q`` just leased; they are held from now."""
+        out = []
+        held = self.held
+        for d in ds:
+            tag = next(self._tags)
+            held[tag] = (q, d)
+            out.append(delivery_fields(d, tag))
+        return out
+
+    def take(self, q, tags) -> list:
+        """The deliveries named by ``tags`` (all held, all of ``q``; each once), still
+        held; else DeliveryExpired naming the unknown ones (and touching none)."""
+        held = self.held
+        unknown = [t for t in tags if t not in held or held[t][0] is not q]
+        if unknown:
+            raise DeliveryExpired(f"unknown deliveries on this connection: {unknown[:10]}")
+        return [held[t][1] for t in dict.fromkeys(tags)]  # a tag named twice counts once
+
+    def settle(self, q, tags, settle):
+        """``settle(deliveries)`` for the deliveries of ``tags`` (see ``take``), which are
+        held no more afterwards — unless it raised StorageError or LockTimeout."""
+        ds = self.take(q, tags)
+        try:
+            result = settle(ds)
+        except _RETRY:
+            raise
+        except Exception:
+            self._drop(tags)
+            raise
+        self._drop(tags)
+        return result
+
+    def _drop(self, tags):
+        held = self.held
+        for t in tags:
+            held.pop(t, None)
+
+    def release(self, notify, peer):
+        """Every delivery still held is ready again at once (the connection closed);
+        ``notify(name)`` is told of each queue that got some back."""
+        if not self.held:
+            return
+        log.info("%s: closed holding %d deliveries: ready again", peer, len(self.held))
+        by_queue = {}
+        for q, d in self.held.values():
+            by_queue.setdefault(q, []).append(d)
+        self.held.clear()
+        for q, ds in by_queue.items():
+            if q.deleted:  # deleted (or its handle closed with it): nothing to give back
+                continue
+            try:
+                q.nack_many(ds)  # requeued now
+            except (DeliveryExpired, QueueNotFound):
+                continue
+            except ShmqError as e:
+                log.warning("%s: could not release %d deliveries of %s: %s", peer, len(ds), q.name, e)
+                continue
+            notify(q.name)
