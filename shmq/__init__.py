@@ -32,6 +32,7 @@ from .errors import (
 )
 from .engine.queue import Delivery, Queue, QueueStats
 from .engine.stream import Consumer, Record, RecordMetadata, Stream
+from .producer import Producer
 
 __version__ = "0.1.0"
 
@@ -64,6 +65,7 @@ __all__ = [
     "Record",
     "RecordMetadata",
     "Consumer",
+    "Producer",
     "__version__",
 ]
 

@@ -41,7 +41,8 @@ def test_json_output(target):
     r = shmq_cli("produce", "q", "--header", "k=v", "--json", *target, stdin="one\ntwo\n")
     assert json.loads(r.stdout) == {"queue": "q", "ids": [1, 2]}
     stats = json.loads(shmq_cli("stats", "q", "--json", *target).stdout)
-    assert stats["q"]["ready"] == 2 and stats["q"]["max_bytes"] == 1048576
+    assert stats["queues"]["q"]["ready"] == 2 and stats["queues"]["q"]["max_bytes"] == 1048576
+    assert stats["streams"] == {}
     assert json.loads(shmq_cli("list", "--json", *target).stdout) == ["q"]
     lines = shmq_cli("consume", "q", "-n", "5", "--json", *target).stdout.splitlines()
     got = [json.loads(line) for line in lines]

@@ -34,8 +34,8 @@ from ..errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, Shmq
 from . import housekeeping, ring, waits
 from . import layout as L
 from .layout import (
-    I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_PPOSTED, I_PURGED_TOTAL, I_PWAIT, I_READY, I_READY_POS,
-    I_REQUEUED, I_TAIL,
+    I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PPOSTED, I_PURGED_TOTAL, I_PWAIT, I_READY,
+    I_READY_POS, I_REQUEUED, I_TAIL,
 )
 from .consume import Consuming
 from .cpaths import FAST
@@ -248,7 +248,7 @@ class Queue(Producing, Consuming, Settling):
         by a post, 1 if not. If the sleep is interrupted (KeyboardInterrupt from a
         signal), the registration is undone before the exception propagates."""
         try:
-            return waits.sleep_slice(self._mq, sem, deadline, _mono())
+            return waits.sleep_slice(sem, deadline, _mono(), self._mq[I_NEXT_DEADLINE])
         except BaseException:
             self._acquire()
             try:
@@ -356,25 +356,14 @@ class Queue(Producing, Consuming, Settling):
                 self.wal.rotate()
             if tail - head == 0:
                 return []
-            start = head % cap
-            if start + (tail - head) <= cap:
-                copy = mm[base + start:base + start + (tail - head)]
-            else:  # the used part wraps: copy it as one run, head first
-                copy = mm[base + start:base + cap] + mm[base:base + (tail - head) - (cap - start)]
+            copy = ring.copy_used(mm, base, cap, head, tail)
         finally:
             self._release()
         out = []
-        pos = head
-        while pos < tail:  # positions map to the copy as pos - head (it runs on across the lap end)
-            pos = L.skip_gap(pos, cap)
-            if pos >= tail:
-                break
-            o = pos - head
-            status, length, bl, hl, _f, msg_id, enq, _d = L.REC.unpack_from(copy, o)
+        for o, (status, _length, bl, hl, _f, msg_id, enq, _d) in ring.copied_records(copy, cap, head, tail):
             if status & 0xFF in (_READY, _LEASED, _DELAYED):
                 b = o + _REC
                 out.append((msg_id, status >> 32, enq, bytes(copy[b:b + hl]), bytes(copy[b + hl:b + hl + bl])))
-            pos += length
         return out
 
     def import_messages(self, messages) -> int:

@@ -84,14 +84,13 @@ def spin(mq, deadline, clock) -> None:
         now = clock()
 
 
-def sleep_slice(mq, sem, deadline, now) -> int:
-    """Sleep on ``sem`` for at most one slice (less if ``deadline`` or the queue's next
-    deadline comes sooner; both on the clock of ``now``). Returns 2 if woken by a post,
-    1 if not."""
-    slice_ns = int(WAIT_SLICE_S * 1e9)
+def sleep_slice(sem, deadline, now, next_due=L.NEVER, slice_s=WAIT_SLICE_S) -> int:
+    """Sleep on ``sem`` for at most one slice (less if ``deadline`` or ``next_due``, the
+    queue's next deadline, comes sooner; all on the clock of ``now``). Returns 2 if
+    woken by a post, 1 if not."""
+    slice_ns = int(slice_s * 1e9)
     if deadline is not None:
         slice_ns = min(slice_ns, deadline - now)
-    next_due = mq[L.I_NEXT_DEADLINE]
     if next_due != L.NEVER:
         slice_ns = min(slice_ns, max(next_due - now, 0) + 1_000_000)
     try:

@@ -468,7 +468,7 @@ def test_get_many_max_bytes_bounds_the_batch(broker):
 def test_an_interrupted_sleep_unregisters_the_waiter(broker, monkeypatch):
     q = broker.create_queue("q")
 
-    def interrupted(mq, sem, deadline, now):
+    def interrupted(sem, deadline, now, next_due):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(waits, "sleep_slice", interrupted)

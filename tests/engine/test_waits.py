@@ -41,15 +41,12 @@ def test_a_woken_sleeper_takes_its_post_back_and_the_last_one_clears_them():
 
 
 def test_a_sleep_slice_ends_by_the_deadline_or_the_queues_next_deadline(namespace):
-    mq = _words()
-    mq[L.I_NEXT_DEADLINE] = L.NEVER
     sem = posix_ipc.Semaphore(f"/shmq.{namespace}.test", posix_ipc.O_CREX, 0o600, 0)
     try:
-        assert waits.sleep_slice(mq, sem, 0, 0) == 1  # the deadline is now: no wait
-        mq[L.I_NEXT_DEADLINE] = 0  # housekeeping is due: the slice ends at once too
-        assert waits.sleep_slice(mq, sem, None, 0) == 1
+        assert waits.sleep_slice(sem, 0, 0) == 1  # the deadline is now: no wait
+        assert waits.sleep_slice(sem, None, 0, next_due=0) == 1  # housekeeping is due: at once too
         sem.release()
-        assert waits.sleep_slice(mq, sem, None, 0) == 2  # a post ends it
+        assert waits.sleep_slice(sem, None, 0) == 2  # a post ends it
     finally:
         sem.unlink()
         sem.close()
