@@ -23,6 +23,20 @@ def test_remote_handles_pickle_as_their_url_and_name(tcp_server):
             assert (repr(b2), b2.list_queues()) == (f"<shmq.RemoteBroker {tcp_server.url}>", ["q"])
 
 
+def test_a_remote_stream_pickles_as_its_url_and_name(tcp_server):
+    with shmq.connect(tcp_server.url) as b:
+        s = b.create_stream("events", partitions=2, max_bytes=1 << 16)
+        copy = pickle.loads(pickle.dumps(s))
+        try:
+            assert (repr(copy), copy.partitions, copy._broker is not b) == (
+                f"<shmq.RemoteStream {tcp_server.url}/events partitions=2>", 2, True)
+            m = copy.append(b"from the copy")
+            assert s.read(m.partition, m.offset)[0].value == b"from the copy"
+        finally:
+            copy._broker.close()
+        b.delete_stream("events")
+
+
 def test_a_remote_handle_works_in_a_spawned_child(tcp_server):
     with shmq.connect(tcp_server.url) as b:
         q = b.create_queue("q")

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmq.errors import ProtocolError
+from shmq.errors import MessageTooLarge, ProtocolError
+from shmq.protocol import compression
 from shmq.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     HEADER_SIZE,
@@ -32,6 +33,10 @@ from shmq.protocol import (
 
 ALL_BYTES = bytes(range(256))
 HEADERS = {"trace": "abc-123", "attempt": 3, "ratio": 0.5, "urgent": True, "sig": b"\x00\xff", "neg": -(2**63)}
+
+STREAM_INFO = {"stream": "events", "partitions": 8, "max_bytes": 2**26, "max_message_bytes": 2**20,
+               "retention": "drop", "retention_bytes": None, "retention_seconds": None, "group_idle_timeout": 300.0,
+               "durability": "snapshot", "created_at": 1.7e9}
 
 # A realistic request and reply payload for every type.
 EXCHANGES = {
@@ -90,6 +95,47 @@ EXCHANGES = {
     MsgType.NACK: ({"queue": "orders", "deliveries": [17], "requeue": False, "delay_ms": 250}, {}),
     MsgType.EXTEND: ({"queue": "orders", "deliveries": [17, 18], "visibility_ms": 90_000}, {}),
     MsgType.REJECT: ({"queue": "orders", "deliveries": [17]}, {}),
+    MsgType.STREAM_CREATE: (
+        {"stream": "events", "partitions": 8, "max_bytes": 2**26, "max_message_bytes": 2**20, "retention": "drop",
+         "retention_bytes": 2**30, "retention_seconds": 86400.5, "group_idle_timeout": 300.0,
+         "durability": "snapshot", "exist_ok": True},
+        STREAM_INFO,
+    ),
+    MsgType.STREAM_DELETE: ({"stream": "events"}, {}),
+    MsgType.STREAM_LIST: ({}, {"streams": ["events", "clicks"]}),
+    MsgType.STREAM_INFO: ({"stream": "events"}, STREAM_INFO),
+    MsgType.STREAM_STATS: (
+        {"stream": "events"},
+        {"stream": "events", "retention": "drop", "durability": "snapshot",
+         "partitions": [{"partition": 0, "earliest": 3, "end": 2**40, "bytes": 4096, "max_bytes": 2**26,
+                         "appended_total": 2**40, "dropped_total": 3}],
+         "groups": {"billing": {"members": 2, "lag": [[0, 5]], "committed": [[0, 2**40 - 5]]}}},
+    ),
+    MsgType.APPEND: (
+        {"stream": "events", "value": ALL_BYTES, "key": b"user-1", "headers": HEADERS, "partition": 255},
+        {"partition": 255, "offset": 2**63, "timestamp": 1.7e9 + 0.25},
+    ),
+    MsgType.APPEND_BATCH: (
+        {"stream": "events", "records": [{"value": ALL_BYTES, "key": b"k", "headers": HEADERS}, {"value": b""}],
+         "partition": 3},
+        {"records": [[3, 10, 1.7e9], [3, 11, 1.7e9]]},
+    ),
+    MsgType.READ: (
+        {"stream": "events", "partition": 3, "offset": 10, "max": 100_000, "wait_ms": 5000},
+        {"records": [{"partition": 3, "offset": 10, "value": ALL_BYTES, "key": b"k", "headers": HEADERS,
+                      "timestamp": 1.7e9}, {"partition": 3, "offset": 11, "value": b"", "timestamp": 1.7e9}]},
+    ),
+    MsgType.OFFSETS: ({"stream": "events", "partition": 0}, {"earliest": 0, "end": 2**64 - 1}),
+    MsgType.JOIN: ({"stream": "events", "group": "billing", "auto_offset_reset": "latest"},
+                   {"member": 7, "partitions": [0, 2]}),
+    MsgType.POLL: ({"stream": "events", "member": 7, "max": 500, "wait_ms": 1000}, {"records": []}),
+    MsgType.COMMIT: ({"stream": "events", "member": 7, "offsets": [[0, 12], [2, 0]]}, {}),
+    MsgType.LEAVE: ({"stream": "events", "member": 7}, {}),
+    MsgType.ASSIGNMENT: ({"stream": "events", "member": 7}, {"partitions": [0, 2], "positions": [[0, 12], [2, 0]]}),
+    MsgType.GROUPS: ({"stream": "events"}, {"groups": ["audit", "billing"]}),
+    MsgType.COMMITTED: ({"stream": "events", "group": "billing"}, {"committed": [[0, 12]]}),
+    MsgType.LAG: ({"stream": "events", "group": "billing"}, {"lag": [[0, 3], [1, 0]]}),
+    MsgType.RESET: ({"stream": "events", "group": "billing", "offsets": [[0, 2]], "to": "earliest"}, {}),
 }
 
 
@@ -476,10 +522,48 @@ def test_missing_required_fields():
         (MsgType.CREATE, {"queue": "q", "exist_ok": "yes"}, "exist_ok", "a boolean"),
         (MsgType.CREATE, {"queue": "q", "dead_letter_queue": 1}, "dead_letter_queue", "a string"),
         (MsgType.HELLO, {"token": b"s3cret"}, "token", "a string"),
+        (MsgType.STREAM_CREATE, {"queue": "events"}, "stream", None),
+        (MsgType.STREAM_CREATE, {"stream": "s", "partitions": "4"}, "partitions", "an integer, not '4'"),
+        (MsgType.STREAM_CREATE, {"stream": "s", "max_bytes": 1.5}, "max_bytes", "an integer, not 1.5"),
+        (MsgType.STREAM_CREATE, {"stream": "s", "retention_seconds": True}, "retention_seconds", "a number"),
+        (MsgType.STREAM_CREATE, {"stream": "s", "retention": 1}, "retention", "a string"),
+        (MsgType.APPEND, {"stream": "s", "value": "text"}, "value", "bytes (msgpack bin), not 'text'"),
+        (MsgType.APPEND, {"stream": "s", "value": b"x", "key": "k"}, "key", "bytes (msgpack bin)"),
+        (MsgType.APPEND, {"stream": "s", "value": b"x", "partition": -1}, "partition", "an integer 0..255, not -1"),
+        (MsgType.APPEND, {"stream": "s", "value": b"x", "partition": 256}, "partition", "an integer 0..255"),
+        (MsgType.APPEND, {"stream": "s", "value": b"x", "partition": True}, "partition", "an integer 0..255"),
+        (MsgType.APPEND, {"stream": "s", "value": b"x", "headers": {"k": [1]}}, "headers", "holds list"),
+        (MsgType.APPEND_BATCH, {"stream": "s", "records": {"value": b"x"}}, "records", "a list of maps"),
+        (MsgType.APPEND_BATCH, {"stream": "s", "records": [b"x"]}, "records", "item 0 is bytes"),
+        (MsgType.APPEND_BATCH, {"stream": "s", "records": [{"value": b"x"}, {}]}, "records", "item 1 has none"),
+        (MsgType.APPEND_BATCH, {"stream": "s", "records": [{"value": "x"}]}, "records", "value is bytes"),
+        (MsgType.APPEND_BATCH, {"stream": "s", "records": [{"value": b"", "key": 1}]}, "records", "key is bytes"),
+        (MsgType.APPEND_BATCH, {"stream": "s", "records": [{"value": b"", "headers": 3}]}, "records", "headers are"),
+        (MsgType.APPEND_BATCH, {"stream": "s", "data": "zstd"}, "data", "bytes (msgpack bin)"),
+        (MsgType.READ, {"stream": "s", "offset": 0}, "partition", None),
+        (MsgType.READ, {"stream": "s", "partition": 0}, "offset", None),
+        (MsgType.READ, {"stream": "s", "partition": 0, "offset": -1}, "offset", "a non-negative integer, not -1"),
+        (MsgType.READ, {"stream": "s", "partition": 0, "offset": 0, "max": 0}, "max", "an integer 1..100000, not 0"),
+        (MsgType.READ, {"stream": "s", "partition": 0, "offset": 0, "max": 100_001}, "max", "an integer 1..100000"),
+        (MsgType.READ, {"stream": "s", "partition": 0, "offset": 0, "wait_ms": -1}, "wait_ms", "a non-negative"),
+        (MsgType.OFFSETS, {"stream": "s", "partition": "0"}, "partition", "an integer 0..255, not '0'"),
+        (MsgType.JOIN, {"stream": "s", "group": b"g"}, "group", "a string"),
+        (MsgType.JOIN, {"stream": "s", "group": "g", "auto_offset_reset": None}, "auto_offset_reset", "a string"),
+        (MsgType.POLL, {"stream": "s", "member": 0}, "member", "a positive integer, not 0"),
+        (MsgType.POLL, {"stream": "s", "member": 1, "max": 10**6}, "max", "an integer 1..100000"),
+        (MsgType.COMMIT, {"stream": "s", "member": 1, "offsets": {"0": 1}}, "offsets", "a list of [partition"),
+        (MsgType.COMMIT, {"stream": "s", "member": 1, "offsets": [[0, -1]]}, "offsets", "item 0 is a list of 2"),
+        (MsgType.COMMIT, {"stream": "s", "member": 1, "offsets": [[0, 1, 2]]}, "offsets", "item 0"),
+        (MsgType.COMMIT, {"stream": "s", "member": 1, "offsets": [[300, 1]]}, "offsets", "item 0"),
+        (MsgType.RESET, {"stream": "s", "group": "g", "to": 5}, "to", "a string, not 5"),
+        (MsgType.LAG, {"stream": "s"}, "group", None),
     ],
 )
 def test_ill_typed_fields(msg_type, payload, field, words):
     message = str(bad_request(msg_type, payload))
+    if words is None:  # a required field left out
+        assert message == f"{msg_type.name}: missing required field {field!r}"
+        return
     assert message.startswith(f"{msg_type.name}: field {field!r} must be ")
     assert words in message
 
@@ -640,7 +724,7 @@ def test_validate_request_returns_a_dict_or_raises_bad_request(requests):
             continue
         names = {f.name for f in REQUEST_FIELDS[frame.type]}
         assert set(checked) <= names
-        assert all(checked[k] == v for k, v in frame.payload.items() if k in names and k != "messages")
+        assert all(checked[k] == v for k, v in frame.payload.items() if k in names and k not in ("messages", "records"))
 
 
 @HYPOTHESIS_STRUCTURED
@@ -669,3 +753,23 @@ def test_worked_example_of_docs_protocol_md():
         "de ad be ef 00 00 00 15 90 01 00 04 00 00 00 08 "
         "81 a5 65 72 72 6f 72 ad 6e 6f 20 73 75 63 68 20 71 75 65 75 65"
     )
+
+
+# ------------------------------------------------------------------ compressed batches
+
+
+@pytest.mark.skipif(compression.zstandard is None, reason="zstandard is not installed")
+def test_compressed_records_round_trip_and_are_bounded_whatever_the_frame_claims():
+    records = [{"value": ALL_BYTES, "key": b"k", "headers": HEADERS}, {"value": b""}]
+    data = compression.compress(records, "zstd")
+    assert compression.decompress(data, "zstd", 10_000) == records
+    bomb = compression.zstandard.ZstdCompressor().compress(b"\x00" * 2**24)  # says 16 MiB in its header
+    assert len(bomb) < 1000
+    with pytest.raises(MessageTooLarge, match="decompress to at most 4096 bytes"):
+        compression.decompress(bomb, "zstd", 4096)
+    with pytest.raises(ValueError, match="compressed data cannot be read"):
+        compression.decompress(b"\x28\xb5\x2f\xfd" + b"\xff" * 20, "zstd", 4096)
+    with pytest.raises(ValueError, match="not a msgpack list of records"):
+        compression.decompress(compression.zstandard.ZstdCompressor().compress(b"\xc1"), "zstd", 4096)
+    with pytest.raises(ValueError, match="compression must be None or 'zstd', not 'gzip'"):
+        compression.decompress(data, "gzip", 4096)

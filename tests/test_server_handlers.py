@@ -20,11 +20,13 @@ import shmq
 from shmq.errors import DeliveryExpired, ProtocolError, QueueNotFound, StorageError, Unauthorized
 from shmq.persistence import Snapshotter
 from shmq.protocol import REQUEST_FIELDS, FrameDecoder, MsgType, Status, encode_request, validate_request
+from shmq.protocol import compression, error_from_reply
 from shmq.protocol.forms import stats_fields
 from shmq.server import handlers
 from shmq.server.connection import error_frame
 from shmq.server.handlers import HANDLERS, Wait
 from shmq.server.leases import Leases
+from shmq.server.members import Members
 from shmq.server.tcp import TcpServer
 from tests.test_server_tcp import ServerProcess, _read_frames, _sock
 from tests.test_storage_faults import _fill_disk, small_fs  # noqa: F401  (a fixture)
@@ -43,6 +45,7 @@ class FakeConnection:
     def __init__(self, server):
         self.server = server
         self.leases = Leases()
+        self.members = Members()
         self.authed = server.token is None
 
     def authenticated(self):
@@ -62,6 +65,7 @@ def make_server(broker):
     for srv in made:
         for name in broker.list_queues():
             srv.forget(name)
+        srv.streams.forget_all()
 
 
 @pytest.fixture
@@ -162,7 +166,8 @@ def test_error_replies_log_only_bugs(caplog):
 
 def test_hello_with_and_without_a_token(conn, make_server):
     reply = call(conn, MsgType.HELLO, {"token": "ignored"})
-    assert reply == {"server": "shmq", "version": shmq.__version__, "max_frame_bytes": 16 * 2**20}
+    assert reply == {"server": "shmq", "version": shmq.__version__, "max_frame_bytes": 16 * 2**20,
+                     "compression": compression.CODECS}
     guarded = FakeConnection(make_server(token="s3cret"))
     with pytest.raises(Unauthorized, match="wrong or missing token"):
         call(guarded, MsgType.HELLO, {"token": "wrong"})
@@ -272,8 +277,14 @@ def test_nack_with_a_delay(conn, broker):
 def test_consume_with_nothing_ready_waits_or_answers_empty(conn, server, broker):
     call(conn, MsgType.CREATE, {"queue": "q"})
     assert call(conn, MsgType.CONSUME, {"queue": "q"}) == {"messages": []}
-    wait = call(conn, MsgType.CONSUME, {"queue": "q", "max": 4, "wait_ms": 500, "visibility_ms": 2000})
-    assert wait == Wait(server.queue("q"), 4, 2.0, 16 * 2**20 - 1024 - 4 * handlers.RECORD_OVERHEAD, 500)
+    wait = call(conn, MsgType.CONSUME, {"queue": "q", "max": 4, "wait_ms": 500, "visibility_ms": 60_000})
+    assert type(wait) is Wait and wait.wait_ms == 500 and wait.line is server.waiters_of(server.queue("q"))
+    assert wait.take(wait.args) is None  # nothing yet
+    assert wait.reply(conn, wait.args, ()) == {"messages": []}  # the answer at the deadline
+    broker.queue("q").put_many([b"a"] * 4)
+    ds = wait.take(wait.args)  # what the line tries when it serves: the CONSUME's own get
+    assert len(ds) == 4 and [m["body"] for m in wait.reply(conn, wait.args, ds)["messages"]] == [b"a"] * 4
+    assert broker.queue("q").stats().in_flight == 4
     server.stopping = True  # a stopping server does not start a wait
     assert call(conn, MsgType.CONSUME, {"queue": "q", "wait_ms": 500}) == {"messages": []}
 
@@ -299,6 +310,80 @@ def test_deliveries_of_a_deleted_queue_are_let_go_quietly(conn, server, broker, 
     told = []
     conn.leases.release(told.append, "peer")
     assert told == [] and "could not release" not in caplog.text
+
+
+# ------------------------------------------------------------------ streams
+
+
+def test_a_read_reply_fits_its_frame_and_goes_on_from_where_it_stopped(make_server, broker):
+    conn = FakeConnection(make_server(max_frame_bytes=64 * 1024))
+    call(conn, MsgType.STREAM_CREATE, {"stream": "s", "partitions": 1, "max_bytes": 1 << 20,
+                                       "max_message_bytes": 4096})
+    broker.stream("s").append_many([b"%04d" % i + b"x" * 2996 for i in range(100)], headers=[{"i": 1}] * 100)
+    reply = call(conn, MsgType.READ, {"stream": "s", "partition": 0, "offset": 3, "max": 100})
+    n = len(reply["records"])
+    assert 14 < n < 22  # as many as fit, in rounds that surely fit (64 KiB / 3 KB)
+    assert [r["offset"] for r in reply["records"]] == list(range(3, 3 + n))
+    assert len(encode_request(MsgType.READ, 1, reply)) <= 64 * 1024
+    small = call(conn, MsgType.READ, {"stream": "s", "partition": 0, "offset": 3, "max": 5})
+    assert small["records"] == reply["records"][:5]
+
+
+def test_fill_asks_only_for_what_surely_fits():
+    asked = []
+
+    def take(n, got):
+        asked.append(n)
+        start = got[-1].offset + 1 if got else 0
+        return [shmq.Record("s", 0, o, None, b"v", {}, 0.0) for o in range(start, min(start + n, 50))]
+
+    got = handlers.fill(take, 40, budget=10 * 300, per_record=300)  # each costs 1 + RECORD_OVERHEAD
+    assert [r.offset for r in got] == list(range(len(got))) and asked[:3] == [10, 5, 3]
+    assert 3000 - 300 < len(got) * (1 + handlers.RECORD_OVERHEAD) <= 3000
+    asked.clear()
+    assert len(handlers.fill(take, 40, budget=100, per_record=300)) == 1 and asked == [1]  # the first always comes
+    asked.clear()
+    assert [r.offset for r in handlers.fill(take, 100, budget=10**6, per_record=300)] == list(range(50))
+
+
+def test_members_belong_to_their_connection_and_leave_with_it(conn, server, broker):
+    call(conn, MsgType.STREAM_CREATE, {"stream": "s", "partitions": 2, "max_bytes": 1 << 16})
+    joined = call(conn, MsgType.JOIN, {"stream": "s", "group": "g"})
+    assert joined["partitions"] == [0, 1]
+    other = FakeConnection(server)
+    with pytest.raises(ValueError, match=f"no member {joined['member']} of stream 's' on this connection"):
+        call(other, MsgType.POLL, {"stream": "s", "member": joined["member"]})
+    call(conn, MsgType.STREAM_CREATE, {"stream": "t", "partitions": 1, "max_bytes": 1 << 16})
+    with pytest.raises(ValueError, match="no member"):
+        call(conn, MsgType.COMMIT, {"stream": "t", "member": joined["member"]})
+    second = call(other, MsgType.JOIN, {"stream": "s", "group": "g"})
+    assert call(other, MsgType.ASSIGNMENT, {"stream": "s", "member": second["member"]})["partitions"] == [1]
+    told = []
+    conn.members.release(told.append, "peer")
+    assert told == ["s"] and len(conn.members) == 0
+    assert call(other, MsgType.ASSIGNMENT, {"stream": "s", "member": second["member"]}) == {
+        "partitions": [0, 1], "positions": [[0, 0], [1, 0]]}
+    assert broker.stream("s").stats()["groups"]["g"]["members"] == 1
+    call(other, MsgType.LEAVE, {"stream": "s", "member": second["member"]})
+    assert len(other.members) == 0 and broker.stream("s").stats()["groups"]["g"]["members"] == 0
+
+
+def test_offset_out_of_range_travels_with_earliest_and_end(conn, broker):
+    call(conn, MsgType.STREAM_CREATE, {"stream": "s", "partitions": 1, "max_bytes": 1 << 16})
+    broker.stream("s").append_many([b"a", b"b"])
+    with pytest.raises(shmq.OffsetOutOfRange) as e:
+        call(conn, MsgType.READ, {"stream": "s", "partition": 0, "offset": 5})
+    frame = _decoded(error_frame(MsgType.READ, 9, e.value))
+    assert (frame.status, frame.payload) == (Status.OFFSET_OUT_OF_RANGE, {
+        "error": "stream 's' partition 0: offset 5 is outside [0, 2]", "earliest": 0, "end": 2})
+    again = error_from_reply(frame, "here")
+    assert (type(again), str(again), again.earliest, again.end) == (shmq.OffsetOutOfRange, str(e.value), 0, 2)
+
+
+def _decoded(data):
+    dec = FrameDecoder()
+    dec.feed(data)
+    return dec.next_frame()
 
 
 # ------------------------------------------------------------------ a full disk under an ACK

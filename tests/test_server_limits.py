@@ -180,7 +180,8 @@ def test_a_flood_of_waiting_consumes_is_capped_and_the_server_stays_small(start_
     assert replies[n + 1].status == Status.OK
     refused = [replies[i] for i in range(cap + 1, n + 1) if i in replies]
     assert len(refused) == n - cap and all(f.status == Status.LIMIT_EXCEEDED for f in refused)
-    assert refused[0].payload["error"].startswith("too many waiting CONSUMEs on this connection (the limit is 256)")
+    assert refused[0].payload["error"].startswith(
+        "too many waiting CONSUMEs, READs and POLLs on this connection (the limit is 256)")
     assert srv.rss() - rss0 < 20 * MiB
     assert srv.round_trip() < 1.0
     with shmq.connect(srv.url, token=TOKEN) as b:  # the first waiter gets the first message
@@ -417,7 +418,8 @@ def test_waiting_consumes_past_the_cap_get_limit_exceeded_on_an_open_connection(
             q = await b.queue("q")
             await asyncio.gather(*(q.get(timeout=10) for _ in range(5)))
 
-    with pytest.raises(shmq.LimitExceeded, match=r"too many waiting CONSUMEs on this connection \(the limit is 4\)"):
+    with pytest.raises(shmq.LimitExceeded,
+                       match=r"too many waiting CONSUMEs, READs and POLLs on this connection \(the limit is 4\)"):
         asyncio.run(five_gets())
 
 
@@ -548,6 +550,6 @@ def test_soak_mixed_valid_and_hostile_traffic(start_server, broker, tmp_path):
     assert (stats.ready, stats.in_flight, stats.enqueued_total, stats.acked_total) == (0, 0, total, total)
     assert srv.rss() - rss0 < 64 * MiB
     assert srv.round_trip() < 1.0
-    for what in ("refusing new ones", "waiting CONSUMEs; refusing more", "deliveries: ready again",
+    for what in ("refusing new ones", "waiting CONSUMEs, READs and POLLs; refusing more", "deliveries: ready again",
                  "a request before HELLO; closing", "exceeds max_frame_bytes", "frames may be at most 4096 bytes"):
         assert any(what in line for line in srv.log), what  # the hostile clients did hit each limit

@@ -1,6 +1,7 @@
 """Remote clients of ``shmq server``: blocking (``remote``) and asyncio (``aio``), two
-transports around one sans-IO core (``core``: the connection's state and every call)."""
+transports around one sans-IO core (``core``: the connection's state and every call;
+``streams``: the stream and consumer-group calls)."""
 
-from .remote import RemoteBroker, RemoteDelivery, RemoteQueue
+from .remote import RemoteBroker, RemoteConsumer, RemoteDelivery, RemoteQueue, RemoteStream
 
-__all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery"]
+__all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteStream", "RemoteConsumer"]

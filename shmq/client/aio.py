@@ -10,11 +10,15 @@ connections) every waiting request, and every later one, raises why.
 """
 
 import asyncio
+from collections import deque
 
 from ..errors import BrokerUnavailable
-from .core import BrokerCalls, DeliveryCalls, Pause, QueueCalls, Run
+from ..protocol import MsgType
+from ..protocol.forms import from_pairs, max_records_field
+from .core import BrokerCalls, DeliveryCalls, Pause, QueueCalls, Run, Send, driven
+from .streams import ConsumerCalls, StreamCalls
 
-__all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery"]
+__all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery", "AsyncStream", "AsyncConsumer"]
 
 
 async def connect(url: str, token: str | None = None) -> "AsyncBroker":
@@ -43,10 +47,63 @@ class AsyncQueue(QueueCalls):
         return await self.get()
 
 
+class AsyncConsumer(ConsumerCalls):
+    """The Consumer API, awaitable; ``async with`` leaves on exit, ``async for r in c``
+    yields records one by one, for ever. Iteration polls batches of up to 500 and hands
+    them out one at a time: ``poll`` returns what it still holds first, and ``commit()``
+    commits up to the record last handed out, never past one not yet seen."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._buffer = deque()  # polled by the iteration, not yet handed out
+
+    @driven
+    def poll(self, max_records: int = 500, timeout: float = 1.0):
+        if not self._buffer:
+            return (yield from ConsumerCalls.poll.__wrapped__(self, max_records, timeout))
+        self._fields()  # raises once closed
+        n = max_records_field(max_records)
+        return [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
+
+    @driven
+    def commit(self, offsets: dict | None = None):
+        if offsets is None and self._buffer:
+            offsets = from_pairs((yield Send(MsgType.ASSIGNMENT, self._fields()))["positions"])
+            for r in self._buffer:
+                offsets[r.partition] = min(offsets.get(r.partition, r.offset), r.offset)
+        return (yield from ConsumerCalls.commit.__wrapped__(self, offsets))
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        while not self._buffer:
+            self._buffer.extend(await self._poll_until_some())
+        return self._buffer.popleft()
+
+    @driven
+    def _poll_until_some(self):
+        return (yield from self._poll({**self._fields(), "max": 500}, None))
+
+
+class AsyncStream(StreamCalls):
+    """The Stream API, awaitable."""
+
+    _consumer_class = AsyncConsumer
+
+
 class AsyncBroker(BrokerCalls):
-    """The broker API, awaitable: create_queue, queue, list_queues, delete_queue, ping, close."""
+    """The broker API, awaitable: create_queue, queue, list_queues, delete_queue,
+    create_stream, stream, list_streams, delete_stream, ping, close."""
 
     _queue_class = AsyncQueue
+    _stream_class = AsyncStream
 
     def __init__(self, url, token=None):
         super().__init__(url, token)

@@ -1,6 +1,6 @@
 """The remote client, written once and sans-IO: the connection's state and every call of
-the Broker / Queue / Delivery API. ``remote`` (blocking) and ``aio`` (asyncio) only move
-the bytes.
+the Broker / Queue / Delivery API (the Stream / Consumer calls are in ``streams``, on the
+same machinery). ``remote`` (blocking) and ``aio`` (asyncio) only move the bytes.
 
 Strategy: as h11 owns no socket, ``ClientCore`` owns none either. It numbers requests
 and encodes them (``send``), takes whatever bytes arrive (``receive_data``), matches
@@ -12,7 +12,8 @@ connection, it ends every waiting request and every later one.
 Each API call is written once, as a generator that yields what it needs done: ``Send``
 a request (the reply's payload is sent back in, an error reply is thrown in) or
 ``Pause``; it returns the call's result. So the put-retry policy on QUEUE_FULL, the
-blocking get (CONSUME in slices), the delivery tag checks and HELLO exist once.
+blocking get (CONSUME, READ and POLL in slices: ``waiting``), the delivery tag checks
+and HELLO exist once.
 ``@driven`` makes such a generator a method that hands the call to the transport's
 ``_drive``, a loop over the call's steps (``Run``): the blocking one runs it to its
 result, the asyncio one returns a coroutine that does, as redis-py's commands return
@@ -35,10 +36,11 @@ from ..protocol.forms import (
     message_fields,
     ms,
     stats_from_fields,
+    stream_create_fields,
 )
 
-__all__ = ["ClientCore", "Send", "Pause", "Run", "driven", "retry_while_full", "BrokerCalls", "QueueCalls",
-           "DeliveryCalls", "parse_url", "CONSUME_SLICE_MS", "PUT_RETRY_S"]
+__all__ = ["ClientCore", "Send", "Pause", "Run", "driven", "retry_while_full", "waiting", "BrokerCalls",
+           "QueueCalls", "DeliveryCalls", "parse_url", "CONSUME_SLICE_MS", "PUT_RETRY_S"]
 
 CONSUME_SLICE_MS = 5000  # a blocking get waits in slices, so the connection never idles for long
 PUT_RETRY_S = (0.0005, 0.05)  # backoff between PRODUCE retries on QUEUE_FULL: first, most
@@ -212,6 +214,20 @@ def retry_while_full(request: Send, timeout, clock):
             pause = min(pause * 2, PUT_RETRY_S[1])
 
 
+def waiting(msg_type, fields, key, timeout, clock):
+    """Send a request that may wait at the server (CONSUME, READ, POLL) with ``wait_ms`` in
+    slices of CONSUME_SLICE_MS, so the connection never idles for long, until its reply's
+    list ``key`` has items or ``timeout`` ends (None: never); returns that list."""
+    until = deadline(timeout, clock)
+    while True:
+        wait = CONSUME_SLICE_MS
+        if until is not None:
+            wait = max(0, min(wait, round((until - clock()) * 1000)))
+        reply = yield Send(msg_type, {**fields, "wait_ms": wait})
+        if reply[key] or (until is not None and clock() >= until):
+            return reply[key]
+
+
 # ---------------------------------------------------------------- the API, once
 class DeliveryCalls:
     """A message leased to this connection, as a CONSUME reply tells it; the tag names the
@@ -315,19 +331,12 @@ class QueueCalls:
         return (yield from self._consume(max_messages, timeout, visibility_timeout))
 
     def _consume(self, max_messages, timeout, visibility_timeout):
-        """CONSUME in slices of CONSUME_SLICE_MS until messages come or ``timeout`` ends."""
+        """CONSUME until messages come or ``timeout`` ends (see ``waiting``)."""
         fields = {"queue": self.name, **consume_fields(max_messages, visibility_timeout)}
-        clock = self._broker._clock
-        until = deadline(timeout, clock)
-        while True:
-            wait = CONSUME_SLICE_MS
-            if until is not None:
-                wait = max(0, min(wait, round((until - clock()) * 1000)))
-            reply = yield Send(MsgType.CONSUME, {**fields, "wait_ms": wait})
-            if reply["messages"]:
-                return [self._delivery_class(self, m) for m in reply["messages"]]
-            if until is not None and clock() >= until:
-                raise QueueEmpty(f"queue {self.name!r} is empty")
+        messages = yield from waiting(MsgType.CONSUME, fields, "messages", timeout, self._broker._clock)
+        if not messages:
+            raise QueueEmpty(f"queue {self.name!r} is empty")
+        return [self._delivery_class(self, m) for m in messages]
 
     @driven
     def ack_many(self, deliveries):
@@ -358,6 +367,7 @@ class BrokerCalls:
     """A broker reached over a connection: the methods of the local ``Broker``."""
 
     _queue_class = QueueCalls  # the transport's
+    _stream_class = None  # the transport's (a ``streams.StreamCalls``)
     _clock = staticmethod(time.monotonic)  # the deadlines' clock
 
     def __init__(self, url: str, token: str | None = None):
@@ -413,3 +423,33 @@ class BrokerCalls:
     def ping(self):
         """One round trip to the server."""
         yield Send(MsgType.PING, {})
+
+    # ------------------------------------------------------------ streams
+    @driven
+    def stream(self, name: str):
+        """A handle on the stream ``name``; StreamNotFound if there is none."""
+        return self._stream_class(self, (yield Send(MsgType.STREAM_INFO, {"stream": name})))
+
+    @driven
+    def create_stream(self, name: str, partitions: int = 4, max_bytes: int = 64 * 2**20,
+                      max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
+                      retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
+                      durability: str = "snapshot", exist_ok: bool = False):
+        """Create a stream of ``partitions`` append-only logs and return a handle on it;
+        StreamExists if it exists (unless ``exist_ok``: then a handle on that one). The
+        settings are the local ``Broker.create_stream``'s."""
+        fields = stream_create_fields(
+            name, exist_ok, partitions=partitions, max_bytes=max_bytes, max_message_bytes=max_message_bytes,
+            retention=retention, retention_bytes=retention_bytes, retention_seconds=retention_seconds,
+            group_idle_timeout=group_idle_timeout, durability=durability)
+        return self._stream_class(self, (yield Send(MsgType.STREAM_CREATE, fields)))
+
+    @driven
+    def delete_stream(self, name: str):
+        """Delete the stream ``name``, its records and its groups; StreamNotFound if there is none."""
+        yield Send(MsgType.STREAM_DELETE, {"stream": name})
+
+    @driven
+    def list_streams(self):
+        """The names of the streams, sorted."""
+        return (yield Send(MsgType.STREAM_LIST, {}))["streams"]

@@ -13,8 +13,9 @@ import time
 
 from ..errors import BrokerUnavailable
 from .core import BrokerCalls, DeliveryCalls, Pause, QueueCalls, Run, parse_url
+from .streams import ConsumerCalls, StreamCalls
 
-__all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "parse_url"]
+__all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteStream", "RemoteConsumer", "parse_url"]
 
 
 class RemoteDelivery(DeliveryCalls):
@@ -23,13 +24,9 @@ class RemoteDelivery(DeliveryCalls):
     __slots__ = ()
 
 
-class RemoteQueue(QueueCalls):
-    """A queue reached over TCP: the methods and errors of the local ``Queue``."""
-
-    _delivery_class = RemoteDelivery
-
-    def __repr__(self):
-        return f"<shmq.RemoteQueue {self._broker.url}/{self.name}>"
+class _Handle:
+    """What a queue or stream handle over TCP has besides its calls: nothing of its own to
+    release (the connection is the broker's), and it pickles as its url and name."""
 
     def __enter__(self):
         return self
@@ -38,16 +35,58 @@ class RemoteQueue(QueueCalls):
         self.close()
 
     def __reduce__(self):
-        return (_reattach, (self._broker.url, self._broker.token, self.name))
+        return (self._reattach, (self._broker.url, self._broker.token, self.name))
 
     def close(self) -> None:
         """Nothing to release: the connection belongs to the broker."""
+
+
+class RemoteQueue(_Handle, QueueCalls):
+    """A queue reached over TCP: the methods and errors of the local ``Queue``."""
+
+    _delivery_class = RemoteDelivery
+
+    def __repr__(self):
+        return f"<shmq.RemoteQueue {self._broker.url}/{self.name}>"
+
+    @staticmethod
+    def _reattach(url, token, name):
+        return RemoteQueue(RemoteBroker(url, token), name)
+
+
+class RemoteConsumer(ConsumerCalls):
+    """A member of a consumer group, held for this connection by the server: the methods
+    and errors of the local ``Consumer``; leaves on ``close`` or when the connection ends."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class RemoteStream(_Handle, StreamCalls):
+    """A stream reached over TCP: the methods and errors of the local ``Stream``."""
+
+    _consumer_class = RemoteConsumer
+
+    @staticmethod
+    def _reattach(url, token, name):
+        return RemoteBroker(url, token).stream(name)
+
+    def producer(self, linger_ms: float = 5, batch_bytes: int = 64 * 2**10, compression=None):
+        """A batching producer of this stream (``shmq.producer.Producer``, appending from
+        its thread over this connection); close it."""
+        from ..producer import Producer
+        return Producer(self, linger_ms=linger_ms, batch_bytes=batch_bytes, compression=compression)
+
 
 
 class RemoteBroker(BrokerCalls):
     """A broker reached over TCP; the same methods as the local ``Broker``."""
 
     _queue_class = RemoteQueue
+    _stream_class = RemoteStream
     _sleep = staticmethod(time.sleep)  # a call's pauses
 
     def __init__(self, url: str, token: str | None = None, connect_timeout: float = 10.0):
@@ -116,6 +155,3 @@ class RemoteBroker(BrokerCalls):
                 run.throw(e)
         return run.result
 
-
-def _reattach(url, token, name):
-    return RemoteQueue(RemoteBroker(url, token), name)

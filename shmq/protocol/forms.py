@@ -1,5 +1,7 @@
 """Wire forms both sides share: a queue's settings in CREATE, its stats in a STATS
-reply, a message in PRODUCE, a get in CONSUME — each written once, in both directions.
+reply, a message in PRODUCE, a get in CONSUME; a stream's settings, a record to append,
+a record read, where an append went, offsets by partition — each written once, in
+both directions.
 
 Strategy: the client builds its fields with the same checks the local engine makes
 (so bad input fails the same way on both transports, before a byte is sent), and the
@@ -8,9 +10,15 @@ server reads them back into the engine's arguments with the functions beside the
 
 from ..engine.delivery import QueueStats
 from ..engine.headers import encode_headers
+from ..engine.stream import Record, RecordMetadata
+from .compression import check_codec, compress, decompress
+from .requests import MAX_RECORDS, check_records, normalize_records
 
 __all__ = ["create_fields", "create_args", "stats_fields", "stats_from_fields", "message_fields",
-           "consume_fields", "consume_args", "delivery_fields", "ms"]
+           "consume_fields", "consume_args", "delivery_fields", "ms", "STREAM_INFO", "stream_create_fields",
+           "stream_create_args", "stream_info_fields", "record_fields", "batch_fields", "batch_args",
+           "read_fields", "record_reply", "record_from_fields", "metadata_fields", "metadata_from_fields",
+           "pairs", "from_pairs", "commit_pairs", "stream_stats_fields", "stream_stats_from_fields"]
 
 DEFAULT_MAX_BYTES = 64 * 2**20
 DEFAULT_VISIBILITY_S = 30.0
@@ -74,12 +82,16 @@ def stats_from_fields(p: dict) -> QueueStats:
     return QueueStats(**values)
 
 
+def _bytes_like(value, what) -> bytes:
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}")
+    return bytes(value)
+
+
 def message_fields(body, headers) -> dict:
     """The wire form of one message (PRODUCE, or an item of PRODUCE_BATCH), checked as
     the local engine checks it."""
-    if not isinstance(body, (bytes, bytearray, memoryview)):
-        raise TypeError(f"message body must be bytes-like, not {type(body).__name__}")
-    m = {"body": bytes(body)}
+    m = {"body": _bytes_like(body, "message body")}
     if headers is not None and encode_headers(headers):  # same TypeError / MessageTooLarge as local
         m["headers"] = headers
     return m
@@ -104,3 +116,162 @@ def consume_args(f) -> tuple:
 def delivery_fields(d, tag: int) -> dict:
     """The wire form of one leased message in a CONSUME reply; ``tag`` names the lease."""
     return {"id": d.id, "delivery": tag, "body": d.body, "headers": d.headers, "attempt": d.attempt}
+
+
+# ---------------------------------------------------------------- streams
+# a stream's settings, as STREAM_CREATE and STREAM_INFO replies give them (and a handle has them)
+STREAM_INFO = ("partitions", "max_bytes", "max_message_bytes", "retention", "retention_bytes", "retention_seconds",
+               "group_idle_timeout", "durability", "created_at")
+_STREAM_INTS = ("partitions", "max_bytes", "max_message_bytes")  # the engine's TypeError for anything else
+
+
+def stream_create_fields(name, exist_ok, **settings) -> dict:
+    """STREAM_CREATE's fields for ``create_stream``'s arguments; the engine checks their
+    ranges on the server, in its own words, and the types it raises TypeError for here."""
+    for what in _STREAM_INTS:
+        value = settings[what]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    fields = {"stream": name, "exist_ok": exist_ok}
+    fields.update((k, v) for k, v in settings.items() if v is not None)
+    return fields
+
+
+def stream_create_args(f) -> dict:
+    """``Broker.create_stream``'s keyword arguments from STREAM_CREATE's checked fields."""
+    return {k: v for k, v in f.items() if k != "stream"}
+
+
+def stream_info_fields(s) -> dict:
+    """A STREAM_INFO (and STREAM_CREATE) reply: the stream's settings."""
+    return {"stream": s.name, **{k: getattr(s, k) for k in STREAM_INFO}}
+
+
+def record_fields(value, key, headers) -> dict:
+    """The wire form of one record to append, checked as the local engine checks it."""
+    r = {"value": _bytes_like(value, "value")}
+    if key is not None:
+        r["key"] = _bytes_like(key, "key")
+    if headers is not None and encode_headers(headers):  # same TypeError / MessageTooLarge as local
+        r["headers"] = headers
+    return r
+
+
+def batch_fields(values, keys, headers, compression) -> dict | None:
+    """APPEND_BATCH's records (or, with ``compression``, their compressed ``data``);
+    None for no records."""
+    check_codec(compression)
+    values = list(values)
+    n = len(values)
+    keys = [None] * n if keys is None else list(keys)
+    hdrs = [None] * n if headers is None else list(headers)
+    if len(keys) != n or len(hdrs) != n:
+        raise ValueError(f"keys and headers must be as many as values ({n})")
+    records = [record_fields(v, k, h) for v, k, h in zip(values, keys, hdrs)]
+    if not records:
+        return None
+    if compression is None:
+        return {"records": records}
+    return {"compression": compression, "data": compress(records, compression)}
+
+
+def batch_args(f, max_bytes) -> tuple:
+    """(values, keys, headers) of APPEND_BATCH's checked fields; compressed records are
+    decompressed (at most ``max_bytes``) and checked as plain ones are."""
+    if "compression" in f:
+        if "data" not in f:
+            raise ValueError("APPEND_BATCH: field 'compression' needs the field 'data'")
+        records = decompress(f["data"], f["compression"], max_bytes)
+        if (why := check_records(records)) is not None:
+            raise ValueError(f"APPEND_BATCH: compressed records must be {why}")
+        records = normalize_records(records)
+    elif "records" in f:
+        records = f["records"]
+    else:
+        raise ValueError("APPEND_BATCH: missing required field 'records' (or 'compression' and 'data')")
+    return [r["value"] for r in records], [r.get("key") for r in records], [r.get("headers") for r in records]
+
+
+def read_fields(stream, p, offset, max_records, timeout) -> dict:
+    """READ's fields, checked as the local engine checks ``read``'s arguments (the partition
+    by ``check_partition``); more than MAX_RECORDS asks for MAX_RECORDS."""
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"offset must be an int, not {type(offset).__name__}")
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, not {offset}")
+    return {"stream": stream.name, "partition": check_partition(stream, p), "offset": offset,
+            "max": max_records_field(max_records), "wait_ms": ms(timeout, "timeout")}
+
+
+def check_partition(stream, p) -> int:
+    """``p``, a partition of ``stream`` (it has ``name`` and ``partitions``), or the local
+    engine's TypeError / ValueError."""
+    if isinstance(p, bool) or not isinstance(p, int):
+        raise TypeError(f"partition must be an int, not {type(p).__name__}")
+    if not 0 <= p < stream.partitions:
+        raise ValueError(f"stream {stream.name!r} has partitions 0..{stream.partitions - 1}, not {p}")
+    return p
+
+
+def max_records_field(max_records) -> int:
+    if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
+        raise ValueError(f"max_records must be a positive int, not {max_records!r}")
+    return min(max_records, MAX_RECORDS)
+
+
+def record_reply(r: Record) -> dict:
+    """The wire form of one record read (READ and POLL replies); ``timestamp`` is a float
+    of UTC epoch seconds, the engine's own."""
+    out = {"partition": r.partition, "offset": r.offset, "value": r.value, "timestamp": r.timestamp}
+    if r.key is not None:
+        out["key"] = r.key
+    if r.headers:
+        out["headers"] = r.headers
+    return out
+
+
+def record_from_fields(stream: str, m: dict) -> Record:
+    return Record(stream, m["partition"], m["offset"], m.get("key"), m["value"], m.get("headers") or {},
+                  m["timestamp"])
+
+
+def metadata_fields(m: RecordMetadata) -> list:
+    """Where one append went, as [partition, offset, timestamp]."""
+    return [m.partition, m.offset, m.timestamp]
+
+
+def metadata_from_fields(item) -> RecordMetadata:
+    return RecordMetadata(*item)
+
+
+def pairs(by_partition: dict) -> list:
+    """{partition: n} as the wire's [[partition, n]] (msgpack map keys are strings)."""
+    return [[p, n] for p, n in sorted(by_partition.items())]
+
+
+def from_pairs(items) -> dict:
+    return {p: n for p, n in items}
+
+
+def commit_pairs(offsets: dict) -> list:
+    """COMMIT's and RESET's offsets, checked as the local engine checks them."""
+    if not isinstance(offsets, dict):
+        raise TypeError(f"offsets must be a dict of partition: offset, not {type(offsets).__name__}")
+    for o in offsets.values():
+        if isinstance(o, bool) or not isinstance(o, int) or o < 0:
+            raise ValueError(f"offsets must be ints >= 0, not {o!r}")
+    return pairs(offsets)
+
+
+def stream_stats_fields(stats: dict) -> dict:
+    """A STREAM_STATS reply: ``Stream.stats()`` with each group's lag and committed
+    offsets as pairs."""
+    groups = {g: {**v, "lag": pairs(v["lag"]), "committed": pairs(v["committed"])}
+              for g, v in stats["groups"].items()}
+    return {**stats, "groups": groups}
+
+
+def stream_stats_from_fields(p: dict) -> dict:
+    groups = {g: {**v, "lag": from_pairs(v["lag"]), "committed": from_pairs(v["committed"])}
+              for g, v in p["groups"].items()}
+    return {**p, "groups": groups}

@@ -72,6 +72,24 @@ class MsgType(enum.IntEnum):
     NACK = 0x14
     EXTEND = 0x15
     REJECT = 0x16
+    STREAM_CREATE = 0x20
+    STREAM_DELETE = 0x21
+    STREAM_LIST = 0x22
+    STREAM_INFO = 0x23
+    STREAM_STATS = 0x24
+    APPEND = 0x28
+    APPEND_BATCH = 0x29
+    READ = 0x2A
+    OFFSETS = 0x2B
+    JOIN = 0x30
+    POLL = 0x31
+    COMMIT = 0x32
+    LEAVE = 0x33
+    ASSIGNMENT = 0x34
+    GROUPS = 0x35
+    COMMITTED = 0x36
+    LAG = 0x37
+    RESET = 0x38
 
 
 class Status(enum.IntEnum):
@@ -91,6 +109,10 @@ class Status(enum.IntEnum):
     STORAGE = 11
     LOCK_TIMEOUT = 12
     LIMIT_EXCEEDED = 13
+    STREAM_NOT_FOUND = 14
+    STREAM_EXISTS = 15
+    OFFSET_OUT_OF_RANGE = 16
+    COMMIT_FAILED = 17
 
 
 # ---------------------------------------------------------------------------- header
@@ -170,11 +192,12 @@ def encode_reply(request_type: int, msg_id: int, payload: dict | None = None, st
     return encode_frame(Frame(request_type | REPLY_BIT, msg_id, {} if payload is None else payload, status))
 
 
-def encode_error(request_type: int, msg_id: int, status: int, message: str) -> bytes:
-    """An error reply: a non-zero ``status`` and payload {"error": message}."""
+def encode_error(request_type: int, msg_id: int, status: int, message: str, details: dict | None = None) -> bytes:
+    """An error reply: a non-zero ``status`` and payload {"error": message, **details}
+    (details: what the error carries for programs, e.g. OFFSET_OUT_OF_RANGE's earliest, end)."""
     if status == Status.OK:
         raise ValueError("an error reply needs a non-zero status")
-    return encode_reply(request_type, msg_id, {"error": str(message)}, status)
+    return encode_reply(request_type, msg_id, {**(details or {}), "error": str(message)}, status)
 
 
 def _error(message: str, status: int, msg_id: int = 0, fatal: bool = False, msg_type: int = 0) -> ProtocolError:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..engine.layout import MAX_PARTITIONS  # a stream's partitions are numbered below it
 from ..errors import ProtocolError
 from .frames import Frame, MsgType, Status, _error
 
-__all__ = ["Field", "REQUEST_FIELDS", "validate_request"]
+__all__ = ["Field", "REQUEST_FIELDS", "validate_request", "check_records", "normalize_records", "MAX_RECORDS"]
 
 
 def _is_int(v) -> bool:
@@ -78,6 +79,56 @@ def _normalize_messages(v):
     return [{k: m[k] for k in ("body", "headers") if k in m} for m in v]
 
 
+MAX_RECORDS = 100_000  # most records one READ or POLL may ask for
+
+
+def _check_int(v):
+    return None if _is_int(v) else "an integer"
+
+
+def _check_number(v):
+    return None if isinstance(v, (int, float)) and not isinstance(v, bool) else "a number"
+
+
+def _check_partition(v):
+    return None if _is_int(v) and 0 <= v < MAX_PARTITIONS else f"an integer 0..{MAX_PARTITIONS - 1}"
+
+
+def _check_max_records(v):
+    return None if _is_int(v) and 1 <= v <= MAX_RECORDS else f"an integer 1..{MAX_RECORDS}"
+
+
+def check_records(v):
+    """A list of records to append: maps {value: bin, key?: bin, headers?: map}."""
+    form = "a list of maps {value: bin, key?: bin, headers?: map}"
+    if not isinstance(v, list):
+        return form
+    for i, item in enumerate(v):
+        if not isinstance(item, dict):
+            return f"{form} (item {i} is {type(item).__name__})"
+        if "value" not in item:
+            return f"a list of maps with a value (item {i} has none)"
+        for name, check in (("value", _check_bytes), ("key", _check_bytes), ("headers", _check_headers)):
+            if name in item and (why := check(item[name])) is not None:
+                return f"a list of maps whose {name} {'are' if name == 'headers' else 'is'} {why} (item {i})"
+    return None
+
+
+def normalize_records(v):
+    return [{k: r[k] for k in ("value", "key", "headers") if k in r} for r in v]
+
+
+def _check_offsets(v):
+    form = f"a list of [partition 0..{MAX_PARTITIONS - 1}, offset >= 0] pairs"
+    if not isinstance(v, list):
+        return form
+    for i, pair in enumerate(v):
+        if (not isinstance(pair, list) or len(pair) != 2 or _check_partition(pair[0]) is not None
+                or _check_non_negative(pair[1]) is not None):
+            return f"{form} (item {i} is {_show(pair)})"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Field:
     """One request field: ``check(value)`` returns None, or what the value should be."""
@@ -91,6 +142,12 @@ class Field:
 
 _QUEUE = Field("queue", _check_str, required=True)
 _DELIVERIES = Field("deliveries", _check_deliveries, required=True)
+_STREAM = Field("stream", _check_str, required=True)
+_GROUP = Field("group", _check_str, required=True)
+_MEMBER = Field("member", _check_positive, required=True)
+_PARTITION = Field("partition", _check_partition, required=True)
+_MAX_RECORDS = Field("max", _check_max_records, default=1000)
+_WAIT_MS = Field("wait_ms", _check_non_negative, default=0)
 
 # The one table of request payloads: type -> its fields. Unknown fields are ignored.
 REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
@@ -127,6 +184,48 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
     ),
     MsgType.EXTEND: (_QUEUE, _DELIVERIES, Field("visibility_ms", _check_non_negative, required=True)),
     MsgType.REJECT: (_QUEUE, _DELIVERIES),
+    # streams: the engine checks the ranges of STREAM_CREATE's settings, with its own words
+    MsgType.STREAM_CREATE: (
+        _STREAM,
+        Field("partitions", _check_int),
+        Field("max_bytes", _check_int),
+        Field("max_message_bytes", _check_int),
+        Field("retention", _check_str),
+        Field("retention_bytes", _check_number),
+        Field("retention_seconds", _check_number),
+        Field("group_idle_timeout", _check_number),
+        Field("durability", _check_str),
+        Field("exist_ok", _check_bool, default=False),
+    ),
+    MsgType.STREAM_DELETE: (_STREAM,),
+    MsgType.STREAM_LIST: (),
+    MsgType.STREAM_INFO: (_STREAM,),
+    MsgType.STREAM_STATS: (_STREAM,),
+    MsgType.APPEND: (
+        _STREAM,
+        Field("value", _check_bytes, required=True),
+        Field("key", _check_bytes),
+        Field("headers", _check_headers),
+        Field("partition", _check_partition),
+    ),
+    MsgType.APPEND_BATCH: (
+        _STREAM,
+        Field("records", check_records, normalize=normalize_records),
+        Field("compression", _check_str),
+        Field("data", _check_bytes),
+        Field("partition", _check_partition),
+    ),
+    MsgType.READ: (_STREAM, _PARTITION, Field("offset", _check_non_negative, required=True), _MAX_RECORDS, _WAIT_MS),
+    MsgType.OFFSETS: (_STREAM, _PARTITION),
+    MsgType.JOIN: (_STREAM, _GROUP, Field("auto_offset_reset", _check_str, default="earliest")),
+    MsgType.POLL: (_STREAM, _MEMBER, Field("max", _check_max_records, default=500), _WAIT_MS),
+    MsgType.COMMIT: (_STREAM, _MEMBER, Field("offsets", _check_offsets)),
+    MsgType.LEAVE: (_STREAM, _MEMBER),
+    MsgType.ASSIGNMENT: (_STREAM, _MEMBER),
+    MsgType.GROUPS: (_STREAM,),
+    MsgType.COMMITTED: (_STREAM, _GROUP),
+    MsgType.LAG: (_STREAM, _GROUP),
+    MsgType.RESET: (_STREAM, _GROUP, Field("to", _check_str), Field("offsets", _check_offsets)),
 }
 
 

@@ -4,13 +4,18 @@ Strategy: as redis-py's ``EXCEPTION_CLASSES``, one table pairs each error status
 the exception it stands for. A client raises the first class listed for a reply's
 status (``error_from_reply``); the server answers an exception with the status of the
 first row it is an instance of (``status_of``), so subclasses come before their bases.
+An exception that carries data for programs names its attributes in the row's third
+column: they travel beside the error text (``error_details``) and come back as the
+exception's keyword arguments (OffsetOutOfRange's ``earliest`` and ``end``).
 """
 
 from ..errors import (
+    CommitFailed,
     DeliveryExpired,
     LimitExceeded,
     LockTimeout,
     MessageTooLarge,
+    OffsetOutOfRange,
     ProtocolError,
     QueueEmpty,
     QueueExists,
@@ -18,13 +23,19 @@ from ..errors import (
     QueueNotFound,
     ShmqError,
     StorageError,
+    StreamExists,
+    StreamNotFound,
     Unauthorized,
 )
 from .frames import Frame, Status
 
-__all__ = ["STATUS_EXCEPTIONS", "EXCEPTIONS", "status_of", "error_from_reply", "reason_of"]
+__all__ = ["STATUS_EXCEPTIONS", "EXCEPTIONS", "status_of", "error_from_reply", "error_details", "reason_of"]
 
 STATUS_EXCEPTIONS = (
+    (Status.STREAM_NOT_FOUND, StreamNotFound),
+    (Status.STREAM_EXISTS, StreamExists),
+    (Status.OFFSET_OUT_OF_RANGE, OffsetOutOfRange, ("earliest", "end")),
+    (Status.COMMIT_FAILED, CommitFailed),
     (Status.STORAGE, StorageError),
     (Status.LOCK_TIMEOUT, LockTimeout),
     (Status.LIMIT_EXCEEDED, LimitExceeded),
@@ -43,8 +54,10 @@ STATUS_EXCEPTIONS = (
 
 # status -> the exception a client raises for it (the first row of that status)
 EXCEPTIONS = {}
-for _status, _cls in STATUS_EXCEPTIONS:
+_DETAILS = {}  # exception class -> the attributes that travel with it
+for _status, _cls, *_details in STATUS_EXCEPTIONS:
     EXCEPTIONS.setdefault(_status, _cls)
+    _DETAILS[_cls] = tuple(*_details)
 
 
 def status_of(exc: BaseException) -> int:
@@ -52,7 +65,7 @@ def status_of(exc: BaseException) -> int:
     of the table it is an instance of, else INTERNAL."""
     if isinstance(exc, ProtocolError):
         return exc.status
-    for status, cls in STATUS_EXCEPTIONS:
+    for status, cls, *_details in STATUS_EXCEPTIONS:
         if isinstance(exc, cls):
             return status
     return Status.INTERNAL
@@ -64,14 +77,21 @@ def reason_of(exc: BaseException) -> str:
     return text.splitlines()[0][:500]
 
 
+def error_details(exc: BaseException) -> dict:
+    """What an error reply carries besides its text: the attributes its row names."""
+    return {name: getattr(exc, name) for name in _DETAILS.get(type(exc), ())}
+
+
 def error_from_reply(frame: Frame, endpoint: str) -> Exception:
-    """The exception a non-OK reply stands for, with the server's reason as its text."""
-    reason = frame.payload.get("error") if isinstance(frame.payload, dict) else None
+    """The exception a non-OK reply stands for, with the server's reason as its text (and
+    the details its row names, where the reply has them as ints)."""
+    payload = frame.payload if isinstance(frame.payload, dict) else {}
     cls = EXCEPTIONS.get(frame.status, ShmqError)
-    message = reason or f"{endpoint}: status {frame.status}"
+    message = payload.get("error") or f"{endpoint}: status {frame.status}"
     if cls is ProtocolError:
         return ProtocolError(message, frame.status, frame.msg_id)
-    return cls(message)
+    details = {k: payload[k] for k in _DETAILS[cls] if type(payload.get(k)) is int}
+    return cls(message, **details)
 
 
 assert QueueEmpty not in EXCEPTIONS.values()  # an empty queue is an empty CONSUME reply, never an error

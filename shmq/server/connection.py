@@ -5,10 +5,11 @@ handler in ``HANDLERS``.
 Strategy: no task and no thread per client. The connection reads only as many bytes as
 it may hold (into one receive buffer all connections share, in turn), feeds them to the
 sans-IO decoder, and hands each request to its handler as it arrives; replies carry the
-request's msg id, so a waiting CONSUME never holds back the replies behind it. Every
-error becomes an error reply (``status_of``), and a bug costs its connection at most,
-never the server. Closing — for a fault, an EOF, idleness or a stop — drops the
-connection's waiting CONSUMEs and makes every delivery it held ready again at once.
+request's msg id, so a waiting CONSUME, READ or POLL never holds back the replies
+behind it. Every error becomes an error reply (``status_of``), and a bug costs its
+connection at most, never the server. Closing — for a fault, an EOF, idleness or a
+stop — drops the connection's waiting requests, makes every delivery it held ready
+again at once, and takes its consumer-group members out of their groups.
 """
 
 import asyncio
@@ -16,9 +17,10 @@ import logging
 
 from ..errors import LimitExceeded, ProtocolError, ShmqError, Unauthorized
 from ..protocol import HEADER_SIZE, FrameDecoder, MsgType, Status, encode_error, encode_reply, validate_request
-from ..protocol.status import reason_of, status_of
-from .handlers import HANDLERS, Wait
+from ..protocol.status import error_details, reason_of, status_of
+from .handlers import HANDLERS, Later, Wait
 from .leases import Leases
+from .members import Members
 from .limits import PRE_AUTH_MAX_FRAME_BYTES, SMALL_FRAME_BYTES, Boundaries, Clocks
 from .waiters import Waiter
 
@@ -37,11 +39,16 @@ def error_frame(msg_type, msg_id, exc) -> bytes:
     status = status_of(exc)
     if status == Status.INTERNAL and not isinstance(exc, ShmqError):
         log.error("internal error", exc_info=exc)
-    return encode_error(msg_type, msg_id, status, reason_of(exc))
+    return encode_error(msg_type, msg_id, status, reason_of(exc), error_details(exc))
+
+
+def _reply_of_later(conn, reply, result):
+    return reply(result)
 
 
 class Connection(asyncio.BufferedProtocol):
-    """One client connection: its decoder, its deliveries, its waiting CONSUMEs, its clocks."""
+    """One client connection: its decoder, its deliveries, its group members, its waiting
+    requests, its clocks."""
 
     def __init__(self, server):
         self.server = server
@@ -52,7 +59,8 @@ class Connection(asyncio.BufferedProtocol):
         self.bounds = Boundaries()
         self.clocks = Clocks(server.limits, server.loop.time())
         self.leases = Leases()  # the deliveries it holds
-        self.waiters = set()  # its waiting CONSUMEs
+        self.members = Members()  # the group members it holds
+        self.waiters = set()  # its waiting CONSUMEs, READs and POLLs
         self.reserved = 0  # budget bytes held for the open frame
         self.budget_wait = False  # in line for budget: paused (its frame clock runs on)
         self.write_paused = False  # the client does not read its replies: take no requests
@@ -170,7 +178,7 @@ class Connection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------ requests
     def dispatch(self, frame):
-        """A request to its handler; the reply (or error reply) out, or the CONSUME in line."""
+        """A request to its handler; the reply (or error reply) out, or the request in line."""
         if frame.is_reply:
             self.send(encode_error(frame.request_type, frame.msg_id, Status.BAD_REQUEST, "clients send requests"))
             return
@@ -182,7 +190,10 @@ class Connection(asyncio.BufferedProtocol):
             fields = validate_request(frame)  # first: it refuses unknown types
             result = HANDLERS[frame.type](self, fields)
             if type(result) is Wait:
-                self.wait(frame.msg_id, result)
+                self.wait(frame.type, frame.msg_id, result)
+                return
+            if type(result) is Later:
+                self.later(frame.type, frame.msg_id, result)
                 return
         except Unauthorized as e:
             self.send(encode_error(frame.type, frame.msg_id, Status.UNAUTHORIZED, str(e)))
@@ -198,28 +209,52 @@ class Connection(asyncio.BufferedProtocol):
         self.authed = True
         self.decoder.max_frame_bytes = self.server.max_frame_bytes
 
-    def wait(self, msg_id, wait: Wait):
-        """Put a CONSUME in its queue's line, up to the per-connection limit (then LIMIT_EXCEEDED)."""
+    def wait(self, msg_type, msg_id, wait: Wait):
+        """Put a request in its line, up to the per-connection limit (then LIMIT_EXCEEDED)."""
+        self.check_waiting()
+        w = Waiter(self, wait.line, msg_id, msg_type, wait.take, wait.reply, wait.args)
+        wait.line.add(w, self.server.loop.time() + wait.wait_ms / 1000)
+        self.waiters.add(w)
+
+    def later(self, msg_type, msg_id, later: Later):
+        """Hand an append that may wait for room to its stream's appender; it counts as a
+        waiting request until it is answered."""
+        self.check_waiting()
+        w = Waiter(self, None, msg_id, msg_type, None, _reply_of_later, later.reply)
+        self.waiters.add(w)
+        name = later.stream.name
+        self.server.appender(later.stream).submit(later.run, lambda result: self.appended(w, name, result))
+
+    def appended(self, w, name, result):
+        self.server.streams.notify(name)
+        if not w.done:  # else the connection closed meanwhile
+            w.done = True
+            self.answer(w, result)
+
+    def check_waiting(self):
+        """LIMIT_EXCEEDED when the connection has as many waiting requests as it may."""
         limit = self.server.limits.max_waiting_per_connection
         if len(self.waiters) >= limit:
             if not self.said_waiting_limit:
                 self.said_waiting_limit = True
-                log.info("%s: reached its limit of %d waiting CONSUMEs; refusing more", self.peer, limit)
-            raise LimitExceeded(f"too many waiting CONSUMEs on this connection (the limit is {limit}): "
-                                f"wait for replies before sending more")
-        group = self.server.waiters_of(wait.q)
-        w = Waiter(self, group, msg_id, wait.most, wait.vis, wait.max_bytes)
-        group.add(w, self.server.loop.time() + wait.wait_ms / 1000)
-        self.waiters.add(w)
+                log.info("%s: reached its limit of %d waiting CONSUMEs, READs and POLLs; refusing more", self.peer,
+                         limit)
+            raise LimitExceeded(f"too many waiting CONSUMEs, READs and POLLs on this connection (the limit is "
+                                f"{limit}): wait for replies before sending more")
 
     def answer(self, w, result):
-        """The end of a wait: messages (maybe none) or an error."""
+        """The end of a wait: what it got (maybe nothing) or an error."""
         self.waiters.discard(w)
         self.clocks.last_active = self.server.loop.time()
         if isinstance(result, BaseException):
-            self.send(error_frame(MsgType.CONSUME, w.msg_id, result))
-        else:
-            self.send(encode_reply(MsgType.CONSUME, w.msg_id, {"messages": self.leases.lease(w.group.q, result)}))
+            self.send(error_frame(w.msg_type, w.msg_id, result))
+            return
+        try:
+            payload = w.reply(self, w.args, result)
+        except Exception as e:
+            self.send(error_frame(w.msg_type, w.msg_id, e))
+            return
+        self.send(encode_reply(w.msg_type, w.msg_id, payload))
 
     # ------------------------------------------------------------------ writing, closing
     def send(self, data: bytes):
@@ -244,7 +279,8 @@ class Connection(asyncio.BufferedProtocol):
         self.linger()
 
     def shut(self, reason=None, linger=True):
-        """Close: waiting CONSUMEs are dropped and deliveries are ready again at once.
+        """Close: waiting requests are dropped, deliveries are ready again at once and
+        group members leave.
         With ``linger`` (a client's fault), see ``linger``; else the written replies
         leave within the frame timeout, or the connection is aborted."""
         if self.closing:
@@ -260,11 +296,16 @@ class Connection(asyncio.BufferedProtocol):
         self._abort = self.server.loop.call_later(self.server.limits.frame_timeout, self.transport.abort)
 
     def let_go(self):
-        """Drop the waiting CONSUMEs, make the deliveries ready again, return the budget."""
+        """Drop the waiting requests, make the deliveries ready again, leave the groups,
+        return the budget."""
         for w in self.waiters:
-            w.group.drop(w)
+            if w.line is None:  # an append in its appender: it ends unanswered
+                w.done = True
+            else:
+                w.line.drop(w)
         self.waiters.clear()
         self.leases.release(self.server.notify, self.peer)
+        self.members.release(self.server.streams.notify, self.peer)
         self.server.budget.forget(self)
 
     def linger(self):

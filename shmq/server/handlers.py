@@ -1,43 +1,93 @@
 """One function per request type, in one table: ``HANDLERS[msg_type](conn, fields)``
-returns the reply payload, raises, or (a CONSUME with nothing ready) returns a ``Wait``.
+returns the reply payload, raises, or (a CONSUME, READ or POLL with nothing there yet)
+returns a ``Wait`` (an append that may wait for room: a ``Later``).
 
 Strategy: a handler knows nothing of sockets, frames or msg ids. It gets the connection
 it serves and the request's checked fields (``validate_request``), calls only the
 engine's public API, and returns the payload; the connection turns the payload, an
 exception (``status_of``) or a ``Wait`` into frames. Every engine call here is
-non-blocking (``put_nowait``, ``get_many(timeout=0)``, settles), so it holds a queue's
-lock for microseconds and the loop never waits. What a handler uses of ``conn``:
+non-blocking (``put_nowait``, ``get_many(timeout=0)``, settles, ``read(timeout=0)``,
+``poll(timeout=0)``), so it holds a lock for microseconds and the loop never waits.
+What a handler uses of ``conn``:
 
-- ``conn.server``: ``broker``, ``queue(name)`` (a cached handle), ``forget(name)``,
-  ``notify(name)``, ``on_create``, ``token``, ``max_frame_bytes``, ``stopping``;
+- ``conn.server``: ``broker``, ``queue(name)`` / ``stream(name)`` (cached handles),
+  ``forget(name)``, ``notify(name)``, ``waiters_of(q)``, ``streams`` (``forget``,
+  ``notify``, ``line_of``), ``on_create``, ``token``, ``max_frame_bytes``, ``stopping``;
 - ``conn.leases``: the deliveries the connection holds (``leases.Leases``);
+- ``conn.members``: the group members it holds (``members.Members``);
 - ``conn.authenticated()``: after a HELLO with the right token.
 """
 
 import hmac
 from dataclasses import dataclass
+from typing import Callable
+
+import msgpack
 
 from .. import __version__
 from ..errors import QueueEmpty, Unauthorized
 from ..protocol import MsgType
-from ..protocol.forms import consume_args, create_args, stats_fields
+from ..protocol.compression import CODECS
+from ..protocol.forms import (
+    batch_args,
+    consume_args,
+    create_args,
+    from_pairs,
+    metadata_fields,
+    pairs,
+    record_reply,
+    stats_fields,
+    stream_create_args,
+    stream_info_fields,
+    stream_stats_fields,
+)
 from .waiters import NOTHING
 
-__all__ = ["HANDLERS", "Wait", "RECORD_OVERHEAD"]
+__all__ = ["HANDLERS", "Wait", "Later", "RECORD_OVERHEAD", "fill"]
 
-RECORD_OVERHEAD = 128  # bytes a message adds to a CONSUME reply besides body and headers
+RECORD_OVERHEAD = 128  # bytes a message or record adds to a reply besides its bytes and headers
 
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """A CONSUME found nothing ready and may wait ``wait_ms``: the connection puts it in
-    ``q``'s line (or refuses it past its limit) and answers it later."""
+    """A request found nothing there yet and may wait ``wait_ms``: the connection puts it
+    in ``line`` (or refuses it past its limit), where ``take(args)`` is tried again (None:
+    nothing yet), and answers it later with ``reply(conn, args, what it got)``. ``take``
+    and ``reply`` are functions of this module, the same for every request of a type,
+    so a waiting request costs its ``args`` tuple, not closures of its own."""
 
-    q: object
-    most: int
-    vis: float | None
-    max_bytes: int
+    line: object
+    take: Callable
+    reply: Callable
+    args: tuple
     wait_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """An append to a stream with retention="block", which may wait for room: the
+    connection hands ``run`` to the stream's appender thread (``appenders``) and answers
+    ``reply(what it returned)`` when it is done."""
+
+    stream: object
+    run: Callable
+    reply: Callable
+
+
+def _wait_or_answer(conn, f, line, take, reply, args):
+    """``reply(conn, args, take(args))`` if it got something, else a Wait (with
+    ``wait_ms``, not while stopping), else ``reply(conn, args, NOTHING)``."""
+    got = take(args)
+    if got is None:
+        if f["wait_ms"] and not conn.server.stopping:
+            return Wait(line, take, reply, args, f["wait_ms"])
+        got = NOTHING
+    return reply(conn, args, got)
+
+
+def _reply_budget(server, most) -> int:
+    """The bytes of bodies and headers a reply of ``most`` items may carry within a frame."""
+    return max(server.max_frame_bytes - 1024 - most * RECORD_OVERHEAD, 0)
 
 
 def hello(conn, f):
@@ -46,7 +96,8 @@ def hello(conn, f):
         if not hmac.compare_digest(str(f.get("token") or "").encode(), server.token.encode()):
             raise Unauthorized("wrong or missing token")
         conn.authenticated()
-    return {"server": "shmq", "version": __version__, "max_frame_bytes": server.max_frame_bytes}
+    return {"server": "shmq", "version": __version__, "max_frame_bytes": server.max_frame_bytes,
+            "compression": CODECS}
 
 
 def ping(conn, f):
@@ -101,15 +152,20 @@ def consume(conn, f):
     server = conn.server
     q = server.queue(f["queue"])
     most, vis = consume_args(f)
-    # the reply must fit in a frame: bodies and headers, plus per-message framing
-    max_bytes = max(server.max_frame_bytes - 1024 - most * RECORD_OVERHEAD, 0)
+    args = (q, most, vis, _reply_budget(server, most))  # the reply must fit in a frame
+    return _wait_or_answer(conn, f, server.waiters_of(q), _get, _leased, args)
+
+
+def _get(args):
+    q, most, vis, max_bytes = args
     try:
-        ds = q.get_many(most, timeout=0, visibility_timeout=vis, max_bytes=max_bytes)
+        return q.get_many(most, timeout=0, visibility_timeout=vis, max_bytes=max_bytes)
     except QueueEmpty:
-        if f["wait_ms"] and not server.stopping:
-            return Wait(q, most, vis, max_bytes, f["wait_ms"])
-        ds = NOTHING
-    return {"messages": conn.leases.lease(q, ds)}
+        return None
+
+
+def _leased(conn, args, ds):
+    return {"messages": conn.leases.lease(args[0], ds)}
 
 
 def ack(conn, f):
@@ -143,6 +199,158 @@ def extend(conn, f):
     return {}
 
 
+# ---------------------------------------------------------------- streams
+def stream_create(conn, f):
+    s = conn.server.broker.create_stream(f["stream"], **stream_create_args(f))
+    try:
+        return stream_info_fields(s)
+    finally:
+        s.close()
+
+
+def stream_delete(conn, f):
+    conn.server.streams.forget(f["stream"])
+    conn.server.broker.delete_stream(f["stream"])
+    return {}
+
+
+def stream_list(conn, f):
+    return {"streams": conn.server.broker.list_streams()}
+
+
+def stream_info(conn, f):
+    return stream_info_fields(conn.server.stream(f["stream"]))
+
+
+def stream_stats(conn, f):
+    return stream_stats_fields(conn.server.stream(f["stream"]).stats())
+
+
+def _appended(conn, s, run, reply):
+    """``reply(run())`` of an append, made now, or Later where it may wait for room."""
+    if s.retention == "block":
+        return Later(s, run, reply)
+    result = reply(run())
+    conn.server.streams.notify(s.name)
+    return result
+
+
+def append(conn, f):
+    s = conn.server.stream(f["stream"])
+    return _appended(conn, s, lambda: s.append(f["value"], key=f.get("key"), headers=f.get("headers"),
+                                               partition=f.get("partition")),
+                     lambda m: {"partition": m.partition, "offset": m.offset, "timestamp": m.timestamp})
+
+
+def append_batch(conn, f):
+    s = conn.server.stream(f["stream"])
+    values, keys, headers = batch_args(f, conn.server.max_frame_bytes)
+    return _appended(conn, s, lambda: s.append_many(values, keys=keys, headers=headers, partition=f.get("partition")),
+                     lambda metas: {"records": [metadata_fields(m) for m in metas]})
+
+
+def fill(take, most, budget, per_record) -> list:
+    """Records from ``take(n, got)`` (a non-blocking read or poll of up to n records, after
+    the records ``got`` so far) until ``most`` of them, or until the next could overrun
+    ``budget`` bytes: each round asks only for as many as surely fit, every record being
+    at most ``per_record`` bytes on the wire. The first record always comes, as a
+    CONSUME's first message does."""
+    out = []
+    while len(out) < most:
+        n = min(most - len(out), max(budget, 0) // per_record) or (0 if out else 1)
+        if n == 0:
+            break
+        got = take(n, out)
+        out += got
+        if len(got) < n:
+            break
+        for r in got:
+            budget -= len(r.value) + len(r.key or b"") + RECORD_OVERHEAD
+            if r.headers:
+                budget -= len(msgpack.packb(r.headers, use_bin_type=True))
+    return out
+
+
+def _records(conn, s, f, take, *what):
+    """A READ's or POLL's reply: what ``take`` gives now, else a Wait on the stream's line.
+    ``what``: the request's own args (a READ's stream, partition and offset, a POLL's
+    member), then the most records, the reply's budget and the most a record may take."""
+    args = (*what, f["max"], _reply_budget(conn.server, 0), s.max_message_bytes + RECORD_OVERHEAD)
+    return _wait_or_answer(conn, f, conn.server.streams.line_of(s), take, _records_reply, args)
+
+
+def _read(args):
+    s, p, offset, *limits = args
+    return fill(lambda n, got: s.read(p, got[-1].offset + 1 if got else offset, n), *limits) or None
+
+
+def _poll(args):
+    c, *limits = args
+    return fill(lambda n, got: c.poll(max_records=n, timeout=0), *limits) or None
+
+
+def _records_reply(conn, args, rs):
+    return {"records": [record_reply(r) for r in rs]}
+
+
+def read(conn, f):
+    s = conn.server.stream(f["stream"])
+    return _records(conn, s, f, _read, s, f["partition"], f["offset"])
+
+
+def offsets(conn, f):
+    earliest, end = conn.server.stream(f["stream"]).offsets(f["partition"])
+    return {"earliest": earliest, "end": end}
+
+
+def join(conn, f):
+    s = conn.server.stream(f["stream"])  # StreamNotFound before anything is made
+    tag, c = conn.members.join(conn.server.broker, s.name, f["group"], f["auto_offset_reset"])
+    conn.server.streams.notify(s.name)  # the group's waiting POLLs rebalance
+    return {"member": tag, "partitions": c.assignment()}
+
+
+def poll(conn, f):
+    s = conn.server.stream(f["stream"])
+    return _records(conn, s, f, _poll, conn.members.get(s.name, f["member"]))
+
+
+def commit(conn, f):
+    c = conn.members.get(f["stream"], f["member"])
+    c.commit(from_pairs(f["offsets"]) if "offsets" in f else None)
+    return {}
+
+
+def leave(conn, f):
+    conn.members.leave(f["stream"], f["member"])
+    conn.server.streams.notify(f["stream"])
+    return {}
+
+
+def assignment(conn, f):
+    c = conn.members.get(f["stream"], f["member"])
+    owned = c.assignment()
+    return {"partitions": owned, "positions": pairs({p: c.position(p) for p in owned})}
+
+
+def groups(conn, f):
+    return {"groups": conn.server.stream(f["stream"]).groups()}
+
+
+def committed(conn, f):
+    return {"committed": pairs(conn.server.stream(f["stream"]).committed(f["group"]))}
+
+
+def lag(conn, f):
+    return {"lag": pairs(conn.server.stream(f["stream"]).lag(f["group"]))}
+
+
+def reset(conn, f):
+    to = from_pairs(f["offsets"]) if "offsets" in f else f.get("to", "earliest")
+    conn.server.stream(f["stream"]).reset(f["group"], to=to)
+    return {}
+
+
 # request type -> its handler: every type of protocol.requests.REQUEST_FIELDS
 HANDLERS = {
     MsgType.HELLO: hello,
@@ -159,4 +367,22 @@ HANDLERS = {
     MsgType.NACK: nack,
     MsgType.EXTEND: extend,
     MsgType.REJECT: reject,
+    MsgType.STREAM_CREATE: stream_create,
+    MsgType.STREAM_DELETE: stream_delete,
+    MsgType.STREAM_LIST: stream_list,
+    MsgType.STREAM_INFO: stream_info,
+    MsgType.STREAM_STATS: stream_stats,
+    MsgType.APPEND: append,
+    MsgType.APPEND_BATCH: append_batch,
+    MsgType.READ: read,
+    MsgType.OFFSETS: offsets,
+    MsgType.JOIN: join,
+    MsgType.POLL: poll,
+    MsgType.COMMIT: commit,
+    MsgType.LEAVE: leave,
+    MsgType.ASSIGNMENT: assignment,
+    MsgType.GROUPS: groups,
+    MsgType.COMMITTED: committed,
+    MsgType.LAG: lag,
+    MsgType.RESET: reset,
 }

@@ -15,17 +15,18 @@ import logging
 from ..errors import DeliveryExpired, LockTimeout, QueueNotFound, ShmqError, StorageError
 from ..protocol.forms import delivery_fields
 
-__all__ = ["Leases"]
+__all__ = ["Held", "Leases"]
 
 log = logging.getLogger("shmq.server")
 
 _RETRY = (StorageError, LockTimeout)  # the engine changed nothing: the deliveries stay held
 
 
-class Leases:
-    """tag -> (queue handle, Delivery) for one connection."""
+class Held:
+    """What one connection holds, by tag: a tag names a thing on that connection only
+    (unique in the server process, never reused)."""
 
-    _tags = itertools.count(1)  # unique in the server process, never reused
+    _tags = itertools.count(1)
 
     __slots__ = ("held",)
 
@@ -35,15 +36,21 @@ class Leases:
     def __len__(self):
         return len(self.held)
 
+    def hold(self, thing) -> int:
+        """A new tag for ``thing``, held from now."""
+        tag = next(self._tags)
+        self.held[tag] = thing
+        return tag
+
+
+class Leases(Held):
+    """tag -> (queue handle, Delivery) for one connection."""
+
+    __slots__ = ()
+
     def lease(self, q, ds) -> list:
         """The wire form of deliveries ``q`` just leased; they are held from now."""
-        out = []
-        held = self.held
-        for d in ds:
-            tag = next(self._tags)
-            held[tag] = (q, d)
-            out.append(delivery_fields(d, tag))
-        return out
+        return [delivery_fields(d, self.hold((q, d))) for d in ds]
 
     def take(self, q, tags) -> list:
         """The deliveries named by ``tags`` (all held, all of ``q``; each once), still

@@ -1,25 +1,30 @@
 """The TCP front of ``shmq server`` (``TcpServer``): listening, the registry of
-connections and of cached queue handles with their lines of waiting CONSUMEs, the
-sweeper of deadlines, and a stop that answers what is in flight.
+connections and of cached queue and stream handles with their lines of waiting
+requests (``Handles``), the sweeper of deadlines, and a stop that answers what is in
+flight.
 
 Strategy: one asyncio event loop, one protocol object per connection
-(``connection.Connection``), no thread and no task per client; the loop only moves
-bytes and calls handlers (``handlers.HANDLERS``), which call the engine's public,
-non-blocking API. The modules beside this one hold the rest, by concern: ``limits``
-(what clients may cost: Limits, the buffer budget, deadlines), ``waiters`` (the
-per-queue lines of waiting CONSUMEs), ``leases`` (the deliveries a connection holds),
-``handlers`` (one function per request type), ``connection`` (bytes in, frames out).
+(``connection.Connection``), no task per client; the loop only moves bytes and calls
+handlers (``handlers.HANDLERS``), which call the engine's public, non-blocking API. The
+modules beside this one hold the rest, by concern: ``limits`` (what clients may cost:
+Limits, the buffer budget, deadlines), ``waiters`` (the per-queue and per-stream lines
+of waiting CONSUMEs, READs and POLLs), ``leases`` (the deliveries a connection holds),
+``members`` (the consumer-group members it holds), ``handlers`` (one function per
+request type), ``connection`` (bytes in, frames out), ``appenders`` (one thread per
+stream with retention="block", for the appends that wait for room: the one wait the
+engine cannot give up at once).
 """
 
 import asyncio
 import logging
 
 from ..engine.broker import Broker
-from ..errors import QueueNotFound
+from ..errors import QueueNotFound, StreamNotFound
 from ..protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
+from .appenders import Appender
 from .connection import READ_CHUNK, Connection
 from .limits import PRE_AUTH_MAX_FRAME_BYTES, SMALL_FRAME_BYTES, Budget, Limits
-from .waiters import NOTHING, QueueWaiters
+from .waiters import NOTHING, QueueWaiters, StreamWaiters
 
 __all__ = ["TcpServer", "Limits", "SMALL_FRAME_BYTES", "PRE_AUTH_MAX_FRAME_BYTES", "LOCK_TIMEOUT_S"]
 
@@ -49,8 +54,9 @@ class TcpServer:
         self.budget = Budget(self.limits.max_buffered_bytes)
         self.rview = memoryview(bytearray(READ_CHUNK))  # every connection reads into it, in turn
         self.loop = None
-        self._queues = {}
-        self._waiters = {}  # queue name -> QueueWaiters
+        self.queues = Handles(self, self._attach_queue, QueueWaiters, QueueNotFound, "queue")
+        self.streams = Handles(self, broker.stream, StreamWaiters, StreamNotFound, "stream")
+        self._appenders = {}  # stream name -> (handle, its Appender) (streams with retention="block")
         self._refused = 0  # connections refused since the cap was last reached
         self._server = None
         self._sweeper = None
@@ -58,36 +64,33 @@ class TcpServer:
 
     def queue(self, name):
         """A cached handle on queue ``name`` (re-attached after a delete + create)."""
-        q = self._queues.get(name)
-        if q is not None:
-            if not q.deleted:
-                return q
-            self.forget(name)
-        q = self._queues[name] = self.broker.queue(name)
-        q.lock_timeout = LOCK_TIMEOUT_S  # a stopped local lock holder stalls the loop this long at most
-        return q
+        return self.queues.get(name)
 
     def forget(self, name):
-        """Drop the handle on ``name``; whoever waits on it hears that it was deleted."""
-        q = self._queues.pop(name, None)
-        group = self._waiters.pop(name, None)
-        if group is not None:
-            group.answer_all(QueueNotFound(f"queue {name!r} was deleted"))
-        if q is not None:
-            q.close()
+        """Drop the handle on queue ``name``; whoever waits on it hears that it was deleted."""
+        self.queues.forget(name)
 
     def notify(self, name):
         """Messages were just made ready by this loop: serve that queue's waiting CONSUMEs
         once the current request is answered (the poller is for other processes)."""
-        group = self._waiters.get(name)
-        if group is not None:
-            group.schedule()
+        self.queues.notify(name)
 
     def waiters_of(self, q):
-        group = self._waiters.get(q.name)
-        if group is None or group.q is not q:
-            group = self._waiters[q.name] = QueueWaiters(self.loop, q)
-        return group
+        return self.queues.line_of(q)
+
+    def stream(self, name):
+        """A cached handle on stream ``name`` (re-attached after a delete + create)."""
+        return self.streams.get(name)
+
+    def appender(self, s):
+        """The thread that makes the appends of stream handle ``s`` (retention="block")."""
+        s_of, a = self._appenders.get(s.name, (None, None))
+        if s_of is not s:  # new, or the stream was deleted and made again
+            if a is not None:
+                a.close()
+            a = Appender(self.loop, s.name)
+            self._appenders[s.name] = (s, a)
+        return a
 
     # ------------------------------------------------------------------ connections
     def admit(self, conn) -> bool:
@@ -133,9 +136,8 @@ class TcpServer:
             self._server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
-        for group in list(self._waiters.values()):
-            group.serve()
-            group.answer_all(NOTHING)
+        for handles in (self.queues, self.streams):
+            handles.answer_all()
         if self.connections:
             self._all_gone = self.loop.create_future()
             for conn in list(self.connections):
@@ -147,5 +149,69 @@ class TcpServer:
                     conn.transport.abort()
         if self._server is not None:
             await self._server.wait_closed()
-        for name in list(self._queues):
+        for _s, a in self._appenders.values():
+            a.close()
+        self._appenders.clear()
+        for handles in (self.queues, self.streams):
+            handles.forget_all()
+
+    def _attach_queue(self, name):
+        q = self.broker.queue(name)
+        q.lock_timeout = LOCK_TIMEOUT_S  # a stopped local lock holder stalls the loop this long at most
+        return q
+
+
+class Handles:
+    """The handles this server keeps attached, of one kind (queues or streams), by name,
+    each with its ``Line`` of waiting requests (``waiters``)."""
+
+    def __init__(self, server, attach, line_class, gone, kind):
+        self.server = server
+        self.attach = attach  # name -> a new handle; raises the kind's not-found error
+        self.line_class = line_class
+        self.gone = gone  # the error whoever waits on a deleted one hears
+        self.kind = kind
+        self.handles = {}
+        self.lines = {}
+
+    def get(self, name):
+        """The cached handle on ``name``, attached again after a delete + create."""
+        h = self.handles.get(name)
+        if h is not None:
+            if not h.deleted:
+                return h
+            self.forget(name)
+        h = self.handles[name] = self.attach(name)
+        return h
+
+    def forget(self, name):
+        """Drop the handle on ``name``; whoever waits on it hears that it was deleted."""
+        h = self.handles.pop(name, None)
+        line = self.lines.pop(name, None)
+        if line is not None:
+            line.answer_all(self.gone(f"{self.kind} {name!r} was deleted"))
+        if h is not None:
+            h.close()
+
+    def notify(self, name):
+        """Data for ``name`` was just made by this loop: serve its line once the current
+        request is answered."""
+        line = self.lines.get(name)
+        if line is not None:
+            line.schedule()
+
+    def line_of(self, h):
+        line = self.lines.get(h.name)
+        if line is None or line.handle is not h:
+            line = self.lines[h.name] = self.line_class(self.server.loop, h)
+        return line
+
+    def answer_all(self):
+        """The stop: every waiter gets what is there now, possibly nothing."""
+        for line in list(self.lines.values()):
+            line.serve()
+            line.answer_all(NOTHING)
+
+    def forget_all(self):
+        for name in list(self.handles):
             self.forget(name)

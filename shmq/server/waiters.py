@@ -1,58 +1,62 @@
-"""The CONSUMEs waiting for messages: one ``Waiter`` per request, one first-come
-first-served line (``QueueWaiters``) per queue.
+"""The requests waiting for data: one ``Waiter`` per request (a CONSUME, a READ or a
+POLL), one ``Line`` of them per queue or stream.
 
-Strategy: a waiting CONSUME is a small record in its queue's line plus one loop timer,
-not a coroutine or a thread, so thousands cost little and closing a connection with
-many waiters just marks them done. A put serves the first waiter only: one message
-wakes one waiter. The line calls only the engine's non-blocking public API
-(``get_many(timeout=0)``, ``ready_hint``), so the loop never blocks on a queue.
+Strategy: a waiting request is a small record in its line plus one loop timer, not a
+coroutine or a thread, so thousands cost little and closing a connection with many
+waiters just marks them done. A waiter carries ``take``: the handler's own attempt,
+made again with the engine's non-blocking public API, which returns what to answer or
+None for "nothing yet". One algorithm (``Line``: timers, the poller, answering once)
+with two ways to serve: a queue's line is first come first served and one message
+wakes one waiter (``QueueWaiters``); a stream's readers do not compete, so every one
+of its waiters is tried (``StreamWaiters``).
 """
 
 import asyncio
 from collections import deque
 
-from ..errors import QueueEmpty, ShmqError
+from ..errors import ShmqError
 
-__all__ = ["Waiter", "QueueWaiters", "NOTHING"]
+__all__ = ["Waiter", "Line", "QueueWaiters", "StreamWaiters", "NOTHING"]
 
-NOTHING = ()  # the deliveries of a CONSUME that waited in vain
+NOTHING = ()  # what a request that waited in vain is answered with
 
 
 class Waiter:
-    """One waiting CONSUME: who asked, for what; ``timer`` answers it empty at its deadline.
-    ``conn.answer(waiter, result)`` gets the deliveries or the exception."""
+    """One waiting request: who asked (``conn``, ``msg_id``, ``msg_type``), ``take(args)``
+    to try again, ``reply(conn, args, what it got)`` for the reply's payload; ``timer``
+    answers it with NOTHING at its deadline. ``conn.answer(waiter, result)`` gets the
+    result or the exception."""
 
-    __slots__ = ("conn", "group", "msg_id", "most", "vis", "max_bytes", "timer", "done")
+    __slots__ = ("conn", "line", "msg_id", "msg_type", "take", "reply", "args", "timer", "done")
 
-    def __init__(self, conn, group, msg_id, most, vis, max_bytes):
+    def __init__(self, conn, line, msg_id, msg_type, take, reply, args):
         self.conn = conn
-        self.group = group
+        self.line = line
         self.msg_id = msg_id
-        self.most = most
-        self.vis = vis
-        self.max_bytes = max_bytes
+        self.msg_type = msg_type
+        self.take = take
+        self.reply = reply
+        self.args = args
         self.timer = None
         self.done = False
 
 
-class QueueWaiters:
-    """The CONSUMEs waiting on one queue, first come first served.
+class Line:
+    """The waiters on one queue or stream (``handle``), in arrival order.
 
-    ``serve`` hands ready messages to the waiters in order and stops at the first that
-    finds the queue empty: one message wakes one waiter. Puts made by this server's loop
-    schedule a ``serve`` (``TcpServer.notify``). Puts by other processes (local producers
-    writing to shared memory), leases expiring and delays ending are seen by a poller task
-    that reads the queue's ready count — one word, no lock, no syscall — with a short
-    backoff while anyone waits, so no thread ever competes with the loop for the GIL.
-    Finished or dropped waiters leave the FIFO lazily; it is compacted when they are most
-    of it, so dropping n waiters costs O(n).
+    Data made by this server's loop schedules a ``serve`` (``TcpServer.notify``). Data
+    made by other processes (local producers and appenders writing to shared memory),
+    leases expiring, delays ending and groups rebalancing are seen by a poller task that
+    tries again with a backoff while anyone waits (``POLL_S``), so no thread ever
+    competes with the loop for the GIL. Finished or dropped waiters leave the FIFO
+    lazily; it is compacted when they are most of it, so dropping n waiters costs O(n).
     """
 
-    POLL_S = (0.0002, 0.002)  # first and longest pause between reads of the ready count
+    POLL_S = (0.0002, 0.002)  # first and longest pause between the poller's looks
 
-    def __init__(self, loop, q):
+    def __init__(self, loop, handle):
         self.loop = loop
-        self.q = q
+        self.handle = handle
         self.fifo = deque()
         self.live = 0
         self._poller = None
@@ -66,7 +70,7 @@ class QueueWaiters:
             self._poller = asyncio.ensure_future(self._poll())
 
     def finish(self, w, result):
-        """Answer ``w`` with deliveries or an exception (once)."""
+        """Answer ``w`` with a result or an exception (once)."""
         if self._end(w):
             w.conn.answer(w, result)
 
@@ -93,41 +97,84 @@ class QueueWaiters:
         self._scheduled = False
         self.serve()
 
+    def _try(self, w):
+        """``w.take(w.args)``: a result, an exception (deleted, lock timeout...: the waiter hears
+        of it), or None."""
+        try:
+            return w.take(w.args)
+        except Exception as e:
+            return e
+
     def serve(self) -> bool:
-        """Hand ready messages to the waiters in order; True if one got messages."""
-        served = False
-        while self.fifo:
-            w = self.fifo[0]
-            if w.done:
-                self.fifo.popleft()
-                continue
-            try:
-                result = self.q.get_many(w.most, timeout=0, visibility_timeout=w.vis, max_bytes=w.max_bytes)
-                served = True
-            except QueueEmpty:
-                break
-            except Exception as e:  # deleted, lock timeout...: the waiter hears of it
-                result = e
-            self.fifo.popleft()
-            self.finish(w, result)
-        return served
+        """Answer the waiters that can be answered now; True if one was."""
+        raise NotImplementedError
+
+    def hint(self) -> bool:
+        """Whether a serve may find something (a cheap look, or always True)."""
+        return True
 
     def answer_all(self, result):
-        """Answer every waiter with ``result`` (stop, queue deleted)."""
+        """Answer every waiter with ``result`` (stop, queue or stream deleted)."""
         while self.fifo:
             self.finish(self.fifo.popleft(), result)
         if self._poller is not None:
             self._poller.cancel()
 
     async def _poll(self):
-        pause = self.POLL_S[0]
+        low, high = self.POLL_S
+        pause = low
         while self.live:
             try:
-                ready = self.q.ready_hint()
+                ready = self.hint()
             except ShmqError:
                 ready = True  # deleted or closed: let the waiters find out
             if ready and self.serve():
-                pause = self.POLL_S[0]
+                pause = low
             else:
-                pause = min(pause * 2, self.POLL_S[1])
+                pause = min(pause * 2, high)
             await asyncio.sleep(pause)
+
+
+class QueueWaiters(Line):
+    """The CONSUMEs waiting on one queue, first come first served: ``serve`` hands ready
+    messages to the waiters in order and stops at the first that finds the queue empty.
+    The poller looks at the queue's ready count — one word, no lock, no syscall."""
+
+    def hint(self) -> bool:
+        return self.handle.ready_hint()
+
+    def serve(self) -> bool:
+        served = False
+        while self.fifo:
+            w = self.fifo[0]
+            if w.done:
+                self.fifo.popleft()
+                continue
+            result = self._try(w)
+            if result is None:
+                break
+            served = True
+            self.fifo.popleft()
+            self.finish(w, result)
+        return served
+
+
+class StreamWaiters(Line):
+    """The READs and POLLs waiting at the end of one stream's partitions. Readers do not
+    compete (a record is there for all of them), so ``serve`` tries every waiter; each
+    try is one look under a partition's lock, so the poller backs off further."""
+
+    POLL_S = (0.0005, 0.005)
+
+    def serve(self) -> bool:
+        served = False
+        for w in list(self.fifo):
+            if w.done:
+                continue
+            result = self._try(w)
+            if result is not None:
+                served = True
+                self.finish(w, result)
+        if self.live == 0:
+            self.fifo.clear()
+        return served
