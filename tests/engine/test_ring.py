@@ -22,7 +22,8 @@ def _append(mm, mq, cap, sizes, first_id=1, state=L.READY):
     out = []
     for i, size in enumerate(sizes):
         pos, a = ring.place(mm, BASE, cap, pos, size)
-        ring.write_record(mm, a, state, size, b"b" * (size - L.REC_SIZE - 2), b"hh", first_id + i, 7)
+        hraw = b"hh" if size > L.REC_SIZE else b""  # the record's bytes fill exactly its size
+        ring.write_record(mm, a, state, size, b"b" * (size - L.REC_SIZE - len(hraw)), hraw, first_id + i, 7)
         out.append(pos)
         pos += size
     mq[L.I_TAIL] = pos
