@@ -1,9 +1,10 @@
 """The .dmsq snapshot file format and the write-ahead log entry codec.
 
-Strategy: this module is sans-engine. It turns a queue's header and records into a
-file and back, and knows nothing of shared memory, locks or the queue engine; the
-caller decides what to snapshot and what to do with what it reads back. The byte
-layout is specified in docs/FORMAT.md; the structs below are its only encoding.
+Strategy: this module is sans-engine. It turns a queue's (or a stream partition's)
+header and records into a file and back, and knows nothing of shared memory, locks or
+the queue engine; the caller decides what to snapshot and what to do with what it reads
+back. The byte layout is specified in docs/FORMAT.md; the structs below are its only
+encoding.
 
 Writing is crash-safe: a snapshot is written to ``<path>.tmp``, fsynced, renamed over
 ``<path>`` and the directory fsynced, so at every instant ``<path>`` is either the old
@@ -24,6 +25,7 @@ itself intact.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import struct
 import zlib
@@ -59,6 +61,14 @@ __all__ = [
     "summary",
     "encode_log_entry",
     "read_log",
+    "scan_log",
+    "salvage_log",
+    "stream_entry",
+    "stream_record",
+    "stream_row",
+    "HWM_SLOT",
+    "encode_hwm",
+    "read_hwm",
 ]
 
 MAGIC = b"DMSQ"
@@ -262,6 +272,33 @@ def encode_put_entry(msg_id: int, enqueued_ns: int, headers: bytes, body: bytes)
 def encode_ack_entry(msg_id: int, attempt: int) -> bytes:
     """``encode_log_entry(ACK, msg_id, attempt, 0, b"", b"")`` for the engine's hot path."""
     return _log_entry(RECORD_HEAD.pack(_ACK_TAG, 0, 0, attempt, msg_id, 0), b"", b"")
+
+
+# A stream record in a snapshot or a log entry: msg_id = its offset, enqueued_ns = its
+# timestamp, attempt = the key's length + 1 (0: no key), headers as given, body = the key's
+# bytes followed by the value's (docs/FORMAT.md, "Streams").
+
+
+def stream_entry(offset: int, timestamp_ns: int, key, headers, value) -> bytes:
+    """The PUT log entry of one stream record (the caller has checked the sizes)."""
+    body = value if key is None else key + value
+    return _log_entry(RECORD_HEAD.pack(_PUT_TAG, len(headers), len(body), 0 if key is None else len(key) + 1,
+                                       offset, timestamp_ns), headers, body)
+
+
+def stream_record(offset: int, timestamp_ns: int, key, headers, value) -> SnapshotRecord:
+    """The snapshot record of one stream record."""
+    return SnapshotRecord(offset, 0 if key is None else len(key) + 1, timestamp_ns, headers,
+                          value if key is None else key + value)
+
+
+def stream_row(msg_id: int, attempt: int, enqueued_ns: int, headers, body) -> tuple:
+    """A stream record's (offset, timestamp_ns, key or None, headers, value) from the fields
+    of a snapshot record or a log entry. A key length past the body yields no key."""
+    if attempt and attempt - 1 <= len(body):
+        k = attempt - 1
+        return msg_id, enqueued_ns, bytes(body[:k]), headers, body[k:]
+    return msg_id, enqueued_ns, None, headers, body
 
 
 # ----------------------------------------------------------------------------- writing
@@ -624,6 +661,44 @@ def read_log(path) -> tuple[list[LogEntry], str | None, int | None]:
     return entries, None, None
 
 
+def scan_log(path, start: int = 0) -> Iterator[tuple[int, LogEntry]]:
+    """(position, entry) of each intact entry from byte ``start`` (an entry boundary) on,
+    stopping silently at the first damage or at the end: for readers that only want
+    what is intact now (a log another process is appending to ends in a torn entry
+    while it writes). Raises only OSError."""
+    with open(os.fsdecode(path), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        pos, n = start, 0
+        f.seek(start)
+        while pos < size:
+            try:
+                entry = _read_log_entry(f, pos, size - pos, n)
+            except _Damage:
+                return
+            yield pos, entry
+            pos += RECORD_OVERHEAD + len(entry.headers) + len(entry.body)
+            n += 1
+
+
+def salvage_log(path, start: int) -> list[LogEntry]:
+    """Intact entries found after damage at byte ``start``, by trying each place the tag
+    occurs for an entry whose lengths and CRC check. For recovery to learn what the
+    damage hid (which offsets a stream had handed out), never to replay: bytes after
+    damage are not trusted to be in order. Raises only OSError."""
+    with open(os.fsdecode(path), "rb") as f:
+        data = f.read()
+    out, pos = [], data.find(LOG_TAG, start + 1)
+    while pos >= 0:
+        try:
+            entry = _read_log_entry(io.BytesIO(data[pos:]), pos, len(data) - pos, 0)
+        except _Damage:
+            pos = data.find(LOG_TAG, pos + 1)
+            continue
+        out.append(entry)
+        pos = data.find(LOG_TAG, pos + RECORD_OVERHEAD + len(entry.headers) + len(entry.body))
+    return out
+
+
 def _read_log_entry(f, pos: int, left: int, n: int) -> LogEntry:
     head = f.read(min(RECORD_HEAD_SIZE, left))
     tag = head[:3]
@@ -654,6 +729,36 @@ def _read_log_entry(f, pos: int, left: int, n: int) -> LogEntry:
     if op == ACK and (hl or bl):
         raise _Damage(pos, f"log entry {n}: an ACK with headers or a body")
     return LogEntry(op, msg_id, attempt, enqueued_ns, headers, body)
+
+
+# ---------------------------------------------------------------- high-water marks
+# A stream partition's high-water file: two 32-byte slots, written in turn in place, so a
+# torn write spoils at most the slot being written. A slot: tag b"HWM1", crc u32 (of the
+# slot's other 28 bytes), writes u64 (which write this is: slot = writes % 2), epoch u64,
+# offset u64 (no offset at or above it had been handed out, as of that epoch).
+HWM_TAG = b"HWM1"
+HWM_SLOT = struct.Struct("<4sIQQQ")
+
+
+def encode_hwm(writes: int, epoch: int, offset: int) -> bytes:
+    """One slot of a high-water file: write it at ``(writes % 2) * HWM_SLOT.size``."""
+    rest = struct.pack("<QQQ", writes, epoch, offset)
+    return HWM_TAG + CRC.pack(_crc32(rest, _crc32(HWM_TAG))) + rest
+
+
+def read_hwm(path) -> tuple[int, int] | None:
+    """(epoch, offset) of the newest intact slot of a high-water file, None if it has
+    none. Raises only OSError."""
+    with open(os.fsdecode(path), "rb") as f:
+        raw = f.read(2 * HWM_SLOT.size)
+    best = None
+    n = HWM_SLOT.size
+    for at in range(0, len(raw) - n + 1, n):
+        tag, crc, writes, epoch, offset = HWM_SLOT.unpack_from(raw, at)
+        if tag == HWM_TAG and crc == _crc32(raw[at + 8:at + n], _crc32(HWM_TAG)):
+            if best is None or writes > best[0]:
+                best = (writes, epoch, offset)
+    return None if best is None else best[1:]
 
 
 # ------------------------------------------------------------------------ maintenance

@@ -213,11 +213,11 @@ def write_c_header() -> str:
 # position of every INDEX_STRIDE-th offset.
 STREAM_MAGIC = b"SHMS"
 PART_MAGIC = b"SHMP"
-STREAM_VERSION = 1
+STREAM_VERSION = 2
 MAX_PARTITIONS = 256
 MAX_GROUPS = 64
 MAX_MEMBERS = 64
-NO_OFFSET = 2**64 - 1  # a group's committed offset before its first commit
+NO_OFFSET = 2**64 - 1  # a group's committed offset before its first commit; no log on disk
 RETENTION = {"drop": 0, "block": 1}
 RETENTION_NAMES = {v: k for k, v in RETENTION.items()}
 INDEX_STRIDE = 16
@@ -225,14 +225,29 @@ INDEX_STRIDE = 16
 PART_STATIC = struct.Struct("<4sHHQQQQQ")
 PART_MUTEX_OFF = 64
 PART_CTL_OFF = 128
+# disk_first: 1 + the first offset of the oldest log file still on disk (0: none, as a new
+# segment's zeroed word says), the long tail readers reach below ``earliest``; wal_mark / wal_mark_offset: the log size and
+# first offset of the latest append, so a repair cuts off entries an appender logged and
+# never committed; hwm: no offset at or above it was handed out since the high-water file
+# last said so (snapshot streams), hwm_epoch: snapshots taken (each resets hwm to the end),
+# hwm_base: the end at the last of them, hwm_span: offsets handed out in the epoch before,
+# hwm_writes: writes of the high-water file;
+# wal_rolled_ns: when the current log generation began (wall clock)
 PART_FIELDS = ("deleted", "head", "tail", "earliest", "next_offset", "pwait", "pposted", "appended_total",
-               "dropped_total", "bytes_dropped")
-PART_INDEX_OFF = 256
+               "dropped_total", "bytes_dropped", "disk_first", "wal_mark", "wal_mark_offset", "hwm", "hwm_epoch",
+               "hwm_base", "hwm_span", "hwm_writes", "wal_rolled_ns")
 (PI_DELETED, PI_HEAD, PI_TAIL, PI_EARLIEST, PI_NEXT, PI_PWAIT, PI_PPOSTED, PI_APPENDED, PI_DROPPED,
- PI_BYTES_DROPPED) = range(PART_CTL_OFF >> 3, (PART_CTL_OFF >> 3) + len(PART_FIELDS))
+ PI_BYTES_DROPPED, PI_DISK_FIRST, PI_WAL_MARK, PI_WAL_MARK_OFFSET, PI_HWM, PI_HWM_EPOCH, PI_HWM_BASE,
+ PI_HWM_SPAN, PI_HWM_WRITES, PI_WAL_ROLLED) = range(PART_CTL_OFF >> 3, (PART_CTL_OFF >> 3) + len(PART_FIELDS))
+# a partition's log words and log config: the same two structures as a queue's
+# (WAL_WORDS_OFF, WALCFG), at offsets of the partition segment (``wal.Log`` takes both)
+PART_WAL_WORDS_OFF = 280
+PART_WALCFG_OFF = 304
+PART_INDEX_OFF = 512
 # stream meta: magic, version, partitions, retention, durability, max_bytes, max_message_bytes,
 # retention_bytes (0: none), retention_ns (0: none), group_idle_ns, created_ns
 STREAM_STATIC = struct.Struct("<4sHHBB6xQQQQQQ")
+STREAM_CREATED_OFF = STREAM_STATIC.size - 8  # created_ns, the last field: a rebuilt stream keeps its own
 STREAM_MUTEX_OFF = 128
 STREAM_CTL_OFF = 192
 STREAM_FIELDS = ("deleted", "cwait", "cposted", "next_member")
@@ -245,7 +260,8 @@ GROUPS_OFF = 256
 GROUP_SIZE = align(GROUP_HEAD.size + MAX_MEMBERS * MEMBER.size + MAX_PARTITIONS * 8, 64)
 STREAM_SIZE = GROUPS_OFF + MAX_GROUPS * GROUP_SIZE
 
-assert PART_STATIC.size <= PART_MUTEX_OFF and PART_CTL_OFF + 8 * len(PART_FIELDS) <= PART_INDEX_OFF
+assert PART_STATIC.size <= PART_MUTEX_OFF and PART_CTL_OFF + 8 * len(PART_FIELDS) <= PART_WAL_WORDS_OFF
+assert PART_WAL_WORDS_OFF + 16 <= PART_WALCFG_OFF and PART_WALCFG_OFF + WALCFG.size <= PART_INDEX_OFF
 assert STREAM_STATIC.size <= STREAM_MUTEX_OFF and STREAM_CTL_OFF + 8 * len(STREAM_FIELDS) <= GROUPS_OFF
 
 

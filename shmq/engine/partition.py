@@ -1,4 +1,5 @@
-"""One partition of a stream: an append-only ring of records, read by offset.
+"""One partition of a stream: an append-only ring of records, read by offset, and for a
+"wal" stream its logs on disk, the long tail behind the ring.
 
 Strategy: a partition is a queue's ring without settling. Records are appended past the
 tail and published by one store of the tail (the commit), as puts are; each record's
@@ -10,11 +11,22 @@ scans from the start. Reads copy records under the partition's lock (microsecond
 a reader never sees a record being overwritten. A holder killed inside the lock leaves
 it owner-dead; the next holder rebuilds the control words from the records
 (``_repair``), which carry their offsets.
+
+Durability (docs/DESIGN.md, Persistence): the appender of a "wal" partition appends the
+log entries itself, under the lock, before its commit, as a queue's producer does
+(``wal.Log``); those logs stay on disk until retention deletes whole files, and a read
+below the ring goes to them (``wal.Tail``). A "snapshot" partition keeps a high-water
+mark on disk instead (``wal.HighWater``): an append that needs an offset past it writes a
+higher one first, so a stream rebuilt after a reboot continues past every offset ever
+handed out. Offsets lost that way (or with a damaged file) are a gap: a read there
+raises OffsetOutOfRange saying where to read on, never returns other records under them.
 """
 
 import ctypes
 import time
+from typing import NamedTuple
 
+from .. import dmsq
 from ..errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
 from . import layout as L
 from . import ring
@@ -23,15 +35,19 @@ from .mutex import lock_slow as _lock_slow
 from .mutex import trylock as _trylock
 from .mutex import unlock as _unlock
 from .segment import open_segment
+from .wal import HighWater, Log, Tail, log_files, partition_log_name
 
-__all__ = ["Partition", "partition_segment_name", "record_size"]
+__all__ = ["Partition", "Image", "partition_segment_name", "record_size"]
 
 _REC = L.REC_SIZE
 _READY, _PAD = L.READY, L.PAD
 _R_LENGTH, _R_MSG_ID, _R_ENQ, _R_KEY = L.R_LENGTH, L.R_MSG_ID, L.R_ENQ, L.R_DEADLINE
 _STRIDE = L.INDEX_STRIDE
 _REC_UNPACK = L.REC.unpack_from
+_LOG_GEN_W = L.PART_WALCFG_OFF >> 3  # the generation word of the partition's log config
 BLOCK_SLICE_S = 0.005  # how often an appender blocked by retention="block" looks again
+HWM_MIN_SPAN = 4096  # a high-water mark is raised by at least this many offsets at a time
+_stream_entry = dmsq.stream_entry
 
 
 def partition_segment_name(stream_base: str, index: int) -> str:
@@ -44,10 +60,22 @@ def record_size(key, hraw, value) -> int:
     return (_REC + 7 + (len(key) if key is not None else 0) + len(hraw) + len(value)) & -8
 
 
+class Image(NamedTuple):
+    """What a snapshot takes of a partition (``Partition.export``): its records as
+    (offset, timestamp_ns, key, headers, value), the offset the next append gets, the
+    first log generation the records do not cover ("wal"; else None), and the high-water
+    epoch this snapshot begins ("snapshot", once a broker configured it; else None)."""
+
+    rows: list
+    next_offset: int
+    wal_from: int | None
+    hwm_epoch: int | None
+
+
 class Partition:
     """A handle on partition ``index`` of a stream, attached in this process."""
 
-    def __init__(self, stream_base: str, index: int, name: str):
+    def __init__(self, stream_base: str, index: int, name: str, durability: str = "memory"):
         self.index = index
         self.name = name  # the stream's, for messages
         try:
@@ -64,6 +92,15 @@ class Partition:
         self._index_w = L.PART_INDEX_OFF >> 3
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.PART_MUTEX_OFF)))
         self._lockp = self._mutex.ptr
+        self.durability = durability
+        self._logged = durability == "wal"
+        self._marked = durability == "snapshot"
+        file_name, what = partition_log_name(name, index), f"stream {name!r} partition {index}"
+        # the log config says where the data dir is (and, for "wal", the log itself)
+        self.log = Log(self, file_name, what, L.PART_WALCFG_OFF, L.PART_WAL_WORDS_OFF) if durability != "memory" \
+            else None
+        self._hwm = HighWater(file_name, what) if self._marked else None
+        self._tail = Tail(file_name) if self._logged else None
 
     def __del__(self):
         if getattr(self, "_lockp", None) is not None:
@@ -73,6 +110,10 @@ class Partition:
         if self._lockp is None:
             return
         self._lockp = None
+        if self.log is not None:
+            self.log.close()
+        if self._hwm is not None:
+            self._hwm.close()
         self._mq.release()
         self._seg.close()
 
@@ -96,7 +137,8 @@ class Partition:
 
     def _repair(self):
         """Rebuild head, tail, earliest and next offset from the records, after the
-        lock's previous holder died inside an append or a drop. Lock held."""
+        lock's previous holder died inside an append or a drop; cut off log entries it
+        wrote and never committed. Lock held."""
         mq, cap = self._mq, self._cap
         head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
         first = last = None
@@ -111,34 +153,47 @@ class Partition:
             if first is None:
                 first = last
         mq[L.PI_TAIL] = tail
+        nxt = mq[L.PI_NEXT]  # never lowered: offsets past a gap stay handed out
         if last is not None:
-            mq[L.PI_EARLIEST], mq[L.PI_NEXT] = first, last + 1
+            nxt = mq[L.PI_NEXT] = max(nxt, last + 1)
+            mq[L.PI_EARLIEST] = first
         else:
             mq[L.PI_HEAD] = tail
-            mq[L.PI_EARLIEST] = mq[L.PI_NEXT]
+            mq[L.PI_EARLIEST] = nxt
+        if self._logged:
+            self.log.repair()  # an entry torn by the death
+            if mq[L.PI_WAL_MARK_OFFSET] >= nxt and self.log.size() > mq[L.PI_WAL_MARK]:
+                self.log.cut_back(mq[L.PI_WAL_MARK])  # logged by an append that never committed
 
     # ------------------------------------------------------------------ offsets
     def offsets(self) -> tuple[int, int]:
-        """(earliest retained offset, the offset the next append gets)."""
+        """(earliest readable offset — in memory or, for "wal", in a log on disk —, the
+        offset the next append gets)."""
         self._acquire()
         try:
-            return self._mq[L.PI_EARLIEST], self._mq[L.PI_NEXT]
+            return self._low(), self._mq[L.PI_NEXT]
         finally:
             self._release()
 
+    def _low(self):
+        earliest, disk = self._mq[L.PI_EARLIEST], self._mq[L.PI_DISK_FIRST]
+        return min(earliest, disk - 1) if disk else earliest
+
     def stats(self) -> dict:
-        """Earliest, end, bytes held, records appended and dropped."""
+        """Earliest (readable), end, bytes held, records appended and dropped."""
         mq = self._mq
         self._acquire()
         try:
-            return {"partition": self.index, "earliest": mq[L.PI_EARLIEST], "end": mq[L.PI_NEXT],
+            return {"partition": self.index, "earliest": self._low(), "end": mq[L.PI_NEXT],
+                    "memory_earliest": mq[L.PI_EARLIEST],
                     "bytes": mq[L.PI_TAIL] - mq[L.PI_HEAD], "max_bytes": self._cap,
                     "appended_total": mq[L.PI_APPENDED], "dropped_total": mq[L.PI_DROPPED]}
         finally:
             self._release()
 
     def _find(self, offset):
-        """The position of the record of ``offset`` (earliest <= offset < next). Lock held."""
+        """(position, offset) of the first record at or after ``offset`` (earliest <=
+        offset < next), or None: it is past the last record. Lock held."""
         mq, cap, base = self._mq, self._cap, self._base
         head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
         start = head
@@ -148,16 +203,23 @@ class Partition:
             if head <= pos < tail and mq[((base + pos % cap) >> 3) + _R_MSG_ID] == anchor:
                 start = pos
         for pos, w in ring.records(mq, cap, base, start, tail):
-            if mq[w] & 0xFF != _PAD and mq[w + _R_MSG_ID] == offset:
-                return pos
-        raise AssertionError(f"offset {offset} not found in partition {self.index} of {self.name!r}")
+            if mq[w] & 0xFF != _PAD and mq[w + _R_MSG_ID] >= offset:
+                return pos, mq[w + _R_MSG_ID]
+        return None
+
+    def _lost(self, offset, resume, end):
+        return OffsetOutOfRange(
+            f"stream {self.name!r} partition {self.index}: offsets {offset}..{resume - 1} were lost (a reboot, or "
+            f"a damaged or deleted log file); read on from {resume}", resume, end)
 
     # ------------------------------------------------------------------ append
     def append(self, items, now_ns, floor=None, deadline=None) -> int:
         """Append ``(key or None, encoded headers, value)`` items, all or nothing; returns
         the first one's offset. With ``floor`` (retention="block": a function giving the
         lowest offset a group still needs), only records below it are dropped for room,
-        and the append waits (until ``deadline``, monotonic ns, then ShmqError) for more."""
+        and the append waits (until ``deadline``, monotonic ns, then ShmqError) for more.
+        StorageError (nothing appended) when the log or the high-water file cannot be
+        written."""
         sizes = [record_size(k, h, v) for k, h, v in items]
         total = sum(sizes)
         if total > self._cap:
@@ -167,8 +229,9 @@ class Partition:
             limit = None if floor is None else floor()
             self._acquire()
             try:
-                if self._make_room(sizes, limit):
-                    return self._write(items, sizes, now_ns)
+                room = self._room(sizes, limit)
+                if room is not None:
+                    return self._write(items, sizes, now_ns, room)
             finally:
                 self._release()
             if deadline is not None and time.monotonic_ns() >= deadline:
@@ -181,46 +244,63 @@ class Partition:
             tail = L.place(tail, size, self._cap)[1]
         return tail
 
-    def _make_room(self, sizes, limit) -> bool:
-        """Drop the oldest records until the items fit (only those below ``limit`` when
-        it is given). False if they cannot fit now. Lock held."""
+    def _room(self, sizes, limit):
+        """Where the items go and what is dropped for them: (start position, new head,
+        records dropped, the new earliest or None), or None when they cannot fit now (only
+        records below ``limit`` may go, when it is given). Changes nothing. Lock held."""
         mq, cap, base = self._mq, self._cap, self._base
         head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
         if head == tail and tail % cap:  # empty: start a lap, so any batch <= capacity fits
-            head = tail = tail + cap - tail % cap
-            mq[L.PI_HEAD] = mq[L.PI_TAIL] = tail
+            start = tail + cap - tail % cap
+            return start, start, 0, None
         end = self._placement_end(sizes, tail)
         if end - head <= cap:
-            return True
-        dropped = 0
-        earliest = mq[L.PI_EARLIEST]
-        new_head = head
+            return tail, head, 0, None
+        dropped, new_head, earliest = 0, head, None
         for pos, w in ring.records(mq, cap, base, head, tail):
             if end - new_head <= cap:
+                if mq[w] & 0xFF == _PAD:  # a pad is always followed by a record
+                    continue
+                earliest = mq[w + _R_MSG_ID]
                 break
             if mq[w] & 0xFF != _PAD:
-                offset = mq[w + _R_MSG_ID]
-                if limit is not None and offset >= limit:
-                    break
-                earliest = offset + 1
+                if limit is not None and mq[w + _R_MSG_ID] >= limit:
+                    return None
                 dropped += 1
             new_head = pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF)
         else:
             new_head = tail
-        if end - new_head > cap:
-            return False
-        mq[L.PI_BYTES_DROPPED] += new_head - head
-        mq[L.PI_HEAD] = new_head  # (a crash from here on: _repair recomputes earliest)
-        mq[L.PI_EARLIEST] = earliest if new_head < tail else mq[L.PI_NEXT]
-        mq[L.PI_DROPPED] += dropped
-        return True
+        if new_head == tail:  # everything goes: a new lap, where the batch fits whole
+            start = tail + cap - tail % cap if tail % cap else tail
+            return start, start, dropped, None
+        return (tail, new_head, dropped, earliest) if end - new_head <= cap else None
 
-    def _write(self, items, sizes, now_ns) -> int:
-        """Write the items past the tail, index them, publish them with one store."""
+    def _write(self, items, sizes, now_ns, room) -> int:
+        """Log the items (or raise the high-water mark), drop what makes room, write them
+        past the tail, index them, publish them with one store. Lock held."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
-        pos = mq[L.PI_TAIL]
+        start, new_head, dropped, earliest = room
         first = offset = mq[L.PI_NEXT]
+        n = len(items)
+        if self._marked and mq[_LOG_GEN_W] and first + n > mq[L.PI_HWM]:
+            self._raise_mark(first + n)  # StorageError: nothing changed
+        if self._logged:  # logged (and fsynced, by policy) before the commit below
+            mq[L.PI_WAL_MARK_OFFSET] = first
+            mq[L.PI_WAL_MARK] = self.log.size()
+            self.log.append(b"".join([_stream_entry(first + i, now_ns, k, h, v) for i, (k, h, v) in enumerate(items)]))
+            if not mq[L.PI_DISK_FIRST]:
+                mq[L.PI_DISK_FIRST] = first + 1
+        head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
+        if new_head != head:  # (a crash from here on: _repair recomputes earliest)
+            mq[L.PI_BYTES_DROPPED] += min(new_head, tail) - head
+            mq[L.PI_HEAD] = new_head
+            mq[L.PI_DROPPED] += dropped
+            if earliest is not None:
+                mq[L.PI_EARLIEST] = earliest
+        if start != tail:  # a new lap: head first, so no moment has garbage between head and tail
+            mq[L.PI_TAIL] = start
         index_w, slots = self._index_w, self._slots
+        pos = start
         for (key, hraw, value), size in zip(items, sizes):
             pos, a = ring.place(mm, base, cap, pos, size)
             ring.write_record(mm, a, _READY, size, value, hraw if key is None else key + hraw, offset, now_ns)
@@ -234,44 +314,188 @@ class Partition:
             mq[L.PI_EARLIEST] = first
         mq[L.PI_TAIL] = pos  # commit
         mq[L.PI_NEXT] = offset
-        mq[L.PI_APPENDED] += offset - first
+        mq[L.PI_APPENDED] += n
         return first
+
+    # ------------------------------------------------------------------ the high-water mark
+    def _raise_mark(self, need):
+        """Say on disk that offsets below a new mark (past ``need``) may be handed out:
+        by the span since the last snapshot, at least twice the span of the epoch
+        before, so a busy partition writes it about once per snapshot. Lock held."""
+        mq = self._mq
+        mark = need + max(HWM_MIN_SPAN, 2 * mq[L.PI_HWM_SPAN], need - mq[L.PI_HWM_BASE])
+        _gen, mode, _ms, directory = self.log.config()
+        writes = mq[L.PI_HWM_WRITES]
+        self._hwm.write(directory, writes, mq[L.PI_HWM_EPOCH], mark, mode != L.WAL_NEVER)
+        mq[L.PI_HWM_WRITES] = writes + 1
+        mq[L.PI_HWM] = mark
+
+    def _new_epoch(self):
+        """A snapshot of the records up to the end is being taken: nothing past the end
+        is handed out until the high-water file says so again. Lock held."""
+        mq = self._mq
+        end = mq[L.PI_NEXT]
+        mq[L.PI_HWM_EPOCH] += 1
+        mq[L.PI_HWM_SPAN] = end - mq[L.PI_HWM_BASE]
+        mq[L.PI_HWM_BASE] = mq[L.PI_HWM] = end
+        return mq[L.PI_HWM_EPOCH]
+
+    def start_marks(self) -> int:
+        """After the broker configured the data dir (``log.configure``): begin a high-water
+        epoch at the end, so every offset handed out from now on is below a mark on disk
+        (the first append past it writes one). Returns the epoch."""
+        self._acquire()
+        try:
+            return self._new_epoch()
+        finally:
+            self._release()
+
+    # ------------------------------------------------------------------ snapshots and rebuilds
+    def export(self, roll_bytes: int | None = None, roll_ns: int | None = None) -> Image:
+        """Every record in memory, for a snapshot. The lock is held only to copy the used
+        part of the ring and, in the same critical section, to begin a new high-water
+        epoch ("snapshot"), or ("wal") to start a new log generation when the current one
+        holds ``roll_bytes`` or began ``roll_ns`` ago: older generations hold nothing
+        past the copy, and whole files are what retention deletes."""
+        mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
+        wal_from = epoch = None
+        self._acquire()
+        try:
+            head, tail, end = mq[L.PI_HEAD], mq[L.PI_TAIL], mq[L.PI_NEXT]
+            if self._logged and mq[_LOG_GEN_W]:
+                now, size = time.time_ns(), self.log.size()
+                began = mq[L.PI_WAL_ROLLED] or now
+                mq[L.PI_WAL_ROLLED] = began
+                if size and ((roll_bytes is not None and size >= roll_bytes)
+                             or (roll_ns is not None and now - began >= roll_ns)):
+                    self.log.rotate()
+                    mq[L.PI_WAL_ROLLED] = now
+                wal_from = mq[_LOG_GEN_W]
+            elif self._marked and mq[_LOG_GEN_W]:
+                epoch = self._new_epoch()
+            copy = ring.copy_used(mm, base, cap, head, tail)
+        finally:
+            self._release()
+        rows = []
+        for o, (status, _length, bl, hl, _f, off, ts, klen) in ring.copied_records(copy, cap, head, tail):
+            if status & 0xFF != _PAD:
+                b = o + _REC
+                h = b + (klen - 1 if klen else 0)
+                rows.append((off, ts, bytes(copy[b:h]) if klen else None, bytes(copy[h:b + hl]),
+                             bytes(copy[b + hl:b + hl + bl])))
+        return Image(rows, end, wal_from, epoch)
+
+    def restore(self, rows, next_offset: int, hwm_epoch: int = 0) -> int:
+        """Fill this empty partition of a stream being rebuilt: ``rows`` are (offset,
+        timestamp_ns, key, headers, value) in ascending offsets (gaps allowed), the next
+        append gets ``next_offset`` (at least past the last row). The newest rows that fit
+        are kept, the oldest dropped as retention would. Returns how many were kept."""
+        rows = list(rows)
+        sizes = [record_size(k, h, v) for _o, _t, k, h, v in rows]
+        keep, total = len(rows), 0
+        while keep and total + sizes[keep - 1] <= self._cap:
+            total += sizes[keep - 1]
+            keep -= 1
+        rows, sizes = rows[keep:], sizes[keep:]
+        if rows:
+            next_offset = max(next_offset, rows[-1][0] + 1)
+        mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
+        self._acquire()
+        try:
+            if mq[L.PI_NEXT] or mq[L.PI_TAIL]:
+                raise ShmqError(f"stream {self.name!r}: partition {self.index} is not empty; only a new stream "
+                                "is rebuilt")
+            pos = 0
+            for (offset, ts, key, hraw, value), size in zip(rows, sizes):
+                pos, a = ring.place(mm, base, cap, pos, size)
+                ring.write_record(mm, a, _READY, size, value, hraw if key is None else key + hraw, offset, ts)
+                if key is not None:
+                    mq[(a >> 3) + _R_KEY] = len(key) + 1
+                if offset % _STRIDE == 0:
+                    mq[self._index_w + (offset // _STRIDE) % self._slots] = pos
+                pos += size
+            mq[L.PI_EARLIEST] = rows[0][0] if rows else next_offset
+            mq[L.PI_HEAD] = 0
+            mq[L.PI_TAIL] = pos  # commit
+            mq[L.PI_NEXT] = next_offset
+            mq[L.PI_HWM_EPOCH] = hwm_epoch
+            mq[L.PI_HWM_BASE] = next_offset
+            mq[L.PI_DROPPED] = keep
+        finally:
+            self._release()
+        return len(rows)
+
+    # ------------------------------------------------------------------ the disk tail
+    def disk_files(self) -> list[tuple[int, int, str]]:
+        """(generation, first offset or None when empty, path) of this partition's logs in
+        the data dir, oldest first ([] unless "wal" and configured)."""
+        directory = self.log.config()[3] if self._logged else ""
+        if not directory:
+            return []
+        return [(gen, self._tail.first_offset(path), path) for gen, path in log_files(directory, self.log.name)]
+
+    def set_disk_first(self, offset: int | None) -> None:
+        """Say where the logs on disk begin (the broker, after retention or a rebuild)."""
+        self._acquire()
+        try:
+            self._mq[L.PI_DISK_FIRST] = 0 if offset is None else offset + 1
+        finally:
+            self._release()
 
     # ------------------------------------------------------------------ read
     def read(self, offset: int, max_records: int, max_bytes: int | None = None) -> list:
-        """Up to ``max_records`` records from ``offset`` on, as (offset, timestamp_ns, key,
-        encoded headers, value); [] at the end. OffsetOutOfRange below the retained range
-        or past the end. With ``max_bytes``, stops before the values would exceed it
-        (the first record is always returned)."""
+        """Up to ``max_records`` records from ``offset`` on, as (offset, timestamp, key,
+        encoded headers, value); [] at the end. Below what memory holds, a "wal"
+        partition reads its logs on disk. OffsetOutOfRange below the readable range, past
+        the end, or inside a gap (offsets lost with a reboot or a damaged file: its
+        ``earliest`` says where to read on). With ``max_bytes``, stops before the values
+        would exceed it (the first record is always returned)."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
         out = []
         self._acquire()
         try:
-            earliest, end = mq[L.PI_EARLIEST], mq[L.PI_NEXT]
-            if offset < earliest or offset > end:
+            earliest, end, low = mq[L.PI_EARLIEST], mq[L.PI_NEXT], self._low()
+            if offset < low or offset > end:
                 raise OffsetOutOfRange(
                     f"stream {self.name!r} partition {self.index}: offset {offset} is outside "
-                    f"[{earliest}, {end}]", earliest, end)
+                    f"[{low}, {end}]", low, end)
             if offset == end:
                 return out
-            budget = max_bytes
-            for _pos, w in ring.records(mq, cap, base, self._find(offset), mq[L.PI_TAIL]):
-                a = w << 3
-                status, _length, bl, hl, _f, off, ts, klen = _REC_UNPACK(mm, a)
-                if status & 0xFF == _PAD:
-                    continue
-                if budget is not None:
-                    if out and bl > budget:
+            if offset < earliest:  # on disk only: read there, without the lock
+                directory = self.log.config()[3]
+            else:
+                found = self._find(offset)
+                if found is None or found[1] != offset:
+                    raise self._lost(offset, end if found is None else found[1], end)
+                budget = max_bytes
+                for _pos, w in ring.records(mq, cap, base, found[0], mq[L.PI_TAIL]):
+                    a = w << 3
+                    status, _length, bl, hl, _f, off, ts, klen = _REC_UNPACK(mm, a)
+                    if status & 0xFF == _PAD:
+                        continue
+                    if out and off != out[-1][0] + 1:  # a gap: the next read is told of it
                         break
-                    budget -= bl
-                b = a + _REC
-                if klen:
-                    key, h = mm[b:b + klen - 1], mm[b + klen - 1:b + hl]
-                else:
-                    key, h = None, mm[b:b + hl]
-                out.append((off, ts, key, h, mm[b + hl:b + hl + bl]))
-                if len(out) >= max_records:
-                    break
-            return out
+                    if budget is not None:
+                        if out and bl > budget:
+                            break
+                        budget -= bl
+                    b = a + _REC
+                    if klen:
+                        key, h = mm[b:b + klen - 1], mm[b + klen - 1:b + hl]
+                    else:
+                        key, h = None, mm[b:b + hl]
+                    out.append((off, ts, key, h, mm[b + hl:b + hl + bl]))
+                    if len(out) >= max_records:
+                        break
+                return out
         finally:
             self._release()
+        rows, resume = self._tail.read(directory, offset, max_records, earliest, max_bytes)
+        if not rows:
+            raise self._lost(offset, earliest if resume is None else resume, end)
+        if len(rows) < max_records and max_bytes is None and rows[-1][0] + 1 == earliest:
+            try:  # and on into memory
+                rows += self.read(earliest, max_records - len(rows))
+            except OffsetOutOfRange:  # retention moved on meanwhile: the next read goes to disk
+                pass
+        return rows

@@ -10,7 +10,8 @@ reuse these as they are.
 
 from . import layout as L
 
-__all__ = ["records", "place", "write_record", "leased_word", "make_ready", "advance_head", "next_ready"]
+__all__ = ["records", "copy_used", "copied_records", "place", "write_record", "leased_word", "make_ready",
+           "advance_head", "next_ready"]
 
 _REC = L.REC_SIZE
 _PACK = L.REC.pack_into
@@ -33,6 +34,29 @@ def records(mq, cap, base, pos, end):
         w = (base + pos % cap) >> 3
         yield pos, w
         pos += mq[w + R_LENGTH] & 0xFFFFFFFF
+
+
+def copy_used(mm, base, cap, head, tail):
+    """The bytes from ``head`` to ``tail`` as one run, head first across the end of the
+    ring (for a snapshot: the caller holds the lock for this copy only); the record at
+    position ``pos`` is at ``pos - head`` of the copy."""
+    start = head % cap
+    if start + (tail - head) <= cap:
+        return mm[base + start:base + start + (tail - head)]
+    return mm[base + start:base + cap] + mm[base:base + (tail - head) - (cap - start)]
+
+
+def copied_records(copy, cap, head, tail):
+    """Yield (offset in the copy, the record's header fields) of every record of a
+    ``copy_used`` copy, PAD records included, stepping over the implicit pads."""
+    pos = head
+    while pos < tail:
+        pos = L.skip_gap(pos, cap)
+        if pos >= tail:
+            return
+        fields = L.REC.unpack_from(copy, pos - head)
+        yield pos - head, fields
+        pos += fields[1]
 
 
 def place(mm, base, cap, pos, size):

@@ -147,6 +147,12 @@ class Stream:
         self._ne.close()
         self._seg.close()
 
+    def _restore_created(self, created_ns: int) -> None:
+        """A stream rebuilt from its files keeps the creation time they carry (which tells
+        its files from those of a deleted stream of the same name)."""
+        L.WORD.pack_into(self._mm, L.STREAM_CREATED_OFF, created_ns)
+        self.created_at = created_ns / 1e9
+
     @property
     def deleted(self) -> bool:
         return self._lockp is None or bool(self._mq[L.SI_DELETED])
@@ -175,7 +181,7 @@ class Stream:
         if part is None:
             if self._lockp is None:
                 raise ShmqError(f"stream handle {self.name!r} is closed")
-            part = self._parts[p] = Partition(self._base, p, self.name)
+            part = self._parts[p] = Partition(self._base, p, self.name, self.durability)
         return part
 
     # ------------------------------------------------------------------ append
@@ -243,15 +249,24 @@ class Stream:
             for _ in range(posts):
                 self._ne.release()
 
+    def producer(self, linger_ms: float = 5, batch_bytes: int = 64 * 2**10, compression=None):
+        """A batching producer of this stream (``shmq.producer.Producer``); close it."""
+        from ..producer import Producer
+        return Producer(self, linger_ms=linger_ms, batch_bytes=batch_bytes, compression=compression)
+
     # ------------------------------------------------------------------ read
     def offsets(self, p: int) -> tuple[int, int]:
-        """(earliest retained offset, the offset the next append gets) of partition ``p``."""
+        """(earliest readable offset, the offset the next append gets) of partition ``p``:
+        a "wal" stream's earliest is in the oldest log still on disk, when that is older
+        than what shared memory holds."""
         return self._part(p).offsets()
 
     def read(self, p: int, offset: int, max_records: int = 1000, timeout: float = 0.0) -> list[Record]:
         """Records of partition ``p`` from ``offset`` on, the same every time while they
-        are retained. At the end, waits up to ``timeout`` seconds and returns [] if
-        nothing came; OffsetOutOfRange below the retained range or past the end."""
+        are retained (in memory, or for "wal" in a log on disk). At the end, waits up to
+        ``timeout`` seconds and returns [] if nothing came; OffsetOutOfRange below the
+        retained range, past the end, or in a gap of lost offsets (its ``earliest`` says
+        where to read on)."""
         if isinstance(offset, bool) or not isinstance(offset, int):
             raise TypeError(f"offset must be an int, not {type(offset).__name__}")
         if offset < 0:
@@ -278,7 +293,7 @@ class Stream:
         self._release()
         try:
             if not ready():
-                waits.sleep_slice(mq, self._ne, min(deadline, _mono() + int(WAIT_SLICE_S * 1e9)), _mono())
+                waits.sleep_slice(self._ne, deadline, _mono(), slice_s=WAIT_SLICE_S)
         finally:
             self._acquire()
             n = mq[L.SI_CWAIT] - 1
@@ -431,7 +446,7 @@ class Consumer:
         except OffsetOutOfRange as e:
             if self.auto_offset_reset == "none" or self._positions[p] > e.end:
                 raise
-            log.warning("stream %s partition %d: group %s skips offsets %d..%d, dropped by retention",
+            log.warning("stream %s partition %d: group %s skips offsets %d..%d, dropped by retention or lost",
                         self.stream.name, p, self.group, self._positions[p], e.earliest - 1)
             self._positions[p] = e.earliest
             return self.stream._part(p).read(e.earliest, n)

@@ -1,16 +1,22 @@
-"""A queue's write-ahead log: the one owner of log file names, and of opening,
-appending to, cutting back, rotating and suspending a log.
+"""Write-ahead logs of queues and stream partitions: the one owner of log file names, and
+of opening, appending to, cutting back, rotating, suspending and reading back a log.
 
 Strategy: local producers write straight into shared memory, so the process that puts
-appends the log entry itself, under the queue's lock, before its commit; the broker
-only says where the log is (directory, fsync mode, generation: the WALCFG words of the
-segment) and fsyncs it in batch mode. An append is all or nothing: when the disk says
-no part-way, the log is cut back to where the append began, so later appends stay
-readable. A log or data dir deleted under us suspends the log (generation 0, mode
-SUSPENDED): appends then fail until the broker opens a new generation. The entries'
-bytes are the format's (``shmq.dmsq``; the C paths write the same, docs/FORMAT.md).
+(or appends to a stream) appends the log entry itself, under the owner's lock, before
+its commit; the broker only says where the log is (directory, fsync mode, generation:
+a WALCFG block of the owner's segment) and fsyncs it in batch mode. A ``Log`` is given
+where that block and its two size words are, so a queue and a partition each own one.
+An append is all or nothing: when the disk says no part-way, the log is cut back to
+where the append began, so later appends stay readable. A log or data dir deleted under
+us suspends the log (generation 0, mode SUSPENDED): appends then fail until the broker
+opens a new generation. A stream partition's logs are also its long tail: ``Tail``
+reads records back from them by offset, and a snapshot stream's appenders keep a
+high-water file (``HighWater``) so that no offset is handed out twice across a reboot.
+The entries' bytes are the format's (``shmq.dmsq``; the C paths write the same,
+docs/FORMAT.md).
 """
 
+import bisect
 import errno
 import os
 
@@ -18,40 +24,88 @@ from .. import dmsq
 from ..errors import ShmqError, StorageError
 from . import layout as L
 
-__all__ = ["wal_path", "parse_wal_name", "Log"]
+__all__ = ["wal_path", "parse_wal_name", "partition_log_name", "split_partition_name", "hwm_path", "log_files",
+           "Log", "HighWater", "Tail"]
 
-I_WAL_GEN, I_WAL_MODE, I_WAL_SIZE, I_WAL_SYNCED = L.I_WAL_GEN, L.I_WAL_MODE, L.I_WAL_SIZE, L.I_WAL_SYNCED
 _ALWAYS = L.WAL_ALWAYS
+_MARK_EVERY = 64  # Tail: remember the position of every 64th entry of a file it scanned
 
 
-def wal_path(directory: str, queue: str, generation: int) -> str:
-    """``DIR/QUEUE.wal.NNNNNNNN``: the one place a log's file name is made."""
-    return os.path.join(directory, f"{queue}.wal.{generation:08d}")
+def wal_path(directory: str, name: str, generation: int) -> str:
+    """``DIR/NAME.wal.NNNNNNNN``: the one place a log's file name is made (``NAME``: a
+    queue's name, or ``partition_log_name``)."""
+    return os.path.join(directory, f"{name}.wal.{generation:08d}")
 
 
 def parse_wal_name(entry: str) -> tuple[str, int] | None:
-    """(queue, generation) of a log's file name, or None if ``entry`` is not one."""
+    """(name, generation) of a log's file name, or None if ``entry`` is not one."""
     name, sep, gen = entry.rpartition(".wal.")
     if not sep or not name or not gen.isdigit():
         return None
     return name, int(gen)
 
 
+def partition_log_name(stream: str, partition: int) -> str:
+    """``@STREAM#P``, the name of a stream partition's files (its logs, snapshot and
+    high-water file): ``@`` and ``#`` never appear in a queue's or a stream's name, so it
+    cannot be taken for a queue's, nor for another partition's."""
+    return f"@{stream}#{partition}"
+
+
+def split_partition_name(name: str) -> tuple[str, int] | None:
+    """(stream, partition) of a ``partition_log_name``, or None if ``name`` is not one."""
+    if not name.startswith("@"):
+        return None
+    stream, sep, p = name[1:].rpartition("#")
+    if not sep or not stream or not p.isdigit():
+        return None
+    return stream, int(p)
+
+
+def hwm_path(directory: str, name: str) -> str:
+    """``DIR/@STREAM#P.hwm``: a snapshot stream partition's high-water file."""
+    return os.path.join(directory, name + ".hwm")
+
+
+def log_files(directory: str, name: str) -> list[tuple[int, str]]:
+    """(generation, path) of every log of ``name`` in ``directory``, oldest first."""
+    out = []
+    for entry in os.listdir(directory):
+        parsed = parse_wal_name(entry)
+        if parsed is not None and parsed[0] == name:
+            out.append((parsed[1], os.path.join(directory, entry)))
+    return sorted(out)
+
+
 class Log:
-    """One queue handle's side of the queue's log: the config words in the segment, and
-    this process's descriptor ``fd``, (generation, descriptor) or None."""
+    """One handle's side of a log: the config block and size words in the owner's
+    segment, and this process's descriptor ``fd``, (generation, descriptor) or None.
 
-    __slots__ = ("_q", "fd")
+    ``owner`` is the Queue or Partition handle: its ``_mm`` and ``_mq`` (the segment),
+    ``_acquire()`` and ``_release()`` (its lock). ``name`` makes the file names, ``what``
+    names the owner in errors ("queue 'orders'"); both default to a queue's. ``cfg_off`` is the WALCFG block's
+    offset, ``words_off`` the offset of the two words (bytes appended to the current
+    generation, bytes known fsynced).
+    """
 
-    def __init__(self, q):
-        self._q = q
+    __slots__ = ("_o", "name", "what", "_cfg", "_gen_w", "_mode_w", "_size_w", "_synced_w", "_words", "fd")
+
+    def __init__(self, owner, name: str | None = None, what: str | None = None, cfg_off: int = L.WALCFG_OFF,
+                 words_off: int = L.WAL_WORDS_OFF):
+        self._o = owner
+        self.name = owner.name if name is None else name
+        self.what = what or f"queue {self.name!r}"
+        self._cfg = cfg_off
+        self._gen_w, self._mode_w = cfg_off >> 3, (cfg_off >> 3) + 1  # the generation; the fsync mode (low half)
+        self._size_w, self._synced_w = words_off >> 3, (words_off >> 3) + 1
+        self._words = (self._gen_w, self._mode_w, self._size_w, self._synced_w)  # for append: one load
         self.fd = None
 
     # --------------------------------------------------------------- config (the broker's)
     def config(self) -> tuple[int, int, int, str]:
         """(generation, fsync mode, batch ms, directory); generation 0 means no broker has
         opened a log for it yet (or it is suspended)."""
-        gen, mode, ms, n, raw = L.WALCFG.unpack_from(self._q._mm, L.WALCFG_OFF)
+        gen, mode, ms, n, raw = L.WALCFG.unpack_from(self._o._mm, self._cfg)
         return gen, mode, ms, raw[:n].decode()
 
     def configure(self, directory: str, mode: int, batch_ms: int, generation: int | None = None) -> int:
@@ -60,63 +114,69 @@ class Log:
         raw = os.path.abspath(directory).encode()
         if len(raw) > 150:
             raise ValueError(f"data dir path is longer than 150 bytes: {directory!r}")
-        q = self._q
-        q._acquire()
+        o = self._o
+        o._acquire()
         try:
-            gen = L.WALCFG.unpack_from(q._mm, L.WALCFG_OFF)[0]
+            gen = o._mq[self._gen_w]
             if generation is not None or not gen:
                 gen = generation or 1
-                q._mq[I_WAL_SIZE] = q._mq[I_WAL_SYNCED] = 0
-            L.WALCFG.pack_into(q._mm, L.WALCFG_OFF, gen, mode, batch_ms, len(raw), raw)
+                o._mq[self._size_w] = o._mq[self._synced_w] = 0
+            L.WALCFG.pack_into(o._mm, self._cfg, gen, mode, batch_ms, len(raw), raw)
         finally:
-            q._release()
+            o._release()
         return gen
+
+    def size(self) -> int:
+        """Bytes appended to the current generation."""
+        return self._o._mq[self._size_w]
 
     def pending(self) -> tuple[int, int] | None:
         """(generation, logged bytes) when the log holds entries not yet fsynced, else None."""
-        mq = self._q._mq
-        gen, size = mq[I_WAL_GEN], mq[I_WAL_SIZE]
-        if not gen or size == mq[I_WAL_SYNCED]:
+        mq = self._o._mq
+        gen, size = mq[self._gen_w], mq[self._size_w]
+        if not gen or size == mq[self._synced_w]:
             return None
         return gen, size
 
     def mark_synced(self, generation: int, size: int) -> None:
         """Record an fsync that covered the first ``size`` bytes of log ``generation``."""
-        q = self._q
-        mq = q._mq
-        q._acquire()
+        o = self._o
+        mq = o._mq
+        o._acquire()
         try:
-            if mq[I_WAL_GEN] == generation and mq[I_WAL_SYNCED] < size <= mq[I_WAL_SIZE]:
-                mq[I_WAL_SYNCED] = size
+            if mq[self._gen_w] == generation and mq[self._synced_w] < size <= mq[self._size_w]:
+                mq[self._synced_w] = size
         finally:
-            q._release()
+            o._release()
 
     def path(self, generation: int) -> str:
-        return wal_path(self.config()[3], self._q.name, generation)
+        return wal_path(self.config()[3], self.name, generation)
 
     def suspend(self) -> None:
         """The log or its data directory is gone (the broker found out): every logged put
         and ack fails with StorageError until ``configure`` opens a log again."""
-        q = self._q
-        q._acquire()
+        o = self._o
+        o._acquire()
         try:
             self._suspend()
         finally:
-            q._release()
+            o._release()
 
     def _suspend(self):
-        _gen, _mode, _ms, n, raw = L.WALCFG.unpack_from(self._q._mm, L.WALCFG_OFF)
-        L.WALCFG.pack_into(self._q._mm, L.WALCFG_OFF, 0, L.WAL_SUSPENDED, 0, n, raw)
+        _gen, _mode, _ms, n, raw = L.WALCFG.unpack_from(self._o._mm, self._cfg)
+        L.WALCFG.pack_into(self._o._mm, self._cfg, 0, L.WAL_SUSPENDED, 0, n, raw)
 
     # --------------------------------------------------------------- appending (lock held)
     def append(self, data: bytes) -> None:
         """Append log entries, fsync by policy; before the caller commits. All or
         nothing: on failure the log is cut back and StorageError raised."""
-        mq = self._q._mq
-        gen = mq[I_WAL_GEN]
+        mq = self._o._mq
+        gen_w, mode_w, size_w, synced_w = self._words
+        gen = mq[gen_w]
         fd_gen = self.fd
-        start = mq[I_WAL_SIZE]
+        start = mq[size_w]
         n = len(data)
+        always = mq[mode_w] & 0xFFFFFFFF == _ALWAYS
         try:
             fd = fd_gen[1] if fd_gen is not None and fd_gen[0] == gen else self._open(gen)
             written = os.write(fd, data)
@@ -124,26 +184,30 @@ class Log:
                 view = memoryview(data)[written:]
                 while view:
                     view = view[os.write(fd, view):]
-            if mq[I_WAL_MODE] & 0xFFFFFFFF == _ALWAYS:
+            if always:
                 os.fsync(fd)
                 if os.fstat(fd).st_nlink == 0:  # synced into a file no one can find again
                     self._suspend()
                     raise FileNotFoundError(errno.ENOENT, "the log file was deleted (is the data directory gone?)")
         except OSError as e:
-            if mq[I_WAL_GEN] == gen and self.fd is not None and self.fd[0] == gen:
+            if mq[gen_w] == gen and self.fd is not None and self.fd[0] == gen:
                 self._cut(self.fd[1], start)
             raise self.failed(e, gen) from None
         size = start + n
-        mq[I_WAL_SIZE] = size
-        if mq[I_WAL_MODE] & 0xFFFFFFFF == _ALWAYS:
-            mq[I_WAL_SYNCED] = size
+        mq[size_w] = size
+        if always:
+            mq[synced_w] = size
         # batch: the broker fsyncs every log each batch interval (``Snapshotter.sync_logs``)
 
     def failed(self, e: OSError, gen: int | None = None) -> StorageError:
         """The StorageError of an append that failed with ``e`` (the log is as it was)."""
         if gen is None:
             gen = self.fd[0] if self.fd is not None else 0
-        return StorageError(f"queue {self._q.name!r}: cannot append to its write-ahead log {self.path(gen)}: "
+        directory = self.config()[3]
+        if not os.path.isdir(directory):  # (the broker suspends the log when it sees it too)
+            return StorageError(f"{self.what}: its data directory {directory} is gone; write-ahead logged writes "
+                                "fail until it is back; nothing was changed")
+        return StorageError(f"{self.what}: cannot append to its write-ahead log {self.path(gen)}: "
                             f"{e.strerror or e}; nothing was changed")
 
     def _cut(self, fd, size):
@@ -154,19 +218,18 @@ class Log:
             if os.fstat(fd).st_size > size:
                 os.ftruncate(fd, size)
         except OSError:
-            mq = self._q._mq
-            mq[I_WAL_GEN] += 1
-            mq[I_WAL_SIZE] = mq[I_WAL_SYNCED] = 0
+            mq = self._o._mq
+            mq[self._gen_w] += 1
+            mq[self._size_w] = mq[self._synced_w] = 0
 
     def _open(self, gen: int) -> int:
         """This process's descriptor for log generation ``gen``."""
-        q = self._q
         if not gen:
             directory = self.config()[3]
-            if q._mq[I_WAL_MODE] & 0xFFFFFFFF == L.WAL_SUSPENDED:
-                raise StorageError(f"queue {q.name!r}: its data directory {directory} is gone; write-ahead "
-                                   "logged puts and acks fail until it is back")
-            raise ShmqError(f"queue {q.name!r} is durability='wal' but no shmq server with a --data-dir "
+            if self._o._mq[self._mode_w] & 0xFFFFFFFF == L.WAL_SUSPENDED:
+                raise StorageError(f"{self.what}: its data directory {directory} is gone; write-ahead "
+                                   "logged writes fail until it is back")
+            raise ShmqError(f"{self.what} is durability='wal' but no shmq server with a --data-dir "
                             "has opened its write-ahead log yet")
         self.close()
         path = self.path(gen)
@@ -181,12 +244,12 @@ class Log:
 
     def rotate(self) -> None:
         """Start a new generation (for a snapshot): the old log is fsynced first, so every
-        put that returned is durable either in it or in the snapshot being taken."""
+        put that returned is durable either in it or in the snapshot being taken. Lock held."""
         gen, mode, ms, directory = self.config()
         if not gen:
             return
         try:
-            fd = os.open(wal_path(directory, self._q.name, gen), os.O_WRONLY)
+            fd = os.open(wal_path(directory, self.name, gen), os.O_WRONLY)
         except FileNotFoundError:
             pass
         else:
@@ -195,23 +258,184 @@ class Log:
             finally:
                 os.close(fd)
         raw = directory.encode()
-        L.WALCFG.pack_into(self._q._mm, L.WALCFG_OFF, gen + 1, mode, ms, len(raw), raw)
-        self._q._mq[I_WAL_SIZE] = self._q._mq[I_WAL_SYNCED] = 0
+        L.WALCFG.pack_into(self._o._mm, self._cfg, gen + 1, mode, ms, len(raw), raw)
+        self._o._mq[self._size_w] = self._o._mq[self._synced_w] = 0
 
     def repair(self) -> None:
         """After a holder died inside the lock: an append it left half-written is cut off,
-        so the log ends where the last complete append ended."""
+        so the log ends where the last complete append ended. Lock held."""
+        self.cut_back(self._o._mq[self._size_w])
+
+    def cut_back(self, size: int) -> None:
+        """Cut the current generation back to ``size`` bytes (entries past it were never
+        committed). Lock held."""
         gen, _mode, _ms, directory = self.config()
         if not gen:
             return
-        path, size = wal_path(directory, self._q.name, gen), self._q._mq[I_WAL_SIZE]
+        mq = self._o._mq
         try:
-            if os.path.getsize(path) > size:
-                os.truncate(path, size)
+            if os.path.getsize(wal_path(directory, self.name, gen)) > size:
+                os.truncate(wal_path(directory, self.name, gen), size)
         except FileNotFoundError:
             pass
+        mq[self._size_w] = size
+        mq[self._synced_w] = min(mq[self._synced_w], size)
 
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd[1])
             self.fd = None
+
+
+class HighWater:
+    """A snapshot stream partition's high-water file, as one handle writes it: each write
+    says "no offset at or above this one was handed out" (as of an epoch: the count of
+    snapshots of the partition), fsynced unless the broker's policy is ``never``. The
+    appender that needs offsets past the mark writes it, under the partition's lock,
+    before its commit (docs/FORMAT.md, "Streams")."""
+
+    __slots__ = ("name", "what", "fd")
+
+    def __init__(self, name: str, what: str):
+        self.name = name
+        self.what = what
+        self.fd = None  # (path, descriptor)
+
+    def write(self, directory: str, writes: int, epoch: int, offset: int, sync: bool) -> None:
+        """Write slot ``writes % 2``; StorageError (nothing written that counts) on failure."""
+        path = hwm_path(directory, self.name)
+        try:
+            if self.fd is None or self.fd[0] != path:
+                self.close()
+                try:
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                except FileExistsError:
+                    fd = os.open(path, os.O_RDWR)
+                else:
+                    dmsq.fsync_dir(path)
+                self.fd = (path, fd)
+            os.pwrite(self.fd[1], dmsq.encode_hwm(writes, epoch, offset), (writes % 2) * dmsq.HWM_SLOT.size)
+            if sync:
+                os.fdatasync(self.fd[1])
+        except OSError as e:
+            raise StorageError(f"{self.what}: cannot write its high-water file {path}: {e.strerror or e}; "
+                               "nothing was appended") from None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd[1])
+            self.fd = None
+
+
+class Tail:
+    """The log files of one partition read back by offset: the long tail below what
+    shared memory holds. Files are found by listing the directory; each file's first
+    offset (the index "an index per file of its first offset is enough" asks for) and the
+    position of every 64th entry scanned are remembered, so a reader going through a
+    file never rescans it from its start. Reads take no lock: a file is only ever
+    appended to, and a torn entry at the end of the one being written ends the read."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._files = {}  # path -> (inode, first offset or None when empty)
+        self._marks = {}  # path -> ([offsets], [positions]) of entries seen, sorted
+
+    def first_offset(self, path: str) -> int | None:
+        """The offset of the first entry of a log file, None if it has none (or is gone)."""
+        try:
+            ino = os.stat(path).st_ino
+        except FileNotFoundError:
+            return None
+        known = self._files.get(path)
+        if known is not None and known[0] == ino and known[1] is not None:
+            return known[1]
+        first = None
+        try:
+            for _pos, entry in dmsq.scan_log(path):
+                first = entry.msg_id
+                break
+        except FileNotFoundError:
+            return None
+        self._files[path] = (ino, first)
+        self._marks.pop(path, None)
+        return first
+
+    def files(self, directory: str) -> list[tuple[int, str]]:
+        """[(first offset, path)] of the files that hold entries, oldest first; forgets
+        what it knew of files that are gone."""
+        out = []
+        listed = log_files(directory, self.name)
+        for gone in set(self._files) - {path for _g, path in listed}:
+            del self._files[gone]
+            self._marks.pop(gone, None)
+        for _gen, path in listed:
+            first = self.first_offset(path)
+            if first is not None:
+                out.append((first, path))
+        return out
+
+    def read(self, directory: str, offset: int, max_records: int, stop: int, max_bytes: int | None = None):
+        """(rows, resume): up to ``max_records`` records from ``offset`` on, below ``stop``,
+        as (offset, timestamp_ns, key, headers, value). ``rows`` is empty when ``offset``
+        is not on disk; ``resume`` is then the first offset after it that is (None: none
+        below ``stop``): the offsets between were lost (a damaged or deleted file). A read
+        stops where the files stop running on without a hole."""
+        files = self.files(directory)
+        firsts = [f for f, _p in files]
+        i = bisect.bisect_right(firsts, offset) - 1
+        if i < 0:
+            return [], (firsts[0] if files and firsts[0] < stop else None)
+        rows, budget, want = [], max_bytes, offset
+        for first, path in files[i:]:
+            if first > want:  # a hole between files
+                break
+            for pos, e in self._scan(path, want):
+                if e.msg_id < want:
+                    continue
+                if e.msg_id >= stop or e.msg_id != want:  # memory from here, or a hole
+                    break
+                row = dmsq.stream_row(e.msg_id, e.attempt, e.enqueued_ns, e.headers, e.body)
+                if budget is not None:
+                    if rows and len(row[4]) > budget:
+                        return rows, None
+                    budget -= len(row[4])
+                rows.append(row)
+                want += 1
+                if len(rows) >= max_records:
+                    return rows, None
+            else:
+                continue
+            break
+        if rows:
+            return rows, None
+        later = [f for f in firsts[i + 1:] if f > offset]
+        resume = self._next_after(files[i][1], offset)
+        if resume is None and later:
+            resume = later[0]
+        return [], (resume if resume is not None and resume < stop else None)
+
+    def _scan(self, path, offset):
+        """(position, entry) of a file's entries from the last remembered one at or
+        before ``offset`` on; remembers every 64th."""
+        offs, poss = self._marks.setdefault(path, ([], []))
+        k = bisect.bisect_right(offs, offset) - 1
+        start, seen = (poss[k], k * _MARK_EVERY) if k >= 0 else (0, 0)
+        try:
+            for pos, e in dmsq.scan_log(path, start):
+                if pos == start and k >= 0 and e.msg_id != offs[k]:  # the file was cut back since: rescan
+                    del offs[:], poss[:]
+                    yield from self._scan(path, offset)
+                    return
+                if seen % _MARK_EVERY == 0 and seen // _MARK_EVERY == len(offs):
+                    offs.append(e.msg_id)
+                    poss.append(pos)
+                seen += 1
+                yield pos, e
+        except FileNotFoundError:  # deleted by retention meanwhile
+            return
+
+    def _next_after(self, path, offset):
+        for _pos, e in self._scan(path, offset):
+            if e.msg_id > offset:
+                return e.msg_id
+        return None

@@ -1,5 +1,7 @@
-"""The write-ahead log's file names and its all-or-nothing append (the full-disk case on
-a real small filesystem is in tests/test_storage_faults.py)."""
+"""Write-ahead logs: file names (a queue's and a stream partition's), the all-or-nothing
+append, reading a partition's logs back by offset, the high-water file's slots (the
+full-disk case on a real small filesystem is in tests/test_storage_faults.py; streams
+across reboots in tests/test_stream_persistence.py)."""
 
 import errno
 import os
@@ -76,3 +78,68 @@ def test_a_suspended_log_refuses_puts_until_it_is_configured_again(wal_queue, tm
     q.wal.configure(str(tmp_path), 0, 0, generation=5)
     q.put(b"back")
     assert [e.body for e in dmsq.read_log(q.wal.path(5))[0]] == [b"back"]
+
+
+# ---------------------------------------------------------------- stream partitions
+
+
+def test_partition_log_names_cannot_be_taken_for_a_queues():
+    name = wal.partition_log_name("events.eu", 3)
+    assert wal.wal_path("/d", name, 7) == "/d/@events.eu#3.wal.00000007"
+    assert wal.parse_wal_name("@events.eu#3.wal.00000007") == ("@events.eu#3", 7)
+    assert wal.split_partition_name(name) == ("events.eu", 3)
+    assert wal.hwm_path("/d", name) == "/d/@events.eu#3.hwm"
+    for other in ("events", "@events", "@#3", "@events#x", "events#3"):
+        assert wal.split_partition_name(other) is None
+
+
+def _log(path, offsets, torn=False):
+    with open(path, "wb") as f:
+        for o in offsets:
+            f.write(dmsq.stream_entry(o, 1000 + o, b"k" if o % 2 else None, b"", b"v%d" % o))
+        if torn:
+            f.write(dmsq.stream_entry(offsets[-1] + 1, 0, None, b"", b"torn")[:20])
+
+
+def test_the_tail_reads_by_offset_across_files_and_says_where_a_hole_ends(tmp_path):
+    d, name = str(tmp_path), wal.partition_log_name("s", 0)
+    _log(wal.wal_path(d, name, 1), range(0, 100))
+    _log(wal.wal_path(d, name, 2), range(100, 150))
+    _log(wal.wal_path(d, name, 4), range(170, 200), torn=True)  # 150..169 lost (a damaged file, set aside)
+    open(wal.wal_path(d, name, 5), "wb").close()  # the generation being appended to: empty yet
+    tail = wal.Tail(name)
+    assert [(f, os.path.basename(p)) for f, p in tail.files(d)] == [
+        (0, "@s#0.wal.00000001"), (100, "@s#0.wal.00000002"), (170, "@s#0.wal.00000004")]
+    rows, resume = tail.read(d, 95, 10, stop=1000)  # across a file boundary
+    assert resume is None and [r[0] for r in rows] == list(range(95, 105))
+    assert rows[0] == (95, 1095, b"k", b"", b"v95") and rows[1][2] is None
+    rows, _ = tail.read(d, 140, 100, stop=1000)  # stops where the hole begins
+    assert [r[0] for r in rows] == list(range(140, 150))
+    assert tail.read(d, 150, 10, stop=1000) == ([], 170)  # in the hole: read on from 170
+    rows, _ = tail.read(d, 190, 100, stop=1000)  # the torn entry ends the read
+    assert [r[0] for r in rows] == list(range(190, 200))
+    rows, _ = tail.read(d, 10, 1000, stop=30)  # memory holds 30 on
+    assert [r[0] for r in rows] == list(range(10, 30))
+    rows, _ = tail.read(d, 0, 1000, stop=1000, max_bytes=8)  # the first always; then within the budget
+    assert [r[4] for r in rows] == [b"v0", b"v1", b"v2", b"v3"]
+    for o in (64, 63, 130, 1):  # positions remembered by one scan serve the next ones
+        assert tail.read(d, o, 1, stop=1000)[0][0][0] == o
+    os.unlink(wal.wal_path(d, name, 1))  # retention deleted it
+    assert tail.read(d, 5, 10, stop=1000) == ([], 100)
+
+
+def test_a_torn_high_water_write_leaves_the_slot_written_before(tmp_path):
+    path = str(tmp_path / "@s#0.hwm")
+    hw = wal.HighWater("@s#0", "stream 's' partition 0")
+    hw.write(str(tmp_path), 0, 3, 5000, sync=True)
+    hw.write(str(tmp_path), 1, 4, 9000, sync=False)
+    assert dmsq.read_hwm(path) == (4, 9000)
+    hw.write(str(tmp_path), 2, 5, 20000, sync=False)  # slot 0 again
+    assert dmsq.read_hwm(path) == (5, 20000)
+    hw.close()
+    raw = bytearray(open(path, "rb").read())
+    raw[10] ^= 0xFF  # the newest slot torn
+    open(path, "wb").write(bytes(raw))
+    assert dmsq.read_hwm(path) == (4, 9000)
+    open(path, "wb").write(bytes(7))
+    assert dmsq.read_hwm(path) is None
