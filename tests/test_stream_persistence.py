@@ -341,3 +341,14 @@ def test_an_append_logged_and_never_committed_is_cut_from_the_log(broker, tmp_pa
     entries, error, _end = dmsq.read_log(path)
     assert error is None and [(e.msg_id, e.body) for e in entries] == [(0, b"before"), (1, b"after")]
     s.close()
+
+
+def test_a_wal_stream_created_over_tcp_logs_its_first_append(broker, tmp_path, start_server):
+    data = tmp_path / "data"
+    srv = start_server("--data-dir", str(data), "--fsync", "always", "--snapshot-interval", "3600")
+    with shmq.connect(srv.url) as remote:
+        remote.create_stream("s", partitions=1, max_bytes=1 << 16, durability="wal")
+        m = remote.stream("s").append(b"first")  # the server opened its log at create, not a round later
+    logs = [e for e in os.listdir(data) if ".wal." in e]
+    assert m.offset == 0 and len(logs) == 1 and os.path.getsize(data / logs[0]) > 0
+    assert srv.stop() == 0

@@ -201,8 +201,11 @@ def extend(conn, f):
 
 # ---------------------------------------------------------------- streams
 def stream_create(conn, f):
-    s = conn.server.broker.create_stream(f["stream"], **stream_create_args(f))
+    server = conn.server
+    s = server.broker.create_stream(f["stream"], **stream_create_args(f))
     try:
+        if server.on_create is not None:
+            server.on_create(s)  # a wal stream's logs are open before the first append
         return stream_info_fields(s)
     finally:
         s.close()
