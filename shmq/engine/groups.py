@@ -173,9 +173,11 @@ class Groups:
                 out[p] = off
         return out
 
-    def commit(self, name: str, member_id: int, generation: int, offsets: dict) -> None:
+    def commit(self, name: str, member_id: int, generation: int, offsets: dict, owned=None) -> None:
         """Store committed offsets (the next offset to read) made in ``generation``;
-        CommitFailed if the group moved on or a partition is not the member's."""
+        CommitFailed if the group moved on or a partition is not the member's. ``owned``:
+        the member's partitions as it derived them in ``generation`` (the membership has
+        not moved while the generation has not, so the member list need not be read)."""
         s = self._s
         s._acquire()
         try:
@@ -183,8 +185,10 @@ class Groups:
             if i is None:
                 raise CommitFailed(f"group {name!r} of stream {s.name!r} no longer exists")
             gen = self._head(i)[2]
-            ids = [mid for _m, _p, _s, mid in self._members(i)]
-            owned = set(assign(ids, s.partitions, member_id))
+            if owned is None or gen != generation:
+                ids = [mid for _m, _p, _s, mid in self._members(i)]
+                owned = assign(ids, s.partitions, member_id)
+            owned = set(owned)
             if gen != generation or not set(offsets) <= owned:
                 raise CommitFailed(
                     f"group {name!r} of stream {s.name!r} rebalanced (generation {generation} -> {gen}): "

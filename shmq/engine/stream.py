@@ -459,7 +459,7 @@ class Consumer:
             offsets = dict(self._positions)
         else:
             offsets = {p: _check_offset(o) for p, o in offsets.items()}
-        self.stream.groups_table.commit(self.group, self._member, self._gen, offsets)
+        self.stream.groups_table.commit(self.group, self._member, self._gen, offsets, self._owned)
 
     def close(self) -> None:
         """Leave the group: this member's partitions go to the others."""
