@@ -2,8 +2,9 @@
 
 Runs the matrix (shmq local and over TCP, multiprocessing Queue and SimpleQueue,
 faster-fifo, pyzmq, posix_ipc.MessageQueue, Redis; 1 -> 1 and 4 -> 4; per-message and
-batched; ping-pong RTT), then the durability modes (bench/durability.py); prints the
-tables, writes JSON and draws a PNG. ``--quick`` is a smoke test of under a minute.
+batched; ping-pong RTT), then the durability modes (bench/durability.py), then the
+streams (bench/streams.py: shmq's streams, Redis Streams, NATS JetStream); prints the
+tables, writes JSON and draws a PNG. ``--quick`` is a smoke test of about a minute.
 ``--report JSON`` runs nothing and prints a saved run again.
 """
 
@@ -12,9 +13,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import sys
 
-from bench import durability, harness, plot, report
+from bench import durability, harness, plot, report, streams
+from bench.adapters import STREAM_SYSTEMS
 from bench.machine import machine_info
-from bench.plan import DURABILITY_COUNTS, parse_args, pin_cpus, plan
+from bench.plan import DURABILITY_COUNTS, STREAM_QUICK_SIZES, STREAM_SIZES, parse_args, pin_cpus, plan
 
 
 def run_matrix(args, ctx):
@@ -33,11 +35,13 @@ def run_matrix(args, ctx):
     return machine_info(), skipped, results, notes
 
 
-def publish(info, settings, skipped, results, notes, dur, plot_path):
+def publish(info, settings, skipped, results, notes, dur, plot_path, stream_part=None):
     """Print every table, then draw the plot (unless plot_path is None)."""
     report.report(info, settings, skipped, results, notes)
     if dur:
         report.print_durability(dur)
+    if stream_part is not None:
+        report.print_streams(info, settings, *stream_part, header=False)
     if plot_path is None:
         return
     title = (f"shmq bench, median of {settings.runs} run(s){' (--quick)' if settings.quick else ''}: "
@@ -47,10 +51,13 @@ def publish(info, settings, skipped, results, notes, dur, plot_path):
 
 def main(argv=None, prog="python -m bench", **defaults):
     args = parse_args(argv, prog, __doc__.splitlines()[0], **defaults)
+    stream_part = None
     if args.report:
         info, settings, skipped, results, notes, doc = report.read_json(args.report)
         dur = doc.get("durability", [])
-        publish(info, settings, skipped, results, notes, dur, args.plot)
+        if "streams" in doc:
+            stream_part = report.read_stream_doc(doc["streams"])
+        publish(info, settings, skipped, results, notes, dur, args.plot, stream_part)
     else:
         ctx = mp.get_context("spawn")
         info, skipped, results, notes = run_matrix(args, ctx)
@@ -59,13 +66,21 @@ def main(argv=None, prog="python -m bench", **defaults):
             count, trips, runs = DURABILITY_COUNTS["quick" if args.quick else "full"]
             dur, more = durability.run_modes(ctx, count, trips, runs, args.run_timeout, args.cpus)
             notes += more
+        extra = {}
+        if args.streams:
+            sizes = list(STREAM_QUICK_SIZES if args.quick else STREAM_SIZES)
+            stream_part = streams.run_streams(ctx, list(STREAM_SYSTEMS), sizes, args.runs, args.quick,
+                                              args.run_timeout, args.cpus)
+            extra["streams"] = report.stream_doc(*stream_part)
         if args.json:
-            report.write_json(args.json, info, args, skipped, results, notes, dur if args.durability else None)
-        publish(info, args, skipped, results, notes, dur, args.plot)
+            report.write_json(args.json, info, args, skipped, results, notes, dur if args.durability else None,
+                              extra)
+        publish(info, args, skipped, results, notes, dur, args.plot, stream_part)
         if args.json:
             print(f"wrote {args.json}")
-    ok = all(r.status in ("ok", "skipped") for r, _ in results) and not any("error" in d for d in dur)
-    return 0 if ok else 1
+    stream_results = stream_part[1] if stream_part else []
+    ok = all(r.status in ("ok", "skipped") for r, _ in results + stream_results)
+    return 0 if ok and not any("error" in d for d in dur) else 1
 
 
 if __name__ == "__main__":

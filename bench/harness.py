@@ -10,6 +10,7 @@ report. Failures become a CaseResult's status and detail; nothing here raises fo
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import os
 import signal
 import statistics
@@ -21,7 +22,7 @@ import traceback
 from dataclasses import dataclass, field, replace
 from multiprocessing import connection
 
-from bench import adapters, roles
+from bench import adapters
 from bench.plan import START_TIMEOUT
 
 BARRIER_TIMEOUT = 10.0
@@ -70,14 +71,15 @@ def _child(role, job, end, specs, barrier, conn, trace_path, total):
     try:
         if job.cpus:
             os.sched_setaffinity(0, {job.cpus[job.roles.index(role)]})
-        ends = roles.open_ends(role, job, end, specs)
+        bodies = importlib.import_module(job.roles_module)  # bench.roles, or a job's own (bench.stream_roles)
+        ends = bodies.open_ends(role, job, end, specs)
         try:
-            roles.WARMUPS.get(kind, lambda j, e, t: None)(job, ends, total)
+            bodies.WARMUPS.get(kind, lambda j, e, t: None)(job, ends, total)
             conn.send(("ready", None))
             for run in range(job.runs):
                 barrier.wait(timeout=job.wait)
                 args = (total,) if kind == "consumer" else ()
-                conn.send((f"run{run}", roles.ROLES[kind](job, ends, *args)))
+                conn.send((f"run{run}", bodies.ROLES[kind](job, ends, *args)))
             barrier.wait(timeout=job.wait)  # nobody closes while the peer may still be reading
         finally:
             for e in ends:
@@ -194,12 +196,17 @@ def _spawn(ctx, job, end, specs, barrier, trace_dir, total):
 
 
 def _merge_consumers(job, replies):
-    """One run's result: the slowest consumer's time; the consumers' counts must add up to n."""
+    """One run's result: the slowest consumer's time; the consumers' counts must add up to n.
+    Producers that time themselves (streams' appenders) add the slowest one's time."""
     parts = [v for k, v in replies.items() if k.startswith("consumer")]
     got = sum(p.get("got", job.n) for p in parts)
     if got != job.n:
         raise CaseFailed("error", f"consumers received {got} messages, expected {job.n}")
-    return {"seconds": max(p["seconds"] for p in parts)}
+    out = {"seconds": max(p["seconds"] for p in parts)}
+    sent = [v["seconds"] for k, v in replies.items() if k.startswith("producer") and "seconds" in v]
+    if sent:
+        out["append_seconds"] = max(sent)
+    return out
 
 
 def _drive(job, barrier, procs, conns, run_timeout, progress, runs, total):
@@ -224,7 +231,7 @@ def run_case(job, adapter, ctx, run_timeout, progress):
         job, end = replace(job, mesh=True), adapter.MeshEnd
     trace_dir = tempfile.TemporaryDirectory(prefix="shmq-bench-trace-")
     try:
-        specs = [adapter.make(ctx, job.size) for _ in range(1 if job.kind == "tput" else 2)]
+        specs = [adapter.make_case(ctx, job) for _ in range(2 if job.kind == "rtt" else 1)]
         barrier, total = ctx.Barrier(len(job.roles) + 1), ctx.Value("q", 0)
         procs, conns = _spawn(ctx, job, end, specs, barrier, trace_dir.name, total)
         _drive(job, barrier, procs, conns, run_timeout, progress, result.runs, total)
@@ -334,12 +341,16 @@ def summarize(result):
         }
     rates = [result.n / r["seconds"] for r in result.runs]
     median = statistics.median(rates)
-    return {
+    out = {
         "msgs_per_s": median,
         "msgs_per_s_min": min(rates),
         "msgs_per_s_max": max(rates),
         "mb_per_s": median * result.size / 1e6,
     }
+    appends = [result.n / r["append_seconds"] for r in result.runs if r.get("append_seconds")]
+    if appends:
+        out["append_per_s"] = statistics.median(appends)
+    return out
 
 
 def run_jobs(jobs, opened, ctx, run_timeout, progress):

@@ -11,6 +11,8 @@ import subprocess
 
 # the versions the report's header lists, in order (keys of machine_info())
 VERSIONED = ("shmq", "faster-fifo", "pyzmq", "posix_ipc", "redis-py", "redis-server")
+# the same for the stream benchmark (python -m bench.streams)
+STREAM_VERSIONED = ("shmq", "redis-py", "redis-server", "nats-py", "nats-server")
 # where shmq says whether its C hot paths are built: the one shmq internal the report reads
 SHMQ_FAST_FLAG = ("shmq.engine.cpaths", "FAST")
 
@@ -64,15 +66,30 @@ def _cpu_model():
     return platform.processor() or "unknown"
 
 
-def _redis_server_version():
-    exe = shutil.which("redis-server")
+def _version_output(program):
+    """What ``program --version`` prints, or None if it is not on the PATH or fails."""
+    exe = shutil.which(program)
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
+        return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _redis_server_version():
+    out = _version_output("redis-server")
+    if out is None:
+        return None
     return next((w[2:] for w in out.split() if w.startswith("v=")), out.strip() or None)
+
+
+def _nats_server_version():
+    """'2.9.10' from 'nats-server: v2.9.10'."""
+    out = _version_output("nats-server")
+    if out is None:
+        return None
+    return out.strip().rsplit(" ", 1)[-1].removeprefix("v") or None
 
 
 def machine_info():
@@ -90,4 +107,6 @@ def machine_info():
         "redis-py": _dist_version("redis"),
         "posix_ipc": _dist_version("posix_ipc"),
         "redis-server": _redis_server_version(),
+        "nats-py": _dist_version("nats-py"),
+        "nats-server": _nats_server_version(),
     }

@@ -1,8 +1,10 @@
 """What a run measures: the cases (Job), their sizes, counts and topologies, and the command line.
 
 Strategy: every front end (``python -m bench``, ``bench.local``, ``bench.tcp``,
-``bench.durability``) turns its options into a list of Jobs here; the harness runs any
-Job against any adapter, so a front end is only a choice of systems and cases.
+``bench.durability``, ``bench.streams``) turns its options into a list of Jobs here; the
+harness runs any Job against any adapter, so a front end is only a choice of systems and
+cases. A StreamJob names the module its processes run (bench.stream_roles: P appenders,
+one reader) instead of bench.roles.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import math
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
 from bench.adapters import SYSTEMS
 
@@ -58,6 +61,7 @@ class Job:
     pairs: int = 1  # producers = consumers (tput only)
     mesh: bool = False  # P -> P without a shared queue (set by the harness from the adapter)
     variant: str = ""  # what the system runs as, in progress lines (a durability mode)
+    roles_module: ClassVar[str] = "bench.roles"  # what its processes run (open_ends, ROLES, WARMUPS)
 
     @property
     def label(self):
@@ -200,6 +204,8 @@ def parse_args(argv=None, prog="python -m bench", description="", **defaults):
     p.add_argument("--run-timeout", type=float, default=None,
                    help="seconds allowed per run before the case is a timeout (default 60; 10 with --quick)")
     p.add_argument("--no-durability", dest="durability", action="store_false")
+    p.add_argument("--no-streams", dest="streams", action="store_false",
+                   help="skip the streams (python -m bench.streams: 64 B and 1 KiB; 64 B with --quick)")
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="let the OS place a case's two processes (default: pin them to two distinct CPUs)")
     p.add_argument("--report", metavar="JSON",
@@ -212,3 +218,69 @@ def parse_args(argv=None, prog="python -m bench", description="", **defaults):
     if args.runs < 1 or any(s < 1 for s in args.sizes):
         p.error("--runs and --sizes must be positive")
     return args
+
+
+# ---------------------------------------------------------------- streams (python -m bench.streams)
+
+STREAM_SIZES = (64, 1024)
+STREAM_QUICK_SIZES = (64,)
+STREAM_PRODUCERS = (1, 4)  # P producers -> 1 consumer
+STREAM_READS = ("group", "offset")  # through a consumer group (poll + commit) / plain reads by offset
+# records per run of shmq's local stream, per record / batched (a run lasts ~1 s here)
+STREAM_N = {64: (30_000, 200_000), 1024: (24_000, 100_000)}
+# the servers answer a request per call: fewer records (per record / batched), so a run lasts ~1-2 s too
+STREAM_FEWER = {"shmq-stream-tcp": (12, 8), "redis-streams": (12, 8), "nats-js": (12, 8)}
+STREAM_QUICK_SCALE = 20
+KAFKA_REFERENCE = {  # a published figure, not measured here
+    "records_per_s": 821_557, "size": 100,
+    "what": "Kafka 0.8.1, 1 producer thread, no replication, 100 B records, 6 partitions, 3 brokers on other "
+            "machines (6-core Xeon, 1 GbE), producing only",
+    "source": "J. Kreps, \"Benchmarking Apache Kafka: 2 Million Writes Per Second (On Three Cheap Machines)\", "
+              "LinkedIn Engineering, 2014",
+}
+
+
+@dataclass(frozen=True)
+class StreamJob(Job):
+    """A stream case: ``pairs`` producers append, one consumer reads every record, through
+    a consumer group (``read`` "group") or by offset ("offset"); ``kind`` is ``read``."""
+
+    partitions: int = 1  # of shmq's stream: one per producer
+    roles_module: ClassVar[str] = "bench.stream_roles"
+
+    @property
+    def read(self):
+        return self.kind
+
+    @property
+    def label(self):
+        return f"{self.system} {size_label(self.size)} {self.mode} {self.pairs}->1 {self.kind}"
+
+    @property
+    def roles(self):
+        producers = ("producer",) if self.pairs == 1 else tuple(f"producer{i}" for i in range(self.pairs))
+        return producers + ("consumer",)
+
+
+def stream_records(system, size, mode, scale=1):
+    """Records per run of a stream case (a multiple of 4 x 64, so every producer's share is whole batches)."""
+    batched = mode == "batch"
+    anchor = STREAM_N[size][batched] if size in STREAM_N else max(1000, STREAM_N[1024][batched] * 1024 // size)
+    fewer = STREAM_FEWER.get(system, (1, 1))[batched]
+    unit = max(STREAM_PRODUCERS) * BATCH
+    return max(unit, anchor // scale // fewer // unit * unit)
+
+
+def plan_streams(systems, sizes, runs, quick, run_timeout, cpus, producers=STREAM_PRODUCERS, reads=STREAM_READS):
+    """The stream matrix, interleaving systems so drift hits them alike (--quick: N / 20)."""
+    scale = STREAM_QUICK_SCALE if quick else 1
+    jobs = []
+    for p in producers:
+        for size in sizes:
+            for mode in ("msg", "batch"):
+                for read in reads:
+                    for system in systems:
+                        jobs.append(StreamJob(system, read, size, mode, stream_records(system, size, mode, scale),
+                                              runs, pairs=p, partitions=p, cpus=cpus if p == 1 else (),
+                                              wait=START_TIMEOUT + run_timeout))
+    return jobs

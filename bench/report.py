@@ -14,10 +14,15 @@ import os
 import sys
 from dataclasses import asdict
 
-from bench.adapters import REGISTRY
+from bench.adapters import REGISTRY, STREAM_REGISTRY
 from bench.harness import CaseResult
-from bench.machine import VERSIONED
-from bench.plan import BASELINE, BATCH, OWN, QUEUE_BYTES, RTT_SIZE, WARMUP, size_label
+from bench.machine import STREAM_VERSIONED, VERSIONED
+from bench.plan import BASELINE, BATCH, KAFKA_REFERENCE, OWN, QUEUE_BYTES, RTT_SIZE, WARMUP, size_label
+
+OWN_STREAMS = ("shmq-stream", "shmq-stream-tcp")  # every other stream system is a peer
+STREAM_TARGETS = {"per_record_lead": 10.0, "batched_records_per_s": 3e6, "tcp_vs_redis": 1.0}
+
+
 def _si(x):
     """1234567 -> '1.23M'."""
     for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -37,11 +42,11 @@ def _better(r, s):
     return s.get("msgs_per_s")
 
 
-def relative(results):
+def relative(results, own=OWN):
     """{id(result): (vs mpqueue, vs the best peer)}: how many times better (> 1 = better).
 
-    Peers are the systems other than shmq's own two, so shmq's rows say by how much it
-    leads or trails the best of the others.
+    Peers are the systems other than shmq's own (``own``), so shmq's rows say by how
+    much it leads or trails the best of the others.
     """
     groups = {}
     for r, s in results:
@@ -50,13 +55,13 @@ def relative(results):
     out = {}
     for r, s in results:
         mine, group = _better(r, s) if r.status == "ok" else None, groups.get(_case_key(r), {})
-        best = max((v for k, v in group.items() if k not in OWN), default=None)
+        best = max((v for k, v in group.items() if k not in own), default=None)
         out[id(r)] = (_ratio(mine, group.get(BASELINE)), _ratio(mine, best))
     return out
 
 
-def _print_header(info, args, skipped, out):
-    print("shmq local benchmark", file=out)
+def _print_header(info, args, skipped, out, title="shmq local benchmark", versioned=VERSIONED):
+    print(title, file=out)
     cores = f"{info['logical_cpus']} logical CPUs"
     if info["physical_cores"]:
         cores += f", {info['physical_cores']} physical cores"
@@ -64,7 +69,10 @@ def _print_header(info, args, skipped, out):
         cores += f", {info['usable_cpus']} usable"
     print(f"machine : {info['cpu']}; {cores}; {info['os']}", file=out)
     print(f"python  : {info['python']}", file=out)
-    versions = ", ".join(f"{k} {info.get(k) or 'not installed'}" for k in VERSIONED)
+    if info.get("load"):
+        before, after = info["load"]
+        print(f"load    : 1-minute load average {before:.2f} before the run, {after:.2f} after it", file=out)
+    versions = ", ".join(f"{k} {info.get(k) or 'not installed'}" for k in versioned)
     print(f"packages: {versions}", file=out)
     pinned = f"CPUs {args.cpus[0]} and {args.cpus[1]}" if args.cpus else "no (OS placement)"
     print(f"settings: runs={args.runs}, quick={args.quick}, start method=spawn, batch={BATCH}, "
@@ -183,8 +191,11 @@ def _print_failures(results, out):
         return
     print("Problems", file=out)
     for r in failed:
-        mode = f" {r.mode}" if r.kind == "tput" else ""
-        print(f"- {r.system} {r.kind} {size_label(r.size)}{mode} {r.pairs}->{r.pairs}: {r.status}", file=out)
+        if r.kind in ("group", "offset"):  # a stream case: P producers -> 1 consumer, read so
+            case = f"{size_label(r.size)} {r.mode} {r.pairs}->1 {r.kind}"
+        else:
+            case = f"{r.kind} {size_label(r.size)}{f' {r.mode}' if r.kind == 'tput' else ''} {r.pairs}->{r.pairs}"
+        print(f"- {r.system} {case}: {r.status}", file=out)
         for line in r.detail.strip().splitlines():
             print(f"    {line}", file=out)
     print(file=out)
@@ -201,8 +212,8 @@ def report(info, args, skipped, results, notes, out=sys.stdout):
         print(f"note: {note}", file=out)
 
 
-def write_json(path, info, args, skipped, results, notes, durability=None):
-    """All raw runs and summaries as JSON (with the durability rows, when given)."""
+def write_json(path, info, args, skipped, results, notes, durability=None, extra=None):
+    """All raw runs and summaries as JSON (with the durability rows, when given, and ``extra``'s keys)."""
     doc = {
         "machine": info,
         "settings": {"runs": args.runs, "quick": args.quick, "batch": BATCH, "warmup": WARMUP,
@@ -214,6 +225,7 @@ def write_json(path, info, args, skipped, results, notes, durability=None):
     }
     if durability is not None:
         doc["durability"] = durability
+    doc.update(extra or {})
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=2)
@@ -290,3 +302,149 @@ def print_tcp(info, skipped, results, out=sys.stdout):
                   file=out)
     print(file=out)
     _print_failures(results, out)
+
+
+# ---------------------------------------------------------------- streams (python -m bench.streams)
+
+
+def _stream_key(r):
+    return (r.size, r.mode, r.pairs, r.kind)
+
+
+def _print_stream_table(results, runs, out):
+    rel = relative(results, own=OWN_STREAMS)
+    print(f"Streams, P producers -> 1 consumer (separate processes), median of {runs} runs", file=out)
+    print("  msg = one record per call on both sides; batch = 64 per call (see notes)", file=out)
+    print("  read: group = through a consumer group, committed (acknowledged) before the records are handed on;",
+          file=out)
+    print("        offset = plain reads from an offset on, nothing committed", file=out)
+    print("  rec/s = records appended and read, end to end: from the release until the consumer has the last one;",
+          file=out)
+    print("  append/s = the producers' own rate in the same runs (all P together); vs best peer = rec/s over the",
+          file=out)
+    print(f"  fastest peer's ({', '.join(s for s in STREAM_REGISTRY if s not in OWN_STREAMS)}) in the same case",
+          file=out)
+    head = (f"{'size':>7}  {'mode':<5}  {'P->C':>4}  {'read':<6}  {'system':<15}  {'N':>7}  {'rec/s':>8}  "
+            f"{'(min .. max)':<19}  {'MB/s':>7}  {'append/s':>8}  {'vs best peer':>12}")
+    _print_head(head, out)
+    for r, s in results:
+        lead = (f"{size_label(r.size):>7}  {r.mode:<5}  {f'{r.pairs}->1':>4}  {r.kind:<6}  {r.system:<15}  "
+                f"{r.n:>7}")
+        if r.status != "ok":
+            print(f"{lead}  {r.status}" + (f": {r.detail}" if r.status == "skipped" else ""), file=out)
+            continue
+        spread = f"({_si(s['msgs_per_s_min'])} .. {_si(s['msgs_per_s_max'])})"
+        append = _si(s["append_per_s"]) if s.get("append_per_s") else "n/a"
+        print(f"{lead}  {_si(s['msgs_per_s']):>8}  {spread:<19}  {s['mb_per_s']:>7.1f}  {append:>8}  "
+              f"{rel[id(r)][1]:>12}", file=out)
+    print("  batch notes:", file=out)
+    for system in dict.fromkeys(r.system for r, _ in results):
+        print(f"    {system:<15} {STREAM_REGISTRY[system].batch_note}", file=out)
+    ref = KAFKA_REFERENCE
+    print(f"  reference, published, not measured here: {_si(ref['records_per_s'])} records/s: {ref['what']}",
+          file=out)
+    print(f"    ({ref['source']})", file=out)
+    print(file=out)
+
+
+def _print_stream_ratios(results, out):
+    """shmq's own stream systems over each peer, per case."""
+    by_key = {(r.system,) + _stream_key(r): (r, s) for r, s in results}
+    peers = [p for p in dict.fromkeys(r.system for r, _ in results) if p not in OWN_STREAMS]
+    keys = list(dict.fromkeys(_stream_key(r) for r, _ in results))
+    for mine in OWN_STREAMS:
+        if not any(r.system == mine for r, _ in results) or not peers:
+            continue
+        print(f"Ratios {mine} / peer (median rec/s; > 1 means shmq is faster)", file=out)
+        head = f"{'size':>7}  {'mode':<5}  {'P->C':>4}  {'read':<6}  " + "  ".join(f"{'vs ' + p:>16}" for p in peers)
+        _print_head(head, out)
+        for key in keys:
+            size, mode, pairs, read = key
+            cells = [_ratio_cell(by_key, (mine,) + key, (p,) + key, "msgs_per_s") for p in peers]
+            print(f"{size_label(size):>7}  {mode:<5}  {f'{pairs}->1':>4}  {read:<6}  "
+                  + "  ".join(f"{c:>16}" for c in cells), file=out)
+        print(file=out)
+
+
+def stream_targets(skipped, results):
+    """[(target, measured, verdict)] of the streams issue's targets, from one run's cases."""
+    ok = {(r.system,) + _stream_key(r): s["msgs_per_s"] for r, s in results if r.status == "ok" and s}
+    peers = [p for p in STREAM_REGISTRY if p not in OWN_STREAMS]
+    rows = []
+
+    def spread(values, fmt):
+        return f"{fmt(min(values))} .. {fmt(max(values))}"
+
+    lead = []
+    for key in dict.fromkeys(k[1:] for k in ok if k[0] == "shmq-stream" and k[2] == "msg"):
+        theirs = [ok[(p,) + key] for p in peers if (p,) + key in ok]
+        if theirs:
+            lead.append(ok[("shmq-stream",) + key] / max(theirs))
+    want = STREAM_TARGETS["per_record_lead"]
+    if lead:
+        met = sum(x >= want for x in lead)
+        rows.append((f"local, per record: >= {want:.0f}x the best server",
+                     f"{spread(lead, lambda x: f'{x:.1f}x')} ({met} of {len(lead)} cases)",
+                     "met" if met == len(lead) else "missed"))
+    else:
+        rows.append((f"local, per record: >= {want:.0f}x the best server", "no peer measured", "not measured"))
+
+    want = STREAM_TARGETS["batched_records_per_s"]
+    batched = [v for k, v in ok.items() if k[0] == "shmq-stream" and k[2] == "batch"]
+    if batched:
+        met = sum(x >= want for x in batched)
+        rows.append((f"local, batched: >= {_si(want)} records/s",
+                     f"{spread(batched, _si)} records/s ({met} of {len(batched)} cases)",
+                     "met" if met == len(batched) else "missed"))
+
+    tcp = []
+    for key in dict.fromkeys(k[1:] for k in ok if k[0] == "shmq-stream-tcp"):
+        if ("redis-streams",) + key in ok:
+            tcp.append(ok[("shmq-stream-tcp",) + key] / ok[("redis-streams",) + key])
+    if tcp:
+        met = sum(x > STREAM_TARGETS["tcp_vs_redis"] for x in tcp)
+        rows.append(("over TCP: ahead of Redis Streams", f"{spread(tcp, lambda x: f'{x:.2f}x')} of Redis "
+                     f"({met} of {len(tcp)} cases)", "met" if met == len(tcp) else "missed"))
+    else:
+        why = skipped.get("shmq-stream-tcp") or skipped.get("redis-streams") or "no case of both ran"
+        rows.append(("over TCP: ahead of Redis Streams", f"not measured: {why}", "not measured"))
+    return rows
+
+
+def _print_stream_targets(skipped, results, out):
+    rows = stream_targets(skipped, results)
+    print("Targets of the streams issue, from this run (median rec/s per case)", file=out)
+    width = max(len(t) for t, _, _ in rows)
+    for target, measured, verdict in rows:
+        print(f"  {target:<{width}}  {verdict:<12}  {measured}", file=out)
+    print(file=out)
+
+
+def print_streams(info, args, skipped, results, notes, out=sys.stdout, header=True):
+    """The stream benchmark's tables: header, throughput, ratios, targets, problems, notes."""
+    if header:
+        _print_header(info, args, skipped, out, title="shmq stream benchmark", versioned=STREAM_VERSIONED)
+    else:
+        for reason in skipped.values():
+            print(f"skipped: {reason}", file=out)
+    if results:
+        _print_stream_table(results, args.runs, out)
+        _print_stream_ratios(results, out)
+    _print_stream_targets(skipped, results, out)
+    _print_failures(results, out)
+    for note in notes:
+        print(f"note: {note}", file=out)
+
+
+def stream_doc(skipped, results, notes):
+    """The "streams" part of a run's JSON (python -m bench), or a stream run's own document's cases."""
+    return {"skipped": skipped, "notes": notes, "reference": KAFKA_REFERENCE,
+            "cases": [dict(asdict(r), summary=s) for r, s in results]}
+
+
+def read_stream_doc(part):
+    """(skipped, results, notes) of a "streams" part written by stream_doc."""
+    fields = {f for f in CaseResult.__dataclass_fields__}
+    results = [(CaseResult(**{k: v for k, v in case.items() if k in fields}), case.get("summary", {}))
+               for case in part["cases"]]
+    return part["skipped"], results, part["notes"]

@@ -1,4 +1,4 @@
-"""Servers the adapters start for a run and stop at its end: ``shmq server`` and ``redis-server``.
+"""Servers the adapters start for a run and stop at its end: ``shmq server``, ``redis-server``, ``nats-server``.
 
 Strategy: a server is ready when it says so on its output (no polling of its port); the
 line is read with a deadline, the rest of the output is drained by a thread, so a chatty
@@ -104,6 +104,25 @@ class RedisServer(ServerProcess):
         except BaseException:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
+
+    def close(self):
+        super().close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class NatsServer(ServerProcess):
+    """A private ``nats-server -js`` on a free loopback port, its JetStream store in a temporary directory."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="bench-nats-")
+        argv = ["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.dir]
+        try:
+            super().__init__(argv, r"Server is ready", "nats-server")
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        self.url = f"nats://127.0.0.1:{self.port}"
 
     def close(self):
         super().close()

@@ -1,6 +1,7 @@
-"""The bench: `python -m bench --quick` runs end to end and writes well-formed output (not
-its speed), every adapter carries a case through the harness, and the consumers' stop
-logic. Each test looks only at the shmq namespaces it or its bench created."""
+"""The bench: `python -m bench --quick` and `python -m bench.streams --quick` run end to end
+and write well-formed output (not their speed), every adapter carries a case through the
+harness, the consumers' stop logic and the streams' target verdicts. Each test looks only
+at the shmq namespaces it or its bench created, and at the peer servers its bench started."""
 
 import io
 import json
@@ -10,10 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
-from bench import adapters, harness
-from bench.plan import Job
+from bench import adapters, harness, report
+from bench.harness import CaseResult
+from bench.plan import Job, StreamJob
 from bench.roles import consume_polled, consume_shared
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,9 +41,21 @@ def _has_matplotlib():
     return True
 
 
-def _run(argv, env, timeout):
+def _orphaned_bench_servers():
+    """Pids of peer servers a bench started (their temporary directories say so) whose
+    bench is gone: left running. Another bench running meanwhile still owns its own."""
+    found = set()
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "bench-redis-" in cmdline or "bench-nats-" in cmdline:
+            if proc.info["ppid"] in (0, 1) or not psutil.pid_exists(proc.info["ppid"]):
+                found.add(proc.pid)
+    return found
+
+
+def _run(argv, env, timeout, module="bench"):
     """Run ``python -m bench ...``; returns (pid, returncode, stdout, stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench", *argv], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", module, *argv], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -76,6 +91,10 @@ def test_quick_bench_output_is_well_formed(tmp_path):
     assert all(d.get("msgs_per_s", 0) > 0 for d in doc["durability"]), doc["durability"]
     reported = {c["system"] for c in doc["cases"]} | set(doc["skipped"])
     assert {"shmq", "shmq-tcp", "mpqueue", "simplequeue", "faster-fifo", "zmq", "posix-mq", "redis"} <= reported
+    assert "Streams, P producers -> 1 consumer" in stdout and "Targets of the streams issue" in stdout
+    streams = doc["streams"]
+    assert set(adapters.STREAM_SYSTEMS) <= {c["system"] for c in streams["cases"]} | set(streams["skipped"])
+    assert all(c["status"] in ("ok", "skipped") for c in streams["cases"]) and streams["notes"] == []
 
     if _has_matplotlib():
         assert out_png.read_bytes()[:8] == PNG_SIGNATURE
@@ -203,3 +222,94 @@ def test_every_adapter_carries_cases_through_the_harness(system):
         [r.detail for r, _ in results]
     assert all(s["msgs_per_s"] > 0 for _, s in results[:2]) and results[2][1]["p50_us"] > 0
     assert notes == []
+
+
+# ---------------------------------------------------------------- streams
+
+
+@pytest.mark.slow
+def test_quick_stream_bench_output_is_well_formed(tmp_path):
+    out_json = tmp_path / "streams.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    servers_before = _orphaned_bench_servers()
+    pid, code, stdout, stderr = _run(["--quick", "--json", str(out_json)], env, 120, module="bench.streams")
+    assert code == 0, stdout + stderr
+    lines = stdout.splitlines()
+    assert lines[0] == "shmq stream benchmark" and lines[1].startswith("machine :")
+    assert lines[3].startswith("load    : 1-minute load average")
+    assert lines[4].startswith("packages:") and "nats-server" in lines[4] and "redis-server" in lines[4]
+    assert "Streams, P producers -> 1 consumer" in stdout and "rec/s" in stdout and "vs best peer" in stdout
+    assert "reference, published, not measured here: 821.56k records/s: Kafka" in stdout and "Kreps" in stdout
+    assert "Targets of the streams issue" in stdout and "local, batched: >= 3.00M records/s" in stdout
+
+    doc = json.loads(out_json.read_text())
+    part = doc["streams"]
+    assert part["reference"]["records_per_s"] == 821_557 and part["notes"] == []
+    cases = part["cases"]
+    assert all(c["status"] in ("ok", "skipped") for c in cases), [c["detail"] for c in cases]
+    # every stream system ran or says why not; shmq's local stream always runs, in every case
+    assert set(adapters.STREAM_SYSTEMS) <= {c["system"] for c in cases} | set(part["skipped"])
+    for system in set(adapters.STREAM_SYSTEMS) - set(part["skipped"]):
+        mine = [c for c in cases if c["system"] == system]
+        assert {(c["kind"], c["mode"], c["pairs"]) for c in mine} == {
+            (read, mode, p) for read in ("group", "offset") for mode in ("msg", "batch") for p in (1, 4)}
+        for c in mine:
+            assert c["status"] == "ok" and c["summary"]["msgs_per_s"] > 0 and c["summary"]["append_per_s"] > 0
+    assert "shmq-stream" not in part["skipped"]
+    if {"redis-streams", "nats-js"} - set(part["skipped"]):  # a peer ran: shmq's rows are compared with it
+        assert "Ratios shmq-stream / peer" in stdout
+    for system, reason in part["skipped"].items():
+        assert reason and f"skipped: {reason}" in stdout
+
+    # nothing of the run's namespaces in /dev/shm, no server of its own left running
+    assert _entries_of_run(pid) == []
+    assert _orphaned_bench_servers() <= servers_before
+
+    _pid, again_code, again_out, again_err = _run(["--report", str(out_json)], env, 60, module="bench.streams")
+    assert again_code == 0, again_out + again_err
+    assert again_out.splitlines() == [line for line in stdout.splitlines() if not line.startswith("wrote ")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("system", adapters.STREAM_SYSTEMS)
+def test_every_stream_adapter_carries_cases_through_the_harness(system):
+    reason = adapters.probe(system)
+    if reason:
+        pytest.skip(reason)
+    jobs = [StreamJob(system, read, 64, mode, n=256, runs=runs, warmup=8, pairs=p, partitions=p)
+            for read, mode, p, runs in (("group", "msg", 1, 1), ("offset", "batch", 4, 2), ("group", "batch", 4, 1),
+                                        ("offset", "msg", 1, 1))]
+    try:
+        adapter = adapters.adapter_class(system)()
+    except Exception as exc:  # a client that has streams before its server does
+        pytest.skip(f"{system} setup failed: {exc!r}")
+    try:
+        progress = harness.Progress(len(jobs), stream=io.StringIO())
+        results = harness.run_jobs(jobs, {system: adapter}, mp.get_context("spawn"), 30.0, progress)
+    finally:
+        notes = adapter.close()
+    assert [(r.status, len(r.runs)) for r, _ in results] == [("ok", 1), ("ok", 2), ("ok", 1), ("ok", 1)], \
+        [r.detail for r, _ in results]
+    assert all(s["msgs_per_s"] > 0 and s["append_per_s"] > 0 for _, s in results)
+    assert notes == []
+
+
+def _stream_case(system, mode, rate, read="group", pairs=1, size=64):
+    result = CaseResult(system, read, size, mode, 1000, pairs)
+    return result, {"msgs_per_s": rate, "msgs_per_s_min": rate, "msgs_per_s_max": rate, "mb_per_s": 0.0}
+
+
+def test_stream_targets_name_what_was_met_and_missed():
+    results = [_stream_case("shmq-stream", "msg", 100_000), _stream_case("redis-streams", "msg", 5_000),
+               _stream_case("nats-js", "msg", 9_000),
+               _stream_case("shmq-stream", "msg", 50_000, read="offset"),
+               _stream_case("redis-streams", "msg", 10_000, read="offset"),
+               _stream_case("shmq-stream", "batch", 3.2e6), _stream_case("redis-streams", "batch", 50_000)]
+    per_record, batched, tcp = report.stream_targets({"shmq-stream-tcp": "no remote streams"}, results)
+    assert per_record[1:] == ("5.0x .. 11.1x (1 of 2 cases)", "missed")  # the best peer per case: 10 k, 9 k
+    assert batched[1:] == ("3.20M .. 3.20M records/s (1 of 1 cases)", "met")
+    assert tcp[1:] == ("not measured: no remote streams", "not measured")
+
+    results += [_stream_case("shmq-stream-tcp", "batch", 60_000)]
+    tcp = report.stream_targets({}, results)[-1]
+    assert tcp[1:] == ("1.20x .. 1.20x of Redis (1 of 1 cases)", "met")

@@ -36,6 +36,18 @@ REGISTRY = {
     "redis": Entry("redis_lists", "RedisLists", "redis", "LPUSH of 64 values / BLMPOP COUNT 64"),
 }
 SYSTEMS = tuple(REGISTRY)
+# streams (python -m bench.streams): append-only logs read through a consumer group or by offset
+STREAM_REGISTRY = {
+    "shmq-stream": Entry("shmq_stream", "ShmqStreamLocal", None,
+                         "append_many(64) / poll(64) + commit, read(p, offset, 64)"),
+    "shmq-stream-tcp": Entry("shmq_stream", "ShmqStreamTcp", None,
+                             "append_many(64) / poll(64) + commit, read(p, offset, 64) over TCP"),
+    "redis-streams": Entry("redis_streams", "RedisStreams", "redis",
+                           "64 XADD in one pipeline / XREADGROUP COUNT 64 + one XACK of 64 ids, XREAD COUNT 64"),
+    "nats-js": Entry("nats_jetstream", "NatsJetStream", "nats-py",
+                     "64 publish_async, then their 64 acks / fetch(64) + ack of the last (AckPolicy.ALL)"),
+}
+STREAM_SYSTEMS = tuple(STREAM_REGISTRY)
 SHM_DIR = "/dev/shm"
 
 
@@ -82,6 +94,10 @@ class Adapter:
         """A new channel for messages of ``size`` bytes; returns its spec for the Ends."""
         raise NotImplementedError
 
+    def make_case(self, ctx, job):
+        """The channel of one case (a plan.Job); by default ``make`` for its message size."""
+        return self.make(ctx, job.size)
+
     def drop(self, spec):
         """Remove a channel once its case is over."""
 
@@ -94,15 +110,20 @@ class Adapter:
         return []
 
 
+def entry(system):
+    """The Entry of a queue or a stream system."""
+    return REGISTRY[system] if system in REGISTRY else STREAM_REGISTRY[system]
+
+
 def adapter_class(system):
     """The Adapter subclass of ``system``; ImportError if its package is missing."""
-    entry = REGISTRY[system]
-    return getattr(importlib.import_module(f"bench.adapters.{entry.module}"), entry.cls)
+    found = entry(system)
+    return getattr(importlib.import_module(f"bench.adapters.{found.module}"), found.cls)
 
 
 def probe(system):
     """None if ``system`` can run here, else why not."""
-    package = REGISTRY[system].package
+    package = entry(system).package
     try:
         cls = adapter_class(system)
     except ImportError as exc:
