@@ -1,49 +1,22 @@
-"""Streams on the local transport: offsets, keys, replay, retention, the sparse index,
-consumer groups (join, close, SIGKILL, the generation fence), bad input, and appends
-killed at any instant."""
+"""Streams in the engine: reads that wait, block retention, the sparse index, members and
+appenders killed with SIGKILL, per-key order under several processes. What must hold on
+both transports (offsets, keys, retention, groups and their fence, bad input) is in
+tests/test_stream_conformance.py, which runs locally too."""
 
 import multiprocessing as mp
 import os
 import signal
 import threading
 import time
-import zlib
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmq
-from shmq.engine import layout as L
 from tests import _workers as w
 
 SPAWN = mp.get_context("spawn")
-
-
-def test_offsets_are_dense_and_keys_choose_a_stable_partition(broker):
-    s = broker.create_stream("events", partitions=4, max_bytes=1 << 16)
-    metas = [s.append(b"v%d" % i, key=b"user-%d" % (i % 3), headers={"i": i}) for i in range(30)]
-    for key in (b"user-0", b"user-1", b"user-2"):
-        mine = [m for i, m in enumerate(metas) if b"user-%d" % (i % 3) == key]
-        assert {m.partition for m in mine} == {zlib.crc32(key) % 4}  # never Python's hash()
-    for p in range(4):
-        offs = [m.offset for m in metas if m.partition == p]
-        assert offs == list(range(len(offs)))
-        assert s.offsets(p) == (0, len(offs))
-    rs = s.read(metas[7].partition, metas[7].offset, max_records=1)
-    assert (rs[0].value, rs[0].key, rs[0].headers, rs[0].stream) == (b"v7", b"user-1", {"i": 7}, "events")
-    assert abs(rs[0].timestamp - time.time()) < 60
-
-
-def test_append_many_without_keys_lands_whole_in_one_partition_in_turn(broker):
-    s = broker.create_stream("events", partitions=3, max_bytes=1 << 16)
-    batches = [s.append_many([b"a", b"b", b"c"]) for _ in range(3)]
-    parts = [{m.partition for m in ms} for ms in batches]
-    assert all(len(p) == 1 for p in parts) and len({p.pop() for p in parts}) == 3  # each whole, in turn
-    assert [m.offset for m in batches[0]] == [0, 1, 2]
-    assert s.append_many([]) == []
-    ms = s.append_many([b"x", b"y"], keys=[b"k1", b"k2"], headers=[None, {"h": "v"}], partition=1)
-    assert [(m.partition, m.offset) for m in ms] == [(1, 3), (1, 4)]
 
 
 def test_read_replays_the_same_records_and_waits_at_the_end(broker):
@@ -60,20 +33,6 @@ def test_read_replays_the_same_records_and_waits_at_the_end(broker):
     with pytest.raises(shmq.OffsetOutOfRange) as e:
         s.read(0, 102)
     assert (e.value.earliest, e.value.end) == (0, 101)
-
-
-def test_retention_drops_the_oldest_records_and_never_reuses_an_offset(broker):
-    s = broker.create_stream("events", partitions=1, max_bytes=4096)
-    metas = [s.append(b"x" * 200) for _ in range(100)]
-    assert [m.offset for m in metas] == list(range(100))
-    earliest, end = s.offsets(0)
-    assert 0 < earliest < end == 100
-    with pytest.raises(shmq.OffsetOutOfRange, match="outside") as e:
-        s.read(0, earliest - 1)
-    assert (e.value.earliest, e.value.end) == (earliest, 100)
-    assert [r.offset for r in s.read(0, earliest)] == list(range(earliest, 100))
-    stats = s.stats()["partitions"][0]
-    assert stats["dropped_total"] == earliest and stats["appended_total"] == 100
 
 
 def test_block_retention_waits_for_the_slowest_group_and_an_idle_group_lets_go(broker):
@@ -122,33 +81,6 @@ def test_any_offset_reads_what_was_appended_there(sizes, data):
         shmq.destroy_namespace(ns)
 
 
-def test_bad_input_gets_clear_errors(broker):
-    s = broker.create_stream("events", partitions=2, max_bytes=4096, max_message_bytes=1000)
-    with pytest.raises(ValueError, match="partitions 0..1, not 2"):
-        s.append(b"x", partition=2)
-    with pytest.raises(ValueError, match="offset must be >= 0"):
-        s.read(0, -1)
-    with pytest.raises(TypeError, match="offset must be an int"):
-        s.read(0, "0")
-    with pytest.raises(shmq.MessageTooLarge, match="at most 1000"):
-        s.append(b"x" * 1001)
-    with pytest.raises(TypeError, match="value must be bytes-like"):
-        s.append("text")
-    with pytest.raises(TypeError, match="key must be bytes-like"):
-        s.append(b"x", key=7)
-    with pytest.raises(ValueError, match="as many as values"):
-        s.append_many([b"a"], keys=[b"k", b"l"])
-    with pytest.raises(shmq.StreamExists):
-        broker.create_stream("events")
-    with pytest.raises(shmq.StreamNotFound):
-        broker.stream("nope")
-    with pytest.raises(ValueError, match="retention must be"):
-        broker.create_stream("other", retention="keep")
-    with pytest.raises(ValueError, match="auto_offset_reset"):
-        s.consumer("g", auto_offset_reset="middle")
-    assert s.offsets(0) == s.offsets(1) == (0, 0)  # nothing was appended by any of it
-
-
 def test_a_deleted_stream_is_gone_for_every_handle(broker, namespace):
     s = broker.create_stream("events", partitions=2, max_bytes=4096)
     other = broker.stream("events")
@@ -163,53 +95,6 @@ def test_a_deleted_stream_is_gone_for_every_handle(broker, namespace):
 
 
 # ---------------------------------------------------------------- groups
-
-def test_members_split_the_partitions_and_a_closed_one_hands_them_over(broker):
-    s = broker.create_stream("events", partitions=4, max_bytes=1 << 16)
-    for p in range(4):
-        s.append_many([b"p%d-%d" % (p, i) for i in range(10)], partition=p)
-    a = s.consumer("billing")
-    assert a.assignment() == [0, 1, 2, 3]
-    b = s.consumer("billing")
-    assert sorted(a.assignment() + b.assignment()) == [0, 1, 2, 3] and not set(a.assignment()) & set(b.assignment())
-    got_a = a.poll(max_records=100, timeout=1)
-    a.commit()
-    assert {r.partition for r in got_a} == set(a.assignment()) and len(got_a) == 20
-    a.close()
-    assert b.assignment() == [0, 1, 2, 3]
-    got_b = b.poll(max_records=100, timeout=1)
-    assert len(got_b) == 20 and {r.partition for r in got_b} == {0, 1, 2, 3} - {r.partition for r in got_a}
-    b.commit()
-    assert s.lag("billing") == {0: 0, 1: 0, 2: 0, 3: 0}
-    assert s.committed("billing") == {0: 10, 1: 10, 2: 10, 3: 10}
-    other = s.consumer("audit")  # another group reads everything again, independently
-    assert len(other.poll(max_records=100, timeout=1)) == 40
-    assert s.groups() == ["audit", "billing"]
-    other.close()
-    b.close()
-
-
-def test_a_member_that_lost_its_partitions_cannot_commit_them(broker):
-    s = broker.create_stream("events", partitions=2, max_bytes=1 << 16)
-    s.append_many([b"x"] * 5, partition=0)
-    a = s.consumer("g")
-    assert len(a.poll(timeout=1)) == 5
-    b = s.consumer("g")  # a rebalance: a's next commit is fenced
-    with pytest.raises(shmq.CommitFailed, match="rebalanced"):
-        a.commit()
-    assert s.committed("g") == {}
-    assert len(a.assignment()) == 1  # after a poll / refresh it commits what it owns
-    a.commit({a.assignment()[0]: 0})
-    with pytest.raises(shmq.ShmqError, match="live members"):
-        s.reset("g", to="latest")
-    a.close()
-    b.close()
-    s.reset("g", to="latest")
-    assert s.committed("g") == {0: 5, 1: 0}
-    s.reset("g", to={0: 2})
-    with s.consumer("g") as c:
-        assert [r.offset for r in c.poll(timeout=1)] == [2, 3, 4]
-
 
 def test_a_sigkilled_member_is_found_and_the_others_resume_from_the_last_commit(broker, tmp_path):
     s = broker.create_stream("events", partitions=4, max_bytes=1 << 18)
