@@ -25,7 +25,7 @@ from concurrent.futures import Future
 
 from .engine.headers import encode_headers
 from .engine.partition import record_size
-from .engine.stream import _bytes
+from .engine.produce import as_bytes as _bytes
 from .errors import ShmqError
 
 __all__ = ["Producer"]

@@ -15,7 +15,7 @@ from .mutex import FOREVER
 from .mutex import trylock as _trylock
 from .mutex import unlock as _unlock
 
-__all__ = ["Producing"]
+__all__ = ["Producing", "as_bytes"]
 
 _mono = time.monotonic_ns
 _wall = time.time_ns
@@ -29,12 +29,13 @@ _fast_put = cpaths.put
 _F_OWNERDEAD, _F_FALLBACK, _F_WAL_MAX = cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.WAL_MAX_PAYLOAD
 
 
-def _check_body(body):
-    if type(body) is bytes:
-        return body
-    if isinstance(body, (bytearray, memoryview)):
-        return bytes(body)
-    raise TypeError(f"message body must be bytes-like, not {type(body).__name__}")
+def as_bytes(value, what="message body"):
+    """``value`` as bytes (bytes-like accepted); TypeError naming ``what`` otherwise."""
+    if type(value) is bytes:
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}")
 
 
 
@@ -48,7 +49,7 @@ class Producing:
         forever), MessageTooLarge / TypeError on bad input (nothing enqueued).
         """
         if type(body) is not bytes:
-            body = _check_body(body)
+            body = as_bytes(body)
         hraw = b"" if headers is None else encode_headers(headers)
         bl = len(body)
         if bl > self.max_message_bytes:
@@ -125,9 +126,9 @@ class Producing:
                 body, headers = body
                 hraw = b"" if headers is None else encode_headers(headers)
                 if type(body) is not bytes:
-                    body = _check_body(body)
+                    body = as_bytes(body)
             else:
-                body, hraw = _check_body(body), b""
+                body, hraw = as_bytes(body), b""
             if len(body) > maxmsg:
                 raise MessageTooLarge(
                     f"message body is {len(body)} bytes; queue {self.name!r} takes at most {maxmsg}"

@@ -30,6 +30,7 @@ from .mutex import lock_slow as _lock_slow
 from .mutex import trylock as _trylock
 from .mutex import unlock as _unlock
 from .partition import Partition
+from .produce import as_bytes
 from .segment import open_segment, open_semaphore, segment_name
 
 __all__ = ["Stream", "Consumer", "Record", "RecordMetadata", "stream_base", "partition_of"]
@@ -73,14 +74,6 @@ def partition_of(key: bytes, partitions: int) -> int:
     """The partition of ``key``: CRC-32 of its bytes (stable across processes and
     versions, unlike ``hash()``), modulo the partition count."""
     return zlib.crc32(key) % partitions
-
-
-def _bytes(value, what):
-    if type(value) is bytes:
-        return value
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}")
 
 
 class Stream:
@@ -186,9 +179,9 @@ class Stream:
 
     # ------------------------------------------------------------------ append
     def _item(self, value, key, headers):
-        value = _bytes(value, "value")
+        value = as_bytes(value, "value")
         if key is not None:
-            key = _bytes(key, "key")
+            key = as_bytes(key, "key")
         hraw = b"" if headers is None else encode_headers(headers)
         n = len(value) + len(hraw) + (len(key) if key is not None else 0)
         if n > self.max_message_bytes:
