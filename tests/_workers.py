@@ -217,3 +217,11 @@ def stream_member(ns, stream, group, out_path, ready_event, stop_event):
                 except shmq.CommitFailed:
                     pass
     c.close()
+
+
+def hold_partition_lock(ns, stream, ready_event):
+    """Take partition 0's lock of a stream, say so, hang until killed (or stopped)."""
+    s = shmq.connect(namespace=ns).stream(stream)
+    s._part(0)._acquire()
+    ready_event.set()
+    time.sleep(3600)

@@ -27,7 +27,7 @@ import time
 from typing import NamedTuple
 
 from .. import dmsq
-from ..errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
+from ..errors import LockTimeout, MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
 from . import layout as L
 from . import ring
 from .mutex import RobustMutex
@@ -74,6 +74,8 @@ class Image(NamedTuple):
 
 class Partition:
     """A handle on partition ``index`` of a stream, attached in this process."""
+
+    lock_timeout = None  # set by its Stream
 
     def __init__(self, stream_base: str, index: int, name: str, durability: str = "memory"):
         self.index = index
@@ -123,7 +125,11 @@ class Partition:
         if lp is None:
             raise ShmqError(f"stream {self.name!r}: partition handle is closed")
         rc = _trylock(lp)
-        if rc and _lock_slow(lp, rc, deadline):
+        try:
+            dead = rc and _lock_slow(lp, rc, deadline, self.lock_timeout)
+        except LockTimeout as e:
+            raise LockTimeout(f"stream {self.name!r} partition {self.index}: {e}") from None
+        if dead:
             try:
                 self._repair()
             finally:

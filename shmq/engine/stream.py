@@ -20,7 +20,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from ..errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
+from ..errors import LockTimeout, MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
 from . import layout as L
 from . import waits
 from .groups import Groups
@@ -78,6 +78,8 @@ def partition_of(key: bytes, partitions: int) -> int:
 
 class Stream:
     """A handle on a named stream, attached in this process (``Broker.stream``)."""
+
+    lock_timeout = None  # how long a call waits for a lock a live process keeps (None: mutex.LOCK_TIMEOUT_S)
 
     def __init__(self, namespace: str, name: str):
         self.namespace = namespace
@@ -156,7 +158,11 @@ class Stream:
         if lp is None:
             raise ShmqError(f"stream handle {self.name!r} is closed")
         rc = _trylock(lp)
-        if rc and _lock_slow(lp, rc):
+        try:
+            dead = rc and _lock_slow(lp, rc, None, self.lock_timeout)
+        except LockTimeout as e:
+            raise LockTimeout(f"stream {self.name!r}: {e}") from None
+        if dead:
             self._mutex.mark_consistent()  # the group table is written entry by entry: nothing to rebuild
         if self._mq[L.SI_DELETED]:
             _unlock(lp)
@@ -175,6 +181,7 @@ class Stream:
             if self._lockp is None:
                 raise ShmqError(f"stream handle {self.name!r} is closed")
             part = self._parts[p] = Partition(self._base, p, self.name, self.durability)
+            part.lock_timeout = self.lock_timeout
         return part
 
     # ------------------------------------------------------------------ append

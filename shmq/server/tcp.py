@@ -55,7 +55,7 @@ class TcpServer:
         self.rview = memoryview(bytearray(READ_CHUNK))  # every connection reads into it, in turn
         self.loop = None
         self.queues = Handles(self, self._attach_queue, QueueWaiters, QueueNotFound, "queue")
-        self.streams = Handles(self, broker.stream, StreamWaiters, StreamNotFound, "stream")
+        self.streams = Handles(self, self._attach_stream, StreamWaiters, StreamNotFound, "stream")
         self._appenders = {}  # stream name -> (handle, its Appender) (streams with retention="block")
         self._refused = 0  # connections refused since the cap was last reached
         self._server = None
@@ -159,6 +159,11 @@ class TcpServer:
         q = self.broker.queue(name)
         q.lock_timeout = LOCK_TIMEOUT_S  # a stopped local lock holder stalls the loop this long at most
         return q
+
+    def _attach_stream(self, name):
+        s = self.broker.stream(name)
+        s.lock_timeout = LOCK_TIMEOUT_S
+        return s
 
 
 class Handles:

@@ -111,3 +111,29 @@ def test_a_queue_refuses_processes_of_another_time_namespace(broker):
     same = subprocess.run(["unshare", "-T", "--fork", sys.executable, "-c", script.replace("print(e)", "raise")],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert same.returncode == 0 and same.stderr == ""  # a time namespace of the same clock is welcome
+
+
+def test_a_stopped_holder_of_a_stream_partition_lock_hangs_no_one(broker, tcp_server, monkeypatch):
+    s = broker.create_stream("s", partitions=1, max_bytes=1 << 16)
+    s.append(b"before")
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=w.hold_partition_lock, args=(broker.namespace, "s", ready))
+    p.start()
+    try:
+        assert ready.wait(30)
+        os.kill(p.pid, signal.SIGSTOP)
+        monkeypatch.setattr(_mutex, "LOCK_TIMEOUT_S", 0.3)
+        err, _took = _returns_within(3, s.append, b"x")
+        assert isinstance(err, shmq.LockTimeout) and "stream 's' partition 0" in str(err)
+        with shmq.connect(tcp_server.url) as remote:  # the server waits 0.25 s at most, then answers
+            rs = remote.stream("s")
+            t0 = time.monotonic()
+            with pytest.raises(shmq.LockTimeout):
+                rs.read(0, 0)
+            assert time.monotonic() - t0 < 3
+            remote.ping()
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+    assert [r.value for r in s.read(0, 0)] == [b"before"]  # repaired after the holder died
