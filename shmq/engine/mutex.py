@@ -25,7 +25,7 @@ import time
 from ..errors import LockTimeout
 
 __all__ = ["MUTEX_SIZE", "RobustMutex", "init_mutex", "trylock", "unlock", "lock_slow", "FOREVER",
-           "LOCK_TIMEOUT_S", "LOCK_GRACE_S"]
+           "LOCK_TIMEOUT_S", "LOCK_GRACE_S", "acquire"]
 
 MUTEX_SIZE = 64  # bytes reserved in the segment (sizeof(pthread_mutex_t) is 40 on x86-64 glibc)
 _OWNER_OFF = 8  # glibc's pthread_mutex_t: int lock, unsigned count, int owner (the holder's thread id)
@@ -122,6 +122,23 @@ def _timed_lock(ptr, deadline, wait_s):
         raise LockTimeout(f"its lock stayed held by a live process (thread {owner}) for {(_mono() - now) / 1e9:.2f}s: "
                           "is it stopped (SIGSTOP, a debugger)?")
     return rc
+
+
+def acquire(mutex, deadline, wait_s, what: str, repair=None) -> None:
+    """Lock ``mutex`` (a RobustMutex): ``deadline`` and ``wait_s`` as for ``lock_slow``;
+    LockTimeout names ``what``. After a dead holder, ``repair()`` runs before the lock is
+    marked consistent."""
+    rc = _trylock(mutex.ptr)
+    try:
+        dead = rc != 0 and lock_slow(mutex.ptr, rc, deadline, wait_s)
+    except LockTimeout as e:
+        raise LockTimeout(f"{what}: {e}") from None
+    if dead:
+        try:
+            if repair is not None:
+                repair()
+        finally:
+            mark_consistent(mutex.ptr)
 
 
 def mark_consistent(ptr) -> None:

@@ -27,12 +27,10 @@ import time
 from typing import NamedTuple
 
 from .. import dmsq
-from ..errors import LockTimeout, MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
+from ..errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
 from . import layout as L
 from . import ring
-from .mutex import RobustMutex
-from .mutex import lock_slow as _lock_slow
-from .mutex import trylock as _trylock
+from .mutex import RobustMutex, acquire
 from .mutex import unlock as _unlock
 from .segment import open_segment
 from .wal import HighWater, Log, Tail, log_files, partition_log_name
@@ -124,16 +122,8 @@ class Partition:
         lp = self._lockp
         if lp is None:
             raise ShmqError(f"stream {self.name!r}: partition handle is closed")
-        rc = _trylock(lp)
-        try:
-            dead = rc and _lock_slow(lp, rc, deadline, self.lock_timeout)
-        except LockTimeout as e:
-            raise LockTimeout(f"stream {self.name!r} partition {self.index}: {e}") from None
-        if dead:
-            try:
-                self._repair()
-            finally:
-                self._mutex.mark_consistent()
+        what = f"stream {self.name!r} partition {self.index}"
+        acquire(self._mutex, deadline, self.lock_timeout, what, self._repair)
         if self._mq[L.PI_DELETED]:
             _unlock(lp)
             raise StreamNotFound(f"stream {self.name!r} was deleted")

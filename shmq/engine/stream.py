@@ -20,14 +20,12 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from ..errors import LockTimeout, MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
+from ..errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
 from . import layout as L
 from . import waits
 from .groups import Groups
 from .headers import decode_headers, encode_headers
-from .mutex import RobustMutex
-from .mutex import lock_slow as _lock_slow
-from .mutex import trylock as _trylock
+from .mutex import RobustMutex, acquire
 from .mutex import unlock as _unlock
 from .partition import Partition
 from .produce import as_bytes
@@ -157,13 +155,8 @@ class Stream:
         lp = self._lockp
         if lp is None:
             raise ShmqError(f"stream handle {self.name!r} is closed")
-        rc = _trylock(lp)
-        try:
-            dead = rc and _lock_slow(lp, rc, None, self.lock_timeout)
-        except LockTimeout as e:
-            raise LockTimeout(f"stream {self.name!r}: {e}") from None
-        if dead:
-            self._mutex.mark_consistent()  # the group table is written entry by entry: nothing to rebuild
+        # the group table is written entry by entry: a dead holder leaves nothing to rebuild
+        acquire(self._mutex, None, self.lock_timeout, f"stream {self.name!r}")
         if self._mq[L.SI_DELETED]:
             _unlock(lp)
             raise StreamNotFound(f"stream {self.name!r} in namespace {self.namespace!r} was deleted")
