@@ -425,9 +425,11 @@ def test_waiting_consumes_past_the_cap_get_limit_exceeded_on_an_open_connection(
 
 # ---------------------------------------------------------------------------- soak
 
-def _soak_producer(url, tag, count):
+def _soak_producer(url, tag, count, ready, go):
     with shmq.connect(url, token=TOKEN) as b:
         q = b.queue("soak")
+        ready.set()
+        assert go.wait(30)
         i = 0
         while i < count:
             bodies = [f"{tag}:{j}".encode() for j in range(i, min(i + 1 + i % 7, count))]
@@ -527,11 +529,19 @@ def test_soak_mixed_valid_and_hostile_traffic(start_server, broker, tmp_path):
              for i in range(consumers)]
     for p in procs:
         p.start()
-    assert all(r.wait(30) for r in readies)  # connected before the hostile ones crowd the server
-    procs += [ctx.Process(target=_soak_hostile, args=(srv.port, srv.url, seed, 6)) for seed in range(3)]
-    procs += [ctx.Process(target=_soak_producer, args=(srv.url, f"p{i}", per_producer)) for i in range(producers)]
+    go = ctx.Event()
+    readies += [ctx.Event() for _ in range(producers)]
+    procs += [ctx.Process(target=_soak_producer, args=(srv.url, f"p{i}", per_producer, readies[consumers + i], go))
+              for i in range(producers)]
     for p in procs[consumers:]:
         p.start()
+    # every valid client is connected before the hostile ones crowd the server
+    assert all(r.wait(30) for r in readies)
+    hostile = [ctx.Process(target=_soak_hostile, args=(srv.port, srv.url, seed, 6)) for seed in range(3)]
+    for p in hostile:
+        p.start()
+    procs += hostile
+    go.set()
     try:
         for p in procs:
             p.join(90)
