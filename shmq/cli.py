@@ -13,6 +13,7 @@ from . import __version__
 from .auth import command_line_warning
 from .engine.broker import Broker, default_namespace
 from .errors import OffsetOutOfRange, QueueEmpty, ShmqError
+from .spark.staging import STAGING, staged_by_writer
 
 
 class _Cli(click.Group):
@@ -210,7 +211,7 @@ def stats(name, namespace, url, token, as_json):
             if not queues and not streams:
                 raise ShmqError(f"no queue or stream {name!r}")
         rows = {n: broker.queue(n).stats() for n in queues}
-        stream_stats = _streams_stats(broker, streams)
+        stream_stats = _streams_stats(broker, streams, broker.list_streams())
     if as_json:
         _echo_json({"queues": {n: {f: getattr(s, f) for f in s.__dataclass_fields__} for n, s in rows.items()},
                     "streams": stream_stats})
@@ -314,11 +315,16 @@ READ_BATCH = 1000  # records per read call
 FOLLOW_SLICE_S = 0.25
 
 
-def _streams_stats(broker, names) -> dict:
+def _streams_stats(broker, names, every=()) -> dict:
+    """``Stream.stats()`` by name; a stream a Spark sink writes into (shmq.spark) also
+    says what is staged for it, by writer: {"staged": {writer id: records}}."""
     out = {}
     for name in names:
         with broker.stream(name) as s:
             out[name] = s.stats()
+        staged = staged_by_writer(broker, name, every)
+        if staged:
+            out[name]["staged"] = staged
     return out
 
 
@@ -326,12 +332,19 @@ _PARTITION_COLUMNS = ("earliest", "end", "bytes", "max_bytes", "appended_total",
 
 
 def _print_stream_stats(stream_stats):
-    """A row per partition, then a row per group (its total lag; ``shmq group lag`` has it per partition)."""
+    """A row per partition, then a row per group (its total lag; ``shmq group lag`` has it
+    per partition), then a row per Spark writer with records staged for a stream (the
+    staging streams themselves are not listed)."""
+    stream_stats = {n: st for n, st in stream_stats.items() if STAGING not in n}
     if not stream_stats:
         return
     _print_table(("stream", "partition") + _PARTITION_COLUMNS,
                  [(n, part["partition"]) + tuple(part[c] for c in _PARTITION_COLUMNS)
                   for n, st in stream_stats.items() for part in st["partitions"]])
+    staged = [(n, w, records) for n, st in stream_stats.items() for w, records in st.get("staged", {}).items()]
+    if staged:
+        click.echo()
+        _print_table(("stream", "staged by", "records"), staged, left=2)
     groups = [(n, g, info["members"], sum(info["lag"].values()))
               for n, st in stream_stats.items() for g, info in st["groups"].items()]
     if groups:
@@ -395,7 +408,8 @@ def stream_delete(name, namespace, url, token):
 def stream_stats(name, namespace, url, token, as_json):
     """Offsets and bytes of each partition, and each group's lag, of one stream or of all."""
     with _connect(namespace, url, token) as broker:
-        by_name = _streams_stats(broker, [name] if name else broker.list_streams())
+        every = broker.list_streams()
+        by_name = _streams_stats(broker, [name] if name else every, every)
     if as_json:
         _echo_json(by_name)
     else:

@@ -232,7 +232,8 @@ def _roll(s: Stream) -> tuple[int, int | None]:
 
 def snapshot_stream(s: Stream, data_dir: str, fsync: bool = True) -> tuple[int, int]:
     """Write each partition of ``s`` to ``<data_dir>/@NAME#P.dmsq``: its records, the next
-    offset, every group's committed offset for it, and (wal) the first log generation
+    offset, every group's committed offset for it, its publishers' table (the batches
+    published exactly once, ``Stream.publish``), and (wal) the first log generation
     the records do not cover, or (snapshot) the high-water epoch it begins. A "wal"
     partition's log moves to a new generation when the current one is full (``_roll``).
     Returns (files, records)."""
@@ -248,6 +249,8 @@ def snapshot_stream(s: Stream, data_dir: str, fsync: bool = True) -> tuple[int, 
             extra["wal_from"] = image.wal_from
         if image.hwm_epoch is not None:
             extra["hwm_epoch"] = image.hwm_epoch
+        if image.txns:
+            extra["published"] = [[tid.hex(), batch, end] for tid, batch, end in image.txns]
         name = partition_log_name(s.name, p)
         header = dmsq.SnapshotHeader(queue=name, settings={**settings, **extra}, created_ns=int(s.created_at * 1e9),
                                      snapshot_ns=time.time_ns())
@@ -371,7 +374,8 @@ def _rebuild_stream(broker: Broker, data_dir: str, name: str) -> bool:
                 if mark is not None and mark[0] >= epoch:  # written after that snapshot: past it, offsets may
                     end = max(end, mark[1])                # have been handed out that no file holds
                     epoch = max(epoch, mark[0])
-            total += s._part(p).restore([rows[o] for o in sorted(rows)], end, epoch)
+            published = [(bytes.fromhex(t), b, e) for t, b, e in st.get("published", [])]
+            total += s._part(p).restore([rows[o] for o in sorted(rows)], end, epoch, published)
             for group, offset in st.get("committed", {}).items():
                 offsets = committed.setdefault(group, {})
                 if offset is not None:

@@ -225,3 +225,46 @@ def hold_partition_lock(ns, stream, ready_event):
     s._part(0)._acquire()
     ready_event.set()
     time.sleep(3600)
+
+
+def stream_publisher(ns, target, staging, txn_hex, first_batch, batches, per_batch, log_path):
+    """Stage ``per_batch`` records ``b{batch}:{i}`` and publish them as ``batch``, for
+    batches ``first_batch`` on; log each batch once its publish returned."""
+    with shmq.connect(namespace=ns) as b, open(log_path, "a") as log:
+        t, st = b.stream(target), b.stream(staging)
+        for batch in range(first_batch, first_batch + batches):
+            metas = st.append_many([f"b{batch}:{i}".encode() for i in range(per_batch)], partition=0)
+            t.publish(st, {0: [(0, metas[0].offset, metas[-1].offset + 1)]}, bytes.fromhex(txn_hex), batch)
+            _log(log, str(batch))
+
+
+def publisher_dying_before_the_commit(ns, target, staging, txn_hex, batch):
+    """Publish ``batch`` but die inside the partition's lock, after noting the batch in
+    the publishers' table and before the append's committing store."""
+    from shmq.engine.partition import Partition
+
+    note = Partition._txn_note
+
+    def note_and_die(self, *args):
+        note(self, *args)
+        os._exit(3)
+
+    Partition._txn_note = note_and_die
+    with shmq.connect(namespace=ns) as b:
+        t, st = b.stream(target), b.stream(staging)
+        t.publish(st, {0: [(0, 0, st.offsets(0)[1])]}, bytes.fromhex(txn_hex), batch)
+
+
+def stager_dying_before_its_ack(ns, queue):
+    """Move the queue's messages into its stage stream, and die (SIGKILL) after the
+    append, before the ack: they stay leased by a dead process."""
+    import signal
+
+    from shmq.spark.stager import Stager
+
+    class Dying(Stager):
+        def _settle(self, ds):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    with shmq.connect(namespace=ns) as b:
+        Dying(b, queue).move()

@@ -51,12 +51,22 @@ def broker(namespace):
     assert namespace_entries(namespace) == []
 
 
+SESSION_PROCESSES: set[int] = set()  # long-lived children a session fixture owns (Spark's JVM): not strays
+
+
+def _owned_by_session(p) -> bool:
+    try:
+        return p.pid in SESSION_PROCESSES or any(a.pid in SESSION_PROCESSES for a in p.parents())
+    except psutil.Error:
+        return True  # gone already
+
+
 @pytest.fixture(autouse=True)
 def no_stray_children():
     yield
     me = psutil.Process(os.getpid())
     stray = [p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-             and "resource_tracker" not in " ".join(p.cmdline())]
+             and "resource_tracker" not in " ".join(p.cmdline()) and not _owned_by_session(p)]
     for p in stray:
         p.kill()
     assert stray == [], f"test left processes running: {[p.pid for p in stray]}"

@@ -233,3 +233,18 @@ def test_a_follower_overtaken_by_retention_skips_ahead_with_a_warning(broker, ca
                                        "retention before they were read\n")
     tail.close()
     s.close()
+
+
+def test_stats_show_what_a_spark_sink_staged_for_a_stream(broker):
+    ns = ["--namespace", broker.namespace]
+    broker.create_stream("out", partitions=2)
+    staging = broker.create_stream("out:staging:q-1", partitions=2, durability="memory")
+    staging.append_many([b"a", b"b", b"c"], partition=1)
+    staging.delete_records({1: 1})  # one reclaimed, two staged
+    out = ok("stats", *ns)
+    assert re.search(r"^out\s+q-1\s+2$", out, re.M), out
+    assert "out:staging:q-1" not in out  # the staging stream is shown as what it stages for
+    assert json.loads(ok("stats", "--json", *ns))["streams"]["out"]["staged"] == {"q-1": 2}
+    assert json.loads(ok("stream", "stats", "out", "--json", *ns))["out"]["staged"] == {"q-1": 2}
+    staging.delete_records({1: 3})
+    assert json.loads(ok("stats", "--json", *ns))["streams"]["out"]["staged"] == {"q-1": 0}

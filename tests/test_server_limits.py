@@ -481,6 +481,7 @@ def _misbehave(kind, port, url, rnd):
         s.close()
     elif kind == 1:  # lease some, leave without settling: they are ready again at once
         with shmq.connect(url, token=TOKEN) as b:
+            b.queue("leases").get_many(rnd.randint(1, 8), timeout=0.2)  # always some to lease
             b.queue("soak").get_many(rnd.randint(1, 8), timeout=0.2)
     elif kind == 2:  # garbage
         s = _sock(port, hello=rnd.random() < 0.5)
@@ -516,6 +517,7 @@ def test_soak_mixed_valid_and_hostile_traffic(start_server, broker, tmp_path):
     """Producers, consumers and hostile clients in separate processes against one small
     -limit server: every message is acked exactly once, and the server stays small."""
     broker.create_queue("soak", visibility_timeout=60)
+    broker.create_queue("leases", visibility_timeout=60).put_many([b"lease me"] * 100)
     srv = start_server("--max-connections", "64", "--max-waiting-per-connection", "16", "--frame-timeout", "1",
                        "--idle-timeout", "2", "--max-buffered-bytes", str(32 * MiB))
     srv.round_trip()

@@ -529,3 +529,28 @@ def test_the_remote_classes_take_the_local_arguments(local, remote, names):
 
     for name in names:
         assert params(remote, name) == params(local, name), name
+
+
+def test_publish_is_once_per_batch_and_partition_and_delete_records_trims(any_broker):
+    t = any_broker.create_stream("out", partitions=2)
+    st = any_broker.create_stream("out:staging:q", partitions=2, durability="memory")
+    txn = os.urandom(16)
+    st.append_many([b"a", b"b"], keys=[b"k", b"k"], headers=[{"n": 1}, None], partition=1)
+    st.append_many([b"c"], partition=0)
+    assert t.publish(st, {1: [(1, 0, 2)], 0: [(0, 0, 1)]}, txn, 7) == {0: 0, 1: 0}
+    assert t.publish(st.name, {1: [(1, 0, 2)]}, txn, 7) == {1: None}  # a replay: nothing twice
+    assert t.publish(st, {1: [(1, 0, 2)]}, txn, 6) == {1: None}  # nor an older batch
+    assert [(r.key, r.value, r.headers) for r in t.read(1, 0)] == [(b"k", b"a", {"n": 1}), (b"k", b"b", {})]
+    assert t.published(txn) == {0: 7, 1: 7}
+    assert st.delete_records({0: 1, 1: 2}) == 3 and [st.offsets(p) for p in (0, 1)] == [(1, 1), (2, 2)]
+    with pytest.raises(shmq.OffsetOutOfRange):
+        t.publish(st, {0: [(0, 0, 1)]}, txn, 8)
+    with pytest.raises(ValueError, match="a publisher id is 16 bytes"):
+        t.publish(st, {0: [(0, 0, 1)]}, b"x" * 15, 8)
+    with pytest.raises(ValueError, match="batch must be an int >= 0, not -1"):
+        t.publish(st, {0: [(0, 0, 1)]}, txn, -1)
+    with pytest.raises(ValueError, match="has partitions 0..1, not 5"):
+        t.publish(st, {5: [(0, 0, 1)]}, txn, 8)
+    with pytest.raises(shmq.StreamNotFound):
+        t.publish("nowhere", {0: [(0, 0, 1)]}, txn, 8)
+    assert [t.offsets(p) for p in (0, 1)] == [(0, 1), (0, 2)]

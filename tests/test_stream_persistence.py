@@ -352,3 +352,25 @@ def test_a_wal_stream_created_over_tcp_logs_its_first_append(broker, tmp_path, s
     logs = [e for e in os.listdir(data) if ".wal." in e]
     assert m.offset == 0 and len(logs) == 1 and os.path.getsize(data / logs[0]) > 0
     assert srv.stop() == 0
+
+
+def test_the_publishers_table_comes_back_with_the_snapshot(broker, tmp_path):
+    """A batch published before the snapshot is known after a reboot: its replay appends
+    nothing; the table never names a batch whose records the snapshot lacks."""
+    data = str(tmp_path)
+    t = broker.create_stream("events", partitions=2, durability="snapshot")
+    st = broker.create_stream("staging", partitions=2, durability="memory")
+    txn = os.urandom(16)
+    st.append_many([b"a", b"b"], partition=1)
+    assert t.publish(st, {1: [(1, 0, 2)]}, txn, 4) == {1: 0}
+    snap = Snapshotter(broker, data)
+    snap.run_once()
+    snap.close()
+    t.close()
+    broker.delete_stream("events")  # the reboot: the files stay
+    assert recover(broker, data) == ["@events"]
+    t = broker.stream("events")
+    assert t.published(txn) == {0: -1, 1: 4}
+    assert t.publish(st, {1: [(1, 0, 2)]}, txn, 4) == {1: None}
+    assert [r.value for r in t.read(1, 0)] == [b"a", b"b"]
+    t.close()

@@ -10,6 +10,7 @@ errors come back through the one status table, so both transports fail alike. A 
 or POLL that waits at the end waits at the server, in slices (``core.waiting``).
 """
 
+from ..engine.stream import check_txn
 from ..errors import BrokerUnavailable, ShmqError, StreamNotFound
 from ..protocol import MsgType
 from ..protocol.forms import (
@@ -151,6 +152,28 @@ class StreamCalls:
         fields = read_fields(self, p, offset, max_records, timeout)
         records = yield from waiting(MsgType.READ, fields, "records", timeout, self._broker._clock)
         return [record_from_fields(self.name, m) for m in records]
+
+    @driven
+    def publish(self, staging, ranges: dict, txn_id: bytes, batch: int):
+        """Append records staged in the stream ``staging`` exactly once per (``txn_id``,
+        ``batch``) and partition, as the local ``Stream.publish``; the records move inside
+        the server."""
+        txn_id = check_txn(txn_id, batch)
+        rows = [[check_partition(self, p), sp, first, end] for p in sorted(ranges) for sp, first, end in ranges[p]]
+        reply = yield Send(MsgType.PUBLISH, {"stream": self.name, "staging": getattr(staging, "name", staging),
+                                             "ranges": rows, "txn": txn_id, "batch": batch})
+        return from_pairs(reply["first"])
+
+    @driven
+    def published(self, txn_id: bytes):
+        """{partition: the newest batch publisher ``txn_id`` published there, -1 if none}."""
+        return from_pairs((yield Send(MsgType.PUBLISHED, {"stream": self.name, "txn": check_txn(txn_id)}))["published"])
+
+    @driven
+    def delete_records(self, offsets: dict):
+        """Drop the records below ``{partition: offset}`` now; returns how many."""
+        reply = yield Send(MsgType.DELETE_RECORDS, {"stream": self.name, "offsets": commit_pairs(offsets)})
+        return reply["deleted"]
 
     @driven
     def consumer(self, group: str, auto_offset_reset: str = "earliest"):

@@ -213,7 +213,7 @@ def write_c_header() -> str:
 # position of every INDEX_STRIDE-th offset.
 STREAM_MAGIC = b"SHMS"
 PART_MAGIC = b"SHMP"
-STREAM_VERSION = 2
+STREAM_VERSION = 3
 MAX_PARTITIONS = 256
 MAX_GROUPS = 64
 MAX_MEMBERS = 64
@@ -243,7 +243,14 @@ PART_FIELDS = ("deleted", "head", "tail", "earliest", "next_offset", "pwait", "p
 # (WAL_WORDS_OFF, WALCFG), at offsets of the partition segment (``wal.Log`` takes both)
 PART_WAL_WORDS_OFF = 280
 PART_WALCFG_OFF = 304
-PART_INDEX_OFF = 512
+# a partition's publishers' table (``Partition.append(txn=...)``, the Spark sink's exactly-once
+# publish): per publisher id, the newest batch published here and the end offset it
+# committed, and the same of the batch before (restored by a repair when the newer one's
+# records never committed), and when it was written (the oldest entry makes room)
+TXN = struct.Struct("<16sQQQQQ")  # id, batch, end, previous batch, previous end, written_ns
+MAX_TXNS = 32
+PART_TXN_OFF = 512
+PART_INDEX_OFF = PART_TXN_OFF + MAX_TXNS * TXN.size
 # stream meta: magic, version, partitions, retention, durability, max_bytes, max_message_bytes,
 # retention_bytes (0: none), retention_ns (0: none), group_idle_ns, created_ns
 STREAM_STATIC = struct.Struct("<4sHHBB6xQQQQQQ")
@@ -261,7 +268,8 @@ GROUP_SIZE = align(GROUP_HEAD.size + MAX_MEMBERS * MEMBER.size + MAX_PARTITIONS 
 STREAM_SIZE = GROUPS_OFF + MAX_GROUPS * GROUP_SIZE
 
 assert PART_STATIC.size <= PART_MUTEX_OFF and PART_CTL_OFF + 8 * len(PART_FIELDS) <= PART_WAL_WORDS_OFF
-assert PART_WAL_WORDS_OFF + 16 <= PART_WALCFG_OFF and PART_WALCFG_OFF + WALCFG.size <= PART_INDEX_OFF
+assert PART_WAL_WORDS_OFF + 16 <= PART_WALCFG_OFF and PART_WALCFG_OFF + WALCFG.size <= PART_TXN_OFF
+assert PART_INDEX_OFF % 64 == 0
 assert STREAM_STATIC.size <= STREAM_MUTEX_OFF and STREAM_CTL_OFF + 8 * len(STREAM_FIELDS) <= GROUPS_OFF
 
 

@@ -46,6 +46,7 @@ _LOG_GEN_W = L.PART_WALCFG_OFF >> 3  # the generation word of the partition's lo
 BLOCK_SLICE_S = 0.005  # how often an appender blocked by retention="block" looks again
 HWM_MIN_SPAN = 4096  # a high-water mark is raised by at least this many offsets at a time
 _stream_entry = dmsq.stream_entry
+_NO_TXN = bytes(16)
 
 
 def partition_segment_name(stream_base: str, index: int) -> str:
@@ -61,13 +62,15 @@ def record_size(key, hraw, value) -> int:
 class Image(NamedTuple):
     """What a snapshot takes of a partition (``Partition.export``): its records as
     (offset, timestamp_ns, key, headers, value), the offset the next append gets, the
-    first log generation the records do not cover ("wal"; else None), and the high-water
-    epoch this snapshot begins ("snapshot", once a broker configured it; else None)."""
+    first log generation the records do not cover ("wal"; else None), the high-water
+    epoch this snapshot begins ("snapshot", once a broker configured it; else None), and
+    the publishers' table (``Partition.published``)."""
 
     rows: list
     next_offset: int
     wal_from: int | None
     hwm_epoch: int | None
+    txns: list = []  # the publishers' table: (id, batch, end offset), consistent with rows
 
 
 class Partition:
@@ -156,6 +159,7 @@ class Partition:
         else:
             mq[L.PI_HEAD] = tail
             mq[L.PI_EARLIEST] = nxt
+        self._txn_repair(nxt)
         if self._logged:
             self.log.repair()  # an entry torn by the death
             if mq[L.PI_WAL_MARK_OFFSET] >= nxt and self.log.size() > mq[L.PI_WAL_MARK]:
@@ -209,13 +213,15 @@ class Partition:
             f"a damaged or deleted log file); read on from {resume}", resume, end)
 
     # ------------------------------------------------------------------ append
-    def append(self, items, now_ns, floor=None, deadline=None) -> int:
+    def append(self, items, now_ns, floor=None, deadline=None, txn=None) -> int | None:
         """Append ``(key or None, encoded headers, value)`` items, all or nothing; returns
         the first one's offset. With ``floor`` (retention="block": a function giving the
         lowest offset a group still needs), only records below it are dropped for room,
         and the append waits (until ``deadline``, monotonic ns, then ShmqError) for more.
-        StorageError (nothing appended) when the log or the high-water file cannot be
-        written."""
+        With ``txn`` = (publisher id: 16 bytes, batch: int), the append is a publish of
+        that batch, done at most once: None, appending nothing, when the publisher's
+        table says this batch (or a later one) is in already. StorageError (nothing
+        appended) when the log or the high-water file cannot be written."""
         sizes = [record_size(k, h, v) for k, h, v in items]
         total = sum(sizes)
         if total > self._cap:
@@ -225,9 +231,11 @@ class Partition:
             limit = None if floor is None else floor()
             self._acquire()
             try:
+                if txn is not None and self._txn_batch(txn[0]) >= txn[1]:
+                    return None
                 room = self._room(sizes, limit)
                 if room is not None:
-                    return self._write(items, sizes, now_ns, room)
+                    return self._write(items, sizes, now_ns, room, txn)
             finally:
                 self._release()
             if deadline is not None and time.monotonic_ns() >= deadline:
@@ -271,9 +279,10 @@ class Partition:
             return start, start, dropped, None
         return (tail, new_head, dropped, earliest) if end - new_head <= cap else None
 
-    def _write(self, items, sizes, now_ns, room) -> int:
+    def _write(self, items, sizes, now_ns, room, txn=None) -> int:
         """Log the items (or raise the high-water mark), drop what makes room, write them
-        past the tail, index them, publish them with one store. Lock held."""
+        past the tail, index them, note the publish of ``txn``, publish them with one
+        store. Lock held."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
         start, new_head, dropped, earliest = room
         first = offset = mq[L.PI_NEXT]
@@ -308,10 +317,90 @@ class Partition:
             pos += size
         if mq[L.PI_HEAD] == mq[L.PI_TAIL]:
             mq[L.PI_EARLIEST] = first
+        if txn is not None:  # before the commit: a repair takes it back if the commit never came
+            self._txn_note(txn[0], txn[1], offset, now_ns)
         mq[L.PI_TAIL] = pos  # commit
         mq[L.PI_NEXT] = offset
         mq[L.PI_APPENDED] += n
         return first
+
+    # ------------------------------------------------------------------ the publishers' table
+    def published(self, txn_id: bytes) -> int:
+        """The newest batch publisher ``txn_id`` published here (``append(txn=...)``), -1
+        if none (or its entry made room for newer publishers')."""
+        self._acquire()
+        try:
+            return self._txn_batch(txn_id)
+        finally:
+            self._release()
+
+    def _txn_slot(self, txn_id):
+        """(slot of ``txn_id`` or None, the slot to take for a new one). Lock held."""
+        free = oldest = None
+        oldest_ns = None
+        for i in range(L.MAX_TXNS):
+            tid, _b, _e, _pb, _pe, ns = L.TXN.unpack_from(self._mm, L.PART_TXN_OFF + i * L.TXN.size)
+            if tid == txn_id:
+                return i, None
+            if tid == _NO_TXN:
+                free = i if free is None else free
+            elif oldest_ns is None or ns < oldest_ns:
+                oldest, oldest_ns = i, ns
+        return None, (free if free is not None else oldest)
+
+    def _txn_batch(self, txn_id) -> int:
+        i, _new = self._txn_slot(txn_id)
+        if i is None:
+            return -1
+        return L.TXN.unpack_from(self._mm, L.PART_TXN_OFF + i * L.TXN.size)[1] - 1
+
+    def _txn_note(self, txn_id, batch, end, now_ns) -> None:
+        """Say that ``txn_id`` published ``batch`` up to offset ``end``, keeping what it
+        said before for a repair. Lock held."""
+        i, new = self._txn_slot(txn_id)
+        at = L.PART_TXN_OFF + (new if i is None else i) * L.TXN.size
+        prev_b, prev_e = (0, 0) if i is None else L.TXN.unpack_from(self._mm, at)[1:3]
+        L.TXN.pack_into(self._mm, at, txn_id, batch + 1, end, prev_b, prev_e, now_ns)
+
+    def _txn_repair(self, next_offset) -> None:
+        """Take back what a dead appender noted of a publish whose records it never
+        committed (its end is past the end). Lock held."""
+        for i in range(L.MAX_TXNS):
+            at = L.PART_TXN_OFF + i * L.TXN.size
+            tid, b, end, pb, pe, ns = L.TXN.unpack_from(self._mm, at)
+            if tid != _NO_TXN and end > next_offset:
+                L.TXN.pack_into(self._mm, at, tid if pb else _NO_TXN, pb, pe, 0, 0, ns)
+
+    def _txn_rows(self) -> list:
+        rows = []
+        for i in range(L.MAX_TXNS):
+            tid, b, end, _pb, _pe, _ns = L.TXN.unpack_from(self._mm, L.PART_TXN_OFF + i * L.TXN.size)
+            if tid != _NO_TXN:
+                rows.append((tid, b - 1, end))
+        return rows
+
+    # ------------------------------------------------------------------ deleting records
+    def trim(self, offset: int) -> int:
+        """Drop the records below ``offset`` from memory now, as retention would for room
+        (Kafka's deleteRecords); returns how many. A "wal" partition's logs on disk stay
+        for retention to delete."""
+        mq = self._mq
+        self._acquire()
+        try:
+            head, tail, end = mq[L.PI_HEAD], mq[L.PI_TAIL], mq[L.PI_NEXT]
+            if offset <= mq[L.PI_EARLIEST] or head == tail:
+                return 0
+            found = self._find(min(offset, end))
+            new_head, earliest = (tail, end) if found is None else found
+            n = sum(1 for _pos, w in ring.records(mq, self._cap, self._base, head, new_head)
+                    if mq[w] & 0xFF != _PAD)
+            mq[L.PI_BYTES_DROPPED] += new_head - head
+            mq[L.PI_HEAD] = new_head
+            mq[L.PI_EARLIEST] = earliest
+            mq[L.PI_DROPPED] += n
+            return n
+        finally:
+            self._release()
 
     # ------------------------------------------------------------------ the high-water mark
     def _raise_mark(self, need):
@@ -370,6 +459,7 @@ class Partition:
             elif self._marked and mq[_LOG_GEN_W]:
                 epoch = self._new_epoch()
             copy = ring.copy_used(mm, base, cap, head, tail)
+            txns = self._txn_rows()
         finally:
             self._release()
         rows = []
@@ -379,13 +469,14 @@ class Partition:
                 h = b + (klen - 1 if klen else 0)
                 rows.append((off, ts, bytes(copy[b:h]) if klen else None, bytes(copy[h:b + hl]),
                              bytes(copy[b + hl:b + hl + bl])))
-        return Image(rows, end, wal_from, epoch)
+        return Image(rows, end, wal_from, epoch, txns)
 
-    def restore(self, rows, next_offset: int, hwm_epoch: int = 0) -> int:
+    def restore(self, rows, next_offset: int, hwm_epoch: int = 0, txns=()) -> int:
         """Fill this empty partition of a stream being rebuilt: ``rows`` are (offset,
         timestamp_ns, key, headers, value) in ascending offsets (gaps allowed), the next
-        append gets ``next_offset`` (at least past the last row). The newest rows that fit
-        are kept, the oldest dropped as retention would. Returns how many were kept."""
+        append gets ``next_offset`` (at least past the last row), ``txns`` the publishers'
+        table as exported. The newest rows that fit are kept, the oldest dropped as
+        retention would. Returns how many were kept."""
         rows = list(rows)
         sizes = [record_size(k, h, v) for _o, _t, k, h, v in rows]
         keep, total = len(rows), 0
@@ -417,6 +508,8 @@ class Partition:
             mq[L.PI_HWM_EPOCH] = hwm_epoch
             mq[L.PI_HWM_BASE] = next_offset
             mq[L.PI_DROPPED] = keep
+            for txn_id, batch, end in txns:
+                self._txn_note(txn_id, batch, end, 0)
         finally:
             self._release()
         return len(rows)

@@ -31,7 +31,7 @@ from .partition import Partition
 from .produce import as_bytes
 from .segment import open_segment, open_semaphore, segment_name
 
-__all__ = ["Stream", "Consumer", "Record", "RecordMetadata", "stream_base", "partition_of"]
+__all__ = ["Stream", "Consumer", "Record", "RecordMetadata", "stream_base", "partition_of", "check_txn"]
 
 log = logging.getLogger("shmq.stream")
 
@@ -66,6 +66,15 @@ class Record:
 
 def stream_base(namespace: str, name: str) -> str:
     return segment_name(namespace, "s", name)
+
+
+def check_txn(txn_id, batch: int = 0) -> bytes:
+    """A publisher id (16 bytes) and batch (an int >= 0) checked: the id as bytes."""
+    if not isinstance(txn_id, (bytes, bytearray, memoryview)) or len(txn_id) != 16:
+        raise ValueError(f"a publisher id is 16 bytes, not {txn_id!r:.60}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+        raise ValueError(f"batch must be an int >= 0, not {batch!r}")
+    return bytes(txn_id)
 
 
 def partition_of(key: bytes, partitions: int) -> int:
@@ -231,6 +240,65 @@ class Stream:
                 out[i] = RecordMetadata(p, first + j, now / 1e9)
         self._wake_readers()
         return out
+
+    def publish(self, staging, ranges: dict, txn_id: bytes, batch: int) -> dict:
+        """Append records staged in the stream ``staging`` (a handle or a name) to this one, exactly once per
+        (publisher ``txn_id``, ``batch``) and partition: ``ranges`` maps a partition of
+        this stream to [(staging partition, first offset, end offset), ...], appended in
+        that order, all or nothing per partition, noting the batch in the same step
+        (``Partition.append(txn=...)``). A partition that has this batch already is
+        skipped without reading its staged records, so a publish cut short by a crash is
+        finished by calling it again. Returns {partition: first offset, or None when it
+        was in already}. OffsetOutOfRange when staged records are no longer there."""
+        txn_id = check_txn(txn_id, batch)
+        if isinstance(staging, str):
+            with Stream(self.namespace, staging) as attached:
+                return self.publish(attached, ranges, txn_id, batch)
+        out = {}
+        for p in sorted(ranges):
+            part = self._part(p)
+            if part.published(txn_id) >= batch:
+                out[p] = None
+                continue
+            items = []
+            for sp, first, end in ranges[p]:
+                items += staging.raw_records(sp, first, end)
+            for key, hraw, value in items:
+                n = len(value) + len(hraw) + (len(key) if key is not None else 0)
+                if n > self.max_message_bytes:
+                    raise MessageTooLarge(f"a staged record of {n} bytes; stream {self.name!r} takes at most "
+                                          f"{self.max_message_bytes}")
+            floor = None
+            if self.retention == "block":
+                floor = lambda p=p: self.groups_table.floor(p, self._idle_ns)  # noqa: E731
+            out[p] = part.append(items, _wall(), floor, txn=(txn_id, batch)) if items else None
+        self._wake_readers()
+        return out
+
+    def published(self, txn_id: bytes) -> dict:
+        """{partition: the newest batch publisher ``txn_id`` published there, -1 if none}."""
+        txn_id = check_txn(txn_id)
+        return {p: self._part(p).published(txn_id) for p in range(self.partitions)}
+
+    def raw_records(self, p: int, first: int, end: int) -> list:
+        """Records [first, end) of partition ``p`` as (key, encoded headers, value), the
+        form an append takes; OffsetOutOfRange if any of them is not retained."""
+        part, out, offset = self._part(p), [], first
+        while offset < end:
+            rows = part.read(offset, min(end - offset, 10_000))
+            if not rows or rows[0][0] != offset:
+                raise OffsetOutOfRange(f"stream {self.name!r} partition {p}: offsets {offset}..{end - 1} are "
+                                       "not retained", *part.offsets())
+            rows = rows[:end - offset]
+            out += [(k if k is None else bytes(k), bytes(h), bytes(v)) for _o, _t, k, h, v in rows]
+            offset = rows[-1][0] + 1
+        return out
+
+    def delete_records(self, offsets: dict) -> int:
+        """Drop the records below ``{partition: offset}`` now (Kafka's deleteRecords), as
+        retention would; returns how many were dropped. A "wal" stream's logs on disk
+        stay for retention to delete."""
+        return sum(self._part(self._check_p(p)).trim(_check_offset(o)) for p, o in offsets.items())
 
     def _wake_readers(self):
         if self._mq[L.SI_CWAIT]:  # someone waits: settle the posts owed under the lock

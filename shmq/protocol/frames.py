@@ -81,6 +81,9 @@ class MsgType(enum.IntEnum):
     APPEND_BATCH = 0x29
     READ = 0x2A
     OFFSETS = 0x2B
+    PUBLISH = 0x2C
+    PUBLISHED = 0x2D
+    DELETE_RECORDS = 0x2E
     JOIN = 0x30
     POLL = 0x31
     COMMIT = 0x32

@@ -129,6 +129,23 @@ def _check_offsets(v):
     return None
 
 
+def _check_ranges(v):
+    form = (f"a list of [partition 0..{MAX_PARTITIONS - 1}, staging partition 0..{MAX_PARTITIONS - 1}, "
+            "first offset >= 0, end offset >= first] lists")
+    if not isinstance(v, list):
+        return form
+    for i, item in enumerate(v):
+        if (not isinstance(item, list) or len(item) != 4 or _check_partition(item[0]) is not None
+                or _check_partition(item[1]) is not None or _check_non_negative(item[2]) is not None
+                or _check_non_negative(item[3]) is not None or item[3] < item[2]):
+            return f"{form} (item {i} is {_show(item)})"
+    return None
+
+
+def _check_txn(v):
+    return None if isinstance(v, bytes) and len(v) == 16 else "16 bytes (msgpack bin)"
+
+
 @dataclass(frozen=True, slots=True)
 class Field:
     """One request field: ``check(value)`` returns None, or what the value should be."""
@@ -217,6 +234,15 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
     ),
     MsgType.READ: (_STREAM, _PARTITION, Field("offset", _check_non_negative, required=True), _MAX_RECORDS, _WAIT_MS),
     MsgType.OFFSETS: (_STREAM, _PARTITION),
+    MsgType.PUBLISH: (
+        _STREAM,
+        Field("staging", _check_str, required=True),
+        Field("ranges", _check_ranges, required=True),
+        Field("txn", _check_txn, required=True),
+        Field("batch", _check_non_negative, required=True),
+    ),
+    MsgType.PUBLISHED: (_STREAM, Field("txn", _check_txn, required=True)),
+    MsgType.DELETE_RECORDS: (_STREAM, Field("offsets", _check_offsets, required=True)),
     MsgType.JOIN: (_STREAM, _GROUP, Field("auto_offset_reset", _check_str, default="earliest")),
     MsgType.POLL: (_STREAM, _MEMBER, Field("max", _check_max_records, default=500), _WAIT_MS),
     MsgType.COMMIT: (_STREAM, _MEMBER, Field("offsets", _check_offsets)),

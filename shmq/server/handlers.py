@@ -306,6 +306,23 @@ def offsets(conn, f):
     return {"earliest": earliest, "end": end}
 
 
+def publish(conn, f):
+    ranges = {}
+    for p, sp, first, end in f["ranges"]:
+        ranges.setdefault(p, []).append((sp, first, end))
+    s, staging = conn.server.stream(f["stream"]), conn.server.stream(f["staging"])
+    return _appended(conn, s, lambda: s.publish(staging, ranges, f["txn"], f["batch"]),
+                     lambda first: {"first": pairs(first)})
+
+
+def published(conn, f):
+    return {"published": pairs(conn.server.stream(f["stream"]).published(f["txn"]))}
+
+
+def delete_records(conn, f):
+    return {"deleted": conn.server.stream(f["stream"]).delete_records(from_pairs(f["offsets"]))}
+
+
 def join(conn, f):
     s = conn.server.stream(f["stream"])  # StreamNotFound before anything is made
     tag, c = conn.members.join(conn.server.broker, s.name, f["group"], f["auto_offset_reset"])
@@ -379,6 +396,9 @@ HANDLERS = {
     MsgType.APPEND_BATCH: append_batch,
     MsgType.READ: read,
     MsgType.OFFSETS: offsets,
+    MsgType.PUBLISH: publish,
+    MsgType.PUBLISHED: published,
+    MsgType.DELETE_RECORDS: delete_records,
     MsgType.JOIN: join,
     MsgType.POLL: poll,
     MsgType.COMMIT: commit,

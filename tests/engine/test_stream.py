@@ -183,3 +183,76 @@ def test_appenders_killed_at_any_instant_lose_nothing_that_returned(broker, tmp_
     returned = [line.split() for log in logs for line in log.read_text().splitlines()]
     assert returned and all(present.get(v.encode()) == (int(p), int(o)) for v, p, o in returned)
     s.append(b"after")  # the stream works on at once
+
+
+# ---------------------------------------------------------------------------- exactly-once publish
+
+def _batches(s, p=0):
+    got = {}
+    for r in s.read(p, s.offsets(p)[0], max_records=10**6):
+        batch, i = r.value.decode()[1:].split(":")
+        got.setdefault(int(batch), []).append(int(i))
+    return got
+
+
+def test_a_publisher_dead_before_its_commit_leaves_neither_records_nor_its_note(broker):
+    t = broker.create_stream("out", partitions=1)
+    st = broker.create_stream("out:staging:x", partitions=1, durability="memory")
+    txn = os.urandom(16)
+    st.append_many([b"b0:0", b"b0:1"], partition=0)
+    t.publish(st, {0: [(0, 0, 2)]}, txn, 0)
+    st.append_many([b"b1:0", b"b1:1", b"b1:2"], partition=0)
+    p = SPAWN.Process(target=w.publisher_dying_before_the_commit, args=(broker.namespace, "out", st.name, txn.hex(), 1))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 3
+    assert t.published(txn) == {0: 0}  # the lock's repair took the dead publisher's note back
+    assert t.publish(st, {0: [(0, 2, 5)]}, txn, 1) == {0: 2}  # so the replay publishes it
+    assert t.publish(st, {0: [(0, 2, 5)]}, txn, 1) == {0: None}  # once
+    assert _batches(t) == {0: [0, 1], 1: [0, 1, 2]}
+    assert t.published(txn) == {0: 1}
+
+
+def test_publishers_killed_at_any_instant_and_replayed_publish_each_batch_once(broker, tmp_path):
+    t = broker.create_stream("out", partitions=1, max_bytes=8 << 20)
+    st = broker.create_stream("out:staging:x", partitions=1, max_bytes=8 << 20, durability="memory")
+    txn, log, next_batch = os.urandom(16), tmp_path / "published.log", 0
+    for _round in range(8):
+        p = SPAWN.Process(target=w.stream_publisher, args=(broker.namespace, "out", st.name, txn.hex(), next_batch,
+                                                          10**6, 40, str(log)))
+        p.start()
+        deadline = time.monotonic() + 30
+        while len(log.read_text().split() if log.exists() else []) < next_batch + 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+        next_batch = int(log.read_text().split()[-1])  # replay the last batch that returned, and on
+    p = SPAWN.Process(target=w.stream_publisher, args=(broker.namespace, "out", st.name, txn.hex(), next_batch,
+                                                      3, 40, str(log)))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    last = next_batch + 2
+    assert t.published(txn) == {0: last}
+    assert _batches(t) == {b: list(range(40)) for b in range(last + 1)}  # each batch once, whole, in order
+
+
+def test_publish_skips_what_is_in_reads_nothing_for_it_and_delete_records_trims(broker):
+    t = broker.create_stream("out", partitions=2)
+    st = broker.create_stream("out:staging:x", partitions=2, durability="memory")
+    txn = os.urandom(16)
+    st.append_many([b"b0:0", b"b0:1"], partition=0)
+    st.append_many([b"b0:2"], partition=1)
+    assert t.publish(st, {0: [(0, 0, 2)]}, txn, 0) == {0: 0}
+    assert st.delete_records({0: 2}) == 2 and st.offsets(0) == (2, 2)
+    # a replay after the crash: partition 0 has the batch (its staged records are gone: not read), 1 gets it
+    assert t.publish(st, {0: [(0, 0, 2)], 1: [(1, 0, 1)]}, txn, 0) == {0: None, 1: 0}
+    with pytest.raises(shmq.OffsetOutOfRange):  # a new batch whose staged records are gone
+        t.publish(st, {0: [(0, 0, 2)]}, txn, 1)
+    assert t.published(txn) == {0: 0, 1: 0} and t.published(os.urandom(16)) == {0: -1, 1: -1}
+    with pytest.raises(ValueError, match="16 bytes"):
+        t.publish(st, {}, b"short", 0)
+    assert st.delete_records({1: 0}) == 0 and st.delete_records({1: 99}) == 1 and st.offsets(1) == (1, 1)
+    st.append(b"again", partition=1)
+    assert [r.offset for r in st.read(1, 1)] == [1]

@@ -1,0 +1,105 @@
+"""The options of the "shmq" data source, read once and checked before a task starts,
+and the connection they name.
+
+Spark lower-cases option names (``maxRecordsPerTrigger`` arrives as
+``maxrecordspertrigger``), so every name is looked up lower-cased. An ``Options`` holds
+plain strings only: it is pickled to every Spark worker, and each worker opens its own
+connection, lazily, from it (local attach by namespace, or TCP by url and token).
+"""
+
+import json
+
+import shmq
+from shmq.errors import ShmqError
+
+__all__ = ["Options", "SpecError"]
+
+
+class SpecError(ShmqError, ValueError):
+    """An option of the "shmq" or "dmsq" data source is missing or malformed."""
+
+
+class Options:
+    def __init__(self, raw):
+        self._raw = {str(k).lower(): str(v) for k, v in dict(raw or {}).items()}
+        stream, queue = self.get("stream"), self.get("queue")
+        if (stream is None) == (queue is None):
+            raise SpecError("the shmq data source needs exactly one of .option('stream', NAME) or "
+                            ".option('queue', NAME)")
+        self.stream, self.queue = stream, queue
+        self.url, self.token = self.get("url"), self.get("token")
+        self.namespace = self.get("namespace")
+        if self.url is not None and self.namespace is not None:
+            raise SpecError("give .option('namespace', ...) for a local broker or .option('url', ...) for a "
+                            "remote one, not both")
+        if self.url is not None and not self.url.startswith("tcp://"):
+            raise SpecError(f"option url must be tcp://host:port, not {self.url!r}")
+
+    def __repr__(self):
+        target = f"stream={self.stream!r}" if self.stream is not None else f"queue={self.queue!r}"
+        return f"<shmq.spark.Options {target} {self.url or 'namespace=' + repr(self.namespace)}>"
+
+    @property
+    def target(self) -> str:
+        """What the options name, for messages: "stream 'events'" or "queue 'orders'"."""
+        return f"stream {self.stream!r}" if self.stream is not None else f"queue {self.queue!r}"
+
+    def get(self, name: str, default=None):
+        return self._raw.get(name.lower(), default)
+
+    def integer(self, name: str, default=None, minimum: int = 0):
+        raw = self.get(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SpecError(f"option {name} must be an integer, not {raw!r}") from None
+        if value < minimum:
+            raise SpecError(f"option {name} must be >= {minimum}, not {value}")
+        return value
+
+    def number(self, name: str, default=None):
+        raw = self.get(name)
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SpecError(f"option {name} must be a number, not {raw!r}") from None
+        if not value >= 0:
+            raise SpecError(f"option {name} must be >= 0, not {raw!r}")
+        return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        raw = self.get(name)
+        if raw is None:
+            return default
+        if raw.lower() in ("true", "1", "yes"):
+            return True
+        if raw.lower() in ("false", "0", "no"):
+            return False
+        raise SpecError(f"option {name} must be true or false, not {raw!r}")
+
+    def offsets(self, name: str, default: str):
+        """``earliest`` / ``latest`` or a JSON object {"partition": offset} (offset -2:
+        earliest, -1: latest, as Kafka's source reads them): a str or a dict of ints."""
+        raw = self.get(name, default)
+        if raw in ("earliest", "latest"):
+            return raw
+        try:
+            spec = json.loads(raw)
+            out = {int(p): int(o) for p, o in spec.items()}
+        except (ValueError, TypeError, AttributeError):
+            raise SpecError(f"option {name} must be earliest, latest or JSON like {{\"0\": 23, \"1\": -2}}, "
+                            f"not {raw!r}") from None
+        if any(o < -2 for o in out.values()):
+            raise SpecError(f"option {name}: an offset is >= 0, or -2 (earliest) or -1 (latest): {raw!r}")
+        return out
+
+    def connect(self):
+        """A new broker connection: over TCP with ``url`` (and ``token``), else attached
+        locally to ``namespace`` (default: $SHMQ_NAMESPACE, else "shmq")."""
+        if self.url is not None:
+            return shmq.connect(self.url, token=self.token)
+        return shmq.connect(namespace=self.namespace)

@@ -1,0 +1,69 @@
+"""A local SparkSession with the settings that keep it quiet and fast on one host
+(docs/SPARK.md, "Running locally"): UI off, loopback only, UTC, two shuffle partitions,
+scratch files and the JVM's temporary files under one directory of the caller's."""
+
+import os
+import shutil
+import sys
+
+__all__ = ["local_session", "JAVA_HOME_DEFAULT"]
+
+JAVA_HOME_DEFAULT = "/usr/lib/jvm/java-17-openjdk-amd64"
+_LOG4J = "rootLogger.level = error\nrootLogger.appenderRef.stderr.ref = console\n" \
+         "appender.console.type = Console\nappender.console.name = console\nappender.console.target = SYSTEM_ERR\n" \
+         "appender.console.layout.type = PatternLayout\nappender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n\n"
+
+
+def java_home() -> str | None:
+    """$JAVA_HOME, else OpenJDK 17's usual place, else the directory above ``java`` on
+    PATH; None when there is no Java."""
+    home = os.environ.get("JAVA_HOME")
+    if home and os.path.exists(os.path.join(home, "bin", "java")):
+        return home
+    if os.path.exists(os.path.join(JAVA_HOME_DEFAULT, "bin", "java")):
+        return JAVA_HOME_DEFAULT
+    java = shutil.which("java")
+    return os.path.dirname(os.path.dirname(os.path.realpath(java))) if java else None
+
+
+def local_session(app_name: str, scratch: str, master: str = "local[2]", conf: dict | None = None):
+    """Start (or get) a SparkSession on ``master`` whose scratch space, JVM temporary
+    files and log settings live under the directory ``scratch``; registers shmq's data
+    sources. Environment it needs is set here: JAVA_HOME, TZ=UTC, SPARK_LOCAL_IP,
+    PYSPARK_PYTHON (this interpreter, so workers import the same shmq)."""
+    from pyspark.sql import SparkSession
+
+    from . import register
+
+    home = java_home()
+    if home is None:
+        raise RuntimeError("Spark needs Java 17: install openjdk-17-jre-headless or set JAVA_HOME")
+    os.makedirs(scratch, exist_ok=True)
+    log4j = os.path.join(scratch, "log4j2.properties")
+    with open(log4j, "w") as f:
+        f.write(_LOG4J)
+    os.environ.setdefault("JAVA_HOME", home)
+    os.environ["TZ"] = "UTC"
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    java_opts = f"-Djava.io.tmpdir={scratch} -Dlog4j2.configurationFile=file:{log4j}"
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.local.dir": scratch,
+        "spark.driver.extraJavaOptions": java_opts,
+        "spark.executor.extraJavaOptions": java_opts,
+        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+    }
+    settings.update(conf or {})
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark

@@ -1,0 +1,38 @@
+"""One SparkSession for the Spark tests (local[2], quiet; its scratch files under the
+session's temporary directory), skipped, saying why, without pyspark or Java."""
+
+import pytest
+
+from tests.conftest import SESSION_PROCESSES
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'shmq[spark]')")
+pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'shmq[spark]')")
+
+from shmq.spark.session import java_home, local_session  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    if java_home() is None:
+        pytest.skip("Spark needs Java 17 (openjdk-17-jre-headless) and there is none")
+    session = local_session("shmq-tests", str(tmp_path_factory.mktemp("spark")))
+    gateway = session.sparkContext._gateway
+    jvm = gateway.proc
+    SESSION_PROCESSES.add(jvm.pid)
+    yield session
+    for q in session.streams.active:
+        q.stop()
+    session.stop()
+    gateway.shutdown()
+    jvm.stdin.close()  # the JVM exits at EOF on its stdin, not at gateway.shutdown()
+    jvm.wait(30)
+    SESSION_PROCESSES.discard(jvm.pid)
+
+
+@pytest.fixture(autouse=True)
+def _stop_queries(request):
+    """Stop the streaming queries a test left running."""
+    yield
+    if "spark" in request.fixturenames:
+        for q in request.getfixturevalue("spark").streams.active:
+            q.stop()

@@ -1,0 +1,35 @@
+"""A Spark driver for the fault tests, run as its own process (and session):
+``python -m tests.spark.driver CONFIG_JSON``. Runs one availableNow query from a shmq
+stream into a shmq stream through the fault-injecting source and sink
+(tests.spark.faults), then prints {"id": query id} on its last line."""
+
+import json
+import os
+import sys
+
+
+def main(cfg):
+    os.environ["SHMQ_NAMESPACE"] = cfg["namespace"]
+    from shmq.spark import local_session
+    from tests.spark.faults import FaultyShmq
+
+    # a new Python worker per task: each one's exit would unlink a segment it attached through
+    # the resource tracker (CPython issue 82300); shmq's are attached without it
+    spark = local_session("shmq-fault-driver", cfg["scratch"], conf={"spark.python.worker.reuse": "false"})
+    spark.dataSource.register(FaultyShmq)
+    src = (spark.readStream.format("shmq_faulty").option("stream", cfg["source"])
+           .option("namespace", cfg["namespace"]).option("startingOffsets", "earliest")
+           .option("maxRecordsPerTrigger", cfg["max_records"]).option("plans", cfg["plans"])
+           .option("fault", cfg.get("fault", "")).load())
+    q = (src.select("key", "value").writeStream.format("shmq_faulty").option("stream", cfg["sink"])
+         .option("namespace", cfg["namespace"]).option("fault", cfg.get("fault", ""))
+         .option("checkpointLocation", cfg["checkpoint"]).trigger(availableNow=True).start())
+    q.awaitTermination(cfg["timeout"])
+    if q.exception() is not None:
+        raise SystemExit(f"query failed: {q.exception()}")
+    print(json.dumps({"id": q.id}), flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
