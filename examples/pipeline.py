@@ -25,6 +25,8 @@ import time
 
 import shmq
 
+FLUSH = "~flush"  # the customer of the last order, whose event time closes every window
+
 
 def produce(namespace, url, seed, count, out):
     """Put ``count`` orders; send back the sum of their amounts in cents."""
@@ -82,11 +84,12 @@ def main(argv=None):
                                              "cents", "orders")).alias("value")))
         query = (totals.writeStream.format("shmq").options(stream="order-totals", **conn)
                  .option("checkpointLocation", os.path.join(scratch, "checkpoint"))
-                 .outputMode("update").trigger(processingTime="2 seconds").start())
+                 .outputMode("append").trigger(processingTime="2 seconds").start())
         for p in producers:
             p.join()
         expected = sum(sums.get(timeout=10) for _ in producers)
         q = broker.queue("orders")
+        q.put(json.dumps({"customer": FLUSH, "cents": 0, "at": time.time() + 3600}).encode())
         while True:  # until the query has read everything the queue had
             query.processAllAvailable()
             st = q.stats()
@@ -95,16 +98,15 @@ def main(argv=None):
                 break
         query.stop()
 
-        latest = {}
+        totals = []
         with broker.stream("order-totals").consumer("report") as c:  # a consumer group reads the totals
             while batch := c.poll(max_records=10_000, timeout=1.0):
-                for r in batch:
-                    t = json.loads(r.value)
-                    latest[(t["customer"], t["window"])] = t
+                totals += [json.loads(r.value) for r in batch]
                 c.commit()
-        got = sum(t["cents"] for t in latest.values())
-        n = sum(t["orders"] for t in latest.values())
-        print(f"{n} orders in {len(latest)} (customer, window) totals; sum {got / 100:.2f} "
+        got = sum(t["cents"] for t in totals)
+        n = sum(t["orders"] for t in totals)
+        assert len({(t["customer"], t["window"]) for t in totals}) == len(totals)  # each window once
+        print(f"{n} orders in {len(totals)} (customer, window) totals; sum {got / 100:.2f} "
               f"(the producers put {per * args.producers} orders, {expected / 100:.2f})")
         return 0 if (n, got) == (per * args.producers, expected) else 1
     finally:
