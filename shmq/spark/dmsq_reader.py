@@ -235,9 +235,9 @@ class DmsqReader(DataSourceReader):
                     raise SpecError(f"dmsq: {path} is {_what(r.header)}, and this read has the columns of "
                                     f"{self.kind} snapshots: load queue and stream snapshots separately")
                 arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
-                batches = _queue_batches if self.kind == "queue" else _stream_batches
+                rows = _queue_rows if self.kind == "queue" else _stream_rows
                 try:
-                    yield from batches(r, arrow_schema)
+                    yield from _batches(rows(r), arrow_schema)
                 except _BadHeaders as e:
                     self._damaged(f"{path}: {e}", r.count - 1)
                     return
@@ -266,57 +266,42 @@ def _headers(raw: bytes, cache: dict, msg_id: int) -> list:
         except Exception as e:  # msgpack raises several kinds; all mean the same here
             raise _BadHeaders(f"message {msg_id}: headers are not a msgpack map ({type(e).__name__}: {e})") from None
         entries = [(k if isinstance(k, str) else str(k), v) for k, v in header_map(decoded)]
+        if len(cache) >= BATCH_ROWS:  # many distinct headers: keep the cache small
+            cache.clear()
         cache[raw] = entries
     return entries
 
 
-def _queue_batches(records, schema: pa.Schema):
-    """Arrow batches of a queue snapshot's records. On bad headers, yields the rows before
-    them, then raises _BadHeaders."""
-    ids, bodies, headers, attempts, times, cache = [], [], [], [], [], {}
-    error = None
-    for rec in records:
-        try:
-            h = _headers(rec.headers, cache, rec.msg_id)
-        except _BadHeaders as e:
-            error = e
-            break
-        ids.append(rec.msg_id)
-        bodies.append(rec.body)
-        headers.append(h)
-        attempts.append(rec.attempt)
-        times.append(rec.enqueued_ns // 1000)
-        if len(ids) == BATCH_ROWS:
-            yield _batch(schema, [ids, bodies, headers, attempts, times])
-            ids, bodies, headers, attempts, times, cache = [], [], [], [], [], {}
-    if ids:
-        yield _batch(schema, [ids, bodies, headers, attempts, times])
-    if error is not None:
-        raise error
-
-
-def _stream_batches(reader, schema: pa.Schema):
-    """Arrow batches of a stream partition's snapshot; as _queue_batches."""
-    stream, partition = split_partition_name(reader.header.queue)
-    keys, values, offsets, times, headers, cache = [], [], [], [], [], {}
-    error = None
+def _queue_rows(reader):
+    """A queue snapshot's records as rows of QUEUE_SCHEMA."""
+    cache = {}
     for rec in reader:
-        try:
-            h = _headers(rec.headers, cache, rec.msg_id)
-        except _BadHeaders as e:
-            error = e
-            break
+        yield rec.msg_id, rec.body, _headers(rec.headers, cache, rec.msg_id), rec.attempt, rec.enqueued_ns // 1000
+
+
+def _stream_rows(reader):
+    """A stream partition's snapshot records as rows of STREAM_SCHEMA."""
+    stream, partition = split_partition_name(reader.header.queue)
+    cache = {}
+    for rec in reader:
         offset, ts_ns, key, _, value = stream_row(rec.msg_id, rec.attempt, rec.enqueued_ns, rec.headers, rec.body)
-        keys.append(key)
-        values.append(value)
-        offsets.append(offset)
-        times.append(ts_ns // 1000)
-        headers.append(h)
-        if len(keys) == BATCH_ROWS:
-            yield _batch(schema, [keys, values, [stream] * len(keys), [partition] * len(keys), offsets, times, headers])
-            keys, values, offsets, times, headers, cache = [], [], [], [], [], {}
-    if keys:
-        yield _batch(schema, [keys, values, [stream] * len(keys), [partition] * len(keys), offsets, times, headers])
+        yield key, value, stream, partition, offset, ts_ns // 1000, _headers(rec.headers, cache, rec.msg_id)
+
+
+def _batches(rows, schema: pa.Schema):
+    """Arrow batches of BATCH_ROWS ``rows``. On bad headers, yields the rows before them,
+    then raises _BadHeaders."""
+    buf, error = [], None
+    try:
+        for row in rows:
+            buf.append(row)
+            if len(buf) == BATCH_ROWS:
+                yield _batch(schema, list(zip(*buf)))
+                buf = []
+    except _BadHeaders as e:
+        error = e
+    if buf:
+        yield _batch(schema, list(zip(*buf)))
     if error is not None:
         raise error
 
