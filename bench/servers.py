@@ -80,6 +80,8 @@ class ShmqServer(ServerProcess):
     """``shmq server --namespace NS --port 0`` (plus ``extra`` options); its URL from its start-up line."""
 
     def __init__(self, namespace, *extra):
+        if "--data-dir" not in extra:  # the run's own namespace: nothing in the user's data directory
+            extra = ("--no-persist", *extra)
         argv = [sys.executable, "-m", "shmq.cli", "server", "--namespace", namespace, "--port", "0", *extra]
         super().__init__(argv, r"serving namespace \S+ on (\S+):(\d+)", "shmq server")
         self.url = f"tcp://{self.ready.group(1)}:{self.ready.group(2)}"

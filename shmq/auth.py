@@ -11,7 +11,9 @@ start time and token. A client with no token reads the file for the port it reac
 and uses it only if the server that wrote it still runs (same pid and start time) and
 the peer it reached is an address that server bound: the token never goes to another
 user's server, or to another host. Other users cannot read the directory, so they get
-UNAUTHORIZED. This module is the one owner of those locations and rules.
+UNAUTHORIZED. The server's default data dir is per user too (``data_root``:
+$SHMQ_HOME/data, else $XDG_DATA_HOME/shmq, else ~/.local/share/shmq). This module is
+the one owner of those locations and rules.
 """
 
 import glob
@@ -25,8 +27,8 @@ import socket
 from .errors import ShmqError, Unauthorized
 
 __all__ = [
-    "home", "default_token_file", "run_dir", "load_or_create_token", "read_token", "server_token",
-    "advertise", "withdraw", "discover", "client_token", "refused", "command_line_warning",
+    "home", "default_token_file", "run_dir", "data_root", "default_data_dir", "load_or_create_token", "read_token",
+    "server_token", "advertise", "withdraw", "discover", "client_token", "refused", "command_line_warning",
 ]
 
 log = logging.getLogger("shmq.server")
@@ -53,6 +55,24 @@ def default_token_file() -> str:
 def run_dir() -> str:
     """Where running servers advertise themselves to their user's clients."""
     return os.path.join(home(), "run")
+
+
+def data_root() -> str:
+    """Where ``shmq server`` keeps each namespace's files unless told otherwise:
+    $SHMQ_HOME/data when $SHMQ_HOME is set, else $XDG_DATA_HOME/shmq, else
+    ~/.local/share/shmq."""
+    if os.environ.get("SHMQ_HOME"):
+        return os.path.join(home(), "data")
+    data = os.environ.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(data):  # the XDG spec: relative values are ignored
+        data = os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(data, "shmq")
+
+
+def default_data_dir(namespace: str) -> str:
+    """The data dir of a ``shmq server`` of ``namespace`` given no --data-dir (nor
+    --no-persist): ``data_root()/NAMESPACE``."""
+    return os.path.join(data_root(), namespace)
 
 
 def _private_dir(path):

@@ -13,7 +13,7 @@ from . import __version__
 from .auth import command_line_warning
 from .engine.broker import Broker, default_namespace
 from .errors import OffsetOutOfRange, QueueEmpty, ShmqError
-from .spark.staging import STAGING, staged_by_writer
+from .spark.staging import staged_by_writer
 
 
 class _Cli(click.Group):
@@ -64,28 +64,48 @@ def _namespace_option(f):
 @click.option("--idle-timeout", type=click.FloatRange(0, min_open=True), default=None,
               help="Seconds a connection may stay without a request or a waiting CONSUME. [default: 300]")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Snapshot durable queues here; rebuild lost queues from it on start.")
+              help="Snapshot durable queues and streams here; rebuild lost ones from it on start. "
+                   "[default: $SHMQ_HOME/data/NAMESPACE if $SHMQ_HOME is set, else $XDG_DATA_HOME/shmq/NAMESPACE, "
+                   "else ~/.local/share/shmq/NAMESPACE]")
+@click.option("--no-persist", is_flag=True,
+              help="No data dir: queues and streams live in shared memory only (a reboot loses them).")
 @click.option("--snapshot-interval", type=click.FloatRange(0.01), default=1.0, show_default=True,
-              help="Seconds between snapshots (with --data-dir).")
+              help="Seconds between snapshots.")
 @click.option("--fsync", default="batch:2", show_default=True, metavar="always|batch:MS|never",
               help="When write-ahead logs of 'wal' queues are fsynced.")
+@click.option("--metrics", "metrics", default=None, metavar="HOST:PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds 127.0.0.1; "
+                   "docs/METRICS.md). [default: off]")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]),
               show_default=True)
-def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, data_dir, snapshot_interval, fsync,
-           log_level, **limits):
+@click.option("--log-format", default="text", type=click.Choice(["text", "json"]), show_default=True,
+              help="One line per event, with its fields: TIME shmq LEVEL message k=v..., or a JSON object.")
+def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, data_dir, no_persist,
+           snapshot_interval, fsync, log_level, log_format, metrics, **limits):
     """Run the broker: serve TCP clients, hold the namespace's registry, do housekeeping.
 
     Clients must present a token, by default one generated at the first start into
     $SHMQ_HOME/token; your own clients on this host find it by themselves.
     Stops on SIGINT/SIGTERM (answering what is in flight) and exits 0; queues stay in
-    shared memory for the next start.
+    shared memory for the next start. Durable queues and streams are snapshotted to the
+    data dir (--data-dir, by default one per namespace in your data directory; none with
+    --no-persist) and rebuilt from it after a reboot. One broker per namespace: a second
+    one refuses to start.
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s shmq %(levelname)s %(message)s",
-                        stream=sys.stderr)
+    from .auth import default_data_dir
+    from .logs import configure as configure_logs
+
+    configure_logs(log_level, log_format)
+    if no_persist and data_dir is not None:
+        raise click.UsageError("--data-dir and --no-persist exclude each other")
+    if data_dir is None and not no_persist:
+        data_dir = default_data_dir(namespace)
     from .server.main import parse_fsync, serve
+    from .server.metrics import parse_address
     from .server.tcp import Limits
 
     parse_fsync(fsync)  # a bad policy is an error before anything starts
+    metrics = parse_address(metrics) if metrics is not None else None  # so is a bad --metrics
     limits = Limits(**{k: v for k, v in limits.items() if v is not None})  # the options left out: defaults
     if token is not None and not _on_command_line("token") and (token_file or no_auth):
         token = None  # --token-file and --no-auth win over $SHMQ_TOKEN
@@ -93,7 +113,7 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
         logging.getLogger("shmq.server").warning(command_line_warning(os.getpid()))
     asyncio.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
                       snapshot_interval=snapshot_interval, fsync=fsync, token_file=token_file, no_auth=no_auth,
-                      limits=limits))
+                      limits=limits, metrics=metrics))
 
 
 def _on_command_line(param) -> bool:
@@ -194,34 +214,46 @@ def purge(name, namespace, url, token):
     click.echo(f"purged {n} message(s) from {name}")
 
 
-_STATS_COLUMNS = ("ready", "in_flight", "delayed", "bytes_used", "max_bytes", "enqueued_total", "acked_total",
-                  "redelivered_total", "dead_lettered_total", "oldest_ready_age_s")
-
-
 @main.command()
 @click.argument("name", required=False)
 @_target_options
 @_json_option
 def stats(name, namespace, url, token, as_json):
     """Counters of the queues and streams, or of the queue and/or stream NAME."""
+    from . import views  # rich: only for the commands that draw tables
+
     with _connect(namespace, url, token) as broker:
         queues, streams = broker.list_queues(), broker.list_streams()
         if name:
             queues, streams = [n for n in queues if n == name], [n for n in streams if n == name]
             if not queues and not streams:
                 raise ShmqError(f"no queue or stream {name!r}")
-        rows = {n: broker.queue(n).stats() for n in queues}
+        with views.Sampler(broker) as sampler:
+            sample = sampler.sample(queues, streams=())  # and their dead-letter queues' depths
         stream_stats = _streams_stats(broker, streams, broker.list_streams())
     if as_json:
-        _echo_json({"queues": {n: {f: getattr(s, f) for f in s.__dataclass_fields__} for n, s in rows.items()},
+        _echo_json({"queues": {n: {f: getattr(s, f) for f in s.__dataclass_fields__}
+                               for n, s in sample.queues.items()},
                     "streams": stream_stats})
         return
-    if rows or not stream_stats:
-        _print_table(("queue",) + _STATS_COLUMNS,
-                     [(n,) + tuple(getattr(s, c) for c in _STATS_COLUMNS) for n, s in rows.items()])
-        if stream_stats:
-            click.echo()
-    _print_stream_stats(stream_stats)
+    views.console().print(views.stats_view(sample, stream_stats))
+
+
+@main.command()
+@_target_options
+@click.option("--sort", type=click.Choice(["depth", "age", "dlq", "rate", "name"]), default="depth",
+              show_default=True, help="Order of the queues: ready messages, oldest message's age, dead-letter "
+                                      "queue's depth, puts + acks per second, or name.")
+@click.option("--interval", type=click.FloatRange(0.05, 3600), default=1.0, show_default=True,
+              help="Seconds between samples (the rates are over one interval).")
+@click.option("--once", is_flag=True, help="Sample twice, --interval apart, print one frame and exit.")
+def top(namespace, url, token, sort, interval, once):
+    """A live view of every queue and stream: depth, in flight, oldest age, dead-letter depth,
+    put/ack rates, each group's lag. q or Ctrl-C quits."""
+    from . import views  # rich: only for the commands that draw tables
+
+    with _connect(namespace, url, token) as broker:
+        views.run_top(broker, url or f"namespace {namespace}", sort=sort, interval=interval, once=once)
 
 
 def _print_table(header, rows, left=1):
@@ -328,30 +360,6 @@ def _streams_stats(broker, names, every=()) -> dict:
     return out
 
 
-_PARTITION_COLUMNS = ("earliest", "end", "bytes", "max_bytes", "appended_total", "dropped_total")
-
-
-def _print_stream_stats(stream_stats):
-    """A row per partition, then a row per group (its total lag; ``shmq group lag`` has it
-    per partition), then a row per Spark writer with records staged for a stream (the
-    staging streams themselves are not listed)."""
-    stream_stats = {n: st for n, st in stream_stats.items() if STAGING not in n}
-    if not stream_stats:
-        return
-    _print_table(("stream", "partition") + _PARTITION_COLUMNS,
-                 [(n, part["partition"]) + tuple(part[c] for c in _PARTITION_COLUMNS)
-                  for n, st in stream_stats.items() for part in st["partitions"]])
-    staged = [(n, w, records) for n, st in stream_stats.items() for w, records in st.get("staged", {}).items()]
-    if staged:
-        click.echo()
-        _print_table(("stream", "staged by", "records"), staged, left=2)
-    groups = [(n, g, info["members"], sum(info["lag"].values()))
-              for n, st in stream_stats.items() for g, info in st["groups"].items()]
-    if groups:
-        click.echo()
-        _print_table(("stream", "group", "members", "lag"), groups, left=2)
-
-
 @main.group("stream")
 def stream_group():
     """Streams: partitioned append-only logs read by offset, with consumer groups (docs/STREAMS.md)."""
@@ -413,7 +421,9 @@ def stream_stats(name, namespace, url, token, as_json):
     if as_json:
         _echo_json(by_name)
     else:
-        _print_stream_stats(by_name)
+        from . import views
+
+        views.console().print(views.stream_stats_view(by_name))
 
 
 @stream_group.command("append")
@@ -654,6 +664,24 @@ def restore(file, namespace, into):
     click.echo(f"restored {n} message(s) into {name}")
     if error:
         click.echo(f"shmq: warning: {error}", err=True)
+
+
+@main.command()
+@click.option("--clean", is_flag=True, help="Remove what is provably orphaned (nothing else).")
+@click.option("--namespace", "namespaces", multiple=True, metavar="NS",
+              help="Only this namespace (repeatable). Default: every namespace of yours.")
+@_json_option
+def doctor(clean, namespaces, as_json):
+    """Check this host: /dev/shm's size and free space, your namespaces and their brokers,
+    orphaned segments, data directories and their disk space."""
+    from . import doctor as doc
+
+    report = doc.diagnose(namespaces, remove=clean)
+    if as_json:
+        _echo_json(report)
+    else:
+        for line in doc.render(report):
+            click.echo(line)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -135,7 +135,9 @@ def _set_aside(path, error, replayed, keep=0):
     aside = dmsq.quarantine(path)
     if keep:
         _write_prefix(aside, path, keep)
-    log.error("%s; replayed %d entries before it; file moved to %s", error, replayed, aside)
+    log.error("%s; replayed %d entries before it; file moved to %s", error, replayed, aside,
+              extra={"event": "file_quarantined", "file": path, "moved_to": aside, "error": error,
+                     "replayed": replayed})
 
 
 def _replay_logs(data_dir, name, wal_from, records):
@@ -158,7 +160,9 @@ def _read_snapshot_file(path, what):
     result = dmsq.read_snapshot(path)
     if result.error:
         aside = dmsq.quarantine(path)
-        log.error("%s; kept %d %s before it; file moved to %s", result.error, len(result.records), what, aside)
+        log.error("%s; kept %d %s before it; file moved to %s", result.error, len(result.records), what, aside,
+                  extra={"event": "file_quarantined", "file": path, "moved_to": aside, "error": result.error,
+                         "replayed": len(result.records)})
     return result.header, result.records
 
 
@@ -186,7 +190,8 @@ def _recover_queues(broker: Broker, data_dir: str, names) -> list[str]:
         except (ValueError, TypeError, OSError, ShmqError) as e:
             log.error("%s: cannot rebuild queue %s: %s", data_dir, name, e)
             continue
-        log.info("queue %s rebuilt from %s: %d message(s)", name, data_dir, n)
+        log.info("queue %s rebuilt from %s: %d message(s)", name, data_dir, n,
+                 extra={"event": "queue_rebuilt", "queue": name, "data_dir": data_dir, "messages": n})
         rebuilt.append(name)
     return rebuilt
 
@@ -384,7 +389,9 @@ def _rebuild_stream(broker: Broker, data_dir: str, name: str) -> bool:
             s.groups_table.set_offsets(group, offsets)
     finally:
         s.close()
-    log.info("stream %s rebuilt from %s: %d record(s) in memory, %d group(s)", name, data_dir, total, len(committed))
+    log.info("stream %s rebuilt from %s: %d record(s) in memory, %d group(s)", name, data_dir, total, len(committed),
+             extra={"event": "stream_rebuilt", "stream": name, "data_dir": data_dir, "records": total,
+                    "groups": len(committed)})
     return True
 
 
@@ -406,6 +413,7 @@ class Snapshotter:
         self._logs = {}  # queue name -> [attached Queue, generation of fd, fd or None], for sync_logs
         self._stream_logs = {}  # "@NAME" -> [attached Stream, {partition: [log, generation of fd, fd or None]}]
         self._failing = {}  # name -> the snapshot error last logged
+        self.last_round = {}  # what the last run_once wrote
         self._lost = False  # the data dir vanished
         self._dir_lock = threading.Lock()  # one thread at a time handles its coming and going
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
@@ -503,7 +511,9 @@ class Snapshotter:
         """One snapshot of every durable queue and stream; returns how many files were
         written. Then the retention of "wal" streams' logs. Files of queues and streams
         deleted since (or made "memory") are removed. A snapshot that fails (a full disk)
-        is logged once, keeps the previous file, and is retried."""
+        is logged once, keeps the previous file, and is retried. ``last_round`` says
+        what the round wrote: queues, messages, streams, files."""
+        self.last_round = {"queues": 0, "messages": 0, "streams": 0, "files": 0}
         if not self.data_dir_present():
             return 0
         written = 0
@@ -514,8 +524,10 @@ class Snapshotter:
                     self.open_wal(q)
                 if q.durability != "memory":
                     keep.add(q.name)
-                    snapshot_queue(q, self.data_dir, self.fsync)
+                    _path, n = snapshot_queue(q, self.data_dir, self.fsync)
                     written += 1
+                    self.last_round["queues"] += 1
+                    self.last_round["messages"] += n
                     self._report(q.name, None)
             except QueueNotFound:
                 pass  # deleted meanwhile
@@ -530,6 +542,7 @@ class Snapshotter:
                 if configured or not self.open_stream(s):  # (one configured elsewhere stays so)
                     snapshot_stream(s, self.data_dir, self.fsync)
                 written += s.partitions
+                self.last_round["streams"] += 1
                 if s.durability == "wal":
                     apply_retention(s)
                 self._report("@" + s.name, None)
@@ -541,6 +554,7 @@ class Snapshotter:
             owner = _owner(entry)
             if owner is not None and owner not in keep:
                 os.unlink(os.path.join(self.data_dir, entry))
+        self.last_round["files"] = written
         return written
 
     def _report(self, name: str, error: str | None) -> None:

@@ -172,7 +172,7 @@ def test_no_auth_serves_a_client_that_never_says_hello(broker, home):
         s.close()
     finally:
         assert srv.stop() == 0
-    assert not home.exists()  # no token, no runtime file
+    assert [p.name for p in home.iterdir()] == ["data"]  # no token, no runtime file: only the default data dir
 
 
 def test_token_file_is_created_if_missing_then_used(broker, home, tmp_path):

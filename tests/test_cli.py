@@ -1,12 +1,15 @@
 """The ``shmq`` command line end to end, through real subprocesses."""
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from shmq.engine.delivery import QueueStats
 from tests.test_server_tcp import ServerProcess
 
 
@@ -48,6 +51,39 @@ def test_json_output(target):
     got = [json.loads(line) for line in lines]
     assert [(m["id"], m["body"], m["headers"], m["attempt"]) for m in got] == [(1, "one", {"k": "v"}, 1),
                                                                                (2, "two", {"k": "v"}, 1)]
+
+
+def test_stats_human_units_natural_order_and_the_dlq_next_to_its_source(target, broker):
+    broker.create_queue("dead")
+    for name in ("q10", "q2"):
+        broker.create_queue(name, max_bytes=2**20)
+    q1 = broker.create_queue("q1", dead_letter_queue="dead", visibility_timeout=300)
+    q1.put_many([(b"x" * 3000, None)] * 4)
+    for d in q1.get_many(3):
+        d.reject()
+    r = shmq_cli("stats", *target)
+    assert (r.returncode, r.stderr) == (0, "")
+    lines = r.stdout.splitlines()
+    header = re.split(r"\s{2,}", lines[0])  # cells are 2 spaces apart at least; "64 MiB" is one
+    rows = {}
+    for line in lines[1:lines.index("")] if "" in lines else lines[1:]:
+        cells = re.split(r"\s{2,}", line)
+        rows[cells[0]] = dict(zip(header, cells))
+    assert header == ["queue", "ready", "in flight", "delayed", "oldest", "dlq", "used", "max", "put", "acked",
+                      "redelivered", "dead-lettered"]
+    assert list(rows) == ["q1", "└ dead", "q2", "q10"]  # natural order; the DLQ under its source (both transports)
+    assert (rows["q1"]["dlq"], rows["q2"]["dlq"]) == ("3", "-")
+    dead = rows["└ dead"]
+    assert (dead["ready"], rows["q1"]["ready"], rows["q1"]["dead-lettered"]) == ("3", "1", "3")
+    assert re.fullmatch(r"\d+(\.\d)? KiB", rows["q1"]["used"]) and re.fullmatch(r"\d+(\.\d)? KiB", dead["used"])
+    assert (rows["q2"]["used"], rows["q2"]["max"], rows["q1"]["max"]) == ("0 B", "1 MiB", "64 MiB")
+    assert re.fullmatch(r"\d+(\.\d)?(µs|ms|s)", rows["q1"]["oldest"]) and rows["q2"]["oldest"] == "-"
+    assert max(len(line) for line in lines) < 110  # 165 columns before, for these names
+    as_json = json.loads(shmq_cli("stats", "--json", *target).stdout)  # unchanged for scripts
+    assert sorted(as_json) == ["queues", "streams"] and sorted(as_json["queues"]) == ["dead", "q1", "q10", "q2"]
+    assert sorted(as_json["queues"]["q1"]) == sorted(f.name for f in dataclasses.fields(QueueStats))
+    assert (as_json["queues"]["q1"]["bytes_used"], as_json["queues"]["q1"]["dead_lettered_total"]) == (
+        broker.queue("q1").stats().bytes_used, 3)
 
 
 def test_requeue_and_no_ack(target, broker):

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import psutil
 import pytest
@@ -19,7 +20,9 @@ from tests import _workers as w
 
 
 class ServerProcess:
-    """``shmq server`` as a real process on a free port."""
+    """``shmq server`` as a real process on a free port. ``log``: its lines up to the one
+    naming the port; then a thread drains the rest into ``later`` (a server that logs
+    every connection never blocks on a full pipe), and ``wait_for_line`` waits for one."""
 
     def __init__(self, namespace, *args):
         self.proc = subprocess.Popen(
@@ -35,6 +38,27 @@ class ServerProcess:
                 break
         self.port = int(line.split(" on ")[1].split()[0].rsplit(":", 1)[1])
         self.url = f"tcp://127.0.0.1:{self.port}"
+        self.later = []
+        self._new_line = threading.Condition()
+        self._drain = threading.Thread(target=self._read_log, daemon=True)
+        self._drain.start()
+
+    def _read_log(self):
+        try:
+            for line in self.proc.stderr:
+                with self._new_line:
+                    self.later.append(line)
+                    self._new_line.notify_all()
+        except (ValueError, OSError):  # closed under us (a test that killed it)
+            pass
+
+    def wait_for_line(self, predicate, timeout=10):
+        """The first line after start-up for which ``predicate`` is true (AssertionError
+        after ``timeout`` seconds)."""
+        with self._new_line:
+            found = self._new_line.wait_for(lambda: next((x for x in self.later if predicate(x)), None), timeout)
+        assert found is not None, f"no such line within {timeout}s: {self.later[-10:]}"
+        return found
 
     def alive(self):
         with shmq.connect(self.url) as b:
@@ -47,6 +71,7 @@ class ServerProcess:
             rc = self.proc.wait(30)
         else:
             rc = self.proc.returncode
+        self._drain.join(10)
         self.proc.stderr.close()
         return rc
 

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
@@ -160,10 +159,8 @@ def test_a_damaged_log_is_replayed_to_the_damage_and_kept_aside(broker, tmp_path
 
 
 def _log_lines(srv):
-    """The server's log lines from now on, collected by a thread (until it exits)."""
-    lines = []
-    threading.Thread(target=lambda: lines.extend(iter(srv.proc.stderr.readline, "")), daemon=True).start()
-    return lines
+    """The server's log lines after start-up, as its ServerProcess' thread collects them (until it exits)."""
+    return srv.later
 
 
 def _wait(condition, what, timeout=10):

@@ -358,6 +358,12 @@ class QueueCalls:
         return stats_from_fields((yield Send(MsgType.STATS, {"queue": self.name})))
 
     @driven
+    def settings(self):
+        """The queue's settings, as ``create_queue`` takes them (a server older than
+        this field gives {})."""
+        return (yield Send(MsgType.STATS, {"queue": self.name})).get("settings", {})
+
+    @driven
     def purge(self):
         """Drop every ready message (leased and delayed ones stay); how many were dropped."""
         return (yield Send(MsgType.PURGE, {"queue": self.name}))["purged"]

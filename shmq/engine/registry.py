@@ -7,15 +7,17 @@ next holder of the lock (it gets EOWNERDEAD) removes the half-made queue. Queue
 operations never touch the registry: it is only on the create/delete/list path.
 """
 
+import contextlib
 import ctypes
+import os
 import struct
 import time
 
 from .mutex import RobustMutex, init_mutex
 from .process import current_identity, is_alive
-from .segment import create_segment, open_segment, segment_name, unlink_segment
+from .segment import SHM_DIR, create_segment, open_segment, segment_name, unlink_segment
 
-__all__ = ["Registry", "FREE", "CREATING", "LIVE", "DELETING"]
+__all__ = ["Registry", "FREE", "CREATING", "LIVE", "DELETING", "read_header", "creation_guard"]
 
 _MAGIC = b"SHMR"
 _VERSION = 1
@@ -33,12 +35,24 @@ _INIT_WAIT_S = 2.0
 class Registry:
     """The registry segment of one namespace, created on first use."""
 
-    def __init__(self, namespace: str):
+    def __init__(self, namespace: str, create: bool = True):
+        """``create=False``: attach only (FileNotFoundError if the namespace has no
+        registry, or one its creator has not published)."""
         self.namespace = namespace
         self._name = segment_name(namespace, "registry")
-        self._seg = self._open_or_create()
+        self._seg = self._open_or_create() if create else self._open_published()
         self._mm = self._seg._mmap
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(self._mm, _MUTEX_OFF)))
+
+    def _open_published(self):
+        try:
+            seg = open_segment(self._name)
+        except ValueError:  # zero-sized
+            raise FileNotFoundError(f"registry {self._name} is not initialised") from None
+        if seg.size < _SIZE or _HEADER.unpack_from(seg._mmap, 0)[0] != _MAGIC:
+            seg.close()
+            raise FileNotFoundError(f"registry {self._name} is not initialised")
+        return seg
 
     # --- segment life -------------------------------------------------------------
     def _open_or_create(self):
@@ -94,6 +108,16 @@ class Registry:
     def __exit__(self, *exc):
         self._mutex.release()
 
+    @contextlib.contextmanager
+    def held(self, wait_s: float):
+        """The lock, as ``with registry``, waiting ``wait_s`` seconds at most (LockTimeout)."""
+        if self._mutex.acquire(wait_s=wait_s):
+            self._mutex.mark_consistent()
+        try:
+            yield self
+        finally:
+            self._mutex.release()
+
     # --- entries (call with the lock held) ----------------------------------------
     def _entry(self, i):
         state, n, raw = _ENTRY.unpack_from(self._mm, _ENTRIES_OFF + i * _ENTRY.size)
@@ -131,3 +155,44 @@ class Registry:
 
     def free(self, i):
         self._set(i, FREE, "")
+
+
+def read_header(namespace: str):
+    """(size, published, creator pid, creator start_ms) of the registry of
+    ``namespace`` as it is in /dev/shm, without attaching; None if there is none."""
+    path = os.path.join(SHM_DIR, segment_name(namespace, "registry").lstrip("/"))
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(_HEADER.size)
+    except FileNotFoundError:
+        return None
+    if len(head) < _HEADER.size:
+        return size, False, 0, 0
+    magic, _v, _p, _n, pid, start = _HEADER.unpack(head)
+    return size, magic == _MAGIC, pid, start
+
+
+@contextlib.contextmanager
+def creation_guard(namespace: str):
+    """Hold the registry name of a namespace that has none, unpublished and with this
+    process as its creator: until the end of the block no process can create the
+    namespace's registry (``Registry`` waits for it), hence no queue or stream in it.
+    FileExistsError if the namespace has a registry. ``shmq doctor --clean`` removes a
+    registry-less namespace's leftovers under it. Killed meanwhile, the guard is a
+    registry whose creator is dead: the next ``Registry`` removes it."""
+    name = segment_name(namespace, "registry")
+    seg = create_segment(name, _SIZE)
+    try:
+        pid, start = current_identity()
+        _HEADER.pack_into(seg._mmap, 0, b"\0\0\0\0", _VERSION, 0, MAX_QUEUES, pid, start)
+        yield
+    finally:
+        ours = os.fstat(seg._fd)
+        seg.close()
+        try:
+            now = os.stat(os.path.join(SHM_DIR, name.lstrip("/")))
+            if (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino):
+                unlink_segment(name)
+        except FileNotFoundError:
+            pass

@@ -263,11 +263,12 @@ class Stream:
             items = []
             for sp, first, end in ranges[p]:
                 items += staging.raw_records(sp, first, end)
-            for key, hraw, value in items:
-                n = len(value) + len(hraw) + (len(key) if key is not None else 0)
-                if n > self.max_message_bytes:
-                    raise MessageTooLarge(f"a staged record of {n} bytes; stream {self.name!r} takes at most "
-                                          f"{self.max_message_bytes}")
+            if staging.max_message_bytes > self.max_message_bytes:  # else each fit when it was staged
+                for key, hraw, value in items:
+                    n = len(value) + len(hraw) + (len(key) if key is not None else 0)
+                    if n > self.max_message_bytes:
+                        raise MessageTooLarge(f"a staged record of {n} bytes; stream {self.name!r} takes at most "
+                                              f"{self.max_message_bytes}")
             floor = None
             if self.retention == "block":
                 floor = lambda p=p: self.groups_table.floor(p, self._idle_ns)  # noqa: E731
@@ -280,6 +281,12 @@ class Stream:
         txn_id = check_txn(txn_id)
         return {p: self._part(p).published(txn_id) for p in range(self.partitions)}
 
+    def read_raw(self, p: int, offset: int, max_records: int = 1000) -> list:
+        """``read`` without waiting, the records as they are stored: (offset, timestamp in
+        ns, key or None, encoded headers, value) — for bulk readers that convert them
+        themselves (the Spark source builds Arrow columns from them). Local handles only."""
+        return self._part(p).read(offset, max_records)
+
     def raw_records(self, p: int, first: int, end: int) -> list:
         """Records [first, end) of partition ``p`` as (key, encoded headers, value), the
         form an append takes; OffsetOutOfRange if any of them is not retained."""
@@ -290,7 +297,7 @@ class Stream:
                 raise OffsetOutOfRange(f"stream {self.name!r} partition {p}: offsets {offset}..{end - 1} are "
                                        "not retained", *part.offsets())
             rows = rows[:end - offset]
-            out += [(k if k is None else bytes(k), bytes(h), bytes(v)) for _o, _t, k, h, v in rows]
+            out += [(k, h, v) for _o, _t, k, h, v in rows]
             offset = rows[-1][0] + 1
         return out
 

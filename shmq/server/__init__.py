@@ -1,7 +1,8 @@
 """The broker process (``shmq server``): ``main`` (the process), ``tcp`` (TcpServer:
 listening, connections, queue handles, stop), ``connection`` (bytes in, frames out),
 ``handlers`` (one function per request type), ``leases`` (a connection's deliveries),
-``waiters`` (waiting CONSUMEs), ``limits`` (what clients may cost), ``housekeeper``."""
+``waiters`` (waiting CONSUMEs), ``limits`` (what clients may cost), ``housekeeper``,
+``metrics`` (Prometheus /metrics, ``--metrics``), ``lock`` (one broker per namespace)."""
 
 from .housekeeper import Housekeeper
 

@@ -16,6 +16,7 @@ import asyncio
 import logging
 
 from ..errors import LimitExceeded, ProtocolError, ShmqError, Unauthorized
+from ..logs import peer_text
 from ..protocol import HEADER_SIZE, FrameDecoder, MsgType, Status, encode_error, encode_reply, validate_request
 from ..protocol.status import error_details, reason_of, status_of
 from .handlers import HANDLERS, Later, Wait
@@ -40,6 +41,13 @@ def error_frame(msg_type, msg_id, exc) -> bytes:
     if status == Status.INTERNAL and not isinstance(exc, ShmqError):
         log.error("internal error", exc_info=exc)
     return encode_error(msg_type, msg_id, status, reason_of(exc), error_details(exc))
+
+
+def _status_name(status) -> str:
+    try:
+        return Status(status).name
+    except ValueError:
+        return str(status)
 
 
 def _reply_of_later(conn, reply, result):
@@ -71,13 +79,20 @@ class Connection(asyncio.BufferedProtocol):
         self.eof_sent = False
         self.said_waiting_limit = False
         self._abort = None
+        self.opened = server.loop.time()
+        self.requests = 0  # frames handled (for the log line of its close)
+        self.close_reason = None  # why it closed, for that line
+        self.said_slow = False  # "slow_client" logged once (it does not read its replies)
 
     # ------------------------------------------------------------------ transport events
     def connection_made(self, transport):
         self.transport = transport
-        self.peer = transport.get_extra_info("peername")
+        self.peer = peer_text(transport.get_extra_info("peername"))
         if not self.server.admit(self):
             self.refuse()
+            return
+        log.info("connection opened", extra={"event": "connection_opened", "peer": self.peer,
+                                             "connections": len(self.server.connections)})
 
     def get_buffer(self, sizehint):
         room = self.room() if not self.closing else READ_CHUNK  # a closing one's bytes are dropped
@@ -94,12 +109,17 @@ class Connection(asyncio.BufferedProtocol):
 
     def eof_received(self):
         if not self.closing:
-            self.shut(linger=False)
+            self.shut("closed by the client", linger=False)
         return False  # the transport closes, once what is written is sent
 
     def pause_writing(self):
         self.write_paused = True
         self.update_reading()
+        if not self.said_slow and not self.closing:
+            self.said_slow = True
+            log.warning("%s: does not read its replies: taking no requests until it does", self.peer,
+                        extra={"event": "slow_client", "peer": self.peer, "why": "not reading its replies",
+                               "buffered_bytes": self.transport.get_write_buffer_size()})
 
     def resume_writing(self):
         self.write_paused = False
@@ -118,6 +138,11 @@ class Connection(asyncio.BufferedProtocol):
             return
         self.let_go()
         self.server.connection_gone(self)
+        reason = self.close_reason or ("the server stopped" if self.server.stopping else
+                                       f"lost: {exc}" if exc is not None else "closed")
+        log.info("connection closed", extra={"event": "connection_closed", "peer": self.peer,
+                                             "requests": self.requests, "reason": reason,
+                                             "duration_s": round(self.server.loop.time() - self.opened, 3)})
 
     # ------------------------------------------------------------------ reading
     def room(self) -> int:
@@ -165,27 +190,32 @@ class Connection(asyncio.BufferedProtocol):
                 continue
             if frame is None:
                 return
+            self.requests += 1
             self.clocks.last_active = self.server.loop.time()
-            self.dispatch(frame)
+            self.server.metrics.timed(self.dispatch, frame)  # metrics off: just self.dispatch(frame)
 
     def protocol_error(self, e):
         reason = str(e)
         if not self.authed and e.status == Status.TOO_LARGE:
             reason = f"before a HELLO with the token, frames may be at most {PRE_AUTH_MAX_FRAME_BYTES} bytes"
+        log.warning("%s: protocol error: %s", self.peer, reason,
+                    extra={"event": "protocol_error", "peer": self.peer, "status": _status_name(e.status),
+                           "error": reason, "fatal": bool(e.fatal)})
         self.send(encode_error(getattr(e, "msg_type", 0), e.msg_id, e.status, reason))
         if e.fatal:
             self.shut(f"{reason}; closing")
 
     # ------------------------------------------------------------------ requests
     def dispatch(self, frame):
-        """A request to its handler; the reply (or error reply) out, or the request in line."""
+        """A request to its handler; the reply (or error reply) out, or the request in line.
+        Returns the reply's status (None: the request waits), for the metrics."""
         if frame.is_reply:
             self.send(encode_error(frame.request_type, frame.msg_id, Status.BAD_REQUEST, "clients send requests"))
-            return
+            return Status.BAD_REQUEST
         if not self.authed and frame.type != MsgType.HELLO:
             self.send(encode_error(frame.type, frame.msg_id, Status.UNAUTHORIZED, "say HELLO with the token first"))
             self.shut("a request before HELLO; closing")
-            return
+            return Status.UNAUTHORIZED
         try:
             fields = validate_request(frame)  # first: it refuses unknown types
             result = HANDLERS[frame.type](self, fields)
@@ -198,11 +228,12 @@ class Connection(asyncio.BufferedProtocol):
         except Unauthorized as e:
             self.send(encode_error(frame.type, frame.msg_id, Status.UNAUTHORIZED, str(e)))
             self.shut(f"{e}; closing")
-            return
+            return Status.UNAUTHORIZED
         except Exception as e:  # every error becomes an error reply; the server lives on
             self.send(error_frame(frame.type, frame.msg_id, e))
-            return
+            return status_of(e)
         self.send(encode_reply(frame.type, frame.msg_id, result))
+        return Status.OK
 
     def authenticated(self):
         """A HELLO with the right token: every request and ``max_frame_bytes`` from now."""
@@ -287,7 +318,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         self.closing = True
         if reason:
-            log.info("%s: %s", self.peer, reason)
+            self.close_reason = reason  # said in the line of its close (connection_lost)
         self.let_go()
         if linger:
             self.linger()
@@ -333,6 +364,8 @@ class Connection(asyncio.BufferedProtocol):
         overdue = self.clocks.overdue(now, self.authed, bool(self.waiters) or self.budget_wait)
         if overdue is not None:
             error, reason = overdue
-            if error is not None:
+            if error is not None:  # a frame past its deadline
+                log.warning("%s: %s", self.peer, reason, extra={"event": "slow_client", "peer": self.peer,
+                                                                "why": "frame timeout"})
                 self.send(encode_error(0, 0, Status.LIMIT_EXCEEDED, error))
             self.shut(reason)

@@ -19,6 +19,7 @@ What a handler uses of ``conn``:
 """
 
 import hmac
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
@@ -94,6 +95,10 @@ def hello(conn, f):
     server = conn.server
     if server.token is not None:
         if not hmac.compare_digest(str(f.get("token") or "").encode(), server.token.encode()):
+            given, peer = bool(f.get("token")), getattr(conn, "peer", None)
+            logging.getLogger("shmq.server").warning(
+                "%s: token refused (%s)", peer, "a wrong token" if given else "no token",
+                extra={"event": "token_refused", "peer": peer, "token_given": given})
             raise Unauthorized("wrong or missing token")
         conn.authenticated()
     return {"server": "shmq", "version": __version__, "max_frame_bytes": server.max_frame_bytes,
@@ -126,7 +131,8 @@ def delete(conn, f):
 
 
 def stats(conn, f):
-    return stats_fields(conn.server.queue(f["queue"]).stats())
+    q = conn.server.queue(f["queue"])
+    return {**stats_fields(q.stats()), "settings": q.settings()}
 
 
 def purge(conn, f):

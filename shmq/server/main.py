@@ -8,14 +8,18 @@ own, so the loop never waits on a disk or on a pass over every queue.
 
 import asyncio
 import logging
+import os
 import resource
 import signal
+import time
 
-from ..auth import advertise, server_token, withdraw
+from ..auth import advertise, default_data_dir, server_token, withdraw
 from ..engine.broker import Broker
 from ..persistence import Snapshotter, recover
 from ..engine.layout import WAL_ALWAYS, WAL_BATCH, WAL_NEVER
 from .housekeeper import Housekeeper
+from .lock import BrokerLock
+from .metrics import NO_METRICS, Metrics
 from .tcp import TcpServer
 
 __all__ = ["serve", "parse_fsync", "HOUSEKEEPING_INTERVAL_S"]
@@ -43,37 +47,62 @@ def _raise_fd_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _start_persistence(broker, data_dir, mode, ms):
+def _start_persistence(broker, data_dir, mode, ms, interval):
     """Rebuild lost queues, open the logs, snapshot at once. What cannot be written (a
     full disk) is logged and retried by the snapshot loop: the server comes up anyway."""
     try:
         snapshotter = Snapshotter(broker, data_dir, wal_mode=mode, wal_batch_ms=ms)
     except OSError as e:
-        raise SystemExit(f"shmq server: cannot use --data-dir {data_dir}: {e}") from None
+        raise SystemExit(f"shmq server: cannot use --data-dir {data_dir}: {e} (give another --data-dir, "
+                         f"or --no-persist)") from None
+    started = time.monotonic()
     rebuilt = recover(broker, data_dir)
-    log.info("data dir %s: %d queue(s) rebuilt from snapshots", data_dir, len(rebuilt))
-    for step in (snapshotter.open_all_wals, snapshotter.run_once):  # what was rebuilt is on disk again at once
-        try:
+    log.info("data dir %s: %d queue(s) and stream(s) rebuilt from its files", data_dir, len(rebuilt),
+             extra={"event": "recovery", "data_dir": data_dir,
+                    "queues": [n for n in rebuilt if not n.startswith("@")],
+                    "streams": [n[1:] for n in rebuilt if n.startswith("@")],
+                    "duration_ms": round((time.monotonic() - started) * 1000, 1)})
+    for step in (snapshotter.open_all_wals, lambda: _snapshot(snapshotter, interval, logging.INFO)):
+        try:  # what was rebuilt is on disk again at once
             step()
         except OSError as e:
             log.error("data dir %s: %s; retrying every interval", data_dir, e)
     return snapshotter
 
 
+def _snapshot(snapshotter, interval, level=logging.DEBUG):
+    """One snapshot round, logged (the event ``snapshot``): at ``level`` (debug every
+    interval; info at start and at the stop), at warning if it took longer than the interval."""
+    started = time.monotonic()
+    snapshotter.run_once()
+    took = time.monotonic() - started
+    if took > interval:
+        level = logging.WARNING
+    if log.isEnabledFor(level):
+        log.log(level, "snapshot of %s written in %.1f ms%s", snapshotter.data_dir, took * 1000,
+                " (longer than --snapshot-interval)" if level == logging.WARNING else "",
+                extra={"event": "snapshot", "data_dir": snapshotter.data_dir, **snapshotter.last_round,
+                       "duration_ms": round(took * 1000, 1)})
+
+
 async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_bytes=16 * 2**20, ready=None,
                 data_dir=None, snapshot_interval=1.0, fsync="batch:2",
-                token_file=None, no_auth=False, limits=None):
+                token_file=None, no_auth=False, limits=None, metrics=None):
     """Serve until SIGINT/SIGTERM. ``ready`` (an optional callable) gets the bound port.
 
     With ``data_dir``: queues lost with shared memory (a reboot) are rebuilt from their
     snapshots first, then every durable queue is snapshotted every ``snapshot_interval``
     seconds and once more on a clean stop. ``limits`` (``shmq.server.limits.Limits``, default
     its defaults) caps what clients may cost: connections, waiting CONSUMEs, buffered
-    bytes, frame and idle deadlines.
+    bytes, frame and idle deadlines. ``metrics``: (host, port) to serve Prometheus'
+    /metrics on (``shmq.server.metrics``; port 0: any free), or None.
 
     Clients must say HELLO with a token: ``token``, or the one in ``token_file``, else
     the per-user default file (created at the first start; see shmq.auth); none with
     ``no_auth``. This user's clients on this host find it through a runtime file.
+
+    One broker per namespace: if another holds it (``lock.BrokerLock``), BrokerRunning
+    (naming its pid) before anything starts.
     """
     token, auth_note = server_token(token, token_file, no_auth)
     _raise_fd_limit()
@@ -81,20 +110,30 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    with Broker(namespace) as broker, Broker(namespace) as keeper_broker, Broker(namespace) as snap_broker:
+    with BrokerLock(namespace) as lock, Broker(namespace) as broker, Broker(namespace) as keeper_broker, \
+            Broker(namespace) as snap_broker:  # the lock first: one broker per namespace, else a one-line refusal
+        exporter = NO_METRICS
+        if metrics is not None:  # first: a port in use is an error before anything starts
+            exporter = Metrics(namespace)
+            mhost, mport = metrics[0], exporter.start(*metrics)
+            log.info("metrics on http://%s:%d/metrics", f"[{mhost}]" if ":" in mhost else mhost, mport)
         snapshotter = None
         if data_dir is not None:
             mode, ms = parse_fsync(fsync)
-            snapshotter = await asyncio.to_thread(_start_persistence, snap_broker, data_dir, mode, ms)
-            log.info("data dir %s: snapshots every %.2fs", data_dir, snapshot_interval)
+            snapshotter = await asyncio.to_thread(_start_persistence, snap_broker, data_dir, mode, ms,
+                                                  snapshot_interval)
+        _log_persistence(namespace, data_dir, snapshot_interval, fsync)
         on_create = snapshotter.open_wal if snapshotter is not None else None
         server = await TcpServer(broker, host, port, token, max_frame_bytes, on_create=on_create,
-                                 limits=limits).start()
+                                 limits=limits, metrics=exporter).start()
+        exporter.watch(server)  # its open connections
         keeper = Housekeeper(keeper_broker)
         runtime_file = await asyncio.to_thread(advertise, server.port, host, namespace, token)
+        lock.update(host=host, port=server.port, data_dir=os.path.abspath(data_dir) if data_dir else None)
         log.info("serving namespace %s on %s:%d (%d queues), %s; housekeeping every %.2fs", namespace, host,
                  server.port, len(broker.list_queues()), auth_note,
-                 HOUSEKEEPING_INTERVAL_S)
+                 HOUSEKEEPING_INTERVAL_S, extra={"event": "server_started", "namespace": namespace, "host": host,
+                                                 "port": server.port, "pid": os.getpid(), "data_dir": data_dir})
         if ready is not None:
             ready(server.port)
 
@@ -103,16 +142,19 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
             after, unless ``first``); a failure is logged and the loop goes on. The rate
             is fixed, start to start: a run begins ``seconds`` after the previous one
             began (at once if that one took longer), so a power loss costs at most one
-            interval plus the duration of one run."""
+            interval plus the duration of one run. The last run begins after the stop (a
+            run the stop came during is followed by one more), so it sees every write
+            answered before the stop."""
             due = loop.time()
             while True:
                 if first or stop.is_set():
+                    last = stop.is_set()
                     try:
                         await asyncio.to_thread(work)
                     except Exception:
                         log.exception("%s failed; trying again in %.2fs", what, seconds)
-                if stop.is_set():
-                    return
+                    if last:
+                        return
                 first = True
                 due = max(due + seconds, loop.time())
                 try:
@@ -123,15 +165,32 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         tasks = [asyncio.create_task(every(HOUSEKEEPING_INTERVAL_S, keeper.run_once, "housekeeping"))]
         if snapshotter is not None:
             # the snapshot loop ends with a last snapshot after the stop
-            tasks.append(asyncio.create_task(every(snapshot_interval, snapshotter.run_once, "snapshot", first=False)))
+            def snapshot_round():  # at info the last one, after the stop
+                _snapshot(snapshotter, snapshot_interval, logging.INFO if stop.is_set() else logging.DEBUG)
+
+            tasks.append(asyncio.create_task(every(snapshot_interval, snapshot_round, "snapshot", first=False)))
             if mode == WAL_BATCH:
                 tasks.append(asyncio.create_task(every(ms / 1000, snapshotter.sync_logs, "log fsync", first=False)))
         await stop.wait()
         log.info("stopping: answering what is in flight")
         withdraw(runtime_file)
         await server.stop()
+        await asyncio.to_thread(exporter.close)
         await asyncio.gather(*tasks)  # the snapshot task ends with a last snapshot
         keeper.close()
         if snapshotter is not None:
             snapshotter.close()
-    log.info("stopped")
+    log.info("stopped", extra={"event": "server_stopped", "namespace": namespace})
+
+
+def _log_persistence(namespace, data_dir, interval, fsync):
+    """Say at start where the files go (event ``persistence``)."""
+    if data_dir is None:
+        log.info("no data dir (--no-persist): queues and streams live in shared memory only, a reboot loses "
+                 "them; 'wal' ones refuse writes", extra={"event": "persistence", "data_dir": None})
+        return
+    default = os.path.abspath(data_dir) == os.path.abspath(default_data_dir(namespace))
+    log.info("data dir %s%s: snapshots every %.2fs, write-ahead logs fsynced %s", data_dir,
+             " (the default for this namespace; --data-dir DIR to choose, --no-persist for none)" if default else "",
+             interval, fsync, extra={"event": "persistence", "data_dir": data_dir, "default": default,
+                                     "snapshot_interval": interval, "fsync": fsync})

@@ -24,6 +24,7 @@ from ..protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
 from .appenders import Appender
 from .connection import READ_CHUNK, Connection
 from .limits import PRE_AUTH_MAX_FRAME_BYTES, SMALL_FRAME_BYTES, Budget, Limits
+from .metrics import NO_METRICS
 from .waiters import NOTHING, QueueWaiters, StreamWaiters
 
 __all__ = ["TcpServer", "Limits", "SMALL_FRAME_BYTES", "PRE_AUTH_MAX_FRAME_BYTES", "LOCK_TIMEOUT_S"]
@@ -37,13 +38,15 @@ class TcpServer:
     """Serves one namespace over TCP until ``stop``, within ``limits``."""
 
     def __init__(self, broker: Broker, host="127.0.0.1", port=7878, token=None,
-                 max_frame_bytes=DEFAULT_MAX_FRAME_BYTES, on_create=None, limits: Limits | None = None):
+                 max_frame_bytes=DEFAULT_MAX_FRAME_BYTES, on_create=None, limits: Limits | None = None,
+                 metrics=None):
         self.limits = limits if limits is not None else Limits()
         if self.limits.max_buffered_bytes < max_frame_bytes + HEADER_SIZE:
             raise ValueError(f"max_buffered_bytes ({self.limits.max_buffered_bytes}) must hold one whole frame: "
                              f"at least max_frame_bytes + {HEADER_SIZE} = {max_frame_bytes + HEADER_SIZE}")
         self.broker = broker
         self.on_create = on_create  # called with each queue this server creates
+        self.metrics = metrics if metrics is not None else NO_METRICS  # requests counted (metrics.Metrics)
         self.host = host
         self.port = port
         self.token = token

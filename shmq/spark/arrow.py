@@ -4,7 +4,9 @@ the stream source and the queue source."""
 
 import pyarrow as pa
 
-__all__ = ["source_schema", "records_to_batch", "header_map", "SOURCE_FIELDS"]
+from ..engine.headers import decode_headers
+
+__all__ = ["source_schema", "records_to_batch", "rows_to_batch", "header_map", "SOURCE_FIELDS"]
 
 SOURCE_FIELDS = "key binary, value binary, stream string, partition int, offset long, timestamp timestamp"
 _UTC_US = pa.timestamp("us", tz="UTC")
@@ -42,5 +44,26 @@ def records_to_batch(records, include_headers: bool) -> pa.RecordBatch:
     names = ["key", "value", "stream", "partition", "offset", "timestamp"]
     if include_headers:
         arrays.append(pa.array([header_map(r.headers) for r in records], _HEADERS))
+        names.append("headers")
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def rows_to_batch(stream: str, partition: int, rows, include_headers: bool) -> pa.RecordBatch:
+    """One Arrow batch of a partition's stored rows (``Stream.read_raw``: offset,
+    timestamp ns, key, encoded headers, value), without a ``Record`` per row: the local
+    source's path, about twice as fast as ``records_to_batch``."""
+    n = len(rows)
+    offsets, stamps, keys, hraws, values = zip(*rows) if rows else ((),) * 5
+    arrays = [
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.repeat(pa.scalar(stream, pa.string()), n),
+        pa.repeat(pa.scalar(partition, pa.int32()), n),
+        pa.array(offsets, pa.int64()),
+        pa.array([t // 1000 for t in stamps], _UTC_US),
+    ]
+    names = ["key", "value", "stream", "partition", "offset", "timestamp"]
+    if include_headers:
+        arrays.append(pa.array([header_map(decode_headers(h)) if h else [] for h in hraws], _HEADERS))
         names.append("headers")
     return pa.RecordBatch.from_arrays(arrays, names=names)

@@ -195,18 +195,27 @@ class _Source:
             broker.close()
 
     def _read_range(self, stream, r: OffsetRange):
+        """Arrow batches of ``[start, end)``: locally from the stored rows (``read_raw``, no
+        ``Record`` per row: about twice as fast), over TCP from the records."""
+        raw = getattr(stream, "read_raw", None)
         offset = r.start
         while offset < r.end:
+            n = min(READ_CHUNK, r.end - offset)
             try:
-                records = stream.read(r.partition, offset, max_records=min(READ_CHUNK, r.end - offset))
+                rows = raw(r.partition, offset, n) if raw else stream.read(r.partition, offset, max_records=n)
             except OffsetOutOfRange as e:
                 offset = self._skip(r, offset, e)
                 continue
-            if not records:
+            if not rows:
                 raise ShmqError(f"stream {self._stream_name()!r} partition {r.partition} ends before offset "
                                 f"{offset}: was it deleted and created again?")
-            yield arrow.records_to_batch(records, self._headers)
-            offset = records[-1].offset + 1
+            rows = rows[:r.end - offset]
+            if raw:
+                yield arrow.rows_to_batch(stream.name, r.partition, rows, self._headers)
+                offset = rows[-1][0] + 1
+            else:
+                yield arrow.records_to_batch(rows, self._headers)
+                offset = rows[-1].offset + 1
 
     def _skip(self, r: OffsetRange, offset: int, e: OffsetOutOfRange) -> int:
         """Where to read on after OffsetOutOfRange at ``offset``: DataLossError with

@@ -19,6 +19,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from ..engine.stream import partition_of
@@ -30,7 +31,7 @@ __all__ = ["StreamWriter", "BatchWriter"]
 
 log = logging.getLogger("shmq.spark")
 
-CHUNK = 4096  # rows staged per append
+CHUNK = 16_384  # rows staged per append
 _TYPES = {"value": ("binary", "string"), "key": ("binary", "string"), "partition": ("int", "bigint", "smallint"),
           "headers": ("map<string,string>",)}
 
@@ -55,12 +56,14 @@ def _check_columns(schema, target: str) -> None:
 
 
 def _column(batch, name):
+    """Column ``name`` as a list (value and key as bytes, cast in Arrow), or None."""
     i = batch.schema.get_field_index(name)
-    return None if i < 0 else batch.column(i).to_pylist()
-
-
-def _as_bytes(v):
-    return v.encode() if isinstance(v, str) else v
+    if i < 0:
+        return None
+    column = batch.column(i)
+    if name in ("value", "key") and column.type != pa.binary():
+        column = column.cast(pa.binary())
+    return column.to_pylist()
 
 
 class _Writer:
@@ -98,29 +101,37 @@ class _Writer:
                                            exist_ok=True)
             n, own = target.partitions, task % target.partitions
             for b in batches:
-                values = [_as_bytes(v) for v in _column(b, "value")]
-                keys = _column(b, "key")
-                keys = [None] * len(values) if keys is None else [_as_bytes(k) for k in keys]
-                hdrs = _column(b, "headers")
-                hdrs = [None] * len(values) if hdrs is None else [dict(h) if h else None for h in hdrs]
-                parts = _column(b, "partition") or [None] * len(values)
-                route = {}
-                for i, (k, p) in enumerate(zip(keys, parts)):
-                    if p is not None and not 0 <= p < n:
-                        raise SpecError(f"partition column: stream {target.name!r} has partitions 0..{n - 1}, "
-                                        f"not {p}")
-                    route.setdefault(p if p is not None else own if k is None else partition_of(k, n), []).append(i)
+                values = _column(b, "value")
+                keys, hdrs, parts = _column(b, "key"), _column(b, "headers"), _column(b, "partition")
+                if hdrs is not None:
+                    hdrs = [dict(h) if h else None for h in hdrs]
+                if keys is None and parts is None:  # every row to the task's own partition: no routing
+                    route = {own: range(len(values))}
+                else:
+                    route = self._route(keys or [None] * len(values), parts or [None] * len(values), n, own,
+                                        target.name)
                 for p, idx in sorted(route.items()):
                     for at in range(0, len(idx), CHUNK):
                         chunk = idx[at:at + CHUNK]
-                        metas = staging.append_many([values[i] for i in chunk], keys=[keys[i] for i in chunk],
-                                                    headers=[hdrs[i] for i in chunk], partition=p)
+                        metas = staging.append_many(
+                            [values[i] for i in chunk], keys=None if keys is None else [keys[i] for i in chunk],
+                            headers=None if hdrs is None else [hdrs[i] for i in chunk], partition=p)
                         staged.ranges.setdefault(p, []).append((metas[0].offset, metas[-1].offset + 1))
             return staged
 
     @staticmethod
+    def _route(keys, parts, n: int, own: int, name: str) -> dict:
+        """{partition: row indexes}: the ``partition`` column's, else the key's hash, else ``own``."""
+        route = {}
+        for i, (k, p) in enumerate(zip(keys, parts)):
+            if p is not None and not 0 <= p < n:
+                raise SpecError(f"partition column: stream {name!r} has partitions 0..{n - 1}, not {p}")
+            route.setdefault(p if p is not None else own if k is None else partition_of(k, n), []).append(i)
+        return route
+
+    @staticmethod
     def _put(q, batch):
-        values = [_as_bytes(v) for v in _column(batch, "value")]
+        values = _column(batch, "value")
         hdrs = _column(batch, "headers")
         if hdrs is None:
             q.put_many(values, timeout=None)

@@ -259,8 +259,6 @@ def test_option_errors_are_one_clear_line(broker):
         Options({"namespace": broker.namespace})
     with pytest.raises(SpecError, match="exactly one of"):
         Options({"stream": "a", "queue": "b"})
-    with pytest.raises(SpecError, match="queue source: not yet"):
-        StreamReader(Options({"queue": "orders"}), None)
     with pytest.raises(SpecError, match="option maxRecordsPerTrigger must be >= 1, not 0"):
         reader_of(broker, maxRecordsPerTrigger=0)
     with pytest.raises(SpecError, match="option failOnDataLoss must be true or false"):
@@ -425,7 +423,7 @@ def test_bad_options_fail_with_messages_naming_what(spark, broker, tmp_path):
         spark.readStream.format("shmq").option("stream", "events").option("queue", "q").load()
     with pytest.raises(Exception, match="no stream 'nope' in namespace"):
         spark.read.format("shmq").option("stream", "nope").option("namespace", ns).load().collect()
-    with pytest.raises(Exception, match="queue source: not yet"):
+    with pytest.raises(Exception, match="no queue 'orders'"):
         spark.read.format("shmq").option("queue", "orders").option("namespace", ns).load().collect()
     with pytest.raises(Exception, match="no stream 'nope' in namespace"):
         run(spark, broker, tmp_path / "ck1", stream="nope")

@@ -1,0 +1,445 @@
+"""``shmq doctor``: what shmq keeps on this host, and what of it is orphaned.
+
+It reports the size and free space of /dev/shm (Docker gives a container 64 MB by
+default, and a queue reserves its ``max_bytes`` there when it is created), every
+namespace of the current user with its broker (alive or not, from the broker's lock
+file), the entries no one can reach any more, and the data directories with their
+disk space. ``clean`` removes the orphans, and only what is provably one:
+
+- in a namespace with a registry, an entry that no live queue or stream of the
+  registry owns, and the files of a create or delete whose process died half-way
+  (registry entries left CREATING or DELETING). Both are decided while holding the
+  registry's lock, under which every create and delete runs: nothing can be made
+  meanwhile, and a half-made entry seen under the lock has a dead maker;
+- in a namespace with no registry (or only one its creator died before publishing,
+  or that was never sized), every entry: no process can reach them through a registry.
+  Cleaned while this process holds the namespace's registry name itself, unpublished
+  (``registry.creation_guard``): no one can create the namespace meanwhile;
+- a broker lock file whose holder is gone: removed while holding its lock.
+
+Nothing of another user, nothing in a namespace whose broker runs but whose registry
+is missing, no data directory. Everything here reads /dev/shm directly and attaches
+only to registries that exist (never creating one).
+"""
+
+import errno
+import fcntl
+import os
+import re
+import time
+
+from .auth import data_root
+from .engine.layout import MAX_PARTITIONS
+from .engine.process import is_alive
+from .engine.registry import CREATING, DELETING, LIVE, Registry, creation_guard, read_header
+from .engine.segment import SHM_DIR, segment_name, unlink_segment
+from .errors import LockTimeout
+from .server.lock import lock_name, read_holder
+
+__all__ = ["diagnose", "clean", "SMALL_SHM_BYTES"]
+
+SMALL_SHM_BYTES = 256 * 2**20  # below this, /dev/shm holds few default queues (64 MiB each)
+LOW_FREE_FRACTION = 0.10
+UNSIZED_AGE_S = 10.0  # a registry still zero-sized after this long: its creator died between open and size
+REGISTRY_WAIT_S = 1.0  # the longest doctor waits for a namespace's registry lock
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+_STREAM = "@"
+
+
+# ------------------------------------------------------------------ /dev/shm
+def _namespace_of(entry: str) -> str | None:
+    """The namespace of a /dev/shm entry named like shmq's (``shmq.NS...``,
+    ``sem.shmq.NS...``), else None."""
+    name = entry[4:] if entry.startswith("sem.") else entry
+    if not name.startswith("shmq."):
+        return None
+    ns = name[5:].split(".", 1)[0]
+    return ns if _NAMESPACE_RE.match(ns) else None
+
+
+def _entries(only=None):
+    """{namespace: {entry: os.stat_result}} of every shmq entry in /dev/shm, and how many
+    belong to other users (left out)."""
+    me, out, others = os.geteuid(), {}, 0
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return out, others
+    for entry in names:
+        ns = _namespace_of(entry)
+        if ns is None or (only and ns not in only):
+            continue
+        try:
+            st = os.stat(os.path.join(SHM_DIR, entry), follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if st.st_uid != me:
+            others += 1
+            continue
+        out.setdefault(ns, {})[entry] = st
+    return out, others
+
+
+def _taken(st) -> int:
+    """The memory an entry takes (tmpfs: its allocated blocks)."""
+    return st.st_blocks * 512
+
+
+def _fs(path) -> dict:
+    st = os.statvfs(path)
+    return {"size": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
+
+
+def shm_report() -> dict:
+    """Size and free space of /dev/shm, with a warning when either is low."""
+    try:
+        fs = _fs(SHM_DIR)
+    except OSError as e:
+        return {"path": SHM_DIR, "size": 0, "free": 0, "warnings": [f"{SHM_DIR} is not usable: {e.strerror or e}"]}
+    warnings = []
+    if fs["size"] < SMALL_SHM_BYTES:
+        warnings.append(f"{SHM_DIR} is small ({_mib(fs['size'])}; Docker's default is 64 MB): each queue reserves "
+                        f"its max_bytes (64 MiB by default) there when it is created. Enlarge it (docker run "
+                        f"--shm-size=1g) or create smaller queues (--max-bytes)")
+    if fs["size"] and fs["free"] < fs["size"] * LOW_FREE_FRACTION:
+        warnings.append(f"{SHM_DIR} is {100 - 100 * fs['free'] // fs['size']}% full: new queues may not fit")
+    return {"path": SHM_DIR, **fs, "warnings": warnings}
+
+
+# ------------------------------------------------------------------ one namespace
+def _owned(namespace, entries_of_registry) -> set[str]:
+    """The /dev/shm entries the registry's live queues and streams own."""
+    owned = set()
+    for name in entries_of_registry:
+        if name.startswith(_STREAM):
+            base = segment_name(namespace, "s", name[1:]).lstrip("/")
+            owned |= {base, "sem." + base + ".ne"} | {f"{base}#{p}" for p in range(MAX_PARTITIONS)}
+        else:
+            base = segment_name(namespace, "q", name).lstrip("/")
+            owned |= {base, "sem." + base + ".ne", "sem." + base + ".nf"}
+    return owned
+
+
+def _files_of(namespace, name) -> set[str]:
+    """The entries a queue or stream (``@NAME``) of that name would have."""
+    return _owned(namespace, [name])
+
+
+def _lock_state(namespace, entries):
+    """The broker of ``namespace`` from its lock file: (info or None, the lock entry if it is stale)."""
+    lock = lock_name(namespace)
+    if lock not in entries:
+        return None, None
+    info = read_holder(os.path.join(SHM_DIR, lock))
+    if info is not None and info["alive"]:
+        return info, None
+    return info, lock  # a dead broker's (or an unwritten) lock file: the next start reuses it
+
+
+def _registry_state(namespace, entries, now):
+    """("ok" | "missing" | "foreign" | "dead-creator" | "unsized" | "creating", the
+    registry entry if it is itself an orphan)."""
+    reg = segment_name(namespace, "registry").lstrip("/")
+    try:
+        st = os.stat(os.path.join(SHM_DIR, reg), follow_symlinks=False)
+    except FileNotFoundError:
+        return "missing", None
+    if st.st_uid != os.geteuid():
+        return "foreign", None
+    header = read_header(namespace)
+    if header is None:
+        return "missing", None
+    _size, published, pid, start = header
+    if published:
+        return "ok", None
+    if pid and not is_alive(pid, start):
+        return "dead-creator", reg
+    if not pid and now - max(st.st_mtime, st.st_ctime) > UNSIZED_AGE_S:
+        return "unsized", reg
+    return "creating", None
+
+
+def _examine(namespace, entries, now, remove=False) -> dict:
+    """What ``namespace`` holds and which of its entries are orphans; with ``remove``,
+    the orphans are removed as they are proved so (see the module's docstring)."""
+    broker, stale_lock = _lock_state(namespace, entries)
+    state, bad_registry = _registry_state(namespace, entries, now)
+    ns = {"namespace": namespace, "entries": len(entries), "bytes": sum(_taken(st) for st in entries.values()),
+          "registry": state, "queues": [], "streams": [], "broker": _broker_summary(broker), "note": None}
+    orphans = []
+
+    def orphan(entry, reason):
+        st = entries.get(entry)
+        orphans.append({"entry": entry, "namespace": namespace, "reason": reason,
+                        "bytes": _taken(st) if st is not None else 0})
+
+    if state == "ok":
+        try:
+            registry = Registry(namespace, create=False)
+        except FileNotFoundError:
+            ns["note"] = "its registry went away while looking: look again"
+            return {**ns, "orphans": []}
+        except PermissionError:
+            ns["note"] = "its registry belongs to another user"
+            return {**ns, "orphans": []}
+        try:
+            with registry.held(REGISTRY_WAIT_S):
+                if remove:  # under the lock: what is there now, not what was listed
+                    entries = _entries({namespace})[0].get(namespace, {})
+                used = registry.entries()
+                live = [name for _i, st, name in used if st == LIVE]
+                ns["queues"] = sorted(n for n in live if not n.startswith(_STREAM))
+                ns["streams"] = sorted(n[1:] for n in live if n.startswith(_STREAM))
+                owned = _owned(namespace, live) | {segment_name(namespace, "registry").lstrip("/"),
+                                                     lock_name(namespace)}
+                half = {}
+                for i, st, name in used:
+                    if st in (CREATING, DELETING):
+                        what = "create" if st == CREATING else "delete"
+                        kind = "stream" if name.startswith(_STREAM) else "queue"
+                        half[i] = (name, f"left by a {what} of {kind} {name.lstrip(_STREAM)!r} whose process died")
+                for entry in sorted(entries):
+                    if entry in owned:
+                        continue
+                    reason = next((why for name, why in half.values() if entry in _files_of(namespace, name)),
+                                  "no queue or stream of its namespace's registry owns it")
+                    orphan(entry, reason)
+                if remove:
+                    for o in orphans:
+                        o["removed"] = _unlink(o["entry"])
+                    for i, (name, _why) in half.items():
+                        registry.free(i)  # under the lock a half-made entry's maker is dead: what was made is gone
+        except LockTimeout:
+            ns["note"] = (f"its registry's lock stayed held for {REGISTRY_WAIT_S:g}s (a stopped process?): "
+                          "not examined")
+            orphans = []
+        finally:
+            registry.close()
+    elif state == "creating":
+        ns["note"] = "its registry is being created: look again"
+    elif state == "foreign":
+        ns["note"] = "its registry belongs to another user: not examined"
+    elif broker is not None and broker["alive"]:
+        ns["note"] = f"its registry is {state} but its broker (pid {broker['pid']}) runs: stop it first"
+    else:
+        why = {"missing": "its namespace has no registry",
+               "dead-creator": "its namespace's registry was never published (its creator died)",
+               "unsized": "its namespace's registry was never initialised (its creator died)"}[state]
+        if bad_registry is not None:
+            orphan(bad_registry, why.replace("its namespace's registry", "the registry"))
+        for entry in sorted(entries):
+            if entry not in (bad_registry, lock_name(namespace)):
+                orphan(entry, why)
+        if remove:
+            _clean_registryless(namespace, orphans, bad_registry)
+    if stale_lock is not None:
+        orphan(stale_lock, "the lock file of a broker that is gone"
+               + (f" (pid {broker['pid']})" if broker is not None else ""))
+        if remove:
+            orphans[-1]["removed"] = _unlink_stale_lock(namespace)
+    return {**ns, "orphans": orphans}
+
+
+def _broker_summary(info):
+    if info is None:
+        return None
+    return {k: info.get(k) for k in ("pid", "alive", "host", "port", "data_dir")}
+
+
+def _unlink(entry) -> bool:
+    if entry.startswith("sem."):
+        path = os.path.join(SHM_DIR, entry)
+        try:
+            os.unlink(path)
+            return True
+        except FileNotFoundError:
+            return False
+    return unlink_segment("/" + entry)
+
+
+def _clean_registryless(namespace, orphans, bad_registry):
+    """Remove the entries of a namespace with no (usable) registry, holding its registry
+    name so no one creates the namespace meanwhile."""
+    if bad_registry is not None:
+        for o in orphans:
+            if o["entry"] == bad_registry:
+                o["removed"] = _unlink_if_same(namespace, bad_registry, time.time())
+    try:
+        with creation_guard(namespace):
+            for o in orphans:
+                if "removed" not in o:
+                    o["removed"] = _unlink(o["entry"])
+    except FileExistsError:  # someone made the namespace's registry meanwhile: leave it all
+        for o in orphans:
+            o.setdefault("removed", False)
+
+
+def _unlink_if_same(namespace, entry, now) -> bool:
+    """Remove a registry whose creator died before publishing it (as ``Registry``
+    does), once more found so just before."""
+    entries = _entries({namespace})[0].get(namespace, {})
+    if _registry_state(namespace, entries, now)[1] != entry:
+        return False
+    return _unlink(entry)
+
+
+def _unlink_stale_lock(namespace) -> bool:
+    """Remove a broker lock file no one holds (we hold it while we do)."""
+    path = os.path.join(SHM_DIR, lock_name(namespace))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False  # a broker holds it now
+        raise
+    try:
+        st, now = os.fstat(fd), os.stat(path)
+        if (st.st_dev, st.st_ino) != (now.st_dev, now.st_ino):
+            return False
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ data directories
+def _dir_report(path, namespace=None, broker=None) -> dict:
+    files, size = 0, 0
+    try:
+        with os.scandir(path) as it:
+            for e in it:
+                if e.is_file(follow_symlinks=False):
+                    files += 1
+                    size += e.stat(follow_symlinks=False).st_size
+    except OSError as e:
+        return {"path": path, "namespace": namespace, "error": e.strerror or str(e), "broker": broker}
+    try:
+        fs = _fs(path)
+    except OSError:
+        fs = {"size": 0, "free": 0}
+    return {"path": path, "namespace": namespace, "files": files, "bytes": size, "disk_size": fs["size"],
+            "disk_free": fs["free"], "broker": broker}
+
+
+def data_dirs(namespaces) -> list[dict]:
+    """The default data dir of every namespace (``auth.data_root()``) and the data dirs
+    of running brokers, each with its files and its disk's space."""
+    seen, out = set(), []
+    brokers = {ns["namespace"]: ns["broker"] for ns in namespaces if ns["broker"] and ns["broker"]["alive"]}
+    for ns, b in sorted(brokers.items()):
+        if b.get("data_dir"):
+            path = os.path.abspath(b["data_dir"])
+            seen.add(path)
+            out.append(_dir_report(path, ns, b["pid"]))
+    root = data_root()
+    try:
+        subdirs = sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
+    except OSError:
+        subdirs = []
+    for name in subdirs:
+        path = os.path.join(root, name)
+        if path not in seen:  # no running broker uses it
+            out.append(_dir_report(path, name))
+    return out
+
+
+# ------------------------------------------------------------------ the whole
+def diagnose(namespaces=None, remove=False) -> dict:
+    """The report (a dict, as ``shmq doctor --json`` prints it): ``shm``, ``namespaces``
+    (each with its broker, queues, streams, orphans), ``orphans`` (all of them),
+    ``data_dirs``, ``other_users_entries``. ``namespaces``: only these (default: all of
+    this user's). With ``remove``, the orphans are removed too (each says ``removed``)."""
+    only = set(namespaces) if namespaces else None
+    entries, others = _entries(only)
+    now = time.time()
+    found = [_examine(ns, entries[ns], now, remove) for ns in sorted(entries)]
+    return {
+        "shm": shm_report(),
+        "namespaces": [{k: v for k, v in ns.items() if k != "orphans"} for ns in found],
+        "orphans": [o for ns in found for o in ns["orphans"]],
+        "data_dirs": [d for d in data_dirs(found) if only is None or d["namespace"] in only],
+        "other_users_entries": others,
+    }
+
+
+def clean(namespaces=None) -> dict:
+    """``diagnose`` that removes what is provably orphaned."""
+    return diagnose(namespaces, remove=True)
+
+
+def _mib(n) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+_REGISTRY_STATES = {"missing": "no registry", "foreign": "another user's registry",
+                    "dead-creator": "a registry its creator died before publishing",
+                    "unsized": "a registry never initialised", "creating": "its registry being created"}
+
+
+def render(report) -> list[str]:
+    """The report as lines of text."""
+    shm = report["shm"]
+    lines = [f"{shm['path']}: {_size(shm['size'])}, {_size(shm['free'])} free"]
+    lines += [f"  warning: {w}" for w in shm["warnings"]]
+    lines.append("")
+    if not report["namespaces"]:
+        lines.append("namespaces: none of yours in " + shm["path"])
+    else:
+        lines.append("namespaces (yours):")
+        for ns in report["namespaces"]:
+            b = ns["broker"]
+            if b is None:
+                broker = "no broker"
+            elif b["alive"]:
+                broker = f"broker pid {b['pid']}" + (f" on {b['host']}:{b['port']}" if b.get("port") else "")
+            else:
+                broker = f"broker pid {b['pid']} not running"
+            what = f"{len(ns['queues'])} queue(s), {len(ns['streams'])} stream(s)" if ns["registry"] == "ok" \
+                else _REGISTRY_STATES[ns["registry"]]
+            lines.append(f"  {ns['namespace']:<20} {broker}; {what}; {ns['entries']} entries, {_size(ns['bytes'])}")
+            if ns["note"]:
+                lines.append(f"  {'':<20} note: {ns['note']}")
+    if report["other_users_entries"]:
+        lines.append(f"  ({report['other_users_entries']} entries of other users not shown)")
+    lines.append("")
+    orphans = report["orphans"]
+    if not orphans:
+        lines.append("orphans: none")
+    else:
+        removed = [o for o in orphans if o.get("removed")]
+        verb = "removed" if any("removed" in o for o in orphans) else "found"
+        lines.append(f"orphans: {len(orphans)} {verb if verb == 'found' else ''}".rstrip()
+                     + (f", {len(removed)} removed" if verb == "removed" else "")
+                     + f" ({_size(sum(o['bytes'] for o in orphans))})")
+        for o in orphans:
+            mark = "" if "removed" not in o else ("  [removed]" if o["removed"] else "  [kept]")
+            lines.append(f"  {o['entry']}  {_size(o['bytes'])}: {o['reason']}{mark}")
+        if verb == "found":
+            lines.append("  `shmq doctor --clean` removes them")
+    lines.append("")
+    if not report["data_dirs"]:
+        lines.append(f"data directories: none under {data_root()}")
+    else:
+        lines.append("data directories:")
+        for d in report["data_dirs"]:
+            if "error" in d:
+                lines.append(f"  {d['path']}: {d['error']}")
+                continue
+            used_by = f"; broker pid {d['broker']}" if d.get("broker") else ""
+            lines.append(f"  {d['path']}: {d['files']} file(s), {_size(d['bytes'])}{used_by}; disk "
+                         f"{_size(d['disk_free'])} free of {_size(d['disk_size'])}")
+    return lines
+
+
+def _size(n) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

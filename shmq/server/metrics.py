@@ -1,0 +1,304 @@
+"""Prometheus metrics of ``shmq server --metrics HOST:PORT`` (docs/METRICS.md).
+
+Strategy: nothing is counted twice. The queue and stream numbers already live in shared
+memory (``Queue.stats()``, a stream's partition offsets and its groups' commits), kept
+by every process that uses them, so a custom ``prometheus_client`` collector
+(``ShmqCollector``) reads them at scrape time, in the HTTP server's thread, through a
+broker of its own: one scrape covers the traffic of every process, local or remote. The
+server adds what only it knows: its requests, counted by the loop in plain dicts (no
+lock on the request path; the scrape thread copies them, each copy one step under the
+GIL) and its open connections. ``prometheus_client`` writes the exposition format and
+serves it (``start_http_server``: a daemon thread, so the asyncio loop never serves a
+scrape). With metrics off the server holds ``NO_METRICS``, whose hook only dispatches.
+"""
+
+import logging
+import threading
+from bisect import bisect_left
+from time import perf_counter
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from ..engine.broker import Broker
+from ..engine.delivery import QueueStats
+from ..errors import QueueNotFound, ShmqError, StreamNotFound
+from ..protocol import MsgType, Status
+
+__all__ = ["Metrics", "NO_METRICS", "ShmqCollector", "parse_address", "LATENCY_BUCKETS", "DEFAULT_PORT"]
+
+log = logging.getLogger("shmq.server")
+
+DEFAULT_PORT = 9464  # the port the docs name (nothing listens by default)
+SCRAPE_LOCK_TIMEOUT_S = 1.0  # the longest a scrape waits for one queue's or stream's lock (then skips it)
+# Request latency buckets, seconds: most requests take tens of microseconds.
+LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_LE = [repr(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+_TYPE_NAMES = {t: MsgType(t).name for t in MsgType}
+_STATUS_NAMES = {s: Status(s).name for s in Status}
+
+# QueueStats fields exported as gauges and counters: (field, metric name, help, unit)
+_QUEUE_GAUGES = (
+    ("ready", "shmq_queue_ready", "Messages ready to be delivered (the visible depth).", ""),
+    ("in_flight", "shmq_queue_in_flight", "Messages delivered and not yet settled (leased).", ""),
+    ("delayed", "shmq_queue_delayed", "Messages nacked with a delay, not yet ready again.", ""),
+    ("oldest_ready_age_s", "shmq_queue_oldest_ready_age_seconds",
+     "Age of the oldest ready message (0 when none is ready).", "seconds"),
+    ("bytes_used", "shmq_queue_used_bytes", "Bytes of the queue's ring in use.", "bytes"),
+    ("max_bytes", "shmq_queue_capacity_bytes", "Size of the queue's ring (max_bytes).", "bytes"),
+    ("consumers_waiting", "shmq_queue_consumers_waiting", "Local consumers asleep in get, waiting for messages.", ""),
+    ("producers_waiting", "shmq_queue_producers_waiting", "Local producers asleep in put, waiting for room.", ""),
+)
+_QUEUE_COUNTERS = (
+    ("enqueued_total", "shmq_queue_enqueued", "Messages put since the queue was created."),
+    ("acked_total", "shmq_queue_acked", "Messages acknowledged."),
+    ("redelivered_total", "shmq_queue_redelivered", "Deliveries made ready again (nack, lapsed lease, dead holder)."),
+    ("dead_lettered_total", "shmq_queue_dead_lettered", "Messages moved to the dead-letter queue (or dropped)."),
+    ("expired_total", "shmq_queue_expired", "Messages dropped for their time to live."),
+    ("purged_total", "shmq_queue_purged", "Ready messages dropped by purge."),
+)
+_QUEUE_COUNTERS = tuple(c for c in _QUEUE_COUNTERS if c[0] in QueueStats.__dataclass_fields__)  # expired: with TTL
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT``, ``:PORT`` or ``PORT`` -> (host, port); the host
+    defaults to 127.0.0.1. ValueError, in one line, for anything else."""
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = "", value
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    if (":" in host and not bracketed) or not (port.isascii() and port.isdigit()) or int(port) > 65535 \
+            or value != value.strip():
+        raise ValueError(f"--metrics must be HOST:PORT (like 127.0.0.1:{DEFAULT_PORT}; port 0: any free), "
+                         f"not {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+class NoMetrics:
+    """Metrics off: the request hook only dispatches."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def timed(dispatch, frame):
+        return dispatch(frame)
+
+    def watch(self, server):
+        pass
+
+    def close(self):
+        pass
+
+
+NO_METRICS = NoMetrics()
+
+
+class Metrics:
+    """The server's metrics: its request counters (``timed``, on the loop) and the HTTP
+    endpoint serving them with every queue's and stream's numbers (``start``)."""
+
+    def __init__(self, namespace: str):
+        self.namespace = namespace
+        # request type (int) -> [count in each bucket (not cumulative) ..., +Inf count, sum of seconds]
+        self.latency = {}
+        self.errors = {}  # (request type, status) -> error replies given at dispatch
+        self.server = None  # the TcpServer whose connections are counted (``watch``)
+        self.collector = None
+        self._httpd = None
+        self._thread = None
+
+    def timed(self, dispatch, frame):
+        """``dispatch(frame)`` (it returns the status it answered with, None while the
+        request waits), counted and timed under the request's type."""
+        t0 = perf_counter()
+        status = dispatch(frame)
+        seconds = perf_counter() - t0
+        t = frame.type
+        h = self.latency.get(t)
+        if h is None:
+            h = self.latency[t] = [0] * len(_LE) + [0.0]
+        h[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        h[-1] += seconds
+        if status:
+            key = (t, status)
+            self.errors[key] = self.errors.get(key, 0) + 1
+        return status
+
+    def watch(self, server):
+        """Count ``server``'s (a TcpServer's) open connections too."""
+        self.server = server
+
+    def start(self, host: str, port: int) -> int:
+        """Serve /metrics on ``host:port`` (0: any free) in a thread; returns the port.
+        SystemExit, in one line, when the address cannot be bound."""
+        registry = CollectorRegistry(auto_describe=False)
+        self.collector = ShmqCollector(Broker(self.namespace), self)
+        registry.register(self.collector)
+        try:
+            self._httpd, self._thread = start_http_server(port, host, registry=registry)
+        except OSError as e:
+            self.collector.close()
+            raise SystemExit(f"shmq server: cannot serve metrics on {host}:{port}: "
+                             f"{e.strerror or e}") from None
+        return self._httpd.server_port
+
+    def close(self):
+        """Stop serving; a scrape under way finishes first."""
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._thread.join(5)
+            self._httpd = None
+        if self.collector is not None:
+            self.collector.close()
+
+    def request_families(self):
+        """The server's own metrics: requests, errors, latency, connections."""
+        requests = CounterMetricFamily("shmq_requests", "Requests dispatched, by type (counted when they arrive; "
+                                       "a waiting CONSUME, READ or POLL once).", labels=["type"])
+        errors = CounterMetricFamily("shmq_request_errors", "Error replies given at dispatch, by request type "
+                                     "and status.", labels=["type", "status"])
+        latency = HistogramMetricFamily("shmq_request_duration_seconds", "Time the server took to handle a "
+                                        "request and write its reply (a waiting request: until it is in line).",
+                                        labels=["type"], unit="seconds")
+        merged = {}
+        for t, h in list(self.latency.items()):  # one step under the GIL each: no lock against the loop
+            name = _TYPE_NAMES.get(t, "UNKNOWN")
+            h = list(h)
+            m = merged.get(name)
+            merged[name] = h if m is None else [a + b for a, b in zip(m, h)]
+        for name, h in sorted(merged.items()):
+            cumulative, total = [], 0
+            for le, n in zip(_LE, h):
+                total += n
+                cumulative.append((le, total))
+            requests.add_metric([name], total)
+            latency.add_metric([name], cumulative, h[-1])
+        merged_errors = {}
+        for (t, s), n in list(self.errors.items()):
+            key = (_TYPE_NAMES.get(t, "UNKNOWN"), _STATUS_NAMES.get(s, str(s)))
+            merged_errors[key] = merged_errors.get(key, 0) + n
+        for key, n in sorted(merged_errors.items()):
+            errors.add_metric(list(key), n)
+        connections = GaugeMetricFamily("shmq_connections", "Open client connections.")
+        connections.add_metric([], len(self.server.connections) if self.server is not None else 0)
+        return [requests, errors, latency, connections]
+
+
+class ShmqCollector(Collector):
+    """Every queue's and stream's numbers, read from shared memory at each scrape
+    through handles of its own (``broker``), plus ``metrics``' request families (when
+    given). Queues and streams deleted during a scrape are left out of it."""
+
+    def __init__(self, broker: Broker, metrics: Metrics | None = None):
+        self.broker = broker
+        self.metrics = metrics
+        self._queues = {}  # name -> Queue handle, kept from scrape to scrape
+        self._streams = {}
+        self._lock = threading.Lock()  # scrapes may come at once (a thread each)
+
+    def describe(self):
+        return []  # no scrape at registration
+
+    def close(self):
+        with self._lock:
+            for handles in (self._queues, self._streams):
+                for h in handles.values():
+                    h.close()
+                handles.clear()
+            self.broker.close()
+
+    def collect(self):
+        with self._lock:
+            families = self._queue_families() + self._stream_families()
+        if self.metrics is not None:
+            families += self.metrics.request_families()
+        return families
+
+    def _handle(self, handles, name, attach):
+        h = handles.get(name)
+        if h is None or h.deleted:
+            if h is not None:
+                h.close()
+            h = handles[name] = attach(name)
+            h.lock_timeout = SCRAPE_LOCK_TIMEOUT_S
+        return h
+
+    def _sync(self, handles, names):
+        for name in list(handles):
+            if name not in names:
+                handles.pop(name).close()
+
+    def _queue_families(self):
+        names = self.broker.list_queues()
+        self._sync(self._queues, set(names))
+        stats, dlqs = {}, {}
+        for name in names:
+            try:
+                q = self._handle(self._queues, name, self.broker.queue)
+                stats[name] = q.stats()
+                dlqs[name] = q.dead_letter_queue
+            except QueueNotFound:  # deleted since the list: left out
+                h = self._queues.pop(name, None)
+                if h is not None:
+                    h.close()
+            except ShmqError as e:  # a lock held too long by a stopped process, ...
+                log.warning("metrics: queue %s left out of this scrape: %s", name, e)
+        gauges = [(field, GaugeMetricFamily(metric, doc, labels=["queue"], unit=unit))
+                  for field, metric, doc, unit in _QUEUE_GAUGES]
+        counters = [(field, CounterMetricFamily(metric, doc, labels=["queue"]))
+                    for field, metric, doc in _QUEUE_COUNTERS]
+        dl_depth = GaugeMetricFamily("shmq_queue_dead_letter_depth", "Ready messages in the queue's dead-letter "
+                                     "queue (0 when it has none).", labels=["queue"])
+        for name, s in stats.items():
+            for field, family in gauges + counters:
+                family.add_metric([name], getattr(s, field))
+            dlq = stats.get(dlqs[name])
+            dl_depth.add_metric([name], dlq.ready if dlq is not None else 0)
+        return [f for _field, f in gauges + counters] + [dl_depth]
+
+    def _stream_families(self):
+        names = self.broker.list_streams()
+        self._sync(self._streams, set(names))
+        kw = {"labels": ["stream", "partition"]}
+        earliest = GaugeMetricFamily("shmq_stream_partition_earliest_offset", "Earliest readable offset.", **kw)
+        end = GaugeMetricFamily("shmq_stream_partition_end_offset", "The offset the next append gets.", **kw)
+        used = GaugeMetricFamily("shmq_stream_partition_used_bytes", "Bytes of the partition's ring in use.",
+                                 unit="bytes", **kw)
+        capacity = GaugeMetricFamily("shmq_stream_partition_capacity_bytes", "Size of the partition's ring.",
+                                     unit="bytes", **kw)
+        appended = CounterMetricFamily("shmq_stream_partition_appended", "Records appended.", **kw)
+        dropped = CounterMetricFamily("shmq_stream_partition_dropped", "Records dropped from the ring (when full, "
+                                      "or by delete_records).", **kw)
+        kw = {"labels": ["stream", "group"]}
+        lag = GaugeMetricFamily("shmq_stream_group_lag", "Records between the group's committed offsets and the "
+                                "ends, over all partitions.", **kw)
+        members = GaugeMetricFamily("shmq_stream_group_members", "Live members of the group.", **kw)
+        part_lag = GaugeMetricFamily("shmq_stream_group_partition_lag", "Records between the group's committed "
+                                     "offset and the end, per partition.", labels=["stream", "group", "partition"])
+        for name in names:
+            try:
+                st = self._handle(self._streams, name, self.broker.stream).stats()
+            except StreamNotFound:
+                self._streams.pop(name, None)
+                continue
+            except ShmqError as e:
+                log.warning("metrics: stream %s left out of this scrape: %s", name, e)
+                continue
+            for p in st["partitions"]:
+                labels = [name, str(p["partition"])]
+                earliest.add_metric(labels, p["earliest"])
+                end.add_metric(labels, p["end"])
+                used.add_metric(labels, p["bytes"])
+                capacity.add_metric(labels, p["max_bytes"])
+                appended.add_metric(labels, p["appended_total"])
+                dropped.add_metric(labels, p["dropped_total"])
+            for group, g in sorted(st["groups"].items()):
+                lag.add_metric([name, group], sum(g["lag"].values()))
+                members.add_metric([name, group], g["members"])
+                for p, n in sorted(g["lag"].items()):
+                    part_lag.add_metric([name, group, str(p)], n)
+        return [earliest, end, used, capacity, appended, dropped, lag, part_lag, members]

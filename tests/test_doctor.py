@@ -1,0 +1,165 @@
+"""``shmq doctor``: /dev/shm's size, namespaces and their brokers, orphans, data dirs;
+``--clean`` removes exactly the orphans. Other brokers may run on this host: every test
+looks at (and cleans) only namespaces it made, with ``--namespace``."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+import shmq
+from shmq import doctor
+from shmq.auth import default_data_dir
+from shmq.engine.segment import SHM_DIR, destroy_namespace, namespace_entries, unlink_segment
+from shmq.server.lock import lock_name
+from tests.test_cli import shmq_cli
+from tests.test_server_tcp import ServerProcess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def make_namespace():
+    """Fresh namespaces, destroyed at the end whatever happened."""
+    made = []
+
+    def make():
+        ns = "t" + uuid.uuid4().hex[:12]
+        made.append(ns)
+        return ns
+
+    yield make
+    for ns in made:
+        destroy_namespace(ns)
+
+
+@pytest.fixture
+def servers():
+    started = []
+
+    def start(namespace, *args):
+        srv = ServerProcess(namespace, *args)
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait(10)
+
+
+def _in_a_child_that_dies(script):
+    """Run ``script`` (with ``os``, ``signal`` and ``shmq`` imported) in a process that
+    SIGKILLs itself where the script says ``die()``."""
+    code = "import os, signal, shmq\ndef die():\n    os.kill(os.getpid(), signal.SIGKILL)\n" + textwrap.dedent(script)
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": ROOT}, timeout=60,
+                       capture_output=True, text=True)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+
+
+def _doctor(*args):
+    r = shmq_cli("doctor", *args)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_doctor_reports_brokers_and_orphans_and_clean_removes_exactly_the_orphans(make_namespace, servers):
+    live, gone, half, unborn, killed = (make_namespace() for _ in range(5))
+    # a namespace with a broker (and its default data dir) and a queue
+    srv = servers(live)
+    with shmq.connect(srv.url) as remote:
+        remote.create_queue("orders").put(b"order #42")
+    data_dir, deadline = default_data_dir(live), time.monotonic() + 30
+    while not any(e.endswith(".dmsq") for e in os.listdir(data_dir)):  # the broker's first snapshot of it
+        assert time.monotonic() < deadline, "no snapshot of queue orders"
+        time.sleep(0.01)
+    # a namespace whose registry is gone: its queue's segment and semaphores are orphans
+    with shmq.connect(namespace=gone) as b:
+        b.create_queue("lost", max_bytes=4096).close()
+        b.create_stream("lost-stream", partitions=2, max_bytes=4096).close()
+    unlink_segment(f"/shmq.{gone}.registry")
+    orphans_of_gone = set(namespace_entries(gone))
+    # a create whose process died half-way (segment and one semaphore made), beside a live queue
+    with shmq.connect(namespace=half) as b:
+        b.create_queue("ok", max_bytes=4096).close()
+    _in_a_child_that_dies(f"""
+        import shmq.engine.broker as B
+        real = B.create_semaphore
+        def dying(name):
+            if name.endswith(".nf"):
+                die()
+            return real(name)
+        B.create_semaphore = dying
+        shmq.connect(namespace={half!r}).create_queue("half", max_bytes=4096)
+    """)
+    orphans_of_half = {f"shmq.{half}.q.half", f"sem.shmq.{half}.q.half.ne"}
+    assert orphans_of_half <= set(namespace_entries(half))
+    # a registry whose creator died before publishing it
+    _in_a_child_that_dies(f"""
+        from shmq.engine.registry import creation_guard
+        with creation_guard({unborn!r}):
+            die()
+    """)
+    # a broker that was SIGKILLed: its lock file stays
+    dead = servers(killed, "--no-persist")
+    dead.proc.send_signal(signal.SIGKILL)
+    dead.proc.wait(10)
+    expected = orphans_of_gone | orphans_of_half | {f"shmq.{unborn}.registry", lock_name(killed)}
+    ns_args = [a for ns in (live, gone, half, unborn, killed) for a in ("--namespace", ns)]
+
+    report = json.loads(_doctor(*ns_args, "--json"))
+    fs = os.statvfs(SHM_DIR)
+    assert (report["shm"]["path"], report["shm"]["size"]) == (SHM_DIR, fs.f_blocks * fs.f_frsize)
+    assert 0 < report["shm"]["free"] <= report["shm"]["size"]
+    by_ns = {ns["namespace"]: ns for ns in report["namespaces"]}
+    assert set(by_ns) == {live, gone, half, unborn, killed}
+    assert by_ns[live]["broker"]["pid"] == srv.proc.pid and by_ns[live]["broker"]["alive"] is True
+    assert by_ns[live]["broker"]["port"] == srv.port and by_ns[live]["queues"] == ["orders"]
+    assert by_ns[killed]["broker"]["pid"] == dead.proc.pid and by_ns[killed]["broker"]["alive"] is False
+    assert by_ns[gone]["registry"] == "missing" and by_ns[unborn]["registry"] == "dead-creator"
+    assert by_ns[half]["queues"] == ["ok"]
+    found = {o["entry"]: o for o in report["orphans"]}
+    assert set(found) == expected
+    assert all("removed" not in o for o in found.values())  # a report changes nothing
+    assert "whose process died" in found[f"shmq.{half}.q.half"]["reason"]
+    assert "no registry" in found[f"shmq.{gone}.q.lost"]["reason"]
+    data = {d["namespace"]: d for d in report["data_dirs"]}
+    assert data[live]["path"] == default_data_dir(live) and data[live]["broker"] == srv.proc.pid
+    assert data[live]["files"] == 1 and data[live]["disk_free"] > 0
+
+    text = _doctor(*ns_args)
+    assert text.startswith(f"{SHM_DIR}: ") and f"broker pid {srv.proc.pid} on 127.0.0.1:{srv.port}" in text
+    assert f"broker pid {dead.proc.pid} not running" in text and "`shmq doctor --clean` removes them" in text
+    everything = json.loads(_doctor("--json"))  # the whole host, read only: ours are in it
+    assert {live, gone} <= {ns["namespace"] for ns in everything["namespaces"]}
+
+    before = {ns: set(namespace_entries(ns)) for ns in (live, gone, half, unborn, killed)}
+    cleaned = json.loads(_doctor(*ns_args, "--clean", "--json"))
+    assert {o["entry"] for o in cleaned["orphans"] if o["removed"]} == expected
+    after = {ns: set(namespace_entries(ns)) for ns in (live, gone, half, unborn, killed)}
+    assert set().union(*before.values()) - set().union(*after.values()) == expected  # exactly those
+    assert after[gone] == after[unborn] == set() and after[killed] == {f"shmq.{killed}.registry"}
+    assert srv.alive()
+    with shmq.connect(srv.url) as remote:
+        assert remote.queue("orders").get(timeout=5).body == b"order #42"
+    with shmq.connect(namespace=half) as b:
+        assert b.list_queues() == ["ok"]
+        b.create_queue("half", max_bytes=4096).close()  # the half-made entry is free again
+    assert json.loads(_doctor(*ns_args, "--json"))["orphans"] == []
+    assert srv.stop() == 0
+
+
+def test_a_small_dev_shm_is_named_with_the_docker_fix(monkeypatch):
+    monkeypatch.setattr(doctor, "_fs", lambda path: {"size": 64 * 10**6, "free": 4 * 10**6})
+    shm = doctor.shm_report()
+    assert any("Docker's default is 64 MB" in w and "--shm-size" in w for w in shm["warnings"])
+    assert any("full" in w for w in shm["warnings"])
+    assert any("warning: " in line for line in doctor.render({"shm": shm, "namespaces": [], "orphans": [],
+                                                              "data_dirs": [], "other_users_entries": 0}))

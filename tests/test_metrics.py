@@ -1,0 +1,230 @@
+"""``shmq server --metrics``: a real server process, scraped over HTTP, the text parsed
+with ``prometheus_client``'s own parser; every value equals what the engine says
+(``Queue.stats()``, a stream's offsets and lag), the traffic of local processes
+included, and the server's request counts equal the requests made."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import shmq
+from shmq.server.metrics import LATENCY_BUCKETS, Metrics, ShmqCollector, parse_address
+from tests.test_server_tcp import ServerProcess
+
+
+def _scrape(port) -> dict:
+    """{(sample name, frozenset of labels): value} of one scrape of /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    return _samples(text)
+
+
+def _samples(text) -> dict:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _get(samples, name, **labels):
+    return samples[(name, frozenset(labels.items()))]
+
+
+def _until(scrape, ready, timeout=5.0):
+    """Scrape until ``ready(samples)`` (the server counts a request just after its reply
+    is written, so a client may be a moment ahead); fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = scrape()
+        if ready(samples) or time.monotonic() > deadline:
+            return samples
+
+
+@pytest.fixture
+def metered(broker):
+    srv = ServerProcess(broker.namespace, "--metrics", "127.0.0.1:0")
+    try:
+        (line,) = [entry for entry in srv.log if "metrics on http://" in entry]
+        srv.metrics_port = int(line.rsplit(":", 1)[1].split("/")[0])
+        yield srv
+    finally:
+        assert srv.stop() == 0
+
+
+def test_queue_metrics_equal_stats(broker, metered):
+    with shmq.connect(metered.url) as rb:
+        rb.create_queue("dead")
+        rq = rb.create_queue("orders", dead_letter_queue="dead")
+        for i in range(5):
+            rq.put(b"order %d" % i)
+        local = broker.queue("orders")
+        local.put(b"from a local process")  # straight into shared memory: the server never sees it
+        local.put(b"and another")
+        acked, nacked, rejected, delayed, held = (rq.get(timeout=5) for _ in range(5))
+        acked.ack()
+        nacked.nack()
+        rejected.reject()  # to "dead"
+        delayed.nack(delay=60)
+        samples = _scrape(metered.metrics_port)  # `held` is still leased by this connection
+        stats = {name: broker.queue(name).stats() for name in ("orders", "dead")}
+        assert _get(samples, "shmq_connections") == 1
+
+    s = stats["orders"]
+    assert (s.ready, s.in_flight, s.delayed, s.dead_lettered_total) == (3, 1, 1, 1)  # the traffic is what we think
+    for name, st in stats.items():
+        q = {"queue": name}
+        assert _get(samples, "shmq_queue_ready", **q) == st.ready
+        assert _get(samples, "shmq_queue_in_flight", **q) == st.in_flight
+        assert _get(samples, "shmq_queue_delayed", **q) == st.delayed
+        assert _get(samples, "shmq_queue_used_bytes", **q) == st.bytes_used
+        assert _get(samples, "shmq_queue_capacity_bytes", **q) == st.max_bytes
+        assert _get(samples, "shmq_queue_consumers_waiting", **q) == st.consumers_waiting
+        assert _get(samples, "shmq_queue_producers_waiting", **q) == st.producers_waiting
+        for counter in ("enqueued", "acked", "redelivered", "dead_lettered", "purged"):
+            assert _get(samples, f"shmq_queue_{counter}_total", **q) == getattr(st, f"{counter}_total"), counter
+        age = _get(samples, "shmq_queue_oldest_ready_age_seconds", **q)
+        assert 0 < age <= st.oldest_ready_age_s  # scraped a moment before stats()
+    assert _get(samples, "shmq_queue_dead_letter_depth", queue="orders") == stats["dead"].ready == 1
+    assert _get(samples, "shmq_queue_dead_letter_depth", queue="dead") == 0  # it has none
+
+
+def test_stream_metrics_equal_offsets_and_lag(broker, metered):
+    with shmq.connect(metered.url) as rb:
+        rs = rb.create_stream("events", partitions=2)
+        for i in range(3):
+            rs.append(b"a%d" % i, partition=0)
+        for i in range(2):
+            rs.append(b"b%d" % i, partition=1)
+        broker.stream("events").append(b"local", partition=1)  # a local producer
+        with rs.consumer("billing") as c:
+            assert len(c.poll(timeout=5)) >= 1
+            c.commit({0: 1, 1: 2})
+            samples = _scrape(metered.metrics_port)
+            assert _get(samples, "shmq_stream_group_members", stream="events", group="billing") == 1
+    s = broker.stream("events")
+    lag = s.lag("billing")
+    assert lag == {0: 2, 1: 1}
+    for p in range(2):
+        part = {"stream": "events", "partition": str(p)}
+        earliest, end = s.offsets(p)
+        assert _get(samples, "shmq_stream_partition_earliest_offset", **part) == earliest == 0
+        assert _get(samples, "shmq_stream_partition_end_offset", **part) == end == (3, 3)[p]
+        assert _get(samples, "shmq_stream_partition_used_bytes", **part) == s.stats()["partitions"][p]["bytes"] > 0
+        assert _get(samples, "shmq_stream_partition_appended_total", **part) == end
+        assert _get(samples, "shmq_stream_group_partition_lag", stream="events", group="billing",
+                    partition=str(p)) == lag[p]
+    assert _get(samples, "shmq_stream_group_lag", stream="events", group="billing") == sum(lag.values()) == 3
+
+
+def test_request_counts_errors_and_latency(broker, metered):
+    port = metered.metrics_port
+    with shmq.connect(metered.url) as rb:
+        before = _scrape(port)
+        for _ in range(7):
+            rb.ping()
+        with pytest.raises(shmq.QueueNotFound):
+            rb.delete_queue("nope")
+
+        def count(samples, name, **labels):
+            return samples.get((name, frozenset(labels.items())), 0)
+
+        after = _until(lambda: _scrape(port),
+                       lambda s: count(s, "shmq_request_errors_total", type="DELETE", status="NO_SUCH_QUEUE") >= 1)
+    for sample, labels, delta in (("shmq_requests_total", {"type": "PING"}, 7),
+                                  ("shmq_requests_total", {"type": "DELETE"}, 1),
+                                  ("shmq_request_errors_total", {"type": "DELETE", "status": "NO_SUCH_QUEUE"}, 1),
+                                  ("shmq_request_errors_total", {"type": "PING", "status": "NO_SUCH_QUEUE"}, 0)):
+        assert count(after, sample, **labels) - count(before, sample, **labels) == delta, (sample, labels)
+    assert count(after, "shmq_requests_total", type="HELLO") >= 1
+    assert not any(name == "shmq_request_errors_total" and dict(labels)["type"] == "PING" for name, labels in after)
+    # the latency histogram: one observation per request, cumulative buckets
+    pings = _get(after, "shmq_requests_total", type="PING")
+    assert _get(after, "shmq_request_duration_seconds_count", type="PING") == pings > 0
+    buckets = [_get(after, "shmq_request_duration_seconds_bucket", type="PING", le=le)
+               for le in [str(b) for b in LATENCY_BUCKETS] + ["+Inf"]]
+    assert buckets == sorted(buckets) and buckets[-1] == pings
+    assert 0 < _get(after, "shmq_request_duration_seconds_sum", type="PING") < pings  # each well under a second
+
+
+def test_scrape_survives_deleted_queues_and_streams(broker):
+    """What was deleted between the list and its stats is left out of the scrape."""
+    broker.create_queue("stays")
+    broker.create_queue("goes")
+    broker.create_stream("s1", partitions=1)
+    collector = ShmqCollector(shmq.connect(namespace=broker.namespace))
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        first = _samples(generate_latest(registry).decode())
+        assert ("shmq_queue_ready", frozenset({"queue": "goes"}.items())) in first
+        broker.delete_queue("goes")  # its handle is cached: the next scrape finds it deleted
+        real = collector.broker.list_queues, collector.broker.list_streams
+        collector.broker.list_queues = lambda: real[0]() + ["never-was"]  # listed, gone before its stats
+        collector.broker.list_streams = lambda: real[1]() + ["never-was"]
+        second = _samples(generate_latest(registry).decode())
+    finally:
+        collector.close()
+    assert {dict(labels).get("queue") for name, labels in second if name == "shmq_queue_ready"} == {"stays"}
+    assert {dict(labels).get("stream") for name, labels in second if name.startswith("shmq_stream")} == {"s1"}
+
+
+def _server_cli(namespace, *args):
+    return subprocess.run([sys.executable, "-m", "shmq.cli", "server", "--namespace", namespace, "--port", "0",
+                           *args], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def test_bad_metrics_address_is_one_line(namespace):
+    r = _server_cli(namespace, "--metrics", "nope")
+    assert r.returncode == 1
+    assert r.stderr == "shmq: error: --metrics must be HOST:PORT (like 127.0.0.1:9464; port 0: any free), not 'nope'\n"
+
+
+def test_metrics_port_in_use_is_one_line(namespace):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = _server_cli(namespace, "--metrics", f"127.0.0.1:{port}")
+    assert r.returncode == 1
+    assert r.stderr == f"shmq server: cannot serve metrics on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_parse_address():
+    assert parse_address("9464") == ("127.0.0.1", 9464)  # 127.0.0.1 unless told otherwise
+    assert parse_address(":0") == ("127.0.0.1", 0)
+    assert parse_address("0.0.0.0:9464") == ("0.0.0.0", 9464)
+    assert parse_address("[::1]:9464") == ("::1", 9464)
+    for bad in ("nope", "127.0.0.1:", "127.0.0.1:99999", "::1:9464", "host:port", " 9464", ""):
+        with pytest.raises(ValueError, match=r"^--metrics must be HOST:PORT .* not "):
+            parse_address(bad)
+
+
+def test_docs_list_every_metric_and_the_dashboard_uses_only_those(broker):
+    collector = ShmqCollector(shmq.connect(namespace=broker.namespace), Metrics(broker.namespace))
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        exposed = set(re.findall(r"^# TYPE (shmq_\w+) ", generate_latest(registry).decode(), re.M))
+    finally:
+        collector.close()
+    docs = os.path.join(os.path.dirname(__file__), "..", "docs")
+    with open(os.path.join(docs, "METRICS.md")) as f:
+        documented = set(re.findall(r"^\| `(shmq_\w+)` \|", f.read(), re.M))
+    assert exposed == documented
+    with open(os.path.join(docs, "grafana-dashboard.json")) as f:
+        dashboard = json.load(f)
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    used = {re.sub(r"_(bucket|sum|count)$", "", m) for e in exprs for m in re.findall(r"shmq_\w+", e)}
+    assert used and used <= documented
+    health = " ".join(t["expr"] for p in dashboard["panels"] if p["type"] == "stat" for t in p["targets"])
+    for metric in ("shmq_queue_ready", "shmq_queue_oldest_ready_age_seconds", "shmq_queue_dead_letter_depth"):
+        assert metric in health  # the three health numbers, at the top
