@@ -19,6 +19,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -113,12 +114,15 @@ def main(argv=None):
         for p in producers:
             p.kill()
         spark.stop()
-        if not args.url:
+        if args.url:  # what the example made on the server
             for name in broker.list_streams():
-                broker.delete_stream(name)
-            for name in broker.list_queues():
-                broker.delete_queue(name)
+                if name.startswith(("orders:", "order-totals")):
+                    broker.delete_stream(name)
+            broker.delete_queue("orders")
         broker.close()
+        if not args.url:  # the example's own namespace: nothing of it stays in /dev/shm
+            shmq.destroy_namespace(namespace)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
