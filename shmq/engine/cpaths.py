@@ -1,4 +1,4 @@
-"""The C hot paths (``_fast.c``: plain put, get and ack) when they were built and are
+"""The C hot paths (``_fast.c``: plain put, get and ack; a stream partition's bulk read) when they were built and are
 wanted (``SHMQ_PURE_PYTHON=1`` turns them off); else None each, and the Python paths run.
 """
 
@@ -9,13 +9,14 @@ try:
 except ImportError:  # pragma: no cover - depends on the build
     _fast = None
 
-__all__ = ["FAST", "put", "take", "ack", "OWNERDEAD", "FALLBACK", "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled",
+__all__ = ["FAST", "put", "take", "ack", "read_columns", "OWNERDEAD", "FALLBACK", "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled",
            "enabled"]
 
 FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
 put = _fast.put if FAST else None
 take = _fast.take if FAST else None
 ack = _fast.ack if FAST else None
+read_columns = _fast.read_columns if FAST else None  # a stream partition's records as Arrow buffers
 OWNERDEAD = _fast.OWNERDEAD if FAST else None  # the lock was taken from a dead holder: repair, then unlock
 FALLBACK = _fast.FALLBACK if FAST else None  # not a plain case: nothing done, take the Python path
 EXPIRED = _fast.EXPIRED if FAST else None

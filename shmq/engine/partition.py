@@ -30,6 +30,7 @@ from .. import dmsq
 from ..errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
 from . import layout as L
 from . import ring
+from . import cpaths
 from .mutex import RobustMutex, acquire
 from .mutex import unlock as _unlock
 from .segment import open_segment
@@ -532,6 +533,32 @@ class Partition:
             self._release()
 
     # ------------------------------------------------------------------ read
+    def read_columns(self, offset: int, max_records: int):
+        """``read``'s records from memory as Arrow buffers (``_fast.read_columns``: n, then
+        offsets and data of values, keys (with a validity bitmap) and encoded headers, then
+        offsets and timestamps in us), or None: no C build, or ``offset`` is on disk only
+        (``read`` reads there). The same errors as ``read``."""
+        if cpaths.read_columns is None:
+            return None
+        mq = self._mq
+        self._acquire()
+        try:
+            earliest, end, low = mq[L.PI_EARLIEST], mq[L.PI_NEXT], self._low()
+            if offset < low or offset > end:
+                raise OffsetOutOfRange(
+                    f"stream {self.name!r} partition {self.index}: offset {offset} is outside "
+                    f"[{low}, {end}]", low, end)
+            if offset < earliest:
+                return None
+            if offset == end:
+                return cpaths.read_columns(self._mm, self._base, self._cap, 0, 0, 0)
+            found = self._find(offset)
+            if found is None or found[1] != offset:
+                raise self._lost(offset, end if found is None else found[1], end)
+            return cpaths.read_columns(self._mm, self._base, self._cap, found[0], mq[L.PI_TAIL], max_records)
+        finally:
+            self._release()
+
     def read(self, offset: int, max_records: int, max_bytes: int | None = None) -> list:
         """Up to ``max_records`` records from ``offset`` on, as (offset, timestamp, key,
         encoded headers, value); [] at the end. Below what memory holds, a "wal"

@@ -287,6 +287,12 @@ class Stream:
         themselves (the Spark source builds Arrow columns from them). Local handles only."""
         return self._part(p).read(offset, max_records)
 
+    def read_columns(self, p: int, offset: int, max_records: int = 1000):
+        """``read`` without waiting, as Arrow buffers built in C (``Partition.read_columns``),
+        or None where that path is not there (no C build; records only on disk): then
+        ``read_raw``. Local handles only."""
+        return self._part(p).read_columns(offset, max_records)
+
     def raw_records(self, p: int, first: int, end: int) -> list:
         """Records [first, end) of partition ``p`` as (key, encoded headers, value), the
         form an append takes; OffsetOutOfRange if any of them is not retained."""

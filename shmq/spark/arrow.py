@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from ..engine.headers import decode_headers
 
-__all__ = ["source_schema", "records_to_batch", "rows_to_batch", "header_map", "SOURCE_FIELDS"]
+__all__ = ["source_schema", "records_to_batch", "rows_to_batch", "columns_to_batch", "header_map", "SOURCE_FIELDS"]
 
 SOURCE_FIELDS = "key binary, value binary, stream string, partition int, offset long, timestamp timestamp"
 _UTC_US = pa.timestamp("us", tz="UTC")
@@ -65,5 +65,26 @@ def rows_to_batch(stream: str, partition: int, rows, include_headers: bool) -> p
     names = ["key", "value", "stream", "partition", "offset", "timestamp"]
     if include_headers:
         arrays.append(pa.array([header_map(decode_headers(h)) if h else [] for h in hraws], _HEADERS))
+        names.append("headers")
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def columns_to_batch(stream: str, partition: int, columns, include_headers: bool) -> pa.RecordBatch:
+    """One Arrow batch from ``Stream.read_columns``'s buffers, wrapped, not copied: the
+    local source's path when the C build is there."""
+    n, voffs, vals, koffs, keys, kvalid, hoffs, hdrs, offsets, stamps = columns
+    buf = pa.py_buffer
+    arrays = [
+        pa.Array.from_buffers(pa.binary(), n, [buf(kvalid), buf(koffs), buf(keys)]),
+        pa.Array.from_buffers(pa.binary(), n, [None, buf(voffs), buf(vals)]),
+        pa.repeat(pa.scalar(stream, pa.string()), n),
+        pa.repeat(pa.scalar(partition, pa.int32()), n),
+        pa.Array.from_buffers(pa.int64(), n, [None, buf(offsets)]),
+        pa.Array.from_buffers(_UTC_US, n, [None, buf(stamps)]),
+    ]
+    names = ["key", "value", "stream", "partition", "offset", "timestamp"]
+    if include_headers:
+        raw = pa.Array.from_buffers(pa.binary(), n, [None, buf(hoffs), buf(hdrs)]).to_pylist()
+        arrays.append(pa.array([header_map(decode_headers(h)) if h else [] for h in raw], _HEADERS))
         names.append("headers")
     return pa.RecordBatch.from_arrays(arrays, names=names)

@@ -256,3 +256,28 @@ def test_publish_skips_what_is_in_reads_nothing_for_it_and_delete_records_trims(
     assert st.delete_records({1: 0}) == 0 and st.delete_records({1: 99}) == 1 and st.offsets(1) == (1, 1)
     st.append(b"again", partition=1)
     assert [r.offset for r in st.read(1, 1)] == [1]
+
+
+# ---------------------------------------------------------------------------- bulk reads in C
+
+@pytest.mark.skipif(not shmq.engine.cpaths.FAST, reason="the C paths are not built (or SHMQ_PURE_PYTHON=1)")
+def test_read_columns_gives_what_read_raw_gives_across_laps_of_the_ring(broker):
+    pytest.importorskip("pyarrow")
+    from shmq.spark.arrow import columns_to_batch, rows_to_batch
+
+    s = broker.create_stream("events", partitions=1, max_bytes=8192)
+    rnd = __import__("random").Random(7)
+    for i in range(400):  # laps of a small ring: records wrap, pads at lap ends, the head moves
+        n = rnd.randint(1, 5)
+        s.append_many([bytes([i % 256]) * rnd.randint(0, 300) for _ in range(n)],
+                      keys=[None if rnd.random() < 0.3 else b"k%d" % rnd.randint(0, 9) for _ in range(n)],
+                      headers=[None if rnd.random() < 0.5 else {"i": i, "b": b"\xff"} for _ in range(n)], partition=0)
+        earliest, end = s.offsets(0)
+        for offset in {earliest, (earliest + end) // 2, end - 1}:
+            want = rows_to_batch("events", 0, s.read_raw(0, offset, 7), True)
+            got = columns_to_batch("events", 0, s.read_columns(0, offset, 7), True)
+            got.validate(full=True)
+            assert got.equals(want), (i, offset)
+    assert s.read_columns(0, s.offsets(0)[1], 5)[0] == 0  # at the end: nothing
+    with pytest.raises(shmq.OffsetOutOfRange):
+        s.read_columns(0, s.offsets(0)[0] - 1, 5)
