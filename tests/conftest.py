@@ -112,6 +112,26 @@ class ThreadedServer:
 
 
 @pytest.fixture
+def servers():
+    """``start(namespace, *args)``: a ``shmq server`` process (tests.test_server_tcp.ServerProcess);
+    any still running at the end (a failed assertion midway) is killed."""
+    from tests.test_server_tcp import ServerProcess
+
+    started = []
+
+    def start(namespace, *args):
+        srv = ServerProcess(namespace, *args)
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait(10)
+
+
+@pytest.fixture
 def tcp_server(broker):
     srv = ThreadedServer(broker.namespace)
     yield srv

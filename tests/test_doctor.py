@@ -19,7 +19,7 @@ from shmq.auth import default_data_dir
 from shmq.engine.segment import SHM_DIR, destroy_namespace, namespace_entries, unlink_segment
 from shmq.server.lock import lock_name
 from tests.test_cli import shmq_cli
-from tests.test_server_tcp import ServerProcess
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,22 +37,6 @@ def make_namespace():
     yield make
     for ns in made:
         destroy_namespace(ns)
-
-
-@pytest.fixture
-def servers():
-    started = []
-
-    def start(namespace, *args):
-        srv = ServerProcess(namespace, *args)
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        if srv.proc.poll() is None:
-            srv.proc.kill()
-            srv.proc.wait(10)
 
 
 def _in_a_child_that_dies(script):

@@ -8,7 +8,6 @@ import stat
 import subprocess
 import sys
 
-import pytest
 
 import shmq
 from shmq.auth import data_root, default_data_dir
@@ -16,26 +15,9 @@ from shmq.engine.segment import namespace_entries
 from shmq.protocol import MsgType, Status, encode_request
 from shmq.server.lock import lock_name, lock_path
 from tests.test_cli import shmq_cli
-from tests.test_server_tcp import ServerProcess, _closed, _read_frames, _sock
+from tests.test_server_tcp import _closed, _read_frames, _sock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def servers():
-    """Starts ``shmq server`` processes; any still running at the end is killed."""
-    started = []
-
-    def start(namespace, *args):
-        srv = ServerProcess(namespace, *args)
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        if srv.proc.poll() is None:
-            srv.proc.kill()
-            srv.proc.wait(10)
 
 
 def _events(lines):

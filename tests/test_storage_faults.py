@@ -20,7 +20,6 @@ import pytest
 import shmq
 from shmq import dmsq
 from shmq.persistence import Snapshotter, recover
-from tests.test_server_tcp import ServerProcess
 
 
 def _mount_tmpfs(path, size):
@@ -41,21 +40,9 @@ def small_fs(tmp_path):
 
 
 @pytest.fixture
-def start_server(broker):
-    """Starts ``shmq server`` processes for the test; any still running at the end (a
-    failed assertion midway) is killed."""
-    started = []
-
-    def start(*args):
-        srv = ServerProcess(broker.namespace, *args)
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        if srv.proc.poll() is None:
-            srv.proc.kill()
-            srv.proc.wait(10)
+def start_server(broker, servers):
+    """``start(*args)``: a ``shmq server`` on the test's namespace (conftest's ``servers``)."""
+    return lambda *args: servers(broker.namespace, *args)
 
 
 def _fill_disk(path):

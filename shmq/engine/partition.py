@@ -533,6 +533,15 @@ class Partition:
             self._release()
 
     # ------------------------------------------------------------------ read
+    def _in_range(self, offset):
+        """(earliest in memory, end) when ``offset`` can be read (in memory or on disk),
+        else OffsetOutOfRange. Lock held."""
+        earliest, end, low = self._mq[L.PI_EARLIEST], self._mq[L.PI_NEXT], self._low()
+        if offset < low or offset > end:
+            raise OffsetOutOfRange(f"stream {self.name!r} partition {self.index}: offset {offset} is outside "
+                                   f"[{low}, {end}]", low, end)
+        return earliest, end
+
     def read_columns(self, offset: int, max_records: int):
         """``read``'s records from memory as Arrow buffers (``_fast.read_columns``: n, then
         offsets and data of values, keys (with a validity bitmap) and encoded headers, then
@@ -543,11 +552,7 @@ class Partition:
         mq = self._mq
         self._acquire()
         try:
-            earliest, end, low = mq[L.PI_EARLIEST], mq[L.PI_NEXT], self._low()
-            if offset < low or offset > end:
-                raise OffsetOutOfRange(
-                    f"stream {self.name!r} partition {self.index}: offset {offset} is outside "
-                    f"[{low}, {end}]", low, end)
+            earliest, end = self._in_range(offset)
             if offset < earliest:
                 return None
             if offset == end:
@@ -570,11 +575,7 @@ class Partition:
         out = []
         self._acquire()
         try:
-            earliest, end, low = mq[L.PI_EARLIEST], mq[L.PI_NEXT], self._low()
-            if offset < low or offset > end:
-                raise OffsetOutOfRange(
-                    f"stream {self.name!r} partition {self.index}: offset {offset} is outside "
-                    f"[{low}, {end}]", low, end)
+            earliest, end = self._in_range(offset)
             if offset == end:
                 return out
             if offset < earliest:  # on disk only: read there, without the lock
