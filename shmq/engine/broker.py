@@ -40,9 +40,11 @@ _STREAM = "@"  # a stream's registry entry is "@NAME": no queue name starts with
 class Broker:
     """Local access to a namespace's queues (``shmq.connect()``)."""
 
-    def __init__(self, namespace: str = "shmq"):
+    def __init__(self, namespace: str = "shmq", create: bool = True):
+        """``create=False``: attach to a namespace that exists (FileNotFoundError if it
+        has no registry), never make one."""
         self.namespace = check_namespace(namespace)
-        self._registry = Registry(namespace)
+        self._registry = Registry(namespace, create=create)
         self._queues = weakref.WeakSet()
 
     def __repr__(self):

@@ -10,6 +10,7 @@ connection, lazily, from it (local attach by namespace, or TCP by url and token)
 import json
 
 import shmq
+from shmq.engine.broker import Broker, default_namespace
 from shmq.errors import ShmqError
 
 __all__ = ["Options", "SpecError"]
@@ -99,7 +100,12 @@ class Options:
 
     def connect(self):
         """A new broker connection: over TCP with ``url`` (and ``token``), else attached
-        locally to ``namespace`` (default: $SHMQ_NAMESPACE, else "shmq")."""
+        locally to ``namespace`` (default: $SHMQ_NAMESPACE, else "shmq"), which must exist."""
         if self.url is not None:
             return shmq.connect(self.url, token=self.token)
-        return shmq.connect(namespace=self.namespace)
+        namespace = self.namespace or default_namespace()
+        try:  # never made here: a task of a stopped query must not bring a deleted namespace back
+            return Broker(namespace, create=False)
+        except FileNotFoundError:
+            raise SpecError(f"there is no shmq namespace {namespace!r} on this host (nothing made a queue or stream "
+                            "in it): check .option('namespace', ...)") from None

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
+from shmq.engine.segment import namespace_entries
 from shmq.spark.options import Options, SpecError
 from shmq.spark.staging import staged_by_writer
 from shmq.spark.writer import StreamWriter
@@ -112,3 +113,13 @@ def test_a_replayed_commit_appends_nothing_and_finishes_a_partial_publish(broker
                                                                                     b"3"]
     with pytest.raises(SpecError, match="use mode\\('append'\\)"):
         StreamWriter(Options({"stream": "out", "namespace": broker.namespace}), schema, True)
+
+
+def test_a_namespace_that_does_not_exist_is_named_not_made(spark, broker):
+    ns = broker.namespace + "x"
+    df = spark.createDataFrame([("v",)], "value string")
+    with pytest.raises(Exception, match=f"there is no shmq namespace '{ns}' on this host"):
+        df.write.format("shmq").option("stream", "out").option("namespace", ns).mode("append").save()
+    with pytest.raises(Exception, match=f"there is no shmq namespace '{ns}' on this host"):
+        spark.read.format("shmq").option("stream", "events").option("namespace", ns).load().collect()
+    assert namespace_entries(ns) == []
