@@ -125,11 +125,13 @@ def _read_frames(s, n=1, timeout=10):
     return frames
 
 
-def _closed_after(s, timeout):
-    """Seconds until the server closes ``s`` (EOF or reset), or None if it is still open
-    after ``timeout``; whatever else arrives meanwhile is read and dropped."""
-    t = time.monotonic()
-    deadline = t + timeout
+def _closed_after(s, timeout, since=None):
+    """Seconds from ``since`` (default: now) until the server closes ``s`` (EOF or reset),
+    or None if it is still open after ``timeout``; whatever else arrives meanwhile is read
+    and dropped. A lower bound on a server timeout needs ``since`` taken before the server
+    could have started its clock, i.e. before connecting."""
+    t = time.monotonic() if since is None else since
+    deadline = time.monotonic() + timeout
     while (left := deadline - time.monotonic()) > 0:
         s.settimeout(left)
         try:
@@ -336,11 +338,12 @@ def test_slowloris_connections_are_closed_at_the_frame_deadline(start_server):
 def test_idle_connections_are_closed_but_a_waiting_consume_is_not_idle(start_server, broker):
     broker.create_queue("q")
     srv = start_server("--idle-timeout", "0.5")
+    connecting = time.monotonic()
     idle = _sock(srv.port)
     waiting = _sock(srv.port)
     t = time.monotonic()
     waiting.sendall(encode_request(MsgType.CONSUME, 2, {"queue": "q", "wait_ms": 1500}))
-    took = _closed_after(idle, 5)
+    took = _closed_after(idle, 5, since=connecting)
     assert took is not None and 0.5 <= took < 2.0
     (f,) = _read_frames(waiting, timeout=5)  # answered at its deadline, not closed before
     assert (f.msg_id, f.status, f.payload["messages"]) == (2, Status.OK, [])
@@ -355,8 +358,9 @@ def test_idle_connections_are_closed_but_a_waiting_consume_is_not_idle(start_ser
 
 def test_a_connection_that_never_says_hello_is_closed_at_the_frame_timeout(start_server):
     srv = start_server("--frame-timeout", "0.5")  # the idle timeout stays at 300 s
+    connecting = time.monotonic()
     s = _sock(srv.port, hello=False)
-    took = _closed_after(s, 5)
+    took = _closed_after(s, 5, since=connecting)
     assert took is not None and 0.5 <= took < 2.0
     s = _sock(srv.port)  # after HELLO, the idle timeout applies
     assert _closed_after(s, 1.5) is None
