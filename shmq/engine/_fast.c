@@ -195,7 +195,8 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
 }
 
 /* take(seg, base, cap, slot, vis_ns, max_deliveries or 0, now)
- *   -> (pos, msg_id, attempt, body, hraw or None), or R_*
+ *   -> (pos, msg_id, attempt, body, hraw or None, enq_ns), or R_*; a record with flags (a priority
+ *   level or an extension block) is left to the general take
  * (``now`` is the caller's monotonic clock in ns, so the Python and C paths share one clock) */
 static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[7];
@@ -218,12 +219,12 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     char *a = seg + base + off;
     uint64_t status = U64(a), attempt = (status >> 32) + 1;
-    if ((status & 0xFF) != ST_READY || (maxdel && attempt > maxdel)) {
-        unlock(seg);
+    if ((status & 0xFF) != ST_READY || (maxdel && attempt > maxdel) || U32(a + REC_FLAGS)) {
+        unlock(seg); /* a priority level or an extension block: the general take */
         return PyLong_FromLong(R_FALLBACK);
     }
     uint64_t length = U32(a + REC_LENGTH), bl = U32(a + REC_BODY_LEN), hl = U32(a + REC_HDR_LEN),
-             msg_id = U64(a + REC_MSG_ID);
+             msg_id = U64(a + REC_MSG_ID), enq = U64(a + REC_ENQ_NS);
     /* copy out first: on a MemoryError nothing has changed */
     PyObject *body = PyBytes_FromStringAndSize(a + REC_SIZE + hl, (Py_ssize_t)bl);
     PyObject *hraw = body && hl ? PyBytes_FromStringAndSize(a + REC_SIZE, (Py_ssize_t)hl) : NULL;
@@ -245,8 +246,8 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
         hraw = Py_None;
         Py_INCREF(hraw);
     }
-    PyObject *t = Py_BuildValue("(KKKNN)", (unsigned long long)pos, (unsigned long long)msg_id,
-                                (unsigned long long)attempt, body, hraw);
+    PyObject *t = Py_BuildValue("(KKKNNK)", (unsigned long long)pos, (unsigned long long)msg_id,
+                                (unsigned long long)attempt, body, hraw, (unsigned long long)enq);
     return t;
 }
 

@@ -75,9 +75,13 @@ class Broker:
             self._registry = None
 
     # ---------------------------------------------------------------- queues
-    def queue(self, name: str) -> Queue:
-        """Attach to an existing queue; raises QueueNotFound."""
+    def queue(self, name: str, prefetch: int | None = None) -> Queue:
+        """Attach to an existing queue; raises QueueNotFound. ``prefetch``: at most this
+        many un-settled deliveries on this handle (RabbitMQ's basic.qos): a get beyond it
+        waits, as on an empty queue, until one is settled or its lease lapses."""
         q = Queue(self.namespace, check_queue_name(name))
+        if prefetch is not None:
+            q.set_prefetch(_positive_int(prefetch, "prefetch"))
         self._queues.add(q)
         return q
 
@@ -91,6 +95,13 @@ class Broker:
         dead_letter_queue: str | None = None,
         exist_ok: bool = False,
         durability: str = "snapshot",
+        priorities: int = 1,
+        message_ttl: float | None = None,
+        dedup_window: float = 300.0,
+        retry_delay: float = 0.0,
+        retry_backoff: float = 1.0,
+        retry_delay_max: float | None = None,
+        priority_aging: float | None = 60.0,
     ) -> Queue:
         """Create a queue and attach to it. Raises QueueExists unless ``exist_ok``
         (then the existing queue is returned as it is).
@@ -100,6 +111,14 @@ class Broker:
         ``shmq server`` that has a ``--data-dir``, every ``--snapshot-interval``) or
         "wal" (also every put and ack appended to a write-ahead log before it returns;
         the log is opened by that server).
+
+        Work-queue options (docs/DESIGN.md, "Work-queue options"): ``priorities`` levels
+        0..N-1, higher first (a message waiting ``priority_aging`` seconds is served as one
+        level higher, so no level starves; None: strict); ``message_ttl`` seconds a message
+        may wait before it expires; ``dedup_window`` seconds a put's ``dedup_id`` is
+        remembered; ``retry_delay``, ``retry_backoff``, ``retry_delay_max``: a nack
+        without a delay, or a lapsed lease, makes the message ready again after
+        ``retry_delay * retry_backoff ** (attempt - 1)`` seconds, at most ``retry_delay_max``.
         """
         check_queue_name(name)
         max_bytes = _positive_int(max_bytes, "max_bytes")
@@ -122,6 +141,8 @@ class Broker:
             max_deliveries = _positive_int(max_deliveries, "max_deliveries")
         if durability not in _DURABILITY_MODES:
             raise ValueError(f"durability must be one of {', '.join(_DURABILITY_MODES)}, not {durability!r}")
+        opts = _options(priorities, message_ttl, dedup_window, retry_delay, retry_backoff, retry_delay_max,
+                        priority_aging)
         if dead_letter_queue is not None:
             check_queue_name(dead_letter_queue)
             if dead_letter_queue == name:
@@ -140,7 +161,7 @@ class Broker:
             self._unlink_queue_files(name)  # leftovers of a crash, if any
             try:
                 self._build(name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
-                            dead_letter_queue, durability)
+                            dead_letter_queue, durability, opts)
             except BaseException:
                 self._unlink_queue_files(name)
                 reg.free(index)
@@ -148,7 +169,7 @@ class Broker:
             reg.set_state(index, LIVE, name)
         return self.queue(name)
 
-    def _build(self, name, capacity, max_message_bytes, visibility_timeout, max_deliveries, dlq, durability):
+    def _build(self, name, capacity, max_message_bytes, visibility_timeout, max_deliveries, dlq, durability, opts):
         slots = DEFAULT_PROCESS_SLOTS
         base = segment_name(self.namespace, "q", name)
         seg = create_segment(base, L.segment_size(capacity, slots))
@@ -163,6 +184,8 @@ class Broker:
                 L.data_offset(slots), len(raw_name), raw_name, len(raw_dlq), raw_dlq,
             )
             L.WORD.pack_into(mm, L.TIMENS_OFF, monotonic_offset())
+            L.OPTS.pack_into(mm, L.OPTS_OFF, *opts)
+            L.WORD.pack_into(mm, L.I_NEXT_TTL << 3, -1)  # NEVER
             hot = dict.fromkeys(L.HOT_FIELDS, 0)
             hot.update(next_id=1, next_deadline=L.NEVER)
             L.HOT.pack_into(mm, L.HOT_OFF, *hot.values())
@@ -344,6 +367,72 @@ class Broker:
             self._clean_stale(reg)
             return sorted(name[1:] for _i, state, name in reg.entries() if state == LIVE and name[0] == _STREAM)
 
+    # ---------------------------------------------------------------- exchanges (engine/exchange.py)
+    def _exchange_table(self):
+        x = self.__dict__.get("_exchanges")
+        if x is None:
+            from .exchange import Exchanges
+
+            x = self._exchanges = Exchanges(self.namespace, self._registry)
+        return x
+
+    def create_exchange(self, name: str, type: str = "fanout", exist_ok: bool = False) -> None:
+        """Create an exchange: "fanout" copies each message to every target bound to it,
+        "topic" to those whose pattern matches the routing key. ExchangeExists unless
+        ``exist_ok`` (and then only if the type differs)."""
+        self._exchange_table().create(name, type, exist_ok)
+
+    def delete_exchange(self, name: str) -> None:
+        """Delete an exchange and its bindings (the targets stay); ExchangeNotFound."""
+        self._exchange_table().delete(name)
+
+    def list_exchanges(self) -> list[str]:
+        """Names of the namespace's exchanges, sorted."""
+        return self._exchange_table().names()
+
+    def exchange_info(self, name: str) -> dict:
+        """{"name", "type", "bindings": [{"target", "kind": "queue" | "stream", "pattern"}]}."""
+        return self._exchange_table().info(name)
+
+    def bind(self, exchange: str, target: str, pattern: str = "#") -> None:
+        """Bind a queue or a stream (by name) to an exchange. Topic ``pattern``: words
+        split on ".", ``*`` one word, ``#`` zero or more (a fanout exchange ignores it).
+        QueueNotFound if no queue or stream has that name; ValueError if both do."""
+        check_queue_name(target)
+        reg = self._registry
+        with reg:
+            self._clean_stale(reg)
+            is_queue = reg.find(target)[1] == LIVE
+            is_stream = reg.find(_STREAM + target)[1] == LIVE
+        if is_queue and is_stream:
+            raise ValueError(f"both a queue and a stream are named {target!r}: an exchange cannot tell which to bind")
+        if not (is_queue or is_stream):
+            raise QueueNotFound(f"no queue or stream {target!r} in namespace {self.namespace!r} to bind: create it first")
+        self._exchange_table().bind(exchange, "q" if is_queue else "s", target, pattern)
+
+    def unbind(self, exchange: str, target: str, pattern: str | None = None) -> int:
+        """Drop the bindings of ``target`` to ``exchange`` (only the one of ``pattern``,
+        if given); returns how many went."""
+        return self._exchange_table().unbind(exchange, target, pattern)
+
+    def publish(self, exchange: str, body, routing_key: str = "", headers=None, dedup_id=None,
+                timeout=None) -> int:
+        """Copy a message into every queue and stream the exchange routes ``routing_key``
+        to; returns how many got it. A full queue is waited for up to ``timeout`` seconds
+        (None: for ever), then QueueFull. Not atomic across targets: a publisher that
+        crashes or gets an error retries with the same ``dedup_id`` (see docs/DESIGN.md,
+        Exchanges)."""
+        return len(self._exchange_table().publish(exchange, body, routing_key, headers, dedup_id, timeout))
+
+    # ---------------------------------------------------------------- request/reply (engine/rpc.py)
+    def request(self, queue: str, body, headers=None, timeout: float | None = None) -> bytes:
+        """Put a request into ``queue`` and wait for a worker's ``Delivery.reply``; returns
+        the reply's body. RequestTimeout after ``timeout`` seconds (None: wait for ever);
+        the reply queue is removed whatever happens."""
+        from . import rpc
+
+        return rpc.request(self, queue, body, headers, timeout)
+
 
 def _positive_int(value, what):
     if isinstance(value, bool) or not isinstance(value, int):
@@ -355,3 +444,27 @@ def _positive_int(value, what):
 
 def default_namespace() -> str:
     return os.environ.get("SHMQ_NAMESPACE") or "shmq"
+
+
+def _seconds(value, what, allow_zero=True):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise TypeError(f"{what} must be a number of seconds, not {value!r}")
+    if value < 0 or (not allow_zero and value == 0) or value > 10**9:
+        raise ValueError(f"{what} must be {'>= 0' if allow_zero else '> 0'} seconds (at most 1e9), not {value!r}")
+    return int(value * 1e9)
+
+
+def _options(priorities, message_ttl, dedup_window, retry_delay, retry_backoff, retry_delay_max, aging):
+    """The options block's values (``layout.OPTS``), checked."""
+    if isinstance(priorities, bool) or not isinstance(priorities, int) or not 1 <= priorities <= L.MAX_PRIORITIES:
+        raise ValueError(f"priorities must be an int in 1..{L.MAX_PRIORITIES}, not {priorities!r}")
+    ttl = 0 if message_ttl is None else _seconds(message_ttl, "message_ttl", allow_zero=False)
+    window = _seconds(dedup_window, "dedup_window")
+    retry = _seconds(retry_delay, "retry_delay")
+    if isinstance(retry_backoff, bool) or not isinstance(retry_backoff, (int, float)) or not 1 <= retry_backoff <= 1000:
+        raise ValueError(f"retry_backoff must be a number in 1..1000, not {retry_backoff!r}")
+    retry_max = 0 if retry_delay_max is None else _seconds(retry_delay_max, "retry_delay_max", allow_zero=False)
+    aging_ms = 0 if aging is None else _seconds(aging, "priority_aging", allow_zero=False) // 1_000_000
+    if aging_ms >= 2**32:
+        raise ValueError(f"priority_aging must be at most {(2**32 - 1) / 1000:.0f} seconds, not {aging!r}")
+    return priorities, max(aging_ms, 1) if aging is not None else 0, ttl, window, retry, float(retry_backoff), retry_max

@@ -4,16 +4,18 @@ leases of dead processes, takes requeued messages first, and waits (spin, then s
 slices) when nothing is ready. Part of ``Queue`` (``queue.py``).
 """
 
+import threading
 import time
 
 from ..errors import LockTimeout, QueueEmpty
-from . import cpaths, deadletter, housekeeping, ring, waits
+from . import cpaths, deadletter, extension, housekeeping, ring, scheduling, waits
 from . import layout as L
 from .layout import (
     I_DELETED, I_FRONTIER, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS, I_REDELIVERED_TOTAL,
-    I_REQUEUED, I_TAIL,
+    I_REQUEUED, I_SPECIAL, I_TAIL,
 )
-from .delivery import Delivery
+from .delivery import Delivery, Message
+from .headers import decode_headers
 from .mutex import FOREVER
 from .mutex import trylock as _trylock
 from .mutex import unlock as _unlock
@@ -21,6 +23,7 @@ from .mutex import unlock as _unlock
 __all__ = ["Consuming"]
 
 _mono = time.monotonic_ns
+_wall = time.time_ns
 _REC = L.REC_SIZE
 _REC_UNPACK = L.REC.unpack_from
 _HOT_UNPACK = L.HOT.unpack_from
@@ -36,11 +39,18 @@ _F_OWNERDEAD, _F_FALLBACK = cpaths.OWNERDEAD, cpaths.FALLBACK
 class Consuming:
     """The get operations of ``Queue``."""
 
+    _held = None  # with a prefetch cap: the deliveries this handle holds un-settled
+    _prefetch = None
+    _pending = 0  # deliveries being taken by gets under the cap
+
     def get(self, timeout=None, visibility_timeout=None) -> Delivery:
-        """Lease the oldest ready message; blocks until one is ready.
+        """Lease the next ready message (the oldest, in a plain queue); blocks until one
+        is ready.
 
         Raises QueueEmpty after ``timeout`` seconds (None: wait forever).
         """
+        if self._held is not None:
+            return self._get_capped(1, timeout, visibility_timeout)[0]
         d = self._take_one(visibility_timeout, timeout)
         if d is None:
             d = self._get(1, timeout, visibility_timeout)[0]
@@ -48,17 +58,95 @@ class Consuming:
 
     def get_nowait(self, visibility_timeout=None) -> Delivery:
         """``get`` that raises QueueEmpty at once instead of waiting."""
+        if self._held is not None:
+            return self._get_capped(1, 0, visibility_timeout)[0]
         d = self._take_one(visibility_timeout, 0)
         if d is None:
             d = self._get(1, 0, visibility_timeout)[0]
         return d
+
+    def peek(self, max_messages=10) -> list[Message]:
+        """Up to ``max_messages`` ready messages, next to be delivered first, without
+        leasing them: no attempt is counted and nothing is hidden from consumers."""
+        if type(max_messages) is not int or max_messages < 1:
+            raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
+        if self._lockp is None:
+            raise self._closed()
+        self._acquire()
+        try:
+            if self._mq[I_DELETED]:
+                raise self._gone()
+            rows = scheduling.peek(self, max_messages, _wall())
+        finally:
+            self._release()
+        out = []
+        for msg_id, attempt, body, hraw, enq in rows:
+            ext, hraw = extension.split(hraw)
+            out.append(Message(msg_id, body, decode_headers(hraw) if hraw else {}, attempt, ext.priority, enq / 1e9,
+                               ext.group, self.name))
+        return out
+
+    # ------------------------------------------------------------------ prefetch
+    def set_prefetch(self, n: int | None) -> None:
+        """Cap the deliveries this handle holds un-settled at ``n`` (None: no cap)."""
+        if n is None:
+            self._held = None
+            return
+        self._prefetch = n
+        if self._held is None:
+            self._held = set()
+            self._held_cv = threading.Condition()
+
+    def _drop_held(self, deliveries):
+        """Settled (or being settled): no longer counted against the prefetch cap."""
+        held = self._held
+        if held is not None:
+            with self._held_cv:
+                for d in deliveries:
+                    held.discard(d)
+                self._held_cv.notify_all()
+
+    def _get_capped(self, maxn, timeout, visibility_timeout, max_bytes=None):
+        """A get under the prefetch cap: waits while the cap is reached."""
+        deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
+        cv, held = self._held_cv, self._held
+        with cv:
+            while True:
+                if len(held) >= self._prefetch:  # some may have lapsed: look again
+                    self._acquire()
+                    try:
+                        for d in [d for d in held if self._leased_word(d) < 0]:
+                            held.discard(d)
+                    finally:
+                        self._release()
+                room = self._prefetch - len(held) - self._pending
+                if room > 0:
+                    room = min(maxn, room)
+                    self._pending += room  # reserved while this get runs, for other threads
+                    break
+                left = None if deadline is None else (deadline - _mono()) / 1e9
+                if left is not None and left <= 0:
+                    raise QueueEmpty(f"queue {self.name!r}: this handle holds its prefetch of {self._prefetch} "
+                                     "un-settled deliveries")
+                # woken by a settle; a lapsing lease is seen by the next look
+                cv.wait(0.1 if left is None else min(left, 0.1))
+        left = None if deadline is None else max(0.0, (deadline - _mono()) / 1e9)
+        got = ()
+        try:
+            got = self._get(room, left, visibility_timeout, max_bytes)
+        finally:
+            with cv:
+                self._pending -= room
+                held.update(got)
+                cv.notify_all()
+        return got
 
     def _take_one(self, visibility_timeout, timeout):
         """Fast path of ``get``: the next never-delivered record at the frontier, when no
         housekeeping is due and nothing was requeued. None sends the caller to ``_get``."""
         lp = self._lockp
         slot = self._slot
-        if lp is None or slot < 0 or visibility_timeout is not None:
+        if lp is None or slot < 0 or visibility_timeout is not None or self._general or self._mq[I_SPECIAL]:
             return None
         if _fast_take is not None:
             r = _fast_take(self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0, _mono())
@@ -82,9 +170,10 @@ class Consuming:
             if (pos < tail and not requeued and not deleted and cap - off >= _REC
                     and now < next_deadline and now < next_liveness):
                 a = self._base + off
-                status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
+                status, length, bl, hl, flags, msg_id, enq, _d = _REC_UNPACK(mm, a)
                 attempt = (status >> 32) + 1
-                if status & 0xFF == _READY and (self.max_deliveries is None or attempt <= self.max_deliveries):
+                if (status & 0xFF == _READY and not flags
+                        and (self.max_deliveries is None or attempt <= self.max_deliveries)):
                     until = now + self._vis_ns
                     w = a >> 3
                     mq[w + _R_DEADLINE] = until
@@ -103,7 +192,7 @@ class Consuming:
             _unlock(lp)
         if body is None:
             return None
-        return Delivery(self, pos, msg_id, attempt, body, hraw)
+        return Delivery(self, pos, msg_id, attempt, body, hraw, enq)
 
     def get_many(self, max_messages=64, timeout=None, visibility_timeout=None, max_bytes=None) -> list[Delivery]:
         """Lease up to ``max_messages``; returns as soon as at least one is ready.
@@ -113,6 +202,8 @@ class Consuming:
         """
         if type(max_messages) is not int or max_messages < 1:
             raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
+        if self._held is not None:
+            return self._get_capped(max_messages, timeout, visibility_timeout, max_bytes)
         return self._get(max_messages, timeout, visibility_timeout, max_bytes)
 
     def _get(self, maxn, timeout, visibility_timeout, max_bytes=None):
@@ -160,6 +251,11 @@ class Consuming:
                 mq[I_NEXT_LIVENESS] = now + housekeeping.LIVENESS_PERIOD_NS
                 reap = True
             ready = mq[I_READY]
+            if self._general or mq[I_SPECIAL]:
+                ready = 0  # not the plain FIFO below
+                out, expired = scheduling.take(self, maxn, self._my_slot(), now + vis_ns, now, _wall(), max_bytes)
+                if expired:
+                    dead = expired
             if ready:
                 lease = _LEASED | (self._my_slot() << 8)
                 until = now + vis_ns
@@ -212,7 +308,7 @@ class Consuming:
                         if maxdel is not None and attempt > maxdel:
                             ndead += 1  # leased to us only to be dead-lettered below
                     a += _REC
-                    append((pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None))
+                    append((pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None, _e))
                 mq[I_FRONTIER] = frontier
                 if not requeued:
                     mq[I_READY_POS] = frontier
@@ -228,6 +324,8 @@ class Consuming:
         finally:
             self._release()
         # Deliveries are built outside the lock: the leased bytes are ours until settled.
+        expired = [Delivery(self, *t) for t in dead] if dead else None
+        dead = None
         if out:
             maxdel = self.max_deliveries
             if maxdel is None:
@@ -239,6 +337,8 @@ class Consuming:
             housekeeping.reap_dead(self)
         if dead:
             deadletter.dead_letter(self, dead, "max-deliveries")
+        if expired:
+            deadletter.dead_letter(self, expired, "expired")
         return out
 
     def ready_hint(self) -> bool:

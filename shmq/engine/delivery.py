@@ -2,9 +2,10 @@
 
 from dataclasses import dataclass
 
+from . import extension
 from .headers import decode_headers
 
-__all__ = ["Delivery", "QueueStats"]
+__all__ = ["Delivery", "Message", "QueueStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,27 @@ class QueueStats:
     producers_waiting: int
     delayed: int = 0
     purged_total: int = 0
+    expired_total: int = 0
+    ready_by_priority: tuple = ()  # ready messages per priority level, level 0 first
+    groups_in_flight: int = 0  # message groups with a message leased or delayed
+    dead_letter_depth: int | None = None  # ready messages in the dead-letter queue (None: no DLQ)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message looked at without leasing it (``Queue.peek``)."""
+
+    id: int
+    body: bytes
+    headers: dict
+    attempt: int
+    priority: int
+    enqueued_at: float
+    group: str | None
+    queue: str
+
+
+_EXT_MAGIC = extension.L.EXT_MAGIC
 
 
 class Delivery:
@@ -34,19 +56,36 @@ class Delivery:
     Each raises :class:`DeliveryExpired` if the lease is no longer this delivery's.
     """
 
-    __slots__ = ("id", "body", "attempt", "_q", "_pos", "_hraw")
+    __slots__ = ("id", "body", "attempt", "_q", "_pos", "_hraw", "_enq", "_ext")
 
-    def __init__(self, q, pos, msg_id, attempt, body, hraw):
+    def __init__(self, q, pos, msg_id, attempt, body, hraw, enq_ns=0):
         self._q = q
         self._pos = pos
         self.id = msg_id
         self.attempt = attempt
         self.body = body
+        self._enq = enq_ns
+        self._ext = None
+        if hraw is not None and hraw[0] == _EXT_MAGIC:  # an extension block before the headers
+            self._ext, hraw = extension.split(hraw)
         self._hraw = hraw  # encoded headers, None when empty, the decoded dict once read
 
     @property
     def queue(self) -> str:
         return self._q.name
+
+    @property
+    def priority(self) -> int:
+        return 0 if self._ext is None else self._ext.priority
+
+    @property
+    def group(self) -> str | None:
+        return None if self._ext is None else self._ext.group
+
+    @property
+    def enqueued_at(self) -> float:
+        """When it was put (seconds since the epoch)."""
+        return self._enq / 1e9
 
     @property
     def headers(self) -> dict:
@@ -60,7 +99,10 @@ class Delivery:
     def ack(self) -> None:
         self._q._ack_one(self)
 
-    def nack(self, requeue: bool = True, delay: float = 0.0) -> None:
+    def nack(self, requeue: bool = True, delay: float | None = None) -> None:
+        """Make it ready again after ``delay`` seconds (None: the queue's retry policy,
+        ``retry_delay`` and ``retry_backoff``; immediately by default), or reject it
+        (``requeue=False``)."""
         if requeue:
             self._q.nack_many([self], delay)
         else:
@@ -71,6 +113,12 @@ class Delivery:
 
     def extend(self, seconds: float) -> None:
         self._q._extend(self, seconds)
+
+    def reply(self, body, headers=None) -> None:
+        """Answer a request (``Broker.request``) this delivery carries."""
+        from .rpc import reply
+
+        reply(self, body, headers)
 
     def __repr__(self):
         return f"<Delivery {self.queue}#{self.id} attempt={self.attempt} {len(self.body)}B>"

@@ -11,9 +11,11 @@ Each function takes the queue handle (``q``) and says whether it needs the lock 
 """
 
 import os
+import time
 
 from . import layout as L
-from . import ring, waits
+from . import deadletter, dedup, ring, scheduling, waits
+from .delivery import Delivery
 from .process import is_alive
 
 __all__ = ["LIVENESS_PERIOD_NS", "expire", "reap_dead", "housekeep", "repair"]
@@ -23,6 +25,7 @@ LIVENESS_PERIOD_NS = 500_000_000  # how often someone checks that lease holders 
 _REC = L.REC_SIZE
 _READY, _LEASED, _PAD, _DELAYED = L.READY, L.LEASED, L.PAD, L.DELAYED
 _R_DEADLINE = L.R_DEADLINE
+_R_FLAGS = 2  # the word whose high half is a record's flags
 
 
 def expire(q, now) -> int:
@@ -30,13 +33,25 @@ def expire(q, now) -> int:
     mq = q._mq
     next_deadline = L.NEVER
     woke = 0
-    for pos, w in ring.records(mq, q._cap, q._base, mq[L.I_HEAD], mq[L.I_FRONTIER]):
+    # records past the frontier may be delayed puts while special records exist
+    end = mq[L.I_TAIL] if mq[L.I_SPECIAL] else mq[L.I_FRONTIER]
+    for pos, w in ring.records(mq, q._cap, q._base, mq[L.I_HEAD], end):
         state = mq[w] & 0xFF
         if state == _LEASED or state == _DELAYED:
             due = mq[w + _R_DEADLINE]
             if due <= now:
+                if state == _LEASED and q._retry_ns:  # a lapsed lease waits as the retry policy says
+                    backoff = q.retry_delay_ns(mq[w] >> 32)
+                    mq[w + _R_DEADLINE] = now + backoff
+                    mq[w] = L.status_word(_DELAYED, L.NO_HOLDER, mq[w] >> 32)  # commit
+                    mq[L.I_INFLIGHT] -= 1
+                    mq[L.I_DELAYED] += 1
+                    next_deadline = min(next_deadline, now + backoff)
+                    continue
                 mq[L.I_INFLIGHT if state == _LEASED else L.I_DELAYED] -= 1
                 ring.make_ready(mq, w, pos)
+                if mq[w + _R_FLAGS] >> 32:
+                    mq[L.I_NEXT_TTL] = 0  # it may have expired while it waited: the next sweep looks
                 woke += 1
             elif due < next_deadline:
                 next_deadline = due
@@ -51,7 +66,8 @@ def _release_holder(q, slot) -> int:
     """Every lease held by process ``slot`` becomes ready again. Lock held."""
     mq = q._mq
     n = 0
-    for pos, w in ring.records(mq, q._cap, q._base, mq[L.I_HEAD], mq[L.I_FRONTIER]):
+    end = mq[L.I_TAIL] if mq[L.I_SPECIAL] else mq[L.I_FRONTIER]
+    for pos, w in ring.records(mq, q._cap, q._base, mq[L.I_HEAD], end):
         s = mq[w]
         if s & 0xFF == _LEASED and (s >> 8) & 0xFFFF == slot:
             mq[L.I_INFLIGHT] -= 1
@@ -95,15 +111,38 @@ def housekeep(q, now) -> int:
     delayed messages, return the leases of dead processes. Returns how many messages
     became ready again."""
     mq = q._mq
+    dead = None
     q._acquire()
     try:
         if mq[L.I_DELETED]:
             raise q._gone()
         woke = expire(q, now)
         mq[L.I_NEXT_LIVENESS] = now + LIVENESS_PERIOD_NS
+        wall = time.time_ns()
+        if ttl_due(q, wall):
+            dead = scheduling.sweep(q, now, wall)
     finally:
         q._release()
+    if dead:
+        deadletter.dead_letter(q, [Delivery(q, *t) for t in dead], "expired")
     return woke + reap_dead(q)
+
+
+def ttl_due(q, wall) -> bool:
+    """Whether a ready message may have expired (a TTL sweep is due). Lock held."""
+    mq = q._mq
+    if not mq[L.I_READY]:
+        return False
+    if mq[L.I_NEXT_TTL] <= wall:
+        return True
+    if not q._ttl_ns:
+        return False
+    # the queue's TTL: the oldest ready message expires first (C puts do not lower next_ttl)
+    start = mq[L.I_READY_POS] if mq[L.I_REQUEUED] else mq[L.I_FRONTIER]
+    for _pos, w in ring.records(mq, q._cap, q._base, start, mq[L.I_TAIL]):
+        if mq[w] & 0xFF == _READY:
+            return mq[w + L.R_ENQ] + q._ttl_ns <= wall
+    return False
 
 
 def repair(q) -> None:
@@ -111,7 +150,7 @@ def repair(q) -> None:
     lock's previous holder died inside an update. Lock held."""
     mq, mm, cap = q._mq, q._mm, q._cap
     head, tail = mq[L.I_HEAD], mq[L.I_TAIL]
-    ready = inflight = delayed = requeued = ready_run = 0
+    ready = inflight = delayed = requeued = ready_run = special = 0
     first_ready = None
     frontier = head
     next_deadline = L.NEVER
@@ -125,6 +164,8 @@ def repair(q) -> None:
         if state == _PAD:
             continue
         max_id = max(max_id, msg_id)
+        if _f and state != L.ACKED:
+            special += 1
         if state == _READY:
             ready += 1
             ready_run += 1
@@ -161,6 +202,9 @@ def repair(q) -> None:
     mq[L.I_PWAIT] = pwait
     mq[L.I_PPOSTED] = 0
     mq[L.I_REPAIRS] += 1
+    mq[L.I_SPECIAL] = 1 if special else 0
+    mq[L.I_NEXT_TTL] = 0  # the next take or housekeeping looks for expired messages
+    dedup.forget_uncommitted(mm, q._dedup_off, mq[L.I_NEXT_ID])
     ring.advance_head(mq, cap, q._base)
     if q._logged:
         q.wal.repair()

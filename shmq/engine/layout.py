@@ -24,11 +24,14 @@ __all__ = [
     "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE", "WALCFG", "WALCFG_OFF", "WAL_WORDS_OFF", "TIMENS_OFF", "WORD",
     "REC_FIELDS", "REC_OFFSETS", "field_offsets", "R_STATUS", "R_LENGTH", "R_MSG_ID", "R_ENQ", "R_DEADLINE", "P_CWAIT", "P_PWAIT",
     "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "c_header", "write_c_header",
+    "OPTS", "OPTS_FIELDS", "OPTS_OFF", "XWORDS_OFF", "XWORD_FIELDS", "I_SPECIAL", "I_NEXT_TTL", "I_EXPIRED_TOTAL",
+    "DEDUP", "DEDUP_SLOTS", "DEDUP_PROBES", "dedup_offset", "EXT", "EXT_MAGIC", "EXT_VERSION", "FLAG_EXT",
+    "MAX_PRIORITIES", "MAX_GROUP_BYTES",
     "align", "record_size", "status_word", "split_status", "skip_gap", "place", "segment_size", "data_offset",
 ]
 
 MAGIC = b"SHMQ"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the options block, the extra words, the dedup table, record extensions
 ALIGN = 8
 
 # --- message states (low byte of the status word) ---------------------------------
@@ -101,6 +104,23 @@ PROCS_OFF = 1024
 # process slot: pid, start_ms, consumers waiting, producers waiting
 PROC = struct.Struct("<QQQQ")
 PROC_SIZE = PROC.size
+# the work-queue options (``create_queue``; fixed at creation): priority levels, priority aging (ms;
+# 0: strict), message_ttl (0: none), dedup_window, retry_delay, retry_backoff (a float),
+# retry_delay_max (0: none); times in ns unless said
+OPTS = struct.Struct("<IIQQQdQ")
+OPTS_FIELDS = ("levels", "priority_aging_ms", "message_ttl_ns", "dedup_window_ns", "retry_delay_ns", "retry_backoff",
+               "retry_delay_max_ns")
+OPTS_OFF = 800
+# extra control words: special (records that need the general take may exist: extensions or a
+# delayed put), next_ttl (wall ns: no ready message expires before it), expired_total
+XWORDS_OFF = OPTS_OFF + OPTS.size
+XWORD_FIELDS = ("special", "next_ttl", "expired_total")
+# the dedup table (``put(dedup_id=...)``), after the process table: DEDUP_SLOTS entries of
+# (hash of the id, message id, wall ns it is remembered until), open addressing, probed
+# at most DEDUP_PROBES slots; hash 0 is a free slot
+DEDUP = struct.Struct("<QQQ")
+DEDUP_SLOTS = 4096
+DEDUP_PROBES = 64
 
 # --- control words, as indices into the segment viewed as 64-bit words -------------------
 (
@@ -111,6 +131,7 @@ I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = ra
     COUNTERS_OFF >> 3, (COUNTERS_OFF >> 3) + len(COUNTER_FIELDS))
 I_WAL_SIZE, I_WAL_SYNCED = WAL_WORDS_OFF >> 3, (WAL_WORDS_OFF >> 3) + 1
 I_WAL_GEN, I_WAL_MODE = WALCFG_OFF >> 3, (WALCFG_OFF >> 3) + 1  # WALCFG's generation; fsync mode (low half)
+I_SPECIAL, I_NEXT_TTL, I_EXPIRED_TOTAL = range(XWORDS_OFF >> 3, (XWORDS_OFF >> 3) + len(XWORD_FIELDS))
 # process slot words: pid, start_ms, consumers waiting, producers waiting
 P_CWAIT, P_PWAIT = 2, 3
 # write-ahead log fsync modes (WALCFG); SUSPENDED, with generation 0: the data dir vanished
@@ -119,6 +140,20 @@ WAL_NEVER, WAL_ALWAYS, WAL_BATCH, WAL_SUSPENDED = 0, 1, 2, 3
 assert HOT_OFF >= MUTEX_OFF + 64 and COUNTERS_OFF + COUNTERS.size <= PROCS_OFF
 assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= MUTEX_OFF
 assert COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF and WAL_WORDS_OFF + 16 <= TIMENS_OFF < PROCS_OFF
+assert TIMENS_OFF + 8 <= OPTS_OFF and XWORDS_OFF + 8 * len(XWORD_FIELDS) <= PROCS_OFF
+
+# --- record extension ----------------------------------------------------------------------
+# A record whose ``flags`` has FLAG_EXT starts its header bytes with an extension block (then the
+# msgpack headers, if any). Its first byte, 0xC1, is one msgpack never uses, so header bytes say
+# by themselves whether they carry one (snapshots and logs keep them as they are). Fields:
+# magic, version, priority, pad, group length, pad, due (wall ns a delayed put becomes ready; 0:
+# none), expires (wall ns; 0: never), dedup hash (0: none); then the group's UTF-8 bytes.
+EXT = struct.Struct("<BBBBHHqqQ")
+EXT_MAGIC = 0xC1
+EXT_VERSION = 1
+FLAG_EXT = 0x100  # flags: low byte = priority level; this bit = an extension block
+MAX_PRIORITIES = 32
+MAX_GROUP_BYTES = 255
 
 
 def align(n: int, to: int = ALIGN) -> int:
@@ -130,8 +165,12 @@ def record_size(hdr_len: int, body_len: int) -> int:
     return align(REC_SIZE + hdr_len + body_len)
 
 
+def dedup_offset(proc_slots: int) -> int:
+    return align(PROCS_OFF + proc_slots * PROC_SIZE, 64)
+
+
 def data_offset(proc_slots: int) -> int:
-    return align(PROCS_OFF + proc_slots * PROC_SIZE, 4096)
+    return align(dedup_offset(proc_slots) + DEDUP_SLOTS * DEDUP.size, 4096)
 
 
 def segment_size(capacity: int, proc_slots: int) -> int:

@@ -7,7 +7,7 @@ import time
 
 from .. import dmsq
 from ..errors import MessageTooLarge, LockTimeout, QueueFull
-from . import cpaths, ring, waits
+from . import cpaths, dedup, extension, ring, waits
 from . import layout as L
 from .layout import I_CPOSTED, I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY, I_READY_POS, I_TAIL
 from .headers import encode_headers
@@ -20,7 +20,7 @@ __all__ = ["Producing", "as_bytes"]
 _mono = time.monotonic_ns
 _wall = time.time_ns
 _REC = L.REC_SIZE
-_READY = L.READY
+_READY, _DELAYED = L.READY, L.DELAYED
 _CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
 _encode_put_entry = dmsq.encode_put_entry
 _write_record = ring.write_record
@@ -42,12 +42,20 @@ def as_bytes(value, what="message body"):
 class Producing:
     """The put operations of ``Queue``."""
 
-    def put(self, body, headers=None, timeout=None) -> int:
+    def put(self, body, headers=None, timeout=None, *, priority=0, delay=0.0, ttl=None, group=None,
+            dedup_id=None) -> int:
         """Append one message; blocks while the queue is full.
 
         Returns the message id. Raises QueueFull after ``timeout`` seconds (None: wait
-        forever), MessageTooLarge / TypeError on bad input (nothing enqueued).
+        forever), MessageTooLarge / TypeError / ValueError on bad input (nothing enqueued).
+        ``priority``: a level of a queue created with ``priorities``, higher first;
+        ``delay``: seconds before it can be delivered; ``ttl``: seconds it may wait to be
+        delivered before it expires; ``group``: a FIFO group (delivered in put order, one
+        at a time); ``dedup_id``: a put with an id seen within the queue's
+        ``dedup_window`` enqueues nothing and returns the first put's message id.
         """
+        if priority or delay or ttl is not None or group is not None or dedup_id is not None:
+            return self._put_with(body, headers, timeout, priority, delay, ttl, group, dedup_id)
         if type(body) is not bytes:
             body = as_bytes(body)
         hraw = b"" if headers is None else encode_headers(headers)
@@ -111,11 +119,16 @@ class Producing:
         """``put`` that raises QueueFull at once instead of waiting."""
         return self.put(body, headers, timeout=0)
 
-    def put_many(self, bodies, timeout=None) -> list[int]:
+    def put_many(self, bodies, timeout=None, *, priority=0, delay=0.0, ttl=None) -> list[int]:
         """Append a batch under one lock, all or nothing; returns the ids in order.
 
-        Items are bodies or ``(body, headers)`` pairs.
+        Items are bodies or ``(body, headers)`` pairs. ``priority``, ``delay`` and ``ttl``
+        (as ``put``'s) apply to every item.
         """
+        ext = b""
+        flags = delay_ns = 0
+        if priority or delay or ttl is not None:
+            ext, flags, delay_ns = self._extension(priority, delay, ttl, None, 0)
         items = []
         append = items.append
         maxmsg = self.max_message_bytes
@@ -133,13 +146,55 @@ class Producing:
                 raise MessageTooLarge(
                     f"message body is {len(body)} bytes; queue {self.name!r} takes at most {maxmsg}"
                 )
+            if ext:
+                hraw = ext + hraw
             append((body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8))
         if not items:
             return []
+        if ext:
+            return self._append(items, timeout, (flags, delay_ns, 0))
         return self._append(items, timeout)
 
-    def _append(self, items, timeout):
-        """Append ``(body, encoded headers, record size)`` items, waiting for room."""
+    def _extension(self, priority, delay, ttl, group, dh):
+        """(extension block, record flags, delay in ns) for these options; ValueError /
+        TypeError naming the option that is out of range."""
+        if type(priority) is not int:
+            raise TypeError(f"priority must be an int, not {type(priority).__name__}")
+        if not 0 <= priority < self._levels:
+            if self._levels == 1:
+                raise ValueError(f"queue {self.name!r} has no priority levels (create it with priorities=N); "
+                                 f"priority must be 0, not {priority}")
+            raise ValueError(f"priority must be in 0..{self._levels - 1} for queue {self.name!r}, not {priority}")
+        delay_ns = _seconds_ns(delay, "delay") if delay else 0
+        ttl_ns = 0
+        if ttl is not None:
+            ttl_ns = _seconds_ns(ttl, "ttl")
+            if ttl_ns <= 0:
+                raise ValueError(f"ttl must be > 0 seconds, not {ttl!r}")
+        if group is not None:
+            extension.check_group(group)
+        wall = _wall()
+        ext = extension.encode(priority, wall + delay_ns if delay_ns else 0, wall + ttl_ns if ttl_ns else 0, dh,
+                               group)
+        return ext, extension.flags_of(ext), delay_ns
+
+    def _put_with(self, body, headers, timeout, priority, delay, ttl, group, dedup_id):
+        """``put`` with options: an extension block, and the general append."""
+        if type(body) is not bytes:
+            body = as_bytes(body)
+        dh = 0 if dedup_id is None else extension.dedup_hash(dedup_id)
+        ext, flags, delay_ns = self._extension(priority, delay, ttl, group, dh)
+        hraw = ext + (b"" if headers is None else encode_headers(headers))
+        if len(body) > self.max_message_bytes:
+            raise MessageTooLarge(
+                f"message body is {len(body)} bytes; queue {self.name!r} takes at most {self.max_message_bytes}"
+            )
+        return self._append(((body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8),), timeout,
+                            (flags, delay_ns, dh))[0]
+
+    def _append(self, items, timeout, options=None):
+        """Append ``(body, encoded headers, record size)`` items, waiting for room.
+        ``options``: (record flags, delay ns, dedup hash) for every item, or None."""
         deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
         total = sum(item[2] for item in items)
         if total > self._cap:
@@ -149,7 +204,7 @@ class Producing:
         waited = 0
         while True:
             try:
-                ids, post = self._try_append(items, waited, deadline)
+                ids, post = self._try_append(items, waited, deadline, options)
             except LockTimeout as e:
                 raise QueueFull(str(e)) from None
             for _ in range(post):
@@ -167,15 +222,22 @@ class Producing:
             tail = L.place(tail, item[2], cap)[1]
         return tail
 
-    def _try_append(self, items, waited, deadline):
+    def _try_append(self, items, waited, deadline, options=None):
         """One locked attempt. Returns (ids or None, semaphore posts owed)."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
+        flags = delay_ns = dh = 0
+        if options is not None:
+            flags, delay_ns, dh = options
         self._acquire(FOREVER if deadline is None else deadline)
         try:
             if mq[I_DELETED]:
                 raise self._gone()
             if waited:
                 waits.unregister(mq, self._slot, _PRODUCERS, waited)
+            if dh:
+                known = dedup.lookup(mm, self._dedup_off, dh, _wall())
+                if known:
+                    return [known], 0
             head, tail = mq[I_HEAD], mq[I_TAIL]
             end = self._placement_end(items, tail)
             if end - head > cap and head == tail and tail % cap:
@@ -194,14 +256,36 @@ class Producing:
             if self._logged:  # logged (and fsynced, by policy) before the commit below
                 self.wal.append(b"".join(
                     _encode_put_entry(first_id + i, now, item[1], item[0]) for i, item in enumerate(items)))
-            for body, hraw, size in items:
-                pos, a = ring.place(mm, base, cap, pos, size)
-                _write_record(mm, a, _READY, size, body, hraw, next_id, now)
-                next_id += 1
-                pos += size
+            if options is None:
+                for body, hraw, size in items:
+                    pos, a = ring.place(mm, base, cap, pos, size)
+                    _write_record(mm, a, _READY, size, body, hraw, next_id, now)
+                    next_id += 1
+                    pos += size
+            else:
+                state, due = _READY, 0
+                if delay_ns:
+                    state, due = _DELAYED, _mono() + delay_ns
+                for body, hraw, size in items:
+                    pos, a = ring.place(mm, base, cap, pos, size)
+                    _write_record(mm, a, state, size, body, hraw, next_id, now, flags, due)
+                    next_id += 1
+                    pos += size
+                if dh:  # remembered before the commit; a repair forgets it if the commit never comes
+                    dedup.remember(mm, self._dedup_off, dh, first_id, now + self._dedup_window_ns)
+                if flags:
+                    mq[L.I_SPECIAL] = 1
+                expires = extension.decode(items[0][1])[0].expires_ns
+                if expires and expires < mq[L.I_NEXT_TTL]:
+                    mq[L.I_NEXT_TTL] = expires
             mq[I_TAIL] = pos  # commit
             mq[I_NEXT_ID] = next_id
             n = next_id - first_id
+            if delay_ns:
+                mq[L.I_DELAYED] += n
+                if due < mq[L.I_NEXT_DEADLINE]:
+                    mq[L.I_NEXT_DEADLINE] = due
+                return list(range(first_id, next_id)), 0
             mq[I_READY] += n
             return list(range(first_id, next_id)), waits.owed_posts(mq, _CONSUMERS, n)
         finally:

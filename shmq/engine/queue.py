@@ -31,7 +31,7 @@ import posix_ipc
 
 from .. import dmsq
 from ..errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
-from . import housekeeping, ring, waits
+from . import extension, housekeeping, ring, scheduling, waits
 from . import layout as L
 from .layout import (
     I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PPOSTED, I_PURGED_TOTAL, I_PWAIT, I_READY,
@@ -133,6 +133,15 @@ class Queue(Producing, Consuming, Settling):
         self.dead_letter_queue = dlq[:dl].decode() or None
         self.durability = L.DURABILITY_NAMES.get(flags & 0xFF, "memory")
         self._logged = self.durability == "wal"
+        (levels, aging_ms, ttl_ns, window_ns, retry_ns, backoff, retry_max_ns) = L.OPTS.unpack_from(mm, L.OPTS_OFF)
+        self._levels = levels or 1
+        self._aging_ns = aging_ms * 1_000_000
+        self._ttl_ns = ttl_ns
+        self._dedup_window_ns = window_ns
+        self._retry_ns, self._backoff, self._retry_max_ns = retry_ns, backoff or 1.0, retry_max_ns
+        # the general take (``scheduling``) for every get, not only while special records exist
+        self._general = self._levels > 1 or bool(ttl_ns)
+        self._dedup_off = L.dedup_offset(slots)
         self.wal = Log(self)  # the write-ahead log (durability "wal"), and this process's descriptor
         # The mutex lives at a fixed address of the mapping, valid until close().
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
@@ -306,6 +315,15 @@ class Queue(Producing, Consuming, Settling):
             hot = dict(zip(L.HOT_FIELDS, _HOT_UNPACK(mm, L.HOT_OFF)))
             counters = dict(zip(L.COUNTER_FIELDS, L.COUNTERS.unpack_from(mm, L.COUNTERS_OFF)))
             age = 0.0
+            by_level = (hot["ready"],)
+            groups = 0
+            if self._general or mq[L.I_SPECIAL]:
+                ready, _expired, busy, _end, _f = scheduling._walk(self, _wall())
+                levels = [0] * self._levels
+                for rec in ready:
+                    levels[min(rec[2], self._levels - 1)] += 1
+                by_level = tuple(levels)
+                groups = len(busy)
             if hot["ready"]:
                 start = hot["ready_pos"] if hot["requeued"] else hot["frontier"]
                 for _pos, w in ring.records(mq, self._cap, self._base, start, hot["tail"]):
@@ -328,7 +346,24 @@ class Queue(Producing, Consuming, Settling):
             producers_waiting=hot["pwait"],
             delayed=hot["delayed"],
             purged_total=counters["purged_total"],
+            expired_total=mq[L.I_EXPIRED_TOTAL],
+            ready_by_priority=by_level,
+            groups_in_flight=groups,
+            dead_letter_depth=self._dead_letter_depth(),
         )
+
+    def _dead_letter_depth(self):
+        """Ready messages in the dead-letter queue (None without one, or when it is gone)."""
+        if not self.dead_letter_queue:
+            return None
+        try:
+            dlq = self._dead_letter_target()
+            if dlq.deleted:
+                self._dlq = None
+                return None
+            return dlq._mq[I_READY]
+        except QueueNotFound:
+            return None
 
     # ------------------------------------------------------------------ snapshots
     def settings(self) -> dict:
@@ -337,6 +372,10 @@ class Queue(Producing, Consuming, Settling):
             "max_bytes": self.max_bytes, "max_message_bytes": self.max_message_bytes,
             "visibility_timeout": self.visibility_timeout, "max_deliveries": self.max_deliveries,
             "dead_letter_queue": self.dead_letter_queue, "durability": self.durability,
+            "priorities": self._levels, "priority_aging": self._aging_ns / 1e9 if self._aging_ns else None,
+            "message_ttl": self._ttl_ns / 1e9 if self._ttl_ns else None,
+            "dedup_window": self._dedup_window_ns / 1e9, "retry_delay": self._retry_ns / 1e9,
+            "retry_backoff": self._backoff, "retry_delay_max": self._retry_max_ns / 1e9 if self._retry_max_ns else None,
         }
 
     def export_messages(self, rotate_wal: bool = False) -> list[tuple[int, int, int, bytes, bytes]]:
@@ -386,15 +425,34 @@ class Queue(Producing, Consuming, Settling):
                 raise QueueFull(f"queue {self.name!r} has no room for {len(items)} restored messages")
             pos = tail
             top = 0
+            wall, mono = _wall(), _mono()
+            ready = delayed = 0
             for body, hraw, size, msg_id, attempt, enq in items:
                 pos, a = ring.place(mm, base, cap, pos, size)
-                _write_record(mm, a, L.status_word(_READY, L.NO_HOLDER, attempt), size, body, hraw, msg_id, enq)
+                flags = extension.flags_of(hraw)
+                state, due = _READY, 0
+                if flags:
+                    mq[L.I_SPECIAL] = 1
+                    mq[L.I_NEXT_TTL] = 0  # sweep soon: restored messages may have expired meanwhile
+                    ext = extension.decode(hraw)[0]
+                    if ext.due_ns > wall and attempt == 0:  # a delayed put not yet due
+                        state, due = _DELAYED, mono + (ext.due_ns - wall)
+                        mq[I_NEXT_DEADLINE] = min(mq[I_NEXT_DEADLINE], due)
+                _write_record(mm, a, L.status_word(state, L.NO_HOLDER, attempt), size, body, hraw, msg_id, enq,
+                              flags, due)
+                if state == _READY:
+                    ready += 1
+                else:
+                    delayed += 1
                 top = max(top, msg_id)
                 pos += size
+            if delayed and mq[I_FRONTIER] < pos:
+                mq[I_FRONTIER] = pos  # (special is set: the general take recomputes the cursors)
             mq[I_TAIL] = pos  # commit
             mq[I_NEXT_ID] = max(mq[I_NEXT_ID], top + 1)
-            mq[I_READY] += len(items)
-            post = waits.owed_posts(mq, _CONSUMERS, len(items))
+            mq[I_READY] += ready
+            mq[L.I_DELAYED] += delayed
+            post = waits.owed_posts(mq, _CONSUMERS, ready)
         finally:
             self._release()
         for _ in range(post):

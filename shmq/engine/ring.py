@@ -72,11 +72,11 @@ def place(mm, base, cap, pos, size):
     return pos, base + off
 
 
-def write_record(mm, a, status, size, body, hraw, msg_id, enq_ns):
+def write_record(mm, a, status, size, body, hraw, msg_id, enq_ns, flags=0, deadline=0):
     """Write a whole record at byte address ``a``; it is published by the caller's commit."""
     hl = len(hraw)
     bl = len(body)
-    _PACK(mm, a, status, size, bl, hl, 0, msg_id, enq_ns, 0)
+    _PACK(mm, a, status, size, bl, hl, flags, msg_id, enq_ns, deadline)
     a += _REC
     if hl:
         mm[a:a + hl] = hraw

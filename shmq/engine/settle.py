@@ -45,6 +45,8 @@ class Settling:
         lp = self._lockp
         if lp is None:
             raise self._closed()
+        if self._held is not None:
+            self._drop_held((d,))
         if _fast_ack is not None and (not self._logged or self.wal.fd is not None):
             gen, fd = self.wal.fd if self._logged else (0, -1)
             try:
@@ -96,12 +98,23 @@ class Settling:
         leased (the others are acked). Returns how many were acked."""
         return self._settle_acks(self._own(deliveries))
 
-    def nack_many(self, deliveries, delay: float = 0.0) -> int:
-        """Make a batch ready again under one lock (after ``delay`` seconds), keeping their
-        attempt counts. Raises DeliveryExpired naming those no longer leased (the others
-        are nacked). Returns how many were nacked."""
+    def retry_delay_ns(self, attempt: int) -> int:
+        """The queue's retry policy: how long a message nacked without a delay (or whose
+        lease lapsed) after ``attempt`` deliveries waits before it is ready again."""
+        if not self._retry_ns:
+            return 0
+        d = self._retry_ns * self._backoff ** max(0, attempt - 1)
+        if self._retry_max_ns and d > self._retry_max_ns:
+            return self._retry_max_ns
+        return int(min(d, 2**62))
+
+    def nack_many(self, deliveries, delay: float | None = None) -> int:
+        """Make a batch ready again under one lock (after ``delay`` seconds; None: the
+        queue's retry policy), keeping their attempt counts. Raises DeliveryExpired naming
+        those no longer leased (the others are nacked). Returns how many were nacked."""
         deliveries = self._own(deliveries)
-        delay_ns = _seconds_ns(delay, "delay")
+        policy = delay is None
+        delay_ns = 0 if policy else _seconds_ns(delay, "delay")
         mq = self._mq
         woke = 0
         self._acquire()
@@ -109,6 +122,8 @@ class Settling:
             now = _mono()
             live, expired = self._leased(deliveries, now)
             for d, w in live:
+                if policy:
+                    delay_ns = self.retry_delay_ns(d.attempt)
                 if delay_ns:
                     mq[w + _R_DEADLINE] = now + delay_ns
                     mq[w] = L.status_word(_DELAYED, L.NO_HOLDER, mq[w] >> 32)  # commit
@@ -156,6 +171,8 @@ class Settling:
         for d in deliveries:
             if getattr(d, "_q", None) is not self:
                 raise TypeError(f"expected deliveries of queue {self.name!r}, got {d!r}")
+        if self._held is not None:
+            self._drop_held(deliveries)
         return deliveries
 
     def _raise_expired(self, expired):

@@ -1,0 +1,232 @@
+"""Which ready message goes next when a queue is not a plain FIFO: priority levels, due
+order, FIFO message groups and expiry (TTL) — the general take, and peek.
+
+Strategy: one walk over the records from head to tail, under the queue's lock, sees
+everything these need: the ready records (with level, ready time and group), the groups
+that have a message leased or delayed (busy), and the expired ones. The walk picks the
+best candidates by (effective level, ready time, position): the level is the record's
+priority raised one step for every ``priority_aging`` it has waited (so a low level is
+delayed, never starved); the ready time is when a delayed put came due, else when it
+was put (so delayed messages are delivered in due order, and a message nacked back
+keeps its place); position breaks ties (put order). Only the first ready message of a
+group is a candidate, and none of a busy group, so a group moves one message at a time,
+in put order. Expired ready messages are dead-lettered (reason "expired") or dropped and
+counted. The same walk recomputes the cursors the plain paths use (frontier, requeued,
+ready_pos: as ``housekeeping.repair`` does) and clears ``special`` when no record needs
+this path any more, so a queue goes back to the C hot paths by itself.
+
+The walk costs O(records in the ring) per take: the price of these options, paid only
+by queues that use them (docs/DESIGN.md, "Work-queue options").
+"""
+
+import heapq
+
+from . import extension, ring
+from . import layout as L
+
+__all__ = ["take", "peek", "sweep", "ttl_of"]
+
+_REC = L.REC_SIZE
+_READY, _LEASED, _ACKED, _PAD, _DELAYED = L.READY, L.LEASED, L.ACKED, L.PAD, L.DELAYED
+_FLAG_EXT = L.FLAG_EXT
+_R_ENQ, _R_DEADLINE, _R_LENGTH = L.R_ENQ, L.R_DEADLINE, L.R_LENGTH
+_R_FLAGS = 2  # the word whose high half is the record's flags
+_NEVER = L.NEVER
+_decode = extension.decode
+_NONE = extension.NONE
+
+
+def ttl_of(q, ext, enq) -> int:
+    """When a record expires (wall ns; 0: never): its own TTL or the queue's, the sooner."""
+    exp = ext.expires_ns
+    if q._ttl_ns:
+        qexp = enq + q._ttl_ns
+        if not exp or qexp < exp:
+            exp = qexp
+    return exp
+
+
+def _walk(q, wall):
+    """One walk. Returns (ready, expired, busy groups, end of the last non-ready record,
+    flagged records unsettled). ``ready``: (pos, w, level, ready time, group, expires)."""
+    mq, mm = q._mq, q._mm
+    head = mq[L.I_HEAD]
+    last_end = head
+    ready, expired = [], []
+    busy = set()
+    flagged = 0
+    qttl = q._ttl_ns
+    for pos, w in ring.records(mq, q._cap, q._base, head, mq[L.I_TAIL]):
+        st = mq[w] & 0xFF
+        if st == _PAD:
+            continue
+        if st == _ACKED:
+            last_end = pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF)
+            continue
+        fl = mq[w + _R_FLAGS] >> 32
+        ext = _NONE
+        if fl & _FLAG_EXT:
+            flagged += 1
+            ext = _decode(mm, (w << 3) + _REC)[0]
+        if st != _READY:  # leased or delayed
+            last_end = pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF)
+            if ext[4] is not None:
+                busy.add(ext[4])
+            continue
+        enq = mq[w + _R_ENQ]
+        exp = ext[2]
+        if qttl:
+            qexp = enq + qttl
+            if not exp or qexp < exp:
+                exp = qexp
+        if exp and exp <= wall:
+            expired.append((pos, w))
+            continue
+        ready.append((pos, w, fl & 0xFF, ext[1] or enq, ext[4], exp))
+    return ready, expired, busy, last_end, flagged
+
+
+def _order(q, ready, busy, wall, maxn):
+    """The best ``maxn`` candidates of ``ready``, best first."""
+    top = q._levels - 1
+    aging = q._aging_ns
+    cands = []
+    seen = set()
+    for rec in ready:
+        g = rec[4]
+        if g is not None:
+            if g in busy or g in seen:
+                continue
+            seen.add(g)
+        level = rec[2]
+        if aging and level < top and wall > rec[3]:
+            level = min(top, level + (wall - rec[3]) // aging)
+        cands.append((-level, rec[3], rec[0], rec))
+    if maxn == 1:
+        return [min(cands)[3]] if cands else []
+    return [c[3] for c in heapq.nsmallest(maxn, cands)]
+
+
+def take(q, maxn, slot, until, now, wall, max_bytes=None):
+    """Lease up to ``maxn`` of the best ready messages. Lock held. Returns (taken, expired):
+    tuples (pos, id, attempt, body, header bytes or None, enqueued ns) for ``Delivery``;
+    ``expired`` were leased to us only to be dead-lettered (empty when the queue has no
+    dead-letter queue: then they are dropped and counted here)."""
+    mq, mm = q._mq, q._mm
+    ready, expired, busy, last_end, flagged = _walk(q, wall)
+    chosen = _order(q, ready, busy, wall, maxn) if maxn else []
+    lease = _LEASED | (slot << 8)
+    out = []
+    budget = max_bytes
+    redelivered = 0
+    frontier = last_end
+    taken = set()
+    for pos, w, _lvl, _rt, _g, _exp in chosen:
+        a = w << 3
+        bl = mq[w + 1] >> 32
+        hl = mq[w + _R_FLAGS] & 0xFFFFFFFF
+        if budget is not None:
+            if out and bl + hl > budget:
+                break
+            budget -= bl + hl
+        attempt = (mq[w] >> 32) + 1
+        mq[w + _R_DEADLINE] = until
+        mq[w] = lease | (attempt << 32)  # commit
+        if attempt > 1:
+            redelivered += 1
+        taken.add(pos)
+        end = pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF)
+        if end > frontier:
+            frontier = end
+        b = a + _REC
+        out.append((pos, mq[w + L.R_MSG_ID], attempt, mm[b + hl:b + hl + bl], mm[b:b + hl] if hl else None,
+                    mq[w + _R_ENQ]))
+    dead = []
+    if expired:
+        to_dlq = bool(q.dead_letter_queue)
+        for pos, w in expired:
+            end = pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF)
+            if end > frontier:
+                frontier = end
+            if to_dlq:
+                a = w << 3
+                bl = mq[w + 1] >> 32
+                hl = mq[w + _R_FLAGS] & 0xFFFFFFFF
+                attempt = mq[w] >> 32
+                mq[w + _R_DEADLINE] = until
+                mq[w] = lease | (attempt << 32)  # leased to us, to be dead-lettered
+                b = a + _REC
+                dead.append((pos, mq[w + L.R_MSG_ID], attempt, mm[b + hl:b + hl + bl],
+                             mm[b:b + hl] if hl else None, mq[w + _R_ENQ]))
+            else:
+                if q._logged:
+                    from .. import dmsq
+
+                    q.wal.append(dmsq.encode_ack_entry(mq[w + L.R_MSG_ID], 0))
+                mq[w] = (mq[w] & ~0xFF) | _ACKED
+        mq[L.I_EXPIRED_TOTAL] += len(expired)
+    # the plain paths' cursors, from this walk
+    requeued = 0
+    first = None
+    next_ttl = _NEVER
+    for rec in ready:
+        pos = rec[0]
+        if pos in taken:
+            continue
+        if rec[5] and rec[5] < next_ttl:
+            next_ttl = rec[5]
+        if pos < frontier:
+            requeued += 1
+            if first is None:
+                first = pos
+    n = len(out)
+    leased_expired = len(dead)
+    mq[L.I_FRONTIER] = frontier
+    mq[L.I_REQUEUED] = requeued
+    mq[L.I_READY_POS] = first if requeued else frontier
+    mq[L.I_READY] = mq[L.I_READY] - n - len(expired)
+    mq[L.I_INFLIGHT] += n + leased_expired
+    if redelivered:
+        mq[L.I_REDELIVERED_TOTAL] += redelivered
+    if (n or leased_expired) and until < mq[L.I_NEXT_DEADLINE]:
+        mq[L.I_NEXT_DEADLINE] = until
+    mq[L.I_NEXT_TTL] = next_ttl
+    mq[L.I_SPECIAL] = 1 if flagged else 0
+    if expired and not dead:
+        ring.advance_head(mq, q._cap, q._base)
+    return out, dead
+
+
+def sweep(q, now, wall):
+    """Expire what is due (housekeeping's TTL sweep). Lock held. Returns expired tuples
+    leased to us for the dead-letter queue (see ``take``)."""
+    return take(q, 0, q._my_slot(), now + q._vis_ns, now, wall)[1]
+
+
+def peek(q, maxn, wall):
+    """Up to ``maxn`` ready messages in delivery order, without leasing them. Lock held.
+    Returns (id, attempt, body, header bytes or None, enqueued ns) tuples."""
+    mq, mm = q._mq, q._mm
+    if q._general or mq[L.I_SPECIAL]:
+        ready, _expired, busy, _end, _f = _walk(q, wall)
+        # a peek shows what a get would take next, and what comes after it: groups in order
+        chosen = _order(q, ready, busy, wall, maxn)
+        seen = {c[0] for c in chosen}
+        rest = [r for r in ready if r[0] not in seen]  # behind their group's first, in put order
+        recs = [(r[0], r[1]) for r in chosen + rest][:maxn]
+    else:
+        start = mq[L.I_READY_POS] if mq[L.I_REQUEUED] else mq[L.I_FRONTIER]
+        recs = []
+        for pos, w in ring.records(mq, q._cap, q._base, start, mq[L.I_TAIL]):
+            if mq[w] & 0xFF == _READY:
+                recs.append((pos, w))
+                if len(recs) >= maxn:
+                    break
+    out = []
+    for _pos, w in recs:
+        bl = mq[w + 1] >> 32
+        hl = mq[w + _R_FLAGS] & 0xFFFFFFFF
+        b = (w << 3) + _REC
+        out.append((mq[w + L.R_MSG_ID], mq[w] >> 32, mm[b + hl:b + hl + bl], mm[b:b + hl] if hl else None,
+                    mq[w + _R_ENQ]))
+    return out
