@@ -1,4 +1,5 @@
-"""Servers the adapters start for a run and stop at its end: ``shmq server``, ``redis-server``, ``nats-server``.
+"""Servers the adapters start for a run and stop at its end: ``shmq server``, ``redis-server``, ``nats-server``,
+``rabbitmq-server``.
 
 Strategy: a server is ready when it says so on its output (no polling of its port); the
 line is read with a deadline, the rest of the output is drained by a thread, so a chatty
@@ -8,9 +9,11 @@ server never blocks on a full pipe, and its last lines go into the error if it d
 from __future__ import annotations
 
 import collections
+import os
 import queue
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -129,3 +132,75 @@ class NatsServer(ServerProcess):
     def close(self):
         super().close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+RABBITMQ_BIN = "/usr/lib/rabbitmq/bin"  # the Debian package's own scripts: the /usr/sbin wrapper switches user
+
+
+class RabbitServer:
+    """A private RabbitMQ node on free loopback ports, everything under a temporary directory
+    (``rabbitmq-server`` from the system packages, run directly, not as a service); ready once
+    ``rabbitmqctl await_startup`` says so, stopped with ``rabbitmqctl stop``."""
+
+    def __init__(self, timeout=START_TIMEOUT):
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="bench-rabbit-")
+        d = self.dir
+        with open(f"{d}/enabled_plugins", "w") as f:
+            f.write("[].\n")
+        with open(f"{d}/rabbitmq.conf", "w") as f:
+            f.write("loopback_users = none\n")
+        self.env = dict(
+            os.environ, HOME=d, RABBITMQ_NODE_PORT=str(self.port), RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_DIST_PORT=str(free_port()), RABBITMQ_MNESIA_BASE=f"{d}/mnesia", RABBITMQ_LOG_BASE=f"{d}/log",
+            RABBITMQ_NODENAME=f"bench{self.port}@localhost", RABBITMQ_ENABLED_PLUGINS_FILE=f"{d}/enabled_plugins",
+            RABBITMQ_CONFIG_FILE=f"{d}/rabbitmq", RABBITMQ_PID_FILE=f"{d}/rabbit.pid",
+            ERL_EPMD_PORT=str(free_port()))
+        self._log = open(f"{d}/server.out", "w")
+        self.proc = subprocess.Popen([f"{RABBITMQ_BIN}/rabbitmq-server"], env=self.env, stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:  # await_startup fails at once while the node has not registered yet
+                try:
+                    self._ctl("await_startup", timeout=timeout)
+                    break
+                except RuntimeError:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        except BaseException:
+            self.close()
+            raise
+
+    def _ctl(self, *args, timeout=STOP_TIMEOUT):
+        r = subprocess.run([f"{RABBITMQ_BIN}/rabbitmqctl", "-n", self.env["RABBITMQ_NODENAME"], *args],
+                           env=self.env, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            tail = open(f"{self.dir}/server.out").read()[-2000:]
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {r.stderr.strip()[-500:]}\n{tail}")
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self._ctl("stop")
+            except Exception:
+                pass
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._kill_epmd()
+        self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _kill_epmd(self):
+        """The node started an ``epmd -daemon`` on its own port (ERL_EPMD_PORT): ours to stop, by pid."""
+        import psutil
+        for p in psutil.process_iter(["name"]):
+            try:
+                if p.info["name"] == "epmd" and p.environ().get("ERL_EPMD_PORT") == self.env["ERL_EPMD_PORT"]:
+                    p.kill()
+            except psutil.Error:
+                pass

@@ -14,6 +14,8 @@ from .errors import (
     BrokerUnavailable,
     CommitFailed,
     DeliveryExpired,
+    ExchangeExists,
+    ExchangeNotFound,
     LimitExceeded,
     LockTimeout,
     MessageTooLarge,
@@ -24,12 +26,14 @@ from .errors import (
     QueueExists,
     QueueFull,
     QueueNotFound,
+    RequestTimeout,
     ShmqError,
     StorageError,
     StreamExists,
     StreamNotFound,
     Unauthorized,
 )
+from .engine.delivery import Message
 from .engine.queue import Delivery, Queue, QueueStats
 from .engine.stream import Consumer, Record, RecordMetadata, Stream
 from .producer import Producer
@@ -42,6 +46,7 @@ __all__ = [
     "Broker",
     "Queue",
     "Delivery",
+    "Message",
     "QueueStats",
     "ShmqError",
     "QueueNotFound",
@@ -61,6 +66,9 @@ __all__ = [
     "StreamExists",
     "OffsetOutOfRange",
     "CommitFailed",
+    "ExchangeNotFound",
+    "ExchangeExists",
+    "RequestTimeout",
     "Stream",
     "Record",
     "RecordMetadata",

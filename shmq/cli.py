@@ -55,6 +55,11 @@ def _namespace_option(f):
               help="Open connections at most; more get LIMIT_EXCEEDED and are closed. [default: 1024]")
 @click.option("--max-waiting-per-connection", type=click.IntRange(1), default=None,
               help="Waiting CONSUMEs per connection; more get LIMIT_EXCEEDED. [default: 256]")
+@click.option("--max-subscriptions-per-connection", type=click.IntRange(1), default=None,
+              help="SUBSCRIBEs (consume with prefetch) open at once per connection; more get LIMIT_EXCEEDED. "
+                   "[default: 64]")
+@click.option("--max-prefetch", type=click.IntRange(1), default=None,
+              help="Largest prefetch a SUBSCRIBE may ask for; more gets BAD_REQUEST. [default: 10000]")
 @click.option("--max-buffered-bytes", type=click.IntRange(1024), default=None,
               help="Bytes of unfinished big frames held across all connections; beyond, readers wait. "
                    "At least --max-frame-bytes + 16. [default: 64 MiB]")
@@ -183,10 +188,27 @@ def list_(namespace, url, token, as_json):
 @click.option("--durability", type=click.Choice(["memory", "snapshot", "wal"]), default="snapshot",
               show_default=True,
               help="memory: never on disk; snapshot: saved by a server with --data-dir; wal: also logged.")
+@click.option("--priorities", type=int, default=None, help="Priority levels, 0 (lowest) .. N-1. [default: 1]")
+@click.option("--message-ttl", type=float, default=None,
+              help="Seconds a message may wait to be delivered; then it is dropped (dead-lettered if the queue has "
+                   "a dead-letter queue). [default: none]")
+@click.option("--dedup-window", type=float, default=None,
+              help="Seconds a put's --dedup-id is remembered: a second put with it is dropped. [default: 300]")
+@click.option("--retry-delay", type=float, default=None,
+              help="Seconds before a message nacked without a delay is ready again. [default: 0]")
+@click.option("--retry-backoff", type=float, default=None,
+              help="Factor by which the retry delay grows with each attempt. [default: 1]")
+@click.option("--retry-delay-max", type=float, default=None, help="Most seconds of a retry delay. [default: none]")
+@click.option("--priority-aging", type=float, default=None,
+              help="Seconds after which a waiting message is served as one level higher, so no level starves; "
+                   "0: strict priorities. [default: 60]")
 def create(name, namespace, url, token, max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
-           dead_letter_queue, exist_ok, durability):
+           dead_letter_queue, exist_ok, durability, **options):
     """Create a queue."""
     kwargs = {} if durability == "snapshot" else {"durability": durability}
+    kwargs.update((k, v) for k, v in options.items() if v is not None)  # the others: the broker's defaults
+    if kwargs.get("priority_aging") == 0:
+        kwargs["priority_aging"] = None  # strict
     with _connect(namespace, url, token) as broker:
         broker.create_queue(name, max_bytes=max_bytes, max_message_bytes=max_message_bytes,
                             visibility_timeout=visibility_timeout, max_deliveries=max_deliveries,
@@ -286,8 +308,15 @@ def _parse_headers(pairs):
 @click.option("--file", "file", type=click.File("rb"), default=None, help="One message: the whole file.")
 @click.option("--header", "header_pairs", multiple=True, metavar="KEY=VALUE", help="A header (repeatable).")
 @click.option("--timeout", type=click.FloatRange(0), default=None, help="Seconds to wait while the queue is full.")
+@click.option("--priority", type=int, default=0, show_default=True, help="Priority level (higher: delivered first).")
+@click.option("--delay", type=float, default=0.0, show_default=True, help="Seconds before they are ready.")
+@click.option("--ttl", type=float, default=None, help="Seconds they may wait to be delivered; then dropped.")
+@click.option("--group", default=None, help="Message group: one message of a group is in flight at a time.")
+@click.option("--dedup-id", default=None,
+              help="Deduplication id (one message): dropped if one with this id was put within the dedup window.")
 @_json_option
-def produce(name, namespace, url, token, messages, file, header_pairs, timeout, as_json):
+def produce(name, namespace, url, token, messages, file, header_pairs, timeout, priority, delay, ttl, group, dedup_id,
+            as_json):
     """Put messages: -m TEXT, --file F, or one per line of standard input."""
     headers = _parse_headers(header_pairs)
     if messages and file:
@@ -298,9 +327,15 @@ def produce(name, namespace, url, token, messages, file, header_pairs, timeout, 
         bodies = [file.read()]
     else:
         bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer]
+    if dedup_id is not None and len(bodies) != 1:
+        raise ShmqError(f"--dedup-id names one message, not {len(bodies)}")
+    options = {"priority": priority, "delay": delay, "ttl": ttl}
     with _connect(namespace, url, token) as broker:
         q = broker.queue(name)
-        ids = q.put_many([(b, headers) for b in bodies], timeout=timeout) if bodies else []
+        if group is None and dedup_id is None:
+            ids = q.put_many([(b, headers) for b in bodies], timeout=timeout, **options) if bodies else []
+        else:  # put_many takes neither: one put each
+            ids = [q.put(b, headers, timeout=timeout, group=group, dedup_id=dedup_id, **options) for b in bodies]
     if as_json:
         _echo_json({"queue": name, "ids": ids})
     else:
@@ -338,6 +373,41 @@ def consume(name, namespace, url, token, count, wait, mode, as_json):
                 d.nack()
         elif mode != "no-ack" and got:
             q.ack_many(got)
+
+
+@main.command()
+@click.argument("name")
+@_target_options
+@click.option("-n", "count", type=int, default=10, show_default=True, help="At most this many.")
+@_json_option
+def peek(name, namespace, url, token, count, as_json):
+    """Print the next ready messages without taking them (no lease, no attempt counted)."""
+    with _connect(namespace, url, token) as broker:
+        messages = broker.queue(name).peek(count)
+    for m in messages:
+        if as_json:
+            _echo_json({"queue": name, "id": m.id, "attempt": m.attempt, "priority": m.priority,
+                        "enqueued_at": m.enqueued_at, "group": m.group, "headers": _jsonable(m.headers),
+                        "body": m.body.decode("utf-8", "replace"), "body_base64": base64.b64encode(m.body).decode()})
+        else:
+            click.echo(m.body.decode("utf-8", "replace"))
+
+
+@main.command()
+@click.argument("dlq")
+@_target_options
+@click.option("--to", default=None, help="Queue to move them to (default: each to the queue it was dead-lettered "
+                                         "from).")
+@click.option("-n", "count", type=int, default=None, help="At most this many (default: all).")
+@_json_option
+def redrive(dlq, namespace, url, token, to, count, as_json):
+    """Move the messages of dead-letter queue DLQ back to be delivered again."""
+    with _connect(namespace, url, token) as broker:
+        n = broker.redrive(dlq, to=to, max_messages=count)
+    if as_json:
+        _echo_json({"queue": dlq, "redriven": n})
+    else:
+        click.echo(f"redrove {n} message(s) from {dlq}" + (f" to {to}" if to else ""))
 
 
 # ---------------------------------------------------------------- streams (docs/STREAMS.md)
@@ -698,6 +768,93 @@ def bench(args):
 
 def _jsonable(headers):
     return {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in headers.items()}
+
+
+# ---------------------------------------------------------------- exchanges
+@main.group()
+def exchange():
+    """Exchanges: route published messages to bound queues and streams."""
+
+
+@exchange.command("create")
+@click.argument("name")
+@_target_options
+@click.option("--type", "type_", type=click.Choice(["fanout", "topic"]), default="fanout", show_default=True,
+              help="fanout: every bound target; topic: those whose pattern matches the routing key.")
+@click.option("--exist-ok", is_flag=True, help="Succeed if the exchange exists (of this type).")
+def exchange_create(name, namespace, url, token, type_, exist_ok):
+    """Create an exchange."""
+    with _connect(namespace, url, token) as broker:
+        broker.create_exchange(name, type=type_, exist_ok=exist_ok)
+
+
+@exchange.command("delete")
+@click.argument("name")
+@_target_options
+def exchange_delete(name, namespace, url, token):
+    """Delete an exchange and its bindings."""
+    with _connect(namespace, url, token) as broker:
+        broker.delete_exchange(name)
+
+
+@exchange.command("bind")
+@click.argument("name")
+@click.argument("target")
+@_target_options
+@click.option("--pattern", default="#", show_default=True,
+              help='Topic pattern: words split on ".", * one word, # zero or more.')
+def exchange_bind(name, target, namespace, url, token, pattern):
+    """Bind the queue or stream TARGET to the exchange NAME."""
+    with _connect(namespace, url, token) as broker:
+        broker.bind(name, target, pattern=pattern)
+
+
+@exchange.command("unbind")
+@click.argument("name")
+@click.argument("target")
+@_target_options
+@click.option("--pattern", default=None, help="Only the binding of this pattern (default: all of TARGET's).")
+def exchange_unbind(name, target, namespace, url, token, pattern):
+    """Drop the bindings of TARGET to the exchange NAME."""
+    with _connect(namespace, url, token) as broker:
+        n = broker.unbind(name, target, pattern=pattern)
+    click.echo(f"{n} binding(s) removed")
+
+
+@exchange.command("list")
+@_target_options
+@_json_option
+def exchange_list(namespace, url, token, as_json):
+    """List the exchanges, their types and bindings."""
+    with _connect(namespace, url, token) as broker:
+        infos = [broker.exchange_info(name) for name in broker.list_exchanges()]
+    if as_json:
+        _echo_json(infos)
+        return
+    for x in infos:
+        binds = ", ".join(f"{b['kind']} {b['target']}" + (f" ({b['pattern']})" if x["type"] == "topic" else "")
+                          for b in x["bindings"])
+        click.echo(f"{x['name']}\t{x['type']}\t{binds or '-'}")
+
+
+@exchange.command("publish")
+@click.argument("name")
+@_target_options
+@click.option("-m", "--message", "messages", multiple=True, help="A message body (repeatable).")
+@click.option("--routing-key", "-k", default="", help="The routing key (topic exchanges).")
+@click.option("--header", "header_pairs", multiple=True, metavar="KEY=VALUE", help="A header (repeatable).")
+@click.option("--dedup-id", default=None, help="Make a retry safe: queues that have this id drop the repeat.")
+def exchange_publish(name, namespace, url, token, messages, routing_key, header_pairs, dedup_id):
+    """Publish messages to the exchange NAME; prints how many targets got each."""
+    if not messages:
+        raise click.UsageError("give at least one -m/--message")
+    if dedup_id is not None and len(messages) > 1:
+        raise click.UsageError("--dedup-id names one message: give one -m")
+    headers = _parse_headers(header_pairs) or None
+    with _connect(namespace, url, token) as broker:
+        for body in messages:
+            click.echo(broker.publish(name, body.encode(), routing_key=routing_key, headers=headers,
+                                      dedup_id=dedup_id))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ __all__ = [
     "fsync_dir",
     "MAGIC",
     "FORMAT_VERSION",
+    "READ_VERSIONS",
     "SUFFIX",
     "MAX_NAME_BYTES",
     "MAX_SETTINGS_BYTES",
@@ -69,10 +70,17 @@ __all__ = [
     "HWM_SLOT",
     "encode_hwm",
     "read_hwm",
+    "EXCHANGES_FILE",
+    "write_exchanges",
+    "read_exchanges",
 ]
 
 MAGIC = b"DMSQ"
-FORMAT_VERSION = 1
+# 2: a record's header bytes may start with the engine's extension block (0xC1, before the
+# msgpack headers: a version-1 reader would take them for damaged headers), and the settings
+# have the work-queue options; the layout is version 1's
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)  # what this code reads: every version since 1 has the same layout
 SUFFIX = ".dmsq"
 TMP_SUFFIX = ".tmp"
 CORRUPT_SUFFIX = ".corrupt"
@@ -131,7 +139,9 @@ _U64 = 2**64
 class SnapshotHeader:
     """What a snapshot says about its queue. ``settings`` is a map with str keys
     (max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
-    dead_letter_queue, durability, and whatever later versions add)."""
+    dead_letter_queue, durability; since version 2 priorities, message_ttl,
+    dedup_window, retry_delay, retry_backoff, retry_delay_max; and whatever later
+    versions add)."""
 
     queue: str
     settings: dict
@@ -142,7 +152,8 @@ class SnapshotHeader:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRecord:
-    """One message. ``headers`` is the msgpack-encoded headers map (b"" when none);
+    """One message. ``headers`` is the record's header bytes as the engine keeps them:
+    its extension block (version 2), then the msgpack-encoded headers map (b"" when none);
     ``attempt`` counts deliveries so far (an in-flight message is saved as ready)."""
 
     msg_id: int
@@ -483,8 +494,9 @@ def _parse_header(f, size: int) -> tuple[SnapshotHeader, int, int]:
     chain = _crc32(raw[:-CRC_SIZE])
     if CRC.unpack_from(raw, header_len - CRC_SIZE)[0] != chain:
         raise _Damage(0, "damaged header: checksum mismatch")
-    if version != FORMAT_VERSION:
-        raise _Unsupported(0, f"unsupported format version {version} (this shmq reads version {FORMAT_VERSION})")
+    if version not in READ_VERSIONS:
+        raise _Unsupported(0, f"unsupported format version {version} (this shmq reads versions "
+                              f"{', '.join(map(str, READ_VERSIONS))})")
     if header_len < HEADER_V1_FIXED + CRC_SIZE:
         raise _Damage(0, f"damaged header: {header_len} bytes is too short for version {version}")
     created_ns, snapshot_ns, settings_len, name_len, _ = HEADER_V1.unpack_from(raw, PREFIX.size)
@@ -759,6 +771,94 @@ def read_hwm(path) -> tuple[int, int] | None:
             if best is None or writes > best[0]:
                 best = (writes, epoch, offset)
     return None if best is None else best[1:]
+
+
+# ---------------------------------------------------------------- the exchange table
+# A namespace's exchanges and bindings, in one file of a data dir (EXCHANGES_FILE): the
+# prefix of a snapshot (magic b"DMSX", version u16, reserved u16 (0), table_len u32), the
+# table (msgpack: {name: {"type": str, "bindings": [[kind "q" | "s", target, pattern]]}}),
+# then crc u32 of every byte before it. Written whole to a .tmp and renamed into place.
+EXCHANGES_MAGIC = b"DMSX"
+EXCHANGES_VERSION = 1
+EXCHANGES_FILE = "exchanges.dmsx"
+MAX_EXCHANGES_BYTES = 1 << 20
+
+
+def write_exchanges(path, table: dict, fsync: bool = True) -> None:
+    """Write an exchange table crash-safely (0600, temp file, fsync, rename, directory fsync)."""
+    data = msgpack.packb(table, use_bin_type=True)
+    if len(data) > MAX_EXCHANGES_BYTES:
+        raise MessageTooLarge(f"an exchange table of {len(data)} bytes (at most {MAX_EXCHANGES_BYTES})")
+    raw = PREFIX.pack(EXCHANGES_MAGIC, EXCHANGES_VERSION, 0, len(data)) + data
+    raw += CRC.pack(_crc32(raw))
+    path = os.fsdecode(path)
+    tmp = path + TMP_SUFFIX
+    try:
+        os.unlink(tmp)  # one left by a crash: its mode or owner may be wrong
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view):]
+        if fsync:
+            os.fsync(fd)
+        os.close(fd)
+        fd = None
+        os.replace(tmp, path)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    if fsync:
+        fsync_dir(path)
+
+
+def _check_exchanges(table) -> dict:
+    if not isinstance(table, dict):
+        raise ValueError("the table is not a map")
+    for name, x in table.items():
+        if not isinstance(name, str) or not isinstance(x, dict) or not isinstance(x.get("type"), str):
+            raise ValueError(f"exchange {name!r}: not a name with a type")
+        bindings = x.get("bindings")
+        if not isinstance(bindings, list) or not all(
+                isinstance(b, list) and len(b) == 3 and b[0] in ("q", "s") and all(isinstance(v, str) for v in b)
+                for b in bindings):
+            raise ValueError(f"exchange {name!r}: damaged bindings")
+    return table
+
+
+def read_exchanges(path) -> dict:
+    """The exchange table of a file ``write_exchanges`` wrote. ValueError (naming the file
+    and what is wrong) if it is damaged or of another version; OSError if unreadable."""
+    path = os.fsdecode(path)
+    with open(path, "rb") as f:
+        raw = f.read(PREFIX.size + MAX_EXCHANGES_BYTES + CRC_SIZE + 1)
+    try:
+        if len(raw) < PREFIX.size + CRC_SIZE:
+            raise ValueError(f"{len(raw)} bytes is too short")
+        magic, version, _reserved, n = PREFIX.unpack_from(raw, 0)
+        if magic != EXCHANGES_MAGIC:
+            raise ValueError(f"bad magic {magic!r} (not an exchange table)")
+        if version != EXCHANGES_VERSION:
+            raise ValueError(f"unsupported version {version} (this shmq reads version {EXCHANGES_VERSION})")
+        if n > MAX_EXCHANGES_BYTES or len(raw) != PREFIX.size + n + CRC_SIZE:
+            raise ValueError(f"the table's length {n} does not fit the file's {len(raw)} bytes")
+        if CRC.unpack_from(raw, PREFIX.size + n)[0] != _crc32(raw[:PREFIX.size + n]):
+            raise ValueError("checksum mismatch")
+        try:
+            table = msgpack.unpackb(raw[PREFIX.size:PREFIX.size + n], raw=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as e:
+            raise ValueError(f"the table does not decode: {e}") from None
+        return _check_exchanges(table)
+    except ValueError as e:
+        raise ValueError(f"{path}: damaged exchange table: {e}") from None
 
 
 # ------------------------------------------------------------------------ maintenance

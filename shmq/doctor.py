@@ -191,6 +191,7 @@ def _examine(namespace, entries, now, remove=False) -> dict:
                 ns["queues"] = sorted(n for n in live if not n.startswith(_STREAM))
                 ns["streams"] = sorted(n[1:] for n in live if n.startswith(_STREAM))
                 owned = _owned(namespace, live) | {segment_name(namespace, "registry").lstrip("/"),
+                                                     segment_name(namespace, "exchanges").lstrip("/"),
                                                      lock_name(namespace)}
                 half = {}
                 for i, st, name in used:

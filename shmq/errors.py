@@ -26,6 +26,9 @@ __all__ = [
     "StreamExists",
     "OffsetOutOfRange",
     "CommitFailed",
+    "ExchangeNotFound",
+    "ExchangeExists",
+    "RequestTimeout",
 ]
 
 
@@ -125,3 +128,18 @@ class OffsetOutOfRange(ShmqError, IndexError):
 class CommitFailed(ShmqError):
     """The consumer no longer owns the partition (the group rebalanced since it polled):
     nothing was committed. Poll again; another member resumes from the last commit."""
+
+
+class ExchangeNotFound(ShmqError, LookupError):
+    """No exchange of that name exists (or it was deleted): create it first."""
+
+
+class ExchangeExists(ShmqError):
+    """``create_exchange`` found the name taken by an exchange of another type, or
+    ``exist_ok`` was not given: pick another name, or pass ``exist_ok=True``."""
+
+
+class RequestTimeout(ShmqError, TimeoutError):
+    """``request`` got no reply within its timeout. The request may still be handled
+    (it stays in the queue until a worker takes it), but its reply is dropped: make
+    requests safe to repeat, then retry or give up."""

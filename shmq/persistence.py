@@ -15,7 +15,10 @@ without a log behind it.
 A stream partition's files are named ``@STREAM#P`` (``wal.partition_log_name``):
 ``@STREAM#P.dmsq`` (its snapshot), ``@STREAM#P.wal.N`` (its logs, which stay as the long
 tail until retention deletes whole files) and ``@STREAM#P.hwm`` (a snapshot stream's
-high-water file). Layouts: docs/FORMAT.md; the promises: docs/DESIGN.md, Persistence.
+high-water file). The namespace's exchanges and bindings are one file,
+``exchanges.dmsx`` (``dmsq.EXCHANGES_FILE``), written when the table changes and read back
+only when shared memory has no table. Layouts: docs/FORMAT.md; the promises:
+docs/DESIGN.md, Persistence.
 """
 
 import logging
@@ -36,6 +39,7 @@ __all__ = ["snapshot_path", "snapshot_queue", "snapshot_stream", "apply_retentio
 log = logging.getLogger("shmq.persistence")
 
 _HWM_SUFFIX = ".hwm"
+_EXCHANGES = "#exchanges"  # the exchange table's key in Snapshotter._failing (no queue has "#" in its name)
 
 
 def snapshot_path(data_dir: str, name: str) -> str:
@@ -92,8 +96,10 @@ def snapshot_queue(q: Queue, data_dir: str, fsync: bool = True) -> tuple[str, in
     return path, len(messages)
 
 
+# the settings a snapshot keeps that ``create_queue`` takes back (format version 2 adds the work-queue options)
 _CREATE_KEYS = ("max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue",
-                "durability")
+                "durability", "priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff",
+                "retry_delay_max", "priority_aging")
 
 
 def restore_file(broker: Broker, path: str, into: str | None = None) -> tuple[str, int, str | None]:
@@ -210,7 +216,49 @@ def recover(broker: Broker, data_dir: str) -> list[str]:
                 rebuilt.append("@" + name)
         except (ValueError, TypeError, OSError, ShmqError) as e:
             log.error("%s: cannot rebuild stream %s: %s", data_dir, name, e)
+    _recover_exchanges(broker, data_dir)
     return rebuilt
+
+
+# ------------------------------------------------------------------------------ exchanges
+
+
+def _recover_exchanges(broker: Broker, data_dir: str) -> None:
+    """Put back the exchanges and bindings saved in the data dir's exchange file, when
+    the namespace has no exchange table in shared memory (memory is newer than the file).
+    Bindings to a queue or stream that is not there (a "memory" one) are dropped. A
+    damaged file is moved aside and said in one line; start-up goes on."""
+    path = os.path.join(data_dir, dmsq.EXCHANGES_FILE)
+    exchanges = broker.exchange_table()
+    if not os.path.exists(path) or exchanges.exists():
+        return
+    try:
+        table = dmsq.read_exchanges(path)
+    except ValueError as e:
+        aside = dmsq.quarantine(path)
+        log.error("%s; no exchanges restored; file moved to %s", e, aside,
+                  extra={"event": "file_quarantined", "file": path, "moved_to": aside, "error": str(e),
+                         "replayed": 0})
+        return
+    except OSError as e:
+        log.error("%s: cannot read the exchange table: %s", path, e)
+        return
+    there = {"q": set(broker.list_queues()), "s": set(broker.list_streams())}
+    bindings = dropped = 0
+    for x in table.values():
+        kept = [b for b in x["bindings"] if b[1] in there[b[0]]]
+        dropped += len(x["bindings"]) - len(kept)
+        bindings += len(kept)
+        x["bindings"] = kept
+    try:
+        exchanges.restore(table)
+    except (ValueError, OSError, ShmqError) as e:
+        log.error("%s: cannot restore the exchanges: %s", path, e)
+        return
+    log.info("exchanges restored from %s: %d exchange(s), %d binding(s)%s", path, len(table), bindings,
+             f" ({dropped} to queues or streams not there dropped)" if dropped else "",
+             extra={"event": "exchanges_restored", "data_dir": data_dir, "exchanges": len(table),
+                    "bindings": bindings, "dropped": dropped})
 
 
 # ------------------------------------------------------------------------------ streams
@@ -413,6 +461,7 @@ class Snapshotter:
         self._logs = {}  # queue name -> [attached Queue, generation of fd, fd or None], for sync_logs
         self._stream_logs = {}  # "@NAME" -> [attached Stream, {partition: [log, generation of fd, fd or None]}]
         self._failing = {}  # name -> the snapshot error last logged
+        self._exchanges_saved = None  # the exchange table last written
         self.last_round = {}  # what the last run_once wrote
         self._lost = False  # the data dir vanished
         self._dir_lock = threading.Lock()  # one thread at a time handles its coming and going
@@ -554,8 +603,26 @@ class Snapshotter:
             owner = _owner(entry)
             if owner is not None and owner not in keep:
                 os.unlink(os.path.join(self.data_dir, entry))
+        self._save_exchanges()
         self.last_round["files"] = written
         return written
+
+    def _save_exchanges(self) -> None:
+        """Write the exchange table (``dmsq.EXCHANGES_FILE``) when it changed since the
+        last write; a namespace without exchanges has no file."""
+        path = os.path.join(self.data_dir, dmsq.EXCHANGES_FILE)
+        table = self.broker.exchange_table().table()
+        if table == self._exchanges_saved and os.path.exists(path) == bool(table):
+            return
+        try:
+            if table:
+                dmsq.write_exchanges(path, table, self.fsync)
+            elif os.path.exists(path):
+                os.unlink(path)
+            self._exchanges_saved = table
+            self._report(_EXCHANGES, None)
+        except OSError as e:
+            self._report(_EXCHANGES, f"cannot write the exchange table to {self.data_dir}: {e}")
 
     def _report(self, name: str, error: str | None) -> None:
         """Log a snapshot failure when it starts or changes, and its end."""
@@ -563,6 +630,8 @@ class Snapshotter:
         if error == before:
             return
         what = f"stream {name[1:]}" if name.startswith("@") else f"queue {name}"
+        if name == _EXCHANGES:
+            what = "the exchange table"
         if error is None:
             del self._failing[name]
             log.info("snapshot of %s written again", what)

@@ -233,7 +233,7 @@ class Fitted:
         keep = list(self.headers)
         t = self.table(keep)
         unbounded = options.update(max_width=2**20)  # a measure at options.max_width is clamped to it
-        for h in sorted(self.drop, key=self.drop.get):
+        for h in sorted((h for h in self.drop if h in keep), key=self.drop.get):  # (optional columns may be absent)
             if console.measure(t, options=unbounded).maximum <= options.max_width:
                 break
             keep.remove(h)
@@ -281,18 +281,32 @@ def _oldest(s):
     return human_duration(s.oldest_ready_age_s) if s.ready else "-"
 
 
+def _by_priority(s) -> str:
+    """Ready messages per priority level, highest first (``2:5 1:0 0:3``); ``-`` for one level."""
+    levels = s.ready_by_priority
+    return "-" if len(levels) < 2 else " ".join(f"{p}:{human_count(levels[p])}" for p in reversed(range(len(levels))))
+
+
 def queue_stats_table(sample: Sample) -> Fitted:
-    """``shmq stats``: every queue's counters, DLQs under their sources, in natural order."""
+    """``shmq stats``: every queue's counters, DLQs under their sources, in natural order.
+    Columns shown only where they say something: ready by priority (a queue with
+    priority levels), expired (a message dropped for its TTL)."""
     links = sample.links_known
-    t = Fitted("queue", "ready", "in flight", "delayed", "oldest", *(["dlq"] if links else []), "used", "max", "put",
-               "acked", "redelivered", "dead-lettered",
-               drop={"max": 1, "redelivered": 2, "dead-lettered": 3, "acked": 4, "put": 5, "used": 6, "delayed": 7})
+    levels = any(len(s.ready_by_priority) > 1 for s in sample.queues.values())
+    expired = any(s.expired_total for s in sample.queues.values())
+    t = Fitted("queue", "ready", *(["by priority"] if levels else []), "in flight", "delayed", "oldest",
+               *(["dlq"] if links else []), "used", "max", "put", "acked", "redelivered", "dead-lettered",
+               *(["expired"] if expired else []),
+               drop={"max": 1, "redelivered": 2, "expired": 3, "dead-lettered": 4, "acked": 5, "put": 6, "used": 7,
+                     "delayed": 8, "by priority": 9})
     for name, level in _queue_order(sample, natural_key):
         s = sample.queues[name]
-        t.add_row(_label(name, level), human_count(s.ready), human_count(s.in_flight), human_count(s.delayed),
-                  _oldest(s), *([_dlq_cell(sample, name)] if links else []), human_bytes(s.bytes_used),
+        t.add_row(_label(name, level), human_count(s.ready), *([_by_priority(s)] if levels else []),
+                  human_count(s.in_flight), human_count(s.delayed), _oldest(s),
+                  *([_dlq_cell(sample, name)] if links else []), human_bytes(s.bytes_used),
                   human_bytes(s.max_bytes), human_count(s.enqueued_total), human_count(s.acked_total),
-                  human_count(s.redelivered_total), human_count(s.dead_lettered_total))
+                  human_count(s.redelivered_total), human_count(s.dead_lettered_total),
+                  *([human_count(s.expired_total)] if expired else []))
     return t
 
 

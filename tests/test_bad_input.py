@@ -120,3 +120,33 @@ def test_bad_urls():
         shmq.connect("http://x")
     with pytest.raises(ValueError, match="unsupported broker url"):
         shmq.connect("tcp://")
+
+
+# ---------------------------------------------------------------- work-queue fields over the wire (issue 13)
+@pytest.mark.parametrize("msg_type, payload, error, match", [
+    ("CREATE", {"queue": "x", "priorities": 0}, ValueError, r"^priorities must be an int in 1\.\.16, not 0$"),
+    ("CREATE", {"queue": "x", "message_ttl": -1}, ValueError, "^message_ttl must be > 0 seconds"),
+    ("CREATE", {"queue": "x", "retry_backoff": "2"}, ValueError, "^CREATE: field 'retry_backoff' must be a number"),
+    ("CREATE", {"queue": "x", "priority_aging": 0}, ValueError, "^priority_aging must be > 0 seconds"),
+    ("PRODUCE", {"queue": "q", "body": b"x", "priority": 3}, ValueError, "queue 'q' has no priority levels"),
+    ("PRODUCE", {"queue": "q", "body": b"x", "ttl_ms": 0}, ValueError, "^ttl must be > 0 seconds"),
+    ("PRODUCE", {"queue": "q", "body": b"x", "group": ""}, ValueError, "^group must be 1 to 255 bytes"),
+    ("PRODUCE", {"queue": "q", "body": b"x", "group": "g" * 256}, ValueError, "^group must be 1 to 255 bytes"),
+    ("PRODUCE", {"queue": "q", "body": b"x", "dedup_id": ""}, ValueError, "^dedup_id must not be empty"),
+    ("PRODUCE", {"queue": "q", "body": b"x", "delay_ms": -1}, ValueError, "field 'delay_ms' must be a non-negative"),
+    ("PRODUCE_BATCH", {"queue": "q", "messages": [{"body": b"x"}], "priority": -1}, ValueError, "priority"),
+    ("PEEK", {"queue": "missing"}, shmq.QueueNotFound, "missing"),
+    ("PEEK", {"queue": "q", "max": 0}, ValueError, "^PEEK: field 'max' must be a positive integer, not 0$"),
+    ("REDRIVE", {"queue": "missing"}, shmq.QueueNotFound, "missing"),
+    ("REDRIVE", {"queue": "q", "max": "all"}, ValueError, "^REDRIVE: field 'max' must be a positive integer"),
+    ("NACK", {"queue": "q", "deliveries": [1], "delay_ms": 0.5}, ValueError, "field 'delay_ms'"),
+])
+def test_bad_work_queue_fields_get_an_error_reply(tcp_server, broker, msg_type, payload, error, match):
+    from shmq.protocol import MsgType
+
+    q = broker.create_queue("q")
+    with shmq.connect(tcp_server.url) as remote:
+        with pytest.raises(error, match=match):
+            remote._request(MsgType[msg_type], payload)  # the raw request (the transport's)
+        remote.ping()  # the connection goes on
+    assert q.stats().enqueued_total == 0 and broker.list_queues() == ["q"]

@@ -41,7 +41,7 @@ class Loopback(RemoteBroker):
         self.pauses.append(seconds)
         self.now += seconds
 
-    def request(self, msg_type, payload=None, timeout=None):
+    def _request(self, msg_type, payload=None, timeout=None):
         msg_id, data = self._core.send(msg_type, payload)
         frame = decode(data)
         self.sent.append((data, frame))
@@ -73,7 +73,9 @@ CALLS = [  # (call on broker b, queue q of b, delivery d of q; request type and 
     (lambda b, q, d: b.queue("a").name, MsgType.STATS, {"queue": "a"}, STATS, "a"),
     (lambda b, q, d: b.create_queue("a", max_bytes=4096, dead_letter_queue="dlq", durability="wal").name,
      MsgType.CREATE, {"queue": "a", "max_bytes": 4096, "visibility_timeout_ms": 30000, "exist_ok": False,
-                      "dead_letter_queue": "dlq", "durability": "wal"}, {}, "a"),
+                      "dead_letter_queue": "dlq", "durability": "wal", "priorities": 1, "message_ttl": None,
+                      "dedup_window": 300.0, "retry_delay": 0.0, "retry_backoff": 1.0, "retry_delay_max": None,
+                      "priority_aging": 60.0}, {}, "a"),
     (lambda b, q, d: q.put_nowait(b"x"), MsgType.PRODUCE, {"queue": "q", "body": b"x"}, {"id": 3}, 3),
     (lambda b, q, d: q.put_many([b"x", (b"y", {"n": 1})]), MsgType.PRODUCE_BATCH,
      {"queue": "q", "messages": [{"body": b"x"}, {"body": b"y", "headers": {"n": 1}}]}, {"ids": [1, 2]}, [1, 2]),
@@ -87,13 +89,13 @@ CALLS = [  # (call on broker b, queue q of b, delivery d of q; request type and 
     (lambda b, q, d: q.stats(), MsgType.STATS, {"queue": "q"}, STATS,
      QueueStats(ready=1, in_flight=2, oldest_ready_age_s=1.5, bytes_used=64, max_bytes=4096, enqueued_total=5,
                 acked_total=3, redelivered_total=1, dead_lettered_total=0, consumers_waiting=0,
-                producers_waiting=0, delayed=0, purged_total=0)),
+                producers_waiting=0, delayed=0, purged_total=0, ready_by_priority=(1,))),  # (an older server's reply)
     (lambda b, q, d: q.purge(), MsgType.PURGE, {"queue": "q"}, {"purged": 3}, 3),
     (lambda b, q, d: d.ack(), MsgType.ACK, {"queue": "q", "deliveries": [17]}, {"acked": 1}, None),
     (lambda b, q, d: d.nack(delay=0.25), MsgType.NACK,
      {"queue": "q", "deliveries": [17], "requeue": True, "delay_ms": 250}, {}, None),
     (lambda b, q, d: d.nack(requeue=False), MsgType.NACK,
-     {"queue": "q", "deliveries": [17], "requeue": False, "delay_ms": 0}, {}, None),
+     {"queue": "q", "deliveries": [17], "requeue": False}, {}, None),
     (lambda b, q, d: d.reject(), MsgType.REJECT, {"queue": "q", "deliveries": [17]}, {}, None),
     (lambda b, q, d: d.extend(60), MsgType.EXTEND, {"queue": "q", "deliveries": [17], "visibility_ms": 60000},
      {}, None),

@@ -6,6 +6,7 @@ prefix of what was written, exactly the structures wholly before the first damag
 byte, and never raise.
 """
 
+import dataclasses
 import json
 import os
 import struct
@@ -245,7 +246,9 @@ def test_writer_rejects_bad_input(snap, monkeypatch):
     with pytest.raises(TypeError):
         SnapshotWriter(snap, SnapshotHeader("orders", {1: 2}, 0, 0))
     with pytest.raises(ValueError, match="version"):
-        SnapshotWriter(snap, SnapshotHeader("orders", {}, 0, 0, version=2))
+        SnapshotWriter(snap, SnapshotHeader("orders", {}, 0, 0, version=FORMAT_VERSION + 1))
+    with pytest.raises(ValueError, match="version"):  # older versions are read, never written
+        SnapshotWriter(snap, SnapshotHeader("orders", {}, 0, 0, version=1))
     with pytest.raises(ValueError, match="created_ns"):
         SnapshotWriter(snap, SnapshotHeader("orders", {}, -1, 0))
     with pytest.raises(ValueError, match="name"):
@@ -335,16 +338,42 @@ def _with_version(data, version):
 def test_newer_format_version_is_unsupported_not_damaged(snap):
     write_snapshot(snap, HEADER, make_records(2), fsync=False)
     data = open(snap, "rb").read()
-    write_bytes(snap, _with_version(data, 2))
+    write_bytes(snap, _with_version(data, FORMAT_VERSION + 1))
     r = read_snapshot(snap)
     assert (r.header, r.records, r.complete, r.unsupported) == (None, [], False, True)
-    assert "version 2" in r.error and r.error_offset == 0
+    assert f"version {FORMAT_VERSION + 1}" in r.error and r.error_offset == 0
+    assert "reads versions 1, 2" in r.error
     # The same version field changed by damage (checksum not fixed) is damage.
     damaged = bytearray(data)
-    damaged[4] = 2
+    damaged[4] = FORMAT_VERSION + 1
     write_bytes(snap, bytes(damaged))
     r = read_snapshot(snap)
     assert r.unsupported is False and "checksum" in r.error and r.header is None
+
+
+def test_version_1_files_are_still_read(snap, monkeypatch):
+    """Version 2 has version 1's layout: a file of the shmq before it reads the same, records and all."""
+    records = make_records(3)
+    with monkeypatch.context() as m:  # the writer as it was: version 1
+        m.setattr(dmsq, "FORMAT_VERSION", 1)
+        write_snapshot(snap, dataclasses.replace(HEADER, version=1), records, fsync=False)
+    assert struct.unpack_from("<H", open(snap, "rb").read(), 4)[0] == 1
+    r = read_snapshot(snap)
+    assert (r.header.version, r.header.queue, r.header.settings) == (1, HEADER.queue, HEADER.settings)
+    assert (r.records, r.complete, r.error) == (records, True, None)
+    assert dmsq.summary(snap)["format_version"] == 1
+
+
+def test_header_bytes_with_an_extension_block_are_kept_as_they_are(snap):
+    """The engine's record extension (0xC1 ..., then the msgpack headers) is stored as given."""
+    from shmq.engine import extension
+
+    hraw = extension.encode(priority=2, expires_ns=1_700_000_100 * 10**9, group="g") + msgpack.packb({"k": "v"})
+    write_snapshot(snap, HEADER, [SnapshotRecord(1, 0, 1, hraw, b"body")], fsync=False)
+    (rec,) = read_snapshot(snap).records
+    assert rec.headers == hraw and rec.headers[0] == 0xC1
+    ext, headers = extension.split(rec.headers)
+    assert (ext.priority, ext.group, msgpack.unpackb(headers)) == (2, "g", {"k": "v"})
 
 
 @pytest.mark.parametrize("settings_raw", [b"\xc1", b"\x81\x91\x01\x02", b"\x91\x01", b"\x81\x01\x02", b"\x80\x80"])

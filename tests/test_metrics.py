@@ -88,12 +88,25 @@ def test_queue_metrics_equal_stats(broker, metered):
         assert _get(samples, "shmq_queue_capacity_bytes", **q) == st.max_bytes
         assert _get(samples, "shmq_queue_consumers_waiting", **q) == st.consumers_waiting
         assert _get(samples, "shmq_queue_producers_waiting", **q) == st.producers_waiting
-        for counter in ("enqueued", "acked", "redelivered", "dead_lettered", "purged"):
+        for counter in ("enqueued", "acked", "redelivered", "dead_lettered", "purged", "expired"):
             assert _get(samples, f"shmq_queue_{counter}_total", **q) == getattr(st, f"{counter}_total"), counter
         age = _get(samples, "shmq_queue_oldest_ready_age_seconds", **q)
         assert 0 < age <= st.oldest_ready_age_s  # scraped a moment before stats()
     assert _get(samples, "shmq_queue_dead_letter_depth", queue="orders") == stats["dead"].ready == 1
     assert _get(samples, "shmq_queue_dead_letter_depth", queue="dead") == 0  # it has none
+
+
+def test_expired_messages_and_the_dead_letter_depth(broker, metered):
+    broker.create_queue("dead")
+    q = broker.create_queue("orders", dead_letter_queue="dead")
+    q.put_many([b"a", b"b"], ttl=0.05)
+    q.put(b"kept")
+    # the server's housekeeping finds them expired and dead-letters them, with no consumer around
+    samples = _until(lambda: _scrape(metered.metrics_port),
+                     lambda s: s.get(("shmq_queue_expired_total", frozenset({"queue": "orders"}.items()))) == 2)
+    assert _get(samples, "shmq_queue_expired_total", queue="orders") == q.stats().expired_total == 2
+    assert _get(samples, "shmq_queue_ready", queue="orders") == 1
+    assert _get(samples, "shmq_queue_dead_letter_depth", queue="orders") == 2
 
 
 def test_stream_metrics_equal_offsets_and_lag(broker, metered):

@@ -4,6 +4,8 @@ Pure: no sockets, no processes, no sleeps. The Hypothesis properties hold the
 decoder to its promise: it parses, or it raises ProtocolError.
 """
 
+import dataclasses
+
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -53,6 +55,13 @@ EXCHANGES = {
             "max_deliveries": 5,
             "dead_letter_queue": "orders.dlq",
             "exist_ok": True,
+            "priorities": 3,
+            "message_ttl": 3600,
+            "dedup_window": 300.0,
+            "retry_delay": 0.5,
+            "retry_backoff": 2.0,
+            "retry_delay_max": 60.0,
+            "priority_aging": None,
         },
         {},
     ),
@@ -70,15 +79,23 @@ EXCHANGES = {
             "acked_total": 2**40 - 4,
             "redelivered_total": 7,
             "dead_lettered_total": 0,
+            "expired_total": 2,
+            "ready_by_priority": [1, 0, 2],
+            "groups_in_flight": 1,
+            "dead_letter_depth": None,
         },
     ),
     MsgType.PURGE: ({"queue": "orders"}, {"purged": 12}),
     MsgType.PING: ({}, {}),
-    MsgType.PRODUCE: ({"queue": "orders", "body": ALL_BYTES, "headers": HEADERS}, {"id": 2**63 + 5}),
+    MsgType.PRODUCE: ({"queue": "orders", "body": ALL_BYTES, "headers": HEADERS, "priority": 2, "delay_ms": 1500,
+                       "ttl_ms": 60_000, "group": "customer-7", "dedup_id": "order-42"}, {"id": 2**63 + 5}),
     MsgType.PRODUCE_BATCH: (
         {
             "queue": "orders",
             "messages": [{"body": ALL_BYTES, "headers": HEADERS}, {"body": b""}, {"body": ALL_BYTES[::-1]}],
+            "priority": 1,
+            "delay_ms": 0,
+            "ttl_ms": 2**32,
         },
         {"ids": [1, 2, 3]},
     ),
@@ -86,8 +103,9 @@ EXCHANGES = {
         {"queue": "orders", "max": 10, "wait_ms": 5000, "visibility_ms": 60_000},
         {
             "messages": [
-                {"id": 1, "delivery": 2**64 - 1, "body": ALL_BYTES, "headers": HEADERS, "attempt": 1},
-                {"id": 2, "delivery": 17, "body": b"", "headers": {}, "attempt": 3},
+                {"id": 1, "delivery": 2**64 - 1, "body": ALL_BYTES, "headers": HEADERS, "attempt": 1,
+                 "enqueued_at": 1.7e9 + 0.125, "priority": 2, "group": "customer-7"},
+                {"id": 2, "delivery": 17, "body": b"", "headers": {}, "attempt": 3, "enqueued_at": 1.7e9},
             ]
         },
     ),
@@ -95,6 +113,15 @@ EXCHANGES = {
     MsgType.NACK: ({"queue": "orders", "deliveries": [17], "requeue": False, "delay_ms": 250}, {}),
     MsgType.EXTEND: ({"queue": "orders", "deliveries": [17, 18], "visibility_ms": 90_000}, {}),
     MsgType.REJECT: ({"queue": "orders", "deliveries": [17]}, {}),
+    MsgType.PEEK: (
+        {"queue": "orders", "max": 2},
+        {"messages": [{"id": 1, "body": ALL_BYTES, "headers": HEADERS, "attempt": 0, "enqueued_at": 1.7e9,
+                       "priority": 2, "group": "customer-7"},
+                      {"id": 2, "body": b"", "headers": {}, "attempt": 1, "enqueued_at": 1.7e9 + 1}]},
+    ),
+    MsgType.REDRIVE: ({"queue": "orders.dlq", "to": "orders", "max": 100}, {"redriven": 12}),
+    MsgType.SUBSCRIBE: ({"queue": "orders", "prefetch": 100, "visibility_ms": 30000}, {"subscription": 3}),
+    MsgType.CANCEL: ({"subscription": 3, "delivered": 41}, {"released": 7}),
     MsgType.STREAM_CREATE: (
         {"stream": "events", "partitions": 8, "max_bytes": 2**26, "max_message_bytes": 2**20, "retention": "drop",
          "retention_bytes": 2**30, "retention_seconds": 86400.5, "group_idle_timeout": 300.0,
@@ -140,6 +167,16 @@ EXCHANGES = {
     MsgType.COMMITTED: ({"stream": "events", "group": "billing"}, {"committed": [[0, 12]]}),
     MsgType.LAG: ({"stream": "events", "group": "billing"}, {"lag": [[0, 3], [1, 0]]}),
     MsgType.RESET: ({"stream": "events", "group": "billing", "offsets": [[0, 2]], "to": "earliest"}, {}),
+    MsgType.X_CREATE: ({"exchange": "events", "type": "topic", "exist_ok": True}, {}),
+    MsgType.X_DELETE: ({"exchange": "events"}, {}),
+    MsgType.X_LIST: ({"exchange": "events"}, {"name": "events", "type": "topic", "bindings": [
+        {"target": "audit", "kind": "queue", "pattern": "orders.#"}]}),
+    MsgType.X_BIND: ({"exchange": "events", "target": "audit", "pattern": "orders.*"}, {}),
+    MsgType.X_UNBIND: ({"exchange": "events", "target": "audit", "pattern": "orders.*"}, {"unbound": 1}),
+    MsgType.X_PUBLISH: ({"exchange": "events", "body": ALL_BYTES, "routing_key": "orders.eu", "headers": HEADERS,
+                         "dedup_id": "o-1"}, {"targets": 3}),
+    MsgType.REQUEST: ({"queue": "rpc", "body": b"2+2", "headers": HEADERS, "timeout_ms": 5000},
+                      {"body": b"4", "headers": {"k": "v"}}),
 }
 
 
@@ -461,8 +498,10 @@ def test_defaults_are_filled_in():
         "queue": "q",
         "deliveries": [4],
         "requeue": True,
-        "delay_ms": 0,
-    }
+    }  # no delay_ms: the queue's retry policy
+    assert validate_request(Frame(MsgType.PEEK, 1, {"queue": "q"})) == {"queue": "q", "max": 10}
+    assert validate_request(Frame(MsgType.REDRIVE, 1, {"queue": "dlq"})) == {"queue": "dlq"}
+    assert validate_request(Frame(MsgType.PRODUCE, 1, {"queue": "q", "body": b""})) == {"queue": "q", "body": b""}
     assert validate_request(Frame(MsgType.CREATE, 1, {"queue": "q"})) == {"queue": "q", "exist_ok": False}
     assert validate_request(Frame(MsgType.PING, 1, {})) == {}
     assert validate_request(Frame(MsgType.HELLO, 1, {})) == {}
@@ -525,6 +564,30 @@ def test_missing_required_fields():
         (MsgType.CREATE, {"queue": "q", "max_bytes": 0}, "max_bytes", "a positive integer"),
         (MsgType.CREATE, {"queue": "q", "exist_ok": "yes"}, "exist_ok", "a boolean"),
         (MsgType.CREATE, {"queue": "q", "dead_letter_queue": 1}, "dead_letter_queue", "a string"),
+        (MsgType.CREATE, {"queue": "q", "priorities": 2.0}, "priorities", "an integer, not 2.0"),
+        (MsgType.CREATE, {"queue": "q", "priorities": True}, "priorities", "an integer, not True"),
+        (MsgType.CREATE, {"queue": "q", "message_ttl": "1h"}, "message_ttl", "a number or nil, not '1h'"),
+        (MsgType.CREATE, {"queue": "q", "dedup_window": None}, "dedup_window", "a number, not None"),
+        (MsgType.CREATE, {"queue": "q", "retry_delay": False}, "retry_delay", "a number"),
+        (MsgType.CREATE, {"queue": "q", "retry_backoff": [2]}, "retry_backoff", "a number"),
+        (MsgType.CREATE, {"queue": "q", "retry_delay_max": b"1"}, "retry_delay_max", "a number"),
+        (MsgType.PRODUCE, {"queue": "q", "body": b"x", "priority": "high"}, "priority", "an integer, not 'high'"),
+        (MsgType.PRODUCE, {"queue": "q", "body": b"x", "priority": 1.0}, "priority", "an integer"),
+        (MsgType.PRODUCE, {"queue": "q", "body": b"x", "delay_ms": -1}, "delay_ms", "a non-negative integer"),
+        (MsgType.PRODUCE, {"queue": "q", "body": b"x", "delay_ms": 0.5}, "delay_ms", "a non-negative integer"),
+        (MsgType.PRODUCE, {"queue": "q", "body": b"x", "ttl_ms": -5}, "ttl_ms", "a non-negative integer, not -5"),
+        (MsgType.PRODUCE, {"queue": "q", "body": b"x", "group": 7}, "group", "a string, not 7"),
+        (MsgType.PRODUCE, {"queue": "q", "body": b"x", "dedup_id": 42}, "dedup_id", "a string or bytes"),
+        (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [], "priority": None}, "priority", "an integer"),
+        (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [], "ttl_ms": "1"}, "ttl_ms", "a non-negative"),
+        (MsgType.PEEK, {"max": 1}, "queue", None),
+        (MsgType.PEEK, {"queue": "q", "max": 0}, "max", "a positive integer, not 0"),
+        (MsgType.REDRIVE, {"queue": "q", "to": 5}, "to", "a string, not 5"),
+        (MsgType.REDRIVE, {"queue": "q", "max": -1}, "max", "a positive integer, not -1"),
+        (MsgType.SUBSCRIBE, {"queue": "q"}, "prefetch", None),
+        (MsgType.SUBSCRIBE, {"queue": "q", "prefetch": 0}, "prefetch", "a positive integer, not 0"),
+        (MsgType.CANCEL, {"subscription": "1"}, "subscription", "a positive integer, not '1'"),
+        (MsgType.CANCEL, {"subscription": 1, "delivered": -1}, "delivered", "a non-negative integer, not -1"),
         (MsgType.HELLO, {"token": b"s3cret"}, "token", "a string"),
         (MsgType.STREAM_CREATE, {"queue": "events"}, "stream", None),
         (MsgType.STREAM_CREATE, {"stream": "s", "partitions": "4"}, "partitions", "an integer, not '4'"),
@@ -782,3 +845,67 @@ def test_compressed_records_round_trip_and_are_bounded_whatever_the_frame_claims
         compression.decompress(compression.zstandard.ZstdCompressor().compress(b"\xc1"), "zstd", 4096)
     with pytest.raises(ValueError, match="compression must be None or 'zstd', not 'gzip'"):
         compression.decompress(data, "gzip", 4096)
+
+
+# ------------------------------------------------------------------- work-queue forms (issue 13)
+def test_a_put_s_options_are_left_out_at_their_defaults():
+    from shmq.protocol.forms import put_args, put_fields
+
+    assert put_fields() == {} and put_fields(0, 0.0, None, None, None) == {}
+    fields = put_fields(priority=2, delay=1.5, ttl=60, group="g", dedup_id=b"id")
+    assert fields == {"priority": 2, "delay_ms": 1500, "ttl_ms": 60_000, "group": "g", "dedup_id": b"id"}
+    assert put_args(fields) == {"priority": 2, "delay": 1.5, "ttl": 60.0, "group": "g", "dedup_id": b"id"}
+    assert put_args({"queue": "q", "body": b""}) == {}  # the engine's defaults
+    assert put_fields(ttl=0.0001) == {"ttl_ms": 1} and put_fields(ttl=0) == {"ttl_ms": 0}  # 0: the engine refuses
+    plain = encode_request(MsgType.PRODUCE, 1, {"queue": "q", "body": b"x", **put_fields()})
+    assert plain == encode_request(MsgType.PRODUCE, 1, {"queue": "q", "body": b"x"})  # no bigger than before
+    for kwargs, error, match in [({"priority": "1"}, TypeError, "priority must be an int"),
+                                 ({"priority": True}, TypeError, "priority must be an int"),
+                                 ({"delay": -1}, ValueError, "delay must be >= 0"),
+                                 ({"ttl": "1"}, TypeError, "ttl must be a number"),
+                                 ({"group": 1}, TypeError, "group must be a str"),
+                                 ({"dedup_id": 1}, TypeError, "dedup_id must be str or bytes")]:
+        with pytest.raises(error, match=match):
+            put_fields(**kwargs)
+
+
+def test_create_fields_carry_the_options_and_their_nils():
+    from shmq.protocol.forms import create_args, create_fields
+
+    fields = create_fields("q", 4096, None, 30, None, None, False, priorities=3, message_ttl=None, priority_aging=None,
+                           retry_backoff=2.0)
+    assert {k: fields[k] for k in ("priorities", "message_ttl", "priority_aging", "retry_backoff")} == {
+        "priorities": 3, "message_ttl": None, "priority_aging": None, "retry_backoff": 2.0}
+    checked = validate_request(Frame(MsgType.CREATE, 1, fields))
+    args = create_args(checked)
+    assert (args["priorities"], args["message_ttl"], args["priority_aging"], args["retry_backoff"]) == (3, None, None,
+                                                                                                         2.0)
+    assert "dedup_window" not in create_args(validate_request(Frame(MsgType.CREATE, 1, {"queue": "q"})))
+    with pytest.raises(TypeError, match="message_ttl must be a number of seconds, not '1h'"):
+        create_fields("q", 4096, None, 30, None, None, False, message_ttl="1h")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'priority'"):
+        create_fields("q", 4096, None, 30, None, None, False, priority=1)
+
+
+def test_stats_of_an_older_server_read_with_defaults():
+    from shmq.protocol.forms import stats_fields, stats_from_fields
+
+    old = dict(EXCHANGES[MsgType.STATS][1])
+    for key in ("expired_total", "ready_by_priority", "groups_in_flight", "dead_letter_depth"):
+        del old[key]
+    s = stats_from_fields(old)
+    assert (s.expired_total, s.ready_by_priority, s.groups_in_flight, s.dead_letter_depth) == (0, (3,), 0, None)
+    new = stats_from_fields(EXCHANGES[MsgType.STATS][1])
+    assert (new.ready_by_priority, new.dead_letter_depth) == ((1, 0, 2), None)
+    assert stats_from_fields(msgpack.unpackb(msgpack.packb(stats_fields(new)))) == new  # a tuple again
+
+
+def test_peeked_and_consumed_messages_carry_priority_enqueued_at_and_group():
+    from shmq.engine.delivery import Message
+    from shmq.protocol.forms import message_from_fields, peeked_fields
+
+    m = Message(id=3, body=b"b", headers={"k": 1}, attempt=1, priority=2, enqueued_at=1.7e9, group="g", queue="q")
+    assert message_from_fields("q", peeked_fields(m)) == m
+    plain = dataclasses.replace(m, priority=0, group=None)
+    assert sorted(peeked_fields(plain)) == ["attempt", "body", "enqueued_at", "headers", "id"]  # defaults left out
+    assert message_from_fields("q", peeked_fields(plain)) == plain

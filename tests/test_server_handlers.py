@@ -184,7 +184,9 @@ def test_create_list_stats_purge_delete(conn, broker):
                                        "max_deliveries": 3, "durability": "memory"}) == {}
     assert broker.queue("q").settings() == {
         "max_bytes": 1 << 20, "max_message_bytes": broker.queue("q").max_message_bytes, "visibility_timeout": 1.5,
-        "max_deliveries": 3, "dead_letter_queue": None, "durability": "memory"}
+        "max_deliveries": 3, "dead_letter_queue": None, "durability": "memory", "priorities": 1,
+        "priority_aging": 60.0, "message_ttl": None, "dedup_window": 300.0, "retry_delay": 0.0, "retry_backoff": 1.0,
+        "retry_delay_max": None}  # the work-queue options: the engine's defaults
     with pytest.raises(shmq.QueueExists):
         call(conn, MsgType.CREATE, {"queue": "q"})
     assert call(conn, MsgType.CREATE, {"queue": "q", "exist_ok": True}) == {}
@@ -195,7 +197,7 @@ def test_create_list_stats_purge_delete(conn, broker):
     assert list(stats) == [  # the order of the bytes on the wire, as before the table
         "ready", "in_flight", "oldest_ready_age_ms", "bytes_used", "max_bytes", "enqueued_total", "acked_total",
         "redelivered_total", "dead_lettered_total", "consumers_waiting", "producers_waiting", "delayed",
-        "purged_total", "settings"]
+        "purged_total", "expired_total", "ready_by_priority", "groups_in_flight", "dead_letter_depth", "settings"]
     assert (stats["ready"], stats["enqueued_total"]) == (2, 2)
     assert call(conn, MsgType.PURGE, {"queue": "q"}) == {"purged": 2}
     assert call(conn, MsgType.DELETE, {"queue": "q"}) == {}

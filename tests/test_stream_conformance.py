@@ -429,7 +429,7 @@ def test_compressed_data_is_checked_like_plain_records(server, broker):
     zstd = compression.zstandard.ZstdCompressor()
     with shmq.connect(server.url) as remote:
         def send(**fields):
-            return remote.request(MsgType.APPEND_BATCH, {"stream": "events", **fields})
+            return remote._request(MsgType.APPEND_BATCH, {"stream": "events", **fields})
 
         with pytest.raises(ValueError, match="compressed data cannot be read"):
             send(compression="zstd", data=b"not zstd")

@@ -215,7 +215,7 @@ def test_live_top_quits_on_q_or_ctrl_c_and_restores_the_terminal(broker, known, 
 
 def test_stats_fits_the_terminal_it_is_shown_on(broker, known, pty_run):
     p = pty_run("stats", "--namespace", broker.namespace, cols=72)
-    assert p.wait() == 0
+    assert p.wait() == 0, p.text
     assert max(len(line) for line in p.text.splitlines()) <= 72
     header, rows = _rows(p.text, "queue")
     assert header[:6] == ["queue", "ready", "in flight", "delayed", "oldest", "dlq"]

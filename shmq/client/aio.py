@@ -15,10 +15,12 @@ from collections import deque
 from ..errors import BrokerUnavailable
 from ..protocol import MsgType
 from ..protocol.forms import from_pairs, max_records_field
-from .core import BrokerCalls, DeliveryCalls, Pause, QueueCalls, Run, Send, driven
+from .core import BrokerCalls, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, driven
 from .streams import ConsumerCalls, StreamCalls
+from .subscription import SubscriptionCalls
 
-__all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery", "AsyncStream", "AsyncConsumer"]
+__all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery", "AsyncSubscription", "AsyncStream",
+           "AsyncConsumer"]
 
 
 async def connect(url: str, token: str | None = None) -> "AsyncBroker":
@@ -35,10 +37,45 @@ class AsyncDelivery(DeliveryCalls):
     __slots__ = ()
 
 
+class AsyncSubscription(SubscriptionCalls):
+    """``async for d in q.consume(prefetch=N)``: deliveries pushed by the server;
+    ``await aclose()`` (or leaving its ``async with``, or dropping it) cancels it."""
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        d = await self._q._drive(self._next())
+        if d is None:
+            raise StopAsyncIteration
+        return d
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Cancel: no more pushes; what was pushed and not handed out is ready again."""
+        self.close()
+
+    def close(self) -> None:
+        self._close(self._q._broker._post)
+
+    def __del__(self):
+        if not self.closed:
+            try:
+                self.close()
+            except Exception:
+                pass  # a closed connection released everything already
+
+
 class AsyncQueue(QueueCalls):
     """The Queue API, awaitable; ``async for d in q`` yields deliveries forever."""
 
     _delivery_class = AsyncDelivery
+    _subscription_class = AsyncSubscription
 
     def __aiter__(self):
         return self
@@ -100,7 +137,9 @@ class AsyncStream(StreamCalls):
 
 class AsyncBroker(BrokerCalls):
     """The broker API, awaitable: create_queue, queue, list_queues, delete_queue,
-    create_stream, stream, list_streams, delete_stream, ping, close."""
+    create_stream, stream, list_streams, delete_stream, the exchanges (create_exchange,
+    bind, unbind, publish, list_exchanges, exchange_info, delete_exchange), request,
+    ping, close. A waiting ``request`` holds back nothing else on the connection."""
 
     _queue_class = AsyncQueue
     _stream_class = AsyncStream
@@ -108,6 +147,8 @@ class AsyncBroker(BrokerCalls):
     def __init__(self, url, token=None):
         super().__init__(url, token)
         self._pending = {}  # msg id -> a future set once the core knows its outcome
+        self._pushed = {}  # subscription id -> a future set when something is pushed for it
+        self._core.on_push = self._on_push
         self._writer = None
         self._reader_task = None
         self.server_info = None
@@ -152,6 +193,26 @@ class AsyncBroker(BrokerCalls):
             self._wake(self._core.connection_lost(e))
         finally:
             self._writer.close()
+            for sid in list(self._pushed):
+                self._on_push(sid)
+
+    def _on_push(self, sid):
+        waiter = self._pushed.pop(sid, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _post(self, msg_type, payload=None) -> None:
+        """Send one request without waiting for its reply (``ClientCore.post``)."""
+        self._writer.write(self._core.post(msg_type, payload))  # raises once the connection has ended
+
+    async def _receive(self, sid) -> None:
+        """Wait until something is pushed for subscription ``sid``."""
+        core = self._core
+        while not core.pushes(sid):
+            if core.failed:
+                raise core.ended_error()
+            waiter = self._pushed[sid] = asyncio.get_running_loop().create_future()
+            await waiter
 
     def _wake(self, msg_ids):
         for msg_id in msg_ids:
@@ -159,7 +220,7 @@ class AsyncBroker(BrokerCalls):
             if answered is not None and not answered.done():
                 answered.set_result(None)
 
-    async def request(self, msg_type, payload=None) -> dict:
+    async def _request(self, msg_type, payload=None) -> dict:
         """Send one request and return its reply payload (or raise its error)."""
         msg_id, data = self._core.send(msg_type, payload)  # raises once the connection has ended
         answered = self._pending[msg_id] = asyncio.get_running_loop().create_future()
@@ -182,8 +243,14 @@ class AsyncBroker(BrokerCalls):
             try:
                 if isinstance(step, Pause):
                     run.send(await asyncio.sleep(step.seconds))
+                elif isinstance(step, Post):
+                    self._post(step.msg_type, step.payload)
+                    await self._writer.drain()
+                    run.send(None)
+                elif isinstance(step, Receive):
+                    run.send(await self._receive(step.sid))
                 else:
-                    run.send(await self.request(step.msg_type, step.payload))
+                    run.send(await self._request(step.msg_type, step.payload))
             except Exception as e:
                 run.throw(e)
         return run.result

@@ -21,31 +21,57 @@ whatever ``execute_command`` returns.
 """
 
 import functools
+import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..auth import client_token, refused
-from ..errors import BrokerUnavailable, ProtocolError, QueueEmpty, QueueFull, Unauthorized
-from ..protocol import FrameDecoder, MsgType, Status, encode_request, error_from_reply
+from ..engine.exchange import check_pattern, check_routing_key
+from ..engine.rpc import CORRELATION_ID
+from ..engine.rpc import reply_headers as rpc_reply_headers
+from ..errors import BrokerUnavailable, ProtocolError, QueueEmpty, QueueFull, QueueNotFound, Unauthorized
+from ..errors import DeliveryExpired
+from ..protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, Status, encode_request, error_from_reply
 from ..protocol.forms import (
     DEFAULT_MAX_BYTES,
     DEFAULT_VISIBILITY_S,
     consume_fields,
     create_fields,
     message_fields,
+    message_from_fields,
     ms,
+    put_fields,
     stats_from_fields,
     stream_create_fields,
 )
 
-__all__ = ["ClientCore", "Send", "Pause", "Run", "driven", "retry_while_full", "waiting", "BrokerCalls",
-           "QueueCalls", "DeliveryCalls", "parse_url", "CONSUME_SLICE_MS", "PUT_RETRY_S"]
+__all__ = ["ClientCore", "Send", "Pause", "Post", "Receive", "Run", "driven", "retry_while_full", "waiting",
+           "BrokerCalls", "QueueCalls", "DeliveryCalls", "parse_url", "CONSUME_SLICE_MS", "PUT_RETRY_S"]
 
 CONSUME_SLICE_MS = 5000  # a blocking get waits in slices, so the connection never idles for long
 PUT_RETRY_S = (0.0005, 0.05)  # backoff between PRODUCE retries on QUEUE_FULL: first, most
 MAX_REPLY_BYTES = 2**31 - 1  # the client trusts its server's reply sizes
 DEFAULT_PORT = 7878
+_DELIVER = PushType.DELIVER | REPLY_BIT
+_log = logging.getLogger("shmq.client")
+
+
+def _type_name(t) -> str:
+    try:
+        return MsgType(t).name
+    except ValueError:
+        return f"0x{t:02X}"
+
+
+class _PushEnd:
+    """A DELIVER push that ends its subscription, read as an error reply (``error_from_reply``)."""
+
+    def __init__(self, status, payload):
+        self.status = status if type(status) is int else Status.INTERNAL
+        self.payload = payload
+        self.msg_id = 0
 
 
 def parse_url(url: str) -> tuple[str, int]:
@@ -67,16 +93,24 @@ class ClientCore:
         self._waiting = set()  # msg ids sent and not yet answered
         self._replies = {}  # msg id -> its reply frame, until result() takes it
         self._end = None  # () -> the exception that ended the connection
+        self._unwaited = set()  # msg ids posted without waiting (ack(wait=False), CANCEL)
+        self._deferred = None  # the first error of an unwaited request, raised by the next call
+        self._pushes = {}  # subscription id -> deque of pushed messages (and its end, an exception)
+        self._cancelled = set()  # subscriptions cancelled: what is still pushed for them was given back
+        self.on_push = None  # called with a subscription id when a push for it arrives (asyncio)
 
     @property
     def failed(self) -> bool:
         """Whether the connection has ended (lost, closed, or an error with msg id 0)."""
         return self._end is not None
 
-    def send(self, msg_type: int, payload: dict | None = None) -> tuple[int, bytes]:
-        """A new msg id and the request's bytes; raises why the connection ended, if it has."""
+    def send(self, msg_type: int, payload: dict | None = None, check: bool = True) -> tuple[int, bytes]:
+        """A new msg id and the request's bytes; raises why the connection ended, if it has
+        (and, with ``check``, the error of an earlier request sent without waiting)."""
         if self._end is not None:
             raise self._end()
+        if check:
+            self.raise_deferred()
         self._last_id = self._last_id % 0xFFFFFFFF + 1  # 1 .. 2**32-1: msg id 0 speaks for the connection
         data = encode_request(msg_type, self._last_id, payload)
         self._waiting.add(self._last_id)
@@ -95,13 +129,68 @@ class ClientCore:
             for frame in self._decoder.frames():
                 if frame.msg_id in self._waiting:
                     self._waiting.discard(frame.msg_id)
+                    if self._unwaited and frame.msg_id in self._unwaited:
+                        self._unwaited.discard(frame.msg_id)
+                        if frame.status != Status.OK:
+                            self._defer(error_from_reply(frame, self.endpoint), frame)
+                        continue
                     self._replies[frame.msg_id] = frame
                     done.append(frame.msg_id)
                 elif frame.msg_id == 0 and frame.status != Status.OK:
                     return done + self._ended(functools.partial(error_from_reply, frame, self.endpoint))
+                elif frame.msg_id == 0 and frame.type == _DELIVER:
+                    self._pushed(frame.payload)
         except ProtocolError as e:  # the server's bytes cannot be read: the connection is over
             return done + self._ended(functools.partial(ProtocolError, str(e), e.status, e.msg_id, e.fatal))
         return done
+
+    def post(self, msg_type: int, payload: dict | None = None) -> bytes:
+        """The bytes of a request nobody waits for (``ack(wait=False)``, CANCEL): its reply
+        is dropped when it comes, an error reply logged and raised by the next call."""
+        msg_id, data = self.send(msg_type, payload, check=False)
+        self._unwaited.add(msg_id)
+        return data
+
+    def _defer(self, error, frame):
+        _log.warning("%s: a request sent without waiting (%s) failed: %s", self.endpoint,
+                     _type_name(frame.request_type), error)
+        if self._deferred is None:
+            self._deferred = error
+
+    def raise_deferred(self) -> None:
+        """Raise (once) the error of an earlier request sent without waiting, if one failed."""
+        error, self._deferred = self._deferred, None
+        if error is not None:
+            raise error
+
+    def _pushed(self, p):
+        sid = p.get("subscription")
+        if type(sid) is not int or sid in self._cancelled:
+            return  # given back by its CANCEL
+        buf = self._pushes.get(sid)
+        if buf is None:
+            buf = self._pushes[sid] = deque()  # pushed before the SUBSCRIBE reply was read
+        buf.extend(p.get("messages") or ())
+        if "status" in p:  # the server ended it
+            buf.append(error_from_reply(_PushEnd(p["status"], p), self.endpoint))
+        if self.on_push is not None:
+            self.on_push(sid)
+
+    def pushes(self, sid: int) -> deque:
+        """The messages pushed for subscription ``sid`` not yet taken (a live deque)."""
+        buf = self._pushes.get(sid)
+        if buf is None:
+            buf = self._pushes[sid] = deque()
+        return buf
+
+    def unsubscribe(self, sid: int) -> None:
+        """Subscription ``sid`` is cancelled: drop what it holds and what still comes for it."""
+        self._pushes.pop(sid, None)
+        self._cancelled.add(sid)
+
+    def ended_error(self) -> Exception:
+        """Why the connection ended (it has)."""
+        return self._end()
 
     def done(self, msg_id: int) -> bool:
         """Whether ``result(msg_id)`` has an answer (a reply, or the connection's end)."""
@@ -153,6 +242,22 @@ class Pause:
     """A call's step: sleep this many seconds, then go on."""
 
     seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Post:
+    """A call's step: send this request and go on at once (``ClientCore.post``)."""
+
+    msg_type: MsgType
+    payload: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Receive:
+    """A call's step: wait until something is pushed for subscription ``sid`` (or the
+    connection ends: then its error is thrown in)."""
+
+    sid: int
 
 
 class Run:
@@ -233,15 +338,21 @@ class DeliveryCalls:
     """A message leased to this connection, as a CONSUME reply tells it; the tag names the
     lease on this connection only. Settle it like a local ``Delivery``."""
 
-    __slots__ = ("id", "body", "headers", "attempt", "_q", "_tag")
+    __slots__ = ("id", "body", "headers", "attempt", "priority", "enqueued_at", "group", "_q", "_tag", "_sub",
+                 "_settled")
 
     def __init__(self, q, m: dict):
         self._q = q
         self._tag = m["delivery"]
+        self._sub = None  # a weak reference to the consume(prefetch) iteration it came from
+        self._settled = False  # acked without waiting: settled as far as this side knows
         self.id = m["id"]
         self.body = m["body"]
         self.headers = m.get("headers") or {}
         self.attempt = m["attempt"]
+        self.priority = m.get("priority", 0)
+        self.enqueued_at = m.get("enqueued_at")  # epoch seconds (None from a server older than the field)
+        self.group = m.get("group")
 
     @property
     def queue(self) -> str:
@@ -254,17 +365,35 @@ class DeliveryCalls:
         return self._q._drive(call)
 
     def _settle(self, msg_type, **fields):
+        if self._settled:
+            raise DeliveryExpired(f"delivery {self.queue}#{self.id} was acked already")
         return Send(msg_type, {"queue": self._q.name, "deliveries": [self._tag], **fields})
 
     @driven
-    def ack(self):
-        """Done with it: the message is gone. DeliveryExpired if the lease is no longer yours."""
-        yield self._settle(MsgType.ACK)
+    def ack(self, wait: bool = True):
+        """Done with it: the message is gone. DeliveryExpired if the lease is no longer yours.
+        With ``wait=False`` the ack is sent without waiting for the server (pipelined;
+        from a ``consume`` iteration, with the acks next to it in one request, at the
+        latest when the iteration next waits): an error is logged and raised by the next
+        call on the connection, and a lost ack means a redelivery."""
+        if wait:
+            yield self._settle(MsgType.ACK)
+            return
+        request = self._settle(MsgType.ACK)
+        self._settled = True
+        sub = self._sub and self._sub()  # a weak reference: a delivery kept does not keep its iteration open
+        if sub is not None:
+            request = sub._ack_later(self._tag)
+            if request is None:
+                return
+        yield Post(request.msg_type, request.payload)
 
     @driven
-    def nack(self, requeue: bool = True, delay: float = 0.0):
-        """Give it back: ready again after ``delay`` seconds (or dead-lettered if not ``requeue``)."""
-        yield self._settle(MsgType.NACK, requeue=requeue, delay_ms=ms(delay, "delay"))
+    def nack(self, requeue: bool = True, delay: float | None = None):
+        """Give it back: ready again after ``delay`` seconds (None: as the queue's retry
+        policy says), or dead-lettered if not ``requeue``."""
+        fields = {"requeue": requeue} if delay is None else {"requeue": requeue, "delay_ms": ms(delay, "delay")}
+        yield self._settle(MsgType.NACK, **fields)
 
     @driven
     def reject(self):
@@ -276,11 +405,25 @@ class DeliveryCalls:
         """Keep the lease ``seconds`` from now."""
         yield self._settle(MsgType.EXTEND, visibility_ms=ms(seconds, "seconds"))
 
+    @driven
+    def reply(self, body, headers=None):
+        """Answer a message that asked for a reply (``request``); False when the requester
+        has gone (timed out or died: the reply is dropped), else True. ValueError if it
+        asked for no reply."""
+        reply_to, corr = rpc_reply_headers(self)
+        try:
+            yield Send(MsgType.PRODUCE, {"queue": reply_to,
+                                         **message_fields(body, {**(headers or {}), CORRELATION_ID: corr})})
+        except QueueNotFound:
+            return False
+        return True
+
 
 class QueueCalls:
     """A queue reached over a connection: the methods and errors of the local ``Queue``."""
 
     _delivery_class = DeliveryCalls  # the transport's
+    _subscription_class = None  # the transport's (a ``subscription.SubscriptionCalls``)
 
     def __init__(self, broker, name: str):
         self._broker = broker
@@ -290,30 +433,43 @@ class QueueCalls:
         return self._broker._drive(call)
 
     @driven
-    def put(self, body, headers=None, timeout=None):
+    def put(self, body, headers=None, timeout=None, *, priority=0, delay=0.0, ttl=None, group=None, dedup_id=None):
         """Append one message and return its id; while the queue is full, retry for up to
-        ``timeout`` seconds (None: for ever), then QueueFull."""
+        ``timeout`` seconds (None: for ever), then QueueFull. The options are the local
+        ``Queue.put``'s: ``priority`` level, ready after ``delay`` seconds, dropped ``ttl``
+        seconds after the put, one at a time per ``group``, dropped when ``dedup_id`` was
+        put within the queue's dedup window (the id of the first is returned)."""
         message = message_fields(body, headers)
-        request = Send(MsgType.PRODUCE, {"queue": self.name, **message})
+        options = put_fields(priority, delay, ttl, group, dedup_id)
+        request = Send(MsgType.PRODUCE, {"queue": self.name, **message, **options})
         return (yield from retry_while_full(request, timeout, self._broker._clock))["id"]
 
     @driven
-    def put_nowait(self, body, headers=None):
+    def put_nowait(self, body, headers=None, *, priority=0, delay=0.0, ttl=None, group=None, dedup_id=None):
         """Append one message and return its id; QueueFull at once if there is no room."""
-        return (yield Send(MsgType.PRODUCE, {"queue": self.name, **message_fields(body, headers)}))["id"]
+        options = put_fields(priority, delay, ttl, group, dedup_id)
+        return (yield Send(MsgType.PRODUCE, {"queue": self.name, **message_fields(body, headers), **options}))["id"]
 
     @driven
-    def put_many(self, bodies, timeout=None):
+    def put_many(self, bodies, timeout=None, *, priority=0, delay=0.0, ttl=None):
         """Append bodies (or (body, headers) pairs), all or none, and return their ids;
-        retries while the queue is full like ``put``."""
+        retries while the queue is full like ``put``; the options apply to every one."""
         messages = []
         for item in bodies:
             body, headers = item if type(item) is tuple else (item, None)
             messages.append(message_fields(body, headers))
+        options = put_fields(priority, delay, ttl)
         if not messages:
             return []
-        request = Send(MsgType.PRODUCE_BATCH, {"queue": self.name, "messages": messages})
+        request = Send(MsgType.PRODUCE_BATCH, {"queue": self.name, "messages": messages, **options})
         return (yield from retry_while_full(request, timeout, self._broker._clock))["ids"]
+
+    @driven
+    def peek(self, max_messages=10):
+        """Up to ``max_messages`` ready messages (``shmq.Message``), in the order ``get``
+        would take them, without leasing them or counting an attempt."""
+        fields = {"queue": self.name, **consume_fields(max_messages, None)}
+        return [message_from_fields(self.name, m) for m in (yield Send(MsgType.PEEK, fields))["messages"]]
 
     @driven
     def get(self, timeout=None, visibility_timeout=None):
@@ -329,6 +485,13 @@ class QueueCalls:
     def get_many(self, max_messages=64, timeout=None, visibility_timeout=None):
         """Lease up to ``max_messages`` ready messages, waiting like ``get`` for the first."""
         return (yield from self._consume(max_messages, timeout, visibility_timeout))
+
+    def consume(self, prefetch: int = 100, visibility_timeout=None):
+        """An iterator of deliveries the server pushes while fewer than ``prefetch`` of them
+        are un-acked (SUBSCRIBE; RabbitMQ's basic.qos): no round trip per message. Closing
+        it (``close``, leaving its ``with``, or dropping it) cancels the subscription, and
+        what was pushed but not yet handed out is given back, ready again at once."""
+        return self._subscription_class(self, prefetch, visibility_timeout)
 
     def _consume(self, max_messages, timeout, visibility_timeout):
         """CONSUME until messages come or ``timeout`` ends (see ``waiting``)."""
@@ -408,12 +571,28 @@ class BrokerCalls:
     @driven
     def create_queue(self, name, max_bytes=DEFAULT_MAX_BYTES, max_message_bytes=None,
                      visibility_timeout=DEFAULT_VISIBILITY_S, max_deliveries=None, dead_letter_queue=None,
-                     exist_ok=False, durability=None):
+                     exist_ok=False, durability=None, priorities=1, message_ttl=None, dedup_window=300.0,
+                     retry_delay=0.0, retry_backoff=1.0, retry_delay_max=None, priority_aging=60.0):
         """Create the queue ``name`` and return a handle on it; QueueExists if it exists
-        (unless ``exist_ok``)."""
-        yield Send(MsgType.CREATE, create_fields(name, max_bytes, max_message_bytes, visibility_timeout,
-                                                 max_deliveries, dead_letter_queue, exist_ok, durability))
+        (unless ``exist_ok``). The work-queue options are the local ``create_queue``'s."""
+        yield Send(MsgType.CREATE, create_fields(
+            name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries, dead_letter_queue, exist_ok,
+            durability, priorities=priorities, message_ttl=message_ttl, dedup_window=dedup_window,
+            retry_delay=retry_delay, retry_backoff=retry_backoff, retry_delay_max=retry_delay_max,
+            priority_aging=priority_aging))
         return self._queue_class(self, name)
+
+    @driven
+    def redrive(self, dead_letter_queue: str, to: str | None = None, max_messages: int | None = None):
+        """Move messages of ``dead_letter_queue`` back to ``to`` (None: each to the queue
+        it was dead-lettered from), up to ``max_messages`` (None: all); returns how many
+        were moved."""
+        fields = {"queue": dead_letter_queue}
+        if to is not None:
+            fields["to"] = to
+        if max_messages is not None:
+            fields["max"] = consume_fields(max_messages, None)["max"]
+        return (yield Send(MsgType.REDRIVE, fields))["redriven"]
 
     @driven
     def delete_queue(self, name: str):
@@ -459,3 +638,61 @@ class BrokerCalls:
     def list_streams(self):
         """The names of the streams, sorted."""
         return (yield Send(MsgType.STREAM_LIST, {}))["streams"]
+
+    # ------------------------------------------------------------ exchanges, request/reply
+    @driven
+    def create_exchange(self, name: str, type: str = "fanout", exist_ok: bool = False):
+        """Create an exchange ("fanout" or "topic"); ExchangeExists unless ``exist_ok``."""
+        yield Send(MsgType.X_CREATE, {"exchange": name, "type": type, "exist_ok": exist_ok})
+
+    @driven
+    def delete_exchange(self, name: str):
+        """Delete an exchange and its bindings; ExchangeNotFound if there is none."""
+        yield Send(MsgType.X_DELETE, {"exchange": name})
+
+    @driven
+    def list_exchanges(self):
+        """The names of the exchanges, sorted."""
+        return (yield Send(MsgType.X_LIST, {}))["exchanges"]
+
+    @driven
+    def exchange_info(self, name: str):
+        """{"name", "type", "bindings": [{"target", "kind", "pattern"}]}."""
+        return (yield Send(MsgType.X_LIST, {"exchange": name}))
+
+    @driven
+    def bind(self, exchange: str, target: str, pattern: str = "#"):
+        """Bind a queue or a stream (by name) to an exchange, with a topic ``pattern``."""
+        yield Send(MsgType.X_BIND, {"exchange": exchange, "target": target, "pattern": check_pattern(pattern)})
+
+    @driven
+    def unbind(self, exchange: str, target: str, pattern: str | None = None):
+        """Drop the bindings of ``target`` (only the one of ``pattern``, if given); how many went."""
+        fields = {"exchange": exchange, "target": target}
+        if pattern is not None:
+            fields["pattern"] = check_pattern(pattern)
+        return (yield Send(MsgType.X_UNBIND, fields))["unbound"]
+
+    @driven
+    def publish(self, exchange: str, body, routing_key: str = "", headers=None, dedup_id=None, timeout=None):
+        """Copy a message into every target the exchange routes ``routing_key`` to; how
+        many got it. A full queue: QueueFull, the targets before it having the message;
+        with a ``dedup_id`` the publish is retried while a queue is full, for up to
+        ``timeout`` seconds (None: for ever), the queues that have it dropping repeats."""
+        fields = {"exchange": exchange, **message_fields(body, headers), "routing_key": check_routing_key(routing_key)}
+        if dedup_id is None:
+            return (yield Send(MsgType.X_PUBLISH, fields))["targets"]
+        if not isinstance(dedup_id, str):
+            raise TypeError(f"dedup_id must be a str, not {type(dedup_id).__name__}")
+        request = Send(MsgType.X_PUBLISH, {**fields, "dedup_id": dedup_id})
+        return (yield from retry_while_full(request, timeout, self._clock))["targets"]
+
+    @driven
+    def request(self, queue: str, body, headers=None, timeout=None):
+        """Put a request into ``queue`` and return the reply's body; RequestTimeout after
+        ``timeout`` seconds (None: wait for ever). The server makes the reply queue and
+        removes it when the request ends or this connection closes."""
+        fields = {"queue": queue, **message_fields(body, headers)}
+        if timeout is not None:
+            fields["timeout_ms"] = ms(timeout, "timeout")
+        return (yield Send(MsgType.REQUEST, fields))["body"]

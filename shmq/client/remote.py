@@ -12,16 +12,65 @@ import threading
 import time
 
 from ..errors import BrokerUnavailable
-from .core import BrokerCalls, DeliveryCalls, Pause, QueueCalls, Run, parse_url
+from .core import BrokerCalls, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, parse_url
 from .streams import ConsumerCalls, StreamCalls
+from .subscription import SubscriptionCalls
 
-__all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteStream", "RemoteConsumer", "parse_url"]
+__all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteSubscription", "RemoteStream", "RemoteConsumer",
+           "parse_url"]
+
+_RECEIVE_SLICE_S = 0.2  # a consume iteration waiting for pushes lets other threads in this often
 
 
 class RemoteDelivery(DeliveryCalls):
     """A message leased to this connection; settle it like a local ``Delivery``."""
 
     __slots__ = ()
+
+    def ack(self, wait: bool = True):
+        if not wait and not self._settled:
+            sub = self._sub and self._sub()
+            if sub is not None and sub._keep_ack(self._tag):  # kept for its batch: nothing to send now
+                self._settled = True
+                return None
+        return DeliveryCalls.ack(self, wait)
+
+    ack.__doc__ = DeliveryCalls.ack.__doc__
+
+
+class RemoteSubscription(SubscriptionCalls):
+    """``for d in q.consume(prefetch=N)``: deliveries pushed by the server; ``close`` (or
+    leaving its ``with``, or dropping it) cancels it."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        d = self._ready()  # buffered: no call to run
+        if d is not None:
+            return d
+        d = self._q._drive(self._next())
+        if d is None:
+            raise StopIteration
+        return d
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        """Cancel: no more pushes; what was pushed and not handed out is ready again."""
+        broker = self._q._broker
+        self._close(broker.post)
+
+    def __del__(self):
+        if not self.closed:
+            try:  # never wait for the lock here: the collector may run inside a request
+                self._close(lambda t, p: self._q._broker.post(t, p, blocking=False))
+            except Exception:
+                pass  # a closed connection released everything already
 
 
 class _Handle:
@@ -45,6 +94,7 @@ class RemoteQueue(_Handle, QueueCalls):
     """A queue reached over TCP: the methods and errors of the local ``Queue``."""
 
     _delivery_class = RemoteDelivery
+    _subscription_class = RemoteSubscription
 
     def __repr__(self):
         return f"<shmq.RemoteQueue {self._broker.url}/{self.name}>"
@@ -125,7 +175,7 @@ class RemoteBroker(BrokerCalls):
             sock.close()
 
     # ---------------------------------------------------------------- transport
-    def request(self, msg_type, payload=None, timeout=None) -> dict:
+    def _request(self, msg_type, payload=None, timeout=None) -> dict:
         """Send one request and return its reply payload (or raise its error)."""
         core = self._core
         with self._lock:
@@ -142,6 +192,47 @@ class RemoteBroker(BrokerCalls):
                 self.close()
         return core.result(msg_id)
 
+    def post(self, msg_type, payload=None, blocking=True) -> None:
+        """Send one request without waiting for its reply (``ClientCore.post``); without
+        ``blocking``, nothing is sent if another call holds the connection."""
+        core = self._core
+        if not self._lock.acquire(blocking):
+            return
+        try:
+            data = core.post(msg_type, payload)  # raises once the connection has ended
+            try:
+                self._sock.settimeout(None)
+                self._sock.sendall(data)
+            except OSError as e:
+                core.connection_lost(e)
+            if core.failed:
+                self.close()
+        finally:
+            self._lock.release()
+        if core.failed:
+            raise core.ended_error()
+
+    def receive(self, sid) -> None:
+        """Read until something is pushed for subscription ``sid``; in slices, so other
+        threads' calls get the connection in between."""
+        core = self._core
+        while not core.pushes(sid):
+            with self._lock:
+                if core.pushes(sid):
+                    break
+                if not core.failed:
+                    try:
+                        self._sock.settimeout(_RECEIVE_SLICE_S)
+                        core.receive_data(self._sock.recv(65536))
+                    except TimeoutError:
+                        pass
+                    except OSError as e:
+                        core.connection_lost(e)
+                    if core.failed:
+                        self.close()
+            if core.failed and not core.pushes(sid):
+                raise core.ended_error()
+
     def _drive(self, call):
         """Run one call of the core: send its requests, sleep its pauses, return its result."""
         run = Run(call)
@@ -149,8 +240,12 @@ class RemoteBroker(BrokerCalls):
             try:
                 if isinstance(step, Pause):
                     run.send(self._sleep(step.seconds))
+                elif isinstance(step, Post):
+                    run.send(self.post(step.msg_type, step.payload))
+                elif isinstance(step, Receive):
+                    run.send(self.receive(step.sid))
                 else:
-                    run.send(self.request(step.msg_type, step.payload))
+                    run.send(self._request(step.msg_type, step.payload))
             except Exception as e:
                 run.throw(e)
         return run.result

@@ -25,6 +25,7 @@ from .segment import (
 )
 from ..errors import QueueExists, QueueNotFound, StreamExists, StreamNotFound
 from .partition import partition_segment_name
+from . import deadletter
 from .queue import Queue
 from .stream import Stream, stream_base
 
@@ -70,6 +71,9 @@ class Broker:
         """Close this broker and every queue handle it returned. Queues stay."""
         for q in list(self._queues):
             q.close()
+        x = self.__dict__.pop("_exchanges", None)
+        if x is not None:
+            x.close()
         if self._registry is not None:
             self._registry.close()
             self._registry = None
@@ -239,6 +243,29 @@ class Broker:
             self._clean_stale(reg)
             return sorted(name for _i, state, name in reg.entries() if state == LIVE and name[0] != _STREAM)
 
+    def redrive(self, dead_letter_queue: str, to: str | None = None, max_messages: int | None = None) -> int:
+        """Move dead letters back to the queue each came from (or to ``to``), keeping
+        ids and headers, with attempts reset (SQS's StartMessageMoveTask). Returns how
+        many moved; QueueFull (after moving what fit) when a target is full."""
+        if max_messages is not None:
+            max_messages = _positive_int(max_messages, "max_messages")
+        attached = {}
+
+        def target(name):
+            if name not in attached:
+                attached[name] = self.queue(name)
+            return attached[name]
+
+        dlq = self.queue(dead_letter_queue)
+        if to is not None:
+            target(to)  # QueueNotFound before anything moves
+        try:
+            return deadletter.redrive(dlq, target, to, max_messages)
+        finally:
+            dlq.close()
+            for q in attached.values():
+                q.close()
+
     # ---------------------------------------------------------------- streams
     def stream(self, name: str) -> Stream:
         """Attach to an existing stream; raises StreamNotFound."""
@@ -368,7 +395,8 @@ class Broker:
             return sorted(name[1:] for _i, state, name in reg.entries() if state == LIVE and name[0] == _STREAM)
 
     # ---------------------------------------------------------------- exchanges (engine/exchange.py)
-    def _exchange_table(self):
+    def exchange_table(self):
+        """The namespace's exchange table (``engine.exchange.Exchanges``), attached on first use."""
         x = self.__dict__.get("_exchanges")
         if x is None:
             from .exchange import Exchanges
@@ -380,19 +408,19 @@ class Broker:
         """Create an exchange: "fanout" copies each message to every target bound to it,
         "topic" to those whose pattern matches the routing key. ExchangeExists unless
         ``exist_ok`` (and then only if the type differs)."""
-        self._exchange_table().create(name, type, exist_ok)
+        self.exchange_table().create(name, type, exist_ok)
 
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange and its bindings (the targets stay); ExchangeNotFound."""
-        self._exchange_table().delete(name)
+        self.exchange_table().delete(name)
 
     def list_exchanges(self) -> list[str]:
         """Names of the namespace's exchanges, sorted."""
-        return self._exchange_table().names()
+        return self.exchange_table().names()
 
     def exchange_info(self, name: str) -> dict:
         """{"name", "type", "bindings": [{"target", "kind": "queue" | "stream", "pattern"}]}."""
-        return self._exchange_table().info(name)
+        return self.exchange_table().info(name)
 
     def bind(self, exchange: str, target: str, pattern: str = "#") -> None:
         """Bind a queue or a stream (by name) to an exchange. Topic ``pattern``: words
@@ -407,13 +435,14 @@ class Broker:
         if is_queue and is_stream:
             raise ValueError(f"both a queue and a stream are named {target!r}: an exchange cannot tell which to bind")
         if not (is_queue or is_stream):
-            raise QueueNotFound(f"no queue or stream {target!r} in namespace {self.namespace!r} to bind: create it first")
-        self._exchange_table().bind(exchange, "q" if is_queue else "s", target, pattern)
+            raise QueueNotFound(f"no queue or stream {target!r} in namespace {self.namespace!r} to bind: "
+                                "create it first")
+        self.exchange_table().bind(exchange, "q" if is_queue else "s", target, pattern)
 
     def unbind(self, exchange: str, target: str, pattern: str | None = None) -> int:
         """Drop the bindings of ``target`` to ``exchange`` (only the one of ``pattern``,
         if given); returns how many went."""
-        return self._exchange_table().unbind(exchange, target, pattern)
+        return self.exchange_table().unbind(exchange, target, pattern)
 
     def publish(self, exchange: str, body, routing_key: str = "", headers=None, dedup_id=None,
                 timeout=None) -> int:
@@ -422,7 +451,7 @@ class Broker:
         (None: for ever), then QueueFull. Not atomic across targets: a publisher that
         crashes or gets an error retries with the same ``dedup_id`` (see docs/DESIGN.md,
         Exchanges)."""
-        return len(self._exchange_table().publish(exchange, body, routing_key, headers, dedup_id, timeout))
+        return len(self.exchange_table().publish(exchange, body, routing_key, headers, dedup_id, timeout))
 
     # ---------------------------------------------------------------- request/reply (engine/rpc.py)
     def request(self, queue: str, body, headers=None, timeout: float | None = None) -> bytes:

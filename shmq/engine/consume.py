@@ -12,7 +12,7 @@ from . import cpaths, deadletter, extension, housekeeping, ring, scheduling, wai
 from . import layout as L
 from .layout import (
     I_DELETED, I_FRONTIER, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS, I_REDELIVERED_TOTAL,
-    I_REQUEUED, I_SPECIAL, I_TAIL,
+    I_EXPIRED_TOTAL, I_REQUEUED, I_SPECIAL, I_TAIL,
 )
 from .delivery import Delivery, Message
 from .headers import decode_headers
@@ -30,6 +30,8 @@ _HOT_UNPACK = L.HOT.unpack_from
 _HOT_OFF = L.HOT_OFF
 _READY, _LEASED, _PAD = L.READY, L.LEASED, L.PAD
 _R_DEADLINE = L.R_DEADLINE
+_TTL = L.FLAG_TTL
+_expiry = extension.expiry
 _CONSUMERS = waits.CONSUMERS
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _fast_take = cpaths.take
@@ -76,6 +78,9 @@ class Consuming:
         try:
             if self._mq[I_DELETED]:
                 raise self._gone()
+            now = _mono()
+            if now >= self._mq[I_NEXT_DEADLINE]:  # what is due is ready: a peek shows it
+                housekeeping.expire(self, now)
             rows = scheduling.peek(self, max_messages, _wall())
         finally:
             self._release()
@@ -85,6 +90,17 @@ class Consuming:
             out.append(Message(msg_id, body, decode_headers(hraw) if hraw else {}, attempt, ext.priority, enq / 1e9,
                                ext.group, self.name))
         return out
+
+    def consume(self, prefetch: int = 100, visibility_timeout=None):
+        """An iterator of deliveries, waiting for each, with at most ``prefetch`` of them
+        un-settled (the TCP client's ``consume``, where the server pushes them; here
+        every get is already a memory access). It uses a handle of its own, so this
+        one's cap is untouched; ``close()`` or leaving its ``with`` ends it."""
+        if type(prefetch) is not int or prefetch < 1:
+            raise ValueError(f"prefetch must be a positive int, not {prefetch!r}")
+        if visibility_timeout is not None:
+            _seconds_ns(visibility_timeout, "visibility_timeout")
+        return LocalConsumer(type(self)(self.namespace, self.name), prefetch, visibility_timeout)
 
     # ------------------------------------------------------------------ prefetch
     def set_prefetch(self, n: int | None) -> None:
@@ -251,12 +267,16 @@ class Consuming:
                 mq[I_NEXT_LIVENESS] = now + housekeeping.LIVENESS_PERIOD_NS
                 reap = True
             ready = mq[I_READY]
-            if self._general or mq[I_SPECIAL]:
+            if self._levels > 1 or mq[I_SPECIAL]:
                 ready = 0  # not the plain FIFO below
-                out, expired = scheduling.take(self, maxn, self._my_slot(), now + vis_ns, now, _wall(), max_bytes)
+                take = scheduling.take if mq[I_SPECIAL] else scheduling.take_leveled
+                out, expired = take(self, maxn, self._my_slot(), now + vis_ns, now, _wall(), max_bytes)
                 if expired:
                     dead = expired
             if ready:
+                ttl = self._ttl_ns
+                wall = _wall()
+                dead = []
                 lease = _LEASED | (self._my_slot() << 8)
                 until = now + vis_ns
                 maxdel = self.max_deliveries
@@ -289,6 +309,16 @@ class Consuming:
                         frontier = pos + length
                         if status & 0xFF == _PAD:
                             continue
+                    if (_f & _TTL or ttl) and 0 < _expiry(mm, a, _f, _e, ttl) <= wall:
+                        attempt = status >> 32  # leased to us only to expire (dead-letter or drop)
+                        mq[(a >> 3) + _R_DEADLINE] = until
+                        mq[a >> 3] = lease | (attempt << 32)  # commit
+                        ready -= 1
+                        taken += 1
+                        mq[I_EXPIRED_TOTAL] += 1
+                        a += _REC
+                        dead.append((pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None, _e))
+                        continue
                     if budget is not None:
                         if out and bl + hl > budget:
                             if pos < frontier:  # a requeued one: leave it for the next take, as it was
@@ -349,3 +379,31 @@ class Consuming:
         if mq[I_DELETED]:
             raise self._gone()
         return mq[I_READY] > 0 or _mono() >= mq[I_NEXT_DEADLINE]
+
+
+class LocalConsumer:
+    """``Queue.consume``'s iterator: gets under a prefetch cap, on a handle of its own
+    (which stays open while deliveries from it are alive, so they can be settled)."""
+
+    def __init__(self, q, prefetch, visibility_timeout):
+        q.set_prefetch(prefetch)
+        self._q = q
+        self._vis = visibility_timeout
+        self._closed = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._closed:
+            raise StopIteration
+        return self._q.get(visibility_timeout=self._vis)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -96,7 +96,9 @@ class Delivery:
             h = self._hraw = decode_headers(h)
         return h
 
-    def ack(self) -> None:
+    def ack(self, wait: bool = True) -> None:
+        """Done with it: the message is gone. (``wait`` is for the TCP client's pipelined
+        acks; a local ack is one memory access, always confirmed.)"""
         self._q._ack_one(self)
 
     def nack(self, requeue: bool = True, delay: float | None = None) -> None:
@@ -114,11 +116,12 @@ class Delivery:
     def extend(self, seconds: float) -> None:
         self._q._extend(self, seconds)
 
-    def reply(self, body, headers=None) -> None:
-        """Answer a request (``Broker.request``) this delivery carries."""
+    def reply(self, body, headers=None) -> bool:
+        """Answer a request (``Broker.request``) this delivery carries. False when the
+        requester is gone (its reply queue was removed)."""
         from .rpc import reply
 
-        reply(self, body, headers)
+        return reply(self, body, headers)
 
     def __repr__(self):
         return f"<Delivery {self.queue}#{self.id} attempt={self.attempt} {len(self.body)}B>"

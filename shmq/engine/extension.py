@@ -5,15 +5,17 @@ Strategy: the block sits at the start of the record's header bytes, before the m
 headers, and starts with 0xC1, a byte msgpack never uses, so header bytes say by
 themselves whether they carry one: snapshots, logs and dead-letter copies keep header
 bytes as they are and lose nothing. A record with a block has ``FLAG_EXT`` in its flags
-(and its level in the flags' low byte), which sends it past the C hot paths to the
-general take (``scheduling``). Plain records have no block and cost nothing.
+(and its level in the flags' low byte), which sends it past the C hot paths; one with a
+due time or a group also has ``FLAG_WALK``: only the general take's walk (``scheduling``)
+takes it; one with an expiry has ``FLAG_TTL``: every take checks it before it leases
+the record. Plain records have no block and cost nothing.
 """
 
 import hashlib
 
 from . import layout as L
 
-__all__ = ["Ext", "encode", "decode", "split", "flags_of", "dedup_hash", "check_group"]
+__all__ = ["Ext", "encode", "decode", "split", "flags_of", "expiry", "dedup_hash", "check_group"]
 
 _EXT = L.EXT
 _EXT_SIZE = L.EXT.size
@@ -57,17 +59,20 @@ def decode(buf, off=0):
 
 def split(hraw):
     """(Ext, the msgpack headers or None) of a record's header bytes."""
-    if hraw is None or hraw[0] != _MAGIC:
-        return NONE, hraw
+    if not hraw or hraw[0] != _MAGIC:
+        return NONE, hraw or None
     ext, end = decode(hraw)
     return ext, (hraw[end:] or None)
 
 
 def flags_of(hraw) -> int:
-    """The record flags that header bytes call for (0 for plain ones)."""
-    if not hraw or hraw[0] != _MAGIC:
+    """The record flags that header bytes call for (0 for plain ones): the level, the
+    block, whether only the general take's walk may take it (a due time or a group; a
+    level, an expiry or a dedup hash alone does not need the walk), and an expiry."""
+    if not hraw or hraw[0] != _MAGIC or len(hraw) < _EXT_SIZE:
         return 0
-    return L.FLAG_EXT | hraw[2]
+    _m, _v, prio, has_group, _gl, _p, due, expires, _d = _EXT.unpack_from(hraw)
+    return L.FLAG_EXT | prio | (L.FLAG_WALK if (due or has_group) else 0) | (L.FLAG_TTL if expires else 0)
 
 
 def dedup_hash(dedup_id) -> int:
@@ -88,3 +93,18 @@ def check_group(group):
     if not group or len(group.encode()) > L.MAX_GROUP_BYTES:
         raise ValueError(f"group must be 1 to {L.MAX_GROUP_BYTES} bytes of UTF-8, not {group!r}")
     return group
+
+
+_EXPIRES_OFF = L.REC_SIZE + 16  # the block's expiry, from a record's start
+
+
+def expiry(mm, a, flags, enq, queue_ttl_ns) -> int:
+    """When the record at byte address ``a`` expires (wall ns; 0: never): its own TTL
+    or its queue's, the sooner."""
+    exp = int.from_bytes(mm[a + _EXPIRES_OFF:a + _EXPIRES_OFF + 8], "little", signed=True) \
+        if flags & L.FLAG_TTL else 0
+    if queue_ttl_ns:
+        qexp = enq + queue_ttl_ns
+        if not exp or qexp < exp:
+            exp = qexp
+    return exp

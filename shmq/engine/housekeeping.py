@@ -20,6 +20,7 @@ from .process import is_alive
 
 __all__ = ["LIVENESS_PERIOD_NS", "expire", "reap_dead", "housekeep", "repair"]
 
+_wall = time.time_ns
 LIVENESS_PERIOD_NS = 500_000_000  # how often someone checks that lease holders live
 
 _REC = L.REC_SIZE
@@ -33,8 +34,8 @@ def expire(q, now) -> int:
     mq = q._mq
     next_deadline = L.NEVER
     woke = 0
-    # records past the frontier may be delayed puts while special records exist
-    end = mq[L.I_TAIL] if mq[L.I_SPECIAL] else mq[L.I_FRONTIER]
+    # past the frontier: delayed puts while special records exist, any lease in a leveled queue
+    end = mq[L.I_TAIL] if mq[L.I_SPECIAL] or q._general else mq[L.I_FRONTIER]
     for pos, w in ring.records(mq, q._cap, q._base, mq[L.I_HEAD], end):
         state = mq[w] & 0xFF
         if state == _LEASED or state == _DELAYED:
@@ -50,8 +51,6 @@ def expire(q, now) -> int:
                     continue
                 mq[L.I_INFLIGHT if state == _LEASED else L.I_DELAYED] -= 1
                 ring.make_ready(mq, w, pos)
-                if mq[w + _R_FLAGS] >> 32:
-                    mq[L.I_NEXT_TTL] = 0  # it may have expired while it waited: the next sweep looks
                 woke += 1
             elif due < next_deadline:
                 next_deadline = due
@@ -66,7 +65,7 @@ def _release_holder(q, slot) -> int:
     """Every lease held by process ``slot`` becomes ready again. Lock held."""
     mq = q._mq
     n = 0
-    end = mq[L.I_TAIL] if mq[L.I_SPECIAL] else mq[L.I_FRONTIER]
+    end = mq[L.I_TAIL] if mq[L.I_SPECIAL] or q._general else mq[L.I_FRONTIER]
     for pos, w in ring.records(mq, q._cap, q._base, mq[L.I_HEAD], end):
         s = mq[w]
         if s & 0xFF == _LEASED and (s >> 8) & 0xFFFF == slot:
@@ -118,7 +117,7 @@ def housekeep(q, now) -> int:
             raise q._gone()
         woke = expire(q, now)
         mq[L.I_NEXT_LIVENESS] = now + LIVENESS_PERIOD_NS
-        wall = time.time_ns()
+        wall = _wall()
         if ttl_due(q, wall):
             dead = scheduling.sweep(q, now, wall)
     finally:
@@ -164,7 +163,7 @@ def repair(q) -> None:
         if state == _PAD:
             continue
         max_id = max(max_id, msg_id)
-        if _f and state != L.ACKED:
+        if _f & L.FLAG_WALK and state != L.ACKED:
             special += 1
         if state == _READY:
             ready += 1
@@ -202,7 +201,9 @@ def repair(q) -> None:
     mq[L.I_PWAIT] = pwait
     mq[L.I_PPOSTED] = 0
     mq[L.I_REPAIRS] += 1
-    mq[L.I_SPECIAL] = 1 if special else 0
+    mq[L.I_SPECIAL] = 3 if special else 0  # (due times or not: the next whole walk says)
+    for lv in range(q._levels):
+        mq[L.I_LEVEL_POS + lv] = head  # lower bounds, found again by the next takes
     mq[L.I_NEXT_TTL] = 0  # the next take or housekeeping looks for expired messages
     dedup.forget_uncommitted(mm, q._dedup_off, mq[L.I_NEXT_ID])
     ring.advance_head(mq, cap, q._base)

@@ -26,6 +26,7 @@ __all__ = [
     "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "c_header", "write_c_header",
     "OPTS", "OPTS_FIELDS", "OPTS_OFF", "XWORDS_OFF", "XWORD_FIELDS", "I_SPECIAL", "I_NEXT_TTL", "I_EXPIRED_TOTAL",
     "DEDUP", "DEDUP_SLOTS", "DEDUP_PROBES", "dedup_offset", "EXT", "EXT_MAGIC", "EXT_VERSION", "FLAG_EXT",
+    "FLAG_WALK", "FLAG_TTL", "LEVEL_POS_OFF", "I_LEVEL_POS",
     "MAX_PRIORITIES", "MAX_GROUP_BYTES",
     "align", "record_size", "status_word", "split_status", "skip_gap", "place", "segment_size", "data_offset",
 ]
@@ -111,10 +112,13 @@ OPTS = struct.Struct("<IIQQQdQ")
 OPTS_FIELDS = ("levels", "priority_aging_ms", "message_ttl_ns", "dedup_window_ns", "retry_delay_ns", "retry_backoff",
                "retry_delay_max_ns")
 OPTS_OFF = 800
+MAX_PRIORITIES = 16
 # extra control words: special (records that need the general take may exist: extensions or a
 # delayed put), next_ttl (wall ns: no ready message expires before it), expired_total
 XWORDS_OFF = OPTS_OFF + OPTS.size
 XWORD_FIELDS = ("special", "next_ttl", "expired_total")
+# then one word per priority level: a lower bound of the position of its first ready record
+LEVEL_POS_OFF = XWORDS_OFF + 8 * len(XWORD_FIELDS)
 # the dedup table (``put(dedup_id=...)``), after the process table: DEDUP_SLOTS entries of
 # (hash of the id, message id, wall ns it is remembered until), open addressing, probed
 # at most DEDUP_PROBES slots; hash 0 is a free slot
@@ -132,6 +136,7 @@ I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = ra
 I_WAL_SIZE, I_WAL_SYNCED = WAL_WORDS_OFF >> 3, (WAL_WORDS_OFF >> 3) + 1
 I_WAL_GEN, I_WAL_MODE = WALCFG_OFF >> 3, (WALCFG_OFF >> 3) + 1  # WALCFG's generation; fsync mode (low half)
 I_SPECIAL, I_NEXT_TTL, I_EXPIRED_TOTAL = range(XWORDS_OFF >> 3, (XWORDS_OFF >> 3) + len(XWORD_FIELDS))
+I_LEVEL_POS = LEVEL_POS_OFF >> 3  # + level
 # process slot words: pid, start_ms, consumers waiting, producers waiting
 P_CWAIT, P_PWAIT = 2, 3
 # write-ahead log fsync modes (WALCFG); SUSPENDED, with generation 0: the data dir vanished
@@ -140,7 +145,7 @@ WAL_NEVER, WAL_ALWAYS, WAL_BATCH, WAL_SUSPENDED = 0, 1, 2, 3
 assert HOT_OFF >= MUTEX_OFF + 64 and COUNTERS_OFF + COUNTERS.size <= PROCS_OFF
 assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= MUTEX_OFF
 assert COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF and WAL_WORDS_OFF + 16 <= TIMENS_OFF < PROCS_OFF
-assert TIMENS_OFF + 8 <= OPTS_OFF and XWORDS_OFF + 8 * len(XWORD_FIELDS) <= PROCS_OFF
+assert TIMENS_OFF + 8 <= OPTS_OFF and LEVEL_POS_OFF + 8 * MAX_PRIORITIES <= PROCS_OFF
 
 # --- record extension ----------------------------------------------------------------------
 # A record whose ``flags`` has FLAG_EXT starts its header bytes with an extension block (then the
@@ -152,7 +157,8 @@ EXT = struct.Struct("<BBBBHHqqQ")
 EXT_MAGIC = 0xC1
 EXT_VERSION = 1
 FLAG_EXT = 0x100  # flags: low byte = priority level; this bit = an extension block
-MAX_PRIORITIES = 32
+FLAG_WALK = 0x200  # ... with a due time or a group: only the general take's walk takes it
+FLAG_TTL = 0x400  # ... with an expiry: a take checks it before it leases the record
 MAX_GROUP_BYTES = 255
 
 

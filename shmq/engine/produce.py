@@ -21,6 +21,7 @@ _mono = time.monotonic_ns
 _wall = time.time_ns
 _REC = L.REC_SIZE
 _READY, _DELAYED = L.READY, L.DELAYED
+_WALK = L.FLAG_WALK
 _CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
 _encode_put_entry = dmsq.encode_put_entry
 _write_record = ring.write_record
@@ -273,8 +274,8 @@ class Producing:
                     pos += size
                 if dh:  # remembered before the commit; a repair forgets it if the commit never comes
                     dedup.remember(mm, self._dedup_off, dh, first_id, now + self._dedup_window_ns)
-                if flags:
-                    mq[L.I_SPECIAL] = 1
+                if flags & _WALK:  # 2: a due time (the walk orders by it)
+                    mq[L.I_SPECIAL] |= 3 if delay_ns else 1
                 expires = extension.decode(items[0][1])[0].expires_ns
                 if expires and expires < mq[L.I_NEXT_TTL]:
                     mq[L.I_NEXT_TTL] = expires

@@ -31,7 +31,7 @@ import posix_ipc
 
 from .. import dmsq
 from ..errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
-from . import extension, housekeeping, ring, scheduling, waits
+from . import dedup, extension, housekeeping, ring, scheduling, waits
 from . import layout as L
 from .layout import (
     I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PPOSTED, I_PURGED_TOTAL, I_PWAIT, I_READY,
@@ -139,7 +139,7 @@ class Queue(Producing, Consuming, Settling):
         self._ttl_ns = ttl_ns
         self._dedup_window_ns = window_ns
         self._retry_ns, self._backoff, self._retry_max_ns = retry_ns, backoff or 1.0, retry_max_ns
-        # the general take (``scheduling``) for every get, not only while special records exist
+        # never the plain FIFO take: the leveled take (levels), or the walk (a queue TTL)
         self._general = self._levels > 1 or bool(ttl_ns)
         self._dedup_off = L.dedup_offset(slots)
         self.wal = Log(self)  # the write-ahead log (durability "wal"), and this process's descriptor
@@ -318,7 +318,7 @@ class Queue(Producing, Consuming, Settling):
             by_level = (hot["ready"],)
             groups = 0
             if self._general or mq[L.I_SPECIAL]:
-                ready, _expired, busy, _end, _f = scheduling._walk(self, _wall())
+                ready, _expired, busy, _end, _s, _c = scheduling._walk(self, _wall())
                 levels = [0] * self._levels
                 for rec in ready:
                     levels[min(rec[2], self._levels - 1)] += 1
@@ -405,9 +405,13 @@ class Queue(Producing, Consuming, Settling):
                 out.append((msg_id, status >> 32, enq, bytes(copy[b:b + hl]), bytes(copy[b + hl:b + hl + bl])))
         return out
 
-    def import_messages(self, messages) -> int:
+    def import_messages(self, messages, once: int = 0) -> int:
         """Append messages keeping their (id, attempt, enqueued_ns, headers, body) — for
-        restoring a snapshot. All or nothing; QueueFull if they do not fit now."""
+        restoring a snapshot. All or nothing; QueueFull if they do not fit now.
+
+        ``once``: a dedup hash (``extension.dedup_hash``): if the table knows it, nothing
+        is appended (returns 0); else it is remembered with the append, under the same
+        repair rule as a put's (a token past the next id, taken by the commit)."""
         items = [(body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8, msg_id, attempt, enq)
                  for msg_id, attempt, enq, hraw, body in messages]
         if not items:
@@ -417,6 +421,8 @@ class Queue(Producing, Consuming, Settling):
         try:
             if mq[I_DELETED]:
                 raise self._gone()
+            if once and dedup.lookup(mm, self._dedup_off, once, _wall()):
+                return 0
             head, tail = mq[I_HEAD], mq[I_TAIL]
             if head == tail and tail % cap:
                 tail = head = tail + cap - tail % cap
@@ -431,9 +437,10 @@ class Queue(Producing, Consuming, Settling):
                 pos, a = ring.place(mm, base, cap, pos, size)
                 flags = extension.flags_of(hraw)
                 state, due = _READY, 0
-                if flags:
-                    mq[L.I_SPECIAL] = 1
+                if flags & L.FLAG_WALK:
+                    mq[L.I_SPECIAL] |= 3 if extension.decode(hraw)[0].due_ns else 1
                     mq[L.I_NEXT_TTL] = 0  # sweep soon: restored messages may have expired meanwhile
+                if flags:
                     ext = extension.decode(hraw)[0]
                     if ext.due_ns > wall and attempt == 0:  # a delayed put not yet due
                         state, due = _DELAYED, mono + (ext.due_ns - wall)
@@ -448,8 +455,12 @@ class Queue(Producing, Consuming, Settling):
                 pos += size
             if delayed and mq[I_FRONTIER] < pos:
                 mq[I_FRONTIER] = pos  # (special is set: the general take recomputes the cursors)
+            next_id = max(mq[I_NEXT_ID], top + 1)
+            if once:  # the token is the next id, which the commit below takes
+                dedup.remember(mm, self._dedup_off, once, next_id, wall + self._dedup_window_ns)
+                next_id += 1
             mq[I_TAIL] = pos  # commit
-            mq[I_NEXT_ID] = max(mq[I_NEXT_ID], top + 1)
+            mq[I_NEXT_ID] = next_id
             mq[I_READY] += ready
             mq[L.I_DELAYED] += delayed
             post = waits.owed_posts(mq, _CONSUMERS, ready)

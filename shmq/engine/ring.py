@@ -100,6 +100,12 @@ def make_ready(mq, w, pos):
     """A delivered record becomes ready again, keeping its attempt count."""
     mq[w] = L.status_word(_READY, L.NO_HOLDER, mq[w] >> 32)  # commit
     mq[I_READY] += 1
+    flags = mq[w + 2] >> 32
+    if flags & L.FLAG_TTL:  # it may expire from now on: the next sweep looks
+        mq[L.I_NEXT_TTL] = 0
+    lv = L.I_LEVEL_POS + min(flags & 0xFF, L.MAX_PRIORITIES - 1)  # its level's first ready record may be it
+    if pos < mq[lv]:
+        mq[lv] = pos
     requeued = mq[I_REQUEUED]
     mq[I_REQUEUED] = requeued + 1
     if not requeued or pos < mq[I_READY_POS]:  # ready_pos is only kept while requeued > 0

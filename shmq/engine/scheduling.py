@@ -15,8 +15,10 @@ counted. The same walk recomputes the cursors the plain paths use (frontier, req
 ready_pos: as ``housekeeping.repair`` does) and clears ``special`` when no record needs
 this path any more, so a queue goes back to the C hot paths by itself.
 
-The walk costs O(records in the ring) per take: the price of these options, paid only
-by queues that use them (docs/DESIGN.md, "Work-queue options").
+The walk costs O(records in the ring) per take: the price of a due time, an expiry or a
+group, paid only while a queue holds such records (docs/DESIGN.md, "Work-queue
+options"). Priority levels alone take the leveled way (``take_leveled``): a pointer per
+level, O(levels) per message.
 """
 
 import heapq
@@ -24,11 +26,13 @@ import heapq
 from . import extension, ring
 from . import layout as L
 
-__all__ = ["take", "peek", "sweep", "ttl_of"]
+__all__ = ["take", "take_leveled", "peek", "sweep", "ttl_of"]
 
 _REC = L.REC_SIZE
 _READY, _LEASED, _ACKED, _PAD, _DELAYED = L.READY, L.LEASED, L.ACKED, L.PAD, L.DELAYED
-_FLAG_EXT = L.FLAG_EXT
+_FLAG_EXT, _FLAG_WALK, _FLAG_TTL = L.FLAG_EXT, L.FLAG_WALK, L.FLAG_TTL
+_I_LEVEL_POS = L.I_LEVEL_POS
+_SPECIAL_DUE = 2  # a bit of ``special``: a record with a due time (order by due, not position)
 _R_ENQ, _R_DEADLINE, _R_LENGTH = L.R_ENQ, L.R_DEADLINE, L.R_LENGTH
 _R_FLAGS = 2  # the word whose high half is the record's flags
 _NEVER = L.NEVER
@@ -46,17 +50,25 @@ def ttl_of(q, ext, enq) -> int:
     return exp
 
 
-def _walk(q, wall):
+def _walk(q, wall, enough=None):
     """One walk. Returns (ready, expired, busy groups, end of the last non-ready record,
-    flagged records unsettled). ``ready``: (pos, w, level, ready time, group, expires)."""
+    ``special`` bits of the records met, whether it went to the tail). ``ready``: (pos,
+    w, level, ready time, group, expires). With ``enough``, it stops once it has met that
+    many candidates (only right where position order is delivery order: one level, no
+    due times): a group's leased and delayed messages come before its ready ones, so
+    the groups met so far are known."""
     mq, mm = q._mq, q._mm
     head = mq[L.I_HEAD]
     last_end = head
     ready, expired = [], []
-    busy = set()
-    flagged = 0
+    busy = set()  # groups whose next message waits: one is leased, or the oldest is delayed
+    seen = set()
+    special = 0
+    candidates = 0
     qttl = q._ttl_ns
     for pos, w in ring.records(mq, q._cap, q._base, head, mq[L.I_TAIL]):
+        if enough is not None and candidates >= enough:
+            return ready, expired, busy, last_end, special, False
         st = mq[w] & 0xFF
         if st == _PAD:
             continue
@@ -66,12 +78,16 @@ def _walk(q, wall):
         fl = mq[w + _R_FLAGS] >> 32
         ext = _NONE
         if fl & _FLAG_EXT:
-            flagged += 1
             ext = _decode(mm, (w << 3) + _REC)[0]
+            if fl & _FLAG_WALK:
+                special |= _SPECIAL_DUE | 1 if ext[1] else 1
+        g = ext[4]
         if st != _READY:  # leased or delayed
             last_end = pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF)
-            if ext[4] is not None:
-                busy.add(ext[4])
+            if g is not None:
+                if st == _LEASED or g not in seen:
+                    busy.add(g)
+                seen.add(g)
             continue
         enq = mq[w + _R_ENQ]
         exp = ext[2]
@@ -82,8 +98,14 @@ def _walk(q, wall):
         if exp and exp <= wall:
             expired.append((pos, w))
             continue
-        ready.append((pos, w, fl & 0xFF, ext[1] or enq, ext[4], exp))
-    return ready, expired, busy, last_end, flagged
+        if g is None:
+            candidates += 1
+        elif g not in seen:
+            seen.add(g)
+            if g not in busy:
+                candidates += 1
+        ready.append((pos, w, fl & 0xFF, ext[1] or enq, g, exp))
+    return ready, expired, busy, last_end, special, True
 
 
 def _order(q, ready, busy, wall, maxn):
@@ -113,7 +135,8 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
     ``expired`` were leased to us only to be dead-lettered (empty when the queue has no
     dead-letter queue: then they are dropped and counted here)."""
     mq, mm = q._mq, q._mm
-    ready, expired, busy, last_end, flagged = _walk(q, wall)
+    early = maxn if maxn and q._levels == 1 and not mq[L.I_SPECIAL] & _SPECIAL_DUE else None
+    ready, expired, busy, last_end, special, complete = _walk(q, wall, early)
     chosen = _order(q, ready, busy, wall, maxn) if maxn else []
     lease = _LEASED | (slot << 8)
     out = []
@@ -165,6 +188,18 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
                     q.wal.append(dmsq.encode_ack_entry(mq[w + L.R_MSG_ID], 0))
                 mq[w] = (mq[w] & ~0xFF) | _ACKED
         mq[L.I_EXPIRED_TOTAL] += len(expired)
+    n = len(out)
+    leased_expired = len(dead)
+    mq[L.I_READY] = mq[L.I_READY] - n - len(expired)
+    mq[L.I_INFLIGHT] += n + leased_expired
+    if redelivered:
+        mq[L.I_REDELIVERED_TOTAL] += redelivered
+    if (n or leased_expired) and until < mq[L.I_NEXT_DEADLINE]:
+        mq[L.I_NEXT_DEADLINE] = until
+    if not complete:  # a part of the ring: the cursors stay lower bounds; the frontier covers the leases
+        if frontier > mq[L.I_FRONTIER]:
+            mq[L.I_FRONTIER] = frontier
+        return out, dead
     # the plain paths' cursors, from this walk
     requeued = 0
     first = None
@@ -179,21 +214,106 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
             requeued += 1
             if first is None:
                 first = pos
-    n = len(out)
-    leased_expired = len(dead)
     mq[L.I_FRONTIER] = frontier
     mq[L.I_REQUEUED] = requeued
     mq[L.I_READY_POS] = first if requeued else frontier
-    mq[L.I_READY] = mq[L.I_READY] - n - len(expired)
-    mq[L.I_INFLIGHT] += n + leased_expired
-    if redelivered:
-        mq[L.I_REDELIVERED_TOTAL] += redelivered
-    if (n or leased_expired) and until < mq[L.I_NEXT_DEADLINE]:
-        mq[L.I_NEXT_DEADLINE] = until
     mq[L.I_NEXT_TTL] = next_ttl
-    mq[L.I_SPECIAL] = 1 if flagged else 0
+    mq[L.I_SPECIAL] = special
+    if q._levels > 1:  # the leveled take's pointers, exact: each level's first ready record
+        firsts = {}
+        for rec in ready:
+            if rec[0] not in taken:
+                firsts.setdefault(min(rec[2], q._levels - 1), rec[0])
+        tail = mq[L.I_TAIL]
+        for lv in range(q._levels):
+            mq[_I_LEVEL_POS + lv] = firsts.get(lv, tail)
     if expired and not dead:
         ring.advance_head(mq, q._cap, q._base)
+    return out, dead
+
+
+def _first_ready(q, level, start, head, tail):
+    """(pos, w) of the first ready record of ``level`` from ``start``, or None; moves the
+    level's pointer there (or to the tail). Lock held."""
+    mq = q._mq
+    top = q._levels - 1
+    for pos, w in ring.records(mq, q._cap, q._base, max(start, head), tail):
+        if mq[w] & 0xFF == _READY and min((mq[w + _R_FLAGS] >> 32) & 0xFF, top) == level:
+            mq[_I_LEVEL_POS + level] = pos
+            return pos, w
+    mq[_I_LEVEL_POS + level] = tail
+    return None
+
+
+def take_leveled(q, maxn, slot, until, now, wall, max_bytes=None):
+    """The take of a queue with priority levels and no record that needs the walk: each
+    level's first ready record, from the level's pointer (a lower bound, lowered by
+    every record made ready again), and the best of those by (effective level, put
+    time). Each pointer passes a record once between requeues: O(levels) per message,
+    amortized, whatever the depth. Lock held; returns ``take``'s tuples."""
+    mq, mm = q._mq, q._mm
+    head, tail = mq[L.I_HEAD], mq[L.I_TAIL]
+    levels = q._levels
+    top = levels - 1
+    aging = q._aging_ns
+    cur = [_first_ready(q, lv, mq[_I_LEVEL_POS + lv], head, tail) for lv in range(levels)]
+    lease = _LEASED | (slot << 8)
+    out = []
+    dead = []
+    qttl = q._ttl_ns
+    budget = max_bytes
+    redelivered = 0
+    while len(out) < maxn:
+        best = None
+        for lv in range(top, -1, -1):
+            c = cur[lv]
+            if c is None:
+                continue
+            enq = mq[c[1] + _R_ENQ]
+            eff = lv
+            if aging and lv < top and wall > enq:
+                eff = min(top, lv + (wall - enq) // aging)
+            key = (-eff, enq, c[0])
+            if best is None or key < best[0]:
+                best = (key, lv)
+        if best is None:
+            break
+        lv = best[1]
+        pos, w = cur[lv]
+        bl = mq[w + 1] >> 32
+        hl = mq[w + _R_FLAGS] & 0xFFFFFFFF
+        fl = mq[w + _R_FLAGS] >> 32
+        if (fl & _FLAG_TTL or qttl) and 0 < extension.expiry(mm, w << 3, fl, mq[w + _R_ENQ], qttl) <= wall:
+            attempt = mq[w] >> 32  # leased to us only to expire (dead-letter or drop)
+            mq[w + _R_DEADLINE] = until
+            mq[w] = lease | (attempt << 32)  # commit
+            b = (w << 3) + _REC
+            dead.append((pos, mq[w + L.R_MSG_ID], attempt, mm[b + hl:b + hl + bl], mm[b:b + hl] if hl else None,
+                         mq[w + _R_ENQ]))
+            cur[lv] = _first_ready(q, lv, pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF), head, tail)
+            continue
+        if budget is not None:
+            if out and bl + hl > budget:
+                break
+            budget -= bl + hl
+        attempt = (mq[w] >> 32) + 1
+        mq[w + _R_DEADLINE] = until
+        mq[w] = lease | (attempt << 32)  # commit
+        if attempt > 1:
+            redelivered += 1
+        b = (w << 3) + _REC
+        out.append((pos, mq[w + L.R_MSG_ID], attempt, mm[b + hl:b + hl + bl], mm[b:b + hl] if hl else None,
+                    mq[w + _R_ENQ]))
+        cur[lv] = _first_ready(q, lv, pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF), head, tail)
+    n = len(out) + len(dead)
+    if n:
+        mq[L.I_READY] -= n
+        mq[L.I_INFLIGHT] += n
+        mq[L.I_EXPIRED_TOTAL] += len(dead)
+        if redelivered:
+            mq[L.I_REDELIVERED_TOTAL] += redelivered
+        if until < mq[L.I_NEXT_DEADLINE]:
+            mq[L.I_NEXT_DEADLINE] = until
     return out, dead
 
 
@@ -208,7 +328,7 @@ def peek(q, maxn, wall):
     Returns (id, attempt, body, header bytes or None, enqueued ns) tuples."""
     mq, mm = q._mq, q._mm
     if q._general or mq[L.I_SPECIAL]:
-        ready, _expired, busy, _end, _f = _walk(q, wall)
+        ready, _expired, busy, _end, _s, _c = _walk(q, wall)
         # a peek shows what a get would take next, and what comes after it: groups in order
         chosen = _order(q, ready, busy, wall, maxn)
         seen = {c[0] for c in chosen}
@@ -219,6 +339,9 @@ def peek(q, maxn, wall):
         recs = []
         for pos, w in ring.records(mq, q._cap, q._base, start, mq[L.I_TAIL]):
             if mq[w] & 0xFF == _READY:
+                fl = mq[w + _R_FLAGS] >> 32
+                if fl & _FLAG_TTL and 0 < extension.expiry(mm, w << 3, fl, 0, 0) <= wall:
+                    continue  # expired: the next take or sweep drops it
                 recs.append((pos, w))
                 if len(recs) >= maxn:
                     break

@@ -180,8 +180,9 @@ class Settling:
             ids = ", ".join(f"#{d.id}" for d in expired[:10])
             raise DeliveryExpired(f"{len(expired)} deliveries of {self.name!r} are no longer leased: {ids}")
 
-    def _settle_acks(self, deliveries, dead_lettered=False) -> int:
-        """Ack (or drop as dead-lettered) a batch under one lock."""
+    def _settle_acks(self, deliveries, dead_lettered=False, counted=True) -> int:
+        """Ack (or drop as dead-lettered) a batch under one lock. ``counted=False``: they
+        were counted already (expired)."""
         mq, cap = self._mq, self._cap
         freed = False
         post = 0
@@ -198,7 +199,8 @@ class Settling:
                     freed = True
             done = len(live)
             mq[I_INFLIGHT] -= done
-            mq[I_DEAD_TOTAL if dead_lettered else I_ACKED_TOTAL] += done
+            if counted:
+                mq[I_DEAD_TOTAL if dead_lettered else I_ACKED_TOTAL] += done
             if freed and ring.advance_head(mq, cap, self._base):
                 post = waits.owed_posts(mq, _PRODUCERS, 1)
         finally:

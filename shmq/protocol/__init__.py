@@ -14,6 +14,7 @@ from .frames import (
     FrameDecoder,
     Header,
     MsgType,
+    PushType,
     Status,
     encode_error,
     encode_frame,
@@ -26,7 +27,7 @@ from .requests import REQUEST_FIELDS, Field, validate_request
 from .status import EXCEPTIONS, error_from_reply, status_of
 
 __all__ = [
-    "MAGIC", "VERSION", "HEADER_SIZE", "DEFAULT_MAX_FRAME_BYTES", "REPLY_BIT", "MsgType", "Status", "Frame",
+    "MAGIC", "VERSION", "HEADER_SIZE", "DEFAULT_MAX_FRAME_BYTES", "REPLY_BIT", "MsgType", "PushType", "Status", "Frame",
     "Header", "Field", "REQUEST_FIELDS", "ProtocolError", "pack_header", "unpack_header", "encode_frame",
     "encode_request", "encode_reply", "encode_error", "FrameDecoder", "validate_request", "EXCEPTIONS",
     "status_of", "error_from_reply",

@@ -8,14 +8,15 @@ Strategy: the client builds its fields with the same checks the local engine mak
 server reads them back into the engine's arguments with the functions beside them.
 """
 
-from ..engine.delivery import QueueStats
+from ..engine.delivery import Message, QueueStats
 from ..engine.headers import encode_headers
 from ..engine.stream import Record, RecordMetadata
 from .compression import check_codec, compress, decompress
 from .requests import MAX_RECORDS, check_records, normalize_records
 
-__all__ = ["create_fields", "create_args", "stats_fields", "stats_from_fields", "message_fields",
-           "consume_fields", "consume_args", "delivery_fields", "ms", "STREAM_INFO", "stream_create_fields",
+__all__ = ["create_fields", "create_args", "QUEUE_OPTIONS", "stats_fields", "stats_from_fields", "message_fields",
+           "put_fields", "put_args", "consume_fields", "consume_args", "delivery_fields", "peeked_fields",
+           "message_from_fields", "ms", "STREAM_INFO", "stream_create_fields",
            "stream_create_args", "stream_info_fields", "record_fields", "batch_fields", "batch_args",
            "read_fields", "record_reply", "record_from_fields", "metadata_fields", "metadata_from_fields",
            "pairs", "from_pairs", "commit_pairs", "stream_stats_fields", "stream_stats_from_fields"]
@@ -23,7 +24,13 @@ __all__ = ["create_fields", "create_args", "stats_fields", "stats_from_fields", 
 DEFAULT_MAX_BYTES = 64 * 2**20
 DEFAULT_VISIBILITY_S = 30.0
 _STATS_MS = {"oldest_ready_age_s": "oldest_ready_age_ms"}  # seconds on the Python side, ms on the wire
-_STATS_ADDED = {"consumers_waiting", "producers_waiting", "delayed", "purged_total"}  # 0 from older servers
+# fields an older server's STATS reply lacks, and what they read as
+_STATS_ADDED = {"consumers_waiting": 0, "producers_waiting": 0, "delayed": 0, "purged_total": 0, "expired_total": 0,
+                "groups_in_flight": 0, "dead_letter_depth": None}
+# the work-queue options of ``create_queue`` (CREATE carries them as they are: the engine checks them)
+QUEUE_OPTIONS = ("priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff", "retry_delay_max",
+                 "priority_aging")
+_SECONDS_OPTIONS = ("message_ttl", "dedup_window", "retry_delay", "retry_delay_max", "priority_aging")
 
 
 def ms(seconds, what) -> int:
@@ -36,15 +43,31 @@ def ms(seconds, what) -> int:
 
 
 def create_fields(name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries, dead_letter_queue,
-                  exist_ok, durability=None) -> dict:
-    """CREATE's fields for ``create_queue``'s arguments (None: the server's default)."""
+                  exist_ok, durability=None, **options) -> dict:
+    """CREATE's fields for ``create_queue``'s arguments (None: the server's default);
+    ``options`` are QUEUE_OPTIONS, sent as given (None too: it means something, as
+    ``priority_aging=None``), checked by the engine on the server, in its words; a
+    duration that is not a number is the local engine's TypeError, here."""
     fields = {"queue": name, "max_bytes": max_bytes, "visibility_timeout_ms": round(visibility_timeout * 1000),
               "exist_ok": exist_ok}
     for key, value in (("max_message_bytes", max_message_bytes), ("max_deliveries", max_deliveries),
                        ("dead_letter_queue", dead_letter_queue), ("durability", durability)):
         if value is not None:
             fields[key] = value
+    for key, value in options.items():
+        if key not in QUEUE_OPTIONS:
+            raise TypeError(f"create_queue() got an unexpected keyword argument {key!r}")
+        if key in _SECONDS_OPTIONS and value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
+            raise TypeError(f"{key} must be a number of seconds, not {value!r}")
+        fields[key] = value
     return fields
+
+
+def _check_int(value, what) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    return value
 
 
 def create_args(f) -> dict:
@@ -58,6 +81,7 @@ def create_args(f) -> dict:
     }
     if "durability" in f:
         args["durability"] = f["durability"]
+    args.update((k, f[k]) for k in QUEUE_OPTIONS if k in f)
     return args
 
 
@@ -77,7 +101,10 @@ def stats_from_fields(p: dict) -> QueueStats:
     values = {}
     for name in QueueStats.__dataclass_fields__:
         wire = _STATS_MS.get(name, name)
-        value = p.get(wire, 0) if name in _STATS_ADDED else p[wire]
+        if name == "ready_by_priority":  # a list on the wire; one level from an older server
+            values[name] = tuple(p.get(wire, (p["ready"],)))
+            continue
+        value = p.get(wire, _STATS_ADDED[name]) if name in _STATS_ADDED else p[wire]
         values[name] = value / 1000 if name in _STATS_MS else value
     return QueueStats(**values)
 
@@ -95,6 +122,38 @@ def message_fields(body, headers) -> dict:
     if headers is not None and encode_headers(headers):  # same TypeError / MessageTooLarge as local
         m["headers"] = headers
     return m
+
+
+def put_fields(priority=0, delay=0.0, ttl=None, group=None, dedup_id=None) -> dict:
+    """A put's options on the wire (PRODUCE; PRODUCE_BATCH without ``group`` and
+    ``dedup_id``), checked as the local engine checks their types; a default is left out,
+    so a plain put stays as small as before. The priority's range is the engine's to check."""
+    fields = {}
+    if _check_int(priority, "priority"):
+        fields["priority"] = priority
+    if delay_ms := ms(delay, "delay"):
+        fields["delay_ms"] = delay_ms
+    if ttl is not None:  # a ttl under 1 ms is 1 ms, not 0 (which the engine refuses)
+        fields["ttl_ms"] = ms(ttl, "ttl") or (1 if ttl > 0 else 0)
+    if group is not None:
+        if not isinstance(group, str):
+            raise TypeError(f"group must be a str, not {type(group).__name__}")
+        fields["group"] = group
+    if dedup_id is not None:
+        if not isinstance(dedup_id, (str, bytes, bytearray)):
+            raise TypeError(f"dedup_id must be str or bytes, not {type(dedup_id).__name__}")
+        fields["dedup_id"] = bytes(dedup_id) if isinstance(dedup_id, bytearray) else dedup_id
+    return fields
+
+
+def put_args(f) -> dict:
+    """A put's keyword arguments (priority, delay, ttl, group, dedup_id) from PRODUCE's or
+    PRODUCE_BATCH's checked fields: those sent, so the engine's defaults apply to the rest."""
+    args = {k: f[k] for k in ("priority", "group", "dedup_id") if k in f}
+    for wire, key in (("delay_ms", "delay"), ("ttl_ms", "ttl")):
+        if wire in f:
+            args[key] = f[wire] / 1000
+    return args
 
 
 def consume_fields(max_messages, visibility_timeout) -> dict:
@@ -115,7 +174,31 @@ def consume_args(f) -> tuple:
 
 def delivery_fields(d, tag: int) -> dict:
     """The wire form of one leased message in a CONSUME reply; ``tag`` names the lease."""
-    return {"id": d.id, "delivery": tag, "body": d.body, "headers": d.headers, "attempt": d.attempt}
+    return _with_options({"id": d.id, "delivery": tag, "body": d.body, "headers": d.headers, "attempt": d.attempt}, d)
+
+
+def peeked_fields(m) -> dict:
+    """The wire form of one ``Message`` in a PEEK reply."""
+    return _with_options({"id": m.id, "body": m.body, "headers": m.headers, "attempt": m.attempt}, m)
+
+
+def _with_options(out, m) -> dict:
+    """``out`` and what a message has beyond its body: enqueue time (epoch seconds, a
+    float), and its priority and group when it has them (a reader takes 0 and None)."""
+    # getattr: until the engine's Delivery has them (issue 13)
+    if (at := getattr(m, "enqueued_at", None)) is not None:
+        out["enqueued_at"] = at
+    if priority := getattr(m, "priority", 0):
+        out["priority"] = priority
+    if (group := getattr(m, "group", None)) is not None:
+        out["group"] = group
+    return out
+
+
+def message_from_fields(queue: str, m: dict):
+    """A ``shmq.Message`` from one message of a PEEK reply."""
+    return Message(id=m["id"], body=m["body"], headers=m.get("headers") or {}, attempt=m["attempt"],
+                   priority=m.get("priority", 0), enqueued_at=m.get("enqueued_at"), group=m.get("group"), queue=queue)
 
 
 # ---------------------------------------------------------------- streams

@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "REPLY_BIT",
     "MsgType",
+    "PushType",
     "Status",
     "Frame",
     "Header",
@@ -72,6 +73,10 @@ class MsgType(enum.IntEnum):
     NACK = 0x14
     EXTEND = 0x15
     REJECT = 0x16
+    PEEK = 0x17
+    REDRIVE = 0x18
+    SUBSCRIBE = 0x19
+    CANCEL = 0x1B
     STREAM_CREATE = 0x20
     STREAM_DELETE = 0x21
     STREAM_LIST = 0x22
@@ -93,6 +98,20 @@ class MsgType(enum.IntEnum):
     COMMITTED = 0x36
     LAG = 0x37
     RESET = 0x38
+    X_CREATE = 0x40  # exchanges (engine/exchange.py)
+    X_DELETE = 0x41
+    X_LIST = 0x42
+    X_BIND = 0x43
+    X_UNBIND = 0x44
+    X_PUBLISH = 0x45
+    REQUEST = 0x46  # request/reply (engine/rpc.py)
+
+
+class PushType(enum.IntEnum):
+    """Frames the server sends unasked: msg id 0, status 0, type = the push type | REPLY_BIT
+    (a client reads msg id 0 with a non-zero status as the end of the connection)."""
+
+    DELIVER = 0x1A  # messages leased to a subscription (SUBSCRIBE), or its end
 
 
 class Status(enum.IntEnum):
@@ -116,6 +135,9 @@ class Status(enum.IntEnum):
     STREAM_EXISTS = 15
     OFFSET_OUT_OF_RANGE = 16
     COMMIT_FAILED = 17
+    EXCHANGE_NOT_FOUND = 64
+    EXCHANGE_EXISTS = 65
+    REQUEST_TIMEOUT = 66
 
 
 # ---------------------------------------------------------------------------- header

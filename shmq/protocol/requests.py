@@ -28,6 +28,10 @@ def _check_bytes(v):
     return None if isinstance(v, bytes) else "bytes (msgpack bin)"
 
 
+def _check_str_or_bytes(v):
+    return None if isinstance(v, (str, bytes)) else "a string or bytes (msgpack bin)"
+
+
 def _check_bool(v):
     return None if isinstance(v, bool) else "a boolean"
 
@@ -88,6 +92,10 @@ def _check_int(v):
 
 def _check_number(v):
     return None if isinstance(v, (int, float)) and not isinstance(v, bool) else "a number"
+
+
+def _check_number_or_nil(v):
+    return None if v is None else "a number or nil" if _check_number(v) else None
 
 
 def _check_partition(v):
@@ -165,6 +173,10 @@ _MEMBER = Field("member", _check_positive, required=True)
 _PARTITION = Field("partition", _check_partition, required=True)
 _MAX_RECORDS = Field("max", _check_max_records, default=1000)
 _WAIT_MS = Field("wait_ms", _check_non_negative, default=0)
+_EXCHANGE = Field("exchange", _check_str, required=True)
+# a put's options (PRODUCE and PRODUCE_BATCH); the engine checks the priority's range
+_PUT_OPTIONS = (Field("priority", _check_int), Field("delay_ms", _check_non_negative),
+                Field("ttl_ms", _check_non_negative))
 
 # The one table of request payloads: type -> its fields. Unknown fields are ignored.
 REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
@@ -178,14 +190,24 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("dead_letter_queue", _check_str),
         Field("exist_ok", _check_bool, default=False),
         Field("durability", _check_str),
+        # the work-queue options: their ranges are the engine's to check, in its words (nil: None)
+        Field("priorities", _check_int),
+        Field("message_ttl", _check_number_or_nil),
+        Field("dedup_window", _check_number),
+        Field("retry_delay", _check_number),
+        Field("retry_backoff", _check_number),
+        Field("retry_delay_max", _check_number_or_nil),
+        Field("priority_aging", _check_number_or_nil),
     ),
     MsgType.DELETE: (_QUEUE,),
     MsgType.LIST: (),
     MsgType.STATS: (_QUEUE,),
     MsgType.PURGE: (_QUEUE,),
     MsgType.PING: (),
-    MsgType.PRODUCE: (_QUEUE, Field("body", _check_bytes, required=True), Field("headers", _check_headers)),
-    MsgType.PRODUCE_BATCH: (_QUEUE, Field("messages", _check_messages, required=True, normalize=_normalize_messages)),
+    MsgType.PRODUCE: (_QUEUE, Field("body", _check_bytes, required=True), Field("headers", _check_headers),
+                      *_PUT_OPTIONS, Field("group", _check_str), Field("dedup_id", _check_str_or_bytes)),
+    MsgType.PRODUCE_BATCH: (_QUEUE, Field("messages", _check_messages, required=True, normalize=_normalize_messages),
+                            *_PUT_OPTIONS),
     MsgType.CONSUME: (
         _QUEUE,
         Field("max", _check_positive, default=1),
@@ -197,10 +219,17 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         _QUEUE,
         _DELIVERIES,
         Field("requeue", _check_bool, default=True),
-        Field("delay_ms", _check_non_negative, default=0),
+        Field("delay_ms", _check_non_negative),  # absent: the queue's retry policy
     ),
     MsgType.EXTEND: (_QUEUE, _DELIVERIES, Field("visibility_ms", _check_non_negative, required=True)),
     MsgType.REJECT: (_QUEUE, _DELIVERIES),
+    MsgType.PEEK: (_QUEUE, Field("max", _check_positive, default=10)),
+    MsgType.REDRIVE: (_QUEUE, Field("to", _check_str), Field("max", _check_positive)),
+    # prefetch: the server's --max-prefetch caps it (BAD_REQUEST past it)
+    MsgType.SUBSCRIBE: (_QUEUE, Field("prefetch", _check_positive, required=True),
+                        Field("visibility_ms", _check_non_negative)),
+    MsgType.CANCEL: (Field("subscription", _check_positive, required=True),
+                     Field("delivered", _check_non_negative, default=0)),
     # streams: the engine checks the ranges of STREAM_CREATE's settings, with its own words
     MsgType.STREAM_CREATE: (
         _STREAM,
@@ -252,6 +281,17 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
     MsgType.COMMITTED: (_STREAM, _GROUP),
     MsgType.LAG: (_STREAM, _GROUP),
     MsgType.RESET: (_STREAM, _GROUP, Field("to", _check_str), Field("offsets", _check_offsets)),
+    # exchanges: the engine checks names, types, patterns and routing keys, in its words
+    MsgType.X_CREATE: (_EXCHANGE, Field("type", _check_str, default="fanout"),
+                       Field("exist_ok", _check_bool, default=False)),
+    MsgType.X_DELETE: (_EXCHANGE,),
+    MsgType.X_LIST: (Field("exchange", _check_str),),
+    MsgType.X_BIND: (_EXCHANGE, Field("target", _check_str, required=True), Field("pattern", _check_str, default="#")),
+    MsgType.X_UNBIND: (_EXCHANGE, Field("target", _check_str, required=True), Field("pattern", _check_str)),
+    MsgType.X_PUBLISH: (_EXCHANGE, Field("body", _check_bytes, required=True), Field("routing_key", _check_str),
+                        Field("headers", _check_headers), Field("dedup_id", _check_str)),
+    MsgType.REQUEST: (_QUEUE, Field("body", _check_bytes, required=True), Field("headers", _check_headers),
+                      Field("timeout_ms", _check_non_negative)),
 }
 
 

@@ -22,6 +22,7 @@ from ..protocol.status import error_details, reason_of, status_of
 from .handlers import HANDLERS, Later, Wait
 from .leases import Leases
 from .members import Members
+from .subscriptions import Subscriptions
 from .limits import PRE_AUTH_MAX_FRAME_BYTES, SMALL_FRAME_BYTES, Boundaries, Clocks
 from .waiters import Waiter
 
@@ -68,6 +69,8 @@ class Connection(asyncio.BufferedProtocol):
         self.clocks = Clocks(server.limits, server.loop.time())
         self.leases = Leases()  # the deliveries it holds
         self.members = Members()  # the group members it holds
+        self.calls = set()  # its waiting REQUESTs' rpc.Calls: their reply queues go when it closes
+        self.subs = Subscriptions(self)  # its SUBSCRIBEs: deliveries pushed to it
         self.waiters = set()  # its waiting CONSUMEs, READs and POLLs
         self.reserved = 0  # budget bytes held for the open frame
         self.budget_wait = False  # in line for budget: paused (its frame clock runs on)
@@ -124,6 +127,7 @@ class Connection(asyncio.BufferedProtocol):
     def resume_writing(self):
         self.write_paused = False
         if not self.closing:
+            self.subs.resume()
             self.process()
             if not self.closing:
                 self.account()
@@ -335,8 +339,16 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 w.line.drop(w)
         self.waiters.clear()
+        self.subs.close_all()
         self.leases.release(self.server.notify, self.peer)
         self.members.release(self.server.streams.notify, self.peer)
+        for call in self.calls:  # the reply queues of its requests (a late reply is dropped)
+            self.server.forget(call.reply_queue)
+            try:
+                call.close()
+            except ShmqError as e:
+                log.warning("%s: cannot delete reply queue %s: %s", self.peer, call.reply_queue, e)
+        self.calls.clear()
         self.server.budget.forget(self)
 
     def linger(self):
@@ -361,7 +373,7 @@ class Connection(asyncio.BufferedProtocol):
         """Called by the server's sweeper: close on a frame past its deadline, or when idle."""
         if self.closing:
             return
-        overdue = self.clocks.overdue(now, self.authed, bool(self.waiters) or self.budget_wait)
+        overdue = self.clocks.overdue(now, self.authed, bool(self.waiters) or bool(self.subs) or self.budget_wait)
         if overdue is not None:
             error, reason = overdue
             if error is not None:  # a frame past its deadline

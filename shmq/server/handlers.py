@@ -26,7 +26,8 @@ from typing import Callable
 import msgpack
 
 from .. import __version__
-from ..errors import QueueEmpty, Unauthorized
+from ..engine.rpc import Call
+from ..errors import QueueEmpty, RequestTimeout, StreamNotFound, Unauthorized
 from ..protocol import MsgType
 from ..protocol.compression import CODECS
 from ..protocol.forms import (
@@ -36,6 +37,8 @@ from ..protocol.forms import (
     from_pairs,
     metadata_fields,
     pairs,
+    peeked_fields,
+    put_args,
     record_reply,
     stats_fields,
     stream_create_args,
@@ -141,14 +144,14 @@ def purge(conn, f):
 
 def produce(conn, f):
     q = conn.server.queue(f["queue"])
-    msg_id = q.put_nowait(f["body"], f.get("headers"))
+    msg_id = q.put(f["body"], f.get("headers"), timeout=0, **put_args(f))  # put_nowait, with the options
     conn.server.notify(q.name)
     return {"id": msg_id}
 
 
 def produce_batch(conn, f):
     q = conn.server.queue(f["queue"])
-    ids = q.put_many([(m["body"], m.get("headers")) for m in f["messages"]], timeout=0)
+    ids = q.put_many([(m["body"], m.get("headers")) for m in f["messages"]], timeout=0, **put_args(f))
     conn.server.notify(q.name)
     return {"ids": ids}
 
@@ -185,8 +188,8 @@ def nack(conn, f):
     if not f.get("requeue", True):
         conn.leases.settle(q, f["deliveries"], q.reject_many)
         return {}
-    delay = f.get("delay_ms", 0) / 1000
-    conn.leases.settle(q, f["deliveries"], lambda ds: q.nack_many(ds, delay))
+    delay = (f["delay_ms"] / 1000,) if "delay_ms" in f else ()  # none: the queue's retry policy
+    conn.leases.settle(q, f["deliveries"], lambda ds: q.nack_many(ds, *delay))
     conn.server.notify(q.name)
     return {}
 
@@ -203,6 +206,38 @@ def extend(conn, f):
     for d in conn.leases.take(q, f["deliveries"]):
         d.extend(seconds)
     return {}
+
+
+def peek(conn, f):
+    """Up to ``max`` ready messages, leased to nobody; as many as fit in a frame (the first always)."""
+    budget = _reply_budget(conn.server, 0)
+    out = []
+    for m in conn.server.queue(f["queue"]).peek(f["max"]):
+        budget -= len(m.body) + RECORD_OVERHEAD + (len(msgpack.packb(m.headers, use_bin_type=True)) if m.headers else 0)
+        if out and budget < 0:
+            break
+        out.append(peeked_fields(m))
+    return {"messages": out}
+
+
+def redrive(conn, f):
+    n = conn.server.broker.redrive(f["queue"], to=f.get("to"), max_messages=f.get("max"))
+    if "to" in f:
+        conn.server.notify(f["to"])  # back to their own queues: the waiters' poller sees them
+    return {"redriven": n}
+
+
+def subscribe(conn, f):
+    """A subscription: deliveries pushed while fewer than ``prefetch`` are un-acked
+    (``subscriptions``); the pushes start after this reply."""
+    q = conn.server.queue(f["queue"])
+    vis = f.get("visibility_ms")
+    return {"subscription": conn.subs.subscribe(q, f["prefetch"], None if vis is None else vis / 1000)}
+
+
+def cancel(conn, f):
+    """No more pushes; what was pushed after the first ``delivered`` is ready again."""
+    return {"released": conn.subs.cancel(f["subscription"], f["delivered"])}
 
 
 # ---------------------------------------------------------------- streams
@@ -377,6 +412,105 @@ def reset(conn, f):
     return {}
 
 
+# ---------------------------------------------------------------- exchanges, request/reply
+SERVER_LOCK_TIMEOUT_S = 0.25  # as the cached handles' (tcp.LOCK_TIMEOUT_S)
+FOREVER_MS = 10**12  # a REQUEST without timeout_ms waits this long (for ever)
+
+
+def _exchanges(server):
+    x = server.broker.exchange_table()
+    x.lock_timeout = SERVER_LOCK_TIMEOUT_S
+    return x
+
+
+def x_create(conn, f):
+    conn.server.broker.create_exchange(f["exchange"], f["type"], f["exist_ok"])
+    return {}
+
+
+def x_delete(conn, f):
+    conn.server.broker.delete_exchange(f["exchange"])
+    return {}
+
+
+def x_list(conn, f):
+    if "exchange" in f:
+        return conn.server.broker.exchange_info(f["exchange"])
+    return {"exchanges": conn.server.broker.list_exchanges()}
+
+
+def x_bind(conn, f):
+    conn.server.broker.bind(f["exchange"], f["target"], f["pattern"])
+    return {}
+
+
+def x_unbind(conn, f):
+    return {"unbound": conn.server.broker.unbind(f["exchange"], f["target"], f.get("pattern"))}
+
+
+def x_publish(conn, f):
+    """Put into each target now (a full queue: QUEUE_FULL, the targets before it have the
+    message); with a stream of retention="block" among them, in that stream's appender,
+    as an append to it is."""
+    server = conn.server
+    x = _exchanges(server)
+    key = f.get("routing_key", "")
+    run = lambda: x.publish(f["exchange"], f["body"], key, f.get("headers"), f.get("dedup_id"), 0)  # noqa: E731
+    for kind, target in x.routes(f["exchange"], key):
+        if kind == "s":
+            try:
+                s = server.stream(target)
+            except StreamNotFound:
+                continue
+            if s.retention == "block":
+                return Later(s, run, lambda done: _published(server, done))
+    return _published(server, run())
+
+
+def _published(server, done):
+    for kind, target in done:
+        (server.notify if kind == "q" else server.streams.notify)(target)
+    return {"targets": len(done)}
+
+
+def request(conn, f):
+    """Put the request with a reply queue of its own (``rpc.Call``, owned by this server
+    for the connection) and wait on that queue for the reply."""
+    server = conn.server
+    call = Call(server.broker, f["queue"], f["body"], f.get("headers"), put_timeout=0,
+                lock_timeout=SERVER_LOCK_TIMEOUT_S)
+    conn.calls.add(call)
+    server.notify(f["queue"])
+    try:
+        replies = server.queue(call.reply_queue)
+    except BaseException:
+        _end_call(conn, call)
+        raise
+    wait_ms = f.get("timeout_ms", FOREVER_MS)
+    return _wait_or_answer(conn, {"wait_ms": wait_ms}, server.waiters_of(replies), _reply_of, _replied,
+                           (call, replies, wait_ms))
+
+
+def _reply_of(args):
+    return args[0].poll(args[1])
+
+
+def _replied(conn, args, got):
+    call, _replies, wait_ms = args
+    conn.server.loop.call_soon(_end_call, conn, call)  # not while its line is being served
+    if got is NOTHING:
+        raise RequestTimeout(f"no reply to the request on queue {call.queue!r} within {wait_ms / 1000}s")
+    body, headers = got
+    return {"body": body, "headers": headers} if headers else {"body": body}
+
+
+def _end_call(conn, call):
+    """The request is over: its reply queue goes (a late reply is dropped)."""
+    conn.calls.discard(call)
+    conn.server.forget(call.reply_queue)
+    call.close()
+
+
 # request type -> its handler: every type of protocol.requests.REQUEST_FIELDS
 HANDLERS = {
     MsgType.HELLO: hello,
@@ -393,6 +527,10 @@ HANDLERS = {
     MsgType.NACK: nack,
     MsgType.EXTEND: extend,
     MsgType.REJECT: reject,
+    MsgType.PEEK: peek,
+    MsgType.REDRIVE: redrive,
+    MsgType.SUBSCRIBE: subscribe,
+    MsgType.CANCEL: cancel,
     MsgType.STREAM_CREATE: stream_create,
     MsgType.STREAM_DELETE: stream_delete,
     MsgType.STREAM_LIST: stream_list,
@@ -414,4 +552,11 @@ HANDLERS = {
     MsgType.COMMITTED: committed,
     MsgType.LAG: lag,
     MsgType.RESET: reset,
+    MsgType.X_CREATE: x_create,
+    MsgType.X_DELETE: x_delete,
+    MsgType.X_LIST: x_list,
+    MsgType.X_BIND: x_bind,
+    MsgType.X_UNBIND: x_unbind,
+    MsgType.X_PUBLISH: x_publish,
+    MsgType.REQUEST: request,
 }

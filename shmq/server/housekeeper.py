@@ -8,6 +8,7 @@ delayed messages moving even while no client is calling ``get``.
 import logging
 
 from ..engine.broker import Broker
+from ..engine.rpc import remove_orphans
 from ..errors import QueueNotFound, ShmqError
 
 __all__ = ["Housekeeper"]
@@ -25,6 +26,9 @@ class Housekeeper:
     def run_once(self) -> int:
         """One pass over all queues; returns how many messages became ready again."""
         names = set(self.broker.list_queues())
+        for name in remove_orphans(self.broker, sorted(names)):  # reply queues of dead requesters
+            names.discard(name)
+            log.info("reply queue %s removed: its requester is gone", name)
         for name in list(self._queues):
             if name not in names:
                 self._queues.pop(name).close()

@@ -44,13 +44,33 @@ class Held:
 
 
 class Leases(Held):
-    """tag -> (queue handle, Delivery) for one connection."""
+    """tag -> (queue handle, Delivery) for one connection; ``pushed``: tag -> the
+    subscription a held delivery was pushed for (``subscriptions``), told when it is settled."""
 
-    __slots__ = ()
+    __slots__ = ("pushed",)
 
-    def lease(self, q, ds) -> list:
-        """The wire form of deliveries ``q`` just leased; they are held from now."""
-        return [delivery_fields(d, self.hold((q, d))) for d in ds]
+    def __init__(self):
+        super().__init__()
+        self.pushed = {}
+
+    def lease(self, q, ds, sub=None) -> list:
+        """The wire form of deliveries ``q`` just leased; they are held from now (for the
+        subscription ``sub``, if they are pushed)."""
+        if sub is None:
+            return [delivery_fields(d, self.hold((q, d))) for d in ds]
+        out = []
+        for d in ds:
+            tag = self.hold((q, d))
+            self.pushed[tag] = sub
+            sub.held(tag)
+            out.append(delivery_fields(d, tag))
+        return out
+
+    def unsubscribe(self, tags):
+        """The deliveries of ``tags`` no longer count for their subscription (it closed)."""
+        pushed = self.pushed
+        for t in tags:
+            pushed.pop(t, None)
 
     def take(self, q, tags) -> list:
         """The deliveries named by ``tags`` (all held, all of ``q``; each once), still
@@ -76,9 +96,13 @@ class Leases(Held):
         return result
 
     def _drop(self, tags):
-        held = self.held
+        held, pushed = self.held, self.pushed
         for t in tags:
             held.pop(t, None)
+            if pushed:
+                sub = pushed.pop(t, None)
+                if sub is not None:
+                    sub.settled(t)  # room for one more push
 
     def release(self, notify, peer):
         """Every delivery still held is ready again at once (the connection closed);
@@ -90,11 +114,12 @@ class Leases(Held):
         for q, d in self.held.values():
             by_queue.setdefault(q, []).append(d)
         self.held.clear()
+        self.pushed.clear()
         for q, ds in by_queue.items():
             if q.deleted:  # deleted (or its handle closed with it): nothing to give back
                 continue
             try:
-                q.nack_many(ds)  # requeued now
+                q.nack_many(ds, 0.0)  # requeued now (not by the retry policy)
             except (DeliveryExpired, QueueNotFound):
                 continue
             except ShmqError as e:

@@ -31,9 +31,12 @@ class Limits:
     max_buffered_bytes: int = 64 * 2**20
     frame_timeout: float = 30.0
     idle_timeout: float = 300.0
+    max_subscriptions_per_connection: int = 64  # SUBSCRIBEs open at once on one connection
+    max_prefetch: int = 10_000  # the most un-acked deliveries one SUBSCRIBE may ask pushed
 
     def __post_init__(self):
-        for name in ("max_connections", "max_waiting_per_connection", "max_buffered_bytes"):
+        for name in ("max_connections", "max_waiting_per_connection", "max_buffered_bytes",
+                     "max_subscriptions_per_connection", "max_prefetch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")

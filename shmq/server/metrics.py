@@ -22,7 +22,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ..engine.broker import Broker
-from ..engine.delivery import QueueStats
 from ..errors import QueueNotFound, ShmqError, StreamNotFound
 from ..protocol import MsgType, Status
 
@@ -55,10 +54,9 @@ _QUEUE_COUNTERS = (
     ("acked_total", "shmq_queue_acked", "Messages acknowledged."),
     ("redelivered_total", "shmq_queue_redelivered", "Deliveries made ready again (nack, lapsed lease, dead holder)."),
     ("dead_lettered_total", "shmq_queue_dead_lettered", "Messages moved to the dead-letter queue (or dropped)."),
-    ("expired_total", "shmq_queue_expired", "Messages dropped for their time to live."),
+    ("expired_total", "shmq_queue_expired", "Messages that expired before delivery (TTL): dropped or dead-lettered."),
     ("purged_total", "shmq_queue_purged", "Ready messages dropped by purge."),
 )
-_QUEUE_COUNTERS = tuple(c for c in _QUEUE_COUNTERS if c[0] in QueueStats.__dataclass_fields__)  # expired: with TTL
 
 
 def parse_address(value: str) -> tuple[str, int]:

@@ -41,6 +41,7 @@ from pyspark.sql.types import (BinaryType, IntegerType, LongType, MapType, Strin
                                TimestampType)
 
 from ..dmsq import SUFFIX, SnapshotReader, stream_row
+from ..engine import extension
 from ..engine.wal import split_partition_name
 from ..errors import ShmqError
 from .arrow import header_map
@@ -260,7 +261,8 @@ def _headers(raw: bytes, cache: dict, msg_id: int) -> list:
     entries = cache.get(raw)
     if entries is None:
         try:
-            decoded = msgpack.unpackb(raw, raw=False) if raw else {}
+            headers = extension.split(raw)[1] if raw else raw  # the extension block (priority, ...): not headers
+            decoded = msgpack.unpackb(headers, raw=False) if headers else {}
             if not isinstance(decoded, dict):
                 raise TypeError(f"a {type(decoded).__name__}")
         except Exception as e:  # msgpack raises several kinds; all mean the same here
