@@ -213,7 +213,7 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
     uint64_t *h = HOT(seg);
     uint64_t pos = h[H_FRONTIER], off = pos % cap, next_deadline = h[H_NEXT_DEADLINE];
     if (!(pos < h[H_TAIL] && !h[H_REQUEUED] && !h[H_DELETED] && cap - off >= REC_SIZE && now < next_deadline &&
-          now < h[H_NEXT_LIVENESS])) {
+          now < h[H_NEXT_LIVENESS] && !((uint64_t *)seg)[SPECIAL_W])) { /* special: the general take */
         unlock(seg);
         return PyLong_FromLong(R_FALLBACK);
     }

@@ -13,6 +13,7 @@
 #define ST_ACKED 3
 #define ST_PAD 4
 #define WAL_ALWAYS 1
+#define SPECIAL_W 106
 #define REC_STATUS 0
 #define REC_LENGTH 8
 #define REC_BODY_LEN 12

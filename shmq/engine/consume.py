@@ -162,8 +162,8 @@ class Consuming:
         housekeeping is due and nothing was requeued. None sends the caller to ``_get``."""
         lp = self._lockp
         slot = self._slot
-        if lp is None or slot < 0 or visibility_timeout is not None or self._general or self._mq[I_SPECIAL]:
-            return None
+        if lp is None or slot < 0 or visibility_timeout is not None or self._general:
+            return None  # (the C take and the one below leave a queue with special records alone)
         if _fast_take is not None:
             r = _fast_take(self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0, _mono())
             if type(r) is tuple:
@@ -184,7 +184,7 @@ class Consuming:
             now = _mono()
             off = pos % cap
             if (pos < tail and not requeued and not deleted and cap - off >= _REC
-                    and now < next_deadline and now < next_liveness):
+                    and now < next_deadline and now < next_liveness and not mq[I_SPECIAL]):
                 a = self._base + off
                 status, length, bl, hl, flags, msg_id, enq, _d = _REC_UNPACK(mm, a)
                 attempt = (status >> 32) + 1

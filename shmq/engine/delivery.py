@@ -45,9 +45,6 @@ class Message:
     queue: str
 
 
-_EXT_MAGIC = extension.L.EXT_MAGIC
-
-
 class Delivery:
     """One delivered message, leased to this process until settled or expired.
 
@@ -65,22 +62,33 @@ class Delivery:
         self.attempt = attempt
         self.body = body
         self._enq = enq_ns
-        self._ext = None
-        if hraw is not None and hraw[0] == _EXT_MAGIC:  # an extension block before the headers
-            self._ext, hraw = extension.split(hraw)
-        self._hraw = hraw  # encoded headers, None when empty, the decoded dict once read
+        # the record's header bytes (an extension block, then msgpack headers), None when
+        # empty; split and decoded on first use (``_ext`` is unset until then)
+        self._hraw = hraw
 
     @property
     def queue(self) -> str:
         return self._q.name
 
+    def _split(self):
+        """The extension block; ``_hraw`` becomes the headers' bytes (or None)."""
+        ext, self._hraw = extension.split(self._hraw)
+        self._ext = ext
+        return ext
+
     @property
     def priority(self) -> int:
-        return 0 if self._ext is None else self._ext.priority
+        try:
+            return self._ext.priority
+        except AttributeError:
+            return self._split().priority
 
     @property
     def group(self) -> str | None:
-        return None if self._ext is None else self._ext.group
+        try:
+            return self._ext.group
+        except AttributeError:
+            return self._split().group
 
     @property
     def enqueued_at(self) -> float:
@@ -93,6 +101,11 @@ class Delivery:
         if h is None:
             return {}
         if type(h) is bytes:
+            if not hasattr(self, "_ext"):
+                self._split()
+                h = self._hraw
+                if h is None:
+                    return {}
             h = self._hraw = decode_headers(h)
         return h
 

@@ -43,7 +43,9 @@ def as_bytes(value, what="message body"):
 class Producing:
     """The put operations of ``Queue``."""
 
-    def put(self, body, headers=None, timeout=None, *, priority=0, delay=0.0, ttl=None, group=None,
+    # (the options are not keyword-only: CPython fills missing keyword-only arguments from a
+    # dict, a lookup each, which the plain put would pay on every call)
+    def put(self, body, headers=None, timeout=None, priority=0, delay=0.0, ttl=None, group=None,
             dedup_id=None) -> int:
         """Append one message; blocks while the queue is full.
 
@@ -120,7 +122,7 @@ class Producing:
         """``put`` that raises QueueFull at once instead of waiting."""
         return self.put(body, headers, timeout=0)
 
-    def put_many(self, bodies, timeout=None, *, priority=0, delay=0.0, ttl=None) -> list[int]:
+    def put_many(self, bodies, timeout=None, priority=0, delay=0.0, ttl=None) -> list[int]:
         """Append a batch under one lock, all or nothing; returns the ids in order.
 
         Items are bodies or ``(body, headers)`` pairs. ``priority``, ``delay`` and ``ttl``

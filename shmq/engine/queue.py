@@ -88,6 +88,7 @@ class Queue(Producing, Consuming, Settling):
         self.name = name
         self._slot = -1
         self._dlq = None
+        self._held = None  # with a prefetch cap (``set_prefetch``): the deliveries held un-settled
         try:
             seg = open_segment(segment_name(namespace, "q", name))
         except (FileNotFoundError, ValueError):
@@ -134,14 +135,13 @@ class Queue(Producing, Consuming, Settling):
         self.durability = L.DURABILITY_NAMES.get(flags & 0xFF, "memory")
         self._logged = self.durability == "wal"
         (levels, aging_ms, ttl_ns, window_ns, retry_ns, backoff, retry_max_ns) = L.OPTS.unpack_from(mm, L.OPTS_OFF)
-        self._levels = levels or 1
-        self._aging_ns = aging_ms * 1_000_000
-        self._ttl_ns = ttl_ns
-        self._dedup_window_ns = window_ns
-        self._retry_ns, self._backoff, self._retry_max_ns = retry_ns, backoff or 1.0, retry_max_ns
-        # never the plain FIFO take: the leveled take (levels), or the walk (a queue TTL)
-        self._general = self._levels > 1 or bool(ttl_ns)
-        self._dedup_off = L.dedup_offset(slots)
+        # one attribute for the options (the properties below): CPython 3.11 keeps an
+        # instance's attributes in a shared-keys table, and the hot paths' attribute
+        # loads are fast, only while a class's instances have at most 30 of them
+        self._opts = (levels or 1, aging_ms * 1_000_000, ttl_ns, window_ns, retry_ns, backoff or 1.0, retry_max_ns,
+                      L.dedup_offset(slots))
+        # never the plain FIFO take: the leveled take (levels), or a check of every expiry (a queue TTL)
+        self._general = (levels or 1) > 1 or bool(ttl_ns)
         self.wal = Log(self)  # the write-ahead log (durability "wal"), and this process's descriptor
         # The mutex lives at a fixed address of the mapping, valid until close().
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
@@ -153,6 +153,15 @@ class Queue(Producing, Consuming, Settling):
             self._nf = open_semaphore(base + ".nf")
         except posix_ipc.ExistentialError:
             raise QueueNotFound(f"queue {self.name!r} in namespace {self.namespace!r} was deleted") from None
+
+    _levels = property(lambda self: self._opts[0])  # priority levels
+    _aging_ns = property(lambda self: self._opts[1])  # priority aging (0: strict)
+    _ttl_ns = property(lambda self: self._opts[2])  # message_ttl (0: none)
+    _dedup_window_ns = property(lambda self: self._opts[3])
+    _retry_ns = property(lambda self: self._opts[4])  # retry_delay
+    _backoff = property(lambda self: self._opts[5])  # retry_backoff
+    _retry_max_ns = property(lambda self: self._opts[6])  # retry_delay_max (0: none)
+    _dedup_off = property(lambda self: self._opts[7])  # the dedup table's byte offset
 
     def __reduce__(self):
         return (_reattach, (self.namespace, self.name))
