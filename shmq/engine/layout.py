@@ -272,9 +272,8 @@ PART_STATIC = struct.Struct("<4sHHQQQQQ")
 PART_MUTEX_OFF = 64
 PART_CTL_OFF = 128
 # disk_first: 1 + the first offset of the oldest log file still on disk (0: none, as a new
-# segment's zeroed word says), the long tail readers reach below ``earliest``; wal_mark / wal_mark_offset: the log size and
-# first offset of the latest append, so a repair cuts off entries an appender logged and
-# never committed; hwm: no offset at or above it was handed out since the high-water file
+# segment's zeroed word says), the long tail readers reach below ``earliest``; wal_mark / wal_mark_offset: unused
+# (a repair finds an uncommitted append's entries by their offsets, ``Log.repair``); hwm: no offset at or above it was handed out since the high-water file
 # last said so (snapshot streams), hwm_epoch: snapshots taken (each resets hwm to the end),
 # hwm_base: the end at the last of them, hwm_span: offsets handed out in the epoch before,
 # hwm_writes: writes of the high-water file;

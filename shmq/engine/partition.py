@@ -161,10 +161,8 @@ class Partition:
             mq[L.PI_HEAD] = tail
             mq[L.PI_EARLIEST] = nxt
         self._txn_repair(nxt)
-        if self._logged:
-            self.log.repair()  # an entry torn by the death
-            if mq[L.PI_WAL_MARK_OFFSET] >= nxt and self.log.size() > mq[L.PI_WAL_MARK]:
-                self.log.cut_back(mq[L.PI_WAL_MARK])  # logged by an append that never committed
+        if self._logged:  # an entry torn by the death, and those of an append that never committed
+            self.log.repair(limit=nxt)
 
     # ------------------------------------------------------------------ offsets
     def offsets(self) -> tuple[int, int]:
@@ -291,8 +289,6 @@ class Partition:
         if self._marked and mq[_LOG_GEN_W] and first + n > mq[L.PI_HWM]:
             self._raise_mark(first + n)  # StorageError: nothing changed
         if self._logged:  # logged (and fsynced, by policy) before the commit below
-            mq[L.PI_WAL_MARK_OFFSET] = first
-            mq[L.PI_WAL_MARK] = self.log.size()
             self.log.append(b"".join([_stream_entry(first + i, now_ns, k, h, v) for i, (k, h, v) in enumerate(items)]))
             if not mq[L.PI_DISK_FIRST]:
                 mq[L.PI_DISK_FIRST] = first + 1

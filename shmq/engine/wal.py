@@ -261,10 +261,38 @@ class Log:
         L.WALCFG.pack_into(self._o._mm, self._cfg, gen + 1, mode, ms, len(raw), raw)
         self._o._mq[self._size_w] = self._o._mq[self._synced_w] = 0
 
-    def repair(self) -> None:
+    def repair(self, limit: int | None = None) -> None:
         """After a holder died inside the lock: an append it left half-written is cut off,
-        so the log ends where the last complete append ended. Lock held."""
-        self.cut_back(self._o._mq[self._size_w])
+        so the log ends where the last complete append ended; with ``limit`` (a stream
+        partition's next offset), so are whole entries at or past it, logged by an append
+        that never committed. Lock held.
+
+        The size word is trusted only when the file agrees with it: a holder that died
+        between starting a generation and zeroing its size word leaves the word stale,
+        and then the file's own entries say where the log ends."""
+        gen, _mode, _ms, directory = self.config()
+        if not gen:
+            return
+        mq = self._o._mq
+        path = wal_path(directory, self.name, gen)
+        try:
+            actual = os.path.getsize(path)
+        except FileNotFoundError:
+            mq[self._size_w] = mq[self._synced_w] = 0  # the generation's first append makes it
+            return
+        size = mq[self._size_w]
+        if limit is None and actual >= size:
+            self.cut_back(size)
+            return
+        end = 0
+        try:
+            for pos, entry in dmsq.scan_log(path):
+                if limit is not None and entry.msg_id >= limit:
+                    break
+                end = pos + dmsq.RECORD_OVERHEAD + len(entry.headers) + len(entry.body)
+        except OSError:
+            return
+        self.cut_back(end)
 
     def cut_back(self, size: int) -> None:
         """Cut the current generation back to ``size`` bytes (entries past it were never

@@ -143,3 +143,60 @@ def test_a_torn_high_water_write_leaves_the_slot_written_before(tmp_path):
     assert dmsq.read_hwm(path) == (4, 9000)
     open(path, "wb").write(bytes(7))
     assert dmsq.read_hwm(path) is None
+
+
+def _start_generation_and_die(log):
+    """What a holder killed inside ``Log.rotate`` leaves: the next generation published,
+    its size word still the old generation's."""
+    from shmq.engine import layout as L
+
+    gen, mode, ms, directory = log.config()
+    raw = directory.encode()
+    L.WALCFG.pack_into(log._o._mm, log._cfg, gen + 1, mode, ms, len(raw), raw)
+
+
+def _entries(path):
+    return [(e.msg_id, e.body) for _pos, e in dmsq.scan_log(path)]
+
+
+def test_a_repair_trusts_the_file_over_a_stale_size_word(wal_queue):
+    q = wal_queue
+    _start_generation_and_die(q.wal)
+    q.put(b"a")  # the new generation's first entry, at 0; the size word says more
+    path = q.wal.path(q.wal.config()[0])
+    with open(path, "ab") as f:  # a putter killed half-way through its entry
+        f.write(dmsq.encode_put_entry(9, 0, b"", b"torn")[:20])
+    q._acquire()
+    try:
+        q._repair()
+    finally:
+        q._release()
+    q.put(b"b")  # lands right after "a": the torn bytes were cut, so it can be read back
+    assert [body for _i, body in _entries(path)] == [b"a", b"b"]
+    assert q.wal.size() == os.path.getsize(path)
+
+
+def test_a_partition_repair_cuts_the_entries_of_an_append_that_never_committed(broker, tmp_path):
+    s = broker.create_stream("s", partitions=1, durability="wal")
+    Snapshotter(broker, str(tmp_path), wal_mode=0).open_wal(s)
+    s.append(b"r0", partition=0)
+    part = s._part(0)
+    _start_generation_and_die(part.log)
+    s.append(b"r1", partition=0)
+    path = part.log.path(part.log.config()[0])
+    with open(path, "ab") as f:  # an appender killed after logging offset 2, before its commit
+        f.write(b"".join(_entries_bytes(2, b"never committed")))
+    part._acquire()
+    try:
+        part._repair()
+    finally:
+        part._release()
+    assert s.append(b"r2", partition=0).offset == 2
+    assert _entries(path) == [(1, b"r1"), (2, b"r2")]  # offset 2 once: the committed one
+    s.close()
+
+
+def _entries_bytes(offset, value):
+    from shmq.engine.partition import _stream_entry
+
+    return [_stream_entry(offset, 0, None, b"", value)]
