@@ -15,59 +15,62 @@ from . import layout as L
 
 __all__ = ["lookup", "remember", "forget_uncommitted", "live_entries"]
 
-_ENTRY = L.DEDUP
-_SIZE = L.DEDUP.size
 _SLOTS = L.DEDUP_SLOTS
 _PROBES = L.DEDUP_PROBES
+_WORDS = L.DEDUP.size >> 3  # an entry's words: hash, message id, until
 
 
-def _slots(h):
+def lookup(mq, off, h, now_wall) -> int:
+    """The message id remembered for hash ``h``, or 0. ``mq``: the segment as 64-bit
+    words; ``off``: the table's byte offset. Lock held."""
+    base = off >> 3
     for i in range(_PROBES):
-        yield (h + i) % _SLOTS
-
-
-def lookup(mm, off, h, now_wall) -> int:
-    """The message id remembered for hash ``h``, or 0. Lock held."""
-    for s in _slots(h):
-        eh, msg_id, until = _ENTRY.unpack_from(mm, off + s * _SIZE)
+        w = base + ((h + i) % _SLOTS) * _WORDS
+        eh = mq[w]
         if eh == 0:
             return 0
-        if eh == h and until > now_wall:
-            return msg_id
+        if eh == h and mq[w + 2] > now_wall:
+            return mq[w + 1]
     return 0
 
 
-def remember(mm, off, h, msg_id, until) -> None:
+def remember(mq, off, h, msg_id, until) -> None:
     """Remember ``h`` as ``msg_id`` until ``until`` (wall ns). Lock held."""
+    base = off >> 3
     victim, victim_until = -1, None
-    for s in _slots(h):
-        eh, _id, u = _ENTRY.unpack_from(mm, off + s * _SIZE)
+    for i in range(_PROBES):
+        w = base + ((h + i) % _SLOTS) * _WORDS
+        eh = mq[w]
         if eh == 0 or eh == h:
-            victim = s
+            victim = w
             break
+        u = mq[w + 2]
         if victim_until is None or u < victim_until:
-            victim, victim_until = s, u
-    _ENTRY.pack_into(mm, off + victim * _SIZE, h, msg_id, until)
+            victim, victim_until = w, u
+    mq[victim + 1] = msg_id
+    mq[victim + 2] = until
+    mq[victim] = h  # (all three under the lock; a repair judges an entry by its id)
 
 
-def forget_uncommitted(mm, off, next_id) -> int:
+def forget_uncommitted(mq, off, next_id) -> int:
     """Drop entries for ids at or past ``next_id`` (puts that died before their commit).
     Lock held (the repair). Returns how many."""
+    base = off >> 3
     n = 0
     for s in range(_SLOTS):
-        eh, msg_id, _u = _ENTRY.unpack_from(mm, off + s * _SIZE)
-        if eh and msg_id >= next_id:
-            # keep the slot occupied (a probe sequence must not break): make it lapse
-            _ENTRY.pack_into(mm, off + s * _SIZE, eh, msg_id, 0)
+        w = base + s * _WORDS
+        if mq[w] and mq[w + 1] >= next_id:
+            mq[w + 2] = 0  # lapsed; the slot stays occupied, so no probe sequence breaks
             n += 1
     return n
 
 
-def live_entries(mm, off, now_wall) -> list[tuple[int, int, int]]:
-    """Every (hash, message id, until) that has not lapsed (for snapshots). Lock held."""
+def live_entries(mq, off, now_wall) -> list[tuple[int, int, int]]:
+    """Every (hash, message id, until) that has not lapsed. Lock held."""
+    base = off >> 3
     out = []
     for s in range(_SLOTS):
-        eh, msg_id, until = _ENTRY.unpack_from(mm, off + s * _SIZE)
-        if eh and until > now_wall:
-            out.append((eh, msg_id, until))
+        w = base + s * _WORDS
+        if mq[w] and mq[w + 2] > now_wall:
+            out.append((mq[w], mq[w + 1], mq[w + 2]))
     return out

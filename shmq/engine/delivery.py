@@ -77,6 +77,15 @@ class Delivery:
         return ext
 
     @property
+    def has_options(self) -> bool:
+        """Whether it carries a priority or a group (its record has an extension block)."""
+        try:
+            return self._ext is not extension.NONE
+        except AttributeError:
+            h = self._hraw
+            return h is not None and type(h) is bytes and h[0] == extension.L.EXT_MAGIC
+
+    @property
     def priority(self) -> int:
         try:
             return self._ext.priority

@@ -205,7 +205,7 @@ def repair(q) -> None:
     for lv in range(q._levels):
         mq[L.I_LEVEL_POS + lv] = head  # lower bounds, found again by the next takes
     mq[L.I_NEXT_TTL] = 0  # the next take or housekeeping looks for expired messages
-    dedup.forget_uncommitted(mm, q._dedup_off, mq[L.I_NEXT_ID])
+    dedup.forget_uncommitted(mq, q._dedup_off, mq[L.I_NEXT_ID])
     ring.advance_head(mq, cap, q._base)
     if q._logged:
         q.wal.repair()

@@ -238,7 +238,7 @@ class Producing:
             if waited:
                 waits.unregister(mq, self._slot, _PRODUCERS, waited)
             if dh:
-                known = dedup.lookup(mm, self._dedup_off, dh, _wall())
+                known = dedup.lookup(mq, self._dedup_off, dh, _wall())
                 if known:
                     return [known], 0
             head, tail = mq[I_HEAD], mq[I_TAIL]
@@ -275,7 +275,7 @@ class Producing:
                     next_id += 1
                     pos += size
                 if dh:  # remembered before the commit; a repair forgets it if the commit never comes
-                    dedup.remember(mm, self._dedup_off, dh, first_id, now + self._dedup_window_ns)
+                    dedup.remember(mq, self._dedup_off, dh, first_id, now + self._dedup_window_ns)
                 if flags & _WALK:  # 2: a due time (the walk orders by it)
                     mq[L.I_SPECIAL] |= 3 if delay_ns else 1
                 expires = extension.decode(items[0][1])[0].expires_ns

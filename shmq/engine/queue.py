@@ -430,7 +430,7 @@ class Queue(Producing, Consuming, Settling):
         try:
             if mq[I_DELETED]:
                 raise self._gone()
-            if once and dedup.lookup(mm, self._dedup_off, once, _wall()):
+            if once and dedup.lookup(mq, self._dedup_off, once, _wall()):
                 return 0
             head, tail = mq[I_HEAD], mq[I_TAIL]
             if head == tail and tail % cap:
@@ -466,7 +466,7 @@ class Queue(Producing, Consuming, Settling):
                 mq[I_FRONTIER] = pos  # (special is set: the general take recomputes the cursors)
             next_id = max(mq[I_NEXT_ID], top + 1)
             if once:  # the token is the next id, which the commit below takes
-                dedup.remember(mm, self._dedup_off, once, next_id, wall + self._dedup_window_ns)
+                dedup.remember(mq, self._dedup_off, once, next_id, wall + self._dedup_window_ns)
                 next_id += 1
             mq[I_TAIL] = pos  # commit
             mq[I_NEXT_ID] = next_id

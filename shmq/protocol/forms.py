@@ -174,7 +174,14 @@ def consume_args(f) -> tuple:
 
 def delivery_fields(d, tag: int) -> dict:
     """The wire form of one leased message in a CONSUME reply; ``tag`` names the lease."""
-    return _with_options({"id": d.id, "delivery": tag, "body": d.body, "headers": d.headers, "attempt": d.attempt}, d)
+    out = {"id": d.id, "delivery": tag, "body": d.body, "headers": d.headers, "attempt": d.attempt,
+           "enqueued_at": d.enqueued_at}
+    if d.has_options:
+        if priority := d.priority:
+            out["priority"] = priority
+        if (group := d.group) is not None:
+            out["group"] = group
+    return out
 
 
 def peeked_fields(m) -> dict:
@@ -185,12 +192,10 @@ def peeked_fields(m) -> dict:
 def _with_options(out, m) -> dict:
     """``out`` and what a message has beyond its body: enqueue time (epoch seconds, a
     float), and its priority and group when it has them (a reader takes 0 and None)."""
-    # getattr: until the engine's Delivery has them (issue 13)
-    if (at := getattr(m, "enqueued_at", None)) is not None:
-        out["enqueued_at"] = at
-    if priority := getattr(m, "priority", 0):
+    out["enqueued_at"] = m.enqueued_at
+    if priority := m.priority:
         out["priority"] = priority
-    if (group := getattr(m, "group", None)) is not None:
+    if (group := m.group) is not None:
         out["group"] = group
     return out
 
