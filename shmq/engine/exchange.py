@@ -52,20 +52,20 @@ _SIZE = _SLOT_OFF + 2 * _SLOT_BYTES
 _KINDS = {"q": "queue", "s": "stream"}
 
 
+def _check_words(value, what) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if len(value) > MAX_KEY_CHARS:
+        raise ValueError(f"{what} must be at most {MAX_KEY_CHARS} characters, not {len(value)}")
+    return value
+
+
 def check_routing_key(key) -> str:
-    if not isinstance(key, str):
-        raise TypeError(f"routing_key must be a str, not {type(key).__name__}")
-    if len(key) > MAX_KEY_CHARS:
-        raise ValueError(f"routing_key must be at most {MAX_KEY_CHARS} characters, not {len(key)}")
-    return key
+    return _check_words(key, "routing_key")
 
 
 def check_pattern(pattern) -> str:
-    if not isinstance(pattern, str):
-        raise TypeError(f"pattern must be a str, not {type(pattern).__name__}")
-    if len(pattern) > MAX_KEY_CHARS:
-        raise ValueError(f"pattern must be at most {MAX_KEY_CHARS} characters, not {len(pattern)}")
-    return pattern
+    return _check_words(pattern, "pattern")
 
 
 def _words(text: str) -> list[str]:

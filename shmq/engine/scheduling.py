@@ -129,6 +129,22 @@ def _order(q, ready, busy, wall, maxn):
     return [c[3] for c in heapq.nsmallest(maxn, cands)]
 
 
+def _lease(mq, mm, w, pos, lease, until, attempt):
+    """Lease the record at word ``w`` as ``lease`` with ``attempt``; its ``Delivery``
+    tuple (pos, id, attempt, body, header bytes or None, enqueued ns). Lock held."""
+    mq[w + _R_DEADLINE] = until
+    mq[w] = lease | (attempt << 32)  # commit
+    bl = mq[w + 1] >> 32
+    hl = mq[w + _R_FLAGS] & 0xFFFFFFFF
+    b = (w << 3) + _REC
+    return pos, mq[w + L.R_MSG_ID], attempt, mm[b + hl:b + hl + bl], mm[b:b + hl] if hl else None, mq[w + _R_ENQ]
+
+
+def _size(mq, w):
+    """Bytes of a record's body and header bytes (what ``max_bytes`` counts)."""
+    return (mq[w + 1] >> 32) + (mq[w + _R_FLAGS] & 0xFFFFFFFF)
+
+
 def take(q, maxn, slot, until, now, wall, max_bytes=None):
     """Lease up to ``maxn`` of the best ready messages. Lock held. Returns (taken, expired):
     tuples (pos, id, attempt, body, header bytes or None, enqueued ns) for ``Delivery``;
@@ -145,25 +161,19 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
     frontier = last_end
     taken = set()
     for pos, w, _lvl, _rt, _g, _exp in chosen:
-        a = w << 3
-        bl = mq[w + 1] >> 32
-        hl = mq[w + _R_FLAGS] & 0xFFFFFFFF
         if budget is not None:
-            if out and bl + hl > budget:
+            size = _size(mq, w)
+            if out and size > budget:
                 break
-            budget -= bl + hl
+            budget -= size
         attempt = (mq[w] >> 32) + 1
-        mq[w + _R_DEADLINE] = until
-        mq[w] = lease | (attempt << 32)  # commit
         if attempt > 1:
             redelivered += 1
         taken.add(pos)
         end = pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF)
         if end > frontier:
             frontier = end
-        b = a + _REC
-        out.append((pos, mq[w + L.R_MSG_ID], attempt, mm[b + hl:b + hl + bl], mm[b:b + hl] if hl else None,
-                    mq[w + _R_ENQ]))
+        out.append(_lease(mq, mm, w, pos, lease, until, attempt))
     dead = []
     if expired:
         to_dlq = bool(q.dead_letter_queue)
@@ -171,16 +181,8 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
             end = pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF)
             if end > frontier:
                 frontier = end
-            if to_dlq:
-                a = w << 3
-                bl = mq[w + 1] >> 32
-                hl = mq[w + _R_FLAGS] & 0xFFFFFFFF
-                attempt = mq[w] >> 32
-                mq[w + _R_DEADLINE] = until
-                mq[w] = lease | (attempt << 32)  # leased to us, to be dead-lettered
-                b = a + _REC
-                dead.append((pos, mq[w + L.R_MSG_ID], attempt, mm[b + hl:b + hl + bl],
-                             mm[b:b + hl] if hl else None, mq[w + _R_ENQ]))
+            if to_dlq:  # leased to us, to be dead-lettered
+                dead.append(_lease(mq, mm, w, pos, lease, until, mq[w] >> 32))
             else:
                 if q._logged:
                     from .. import dmsq
@@ -280,30 +282,20 @@ def take_leveled(q, maxn, slot, until, now, wall, max_bytes=None):
             break
         lv = best[1]
         pos, w = cur[lv]
-        bl = mq[w + 1] >> 32
-        hl = mq[w + _R_FLAGS] & 0xFFFFFFFF
         fl = mq[w + _R_FLAGS] >> 32
         if (fl & _FLAG_TTL or qttl) and 0 < extension.expiry(mm, w << 3, fl, mq[w + _R_ENQ], qttl) <= wall:
-            attempt = mq[w] >> 32  # leased to us only to expire (dead-letter or drop)
-            mq[w + _R_DEADLINE] = until
-            mq[w] = lease | (attempt << 32)  # commit
-            b = (w << 3) + _REC
-            dead.append((pos, mq[w + L.R_MSG_ID], attempt, mm[b + hl:b + hl + bl], mm[b:b + hl] if hl else None,
-                         mq[w + _R_ENQ]))
+            dead.append(_lease(mq, mm, w, pos, lease, until, mq[w] >> 32))  # only to expire (dead-letter or drop)
             cur[lv] = _first_ready(q, lv, pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF), head, tail)
             continue
         if budget is not None:
-            if out and bl + hl > budget:
+            size = _size(mq, w)
+            if out and size > budget:
                 break
-            budget -= bl + hl
+            budget -= size
         attempt = (mq[w] >> 32) + 1
-        mq[w + _R_DEADLINE] = until
-        mq[w] = lease | (attempt << 32)  # commit
         if attempt > 1:
             redelivered += 1
-        b = (w << 3) + _REC
-        out.append((pos, mq[w + L.R_MSG_ID], attempt, mm[b + hl:b + hl + bl], mm[b:b + hl] if hl else None,
-                    mq[w + _R_ENQ]))
+        out.append(_lease(mq, mm, w, pos, lease, until, attempt))
         cur[lv] = _first_ready(q, lv, pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF), head, tail)
     n = len(out) + len(dead)
     if n:
