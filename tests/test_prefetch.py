@@ -130,7 +130,22 @@ def test_cancel_gives_back_what_was_pushed_and_not_handed_out(broker, tcp_server
         assert q.stats().in_flight == 0
         rest = q.get_many(64, timeout=5)
         assert sorted(d.body for d in rest) == sorted(b"m%d" % i for i in range(2, 20))
+        assert {d.attempt for d in rest} == {1}  # a push never handed out was no attempt
         q.ack_many(rest)
+
+
+def test_what_a_cancel_gives_back_is_ready_at_once_whatever_the_retry_policy(broker, tcp_server):
+    broker.create_queue("jobs", retry_delay=3600)
+    local = broker.queue("jobs")
+    local.put_many([b"m%d" % i for i in range(5)])
+    with shmq.connect(tcp_server.url) as b:
+        q = b.queue("jobs")
+        it = q.consume(prefetch=5)
+        next(it).ack()
+        wait_for(lambda: local.stats().in_flight == 4, what="the pushes")
+        it.close()
+        s = q.stats()
+        assert (s.ready, s.delayed, s.in_flight) == (4, 0, 0)
 
 
 def test_breaking_out_of_the_loop_cancels(broker, tcp_server):

@@ -96,9 +96,10 @@ def leased_word(mq, base, cap, pos, attempt, msg_id, head, tail, now):
     return w
 
 
-def make_ready(mq, w, pos):
-    """A delivered record becomes ready again, keeping its attempt count."""
-    mq[w] = L.status_word(_READY, L.NO_HOLDER, mq[w] >> 32)  # commit
+def make_ready(mq, w, pos, attempt=None):
+    """A delivered record becomes ready again, keeping its attempt count (or with
+    ``attempt``)."""
+    mq[w] = L.status_word(_READY, L.NO_HOLDER, mq[w] >> 32 if attempt is None else attempt)  # commit
     mq[I_READY] += 1
     flags = mq[w + 2] >> 32
     if flags & L.FLAG_TTL:  # it may expire from now on: the next sweep looks

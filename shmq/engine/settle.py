@@ -112,6 +112,15 @@ class Settling:
         """Make a batch ready again under one lock (after ``delay`` seconds; None: the
         queue's retry policy), keeping their attempt counts. Raises DeliveryExpired naming
         those no longer leased (the others are nacked). Returns how many were nacked."""
+        return self._requeue(deliveries, delay)
+
+    def release_many(self, deliveries) -> int:
+        """Give back deliveries no consumer saw (pushed by the server, never handed out):
+        ready again at once, and the delivery they were leased for does not count as an
+        attempt. Otherwise as ``nack_many``."""
+        return self._requeue(deliveries, 0.0, unseen=True)
+
+    def _requeue(self, deliveries, delay, unseen=False):
         deliveries = self._own(deliveries)
         policy = delay is None
         delay_ns = 0 if policy else _seconds_ns(delay, "delay")
@@ -131,7 +140,8 @@ class Settling:
                     if now + delay_ns < mq[I_NEXT_DEADLINE]:
                         mq[I_NEXT_DEADLINE] = now + delay_ns
                 else:
-                    ring.make_ready(mq, w, d._pos)
+                    # unseen: the attempt it was leased with never happened
+                    ring.make_ready(mq, w, d._pos, max(0, (mq[w] >> 32) - 1) if unseen else None)
                     woke += 1
             done = len(live)
             mq[I_INFLIGHT] -= done

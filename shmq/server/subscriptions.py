@@ -160,7 +160,7 @@ class Subscription:
         if not back:
             return 0
         q = self.q
-        self.conn.leases.settle(q, back, q.nack_many)
+        self.conn.leases.settle(q, back, q.release_many)  # ready at once; no attempt counted
         self.conn.server.notify(q.name)
         return len(back)
 
