@@ -51,8 +51,9 @@ def consumer(ns, qname, out_path, batch, done_event):
                 _log(out, d.body.decode())
 
 
-def chaos_producer(ns, qname, tag, log_path, stop_event):
-    """Put until told to stop, single and batched; log each body once put returned."""
+def chaos_producer(ns, qname, tag, log_path, stop_event, with_options=False):
+    """Put until told to stop, single and batched; log each body once put returned. With
+    ``with_options``: random priorities (levels 0..2), groups and long TTLs."""
     rnd = random.Random(os.getpid())
     with shmq.connect(namespace=ns) as b, open(log_path, "a") as log:
         q = b.queue(qname)
@@ -60,11 +61,16 @@ def chaos_producer(ns, qname, tag, log_path, stop_event):
         while not stop_event.is_set():
             n = rnd.choice([1, 1, 5, 20])
             bodies = [f"{tag}:{i}".encode() for i in range(seq, seq + n)]
+            options = {}
+            if with_options:
+                options = {"priority": rnd.randrange(3), "ttl": rnd.choice([None, 3600.0])}
+                if n == 1:
+                    options["group"] = rnd.choice([None, "a", "b", "c"])
             try:
                 if n == 1:
-                    q.put(bodies[0], timeout=0.2)
+                    q.put(bodies[0], timeout=0.2, **options)
                 else:
-                    q.put_many(bodies, timeout=0.2)
+                    q.put_many(bodies, timeout=0.2, **options)
             except shmq.QueueFull:
                 continue
             for body in bodies:

@@ -95,9 +95,14 @@ def test_killed_waiters_do_not_leak_waiting_counts(broker):
 
 
 @pytest.mark.slow
-def test_random_sigkills_lose_nothing(broker, tmp_path):
+@pytest.mark.parametrize("kind", ["plain", "options"])
+def test_random_sigkills_lose_nothing(broker, tmp_path, kind):
+    """Producers and consumers SIGKILLed at random instants; with "options", on a queue
+    with priority levels, and puts with priorities, groups and TTLs (the general take,
+    the leveled one, and their repair)."""
     rnd = random.Random(1234)
-    q = broker.create_queue("q", max_bytes=64 * 1024, visibility_timeout=300.0)
+    options = kind == "options"
+    q = broker.create_queue("q", max_bytes=64 * 1024, visibility_timeout=300.0, priorities=3 if options else 1)
     stop = SPAWN.Event()
     procs = {}
     counter = [0]
@@ -106,7 +111,8 @@ def test_random_sigkills_lose_nothing(broker, tmp_path):
         counter[0] += 1
         tag = f"{kind}{counter[0]}"
         if kind == "p":
-            p = SPAWN.Process(target=w.chaos_producer, args=(broker.namespace, "q", tag, str(tmp_path / tag), stop))
+            p = SPAWN.Process(target=w.chaos_producer,
+                              args=(broker.namespace, "q", tag, str(tmp_path / tag), stop, options))
         else:
             p = SPAWN.Process(target=w.chaos_consumer, args=(broker.namespace, "q", str(tmp_path / tag)))
         p.start()
