@@ -131,3 +131,27 @@ def test_a_cancelled_request_leaves_nothing_behind(tcp_server):
             assert await b.list_queues() == ["q"]
 
     run(main())
+
+
+def test_the_work_queue_options_from_asyncio(tcp_server):
+    async def main():
+        async with await aio.connect(tcp_server.url) as b:
+            await b.create_queue("dlq")
+            q = await b.create_queue("q", priorities=3, dead_letter_queue="dlq", dedup_window=60.0)
+            first = await q.put(b"low", priority=0, dedup_id="k")
+            assert await q.put(b"again", dedup_id="k") == first  # seen within the window
+            await q.put(b"high", priority=2, group="g")
+            await q.put(b"later", delay=3600)
+            await q.put_many([b"mid1", b"mid2"], priority=1)
+            assert [m.body for m in await q.peek(10)] == [b"high", b"mid1", b"mid2", b"low"]
+            s = await q.stats()
+            assert (s.ready, s.delayed, s.ready_by_priority, s.dead_letter_depth) == (4, 1, (1, 2, 1), 0)
+            d = await q.get(timeout=5)
+            assert (d.body, d.priority, d.group) == (b"high", 2, "g") and d.enqueued_at > 0
+            await d.reject()
+            assert await b.redrive("dlq") == 1
+            d = await q.get(timeout=5)
+            assert (d.body, d.attempt, d.priority, d.group) == (b"high", 1, 2, "g")
+            await d.ack()
+
+    run(main())
