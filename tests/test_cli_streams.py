@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import shmq
-from shmq import cli
+from shmq.cli import app as cli_app, streams as cli_streams
 from shmq.client.remote import RemoteBroker
 from tests.test_cli import shmq_cli
 from tests.test_server_tcp import ServerProcess
@@ -213,7 +213,7 @@ def test_errors_are_one_line_without_traceback(target, broker, args, message):
     shmq.CommitFailed("group 'g' of stream 'x' rebalanced (generation 1 -> 2)"),
 ])
 def test_the_stream_errors_are_one_line_too(error):
-    @click.group(cls=cli._Cli)
+    @click.group(cls=cli_app._Cli)
     def main():
         pass
 
@@ -228,7 +228,7 @@ def test_the_stream_errors_are_one_line_too(error):
 def test_a_follower_overtaken_by_retention_skips_ahead_with_a_warning(broker, capsys):
     s = broker.create_stream("events", partitions=1, max_bytes=4096)
     s.append_many([b"a", b"b"])
-    tail = cli._tail(s, {0: 0}, None, lambda: False, strict=False)  # what --follow reads
+    tail = cli_streams._tail(s, {0: 0}, None, lambda: False, strict=False)  # what --follow reads
     assert [next(tail).value, next(tail).value] == [b"a", b"b"]
     for i in range(100):  # the ring holds ~16 of these: offsets 2.. are dropped before the reader is back
         s.append(b"%03d" % i + b"x" * 200)

@@ -1,0 +1,5 @@
+"""``python -m shmq.cli``."""
+
+from . import main
+
+main()

@@ -1,0 +1,125 @@
+"""``shmq server``, ``shmq doctor``, ``shmq bench``: running and looking after a broker."""
+
+import asyncio
+import logging
+import os
+import sys
+
+import click
+
+from ..auth import command_line_warning
+from ..errors import ShmqError
+from .app import _echo_json, _json_option, _namespace_option, _on_command_line, main
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=7878, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: any free).")
+@_namespace_option
+@click.option("--token", envvar="SHMQ_TOKEN", default=None,
+              help="Require this token in HELLO. Prefer $SHMQ_TOKEN or --token-file: a command line is readable "
+                   "by every user.")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None,
+              help="Require the token in this file (0600; created with a new token if missing). "
+                   "Default: $SHMQ_HOME/token (~/.local/state/shmq/token).")
+@click.option("--no-auth", is_flag=True, help="Require no token: every local user can use the queues over TCP.")
+@click.option("--max-frame-bytes", default=16 * 2**20, show_default=True, type=click.IntRange(1024, 2**31),
+              help="Largest frame accepted from a client.")
+@click.option("--max-connections", type=click.IntRange(1), default=None,
+              help="Open connections at most; more get LIMIT_EXCEEDED and are closed. [default: 1024]")
+@click.option("--max-waiting-per-connection", type=click.IntRange(1), default=None,
+              help="Waiting CONSUMEs per connection; more get LIMIT_EXCEEDED. [default: 256]")
+@click.option("--max-subscriptions-per-connection", type=click.IntRange(1), default=None,
+              help="SUBSCRIBEs (consume with prefetch) open at once per connection; more get LIMIT_EXCEEDED. "
+                   "[default: 64]")
+@click.option("--max-prefetch", type=click.IntRange(1), default=None,
+              help="Largest prefetch a SUBSCRIBE may ask for; more gets BAD_REQUEST. [default: 10000]")
+@click.option("--max-buffered-bytes", type=click.IntRange(1024), default=None,
+              help="Bytes of unfinished big frames held across all connections; beyond, readers wait. "
+                   "At least --max-frame-bytes + 16. [default: 64 MiB]")
+@click.option("--frame-timeout", type=click.FloatRange(0, min_open=True), default=None,
+              help="Seconds a frame may take from its first byte to its last; then the connection closes. "
+                   "[default: 30]")
+@click.option("--idle-timeout", type=click.FloatRange(0, min_open=True), default=None,
+              help="Seconds a connection may stay without a request or a waiting CONSUME. [default: 300]")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Snapshot durable queues and streams here; rebuild lost ones from it on start. "
+                   "[default: $SHMQ_HOME/data/NAMESPACE if $SHMQ_HOME is set, else $XDG_DATA_HOME/shmq/NAMESPACE, "
+                   "else ~/.local/share/shmq/NAMESPACE]")
+@click.option("--no-persist", is_flag=True,
+              help="No data dir: queues and streams live in shared memory only (a reboot loses them).")
+@click.option("--snapshot-interval", type=click.FloatRange(0.01), default=1.0, show_default=True,
+              help="Seconds between snapshots.")
+@click.option("--fsync", default="batch:2", show_default=True, metavar="always|batch:MS|never",
+              help="When write-ahead logs of 'wal' queues are fsynced.")
+@click.option("--metrics", "metrics", default=None, metavar="HOST:PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds 127.0.0.1; "
+                   "docs/METRICS.md). [default: off]")
+@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]),
+              show_default=True)
+@click.option("--log-format", default="text", type=click.Choice(["text", "json"]), show_default=True,
+              help="One line per event, with its fields: TIME shmq LEVEL message k=v..., or a JSON object.")
+def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, data_dir, no_persist,
+           snapshot_interval, fsync, log_level, log_format, metrics, **limits):
+    """Run the broker: serve TCP clients, hold the namespace's registry, do housekeeping.
+
+    Clients must present a token, by default one generated at the first start into
+    $SHMQ_HOME/token; your own clients on this host find it by themselves.
+    Stops on SIGINT/SIGTERM (answering what is in flight) and exits 0; queues stay in
+    shared memory for the next start. Durable queues and streams are snapshotted to the
+    data dir (--data-dir, by default one per namespace in your data directory; none with
+    --no-persist) and rebuilt from it after a reboot. One broker per namespace: a second
+    one refuses to start.
+    """
+    from ..auth import default_data_dir
+    from ..logs import configure as configure_logs
+
+    configure_logs(log_level, log_format)
+    if no_persist and data_dir is not None:
+        raise click.UsageError("--data-dir and --no-persist exclude each other")
+    if data_dir is None and not no_persist:
+        data_dir = default_data_dir(namespace)
+    from ..server.main import parse_fsync, serve
+    from ..server.metrics import parse_address
+    from ..server.tcp import Limits
+
+    parse_fsync(fsync)  # a bad policy is an error before anything starts
+    metrics = parse_address(metrics) if metrics is not None else None  # so is a bad --metrics
+    limits = Limits(**{k: v for k, v in limits.items() if v is not None})  # the options left out: defaults
+    if token is not None and not _on_command_line("token") and (token_file or no_auth):
+        token = None  # --token-file and --no-auth win over $SHMQ_TOKEN
+    if token is not None and _on_command_line("token"):
+        logging.getLogger("shmq.server").warning(command_line_warning(os.getpid()))
+    asyncio.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
+                      snapshot_interval=snapshot_interval, fsync=fsync, token_file=token_file, no_auth=no_auth,
+                      limits=limits, metrics=metrics))
+
+
+@main.command()
+@click.option("--clean", is_flag=True, help="Remove what is provably orphaned (nothing else).")
+@click.option("--namespace", "namespaces", multiple=True, metavar="NS",
+              help="Only this namespace (repeatable). Default: every namespace of yours.")
+@_json_option
+def doctor(clean, namespaces, as_json):
+    """Check this host: /dev/shm's size and free space, your namespaces and their brokers,
+    orphaned segments, data directories and their disk space."""
+    from .. import doctor as doc
+
+    report = doc.diagnose(namespaces, remove=clean)
+    if as_json:
+        _echo_json(report)
+    else:
+        for line in doc.render(report):
+            click.echo(line)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args):
+    """Run the benchmark matrix (``python -m bench``; needs a shmq checkout). ARGS go
+    to it, e.g. ``shmq bench --quick``."""
+    import subprocess
+
+    if not os.path.exists(os.path.join("bench", "__main__.py")):
+        raise ShmqError("shmq bench runs the bench/ folder of a shmq checkout: cd into one first")
+    sys.exit(subprocess.call([sys.executable, "-m", "bench", *args]))

@@ -1,0 +1,275 @@
+"""The stream commands (``shmq stream ...``) and consumer groups (``shmq group ...``)."""
+
+import base64
+import json
+import sys
+
+import click
+
+from ..errors import OffsetOutOfRange, ShmqError
+from ..spark.staging import staged_by_writer
+from .app import (
+    _connect, _echo_json, _echo_names, _json_option, _jsonable, _parse_headers, _print_table, _stop_on_signals, _target_options, main,
+)
+
+
+READ_BATCH = 1000  # records per read call
+
+
+# --follow waits on one partition at a time, this long: a stop signal, or a record in another partition, is
+# seen within one slice
+FOLLOW_SLICE_S = 0.25
+
+
+def _streams_stats(broker, names, every=()) -> dict:
+    """``Stream.stats()`` by name; a stream a Spark sink writes into (shmq.spark) also
+    says what is staged for it, by writer: {"staged": {writer id: records}}."""
+    out = {}
+    for name in names:
+        with broker.stream(name) as s:
+            out[name] = s.stats()
+        staged = staged_by_writer(broker, name, every)
+        if staged:
+            out[name]["staged"] = staged
+    return out
+
+
+@main.group("stream")
+def stream_group():
+    """Streams: partitioned append-only logs read by offset, with consumer groups (docs/STREAMS.md)."""
+
+
+@stream_group.command("create")
+@click.argument("name")
+@_target_options
+@click.option("--partitions", type=int, default=4, show_default=True, help="Partitions (at most 256).")
+@click.option("--max-bytes", type=int, default=64 * 2**20, show_default=True,
+              help="Each partition's ring in shared memory: the newest records it keeps.")
+@click.option("--max-message-bytes", type=int, default=2**20, show_default=True,
+              help="Largest record: key, headers and value.")
+@click.option("--retention", type=click.Choice(["drop", "block"]), default="drop", show_default=True,
+              help="When a partition is full: drop its oldest records, or make appends wait for the slowest group.")
+@click.option("--retention-bytes", type=int, default=None, help="Bound of a wal stream's logs on disk.")
+@click.option("--retention-seconds", type=float, default=None, help="Age bound of a wal stream's logs on disk.")
+@click.option("--group-idle-timeout", type=float, default=300.0, show_default=True,
+              help="Seconds after which a group without live members stops holding back --retention block.")
+@click.option("--durability", type=click.Choice(["memory", "snapshot", "wal"]), default="snapshot",
+              show_default=True)
+@click.option("--exist-ok", is_flag=True, help="Succeed if the stream exists.")
+def stream_create(name, namespace, url, token, **options):
+    """Create a stream."""
+    with _connect(namespace, url, token) as broker, broker.create_stream(name, **options) as s:
+        partitions = s.partitions
+    click.echo(f"created stream {name} ({partitions} partitions)")
+
+
+@stream_group.command("list")
+@_target_options
+@_json_option
+def stream_list(namespace, url, token, as_json):
+    """List the streams."""
+    with _connect(namespace, url, token) as broker:
+        names = broker.list_streams()
+    _echo_names(names, as_json)
+
+
+@stream_group.command("delete")
+@click.argument("name")
+@_target_options
+def stream_delete(name, namespace, url, token):
+    """Delete a stream, its records and its groups."""
+    with _connect(namespace, url, token) as broker:
+        broker.delete_stream(name)
+    click.echo(f"deleted stream {name}")
+
+
+@stream_group.command("stats")
+@click.argument("name", required=False)
+@_target_options
+@_json_option
+def stream_stats(name, namespace, url, token, as_json):
+    """Offsets and bytes of each partition, and each group's lag, of one stream or of all."""
+    with _connect(namespace, url, token) as broker:
+        every = broker.list_streams()
+        by_name = _streams_stats(broker, [name] if name else every, every)
+    if as_json:
+        _echo_json(by_name)
+    else:
+        from .. import views
+
+        views.console().print(views.stream_stats_view(by_name))
+
+
+@stream_group.command("append")
+@click.argument("name")
+@_target_options
+@click.option("-k", "--key", default=None,
+              help="Key of every record: one key stays in one partition, in order (default: none).")
+@click.option("-m", "--message", "messages", multiple=True,
+              help="A record's value (repeatable); without it, one record per line of standard input.")
+@click.option("--header", "header_pairs", multiple=True, metavar="KEY=VALUE", help="A header (repeatable).")
+@click.option("-p", "--partition", type=int, default=None,
+              help="Append to this partition (default: by key; without a key, one partition per batch).")
+@_json_option
+def stream_append(name, namespace, url, token, key, messages, header_pairs, partition, as_json):
+    """Append records: -m TEXT, or one per line of standard input (sent as they are read, in batches)."""
+    from ..producer import Producer
+
+    headers = _parse_headers(header_pairs)
+    key = None if key is None else key.encode()
+    values = [m.encode() for m in messages] if messages else (line.rstrip(b"\n") for line in sys.stdin.buffer)
+    with _connect(namespace, url, token) as broker, broker.stream(name) as s:
+        with Producer(s) as producer:
+            futures = [producer.send(v, key=key, headers=headers, partition=partition) for v in values]
+        metas = [f.result() for f in futures]
+    if as_json:
+        _echo_json({"stream": name, "records": [{"partition": m.partition, "offset": m.offset,
+                                                  "timestamp": m.timestamp} for m in metas]})
+        return
+    spans = {}
+    for m in metas:
+        first, last = spans.get(m.partition, (m.offset, m.offset))
+        spans[m.partition] = (min(first, m.offset), max(last, m.offset))
+    where = ", ".join(f"partition {p} offsets {a}..{b}" for p, (a, b) in sorted(spans.items()))
+    click.echo(f"appended {len(metas)} record(s) to {name}" + (f": {where}" if where else ""))
+
+
+@stream_group.command("read")
+@click.argument("name")
+@_target_options
+@click.option("-p", "--partition", type=int, default=None, help="Read this partition (default: every one).")
+@click.option("--from", "start", default="earliest", show_default=True, metavar="earliest|latest|OFFSET",
+              help="Where to start: the earliest retained record, the end, or an offset (with -p).")
+@click.option("-n", "count", type=click.IntRange(1), default=None, help="At most this many records.")
+@click.option("--follow", is_flag=True, help="Then wait for new records until SIGINT or SIGTERM (exit 0).")
+@_json_option
+def stream_read(name, namespace, url, token, partition, start, count, follow, as_json):
+    """Print records by offset, without a group: every partition to its current end, one after the other
+    (with --follow, then the new records as they come)."""
+    if start not in ("earliest", "latest"):
+        if not start.isdigit():
+            raise click.BadParameter(f"{start!r} is not earliest, latest or an offset", param_hint="--from")
+        if partition is None:
+            raise click.UsageError("--from OFFSET needs -p: offsets are per partition")
+    stopped = _stop_on_signals() if follow else (lambda: False)
+    with _connect(namespace, url, token) as broker, broker.stream(name) as s:
+        parts = range(s.partitions) if partition is None else [partition]
+        offsets = {p: s.offsets(p) for p in parts}  # also checks -p
+        if start.isdigit():
+            positions = {partition: int(start)}  # a read outside what is retained is an error
+        else:
+            positions = {p: earliest if start == "earliest" else end for p, (earliest, end) in offsets.items()}
+        ends = None if follow else {p: end for p, (_earliest, end) in offsets.items()}
+        printed = 0
+        for record in _tail(s, positions, ends, stopped, strict=start.isdigit()):
+            _print_record(record, as_json)
+            printed += 1
+            if printed == count:
+                break
+
+
+def _tail(s, positions, ends, stopped, strict):
+    """Records from ``positions`` on: each partition up to ``ends`` (its end when the read
+    began), one after the other; with ``ends`` None, then new records of any partition
+    until ``stopped()``. A position retention has dropped since is skipped with a warning
+    (unless ``strict``: the first read of a position the user gave)."""
+    fresh = set(positions) if strict else set()
+
+    def read(p, timeout=0.0):
+        try:
+            records = s.read(p, positions[p], max_records=READ_BATCH, timeout=timeout)
+        except OffsetOutOfRange as e:
+            if p in fresh or positions[p] > e.end:
+                raise
+            click.echo(f"shmq: warning: partition {p}: offsets {positions[p]}..{e.earliest - 1} were dropped by "
+                       "retention before they were read", err=True)
+            positions[p] = e.earliest
+            records = s.read(p, positions[p], max_records=READ_BATCH)
+        fresh.discard(p)
+        if records:
+            positions[p] = records[-1].offset + 1
+        return records
+
+    if ends is not None:
+        for p in positions:
+            while records := [r for r in read(p) if r.offset < ends[p]]:
+                yield from records
+        return
+    parts, turn = list(positions), 0
+    while not stopped():
+        idle = True
+        for p in parts:
+            records = read(p)
+            idle = idle and not records
+            yield from records
+        if idle and not stopped():  # every partition at its end: wait on one, in turn
+            yield from read(parts[turn % len(parts)], timeout=FOLLOW_SLICE_S)
+            turn += 1
+
+
+def _print_record(r, as_json):
+    if not as_json:
+        click.echo(r.value.decode("utf-8", "replace"))
+        return
+    _echo_json({"stream": r.stream, "partition": r.partition, "offset": r.offset, "timestamp": r.timestamp,
+                "key": None if r.key is None else r.key.decode("utf-8", "replace"),
+                "key_base64": None if r.key is None else base64.b64encode(r.key).decode(),
+                "headers": _jsonable(r.headers), "value": r.value.decode("utf-8", "replace"),
+                "value_base64": base64.b64encode(r.value).decode()})
+
+
+@main.group("group")
+def group_group():
+    """Consumer groups of a stream: list them, show their lag, move their committed offsets."""
+
+
+@group_group.command("list")
+@click.argument("stream")
+@_target_options
+@_json_option
+def group_list(stream, namespace, url, token, as_json):
+    """List the groups of STREAM."""
+    with _connect(namespace, url, token) as broker, broker.stream(stream) as s:
+        names = s.groups()
+    _echo_names(names, as_json)
+
+
+@group_group.command("lag")
+@click.argument("stream")
+@click.argument("group", required=False)
+@_target_options
+@_json_option
+def group_lag(stream, group, namespace, url, token, as_json):
+    """Committed offset and lag of each partition, for GROUP or every group of STREAM."""
+    with _connect(namespace, url, token) as broker, broker.stream(stream) as s:
+        names = s.groups()
+        if group is not None:
+            if group not in names:
+                raise ShmqError(f"stream {stream!r} has no group {group!r}")
+            names = [group]
+        lags = {g: {"committed": s.committed(g), "lag": s.lag(g)} for g in names}
+    if as_json:
+        _echo_json(lags)
+        return
+    _print_table(("group", "partition", "committed", "lag"),
+                 [(g, p, info["committed"].get(p, "-"), n) for g, info in lags.items() for p, n in info["lag"].items()])
+
+
+@group_group.command("reset")
+@click.argument("stream")
+@click.argument("group")
+@_target_options
+@click.option("--to", "to", required=True, metavar="earliest|latest|JSON",
+              help='The earliest retained offsets, the ends, or {"PARTITION": OFFSET, ...}.')
+def group_reset(stream, group, namespace, url, token, to):
+    """Move GROUP's committed offsets (it must have no live member; a new group is made)."""
+    if to not in ("earliest", "latest"):
+        try:
+            to = {int(p): offset for p, offset in json.loads(to).items()}
+        except (ValueError, AttributeError):
+            raise click.BadParameter(f"{to!r} is not earliest, latest or a JSON object "
+                                     '{"PARTITION": OFFSET, ...}', param_hint="--to") from None
+    with _connect(namespace, url, token) as broker, broker.stream(stream) as s:
+        s.reset(group, to=to)
+        committed = s.committed(group)
+    click.echo(f"group {group} of {stream} committed: " + " ".join(f"{p}:{o}" for p, o in sorted(committed.items())))
