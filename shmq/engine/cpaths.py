@@ -3,11 +3,17 @@ wanted (``SHMQ_PURE_PYTHON=1`` turns them off); else None each, and the Python p
 """
 
 import os
+import warnings
 
 try:
     from . import _fast
-except ImportError:  # pragma: no cover - depends on the build
+except ImportError as e:  # pragma: no cover - depends on the build
     _fast = None
+    if os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0"):  # never silently three times slower
+        warnings.warn(f"shmq's C hot paths are not built for {os.path.dirname(os.path.abspath(__file__))} ({e}): "
+                      "running on the pure-Python paths, about three times slower. Build them with "
+                      "`pip install -e .` in this checkout (gcc and the Python headers), or set "
+                      "SHMQ_PURE_PYTHON=1 to choose the Python paths and silence this.", RuntimeWarning, stacklevel=2)
 
 __all__ = ["FAST", "put", "take", "ack", "read_columns", "OWNERDEAD", "FALLBACK", "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled",
            "enabled"]
