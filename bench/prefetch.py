@@ -16,6 +16,7 @@ figure is the median of ``--runs`` runs, with min .. max, and shmq's ratio to ea
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import multiprocessing as mp
 import os
@@ -105,9 +106,16 @@ ENDS = {"shmq-tcp": (_shmq_produce, _shmq_consume), "rabbitmq": (_rabbit_produce
         "redis-streams": (_redis_produce, _redis_consume)}
 
 
-def _child(role, fn, args, cpu, barrier, out):
+# what each system's ends import, done before the clock starts: an import costs 50-150 ms,
+# a large part of a run
+IMPORTS = {"shmq-tcp": ("shmq", "shmq.client.remote"), "rabbitmq": ("pika",), "redis-streams": ("redis",)}
+
+
+def _child(role, fn, args, cpu, barrier, out, imports=()):
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
+    for module in imports:
+        importlib.import_module(module)
     barrier.wait(60)
     t0 = time.perf_counter()
     fn(*args)
@@ -196,10 +204,11 @@ def run_once(ctx, system, size, count, cpus, timeout):
     try:
         produce, consume = ENDS[system.name]
         barrier, out = ctx.Barrier(3), ctx.Queue()
+        imports = IMPORTS[system.name]
         procs = [ctx.Process(target=_child, args=("producer", produce, (system.addr, name, count, b"x" * size),
-                                                  cpus[0] if cpus else None, barrier, out)),
+                                                  cpus[0] if cpus else None, barrier, out, imports)),
                  ctx.Process(target=_child, args=("consumer", consume, (system.addr, name, count),
-                                                  cpus[1] if cpus else None, barrier, out))]
+                                                  cpus[1] if cpus else None, barrier, out, imports))]
         for p in procs:
             p.start()
         barrier.wait(60)
