@@ -313,3 +313,25 @@ def test_stream_targets_name_what_was_met_and_missed():
     results += [_stream_case("shmq-stream-tcp", "batch", 60_000)]
     tcp = report.stream_targets({}, results)[-1]
     assert tcp[1:] == ("1.20x .. 1.20x of Redis (1 of 1 cases)", "met")
+
+
+def test_the_prefetch_bench_runs_end_to_end_and_names_what_it_skips():
+    """``python -m bench.prefetch`` on a tiny run: shmq's row, and each peer either measured
+    or skipped with its reason (not its speed); it leaves nothing in /dev/shm."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "bench.prefetch", "--runs", "1", "--count", "300", "--sizes", "64",
+                             "--systems", "shmq-tcp,redis-streams"], cwd=str(ROOT), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stdout + stderr
+    assert "TCP consume with prefetch" in stdout
+    rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.split()[:1] in (["shmq-tcp"],
+                                                                                               ["redis-streams"])}
+    assert rows["shmq-tcp"][1] == "64B" and float(rows["shmq-tcp"][2].replace(",", "")) > 0
+    assert "redis-streams" in rows or "redis-streams" in stdout + stderr  # measured, or skipped saying why
+    assert _entries_of_run(proc.pid) == []
