@@ -11,17 +11,7 @@ import pytest
 import shmq
 from shmq import dmsq
 from shmq.persistence import Snapshotter, recover
-
-
-def _drain(q):
-    out = []
-    while True:
-        try:
-            ds = q.get_many(100, timeout=0)
-        except shmq.QueueEmpty:
-            return out
-        out += [d.body for d in ds]
-        q.ack_many(ds)
+from tests._wait import drain as _drain
 
 
 def _bindings(b, name):

@@ -5,33 +5,15 @@ mid-publish whose retry with the same dedup id puts the message nowhere twice.""
 import multiprocessing as mp
 import os
 import signal
-import time
 
 import pytest
 
 import shmq
 from shmq.engine.exchange import topic_matches
 from tests import _exchange_workers as workers
+from tests._wait import drain as _drain, wait_for as _until
 
 SPAWN = mp.get_context("spawn")
-
-
-def _until(condition, timeout=10.0, what="the condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} never held within {timeout}s"
-        time.sleep(0.005)  # polling a real condition, with a bound
-
-
-def _drain(q):
-    out = []
-    while True:
-        try:
-            ds = q.get_many(100, timeout=0)
-        except shmq.QueueEmpty:
-            return out
-        out += [d.body for d in ds]
-        q.ack_many(ds)
 
 
 def _stream_values(s):

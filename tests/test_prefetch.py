@@ -14,20 +14,9 @@ import pytest
 import shmq
 from shmq.client.aio import connect as aio_connect
 from shmq.protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, Status, encode_request
+from tests._wait import wait_for
 
 N = 400
-
-
-def wait_for(cond, timeout=10.0, what="the condition"):
-    """Poll ``cond`` (a real condition) until true, for ``timeout`` seconds at most."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 # ------------------------------------------------------------------ processes (spawn)

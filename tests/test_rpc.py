@@ -14,15 +14,9 @@ import shmq
 from shmq.engine.rpc import REPLY_PREFIX, owner_of, reply_queue_name
 from shmq.server.housekeeper import Housekeeper
 from tests import _exchange_workers as workers
+from tests._wait import wait_for as _until
 
 SPAWN = mp.get_context("spawn")
-
-
-def _until(condition, timeout=10.0, what="the condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} never held within {timeout}s"
-        time.sleep(0.005)  # polling a real condition, with a bound
 
 
 def _reply_queues(b):

@@ -1,0 +1,31 @@
+"""What many tests need: waiting on a real condition with a bound, and draining a queue."""
+
+import time
+
+import shmq
+
+__all__ = ["wait_for", "drain"]
+
+
+def wait_for(cond, timeout=10.0, what="the condition"):
+    """Poll ``cond`` (a real condition) until it is true, for ``timeout`` seconds at most;
+    returns its value, or fails naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} never held within {timeout}s"
+        time.sleep(0.005)  # polling a real condition, with a bound
+
+
+def drain(q):
+    """The bodies of every message ready in ``q``, taken and acked."""
+    out = []
+    while True:
+        try:
+            ds = q.get_many(100, timeout=0)
+        except shmq.QueueEmpty:
+            return out
+        out += [d.body for d in ds]
+        q.ack_many(ds)
