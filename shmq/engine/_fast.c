@@ -251,6 +251,103 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return t;
 }
 
+/* take_many(seg, base, cap, slot, vis_ns, max_deliveries or 0, now, max_messages, max_bytes or 0)
+ *   -> [(pos, msg_id, attempt, body, hraw or None, enq_ns), ...] (at least one), or R_*: the
+ *   plain take repeated under one lock hold, from the frontier on, stopping at the first
+ *   record it leaves to Python (requeued or special records, a due deadline, flags, an
+ *   attempt past max_deliveries, the byte budget: the first message is always taken) */
+static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[9];
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "take_many takes 9 arguments");
+        return NULL;
+    }
+    if (parse_u64s(args, 9, v) < 0) return NULL;
+    char *seg = (char *)(uintptr_t)v[0];
+    uint64_t base = v[1], cap = v[2], slot = v[3], vis_ns = v[4], maxdel = v[5], now = v[6], maxn = v[7],
+             budget = v[8];
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    int rc = lock(seg);
+    if (rc) {
+        Py_DECREF(out);
+        return PyLong_FromLong(rc);
+    }
+    uint64_t *h = HOT(seg);
+    uint64_t pos = h[H_FRONTIER], tail = h[H_TAIL], next_deadline = h[H_NEXT_DEADLINE];
+    if (h[H_REQUEUED] || h[H_DELETED] || now >= next_deadline || now >= h[H_NEXT_LIVENESS] ||
+        ((uint64_t *)seg)[SPECIAL_W]) {
+        unlock(seg);
+        Py_DECREF(out);
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    uint64_t until = now + vis_ns, taken = 0, redelivered = 0;
+    int64_t left = (int64_t)budget; /* bytes of bodies and headers still allowed (budget 0: no limit) */
+    while (taken < maxn && pos < tail) {
+        uint64_t off = pos % cap;
+        if (cap - off < REC_SIZE) { /* an implicit pad to the end of the lap */
+            pos += cap - off;
+            continue;
+        }
+        char *a = seg + base + off;
+        uint64_t status = U64(a), length = U32(a + REC_LENGTH);
+        if ((status & 0xFF) == ST_PAD) {
+            pos += length;
+            continue;
+        }
+        uint64_t attempt = (status >> 32) + 1, bl = U32(a + REC_BODY_LEN), hl = U32(a + REC_HDR_LEN);
+        if ((status & 0xFF) != ST_READY || U32(a + REC_FLAGS) || (maxdel && attempt > maxdel)) break;
+        if (budget) { /* as the Python take: the first is always taken, then what fits */
+            if (taken && (int64_t)(bl + hl) > left) break;
+            left -= (int64_t)(bl + hl);
+        }
+        /* copy out first: on a MemoryError this record is left as it is */
+        PyObject *body = PyBytes_FromStringAndSize(a + REC_SIZE + hl, (Py_ssize_t)bl);
+        PyObject *hraw = body && hl ? PyBytes_FromStringAndSize(a + REC_SIZE, (Py_ssize_t)hl) : NULL;
+        PyObject *t = NULL;
+        if (body && (!hl || hraw)) {
+            if (!hraw) {
+                hraw = Py_None;
+                Py_INCREF(hraw);
+            }
+            t = Py_BuildValue("(KKKNNK)", (unsigned long long)pos, (unsigned long long)U64(a + REC_MSG_ID),
+                              (unsigned long long)attempt, body, hraw, (unsigned long long)U64(a + REC_ENQ_NS));
+            body = hraw = NULL; /* the tuple holds them (or they were released with it) */
+        }
+        if (!t || PyList_Append(out, t) < 0) {
+            Py_XDECREF(body);
+            Py_XDECREF(hraw);
+            Py_XDECREF(t);
+            if (!taken) { /* nothing changed */
+                unlock(seg);
+                Py_DECREF(out);
+                return NULL;
+            }
+            PyErr_Clear(); /* the ones taken are leased: hand them out */
+            break;
+        }
+        Py_DECREF(t);
+        U64(a + REC_DEADLINE) = until;
+        __atomic_store_n((uint64_t *)a, ST_LEASED | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
+        pos += length;
+        taken++;
+        if (attempt > 1) redelivered++;
+    }
+    if (taken) {
+        h[H_FRONTIER] = pos;
+        h[H_READY] -= taken;
+        h[H_IN_FLIGHT] += taken;
+        if (until < next_deadline) h[H_NEXT_DEADLINE] = until;
+        if (redelivered) CNT(seg)[C_REDELIVERED_TOTAL] += redelivered;
+    }
+    unlock(seg);
+    if (!taken) {
+        Py_DECREF(out);
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    return out;
+}
+
 /* Reclaim settled records and pads at the head (lock held); 1 if the head moved. */
 static int advance_head(char *seg, uint64_t base, uint64_t cap) {
     uint64_t *h = HOT(seg);
@@ -440,6 +537,7 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
 static PyMethodDef methods[] = {
     {"put", (PyCFunction)(void (*)(void))fast_put, METH_FASTCALL, "the put fast path"},
     {"take", (PyCFunction)(void (*)(void))fast_take, METH_FASTCALL, "the get fast path"},
+    {"take_many", (PyCFunction)(void (*)(void))fast_take_many, METH_FASTCALL, "the get_many fast path"},
     {"ack", (PyCFunction)(void (*)(void))fast_ack, METH_FASTCALL, "the ack fast path"},
     {"read_columns", (PyCFunction)(void (*)(void))fast_read_columns, METH_FASTCALL,
      "a stream partition's records as Arrow buffers"},

@@ -35,6 +35,7 @@ _expiry = extension.expiry
 _CONSUMERS = waits.CONSUMERS
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _fast_take = cpaths.take
+_fast_take_many = cpaths.take_many
 _F_OWNERDEAD, _F_FALLBACK = cpaths.OWNERDEAD, cpaths.FALLBACK
 
 
@@ -220,6 +221,16 @@ class Consuming:
             raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
         if self._held is not None:
             return self._get_capped(max_messages, timeout, visibility_timeout, max_bytes)
+        if _fast_take_many is not None and self._slot >= 0 and not self._general and self._lockp is not None:
+            # the plain takes from the frontier, in C under one lock hold; anything else: Python
+            vis_ns = self._vis_ns if visibility_timeout is None else _seconds_ns(visibility_timeout,
+                                                                                 "visibility_timeout")
+            r = _fast_take_many(self._segp, self._base, self._cap, self._slot, vis_ns, self.max_deliveries or 0,
+                                _mono(), max_messages, max_bytes or 0)
+            if type(r) is list:
+                return [Delivery(self, *t) for t in r]
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
         return self._get(max_messages, timeout, visibility_timeout, max_bytes)
 
     def _get(self, maxn, timeout, visibility_timeout, max_bytes=None):

@@ -15,12 +15,13 @@ except ImportError as e:  # pragma: no cover - depends on the build
                       "`pip install -e .` in this checkout (gcc and the Python headers), or set "
                       "SHMQ_PURE_PYTHON=1 to choose the Python paths and silence this.", RuntimeWarning, stacklevel=2)
 
-__all__ = ["FAST", "put", "take", "ack", "read_columns", "OWNERDEAD", "FALLBACK", "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled",
+__all__ = ["FAST", "put", "take", "take_many", "ack", "read_columns", "OWNERDEAD", "FALLBACK", "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled",
            "enabled"]
 
 FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
 put = _fast.put if FAST else None
 take = _fast.take if FAST else None
+take_many = _fast.take_many if FAST else None  # the plain take repeated under one lock hold
 ack = _fast.ack if FAST else None
 read_columns = _fast.read_columns if FAST else None  # a stream partition's records as Arrow buffers
 OWNERDEAD = _fast.OWNERDEAD if FAST else None  # the lock was taken from a dead holder: repair, then unlock
@@ -37,6 +38,7 @@ def set_enabled(enabled: bool) -> None:
     on = enabled and FAST
     produce._fast_put = put if on else None
     consume._fast_take = take if on else None
+    consume._fast_take_many = take_many if on else None
     settle._fast_ack = ack if on else None
 
 
