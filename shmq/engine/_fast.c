@@ -251,6 +251,8 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return t;
 }
 
+static int advance_head(char *seg, uint64_t base, uint64_t cap);
+
 /* take_many(seg, base, cap, slot, vis_ns, max_deliveries or 0, now, max_messages, max_bytes or 0)
  *   -> [(pos, msg_id, attempt, body, hraw or None, enq_ns), ...] (at least one), or R_*: the
  *   plain take repeated under one lock hold, from the frontier on, stopping at the first
@@ -346,6 +348,98 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
         return PyLong_FromLong(R_FALLBACK);
     }
     return out;
+}
+
+/* ack_many(seg, base, cap, [pos, attempt, msg_id, ...], now)
+ *   -> (acked, 1 if a producer must be woken else 0, [indices of those no longer leased]), or R_*:
+ *   the plain ack repeated under one lock hold, for a queue with no log (the Python path logs) */
+static PyObject *fast_ack_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[3], now;
+    if (nargs != 5 || !PyList_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "ack_many takes 5 arguments, the fourth a list");
+        return NULL;
+    }
+    if (parse_u64s(args, 3, v) < 0 || parse_u64s(args + 4, 1, &now) < 0) return NULL;
+    char *seg = (char *)(uintptr_t)v[0];
+    uint64_t base = v[1], cap = v[2];
+    Py_ssize_t n = PyList_GET_SIZE(args[3]);
+    if (n % 3) {
+        PyErr_SetString(PyExc_ValueError, "ack_many: (pos, attempt, msg_id) triples");
+        return NULL;
+    }
+    Py_ssize_t k = n / 3;
+    uint64_t *d = PyMem_Malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
+    Py_ssize_t *bad = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(k ? k : 1));
+    if (!d || !bad) {
+        PyMem_Free(d);
+        PyMem_Free(bad);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) { /* read before the lock: nothing fails under it */
+        d[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(args[3], i));
+        if (d[i] == (uint64_t)-1 && PyErr_Occurred()) {
+            PyMem_Free(d);
+            PyMem_Free(bad);
+            return NULL;
+        }
+    }
+    int rc = lock(seg);
+    if (rc) {
+        PyMem_Free(d);
+        PyMem_Free(bad);
+        return PyLong_FromLong(rc);
+    }
+    uint64_t *h = HOT(seg);
+    if (h[H_DELETED]) {
+        unlock(seg);
+        PyMem_Free(d);
+        PyMem_Free(bad);
+        return PyLong_FromLong(R_DELETED);
+    }
+    uint64_t head = h[H_HEAD], tail = h[H_TAIL], done = 0;
+    Py_ssize_t nbad = 0;
+    int freed = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        uint64_t pos = d[3 * i], attempt = d[3 * i + 1], msg_id = d[3 * i + 2];
+        char *a = seg + base + pos % cap;
+        uint64_t w = pos < head || pos >= tail ? 0 : U64(a);
+        if ((w & 0xFF) != ST_LEASED || (w >> 32) != attempt || U64(a + REC_MSG_ID) != msg_id ||
+            U64(a + REC_DEADLINE) <= now) {
+            bad[nbad++] = i; /* (one named twice is acked once, as two calls would) */
+            continue;
+        }
+        __atomic_store_n((uint64_t *)a, (w & ~(uint64_t)0xFF) | ST_ACKED, __ATOMIC_RELEASE); /* commit */
+        done++;
+        if (pos == head || (pos % cap == 0 && pos - head < cap)) freed = 1; /* first after the head (or a pad) */
+    }
+    h[H_IN_FLIGHT] -= done;
+    CNT(seg)[C_ACKED_TOTAL] += done;
+    int post = 0;
+    if (freed && advance_head(seg, base, cap)) {
+        uint64_t pw = h[H_PWAIT];
+        if (pw && pw > h[H_PPOSTED]) {
+            h[H_PPOSTED] += 1;
+            post = 1;
+        }
+    }
+    unlock(seg);
+    PyMem_Free(d);
+    PyObject *badlist = PyList_New(nbad);
+    if (!badlist) {
+        PyMem_Free(bad);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nbad; i++) {
+        PyObject *x = PyLong_FromSsize_t(bad[i]);
+        if (!x) {
+            Py_DECREF(badlist);
+            PyMem_Free(bad);
+            return NULL;
+        }
+        PyList_SET_ITEM(badlist, i, x);
+    }
+    PyMem_Free(bad);
+    return Py_BuildValue("(KiN)", (unsigned long long)done, post, badlist);
 }
 
 /* Reclaim settled records and pads at the head (lock held); 1 if the head moved. */
@@ -539,6 +633,7 @@ static PyMethodDef methods[] = {
     {"take", (PyCFunction)(void (*)(void))fast_take, METH_FASTCALL, "the get fast path"},
     {"take_many", (PyCFunction)(void (*)(void))fast_take_many, METH_FASTCALL, "the get_many fast path"},
     {"ack", (PyCFunction)(void (*)(void))fast_ack, METH_FASTCALL, "the ack fast path"},
+    {"ack_many", (PyCFunction)(void (*)(void))fast_ack_many, METH_FASTCALL, "the ack_many fast path"},
     {"read_columns", (PyCFunction)(void (*)(void))fast_read_columns, METH_FASTCALL,
      "a stream partition's records as Arrow buffers"},
     {NULL, NULL, 0, NULL},

@@ -15,7 +15,7 @@ except ImportError as e:  # pragma: no cover - depends on the build
                       "`pip install -e .` in this checkout (gcc and the Python headers), or set "
                       "SHMQ_PURE_PYTHON=1 to choose the Python paths and silence this.", RuntimeWarning, stacklevel=2)
 
-__all__ = ["FAST", "put", "take", "take_many", "ack", "read_columns", "OWNERDEAD", "FALLBACK", "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled",
+__all__ = ["FAST", "put", "take", "take_many", "ack", "ack_many", "read_columns", "OWNERDEAD", "FALLBACK", "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled",
            "enabled"]
 
 FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
@@ -23,6 +23,7 @@ put = _fast.put if FAST else None
 take = _fast.take if FAST else None
 take_many = _fast.take_many if FAST else None  # the plain take repeated under one lock hold
 ack = _fast.ack if FAST else None
+ack_many = _fast.ack_many if FAST else None  # the plain ack repeated under one lock hold (no log)
 read_columns = _fast.read_columns if FAST else None  # a stream partition's records as Arrow buffers
 OWNERDEAD = _fast.OWNERDEAD if FAST else None  # the lock was taken from a dead holder: repair, then unlock
 FALLBACK = _fast.FALLBACK if FAST else None  # not a plain case: nothing done, take the Python path
@@ -40,6 +41,7 @@ def set_enabled(enabled: bool) -> None:
     consume._fast_take = take if on else None
     consume._fast_take_many = take_many if on else None
     settle._fast_ack = ack if on else None
+    settle._fast_ack_many = ack_many if on else None
 
 
 def enabled() -> bool:

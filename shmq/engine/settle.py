@@ -25,6 +25,7 @@ _CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
 _encode_ack_entry = dmsq.encode_ack_entry
 _seconds_ns = waits.seconds_ns
 _fast_ack = cpaths.ack
+_fast_ack_many = cpaths.ack_many
 _F_OWNERDEAD, _F_EXPIRED, _F_DELETED = cpaths.OWNERDEAD, cpaths.EXPIRED, cpaths.DELETED
 
 
@@ -96,7 +97,24 @@ class Settling:
     def ack_many(self, deliveries) -> int:
         """Ack a batch under one lock. Raises DeliveryExpired naming those no longer
         leased (the others are acked). Returns how many were acked."""
-        return self._settle_acks(self._own(deliveries))
+        ds = self._own(deliveries)
+        if _fast_ack_many is not None and not self._logged and ds and self._lockp is not None:
+            flat = []
+            for d in ds:
+                flat += (d._pos, d.attempt, d.id)
+            r = _fast_ack_many(self._segp, self._base, self._cap, flat, _mono())
+            if type(r) is tuple:
+                done, post, bad = r
+                if post:
+                    self._nf.release()
+                self._raise_expired([ds[i] for i in bad])
+                return done
+            if r == _F_DELETED:
+                raise self._gone()
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            # busy: the Python path below waits for the lock
+        return self._settle_acks(ds)
 
     def retry_delay_ns(self, attempt: int) -> int:
         """The queue's retry policy: how long a message nacked without a delay (or whose
