@@ -1,4 +1,5 @@
-"""The .dmsq snapshot file format and the write-ahead log entry codec.
+"""shmq's on-disk formats (docs/FORMAT.md), one section each: the .dmsq snapshot file, the
+write-ahead log entry codec, a stream's high-water mark file and the exchange table file.
 
 Strategy: this module is sans-engine. It turns a queue's (or a stream partition's)
 header and records into a file and back, and knows nothing of shared memory, locks or
