@@ -10,7 +10,8 @@ import shutil
 import subprocess
 
 # the versions the report's header lists, in order (keys of machine_info())
-VERSIONED = ("shmq", "faster-fifo", "pyzmq", "posix_ipc", "redis-py", "redis-server")
+VERSIONED = ("shmq", "faster-fifo", "pyzmq", "posix_ipc", "iceoryx2", "redis-py", "redis-server", "pika",
+             "rabbitmq-server", "nats-py", "nats-server")
 # the same for the stream benchmark (python -m bench.streams)
 STREAM_VERSIONED = ("shmq", "redis-py", "redis-server", "nats-py", "nats-server")
 # where shmq says whether its C hot paths are built: the one shmq internal the report reads
@@ -92,6 +93,15 @@ def _nats_server_version():
     return out.strip().rsplit(" ", 1)[-1].removeprefix("v") or None
 
 
+def _rabbitmq_version():
+    """'3.10.8' from the Debian package's rabbitmq_server-3.10.8 directory (asking the node needs it running)."""
+    import glob
+
+    from bench.servers import RABBITMQ_BIN
+    found = sorted(glob.glob(os.path.join(os.path.dirname(RABBITMQ_BIN), "lib", "rabbitmq_server-*")))
+    return os.path.basename(found[-1]).removeprefix("rabbitmq_server-") if found else None
+
+
 def machine_info():
     """CPU, cores, OS, Python and package versions (the JSON's "machine")."""
     return {
@@ -109,4 +119,7 @@ def machine_info():
         "redis-server": _redis_server_version(),
         "nats-py": _dist_version("nats-py"),
         "nats-server": _nats_server_version(),
+        "iceoryx2": _dist_version("iceoryx2"),
+        "pika": _dist_version("pika"),
+        "rabbitmq-server": _rabbitmq_version(),
     }

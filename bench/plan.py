@@ -32,7 +32,9 @@ START_TIMEOUT = 30.0
 N_ANCHORS = ((64, 200_000), (1024, 100_000), (65536, 20_000))
 QUICK_SCALE = 20  # --quick: N / 20
 QUICK_MULTI = ("shmq", "mpqueue", "faster-fifo", "zmq")  # the systems run 4 -> 4 with --quick (shared queue and mesh)
-ROUND_TRIP_SCALE = {"shmq-tcp": 20, "redis": 10}  # one network round trip per message: fewer messages
+# a server per message (a round trip, or a Python event loop's turn): fewer messages, per message / batched,
+# so that a run lasts seconds, not minutes
+FEWER = {"shmq-tcp": (20, 1), "redis": (10, 1), "rabbitmq": (20, 20), "nats-core": (4, 1)}
 
 TCP_SIZE = 1024
 DURABILITY_SIZE = 64
@@ -122,7 +124,7 @@ def plan(systems, sizes, runs, quick, run_timeout, cpus, topologies=TOPOLOGIES):
                 for system in systems:
                     if quick and pairs > 1 and system not in QUICK_MULTI:
                         continue
-                    slow = ROUND_TRIP_SCALE.get(system, 1) if mode == "msg" else 1
+                    slow = FEWER.get(system, (1, 1))[mode == "batch"]
                     n = max(BATCH, messages_for(size) // scale // slow) // pairs * pairs
                     jobs.append(Job(system, "tput", size, mode, n, runs, pairs=pairs,
                                     cpus=cpus if pairs == 1 else (), **common))

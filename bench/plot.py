@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from bench.adapters import SYSTEMS
+from bench.adapters import SYSTEMS, acks
 
 SYSTEM_ORDER = SYSTEMS  # the registry's order: shmq's own two first, then the peers
 PANEL_ORDER = (("msg", 1), ("batch", 1), ("msg", 4), ("batch", 4))
@@ -37,7 +37,8 @@ def _style(system, colors):
 def _throughput(ax, title, by_system, colors):
     for system in _ordered(by_system):
         points = sorted(by_system[system])
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=system,
+        label = f"{system} (no acks)" if acks(system) == "none" else system
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label,
                 **_style(system, colors))
     ax.set(xscale="log", yscale="log", title=title, xlabel="message size (B)", ylabel="msgs/s")
     ax.grid(True, which="both", alpha=0.3)
@@ -85,7 +86,7 @@ def draw(path, results, durability=(), title=""):
     if not panels:
         return "plot skipped: no successful cases"
     systems = _ordered({s for by_system in tput.values() for s in by_system} | set(rtt))
-    palette = plt.get_cmap("tab10").colors
+    palette = plt.get_cmap("tab10" if len(systems) <= 10 else "tab20").colors
     colors = {s: palette[i % len(palette)] for i, s in enumerate(systems)}
     cols = min(3, len(panels))
     rows = -(-len(panels) // cols)

@@ -149,9 +149,9 @@ class System:
     def missing(name):
         """Why ``name`` cannot run here, or None."""
         if name == "rabbitmq":
-            from bench.servers import RABBITMQ_BIN
-            if not os.path.exists(f"{RABBITMQ_BIN}/rabbitmq-server"):
-                return "rabbitmq-server not installed (apt-get install rabbitmq-server)"
+            from bench.servers import rabbitmq_missing
+            if rabbitmq_missing():
+                return rabbitmq_missing()
             if importlib.util.find_spec("pika") is None:
                 return "pika not installed (pip install 'shmq[bench]')"
         if name == "redis-streams":

@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import asdict
 
-from bench.adapters import REGISTRY, STREAM_REGISTRY
+from bench.adapters import REGISTRY, STREAM_REGISTRY, acks
 from bench.harness import CaseResult
 from bench.machine import STREAM_VERSIONED, VERSIONED
 from bench.plan import BASELINE, BATCH, KAFKA_REFERENCE, OWN, QUEUE_BYTES, RTT_SIZE, WARMUP, size_label
@@ -88,20 +88,28 @@ def _print_head(head, out):
     print("-" * len(head), file=out)
 
 
+def _width(systems, least=11):
+    return max([least, *map(len, systems)])
+
+
 def _print_tput(results, runs, out):
     rows = [(r, s) for r, s in results if r.kind == "tput"]
     if not rows:
         return
     rel = relative(results)
+    w = _width(r.system for r, _ in rows)
     print(f"Throughput, P producers -> P consumers (separate processes), median of {runs} runs", file=out)
     print("  msg = one message per call; batch = 64 per call (see notes); MB/s = payload, 10^6 B/s;", file=out)
+    print("  acks = what the consumer acknowledges: each message, or none (a received message is gone: no "
+          "redelivery);", file=out)
     print(f"  vs mpq / vs best peer = msgs/s over {BASELINE}'s / over the fastest peer's (any system but "
           "shmq's own) in the same case", file=out)
-    head = (f"{'size':>7}  {'mode':<5}  {'P':>4}  {'system':<11}  {'N':>7}  {'msgs/s':>8}  {'(min .. max)':<19}  "
-            f"{'MB/s':>8}  {'vs mpq':>7}  {'vs best peer':>12}")
+    head = (f"{'size':>7}  {'mode':<5}  {'P':>4}  {'system':<{w}}  {'acks':<4}  {'N':>7}  {'msgs/s':>8}  "
+            f"{'(min .. max)':<19}  {'MB/s':>8}  {'vs mpq':>7}  {'vs best peer':>12}")
     _print_head(head, out)
     for r, s in rows:
-        lead = f"{size_label(r.size):>7}  {r.mode:<5}  {f'{r.pairs}->{r.pairs}':>4}  {r.system:<11}  {r.n:>7}"
+        lead = (f"{size_label(r.size):>7}  {r.mode:<5}  {f'{r.pairs}->{r.pairs}':>4}  {r.system:<{w}}  "
+                f"{acks(r.system):<4}  {r.n:>7}")
         if r.status != "ok":
             print(f"{lead}  {r.status}" + (f": {r.detail}" if r.status == "skipped" else ""), file=out)
             continue
@@ -111,7 +119,7 @@ def _print_tput(results, runs, out):
               file=out)
     print("  batch notes:", file=out)
     for system in dict.fromkeys(r.system for r, _ in rows):
-        print(f"    {system:<11} {REGISTRY[system].batch_note}", file=out)
+        print(f"    {system:<{w}} {REGISTRY[system].batch_note}", file=out)
     print(file=out)
 
 
@@ -125,16 +133,17 @@ def _print_rtt(results, runs, out):
     print(f"  vs mpq / vs best peer = {BASELINE}'s / the lowest peer p50 over this system's p50 "
           "(> 1 = lower latency)", file=out)
     rel = relative(results)
-    head = (f"{'system':<11}  {'RTT p50':>9}  {'RTT p99':>9}  {'RTT p99.9':>9}  {'p50 (min .. max)':<20}  "
+    w = _width(r.system for r, _ in rows)
+    head = (f"{'system':<{w}}  {'RTT p50':>9}  {'RTT p99':>9}  {'RTT p99.9':>9}  {'p50 (min .. max)':<20}  "
             f"{'vs mpq':>7}  {'vs best peer':>12}")
     _print_head(head, out)
     for r, s in rows:
         if r.status != "ok":
-            print(f"{r.system:<11}  {r.status}" + (f": {r.detail}" if r.status == "skipped" else ""), file=out)
+            print(f"{r.system:<{w}}  {r.status}" + (f": {r.detail}" if r.status == "skipped" else ""), file=out)
             continue
         spread = f"({s['p50_min_us']:.1f} .. {s['p50_max_us']:.1f})"
         vs_base, vs_best = rel[id(r)]
-        print(f"{r.system:<11}  {s['p50_us']:>9.1f}  {s['p99_us']:>9.1f}  {s['p999_us']:>9.1f}  {spread:<20}  "
+        print(f"{r.system:<{w}}  {s['p50_us']:>9.1f}  {s['p99_us']:>9.1f}  {s['p999_us']:>9.1f}  {spread:<20}  "
               f"{vs_base:>7}  {vs_best:>12}", file=out)
     print(file=out)
 
@@ -168,20 +177,25 @@ def _print_ratio_table(results, pairs, out):
     if not any(r.system == "shmq" for r, _ in results) or not peers:
         return
     print(f"Ratios shmq / peer, {pairs} -> {pairs} (median msgs/s; > 1 means shmq is faster)", file=out)
-    head = f"{'size':>7}  {'mode':<5}  " + "  ".join(f"{'vs ' + p:>14}" for p in peers)
+    widths = [max(14, len(p) + 3) for p in peers]
+    head = f"{'size':>7}  {'mode':<5}  " + "  ".join(f"{'vs ' + p:>{w}}" for p, w in zip(peers, widths))
     _print_head(head, out)
     keys = dict.fromkeys((r.size, r.mode) for r, _ in results if r.kind == "tput")
     for size, mode in keys:
         cells = [_ratio_cell(by_key, ("shmq", "tput", size, mode), (p, "tput", size, mode), "msgs_per_s")
                  for p in peers]
-        print(f"{size_label(size):>7}  {mode:<5}  " + "  ".join(f"{c:>14}" for c in cells), file=out)
+        print(f"{size_label(size):>7}  {mode:<5}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)),
+              file=out)
     mine = ("shmq", "rtt", RTT_SIZE, "msg")
     if any(r.kind == "rtt" for r, _ in results):
         for stat in ("p50_us", "p99_us"):
             cells = [_ratio_cell(by_key, mine, (p, "rtt", RTT_SIZE, "msg"), stat, invert=True) for p in peers]
             label = f"RTT {stat[:3]}"
-            print(f"{label:>14}  " + "  ".join(f"{c:>14}" for c in cells), file=out)
+            print(f"{label:>14}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)), file=out)
         print("  RTT rows are peer RTT / shmq RTT (> 1 means shmq has lower latency)", file=out)
+    unacked = [p for p in peers if acks(p) == "none"]
+    if unacked:
+        print(f"  no acks (a received message is gone): {', '.join(unacked)}; shmq acks every message", file=out)
     print(file=out)
 
 

@@ -52,6 +52,7 @@ def produce(job, ends):
         body = b"x" * job.size
         for _ in range(job.share):
             tx.send(body)
+    tx.flush()
     return {}
 
 
@@ -74,7 +75,8 @@ def _bodies(job, rx):
 def consume_shared(job, ends, total):
     """One of several consumers: stop at the shared total; the one reaching it stops the others.
 
-    A consumer that took more than one stop puts the extras back, so each takes exactly one.
+    A consumer that took more than one stop puts the extras back, so each takes exactly one;
+    one that leaves first releases what its system prefetched for it (the stops of others).
     """
     rx, tx = ends
     got = nbytes = 0
@@ -90,9 +92,11 @@ def consume_shared(job, ends, total):
                 before = total.value
                 after = total.value = before + len(data)
             if before < job.n <= after:  # exactly one consumer crosses n (both ends read under the lock)
+                rx.release()  # whatever was prefetched for it goes to the others, before the stops
                 _stop(job, tx, job.pairs - 1)
                 break
         if stops:
+            rx.release()
             _stop(job, tx, stops - 1)
             break
     if nbytes != got * job.size:
@@ -187,6 +191,7 @@ def warm_producer(job, ends, total):
     """Before the first run: connect and warm both sides up with job.warmup messages."""
     for _ in range(job.warmup):
         ends[0].send(b"w" * job.size)
+    ends[0].flush()
 
 
 def warm_consumer(job, ends, total):

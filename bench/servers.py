@@ -137,6 +137,13 @@ class NatsServer(ServerProcess):
 RABBITMQ_BIN = "/usr/lib/rabbitmq/bin"  # the Debian package's own scripts: the /usr/sbin wrapper switches user
 
 
+def rabbitmq_missing():
+    """Why a RabbitServer cannot start here, or None."""
+    if not os.path.exists(f"{RABBITMQ_BIN}/rabbitmq-server"):
+        return "rabbitmq-server not installed (apt-get install rabbitmq-server)"
+    return None
+
+
 class RabbitServer:
     """A private RabbitMQ node on free loopback ports, everything under a temporary directory
     (``rabbitmq-server`` from the system packages, run directly, not as a service); ready once

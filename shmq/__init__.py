@@ -27,6 +27,7 @@ from .errors import (
     QueueFull,
     QueueNotFound,
     RequestTimeout,
+    SerializationError,
     ShmqError,
     StorageError,
     StreamExists,
@@ -69,6 +70,7 @@ __all__ = [
     "ExchangeNotFound",
     "ExchangeExists",
     "RequestTimeout",
+    "SerializationError",
     "Stream",
     "Record",
     "RecordMetadata",
@@ -78,18 +80,33 @@ __all__ = [
 ]
 
 
-def connect(url: str | None = None, *, namespace: str | None = None, token: str | None = None) -> Broker:
+def connect(url: str | None = None, *, namespace: str | None = None, token: str | None = None, **options):
     """Open a broker.
 
     With no url, attach locally to ``namespace`` (default: $SHMQ_NAMESPACE, else
     "shmq"). ``tcp://host:port`` URLs are for remote clients of ``shmq server``; their
-    token is ``token``, else $SHMQ_TOKEN, else the one of your own server at that
-    endpoint on this host, found in its runtime file (see shmq.auth).
+    token is ``token``, else the url's (``tcp://:TOKEN@host:port`` or ``?token=``), else
+    $SHMQ_TOKEN, else the one of your own server at that endpoint on this host, found in
+    its runtime file (see shmq.auth). ``options``, for tcp:// only: ``timeout``,
+    ``connect_timeout``, ``reconnect``, ``retries``, ``backoff``
+    (shmq.client.options.ConnectOptions). The asyncio client is ``shmq.aio.connect``.
     """
     if url is None:
+        if options:
+            raise ValueError(f"{', '.join(sorted(options))}: options of tcp:// urls, not of a local attach")
         return Broker(default_namespace() if namespace is None else namespace)
     if isinstance(url, str) and url.startswith("tcp://"):
         from .client.remote import RemoteBroker
 
-        return RemoteBroker(url, token=token)
-    raise ValueError(f"unsupported broker url {url!r}: use no url (local) or tcp://host:port")
+        return RemoteBroker(url, token=token, **options)
+    from .client.options import redacted
+
+    raise ValueError(f"unsupported broker url {redacted(str(url))!r}: use no url (local) or tcp://host:port")
+
+
+def __getattr__(name):
+    if name == "aio":  # the asyncio client, imported on first use: ``import shmq`` does not load asyncio
+        from .client import aio
+
+        return aio
+    raise AttributeError(f"module 'shmq' has no attribute {name!r}")

@@ -15,6 +15,7 @@ __all__ = [
     "QueueEmpty",
     "MessageTooLarge",
     "DeliveryExpired",
+    "SerializationError",
     "QueueCorrupted",
     "ProtocolError",
     "Unauthorized",
@@ -143,3 +144,9 @@ class RequestTimeout(ShmqError, TimeoutError):
     """``request`` got no reply within its timeout. The request may still be handled
     (it stays in the queue until a worker takes it), but its reply is dropped: make
     requests safe to repeat, then retry or give up."""
+
+
+class SerializationError(ShmqError, ValueError):
+    """A body the queue handle's serializer could not load (a message put by a producer
+    with another serializer, or none): it was given back, its attempt counted; with
+    ``max_deliveries`` it ends in the dead-letter queue."""

@@ -27,6 +27,7 @@ import threading
 import time
 
 from . import dmsq
+from .engine import maintenance
 from .engine.broker import Broker
 from .engine.queue import Queue
 from .engine.stream import Stream
@@ -80,7 +81,7 @@ def snapshot_queue(q: Queue, data_dir: str, fsync: bool = True) -> tuple[str, in
     removed once the snapshot is on disk.
     """
     wal = q.durability == "wal" and q.wal.config()[0] > 0
-    messages = q.export_messages(rotate_wal=wal)
+    messages = maintenance.export_messages(q, rotate_wal=wal)
     settings = q.settings()
     if wal:
         settings["wal_from"] = q.wal.config()[0]
@@ -120,7 +121,8 @@ def restore_file(broker: Broker, path: str, into: str | None = None) -> tuple[st
         settings.pop("dead_letter_queue")  # restored without its DLQ rather than not at all
     q = broker.create_queue(name, exist_ok=True, **settings)
     try:
-        n = q.import_messages((r.msg_id, r.attempt, r.enqueued_ns, r.headers, r.body) for r in result.records)
+        n = maintenance.import_messages(
+            q, ((r.msg_id, r.attempt, r.enqueued_ns, r.headers, r.body) for r in result.records))
     finally:
         q.close()
     return name, n, result.error
@@ -190,7 +192,7 @@ def _recover_queues(broker: Broker, data_dir: str, names) -> list[str]:
         try:
             q = broker.create_queue(name, exist_ok=True, **create)
             try:
-                n = q.import_messages(records.values())
+                n = maintenance.import_messages(q, records.values())
             finally:
                 q.close()
         except (ValueError, TypeError, OSError, ShmqError) as e:

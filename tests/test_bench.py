@@ -3,6 +3,7 @@ and write well-formed output (not their speed), every adapter carries a case thr
 harness, the consumers' stop logic and the streams' target verdicts. Each test looks only
 at the shmq namespaces it or its bench created, and at the peer servers its bench started."""
 
+import argparse
 import io
 import json
 import multiprocessing as mp
@@ -47,7 +48,7 @@ def _orphaned_bench_servers():
     found = set()
     for proc in psutil.process_iter(["cmdline", "ppid"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if "bench-redis-" in cmdline or "bench-nats-" in cmdline:
+        if any(f"bench-{peer}-" in cmdline for peer in ("redis", "nats", "rabbit")):
             if proc.info["ppid"] in (0, 1) or not psutil.pid_exists(proc.info["ppid"]):
                 found.add(proc.pid)
     return found
@@ -90,7 +91,7 @@ def test_quick_bench_output_is_well_formed(tmp_path):
     assert all(c["status"] in ("ok", "skipped") for c in doc["cases"])
     assert all(d.get("msgs_per_s", 0) > 0 for d in doc["durability"]), doc["durability"]
     reported = {c["system"] for c in doc["cases"]} | set(doc["skipped"])
-    assert {"shmq", "shmq-tcp", "mpqueue", "simplequeue", "faster-fifo", "zmq", "posix-mq", "redis"} <= reported
+    assert set(adapters.SYSTEMS) <= reported  # every system ran or says why not (iceoryx2, rabbitmq, nats-core...)
     assert "Streams, P producers -> 1 consumer" in stdout and "Targets of the streams issue" in stdout
     streams = doc["streams"]
     assert set(adapters.STREAM_SYSTEMS) <= {c["system"] for c in streams["cases"]} | set(streams["skipped"])
@@ -118,10 +119,14 @@ def test_quick_bench_output_is_well_formed(tmp_path):
 
 
 class _ListEnd:
-    """A receive end over a list of bodies, and a send end that records what it sent."""
+    """A receive end over a list of bodies, and a send end that records what it sent; a
+    receive end notes, at each release, how much its peer send end had sent by then."""
 
-    def __init__(self, bodies=()):
-        self.bodies, self.sent = list(bodies), []
+    def __init__(self, bodies=(), peer=None):
+        self.bodies, self.sent, self.peer, self.released = list(bodies), [], peer, []
+
+    def release(self):
+        self.released.append(len(self.peer.sent))
 
     def recv(self):
         return self.bodies.pop(0)
@@ -157,14 +162,18 @@ class _RacyTotal:
 def test_only_the_consumer_that_crosses_n_sends_the_stops(mode):
     job = Job("mpqueue", "tput", 8, mode, n=100, runs=1, pairs=4)
     # this consumer takes the 99th message; another takes the 100th between the lock and the check
-    rx_tx = _ListEnd([b"x" * 8, b""]), _ListEnd()
+    tx = _ListEnd()
+    rx_tx = _ListEnd([b"x" * 8, b""], peer=tx), tx
     result = consume_shared(job, rx_tx, _RacyTotal(98, bump=1))
     assert result["got"] == 1
     assert rx_tx[1].sent == []  # it left through its own stop, sending none back
+    assert rx_tx[0].released == [0]  # and gave back what was prefetched for it (RabbitMQ)
 
-    rx_tx = _ListEnd([b"x" * 8]), _ListEnd()
+    tx = _ListEnd()
+    rx_tx = _ListEnd([b"x" * 8], peer=tx), tx
     result = consume_shared(job, rx_tx, _RacyTotal(99, bump=0))
     assert result["got"] == 1 and rx_tx[1].sent == [b""] * 3  # the crosser stops the other three
+    assert rx_tx[0].released == [0]  # having first given back its prefetch, so the stops reach them
 
 
 class _PolledEnd:
@@ -206,22 +215,47 @@ def test_the_leak_check_counts_only_its_own_namespace(broker, namespace):
 @pytest.mark.slow
 @pytest.mark.parametrize("system", adapters.SYSTEMS)
 def test_every_adapter_carries_cases_through_the_harness(system):
+    """Every system (iceoryx2, RabbitMQ and core NATS among them) runs a tiny case of each
+    kind, or is skipped saying why; a case it cannot run comes back skipped with its reason."""
     reason = adapters.probe(system)
     if reason:
         pytest.skip(reason)
+    servers_before = _orphaned_bench_servers()
     jobs = [Job(system, "tput", 64, "msg", n=128, runs=1, warmup=8),
+            Job(system, "tput", 1024, "batch", n=192, runs=2, warmup=8),
             Job(system, "tput", 64, "batch", n=256, runs=2, warmup=8, pairs=2),
             Job(system, "rtt", 64, "msg", n=20, runs=1, warmup=4)]
     adapter = adapters.adapter_class(system)()
     try:
+        unsupported = [adapter.unsupported(j) for j in jobs]
         progress = harness.Progress(len(jobs), stream=io.StringIO())
         results = harness.run_jobs(jobs, {system: adapter}, mp.get_context("spawn"), 30.0, progress)
     finally:
         notes = adapter.close()
-    assert [(r.status, len(r.runs)) for r, _ in results] == [("ok", 1), ("ok", 2), ("ok", 1)], \
+    assert unsupported[:2] == [None, None] and unsupported[3] is None  # 1 -> 1 and ping-pong run everywhere
+    expected = [("skipped", 0, why) if why else ("ok", j.runs, "") for j, why in zip(jobs, unsupported)]
+    assert [(r.status, len(r.runs), r.detail if r.status == "skipped" else "") for r, _ in results] == expected, \
         [r.detail for r, _ in results]
-    assert all(s["msgs_per_s"] > 0 for _, s in results[:2]) and results[2][1]["p50_us"] > 0
+    assert all(s["msgs_per_s"] > 0 for (r, s) in results[:3] if r.status == "ok") and results[3][1]["p50_us"] > 0
     assert notes == []
+    assert _orphaned_bench_servers() <= servers_before
+
+
+def test_the_report_says_which_peers_acknowledge_nothing():
+    def case(system, rate):
+        return CaseResult(system, "tput", 64, "msg", 1000), {"msgs_per_s": rate, "msgs_per_s_min": rate,
+                                                             "msgs_per_s_max": rate, "mb_per_s": 0.0}
+
+    results = [case("shmq", 200_000), case("iceoryx2-poll", 300_000), case("rabbitmq", 5_000)]
+    settings = argparse.Namespace(runs=1, quick=True, cpus=())
+    info = {"cpu": "x", "logical_cpus": 2, "physical_cores": None, "usable_cpus": None, "os": "y", "python": "z"}
+    out = io.StringIO()
+    report.report(info, settings, {}, results, [], out=out)
+    rows = {cells[4]: cells[5] for cells in map(str.split, out.getvalue().splitlines()) if cells[:4] == [
+        "64", "B", "msg", "1->1"]}  # size, mode, P, system, acks, ...
+    assert rows == {"shmq": "each", "iceoryx2-poll": "none", "rabbitmq": "each"}
+    assert "  no acks (a received message is gone): iceoryx2-poll; shmq acks every message" in out.getvalue()
+    assert {adapters.acks(s) for s in adapters.SYSTEMS} == {"each", "none"}  # every system says
 
 
 # ---------------------------------------------------------------- streams

@@ -36,7 +36,7 @@ def test_quick_start(target):
     r = shmq_cli("consume", "orders", *target)
     assert (r.returncode, r.stdout) == (0, "order #42\n")
     r = shmq_cli("consume", "orders", *target)
-    assert (r.returncode, r.stdout) == (0, "")  # acked: gone
+    assert (r.returncode, r.stdout) == (3, "")  # acked: gone, and exit code 3 says the queue was empty
 
 
 def test_json_output(target):
@@ -58,7 +58,7 @@ def test_stats_human_units_natural_order_and_the_dlq_next_to_its_source(target, 
     for name in ("q10", "q2"):
         broker.create_queue(name, max_bytes=2**20)
     q1 = broker.create_queue("q1", dead_letter_queue="dead", visibility_timeout=300)
-    q1.put_many([(b"x" * 3000, None)] * 4)
+    q1.put_many([b"x" * 3000] * 4)
     for d in q1.get_many(3):
         d.reject()
     r = shmq_cli("stats", *target)

@@ -91,13 +91,13 @@ def test_an_error_with_msg_id_0_ends_every_waiting_request_and_every_later_one()
         conn.end(Status.LIMIT_EXCEEDED, "a frame must arrive whole within 30s")
 
     async def main(url):
-        async with await aio.connect(url) as b:
+        async with await aio.connect(url, reconnect=False) as b:  # every later call: the same error
             q = await b.queue("q")
             waiting = await asyncio.gather(q.get(), q.get_many(5, timeout=60), return_exceptions=True)
             assert [type(e) for e in waiting] == [shmq.LimitExceeded] * 2
             with pytest.raises(shmq.LimitExceeded, match="^a frame must arrive whole within 30s$"):
                 await q.put(b"x")
-            assert b._pending == {}
+            assert b._link.pending == {}
 
     fake = FakeServer(server, connections=1)
     try:
@@ -127,7 +127,7 @@ def test_a_cancelled_request_leaves_nothing_behind(tcp_server):
             q = await b.create_queue("q")
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(q.get(), 0.05)  # its CONSUME still waits on the server
-            assert b._pending == {}
+            assert b._link.pending == {}
             assert await b.list_queues() == ["q"]
 
     run(main())

@@ -8,7 +8,8 @@ import shmq
 from shmq.client.core import CONSUME_SLICE_MS, PUT_RETRY_S, BrokerCalls, ClientCore
 from shmq.client.remote import RemoteBroker, RemoteDelivery, RemoteQueue
 from shmq.engine.delivery import QueueStats
-from shmq.protocol import EXCEPTIONS, FrameDecoder, MsgType, Status, encode_error, encode_reply, encode_request
+from shmq.protocol import (EXCEPTIONS, FrameDecoder, MsgType, PushType, Status, encode_error, encode_reply,
+                           encode_request)
 
 ENDPOINT = "127.0.0.1:7878"
 MESSAGE = {"id": 4, "delivery": 17, "body": b"m", "headers": {"k": "v"}, "attempt": 2}
@@ -41,7 +42,10 @@ class Loopback(RemoteBroker):
         self.pauses.append(seconds)
         self.now += seconds
 
-    def _request(self, msg_type, payload=None, timeout=None):
+    def _drive(self, call):
+        return self._run(call, None)
+
+    def _exchange(self, link, msg_type, payload=None, limit=None):
         msg_id, data = self._core.send(msg_type, payload)
         frame = decode(data)
         self.sent.append((data, frame))
@@ -77,7 +81,7 @@ CALLS = [  # (call on broker b, queue q of b, delivery d of q; request type and 
                       "dedup_window": 300.0, "retry_delay": 0.0, "retry_backoff": 1.0, "retry_delay_max": None,
                       "priority_aging": 60.0}, {}, "a"),
     (lambda b, q, d: q.put_nowait(b"x"), MsgType.PRODUCE, {"queue": "q", "body": b"x"}, {"id": 3}, 3),
-    (lambda b, q, d: q.put_many([b"x", (b"y", {"n": 1})]), MsgType.PRODUCE_BATCH,
+    (lambda b, q, d: q.put_many([b"x", b"y"], headers=[None, {"n": 1}]), MsgType.PRODUCE_BATCH,
      {"queue": "q", "messages": [{"body": b"x"}, {"body": b"y", "headers": {"n": 1}}]}, {"ids": [1, 2]}, [1, 2]),
     (lambda b, q, d: q.get(), MsgType.CONSUME, {"queue": "q", "max": 1, "wait_ms": CONSUME_SLICE_MS},
      {"messages": [MESSAGE]}, "delivery"),
@@ -216,6 +220,8 @@ def test_a_lost_socket_and_a_close_end_it_too():
 
 def test_bytes_that_are_not_frames_end_the_connection_with_a_protocol_error():
     core = ClientCore(ENDPOINT)
+    core.send(MsgType.PING)
+    assert core.receive_data(encode_reply(MsgType.PING, 1)) == [1]
     msg_id, _ = core.send(MsgType.PING)
     assert core.receive_data(b"\x00" * 16) == [msg_id]
     for attempt in (lambda: core.result(msg_id), lambda: core.send(MsgType.PING)):
@@ -230,6 +236,85 @@ def test_a_forgotten_request_keeps_no_reply():
     core.forget(msg_id)
     assert core.receive_data(encode_reply(MsgType.CONSUME, msg_id, {"messages": []})) == []
     assert core._replies == {} and not core.done(msg_id)
+
+
+def frames(data):
+    decoder = FrameDecoder()
+    decoder.feed(data)
+    return [(f.type, f.payload) for f in decoder.frames()]
+
+
+CONSUMED = {"messages": [{**MESSAGE, "delivery": 5}, {**MESSAGE, "id": 5, "delivery": 6}]}
+
+
+@pytest.mark.parametrize("late", [True, False], ids=["answered after", "answered before"])
+def test_the_messages_a_forgotten_consume_leased_are_given_back(late):
+    core = ClientCore(ENDPOINT)
+    fields = {"queue": "q", "max": 2, "wait_ms": 5000}
+    msg_id, _ = core.send(MsgType.CONSUME, fields)
+    if late:
+        core.forget(msg_id, MsgType.CONSUME, fields)
+    assert core.receive_data(encode_reply(MsgType.CONSUME, msg_id, CONSUMED)) == ([] if late else [msg_id])
+    if not late:
+        core.forget(msg_id, MsgType.CONSUME, fields)
+    assert core._replies == {} and core._abandoned == {}
+    nack = core.outgoing()
+    assert frames(nack) == [(MsgType.NACK, {"queue": "q", "deliveries": [5, 6], "delay_ms": 0})]
+    assert core.outgoing() == b""
+    core.receive_data(encode_error(MsgType.NACK, decode(nack).msg_id, Status.NO_SUCH_QUEUE, "no such queue"))
+    core.send(MsgType.PING)  # the give-back's error is nobody's to raise (its queue went: nothing to give back)
+
+
+def test_a_forgotten_subscribe_is_cancelled_and_a_forgotten_join_leaves():
+    core = ClientCore(ENDPOINT)
+    sub_id, _ = core.send(MsgType.SUBSCRIBE, {"queue": "q", "prefetch": 4})
+    join_id, _ = core.send(MsgType.JOIN, {"stream": "s", "group": "g"})
+    empty_id, _ = core.send(MsgType.CONSUME, {"queue": "q"})
+    ping_id, _ = core.send(MsgType.PING)
+    core.forget(sub_id, MsgType.SUBSCRIBE, {"queue": "q", "prefetch": 4})
+    core.forget(join_id, MsgType.JOIN, {"stream": "s", "group": "g"})
+    core.forget(empty_id, MsgType.CONSUME, {"queue": "q"})
+    core.forget(ping_id, MsgType.PING, {})
+    pushed = encode_reply(PushType.DELIVER, 0, {"subscription": 3, "messages": [MESSAGE]})
+    assert core.receive_data(encode_reply(MsgType.SUBSCRIBE, sub_id, {"subscription": 3}) + pushed
+                             + encode_reply(MsgType.JOIN, join_id, {"member": 9, "partitions": [0]})
+                             + encode_reply(MsgType.CONSUME, empty_id, {"messages": []})
+                             + encode_reply(MsgType.PING, ping_id)) == []
+    assert frames(core.outgoing()) == [(MsgType.CANCEL, {"subscription": 3, "delivered": 0}),
+                                       (MsgType.LEAVE, {"stream": "s", "member": 9})]
+    assert core._pushes == {} and core._replies == {}
+
+
+def test_the_hello_header_ends_in_cr_lf_so_a_line_reading_peer_answers_at_once():
+    core = ClientCore(ENDPOINT)
+    msg_id, data = core.send(MsgType.HELLO, {"client": "x"})
+    assert (msg_id, data[14:16]) == (0x0D0A, b"\r\n")
+    assert core.send(MsgType.PING)[0] == 1
+
+
+def test_a_peer_that_answers_no_frame_is_no_shmq_server():
+    core = ClientCore(ENDPOINT)
+    msg_id, _ = core.send(MsgType.HELLO, {"client": "x"})
+    core.receive_data(b"HTTP/1.0 400 ")
+    assert core.receive_data(b"Bad request syntax\r\n") == [msg_id]
+    with pytest.raises(shmq.ProtocolError, match=rf"^{ENDPOINT} is not an shmq server: it answered "
+                                                 r"b'HTTP/1.0 400 Bad request syntax\\r\\n' \(bad magic 0x48545450"):
+        core.result(msg_id)
+
+
+def test_a_request_past_its_time_ends_the_connection_with_broker_unavailable():
+    core = ClientCore(ENDPOINT)
+    msg_id, _ = core.send(MsgType.PING)
+    assert core.timed_out(MsgType.PING, 1.5) == [msg_id]
+    message = f"^no reply to PING from {ENDPOINT} within 1.5s; the connection is dropped$"
+    for attempt in (lambda: core.result(msg_id), lambda: core.send(MsgType.PING)):
+        with pytest.raises(shmq.BrokerUnavailable, match=message):
+            attempt()
+    core = ClientCore(ENDPOINT)
+    core.timed_out(MsgType.HELLO, 10)
+    with pytest.raises(shmq.BrokerUnavailable, match=f"^no reply to HELLO from {ENDPOINT} within 10s: is it an shmq "
+                                                     "server\\?$"):
+        core.send(MsgType.PING)
 
 
 # ---------------------------------------------------------------- policies
@@ -314,7 +399,8 @@ def test_bad_arguments_fail_as_the_local_engine_fails_before_a_byte_is_sent():
         (lambda: q.put("text"), TypeError, "message body must be bytes-like, not str"),
         (lambda: q.put(b"x", headers={"a": [1]}), TypeError, "header 'a': values must be"),
         (lambda: q.put(b"x", timeout=-1), ValueError, "timeout must be >= 0, not -1"),
-        (lambda: q.put_many([b"x", ("y", None)]), TypeError, "message body must be bytes-like"),
+        (lambda: q.put_many([b"x", ("y", None)]), TypeError, "put_many items are bodies, not tuples"),
+        (lambda: q.put_many([b"x", "y"]), TypeError, "message body must be bytes-like"),
         (lambda: q.get(timeout="soon"), TypeError, "timeout must be a number of seconds, not str"),
         (lambda: q.get_many(0), ValueError, "max_messages must be a positive int, not 0"),
         (lambda: q.get(visibility_timeout=float("nan")), ValueError, "visibility_timeout must be >= 0"),

@@ -13,6 +13,7 @@ a connection come from ``FakeServer``, a socket server scripted frame by frame.
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import re
 import socket
@@ -53,7 +54,7 @@ SCRIPT = CONNECT + [
     Step("attach from a second connection", lambda h: h.b2.queue("q"), "q2"),
     Step("put with headers", lambda h: h.q.put(b"a", headers={"k": "v", "n": 1, "raw": b"\x00"})),
     Step("put_nowait", lambda h: h.q.put_nowait(b"b")),
-    Step("put_many", lambda h: h.q.put_many([b"c", (b"d", {"x": 2.5})])),
+    Step("put_many", lambda h: h.q.put_many([b"c", b"d"], headers=[None, {"x": 2.5}])),
     Step("put_many of nothing", lambda h: h.q.put_many([])),
     Step("oversize body", lambda h: h.q.put(b"x" * 977)),
     Step("str body", lambda h: h.q.put("text")),
@@ -230,9 +231,10 @@ async def run(script, connect, url):
     return results
 
 
-def run_both(script, url):
+def run_both(script, url, **options):
     """The script's results through the blocking client, then through the asyncio one."""
-    return [asyncio.run(asyncio.wait_for(run(script, connect, url), 60)) for connect in (shmq.connect, aio.connect)]
+    return [asyncio.run(asyncio.wait_for(run(script, functools.partial(connect, **options), url), 60))
+            for connect in (shmq.connect, aio.connect)]
 
 
 def test_one_script_through_both_clients_gives_one_result(tcp_server):
@@ -331,7 +333,7 @@ def test_an_error_with_msg_id_0_ends_the_connection_alike(server):
     script, expected = ENDS[server]
     fake = FakeServer(server, connections=2)
     try:
-        blocking, asyncio_ = run_both(script, fake.url)
+        blocking, asyncio_ = run_both(script, fake.url, reconnect=False)  # every later call: the same error
     finally:
         fake.stop()
     assert asyncio_ == blocking

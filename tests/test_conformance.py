@@ -124,7 +124,7 @@ def test_registry_errors(any_broker):
 
 def test_batches(any_broker):
     q = any_broker.create_queue("q")
-    ids = q.put_many([b"a", (b"b", {"k": "v"}), b"c"])
+    ids = q.put_many([b"a", b"b", b"c"], headers=[None, {"k": "v"}, None])
     assert ids == [1, 2, 3]
     ds = q.get_many(2, timeout=5)
     assert [d.body for d in ds] == [b"a", b"b"] and ds[1].headers == {"k": "v"}

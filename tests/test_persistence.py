@@ -28,10 +28,10 @@ def test_export_import_round_trip_across_the_ring_end(broker):
         q.put(b"%02d" % i * 100, headers={"i": i})
         if i < 37:
             q.get_nowait().ack()
-    exported = q.export_messages()
+    exported = q._export_messages()
     assert [(m[0], m[1], len(m[4])) for m in exported] == [(38, 0, 200), (39, 0, 200), (40, 0, 200)]
     other = broker.create_queue("other", max_bytes=8192)
-    assert other.import_messages(exported) == 3
+    assert other._import_messages(exported) == 3
     got = other.get_many(10, timeout=0)
     assert [(d.id, d.body, d.headers["i"], d.attempt) for d in got] == [
         (38, b"37" * 100, 37, 1), (39, b"38" * 100, 38, 1), (40, b"39" * 100, 39, 1)]

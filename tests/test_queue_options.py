@@ -110,7 +110,7 @@ def test_ttl_expired_messages_are_dropped_and_counted(broker, clocks):
     q.put(b"long", ttl=50)
     q.put(b"forever")
     clocks(10)
-    q.housekeep()
+    q._housekeep()
     s = q.stats()
     assert (s.ready, s.expired_total) == (2, 1)
     assert [q.get(timeout=0).body for _ in range(2)] == [b"long", b"forever"]
@@ -134,7 +134,7 @@ def test_a_leased_message_does_not_expire_under_its_consumer(broker, clocks):
     q.put(b"a", ttl=5)
     d = q.get(timeout=0)
     clocks(10)
-    q.housekeep()
+    q._housekeep()
     d.ack()  # still its lease
     assert q.stats().expired_total == 0
 
@@ -145,10 +145,10 @@ def test_the_lower_of_the_queue_ttl_and_the_message_ttl_wins(broker, clocks):
     q.put(b"own-ttl", ttl=3)
     q.put(b"longer-ttl-asked", ttl=60)
     clocks(5)
-    q.housekeep()
+    q._housekeep()
     assert q.stats().expired_total == 1
     clocks(6)
-    q.housekeep()
+    q._housekeep()
     s = q.stats()
     assert (s.ready, s.expired_total) == (0, 3)
 
@@ -285,7 +285,7 @@ def test_redrive_killed_midway_loses_nothing_and_a_rerun_adds_no_copy(broker):
     q, ids = _dead_letters(broker, 6)
     assert _run(W.redrive_and_die, broker.namespace, "dlq", 3) == -9
     dlq = broker.queue("dlq")
-    dlq.housekeep()  # the dead redriver's lease on the 4th dead letter comes back
+    dlq._housekeep()  # the dead redriver's lease on the 4th dead letter comes back
     assert broker.redrive("dlq") >= 2
     got = q.get_many(20, timeout=0)
     assert sorted(d.id for d in got) == ids  # each once: the 4th was put back, then not again
@@ -311,7 +311,7 @@ def test_retry_backoff_delays_a_nack_and_a_lapsed_lease(broker, clocks):
     clocks(0.2)
     d = q.get(timeout=0)
     clocks(5.1)  # the lease lapses (attempt 3): 4 s, capped at 3
-    q.housekeep()
+    q._housekeep()
     assert q.stats().delayed == 1
     clocks(2.9)
     with pytest.raises(shmq.QueueEmpty):

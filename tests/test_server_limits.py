@@ -506,11 +506,12 @@ def _misbehave(kind, port, url, rnd):
         s.sendall(encode_request(MsgType.CONSUME, 1, {"queue": "soak"}))
         _closed_after(s, 5)
         s.close()
-    else:  # more connections than allowed, briefly
+    else:  # more connections than allowed (the server's 64) by itself, briefly
         socks = []
         try:
-            for _ in range(40):
+            for _ in range(70):
                 socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            _read_frames(socks[-1], 1, timeout=5)  # the last one is refused (LIMIT_EXCEEDED) before any closes
         finally:
             for s in socks:
                 s.close()

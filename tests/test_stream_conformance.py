@@ -302,7 +302,7 @@ def test_a_connection_reset_leaves_its_group(server, broker):
     s.append_many([b"a", b"b"], partition=0)
     s.append_many([b"c", b"d"], partition=1)
     remote = shmq.connect(server.url)
-    sock = remote._sock
+    sock = remote._link.sock
     member = remote.stream("events").consumer("g")
     assert member.assignment() == [0, 1]
     assert len(member.poll(timeout=1)) == 4  # read, never committed

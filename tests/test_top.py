@@ -95,8 +95,8 @@ def known(broker):
     jobs2 = broker.create_queue("jobs2", dead_letter_queue="dead", visibility_timeout=300)
     jobs10 = broker.create_queue("jobs10", max_bytes=2**20)
     busy = broker.create_queue("busy")
-    jobs10.put_many([(b"y" * 1000, None)] * 5)
-    jobs2.put_many([(b"x" * 100, None)] * 7)
+    jobs10.put_many([b"y" * 1000] * 5)
+    jobs2.put_many([b"x" * 100] * 7)
     for d in jobs2.get_many(3):
         d.reject()
     held = jobs2.get_many(2)

@@ -5,8 +5,8 @@ the parent for the whole run: it starts what the system needs (a server, a direc
 makes one channel per case (``make`` returns a spec the children can unpickle), drops it
 afterwards, names the cases it cannot run (``unsupported``) and, at ``close``, reports
 what it left behind. Its ``End`` is opened from that spec inside a case's processes: one
-sender or one receiver with ``send`` / ``send_batch`` / ``recv`` / ``recv_batch`` /
-``close``. The harness and the roles know nothing else of a system.
+sender or one receiver with ``send`` / ``send_batch`` / ``flush`` / ``recv`` /
+``recv_batch`` / ``release`` / ``close``. The harness and the roles know nothing else of a system.
 """
 
 from __future__ import annotations
@@ -23,17 +23,29 @@ class Entry(NamedTuple):
     cls: str
     package: str | None  # the distribution to install when the module cannot be imported
     batch_note: str  # what "batch" means for this system, printed under the throughput table
+    acks: str = ""  # what its consumer acknowledges: "each" message, or "none" (a received message is gone)
 
 
 REGISTRY = {
-    "shmq": Entry("shmq_local", "ShmqLocal", None, "put_many / get_many(64) + ack_many"),
-    "shmq-tcp": Entry("shmq_tcp", "ShmqTcp", None, "put_many / get_many(64) + ack_many over TCP"),
-    "mpqueue": Entry("mp_queues", "MpQueue", None, "one list of 64 bodies per put (1 pickle), counted as 64"),
-    "simplequeue": Entry("mp_queues", "SimpleQueue", None, "one list of 64 bodies per put (1 pickle), counted as 64"),
-    "faster-fifo": Entry("fasterfifo", "FasterFifo", "faster-fifo", "put_many / get_many(max_messages_to_get=64)"),
-    "zmq": Entry("zmq_pushpull", "ZmqPushPull", "pyzmq", "one multipart message of 64 frames, counted as 64"),
-    "posix-mq": Entry("posix_mq", "PosixMq", "posix_ipc", "no batch API: 64 single sends; receives one at a time"),
-    "redis": Entry("redis_lists", "RedisLists", "redis", "LPUSH of 64 values / BLMPOP COUNT 64"),
+    "shmq": Entry("shmq_local", "ShmqLocal", None, "put_many / get_many(64) + ack_many", "each"),
+    "shmq-tcp": Entry("shmq_tcp", "ShmqTcp", None, "put_many / get_many(64) + ack_many over TCP", "each"),
+    "mpqueue": Entry("mp_queues", "MpQueue", None, "one list of 64 bodies per put (1 pickle), counted as 64", "none"),
+    "simplequeue": Entry("mp_queues", "SimpleQueue", None, "one list of 64 bodies per put (1 pickle), counted as 64",
+                         "none"),
+    "faster-fifo": Entry("fasterfifo", "FasterFifo", "faster-fifo", "put_many / get_many(max_messages_to_get=64)",
+                         "none"),
+    "zmq": Entry("zmq_pushpull", "ZmqPushPull", "pyzmq", "one multipart message of 64 frames, counted as 64", "none"),
+    "posix-mq": Entry("posix_mq", "PosixMq", "posix_ipc", "no batch API: 64 single sends; receives one at a time",
+                      "none"),
+    "iceoryx2": Entry("iceoryx2_pubsub", "Iceoryx2", "iceoryx2",
+                      "no batch API: 64 loan + send, then one notify / up to 64 receives, then a wait", "none"),
+    "iceoryx2-poll": Entry("iceoryx2_pubsub", "Iceoryx2Poll", "iceoryx2",
+                           "no batch API: 64 loan + send / up to 64 receives; the receiver busy-polls", "none"),
+    "redis": Entry("redis_lists", "RedisLists", "redis", "LPUSH of 64 values / BLMPOP COUNT 64", "none"),
+    "rabbitmq": Entry("rabbitmq", "RabbitMq", "pika",
+                      "64 basic_publish (no confirms) / up to 64 deliveries + one basic_ack(multiple)", "each"),
+    "nats-core": Entry("nats_core", "NatsCore", "nats-py",
+                       "64 publish per event-loop turn / every message the loop has, up to 64", "none"),
 }
 SYSTEMS = tuple(REGISTRY)
 # streams (python -m bench.streams): append-only logs read through a consumer group or by offset
@@ -65,6 +77,10 @@ class End:
         for body in bodies:
             self.send(body)
 
+    def flush(self):
+        """Make sure everything sent has left this process; a sender calls it at the end of a run
+        (a client that writes from its event loop may still hold some)."""
+
     def recv(self):
         """The next message's body; blocks until there is one."""
         raise NotImplementedError
@@ -72,6 +88,10 @@ class End:
     def recv_batch(self, limit):
         """At least one and at most ``limit`` bodies, as a list; by default one receive."""
         return [self.recv()]
+
+    def release(self):
+        """This receiver takes nothing more for now: hand back what the system delivered to it
+        ahead of time (a prefetch), so the other receivers of a shared queue get it."""
 
     def close(self):
         pass
@@ -113,6 +133,12 @@ class Adapter:
 def entry(system):
     """The Entry of a queue or a stream system."""
     return REGISTRY[system] if system in REGISTRY else STREAM_REGISTRY[system]
+
+
+def acks(system):
+    """What ``system``'s consumer acknowledges ("each" / "none"), or "?" if the registry does not say."""
+    found = REGISTRY.get(system)
+    return found.acks if found and found.acks else "?"
 
 
 def adapter_class(system):

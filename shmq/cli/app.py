@@ -1,9 +1,11 @@
-"""The ``shmq`` command group and what its commands share: options, the connection they
-name, output helpers. Errors print one line on stderr, never a traceback."""
+"""The ``shmq`` command group and what its commands share: the exit codes, options, the
+connection they name, output helpers. Errors print one line on stderr, never a traceback."""
 
 import base64
+import fractions
 import json
 import os
+import re
 import sys
 
 import click
@@ -13,20 +15,83 @@ from ..auth import command_line_warning
 from ..engine.broker import Broker, default_namespace
 from ..errors import ShmqError
 
+# The exit codes, the one table of them (the README's "Exit codes" says the same).
+EXIT_OK = 0     # done
+EXIT_ERROR = 1  # an error (shmq's, a bad value, I/O, a refused confirmation): one line on stderr
+EXIT_USAGE = 2  # the command line is wrong (unknown option, missing argument, malformed value): one line
+EXIT_EMPTY = 3  # consume: no message came before the wait ended
+
+_NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2: a group run bare shows help
+
+
+def _usage_error(e: click.UsageError):
+    """A usage error in one line, with where to find help; exit 2."""
+    where = f"; try '{e.ctx.command_path} --help'" if e.ctx is not None else ""
+    click.echo(f"shmq: error: {e.format_message().rstrip('.')}{where}", err=True)
+    sys.exit(EXIT_USAGE)
+
 
 class _Cli(click.Group):
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as e:  # the group's own options
+            if isinstance(e, _NoArgsIsHelp):
+                raise
+            _usage_error(e)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:  # a command's options and arguments, an unknown command
+            if isinstance(e, _NoArgsIsHelp):
+                raise
+            _usage_error(e)
         except (ShmqError, ValueError, TypeError, OSError) as e:
             click.echo(f"shmq: error: {e}", err=True)
-            sys.exit(1)
+            sys.exit(EXIT_ERROR)
 
 
 @click.group(cls=_Cli)
 @click.version_option(__version__, prog_name="shmq")
 def main():
-    """shmq: a message broker for processes on one host."""
+    """shmq: a message broker for processes on one host.
+
+    Exit codes: 0 done, 1 an error, 2 a usage error, 3 consume got no message before
+    its wait ended."""
+
+
+class Size(click.ParamType):
+    """A number of bytes: 65536, or with a unit: KiB, MiB, GiB, TiB (powers of 1024) or
+    KB, MB, GB, TB (powers of 1000); B is bytes. Units are case-insensitive; a fraction
+    (1.5MiB) must come to whole bytes."""
+
+    name = "size"
+    UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+    _FORM = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+
+    def __init__(self, min: int = 0, max: int | None = None):
+        self.min, self.max = min, max
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            m = self._FORM.fullmatch(str(value))
+            unit = m and m.group(2).lower()
+            if not m or unit not in self.UNITS:
+                self.fail(f"{value!r} is not a size: give bytes (65536) or a number with KiB, MiB, GiB "
+                          "(powers of 1024) or KB, MB, GB (powers of 1000)", param, ctx)
+            exact = fractions.Fraction(m.group(1)) * self.UNITS[unit]
+            if exact.denominator != 1:
+                self.fail(f"{value!r} is not a whole number of bytes", param, ctx)
+            n = int(exact)
+        if n < self.min:
+            self.fail(f"{value!r} is less than the least allowed, {self.min} bytes", param, ctx)
+        if self.max is not None and n > self.max:
+            self.fail(f"{value!r} is more than the most allowed, {self.max} bytes", param, ctx)
+        return n
 
 
 def _namespace_option(f):
@@ -51,7 +116,9 @@ def _target_options(f):
     return _namespace_option(f)
 
 
-def _connect(namespace, url, token):
+def _connect(namespace, url, token, create=False):
+    """The broker the options name: remote with ``url``, else the local ``namespace``
+    (which must exist unless ``create``: see ``_local_broker``)."""
     if token is not None and _on_command_line("token"):
         click.echo(f"shmq: warning: {command_line_warning(os.getpid(), '$SHMQ_TOKEN')}", err=True)
     elif token is not None:
@@ -60,7 +127,18 @@ def _connect(namespace, url, token):
         from ..client.remote import RemoteBroker
 
         return RemoteBroker(url, token=token)
-    return Broker(namespace)
+    return _local_broker(namespace, create)
+
+
+def _local_broker(namespace, create=False):
+    """The local broker of ``namespace``. Only the commands that make things pass
+    ``create``: for the others a namespace that does not exist (a typo) is an error,
+    never a new empty namespace."""
+    try:
+        return Broker(namespace, create=create)
+    except FileNotFoundError:
+        raise ShmqError(f"no namespace {namespace!r} on this host (check --namespace / $SHMQ_NAMESPACE; "
+                        "'shmq namespace list' shows them)") from None
 
 
 def _json_option(f):
@@ -103,7 +181,9 @@ def _parse_headers(pairs):
 
 
 def _stop_on_signals():
-    """Make SIGINT and SIGTERM end --follow cleanly (at its next slice); returns a check."""
+    """Make SIGINT and SIGTERM set a flag instead of ending the process; returns the
+    check. The commands that run long (a --follow, consume's wait, produce's reading of
+    stdin) look at it at least every slice and stop cleanly, nothing lost."""
     import signal
 
     stop = []

@@ -18,7 +18,7 @@ def exchange():
 @click.option("--exist-ok", is_flag=True, help="Succeed if the exchange exists (of this type).")
 def exchange_create(name, namespace, url, token, type_, exist_ok):
     """Create an exchange."""
-    with _connect(namespace, url, token) as broker:
+    with _connect(namespace, url, token, create=True) as broker:
         broker.create_exchange(name, type=type_, exist_ok=exist_ok)
 
 

@@ -4,9 +4,8 @@ import os
 
 import click
 
-from ..engine.broker import Broker
 from ..errors import ShmqError
-from .app import _echo_json, _json_option, _namespace_option, main
+from .app import _echo_json, _json_option, _local_broker, _namespace_option, main
 
 
 @main.command()
@@ -18,7 +17,7 @@ def snapshot(name, namespace, data_dir):
     """Snapshot one queue (or every durable one) to .dmsq files now."""
     from ..persistence import Snapshotter, snapshot_queue
 
-    with Broker(namespace) as broker:
+    with _local_broker(namespace) as broker:
         if name:
             os.makedirs(data_dir, mode=0o700, exist_ok=True)
             q = broker.queue(name)
@@ -55,7 +54,7 @@ def restore(file, namespace, into):
     """Load a .dmsq file into a queue (created with the file's settings if needed)."""
     from ..persistence import restore_file
 
-    with Broker(namespace) as broker:
+    with _local_broker(namespace, create=True) as broker:
         name, n, error = restore_file(broker, file, into)
     if error and not name:
         raise ShmqError(error)

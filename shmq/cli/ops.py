@@ -1,6 +1,5 @@
 """``shmq server``, ``shmq doctor``, ``shmq bench``: running and looking after a broker."""
 
-import asyncio
 import logging
 import os
 import sys
@@ -9,7 +8,7 @@ import click
 
 from ..auth import command_line_warning
 from ..errors import ShmqError
-from .app import _echo_json, _json_option, _namespace_option, _on_command_line, main
+from .app import Size, _echo_json, _json_option, _namespace_option, _on_command_line, main
 
 
 @main.command()
@@ -23,8 +22,8 @@ from .app import _echo_json, _json_option, _namespace_option, _on_command_line, 
               help="Require the token in this file (0600; created with a new token if missing). "
                    "Default: $SHMQ_HOME/token (~/.local/state/shmq/token).")
 @click.option("--no-auth", is_flag=True, help="Require no token: every local user can use the queues over TCP.")
-@click.option("--max-frame-bytes", default=16 * 2**20, show_default=True, type=click.IntRange(1024, 2**31),
-              help="Largest frame accepted from a client.")
+@click.option("--max-frame-bytes", default="16MiB", show_default=True, type=Size(min=1024, max=2**31),
+              help="Largest frame accepted from a client (a size: 1048576, 1MiB...; at most 2GiB).")
 @click.option("--max-connections", type=click.IntRange(1), default=None,
               help="Open connections at most; more get LIMIT_EXCEEDED and are closed. [default: 1024]")
 @click.option("--max-waiting-per-connection", type=click.IntRange(1), default=None,
@@ -34,9 +33,9 @@ from .app import _echo_json, _json_option, _namespace_option, _on_command_line, 
                    "[default: 64]")
 @click.option("--max-prefetch", type=click.IntRange(1), default=None,
               help="Largest prefetch a SUBSCRIBE may ask for; more gets BAD_REQUEST. [default: 10000]")
-@click.option("--max-buffered-bytes", type=click.IntRange(1024), default=None,
+@click.option("--max-buffered-bytes", type=Size(min=1024), default=None,
               help="Bytes of unfinished big frames held across all connections; beyond, readers wait. "
-                   "At least --max-frame-bytes + 16. [default: 64 MiB]")
+                   "At least --max-frame-bytes + 16 (a size). [default: 64MiB]")
 @click.option("--frame-timeout", type=click.FloatRange(0, min_open=True), default=None,
               help="Seconds a frame may take from its first byte to its last; then the connection closes. "
                    "[default: 30]")
@@ -55,12 +54,16 @@ from .app import _echo_json, _json_option, _namespace_option, _on_command_line, 
 @click.option("--metrics", "metrics", default=None, metavar="HOST:PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds 127.0.0.1; "
                    "docs/METRICS.md). [default: off]")
+@click.option("--loop", "loop", envvar="SHMQ_LOOP", default="auto", show_default=True,
+              type=click.Choice(["auto", "asyncio", "uvloop"]),
+              help="The event loop: uvloop (faster TCP), asyncio's own, or auto: uvloop if installed. "
+                   "Also $SHMQ_LOOP.")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]),
               show_default=True)
 @click.option("--log-format", default="text", type=click.Choice(["text", "json"]), show_default=True,
               help="One line per event, with its fields: TIME shmq LEVEL message k=v..., or a JSON object.")
 def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, data_dir, no_persist,
-           snapshot_interval, fsync, log_level, log_format, metrics, **limits):
+           snapshot_interval, fsync, log_level, log_format, metrics, loop, **limits):
     """Run the broker: serve TCP clients, hold the namespace's registry, do housekeeping.
 
     Clients must present a token, by default one generated at the first start into
@@ -79,20 +82,25 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
         raise click.UsageError("--data-dir and --no-persist exclude each other")
     if data_dir is None and not no_persist:
         data_dir = default_data_dir(namespace)
+    from ..server import loops
     from ..server.main import parse_fsync, serve
     from ..server.metrics import parse_address
     from ..server.tcp import Limits
 
     parse_fsync(fsync)  # a bad policy is an error before anything starts
+    try:
+        loops.resolve(loop)  # so is --loop uvloop without uvloop
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     metrics = parse_address(metrics) if metrics is not None else None  # so is a bad --metrics
     limits = Limits(**{k: v for k, v in limits.items() if v is not None})  # the options left out: defaults
     if token is not None and not _on_command_line("token") and (token_file or no_auth):
         token = None  # --token-file and --no-auth win over $SHMQ_TOKEN
     if token is not None and _on_command_line("token"):
         logging.getLogger("shmq.server").warning(command_line_warning(os.getpid()))
-    asyncio.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
-                      snapshot_interval=snapshot_interval, fsync=fsync, token_file=token_file, no_auth=no_auth,
-                      limits=limits, metrics=metrics))
+    loops.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
+                    snapshot_interval=snapshot_interval, fsync=fsync, token_file=token_file, no_auth=no_auth,
+                    limits=limits, metrics=metrics), loop)
 
 
 @main.command()

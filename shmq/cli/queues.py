@@ -1,14 +1,19 @@
 """The queue commands: list, create, delete, purge, stats, top, produce, consume, peek, redrive."""
 
 import base64
+import json
+import os
 import sys
+import time
 
 import click
 
-from ..errors import QueueEmpty, ShmqError
+from ..errors import MessageTooLarge, QueueEmpty, ShmqError
 from .app import (
-    _connect, _echo_json, _echo_names, _json_option, _jsonable, _parse_headers, _target_options, main,
+    EXIT_EMPTY, Size, _connect, _echo_json, _echo_names, _json_option, _jsonable, _on_command_line, _parse_headers,
+    _stop_on_signals, _target_options, main,
 )
+from .framing import TERMINATORS, Batches
 from .streams import _streams_stats
 
 
@@ -25,9 +30,10 @@ def list_(namespace, url, token, as_json):
 @main.command()
 @click.argument("name")
 @_target_options
-@click.option("--max-bytes", type=click.IntRange(4096), default=64 * 2**20, show_default=True,
-              help="Ring size: bytes of records the queue holds.")
-@click.option("--max-message-bytes", type=click.IntRange(1), default=None, help="Largest body (default 1 MiB).")
+@click.option("--max-bytes", type=Size(min=4096), default="64MiB", show_default=True,
+              help="Ring size: bytes of records the queue holds (65536, 64KiB, 64MiB, 1GiB; KB, MB, GB: powers "
+                   "of 1000).")
+@click.option("--max-message-bytes", type=Size(min=1), default=None, help="Largest body (a size). [default: 1MiB]")
 @click.option("--visibility-timeout", type=click.FloatRange(0, min_open=True), default=30.0, show_default=True,
               help="Seconds a delivery stays leased.")
 @click.option("--max-deliveries", type=click.IntRange(1), default=None, help="Dead-letter after this many deliveries.")
@@ -57,7 +63,7 @@ def create(name, namespace, url, token, max_bytes, max_message_bytes, visibility
     kwargs.update((k, v) for k, v in options.items() if v is not None)  # the others: the broker's defaults
     if kwargs.get("priority_aging") == 0:
         kwargs["priority_aging"] = None  # strict
-    with _connect(namespace, url, token) as broker:
+    with _connect(namespace, url, token, create=True) as broker:
         broker.create_queue(name, max_bytes=max_bytes, max_message_bytes=max_message_bytes,
                             visibility_timeout=visibility_timeout, max_deliveries=max_deliveries,
                             dead_letter_queue=dead_letter_queue, exist_ok=exist_ok, **kwargs).close()
@@ -131,8 +137,12 @@ def top(namespace, url, token, sort, interval, once):
 @_target_options
 @click.option("-m", "--message", "messages", multiple=True, help="A message body (repeatable).")
 @click.option("--file", "file", type=click.File("rb"), default=None, help="One message: the whole file.")
+@click.option("-0", "--null", "framing", flag_value="nul",
+              help="Standard input holds NUL-terminated bodies (as find -print0 writes), not lines.")
+@click.option("--raw", "framing", flag_value="raw", help="Standard input is one body, read to its end as it is.")
 @click.option("--header", "header_pairs", multiple=True, metavar="KEY=VALUE", help="A header (repeatable).")
-@click.option("--timeout", type=click.FloatRange(0), default=None, help="Seconds to wait while the queue is full.")
+@click.option("--timeout", type=click.FloatRange(0), default=None,
+              help="Seconds a put may wait while the queue is full. [default: as long as it takes]")
 @click.option("--priority", type=int, default=0, show_default=True, help="Priority level (higher: delivered first).")
 @click.option("--delay", type=float, default=0.0, show_default=True, help="Seconds before they are ready.")
 @click.option("--ttl", type=float, default=None, help="Seconds they may wait to be delivered; then dropped.")
@@ -140,64 +150,165 @@ def top(namespace, url, token, sort, interval, once):
 @click.option("--dedup-id", default=None,
               help="Deduplication id (one message): dropped if one with this id was put within the dedup window.")
 @_json_option
-def produce(name, namespace, url, token, messages, file, header_pairs, timeout, priority, delay, ttl, group, dedup_id,
-            as_json):
-    """Put messages: -m TEXT, --file F, or one per line of standard input."""
+def produce(name, namespace, url, token, messages, file, framing, header_pairs, timeout, priority, delay, ttl, group,
+            dedup_id, as_json):
+    """Put messages: -m TEXT, --file F, or standard input, one message per line (-0:
+    NUL-terminated; --raw: all of it, one message).
+
+    Standard input is put as it is read, in batches of up to 64 KiB or 1024 messages or
+    what came within 50 ms; a full queue makes it wait for room. SIGINT or SIGTERM stops
+    the reading: what was read is still put (an unterminated last line is not; a
+    warning says so), then it exits 0."""
     headers = _parse_headers(header_pairs)
     if messages and file:
         raise click.UsageError("give -m or --file, not both")
-    if messages:
-        bodies = [m.encode() for m in messages]
-    elif file is not None:
-        bodies = [file.read()]
-    else:
-        bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer]
-    if dedup_id is not None and len(bodies) != 1:
-        raise ShmqError(f"--dedup-id names one message, not {len(bodies)}")
-    options = {"priority": priority, "delay": delay, "ttl": ttl}
+    if framing and (messages or file):
+        raise click.UsageError(f"--{'raw' if framing == 'raw' else 'null'} reads standard input: "
+                               "not with -m or --file")
+    reader = None
     with _connect(namespace, url, token) as broker:
-        q = broker.queue(name)
-        if group is None and dedup_id is None:
-            ids = q.put_many([(b, headers) for b in bodies], timeout=timeout, **options) if bodies else []
-        else:  # put_many takes neither: one put each
-            ids = [q.put(b, headers, timeout=timeout, group=group, dedup_id=dedup_id, **options) for b in bodies]
+        q = broker.queue(name)  # a typo fails before anything is read
+        if messages:
+            batches = [[m.encode() for m in messages]]
+        elif file is not None:
+            batches = [[file.read()]]
+        elif framing == "raw":
+            batches = [[sys.stdin.buffer.read()]]
+        else:
+            reader = batches = Batches(sys.stdin.fileno(), b"\0" if framing == "nul" else b"\n", _stop_on_signals())
+        if dedup_id is not None:  # one message: read it all before putting anything
+            batches = [[body for batch in batches for body in batch]]
+            if len(batches[0]) != 1:
+                raise ShmqError(f"--dedup-id names one message, not {len(batches[0])}")
+        ids = []
+        put = _Putter(q, ids, headers, timeout, group, dedup_id, priority=priority, delay=delay, ttl=ttl)
+        for batch in batches:
+            put(batch)
+    if reader is not None and reader.unterminated:
+        click.echo(f"shmq: warning: stopped: the last {reader.unterminated} byte(s) read had no terminator yet and "
+                   "were not put", err=True)
     if as_json:
         _echo_json({"queue": name, "ids": ids})
     else:
         click.echo(f"produced {len(ids)} message(s) to {name}" + (f": ids {ids[0]}..{ids[-1]}" if ids else ""))
 
 
+class _Putter:
+    """Puts batches of bodies in order, appending their ids to ``ids``: one put_many each
+    (all or nothing), or one put each with a group or a dedup id (put_many takes
+    neither). A batch too large for the queue's ring is put in halves. An error names
+    the first message not put and how many were put before it."""
+
+    def __init__(self, q, ids, headers, timeout, group, dedup_id, **options):
+        self.q, self.ids, self.headers, self.timeout = q, ids, headers, timeout
+        self.group, self.dedup_id, self.options = group, dedup_id, options
+
+    def __call__(self, batch):
+        if self.group is not None or self.dedup_id is not None:
+            for body in batch:
+                self._put([body], lambda: [self.q.put(body, self.headers, timeout=self.timeout, group=self.group,
+                                                      dedup_id=self.dedup_id, **self.options)])
+            return
+        try:
+            self._put(batch, lambda: self.q.put_many(batch, timeout=self.timeout, headers=self.headers,
+                                                     **self.options))
+        except MessageTooLarge:  # a batch of several: all or nothing, so neither half is in the queue yet
+            half = len(batch) // 2
+            self(batch[:half])
+            self(batch[half:])
+
+    def _put(self, batch, put):
+        try:
+            self.ids += put()
+        except ShmqError as e:
+            if isinstance(e, MessageTooLarge) and len(batch) > 1:
+                raise  # the caller halves the batch
+            done = len(self.ids)
+            if len(batch) == 1:
+                raise ShmqError(f"message {done + 1} not put: {e} ({done} message(s) before it were put)") from None
+            raise ShmqError(f"messages {done + 1}..{done + len(batch)} not put: {e} ({done} message(s) before "
+                            "them were put)") from None
+
+
+CONSUME_BATCH = 256  # the most messages one get takes (and holds leased until they are written)
+CONSUME_SLICE_S = 0.25  # a wait is cut in slices this long: a stop signal is seen within one
+
+
 @main.command()
 @click.argument("name")
 @_target_options
-@click.option("-n", "count", type=click.IntRange(1), default=1, show_default=True, help="At most this many.")
+@click.option("-n", "count", type=click.IntRange(1), default=1, show_default=True, help="Take up to this many.")
 @click.option("--wait", type=click.FloatRange(0), default=0.0, show_default=True,
-              help="Seconds to wait for the first message.")
+              help="Seconds to wait, in all, for the -n messages; then it returns what it got (0: what is ready "
+                   "now).")
+@click.option("--follow", is_flag=True, help="Keep consuming until SIGINT or SIGTERM (then it exits 0).")
+@click.option("-0", "--null", "framing", flag_value="nul", help="End each body with a NUL byte, not a newline.")
+@click.option("--raw", "framing", flag_value="raw", help="Write one body as it is, nothing after it (only with -n 1).")
 @click.option("--no-ack", "mode", flag_value="no-ack", help="Leave them leased (they come back when it lapses).")
 @click.option("--requeue", "mode", flag_value="requeue", help="Put them back (nack) after printing.")
 @_json_option
-def consume(name, namespace, url, token, count, wait, mode, as_json):
-    """Get messages, print them, and ack them (unless --no-ack or --requeue)."""
-    got = []
+def consume(name, namespace, url, token, count, wait, follow, framing, mode, as_json):
+    """Take messages, print them, and ack them (unless --no-ack or --requeue).
+
+    Each body is written as it is, then a newline (a body holding a newline reads as two
+    lines: use -0 or --json for such bodies). A message is acked only after its output
+    was written and flushed: at least once, never lost. Exits 3 when no message came
+    before the wait ended."""
+    if follow and (_on_command_line("count") or _on_command_line("wait")):
+        raise click.UsageError("--follow takes neither -n nor --wait: it consumes until it is stopped")
+    if follow and mode == "requeue":
+        raise click.UsageError("--requeue with --follow would take the same messages again and again")
+    if framing == "raw" and (count > 1 or follow):
+        raise click.UsageError("--raw writes one body as it is: use -0 to take more than one")
+    if as_json and framing:
+        raise click.UsageError("--json is a format of its own: not with -0 or --raw")
+    stopped = _stop_on_signals()
+    deadline = time.monotonic() + wait
+    taken, requeue = 0, []
     with _connect(namespace, url, token) as broker:
         q = broker.queue(name)
-        while len(got) < count:
+        while follow or taken < count:
+            left = CONSUME_SLICE_S if follow else min(CONSUME_SLICE_S, max(0.0, deadline - time.monotonic()))
             try:
-                got += q.get_many(count - len(got), timeout=wait if not got else 0)
+                got = q.get_many(CONSUME_BATCH if follow else min(CONSUME_BATCH, count - taken), timeout=left)
             except QueueEmpty:
+                got = []
+            if got:
+                _write_deliveries(name, got, TERMINATORS[framing or "lines"], as_json)
+                taken += len(got)
+                if mode == "requeue":
+                    requeue += got  # at the end: put back now, they would be taken again
+                elif mode != "no-ack":
+                    q.ack_many(got)
+            if stopped() or (not follow and not got and time.monotonic() >= deadline):
                 break
-        for d in got:
-            if as_json:
-                _echo_json({"queue": name, "id": d.id, "attempt": d.attempt, "headers": _jsonable(d.headers),
-                            "body": d.body.decode("utf-8", "replace"),
-                            "body_base64": base64.b64encode(d.body).decode()})
-            else:
-                click.echo(d.body.decode("utf-8", "replace"))
-        if mode == "requeue":
-            for d in got:
-                d.nack()
-        elif mode != "no-ack" and got:
-            q.ack_many(got)
+        for d in requeue:
+            d.nack()
+    if not taken and not follow:
+        sys.exit(EXIT_EMPTY)
+
+
+def _write_deliveries(name, deliveries, end, as_json):
+    """Write ``deliveries`` to stdout and flush. If stdout is gone (a closed pipe), they
+    are put back (nacked) and it is an error."""
+    if as_json:
+        data = b"".join(json.dumps({"queue": name, "id": d.id, "attempt": d.attempt, "headers": _jsonable(d.headers),
+                                    "body": d.body.decode("utf-8", "replace"),
+                                    "body_base64": base64.b64encode(d.body).decode()}, sort_keys=True).encode() + b"\n"
+                        for d in deliveries)
+    else:
+        data = b"".join(bytes(d.body) + end for d in deliveries)
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        for d in deliveries:
+            d.nack()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
+        os.close(devnull)
+        raise ShmqError(f"standard output was closed: the last {len(deliveries)} message(s) taken were put "
+                        "back") from None
 
 
 @main.command()

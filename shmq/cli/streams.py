@@ -9,7 +9,8 @@ import click
 from ..errors import OffsetOutOfRange, ShmqError
 from ..spark.staging import staged_by_writer
 from .app import (
-    _connect, _echo_json, _echo_names, _json_option, _jsonable, _parse_headers, _print_table, _stop_on_signals, _target_options, main,
+    Size, _connect, _echo_json, _echo_names, _json_option, _jsonable, _parse_headers, _print_table, _stop_on_signals,
+    _target_options, main,
 )
 
 
@@ -43,13 +44,14 @@ def stream_group():
 @click.argument("name")
 @_target_options
 @click.option("--partitions", type=int, default=4, show_default=True, help="Partitions (at most 256).")
-@click.option("--max-bytes", type=int, default=64 * 2**20, show_default=True,
-              help="Each partition's ring in shared memory: the newest records it keeps.")
-@click.option("--max-message-bytes", type=int, default=2**20, show_default=True,
-              help="Largest record: key, headers and value.")
+@click.option("--max-bytes", type=Size(), default="64MiB", show_default=True,
+              help="Each partition's ring in shared memory: the newest records it keeps (a size: 65536, 64KiB, "
+                   "64MiB...).")
+@click.option("--max-message-bytes", type=Size(), default="1MiB", show_default=True,
+              help="Largest record: key, headers and value (a size).")
 @click.option("--retention", type=click.Choice(["drop", "block"]), default="drop", show_default=True,
               help="When a partition is full: drop its oldest records, or make appends wait for the slowest group.")
-@click.option("--retention-bytes", type=int, default=None, help="Bound of a wal stream's logs on disk.")
+@click.option("--retention-bytes", type=Size(), default=None, help="Bound of a wal stream's logs on disk (a size).")
 @click.option("--retention-seconds", type=float, default=None, help="Age bound of a wal stream's logs on disk.")
 @click.option("--group-idle-timeout", type=float, default=300.0, show_default=True,
               help="Seconds after which a group without live members stops holding back --retention block.")
@@ -58,7 +60,7 @@ def stream_group():
 @click.option("--exist-ok", is_flag=True, help="Succeed if the stream exists.")
 def stream_create(name, namespace, url, token, **options):
     """Create a stream."""
-    with _connect(namespace, url, token) as broker, broker.create_stream(name, **options) as s:
+    with _connect(namespace, url, token, create=True) as broker, broker.create_stream(name, **options) as s:
         partitions = s.partitions
     click.echo(f"created stream {name} ({partitions} partitions)")
 

@@ -1,21 +1,26 @@
-"""The asyncio TCP client: ``broker = await shmq.client.aio.connect("tcp://host:port")``.
+"""The asyncio TCP client: ``broker = await shmq.aio.connect("tcp://host:port")``.
 
 Strategy: the calls and the connection's state are the sans-IO core's
 (``shmq.client.core``); this module moves their bytes over one stream, many requests
 in flight. Each request waits on a future keyed by its msg id; one reader task feeds
 the core what arrives and wakes the requests it answers, in whatever order the server
 sends them, so a waiting ``get`` never holds back a ``put`` on the same connection.
-When the connection ends (lost, closed, or an error with msg id 0 such as too many
-connections) every waiting request, and every later one, raises why.
+A request whose task is cancelled is forgotten, and what its late reply takes for the
+connection (a CONSUME's messages) the core gives back. When the connection ends (lost,
+closed, or an error with msg id 0 such as too many connections) every waiting request
+raises why; a call after that connects again first, as ``options.ConnectOptions`` say,
+and runs on one connection from start to end, so nothing is ever sent twice.
 """
 
 import asyncio
+import functools
 from collections import deque
 
 from ..errors import BrokerUnavailable
 from ..protocol import MsgType
 from ..protocol.forms import from_pairs, max_records_field
-from .core import BrokerCalls, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, driven
+from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, driven
+from .options import ConnectOptions
 from .streams import ConsumerCalls, StreamCalls
 from .subscription import SubscriptionCalls
 
@@ -23,10 +28,11 @@ __all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery", "AsyncSubscr
            "AsyncConsumer"]
 
 
-async def connect(url: str, token: str | None = None) -> "AsyncBroker":
-    """Open a connection to ``shmq server`` and say HELLO (with ``token``, else
-    $SHMQ_TOKEN, else your own server's token on this host: see shmq.auth)."""
-    broker = AsyncBroker(url, token)
+async def connect(url: str, token: str | None = None, **options) -> "AsyncBroker":
+    """Open a connection to ``shmq server`` and say HELLO (with ``token``, else the url's,
+    else $SHMQ_TOKEN, else your own server's token on this host: see shmq.auth).
+    ``options``: ``shmq.connect``'s (timeouts, reconnecting: ``options.ConnectOptions``)."""
+    broker = AsyncBroker(url, token, **options)
     await broker._open()
     return broker
 
@@ -135,6 +141,20 @@ class AsyncStream(StreamCalls):
     _consumer_class = AsyncConsumer
 
 
+class _Link:
+    """One connection: its core, its writer and reader task, the futures of its requests
+    waiting for replies (by msg id) and of its subscriptions waiting for pushes (by id)."""
+
+    __slots__ = ("core", "writer", "reader", "pending", "pushed")
+
+    def __init__(self, core, writer):
+        self.core = core
+        self.writer = writer
+        self.reader = None
+        self.pending = {}
+        self.pushed = {}
+
+
 class AsyncBroker(BrokerCalls):
     """The broker API, awaitable: create_queue, queue, list_queues, delete_queue,
     create_stream, stream, list_streams, delete_stream, the exchanges (create_exchange,
@@ -144,38 +164,29 @@ class AsyncBroker(BrokerCalls):
     _queue_class = AsyncQueue
     _stream_class = AsyncStream
 
-    def __init__(self, url, token=None):
+    def __init__(self, url, token=None, **options):
         super().__init__(url, token)
-        self._pending = {}  # msg id -> a future set once the core knows its outcome
-        self._pushed = {}  # subscription id -> a future set when something is pushed for it
-        self._core.on_push = self._on_push
-        self._writer = None
-        self._reader_task = None
+        self.options = ConnectOptions(**options)
         self.server_info = None
+        self._link = None
+        self._closed = False
+        self._opening = asyncio.Lock()  # one task reconnects, the others wait for its outcome
+        self._rounds = 0  # reconnects given up, and the error of the last one
+        self._gave_up = None
+
+    def __repr__(self):
+        return f"<shmq.AsyncBroker {self.url}>"
 
     async def _open(self):
-        try:
-            reader, self._writer = await asyncio.open_connection(self.host, self.port)
-        except OSError as e:
-            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {e.strerror or e}") from None
-        self._reader_task = asyncio.create_task(self._read(reader))
-        try:
-            self.server_info = await self._hello("shmq-python-aio", self._writer.get_extra_info("sockname"),
-                                                 self._writer.get_extra_info("peername"))
-        except BaseException:
-            await self.close()
-            raise
+        self._link = await self._connect(self._core)
 
     async def close(self):
-        self._wake(self._core.close())
-        if self._writer is not None:
-            self._writer.close()
-            try:
-                await self._writer.wait_closed()
-            except OSError:
-                pass
-        if self._reader_task is not None:
-            await asyncio.gather(self._reader_task, return_exceptions=True)
+        """Close the connection; the handle never reconnects after this."""
+        self._closed = True
+        link = self._link
+        if link is not None:
+            self._wake(link, link.core.close())
+            await self._shut(link)
 
     async def __aenter__(self):
         return self
@@ -183,74 +194,178 @@ class AsyncBroker(BrokerCalls):
     async def __aexit__(self, *exc):
         await self.close()
 
-    # ---------------------------------------------------------------- transport
-    async def _read(self, reader):
-        """Feed the core what arrives until the connection ends."""
+    # ---------------------------------------------------------------- connecting
+    async def _connect(self, core) -> _Link:
+        """A new connection with ``core`` for its state, HELLO said, both within the
+        connect limit; BrokerUnavailable if the endpoint cannot be reached."""
+        limit = self.options.connect_limit
         try:
-            while not self._core.failed:
-                self._wake(self._core.receive_data(await reader.read(65536)))
-        except Exception as e:  # OSError; anything else must not leave requests waiting either
-            self._wake(self._core.connection_lost(e))
-        finally:
-            self._writer.close()
-            for sid in list(self._pushed):
-                self._on_push(sid)
+            async with asyncio.timeout(limit):
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+        except TimeoutError:
+            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: no answer within {limit:g}s") from None
+        except OSError as e:
+            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {e.strerror or e}") from None
+        link = _Link(core, writer)
+        core.on_push = functools.partial(self._on_push, link)
+        link.reader = asyncio.create_task(self._read(link, reader))
+        try:
+            hello = BrokerCalls._hello.__wrapped__(self, "shmq-python-aio", writer.get_extra_info("sockname"),
+                                                   writer.get_extra_info("peername"))
+            self.server_info = await self._run(hello, link, limit)
+        except BaseException:
+            self._wake(link, core.close())
+            await self._shut(link)
+            raise
+        return link
 
-    def _on_push(self, sid):
-        waiter = self._pushed.pop(sid, None)
+    async def _reconnected(self, lost) -> _Link:
+        """The connection to use instead of ``lost``: one another task made meanwhile, or a
+        new one (``options``: retries, backoff); else why not (BrokerUnavailable naming
+        the endpoint; ``lost``'s error if the handle was closed or does not reconnect)."""
+        rounds = self._rounds
+        async with self._opening:
+            if self._link is not lost:
+                return self._link
+            if self._closed or not self.options.reconnect:
+                raise lost.core.ended_error()
+            if self._rounds != rounds:  # another task gave up while this one waited for it
+                raise self._gave_up()
+            await self._shut(lost)
+            loop = asyncio.get_running_loop()
+            start, tries = loop.time(), 0
+            for pause in self.options.pauses():
+                if pause:
+                    await asyncio.sleep(pause)
+                tries += 1
+                try:
+                    link = await self._connect(ClientCore(self.endpoint))
+                except BrokerUnavailable as e:
+                    error = e
+                    continue
+                self._link, self._core = link, link.core
+                return link
+            self._rounds += 1
+            spent = loop.time() - start
+            self._gave_up = functools.partial(
+                BrokerUnavailable, f"{error} (gave up reconnecting after {tries} tries in {spent:.1f}s)")
+            raise self._gave_up()
+
+    async def _shut(self, link):
+        """Close ``link``'s stream and wait for its reader task to end."""
+        link.writer.close()
+        try:
+            await link.writer.wait_closed()
+        except OSError:
+            pass
+        if link.reader is not None:
+            await asyncio.gather(link.reader, return_exceptions=True)
+
+    # ---------------------------------------------------------------- transport
+    async def _read(self, link, reader):
+        """Feed the core what arrives until the connection ends; write what the core
+        sends by itself (the give-backs of abandoned requests)."""
+        core = link.core
+        try:
+            while not core.failed:
+                self._wake(link, core.receive_data(await reader.read(65536)))
+                out = core.outgoing()
+                if out and not core.failed:
+                    link.writer.write(out)
+        except Exception as e:  # OSError; anything else must not leave requests waiting either
+            self._wake(link, core.connection_lost(e))
+        finally:
+            link.writer.close()
+            for sid in list(link.pushed):
+                self._on_push(link, sid)
+
+    def _on_push(self, link, sid):
+        waiter = link.pushed.pop(sid, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     def _post(self, msg_type, payload=None) -> None:
         """Send one request without waiting for its reply (``ClientCore.post``)."""
-        self._writer.write(self._core.post(msg_type, payload))  # raises once the connection has ended
+        self._post_on(self._link, msg_type, payload)
 
-    async def _receive(self, sid) -> None:
-        """Wait until something is pushed for subscription ``sid``."""
-        core = self._core
+    @staticmethod
+    def _post_on(link, msg_type, payload=None) -> None:
+        link.writer.write(link.core.post(msg_type, payload))  # raises once the connection has ended
+
+    async def _receive(self, link, step) -> None:
+        """Wait until something is pushed for subscription ``step.sid``."""
+        core, sid = step.core, step.sid
         while not core.pushes(sid):
-            if core.failed:
+            if core.failed or core is not link.core:
                 raise core.ended_error()
-            waiter = self._pushed[sid] = asyncio.get_running_loop().create_future()
+            waiter = link.pushed[sid] = asyncio.get_running_loop().create_future()
             await waiter
 
-    def _wake(self, msg_ids):
+    @staticmethod
+    def _wake(link, msg_ids):
         for msg_id in msg_ids:
-            answered = self._pending.pop(msg_id, None)
+            answered = link.pending.pop(msg_id, None)
             if answered is not None and not answered.done():
                 answered.set_result(None)
 
-    async def _request(self, msg_type, payload=None) -> dict:
-        """Send one request and return its reply payload (or raise its error)."""
-        msg_id, data = self._core.send(msg_type, payload)  # raises once the connection has ended
-        answered = self._pending[msg_id] = asyncio.get_running_loop().create_future()
+    async def _exchange(self, link, msg_type, payload=None, limit=None) -> dict:
+        """Send one request on ``link`` and return its reply's payload (or raise its error)."""
+        core = link.core
+        msg_id, data = core.send(msg_type, payload)  # raises once the connection has ended
+        answered = link.pending[msg_id] = asyncio.get_running_loop().create_future()
+        if limit is None:
+            limit = self.options.reply_limit(msg_type, payload)
         try:
-            self._writer.write(data)
-            await self._writer.drain()
-            await answered
+            async with asyncio.timeout(limit):
+                link.writer.write(data)
+                await link.writer.drain()
+                await answered
+        except TimeoutError:  # this request's limit: a late reply would come to nobody
+            self._wake(link, core.timed_out(msg_type, limit))
+            link.writer.close()
         except OSError as e:
-            self._wake(self._core.connection_lost(e))
+            self._wake(link, core.connection_lost(e))
+        except BaseException:  # cancelled: its caller is gone; what the reply takes is given back
+            core.forget(msg_id, msg_type, payload)
+            out = core.outgoing()
+            if out:
+                link.writer.write(out)
+            raise
         finally:
-            self._pending.pop(msg_id, None)
-            if not answered.done() or answered.cancelled():  # its caller is gone: drop the reply
-                self._core.forget(msg_id)
-        return self._core.result(msg_id)
+            link.pending.pop(msg_id, None)
+        return core.result(msg_id)
+
+    async def _request(self, msg_type, payload=None) -> dict:
+        """One request, as it is, and its reply's payload (or its error)."""
+        return await self._drive(_one(Send(msg_type, payload)))
 
     async def _drive(self, call):
-        """Run one call of the core: send its requests, sleep its pauses, return its result."""
+        """Run one call of the core on the connection, made again first if it was lost."""
+        link = self._link
+        if link.core.failed:
+            link = await self._reconnected(link)
+        return await self._run(call, link)
+
+    async def _run(self, call, link, limit=None):
+        """Run ``call`` on ``link``: send its requests, sleep its pauses, return its result.
+        ``limit``: seconds each reply may take (None: as ``options`` say)."""
         run = Run(call)
         for step in run:
             try:
                 if isinstance(step, Pause):
                     run.send(await asyncio.sleep(step.seconds))
                 elif isinstance(step, Post):
-                    self._post(step.msg_type, step.payload)
-                    await self._writer.drain()
+                    self._post_on(link, step.msg_type, step.payload)
+                    await link.writer.drain()
                     run.send(None)
                 elif isinstance(step, Receive):
-                    run.send(await self._receive(step.sid))
+                    run.send(await self._receive(link, step))
                 else:
-                    run.send(await self._request(step.msg_type, step.payload))
+                    run.send(await self._exchange(link, step.msg_type, step.payload, limit))
             except Exception as e:
                 run.throw(e)
         return run.result
+
+
+def _one(step):
+    return (yield step)

@@ -7,7 +7,10 @@ and encodes them (``send``), takes whatever bytes arrive (``receive_data``), mat
 replies to requests by msg id in any order, and turns error replies into the engine's
 exceptions through the one table (``protocol.status``). An error with msg id 0 answers
 the whole connection (too many connections, a frame timeout, bad magic): like a lost
-connection, it ends every waiting request and every later one.
+connection, it ends every waiting request and every later one (a transport then makes a
+new connection, with a new core). A request whose caller went away is forgotten, and
+what its late reply took for the connection the core gives back by itself (``forget``,
+``outgoing``).
 
 Each API call is written once, as a generator that yields what it needs done: ``Send``
 a request (the reply's payload is sent back in, an error reply is thrown in) or
@@ -20,19 +23,22 @@ result, the asyncio one returns a coroutine that does, as redis-py's commands re
 whatever ``execute_command`` returns.
 """
 
+import dataclasses
 import functools
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from ..auth import client_token, refused
+from ..engine.delivery import Processing, raw_body
 from ..engine.exchange import check_pattern, check_routing_key
 from ..engine.rpc import CORRELATION_ID
 from ..engine.rpc import reply_headers as rpc_reply_headers
 from ..errors import BrokerUnavailable, ProtocolError, QueueEmpty, QueueFull, QueueNotFound, Unauthorized
-from ..errors import DeliveryExpired
+from ..errors import DeliveryExpired, SerializationError, ShmqError
+from ..serializers import dump, load
+from ..serializers import resolve as resolve_serializer
 from ..protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, Status, encode_request, error_from_reply
 from ..protocol.forms import (
     DEFAULT_MAX_BYTES,
@@ -41,20 +47,26 @@ from ..protocol.forms import (
     create_fields,
     message_fields,
     message_from_fields,
+    messages_fields,
     ms,
     put_fields,
     stats_from_fields,
     stream_create_fields,
 )
+from .options import parse_url, split_url
 
 __all__ = ["ClientCore", "Send", "Pause", "Post", "Receive", "Run", "driven", "retry_while_full", "waiting",
-           "BrokerCalls", "QueueCalls", "DeliveryCalls", "parse_url", "CONSUME_SLICE_MS", "PUT_RETRY_S"]
+           "BrokerCalls", "QueueCalls", "DeliveryCalls", "parse_url", "CONSUME_SLICE_MS", "PUT_RETRY_S",
+           "HELLO_MSG_ID"]
 
 CONSUME_SLICE_MS = 5000  # a blocking get waits in slices, so the connection never idles for long
 PUT_RETRY_S = (0.0005, 0.05)  # backoff between PRODUCE retries on QUEUE_FULL: first, most
 MAX_REPLY_BYTES = 2**31 - 1  # the client trusts its server's reply sizes
-DEFAULT_PORT = 7878
+# HELLO's msg id: its header then ends in CR LF, so a peer that reads lines (an HTTP server)
+# answers at once, and the client learns it reached no shmq server without waiting out a timeout
+HELLO_MSG_ID = 0x0D0A
 _DELIVER = PushType.DELIVER | REPLY_BIT
+_GIVEN_BACK = (MsgType.CONSUME, MsgType.SUBSCRIBE, MsgType.JOIN)  # abandoned, what they took is given back
 _log = logging.getLogger("shmq.client")
 
 
@@ -74,14 +86,6 @@ class _PushEnd:
         self.msg_id = 0
 
 
-def parse_url(url: str) -> tuple[str, int]:
-    """(host, port) of ``tcp://host[:port]``; ValueError for anything else."""
-    parts = urlsplit(url)
-    if parts.scheme != "tcp" or not parts.hostname:
-        raise ValueError(f"unsupported broker url {url!r}: use tcp://host:port")
-    return parts.hostname, parts.port or DEFAULT_PORT
-
-
 # ---------------------------------------------------------------- the connection
 class ClientCore:
     """One connection's state, without its socket: requests out, replies in by msg id."""
@@ -93,10 +97,13 @@ class ClientCore:
         self._waiting = set()  # msg ids sent and not yet answered
         self._replies = {}  # msg id -> its reply frame, until result() takes it
         self._end = None  # () -> the exception that ended the connection
-        self._unwaited = set()  # msg ids posted without waiting (ack(wait=False), CANCEL)
+        self._unwaited = {}  # msg id posted without waiting -> whether its error is raised later (``post``)
         self._deferred = None  # the first error of an unwaited request, raised by the next call
         self._pushes = {}  # subscription id -> deque of pushed messages (and its end, an exception)
         self._cancelled = set()  # subscriptions cancelled: what is still pushed for them was given back
+        self._abandoned = {}  # msg id -> (type, fields) of a request whose caller went away (``forget``)
+        self._outbox = []  # requests the core itself sends: the give-backs of abandoned ones
+        self._first = b""  # the first bytes read, until a frame is: what a peer that is no shmq server said
         self.on_push = None  # called with a subscription id when a push for it arrives (asyncio)
 
     @property
@@ -111,10 +118,13 @@ class ClientCore:
             raise self._end()
         if check:
             self.raise_deferred()
-        self._last_id = self._last_id % 0xFFFFFFFF + 1  # 1 .. 2**32-1: msg id 0 speaks for the connection
-        data = encode_request(msg_type, self._last_id, payload)
-        self._waiting.add(self._last_id)
-        return self._last_id, data
+        if msg_type == MsgType.HELLO:  # the first request: no other is in flight to share its id
+            msg_id = HELLO_MSG_ID
+        else:  # 1 .. 2**32-1: msg id 0 speaks for the connection
+            msg_id = self._last_id = self._last_id % 0xFFFFFFFF + 1
+        data = encode_request(msg_type, msg_id, payload)
+        self._waiting.add(msg_id)
+        return msg_id, data
 
     def receive_data(self, data) -> list[int]:
         """Take bytes read off the connection (b"" once the server closed it); returns the
@@ -123,16 +133,24 @@ class ClientCore:
             return self.connection_lost("connection closed by the server")
         if self._end is not None:
             return []
+        if self._first is not None:
+            self._first = (self._first + data)[:40]
         self._decoder.feed(data)
         done = []
         try:
             for frame in self._decoder.frames():
+                self._first = None
                 if frame.msg_id in self._waiting:
                     self._waiting.discard(frame.msg_id)
                     if self._unwaited and frame.msg_id in self._unwaited:
-                        self._unwaited.discard(frame.msg_id)
-                        if frame.status != Status.OK:
+                        if self._unwaited.pop(frame.msg_id) and frame.status != Status.OK:
                             self._defer(error_from_reply(frame, self.endpoint), frame)
+                        continue
+                    if self._abandoned and frame.msg_id in self._abandoned:
+                        if frame.status == Status.OK:
+                            self._give_back(*self._abandoned.pop(frame.msg_id), frame.payload)
+                        else:
+                            del self._abandoned[frame.msg_id]
                         continue
                     self._replies[frame.msg_id] = frame
                     done.append(frame.msg_id)
@@ -141,14 +159,16 @@ class ClientCore:
                 elif frame.msg_id == 0 and frame.type == _DELIVER:
                     self._pushed(frame.payload)
         except ProtocolError as e:  # the server's bytes cannot be read: the connection is over
-            return done + self._ended(functools.partial(ProtocolError, str(e), e.status, e.msg_id, e.fatal))
+            text = str(e) if self._first is None else \
+                f"{self.endpoint} is not an shmq server: it answered {self._first!r} ({e})"
+            return done + self._ended(functools.partial(ProtocolError, text, e.status, e.msg_id, e.fatal))
         return done
 
     def post(self, msg_type: int, payload: dict | None = None) -> bytes:
         """The bytes of a request nobody waits for (``ack(wait=False)``, CANCEL): its reply
         is dropped when it comes, an error reply logged and raised by the next call."""
         msg_id, data = self.send(msg_type, payload, check=False)
-        self._unwaited.add(msg_id)
+        self._unwaited[msg_id] = True
         return data
 
     def _defer(self, error, frame):
@@ -168,8 +188,8 @@ class ClientCore:
         if type(sid) is not int or sid in self._cancelled:
             return  # given back by its CANCEL
         buf = self._pushes.get(sid)
-        if buf is None:
-            buf = self._pushes[sid] = deque()  # pushed before the SUBSCRIBE reply was read
+        if buf is None:  # pushed before the SUBSCRIBE reply was read (setdefault: another thread may be at it)
+            buf = self._pushes.setdefault(sid, deque())
         buf.extend(p.get("messages") or ())
         if "status" in p:  # the server ended it
             buf.append(error_from_reply(_PushEnd(p["status"], p), self.endpoint))
@@ -177,10 +197,11 @@ class ClientCore:
             self.on_push(sid)
 
     def pushes(self, sid: int) -> deque:
-        """The messages pushed for subscription ``sid`` not yet taken (a live deque)."""
+        """The messages pushed for subscription ``sid`` not yet taken (a live deque; its
+        iteration may take from it while another thread reads the socket)."""
         buf = self._pushes.get(sid)
         if buf is None:
-            buf = self._pushes[sid] = deque()
+            buf = self._pushes.setdefault(sid, deque())
         return buf
 
     def unsubscribe(self, sid: int) -> None:
@@ -208,14 +229,57 @@ class ClientCore:
             raise error_from_reply(frame, self.endpoint)
         return frame.payload
 
-    def forget(self, msg_id: int) -> None:
-        """The caller of ``msg_id`` went away (a cancelled task): drop its reply."""
-        self._waiting.discard(msg_id)
-        self._replies.pop(msg_id, None)
+    def forget(self, msg_id: int, msg_type: int | None = None, fields: dict | None = None) -> None:
+        """The caller of request ``msg_id`` (of ``msg_type``, with ``fields``) went away (a
+        cancelled task): drop its reply. What a CONSUME, SUBSCRIBE or JOIN answered, now or
+        later, took for this connection is given back, as nobody will settle or use it:
+        the leased messages nacked (ready at once; as after a disconnect, the attempt
+        counts), the subscription cancelled, the member gone (``outgoing``)."""
+        frame = self._replies.pop(msg_id, None)
+        if msg_type not in _GIVEN_BACK:
+            self._waiting.discard(msg_id)
+        elif frame is not None:
+            if frame.status == Status.OK:
+                self._give_back(msg_type, fields, frame.payload)
+        elif msg_id in self._waiting:
+            self._abandoned[msg_id] = (msg_type, fields)
+
+    def _give_back(self, msg_type, fields, reply):
+        if self._end is not None:
+            return  # the server gave back everything of the connection
+        if msg_type == MsgType.CONSUME:
+            tags = [m["delivery"] for m in reply.get("messages") or ()]
+            if tags:
+                self._quietly(MsgType.NACK, {"queue": fields["queue"], "deliveries": tags, "delay_ms": 0})
+        elif msg_type == MsgType.SUBSCRIBE:
+            self.unsubscribe(reply["subscription"])
+            self._quietly(MsgType.CANCEL, {"subscription": reply["subscription"], "delivered": 0})
+        else:
+            self._quietly(MsgType.LEAVE, {"stream": fields["stream"], "member": reply["member"]})
+
+    def _quietly(self, msg_type, fields):
+        msg_id, data = self.send(msg_type, fields, check=False)
+        self._unwaited[msg_id] = False  # an error is nobody's: a queue deleted meanwhile has nothing to give back
+        self._outbox.append(data)
+
+    def outgoing(self) -> bytes:
+        """The requests the core sends by itself (``forget``'s give-backs), to write after
+        ``receive_data`` and ``forget``; b"" if none."""
+        if not self._outbox:
+            return b""
+        data, self._outbox = b"".join(self._outbox), []
+        return data
 
     def connection_lost(self, reason) -> list[int]:
         """The socket broke (``reason``: an OSError or a text); returns the msg ids it ends."""
         return self._ended(functools.partial(BrokerUnavailable, f"lost the connection to {self.endpoint}: {reason}"))
+
+    def timed_out(self, msg_type: int, seconds: float) -> list[int]:
+        """No reply to a ``msg_type`` request came within ``seconds``: the connection is
+        dropped (a late reply would come to nobody); returns the msg ids it ends."""
+        hint = ": is it an shmq server?" if msg_type == MsgType.HELLO else "; the connection is dropped"
+        return self._ended(functools.partial(
+            BrokerUnavailable, f"no reply to {_type_name(msg_type)} from {self.endpoint} within {seconds:g}s{hint}"))
 
     def close(self) -> list[int]:
         """This side closes the connection; returns the msg ids it ends."""
@@ -254,10 +318,12 @@ class Post:
 
 @dataclass(frozen=True, slots=True)
 class Receive:
-    """A call's step: wait until something is pushed for subscription ``sid`` (or the
-    connection ends: then its error is thrown in)."""
+    """A call's step: wait until something is pushed for subscription ``sid`` of the
+    connection ``core`` (or it ends: then its error is thrown in; so too once the
+    transport holds another connection)."""
 
     sid: int
+    core: ClientCore
 
 
 class Run:
@@ -339,11 +405,12 @@ class DeliveryCalls:
     lease on this connection only. Settle it like a local ``Delivery``."""
 
     __slots__ = ("id", "body", "headers", "attempt", "priority", "enqueued_at", "group", "_q", "_tag", "_sub",
-                 "_settled")
+                 "_settled", "_raw", "_conn")
 
     def __init__(self, q, m: dict):
         self._q = q
         self._tag = m["delivery"]
+        self._conn = q._broker._core  # the connection holding the lease: the tag means nothing on another
         self._sub = None  # a weak reference to the consume(prefetch) iteration it came from
         self._settled = False  # acked without waiting: settled as far as this side knows
         self.id = m["id"]
@@ -359,15 +426,44 @@ class DeliveryCalls:
         return self._q.name
 
     def __repr__(self):
-        return f"<{type(self).__name__} {self.queue}#{self.id} attempt={self.attempt} {len(self.body)}B>"
+        return f"<{type(self).__name__} {self.queue}#{self.id} attempt={self.attempt} {len(raw_body(self))}B>"
 
     def _drive(self, call):
         return self._q._drive(call)
 
+    def _expired(self):
+        """The local ``Delivery``'s error for a lease that is no longer this delivery's."""
+        return DeliveryExpired(f"delivery {self.queue}#{self.id} attempt {self.attempt} is no longer leased")
+
     def _settle(self, msg_type, **fields):
         if self._settled:
-            raise DeliveryExpired(f"delivery {self.queue}#{self.id} was acked already")
+            raise self._expired()
+        self._check_connection()
         return Send(msg_type, {"queue": self._q.name, "deliveries": [self._tag], **fields})
+
+    def _check_connection(self):
+        """DeliveryExpired if the connection that holds the lease has ended (the server
+        gave the message back when it did) and the broker handle reconnected."""
+        if self._conn is not self._q._broker._core:
+            raise DeliveryExpired(f"delivery {self.queue}#{self.id} was leased on a connection to "
+                                  f"{self._conn.endpoint} that has ended: the server gave it back")
+
+    def _settled_by(self, request):
+        """Send a settling request; once it is answered the delivery is settled, and a
+        lease the server no longer knows is ``_expired``, in the local words."""
+        try:
+            yield request
+        except DeliveryExpired:
+            self._settled = True
+            raise self._expired() from None
+        if request.msg_type != MsgType.EXTEND:
+            self._settled = True
+
+    def process(self, requeue: bool = True) -> Processing:
+        """``with d.process(): ...`` (``async with`` on the asyncio client) acks when the
+        block succeeds; when it raises, nacks (``requeue``) or rejects, and the exception
+        goes on."""
+        return Processing(self, requeue)
 
     @driven
     def ack(self, wait: bool = True):
@@ -377,7 +473,7 @@ class DeliveryCalls:
         latest when the iteration next waits): an error is logged and raised by the next
         call on the connection, and a lost ack means a redelivery."""
         if wait:
-            yield self._settle(MsgType.ACK)
+            yield from self._settled_by(self._settle(MsgType.ACK))
             return
         request = self._settle(MsgType.ACK)
         self._settled = True
@@ -393,17 +489,17 @@ class DeliveryCalls:
         """Give it back: ready again after ``delay`` seconds (None: as the queue's retry
         policy says), or dead-lettered if not ``requeue``."""
         fields = {"requeue": requeue} if delay is None else {"requeue": requeue, "delay_ms": ms(delay, "delay")}
-        yield self._settle(MsgType.NACK, **fields)
+        yield from self._settled_by(self._settle(MsgType.NACK, **fields))
 
     @driven
     def reject(self):
         """Refuse it for good: to the queue's dead-letter queue, or dropped when it has none."""
-        yield self._settle(MsgType.REJECT)
+        yield from self._settled_by(self._settle(MsgType.REJECT))
 
     @driven
     def extend(self, seconds: float):
         """Keep the lease ``seconds`` from now."""
-        yield self._settle(MsgType.EXTEND, visibility_ms=ms(seconds, "seconds"))
+        yield from self._settled_by(self._settle(MsgType.EXTEND, visibility_ms=ms(seconds, "seconds")))
 
     @driven
     def reply(self, body, headers=None):
@@ -425,22 +521,61 @@ class QueueCalls:
     _delivery_class = DeliveryCalls  # the transport's
     _subscription_class = None  # the transport's (a ``subscription.SubscriptionCalls``)
 
-    def __init__(self, broker, name: str):
+    def __init__(self, broker, name: str, serializer=None):
         self._broker = broker
         self.name = name
+        self.serializer = resolve_serializer(serializer)
+        self.closed = False
 
     def _drive(self, call):
+        if self.closed:
+            call.close()
+            raise ShmqError(f"queue handle {self.name!r} is closed")  # the local handle's words
         return self._broker._drive(call)
 
+    def close(self) -> None:
+        """Close this handle: its calls raise from now on (the connection is the broker's)."""
+        self.closed = True
+
+    def _body(self, obj):
+        return obj if self.serializer is None else dump(self.serializer, obj)
+
+    def _dumps_all(self, objs):
+        ser = self.serializer
+        return objs if ser is None else [dump(ser, o) for o in objs]
+
+    def _deliveries(self, messages):
+        """Deliveries of a CONSUME reply; with a serializer their bodies loaded, else
+        (SerializationError) all given back, the error raised."""
+        ds = [self._delivery_class(self, m) for m in messages]
+        ser = self.serializer
+        if ser is not None:
+            try:
+                for d in ds:
+                    raw = d.body
+                    d.body = load(ser, self.name, d.id, raw)
+                    d._raw = raw
+            except SerializationError:
+                yield Send(MsgType.NACK, {"queue": self.name, "deliveries": [d._tag for d in ds]})
+                raise
+        return ds
+
     @driven
-    def put(self, body, headers=None, timeout=None, *, priority=0, delay=0.0, ttl=None, group=None, dedup_id=None):
+    def put(self, body, headers=None, timeout=None, *, priority=0, delay=0.0, ttl=None, group=None, dedup_id=None,
+            wait=True):
         """Append one message and return its id; while the queue is full, retry for up to
         ``timeout`` seconds (None: for ever), then QueueFull. The options are the local
         ``Queue.put``'s: ``priority`` level, ready after ``delay`` seconds, dropped ``ttl``
         seconds after the put, one at a time per ``group``, dropped when ``dedup_id`` was
-        put within the queue's dedup window (the id of the first is returned)."""
-        message = message_fields(body, headers)
+        put within the queue's dedup window (the id of the first is returned).
+        ``wait=False``: send it and return None at once (pipelined, RabbitMQ's publisher
+        confirms): its confirmation comes later, ``flush()`` waits for all and raises the
+        first error (a full queue is one: no retry)."""
+        message = message_fields(self._body(body), headers)
         options = put_fields(priority, delay, ttl, group, dedup_id)
+        if not wait:
+            yield Post(MsgType.PRODUCE, {"queue": self.name, **message, **options})
+            return None
         request = Send(MsgType.PRODUCE, {"queue": self.name, **message, **options})
         return (yield from retry_while_full(request, timeout, self._broker._clock))["id"]
 
@@ -448,28 +583,56 @@ class QueueCalls:
     def put_nowait(self, body, headers=None, *, priority=0, delay=0.0, ttl=None, group=None, dedup_id=None):
         """Append one message and return its id; QueueFull at once if there is no room."""
         options = put_fields(priority, delay, ttl, group, dedup_id)
-        return (yield Send(MsgType.PRODUCE, {"queue": self.name, **message_fields(body, headers), **options}))["id"]
+        message = message_fields(self._body(body), headers)
+        return (yield Send(MsgType.PRODUCE, {"queue": self.name, **message, **options}))["id"]
 
     @driven
-    def put_many(self, bodies, timeout=None, *, priority=0, delay=0.0, ttl=None):
-        """Append bodies (or (body, headers) pairs), all or none, and return their ids;
-        retries while the queue is full like ``put``; the options apply to every one."""
-        messages = []
-        for item in bodies:
-            body, headers = item if type(item) is tuple else (item, None)
-            messages.append(message_fields(body, headers))
+    def put_many(self, bodies, timeout=None, *, priority=0, delay=0.0, ttl=None, headers=None, wait=True):
+        """Append bodies, all or none, and return their ids; ``headers``: one map for all,
+        or a list of maps (or None) item by item; retries while the queue is full like
+        ``put``; the options apply to every one. ``wait=False``: as ``put``'s (returns None)."""
+        messages = messages_fields(self._dumps_all(bodies), headers)
         options = put_fields(priority, delay, ttl)
         if not messages:
-            return []
+            return None if not wait else []
+        if not wait:
+            yield Post(MsgType.PRODUCE_BATCH, {"queue": self.name, "messages": messages, **options})
+            return None
         request = Send(MsgType.PRODUCE_BATCH, {"queue": self.name, "messages": messages, **options})
         return (yield from retry_while_full(request, timeout, self._broker._clock))["ids"]
+
+    @driven
+    def flush(self):
+        """Wait until every request this connection sent without waiting (``put`` and
+        ``put_many`` with ``wait=False``, pipelined acks) is answered; raise the first
+        error among them."""
+        first = None
+        while True:
+            try:
+                yield Send(MsgType.PING, {})  # answered after everything sent before it
+            except (BrokerUnavailable, ProtocolError):
+                raise
+            except Exception as e:  # an earlier one's error, raised before the PING went out
+                first = first or e
+                continue
+            core = self._broker._core
+            if core._deferred is None:
+                break
+            first = first or core._deferred
+            core._deferred = None
+        if first is not None:
+            raise first
 
     @driven
     def peek(self, max_messages=10):
         """Up to ``max_messages`` ready messages (``shmq.Message``), in the order ``get``
         would take them, without leasing them or counting an attempt."""
         fields = {"queue": self.name, **consume_fields(max_messages, None)}
-        return [message_from_fields(self.name, m) for m in (yield Send(MsgType.PEEK, fields))["messages"]]
+        out = [message_from_fields(self.name, m) for m in (yield Send(MsgType.PEEK, fields))["messages"]]
+        ser = self.serializer
+        if ser is not None:
+            out = [dataclasses.replace(m, body=load(ser, self.name, m.id, m.body)) for m in out]
+        return out
 
     @driven
     def get(self, timeout=None, visibility_timeout=None):
@@ -482,9 +645,10 @@ class QueueCalls:
         return (yield from self._consume(1, 0, visibility_timeout))[0]
 
     @driven
-    def get_many(self, max_messages=64, timeout=None, visibility_timeout=None):
-        """Lease up to ``max_messages`` ready messages, waiting like ``get`` for the first."""
-        return (yield from self._consume(max_messages, timeout, visibility_timeout))
+    def get_many(self, max_messages=64, timeout=None, visibility_timeout=None, max_bytes=None):
+        """Lease up to ``max_messages`` ready messages, waiting like ``get`` for the first;
+        with ``max_bytes``, no more than fit in it (the first is always taken)."""
+        return (yield from self._consume(max_messages, timeout, visibility_timeout, max_bytes))
 
     def consume(self, prefetch: int = 100, visibility_timeout=None):
         """An iterator of deliveries the server pushes while fewer than ``prefetch`` of them
@@ -493,13 +657,13 @@ class QueueCalls:
         what was pushed but not yet handed out is given back, ready again at once."""
         return self._subscription_class(self, prefetch, visibility_timeout)
 
-    def _consume(self, max_messages, timeout, visibility_timeout):
+    def _consume(self, max_messages, timeout, visibility_timeout, max_bytes=None):
         """CONSUME until messages come or ``timeout`` ends (see ``waiting``)."""
-        fields = {"queue": self.name, **consume_fields(max_messages, visibility_timeout)}
+        fields = {"queue": self.name, **consume_fields(max_messages, visibility_timeout, max_bytes)}
         messages = yield from waiting(MsgType.CONSUME, fields, "messages", timeout, self._broker._clock)
         if not messages:
             raise QueueEmpty(f"queue {self.name!r} is empty")
-        return [self._delivery_class(self, m) for m in messages]
+        return (yield from self._deliveries(messages))
 
     @driven
     def ack_many(self, deliveries):
@@ -510,9 +674,28 @@ class QueueCalls:
             return 0
         return (yield Send(MsgType.ACK, {"queue": self.name, "deliveries": tags}))["acked"]
 
+    @driven
+    def nack_many(self, deliveries, delay: float | None = None):
+        """Nack deliveries of this queue on this connection in one request (``nack``'s
+        ``delay``); how many were nacked."""
+        tags = [self._tag_of(d) for d in deliveries]
+        if tags:
+            fields = {} if delay is None else {"delay_ms": ms(delay, "delay")}
+            yield Send(MsgType.NACK, {"queue": self.name, "deliveries": tags, "requeue": True, **fields})
+        return len(tags)
+
+    @driven
+    def reject_many(self, deliveries):
+        """Reject deliveries of this queue on this connection in one request: to the
+        dead-letter queue, or dropped when there is none."""
+        tags = [self._tag_of(d) for d in deliveries]
+        if tags:
+            yield Send(MsgType.REJECT, {"queue": self.name, "deliveries": tags})
+
     def _tag_of(self, d) -> int:
         if not isinstance(d, DeliveryCalls) or d._q._broker is not self._broker or d._q.name != self.name:
             raise TypeError(f"expected deliveries of queue {self.name!r}, got {d!r}")
+        d._check_connection()
         return d._tag
 
     @driven
@@ -540,9 +723,10 @@ class BrokerCalls:
     _clock = staticmethod(time.monotonic)  # the deadlines' clock
 
     def __init__(self, url: str, token: str | None = None):
-        self.url = url
-        self.token = token
-        self.host, self.port = parse_url(url)
+        where = split_url(url)
+        self.url = where.url  # without a token
+        self.token = where.token if token is None else token  # the argument wins over the url's
+        self.host, self.port = where.host, where.port
         self.endpoint = f"{self.host}:{self.port}"
         self._core = ClientCore(self.endpoint)
 
@@ -563,24 +747,27 @@ class BrokerCalls:
             raise refused(self.endpoint, source, e) from None
 
     @driven
-    def queue(self, name: str):
-        """A handle on the queue ``name``; QueueNotFound if there is none."""
+    def queue(self, name: str, serializer=None):
+        """A handle on the queue ``name``; QueueNotFound if there is none. ``serializer``:
+        as the local ``Broker.queue`` takes it."""
+        resolve_serializer(serializer)
         yield Send(MsgType.STATS, {"queue": name})
-        return self._queue_class(self, name)
+        return self._queue_class(self, name, serializer)
 
     @driven
     def create_queue(self, name, max_bytes=DEFAULT_MAX_BYTES, max_message_bytes=None,
                      visibility_timeout=DEFAULT_VISIBILITY_S, max_deliveries=None, dead_letter_queue=None,
                      exist_ok=False, durability=None, priorities=1, message_ttl=None, dedup_window=300.0,
-                     retry_delay=0.0, retry_backoff=1.0, retry_delay_max=None, priority_aging=60.0):
+                     retry_delay=0.0, retry_backoff=1.0, retry_delay_max=None, priority_aging=60.0, serializer=None):
         """Create the queue ``name`` and return a handle on it; QueueExists if it exists
         (unless ``exist_ok``). The work-queue options are the local ``create_queue``'s."""
+        resolve_serializer(serializer)
         yield Send(MsgType.CREATE, create_fields(
             name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries, dead_letter_queue, exist_ok,
             durability, priorities=priorities, message_ttl=message_ttl, dedup_window=dedup_window,
             retry_delay=retry_delay, retry_backoff=retry_backoff, retry_delay_max=retry_delay_max,
             priority_aging=priority_aging))
-        return self._queue_class(self, name)
+        return self._queue_class(self, name, serializer)
 
     @driven
     def redrive(self, dead_letter_queue: str, to: str | None = None, max_messages: int | None = None):

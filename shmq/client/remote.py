@@ -1,25 +1,35 @@
 """The blocking TCP client: ``shmq.connect("tcp://host:port")``.
 
 Strategy: the calls and the connection's state are the sans-IO core's
-(``shmq.client.core``); this module moves their bytes over one socket per broker. A call
-runs in its caller's thread (``_drive``); each request holds a lock from its send to its
-reply, so threads may share a broker. Socket errors become BrokerUnavailable naming the
-endpoint. Handles pickle as their url and name, and connect again where they land.
+(``shmq.client.core``); this module moves their bytes over one socket per broker, which
+the threads using the broker share. A call runs in its caller's thread (``_drive``). A
+request is written under a lock; then whichever waiting thread finds nobody reading
+reads for all, the others wait on a condition, and the core matches replies to requests
+by msg id: a long get in one thread holds back no other thread's calls. A call runs on
+one connection from start to end, so nothing is ever sent twice; a call that finds the
+connection lost (before it sends: a server that closed it while it was idle is noticed
+then) connects again first, with the retries and backoff of ``options.ConnectOptions``.
+Socket errors and timeouts become BrokerUnavailable naming the endpoint. Handles pickle
+as their url and name, and connect again where they land.
 """
 
+import dataclasses
+import functools
+import select
 import socket
 import threading
 import time
 
 from ..errors import BrokerUnavailable
-from .core import BrokerCalls, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, parse_url
+from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, parse_url
+from .options import ConnectOptions
 from .streams import ConsumerCalls, StreamCalls
 from .subscription import SubscriptionCalls
 
 __all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteSubscription", "RemoteStream", "RemoteConsumer",
            "parse_url"]
 
-_RECEIVE_SLICE_S = 0.2  # a consume iteration waiting for pushes lets other threads in this often
+_READ_BYTES = 65536
 
 
 class RemoteDelivery(DeliveryCalls):
@@ -67,7 +77,7 @@ class RemoteSubscription(SubscriptionCalls):
 
     def __del__(self):
         if not self.closed:
-            try:  # never wait for the lock here: the collector may run inside a request
+            try:  # never wait for a lock here: the collector may run inside a request
                 self._close(lambda t, p: self._q._broker.post(t, p, blocking=False))
             except Exception:
                 pass  # a closed connection released everything already
@@ -95,13 +105,17 @@ class RemoteQueue(_Handle, QueueCalls):
 
     _delivery_class = RemoteDelivery
     _subscription_class = RemoteSubscription
+    close = QueueCalls.close
 
     def __repr__(self):
         return f"<shmq.RemoteQueue {self._broker.url}/{self.name}>"
 
+    def __reduce__(self):
+        return (self._reattach, (self._broker.url, self._broker.token, self.name, self.serializer))
+
     @staticmethod
-    def _reattach(url, token, name):
-        return RemoteQueue(RemoteBroker(url, token), name)
+    def _reattach(url, token, name, serializer=None):
+        return RemoteQueue(RemoteBroker(url, token), name, serializer)
 
 
 class RemoteConsumer(ConsumerCalls):
@@ -132,29 +146,48 @@ class RemoteStream(_Handle, StreamCalls):
 
 
 
+class _Link:
+    """One connection: its socket and core, the lock its requests are written under, and
+    the condition its callers wait on while one of them reads for all (``_wait``)."""
+
+    __slots__ = ("sock", "core", "writing", "cond", "reading", "readable")
+
+    def __init__(self, sock, core):
+        self.sock = sock
+        self.core = core
+        self.writing = threading.Lock()
+        self.cond = threading.Condition(threading.Lock())  # held while the core changes
+        self.reading = False  # a thread is in recv (outside the lock)
+        self.readable = select.poll()  # used under ``cond`` only
+        self.readable.register(sock, select.POLLIN)
+
+
+def _one(step):
+    return (yield step)
+
+
+def _reopened(url, token, options):
+    return RemoteBroker(url, token, **{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
+
+
 class RemoteBroker(BrokerCalls):
-    """A broker reached over TCP; the same methods as the local ``Broker``."""
+    """A broker reached over TCP; the same methods as the local ``Broker``. ``options``
+    are ``shmq.connect``'s: timeouts and reconnecting (``options.ConnectOptions``)."""
 
     _queue_class = RemoteQueue
     _stream_class = RemoteStream
-    _sleep = staticmethod(time.sleep)  # a call's pauses
+    _sleep = staticmethod(time.sleep)  # a call's pauses, and a reconnect's
 
-    def __init__(self, url: str, token: str | None = None, connect_timeout: float = 10.0):
+    def __init__(self, url: str, token: str | None = None, **options):
         super().__init__(url, token)
+        self.options = ConnectOptions(**options)
         self.namespace = None
-        self._lock = threading.Lock()
-        self._sock = None
-        try:
-            self._sock = socket.create_connection((self.host, self.port), timeout=connect_timeout)
-        except OSError as e:
-            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {e.strerror or e}") from None
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.settimeout(None)
-        try:
-            self.server_info = self._hello("shmq-python", self._sock.getsockname(), self._sock.getpeername())
-        except BaseException:
-            self.close()
-            raise
+        self.server_info = None
+        self._closed = False
+        self._opening = threading.Lock()  # one thread reconnects, the others wait for its outcome
+        self._rounds = 0  # reconnects given up, and the error of the last one
+        self._gave_up = None
+        self._link = self._connect(self._core)
 
     def __repr__(self):
         return f"<shmq.RemoteBroker {self.url}>"
@@ -166,87 +199,232 @@ class RemoteBroker(BrokerCalls):
         self.close()
 
     def __reduce__(self):
-        return (RemoteBroker, (self.url, self.token))
+        return (_reopened, (self.url, self.token, self.options))
 
     def close(self) -> None:
-        self._core.close()
-        sock, self._sock = self._sock, None
-        if sock is not None:
+        """Close the connection; the handle never reconnects after this."""
+        self._closed = True
+        link = self._link
+        with link.cond:
+            link.core.close()
+            self._shut(link)
+            link.cond.notify_all()
+
+    # ---------------------------------------------------------------- connecting
+    def _connect(self, core) -> _Link:
+        """A new connection with ``core`` for its state, HELLO said, both within the
+        connect limit; BrokerUnavailable if the endpoint cannot be reached."""
+        limit = self.options.connect_limit
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=limit)  # the HELLO's limit too
+        except OSError as e:
+            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {e.strerror or e}") from None
+        try:
+            link = _Link(sock, core)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ends = sock.getsockname(), sock.getpeername()
+        except OSError as e:
             sock.close()
+            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {e.strerror or e}") from None
+        try:
+            self.server_info = self._run(BrokerCalls._hello.__wrapped__(self, "shmq-python", *ends), link, limit)
+        except BaseException:
+            with link.cond:
+                core.close()
+                self._shut(link)
+            raise
+        sock.settimeout(self.options.timeout)
+        return link
+
+    def _reconnected(self, lost) -> _Link:
+        """The connection to use instead of ``lost``: one another thread made meanwhile, or
+        a new one (``options``: retries, backoff); else why not (BrokerUnavailable naming
+        the endpoint; ``lost``'s error if the handle was closed or does not reconnect)."""
+        rounds = self._rounds
+        with self._opening:
+            if self._link is not lost:
+                return self._link
+            if self._closed or not self.options.reconnect:
+                raise lost.core.ended_error()
+            if self._rounds != rounds:  # another thread gave up while this one waited for it
+                raise self._gave_up()
+            with lost.cond:
+                self._shut(lost)
+            start, tries = time.monotonic(), 0
+            for pause in self.options.pauses():
+                if pause:
+                    self._sleep(pause)
+                tries += 1
+                try:
+                    link = self._connect(ClientCore(self.endpoint))
+                except BrokerUnavailable as e:
+                    error = e
+                    continue
+                self._link, self._core = link, link.core
+                return link
+            self._rounds += 1
+            spent = time.monotonic() - start
+            self._gave_up = functools.partial(
+                BrokerUnavailable, f"{error} (gave up reconnecting after {tries} tries in {spent:.1f}s)")
+            raise self._gave_up()
 
     # ---------------------------------------------------------------- transport
-    def _request(self, msg_type, payload=None, timeout=None) -> dict:
-        """Send one request and return its reply payload (or raise its error)."""
-        core = self._core
-        with self._lock:
-            sock = self._sock  # None only once closed: then send raises
-            msg_id, data = core.send(msg_type, payload)  # raises once the connection has ended
-            try:
-                sock.settimeout(timeout)
-                sock.sendall(data)
-                while not core.done(msg_id):
-                    core.receive_data(sock.recv(65536))
-            except OSError as e:
-                core.connection_lost(e)
-            if core.failed:
-                self.close()
-        return core.result(msg_id)
-
-    def post(self, msg_type, payload=None, blocking=True) -> None:
-        """Send one request without waiting for its reply (``ClientCore.post``); without
-        ``blocking``, nothing is sent if another call holds the connection."""
-        core = self._core
-        if not self._lock.acquire(blocking):
-            return
-        try:
-            data = core.post(msg_type, payload)  # raises once the connection has ended
-            try:
-                self._sock.settimeout(None)
-                self._sock.sendall(data)
-            except OSError as e:
-                core.connection_lost(e)
-            if core.failed:
-                self.close()
-        finally:
-            self._lock.release()
-        if core.failed:
-            raise core.ended_error()
-
-    def receive(self, sid) -> None:
-        """Read until something is pushed for subscription ``sid``; in slices, so other
-        threads' calls get the connection in between."""
-        core = self._core
-        while not core.pushes(sid):
-            with self._lock:
-                if core.pushes(sid):
-                    break
-                if not core.failed:
-                    try:
-                        self._sock.settimeout(_RECEIVE_SLICE_S)
-                        core.receive_data(self._sock.recv(65536))
-                    except TimeoutError:
-                        pass
-                    except OSError as e:
-                        core.connection_lost(e)
-                    if core.failed:
-                        self.close()
-            if core.failed and not core.pushes(sid):
-                raise core.ended_error()
-
     def _drive(self, call):
-        """Run one call of the core: send its requests, sleep its pauses, return its result."""
+        """Run one call of the core on the connection, made again first if it was lost."""
+        link = self._link
+        if not link.core.failed and not link.reading:
+            self._read_idle(link)
+        if link.core.failed:
+            link = self._reconnected(link)
+        return self._run(call, link)
+
+    def _run(self, call, link, limit=None):
+        """Run ``call`` on ``link``: send its requests, sleep its pauses, return its result.
+        ``limit``: seconds each reply may take (None: as ``options`` say)."""
         run = Run(call)
         for step in run:
             try:
                 if isinstance(step, Pause):
                     run.send(self._sleep(step.seconds))
                 elif isinstance(step, Post):
-                    run.send(self.post(step.msg_type, step.payload))
+                    run.send(self._post(link, step.msg_type, step.payload))
                 elif isinstance(step, Receive):
-                    run.send(self.receive(step.sid))
+                    run.send(self._receive(link, step))
                 else:
-                    run.send(self._request(step.msg_type, step.payload))
+                    run.send(self._exchange(link, step.msg_type, step.payload, limit))
             except Exception as e:
                 run.throw(e)
         return run.result
 
+    def _request(self, msg_type, payload=None) -> dict:
+        """One request, as it is, and its reply's payload (or its error)."""
+        return self._drive(_one(Send(msg_type, payload)))
+
+    def _exchange(self, link, msg_type, payload=None, limit=None) -> dict:
+        """Send one request on ``link`` and return its reply's payload (or raise its error)."""
+        core = link.core
+        with link.cond:
+            msg_id, data = core.send(msg_type, payload)  # raises once the connection has ended
+        self._write(link, data)
+        if limit is None:
+            limit = self.options.reply_limit(msg_type, payload)
+        self._wait(link, lambda: core.done(msg_id), limit, msg_type)
+        with link.cond:
+            return core.result(msg_id)
+
+    def post(self, msg_type, payload=None, blocking=True) -> None:
+        """Send one request without waiting for its reply (``ClientCore.post``)."""
+        self._post(self._link, msg_type, payload, blocking)
+
+    def _post(self, link, msg_type, payload=None, blocking=True) -> None:
+        """``post`` on ``link``; without ``blocking`` (a finalizer, which may run inside a
+        call of this thread that holds a lock), nothing is sent if a lock is held."""
+        core = link.core
+        if blocking:
+            with link.cond:
+                data = core.post(msg_type, payload)  # raises once the connection has ended
+            self._write(link, data)
+            if core.failed:
+                raise core.ended_error()
+            return
+        if not link.writing.acquire(False):
+            return
+        try:
+            if not link.cond.acquire(False):
+                return
+            try:
+                data = core.post(msg_type, payload)
+            finally:
+                link.cond.release()
+            link.sock.sendall(data)  # an error: the next call finds the connection lost
+        finally:
+            link.writing.release()
+
+    def _write(self, link, data) -> None:
+        try:
+            with link.writing:
+                link.sock.sendall(data)
+        except OSError as e:
+            with link.cond:
+                link.core.connection_lost(e)
+                self._shut(link)
+                link.cond.notify_all()
+
+    def _receive(self, link, step) -> None:
+        """Wait until something is pushed for subscription ``step.sid``."""
+        core, sid = step.core, step.sid
+        if core is link.core:
+            self._wait(link, lambda: core.pushes(sid), None, None)
+        if not core.pushes(sid):
+            raise core.ended_error()
+
+    def _wait(self, link, done, seconds, msg_type) -> None:
+        """Until ``done()`` holds or the connection ends: read for all if no other thread
+        reads, else wait for the one who does to wake this one. Past ``seconds`` (None:
+        never) the connection is dropped (``ClientCore.timed_out``)."""
+        core, cond = link.core, link.cond
+        until = None if seconds is None else time.monotonic() + seconds
+        with cond:
+            while not done() and not core.failed:
+                left = None
+                if until is not None:
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        core.timed_out(msg_type, seconds)
+                        self._shut(link)
+                        cond.notify_all()
+                        return
+                if link.reading:
+                    cond.wait(left)
+                    continue
+                link.reading = True
+                cond.release()
+                try:
+                    data = link.sock.recv(_READ_BYTES)  # its timeout: options.timeout, to look at the clock
+                except TimeoutError:
+                    data = None
+                except OSError as e:
+                    data = e
+                finally:
+                    cond.acquire()
+                    link.reading = False
+                    cond.notify_all()
+                if isinstance(data, OSError):
+                    core.connection_lost(data)
+                elif data is not None:
+                    core.receive_data(data)
+                if core.failed:
+                    self._shut(link)
+
+    def _read_idle(self, link) -> None:
+        """Before a call sends, look whether the server closed the connection while nobody
+        read it (as redis-py checks a pooled connection): then the call connects again
+        instead of failing. What else came is left to be read in turn."""
+        if not link.cond.acquire(False):
+            return  # another thread is at it: it would find out as well
+        try:
+            if link.reading or link.core.failed or not link.readable.poll(0):
+                return
+            try:
+                if link.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                    return
+                link.core.receive_data(b"")
+            except BlockingIOError:
+                return
+            except OSError as e:
+                link.core.connection_lost(e)
+            self._shut(link)
+            link.cond.notify_all()
+        finally:
+            link.cond.release()
+
+    @staticmethod
+    def _shut(link) -> None:
+        """Wake a thread reading ``link``, and close its socket once none does (the
+        caller holds ``link.cond``)."""
+        try:
+            link.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if not link.reading:
+            link.sock.close()

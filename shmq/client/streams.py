@@ -4,9 +4,11 @@
 
 Strategy: the server is the group member on behalf of the connection (JOIN gives a
 member id, valid on this connection only; a closed connection leaves), so a consumer
-here is a name for that member. Arguments are checked with the local engine's words
-before a byte is sent (``protocol.forms``), the server's engine checks the rest, and its
-errors come back through the one status table, so both transports fail alike. A READ
+here is a name for that member: once its connection is lost, its calls raise
+BrokerUnavailable, also after the broker handle reconnected (join again). Arguments are
+checked with the local engine's words before a byte is sent (``protocol.forms``), the
+server's engine checks the rest, and its errors come back through the one status table,
+so both transports fail alike. A READ
 or POLL that waits at the end waits at the server, in slices (``core.waiting``).
 """
 
@@ -41,6 +43,7 @@ class ConsumerCalls:
         self.group = group
         self.auto_offset_reset = auto_offset_reset
         self._member = member
+        self._core = stream._broker._core  # the connection the server holds the member for
         self._closed = False
 
     def __repr__(self):
@@ -52,6 +55,9 @@ class ConsumerCalls:
     def _fields(self) -> dict:
         if self._closed:
             raise ShmqError(f"consumer of group {self.group!r} is closed")
+        if self._core.failed:
+            raise BrokerUnavailable(f"consumer of group {self.group!r} left the group with its connection to "
+                                    f"{self._core.endpoint}, which ended: join again (stream.consumer)")
         return {"stream": self.stream.name, "member": self._member}
 
     @driven
@@ -90,6 +96,9 @@ class ConsumerCalls:
     def close(self):
         """Leave the group: this member's partitions go to the others."""
         if self._closed:
+            return
+        if self._core.failed:  # the member left with its connection
+            self._closed = True
             return
         fields = self._fields()
         self._closed = True

@@ -10,7 +10,10 @@ has gathered, when the iteration is about to wait (the server pushes no more unt
 come), when the oldest has waited ACK_LINGER_S at a step, and at close. So the server
 sees one ACK per batch, not one per message. Closing sends the gathered acks and a CANCEL
 saying how many pushed messages were handed out: the server gives the rest back, those
-still on the wire included, and the core drops them as they come.
+still on the wire included, and the core drops them as they come. A subscription lives
+as long as its connection: once that is lost (the server gave back what it held), every
+step raises why (BrokerUnavailable), also after the broker handle reconnected: consume
+again.
 """
 
 import time
@@ -56,7 +59,12 @@ class SubscriptionCalls:
         subscription (its queue deleted...) is raised once the ones before it are out."""
         if self.closed:
             return None
+        if self.id is None:
+            self._core = self._q._broker._core  # the connection now (reconnected, maybe)
         core = self._core
+        if core.failed:  # the subscription ended with it, and the server gave back its deliveries
+            self._acks = []
+            raise core.ended_error()
         core.raise_deferred()
         if self.id is None:
             self.id = (yield Send(MsgType.SUBSCRIBE, self._fields))["subscription"]
@@ -65,7 +73,7 @@ class SubscriptionCalls:
         if self._acks and (not buf or time.monotonic() - self._acks_since > ACK_LINGER_S):
             yield self._flush()
         while not buf:
-            yield Receive(self.id)
+            yield Receive(self.id, core)
         item = buf.popleft()
         if isinstance(item, BaseException):
             self.closed = True  # the server closed it: nothing to cancel
@@ -73,7 +81,7 @@ class SubscriptionCalls:
             core.unsubscribe(self.id)
             raise item
         self._handed += 1
-        d = self._q._delivery_class(self._q, item)
+        d = (yield from self._q._deliveries([item]))[0]
         d._sub = weakref.ref(self)
         return d
 
@@ -81,7 +89,8 @@ class SubscriptionCalls:
         """The next delivery when it needs no request (one is buffered, no acks are due, no
         earlier error waits to be raised), else None: the transports' fast path."""
         buf = self._buffer
-        if (not buf or self.closed or self._core._deferred is not None or type(buf[0]) is not dict
+        if (not buf or self.closed or self._core._deferred is not None or type(buf[0]) is not dict or self._core.failed
+                or self._q.serializer is not None
                 or (self._acks and time.monotonic() - self._acks_since > ACK_LINGER_S)):
             return None
         self._handed += 1
@@ -91,7 +100,7 @@ class SubscriptionCalls:
 
     def _keep_ack(self, tag) -> bool:
         """Keep an ack(wait=False) for the batch if that sends nothing now (the fast path)."""
-        if self.closed or len(self._acks) + 1 >= self._flush_at:
+        if self.closed or len(self._acks) + 1 >= self._flush_at or self._core.failed:
             return False
         if not self._acks:
             self._acks_since = time.monotonic()
@@ -118,7 +127,7 @@ class SubscriptionCalls:
         if self.closed:
             return
         self.closed = True
-        if self.id is None:
+        if self.id is None or self._core.failed:  # never subscribed, or ended with its connection
             return
         if self._acks:
             flush = self._flush()

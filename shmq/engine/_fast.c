@@ -194,19 +194,45 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromUnsignedLongLong(msg_id << 1 | (uint64_t)post);
 }
 
-/* take(seg, base, cap, slot, vis_ns, max_deliveries or 0, now)
+/* take modes (bits): settle as taken (auto-ack), and a body that is a view into the ring */
+#define M_AUTOACK 1
+#define M_VIEW 2
+
+/* The body of the record at ring offset ``off``: a copy, or (M_VIEW) a read-only slice of
+ * ``ring``, the caller's memoryview of the ring (so the view keeps the mapping alive). */
+static PyObject *body_of(char *a, uint64_t off, uint64_t hl, uint64_t bl, int mode, PyObject *ring) {
+    if (!(mode & M_VIEW)) return PyBytes_FromStringAndSize(a + REC_SIZE + hl, (Py_ssize_t)bl);
+    uint64_t start = off + REC_SIZE + hl;
+    PyObject *lo = PyLong_FromUnsignedLongLong(start), *hi = PyLong_FromUnsignedLongLong(start + bl);
+    PyObject *sl = lo && hi ? PySlice_New(lo, hi, NULL) : NULL;
+    Py_XDECREF(lo);
+    Py_XDECREF(hi);
+    if (!sl) return NULL;
+    PyObject *v = PyObject_GetItem(ring, sl);
+    Py_DECREF(sl);
+    return v;
+}
+
+/* The producer post owed after space was freed at ``pos`` (lock held): 1 or 0. */
+static int freed_at(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t head);
+
+/* take(seg, base, cap, slot, vis_ns, max_deliveries or 0, now[, mode, ring])
  *   -> (pos, msg_id, attempt, body, hraw or None, enq_ns), or R_*; a record with flags (a priority
  *   level or an extension block) is left to the general take
- * (``now`` is the caller's monotonic clock in ns, so the Python and C paths share one clock) */
+ * (``now`` is the caller's monotonic clock in ns, so the Python and C paths share one clock)
+ * mode M_AUTOACK: the record is settled (ACKED) as it is taken, and the tuple has a 7th item
+ * (1) when a producer must be woken; M_VIEW: the body is a slice of ``ring`` */
 static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[7];
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "take takes 7 arguments");
+    uint64_t v[8] = {0};
+    if (nargs != 7 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "take takes 7 or 9 arguments");
         return NULL;
     }
-    if (parse_u64s(args, 7, v) < 0) return NULL;
+    if (parse_u64s(args, nargs == 9 ? 8 : 7, v) < 0) return NULL;
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2], slot = v[3], vis_ns = v[4], maxdel = v[5], now = v[6];
+    int mode = (int)v[7];
+    PyObject *ring = nargs == 9 ? args[8] : NULL;
 
     int rc = lock(seg);
     if (rc) return PyLong_FromLong(rc);
@@ -226,48 +252,63 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
     uint64_t length = U32(a + REC_LENGTH), bl = U32(a + REC_BODY_LEN), hl = U32(a + REC_HDR_LEN),
              msg_id = U64(a + REC_MSG_ID), enq = U64(a + REC_ENQ_NS);
     /* copy out first: on a MemoryError nothing has changed */
-    PyObject *body = PyBytes_FromStringAndSize(a + REC_SIZE + hl, (Py_ssize_t)bl);
+    PyObject *body = body_of(a, off, hl, bl, mode, ring);
     PyObject *hraw = body && hl ? PyBytes_FromStringAndSize(a + REC_SIZE, (Py_ssize_t)hl) : NULL;
     if (!body || (hl && !hraw)) {
         unlock(seg);
         Py_XDECREF(body);
         return NULL;
     }
-    uint64_t until = now + vis_ns;
-    U64(a + REC_DEADLINE) = until;
-    __atomic_store_n((uint64_t *)a, ST_LEASED | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
-    h[H_FRONTIER] = pos + length;
-    h[H_READY] -= 1;
-    h[H_IN_FLIGHT] += 1;
-    if (until < next_deadline) h[H_NEXT_DEADLINE] = until;
+    int post = 0;
+    if (mode & M_AUTOACK) {
+        uint64_t head = h[H_HEAD];
+        __atomic_store_n((uint64_t *)a, ST_ACKED | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
+        h[H_FRONTIER] = pos + length;
+        h[H_READY] -= 1;
+        CNT(seg)[C_ACKED_TOTAL] += 1;
+        post = freed_at(seg, base, cap, pos, head);
+    } else {
+        uint64_t until = now + vis_ns;
+        U64(a + REC_DEADLINE) = until;
+        __atomic_store_n((uint64_t *)a, ST_LEASED | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
+        h[H_FRONTIER] = pos + length;
+        h[H_READY] -= 1;
+        h[H_IN_FLIGHT] += 1;
+        if (until < next_deadline) h[H_NEXT_DEADLINE] = until;
+    }
     if (attempt > 1) CNT(seg)[C_REDELIVERED_TOTAL] += 1;
     unlock(seg);
     if (!hraw) {
         hraw = Py_None;
         Py_INCREF(hraw);
     }
-    PyObject *t = Py_BuildValue("(KKKNNK)", (unsigned long long)pos, (unsigned long long)msg_id,
-                                (unsigned long long)attempt, body, hraw, (unsigned long long)enq);
-    return t;
+    if (post)
+        return Py_BuildValue("(KKKNNKi)", (unsigned long long)pos, (unsigned long long)msg_id,
+                             (unsigned long long)attempt, body, hraw, (unsigned long long)enq, post);
+    return Py_BuildValue("(KKKNNK)", (unsigned long long)pos, (unsigned long long)msg_id,
+                         (unsigned long long)attempt, body, hraw, (unsigned long long)enq);
 }
 
 static int advance_head(char *seg, uint64_t base, uint64_t cap);
 
-/* take_many(seg, base, cap, slot, vis_ns, max_deliveries or 0, now, max_messages, max_bytes or 0)
+/* take_many(seg, base, cap, slot, vis_ns, max_deliveries or 0, now, max_messages, max_bytes or 0, mode, ring)
  *   -> [(pos, msg_id, attempt, body, hraw or None, enq_ns), ...] (at least one), or R_*: the
  *   plain take repeated under one lock hold, from the frontier on, stopping at the first
  *   record it leaves to Python (requeued or special records, a due deadline, flags, an
- *   attempt past max_deliveries, the byte budget: the first message is always taken) */
+ *   attempt past max_deliveries, the byte budget: the first message is always taken).
+ *   mode as take's; with M_AUTOACK: ([...], 1 if a producer must be woken) */
 static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[9];
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "take_many takes 9 arguments");
+    uint64_t v[10];
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "take_many takes 11 arguments");
         return NULL;
     }
-    if (parse_u64s(args, 9, v) < 0) return NULL;
+    if (parse_u64s(args, 10, v) < 0) return NULL;
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2], slot = v[3], vis_ns = v[4], maxdel = v[5], now = v[6], maxn = v[7],
              budget = v[8];
+    int mode = (int)v[9];
+    PyObject *ring = args[10];
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     int rc = lock(seg);
@@ -276,14 +317,15 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
         return PyLong_FromLong(rc);
     }
     uint64_t *h = HOT(seg);
-    uint64_t pos = h[H_FRONTIER], tail = h[H_TAIL], next_deadline = h[H_NEXT_DEADLINE];
+    uint64_t pos = h[H_FRONTIER], tail = h[H_TAIL], next_deadline = h[H_NEXT_DEADLINE], head = h[H_HEAD];
     if (h[H_REQUEUED] || h[H_DELETED] || now >= next_deadline || now >= h[H_NEXT_LIVENESS] ||
         ((uint64_t *)seg)[SPECIAL_W]) {
         unlock(seg);
         Py_DECREF(out);
         return PyLong_FromLong(R_FALLBACK);
     }
-    uint64_t until = now + vis_ns, taken = 0, redelivered = 0;
+    uint64_t until = now + vis_ns, taken = 0, redelivered = 0, first = 0;
+    uint64_t settled = (mode & M_AUTOACK) ? ST_ACKED : ST_LEASED;
     int64_t left = (int64_t)budget; /* bytes of bodies and headers still allowed (budget 0: no limit) */
     while (taken < maxn && pos < tail) {
         uint64_t off = pos % cap;
@@ -304,7 +346,7 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
             left -= (int64_t)(bl + hl);
         }
         /* copy out first: on a MemoryError this record is left as it is */
-        PyObject *body = PyBytes_FromStringAndSize(a + REC_SIZE + hl, (Py_ssize_t)bl);
+        PyObject *body = body_of(a, off, hl, bl, mode, ring);
         PyObject *hraw = body && hl ? PyBytes_FromStringAndSize(a + REC_SIZE, (Py_ssize_t)hl) : NULL;
         PyObject *t = NULL;
         if (body && (!hl || hraw)) {
@@ -325,21 +367,28 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
                 Py_DECREF(out);
                 return NULL;
             }
-            PyErr_Clear(); /* the ones taken are leased: hand them out */
+            PyErr_Clear(); /* the ones taken are leased (or settled): hand them out */
             break;
         }
         Py_DECREF(t);
-        U64(a + REC_DEADLINE) = until;
-        __atomic_store_n((uint64_t *)a, ST_LEASED | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
+        if (!taken) first = pos;
+        if (settled == ST_LEASED) U64(a + REC_DEADLINE) = until;
+        __atomic_store_n((uint64_t *)a, settled | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
         pos += length;
         taken++;
         if (attempt > 1) redelivered++;
     }
+    int post = 0;
     if (taken) {
         h[H_FRONTIER] = pos;
         h[H_READY] -= taken;
-        h[H_IN_FLIGHT] += taken;
-        if (until < next_deadline) h[H_NEXT_DEADLINE] = until;
+        if (settled == ST_ACKED) {
+            CNT(seg)[C_ACKED_TOTAL] += taken;
+            post = freed_at(seg, base, cap, first, head);
+        } else {
+            h[H_IN_FLIGHT] += taken;
+            if (until < next_deadline) h[H_NEXT_DEADLINE] = until;
+        }
         if (redelivered) CNT(seg)[C_REDELIVERED_TOTAL] += redelivered;
     }
     unlock(seg);
@@ -347,6 +396,7 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
         Py_DECREF(out);
         return PyLong_FromLong(R_FALLBACK);
     }
+    if (mode & M_AUTOACK) return Py_BuildValue("(Ni)", out, post);
     return out;
 }
 
@@ -464,6 +514,21 @@ static int advance_head(char *seg, uint64_t base, uint64_t cap) {
     return 1;
 }
 
+/* After the record at ``pos`` was settled (lock held; ``head`` read before): reclaim
+ * space if it was the first after the head (or after a pad at the head); 1 if a sleeping
+ * producer is owed a post. */
+static int freed_at(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t head) {
+    uint64_t *h = HOT(seg);
+    if ((pos == head || (pos % cap == 0 && pos - head < cap)) && advance_head(seg, base, cap)) {
+        uint64_t pw = h[H_PWAIT];
+        if (pw && pw > h[H_PPOSTED]) {
+            h[H_PPOSTED] += 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* ack(seg, base, cap, pos, attempt, msg_id, now, wal_fd, wal_gen)
  *   -> 1 if a producer must be woken, else 0; or R_*
  * wal_fd < 0: no log; else the ACK entry is appended to it before the commit */
@@ -513,15 +578,7 @@ static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t narg
     __atomic_store_n((uint64_t *)a, (w & ~(uint64_t)0xFF) | ST_ACKED, __ATOMIC_RELEASE); /* commit */
     h[H_IN_FLIGHT] -= 1;
     CNT(seg)[C_ACKED_TOTAL] += 1;
-    int post = 0;
-    /* the first record after the head (or after a pad at the head) frees space */
-    if ((pos == head || (pos % cap == 0 && pos - head < cap)) && advance_head(seg, base, cap)) {
-        uint64_t pw = h[H_PWAIT];
-        if (pw && pw > h[H_PPOSTED]) {
-            h[H_PPOSTED] += 1;
-            post = 1;
-        }
-    }
+    int post = freed_at(seg, base, cap, pos, head);
     unlock(seg);
     return PyLong_FromLong(post);
 }

@@ -23,10 +23,13 @@ from .segment import (
     unlink_segment,
     unlink_semaphore,
 )
-from ..errors import QueueExists, QueueNotFound, StreamExists, StreamNotFound
+from ..errors import QueueExists, QueueNotFound, ShmqError, StreamExists, StreamNotFound
+from ..serializers import SerializerSpec
+from ..serializers import resolve as resolve_serializer
 from .partition import partition_segment_name
 from . import deadletter
 from .queue import Queue
+from .serialized import SerializedQueue
 from .stream import Stream, stream_base
 
 __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS"]
@@ -67,6 +70,11 @@ class Broker:
             self._registry.close()
             self._registry = None
 
+    def ping(self) -> None:
+        """Check the namespace is attached (the TCP client's is a round trip to the server)."""
+        if self._registry is None:
+            raise ShmqError(f"broker of namespace {self.namespace!r} is closed")
+
     def close(self) -> None:
         """Close this broker and every queue handle it returned. Queues stay."""
         for q in list(self._queues):
@@ -79,13 +87,17 @@ class Broker:
             self._registry = None
 
     # ---------------------------------------------------------------- queues
-    def queue(self, name: str, prefetch: int | None = None) -> Queue:
+    def queue(self, name: str, prefetch: int | None = None, serializer: SerializerSpec = None) -> Queue:
         """Attach to an existing queue; raises QueueNotFound. ``prefetch``: at most this
         many un-settled deliveries on this handle (RabbitMQ's basic.qos): a get beyond it
-        waits, as on an empty queue, until one is settled or its lease lapses."""
-        q = Queue(self.namespace, check_queue_name(name))
+        waits, as on an empty queue, until one is settled or its lease lapses.
+        ``serializer``: "pickle", "json", "msgpack" or ``(dumps, loads)``: puts take
+        objects and deliveries carry them in ``body`` (``shmq.serializers``)."""
+        ser = resolve_serializer(serializer)
+        check_queue_name(name)
+        q = Queue(self.namespace, name) if ser is None else SerializedQueue(self.namespace, name, ser)
         if prefetch is not None:
-            q.set_prefetch(_positive_int(prefetch, "prefetch"))
+            q._set_prefetch(_positive_int(prefetch, "prefetch"))
         self._queues.add(q)
         return q
 
@@ -106,6 +118,7 @@ class Broker:
         retry_backoff: float = 1.0,
         retry_delay_max: float | None = None,
         priority_aging: float | None = 60.0,
+        serializer: SerializerSpec = None,
     ) -> Queue:
         """Create a queue and attach to it. Raises QueueExists unless ``exist_ok``
         (then the existing queue is returned as it is).
@@ -123,8 +136,10 @@ class Broker:
         remembered; ``retry_delay``, ``retry_backoff``, ``retry_delay_max``: a nack
         without a delay, or a lapsed lease, makes the message ready again after
         ``retry_delay * retry_backoff ** (attempt - 1)`` seconds, at most ``retry_delay_max``.
+        ``serializer``: the handle's, as ``queue()`` takes it (the queue stores bytes).
         """
         check_queue_name(name)
+        resolve_serializer(serializer)
         max_bytes = _positive_int(max_bytes, "max_bytes")
         if max_bytes < _MIN_BYTES:
             raise ValueError(f"max_bytes must be at least {_MIN_BYTES}, not {max_bytes}")
@@ -157,7 +172,7 @@ class Broker:
             index, state = reg.find(name)
             if state == LIVE:
                 if exist_ok:
-                    return self.queue(name)
+                    return self.queue(name, serializer=serializer)
                 raise QueueExists(f"queue {name!r} already exists in namespace {self.namespace!r}")
             if dead_letter_queue is not None and reg.find(dead_letter_queue)[1] != LIVE:
                 raise QueueNotFound(f"dead-letter queue {dead_letter_queue!r} does not exist: create it first")
@@ -171,7 +186,7 @@ class Broker:
                 reg.free(index)
                 raise
             reg.set_state(index, LIVE, name)
-        return self.queue(name)
+        return self.queue(name, serializer=serializer)
 
     def _build(self, name, capacity, max_message_bytes, visibility_timeout, max_deliveries, dlq, durability, opts):
         slots = DEFAULT_PROCESS_SLOTS
@@ -395,7 +410,7 @@ class Broker:
             return sorted(name[1:] for _i, state, name in reg.entries() if state == LIVE and name[0] == _STREAM)
 
     # ---------------------------------------------------------------- exchanges (engine/exchange.py)
-    def exchange_table(self):
+    def exchange_table(self) -> "Exchanges":
         """The namespace's exchange table (``engine.exchange.Exchanges``), attached on first use."""
         x = self.__dict__.get("_exchanges")
         if x is None:
@@ -444,8 +459,8 @@ class Broker:
         if given); returns how many went."""
         return self.exchange_table().unbind(exchange, target, pattern)
 
-    def publish(self, exchange: str, body, routing_key: str = "", headers=None, dedup_id=None,
-                timeout=None) -> int:
+    def publish(self, exchange: str, body: bytes, routing_key: str = "", headers: dict | None = None,
+                dedup_id: str | None = None, timeout: float | None = None) -> int:
         """Copy a message into every queue and stream the exchange routes ``routing_key``
         to; returns how many got it. A full queue is waited for up to ``timeout`` seconds
         (None: for ever), then QueueFull. Not atomic across targets: a publisher that
@@ -454,7 +469,7 @@ class Broker:
         return len(self.exchange_table().publish(exchange, body, routing_key, headers, dedup_id, timeout))
 
     # ---------------------------------------------------------------- request/reply (engine/rpc.py)
-    def request(self, queue: str, body, headers=None, timeout: float | None = None) -> bytes:
+    def request(self, queue: str, body: bytes, headers: dict | None = None, timeout: float | None = None) -> bytes:
         """Put a request into ``queue`` and wait for a worker's ``Delivery.reply``; returns
         the reply's body. RequestTimeout after ``timeout`` seconds (None: wait for ever);
         the reply queue is removed whatever happens."""

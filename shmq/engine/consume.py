@@ -7,12 +7,13 @@ slices) when nothing is ready. Part of ``Queue`` (``queue.py``).
 import threading
 import time
 
+from .. import dmsq
 from ..errors import LockTimeout, QueueEmpty
 from . import cpaths, deadletter, extension, housekeeping, ring, scheduling, waits
 from . import layout as L
 from .layout import (
-    I_DELETED, I_FRONTIER, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS, I_REDELIVERED_TOTAL,
-    I_EXPIRED_TOTAL, I_REQUEUED, I_SPECIAL, I_TAIL,
+    I_ACKED_TOTAL, I_DELETED, I_FRONTIER, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS,
+    I_REDELIVERED_TOTAL, I_EXPIRED_TOTAL, I_REQUEUED, I_SPECIAL, I_TAIL,
 )
 from .delivery import Delivery, Message
 from .headers import decode_headers
@@ -28,15 +29,28 @@ _REC = L.REC_SIZE
 _REC_UNPACK = L.REC.unpack_from
 _HOT_UNPACK = L.HOT.unpack_from
 _HOT_OFF = L.HOT_OFF
-_READY, _LEASED, _PAD = L.READY, L.LEASED, L.PAD
-_R_DEADLINE = L.R_DEADLINE
+_READY, _LEASED, _ACKED, _PAD = L.READY, L.LEASED, L.ACKED, L.PAD
+_R_DEADLINE, _R_MSG_ID = L.R_DEADLINE, L.R_MSG_ID
 _TTL = L.FLAG_TTL
 _expiry = extension.expiry
 _CONSUMERS = waits.CONSUMERS
+_encode_ack_entry = dmsq.encode_ack_entry
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _fast_take = cpaths.take
 _fast_take_many = cpaths.take_many
 _F_OWNERDEAD, _F_FALLBACK = cpaths.OWNERDEAD, cpaths.FALLBACK
+# a take's mode (bits, as _fast.c's): settled as taken (get(ack=False)); the body a view (copy=False)
+_AUTOACK, _VIEW = 1, 2
+_AUTOACK_LEASE_NS = 60 * 10**9  # the general take's lease of an auto-acked message, acked in the same call
+
+
+def _mode(ack, copy) -> int:
+    """The take mode of ``get(ack=, copy=)``; ValueError for a view of an auto-acked message
+    (its bytes may be reused at once)."""
+    mode = (0 if ack else _AUTOACK) | (0 if copy else _VIEW)
+    if mode == _AUTOACK | _VIEW:
+        raise ValueError("copy=False needs ack=True: an auto-acked message's bytes may be reused at once")
+    return mode
 
 
 class Consuming:
@@ -46,12 +60,25 @@ class Consuming:
     _prefetch = None
     _pending = 0  # deliveries being taken by gets under the cap
 
-    def get(self, timeout=None, visibility_timeout=None) -> Delivery:
+    def get(self, timeout: float | None = None, visibility_timeout: float | None = None, ack: bool = True,
+            copy: bool = True) -> Delivery:
         """Lease the next ready message (the oldest, in a plain queue); blocks until one
         is ready.
 
-        Raises QueueEmpty after ``timeout`` seconds (None: wait forever).
+        Raises QueueEmpty after ``timeout`` seconds (None: wait forever). ``ack=False``:
+        settled as it is taken (auto-ack: acked, no lease, its space free at once; a
+        crash after the get loses it), so the delivery cannot be acked or nacked.
+        ``copy=False``: ``body`` is ``view``, a read-only memoryview into the queue, valid
+        until the delivery is settled (not with ``ack=False``).
         """
+        if ack is not True or copy is not True:
+            mode = _mode(ack, copy)
+            if self._held is not None and ack:
+                return self._get_capped(1, timeout, visibility_timeout, None, mode)[0]
+            d = self._take_one(visibility_timeout, timeout, mode)
+            if d is None:
+                d = self._get(1, timeout, visibility_timeout, None, mode)[0]
+            return d
         if self._held is not None:
             return self._get_capped(1, timeout, visibility_timeout)[0]
         d = self._take_one(visibility_timeout, timeout)
@@ -59,8 +86,10 @@ class Consuming:
             d = self._get(1, timeout, visibility_timeout)[0]
         return d
 
-    def get_nowait(self, visibility_timeout=None) -> Delivery:
+    def get_nowait(self, visibility_timeout: float | None = None, ack: bool = True, copy: bool = True) -> Delivery:
         """``get`` that raises QueueEmpty at once instead of waiting."""
+        if ack is not True or copy is not True:
+            return Consuming.get(self, 0, visibility_timeout, ack, copy)
         if self._held is not None:
             return self._get_capped(1, 0, visibility_timeout)[0]
         d = self._take_one(visibility_timeout, 0)
@@ -68,7 +97,7 @@ class Consuming:
             d = self._get(1, 0, visibility_timeout)[0]
         return d
 
-    def peek(self, max_messages=10) -> list[Message]:
+    def peek(self, max_messages: int = 10) -> list[Message]:
         """Up to ``max_messages`` ready messages, next to be delivered first, without
         leasing them: no attempt is counted and nothing is hidden from consumers."""
         if type(max_messages) is not int or max_messages < 1:
@@ -92,7 +121,7 @@ class Consuming:
                                ext.group, self.name))
         return out
 
-    def consume(self, prefetch: int = 100, visibility_timeout=None):
+    def consume(self, prefetch: int = 100, visibility_timeout: float | None = None) -> "LocalConsumer":
         """An iterator of deliveries, waiting for each, with at most ``prefetch`` of them
         un-settled (the TCP client's ``consume``, where the server pushes them; here
         every get is already a memory access). It uses a handle of its own, so this
@@ -101,10 +130,10 @@ class Consuming:
             raise ValueError(f"prefetch must be a positive int, not {prefetch!r}")
         if visibility_timeout is not None:
             _seconds_ns(visibility_timeout, "visibility_timeout")
-        return LocalConsumer(type(self)(self.namespace, self.name), prefetch, visibility_timeout)
+        return LocalConsumer(self._sibling(), prefetch, visibility_timeout)
 
     # ------------------------------------------------------------------ prefetch
-    def set_prefetch(self, n: int | None) -> None:
+    def _set_prefetch(self, n: int | None) -> None:
         """Cap the deliveries this handle holds un-settled at ``n`` (None: no cap)."""
         if n is None:
             self._held = None
@@ -123,7 +152,7 @@ class Consuming:
                     held.discard(d)
                 self._held_cv.notify_all()
 
-    def _get_capped(self, maxn, timeout, visibility_timeout, max_bytes=None):
+    def _get_capped(self, maxn, timeout, visibility_timeout, max_bytes=None, mode=0):
         """A get under the prefetch cap: waits while the cap is reached."""
         deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
         cv, held = self._held_cv, self._held
@@ -150,7 +179,7 @@ class Consuming:
         left = None if deadline is None else max(0.0, (deadline - _mono()) / 1e9)
         got = ()
         try:
-            got = self._get(room, left, visibility_timeout, max_bytes)
+            got = self._get(room, left, visibility_timeout, max_bytes, mode)
         finally:
             with cv:
                 self._pending -= room
@@ -158,15 +187,23 @@ class Consuming:
                 cv.notify_all()
         return got
 
-    def _take_one(self, visibility_timeout, timeout):
+    def _take_one(self, visibility_timeout, timeout, mode=0):
         """Fast path of ``get``: the next never-delivered record at the frontier, when no
-        housekeeping is due and nothing was requeued. None sends the caller to ``_get``."""
+        housekeeping is due and nothing was requeued. None sends the caller to ``_get``.
+        ``mode``: ``_AUTOACK`` (settled as taken) and ``_VIEW`` (the body a view) bits."""
         lp = self._lockp
         slot = self._slot
         if lp is None or slot < 0 or visibility_timeout is not None or self._general:
             return None  # (the C take and the one below leave a queue with special records alone)
-        if _fast_take is not None:
-            r = _fast_take(self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0, _mono())
+        if _fast_take is not None and not (mode and mode & _AUTOACK and self._logged):  # (a logged ack: Python's)
+            if mode:
+                r = _fast_take(self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0,
+                               _mono(), mode, self._ring)
+                if type(r) is tuple and len(r) == 7:  # auto-acked, and a producer is owed a post
+                    self._nf.release()
+                    r = r[:6]
+            else:
+                r = _fast_take(self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0, _mono())
             if type(r) is tuple:
                 return Delivery(self, *r)
             if r == _F_FALLBACK:
@@ -176,11 +213,12 @@ class Consuming:
             # busy: the Python path below waits for the lock
         mm, mq, cap = self._mm, self._mq, self._cap
         body = None
+        post = False
         rc = _trylock(lp)
         if rc:
             self._lock_contended(rc, _lock_deadline(timeout), QueueEmpty)
         try:
-            (deleted, _head, tail, pos, _rp, requeued, _nid, ready, inflight, _dl, next_deadline, next_liveness,
+            (deleted, head, tail, pos, _rp, requeued, _nid, ready, inflight, _dl, next_deadline, next_liveness,
              _cw, _cp, _pw, _pp) = _HOT_UNPACK(mm, _HOT_OFF)
             now = _mono()
             off = pos % cap
@@ -191,50 +229,76 @@ class Consuming:
                 attempt = (status >> 32) + 1
                 if (status & 0xFF == _READY and not flags
                         and (self.max_deliveries is None or attempt <= self.max_deliveries)):
-                    until = now + self._vis_ns
                     w = a >> 3
-                    mq[w + _R_DEADLINE] = until
-                    mq[w] = _LEASED | (slot << 8) | (attempt << 32)  # commit
-                    mq[I_FRONTIER] = pos + length  # (ready_pos means nothing while requeued == 0)
-                    mq[I_READY] = ready - 1
-                    mq[I_INFLIGHT] = inflight + 1
-                    if until < next_deadline:
-                        mq[I_NEXT_DEADLINE] = until
+                    if mode & _AUTOACK:
+                        if self._logged:  # logged before the commit below
+                            self.wal.append(_encode_ack_entry(msg_id, attempt))
+                        mq[w] = _ACKED | (slot << 8) | (attempt << 32)  # commit
+                        mq[I_FRONTIER] = pos + length
+                        mq[I_READY] = ready - 1
+                        mq[I_ACKED_TOTAL] += 1
+                        post = ring.freed_at(mq, cap, self._base, pos, head)
+                    else:
+                        until = now + self._vis_ns
+                        mq[w + _R_DEADLINE] = until
+                        mq[w] = _LEASED | (slot << 8) | (attempt << 32)  # commit
+                        mq[I_FRONTIER] = pos + length  # (ready_pos means nothing while requeued == 0)
+                        mq[I_READY] = ready - 1
+                        mq[I_INFLIGHT] = inflight + 1
+                        if until < next_deadline:
+                            mq[I_NEXT_DEADLINE] = until
                     if attempt > 1:
                         mq[I_REDELIVERED_TOTAL] += 1
                     b = a + _REC
-                    body = mm[b + hl:b + hl + bl]
-                    hraw = mm[b:b + hl] if hl else None
+                    if mode & _VIEW:
+                        b = off + _REC
+                        body = self._ring[b + hl:b + hl + bl]
+                    else:
+                        body = mm[b + hl:b + hl + bl]
+                    hraw = mm[a + _REC:a + _REC + hl] if hl else None
         finally:
             _unlock(lp)
         if body is None:
             return None
+        if post:
+            self._nf.release()
         return Delivery(self, pos, msg_id, attempt, body, hraw, enq)
 
-    def get_many(self, max_messages=64, timeout=None, visibility_timeout=None, max_bytes=None) -> list[Delivery]:
+    def get_many(self, max_messages: int = 64, timeout: float | None = None, visibility_timeout: float | None = None,
+                 max_bytes: int | None = None, ack: bool = True, copy: bool = True) -> list[Delivery]:
         """Lease up to ``max_messages``; returns as soon as at least one is ready.
 
         With ``max_bytes``, stops before the bodies and headers taken would exceed it
-        (the first message is always taken).
+        (the first message is always taken). ``ack`` and ``copy`` as ``get``'s.
         """
         if type(max_messages) is not int or max_messages < 1:
             raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
-        if self._held is not None:
-            return self._get_capped(max_messages, timeout, visibility_timeout, max_bytes)
-        if _fast_take_many is not None and self._slot >= 0 and not self._general and self._lockp is not None:
+        if max_bytes is not None and (type(max_bytes) is not int or max_bytes < 1):
+            raise ValueError(f"max_bytes must be a positive int, not {max_bytes!r}")
+        mode = 0 if ack is True and copy is True else _mode(ack, copy)
+        if self._held is not None and ack:
+            return self._get_capped(max_messages, timeout, visibility_timeout, max_bytes, mode)
+        if (_fast_take_many is not None and self._slot >= 0 and not self._general and self._lockp is not None
+                and not (mode & _AUTOACK and self._logged)):
             # the plain takes from the frontier, in C under one lock hold; anything else: Python
             vis_ns = self._vis_ns if visibility_timeout is None else _seconds_ns(visibility_timeout,
                                                                                  "visibility_timeout")
             r = _fast_take_many(self._segp, self._base, self._cap, self._slot, vis_ns, self.max_deliveries or 0,
-                                _mono(), max_messages, max_bytes or 0)
+                                _mono(), max_messages, max_bytes or 0, mode, self._ring)
             if type(r) is list:
                 return [Delivery(self, *t) for t in r]
+            if type(r) is tuple:  # auto-acked
+                if r[1]:
+                    self._nf.release()
+                return [Delivery(self, *t) for t in r[0]]
             if r == _F_OWNERDEAD:
                 self._repair_held_lock()
-        return self._get(max_messages, timeout, visibility_timeout, max_bytes)
+        return self._get(max_messages, timeout, visibility_timeout, max_bytes, mode)
 
-    def _get(self, maxn, timeout, visibility_timeout, max_bytes=None):
-        if visibility_timeout is None:
+    def _get(self, maxn, timeout, visibility_timeout, max_bytes=None, mode=0):
+        if mode & _AUTOACK:
+            vis_ns = _AUTOACK_LEASE_NS  # leased only until the ack below, in this call
+        elif visibility_timeout is None:
             vis_ns = self._vis_ns
         else:
             vis_ns = _seconds_ns(visibility_timeout, "visibility_timeout")
@@ -249,6 +313,8 @@ class Consuming:
             except LockTimeout as e:
                 raise QueueEmpty(str(e)) from None
             if got:
+                if mode:
+                    self._finish(got, mode)
                 return got
             if not can_wait:
                 raise QueueEmpty(f"queue {self.name!r} is empty")
@@ -258,6 +324,31 @@ class Consuming:
                 waited = 0
                 continue
             waited = self._sleep(self._ne, deadline, _CONSUMERS)
+
+    def _finish(self, ds, mode):
+        """The general take's deliveries in ``mode``: acked now (in a second lock hold: the
+        fast paths settle as they take), or their bodies as views."""
+        if mode & _AUTOACK:
+            self._settle_acks(ds)
+        elif mode & _VIEW:
+            for d in ds:
+                d.body = self._view_of(d)
+
+    def _view_of(self, d) -> memoryview:
+        """``d``'s body in the ring, read-only, while ``d`` holds its lease (read without
+        the lock: only its holder settles a lease, and a lapsed one keeps its bytes until
+        it is taken again); DeliveryExpired once it is settled or taken again."""
+        if self._lockp is None:
+            raise self._closed()
+        mq, cap = self._mq, self._cap
+        off = d._pos % cap
+        w = (self._base + off) >> 3
+        s = mq[w]
+        if s & 0xFF != _LEASED or s >> 32 != d.attempt or mq[w + _R_MSG_ID] != d.id:
+            raise self._expired(d)
+        _s, _length, bl, hl, _f, _id, _e, _d = _REC_UNPACK(self._mm, self._base + off)
+        b = off + _REC + hl
+        return self._ring[b:b + bl]
 
     def _take(self, maxn, vis_ns, waited, register, max_bytes=None, deadline=None):
         """One locked attempt to lease up to ``maxn`` ready messages."""
@@ -382,7 +473,7 @@ class Consuming:
             deadletter.dead_letter(self, expired, "expired")
         return out
 
-    def ready_hint(self) -> bool:
+    def _ready_hint(self) -> bool:
         """Whether a message looks ready, read without the lock (a hint: re-check by taking)."""
         if self._lockp is None:
             raise self._closed()
@@ -397,7 +488,7 @@ class LocalConsumer:
     (which stays open while deliveries from it are alive, so they can be settled)."""
 
     def __init__(self, q, prefetch, visibility_timeout):
-        q.set_prefetch(prefetch)
+        q._set_prefetch(prefetch)
         self._q = q
         self._vis = visibility_timeout
         self._closed = False

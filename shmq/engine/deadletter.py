@@ -9,6 +9,7 @@ them back the same way round (put, then ack).
 
 from ..errors import DeliveryExpired, QueueEmpty, QueueFull, QueueNotFound
 from . import layout as L
+from .delivery import raw_body
 
 __all__ = ["DLQ_RETRY_DELAY_S", "dead_letter", "redrive"]
 
@@ -44,7 +45,7 @@ def dead_letter(q, deliveries, reason: str) -> None:
             if d.group is not None:
                 headers["x-death-group"] = d.group
             try:
-                q._dead_letter_target().put_nowait(d.body, headers)
+                q._dead_letter_target().put_nowait(raw_body(d), headers)
             except QueueFull:
                 full.append(d)
             except QueueNotFound:
@@ -108,7 +109,7 @@ def redrive(dlq, target, to=None, max_messages=None) -> int:
                         q._append(((d.body, hraw, L.record_size(len(hraw), len(d.body))),), 0,
                                   (extension.flags_of(hraw), 0, 0))
                     else:  # once per dead letter: a redrive killed before its ack and run again adds none
-                        q.import_messages([(msg_id, 0, d._enq, hraw, d.body)],
+                        q._import_messages([(msg_id, 0, d._enq, hraw, d.body)],
                                           once=extension.dedup_hash(f"redrive:{dlq.name}:{d.id}"))
                 except QueueFull:
                     skipped.extend(batch[i:])

@@ -1,11 +1,14 @@
 """What a queue hands out: a ``Delivery`` (one leased message) and ``QueueStats``."""
 
+import logging
 from dataclasses import dataclass
 
 from . import extension
 from .headers import decode_headers
 
-__all__ = ["Delivery", "Message", "QueueStats"]
+__all__ = ["Delivery", "Message", "QueueStats", "Processing", "raw_body"]
+
+_log = logging.getLogger("shmq")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,7 @@ class Delivery:
     Each raises :class:`DeliveryExpired` if the lease is no longer this delivery's.
     """
 
-    __slots__ = ("id", "body", "attempt", "_q", "_pos", "_hraw", "_enq", "_ext")
+    __slots__ = ("id", "body", "attempt", "_q", "_pos", "_hraw", "_enq", "_ext", "_raw")
 
     def __init__(self, q, pos, msg_id, attempt, body, hraw, enq_ns=0):
         self._q = q
@@ -100,6 +103,17 @@ class Delivery:
             return self._split().group
 
     @property
+    def view(self) -> memoryview:
+        """The body as a read-only memoryview into the queue's memory, no copy (``body``
+        itself with ``get(copy=False)``). Valid until the delivery is settled or its lease
+        lapses: after that its bytes may be reused by other messages (copy what you keep:
+        ``bytes(d.view)``). DeliveryExpired when it is no longer leased."""
+        b = raw_body(self)
+        if type(b) is memoryview:
+            return b
+        return self._q._view_of(self)
+
+    @property
     def enqueued_at(self) -> float:
         """When it was put (seconds since the epoch)."""
         return self._enq / 1e9
@@ -138,7 +152,12 @@ class Delivery:
     def extend(self, seconds: float) -> None:
         self._q._extend(self, seconds)
 
-    def reply(self, body, headers=None) -> bool:
+    def process(self, requeue: bool = True) -> "Processing":
+        """``with d.process(): ...`` acks when the block succeeds; when it raises, nacks
+        (``requeue``) or rejects (``requeue=False``), and the exception goes on."""
+        return Processing(self, requeue)
+
+    def reply(self, body: bytes, headers: dict | None = None) -> bool:
         """Answer a request (``Broker.request``) this delivery carries. False when the
         requester is gone (its reply queue was removed)."""
         from .rpc import reply
@@ -146,4 +165,57 @@ class Delivery:
         return reply(self, body, headers)
 
     def __repr__(self):
-        return f"<Delivery {self.queue}#{self.id} attempt={self.attempt} {len(self.body)}B>"
+        return f"<Delivery {self.queue}#{self.id} attempt={self.attempt} {len(raw_body(self))}B>"
+
+
+def raw_body(d) -> bytes:
+    """A delivery's body as bytes, also when a serializer loaded ``d.body``."""
+    try:
+        return d._raw
+    except AttributeError:
+        return d.body
+
+
+class Processing:
+    """``Delivery.process()``: settles the delivery as its block ends (aio-pika's
+    ``message.process``). ``with`` for the local and blocking deliveries, ``async with``
+    for the asyncio client's. If the settling fails after the block raised (a lost
+    connection), the block's exception goes on and the lease lapses: nothing is lost."""
+
+    __slots__ = ("_d", "_requeue")
+
+    def __init__(self, d, requeue: bool):
+        self._d = d
+        self._requeue = requeue
+
+    def _settle(self, failed: bool):
+        d = self._d
+        if not failed:
+            return d.ack()
+        return d.nack() if self._requeue else d.reject()
+
+    def __enter__(self):
+        return self._d
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self._settle(False)
+            return False
+        try:
+            self._settle(True)
+        except Exception as e:  # the block's exception matters more; the lease will lapse
+            _log.warning("could not give back %r after its block raised: %s", self._d, e)
+        return False
+
+    async def __aenter__(self):
+        return self._d
+
+    async def __aexit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            await self._settle(False)
+            return False
+        try:
+            await self._settle(True)
+        except Exception as e:
+            _log.warning("could not give back %r after its block raised: %s", self._d, e)
+        return False

@@ -9,7 +9,7 @@ import msgpack
 
 from ..errors import MessageTooLarge
 
-__all__ = ["MAX_HEADERS_BYTES", "encode_headers", "decode_headers"]
+__all__ = ["MAX_HEADERS_BYTES", "encode_headers", "decode_headers", "per_item"]
 
 MAX_HEADERS_BYTES = 64 * 1024
 _VALUE_TYPES = (str, int, float, bool, bytes)
@@ -43,3 +43,17 @@ def decode_headers(raw) -> dict:
     if not raw:
         return {}
     return msgpack.unpackb(raw, raw=False)
+
+
+def per_item(headers, n: int) -> list:
+    """put_many's ``headers`` as a list of ``n`` (a map for all, or a map or None item by
+    item); TypeError / ValueError in the words both transports use."""
+    if isinstance(headers, dict):
+        return [headers] * n
+    if isinstance(headers, (list, tuple)):
+        if len(headers) != n:
+            raise ValueError(f"put_many got {n} bodies and {len(headers)} headers: give one map per body, "
+                             f"or one map for all")
+        return list(headers)
+    raise TypeError(f"headers must be a map or a list of maps, not {type(headers).__name__}")
+

@@ -42,7 +42,7 @@ def expire(q, now) -> int:
             due = mq[w + _R_DEADLINE]
             if due <= now:
                 if state == _LEASED and q._retry_ns:  # a lapsed lease waits as the retry policy says
-                    backoff = q.retry_delay_ns(mq[w] >> 32)
+                    backoff = q._retry_delay_ns(mq[w] >> 32)
                     mq[w + _R_DEADLINE] = now + backoff
                     mq[w] = L.status_word(_DELAYED, L.NO_HOLDER, mq[w] >> 32)  # commit
                     mq[L.I_INFLIGHT] -= 1

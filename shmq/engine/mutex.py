@@ -20,6 +20,7 @@ caller's deadline or by ``LOCK_TIMEOUT_S``; only a caller that asked to wait for
 import ctypes
 import errno
 import os
+import threading
 import time
 
 from ..errors import LockTimeout
@@ -99,6 +100,9 @@ def lock_slow(ptr, rc, deadline=None, wait_s=None) -> bool:
             if rc != errno.EBUSY:
                 break
         else:
+            if ctypes.c_int.from_address(ptr.value + _OWNER_OFF).value == threading.get_native_id():
+                raise RuntimeError("this thread holds the queue's lock already (a call on the queue inside its "
+                                   "reserve() block?): it would wait for itself")
             rc = _lock(ptr) if deadline == FOREVER else _timed_lock(ptr, deadline, wait_s)
         if rc == 0:
             return False

@@ -4,19 +4,22 @@ the ring and takes batches all or nothing. Part of ``Queue`` (``queue.py``).
 """
 
 import time
+from collections.abc import Iterable, Sequence
 
 from .. import dmsq
 from ..errors import MessageTooLarge, LockTimeout, QueueFull
 from . import cpaths, dedup, extension, ring, waits
 from . import layout as L
 from .layout import I_CPOSTED, I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY, I_READY_POS, I_TAIL
-from .headers import encode_headers
+from .headers import encode_headers, per_item
+from .reserve import Reservation
 from .mutex import FOREVER
 from .mutex import trylock as _trylock
 from .mutex import unlock as _unlock
 
-__all__ = ["Producing", "as_bytes"]
+__all__ = ["Producing", "as_bytes", "as_body", "batch_items"]
 
+Body = bytes | bytearray | memoryview  # what a put takes (a handle with a serializer: any object)
 _mono = time.monotonic_ns
 _wall = time.time_ns
 _REC = L.REC_SIZE
@@ -39,14 +42,37 @@ def as_bytes(value, what="message body"):
     raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}")
 
 
+def as_body(value):
+    """A put_many item as bytes; a tuple gets a TypeError that says where headers go."""
+    if type(value) is tuple:
+        raise TypeError("put_many items are bodies, not tuples: give headers with headers= "
+                        "(one map for all, or a list of maps item by item)")
+    return as_bytes(value)
+
+
+def batch_items(bodies, headers, maxmsg: int, name: str, ext: bytes = b"") -> list:
+    """(body, header bytes, record size) of each item of a put_many with ``headers``
+    (``headers.per_item``)."""
+    bodies = list(bodies)
+    items = []
+    for body, h in zip(bodies, per_item(headers, len(bodies))):
+        hraw = ext + encode_headers(h)
+        if type(body) is not bytes:
+            body = as_body(body)
+        if len(body) > maxmsg:
+            raise MessageTooLarge(f"message body is {len(body)} bytes; queue {name!r} takes at most {maxmsg}")
+        items.append((body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8))
+    return items
+
 
 class Producing:
     """The put operations of ``Queue``."""
 
     # (the options are not keyword-only: CPython fills missing keyword-only arguments from a
     # dict, a lookup each, which the plain put would pay on every call)
-    def put(self, body, headers=None, timeout=None, priority=0, delay=0.0, ttl=None, group=None,
-            dedup_id=None) -> int:
+    def put(self, body: Body, headers: dict | None = None, timeout: float | None = None, priority: int = 0,
+            delay: float = 0.0, ttl: float | None = None, group: str | None = None,
+            dedup_id: str | bytes | None = None, wait: bool = True) -> int:
         """Append one message; blocks while the queue is full.
 
         Returns the message id. Raises QueueFull after ``timeout`` seconds (None: wait
@@ -118,40 +144,44 @@ class Producing:
             return msg_id
         return self._append(((body, hraw, size),), timeout)[0]
 
-    def put_nowait(self, body, headers=None) -> int:
+    def flush(self) -> None:
+        """Nothing to wait for: a local put is confirmed when it returns (``wait`` is for
+        the TCP client's pipelined puts, which ``flush`` waits for there)."""
+
+    def put_nowait(self, body: Body, headers: dict | None = None) -> int:
         """``put`` that raises QueueFull at once instead of waiting."""
         return self.put(body, headers, timeout=0)
 
-    def put_many(self, bodies, timeout=None, priority=0, delay=0.0, ttl=None) -> list[int]:
+    def put_many(self, bodies: Iterable[Body], timeout: float | None = None, priority: int = 0, delay: float = 0.0,
+                 ttl: float | None = None, headers: dict | Sequence[dict | None] | None = None,
+                 wait: bool = True) -> list[int]:
         """Append a batch under one lock, all or nothing; returns the ids in order.
 
-        Items are bodies or ``(body, headers)`` pairs. ``priority``, ``delay`` and ``ttl``
-        (as ``put``'s) apply to every item.
+        Items are bodies (bytes-like). ``headers``: one map for every item, or a list of
+        maps (or None) item by item. ``priority``, ``delay`` and ``ttl`` (as ``put``'s)
+        apply to every item.
         """
         ext = b""
         flags = delay_ns = 0
         if priority or delay or ttl is not None:
             ext, flags, delay_ns = self._extension(priority, delay, ttl, None, 0)
+        if headers is not None:
+            return self._append_items(batch_items(bodies, headers, self.max_message_bytes, self.name, ext),
+                                      timeout, ext, flags, delay_ns)
         items = []
         append = items.append
         maxmsg = self.max_message_bytes
         for body in bodies:
-            if type(body) is bytes:
-                hraw = b""
-            elif type(body) is tuple:
-                body, headers = body
-                hraw = b"" if headers is None else encode_headers(headers)
-                if type(body) is not bytes:
-                    body = as_bytes(body)
-            else:
-                body, hraw = as_bytes(body), b""
+            if type(body) is not bytes:
+                body = as_body(body)
             if len(body) > maxmsg:
                 raise MessageTooLarge(
                     f"message body is {len(body)} bytes; queue {self.name!r} takes at most {maxmsg}"
                 )
-            if ext:
-                hraw = ext + hraw
-            append((body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8))
+            append((body, ext, (_REC + 7 + len(ext) + len(body)) & -8))
+        return self._append_items(items, timeout, ext, flags, delay_ns)
+
+    def _append_items(self, items, timeout, ext, flags, delay_ns):
         if not items:
             return []
         if ext:
@@ -195,9 +225,38 @@ class Producing:
         return self._append(((body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8),), timeout,
                             (flags, delay_ns, dh))[0]
 
+    def reserve(self, size: int, headers: dict | None = None, timeout: float | None = None) -> "Reservation":
+        """Room for one message of ``size`` bytes, filled in place (no copy):
+        ``with q.reserve(n) as buf: buf[:] = ...`` — ``buf`` is a writable memoryview of
+        exactly ``size`` bytes in the queue's memory. The message is published when the
+        block exits normally (its id is then the reservation's ``id``), and nothing is
+        when it raises, or when the process dies inside it.
+
+        Waits for room as ``put`` does (QueueFull after ``timeout``), then holds the
+        queue's lock while the block runs: every other caller of the queue waits for it,
+        so fill and leave (a call on this queue from inside the block raises
+        RuntimeError). ``buf`` is released as the block ends (a later use raises
+        ValueError); a buffer still exported from it then (a numpy array made from it)
+        publishes nothing and raises BufferError. MessageTooLarge when ``size`` exceeds
+        ``max_message_bytes``.
+        """
+        if type(size) is not int or size < 0:
+            raise ValueError(f"size must be an int >= 0, not {size!r}")
+        if size > self.max_message_bytes:
+            raise MessageTooLarge(
+                f"message body is {size} bytes; queue {self.name!r} takes at most {self.max_message_bytes}")
+        if self._lockp is None:
+            raise self._closed()
+        return Reservation(self, size, b"" if headers is None else encode_headers(headers), timeout)
+
     def _append(self, items, timeout, options=None):
         """Append ``(body, encoded headers, record size)`` items, waiting for room.
         ``options``: (record flags, delay ns, dedup hash) for every item, or None."""
+        return self._until_room(self._try_append, items, timeout, options)
+
+    def _until_room(self, attempt, items, timeout, options=None):
+        """``attempt(items, waited, deadline, options)`` until it returns something, sleeping
+        for room between tries; QueueFull after ``timeout``."""
         deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
         total = sum(item[2] for item in items)
         if total > self._cap:
@@ -207,7 +266,7 @@ class Producing:
         waited = 0
         while True:
             try:
-                ids, post = self._try_append(items, waited, deadline, options)
+                ids, post = attempt(items, waited, deadline, options)
             except LockTimeout as e:
                 raise QueueFull(str(e)) from None
             for _ in range(post):
@@ -225,6 +284,69 @@ class Producing:
             tail = L.place(tail, item[2], cap)[1]
         return tail
 
+    def _room(self, items, deadline):
+        """Where ``items`` go: the tail, or None when they do not fit now (then registered
+        as a producer waiting for room, unless past ``deadline``). Lock held."""
+        mq, cap = self._mq, self._cap
+        head, tail = mq[I_HEAD], mq[I_TAIL]
+        end = self._placement_end(items, tail)
+        if end - head > cap and head == tail and tail % cap:
+            # empty but badly placed: start the next lap, so any batch <= capacity fits
+            tail = head = tail + cap - tail % cap
+            mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = tail
+            end = self._placement_end(items, tail)
+        if end - head > cap:
+            if deadline is None or _mono() < deadline:
+                waits.register(mq, self._my_slot(), _PRODUCERS)
+            return None
+        return tail
+
+    def _try_reserve(self, items, waited, deadline, _options=None):
+        """One locked attempt to place ``items``' one record: ((its position, its byte
+        address), 0) with the lock held and the record written but for its body and put
+        time, past the tail (invisible until ``_publish``); or (None, 0), the lock released."""
+        mm, mq = self._mm, self._mq
+        self._acquire(FOREVER if deadline is None else deadline)
+        held = False
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            if waited:
+                waits.unregister(mq, self._slot, _PRODUCERS, waited)
+            tail = mq[I_TAIL]
+            size, hraw, rec = items[0]
+            pos, a = ring.place(mm, self._base, self._cap, tail, rec)
+            L.REC.pack_into(mm, a, _READY, rec, size, len(hraw), 0, mq[I_NEXT_ID], 0, 0)
+            if hraw:
+                mm[a + _REC:a + _REC + len(hraw)] = hraw
+            held = True
+            return (pos, a), 0
+        finally:
+            if not held:
+                self._release()
+
+    def _publish(self, pos, a):
+        """Commit the record ``_try_reserve`` placed at ``pos`` (lock held; released here,
+        whatever happens). Returns its message id."""
+        mm, mq = self._mm, self._mq
+        post = 0
+        try:
+            _s, rec, size, hl, _f, msg_id, _e, _d = L.REC.unpack_from(mm, a)
+            now = _wall()
+            if self._logged:  # logged (and fsynced, by policy) before the commit below
+                b = a + _REC
+                self.wal.append(_encode_put_entry(msg_id, now, mm[b:b + hl], mm[b + hl:b + hl + size]))
+            mq[(a >> 3) + L.R_ENQ] = now
+            mq[I_TAIL] = pos + rec  # commit
+            mq[I_NEXT_ID] = msg_id + 1
+            mq[I_READY] += 1
+            post = waits.owed_posts(mq, _CONSUMERS, 1)
+        finally:
+            self._release()
+        if post:
+            self._ne.release()
+        return msg_id
+
     def _try_append(self, items, waited, deadline, options=None):
         """One locked attempt. Returns (ids or None, semaphore posts owed)."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
@@ -241,16 +363,8 @@ class Producing:
                 known = dedup.lookup(mq, self._dedup_off, dh, _wall())
                 if known:
                     return [known], 0
-            head, tail = mq[I_HEAD], mq[I_TAIL]
-            end = self._placement_end(items, tail)
-            if end - head > cap and head == tail and tail % cap:
-                # empty but badly placed: start the next lap, so any batch <= capacity fits
-                tail = head = tail + cap - tail % cap
-                mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = tail
-                end = self._placement_end(items, tail)
-            if end - head > cap:
-                if deadline is None or _mono() < deadline:
-                    waits.register(mq, self._my_slot(), _PRODUCERS)
+            tail = self._room(items, deadline)
+            if tail is None:
                 return None, 0
             # write the records past the tail, then publish them with one store
             now = _wall()

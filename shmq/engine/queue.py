@@ -88,7 +88,7 @@ class Queue(Producing, Consuming, Settling):
         self.name = name
         self._slot = -1
         self._dlq = None
-        self._held = None  # with a prefetch cap (``set_prefetch``): the deliveries held un-settled
+        self._held = None  # with a prefetch cap (``_set_prefetch``): the deliveries held un-settled
         try:
             seg = open_segment(segment_name(namespace, "q", name))
         except (FileNotFoundError, ValueError):
@@ -122,6 +122,7 @@ class Queue(Producing, Consuming, Settling):
         self._seg = seg
         self._mm = mm
         self._mq = memoryview(mm).cast("Q")
+        self._ring = memoryview(mm)[data_off:data_off + cap].toreadonly()  # what deliveries' views slice
         self._cap = cap
         self._base = data_off
         self.max_bytes = cap
@@ -166,6 +167,10 @@ class Queue(Producing, Consuming, Settling):
     def __reduce__(self):
         return (_reattach, (self.namespace, self.name))
 
+    def _sibling(self):
+        """Another handle on this queue, as this one was opened."""
+        return Queue(self.namespace, self.name)
+
     @property
     def deleted(self) -> bool:
         """True once the queue was deleted (this handle then only raises QueueNotFound)."""
@@ -191,6 +196,7 @@ class Queue(Producing, Consuming, Settling):
         self._lockp = None
         self.wal.close()
         self._mq.release()
+        self._ring.release()  # (views sliced from it stay valid: the mapping goes with the last of them)
         self._ne.close()
         self._nf.close()
         self._seg.close()
@@ -280,7 +286,7 @@ class Queue(Producing, Consuming, Settling):
             self._dlq = Queue(self.namespace, self.dead_letter_queue)
         return self._dlq
 
-    def housekeep(self) -> int:
+    def _housekeep(self) -> int:
         """Do the due work now: expire leases, wake delayed messages, return the leases
         of dead processes. Returns how many messages became ready again."""
         return housekeeping.housekeep(self, _mono())
@@ -387,7 +393,7 @@ class Queue(Producing, Consuming, Settling):
             "retry_backoff": self._backoff, "retry_delay_max": self._retry_max_ns / 1e9 if self._retry_max_ns else None,
         }
 
-    def export_messages(self, rotate_wal: bool = False) -> list[tuple[int, int, int, bytes, bytes]]:
+    def _export_messages(self, rotate_wal: bool = False) -> list[tuple[int, int, int, bytes, bytes]]:
         """Every message not yet settled, as (id, attempt, enqueued_ns, encoded headers,
         body), oldest first. Leased and delayed ones are included with their attempt
         count (restored as ready, they are delivered again). The lock is held only to
@@ -414,7 +420,7 @@ class Queue(Producing, Consuming, Settling):
                 out.append((msg_id, status >> 32, enq, bytes(copy[b:b + hl]), bytes(copy[b + hl:b + hl + bl])))
         return out
 
-    def import_messages(self, messages, once: int = 0) -> int:
+    def _import_messages(self, messages, once: int = 0) -> int:
         """Append messages keeping their (id, attempt, enqueued_ns, headers, body) — for
         restoring a snapshot. All or nothing; QueueFull if they do not fit now.
 

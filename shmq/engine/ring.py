@@ -11,7 +11,7 @@ reuse these as they are.
 from . import layout as L
 
 __all__ = ["records", "copy_used", "copied_records", "place", "write_record", "leased_word", "make_ready",
-           "advance_head", "next_ready"]
+           "advance_head", "freed_at", "next_ready"]
 
 _REC = L.REC_SIZE
 _PACK = L.REC.pack_into
@@ -133,6 +133,18 @@ def advance_head(mq, cap, base):
     if mq[I_READY_POS] < head:
         mq[I_READY_POS] = head
     return True
+
+
+def freed_at(mq, cap, base, pos, head) -> bool:
+    """After the record at ``pos`` was settled (``head`` read before): reclaim space when
+    it was the first after the head (or after a pad at the head); True when a sleeping
+    producer is owed a post (counted as posted)."""
+    if (pos == head or (pos % cap == 0 and pos - head < cap)) and advance_head(mq, cap, base):
+        pw = mq[L.I_PWAIT]
+        if pw and pw > mq[L.I_PPOSTED]:
+            mq[L.I_PPOSTED] += 1
+            return True
+    return False
 
 
 def next_ready(mq, cap, base, pos, frontier):

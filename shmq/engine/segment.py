@@ -120,6 +120,17 @@ class Segment(_stdlib_shm.SharedMemory):
         with _Untracked():
             super().unlink()
 
+    def close(self):
+        """Close this mapping; one still seen through memoryviews (a delivery's ``view``)
+        is unmapped when the last of them goes, so no view ever reads unmapped memory."""
+        try:
+            super().close()
+        except BufferError:
+            self._mmap = None  # the views hold it
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
 
 def create_segment(name: str, size: int) -> Segment:
     """Create a new segment with all its memory reserved (FileExistsError if the name is

@@ -4,17 +4,19 @@ the lease is still the delivery's (``ring.leased_word``). Part of ``Queue`` (``q
 """
 
 import time
+from collections.abc import Iterable
 
 from .. import dmsq
 from ..errors import DeliveryExpired
 from . import cpaths, deadletter, ring, waits
 from . import layout as L
 from .layout import (
-    I_ACKED_TOTAL, I_DEAD_TOTAL, I_DELAYED, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE, I_PPOSTED, I_PWAIT,
+    I_ACKED_TOTAL, I_DEAD_TOTAL, I_DELAYED, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE,
     I_TAIL,
 )
 from .mutex import trylock as _trylock
 from .mutex import unlock as _unlock
+from .delivery import Delivery
 
 __all__ = ["Settling"]
 
@@ -83,18 +85,13 @@ class Settling:
             mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
             mq[I_INFLIGHT] -= 1
             mq[I_ACKED_TOTAL] += 1
-            # the first record after the head (or after a pad at the head) frees space
-            if (pos == head or (pos % cap == 0 and pos - head < cap)) and ring.advance_head(mq, cap, self._base):
-                pw = mq[I_PWAIT]
-                if pw and pw > mq[I_PPOSTED]:
-                    mq[I_PPOSTED] += 1
-                    post = True
+            post = ring.freed_at(mq, cap, self._base, pos, head)
         finally:
             _unlock(lp)
         if post:
             self._nf.release()
 
-    def ack_many(self, deliveries) -> int:
+    def ack_many(self, deliveries: Iterable[Delivery]) -> int:
         """Ack a batch under one lock. Raises DeliveryExpired naming those no longer
         leased (the others are acked). Returns how many were acked."""
         ds = self._own(deliveries)
@@ -116,7 +113,7 @@ class Settling:
             # busy: the Python path below waits for the lock
         return self._settle_acks(ds)
 
-    def retry_delay_ns(self, attempt: int) -> int:
+    def _retry_delay_ns(self, attempt: int) -> int:
         """The queue's retry policy: how long a message nacked without a delay (or whose
         lease lapsed) after ``attempt`` deliveries waits before it is ready again."""
         if not self._retry_ns:
@@ -126,13 +123,13 @@ class Settling:
             return self._retry_max_ns
         return int(min(d, 2**62))
 
-    def nack_many(self, deliveries, delay: float | None = None) -> int:
+    def nack_many(self, deliveries: Iterable[Delivery], delay: float | None = None) -> int:
         """Make a batch ready again under one lock (after ``delay`` seconds; None: the
         queue's retry policy), keeping their attempt counts. Raises DeliveryExpired naming
         those no longer leased (the others are nacked). Returns how many were nacked."""
         return self._requeue(deliveries, delay)
 
-    def release_many(self, deliveries) -> int:
+    def _release_many(self, deliveries) -> int:
         """Give back deliveries no consumer saw (pushed by the server, never handed out):
         ready again at once, and the delivery they were leased for does not count as an
         attempt. Otherwise as ``nack_many``."""
@@ -150,7 +147,7 @@ class Settling:
             live, expired = self._leased(deliveries, now)
             for d, w in live:
                 if policy:
-                    delay_ns = self.retry_delay_ns(d.attempt)
+                    delay_ns = self._retry_delay_ns(d.attempt)
                 if delay_ns:
                     mq[w + _R_DEADLINE] = now + delay_ns
                     mq[w] = L.status_word(_DELAYED, L.NO_HOLDER, mq[w] >> 32)  # commit
@@ -171,7 +168,7 @@ class Settling:
         self._raise_expired(expired)
         return done
 
-    def reject_many(self, deliveries) -> None:
+    def reject_many(self, deliveries: Iterable[Delivery]) -> None:
         """Dead-letter a batch (to ``dead_letter_queue``, or drop it when there is none).
         Raises DeliveryExpired if one is no longer leased (then none is touched)."""
         deadletter.dead_letter(self, self._own(deliveries), "rejected")
@@ -204,6 +201,8 @@ class Settling:
         return deliveries
 
     def _raise_expired(self, expired):
+        if len(expired) == 1:
+            raise self._expired(expired[0])
         if expired:
             ids = ", ".join(f"#{d.id}" for d in expired[:10])
             raise DeliveryExpired(f"{len(expired)} deliveries of {self.name!r} are no longer leased: {ids}")

@@ -8,15 +8,18 @@ Strategy: the client builds its fields with the same checks the local engine mak
 server reads them back into the engine's arguments with the functions beside them.
 """
 
+from operator import itemgetter
+
 from ..engine.delivery import Message, QueueStats
-from ..engine.headers import encode_headers
+from ..engine.headers import encode_headers, per_item
+from ..engine.produce import as_body
 from ..engine.stream import Record, RecordMetadata
 from .compression import check_codec, compress, decompress
 from .requests import MAX_RECORDS, check_records, normalize_records
 
 __all__ = ["create_fields", "create_args", "QUEUE_OPTIONS", "stats_fields", "stats_from_fields", "message_fields",
-           "put_fields", "put_args", "consume_fields", "consume_args", "delivery_fields", "peeked_fields",
-           "message_from_fields", "ms", "STREAM_INFO", "stream_create_fields",
+           "put_fields", "put_args", "messages_fields", "messages_args", "consume_fields", "consume_args",
+           "delivery_fields", "peeked_fields", "message_from_fields", "ms", "STREAM_INFO", "stream_create_fields",
            "stream_create_args", "stream_info_fields", "record_fields", "batch_fields", "batch_args",
            "read_fields", "record_reply", "record_from_fields", "metadata_fields", "metadata_from_fields",
            "pairs", "from_pairs", "commit_pairs", "stream_stats_fields", "stream_stats_from_fields"]
@@ -124,6 +127,34 @@ def message_fields(body, headers) -> dict:
     return m
 
 
+def messages_fields(bodies, headers) -> list:
+    """PRODUCE_BATCH's ``messages``: bodies, with ``headers`` as put_many takes them (one
+    map for all, or a list item by item; ``per_item``); checked as the local engine checks them."""
+    if headers is None:
+        return [message_fields(_no_tuple(b), None) for b in bodies]
+    bodies = list(bodies)
+    return [message_fields(_no_tuple(b), h) for b, h in zip(bodies, per_item(headers, len(bodies)))]
+
+
+_body_of = itemgetter("body")
+
+
+def messages_args(messages) -> tuple:
+    """(bodies, headers) for put_many from PRODUCE_BATCH's checked ``messages``: headers
+    None when no message has any, else a map or None item by item."""
+    bodies = list(map(_body_of, messages))
+    if set(map(len, messages)) <= {1}:  # bodies only (the usual batch): no pass in Python
+        return bodies, None
+    headers = [m.get("headers") for m in messages]
+    return bodies, headers if any(headers) else None
+
+
+def _no_tuple(body):
+    if type(body) is tuple:
+        as_body(body)  # its TypeError says where headers go
+    return body
+
+
 def put_fields(priority=0, delay=0.0, ttl=None, group=None, dedup_id=None) -> dict:
     """A put's options on the wire (PRODUCE; PRODUCE_BATCH without ``group`` and
     ``dedup_id``), checked as the local engine checks their types; a default is left out,
@@ -156,20 +187,25 @@ def put_args(f) -> dict:
     return args
 
 
-def consume_fields(max_messages, visibility_timeout) -> dict:
+def consume_fields(max_messages, visibility_timeout, max_bytes=None) -> dict:
     """The CONSUME fields of a get_many, checked as the local engine checks them."""
     if type(max_messages) is not int or max_messages < 1:
         raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
     fields = {"max": max_messages}
     if visibility_timeout is not None:
         fields["visibility_ms"] = ms(visibility_timeout, "visibility_timeout")
+    if max_bytes is not None:
+        if type(max_bytes) is not int or max_bytes < 1:
+            raise ValueError(f"max_bytes must be a positive int, not {max_bytes!r}")
+        fields["max_bytes"] = max_bytes
     return fields
 
 
 def consume_args(f) -> tuple:
-    """(max_messages, visibility_timeout in seconds or None) from CONSUME's checked fields."""
+    """(max_messages, visibility_timeout in seconds or None, max_bytes or None) from
+    CONSUME's checked fields."""
     vis = f.get("visibility_ms")
-    return f["max"], None if vis is None else vis / 1000
+    return f["max"], None if vis is None else vis / 1000, f.get("max_bytes")
 
 
 def delivery_fields(d, tag: int) -> dict:

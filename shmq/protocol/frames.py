@@ -4,8 +4,10 @@ Strategy: this module is sans-IO, like h11. It owns no socket and never blocks: 
 caller hands received bytes to ``FrameDecoder.feed`` and pulls whole frames out of
 ``next_frame``, which returns None until a frame is complete. The asyncio server and
 the sync and async clients share it, so there is one reading of the spec
-(docs/PROTOCOL.md). The 16-byte header is packed and unpacked in one place
-(``pack_header`` / ``unpack_header``). Nothing read off the wire is trusted: a
+(docs/PROTOCOL.md). The 16-byte header is one precompiled ``struct.Struct`` (``_HEADER``):
+one pack per frame out, one ``unpack_from`` per frame in, read where it lies in the
+buffer; a payload is decoded from a memoryview of the buffer, not a copy. Nothing read
+off the wire is trusted: a
 declared length is checked against ``max_frame_bytes`` as soon as the header is in,
 before a byte of payload is buffered; msgpack is decoded with limits tied to the
 payload size; request fields are checked against one table (``requests.REQUEST_FIELDS``).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -143,8 +146,11 @@ class Status(enum.IntEnum):
 # ---------------------------------------------------------------------------- header
 
 # magic u32, length u32, type u8, version u8, status u16, msg id u32; network order.
+# One precompiled Struct: a frame's header is one pack or one unpack_from call.
 _HEADER = struct.Struct("!IIBBHI")
 assert _HEADER.size == HEADER_SIZE
+_pack_header = _HEADER.pack
+_unpack_header_from = _HEADER.unpack_from
 
 
 class Header(NamedTuple):
@@ -161,19 +167,23 @@ class Header(NamedTuple):
 def pack_header(length: int, msg_type: int, status: int, msg_id: int, version: int = VERSION) -> bytes:
     """The 16 header bytes; ValueError if a field does not fit its width."""
     try:
-        return _HEADER.pack(MAGIC, length, msg_type, version, status, msg_id)
+        return _pack_header(MAGIC, length, msg_type, version, status, msg_id)
     except struct.error:
-        raise ValueError(
-            f"header field out of range: length={length!r} (u32) type={msg_type!r} (u8) "
-            f"version={version!r} (u8) status={status!r} (u16) msg_id={msg_id!r} (u32)"
-        ) from None
+        raise _out_of_range(length, msg_type, status, msg_id, version) from None
+
+
+def _out_of_range(length, msg_type, status, msg_id, version) -> ValueError:
+    return ValueError(
+        f"header field out of range: length={length!r} (u32) type={msg_type!r} (u8) "
+        f"version={version!r} (u8) status={status!r} (u16) msg_id={msg_id!r} (u32)"
+    )
 
 
 def unpack_header(buf, offset: int = 0) -> Header:
     """Read the header at ``buf[offset:offset+16]``; the caller checks magic etc."""
     if len(buf) - offset < HEADER_SIZE:
         raise ValueError(f"a header takes {HEADER_SIZE} bytes, only {len(buf) - offset} given")
-    return Header._make(_HEADER.unpack_from(buf, offset))
+    return Header._make(_unpack_header_from(buf, offset))
 
 
 # ----------------------------------------------------------------------------- frames
@@ -198,23 +208,42 @@ class Frame:
         return self.type & 0x7F
 
 
+_packers = threading.local()  # one msgpack Packer per thread: a Packer is not shared safely
+
+
+def _packb(payload: dict) -> bytes:
+    try:
+        pack = _packers.pack
+    except AttributeError:
+        pack = _packers.pack = msgpack.Packer(use_bin_type=True).pack
+    return pack(payload)
+
+
+def _encode(msg_type: int, msg_id: int, payload, status: int, version: int = VERSION) -> bytes:
+    """Header + msgpack payload, the header packed in one call; an empty payload dict
+    encodes as zero bytes."""
+    if type(payload) is not dict and not isinstance(payload, dict):
+        raise TypeError(f"a frame payload must be a dict, not {type(payload).__name__}")
+    body = _packb(payload) if payload else b""
+    try:
+        return _pack_header(MAGIC, len(body), msg_type, version, status, msg_id) + body
+    except struct.error:
+        raise _out_of_range(len(body), msg_type, status, msg_id, version) from None
+
+
 def encode_frame(frame: Frame) -> bytes:
     """Header + msgpack payload; an empty payload dict encodes as zero bytes."""
-    payload = frame.payload
-    if not isinstance(payload, dict):
-        raise TypeError(f"a frame payload must be a dict, not {type(payload).__name__}")
-    body = msgpack.packb(payload, use_bin_type=True) if payload else b""
-    return pack_header(len(body), frame.type, frame.status, frame.msg_id, frame.version) + body
+    return _encode(frame.type, frame.msg_id, frame.payload, frame.status, frame.version)
 
 
 def encode_request(msg_type: int, msg_id: int, payload: dict | None = None) -> bytes:
     """A request frame (status 0)."""
-    return encode_frame(Frame(msg_type, msg_id, {} if payload is None else payload))
+    return _encode(msg_type, msg_id, {} if payload is None else payload, 0)
 
 
 def encode_reply(request_type: int, msg_id: int, payload: dict | None = None, status: int = Status.OK) -> bytes:
     """The reply to a request of ``request_type``: type | REPLY_BIT, same msg id."""
-    return encode_frame(Frame(request_type | REPLY_BIT, msg_id, {} if payload is None else payload, status))
+    return _encode(request_type | REPLY_BIT, msg_id, {} if payload is None else payload, status)
 
 
 def encode_error(request_type: int, msg_id: int, status: int, message: str, details: dict | None = None) -> bytes:
@@ -267,21 +296,26 @@ class FrameDecoder:
     """Bytes in (``feed``), frames out (``next_frame``); see the module docstring."""
 
     _COMPACT_AT = 64 * 1024  # drop consumed bytes once this many lead the buffer
+    _KEEP = 64 * 1024  # a drained buffer up to this size is kept for the next bytes; a bigger one goes
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
         if isinstance(max_frame_bytes, bool) or not isinstance(max_frame_bytes, int) or max_frame_bytes < 0:
             raise ValueError(f"max_frame_bytes must be a non-negative int, not {max_frame_bytes!r}")
         self.max_frame_bytes = max_frame_bytes
+        # Received bytes are _buf[_pos:_end]; len(_buf) is the room, grown by doubling
+        # (``_room``), so a big frame fed in chunks is copied O(1) times per byte, not
+        # once per chunk as ``bytearray +=`` does when it grows a big buffer.
         self._buf = bytearray()
         self._pos = 0  # start of the unconsumed bytes in _buf
-        self._header: Header | None = None  # header of the frame whose payload is awaited
+        self._end = 0  # end of the received bytes in _buf
+        self._header: tuple | None = None  # header fields of the frame whose payload is awaited
         self._skip = 0  # payload bytes of a rejected frame still to discard as they arrive
         self._failed: ProtocolError | None = None  # set by a fatal error; raised again
 
     @property
     def buffered(self) -> int:
         """Bytes received and held, not yet returned as a frame."""
-        return len(self._buf) - self._pos + (HEADER_SIZE if self._header is not None else 0)
+        return self._end - self._pos + (HEADER_SIZE if self._header is not None else 0)
 
     def feed(self, data) -> None:
         """Append received bytes; any chunking is fine."""
@@ -293,7 +327,36 @@ class FrameDecoder:
             if n == len(data):
                 return
             data = memoryview(data)[n:]
-        self._buf += data
+        n = len(data)
+        end = self._end
+        if end + n > len(self._buf):
+            end = self._room(n)
+        self._buf[end : end + n] = data  # same size: a copy, never a resize
+        self._end = end + n
+
+    def expect(self, n: int) -> None:
+        """Make room now for ``n`` more bytes the caller knows are coming (the rest of a
+        frame it holds memory for), so that feeding them copies each byte once."""
+        if self._end + n > len(self._buf) and not self._skip and self._failed is None:
+            live = self._end - self._pos
+            buf = bytearray(live + n)
+            buf[:live] = memoryview(self._buf)[self._pos : self._end]
+            self._buf, self._pos, self._end = buf, 0, live
+
+    def _room(self, n: int) -> int:
+        """Make room for ``n`` more bytes; returns where they go. The unconsumed bytes move
+        to the front, into a buffer of twice what is then held (at least 4 KiB)."""
+        pos, end = self._pos, self._end
+        live = end - pos
+        cap = max(2 * (live + n), 4096)
+        if len(self._buf) >= cap and pos >= live:  # big enough: move them down, no overlap
+            self._buf[:live] = memoryview(self._buf)[pos:end]
+        else:
+            buf = bytearray(cap)
+            buf[:live] = memoryview(self._buf)[pos:end]
+            self._buf = buf
+        self._pos, self._end = 0, live
+        return live
 
     def next_frame(self) -> Frame | None:
         """One complete frame, or None when more bytes are needed; raises ProtocolError."""
@@ -303,28 +366,32 @@ class FrameDecoder:
             return None  # feed drops the rest of the rejected frame; the buffer is empty
         buf = self._buf
         header = self._header
-        if header is None:
-            if len(buf) - self._pos < HEADER_SIZE:
-                return None
-            header = unpack_header(buf, self._pos)
-            self._check_header(header)  # may raise; consumes a rejected frame
-            self._pos += HEADER_SIZE
-            self._header = header
-        length = header.length
         start = self._pos
-        if len(buf) - start < length:
+        end = self._end
+        if header is None:
+            if end - start < HEADER_SIZE:
+                return None
+            header = _unpack_header_from(buf, start)  # the whole header in one call
+            magic, length, _t, version, _s, _i = header
+            if magic != MAGIC or length > self.max_frame_bytes or version != VERSION:
+                self._check_header(Header._make(header))  # raises; consumes a rejected frame
+            start += HEADER_SIZE
+            self._pos = start
+            self._header = header
+        _m, length, msg_type, version, status, msg_id = header
+        if end - start < length:
             return None
         self._header = None
         self._pos = start + length
         try:
             if length:
-                with memoryview(buf)[start : start + length] as view:
-                    payload = _decode_payload(view, header.msg_id, header.type)
+                with memoryview(buf)[start : start + length] as view:  # msgpack reads it in place
+                    payload = _decode_payload(view, msg_id, msg_type)
             else:
                 payload = {}
         finally:
             self._compact()
-        return Frame(header.type, header.msg_id, payload, header.status, header.version)
+        return Frame(msg_type, msg_id, payload, status, version)
 
     def frames(self) -> Iterator[Frame]:
         """Yield every complete frame buffered so far (raises like next_frame)."""
@@ -349,7 +416,7 @@ class FrameDecoder:
         if header.version != VERSION:
             # Consume the whole frame, as much as is here now and the rest as it arrives.
             self._pos += HEADER_SIZE
-            here = min(header.length, len(self._buf) - self._pos)
+            here = min(header.length, self._end - self._pos)
             self._pos += here
             self._skip = header.length - here
             self._compact()
@@ -364,17 +431,20 @@ class FrameDecoder:
     def _fail(self, err: ProtocolError) -> None:
         self._failed = err
         self._buf = bytearray()
-        self._pos = 0
+        self._pos = self._end = 0
         self._header = None
         raise err
 
     def _compact(self) -> None:
         # Consumed bytes are dropped all at once when the buffer is drained, or when
         # they are most of a big buffer: amortised O(1) per byte, even with 1-byte feeds.
-        pos = self._pos
-        if pos == len(self._buf):
-            self._buf.clear()
-            self._pos = 0
-        elif pos >= self._COMPACT_AT and 2 * pos >= len(self._buf):
-            del self._buf[:pos]
-            self._pos = 0
+        # A drained buffer is kept for the next bytes unless it is big (an idle
+        # connection holds little).
+        pos, end = self._pos, self._end
+        if pos == end:
+            self._pos = self._end = 0
+            if len(self._buf) > self._KEEP:
+                self._buf = bytearray()
+        elif pos >= self._COMPACT_AT and 2 * pos >= end:
+            self._buf = bytearray(memoryview(self._buf)[pos:end])
+            self._pos, self._end = 0, end - pos

@@ -4,6 +4,7 @@ and ``validate_request``, which answers a bad one with BAD_REQUEST."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Callable
 
 from ..engine.layout import MAX_PARTITIONS  # a stream's partitions are numbered below it
@@ -55,7 +56,16 @@ def _check_headers(v):
     return None
 
 
+# Lists of many items (a batch's messages, an ACK's deliveries) are checked first in one
+# pass of C-level calls (``set(map(type, v))``); only a list that fails it, or holds
+# subclasses, is walked item by item, to say which item is wrong.
+_INTS, _DICTS, _BYTES, _ONE = {int}, {dict}, {bytes}, {1}
+_body_of = itemgetter("body")
+
+
 def _check_deliveries(v):
+    if type(v) is list and set(map(type, v)) <= _INTS:
+        return None
     if not isinstance(v, list):
         return "a list of integers"
     for i, item in enumerate(v):
@@ -65,6 +75,12 @@ def _check_deliveries(v):
 
 
 def _check_messages(v):
+    if type(v) is list and set(map(type, v)) <= _DICTS:
+        try:
+            if set(map(type, map(_body_of, v))) <= _BYTES and set(map(len, v)) <= _ONE:
+                return None  # the common batch: maps of a bin body and nothing else
+        except KeyError:
+            pass  # one has no body: the walk below says which
     if not isinstance(v, list):
         return "a list of maps {body: bin, headers?: map}"
     for i, item in enumerate(v):
@@ -80,7 +96,10 @@ def _check_messages(v):
 
 
 def _normalize_messages(v):
-    return [{k: m[k] for k in ("body", "headers") if k in m} for m in v]
+    if set(map(len, v)) <= _ONE:  # bodies only (each has one, checked)
+        return list(v)
+    return [m if len(m) == 1 or (len(m) == 2 and "headers" in m) else {k: m[k] for k in ("body", "headers") if k in m}
+            for m in v]
 
 
 MAX_RECORDS = 100_000  # most records one READ or POLL may ask for
@@ -213,6 +232,7 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("max", _check_positive, default=1),
         Field("wait_ms", _check_non_negative, default=0),
         Field("visibility_ms", _check_non_negative),
+        Field("max_bytes", _check_positive),
     ),
     MsgType.ACK: (_QUEUE, _DELIVERIES),
     MsgType.NACK: (

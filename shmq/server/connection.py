@@ -6,10 +6,12 @@ Strategy: no task and no thread per client. The connection reads only as many by
 it may hold (into one receive buffer all connections share, in turn), feeds them to the
 sans-IO decoder, and hands each request to its handler as it arrives; replies carry the
 request's msg id, so a waiting CONSUME, READ or POLL never holds back the replies
-behind it. Every error becomes an error reply (``status_of``), and a bug costs its
-connection at most, never the server. Closing — for a fault, an EOF, idleness or a
-stop — drops the connection's waiting requests, makes every delivery it held ready
-again at once, and takes its consumer-group members out of their groups.
+behind it. The replies to the requests of one read leave in one write (pipelined
+requests: one system call, not one per reply), or every WRITE_BATCH bytes. Every error
+becomes an error reply (``status_of``), and a bug costs its connection at most, never
+the server. Closing — for a fault, an EOF, idleness or a stop — drops the connection's
+waiting requests, makes every delivery it held ready again at once, and takes its
+consumer-group members out of their groups.
 """
 
 import asyncio
@@ -31,6 +33,7 @@ __all__ = ["Connection", "READ_CHUNK", "error_frame"]
 log = logging.getLogger("shmq.server")
 
 READ_CHUNK = 256 * 1024  # the shared receive buffer: most bytes one read takes
+WRITE_BATCH = 256 * 1024  # replies gathered while handling one read are written at this size at most
 _LINGER_S = 1.0  # how long a connection closed for a fault drops its client's bytes
 _MAX_LINGERING = 256  # refused connections lingering at once; beyond, closed at once
 
@@ -86,6 +89,8 @@ class Connection(asyncio.BufferedProtocol):
         self.requests = 0  # frames handled (for the log line of its close)
         self.close_reason = None  # why it closed, for that line
         self.said_slow = False  # "slow_client" logged once (it does not read its replies)
+        self.out = None  # while ``process`` runs: the replies to write together (``send``, ``flush``)
+        self.out_bytes = 0
 
     # ------------------------------------------------------------------ transport events
     def connection_made(self, transport):
@@ -99,6 +104,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint):
         room = self.room() if not self.closing else READ_CHUNK  # a closing one's bytes are dropped
+        if self.reserved and not self.closing:
+            self.decoder.expect(room)  # the rest of a big frame, its memory reserved: one allocation
         return self.server.rview[: min(max(room, 1), READ_CHUNK)]  # an empty buffer is an error
 
     def buffer_updated(self, nbytes):
@@ -185,18 +192,33 @@ class Connection(asyncio.BufferedProtocol):
                 self.transport.pause_reading()
 
     def process(self):
-        """Handle the complete frames the decoder holds, while the client reads replies."""
+        """Handle the complete frames the decoder holds, while the client reads replies;
+        their replies leave together at the end (or every WRITE_BATCH bytes)."""
+        if self.out is not None:  # within a process already: its flush sends ours too
+            return self._process()
+        self.out = []
+        try:
+            self._process()
+        finally:
+            self.flush()
+            self.out = None
+
+    def _process(self):
+        decoder, server = self.decoder, self.server
         while not self.closing and not self.write_paused:
             try:
-                frame = self.decoder.next_frame()
+                frame = decoder.next_frame()
             except ProtocolError as e:
                 self.protocol_error(e)
                 continue
             if frame is None:
                 return
             self.requests += 1
-            self.clocks.last_active = self.server.loop.time()
-            self.server.metrics.timed(self.dispatch, frame)  # metrics off: just self.dispatch(frame)
+            self.clocks.last_active = server.loop.time()
+            server.metrics.timed(self.dispatch, frame)  # metrics off: just self.dispatch(frame)
+            # Let go of its payload before the next one is decoded: the allocator reuses
+            # the memory then, instead of faulting in fresh pages for every big batch.
+            frame = None
 
     def protocol_error(self, e):
         reason = str(e)
@@ -293,8 +315,24 @@ class Connection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------ writing, closing
     def send(self, data: bytes):
+        out = self.out
+        if out is not None:  # handling a read: written with the other replies
+            out.append(data)
+            self.out_bytes += len(data)
+            if self.out_bytes >= WRITE_BATCH:
+                self.flush()  # the transport may pause writing: process stops taking requests
+            return
         if not self.eof_sent and not self.transport.is_closing():
             self.transport.write(data)
+
+    def flush(self):
+        """Write the replies gathered so far, in one write."""
+        out = self.out
+        if out:
+            self.out = []
+            self.out_bytes = 0
+            if not self.eof_sent and not self.transport.is_closing():
+                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def refuse(self):
         """Over the connection cap: a LIMIT_EXCEEDED frame (msg id 0), then close."""
@@ -320,6 +358,7 @@ class Connection(asyncio.BufferedProtocol):
         leave within the frame timeout, or the connection is aborted."""
         if self.closing:
             return
+        self.flush()  # the replies before, an error frame included, go first
         self.closing = True
         if reason:
             self.close_reason = reason  # said in the line of its close (connection_lost)

@@ -35,6 +35,7 @@ from ..protocol.forms import (
     consume_args,
     create_args,
     from_pairs,
+    messages_args,
     metadata_fields,
     pairs,
     peeked_fields,
@@ -151,7 +152,8 @@ def produce(conn, f):
 
 def produce_batch(conn, f):
     q = conn.server.queue(f["queue"])
-    ids = q.put_many([(m["body"], m.get("headers")) for m in f["messages"]], timeout=0, **put_args(f))
+    bodies, headers = messages_args(f["messages"])
+    ids = q.put_many(bodies, timeout=0, headers=headers, **put_args(f))
     conn.server.notify(q.name)
     return {"ids": ids}
 
@@ -160,8 +162,9 @@ def consume(conn, f):
     """Lease what is ready now; else, with ``wait_ms``, a Wait (not while stopping)."""
     server = conn.server
     q = server.queue(f["queue"])
-    most, vis = consume_args(f)
-    args = (q, most, vis, _reply_budget(server, most))  # the reply must fit in a frame
+    most, vis, max_bytes = consume_args(f)
+    budget = _reply_budget(server, most)  # the reply must fit in a frame
+    args = (q, most, vis, budget if max_bytes is None else min(budget, max_bytes))
     return _wait_or_answer(conn, f, server.waiters_of(q), _get, _leased, args)
 
 

@@ -7,6 +7,7 @@ delayed messages moving even while no client is calling ``get``.
 
 import logging
 
+from ..engine import maintenance
 from ..engine.broker import Broker
 from ..engine.rpc import remove_orphans
 from ..errors import QueueNotFound, ShmqError
@@ -17,7 +18,7 @@ log = logging.getLogger("shmq.server")
 
 
 class Housekeeper:
-    """Attaches to every queue of ``broker``'s namespace and calls ``housekeep`` on each."""
+    """Attaches to every queue of ``broker``'s namespace and calls ``Queue._housekeep`` on each."""
 
     def __init__(self, broker: Broker):
         self.broker = broker
@@ -40,7 +41,7 @@ class Housekeeper:
                 if q is None:
                     q = self._queues[name] = self.broker.queue(name)
                     log.info("queue %s attached", name)
-                returned = q.housekeep()
+                returned = maintenance.housekeep(q)
             except QueueNotFound:
                 stale = self._queues.pop(name, None)
                 if stale is not None:

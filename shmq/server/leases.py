@@ -6,27 +6,41 @@ that leased it, so a tag is valid only there (docs/PROTOCOL.md, Delivery ids). A
 first checks every tag, touching none if one is unknown; the deliveries then leave the
 connection once the engine has settled them or found them gone — but not when it
 changed nothing and asks for a retry (StorageError, LockTimeout): they stay, so a
-retried request works and a close still makes them ready again at once.
+retried request works and a close still makes them ready again at once. A batch
+(a CONSUME's or a push's deliveries, an ACK's tags) is handled with one pass of C-level
+calls (``map``, ``dict.update``) over its items, not a Python loop per message.
 """
 
-import itertools
 import logging
+import threading
+from itertools import repeat
+from operator import itemgetter
 
 from ..errors import DeliveryExpired, LockTimeout, QueueNotFound, ShmqError, StorageError
 from ..protocol.forms import delivery_fields
 
-__all__ = ["Held", "Leases"]
+__all__ = ["Held", "Leases", "new_tags"]
 
 log = logging.getLogger("shmq.server")
 
 _RETRY = (StorageError, LockTimeout)  # the engine changed nothing: the deliveries stay held
+_queue_of, _delivery_of = itemgetter(0), itemgetter(1)
+_tag_lock = threading.Lock()  # servers in threads of one process share the tags
+_next_tag = 1
+
+
+def new_tags(n: int) -> range:
+    """``n`` new tags of this process, in one block."""
+    global _next_tag
+    with _tag_lock:
+        first = _next_tag
+        _next_tag = first + n
+    return range(first, first + n)
 
 
 class Held:
     """What one connection holds, by tag: a tag names a thing on that connection only
     (unique in the server process, never reused)."""
-
-    _tags = itertools.count(1)
 
     __slots__ = ("held",)
 
@@ -38,7 +52,7 @@ class Held:
 
     def hold(self, thing) -> int:
         """A new tag for ``thing``, held from now."""
-        tag = next(self._tags)
+        (tag,) = new_tags(1)
         self.held[tag] = thing
         return tag
 
@@ -56,15 +70,12 @@ class Leases(Held):
     def lease(self, q, ds, sub=None) -> list:
         """The wire form of deliveries ``q`` just leased; they are held from now (for the
         subscription ``sub``, if they are pushed)."""
-        if sub is None:
-            return [delivery_fields(d, self.hold((q, d))) for d in ds]
-        out = []
-        for d in ds:
-            tag = self.hold((q, d))
-            self.pushed[tag] = sub
-            sub.held(tag)
-            out.append(delivery_fields(d, tag))
-        return out
+        tags = new_tags(len(ds))
+        self.held.update(zip(tags, zip(repeat(q), ds)))
+        if sub is not None:
+            self.pushed.update(dict.fromkeys(tags, sub))
+            sub.held(tags)
+        return list(map(delivery_fields, ds, tags))
 
     def unsubscribe(self, tags):
         """The deliveries of ``tags`` no longer count for their subscription (it closed)."""
@@ -76,10 +87,14 @@ class Leases(Held):
         """The deliveries named by ``tags`` (all held, all of ``q``; each once), still
         held; else DeliveryExpired naming the unknown ones (and touching none)."""
         held = self.held
+        try:
+            pairs = list(map(held.__getitem__, dict.fromkeys(tags)))  # a tag named twice counts once
+        except KeyError:
+            pairs = None
+        if pairs is not None and set(map(_queue_of, pairs)) <= {q}:  # handles compare by identity
+            return list(map(_delivery_of, pairs))
         unknown = [t for t in tags if t not in held or held[t][0] is not q]
-        if unknown:
-            raise DeliveryExpired(f"unknown deliveries on this connection: {unknown[:10]}")
-        return [held[t][1] for t in dict.fromkeys(tags)]  # a tag named twice counts once
+        raise DeliveryExpired(f"unknown deliveries on this connection: {unknown[:10]}")
 
     def settle(self, q, tags, settle):
         """``settle(deliveries)`` for the deliveries of ``tags`` (see ``take``), which are
@@ -96,13 +111,19 @@ class Leases(Held):
         return result
 
     def _drop(self, tags):
-        held, pushed = self.held, self.pushed
+        pop = self.held.pop
         for t in tags:
-            held.pop(t, None)
-            if pushed:
-                sub = pushed.pop(t, None)
+            pop(t, None)
+        pushed = self.pushed
+        if pushed:
+            subs = list(map(pushed.pop, tags, repeat(None)))
+            if len(set(subs)) == 1:  # the usual case: all of one subscription, or of none
+                if subs[0] is not None:
+                    subs[0].settled(tags)  # room for more pushes
+                return
+            for sub, t in zip(subs, tags):
                 if sub is not None:
-                    sub.settled(t)  # room for one more push
+                    sub.settled((t,))
 
     def release(self, notify, peer):
         """Every delivery still held is ready again at once (the connection closed);

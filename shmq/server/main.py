@@ -19,6 +19,7 @@ from ..persistence import Snapshotter, recover
 from ..engine.layout import WAL_ALWAYS, WAL_BATCH, WAL_NEVER
 from .housekeeper import Housekeeper
 from .lock import BrokerLock
+from .loops import loop_name
 from .metrics import NO_METRICS, Metrics
 from .tcp import TcpServer
 
@@ -130,10 +131,11 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         keeper = Housekeeper(keeper_broker)
         runtime_file = await asyncio.to_thread(advertise, server.port, host, namespace, token)
         lock.update(host=host, port=server.port, data_dir=os.path.abspath(data_dir) if data_dir else None)
-        log.info("serving namespace %s on %s:%d (%d queues), %s; housekeeping every %.2fs", namespace, host,
-                 server.port, len(broker.list_queues()), auth_note,
-                 HOUSEKEEPING_INTERVAL_S, extra={"event": "server_started", "namespace": namespace, "host": host,
-                                                 "port": server.port, "pid": os.getpid(), "data_dir": data_dir})
+        log.info("serving namespace %s on %s:%d (%d queues), %s; housekeeping every %.2fs; %s event loop",
+                 namespace, host, server.port, len(broker.list_queues()), auth_note, HOUSEKEEPING_INTERVAL_S,
+                 loop_name(loop), extra={"event": "server_started", "namespace": namespace, "host": host,
+                                         "port": server.port, "pid": os.getpid(), "data_dir": data_dir,
+                                         "loop": loop_name(loop)})
         if ready is not None:
             ready(server.port)
 

@@ -16,8 +16,10 @@ a subscription counts as a waiting request for the idle timeout.
 """
 
 import itertools
+import functools
 import logging
 
+from ..engine import maintenance
 from ..errors import LimitExceeded, LockTimeout, QueueEmpty
 from ..protocol import REPLY_BIT, Frame, PushType, encode_frame
 from ..protocol.status import reason_of, status_of
@@ -96,14 +98,17 @@ class Subscription:
         messages = conn.leases.lease(self.q, ds, self)
         conn.send(encode_frame(Frame(_DELIVER, 0, {"subscription": self.id, "messages": messages})))
 
-    def held(self, tag):
-        """``Leases`` holds a delivery pushed for this subscription under ``tag``."""
-        self.unacked[tag] = self.pushed
-        self.pushed += 1
+    def held(self, tags):
+        """``Leases`` holds deliveries pushed for this subscription under ``tags`` (in push order)."""
+        n = self.pushed
+        self.unacked.update(zip(tags, range(n, n + len(tags))))
+        self.pushed = n + len(tags)
 
-    def settled(self, tag):
-        """The client settled a pushed delivery (or it was given back): room for one more."""
-        self.unacked.pop(tag, None)
+    def settled(self, tags):
+        """The client settled pushed deliveries (or they were given back): room for more."""
+        pop = self.unacked.pop
+        for t in tags:
+            pop(t, None)
         self.schedule()
 
     def schedule(self):
@@ -160,7 +165,7 @@ class Subscription:
         if not back:
             return 0
         q = self.q
-        self.conn.leases.settle(q, back, q.release_many)  # ready at once; no attempt counted
+        self.conn.leases.settle(q, back, functools.partial(maintenance.release_many, q))  # ready at once; no attempt counted
         self.conn.server.notify(q.name)
         return len(back)
 

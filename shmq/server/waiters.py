@@ -14,6 +14,7 @@ of its waiters is tried (``StreamWaiters``).
 import asyncio
 from collections import deque
 
+from ..engine import maintenance
 from ..errors import ShmqError
 
 __all__ = ["Waiter", "Line", "QueueWaiters", "StreamWaiters", "NOTHING"]
@@ -141,7 +142,7 @@ class QueueWaiters(Line):
     The poller looks at the queue's ready count — one word, no lock, no syscall."""
 
     def hint(self) -> bool:
-        return self.handle.ready_hint()
+        return maintenance.ready_hint(self.handle)
 
     def serve(self) -> bool:
         served = False

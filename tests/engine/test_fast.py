@@ -54,7 +54,7 @@ def _registered(q):
 def test_a_lapsed_lease_is_taken_again_before_the_frontier(impl, broker, clock):
     q = _registered(broker.create_queue("q", visibility_timeout=5))
     clock[0] += 6 * 10**9
-    q.housekeep()  # nothing is leased: no deadline is pending, so only this get can set one
+    q._housekeep()  # nothing is leased: no deadline is pending, so only this get can set one
     q.put(b"one")
     q.put(b"two")
     first = q.get()
@@ -73,7 +73,7 @@ def test_a_lapsed_lease_is_taken_again_before_the_frontier(impl, broker, clock):
 
 def test_a_restored_message_at_the_frontier_counts_as_redelivered(impl, broker):
     q = _registered(broker.create_queue("q"))
-    q.import_messages([(10, 3, 0, b"", b"restored")])  # (id, attempt, enqueued_ns, headers, body)
+    q._import_messages([(10, 3, 0, b"", b"restored")])  # (id, attempt, enqueued_ns, headers, body)
     d = q.get()
     assert (d.id, d.attempt, d.body) == (10, 4, b"restored")
     assert q.stats().redelivered_total == 1

@@ -1,5 +1,7 @@
 """A Hypothesis state machine: random put/get/ack/nack/reject/extend/expire/purge
-sequences against a simple model of what the queue must do."""
+sequences against a simple model of what the queue must do. Puts copy or fill in place
+(``reserve``); gets lease, auto-ack (``ack=False``: settled as taken) or hand out views
+(``copy=False``)."""
 
 import time
 
@@ -14,6 +16,7 @@ from tests.engine._clock import set_clock
 
 VIS = 10.0
 CAPACITY = 4096
+MODES = st.sampled_from(["lease", "lease", "auto", "view"])
 
 
 class Msg:
@@ -34,6 +37,7 @@ class QueueModel(RuleBasedStateMachine):
         self.q = self.broker.create_queue("m", max_bytes=CAPACITY, max_message_bytes=1500, visibility_timeout=VIS)
         self.msgs = {}
         self.held = []  # deliveries handed out, live or stale
+        self.acked = 0
 
     def teardown(self):
         self._restore_clock()
@@ -66,6 +70,25 @@ class QueueModel(RuleBasedStateMachine):
         assert msg_id not in self.msgs and msg_id == len(self.msgs) + 1
         self.msgs[msg_id] = Msg(body)
 
+    @rule(size=st.sampled_from([0, 1, 64, 700, 1500]), abort=st.booleans())
+    def reserve(self, size, abort):
+        """A message filled in place: published as the block ends, nothing when it raises."""
+        body = bytes([len(self.msgs) % 256]) * size
+        r = self.q.reserve(size, timeout=0)
+        try:
+            with r as buf:
+                buf[:] = body
+                if abort:
+                    raise ValueError("abandoned")
+        except shmq.QueueFull:
+            assert self._live(), "an empty queue refused a message that fits"
+            return
+        except ValueError:
+            assert abort and r.id is None
+            return
+        assert r.id == len(self.msgs) + 1
+        self.msgs[r.id] = Msg(body)
+
     @rule(n=st.integers(1, 4), size=st.sampled_from([0, 10, 200]))
     def put_many(self, n, size):
         bodies = [b"b" * size] * n
@@ -78,20 +101,32 @@ class QueueModel(RuleBasedStateMachine):
         for i in ids:
             self.msgs[i] = Msg(b"b" * size)
 
-    @rule(n=st.integers(1, 5))
-    def get(self, n):
+    def _taken(self, d, mode):
+        """The model's side of a get in ``mode`` ("lease", "auto": ack=False, "view": copy=False)."""
+        m = self.msgs[d.id]
+        m.attempt += 1
+        if mode == "auto":
+            m.state = "gone"
+            self.acked += 1
+        else:
+            m.state, m.deadline = "leased", self.now + int(VIS * 1e9)
+        if mode == "view":
+            assert type(d.body) is memoryview and d.body.readonly and d.view is d.body
+        assert (bytes(d.body), d.attempt) == (m.body, m.attempt)
+        self.held.append(d)  # (an auto-acked one too: settling it must fail)
+
+    @rule(n=st.integers(1, 5), mode=MODES)
+    def get(self, n, mode):
         self._lapse()
         ready = sorted(i for i, m in self.msgs.items() if m.state == "ready")
         try:
-            got = self.q.get_many(n, timeout=0)
+            got = self.q.get_many(n, timeout=0, ack=mode != "auto", copy=mode != "view")
         except shmq.QueueEmpty:
             got = []
         assert [d.id for d in got] == ready[:n]
         for d in got:
-            m = self.msgs[d.id]
-            m.state, m.attempt, m.deadline = "leased", m.attempt + 1, self.now + int(VIS * 1e9)
-            assert (d.body, d.attempt) == (m.body, m.attempt)
-            self.held.append(d)
+            self._taken(d, mode)
+        self._reclaimed()
 
     def _settle(self, i, action):
         d = self.held[i % len(self.held)]
@@ -106,21 +141,24 @@ class QueueModel(RuleBasedStateMachine):
         assert live, f"a dead lease of #{d.id} was accepted"
         return m
 
-    @rule()
-    def get_one(self):
+    @rule(mode=MODES)
+    def get_one(self, mode):
         """``get`` alone: the hot path (C when built) while nothing is requeued or due."""
         self._lapse()
         ready = sorted(i for i, m in self.msgs.items() if m.state == "ready")
         try:
-            d = self.q.get_nowait()
+            d = self.q.get_nowait(ack=mode != "auto", copy=mode != "view")
         except shmq.QueueEmpty:
             assert not ready, "get found nothing with messages ready"
             return
         assert ready and d.id == ready[0]
-        m = self.msgs[d.id]
-        m.state, m.attempt, m.deadline = "leased", m.attempt + 1, self.now + int(VIS * 1e9)
-        assert (d.body, d.attempt) == (m.body, m.attempt)
-        self.held.append(d)
+        self._taken(d, mode)
+        self._reclaimed()
+
+    def _reclaimed(self):
+        """Nothing live: every byte is free again, at once (an auto-ack frees its space too)."""
+        if not self._live():
+            assert self.q.stats().bytes_used == 0
 
     @precondition(lambda self: self.held)
     @rule(i=st.integers(0, 1000))
@@ -128,6 +166,7 @@ class QueueModel(RuleBasedStateMachine):
         m = self._settle(i, lambda d: d.ack())
         if m:
             m.state = "gone"
+            self.acked += 1
 
     @precondition(lambda self: self.held)
     @rule(i=st.integers(0, 1000))
@@ -135,6 +174,7 @@ class QueueModel(RuleBasedStateMachine):
         m = self._settle(i, lambda d: d._q.ack_many([d]))
         if m:
             m.state = "gone"
+            self.acked += 1
 
     @precondition(lambda self: self.held)
     @rule(i=st.integers(0, 1000), delay=st.sampled_from([0.0, 0.0, 1.0, 30.0]))
@@ -167,7 +207,7 @@ class QueueModel(RuleBasedStateMachine):
     @rule()
     def purge(self):
         self._lapse()
-        self.q.housekeep()
+        self.q._housekeep()
         expected = self._count("ready")
         assert self.q.purge() == expected
         for m in self.msgs.values():
@@ -177,10 +217,11 @@ class QueueModel(RuleBasedStateMachine):
     @rule()  # a rule, not an invariant: housekeeping after every step would hide lapsed leases
     def counts_match(self):
         self._lapse()
-        self.q.housekeep()
+        self.q._housekeep()
         s = self.q.stats()
         assert (s.ready, s.in_flight, s.delayed) == (self._count("ready"), self._count("leased"), self._count("delayed"))
         assert s.enqueued_total == len(self.msgs)
+        assert s.acked_total == self.acked
         if not self._live():
             assert s.bytes_used == 0
 

@@ -65,7 +65,7 @@ def test_calls_with_a_timeout_honour_it_while_a_stopped_process_holds_the_lock(s
 def test_calls_without_a_timeout_give_up_after_the_lock_timeout(stopped_holder, monkeypatch):
     q, holder = stopped_holder
     monkeypatch.setattr(_mutex, "LOCK_TIMEOUT_S", 0.3)
-    for call in (q.stats, q.purge, q.housekeep):
+    for call in (q.stats, q.purge, q._housekeep):
         err, took = _returns_within(3, call)
         assert isinstance(err, shmq.LockTimeout) and "queue 'q'" in str(err) and took >= 0.3
 

@@ -17,6 +17,7 @@ from tests.engine._clock import set_clock, set_wall_clock
 VIS = 10.0
 LEVELS = 3
 WINDOW = 60.0
+MODES = st.sampled_from(["lease", "lease", "auto", "view"])
 
 
 class Msg:
@@ -129,36 +130,43 @@ class OptionsModel(RuleBasedStateMachine):
         if dedup_id:
             self.dedup[dedup_id] = (msg_id, self.wall + int(WINDOW * 1e9))
 
-    @rule(n=st.integers(1, 4))
-    def get(self, n):
+    def _taken(self, d, mode):
+        """The model's side of a get in ``mode`` ("lease", "auto": ack=False, "view": copy=False)."""
+        m = self.msgs[d.id]
+        m.attempt += 1
+        if mode == "auto":
+            m.state = "gone"  # settled as taken: its group moves on
+        else:
+            m.state, m.deadline = "leased", self.now + int(VIS * 1e9)
+        assert (bytes(d.body), d.attempt, d.priority, d.group) == (m.body, m.attempt, m.priority, m.group)
+        assert type(d.body) is (memoryview if mode == "view" else bytes)
+        self.held.append(d)
+
+    @rule(n=st.integers(1, 4), mode=MODES)
+    def get(self, n, mode):
         self._lapse()
         expect = self._deliverable()
         try:
-            got = self.q.get_many(n, timeout=0)
+            got = self.q.get_many(n, timeout=0, ack=mode != "auto", copy=mode != "view")
         except shmq.QueueEmpty:
             got = []
         # one message per group per take: the model's first n, the same
         assert [d.id for d in got] == [m.id for m in expect[:n]]
         for d in got:
-            m = self.msgs[d.id]
-            m.state, m.attempt, m.deadline = "leased", m.attempt + 1, self.now + int(VIS * 1e9)
-            assert (d.body, d.attempt, d.priority, d.group) == (m.body, m.attempt, m.priority, m.group)
-            assert d.enqueued_at == m.enq / 1e9
-            self.held.append(d)
+            assert d.enqueued_at == self.msgs[d.id].enq / 1e9
+            self._taken(d, mode)
 
-    @rule()
-    def get_one(self):
+    @rule(mode=MODES)
+    def get_one(self, mode):
         self._lapse()
         expect = self._deliverable()
         try:
-            d = self.q.get_nowait()
+            d = self.q.get_nowait(ack=mode != "auto", copy=mode != "view")
         except shmq.QueueEmpty:
             assert not expect, "get found nothing with messages deliverable"
             return
         assert expect and d.id == expect[0].id
-        m = self.msgs[d.id]
-        m.state, m.attempt, m.deadline = "leased", m.attempt + 1, self.now + int(VIS * 1e9)
-        self.held.append(d)
+        self._taken(d, mode)
 
     @rule(n=st.integers(1, 6))
     def peek(self, n):
@@ -219,7 +227,7 @@ class OptionsModel(RuleBasedStateMachine):
     @rule()
     def counts_match(self):
         self._lapse()
-        self.q.housekeep()
+        self.q._housekeep()
         s = self.q.stats()
         assert (s.ready, s.in_flight, s.delayed) == (self._count("ready"), self._count("leased"),
                                                      self._count("delayed"))

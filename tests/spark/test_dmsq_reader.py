@@ -28,7 +28,7 @@ def _snapshot(broker, data_dir, name, messages=None, bodies=None, max_bytes=1 <<
     q = broker.create_queue(name, durability="snapshot", max_bytes=max_bytes)
     try:
         if messages:
-            q.import_messages((i, a, e, encode_headers(h), b) for i, a, e, h, b in messages)
+            q._import_messages((i, a, e, encode_headers(h), b) for i, a, e, h, b in messages)
         if bodies:
             q.put_many(bodies)
         path, _ = snapshot_queue(q, str(data_dir))

@@ -1,0 +1,81 @@
+"""``Queue.reserve``: a producer fills a message in place, in the ring, and publishes it
+as its ``with`` block ends (iceoryx2's loan and send).
+
+Strategy: the simplest design that is crash-safe with no new rule. Entering waits for
+room as a put does, places the record past the tail (``Producing._try_reserve``) and
+keeps the queue's lock; the block writes the body; a normal exit stores the tail (the
+commit), an exception stores nothing. A process killed inside the block dies holding
+the lock, so the next locker repairs (EOWNERDEAD), and the record past the tail was never
+published. The cost: other callers of the queue wait while the block runs.
+
+The writable buffer is a memoryview of a ctypes array made on the mapping for this one
+reservation, so the end of the block can tell whether anything still refers to it (a
+slice kept, a numpy array made from it) before it publishes: once published, nobody may
+write into the record.
+"""
+
+import ctypes
+import sys
+
+from .layout import REC_SIZE
+
+__all__ = ["Reservation"]
+
+_getrefcount = sys.getrefcount
+
+
+class Reservation:
+    """``with q.reserve(size, headers) as buf: ...`` (``Producing.reserve``). ``id`` is
+    the message id once published (None before, and after a block that raised)."""
+
+    __slots__ = ("_q", "_size", "_hraw", "_timeout", "_at", "_arr", "_raw", "_buf", "id")
+
+    def __init__(self, q, size, hraw, timeout):
+        self._q = q
+        self._size = size
+        self._hraw = hraw
+        self._timeout = timeout
+        self._at = None
+        self.id = None
+
+    def __enter__(self) -> memoryview:
+        if self._at is not None or self.id is not None:
+            raise RuntimeError("a reservation is entered once")
+        q, size, hraw = self._q, self._size, self._hraw
+        rec = (REC_SIZE + 7 + len(hraw) + size) & -8
+        at = q._until_room(q._try_reserve, ((size, hraw, rec),), self._timeout)  # the lock is held from here
+        try:
+            arr = (ctypes.c_char * size).from_buffer(q._mm, at[1] + REC_SIZE + len(hraw))
+            raw = memoryview(arr)
+            buf = raw.cast("B")
+        except BaseException:
+            q._release()
+            raise
+        self._at, self._arr, self._raw, self._buf = at, arr, raw, buf
+        return buf
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        q = self._q
+        pos, a = self._at
+        arr, raw, buf = self._arr, self._raw, self._buf
+        self._arr = self._raw = self._buf = None
+        try:
+            buf.release()
+            raw.release()
+            del raw, buf
+            held = _getrefcount(arr) > 2  # (arr, getrefcount's argument): a view of it is alive
+        except BufferError:  # exported to something still alive (a numpy array)
+            held = True
+        if exc_type is not None or held:
+            q._release()  # nothing published: the record past the tail is overwritten later
+            if exc_type is None:
+                raise BufferError("a view of the reserved buffer is still alive as the block ends (a slice, or "
+                                  "an object made from it): nothing was published; let it go inside the block")
+            return False
+        self.id = q._publish(pos, a)
+        return False
+
+    def __repr__(self):
+        state = ("published" if self.id is not None else "open" if self._buf is not None
+                 else "abandoned" if self._at is not None else "unused")
+        return f"<Reservation {self._q.name} {self._size}B {state}>"
