@@ -1,11 +1,12 @@
 """The whole benchmark matrix in one run: ``python -m bench``.
 
 Runs the matrix (shmq local and over TCP, multiprocessing Queue and SimpleQueue,
-faster-fifo, pyzmq, posix_ipc.MessageQueue, Redis; 1 -> 1 and 4 -> 4; per-message and
-batched; ping-pong RTT), then the durability modes (bench/durability.py), then the
-streams (bench/streams.py: shmq's streams, Redis Streams, NATS JetStream); prints the
-tables, writes JSON and draws a PNG. ``--quick`` is a smoke test of about a minute.
-``--report JSON`` runs nothing and prints a saved run again.
+faster-fifo, pyzmq, posix_ipc.MessageQueue, iceoryx2, Redis lists, RabbitMQ, core NATS;
+1 -> 1 and 4 -> 4; per-message and batched; ping-pong RTT), then the durability modes
+(bench/durability.py), then the streams (bench/streams.py: shmq's streams, Redis
+Streams, NATS JetStream); prints the tables, writes JSON and draws a PNG. ``--quick``
+is a smoke test of about a minute. ``--report JSON`` runs nothing and prints a saved
+run again.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def run_matrix(args, ctx):
     skipped = {}
     opened = harness.open_adapters(args.systems, skipped)
     args.cpus = pin_cpus(args.pin)
-    jobs = [j for j in plan(list(opened), args.sizes, args.runs, args.quick, args.run_timeout, args.cpus)
+    jobs = [j for j in plan(list(opened), args.sizes, args.runs, args.quick, args.run_timeout, args.cpus,
+                            topologies=args.pairs)
             if not (args.no_rtt and j.kind == "rtt")]
     progress = harness.Progress(len(jobs))
     try:

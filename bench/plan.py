@@ -202,6 +202,8 @@ def parse_args(argv=None, prog="python -m bench", description="", **defaults):
                    help=f"comma list from {','.join(SYSTEMS)}")
     p.add_argument("--sizes", type=lambda t: [parse_size(x) for x in csv(t)], default=None,
                    help="message sizes (64,1k,64k,1m); default all four, 64 and 64k with --quick")
+    p.add_argument("--pairs", type=lambda t: [int(x) for x in csv(t)], default=list(TOPOLOGIES),
+                   help="P for the P producers -> P consumers cases (default 1,4)")
     p.add_argument("--no-rtt", action="store_true", help="skip the ping-pong latency cases")
     p.add_argument("--run-timeout", type=float, default=None,
                    help="seconds allowed per run before the case is a timeout (default 60; 10 with --quick)")
@@ -217,8 +219,8 @@ def parse_args(argv=None, prog="python -m bench", description="", **defaults):
     args.runs = args.runs or (1 if args.quick else 5)
     args.sizes = args.sizes or list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
     args.run_timeout = args.run_timeout or (10.0 if args.quick else 60.0)
-    if args.runs < 1 or any(s < 1 for s in args.sizes):
-        p.error("--runs and --sizes must be positive")
+    if args.runs < 1 or any(s < 1 for s in args.sizes) or any(n < 1 for n in args.pairs):
+        p.error("--runs, --sizes and --pairs must be positive")
     return args
 
 

@@ -42,7 +42,7 @@ from .errors import DeliveryExpired, QueueFull, QueueNotFound
 __all__ = ["Queue", "SimpleQueue", "JoinableQueue", "Lease"]
 
 INLINE_MAX = 64 * 2**10  # a larger pickle (or out-of-band buffer) goes to a segment of its own
-RING_BYTES = 4 * 2**20  # the ring of an unbounded queue (holds ~60,000 small items)
+RING_BYTES = 4 * 2**20  # the ring of an unbounded queue (~75,000 ints: 56-byte records)
 MIN_RING_BYTES = 256 * 2**10
 JOIN_SLICE_S = 0.1  # a join re-reads the unfinished count at least this often
 SEM_VALUE_MAX = posix_ipc.SEMAPHORE_VALUE_MAX
@@ -117,10 +117,10 @@ class _Shared:
                 self._slots.close()
 
     def _put(self, obj, block, timeout):
+        data, buffers = _dumps(obj)  # an object that does not pickle raises here; nothing changed
         deadline = _deadline(block, timeout)
         if self._slots is not None and not _acquire(self._slots, deadline):
             raise QueueFull(f"{self!r} is full")
-        data, buffers = _dumps(obj)
         try:
             if self._joinable:
                 self._unfinished.release()  # before the item is visible: a task_done never runs ahead
@@ -416,6 +416,7 @@ class _Reaper:
     def __init__(self):
         self._lock = threading.Lock()
         self._proc = None  # the reaper (subprocess.Popen), started with the first queue
+        self._fd = -1  # the write end of its stdin (a plain fd: nothing to flush or lock at fork)
         self._mine = []  # namespaces this process created
         self._pid = None  # the process that registered the exit finalizer
 
@@ -429,18 +430,36 @@ class _Reaper:
             self._mine.append(ns)
             if self._proc is not None:
                 try:
-                    self._send([ns])
-                    return
+                    return self._send([ns])
                 except BrokenPipeError:  # the reaper was killed: a new one gets every name
-                    self._proc.wait()
-            self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", reaper.__file__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                close_fds=True, start_new_session=True)
+                    self._stop()
+            r, self._fd = os.pipe()  # close-on-exec, both ends
+            try:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", reaper.__file__], stdin=r, stdout=subprocess.DEVNULL,
+                    close_fds=True, start_new_session=True)
+            except BaseException:
+                os.close(self._fd)
+                self._fd = -1
+                raise
+            finally:
+                os.close(r)
             self._send(self._mine)
 
     def _send(self, names):
-        self._proc.stdin.write("".join(f"{n}\n" for n in names).encode())
-        self._proc.stdin.flush()
+        data = "".join(f"{n}\n" for n in names).encode()
+        while data:
+            data = data[os.write(self._fd, data):]
+
+    def _stop(self):
+        """Close the reaper's stdin and wait for it (it unlinks what is left, then exits)."""
+        proc, self._proc = self._proc, None
+        os.close(self._fd)
+        self._fd = -1
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
 
     def cleanup(self):
         """Destroy this process's queues and stop its reaper (at exit; also for tests)."""
@@ -448,13 +467,8 @@ class _Reaper:
             for ns in self._mine:
                 destroy_namespace(ns)
             self._mine.clear()
-            proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.stdin.close()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
+            if self._proc is not None:
+                self._stop()
 
     def reaper_pid(self):
         return None if self._proc is None else self._proc.pid
@@ -464,10 +478,12 @@ class _Reaper:
         # waiting after the creator is gone.
         self._lock = threading.Lock()
         self._mine = []
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.stdin.close()
-            proc.returncode = 0  # not this process's child: never to be waited for here
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._proc is not None:
+            self._proc.returncode = 0  # not this process's child: Popen must never wait for it here
+            self._proc = None
 
 
 _reaper = _Reaper()

@@ -89,3 +89,19 @@ def create_and_exit(conn):
     q.put("hello")
     multiprocessing.get_context("spawn").Process(target=relay_last, args=(q, conn)).start()
     conn.send((q._ns, mp._reaper.reaper_pid()))
+
+
+def create_kill_reaper_create(conn):
+    """Make a queue, kill the reaper, make another (a new reaper must take both); wait
+    to be killed."""
+    import os
+    import signal
+
+    from shmq import mp
+
+    first = mp.Queue()
+    os.kill(mp._reaper.reaper_pid(), signal.SIGKILL)
+    mp._reaper._proc.wait()
+    second = mp.Queue()
+    conn.send(([first._ns, second._ns], mp._reaper.reaper_pid()))
+    conn.recv()

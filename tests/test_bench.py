@@ -241,6 +241,21 @@ def test_every_adapter_carries_cases_through_the_harness(system):
     assert _orphaned_bench_servers() <= servers_before
 
 
+def test_a_missing_peer_is_skipped_saying_why(monkeypatch):
+    """No iceoryx2 bindings, no rabbitmq-server, no nats-server: each is skipped with its reason."""
+    import bench.servers
+
+    monkeypatch.setitem(sys.modules, "iceoryx2", None)  # import iceoryx2 raises ImportError
+    monkeypatch.delitem(sys.modules, "bench.adapters.iceoryx2_pubsub", raising=False)
+    monkeypatch.setattr(bench.servers, "RABBITMQ_BIN", "/nonexistent/rabbitmq/bin")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    skipped = {}
+    assert harness.open_adapters(["iceoryx2", "iceoryx2-poll", "rabbitmq", "nats-core"], skipped) == {}
+    assert skipped == {"iceoryx2": "iceoryx2 not installed", "iceoryx2-poll": "iceoryx2 not installed",
+                       "rabbitmq": "rabbitmq-server not installed (apt-get install rabbitmq-server)",
+                       "nats-core": "nats-server not on PATH"}
+
+
 def test_the_report_says_which_peers_acknowledge_nothing():
     def case(system, rate):
         return CaseResult(system, "tput", 64, "msg", 1000), {"msgs_per_s": rate, "msgs_per_s_min": rate,

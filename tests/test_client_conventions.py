@@ -234,3 +234,17 @@ def test_flush_raises_the_first_error_of_the_pipelined_puts(tcp_server):
         n = q.stats().ready
         assert 0 < n < 20
         assert len(drain(q)) == n
+
+
+# ---------------------------------------------------------------- auto-ack
+@pytest.mark.parametrize("serializer", [None, "json"])
+def test_auto_ack_settles_as_it_takes(any_broker, serializer):
+    q = any_broker.create_queue("jobs", serializer=serializer)
+    q.put_many([b"1", b"2", b"3"] if serializer is None else [1, 2, 3])
+    d = q.get(timeout=5, ack=False)
+    ds = q.get_many(5, timeout=5, ack=False)
+    assert [x.body for x in [d] + ds] == ([b"1", b"2", b"3"] if serializer is None else [1, 2, 3])
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.acked_total) == (0, 0, 3)
+    with pytest.raises(shmq.DeliveryExpired, match=r"^delivery jobs#1 attempt 1 is no longer leased$"):
+        d.ack()

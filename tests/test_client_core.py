@@ -259,7 +259,7 @@ def test_the_messages_a_forgotten_consume_leased_are_given_back(late):
         core.forget(msg_id, MsgType.CONSUME, fields)
     assert core._replies == {} and core._abandoned == {}
     nack = core.outgoing()
-    assert frames(nack) == [(MsgType.NACK, {"queue": "q", "deliveries": [5, 6], "delay_ms": 0})]
+    assert frames(nack) == [(MsgType.NACK, {"queue": "q", "deliveries": [5, 6], "unseen": True})]
     assert core.outgoing() == b""
     core.receive_data(encode_error(MsgType.NACK, decode(nack).msg_id, Status.NO_SUCH_QUEUE, "no such queue"))
     core.send(MsgType.PING)  # the give-back's error is nobody's to raise (its queue went: nothing to give back)

@@ -221,9 +221,9 @@ def test_task_done_too_many_times(impl):
 def test_an_unpicklable_object_raises_in_the_caller_and_the_queue_keeps_working():
     q = mp.JoinableQueue(1)
     with pytest.raises((pickle.PicklingError, AttributeError)):
-        q.put(lambda: 0)
+        q.put(lambda: 0, timeout=5)
     with pytest.raises(TypeError, match="cannot pickle"):
-        q.put([bytearray(BIG), threading.Lock()])  # fails after its big buffer was set aside
+        q.put_nowait([bytearray(BIG), threading.Lock()])  # fails after its big buffer was set aside
     assert q.qsize() == 0 and not q.full() and _segments(q) == []
     q.put_nowait("ok")  # the failed puts took no slot
     assert q.full()
@@ -242,9 +242,32 @@ def test_a_child_that_put_10_mb_exits_before_the_queue_is_drained():
     assert p.exitcode == 0
     assert q.get(timeout=10) == b"\x01" * (10 * 2**20)
     got = q.get(timeout=10)
-    assert got == bytearray(b"\x02") * (10 * 2**20)
-    got[0] = 0  # out-of-band buffers come back writable
+    assert type(got) is bytearray and got == bytearray(b"\x02") * (10 * 2**20)
     assert _segments(q) == []
+
+
+def test_a_full_ring_raises_full_and_leaves_no_trace():
+    # 8 KiB of ring fill up with ~146 ints (56-byte records) before maxsize=200 does
+    q = mp.JoinableQueue(200, max_bytes=8192)
+    n = 0
+    while True:
+        try:
+            q.put_nowait(n)
+        except queue.Full:
+            break
+        n += 1
+    assert 100 < n < 200
+    with pytest.raises(queue.Full):
+        q.put(n, timeout=0.01)
+    for _ in range(200 - n):
+        with pytest.raises(queue.Full):
+            q.put_nowait(b"\x07" * BIG)  # its segment is made, then its name finds no room
+    assert not q.full() and _segments(q) == []  # no slot taken, no segment left
+    assert [q.get(timeout=10) for _ in range(n)] == list(range(n))
+    for _ in range(n):
+        q.task_done()
+    with pytest.raises(ValueError, match="too many times"):  # no task counted
+        q.task_done()
 
 
 def test_numpy_arrays_travel_out_of_band_and_come_back_writable():
@@ -383,6 +406,20 @@ def test_a_creator_killed_with_sigkill_leaves_nothing():
         p.join(10)  # (only once the child is gone too: it holds a copy of the sentinel's pipe)
     assert p.exitcode == -signal.SIGKILL
     wait_for(lambda: _gone(child_pid), what="the orphaned child to go")
+
+
+def test_a_killed_reaper_is_replaced_by_one_that_knows_every_namespace():
+    here, there = SPAWN.Pipe()
+    p = SPAWN.Process(target=workers.create_kill_reaper_create, args=(there,))
+    p.start()
+    try:
+        assert here.poll(30)
+        namespaces, reaper_pid = here.recv()
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+    wait_for(lambda: not any(namespace_entries(ns) for ns in namespaces), what="/dev/shm to be cleaned")
+    wait_for(lambda: _gone(reaper_pid), what="the new reaper to exit")
 
 
 def test_a_creator_that_exits_leaves_nothing_once_its_children_are_done():

@@ -41,9 +41,12 @@ class NatsCoreEnd(End):
     def __init__(self, spec, role):
         url, self._subject = spec
         self._errors = []
+        self._closing = False
+        self._arrived = None
         self._loop = asyncio.new_event_loop()
         self._run = self._loop.run_until_complete
-        self._nc = self._run(nats.connect(url, error_cb=self._on_error, allow_reconnect=False))
+        self._nc = self._run(nats.connect(url, error_cb=self._on_error, closed_cb=self._on_closed,
+                                          allow_reconnect=False))
         self._ready = role == "recv"
         if role == "recv":
             self._inbox = collections.deque()
@@ -56,6 +59,12 @@ class NatsCoreEnd(End):
 
     async def _on_error(self, exc):
         self._errors.append(exc)
+
+    async def _on_closed(self):
+        if not self._closing:  # the server cut it off (a slow consumer): a waiting receive must not hang
+            self._errors.append(ConnectionError("the NATS connection was closed"))
+            if self._arrived is not None:
+                self._arrived.set()
 
     async def _on_msg(self, msg):
         self._inbox.append(msg.data)
@@ -79,10 +88,13 @@ class NatsCoreEnd(End):
                     raise TimeoutError(f"no NATS subscriber on {self._subject} within {START_TIMEOUT:.0f}s") from None
                 await asyncio.sleep(READY_ASK_S)
 
-    def send(self, body):
+    def _await_subscriber(self):
         if not self._ready:
             self._run(self._ask())
             self._ready = True
+
+    def send(self, body):
+        self._await_subscriber()
         self._run(self._nc.publish(self._subject, body))
 
     async def _publish_many(self, bodies):
@@ -90,9 +102,7 @@ class NatsCoreEnd(End):
             await self._nc.publish(self._subject, body)
 
     def send_batch(self, bodies):
-        if not self._ready:
-            self._run(self._ask())
-            self._ready = True
+        self._await_subscriber()
         self._run(self._publish_many(bodies))
 
     def flush(self):
@@ -118,6 +128,7 @@ class NatsCoreEnd(End):
         return [inbox.popleft() for _ in range(min(limit, len(inbox)))]
 
     def close(self):
+        self._closing = True
         try:
             self._run(self._nc.close())
         finally:

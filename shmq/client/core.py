@@ -250,7 +250,7 @@ class ClientCore:
         if msg_type == MsgType.CONSUME:
             tags = [m["delivery"] for m in reply.get("messages") or ()]
             if tags:
-                self._quietly(MsgType.NACK, {"queue": fields["queue"], "deliveries": tags, "delay_ms": 0})
+                self._quietly(MsgType.NACK, {"queue": fields["queue"], "deliveries": tags, "unseen": True})
         elif msg_type == MsgType.SUBSCRIBE:
             self.unsubscribe(reply["subscription"])
             self._quietly(MsgType.CANCEL, {"subscription": reply["subscription"], "delivered": 0})
@@ -544,10 +544,13 @@ class QueueCalls:
         ser = self.serializer
         return objs if ser is None else [dump(ser, o) for o in objs]
 
-    def _deliveries(self, messages):
-        """Deliveries of a CONSUME reply; with a serializer their bodies loaded, else
-        (SerializationError) all given back, the error raised."""
+    def _deliveries(self, messages, leased=True):
+        """Deliveries of a CONSUME reply (``leased``: not auto-acked); with a serializer
+        their bodies loaded, else (SerializationError) all given back, the error raised."""
         ds = [self._delivery_class(self, m) for m in messages]
+        if not leased:
+            for d in ds:
+                d._settled = True  # settled as taken: an ack says what the local one says
         ser = self.serializer
         if ser is not None:
             try:
@@ -635,20 +638,23 @@ class QueueCalls:
         return out
 
     @driven
-    def get(self, timeout=None, visibility_timeout=None):
-        """Lease the next message; wait up to ``timeout`` seconds (None: for ever), then QueueEmpty."""
-        return (yield from self._consume(1, timeout, visibility_timeout))[0]
+    def get(self, timeout=None, visibility_timeout=None, ack=True, copy=True):
+        """Lease the next message; wait up to ``timeout`` seconds (None: for ever), then
+        QueueEmpty. ``ack=False``: settled as the server takes it (RabbitMQ's autoAck: at
+        most once, nothing to settle). ``copy``: the local handle's (a body read off the
+        wire is always a copy)."""
+        return (yield from self._consume(1, timeout, visibility_timeout, None, ack))[0]
 
     @driven
-    def get_nowait(self, visibility_timeout=None):
+    def get_nowait(self, visibility_timeout=None, ack=True, copy=True):
         """Lease the next message; QueueEmpty at once if none is ready."""
-        return (yield from self._consume(1, 0, visibility_timeout))[0]
+        return (yield from self._consume(1, 0, visibility_timeout, None, ack))[0]
 
     @driven
-    def get_many(self, max_messages=64, timeout=None, visibility_timeout=None, max_bytes=None):
+    def get_many(self, max_messages=64, timeout=None, visibility_timeout=None, max_bytes=None, ack=True, copy=True):
         """Lease up to ``max_messages`` ready messages, waiting like ``get`` for the first;
         with ``max_bytes``, no more than fit in it (the first is always taken)."""
-        return (yield from self._consume(max_messages, timeout, visibility_timeout, max_bytes))
+        return (yield from self._consume(max_messages, timeout, visibility_timeout, max_bytes, ack))
 
     def consume(self, prefetch: int = 100, visibility_timeout=None):
         """An iterator of deliveries the server pushes while fewer than ``prefetch`` of them
@@ -657,13 +663,21 @@ class QueueCalls:
         what was pushed but not yet handed out is given back, ready again at once."""
         return self._subscription_class(self, prefetch, visibility_timeout)
 
-    def _consume(self, max_messages, timeout, visibility_timeout, max_bytes=None):
+    def _consume(self, max_messages, timeout, visibility_timeout, max_bytes=None, ack=True):
         """CONSUME until messages come or ``timeout`` ends (see ``waiting``)."""
-        fields = {"queue": self.name, **consume_fields(max_messages, visibility_timeout, max_bytes)}
+        # with a serializer, ack=False takes leased, loads, then acks (as the local handle
+        # does): a body that does not load is given back, never lost
+        auto = not ack and self.serializer is None
+        fields = {"queue": self.name, **consume_fields(max_messages, visibility_timeout, max_bytes, not auto)}
         messages = yield from waiting(MsgType.CONSUME, fields, "messages", timeout, self._broker._clock)
         if not messages:
             raise QueueEmpty(f"queue {self.name!r} is empty")
-        return (yield from self._deliveries(messages))
+        ds = yield from self._deliveries(messages, not auto)
+        if not ack and not auto:
+            yield Send(MsgType.ACK, {"queue": self.name, "deliveries": [d._tag for d in ds]})
+            for d in ds:
+                d._settled = True
+        return ds
 
     @driven
     def ack_many(self, deliveries):

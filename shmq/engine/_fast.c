@@ -1,17 +1,21 @@
-/* The engine's three hot paths in C: put, get (the plain frontier take) and ack; and a
- * bulk read of a stream partition into Arrow buffers (read_columns).
+/* The engine's hot paths in C: put, get (the plain frontier take, building the Delivery itself:
+ * DeliveryBase), ack; the batch loops of put_many, get_many, ack_many and nack_many under one
+ * lock hold; reserve / publish (a message filled in place, through a Loan); and a bulk read of
+ * a stream partition into Arrow buffers (read_columns).
  *
- * Strategy: these are the pure-Python fast paths of shmq/engine/queue.py (Queue.put,
- * Queue._take_one, Queue._ack_one) done with the same loads and stores in the same
- * order, on the same segment layout (shmq/engine/layout.py, through the generated _layout.h). They only ever take the
- * uncontended case: anything else -- a busy lock, a dead lock holder, a full ring, a
- * requeued message, housekeeping due -- is handed back to the Python code, which
- * handles every case. The commit stores (the tail of a put, the status word of a take
+ * Strategy: these are the pure-Python fast paths of shmq/engine (Queue.put, _take_one,
+ * _ack_one, _requeue, _append, _try_reserve / _publish) done with the same loads and stores in
+ * the same order, on the same segment layout (shmq/engine/layout.py, through the generated
+ * _layout.h). They only ever take the uncontended case: anything else -- a busy lock, a dead
+ * lock holder, a full ring, a requeued message, housekeeping due -- is handed back to the
+ * Python code, which handles every case. The commit stores (the tail of a put, the status word of a take
  * or an ack) are release stores, so the compiler cannot move the record's writes after
  * them. The GIL stays held: nothing here blocks.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
+#include <structmember.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -194,6 +198,112 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromUnsignedLongLong(msg_id << 1 | (uint64_t)post);
 }
 
+/* ---- deliveries: DeliveryBase holds a delivery's fields (the Python Delivery subclasses it
+ * with its methods and properties), so a take builds the object itself: no tuple, no Python
+ * __init__. Its members are the slots the pure-Python twin has (delivery.py); unset ones raise
+ * AttributeError, as unset slots do. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *id, *body, *attempt, *q, *pos, *hraw, *enq, *ext, *raw;
+} DeliveryBase;
+
+static PyTypeObject *delivery_class; /* the Python Delivery (set_delivery_class), a subclass */
+
+static PyMemberDef dlv_members[] = {
+    {"id", T_OBJECT_EX, offsetof(DeliveryBase, id), 0, NULL},
+    {"body", T_OBJECT_EX, offsetof(DeliveryBase, body), 0, NULL},
+    {"attempt", T_OBJECT_EX, offsetof(DeliveryBase, attempt), 0, NULL},
+    {"_q", T_OBJECT_EX, offsetof(DeliveryBase, q), 0, NULL},
+    {"_pos", T_OBJECT_EX, offsetof(DeliveryBase, pos), 0, NULL},
+    {"_hraw", T_OBJECT_EX, offsetof(DeliveryBase, hraw), 0, NULL},
+    {"_enq", T_OBJECT_EX, offsetof(DeliveryBase, enq), 0, NULL},
+    {"_ext", T_OBJECT_EX, offsetof(DeliveryBase, ext), 0, NULL},
+    {"_raw", T_OBJECT_EX, offsetof(DeliveryBase, raw), 0, NULL},
+    {NULL},
+};
+
+static int dlv_traverse(DeliveryBase *d, visitproc visit, void *arg) {
+    Py_VISIT(d->id);
+    Py_VISIT(d->body);
+    Py_VISIT(d->attempt);
+    Py_VISIT(d->q);
+    Py_VISIT(d->pos);
+    Py_VISIT(d->hraw);
+    Py_VISIT(d->enq);
+    Py_VISIT(d->ext);
+    Py_VISIT(d->raw);
+    return 0;
+}
+
+static int dlv_clear(DeliveryBase *d) {
+    Py_CLEAR(d->id);
+    Py_CLEAR(d->body);
+    Py_CLEAR(d->attempt);
+    Py_CLEAR(d->q);
+    Py_CLEAR(d->pos);
+    Py_CLEAR(d->hraw);
+    Py_CLEAR(d->enq);
+    Py_CLEAR(d->ext);
+    Py_CLEAR(d->raw);
+    return 0;
+}
+
+static void dlv_dealloc(DeliveryBase *d) {
+    PyObject_GC_UnTrack(d);
+    dlv_clear(d);
+    Py_TYPE(d)->tp_free((PyObject *)d);
+}
+
+/* Delivery(q, pos, msg_id, attempt, body, hraw, enq_ns=0): the Python paths' constructor */
+static int dlv_init(DeliveryBase *d, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"q", "pos", "msg_id", "attempt", "body", "hraw", "enq_ns", NULL};
+    PyObject *q, *pos, *id, *attempt, *body, *hraw, *enq = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|O", kwlist, &q, &pos, &id, &attempt, &body, &hraw, &enq))
+        return -1;
+    if (!enq) enq = PyLong_FromLong(0);
+    else Py_INCREF(enq);
+    if (!enq) return -1;
+    Py_INCREF(q);
+    Py_INCREF(pos);
+    Py_INCREF(id);
+    Py_INCREF(attempt);
+    Py_INCREF(body);
+    Py_INCREF(hraw);
+    Py_XSETREF(d->q, q);
+    Py_XSETREF(d->pos, pos);
+    Py_XSETREF(d->id, id);
+    Py_XSETREF(d->attempt, attempt);
+    Py_XSETREF(d->body, body);
+    Py_XSETREF(d->hraw, hraw);
+    Py_XSETREF(d->enq, enq);
+    return 0;
+}
+
+static PyTypeObject DeliveryBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmq.engine._fast.DeliveryBase",
+    .tp_basicsize = sizeof(DeliveryBase),
+    .tp_dealloc = (destructor)dlv_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A delivery's fields; shmq.engine.delivery.Delivery adds its methods",
+    .tp_traverse = (traverseproc)dlv_traverse,
+    .tp_clear = (inquiry)dlv_clear,
+    .tp_members = dlv_members,
+    .tp_init = (initproc)dlv_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* set_delivery_class(cls): the class takes build (a subclass of DeliveryBase adding no fields) */
+static PyObject *fast_set_delivery_class(PyObject *self, PyObject *cls) {
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &DeliveryBaseType) ||
+        ((PyTypeObject *)cls)->tp_basicsize != DeliveryBaseType.tp_basicsize) {
+        PyErr_SetString(PyExc_TypeError, "set_delivery_class: a subclass of DeliveryBase with __slots__ = ()");
+        return NULL;
+    }
+    Py_INCREF(cls);
+    Py_XSETREF(delivery_class, (PyTypeObject *)cls);
+    Py_RETURN_NONE;
+}
+
 /* take modes (bits): settle as taken (auto-ack), and a body that is a view into the ring */
 #define M_AUTOACK 1
 #define M_VIEW 2
@@ -213,26 +323,53 @@ static PyObject *body_of(char *a, uint64_t off, uint64_t hl, uint64_t bl, int mo
     return v;
 }
 
+/* A Delivery of the record at ``a`` (ring offset ``off``, position ``pos``), to be taken with
+ * ``attempt``: built before the take's commit, so a MemoryError changes nothing. */
+static PyObject *delivery_of(PyObject *q, char *a, uint64_t off, uint64_t pos, uint64_t attempt, int mode,
+                             PyObject *ring) {
+    uint64_t bl = U32(a + REC_BODY_LEN), hl = U32(a + REC_HDR_LEN);
+    DeliveryBase *d = (DeliveryBase *)delivery_class->tp_alloc(delivery_class, 0);
+    if (!d) return NULL;
+    Py_INCREF(q);
+    d->q = q;
+    d->body = body_of(a, off, hl, bl, mode, ring);
+    if (hl) {
+        d->hraw = PyBytes_FromStringAndSize(a + REC_SIZE, (Py_ssize_t)hl);
+    } else {
+        Py_INCREF(Py_None);
+        d->hraw = Py_None;
+    }
+    d->pos = PyLong_FromUnsignedLongLong(pos);
+    d->id = PyLong_FromUnsignedLongLong(U64(a + REC_MSG_ID));
+    d->attempt = PyLong_FromUnsignedLongLong(attempt);
+    d->enq = PyLong_FromUnsignedLongLong(U64(a + REC_ENQ_NS));
+    if (!d->body || !d->hraw || !d->pos || !d->id || !d->attempt || !d->enq) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return (PyObject *)d;
+}
+
 /* The producer post owed after space was freed at ``pos`` (lock held): 1 or 0. */
 static int freed_at(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t head);
 
-/* take(seg, base, cap, slot, vis_ns, max_deliveries or 0, now[, mode, ring])
- *   -> (pos, msg_id, attempt, body, hraw or None, enq_ns), or R_*; a record with flags (a priority
- *   level or an extension block) is left to the general take
- * (``now`` is the caller's monotonic clock in ns, so the Python and C paths share one clock)
- * mode M_AUTOACK: the record is settled (ACKED) as it is taken, and the tuple has a 7th item
- * (1) when a producer must be woken; M_VIEW: the body is a slice of ``ring`` */
+/* take(q, seg, base, cap, slot, vis_ns, max_deliveries or 0, now[, mode, ring])
+ *   -> a Delivery of ``q``, or R_*; a record with flags (a priority level or an extension
+ *   block) is left to the general take. ``now`` is the caller's monotonic clock in ns, so the
+ *   Python and C paths share one clock. mode M_AUTOACK: the record is settled (ACKED) as it is
+ *   taken, and (delivery, 1) says a producer must be woken; M_VIEW: the body is a slice of
+ *   ``ring`` */
 static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[8] = {0};
-    if (nargs != 7 && nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "take takes 7 or 9 arguments");
+    if ((nargs != 8 && nargs != 10) || !delivery_class) {
+        PyErr_SetString(PyExc_TypeError, "take takes 8 or 10 arguments (and a delivery class set)");
         return NULL;
     }
-    if (parse_u64s(args, nargs == 9 ? 8 : 7, v) < 0) return NULL;
+    if (parse_u64s(args + 1, nargs == 10 ? 8 : 7, v) < 0) return NULL;
+    PyObject *q = args[0], *ring = nargs == 10 ? args[9] : NULL;
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2], slot = v[3], vis_ns = v[4], maxdel = v[5], now = v[6];
     int mode = (int)v[7];
-    PyObject *ring = nargs == 9 ? args[8] : NULL;
 
     int rc = lock(seg);
     if (rc) return PyLong_FromLong(rc);
@@ -249,16 +386,12 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
         unlock(seg); /* a priority level or an extension block: the general take */
         return PyLong_FromLong(R_FALLBACK);
     }
-    uint64_t length = U32(a + REC_LENGTH), bl = U32(a + REC_BODY_LEN), hl = U32(a + REC_HDR_LEN),
-             msg_id = U64(a + REC_MSG_ID), enq = U64(a + REC_ENQ_NS);
-    /* copy out first: on a MemoryError nothing has changed */
-    PyObject *body = body_of(a, off, hl, bl, mode, ring);
-    PyObject *hraw = body && hl ? PyBytes_FromStringAndSize(a + REC_SIZE, (Py_ssize_t)hl) : NULL;
-    if (!body || (hl && !hraw)) {
+    PyObject *d = delivery_of(q, a, off, pos, attempt, mode, ring); /* first: on a MemoryError nothing changed */
+    if (!d) {
         unlock(seg);
-        Py_XDECREF(body);
         return NULL;
     }
+    uint64_t length = U32(a + REC_LENGTH);
     int post = 0;
     if (mode & M_AUTOACK) {
         uint64_t head = h[H_HEAD];
@@ -278,37 +411,30 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     if (attempt > 1) CNT(seg)[C_REDELIVERED_TOTAL] += 1;
     unlock(seg);
-    if (!hraw) {
-        hraw = Py_None;
-        Py_INCREF(hraw);
-    }
-    if (post)
-        return Py_BuildValue("(KKKNNKi)", (unsigned long long)pos, (unsigned long long)msg_id,
-                             (unsigned long long)attempt, body, hraw, (unsigned long long)enq, post);
-    return Py_BuildValue("(KKKNNK)", (unsigned long long)pos, (unsigned long long)msg_id,
-                         (unsigned long long)attempt, body, hraw, (unsigned long long)enq);
+    if (post) return Py_BuildValue("(Ni)", d, 1);
+    return d;
 }
 
 static int advance_head(char *seg, uint64_t base, uint64_t cap);
 
-/* take_many(seg, base, cap, slot, vis_ns, max_deliveries or 0, now, max_messages, max_bytes or 0, mode, ring)
- *   -> [(pos, msg_id, attempt, body, hraw or None, enq_ns), ...] (at least one), or R_*: the
- *   plain take repeated under one lock hold, from the frontier on, stopping at the first
- *   record it leaves to Python (requeued or special records, a due deadline, flags, an
- *   attempt past max_deliveries, the byte budget: the first message is always taken).
- *   mode as take's; with M_AUTOACK: ([...], 1 if a producer must be woken) */
+/* take_many(q, seg, base, cap, slot, vis_ns, max_deliveries or 0, now, max_messages, max_bytes or 0, mode, ring)
+ *   -> [Delivery, ...] (at least one), or R_*: the plain take repeated under one lock hold,
+ *   from the frontier on, stopping at the first record it leaves to Python (requeued or
+ *   special records, a due deadline, flags, an attempt past max_deliveries, the byte budget:
+ *   the first message is always taken). mode as take's; with M_AUTOACK: ([...], 1 if a
+ *   producer must be woken) */
 static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[10];
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "take_many takes 11 arguments");
+    if (nargs != 12 || !delivery_class) {
+        PyErr_SetString(PyExc_TypeError, "take_many takes 12 arguments (and a delivery class set)");
         return NULL;
     }
-    if (parse_u64s(args, 10, v) < 0) return NULL;
+    if (parse_u64s(args + 1, 10, v) < 0) return NULL;
+    PyObject *q = args[0], *ring = args[11];
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2], slot = v[3], vis_ns = v[4], maxdel = v[5], now = v[6], maxn = v[7],
              budget = v[8];
     int mode = (int)v[9];
-    PyObject *ring = args[10];
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     int rc = lock(seg);
@@ -345,23 +471,10 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
             if (taken && (int64_t)(bl + hl) > left) break;
             left -= (int64_t)(bl + hl);
         }
-        /* copy out first: on a MemoryError this record is left as it is */
-        PyObject *body = body_of(a, off, hl, bl, mode, ring);
-        PyObject *hraw = body && hl ? PyBytes_FromStringAndSize(a + REC_SIZE, (Py_ssize_t)hl) : NULL;
-        PyObject *t = NULL;
-        if (body && (!hl || hraw)) {
-            if (!hraw) {
-                hraw = Py_None;
-                Py_INCREF(hraw);
-            }
-            t = Py_BuildValue("(KKKNNK)", (unsigned long long)pos, (unsigned long long)U64(a + REC_MSG_ID),
-                              (unsigned long long)attempt, body, hraw, (unsigned long long)U64(a + REC_ENQ_NS));
-            body = hraw = NULL; /* the tuple holds them (or they were released with it) */
-        }
-        if (!t || PyList_Append(out, t) < 0) {
-            Py_XDECREF(body);
-            Py_XDECREF(hraw);
-            Py_XDECREF(t);
+        /* built first: on a MemoryError this record is left as it is */
+        PyObject *d = delivery_of(q, a, off, pos, attempt, mode, ring);
+        if (!d || PyList_Append(out, d) < 0) {
+            Py_XDECREF(d);
             if (!taken) { /* nothing changed */
                 unlock(seg);
                 Py_DECREF(out);
@@ -370,7 +483,7 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
             PyErr_Clear(); /* the ones taken are leased (or settled): hand them out */
             break;
         }
-        Py_DECREF(t);
+        Py_DECREF(d);
         if (!taken) first = pos;
         if (settled == ST_LEASED) U64(a + REC_DEADLINE) = until;
         __atomic_store_n((uint64_t *)a, settled | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
@@ -491,6 +604,298 @@ static PyObject *fast_ack_many(PyObject *self, PyObject *const *args, Py_ssize_t
     PyMem_Free(bad);
     return Py_BuildValue("(KiN)", (unsigned long long)done, post, badlist);
 }
+
+/* put_many(seg, base, cap, bodies, hraws, max_message_bytes, enq_ns)
+ *   -> (first msg_id, consumer posts owed), or R_*: a batch appended under one lock hold, all
+ *   or nothing, placed as the Python append places it (a record that does not fit before the
+ *   end of the ring starts the next lap, after a PAD record). ``hraws``: bytes, the encoded
+ *   headers of every item (b"": none), or a list of bytes, one per body. R_FALLBACK, nothing
+ *   done, for anything else: a body that is not bytes or is too large, no room now, an empty
+ *   queue placed badly, a deleted queue, an empty batch. No log: the Python append logs. */
+static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[3], maxmsg, enq;
+    if (nargs != 7 || !PyList_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "put_many takes 7 arguments, the fourth a list");
+        return NULL;
+    }
+    if (parse_u64s(args, 3, v) < 0 || parse_u64s(args + 5, 1, &maxmsg) < 0 || parse_u64s(args + 6, 1, &enq) < 0)
+        return NULL;
+    char *seg = (char *)(uintptr_t)v[0];
+    uint64_t base = v[1], cap = v[2];
+    PyObject *bodies = args[3], *hraws = args[4];
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    int one = PyBytes_CheckExact(hraws);
+    if (!n || (!one && !(PyList_CheckExact(hraws) && PyList_GET_SIZE(hraws) == n)))
+        return PyLong_FromLong(R_FALLBACK);
+    for (Py_ssize_t i = 0; i < n; i++) { /* checked before the lock: nothing fails under it */
+        PyObject *b = PyList_GET_ITEM(bodies, i), *hr = one ? hraws : PyList_GET_ITEM(hraws, i);
+        if (!PyBytes_CheckExact(b) || !PyBytes_CheckExact(hr) || (uint64_t)PyBytes_GET_SIZE(b) > maxmsg)
+            return PyLong_FromLong(R_FALLBACK);
+    }
+    int rc = lock(seg);
+    if (rc) return PyLong_FromLong(rc);
+    uint64_t *h = HOT(seg);
+    uint64_t head = h[H_HEAD], tail = h[H_TAIL], end = tail;
+    for (Py_ssize_t i = 0; i < n && end - head <= cap; i++) { /* where the tail would be */
+        PyObject *hr = one ? hraws : PyList_GET_ITEM(hraws, i);
+        uint64_t size = (REC_SIZE + 7 + PyBytes_GET_SIZE(hr) + PyBytes_GET_SIZE(PyList_GET_ITEM(bodies, i))) &
+                        ~(uint64_t)7;
+        uint64_t rem = cap - end % cap;
+        end += (size > rem ? rem : 0) + size;
+    }
+    if (h[H_DELETED] || end - head > cap) { /* Python waits, or moves an empty queue to the next lap */
+        unlock(seg);
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    uint64_t pos = tail, first = h[H_NEXT_ID], id = first;
+    for (Py_ssize_t i = 0; i < n; i++, id++) { /* the records past the tail, then one commit */
+        PyObject *b = PyList_GET_ITEM(bodies, i), *hr = one ? hraws : PyList_GET_ITEM(hraws, i);
+        uint64_t bl = (uint64_t)PyBytes_GET_SIZE(b), hl = (uint64_t)PyBytes_GET_SIZE(hr);
+        uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7, rem = cap - pos % cap;
+        if (size > rem) {
+            if (rem >= REC_SIZE) {
+                char *p = seg + base + pos % cap;
+                memset(p, 0, REC_SIZE);
+                U64(p + REC_STATUS) = ST_PAD;
+                U32(p + REC_LENGTH) = (uint32_t)rem;
+            }
+            pos += rem;
+        }
+        char *a = seg + base + pos % cap;
+        U64(a + REC_STATUS) = ST_READY;
+        U32(a + REC_LENGTH) = (uint32_t)size;
+        U32(a + REC_BODY_LEN) = (uint32_t)bl;
+        U32(a + REC_HDR_LEN) = (uint32_t)hl;
+        U32(a + REC_FLAGS) = 0;
+        U64(a + REC_MSG_ID) = id;
+        U64(a + REC_ENQ_NS) = enq;
+        U64(a + REC_DEADLINE) = 0;
+        if (hl) memcpy(a + REC_SIZE, PyBytes_AS_STRING(hr), hl);
+        memcpy(a + REC_SIZE + hl, PyBytes_AS_STRING(b), bl);
+        pos += size;
+    }
+    __atomic_store_n(&h[H_TAIL], pos, __ATOMIC_RELEASE); /* commit */
+    h[H_NEXT_ID] = id;
+    h[H_READY] += (uint64_t)n;
+    uint64_t post = 0, cw = h[H_CWAIT], cp = h[H_CPOSTED];
+    if (cw > cp) {
+        post = cw - cp < (uint64_t)n ? cw - cp : (uint64_t)n;
+        h[H_CPOSTED] = cp + post;
+    }
+    unlock(seg);
+    return Py_BuildValue("(KK)", (unsigned long long)first, (unsigned long long)post);
+}
+
+/* nack_many(seg, base, cap, [pos, attempt, msg_id, ...], now)
+ *   -> (nacked, consumer posts owed, [indices of those no longer leased]), or R_*: the
+ *   immediate requeue (no delay, no retry policy) repeated under one lock hold, as
+ *   ring.make_ready does it: ready again with the same attempt, before the frontier. */
+static PyObject *fast_nack_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[3], now;
+    if (nargs != 5 || !PyList_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "nack_many takes 5 arguments, the fourth a list");
+        return NULL;
+    }
+    if (parse_u64s(args, 3, v) < 0 || parse_u64s(args + 4, 1, &now) < 0) return NULL;
+    char *seg = (char *)(uintptr_t)v[0];
+    uint64_t base = v[1], cap = v[2];
+    Py_ssize_t n = PyList_GET_SIZE(args[3]);
+    if (n % 3) {
+        PyErr_SetString(PyExc_ValueError, "nack_many: (pos, attempt, msg_id) triples");
+        return NULL;
+    }
+    Py_ssize_t k = n / 3;
+    uint64_t *d = PyMem_Malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
+    if (!d) return PyErr_NoMemory();
+    PyObject *badlist = PyList_New(0);
+    if (!badlist || parse_u64s(PySequence_Fast_ITEMS(args[3]), n, d) < 0) { /* read before the lock */
+        Py_XDECREF(badlist);
+        PyMem_Free(d);
+        return NULL;
+    }
+    int rc = lock(seg);
+    if (rc) {
+        Py_DECREF(badlist);
+        PyMem_Free(d);
+        return PyLong_FromLong(rc);
+    }
+    uint64_t *h = HOT(seg), *w = (uint64_t *)seg;
+    if (h[H_DELETED]) {
+        unlock(seg);
+        Py_DECREF(badlist);
+        PyMem_Free(d);
+        return PyLong_FromLong(R_DELETED);
+    }
+    uint64_t head = h[H_HEAD], tail = h[H_TAIL], done = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        uint64_t pos = d[3 * i], attempt = d[3 * i + 1], msg_id = d[3 * i + 2];
+        char *a = seg + base + pos % cap;
+        uint64_t s = pos < head || pos >= tail ? 0 : U64(a);
+        if ((s & 0xFF) != ST_LEASED || (s >> 32) != attempt || U64(a + REC_MSG_ID) != msg_id ||
+            U64(a + REC_DEADLINE) <= now) {
+            d[3 * i] = UINT64_MAX; /* no longer leased (one named twice is nacked once, as two calls would) */
+            continue;
+        }
+        __atomic_store_n((uint64_t *)a, ST_READY | ((uint64_t)NO_HOLDER << 8) | (attempt << 32),
+                         __ATOMIC_RELEASE); /* commit */
+        h[H_READY] += 1;
+        uint32_t flags = U32(a + REC_FLAGS);
+        if (flags & FLAG_TTL) w[NEXT_TTL_W] = 0; /* it may expire from now on: the next sweep looks */
+        uint32_t lv = flags & 0xFF;
+        uint64_t *lp = &w[LEVEL_POS_W + (lv < MAX_PRIORITIES ? lv : MAX_PRIORITIES - 1)];
+        if (pos < *lp) *lp = pos; /* its level's first ready record may be it */
+        if (!h[H_REQUEUED]++ || pos < h[H_READY_POS]) h[H_READY_POS] = pos;
+        done++;
+    }
+    h[H_IN_FLIGHT] -= done;
+    uint64_t post = 0, cw = h[H_CWAIT], cp = h[H_CPOSTED];
+    if (cw > cp && done) {
+        post = cw - cp < done ? cw - cp : done;
+        h[H_CPOSTED] = cp + post;
+    }
+    unlock(seg);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (d[3 * i] != UINT64_MAX) continue;
+        PyObject *x = PyLong_FromSsize_t(i);
+        if (!x || PyList_Append(badlist, x) < 0) {
+            Py_XDECREF(x);
+            Py_DECREF(badlist);
+            PyMem_Free(d);
+            return NULL;
+        }
+        Py_DECREF(x);
+    }
+    PyMem_Free(d);
+    return Py_BuildValue("(KKN)", (unsigned long long)done, (unsigned long long)post, badlist);
+}
+
+/* reserve(seg, base, cap, size, hraw) -> the position of a record of ``size`` body bytes
+ *   placed past the tail, its header and headers written, its body and put time not: the
+ *   lock stays held (``publish`` commits it and lets go; the caller unlocks to abandon it).
+ *   Or R_*, the lock not held: R_FALLBACK when it does not fit now or needs a pad. */
+static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[4];
+    if (nargs != 5 || !PyBytes_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "reserve takes 5 arguments, the last bytes");
+        return NULL;
+    }
+    if (parse_u64s(args, 4, v) < 0) return NULL;
+    char *seg = (char *)(uintptr_t)v[0];
+    uint64_t base = v[1], cap = v[2], bl = v[3], hl = (uint64_t)PyBytes_GET_SIZE(args[4]);
+    uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
+    int rc = lock(seg);
+    if (rc) return PyLong_FromLong(rc);
+    uint64_t *h = HOT(seg);
+    uint64_t tail = h[H_TAIL], off = tail % cap;
+    if (h[H_DELETED] || size > cap - off || tail + size - h[H_HEAD] > cap) {
+        unlock(seg);
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    char *a = seg + base + off;
+    U64(a + REC_STATUS) = ST_READY;
+    U32(a + REC_LENGTH) = (uint32_t)size;
+    U32(a + REC_BODY_LEN) = (uint32_t)bl;
+    U32(a + REC_HDR_LEN) = (uint32_t)hl;
+    U32(a + REC_FLAGS) = 0;
+    U64(a + REC_MSG_ID) = h[H_NEXT_ID];
+    U64(a + REC_ENQ_NS) = 0;
+    U64(a + REC_DEADLINE) = 0;
+    if (hl) memcpy(a + REC_SIZE, PyBytes_AS_STRING(args[4]), hl);
+    return PyLong_FromUnsignedLongLong(tail); /* (held) */
+}
+
+/* publish(seg, base, cap, pos, enq_ns) -> msg_id << 1 | (1 if a consumer must be woken): the
+ *   commit of the record ``reserve`` (or the Python placement) left at ``pos``, lock held; the
+ *   lock is released. No log: a logged queue publishes through Python. */
+static PyObject *fast_publish(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[5];
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "publish takes 5 arguments");
+        return NULL;
+    }
+    if (parse_u64s(args, 5, v) < 0) return NULL; /* (the caller unlocks on an error) */
+    char *seg = (char *)(uintptr_t)v[0];
+    uint64_t base = v[1], cap = v[2], pos = v[3], enq = v[4];
+    uint64_t *h = HOT(seg);
+    char *a = seg + base + pos % cap;
+    uint64_t msg_id = U64(a + REC_MSG_ID);
+    U64(a + REC_ENQ_NS) = enq;
+    __atomic_store_n(&h[H_TAIL], pos + U32(a + REC_LENGTH), __ATOMIC_RELEASE); /* commit */
+    h[H_NEXT_ID] = msg_id + 1;
+    h[H_READY] += 1;
+    int post = 0;
+    uint64_t cw = h[H_CWAIT];
+    if (cw && cw > h[H_CPOSTED]) {
+        h[H_CPOSTED] += 1;
+        post = 1;
+    }
+    unlock(seg);
+    return PyLong_FromUnsignedLongLong(msg_id << 1 | (uint64_t)post);
+}
+
+/* A Loan: a writable buffer of ``size`` bytes at ``offset`` of ``owner``'s buffer (a queue's
+ * mapping, kept exported while the loan lives, so it is never unmapped under it), which
+ * counts the buffers taken from it: ``exports`` is 0 once every view of it is gone. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer owner;
+    char *ptr;
+    Py_ssize_t len, exports;
+} Loan;
+
+static PyObject *loan_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *owner;
+    Py_ssize_t offset, size;
+    if (kw && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "Loan(owner, offset, size)");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "Onn", &owner, &offset, &size)) return NULL;
+    Loan *self = (Loan *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    if (PyObject_GetBuffer(owner, &self->owner, PyBUF_WRITABLE) < 0) {
+        self->owner.obj = NULL;
+        Py_DECREF(self);
+        return NULL;
+    }
+    if (offset < 0 || size < 0 || offset > self->owner.len - size) {
+        PyErr_SetString(PyExc_ValueError, "Loan: the range is outside the owner's buffer");
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->ptr = (char *)self->owner.buf + offset;
+    self->len = size;
+    return (PyObject *)self;
+}
+
+static void loan_dealloc(Loan *self) {
+    if (self->owner.obj) PyBuffer_Release(&self->owner);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int loan_getbuffer(Loan *self, Py_buffer *view, int flags) {
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->ptr, self->len, 0, flags) < 0) return -1;
+    self->exports++;
+    return 0;
+}
+
+static void loan_releasebuffer(Loan *self, Py_buffer *view) { self->exports--; }
+
+static PyObject *loan_exports(Loan *self, void *closure) { return PyLong_FromSsize_t(self->exports); }
+
+static PyBufferProcs loan_as_buffer = {(getbufferproc)loan_getbuffer, (releasebufferproc)loan_releasebuffer};
+static PyGetSetDef loan_getset[] = {{"exports", (getter)loan_exports, NULL, "buffers taken and not released", NULL},
+                                    {NULL}};
+static PyTypeObject LoanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmq.engine._fast.Loan",
+    .tp_basicsize = sizeof(Loan),
+    .tp_dealloc = (destructor)loan_dealloc,
+    .tp_as_buffer = &loan_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Loan(owner, offset, size): a writable window of owner's buffer that counts its exports",
+    .tp_getset = loan_getset,
+    .tp_new = loan_new,
+};
 
 /* Reclaim settled records and pads at the head (lock held); 1 if the head moved. */
 static int advance_head(char *seg, uint64_t base, uint64_t cap) {
@@ -691,6 +1096,11 @@ static PyMethodDef methods[] = {
     {"take_many", (PyCFunction)(void (*)(void))fast_take_many, METH_FASTCALL, "the get_many fast path"},
     {"ack", (PyCFunction)(void (*)(void))fast_ack, METH_FASTCALL, "the ack fast path"},
     {"ack_many", (PyCFunction)(void (*)(void))fast_ack_many, METH_FASTCALL, "the ack_many fast path"},
+    {"set_delivery_class", (PyCFunction)fast_set_delivery_class, METH_O, "the class takes build"},
+    {"put_many", (PyCFunction)(void (*)(void))fast_put_many, METH_FASTCALL, "the put_many fast path"},
+    {"nack_many", (PyCFunction)(void (*)(void))fast_nack_many, METH_FASTCALL, "the nack_many fast path"},
+    {"reserve", (PyCFunction)(void (*)(void))fast_reserve, METH_FASTCALL, "the reserve fast path (lock kept)"},
+    {"publish", (PyCFunction)(void (*)(void))fast_publish, METH_FASTCALL, "a reserved record's commit (unlocks)"},
     {"read_columns", (PyCFunction)(void (*)(void))fast_read_columns, METH_FASTCALL,
      "a stream partition's records as Arrow buffers"},
     {NULL, NULL, 0, NULL},
@@ -701,8 +1111,21 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "shmq.engine._fast", 
 
 PyMODINIT_FUNC PyInit__fast(void) {
     crc_init();
+    if (PyType_Ready(&LoanType) < 0 || PyType_Ready(&DeliveryBaseType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
+    Py_INCREF(&LoanType);
+    if (PyModule_AddObject(m, "Loan", (PyObject *)&LoanType) < 0) {
+        Py_DECREF(&LoanType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&DeliveryBaseType);
+    if (PyModule_AddObject(m, "DeliveryBase", (PyObject *)&DeliveryBaseType) < 0) {
+        Py_DECREF(&DeliveryBaseType);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "MUTEX_OFF", MUTEX_OFF) || PyModule_AddIntConstant(m, "HOT_OFF", HOT_W * 8) ||
         PyModule_AddIntConstant(m, "COUNTERS_OFF", COUNTERS_W * 8) ||
         PyModule_AddIntConstant(m, "REC_SIZE", REC_SIZE) || PyModule_AddIntConstant(m, "READY", ST_READY) ||

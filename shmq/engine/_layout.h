@@ -14,6 +14,11 @@
 #define ST_PAD 4
 #define WAL_ALWAYS 1
 #define SPECIAL_W 106
+#define NEXT_TTL_W 107
+#define LEVEL_POS_W 109
+#define MAX_PRIORITIES 16
+#define FLAG_TTL 1024
+#define NO_HOLDER 65535
 #define REC_STATUS 0
 #define REC_LENGTH 8
 #define REC_BODY_LEN 12

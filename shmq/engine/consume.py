@@ -81,6 +81,17 @@ class Consuming:
             return d
         if self._held is not None:
             return self._get_capped(1, timeout, visibility_timeout)[0]
+        if _fast_take is not None and visibility_timeout is None and self._slot >= 0 and not self._general:
+            # the plain case, one C call that builds the delivery (a closed handle has no slot)
+            r = _fast_take(self, self._segp, self._base, self._cap, self._slot, self._vis_ns,
+                           self.max_deliveries or 0, _mono())
+            if type(r) is not int:
+                return r
+            if r == _F_FALLBACK:
+                return self._get(1, timeout, None)[0]
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            # busy (or repaired): _take_one waits for the lock
         d = self._take_one(visibility_timeout, timeout)
         if d is None:
             d = self._get(1, timeout, visibility_timeout)[0]
@@ -197,15 +208,16 @@ class Consuming:
             return None  # (the C take and the one below leave a queue with special records alone)
         if _fast_take is not None and not (mode and mode & _AUTOACK and self._logged):  # (a logged ack: Python's)
             if mode:
-                r = _fast_take(self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0,
+                r = _fast_take(self, self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0,
                                _mono(), mode, self._ring)
-                if type(r) is tuple and len(r) == 7:  # auto-acked, and a producer is owed a post
+                if type(r) is tuple:  # auto-acked, and a producer is owed a post
                     self._nf.release()
-                    r = r[:6]
+                    return r[0]
             else:
-                r = _fast_take(self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0, _mono())
-            if type(r) is tuple:
-                return Delivery(self, *r)
+                r = _fast_take(self, self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0,
+                               _mono())
+            if type(r) is not int:
+                return r
             if r == _F_FALLBACK:
                 return None
             if r == _F_OWNERDEAD:
@@ -230,7 +242,7 @@ class Consuming:
                 if (status & 0xFF == _READY and not flags
                         and (self.max_deliveries is None or attempt <= self.max_deliveries)):
                     w = a >> 3
-                    if mode & _AUTOACK:
+                    if mode and mode & _AUTOACK:
                         if self._logged:  # logged before the commit below
                             self.wal.append(_encode_ack_entry(msg_id, attempt))
                         mq[w] = _ACKED | (slot << 8) | (attempt << 32)  # commit
@@ -250,12 +262,9 @@ class Consuming:
                     if attempt > 1:
                         mq[I_REDELIVERED_TOTAL] += 1
                     b = a + _REC
-                    if mode & _VIEW:
-                        b = off + _REC
-                        body = self._ring[b + hl:b + hl + bl]
-                    else:
-                        body = mm[b + hl:b + hl + bl]
-                    hraw = mm[a + _REC:a + _REC + hl] if hl else None
+                    body = mm[b + hl:b + hl + bl] if not mode or not mode & _VIEW else self._ring[
+                        off + _REC + hl:off + _REC + hl + bl]
+                    hraw = mm[b:b + hl] if hl else None
         finally:
             _unlock(lp)
         if body is None:
@@ -283,14 +292,14 @@ class Consuming:
             # the plain takes from the frontier, in C under one lock hold; anything else: Python
             vis_ns = self._vis_ns if visibility_timeout is None else _seconds_ns(visibility_timeout,
                                                                                  "visibility_timeout")
-            r = _fast_take_many(self._segp, self._base, self._cap, self._slot, vis_ns, self.max_deliveries or 0,
-                                _mono(), max_messages, max_bytes or 0, mode, self._ring)
+            r = _fast_take_many(self, self._segp, self._base, self._cap, self._slot, vis_ns,
+                                self.max_deliveries or 0, _mono(), max_messages, max_bytes or 0, mode, self._ring)
             if type(r) is list:
-                return [Delivery(self, *t) for t in r]
+                return r
             if type(r) is tuple:  # auto-acked
                 if r[1]:
                     self._nf.release()
-                return [Delivery(self, *t) for t in r[0]]
+                return r[0]
             if r == _F_OWNERDEAD:
                 self._repair_held_lock()
         return self._get(max_messages, timeout, visibility_timeout, max_bytes, mode)

@@ -15,8 +15,9 @@ except ImportError as e:  # pragma: no cover - depends on the build
                       "`pip install -e .` in this checkout (gcc and the Python headers), or set "
                       "SHMQ_PURE_PYTHON=1 to choose the Python paths and silence this.", RuntimeWarning, stacklevel=2)
 
-__all__ = ["FAST", "put", "take", "take_many", "ack", "ack_many", "read_columns", "OWNERDEAD", "FALLBACK", "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled",
-           "enabled"]
+__all__ = ["FAST", "put", "take", "take_many", "ack", "ack_many", "put_many", "nack_many", "reserve", "publish",
+           "Loan", "DeliveryBase", "read_columns", "OWNERDEAD", "FALLBACK", "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD",
+           "set_enabled", "enabled"]
 
 FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
 put = _fast.put if FAST else None
@@ -24,6 +25,12 @@ take = _fast.take if FAST else None
 take_many = _fast.take_many if FAST else None  # the plain take repeated under one lock hold
 ack = _fast.ack if FAST else None
 ack_many = _fast.ack_many if FAST else None  # the plain ack repeated under one lock hold (no log)
+put_many = _fast.put_many if FAST else None  # a batch appended under one lock hold (no log)
+nack_many = _fast.nack_many if FAST else None  # the immediate requeue repeated under one lock hold
+reserve = _fast.reserve if FAST else None  # a record placed at the tail, the lock kept
+publish = _fast.publish if FAST else None  # its commit, and the unlock
+Loan = _fast.Loan if FAST else None  # a writable window of a mapping that counts its views
+DeliveryBase = _fast.DeliveryBase if FAST else None  # a delivery's fields, built by take / take_many
 read_columns = _fast.read_columns if FAST else None  # a stream partition's records as Arrow buffers
 OWNERDEAD = _fast.OWNERDEAD if FAST else None  # the lock was taken from a dead holder: repair, then unlock
 FALLBACK = _fast.FALLBACK if FAST else None  # not a plain case: nothing done, take the Python path
@@ -34,7 +41,7 @@ WAL_MAX_PAYLOAD = _fast.WAL_MAX_PAYLOAD if FAST else 0  # larger wal puts take t
 
 def set_enabled(enabled: bool) -> None:
     """Use the C paths in this process or not (the benchmark and the tests run both)."""
-    from . import consume, produce, settle
+    from . import consume, produce, reserve as reserving, settle
 
     on = enabled and FAST
     produce._fast_put = put if on else None
@@ -42,6 +49,11 @@ def set_enabled(enabled: bool) -> None:
     consume._fast_take_many = take_many if on else None
     settle._fast_ack = ack if on else None
     settle._fast_ack_many = ack_many if on else None
+    settle._fast_nack_many = nack_many if on else None
+    produce._fast_put_many = put_many if on else None
+    reserving._fast_reserve = reserve if on else None
+    reserving._fast_publish = publish if on else None
+    reserving._Loan = Loan if on else None
 
 
 def enabled() -> bool:

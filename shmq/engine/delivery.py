@@ -3,7 +3,7 @@
 import logging
 from dataclasses import dataclass
 
-from . import extension
+from . import cpaths, extension
 from .headers import decode_headers
 
 __all__ = ["Delivery", "Message", "QueueStats", "Processing", "raw_body"]
@@ -48,13 +48,9 @@ class Message:
     queue: str
 
 
-class Delivery:
-    """One delivered message, leased to this process until settled or expired.
-
-    Settle it exactly once: ``ack()`` deletes it, ``nack()`` makes it ready again (after
-    ``delay`` seconds), ``reject()`` dead-letters it, ``extend()`` keeps the lease longer.
-    Each raises :class:`DeliveryExpired` if the lease is no longer this delivery's.
-    """
+class _Fields:
+    """A delivery's fields: the pure-Python twin of ``_fast.DeliveryBase``, which the C
+    takes build without calling ``__init__`` (the base ``Delivery`` has when they are built)."""
 
     __slots__ = ("id", "body", "attempt", "_q", "_pos", "_hraw", "_enq", "_ext", "_raw")
 
@@ -68,6 +64,17 @@ class Delivery:
         # the record's header bytes (an extension block, then msgpack headers), None when
         # empty; split and decoded on first use (``_ext`` is unset until then)
         self._hraw = hraw
+
+
+class Delivery(cpaths.DeliveryBase or _Fields):
+    """One delivered message, leased to this process until settled or expired.
+
+    Settle it exactly once: ``ack()`` deletes it, ``nack()`` makes it ready again (after
+    ``delay`` seconds), ``reject()`` dead-letters it, ``extend()`` keeps the lease longer.
+    Each raises :class:`DeliveryExpired` if the lease is no longer this delivery's.
+    """
+
+    __slots__ = ()
 
     @property
     def queue(self) -> str:
@@ -166,6 +173,10 @@ class Delivery:
 
     def __repr__(self):
         return f"<Delivery {self.queue}#{self.id} attempt={self.attempt} {len(raw_body(self))}B>"
+
+
+if cpaths.DeliveryBase is not None:
+    cpaths._fast.set_delivery_class(Delivery)  # what the C takes build
 
 
 def raw_body(d) -> bytes:

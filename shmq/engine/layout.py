@@ -222,7 +222,8 @@ def c_header() -> str:
         "MUTEX_OFF": MUTEX_OFF, "HOT_W": HOT_OFF >> 3, "COUNTERS_W": COUNTERS_OFF >> 3,
         "WALCFG_W": I_WAL_GEN, "WAL_WORDS_W": I_WAL_SIZE, "REC_SIZE": REC_SIZE,
         "ST_READY": READY, "ST_LEASED": LEASED, "ST_ACKED": ACKED, "ST_PAD": PAD, "WAL_ALWAYS": WAL_ALWAYS,
-        "SPECIAL_W": I_SPECIAL,
+        "SPECIAL_W": I_SPECIAL, "NEXT_TTL_W": I_NEXT_TTL, "LEVEL_POS_W": I_LEVEL_POS,
+        "MAX_PRIORITIES": MAX_PRIORITIES, "FLAG_TTL": FLAG_TTL, "NO_HOLDER": NO_HOLDER,
     }
     defines.update({"REC_" + f.upper(): off for f, off in REC_OFFSETS.items()})
     from .. import dmsq  # the log entry's format (docs/FORMAT.md)

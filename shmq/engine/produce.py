@@ -17,7 +17,7 @@ from .mutex import FOREVER
 from .mutex import trylock as _trylock
 from .mutex import unlock as _unlock
 
-__all__ = ["Producing", "as_bytes", "as_body", "batch_items"]
+__all__ = ["Producing", "as_bytes", "as_body", "batch_headers", "batch_items"]
 
 Body = bytes | bytearray | memoryview  # what a put takes (a handle with a serializer: any object)
 _mono = time.monotonic_ns
@@ -30,6 +30,8 @@ _encode_put_entry = dmsq.encode_put_entry
 _write_record = ring.write_record
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _fast_put = cpaths.put
+_fast_put_many = cpaths.put_many
+_EMPTY = b""
 _F_OWNERDEAD, _F_FALLBACK, _F_WAL_MAX = cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.WAL_MAX_PAYLOAD
 
 
@@ -48,6 +50,13 @@ def as_body(value):
         raise TypeError("put_many items are bodies, not tuples: give headers with headers= "
                         "(one map for all, or a list of maps item by item)")
     return as_bytes(value)
+
+
+def batch_headers(headers, n: int):
+    """put_many's ``headers`` encoded: one bytes for a map for all, else a list of ``n``."""
+    if isinstance(headers, dict):
+        return encode_headers(headers)
+    return [encode_headers(h) for h in per_item(headers, n)]
 
 
 def batch_items(bodies, headers, maxmsg: int, name: str, ext: bytes = b"") -> list:
@@ -165,6 +174,19 @@ class Producing:
         flags = delay_ns = 0
         if priority or delay or ttl is not None:
             ext, flags, delay_ns = self._extension(priority, delay, ttl, None, 0)
+        elif _fast_put_many is not None and not self._logged and self._lockp is not None:
+            # plain bodies (and headers) in C under one lock hold; anything else below
+            if type(bodies) is not list:
+                bodies = list(bodies)
+            hraws = _EMPTY if headers is None else batch_headers(headers, len(bodies))
+            r = _fast_put_many(self._segp, self._base, self._cap, bodies, hraws, self.max_message_bytes, _wall())
+            if type(r) is tuple:
+                first, post = r
+                for _ in range(post):
+                    self._ne.release()
+                return list(range(first, first + len(bodies)))
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
         if headers is not None:
             return self._append_items(batch_items(bodies, headers, self.max_message_bytes, self.name, ext),
                                       timeout, ext, flags, delay_ns)
@@ -313,7 +335,9 @@ class Producing:
                 raise self._gone()
             if waited:
                 waits.unregister(mq, self._slot, _PRODUCERS, waited)
-            tail = mq[I_TAIL]
+            tail = self._room(items, deadline)
+            if tail is None:
+                return None, 0
             size, hraw, rec = items[0]
             pos, a = ring.place(mm, self._base, self._cap, tail, rec)
             L.REC.pack_into(mm, a, _READY, rec, size, len(hraw), 0, mq[I_NEXT_ID], 0, 0)

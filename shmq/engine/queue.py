@@ -194,6 +194,7 @@ class Queue(Producing, Consuming, Settling):
         if self._lockp is None:
             return
         self._lockp = None
+        self._slot = -1  # (the plain get checks only this before its C call)
         self.wal.close()
         self._mq.release()
         self._ring.release()  # (views sliced from it stay valid: the mapping goes with the last of them)

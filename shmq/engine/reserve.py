@@ -8,20 +8,41 @@ commit), an exception stores nothing. A process killed inside the block dies hol
 the lock, so the next locker repairs (EOWNERDEAD), and the record past the tail was never
 published. The cost: other callers of the queue wait while the block runs.
 
-The writable buffer is a memoryview of a ctypes array made on the mapping for this one
-reservation, so the end of the block can tell whether anything still refers to it (a
-slice kept, a numpy array made from it) before it publishes: once published, nobody may
-write into the record.
+The writable buffer is a memoryview of an object made on the mapping for this one
+reservation (``_fast.Loan``, which counts the views taken of it; on the pure-Python paths
+a ctypes array, whose references say the same), so the end of the block can tell whether
+anything still refers to it (a slice kept, a numpy array made from it) before it
+publishes: once published, nobody may write into the record. The plain case -- room at
+the tail without a pad -- is placed and committed in C (``_fast.reserve`` / ``publish``).
 """
 
 import ctypes
 import sys
+import time
 
+from . import cpaths
 from .layout import REC_SIZE
 
 __all__ = ["Reservation"]
 
 _getrefcount = sys.getrefcount
+_wall = time.time_ns
+_fast_reserve, _fast_publish, _Loan = cpaths.reserve, cpaths.publish, cpaths.Loan
+_F_OWNERDEAD = cpaths.OWNERDEAD
+
+
+def _loan(mm, offset, size):
+    """A writable window of ``size`` bytes at ``offset`` of the mapping ``mm``."""
+    if _Loan is not None:
+        return _Loan(mm, offset, size)
+    return (ctypes.c_char * size).from_buffer(mm, offset)
+
+
+def _still_seen(loan) -> bool:
+    """Whether a view of ``loan`` is alive (its own memoryview released)."""
+    if type(loan) is _Loan:
+        return loan.exports > 0
+    return _getrefcount(loan) > 3  # (the caller's name, our argument, getrefcount's): more is a view
 
 
 class Reservation:
@@ -42,28 +63,38 @@ class Reservation:
         if self._at is not None or self.id is not None:
             raise RuntimeError("a reservation is entered once")
         q, size, hraw = self._q, self._size, self._hraw
-        rec = (REC_SIZE + 7 + len(hraw) + size) & -8
-        at = q._until_room(q._try_reserve, ((size, hraw, rec),), self._timeout)  # the lock is held from here
-        try:
-            arr = (ctypes.c_char * size).from_buffer(q._mm, at[1] + REC_SIZE + len(hraw))
-            raw = memoryview(arr)
-            buf = raw.cast("B")
+        if q._lockp is None:
+            raise q._closed()
+        at = None
+        if _fast_reserve is not None:
+            r = _fast_reserve(q._segp, q._base, q._cap, size, hraw)
+            if r >= 0:
+                at = r, q._base + r % q._cap
+            elif r == _F_OWNERDEAD:
+                q._repair_held_lock()
+        if at is None:  # busy, full, or a pad to place: the general placement
+            rec = (REC_SIZE + 7 + len(hraw) + size) & -8
+            at = q._until_room(q._try_reserve, ((size, hraw, rec),), self._timeout)
+        try:  # the lock is held from here
+            loan = _loan(q._mm, at[1] + REC_SIZE + len(hraw), size)
+            raw = memoryview(loan)
+            buf = raw if type(loan) is _Loan else raw.cast("B")
         except BaseException:
             q._release()
             raise
-        self._at, self._arr, self._raw, self._buf = at, arr, raw, buf
+        self._at, self._arr, self._raw, self._buf = at, loan, raw, buf
         return buf
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         q = self._q
         pos, a = self._at
-        arr, raw, buf = self._arr, self._raw, self._buf
+        loan, raw, buf = self._arr, self._raw, self._buf
         self._arr = self._raw = self._buf = None
         try:
             buf.release()
             raw.release()
             del raw, buf
-            held = _getrefcount(arr) > 2  # (arr, getrefcount's argument): a view of it is alive
+            held = _still_seen(loan)
         except BufferError:  # exported to something still alive (a numpy array)
             held = True
         if exc_type is not None or held:
@@ -72,7 +103,13 @@ class Reservation:
                 raise BufferError("a view of the reserved buffer is still alive as the block ends (a slice, or "
                                   "an object made from it): nothing was published; let it go inside the block")
             return False
-        self.id = q._publish(pos, a)
+        if _fast_publish is not None and not q._logged:
+            r = _fast_publish(q._segp, q._base, q._cap, pos, _wall())
+            if r & 1:
+                q._ne.release()
+            self.id = r >> 1
+        else:
+            self.id = q._publish(pos, a)  # (a logged queue logs it first)
         return False
 
     def __repr__(self):

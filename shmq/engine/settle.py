@@ -28,6 +28,7 @@ _encode_ack_entry = dmsq.encode_ack_entry
 _seconds_ns = waits.seconds_ns
 _fast_ack = cpaths.ack
 _fast_ack_many = cpaths.ack_many
+_fast_nack_many = cpaths.nack_many
 _F_OWNERDEAD, _F_EXPIRED, _F_DELETED = cpaths.OWNERDEAD, cpaths.EXPIRED, cpaths.DELETED
 
 
@@ -85,7 +86,7 @@ class Settling:
             mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
             mq[I_INFLIGHT] -= 1
             mq[I_ACKED_TOTAL] += 1
-            post = ring.freed_at(mq, cap, self._base, pos, head)
+            post = (pos == head or pos % cap == 0) and ring.freed_at(mq, cap, self._base, pos, head)
         finally:
             _unlock(lp)
         if post:
@@ -127,6 +128,27 @@ class Settling:
         """Make a batch ready again under one lock (after ``delay`` seconds; None: the
         queue's retry policy), keeping their attempt counts. Raises DeliveryExpired naming
         those no longer leased (the others are nacked). Returns how many were nacked."""
+        if (_fast_nack_many is not None and self._lockp is not None
+                and (not self._retry_ns if delay is None else type(delay) in (int, float) and delay == 0)):
+            # at once, in C under one lock hold
+            ds = self._own(deliveries)
+            if not ds:
+                return 0
+            flat = []
+            for d in ds:
+                flat += (d._pos, d.attempt, d.id)
+            r = _fast_nack_many(self._segp, self._base, self._cap, flat, _mono())
+            if type(r) is tuple:
+                done, post, bad = r
+                for _ in range(post):
+                    self._ne.release()
+                self._raise_expired([ds[i] for i in bad])
+                return done
+            if r == _F_DELETED:
+                raise self._gone()
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            deliveries = ds  # busy: the Python path below waits for the lock
         return self._requeue(deliveries, delay)
 
     def _release_many(self, deliveries) -> int:

@@ -187,7 +187,7 @@ def put_args(f) -> dict:
     return args
 
 
-def consume_fields(max_messages, visibility_timeout, max_bytes=None) -> dict:
+def consume_fields(max_messages, visibility_timeout, max_bytes=None, ack=True) -> dict:
     """The CONSUME fields of a get_many, checked as the local engine checks them."""
     if type(max_messages) is not int or max_messages < 1:
         raise ValueError(f"max_messages must be a positive int, not {max_messages!r}")
@@ -198,6 +198,8 @@ def consume_fields(max_messages, visibility_timeout, max_bytes=None) -> dict:
         if type(max_bytes) is not int or max_bytes < 1:
             raise ValueError(f"max_bytes must be a positive int, not {max_bytes!r}")
         fields["max_bytes"] = max_bytes
+    if not ack:
+        fields["auto_ack"] = True
     return fields
 
 

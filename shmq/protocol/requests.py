@@ -233,6 +233,7 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("wait_ms", _check_non_negative, default=0),
         Field("visibility_ms", _check_non_negative),
         Field("max_bytes", _check_positive),
+        Field("auto_ack", _check_bool),  # settled as taken (get(ack=False)): tag 0, nothing to settle
     ),
     MsgType.ACK: (_QUEUE, _DELIVERIES),
     MsgType.NACK: (
@@ -240,6 +241,7 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         _DELIVERIES,
         Field("requeue", _check_bool, default=True),
         Field("delay_ms", _check_non_negative),  # absent: the queue's retry policy
+        Field("unseen", _check_bool),  # given back unseen (an abandoned CONSUME): no attempt counted
     ),
     MsgType.EXTEND: (_QUEUE, _DELIVERIES, Field("visibility_ms", _check_non_negative, required=True)),
     MsgType.REJECT: (_QUEUE, _DELIVERIES),

@@ -18,6 +18,7 @@ What a handler uses of ``conn``:
 - ``conn.authenticated()``: after a HELLO with the right token.
 """
 
+import functools
 import hmac
 import logging
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Callable
 import msgpack
 
 from .. import __version__
+from ..engine import maintenance
 from ..engine.rpc import Call
 from ..errors import QueueEmpty, RequestTimeout, StreamNotFound, Unauthorized
 from ..protocol import MsgType
@@ -33,6 +35,7 @@ from ..protocol.compression import CODECS
 from ..protocol.forms import (
     batch_args,
     consume_args,
+    delivery_fields,
     create_args,
     from_pairs,
     messages_args,
@@ -164,19 +167,21 @@ def consume(conn, f):
     q = server.queue(f["queue"])
     most, vis, max_bytes = consume_args(f)
     budget = _reply_budget(server, most)  # the reply must fit in a frame
-    args = (q, most, vis, budget if max_bytes is None else min(budget, max_bytes))
+    args = (q, most, vis, budget if max_bytes is None else min(budget, max_bytes), not f.get("auto_ack"))
     return _wait_or_answer(conn, f, server.waiters_of(q), _get, _leased, args)
 
 
 def _get(args):
-    q, most, vis, max_bytes = args
+    q, most, vis, max_bytes, ack = args
     try:
-        return q.get_many(most, timeout=0, visibility_timeout=vis, max_bytes=max_bytes)
+        return q.get_many(most, timeout=0, visibility_timeout=vis, max_bytes=max_bytes, ack=ack)
     except QueueEmpty:
         return None
 
 
 def _leased(conn, args, ds):
+    if not args[4]:  # auto-ack: settled as taken, nothing leased to the connection (tag 0)
+        return {"messages": [delivery_fields(d, 0) for d in ds]}
     return {"messages": conn.leases.lease(args[0], ds)}
 
 
@@ -190,6 +195,10 @@ def nack(conn, f):
     q = conn.server.queue(f["queue"])
     if not f.get("requeue", True):
         conn.leases.settle(q, f["deliveries"], q.reject_many)
+        return {}
+    if f.get("unseen"):  # never handed to the application: ready again, no attempt counted
+        conn.leases.settle(q, f["deliveries"], functools.partial(maintenance.release_many, q))
+        conn.server.notify(q.name)
         return {}
     delay = (f["delay_ms"] / 1000,) if "delay_ms" in f else ()  # none: the queue's retry policy
     conn.leases.settle(q, f["deliveries"], lambda ds: q.nack_many(ds, *delay))

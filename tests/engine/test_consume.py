@@ -255,8 +255,9 @@ def test_a_view_outlives_its_handle_safely(impl, broker):
     d = q.get(copy=False)
     v = d.view
     q.close()
-    with pytest.raises(shmq.ShmqError, match="closed"):
-        q.put(b"x")
+    for call in (lambda: q.put(b"x"), lambda: q.get(timeout=0), lambda: q.get_many(2, timeout=0), d.ack):
+        with pytest.raises(shmq.ShmqError, match="closed"):
+            call()
     assert bytes(v) == b"kept"
     del d, v
 

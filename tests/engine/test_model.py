@@ -20,8 +20,9 @@ MODES = st.sampled_from(["lease", "lease", "auto", "view"])
 
 
 class Msg:
-    def __init__(self, body):
+    def __init__(self, body, headers=None):
         self.body = body
+        self.headers = headers or {}
         self.state = "ready"
         self.attempt = 0
         self.deadline = None
@@ -89,17 +90,19 @@ class QueueModel(RuleBasedStateMachine):
         assert r.id == len(self.msgs) + 1
         self.msgs[r.id] = Msg(body)
 
-    @rule(n=st.integers(1, 4), size=st.sampled_from([0, 10, 200]))
-    def put_many(self, n, size):
+    @rule(n=st.integers(1, 4), size=st.sampled_from([0, 10, 200, 900]),
+          headers=st.sampled_from([None, "one", "each"]))
+    def put_many(self, n, size, headers):
         bodies = [b"b" * size] * n
+        hs = {"one": [{"h": "all"}] * n, "each": [{"i": i} if i % 2 else None for i in range(n)]}.get(headers)
         try:
-            ids = self.q.put_many(bodies, timeout=0)
+            ids = self.q.put_many(bodies, timeout=0, headers=hs[0] if headers == "one" else hs)
         except shmq.QueueFull:
             assert self._live()
             return
         assert ids == list(range(len(self.msgs) + 1, len(self.msgs) + 1 + n))
-        for i in ids:
-            self.msgs[i] = Msg(b"b" * size)
+        for k, i in enumerate(ids):
+            self.msgs[i] = Msg(b"b" * size, hs[k] if hs else None)
 
     def _taken(self, d, mode):
         """The model's side of a get in ``mode`` ("lease", "auto": ack=False, "view": copy=False)."""
@@ -112,7 +115,7 @@ class QueueModel(RuleBasedStateMachine):
             m.state, m.deadline = "leased", self.now + int(VIS * 1e9)
         if mode == "view":
             assert type(d.body) is memoryview and d.body.readonly and d.view is d.body
-        assert (bytes(d.body), d.attempt) == (m.body, m.attempt)
+        assert (bytes(d.body), d.attempt, d.headers) == (m.body, m.attempt, m.headers)
         self.held.append(d)  # (an auto-acked one too: settling it must fail)
 
     @rule(n=st.integers(1, 5), mode=MODES)
@@ -185,6 +188,25 @@ class QueueModel(RuleBasedStateMachine):
                 m.state, m.deadline = "delayed", self.now + int(delay * 1e9)
             else:
                 m.state = "ready"
+
+    @precondition(lambda self: self.held)
+    @rule(picks=st.lists(st.integers(0, 1000), min_size=1, max_size=4), delay=st.sampled_from([None, 0.0]))
+    def nack_batch(self, picks, delay):
+        """``nack_many`` of a few deliveries at once (some stale, some named twice): the
+        live ones ready again at once, DeliveryExpired for the rest."""
+        self._lapse()
+        ds = [self.held[i % len(self.held)] for i in picks]
+        live = {}
+        for d in ds:
+            m = self.msgs[d.id]
+            if m.state == "leased" and m.attempt == d.attempt:
+                live.setdefault(d.id, m)
+        try:
+            assert self.q.nack_many(ds, delay) == len(live) == len(ds)
+        except shmq.DeliveryExpired:
+            assert len(live) < len(ds), "a live lease was refused"
+        for m in live.values():
+            m.state = "ready"
 
     @precondition(lambda self: self.held)
     @rule(i=st.integers(0, 1000))

@@ -10,7 +10,7 @@ import pytest
 
 import shmq
 import shmq.engine.queue as engine
-from shmq.engine import cpaths
+from shmq.engine import cpaths, waits
 from shmq.engine import layout as L
 from tests._wait import wait_for
 
@@ -179,6 +179,27 @@ def test_a_process_killed_inside_the_block_publishes_nothing(impl, broker):
     q.close()
 
 
+def test_a_publish_posts_a_sleeping_consumer_once(impl, broker):
+    q = broker.create_queue("q")
+    q._acquire()
+    try:  # a consumer asleep on the empty queue, as _get registers one
+        waits.register(q._mq, q._my_slot(), waits.CONSUMERS)
+    finally:
+        q._release()
+    with q.reserve(2) as buf:
+        buf[:] = b"ok"
+    assert (q._mq[L.I_CPOSTED], q._ne.value) == (1, 1)
+    with q.reserve(2) as buf:
+        buf[:] = b"ok"
+    assert (q._mq[L.I_CPOSTED], q._ne.value) == (1, 1)  # one sleeper, one post
+    q._acquire()
+    try:
+        waits.unregister(q._mq, q._slot, waits.CONSUMERS, 2)
+    finally:
+        q._release()
+    q.close()
+
+
 def _get_one(ns, name, out):
     with shmq.connect(namespace=ns) as b:
         out.put(bytes(b.queue(name).get(timeout=30, ack=False).body))
@@ -202,3 +223,93 @@ def test_a_consumer_process_asleep_is_woken_by_the_publish(impl, broker):
             child.kill()
             child.join()
     q.close()
+
+
+# ---------------------------------------------------------------- put_many (C under one lock hold)
+def test_put_many_is_all_or_nothing_and_places_pads(impl, broker):
+    q = broker.create_queue("q", max_bytes=4096, max_message_bytes=1000)
+    assert q.put_many([b"a" * 900] * 3) == [1, 2, 3]
+    with pytest.raises(shmq.QueueFull):  # 2 fit, 3 do not: none is put
+        q.put_many([b"b" * 900] * 3, timeout=0)
+    with pytest.raises(shmq.MessageTooLarge):
+        q.put_many([b"c", b"d" * 1001])
+    with pytest.raises(TypeError, match="not tuples"):
+        q.put_many([b"e", (b"f", {})])
+    assert q.stats().enqueued_total == 3
+    q.ack_many(q.get_many(10, timeout=0))
+    # the next batch starts at 2856 of 4096: its second record does not fit before the end
+    ids = q.put_many([b"x" * 700, bytearray(b"y" * 700), memoryview(b"z" * 10)],
+                     headers=[{"n": 1}, None, {"n": 3}])
+    got = q.get_many(10, timeout=0)
+    assert [(d.id, d.body, d.headers) for d in got] == [
+        (ids[0], b"x" * 700, {"n": 1}), (ids[1], b"y" * 700, {}), (ids[2], b"z" * 10, {"n": 3})]
+    q.ack_many(got)
+    assert q.put_many([b"h"] * 3, headers={"all": True}) == [7, 8, 9]
+    assert [d.headers for d in q.get_many(10, timeout=0)] == [{"all": True}] * 3
+    assert q.put_many(iter([b"g1", b"g2"])) == [10, 11] and q.put_many([]) == []
+    with pytest.raises(ValueError, match="2 bodies and 1 headers"):
+        q.put_many([b"1", b"2"], headers=[{}])
+    q.close()
+
+
+def test_put_many_posts_as_many_sleeping_consumers_as_it_brings_messages(impl, broker):
+    q = broker.create_queue("q")
+    q._acquire()
+    try:
+        for _ in range(3):
+            waits.register(q._mq, q._my_slot(), waits.CONSUMERS)
+    finally:
+        q._release()
+    q.put_many([b"1", b"2"])
+    assert (q._mq[L.I_CPOSTED], q._ne.value) == (2, 2)
+    q.put_many([b"3", b"4", b"5"])
+    assert (q._mq[L.I_CPOSTED], q._ne.value) == (3, 3)
+    q._acquire()
+    try:
+        for _ in range(3):
+            waits.unregister(q._mq, q._slot, waits.CONSUMERS, 2)
+    finally:
+        q._release()
+    q.close()
+
+
+# ---------------------------------------------------------------- nack_many (C under one lock hold)
+def test_nack_many_requeues_at_once_in_order_and_names_the_stale(impl, broker):
+    q = broker.create_queue("q", visibility_timeout=30)
+    q.put_many([b"a", b"b", b"c", b"d"])
+    a, b, c, d = q.get_many(4, timeout=0)
+    b.ack()
+    with pytest.raises(shmq.DeliveryExpired, match=r"2 deliveries of 'q' are no longer leased: #2, #3"):
+        q.nack_many([c, b, a, c])  # b is acked, c named twice: c and a go back
+    assert q.nack_many([d], delay=0) == 1
+    s = q.stats()
+    assert (s.ready, s.in_flight) == (3, 0)
+    got = q.get_many(10, timeout=0)
+    assert [(x.body, x.attempt) for x in got] == [(b"a", 2), (b"c", 2), (b"d", 2)]  # their places kept
+    q.ack_many(got)
+    assert q.stats().redelivered_total == 3
+    q.close()
+
+
+def test_nack_many_wakes_sleeping_consumers_and_leaves_a_retry_policy_to_python(impl, broker):
+    q = broker.create_queue("q")
+    q.put_many([b"a", b"b"])
+    ds = q.get_many(2, timeout=0)
+    q._acquire()
+    try:
+        waits.register(q._mq, q._my_slot(), waits.CONSUMERS)
+    finally:
+        q._release()
+    q.nack_many(ds)
+    assert (q._mq[L.I_CPOSTED], q._ne.value) == (1, 1)
+    q._acquire()
+    try:
+        waits.unregister(q._mq, q._slot, waits.CONSUMERS, 2)
+    finally:
+        q._release()
+    q.close()
+    r = broker.create_queue("r", retry_delay=5.0)
+    r.put(b"x")
+    r.nack_many([r.get(timeout=0)])  # the policy: delayed, not ready
+    assert (r.stats().ready, r.stats().delayed) == (0, 1)
+    r.close()

@@ -1,0 +1,223 @@
+"""One TCP connection at full speed, produce or consume: ``python -m bench.tcp_one``.
+
+A ``shmq server --no-persist --no-auth`` of its own (``--server-arg`` adds options, e.g.
+``--server-arg=--loop=asyncio``), one queue large enough for every run, and one client
+process on one connection:
+
+- ``--role produce``: put ``--batch`` bodies of ``--size`` bytes per request until
+  ``--count`` messages are in;
+- ``--role consume``: the queue filled beforehand (locally, not timed), then a
+  subscription with ``--prefetch`` takes and acks every message.
+
+Two clients each:
+
+- ``client``: the blocking client (``q.put_many(batch)`` in a loop, one request in
+  flight; ``q.consume(prefetch=N)`` with ``d.ack(wait=False)``);
+- ``raw``: frames encoded once and written on a socket ahead of their replies
+  (``--window`` PRODUCE_BATCHes in flight; one ACK per DELIVER push, not waited for):
+  the client costs next to nothing, so the figure is what the server takes on one
+  connection.
+
+Besides msgs/s, the server's CPU time per message (user + system, from /proc around the
+run) says what the server costs. The queue is purged between runs. Each figure is the
+median of ``--runs`` runs (after a short warm-up run), with min .. max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+
+import psutil
+
+from bench.plan import pin_cpus
+
+QUEUE = "one"
+
+
+def _produce_client(url, count, args):
+    import shmq
+    with shmq.connect(url) as b:
+        q = b.queue(QUEUE)
+        bodies = [b"x" * args.size] * args.batch
+        t0 = time.perf_counter()
+        for _ in range(count // args.batch):
+            q.put_many(bodies)
+        return time.perf_counter() - t0
+
+
+def _connect_raw(url):
+    host, port = url[len("tcp://"):].rsplit(":", 1)
+    s = socket.create_connection((host, int(port)))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def _produce_raw(url, count, args):
+    from shmq.protocol import FrameDecoder, MsgType, encode_request
+    batch, window = args.batch, args.window
+    frames = [encode_request(MsgType.PRODUCE_BATCH, i + 1,
+                             {"queue": QUEUE, "messages": [{"body": b"x" * args.size}] * batch})
+              for i in range(window)]
+    decoder = FrameDecoder()
+    requests = count // batch
+    with _connect_raw(url) as s:
+        t0 = time.perf_counter()
+        sent = min(window, requests)
+        s.sendall(b"".join(frames[:sent]))
+        done = 0
+        while done < requests:
+            data = s.recv(1 << 20)
+            if not data:
+                raise RuntimeError("the server closed the connection")
+            decoder.feed(data)
+            n = 0
+            for f in decoder.frames():
+                if f.status:
+                    raise RuntimeError(f"error reply: {f.payload}")
+                n += 1
+            done += n
+            more = min(n, requests - sent)
+            if more:
+                s.sendall(b"".join(frames[(sent + i) % window] for i in range(more)))
+                sent += more
+        return time.perf_counter() - t0
+
+
+def _consume_client(url, count, args):
+    import shmq
+    with shmq.connect(url) as b:
+        q = b.queue(QUEUE)
+        t0 = time.perf_counter()
+        n = 0
+        with q.consume(prefetch=args.prefetch) as it:
+            for d in it:
+                d.ack(wait=False)
+                n += 1
+                if n == count:
+                    break
+        b.ping()  # every ack handled
+        return time.perf_counter() - t0
+
+
+def _consume_raw(url, count, args):
+    from shmq.protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, encode_request
+    decoder = FrameDecoder(1 << 30)
+    deliver = PushType.DELIVER | REPLY_BIT
+    with _connect_raw(url) as s:
+        t0 = time.perf_counter()
+        s.sendall(encode_request(MsgType.SUBSCRIBE, 1, {"queue": QUEUE, "prefetch": args.prefetch}))
+        acked, msg_id = 0, 1
+        while acked < count:
+            data = s.recv(1 << 20)
+            if not data:
+                raise RuntimeError("the server closed the connection")
+            decoder.feed(data)
+            acks = []
+            for f in decoder.frames():
+                if f.status:
+                    raise RuntimeError(f"error reply: {f.payload}")
+                if f.type == deliver:
+                    msg_id += 1
+                    tags = [m["delivery"] for m in f.payload["messages"]]
+                    acks.append(encode_request(MsgType.ACK, msg_id, {"queue": QUEUE, "deliveries": tags}))
+                    acked += len(tags)
+            if acks:
+                s.sendall(b"".join(acks))  # not waited for: their replies come with the next pushes
+        s.sendall(encode_request(MsgType.PING, msg_id + 1))
+        while not any(f.msg_id == msg_id + 1 and f.type & 0x7F == MsgType.PING for f in decoder.frames()):
+            decoder.feed(s.recv(1 << 20))  # every ack handled
+        return time.perf_counter() - t0
+
+
+CLIENTS = {("produce", "client"): _produce_client, ("produce", "raw"): _produce_raw,
+           ("consume", "client"): _consume_client, ("consume", "raw"): _consume_raw}
+
+
+def _child(fn, args, cpu, out):
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    import shmq  # noqa: F401  imported before the clock starts
+    out.put(fn(*args))
+
+
+def _cpu(proc) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.tcp_one", description=__doc__.splitlines()[0])
+    ap.add_argument("--role", choices=("produce", "consume"), default="produce")
+    ap.add_argument("--client", choices=("client", "raw"), default="client")
+    ap.add_argument("--count", type=int, default=200_000, help="messages per run")
+    ap.add_argument("--batch", type=int, default=1000, help="produce: bodies per request")
+    ap.add_argument("--size", type=int, default=1024, help="body bytes")
+    ap.add_argument("--window", type=int, default=4, help="raw produce: requests written ahead of their replies")
+    ap.add_argument("--prefetch", type=int, default=100, help="consume: un-acked deliveries pushed at most")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--server-arg", action="append", default=[], help="an option for shmq server (repeatable)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false", help="let the OS place server and client")
+    args = ap.parse_args(argv)
+    import shmq
+    from bench.servers import ShmqServer
+
+    ns = f"bench-{os.getpid()}-one"
+    server = ShmqServer(ns, "--no-auth", *args.server_arg)
+    cpus = pin_cpus(args.pin)
+    ctx = mp.get_context("spawn")
+    fn = CLIENTS[args.role, args.client]
+    rates, costs = [], []
+    try:
+        sproc = psutil.Process(server.proc.pid)
+        if cpus:
+            sproc.cpu_affinity([cpus[0]])
+        record = (48 + args.size + 7) & -8
+        with shmq.connect(namespace=ns) as local:
+            local.create_queue(QUEUE, max_bytes=max(args.count, 2000) * record + 2**20,
+                               max_message_bytes=max(args.size, 1024))
+            q = local.queue(QUEUE)
+            for run in range(args.runs + 1):  # the first is a warm-up
+                n = args.count if run else min(args.count, 20 * args.batch)
+                n = n // args.batch * args.batch if args.role == "produce" else n
+                if args.role == "consume":
+                    for i in range(0, n, 1000):
+                        q.put_many([b"x" * args.size] * min(1000, n - i))
+                out = ctx.Queue()
+                p = ctx.Process(target=_child, args=(fn, (server.url, n, args), cpus[1] if cpus else None, out))
+                p.start()
+                c0 = _cpu(sproc)
+                seconds = out.get(timeout=120)
+                c1 = _cpu(sproc)
+                p.join()
+                s = q.stats()
+                left = (s.ready, s.in_flight)
+                if left != ((n, 0) if args.role == "produce" else (0, 0)):
+                    raise RuntimeError(f"after the run: {left} (ready, in flight) for {n} messages")
+                q.purge()
+                if run:
+                    rates.append(n / seconds)
+                    costs.append((c1 - c0) / n * 1e6)
+            local.delete_queue(QUEUE)
+    finally:
+        server.close()
+        shmq.destroy_namespace(ns)
+    what = (f"put_many of {args.batch} x {args.size} B" if args.role == "produce"
+            else f"consume(prefetch={args.prefetch}) + acks of {args.size} B")
+    if args.client == "raw" and args.role == "produce":
+        what += f", {args.window} requests in flight"
+    print(f"one connection, {args.client} client, {what}; {args.count} messages, median of {args.runs}; "
+          f"server {' '.join(args.server_arg) or '(defaults)'}; CPUs {cpus or 'unpinned'}; "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(f"  {statistics.median(rates):>10,.0f} msgs/s  ({min(rates):,.0f} .. {max(rates):,.0f}); "
+          f"server CPU {statistics.median(costs):.2f} us/msg")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""``Delivery``: its fields live in ``_fast.DeliveryBase`` when the C paths are built (the
+C takes build the object directly), in the pure-Python ``_Fields`` otherwise; either way
+they behave as slots, and the class keeps its methods and properties."""
+
+import gc
+import os
+import weakref
+
+import pytest
+
+from shmq.engine import cpaths
+from shmq.engine.delivery import Delivery, _Fields
+
+
+@pytest.fixture(params=["fast", "pure"])
+def impl(request):
+    if request.param == "fast" and not cpaths.FAST:
+        pytest.skip("the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
+    cpaths.set_enabled(request.param == "fast")
+    yield request.param
+    cpaths.set_enabled(True)
+
+
+def test_the_fields_come_from_the_c_base_when_it_is_built():
+    base = Delivery.__mro__[1]
+    if os.environ.get("SHMQ_PURE_PYTHON"):
+        assert base is _Fields
+    elif cpaths.FAST:
+        assert base is cpaths.DeliveryBase
+    assert Delivery.__slots__ == ()  # (its instances have no __dict__)
+
+
+def test_a_delivery_from_any_path_has_the_same_fields_and_methods(impl, broker):
+    q = broker.create_queue("q")
+    q.put(b"warm-up")
+    q.get().ack()  # (the first get of a handle registers it: the hot paths need that)
+    q.put_many([b"one", b"two", b"three"], headers=[{"k": 1}, None, None])
+    got = [q.get(), *q.get_many(1), q.get(copy=False)]
+    for d in got:
+        assert type(d) is Delivery
+        assert (d.queue, d.attempt, d.priority, d.group, d.has_options) == ("q", 1, 0, None, False)
+        with pytest.raises(AttributeError):
+            d._raw  # unset until a serializer loads the body
+        with pytest.raises(AttributeError):
+            d.anything = 1  # slots: no __dict__
+    assert [(d.id, bytes(d.body), d.headers) for d in got] == [(2, b"one", {"k": 1}), (3, b"two", {}),
+                                                               (4, b"three", {})]
+    got[0].body = b"replaced"  # writable, as a slot is (a serializer loads into it)
+    assert got[0].body == b"replaced" and repr(got[0]) == "<Delivery q#2 attempt=1 8B>"
+    with got[1].process():
+        pass
+    q.ack_many([got[0], got[2]])
+    assert q.stats().acked_total == 4
+    q.close()
+
+
+def test_the_python_constructor_takes_the_same_arguments(broker):
+    q = broker.create_queue("q")
+    d = Delivery(q, 0, 7, 2, b"body", None)
+    assert (d._q, d._pos, d.id, d.attempt, d.body, d._hraw, d._enq) == (q, 0, 7, 2, b"body", None, 0)
+    d = Delivery(q, 8, 9, 1, b"", b"\x81\xa1k\x01", enq_ns=5)
+    assert (d.headers, d.enqueued_at) == ({"k": 1}, 5e-9)
+    with pytest.raises(TypeError):
+        Delivery(q, 0, 1)
+    q.close()
+
+
+def test_a_delivery_in_a_cycle_with_its_handle_is_collected(impl, broker):
+    broker.create_queue("q")
+    q = broker.queue("q", prefetch=5)  # the handle keeps its un-settled deliveries: a cycle
+    q.put(b"x")
+    q.get()
+    alive = weakref.ref(q)
+    del q
+    gc.collect()
+    assert alive() is None
+
+
+def test_set_delivery_class_refuses_a_class_with_fields_of_its_own():
+    if not cpaths.FAST:
+        pytest.skip("the C hot paths are off")
+
+    class Fat(cpaths.DeliveryBase):
+        pass  # (a __dict__)
+
+    for bad in (Fat, int, "Delivery"):
+        with pytest.raises(TypeError, match="__slots__"):
+            cpaths._fast.set_delivery_class(bad)

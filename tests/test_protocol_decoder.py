@@ -1,0 +1,59 @@
+"""``FrameDecoder``'s buffer: received bytes fed from a buffer the caller reuses (as the
+server's shared receive buffer is), room made ahead with ``expect``, and a big buffer
+let go once drained."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shmq.protocol import Frame, FrameDecoder, MsgType, encode_frame, encode_request
+from tests.test_protocol import HYPOTHESIS_STRUCTURED, chunked, frames
+
+
+@HYPOTHESIS_STRUCTURED
+@given(frame_list=st.lists(frames, max_size=8), cuts=st.lists(st.integers(0, 10_000), max_size=40),
+       expects=st.lists(st.integers(0, 5000), max_size=40))
+def test_frames_fed_from_a_reused_buffer_with_room_made_ahead_round_trip(frame_list, cuts, expects):
+    data = b"".join(encode_frame(f) for f in frame_list)
+    shared = bytearray(max(len(data), 1))  # every chunk lands in the same bytes, then is overwritten
+    dec = FrameDecoder()
+    out = []
+    for i, chunk in enumerate(chunked(data, cuts)):
+        if i < len(expects):
+            dec.expect(expects[i])
+        shared[: len(chunk)] = chunk
+        dec.feed(memoryview(shared)[: len(chunk)])
+        out.extend(dec.frames())
+        shared[: len(chunk)] = b"\xff" * len(chunk)  # the caller reuses its buffer at once
+    assert out == frame_list
+    assert dec.buffered == 0
+
+
+def test_the_rest_of_a_frame_made_room_for_lands_in_that_room():
+    frame = encode_request(MsgType.PRODUCE_BATCH, 1, {"queue": "q", "messages": [{"body": b"x" * 1000}] * 1000})
+    dec = FrameDecoder()
+    dec.feed(frame[:60_000])
+    assert dec.next_frame() is None
+    dec.expect(len(frame) - 60_000)
+    room = dec._buf
+    for i in range(60_000, len(frame), 50_000):
+        dec.feed(frame[i : i + 50_000])
+        assert dec._buf is room  # copied in once: never moved to a bigger buffer
+    assert len(room) == len(frame) - 16  # exactly the frame (its header is parsed already)
+    (got,) = list(dec.frames())
+    assert got.msg_id == 1 and len(got.payload["messages"]) == 1000
+    assert len(dec._buf) == 0  # a big buffer goes once drained: an idle connection holds little
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 5000))
+def test_the_room_grows_to_at_most_twice_what_is_held(n_frames, chunk):
+    data = b"".join(encode_request(MsgType.PING, i) + encode_frame(Frame(MsgType.PRODUCE, i, {"body": b"y" * 300}))
+                    for i in range(n_frames))
+    dec = FrameDecoder()
+    got = most = 0
+    for i in range(0, len(data), chunk):
+        dec.feed(data[i : i + chunk])
+        most = max(most, dec.buffered)
+        assert len(dec._buf) <= max(4096, 2 * most)  # room: at most twice the most it held
+        got += len(list(dec.frames()))
+    assert got == 2 * n_frames and dec.buffered == 0
