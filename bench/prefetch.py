@@ -2,13 +2,17 @@
 
 shmq's ``q.consume(prefetch=100)`` + ``d.ack(wait=False)`` over TCP against RabbitMQ
 (pika, ``basic_qos(prefetch_count=100)``, ``basic_consume`` with manual ``basic_ack`` of
-each message) and Redis Streams (``XREADGROUP COUNT 100`` + one ``XACK`` of the ids read,
-as the streams adapter does). The producer batches on every system so that the consumer
-is what is measured: shmq ``put_many`` of 64, RabbitMQ ``basic_publish`` without
-confirms (pika writes without waiting), Redis 64 ``XADD`` in one pipeline. Each server
-is started by this harness on free loopback ports with a temporary directory and stopped
-at the end (``rabbitmq-server`` from the system packages, run directly; ``redis-server``;
-``shmq server --no-persist``); a system that is missing is skipped, saying why. The
+each message), Redis Streams (``XREADGROUP COUNT 100`` + one ``XACK`` of the ids read,
+as the streams adapter does) and NATS JetStream (nats-py; a memory stream and a durable
+pull consumer with ``AckPolicy.EXPLICIT``, ``fetch(100)``, then ``ack()`` of each
+message, which nats-py sends without waiting for a reply). The producer batches on every
+system so that the consumer is what is measured: shmq ``put_many`` of 64, RabbitMQ
+``basic_publish`` without confirms (pika writes without waiting), Redis 64 ``XADD`` in
+one pipeline, NATS 64 ``js.publish_async`` and then their 64 PubAcks. Each server is
+started by this harness on free loopback ports with a temporary directory and stopped at
+the end (``rabbitmq-server`` from the system packages, run directly; ``redis-server``;
+``nats-server -js``; ``shmq server --no-persist``); a system that is missing is skipped,
+saying why. The
 consumer times from the start barrier until it has acked ``--count`` messages; each
 figure is the median of ``--runs`` runs, with min .. max, and shmq's ratio to each peer.
 """
@@ -16,6 +20,7 @@ figure is the median of ``--runs`` runs, with min .. max, and shmq's ratio to ea
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import importlib.util
 import multiprocessing as mp
@@ -29,7 +34,9 @@ from bench.plan import pin_cpus
 
 PREFETCH = 100
 BATCH = 64
-SYSTEMS = ("shmq-tcp", "rabbitmq", "redis-streams")
+NATS_DURABLE = "bench"
+SYSTEMS = ("shmq-tcp", "rabbitmq", "redis-streams", "nats-js")
+NATS_FETCH_S = 1.0  # a NATS fetch's wait for messages before it asks again
 
 
 # ---------------------------------------------------------------- the two ends, per system
@@ -102,13 +109,50 @@ def _redis_consume(port, name, count):
     r.close()
 
 
+async def _nats_produce_async(url, name, count, body):
+    import nats
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for i in range(0, count, BATCH):
+        acks = [await js.publish_async(name, body) for _ in range(min(BATCH, count - i))]
+        await asyncio.gather(*acks)
+    await nc.close()
+
+
+def _nats_produce(url, name, count, body):
+    asyncio.run(_nats_produce_async(url, name, count, body))
+
+
+async def _nats_consume_async(url, name, count):
+    import nats
+    import nats.errors
+    nc = await nats.connect(url)
+    sub = await nc.jetstream().pull_subscribe_bind(durable=NATS_DURABLE, stream=name)
+    n = 0
+    while n < count:
+        try:
+            msgs = await sub.fetch(PREFETCH, timeout=NATS_FETCH_S)
+        except (asyncio.TimeoutError, nats.errors.TimeoutError):
+            continue
+        for m in msgs:
+            await m.ack()
+        n += len(msgs)
+    await nc.flush()  # every ack handled
+    await nc.close()
+
+
+def _nats_consume(url, name, count):
+    asyncio.run(_nats_consume_async(url, name, count))
+
+
 ENDS = {"shmq-tcp": (_shmq_produce, _shmq_consume), "rabbitmq": (_rabbit_produce, _rabbit_consume),
-        "redis-streams": (_redis_produce, _redis_consume)}
+        "redis-streams": (_redis_produce, _redis_consume), "nats-js": (_nats_produce, _nats_consume)}
 
 
 # what each system's ends import, done before the clock starts: an import costs 50-150 ms,
 # a large part of a run
-IMPORTS = {"shmq-tcp": ("shmq", "shmq.client.remote"), "rabbitmq": ("pika",), "redis-streams": ("redis",)}
+IMPORTS = {"shmq-tcp": ("shmq", "shmq.client.remote"), "rabbitmq": ("pika",), "redis-streams": ("redis",),
+           "nats-js": ("nats", "nats.js", "nats.errors")}
 
 
 def _child(role, fn, args, cpu, barrier, out, imports=()):
@@ -140,10 +184,23 @@ class System:
             from bench.servers import RabbitServer
             self.server = RabbitServer()
             self.addr = self.server.port
-        else:
+        elif name == "redis-streams":
             from bench.servers import RedisServer
             self.server = RedisServer()
             self.addr = self.server.port
+        else:
+            import nats
+            from bench.servers import NatsServer
+            self.server = NatsServer()
+            self.addr = self.server.url
+            self._loop = asyncio.new_event_loop()
+            try:
+                self._nc = self._loop.run_until_complete(nats.connect(self.addr))
+            except BaseException:
+                self._loop.close()
+                self.server.close()
+                raise
+            self._jsm = self._nc.jsm()
 
     @staticmethod
     def missing(name):
@@ -159,6 +216,11 @@ class System:
                 return "redis-server not on PATH"
             if importlib.util.find_spec("redis") is None:
                 return "redis not installed (pip install 'shmq[bench]')"
+        if name == "nats-js":
+            if shutil.which("nats-server") is None:
+                return "nats-server not on PATH"
+            if importlib.util.find_spec("nats") is None:
+                return "nats-py not installed (pip install 'shmq[bench]')"
         return None
 
     def make(self, size):
@@ -172,10 +234,16 @@ class System:
             c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.addr))
             c.channel().queue_declare(name)
             c.close()
-        else:
+        elif self.name == "redis-streams":
             import redis
             with redis.Redis(port=self.addr) as r:
                 r.xgroup_create(name, b"bench", id="0", mkstream=True)
+        else:  # the stream in memory, like Redis without persistence; its one subject is its name
+            from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+            run = self._loop.run_until_complete
+            run(self._jsm.add_stream(StreamConfig(name=name, subjects=[name], storage=StorageType.MEMORY)))
+            run(self._jsm.add_consumer(name, ConsumerConfig(durable_name=NATS_DURABLE, ack_policy=AckPolicy.EXPLICIT,
+                                                            deliver_policy=DeliverPolicy.ALL)))
         return name
 
     def drop(self, name):
@@ -187,12 +255,19 @@ class System:
             c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.addr))
             c.channel().queue_delete(name)
             c.close()
-        else:
+        elif self.name == "redis-streams":
             import redis
             with redis.Redis(port=self.addr) as r:
                 r.delete(name)
+        else:
+            self._loop.run_until_complete(self._jsm.delete_stream(name))
 
     def close(self):
+        if self.name == "nats-js":
+            try:
+                self._loop.run_until_complete(self._nc.close())
+            finally:
+                self._loop.close()
         self.server.close()
         if self.name == "shmq-tcp":
             self._shmq.destroy_namespace(self.namespace)

@@ -369,7 +369,7 @@ def test_the_prefetch_bench_runs_end_to_end_and_names_what_it_skips():
     or skipped with its reason (not its speed); it leaves nothing in /dev/shm."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "bench.prefetch", "--runs", "1", "--count", "300", "--sizes", "64",
-                             "--systems", "shmq-tcp,redis-streams"], cwd=str(ROOT), env=env,
+                             "--systems", "shmq-tcp,redis-streams,nats-js"], cwd=str(ROOT), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=180)
@@ -380,7 +380,12 @@ def test_the_prefetch_bench_runs_end_to_end_and_names_what_it_skips():
     assert proc.returncode == 0, stdout + stderr
     assert "TCP consume with prefetch" in stdout
     rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.split()[:1] in (["shmq-tcp"],
-                                                                                               ["redis-streams"])}
+                                                                                               ["redis-streams"],
+                                                                                               ["nats-js"])}
     assert rows["shmq-tcp"][1] == "64B" and float(rows["shmq-tcp"][2].replace(",", "")) > 0
     assert "redis-streams" in rows or "redis-streams" in stdout + stderr  # measured, or skipped saying why
+    if "nats-js" in rows:  # a NATS JetStream durable pull consumer, each message acked
+        assert rows["nats-js"][1] == "64B" and float(rows["nats-js"][2].replace(",", "")) > 0
+    else:
+        assert "nats-js: skipped (" in stdout, stdout  # nats-server or nats-py missing, or it did not start
     assert _entries_of_run(proc.pid) == []

@@ -9,13 +9,14 @@ import socket
 import psutil
 
 from shmq.protocol import MsgType, Status, encode_request
-from tests.test_server_tcp import _closed, _read_frames, _sock, server  # noqa: F401 (a fixture)
+from tests.test_server_tcp import _closed, _read_frames, _sock
 
 MiB = 2**20
 BODY = b"b" * (16 * 1024)
 
 
-def test_pipelined_replies_come_back_in_order_each_once(server, broker):
+def test_pipelined_replies_come_back_in_order_each_once(servers, broker):
+    server = servers(broker.namespace, "--no-persist")
     broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=2**20)
     broker.queue("q").put_many([BODY] * 10)
     s = _sock(server.port)
@@ -38,9 +39,11 @@ def test_pipelined_replies_come_back_in_order_each_once(server, broker):
     assert ids == list(range(11, 111))  # after the 10 put first, in request order
     s.close()
     assert broker.queue("q").stats().ready == 110
+    assert server.stop() == 0
 
 
-def test_the_replies_before_a_fatal_frame_come_before_its_error(server):
+def test_the_replies_before_a_fatal_frame_come_before_its_error(servers, namespace):
+    server = servers(namespace, "--no-persist")
     s = _sock(server.port)
     s.sendall(b"".join(encode_request(MsgType.PING, i) for i in range(1, 51)) + b"GET / HTTP/1.1\r\n\r\n")
     frames = _read_frames(s, 51)
@@ -48,9 +51,11 @@ def test_the_replies_before_a_fatal_frame_come_before_its_error(server):
     assert frames[50].status == Status.BAD_FRAME and "bad magic" in frames[50].payload["error"]
     assert _closed(s)
     s.close()
+    assert server.stop() == 0
 
 
-def test_a_client_that_does_not_read_its_replies_keeps_the_server_small(server, broker):
+def test_a_client_that_does_not_read_its_replies_keeps_the_server_small(servers, broker):
+    server = servers(broker.namespace, "--no-persist")
     broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=2**20)
     broker.queue("q").put_many([BODY] * 10)
     proc = psutil.Process(server.proc.pid)
@@ -65,3 +70,4 @@ def test_a_client_that_does_not_read_its_replies_keeps_the_server_small(server, 
     assert [f.msg_id for f in frames] == list(range(1, 1001))
     assert all(len(f.payload["messages"]) == 10 for f in frames)
     s.close()
+    assert server.stop() == 0

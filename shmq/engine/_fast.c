@@ -217,8 +217,8 @@ static PyMemberDef dlv_members[] = {
     {"_pos", T_OBJECT_EX, offsetof(DeliveryBase, pos), 0, NULL},
     {"_hraw", T_OBJECT_EX, offsetof(DeliveryBase, hraw), 0, NULL},
     {"_enq", T_OBJECT_EX, offsetof(DeliveryBase, enq), 0, NULL},
-    {"_ext", T_OBJECT_EX, offsetof(DeliveryBase, ext), 0, NULL},
-    {"_raw", T_OBJECT_EX, offsetof(DeliveryBase, raw), 0, NULL},
+    {"_ext", T_OBJECT, offsetof(DeliveryBase, ext), 0, NULL}, /* None until the header bytes are split */
+    {"_raw", T_OBJECT, offsetof(DeliveryBase, raw), 0, NULL}, /* None unless a serializer loaded the body */
     {NULL},
 };
 

@@ -62,8 +62,9 @@ class _Fields:
         self.body = body
         self._enq = enq_ns
         # the record's header bytes (an extension block, then msgpack headers), None when
-        # empty; split and decoded on first use (``_ext`` is unset until then)
+        # empty; split and decoded on first use (``_ext`` is None until then)
         self._hraw = hraw
+        self._ext = self._raw = None
 
 
 class Delivery(cpaths.DeliveryBase or _Fields):
@@ -89,25 +90,21 @@ class Delivery(cpaths.DeliveryBase or _Fields):
     @property
     def has_options(self) -> bool:
         """Whether it carries a priority or a group (its record has an extension block)."""
-        try:
-            return self._ext is not extension.NONE
-        except AttributeError:
+        ext = self._ext
+        if ext is None:
             h = self._hraw
             return h is not None and type(h) is bytes and h[0] == extension.L.EXT_MAGIC
+        return ext is not extension.NONE
 
     @property
     def priority(self) -> int:
-        try:
-            return self._ext.priority
-        except AttributeError:
-            return self._split().priority
+        ext = self._ext
+        return (self._split() if ext is None else ext).priority
 
     @property
     def group(self) -> str | None:
-        try:
-            return self._ext.group
-        except AttributeError:
-            return self._split().group
+        ext = self._ext
+        return (self._split() if ext is None else ext).group
 
     @property
     def view(self) -> memoryview:
@@ -131,7 +128,7 @@ class Delivery(cpaths.DeliveryBase or _Fields):
         if h is None:
             return {}
         if type(h) is bytes:
-            if not hasattr(self, "_ext"):
+            if self._ext is None:
                 self._split()
                 h = self._hraw
                 if h is None:
@@ -182,9 +179,10 @@ if cpaths.DeliveryBase is not None:
 def raw_body(d) -> bytes:
     """A delivery's body as bytes, also when a serializer loaded ``d.body``."""
     try:
-        return d._raw
-    except AttributeError:
+        raw = d._raw
+    except AttributeError:  # a TCP client's delivery with no serializer
         return d.body
+    return d.body if raw is None else raw
 
 
 class Processing:

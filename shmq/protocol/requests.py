@@ -324,6 +324,9 @@ def _type_name(msg_type: int) -> str:
         return f"0x{msg_type:02X}"
 
 
+_NAMES = {t: _type_name(t) for t in REQUEST_FIELDS}  # every request's name, looked up once per request
+
+
 def validate_request(frame: Frame) -> dict:
     """The request's known fields, checked, with defaults filled in; else BAD_REQUEST."""
 
@@ -333,7 +336,7 @@ def validate_request(frame: Frame) -> dict:
     fields = REQUEST_FIELDS.get(frame.type)
     if fields is None:
         raise bad(f"type 0x{frame.type:02X} is {'a reply' if frame.is_reply else 'an unknown request type'}")
-    name = _type_name(frame.type)
+    name = _NAMES[frame.type]
     if frame.status != Status.OK:
         raise bad(f"{name}: a request's status must be 0, not {frame.status}")
     payload = frame.payload
