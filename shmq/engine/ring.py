@@ -107,6 +107,8 @@ def make_ready(mq, w, pos, attempt=None):
     lv = L.I_LEVEL_POS + min(flags & 0xFF, L.MAX_PRIORITIES - 1)  # its level's first ready record may be it
     if pos < mq[lv]:
         mq[lv] = pos
+    if pos >= mq[I_FRONTIER]:  # not behind the frontier (a delayed put never reached): the frontier meets it
+        return
     requeued = mq[I_REQUEUED]
     mq[I_REQUEUED] = requeued + 1
     if not requeued or pos < mq[I_READY_POS]:  # ready_pos is only kept while requeued > 0

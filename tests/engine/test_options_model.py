@@ -279,3 +279,17 @@ class PurePythonOneLevelOptionsModel(OneLevelOptionsModel):
 
 TestPurePythonOneLevelOptionsModel = PurePythonOneLevelOptionsModel.TestCase
 TestPurePythonOneLevelOptionsModel.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
+
+
+def test_a_delayed_put_waking_past_the_frontier_hides_no_older_ready_message():
+    """A found example, kept: a message expired by the queue's TTL while a delayed put
+    behind it woke up; the wake must not move the first-ready cursor past the older one."""
+    m = QueueTtlOptionsModel()
+    try:
+        m.put(dedup_id=None, delay=0, group=None, priority=0, ttl=None)
+        m.advance_clock(seconds=30.0)
+        m.put(dedup_id=None, delay=1, group=None, priority=0, ttl=None)
+        m.advance_clock(seconds=1.0)
+        m.counts_match()
+    finally:
+        m.teardown()

@@ -87,6 +87,7 @@ def test_leased_word_checks_range_state_attempt_id_and_deadline():
 def test_make_ready_keeps_the_attempt_and_tracks_the_lowest_requeued_position():
     mm, mq = _segment(512)
     positions = _append(mm, mq, 512, [64, 64, 64], state=L.status_word(L.LEASED, 1, 1))
+    mq[L.I_FRONTIER] = mq[L.I_TAIL]  # leased: taken, so behind the frontier
     for pos in (positions[2], positions[0]):
         ring.make_ready(mq, (BASE + pos) >> 3, pos)
     assert [L.split_status(mq[(BASE + p) >> 3]) for p in positions] == [
@@ -95,6 +96,14 @@ def test_make_ready_keeps_the_attempt_and_tracks_the_lowest_requeued_position():
     assert ring.next_ready(mq, 512, BASE, 0, 192) == positions[0]
     assert ring.next_ready(mq, 512, BASE, 64, 192) == positions[2]
     assert ring.next_ready(mq, 512, BASE, 64, 128) == -1
+
+
+def test_make_ready_of_a_record_the_frontier_has_not_reached_counts_it_ready_not_requeued():
+    mm, mq = _segment(512)
+    positions = _append(mm, mq, 512, [64, 64], state=L.status_word(L.DELAYED, L.NO_HOLDER, 0))
+    mq[L.I_FRONTIER] = positions[0]  # nothing taken: the frontier will meet both
+    ring.make_ready(mq, (BASE + positions[1]) >> 3, positions[1])
+    assert (mq[L.I_READY], mq[L.I_REQUEUED]) == (1, 0)
 
 
 def test_advance_head_reclaims_settled_records_and_pads_only():
