@@ -28,6 +28,10 @@ class Entry(NamedTuple):
 
 REGISTRY = {
     "shmq": Entry("shmq_local", "ShmqLocal", None, "put_many / get_many(64) + ack_many", "each"),
+    "shmq-noack": Entry("shmq_local", "ShmqNoAck", None, "put_many / get_many(64, ack=False): settled as taken",
+                        "none"),
+    "shmq-zc": Entry("shmq_local", "ShmqZeroCopy", None,
+                     "64 reserve + fill in place / get_many(64, copy=False) + ack_many", "each"),
     "shmq-tcp": Entry("shmq_tcp", "ShmqTcp", None, "put_many / get_many(64) + ack_many over TCP", "each"),
     "mpqueue": Entry("mp_queues", "MpQueue", None, "one list of 64 bodies per put (1 pickle), counted as 64", "none"),
     "simplequeue": Entry("mp_queues", "SimpleQueue", None, "one list of 64 bodies per put (1 pickle), counted as 64",

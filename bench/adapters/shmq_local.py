@@ -1,4 +1,8 @@
-"""shmq by local attach: one namespace for the run, one queue per case, every delivery acked on receipt."""
+"""shmq by local attach: one namespace for the run, one queue per case, every delivery acked
+on receipt (``shmq``); or settled as taken (``shmq-noack``: ``get(ack=False)``, at most once,
+to compare like for like with peers that acknowledge nothing); or zero-copy
+(``shmq-zc``: ``reserve`` fills the ring in place, ``get(copy=False)`` reads the body where it
+is, then acks)."""
 
 from __future__ import annotations
 
@@ -38,6 +42,65 @@ class ShmqEnd(End):
         self._broker.close()
 
 
+class ShmqNoAckEnd(ShmqEnd):
+    """Receives with ``get(ack=False)``: settled as taken, in one lock hold."""
+
+    def recv(self):
+        return self._q.get(None, None, False).body
+
+    def recv_batch(self, limit):
+        return [d.body for d in self._q.get_many(limit, None, None, None, False)]
+
+
+class ShmqZeroCopyEnd(ShmqEnd):
+    """Sends by ``reserve`` (the body written into the ring once), receives with
+    ``get(copy=False)`` (the body read where it lies), then acks. A body above 4 KiB is
+    handed to the roles as a stand-in of its length (``_Sized``): the roles only count
+    bytes, and copying it out would measure a copy, not the queue."""
+
+    def send(self, body):
+        n = len(body)
+        if not n:
+            self._q.put(b"")  # a stop message
+            return
+        with self._q.reserve(n) as buf:
+            if type(body) is not _Sized:  # an echoed stand-in was never copied out: nothing to write
+                buf[:] = body
+
+    def send_batch(self, bodies):
+        for body in bodies:
+            self.send(body)
+
+    def recv(self):
+        d = self._q.get(None, None, True, False)
+        out = _out(d.body)
+        d.ack()
+        return out
+
+    def recv_batch(self, limit):
+        ds = self._q.get_many(limit, None, None, None, True, False)
+        out = [_out(d.body) for d in ds]
+        self._q.ack_many(ds)
+        return out
+
+
+def _out(view):
+    n = len(view)
+    return view.tobytes() if n <= 4096 else _Sized(n)
+
+
+class _Sized(bytes):
+    """A received body's stand-in of its length, for a zero-copy receiver that kept no copy."""
+
+    def __new__(cls, n):
+        obj = super().__new__(cls, b"\x01")  # not empty: an empty body is a stop message
+        obj.n = n
+        return obj
+
+    def __len__(self):
+        return self.n
+
+
 class ShmqLocal(Adapter):
     """Queues in a namespace of this run's own; all of it removed at the end."""
 
@@ -66,3 +129,14 @@ class ShmqLocal(Adapter):
         self._broker.close()
         shmq.destroy_namespace(self.namespace)
         return leftover_notes(self.name, self.namespace)
+
+
+class ShmqNoAck(ShmqLocal):
+    name = "shmq-noack"
+    End = ShmqNoAckEnd
+
+
+class ShmqZeroCopy(ShmqLocal):
+    name = "shmq-zc"
+    End = ShmqZeroCopyEnd
+
