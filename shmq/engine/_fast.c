@@ -47,6 +47,26 @@ static inline int lock(char *seg) {
 
 static inline void unlock(char *seg) { pthread_mutex_unlock((pthread_mutex_t *)(seg + MUTEX_OFF)); }
 
+/* Posts owed to sleeping consumers now that ``n`` messages became ready (lock held): at
+ * most one per waiter not yet posted; counted as posted here, made by the caller. */
+static inline uint64_t owe_consumers(uint64_t *h, uint64_t n) {
+    uint64_t cw = h[H_CWAIT], cp = h[H_CPOSTED];
+    if (cw <= cp || !n) return 0;
+    uint64_t post = cw - cp < n ? cw - cp : n;
+    h[H_CPOSTED] = cp + post;
+    return post;
+}
+
+/* 1 if a sleeping producer is owed a post now that space was reclaimed (lock held). */
+static inline int owe_producer(uint64_t *h) {
+    uint64_t pw = h[H_PWAIT];
+    if (pw && pw > h[H_PPOSTED]) {
+        h[H_PPOSTED] += 1;
+        return 1;
+    }
+    return 0;
+}
+
 /* ---- write-ahead log entries (docs/FORMAT.md): head "WAL"+op, hdr_len, body_len, attempt,
  * msg_id, enqueued_ns (32 bytes), headers, body, CRC-32 (zlib's) of all that. */
 static uint32_t crc_table[256];
@@ -188,14 +208,9 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
     __atomic_store_n(&h[H_TAIL], tail + size, __ATOMIC_RELEASE); /* commit */
     h[H_NEXT_ID] = msg_id + 1;
     h[H_READY] += 1;
-    int post = 0;
-    uint64_t cw = h[H_CWAIT];
-    if (cw && cw > h[H_CPOSTED]) {
-        h[H_CPOSTED] += 1;
-        post = 1;
-    }
+    uint64_t post = owe_consumers(h, 1);
     unlock(seg);
-    return PyLong_FromUnsignedLongLong(msg_id << 1 | (uint64_t)post);
+    return PyLong_FromUnsignedLongLong(msg_id << 1 | post);
 }
 
 /* ---- deliveries: DeliveryBase holds a delivery's fields (the Python Delivery subclasses it
@@ -513,38 +528,48 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
     return out;
 }
 
+/* The arguments of ack_many and nack_many: (seg, base, cap, [pos, attempt, msg_id, ...], now).
+ * The triples, read before the lock (nothing fails under it), in a new array of 3 * ``k``;
+ * NULL with an exception set. */
+static uint64_t *settle_args(PyObject *const *args, Py_ssize_t nargs, const char *name, uint64_t *v, uint64_t *now,
+                             Py_ssize_t *k) {
+    if (nargs != 5 || !PyList_CheckExact(args[3])) {
+        PyErr_Format(PyExc_TypeError, "%s takes 5 arguments, the fourth a list", name);
+        return NULL;
+    }
+    if (parse_u64s(args, 3, v) < 0 || parse_u64s(args + 4, 1, now) < 0) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(args[3]);
+    if (n % 3) {
+        PyErr_Format(PyExc_ValueError, "%s: (pos, attempt, msg_id) triples", name);
+        return NULL;
+    }
+    uint64_t *d = PyMem_Malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
+    if (!d) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (parse_u64s(PySequence_Fast_ITEMS(args[3]), n, d) < 0) {
+        PyMem_Free(d);
+        return NULL;
+    }
+    *k = n / 3;
+    return d;
+}
+
 /* ack_many(seg, base, cap, [pos, attempt, msg_id, ...], now)
  *   -> (acked, 1 if a producer must be woken else 0, [indices of those no longer leased]), or R_*:
  *   the plain ack repeated under one lock hold, for a queue with no log (the Python path logs) */
 static PyObject *fast_ack_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[3], now;
-    if (nargs != 5 || !PyList_CheckExact(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "ack_many takes 5 arguments, the fourth a list");
-        return NULL;
-    }
-    if (parse_u64s(args, 3, v) < 0 || parse_u64s(args + 4, 1, &now) < 0) return NULL;
+    Py_ssize_t k;
+    uint64_t *d = settle_args(args, nargs, "ack_many", v, &now, &k);
+    if (!d) return NULL;
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2];
-    Py_ssize_t n = PyList_GET_SIZE(args[3]);
-    if (n % 3) {
-        PyErr_SetString(PyExc_ValueError, "ack_many: (pos, attempt, msg_id) triples");
-        return NULL;
-    }
-    Py_ssize_t k = n / 3;
-    uint64_t *d = PyMem_Malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
     Py_ssize_t *bad = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(k ? k : 1));
-    if (!d || !bad) {
+    if (!bad) {
         PyMem_Free(d);
-        PyMem_Free(bad);
         return PyErr_NoMemory();
-    }
-    for (Py_ssize_t i = 0; i < n; i++) { /* read before the lock: nothing fails under it */
-        d[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(args[3], i));
-        if (d[i] == (uint64_t)-1 && PyErr_Occurred()) {
-            PyMem_Free(d);
-            PyMem_Free(bad);
-            return NULL;
-        }
     }
     int rc = lock(seg);
     if (rc) {
@@ -579,11 +604,7 @@ static PyObject *fast_ack_many(PyObject *self, PyObject *const *args, Py_ssize_t
     CNT(seg)[C_ACKED_TOTAL] += done;
     int post = 0;
     if (freed && advance_head(seg, base, cap)) {
-        uint64_t pw = h[H_PWAIT];
-        if (pw && pw > h[H_PPOSTED]) {
-            h[H_PPOSTED] += 1;
-            post = 1;
-        }
+        post = owe_producer(h);
     }
     unlock(seg);
     PyMem_Free(d);
@@ -677,11 +698,7 @@ static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t
     __atomic_store_n(&h[H_TAIL], pos, __ATOMIC_RELEASE); /* commit */
     h[H_NEXT_ID] = id;
     h[H_READY] += (uint64_t)n;
-    uint64_t post = 0, cw = h[H_CWAIT], cp = h[H_CPOSTED];
-    if (cw > cp) {
-        post = cw - cp < (uint64_t)n ? cw - cp : (uint64_t)n;
-        h[H_CPOSTED] = cp + post;
-    }
+    uint64_t post = owe_consumers(h, (uint64_t)n);
     unlock(seg);
     return Py_BuildValue("(KK)", (unsigned long long)first, (unsigned long long)post);
 }
@@ -692,24 +709,13 @@ static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t
  *   ring.make_ready does it: ready again with the same attempt, before the frontier. */
 static PyObject *fast_nack_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[3], now;
-    if (nargs != 5 || !PyList_CheckExact(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "nack_many takes 5 arguments, the fourth a list");
-        return NULL;
-    }
-    if (parse_u64s(args, 3, v) < 0 || parse_u64s(args + 4, 1, &now) < 0) return NULL;
+    Py_ssize_t k;
+    uint64_t *d = settle_args(args, nargs, "nack_many", v, &now, &k);
+    if (!d) return NULL;
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2];
-    Py_ssize_t n = PyList_GET_SIZE(args[3]);
-    if (n % 3) {
-        PyErr_SetString(PyExc_ValueError, "nack_many: (pos, attempt, msg_id) triples");
-        return NULL;
-    }
-    Py_ssize_t k = n / 3;
-    uint64_t *d = PyMem_Malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
-    if (!d) return PyErr_NoMemory();
     PyObject *badlist = PyList_New(0);
-    if (!badlist || parse_u64s(PySequence_Fast_ITEMS(args[3]), n, d) < 0) { /* read before the lock */
-        Py_XDECREF(badlist);
+    if (!badlist) {
         PyMem_Free(d);
         return NULL;
     }
@@ -748,11 +754,7 @@ static PyObject *fast_nack_many(PyObject *self, PyObject *const *args, Py_ssize_
         done++;
     }
     h[H_IN_FLIGHT] -= done;
-    uint64_t post = 0, cw = h[H_CWAIT], cp = h[H_CPOSTED];
-    if (cw > cp && done) {
-        post = cw - cp < done ? cw - cp : done;
-        h[H_CPOSTED] = cp + post;
-    }
+    uint64_t post = owe_consumers(h, done);
     unlock(seg);
     for (Py_ssize_t i = 0; i < k; i++) {
         if (d[3 * i] != UINT64_MAX) continue;
@@ -823,14 +825,9 @@ static PyObject *fast_publish(PyObject *self, PyObject *const *args, Py_ssize_t 
     __atomic_store_n(&h[H_TAIL], pos + U32(a + REC_LENGTH), __ATOMIC_RELEASE); /* commit */
     h[H_NEXT_ID] = msg_id + 1;
     h[H_READY] += 1;
-    int post = 0;
-    uint64_t cw = h[H_CWAIT];
-    if (cw && cw > h[H_CPOSTED]) {
-        h[H_CPOSTED] += 1;
-        post = 1;
-    }
+    uint64_t post = owe_consumers(h, 1);
     unlock(seg);
-    return PyLong_FromUnsignedLongLong(msg_id << 1 | (uint64_t)post);
+    return PyLong_FromUnsignedLongLong(msg_id << 1 | post);
 }
 
 /* A Loan: a writable buffer of ``size`` bytes at ``offset`` of ``owner``'s buffer (a queue's
@@ -924,14 +921,7 @@ static int advance_head(char *seg, uint64_t base, uint64_t cap) {
  * producer is owed a post. */
 static int freed_at(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t head) {
     uint64_t *h = HOT(seg);
-    if ((pos == head || (pos % cap == 0 && pos - head < cap)) && advance_head(seg, base, cap)) {
-        uint64_t pw = h[H_PWAIT];
-        if (pw && pw > h[H_PPOSTED]) {
-            h[H_PPOSTED] += 1;
-            return 1;
-        }
-    }
-    return 0;
+    return (pos == head || (pos % cap == 0 && pos - head < cap)) && advance_head(seg, base, cap) && owe_producer(h);
 }
 
 /* ack(seg, base, cap, pos, attempt, msg_id, now, wal_fd, wal_gen)

@@ -97,22 +97,30 @@ class Settling:
         leased (the others are acked). Returns how many were acked."""
         ds = self._own(deliveries)
         if _fast_ack_many is not None and not self._logged and ds and self._lockp is not None:
-            flat = []
-            for d in ds:
-                flat += (d._pos, d.attempt, d.id)
-            r = _fast_ack_many(self._segp, self._base, self._cap, flat, _mono())
-            if type(r) is tuple:
+            r = self._batch_in_c(_fast_ack_many, ds)
+            if r is not None:
                 done, post, bad = r
                 if post:
                     self._nf.release()
                 self._raise_expired([ds[i] for i in bad])
                 return done
-            if r == _F_DELETED:
-                raise self._gone()
-            if r == _F_OWNERDEAD:
-                self._repair_held_lock()
-            # busy: the Python path below waits for the lock
         return self._settle_acks(ds)
+
+    def _batch_in_c(self, fast, ds):
+        """Run the C batch settle ``fast`` (``_fast.ack_many`` or ``nack_many``) over
+        ``ds``: (settled, posts owed, indices no longer leased), or None when the Python
+        path must do it (the lock was busy, or was repaired after a dead holder)."""
+        flat = []
+        for d in ds:
+            flat += (d._pos, d.attempt, d.id)
+        r = fast(self._segp, self._base, self._cap, flat, _mono())
+        if type(r) is tuple:
+            return r
+        if r == _F_DELETED:
+            raise self._gone()
+        if r == _F_OWNERDEAD:
+            self._repair_held_lock()
+        return None
 
     def _retry_delay_ns(self, attempt: int) -> int:
         """The queue's retry policy: how long a message nacked without a delay (or whose
@@ -134,21 +142,14 @@ class Settling:
             ds = self._own(deliveries)
             if not ds:
                 return 0
-            flat = []
-            for d in ds:
-                flat += (d._pos, d.attempt, d.id)
-            r = _fast_nack_many(self._segp, self._base, self._cap, flat, _mono())
-            if type(r) is tuple:
+            r = self._batch_in_c(_fast_nack_many, ds)
+            if r is not None:
                 done, post, bad = r
                 for _ in range(post):
                     self._ne.release()
                 self._raise_expired([ds[i] for i in bad])
                 return done
-            if r == _F_DELETED:
-                raise self._gone()
-            if r == _F_OWNERDEAD:
-                self._repair_held_lock()
-            deliveries = ds  # busy: the Python path below waits for the lock
+            deliveries = ds  # the Python path below waits for the lock
         return self._requeue(deliveries, delay)
 
     def _release_many(self, deliveries) -> int:

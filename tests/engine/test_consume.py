@@ -9,19 +9,11 @@ import pickle
 import pytest
 
 import shmq
-import shmq.engine.queue as engine
-from shmq.engine import cpaths, waits
+from shmq.engine import waits
 from shmq.engine import layout as L
 from tests._wait import wait_for
 
 
-@pytest.fixture(params=["fast", "pure"])
-def impl(request):
-    if request.param == "fast" and not engine.FAST:
-        pytest.skip("the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
-    cpaths.set_enabled(request.param == "fast")
-    yield request.param
-    cpaths.set_enabled(True)
 
 
 def _registered(q):

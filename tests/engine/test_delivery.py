@@ -12,13 +12,6 @@ from shmq.engine import cpaths
 from shmq.engine.delivery import Delivery, _Fields
 
 
-@pytest.fixture(params=["fast", "pure"])
-def impl(request):
-    if request.param == "fast" and not cpaths.FAST:
-        pytest.skip("the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
-    cpaths.set_enabled(request.param == "fast")
-    yield request.param
-    cpaths.set_enabled(True)
 
 
 def test_the_fields_come_from_the_c_base_when_it_is_built():

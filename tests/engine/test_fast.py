@@ -8,7 +8,6 @@ import pytest
 
 import shmq
 import shmq.engine.queue as engine
-from shmq.engine import cpaths
 from shmq.engine import layout as L
 from tests.engine._clock import set_clock
 
@@ -25,13 +24,6 @@ def test_the_c_hot_paths_are_built_and_share_the_layout():
     assert L.HOT_FIELDS.index("pposted") == 15 and L.COUNTER_FIELDS[:2] == ("acked_total", "redelivered_total")
 
 
-@pytest.fixture(params=["fast", "pure"])
-def impl(request):
-    if request.param == "fast" and not engine.FAST:
-        pytest.skip("the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
-    cpaths.set_enabled(request.param == "fast")
-    yield request.param
-    cpaths.set_enabled(True)
 
 
 @pytest.fixture
