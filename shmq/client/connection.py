@@ -1,0 +1,248 @@
+"""One TCP connection's state, sans-IO (h11's way): requests numbered and encoded, bytes in,
+replies matched to requests by msg id in any order, pushes kept per subscription, the
+errors of requests nobody waits for deferred, and what an abandoned request took given
+back. Error replies become the engine's exceptions through the one table
+(``protocol.status``); an error with msg id 0 answers the whole connection (too many
+connections, a frame timeout, bad magic): like a lost connection, it ends every waiting
+request and every later one. No socket here: ``remote`` and ``aio`` move the bytes;
+``core`` writes the calls.
+"""
+
+import functools
+import logging
+from collections import deque
+
+from ..errors import BrokerUnavailable, ProtocolError
+from ..protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, Status, encode_request, error_from_reply
+
+__all__ = ["ClientCore", "HELLO_MSG_ID", "MAX_REPLY_BYTES"]
+
+MAX_REPLY_BYTES = 2**31 - 1  # the client trusts its server's reply sizes
+# HELLO's msg id: its header then ends in CR LF, so a peer that reads lines (an HTTP server)
+# answers at once, and the client learns it reached no shmq server without waiting out a timeout
+HELLO_MSG_ID = 0x0D0A
+_DELIVER = PushType.DELIVER | REPLY_BIT
+_GIVEN_BACK = (MsgType.CONSUME, MsgType.SUBSCRIBE, MsgType.JOIN)  # abandoned, what they took is given back
+_log = logging.getLogger("shmq.client")
+
+
+def _type_name(t) -> str:
+    try:
+        return MsgType(t).name
+    except ValueError:
+        return f"0x{t:02X}"
+
+
+class _PushEnd:
+    """A DELIVER push that ends its subscription, read as an error reply (``error_from_reply``)."""
+
+    def __init__(self, status, payload):
+        self.status = status if type(status) is int else Status.INTERNAL
+        self.payload = payload
+        self.msg_id = 0
+
+
+# ---------------------------------------------------------------- the connection
+class ClientCore:
+    """One connection's state, without its socket: requests out, replies in by msg id."""
+
+    def __init__(self, endpoint: str, max_reply_bytes: int = MAX_REPLY_BYTES):
+        self.endpoint = endpoint
+        self._decoder = FrameDecoder(max_reply_bytes)
+        self._last_id = 0
+        self._waiting = set()  # msg ids sent and not yet answered
+        self._replies = {}  # msg id -> its reply frame, until result() takes it
+        self._end = None  # () -> the exception that ended the connection
+        self._unwaited = {}  # msg id posted without waiting -> whether its error is raised later (``post``)
+        self._deferred = None  # the first error of an unwaited request, raised by the next call
+        self._pushes = {}  # subscription id -> deque of pushed messages (and its end, an exception)
+        self._cancelled = set()  # subscriptions cancelled: what is still pushed for them was given back
+        self._abandoned = {}  # msg id -> (type, fields) of a request whose caller went away (``forget``)
+        self._outbox = []  # requests the core itself sends: the give-backs of abandoned ones
+        self._first = b""  # the first bytes read, until a frame is: what a peer that is no shmq server said
+        self.on_push = None  # called with a subscription id when a push for it arrives (asyncio)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the connection has ended (lost, closed, or an error with msg id 0)."""
+        return self._end is not None
+
+    def send(self, msg_type: int, payload: dict | None = None, check: bool = True) -> tuple[int, bytes]:
+        """A new msg id and the request's bytes; raises why the connection ended, if it has
+        (and, with ``check``, the error of an earlier request sent without waiting)."""
+        if self._end is not None:
+            raise self._end()
+        if check:
+            self.raise_deferred()
+        if msg_type == MsgType.HELLO:  # the first request: no other is in flight to share its id
+            msg_id = HELLO_MSG_ID
+        else:  # 1 .. 2**32-1: msg id 0 speaks for the connection
+            msg_id = self._last_id = self._last_id % 0xFFFFFFFF + 1
+        data = encode_request(msg_type, msg_id, payload)
+        self._waiting.add(msg_id)
+        return msg_id, data
+
+    def receive_data(self, data) -> list[int]:
+        """Take bytes read off the connection (b"" once the server closed it); returns the
+        msg ids whose outcome is now known, for ``result``."""
+        if not data:
+            return self.connection_lost("connection closed by the server")
+        if self._end is not None:
+            return []
+        if self._first is not None:
+            self._first = (self._first + data)[:40]
+        self._decoder.feed(data)
+        done = []
+        try:
+            for frame in self._decoder.frames():
+                self._first = None
+                if frame.msg_id in self._waiting:
+                    self._waiting.discard(frame.msg_id)
+                    if self._unwaited and frame.msg_id in self._unwaited:
+                        if self._unwaited.pop(frame.msg_id) and frame.status != Status.OK:
+                            self._defer(error_from_reply(frame, self.endpoint), frame)
+                        continue
+                    if self._abandoned and frame.msg_id in self._abandoned:
+                        if frame.status == Status.OK:
+                            self._give_back(*self._abandoned.pop(frame.msg_id), frame.payload)
+                        else:
+                            del self._abandoned[frame.msg_id]
+                        continue
+                    self._replies[frame.msg_id] = frame
+                    done.append(frame.msg_id)
+                elif frame.msg_id == 0 and frame.status != Status.OK:
+                    return done + self._ended(functools.partial(error_from_reply, frame, self.endpoint))
+                elif frame.msg_id == 0 and frame.type == _DELIVER:
+                    self._pushed(frame.payload)
+        except ProtocolError as e:  # the server's bytes cannot be read: the connection is over
+            text = str(e) if self._first is None else \
+                f"{self.endpoint} is not an shmq server: it answered {self._first!r} ({e})"
+            return done + self._ended(functools.partial(ProtocolError, text, e.status, e.msg_id, e.fatal))
+        return done
+
+    def post(self, msg_type: int, payload: dict | None = None) -> bytes:
+        """The bytes of a request nobody waits for (``ack(wait=False)``, CANCEL): its reply
+        is dropped when it comes, an error reply logged and raised by the next call."""
+        msg_id, data = self.send(msg_type, payload, check=False)
+        self._unwaited[msg_id] = True
+        return data
+
+    def _defer(self, error, frame):
+        _log.warning("%s: a request sent without waiting (%s) failed: %s", self.endpoint,
+                     _type_name(frame.request_type), error)
+        if self._deferred is None:
+            self._deferred = error
+
+    def raise_deferred(self) -> None:
+        """Raise (once) the error of an earlier request sent without waiting, if one failed."""
+        error, self._deferred = self._deferred, None
+        if error is not None:
+            raise error
+
+    def _pushed(self, p):
+        sid = p.get("subscription")
+        if type(sid) is not int or sid in self._cancelled:
+            return  # given back by its CANCEL
+        buf = self._pushes.get(sid)
+        if buf is None:  # pushed before the SUBSCRIBE reply was read (setdefault: another thread may be at it)
+            buf = self._pushes.setdefault(sid, deque())
+        buf.extend(p.get("messages") or ())
+        if "status" in p:  # the server ended it
+            buf.append(error_from_reply(_PushEnd(p["status"], p), self.endpoint))
+        if self.on_push is not None:
+            self.on_push(sid)
+
+    def pushes(self, sid: int) -> deque:
+        """The messages pushed for subscription ``sid`` not yet taken (a live deque; its
+        iteration may take from it while another thread reads the socket)."""
+        buf = self._pushes.get(sid)
+        if buf is None:
+            buf = self._pushes.setdefault(sid, deque())
+        return buf
+
+    def unsubscribe(self, sid: int) -> None:
+        """Subscription ``sid`` is cancelled: drop what it holds and what still comes for it."""
+        self._pushes.pop(sid, None)
+        self._cancelled.add(sid)
+
+    def ended_error(self) -> Exception:
+        """Why the connection ended (it has)."""
+        return self._end()
+
+    def done(self, msg_id: int) -> bool:
+        """Whether ``result(msg_id)`` has an answer (a reply, or the connection's end)."""
+        return msg_id in self._replies or self._end is not None
+
+    def result(self, msg_id: int) -> dict:
+        """The payload of the reply to ``msg_id``, else raises its error, or why the
+        connection ended before it was answered."""
+        frame = self._replies.pop(msg_id, None)
+        if frame is None:
+            if self._end is None:
+                raise RuntimeError(f"request {msg_id} has no answer yet")  # a transport's bug
+            raise self._end()
+        if frame.status != Status.OK:
+            raise error_from_reply(frame, self.endpoint)
+        return frame.payload
+
+    def forget(self, msg_id: int, msg_type: int | None = None, fields: dict | None = None) -> None:
+        """The caller of request ``msg_id`` (of ``msg_type``, with ``fields``) went away (a
+        cancelled task): drop its reply. What a CONSUME, SUBSCRIBE or JOIN answered, now or
+        later, took for this connection is given back, as nobody will settle or use it:
+        the leased messages nacked (ready at once; as after a disconnect, the attempt
+        counts), the subscription cancelled, the member gone (``outgoing``)."""
+        frame = self._replies.pop(msg_id, None)
+        if msg_type not in _GIVEN_BACK:
+            self._waiting.discard(msg_id)
+        elif frame is not None:
+            if frame.status == Status.OK:
+                self._give_back(msg_type, fields, frame.payload)
+        elif msg_id in self._waiting:
+            self._abandoned[msg_id] = (msg_type, fields)
+
+    def _give_back(self, msg_type, fields, reply):
+        if self._end is not None:
+            return  # the server gave back everything of the connection
+        if msg_type == MsgType.CONSUME:
+            tags = [m["delivery"] for m in reply.get("messages") or ()]
+            if tags:
+                self._quietly(MsgType.NACK, {"queue": fields["queue"], "deliveries": tags, "unseen": True})
+        elif msg_type == MsgType.SUBSCRIBE:
+            self.unsubscribe(reply["subscription"])
+            self._quietly(MsgType.CANCEL, {"subscription": reply["subscription"], "delivered": 0})
+        else:
+            self._quietly(MsgType.LEAVE, {"stream": fields["stream"], "member": reply["member"]})
+
+    def _quietly(self, msg_type, fields):
+        msg_id, data = self.send(msg_type, fields, check=False)
+        self._unwaited[msg_id] = False  # an error is nobody's: a queue deleted meanwhile has nothing to give back
+        self._outbox.append(data)
+
+    def outgoing(self) -> bytes:
+        """The requests the core sends by itself (``forget``'s give-backs), to write after
+        ``receive_data`` and ``forget``; b"" if none."""
+        if not self._outbox:
+            return b""
+        data, self._outbox = b"".join(self._outbox), []
+        return data
+
+    def connection_lost(self, reason) -> list[int]:
+        """The socket broke (``reason``: an OSError or a text); returns the msg ids it ends."""
+        return self._ended(functools.partial(BrokerUnavailable, f"lost the connection to {self.endpoint}: {reason}"))
+
+    def timed_out(self, msg_type: int, seconds: float) -> list[int]:
+        """No reply to a ``msg_type`` request came within ``seconds``: the connection is
+        dropped (a late reply would come to nobody); returns the msg ids it ends."""
+        hint = ": is it an shmq server?" if msg_type == MsgType.HELLO else "; the connection is dropped"
+        return self._ended(functools.partial(
+            BrokerUnavailable, f"no reply to {_type_name(msg_type)} from {self.endpoint} within {seconds:g}s{hint}"))
+
+    def close(self) -> list[int]:
+        """This side closes the connection; returns the msg ids it ends."""
+        return self._ended(functools.partial(BrokerUnavailable, f"connection to {self.endpoint} is closed"))
+
+    def _ended(self, error) -> list[int]:
+        if self._end is None:  # the first reason is the one every later call hears
+            self._end = error
+        ended, self._waiting = sorted(self._waiting), set()
+        return ended
