@@ -67,6 +67,18 @@ static inline int owe_producer(uint64_t *h) {
     return 0;
 }
 
+/* Commit one written record by storing the tail (lock held; released here): msg_id << 1 |
+ * 1 if a sleeping consumer is owed a post, as put and publish return it. */
+static PyObject *publish_one(char *seg, uint64_t tail, uint64_t msg_id) {
+    uint64_t *h = HOT(seg);
+    __atomic_store_n(&h[H_TAIL], tail, __ATOMIC_RELEASE); /* commit */
+    h[H_NEXT_ID] = msg_id + 1;
+    h[H_READY] += 1;
+    uint64_t post = owe_consumers(h, 1);
+    unlock(seg);
+    return PyLong_FromUnsignedLongLong(msg_id << 1 | post);
+}
+
 /* ---- write-ahead log entries (docs/FORMAT.md): head "WAL"+op, hdr_len, body_len, attempt,
  * msg_id, enqueued_ns (32 bytes), headers, body, CRC-32 (zlib's) of all that. */
 static uint32_t crc_table[256];
@@ -205,18 +217,13 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
     U64(a + REC_DEADLINE) = 0;
     if (hl) memcpy(a + REC_SIZE, hraw, hl);
     memcpy(a + REC_SIZE + hl, body, bl);
-    __atomic_store_n(&h[H_TAIL], tail + size, __ATOMIC_RELEASE); /* commit */
-    h[H_NEXT_ID] = msg_id + 1;
-    h[H_READY] += 1;
-    uint64_t post = owe_consumers(h, 1);
-    unlock(seg);
-    return PyLong_FromUnsignedLongLong(msg_id << 1 | post);
+    return publish_one(seg, tail + size, msg_id);
 }
 
 /* ---- deliveries: DeliveryBase holds a delivery's fields (the Python Delivery subclasses it
  * with its methods and properties), so a take builds the object itself: no tuple, no Python
  * __init__. Its members are the slots the pure-Python twin has (delivery.py); unset ones raise
- * AttributeError, as unset slots do. */
+ * AttributeError, as unset slots do, except _ext and _raw, which read None until set. */
 typedef struct {
     PyObject_HEAD
     PyObject *id, *body, *attempt, *q, *pos, *hraw, *enq, *ext, *raw;
@@ -818,16 +825,10 @@ static PyObject *fast_publish(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (parse_u64s(args, 5, v) < 0) return NULL; /* (the caller unlocks on an error) */
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2], pos = v[3], enq = v[4];
-    uint64_t *h = HOT(seg);
     char *a = seg + base + pos % cap;
     uint64_t msg_id = U64(a + REC_MSG_ID);
     U64(a + REC_ENQ_NS) = enq;
-    __atomic_store_n(&h[H_TAIL], pos + U32(a + REC_LENGTH), __ATOMIC_RELEASE); /* commit */
-    h[H_NEXT_ID] = msg_id + 1;
-    h[H_READY] += 1;
-    uint64_t post = owe_consumers(h, 1);
-    unlock(seg);
-    return PyLong_FromUnsignedLongLong(msg_id << 1 | post);
+    return publish_one(seg, pos + U32(a + REC_LENGTH), msg_id);
 }
 
 /* A Loan: a writable buffer of ``size`` bytes at ``offset`` of ``owner``'s buffer (a queue's
