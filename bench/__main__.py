@@ -12,6 +12,7 @@ run again.
 from __future__ import annotations
 
 import multiprocessing as mp
+import shlex
 import sys
 
 from bench import durability, harness, plot, report, streams
@@ -22,18 +23,14 @@ from bench.plan import DURABILITY_COUNTS, STREAM_QUICK_SIZES, STREAM_SIZES, pars
 
 def run_matrix(args, ctx):
     """Run every planned case; return (info, skipped systems, [(result, summary)], notes)."""
-    skipped = {}
-    opened = harness.open_adapters(args.systems, skipped)
     args.cpus = pin_cpus(args.pin)
-    jobs = [j for j in plan(list(opened), args.sizes, args.runs, args.quick, args.run_timeout, args.cpus,
-                            topologies=args.pairs)
-            if not (args.no_rtt and j.kind == "rtt")]
-    progress = harness.Progress(len(jobs))
-    try:
-        results = harness.run_jobs(jobs, opened, ctx, args.run_timeout, progress)
-    finally:
-        notes = harness.close_adapters(opened)
-        progress.finish()
+
+    def jobs(opened):
+        return [j for j in plan(list(opened), args.sizes, args.runs, args.quick, args.run_timeout, args.cpus,
+                                topologies=args.pairs)
+                if not (args.no_rtt and j.kind == "rtt")]
+
+    skipped, results, notes = harness.run_systems(args.systems, jobs, ctx, args.run_timeout)
     return machine_info(), skipped, results, notes
 
 
@@ -52,7 +49,9 @@ def publish(info, settings, skipped, results, notes, dur, plot_path, stream_part
 
 
 def main(argv=None, prog="python -m bench", **defaults):
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv, prog, __doc__.splitlines()[0], **defaults)
+    args.command = shlex.join([*prog.split(), *argv])
     stream_part = None
     if args.report:
         info, settings, skipped, results, notes, doc = report.read_json(args.report)

@@ -52,6 +52,7 @@ class CaseResult:
     detail: str = ""
     runs: list = field(default_factory=list)
     seconds: float = 0.0
+    shape: str = "P->P"  # plan.Job.shape
 
 
 # ---------------------------------------------------------------- the child side
@@ -74,11 +75,14 @@ def _child(role, job, end, specs, barrier, conn, trace_path, total):
         bodies = importlib.import_module(job.roles_module)  # bench.roles, or a job's own (bench.stream_roles)
         ends = bodies.open_ends(role, job, end, specs)
         try:
-            bodies.WARMUPS.get(kind, lambda j, e, t: None)(job, ends, total)
+            index = int(role[len(kind):] or 0)  # producer3: the fourth producer
+            warm = bodies.WARMUPS.get(kind)
+            if warm is not None:
+                warm(job, ends, total, *((index,) if kind == "producer" else ()))
             conn.send(("ready", None))
             for run in range(job.runs):
                 barrier.wait(timeout=job.wait)
-                args = (total,) if kind == "consumer" else ()
+                args = (total,) if kind == "consumer" else (index,) if kind == "producer" else ()
                 conn.send((f"run{run}", bodies.ROLES[kind](job, ends, *args)))
             barrier.wait(timeout=job.wait)  # nobody closes while the peer may still be reading
         finally:
@@ -197,24 +201,30 @@ def _spawn(ctx, job, end, specs, barrier, trace_dir, total):
 
 def _merge_consumers(job, replies):
     """One run's result: the slowest consumer's time; the consumers' counts must add up to n.
-    Producers that time themselves (streams' appenders) add the slowest one's time."""
-    parts = [v for k, v in replies.items() if k.startswith("consumer")]
+    Producers that time themselves (streams' appenders) add the slowest one's time. The
+    workers of a case that runs for a time (a contention case) count what they did: the
+    run's count ("n") is their sum, at most n."""
+    parts = [v for k, v in replies.items() if k.startswith(("consumer", "worker"))]
     got = sum(p.get("got", job.n) for p in parts)
-    if got != job.n:
+    timed = any("until" in p for p in parts)
+    if got > job.n if timed else got != job.n:
         raise CaseFailed("error", f"consumers received {got} messages, expected {job.n}")
     out = {"seconds": max(p["seconds"] for p in parts)}
+    if timed:
+        out.update(n=got, short=sum(p["until"] == "cap" for p in parts))
     sent = [v["seconds"] for k, v in replies.items() if k.startswith("producer") and "seconds" in v]
     if sent:
         out["append_seconds"] = max(sent)
     return out
 
 
-def _drive(job, barrier, procs, conns, run_timeout, progress, runs, total):
+def _drive(job, end, specs, barrier, procs, conns, run_timeout, progress, runs, total):
     """Run the case's runs, appending the measured result of each to ``runs``."""
     _collect("ready", conns, procs, START_TIMEOUT)
     for run in range(job.runs):
         progress(run)
         total.value = 0
+        job.before_run(end, specs, runs)
         _release(barrier, conns)
         replies = _collect(f"run{run}", conns, procs, run_timeout)
         runs.append(replies["pinger"] if job.kind == "rtt" else _merge_consumers(job, replies))
@@ -223,18 +233,18 @@ def _drive(job, barrier, procs, conns, run_timeout, progress, runs, total):
 
 def run_case(job, adapter, ctx, run_timeout, progress):
     """Run one case end to end; never raises for failures inside the case."""
-    result = CaseResult(job.system, job.kind, job.size, job.mode, job.n, pairs=job.pairs)
+    result = CaseResult(job.system, job.kind, job.size, job.mode, job.n, pairs=job.pairs, shape=job.shape)
     started = time.monotonic()
     specs, procs = [], {}
     end = adapter.End
-    if job.kind == "tput" and job.pairs > 1 and adapter.MeshEnd is not None:
+    if job.kind == "tput" and job.consumers > 1 and adapter.MeshEnd is not None:
         job, end = replace(job, mesh=True), adapter.MeshEnd
     trace_dir = tempfile.TemporaryDirectory(prefix="shmq-bench-trace-")
     try:
         specs = [adapter.make_case(ctx, job) for _ in range(2 if job.kind == "rtt" else 1)]
         barrier, total = ctx.Barrier(len(job.roles) + 1), ctx.Value("q", 0)
         procs, conns = _spawn(ctx, job, end, specs, barrier, trace_dir.name, total)
-        _drive(job, barrier, procs, conns, run_timeout, progress, result.runs, total)
+        _drive(job, end, specs, barrier, procs, conns, run_timeout, progress, result.runs, total)
     except CaseFailed as exc:
         result.status, result.detail = exc.status, exc.detail
         result.detail += f"\n({len(result.runs)} of {job.runs} runs had completed)"
@@ -313,6 +323,23 @@ def open_adapters(systems, skipped):
     return opened
 
 
+def run_systems(systems, plan_jobs, ctx, run_timeout):
+    """A front end's run: open the adapters of ``systems``, run the jobs ``plan_jobs(opened)``
+    returns, close the adapters; returns (skipped systems with why, [(result, summary)], notes)."""
+    skipped = {}
+    opened = open_adapters(systems, skipped)
+    progress = None
+    try:
+        jobs = plan_jobs(opened)
+        progress = Progress(len(jobs))
+        results = run_jobs(jobs, opened, ctx, run_timeout, progress)
+    finally:
+        notes = close_adapters(opened)
+        if progress is not None:
+            progress.finish()
+    return skipped, results, notes
+
+
 def close_adapters(opened):
     """Close every adapter; returns the notes on what they left behind or failed to clean."""
     notes = []
@@ -339,7 +366,7 @@ def summarize(result):
             "p50_min_us": min(p50),
             "p50_max_us": max(p50),
         }
-    rates = [result.n / r["seconds"] for r in result.runs]
+    rates = [r.get("n", result.n) / r["seconds"] for r in result.runs]
     median = statistics.median(rates)
     out = {
         "msgs_per_s": median,
@@ -362,8 +389,8 @@ def run_jobs(jobs, opened, ctx, run_timeout, progress):
         on_run = progress.case(job)
         reason = adapter.unsupported(job)
         if reason:
-            results.append((CaseResult(job.system, job.kind, job.size, job.mode, job.n, job.pairs, "skipped", reason),
-                            {}))
+            results.append((CaseResult(job.system, job.kind, job.size, job.mode, job.n, job.pairs, "skipped", reason,
+                                       shape=job.shape), {}))
             continue
         result = run_case(job, adapter, ctx, run_timeout, on_run)
         progress.done(result)

@@ -12,6 +12,13 @@ import subprocess
 # the versions the report's header lists, in order (keys of machine_info())
 VERSIONED = ("shmq", "faster-fifo", "pyzmq", "posix_ipc", "iceoryx2", "redis-py", "redis-server", "pika",
              "rabbitmq-server", "nats-py", "nats-server")
+# the versions that belong to each system (its client package, its server), for a table of some of them
+SYSTEM_VERSIONS = {
+    "faster-fifo": ("faster-fifo",), "zmq": ("pyzmq",), "posix-mq": ("posix_ipc",), "iceoryx2": ("iceoryx2",),
+    "iceoryx2-poll": ("iceoryx2",), "redis": ("redis-py", "redis-server"), "redis-streams": ("redis-py", "redis-server"),
+    "rabbitmq": ("pika", "rabbitmq-server"), "nats-core": ("nats-py", "nats-server"),
+    "nats-js": ("nats-py", "nats-server"),
+}
 # the same for the stream benchmark (python -m bench.streams)
 STREAM_VERSIONED = ("shmq", "redis-py", "redis-server", "nats-py", "nats-server")
 # where shmq says whether its C hot paths are built: the one shmq internal the report reads

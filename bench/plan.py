@@ -18,7 +18,7 @@ from typing import ClassVar
 from bench.adapters import SYSTEMS
 
 BASELINE = "mpqueue"
-OWN = ("shmq", "shmq-tcp")  # every other system is a peer
+OWN = tuple(s for s in SYSTEMS if s.startswith("shmq"))  # shmq's own variants; every other system is a peer
 DEFAULT_SIZES = (64, 1024, 65536, 2**20)
 QUICK_SIZES = (64, 65536)
 TOPOLOGIES = (1, 4)  # producers = consumers per case
@@ -60,30 +60,45 @@ class Job:
     warmup: int = WARMUP
     wait: float = START_TIMEOUT + 30.0  # children's own bound on a barrier wait
     cpus: tuple = ()  # one CPU per role when pinning, else empty
-    pairs: int = 1  # producers = consumers (tput only)
-    mesh: bool = False  # P -> P without a shared queue (set by the harness from the adapter)
+    pairs: int = 1  # P of the shape (tput only)
+    mesh: bool = False  # several consumers without a shared queue (set by the harness from the adapter)
     variant: str = ""  # what the system runs as, in progress lines (a durability mode)
+    shape: str = "P->P"  # P producers -> P consumers, or one of them fanning out / in ("1->P", "P->1")
+    queue_bytes: int = 0  # capacity of a bounded queue; 0: plan.queue_bytes(size)
     roles_module: ClassVar[str] = "bench.roles"  # what its processes run (open_ends, ROLES, WARMUPS)
+
+    @property
+    def producers(self):
+        return 1 if self.shape == "1->P" else self.pairs
+
+    @property
+    def consumers(self):
+        return 1 if self.shape == "P->1" else self.pairs
 
     @property
     def label(self):
         system = f"{self.system} ({self.variant})" if self.variant else self.system
         if self.kind == "rtt":
             return f"{system} rtt {self.size}B"
-        return f"{system} tput {self.size}B {self.mode} {self.pairs}->{self.pairs}"
+        return f"{system} tput {self.size}B {self.mode} {self.producers}->{self.consumers}"
 
     @property
     def roles(self):
         if self.kind == "rtt":
             return ("pinger", "ponger")
-        if self.pairs == 1:
+        if self.producers == self.consumers == 1:
             return ("producer", "consumer")
-        return tuple(f"{r}{i}" for r in ("producer", "consumer") for i in range(self.pairs))
+        return (tuple(f"producer{i}" for i in range(self.producers))
+                + tuple(f"consumer{i}" for i in range(self.consumers)))
 
     @property
     def share(self):
         """Messages per producer."""
-        return self.n // self.pairs
+        return self.n // self.producers
+
+    def before_run(self, end, specs, runs):
+        """Set the channel up for the next run, in the parent (``runs``: the merged results
+        so far); a contention case fills or empties its queue, other cases need nothing."""
 
 
 def queue_bytes(size):
@@ -140,7 +155,7 @@ def plan_tcp(systems, count, runs, run_timeout, cpus):
     for mode in ("msg", "batch"):
         for pairs in TOPOLOGIES:
             for system in systems:
-                n = (count if mode == "msg" else 4 * count) // pairs // BATCH * BATCH * pairs
+                n = max(1, (count if mode == "msg" else 4 * count) // pairs // BATCH) * BATCH * pairs
                 jobs.append(Job(system, "tput", TCP_SIZE, mode, n, runs, pairs=pairs, cpus=cpus if pairs == 1 else (),
                                 wait=START_TIMEOUT + run_timeout))
     return jobs
@@ -250,6 +265,7 @@ class StreamJob(Job):
     a consumer group (``read`` "group") or by offset ("offset"); ``kind`` is ``read``."""
 
     partitions: int = 1  # of shmq's stream: one per producer
+    shape: str = "P->1"
     roles_module: ClassVar[str] = "bench.stream_roles"
 
     @property
@@ -288,3 +304,60 @@ def plan_streams(systems, sizes, runs, quick, run_timeout, cpus, producers=STREA
                                               runs, pairs=p, partitions=p, cpus=cpus if p == 1 else (),
                                               wait=START_TIMEOUT + run_timeout))
     return jobs
+
+
+# ---------------------------------------------------------------- contention (python -m bench.contention)
+
+# (system, kind, mode): its row's name, in the table's order (the issue's five first)
+CONTENTION_OPS = {
+    ("shmq", "put", "msg"): "shmq put, per message",
+    ("shmq", "take", "msg"): "shmq get + ack, per message",
+    ("shmq", "take", "batch"): "shmq get_many(64) + ack_many",
+    ("faster-fifo", "take", "msg"): "faster-fifo get, per message",
+    ("faster-fifo", "take", "batch"): "faster-fifo get_many(64)",
+    ("shmq", "put", "batch"): "shmq put_many(64)",
+    ("faster-fifo", "put", "msg"): "faster-fifo put, per message",
+    ("faster-fifo", "put", "batch"): "faster-fifo put_many(64)",
+    ("shmq-noack", "take", "msg"): "shmq get(ack=False), per message",
+    ("shmq-noack", "take", "batch"): "shmq get_many(64, ack=False)",
+}
+CONTENTION_SYSTEMS = ("shmq", "faster-fifo")
+CONTENTION_SECONDS = 0.5  # each worker's run
+CONTENTION_FILL = 2**21  # messages a take run starts with (and a put run has room for)
+CONTENTION_SLACK = 64  # bytes of room per message above its body (shmq's record header, faster-fifo's framing)
+
+
+@dataclass(frozen=True)
+class ContentionJob(Job):
+    """N (``pairs``) workers that only put into one queue (``kind`` "put": it starts empty)
+    or only take from it ("take": it starts with ``n`` messages), each for ``seconds`` or
+    until it has done its share of ``n``; one message per call or 64 (``mode``)."""
+
+    seconds: float = CONTENTION_SECONDS
+    shape: str = "N"
+    roles_module: ClassVar[str] = "bench.contention_roles"
+
+    @property
+    def label(self):
+        return f"{CONTENTION_OPS.get((self.system, self.kind, self.mode), self.system)}, N = {self.pairs}"
+
+    @property
+    def roles(self):
+        return tuple(f"worker{i}" for i in range(self.pairs))
+
+    @property
+    def share(self):
+        """The most messages one worker puts or takes in a run."""
+        return self.n // self.pairs
+
+    def before_run(self, end, specs, runs):
+        from bench.contention_roles import prepare
+
+        prepare(self, end, specs, runs)
+
+
+def plan_contention(ops, workers, size, runs, seconds, fill, run_timeout):
+    """A case per (system, kind, mode) in ``ops`` and N in ``workers``; ops interleaved per N."""
+    common = dict(seconds=seconds, wait=START_TIMEOUT + run_timeout, queue_bytes=fill * (size + CONTENTION_SLACK))
+    return [ContentionJob(system, kind, size, mode, fill, runs, pairs=n, **common)
+            for n in workers for system, kind, mode in ops]

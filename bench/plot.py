@@ -107,3 +107,57 @@ def draw(path, results, durability=(), title=""):
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return f"wrote {path}"
+
+
+def draw_scale(path, results, title=""):
+    """Throughput against P, one line per system, a panel per shape and mode (the 1 -> 1
+    case is every panel's first point); returns a one-line message, as ``draw``."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "plot skipped: matplotlib not installed"
+    matplotlib.use("Agg")
+    import matplotlib.ticker
+    from matplotlib import pyplot as plt
+
+    from bench.scaling import MODE_TEXT, SHAPE_ORDER, SHAPE_TEXT
+
+    ok = [(r, s) for r, s in results if r.kind == "tput" and r.status == "ok" and s.get("msgs_per_s")]
+    shapes = [x for x in SHAPE_ORDER if any(r.shape == x and r.pairs > 1 for r, _ in ok)] or ["P->P"]
+    modes = [m for m in MODE_TEXT if any(r.mode == m for r, _ in ok)]
+    size = min((r.size for r, _ in ok), default=None)
+    if size is None:
+        return "plot skipped: no successful cases"
+    systems = _ordered({r.system for r, _ in ok})
+    palette = plt.get_cmap("tab10").colors
+    colors = {s: palette[i % len(palette)] for i, s in enumerate(systems)}
+    fig, axes = plt.subplots(len(modes), len(shapes), figsize=(5.2 * len(shapes), 4.2 * len(modes)), squeeze=False)
+    pairs = sorted({r.pairs for r, _ in ok})
+    for row, mode in enumerate(modes):
+        for col, shape in enumerate(shapes):
+            ax = axes[row][col]
+            for system in systems:
+                points = sorted((r.pairs, s["msgs_per_s"]) for r, s in ok
+                                if (r.system, r.mode, r.size) == (system, mode, size)
+                                and (r.pairs == 1 or r.shape == shape))
+                if points:
+                    label = f"{system} (no acks)" if acks(system) == "none" else system
+                    ax.plot([p for p, _ in points], [v for _, v in points], marker="o", label=label,
+                            **_style(system, colors))
+            ax.set(xscale="log", yscale="log", xlabel="P", ylabel="msgs/s",
+                   title=f"{SHAPE_TEXT[shape]}, {MODE_TEXT[mode]}")
+            ax.set_xticks(pairs, [str(p) for p in pairs])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+            ax.grid(True, which="both", alpha=0.3)
+    handles = {}
+    for ax in axes.flat:  # one legend for all panels: every system in every panel has one colour
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 7), fontsize=8)
+    if title:
+        fig.suptitle(f"{title}; {size} B", fontsize=9)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"wrote {path}"

@@ -9,6 +9,7 @@ summary) and the durability rows.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -32,7 +33,12 @@ def _si(x):
 
 
 def _case_key(r):
-    return (r.kind, r.size, r.mode, r.pairs)
+    return (r.kind, r.size, r.mode, r.pairs, r.shape)
+
+
+def flow(r):
+    """A case's producers -> consumers: '4->4', '1->4', '4->1'."""
+    return r.shape.replace("P", str(r.pairs))
 
 
 def _better(r, s):
@@ -60,7 +66,7 @@ def relative(results, own=OWN):
     return out
 
 
-def _print_header(info, args, skipped, out, title="shmq local benchmark", versioned=VERSIONED):
+def print_header(info, args, skipped, out, title="shmq local benchmark", versioned=VERSIONED):
     print(title, file=out)
     cores = f"{info['logical_cpus']} logical CPUs"
     if info["physical_cores"]:
@@ -108,7 +114,7 @@ def _print_tput(results, runs, out):
             f"{'(min .. max)':<19}  {'MB/s':>8}  {'vs mpq':>7}  {'vs best peer':>12}")
     _print_head(head, out)
     for r, s in rows:
-        lead = (f"{size_label(r.size):>7}  {r.mode:<5}  {f'{r.pairs}->{r.pairs}':>4}  {r.system:<{w}}  "
+        lead = (f"{size_label(r.size):>7}  {r.mode:<5}  {flow(r):>4}  {r.system:<{w}}  "
                 f"{acks(r.system):<4}  {r.n:>7}")
         if r.status != "ok":
             print(f"{lead}  {r.status}" + (f": {r.detail}" if r.status == "skipped" else ""), file=out)
@@ -167,16 +173,18 @@ def _ratio_cell(by_key, mine, peer, stat, invert=False):
 
 def _print_ratios(results, out):
     """One table per topology: shmq / peer per throughput row (1 -> 1: then peer / shmq RTT)."""
-    for pairs in dict.fromkeys(r.pairs for r, _ in results):
-        _print_ratio_table([(r, s) for r, s in results if r.pairs == pairs], pairs, out)
+    for pairs, shape in dict.fromkeys((r.pairs, r.shape) for r, _ in results):
+        _print_ratio_table([(r, s) for r, s in results if (r.pairs, r.shape) == (pairs, shape)],
+                           shape.replace("P", str(pairs)), out)
 
 
-def _print_ratio_table(results, pairs, out):
+def _print_ratio_table(results, topology, out):
     by_key = {(r.system, r.kind, r.size, r.mode): (r, s) for r, s in results}
     peers = list(dict.fromkeys(r.system for r, _ in results if r.system != "shmq"))
     if not any(r.system == "shmq" for r, _ in results) or not peers:
         return
-    print(f"Ratios shmq / peer, {pairs} -> {pairs} (median msgs/s; > 1 means shmq is faster)", file=out)
+    print(f"Ratios shmq / peer, {topology.replace('->', ' -> ')} (median msgs/s; > 1 means shmq is faster)",
+          file=out)
     widths = [max(14, len(p) + 3) for p in peers]
     head = f"{'size':>7}  {'mode':<5}  " + "  ".join(f"{'vs ' + p:>{w}}" for p, w in zip(peers, widths))
     _print_head(head, out)
@@ -199,7 +207,7 @@ def _print_ratio_table(results, pairs, out):
     print(file=out)
 
 
-def _print_failures(results, out):
+def print_failures(results, out):
     failed = [r for r, _ in results if r.status != "skipped" and (r.status != "ok" or r.detail)]
     if not failed:
         return
@@ -207,8 +215,10 @@ def _print_failures(results, out):
     for r in failed:
         if r.kind in ("group", "offset"):  # a stream case: P producers -> 1 consumer, read so
             case = f"{size_label(r.size)} {r.mode} {r.pairs}->1 {r.kind}"
+        elif r.shape == "N":  # a contention case: N workers that only put or only take
+            case = f"{r.kind} {size_label(r.size)} {r.mode} N = {r.pairs}"
         else:
-            case = f"{r.kind} {size_label(r.size)}{f' {r.mode}' if r.kind == 'tput' else ''} {r.pairs}->{r.pairs}"
+            case = f"{r.kind} {size_label(r.size)}{f' {r.mode}' if r.kind == 'tput' else ''} {flow(r)}"
         print(f"- {r.system} {case}: {r.status}", file=out)
         for line in r.detail.strip().splitlines():
             print(f"    {line}", file=out)
@@ -217,18 +227,21 @@ def _print_failures(results, out):
 
 def report(info, args, skipped, results, notes, out=sys.stdout):
     """Print the header, the tables, the ratios, any problems and cleanup notes."""
-    _print_header(info, args, skipped, out)
+    print_header(info, args, skipped, out)
     _print_tput(results, args.runs, out)
     _print_rtt(results, args.runs, out)
     _print_ratios(results, out)
-    _print_failures(results, out)
+    print_failures(results, out)
     for note in notes:
         print(f"note: {note}", file=out)
 
 
 def write_json(path, info, args, skipped, results, notes, durability=None, extra=None):
-    """All raw runs and summaries as JSON (with the durability rows, when given, and ``extra``'s keys)."""
+    """All raw runs and summaries as JSON (with the durability rows, when given, and ``extra``'s keys),
+    dated, with the command that ran it (``args.command``, when the front end set it)."""
     doc = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": getattr(args, "command", None),
         "machine": info,
         "settings": {"runs": args.runs, "quick": args.quick, "batch": BATCH, "warmup": WARMUP,
                      "start_method": "spawn", "queue_bytes": QUEUE_BYTES, "run_timeout": args.run_timeout,
@@ -315,7 +328,7 @@ def print_tcp(info, skipped, results, out=sys.stdout):
             print(f"{mode:6s} {2 * pairs:5d}  {_ratio(by.get(('shmq-tcp', mode, pairs)), by.get(('redis', mode, pairs)))}",
                   file=out)
     print(file=out)
-    _print_failures(results, out)
+    print_failures(results, out)
 
 
 # ---------------------------------------------------------------- streams (python -m bench.streams)
@@ -437,7 +450,7 @@ def _print_stream_targets(skipped, results, out):
 def print_streams(info, args, skipped, results, notes, out=sys.stdout, header=True):
     """The stream benchmark's tables: header, throughput, ratios, targets, problems, notes."""
     if header:
-        _print_header(info, args, skipped, out, title="shmq stream benchmark", versioned=STREAM_VERSIONED)
+        print_header(info, args, skipped, out, title="shmq stream benchmark", versioned=STREAM_VERSIONED)
     else:
         for reason in skipped.values():
             print(f"skipped: {reason}", file=out)
@@ -445,7 +458,7 @@ def print_streams(info, args, skipped, results, notes, out=sys.stdout, header=Tr
         _print_stream_table(results, args.runs, out)
         _print_stream_ratios(results, out)
     _print_stream_targets(skipped, results, out)
-    _print_failures(results, out)
+    print_failures(results, out)
     for note in notes:
         print(f"note: {note}", file=out)
 

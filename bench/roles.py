@@ -1,10 +1,18 @@
 """What each process of a case does: produce, consume, ping, pong, and their warm-ups.
 
 Strategy: a role sees only its Ends (bench/adapters) and the Job, so one body of code
-measures every system. In P -> P the consumers share one counter: on a shared queue the
-one whose message brings it to n sends one stop message to each of the others (empty
-bodies); on a mesh (no shared queue) a consumer stops when an idle poll finds the count
-complete, and its time is that of its last message.
+measures every system. Several consumers (P -> P, 1 -> P) of a shared queue stop at a stop
+message (an empty body): each producer sends its part of one stop per consumer after its
+last message, so a stop is taken only once the messages put before it were (FIFO, or FIFO
+per lane), and a consumer that took more than one puts the extras back; the consumers count
+apart, with nothing shared per message (a counter locked per message would make the harness
+the bottleneck it means to measure: one lock convoy across every consumer). A system whose
+consumers take messages ahead of their receives (``End.takes_ahead``: a broker's prefetch)
+breaks that order, so its consumers count in one shared total instead, and the one whose
+message brings it to n stops the others (its few thousand messages a second pay nothing
+for the lock). On a mesh (no
+shared queue) a consumer stops when an idle poll finds the shared count complete, and its
+time is that of its last message. A lone consumer (1 -> 1, P -> 1) receives exactly n.
 """
 
 from __future__ import annotations
@@ -24,11 +32,11 @@ def open_ends(role, job, end, specs):
     if job.mesh:
         kind = role.rstrip("0123456789")
         index = int(role[len(kind):])
-        return [end(specs[0], "send" if kind == "producer" else "recv", index, job.pairs)]
+        return [end(specs[0], "send" if kind == "producer" else "recv", index, job.producers)]
     if role.startswith("producer"):
         return [end(specs[0], "send")]
     if role.startswith("consumer"):
-        return [end(specs[0], "recv")] + ([end(specs[0], "send")] if job.pairs > 1 else [])
+        return [end(specs[0], "recv")] + ([end(specs[0], "send")] if job.consumers > 1 else [])
     if role == "pinger":
         return [end(specs[0], "send"), end(specs[1], "recv")]
     return [end(specs[0], "recv"), end(specs[1], "send")]
@@ -40,8 +48,17 @@ def batches(n):
     return [BATCH] * full + ([rest] if rest else [])
 
 
-def produce(job, ends):
-    """Send this producer's share of job.n messages, one per call or in batches of 64."""
+def stops_of(job, index) -> int:
+    """How many stop messages producer ``index`` sends after its messages: one per consumer
+    of a shared queue in all, shared out among the producers."""
+    if job.consumers <= 1 or job.mesh:
+        return 0
+    return job.consumers // job.producers + (index < job.consumers % job.producers)
+
+
+def produce(job, ends, index=0):
+    """Send this producer's share of job.n messages, one per call or in batches of 64, then
+    its stop messages."""
     tx = ends[0]
     if job.mode == "batch":
         # distinct objects: one pickle of 64 references to one bytes object would hold one body
@@ -52,6 +69,8 @@ def produce(job, ends):
         body = b"x" * job.size
         for _ in range(job.share):
             tx.send(body)
+    if not tx.takes_ahead:
+        _stop(job, tx, stops_of(job, index))
     tx.flush()
     return {}
 
@@ -73,12 +92,12 @@ def _bodies(job, rx):
 
 
 def consume_shared(job, ends, total):
-    """One of several consumers: stop at the shared total; the one reaching it stops the others.
-
-    A consumer that took more than one stop puts the extras back, so each takes exactly one;
-    one that leaves first releases what its system prefetched for it (the stops of others).
-    """
+    """One of several consumers of a shared queue: receive until a stop message (a consumer
+    that took more than one puts the extras back, so each takes exactly one); its count is
+    its own, summed by the harness. A consumer that takes ahead (``End.takes_ahead``) also
+    counts in ``total``, and the one that brings it to n stops the others."""
     rx, tx = ends
+    counted = rx.takes_ahead
     got = nbytes = 0
     t0 = time.perf_counter()
     while True:
@@ -87,17 +106,19 @@ def consume_shared(job, ends, total):
         stops = len(bodies) - len(data)
         got += len(data)
         nbytes += sum(map(len, data))
-        if data:
+        if counted and data:
             with total.get_lock():
                 before = total.value
                 after = total.value = before + len(data)
             if before < job.n <= after:  # exactly one consumer crosses n (both ends read under the lock)
                 rx.release()  # whatever was prefetched for it goes to the others, before the stops
-                _stop(job, tx, job.pairs - 1)
+                _stop(job, tx, job.consumers - 1)
+                tx.flush()
                 break
         if stops:
-            rx.release()
+            rx.release()  # what its system prefetched for it goes to the others
             _stop(job, tx, stops - 1)
+            tx.flush()
             break
     if nbytes != got * job.size:
         raise AssertionError(f"received {nbytes} B in {got} msgs of {job.size} B")
@@ -129,7 +150,7 @@ def consume_polled(job, ends, total):
 
 def consume(job, ends, total=None):
     """Receive exactly job.n messages; time from release until the last one."""
-    if job.pairs > 1:
+    if job.consumers > 1:
         return (consume_polled if job.mesh else consume_shared)(job, ends, total)
     rx = ends[0]
     got = nbytes = 0
@@ -187,20 +208,19 @@ def pong(job, ends):
     return {}
 
 
-def warm_producer(job, ends, total):
-    """Before the first run: connect and warm both sides up with job.warmup messages."""
+def warm_producer(job, ends, total, index=0):
+    """Before the first run: connect and warm both sides up with job.warmup messages (and
+    the stops that end the consumers' warm-up)."""
     for _ in range(job.warmup):
         ends[0].send(b"w" * job.size)
+    if not ends[0].takes_ahead:
+        _stop(replace(job, mode="msg"), ends[0], stops_of(job, index))
     ends[0].flush()
 
 
 def warm_consumer(job, ends, total):
-    """Drain the producers' warm-up messages (P -> P: as a run of warmup x P messages)."""
-    if job.pairs > 1:
-        consume(replace(job, n=job.warmup * job.pairs, mode="msg"), ends, total)
-        return
-    for _ in range(job.warmup):
-        ends[0].recv()
+    """Drain the producers' warm-up messages, as a run of warmup x producers messages."""
+    consume(replace(job, n=job.warmup * job.producers, mode="msg"), ends, total)
 
 
 ROLES = {"producer": produce, "consumer": consume, "pinger": ping, "ponger": pong}

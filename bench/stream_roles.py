@@ -23,7 +23,7 @@ def open_ends(role, job, end, specs):
     return [end(specs[0], "send" if role.startswith("producer") else "recv")]
 
 
-def produce(job, ends):
+def produce(job, ends, index=0):
     """Append this producer's share of job.n records, one per call or 64 per call; time it."""
     tx = ends[0]
     t0 = time.perf_counter()
@@ -55,7 +55,7 @@ def consume(job, ends, total=None, n=None):
     return {"seconds": seconds}
 
 
-def warm_producer(job, ends, total):
+def warm_producer(job, ends, total, index=0):
     """Before the first run: connect and append job.warmup records, one per call."""
     body = b"w" * job.size
     for _ in range(job.warmup):

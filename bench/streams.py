@@ -1,11 +1,10 @@
 """Streams against Redis Streams and NATS JetStream, side by side in one run: ``python -m bench.streams``.
 
-The matrix's harness with stream adapters: shmq's streams by local attach (and over TCP
-once shmq's TCP client has streams; until then it is listed as skipped, with the
-reason), Redis Streams on a ``redis-server`` and NATS JetStream on a ``nats-server
--js``, each started by the harness on a free loopback port with a temporary directory
-and stopped at the end (a server not on the PATH, or a client package not installed,
-is skipped, saying why). Cases: 64 B and 1 KiB records; 1 producer -> 1 consumer and
+The matrix's harness with stream adapters: shmq's streams by local attach and over TCP,
+Redis Streams on a ``redis-server`` and NATS JetStream on a ``nats-server -js``, each
+server started by the harness on a free loopback port with a temporary directory and
+stopped at the end (a server not on the PATH, or a client package not installed, is
+skipped, saying why). Cases: 64 B and 1 KiB records; 1 producer -> 1 consumer and
 4 producers -> 1 consumer (shmq: one partition per producer); one record per call on
 both sides, or 64; the consumer reads through a consumer group (shmq ``poll`` +
 ``commit``, Redis XREADGROUP + XACK, a NATS durable pull consumer + ack) or by offset
@@ -20,6 +19,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shlex
 import sys
 
 from bench import harness, report
@@ -30,16 +30,8 @@ from bench.plan import STREAM_QUICK_SIZES, STREAM_SIZES, csv, parse_size, pin_cp
 
 def run_streams(ctx, systems, sizes, runs, quick, run_timeout, cpus):
     """Run the stream matrix; returns (skipped systems, [(result, summary)], notes)."""
-    skipped = {}
-    opened = harness.open_adapters(systems, skipped)
-    jobs = plan_streams(list(opened), sizes, runs, quick, run_timeout, cpus)
-    progress = harness.Progress(len(jobs))
-    try:
-        results = harness.run_jobs(jobs, opened, ctx, run_timeout, progress)
-    finally:
-        notes = harness.close_adapters(opened)
-        progress.finish()
-    return skipped, results, notes
+    return harness.run_systems(systems, lambda opened: plan_streams(list(opened), sizes, runs, quick, run_timeout,
+                                                                    cpus), ctx, run_timeout)
 
 
 def parse_args(argv=None):
@@ -67,7 +59,9 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    args.command = shlex.join(["python", "-m", "bench.streams", *argv])
     if args.report:
         info, settings, _skipped, _results, _notes, doc = report.read_json(args.report)
         skipped, results, notes = report.read_stream_doc(doc["streams"])

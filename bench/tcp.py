@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import shlex
 import sys
 
 from bench import harness, report
@@ -36,18 +37,14 @@ def main(argv=None):
     ap.add_argument("--run-timeout", type=float, default=60.0, help="seconds allowed per run")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="let the OS place a 1 -> 1 case's processes")
     ap.add_argument("--json", default=None, help="write the raw runs here (the format of python -m bench)")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
+    args.command = shlex.join(["python", "-m", "bench.tcp", *argv])
     args.runs, count = (2, args.count // 10) if args.quick else (args.runs, args.count)
     args.cpus = pin_cpus(args.pin)
-    skipped = {}
-    opened = harness.open_adapters(SYSTEMS, skipped)
-    jobs = plan_tcp(list(opened), count, args.runs, args.run_timeout, args.cpus)
-    progress = harness.Progress(len(jobs))
-    try:
-        results = harness.run_jobs(jobs, opened, mp.get_context("spawn"), args.run_timeout, progress)
-    finally:
-        notes = harness.close_adapters(opened)
-        progress.finish()
+    skipped, results, notes = harness.run_systems(
+        SYSTEMS, lambda opened: plan_tcp(list(opened), count, args.runs, args.run_timeout, args.cpus),
+        mp.get_context("spawn"), args.run_timeout)
     info = machine_info()
     report.print_tcp(info, skipped, results)
     for note in notes:

@@ -45,10 +45,23 @@ def produce(namespace, url, seed, count, out):
     out.put(total)
 
 
+def positive(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def shares(orders, producers):
+    """How many orders each producer puts: equal shares of ``orders``, the first
+    ``orders % producers`` one more, so that every order the command line asks for is put."""
+    return [orders // producers + (i < orders % producers) for i in range(producers)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--orders", type=int, default=20_000)
-    ap.add_argument("--producers", type=int, default=3)
+    ap.add_argument("--orders", type=positive, default=20_000)
+    ap.add_argument("--producers", type=positive, default=3)
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--url", help="tcp://host:port of a shmq server (default: this host's shared memory)")
     ap.add_argument("--token")
@@ -67,8 +80,8 @@ def main(argv=None):
     spark = shmq.spark.local_session("shmq-pipeline", scratch, master=args.master)
     ctx = mp.get_context("spawn")
     sums = ctx.Queue()
-    per = args.orders // args.producers
-    producers = [ctx.Process(target=produce, args=(namespace, args.url, i, per, sums)) for i in range(args.producers)]
+    producers = [ctx.Process(target=produce, args=(namespace, args.url, i, count, sums))
+                 for i, count in enumerate(shares(args.orders, args.producers))]
     try:
         for p in producers:
             p.start()
@@ -108,8 +121,8 @@ def main(argv=None):
         n = sum(t["orders"] for t in totals)
         assert len({(t["customer"], t["window"]) for t in totals}) == len(totals)  # each window once
         print(f"{n} orders in {len(totals)} (customer, window) totals; sum {got / 100:.2f} "
-              f"(the producers put {per * args.producers} orders, {expected / 100:.2f})")
-        return 0 if (n, got) == (per * args.producers, expected) else 1
+              f"(the producers put {args.orders} orders, {expected / 100:.2f})")
+        return 0 if (n, got) == (args.orders, expected) else 1
     finally:
         for p in producers:
             p.kill()

@@ -19,6 +19,7 @@ from .errors import (
     LimitExceeded,
     LockTimeout,
     MessageTooLarge,
+    NamespaceNotFound,
     OffsetOutOfRange,
     ProtocolError,
     QueueCorrupted,
@@ -50,6 +51,7 @@ __all__ = [
     "Message",
     "QueueStats",
     "ShmqError",
+    "NamespaceNotFound",
     "QueueNotFound",
     "QueueExists",
     "QueueFull",
@@ -80,11 +82,16 @@ __all__ = [
 ]
 
 
-def connect(url: str | None = None, *, namespace: str | None = None, token: str | None = None, **options):
+def connect(url: str | None = None, *, namespace: str | None = None, token: str | None = None, create: bool = True,
+            **options):
     """Open a broker.
 
     With no url, attach locally to ``namespace`` (default: $SHMQ_NAMESPACE, else
-    "shmq"). ``tcp://host:port`` URLs are for remote clients of ``shmq server``; their
+    "shmq"). Connecting makes nothing: a namespace is made by the first create_queue,
+    create_stream or create_exchange in it (until then it lists nothing); with
+    ``create=False`` a namespace that does not exist is refused (NamespaceNotFound).
+    ``tcp://host:port`` URLs are for remote clients of ``shmq server`` (whose namespace
+    exists while it runs: ``create`` changes nothing there); their
     token is ``token``, else the url's (``tcp://:TOKEN@host:port`` or ``?token=``), else
     $SHMQ_TOKEN, else the one of your own server at that endpoint on this host, found in
     its runtime file (see shmq.auth). ``options``, for tcp:// only: ``timeout``,
@@ -94,7 +101,7 @@ def connect(url: str | None = None, *, namespace: str | None = None, token: str 
     if url is None:
         if options:
             raise ValueError(f"{', '.join(sorted(options))}: options of tcp:// urls, not of a local attach")
-        return Broker(default_namespace() if namespace is None else namespace)
+        return Broker(default_namespace() if namespace is None else namespace, create=create)
     if isinstance(url, str) and url.startswith("tcp://"):
         from .client.remote import RemoteBroker
 

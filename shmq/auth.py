@@ -29,6 +29,7 @@ from .errors import ShmqError, Unauthorized
 __all__ = [
     "home", "default_token_file", "run_dir", "data_root", "default_data_dir", "load_or_create_token", "read_token",
     "server_token", "advertise", "withdraw", "discover", "client_token", "refused", "command_line_warning",
+    "stale_runtime_files", "remove_stale_runtime_file",
 ]
 
 log = logging.getLogger("shmq.server")
@@ -229,6 +230,36 @@ def withdraw(path) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+def stale_runtime_files() -> list[dict]:
+    """This user's runtime files whose server is gone (its pid dead, or another process's
+    now: a SIGKILLed server leaves its file), as {path, pid, port, namespace, bytes}."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(run_dir()), "server-*.json"))):
+        info = _read_runtime(path)
+        if info is not None and _alive(info):
+            continue
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            continue
+        info = info or {}
+        out.append({"path": path, "pid": info.get("pid"), "port": info.get("port"), "namespace": info.get("namespace"),
+                    "bytes": size})
+    return out
+
+
+def remove_stale_runtime_file(path: str) -> bool:
+    """Remove a runtime file whose server is (still) gone; False if it was not removed."""
+    info = _read_runtime(path)
+    if info is not None and _alive(info):
+        return False
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def _serves(info, peer, local) -> bool:

@@ -50,6 +50,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "PUT",
     "ACK",
+    "PUBLISH",
     "SnapshotHeader",
     "SnapshotRecord",
     "SnapshotWriter",
@@ -68,6 +69,8 @@ __all__ = [
     "stream_entry",
     "stream_record",
     "stream_row",
+    "publish_entry",
+    "publish_note",
     "HWM_SLOT",
     "encode_hwm",
     "read_hwm",
@@ -127,7 +130,9 @@ assert RECORD_HEAD_SIZE == TRAILER_SIZE == 32
 
 PUT = 1
 ACK = 2
-_LOG_OPS = {PUT: "PUT", ACK: "ACK"}
+PUBLISH = 3  # a stream partition's publish note (docs/FORMAT.md, "Streams"): after the PUTs it came with
+_LOG_OPS = {PUT: "PUT", ACK: "ACK", PUBLISH: "PUBLISH"}
+PUBLISH_BODY = struct.Struct("<16sQ")  # a publish note's body: publisher id, batch
 
 _crc32 = zlib.crc32
 _U64 = 2**64
@@ -186,7 +191,8 @@ class ReadResult:
 
 
 class LogEntry(NamedTuple):
-    """One write-ahead log entry; ACK entries have empty headers and body."""
+    """One write-ahead log entry; ACK entries have empty headers and body, PUBLISH entries
+    empty headers and a 24-byte body (``publish_note``)."""
 
     op: int
     msg_id: int
@@ -257,11 +263,13 @@ def _byte_view(value, what: str):
 def encode_log_entry(op: int, msg_id: int, attempt: int, enqueued_ns: int, headers: bytes, body: bytes) -> bytes:
     """One write-ahead log entry, ready to append; ACK entries take empty headers/body."""
     if op not in _LOG_OPS:
-        raise ValueError(f"log op must be PUT ({PUT}) or ACK ({ACK}), not {op!r}")
+        raise ValueError(f"log op must be PUT ({PUT}), ACK ({ACK}) or PUBLISH ({PUBLISH}), not {op!r}")
     headers = _byte_view(headers, "headers (msgpack-encoded)")
     body = _byte_view(body, "body")
     if op == ACK and (len(headers) or len(body)):
         raise ValueError("an ACK log entry has no headers and no body")
+    if op == PUBLISH and (len(headers) or len(body) != PUBLISH_BODY.size):
+        raise ValueError(f"a PUBLISH log entry has no headers and a body of {PUBLISH_BODY.size} bytes")
     return _log_entry(_record_head(LOG_TAG + bytes((op,)), msg_id, attempt, enqueued_ns, headers, body), headers, body)
 
 
@@ -302,6 +310,24 @@ def stream_record(offset: int, timestamp_ns: int, key, headers, value) -> Snapsh
     """The snapshot record of one stream record."""
     return SnapshotRecord(offset, 0 if key is None else len(key) + 1, timestamp_ns, headers,
                           value if key is None else key + value)
+
+
+_PUBLISH_TAG = LOG_TAG + bytes((PUBLISH,))
+
+
+def publish_entry(offset: int, timestamp_ns: int, txn_id: bytes, batch: int) -> bytes:
+    """The PUBLISH log entry of a stream partition's publish (``Stream.publish``): publisher
+    ``txn_id`` (16 bytes) published ``batch`` with the append whose last record is at
+    ``offset``; it follows that append's PUT entries, in the same write."""
+    body = PUBLISH_BODY.pack(txn_id, batch)
+    return _log_entry(RECORD_HEAD.pack(_PUBLISH_TAG, 0, len(body), 0, offset, timestamp_ns), b"", body)
+
+
+def publish_note(entry) -> tuple[bytes, int, int]:
+    """(publisher id, batch, end offset) of a PUBLISH entry: the publishers' table's entry
+    (``Partition.published``) that it logged."""
+    txn_id, batch = PUBLISH_BODY.unpack(entry.body)
+    return txn_id, batch, entry.msg_id + 1
 
 
 def stream_row(msg_id: int, attempt: int, enqueued_ns: int, headers, body) -> tuple:
@@ -741,6 +767,8 @@ def _read_log_entry(f, pos: int, left: int, n: int) -> LogEntry:
         raise _Damage(pos, f"log entry {n}: checksum mismatch")
     if op == ACK and (hl or bl):
         raise _Damage(pos, f"log entry {n}: an ACK with headers or a body")
+    if op == PUBLISH and (hl or bl != PUBLISH_BODY.size):
+        raise _Damage(pos, f"log entry {n}: a PUBLISH with headers, or a body of {bl} bytes (not {PUBLISH_BODY.size})")
     return LogEntry(op, msg_id, attempt, enqueued_ns, headers, body)
 
 

@@ -15,11 +15,17 @@ disk space. ``clean`` removes the orphans, and only what is provably one:
   or that was never sized), every entry: no process can reach them through a registry.
   Cleaned while this process holds the namespace's registry name itself, unpublished
   (``registry.creation_guard``): no one can create the namespace meanwhile;
-- a broker lock file whose holder is gone: removed while holding its lock.
+- a broker lock file whose holder is gone: removed while holding its lock;
+- a server's runtime file (``$SHMQ_HOME/run/server-PORT-PID.json``) whose process is
+  gone (dead, or its pid another process's now): a SIGKILLed broker leaves one.
 
 Nothing of another user, nothing in a namespace whose broker runs but whose registry
-is missing, no data directory. Everything here reads /dev/shm directly and attaches
-only to registries that exist (never creating one).
+is missing. A data directory is never an orphan: the one of a namespace that is not in
+/dev/shm (destroyed before ``namespace destroy`` removed data dirs, or after a reboot,
+when it holds the only copy) is named as such, and removed only when asked for
+(``data_dirs=True``: ``--clean --data-dirs``), shmq's files only, while holding the
+namespace's broker lock so that no server starts on it meanwhile. Everything here reads
+/dev/shm directly and attaches only to registries that exist (never creating one).
 """
 
 import errno
@@ -28,11 +34,11 @@ import os
 import re
 import time
 
-from .auth import data_root
+from .auth import data_root, remove_stale_runtime_file, stale_runtime_files
 from .engine.layout import MAX_PARTITIONS
 from .engine.process import is_alive
 from .engine.registry import CREATING, DELETING, LIVE, Registry, creation_guard, read_header
-from .engine.segment import SHM_DIR, segment_name, unlink_segment
+from .engine.segment import SHM_DIR, namespace_entries, segment_name, unlink_segment
 from .errors import LockTimeout
 from .server.lock import lock_name, read_holder
 
@@ -329,9 +335,53 @@ def _dir_report(path, namespace=None, broker=None) -> dict:
             "disk_free": fs["free"], "broker": broker}
 
 
+def _runtime_orphans(only, remove) -> list[dict]:
+    """The runtime files of servers that are gone, as orphans (removed with ``remove``)."""
+    out = []
+    for f in stale_runtime_files():
+        if only is not None and f["namespace"] not in only:
+            continue
+        o = {"entry": f["path"], "namespace": f["namespace"], "bytes": f["bytes"],
+             "reason": "the runtime file of a server that is gone"
+                       + (f" (pid {f['pid']}, port {f['port']})" if f["pid"] else " (unreadable)")}
+        if remove:
+            o["removed"] = remove_stale_runtime_file(f["path"])
+        out.append(o)
+    return out
+
+
+def _remove_data_dir(d) -> None:
+    """Remove the data dir of a namespace that is not in /dev/shm (shmq's files only),
+    holding the namespace's broker lock: no server starts on it meanwhile."""
+    from .persistence import remove_data_dir
+
+    ns = d["namespace"]
+    path = os.path.join(SHM_DIR, lock_name(ns))
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        d["removed"] = False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            d["removed"] = False  # a broker is starting on it
+            return
+        if namespace_entries(ns) != [lock_name(ns)]:  # made meanwhile
+            d["removed"] = False
+            return
+        removed, kept = remove_data_dir(d["path"])
+        d["removed"], d["kept"] = not kept, kept
+        os.unlink(path)
+    finally:
+        os.close(fd)
+
+
 def data_dirs(namespaces) -> list[dict]:
     """The default data dir of every namespace (``auth.data_root()``) and the data dirs
-    of running brokers, each with its files and its disk's space."""
+    of running brokers, each with its files and its disk's space, and ``exists``: whether
+    its namespace is in /dev/shm."""
     seen, out = set(), []
     brokers = {ns["namespace"]: ns["broker"] for ns in namespaces if ns["broker"] and ns["broker"]["alive"]}
     for ns, b in sorted(brokers.items()):
@@ -348,31 +398,41 @@ def data_dirs(namespaces) -> list[dict]:
         path = os.path.join(root, name)
         if path not in seen:  # no running broker uses it
             out.append(_dir_report(path, name))
+    for d in out:
+        d["exists"] = bool(d["namespace"] and namespace_entries(d["namespace"]))
     return out
 
 
 # ------------------------------------------------------------------ the whole
-def diagnose(namespaces=None, remove=False) -> dict:
+def diagnose(namespaces=None, remove=False, remove_data_dirs=False) -> dict:
     """The report (a dict, as ``shmq doctor --json`` prints it): ``shm``, ``namespaces``
-    (each with its broker, queues, streams, orphans), ``orphans`` (all of them),
-    ``data_dirs``, ``other_users_entries``. ``namespaces``: only these (default: all of
-    this user's). With ``remove``, the orphans are removed too (each says ``removed``)."""
+    (each with its broker, queues, streams, orphans), ``orphans`` (all of them, the
+    stale runtime files of servers included), ``data_dirs`` (each says whether its
+    namespace ``exists``), ``other_users_entries``. ``namespaces``: only these (default:
+    all of this user's). With ``remove``, the orphans are removed too (each says
+    ``removed``); with ``remove_data_dirs``, the data dirs of namespaces not in /dev/shm."""
     only = set(namespaces) if namespaces else None
     entries, others = _entries(only)
     now = time.time()
     found = [_examine(ns, entries[ns], now, remove) for ns in sorted(entries)]
+    dirs = [d for d in data_dirs(found) if only is None or d["namespace"] in only]
+    if remove_data_dirs:
+        for d in dirs:
+            if not d["exists"] and d["namespace"] and "error" not in d:
+                _remove_data_dir(d)
     return {
         "shm": shm_report(),
         "namespaces": [{k: v for k, v in ns.items() if k != "orphans"} for ns in found],
-        "orphans": [o for ns in found for o in ns["orphans"]],
-        "data_dirs": [d for d in data_dirs(found) if only is None or d["namespace"] in only],
+        "orphans": [o for ns in found for o in ns["orphans"]] + _runtime_orphans(only, remove),
+        "data_dirs": dirs,
         "other_users_entries": others,
     }
 
 
-def clean(namespaces=None) -> dict:
-    """``diagnose`` that removes what is provably orphaned."""
-    return diagnose(namespaces, remove=True)
+def clean(namespaces=None, data_dirs=False) -> dict:
+    """``diagnose`` that removes what is provably orphaned (and, with ``data_dirs``, the
+    data dirs of namespaces that are not in /dev/shm)."""
+    return diagnose(namespaces, remove=True, remove_data_dirs=data_dirs)
 
 
 def _mib(n) -> str:
@@ -434,8 +494,20 @@ def render(report) -> list[str]:
                 lines.append(f"  {d['path']}: {d['error']}")
                 continue
             used_by = f"; broker pid {d['broker']}" if d.get("broker") else ""
+            mark = ""
+            if "removed" in d:
+                mark = "  [removed]" if d["removed"] else (
+                    f"  [kept: {', '.join(d['kept'])} not shmq's]" if d.get("kept") else "  [kept]")
             lines.append(f"  {d['path']}: {d['files']} file(s), {_size(d['bytes'])}{used_by}; disk "
-                         f"{_size(d['disk_free'])} free of {_size(d['disk_size'])}")
+                         f"{_size(d['disk_free'])} free of {_size(d['disk_size'])}{mark}")
+            if not d["exists"] and d["namespace"] and not d.get("removed"):
+                ns = d["namespace"]
+                lines.append(f"    no namespace {ns} in {SHM_DIR} (destroyed, or a reboot): `shmq server --namespace "
+                             f"{ns}` would rebuild it from here; `shmq namespace destroy {ns} --yes` removes it")
+        gone = [d for d in report["data_dirs"] if not d["exists"] and d["namespace"] and "removed" not in d]
+        if len(gone) > 1:
+            lines.append("  `shmq doctor --clean --data-dirs` removes the data dirs of every namespace not in "
+                         f"{SHM_DIR}")
     return lines
 
 

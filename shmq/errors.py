@@ -9,6 +9,7 @@ import queue as _stdlib_queue
 
 __all__ = [
     "ShmqError",
+    "NamespaceNotFound",
     "QueueNotFound",
     "QueueExists",
     "QueueFull",
@@ -35,6 +36,12 @@ __all__ = [
 
 class ShmqError(Exception):
     """Base class of every shmq error."""
+
+
+class NamespaceNotFound(ShmqError, FileNotFoundError):
+    """``connect(namespace=..., create=False)`` found no such namespace on this host
+    (nothing made a queue, stream or exchange in it, or it was destroyed): check the
+    name, or connect without ``create=False`` and create what you need."""
 
 
 class QueueNotFound(ShmqError, LookupError):
@@ -127,8 +134,10 @@ class OffsetOutOfRange(ShmqError, IndexError):
 
 
 class CommitFailed(ShmqError):
-    """The consumer no longer owns the partition (the group rebalanced since it polled):
-    nothing was committed. Poll again; another member resumes from the last commit."""
+    """A commit was refused, and nothing was committed: the group rebalanced since the
+    consumer last polled, a partition is no longer its, or an offset is below the one
+    committed. Poll again: partitions it kept go on from its position; another member
+    reads those it lost from the last commit."""
 
 
 class ExchangeNotFound(ShmqError, LookupError):

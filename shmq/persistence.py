@@ -15,12 +15,15 @@ without a log behind it.
 A stream partition's files are named ``@STREAM#P`` (``wal.partition_log_name``):
 ``@STREAM#P.dmsq`` (its snapshot), ``@STREAM#P.wal.N`` (its logs, which stay as the long
 tail until retention deletes whole files) and ``@STREAM#P.hwm`` (a snapshot stream's
-high-water file). The namespace's exchanges and bindings are one file,
+high-water file). A laned queue's snapshot is one file, its lanes' logs are each lane's
+(``NAME.wal.N``, ``NAME#1.wal.N``, ...: ``segment.lane_name``). The namespace's exchanges and bindings are one file,
 ``exchanges.dmsx`` (``dmsq.EXCHANGES_FILE``), written when the table changes and read back
 only when shared memory has no table. Layouts: docs/FORMAT.md; the promises:
 docs/DESIGN.md, Persistence.
 """
 
+import array
+import hashlib
 import logging
 import os
 import threading
@@ -30,12 +33,13 @@ from . import dmsq
 from .engine import maintenance
 from .engine.broker import Broker
 from .engine.queue import Queue
+from .engine.segment import lane_name
 from .engine.stream import Stream
 from .engine.wal import hwm_path, log_files, parse_wal_name, partition_log_name, split_partition_name
 from .errors import QueueNotFound, ShmqError, StreamNotFound
 
 __all__ = ["snapshot_path", "snapshot_queue", "snapshot_stream", "apply_retention", "restore_file", "recover",
-           "Snapshotter"]
+           "Snapshotter", "is_data_file", "remove_data_dir"]
 
 log = logging.getLogger("shmq.persistence")
 
@@ -50,6 +54,11 @@ def snapshot_path(data_dir: str, name: str) -> str:
 def wal_files(data_dir: str, name: str) -> list[tuple[int, str]]:
     """(generation, path) of every write-ahead log of queue ``name``, oldest first."""
     return log_files(data_dir, name)
+
+
+def lanes_of(q) -> list:
+    """The lane handles of a queue handle (a plain queue is its own one lane)."""
+    return getattr(q, "_lanes", None) or [q]
 
 
 def _owner(entry: str) -> str | None:
@@ -67,40 +76,100 @@ def _owner(entry: str) -> str | None:
     part = split_partition_name(stem)
     if part is not None:
         return "@" + part[0]
-    return None if stem.startswith("@") or entry.endswith(_HWM_SUFFIX) else stem
+    if stem.startswith("@") or entry.endswith(_HWM_SUFFIX):
+        return None
+    return stem.rpartition("#")[0] or stem  # a lane's logs are its queue's
+
+
+def is_data_file(entry: str) -> bool:
+    """Whether a data-dir entry is one of shmq's files: a snapshot, a log, a high-water
+    file, the exchange table, or one of those set aside (``.corrupt``) or half-written (``.tmp``)."""
+    stem = entry
+    if stem.endswith(dmsq.TMP_SUFFIX):
+        stem = stem[:-len(dmsq.TMP_SUFFIX)]
+    head, sep, tail = stem.rpartition(dmsq.CORRUPT_SUFFIX)
+    if sep and (not tail or (tail[0] == "." and tail[1:].isdigit())):
+        stem = head
+    return stem == dmsq.EXCHANGES_FILE or _owner(stem) is not None
+
+
+def remove_data_dir(path: str) -> tuple[int, list[str]]:
+    """Delete shmq's files in data dir ``path`` (``is_data_file``), then the directory if
+    that emptied it; returns (files removed, the entries kept: not shmq's). (0, []) if
+    there is no such directory."""
+    try:
+        entries = sorted(os.listdir(path))
+    except FileNotFoundError:
+        return 0, []
+    removed, kept = 0, []
+    for entry in entries:
+        full = os.path.join(path, entry)
+        if is_data_file(entry) and os.path.isfile(full) and not os.path.islink(full):
+            os.unlink(full)
+            removed += 1
+        else:
+            kept.append(entry)
+    if not kept:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+    return removed, kept
 
 
 # ------------------------------------------------------------------------------ queues
 
 
-def snapshot_queue(q: Queue, data_dir: str, fsync: bool = True) -> tuple[str, int]:
+def _digest(*parts) -> bytes:
+    """What a snapshot file says, apart from when it was taken: equal digests, equal files."""
+    h = hashlib.blake2b(repr(parts[:-1]).encode(), digest_size=16)
+    h.update(array.array("Q", parts[-1]).tobytes())
+    return h.digest()
+
+
+def snapshot_queue(q: Queue, data_dir: str, fsync: bool = True, written: dict | None = None) -> tuple[str, int]:
     """Write ``q``'s unsettled messages to ``<data_dir>/<name>.dmsq``; (path, count).
 
     For a "wal" queue the log is rotated in the same critical section as the copy, the
     snapshot records the first generation it does not cover, and older logs are
-    removed once the snapshot is on disk.
+    removed once the snapshot is on disk. ``written`` (the caller's, kept between
+    calls): what the file on disk says; a snapshot that would say the same again is not
+    rewritten (an idle broker writes and fsyncs nothing), unless older logs are there
+    to be removed.
     """
-    wal = q.durability == "wal" and q.wal.config()[0] > 0
+    lanes = lanes_of(q)
+    wal = q.durability == "wal" and all(lane.wal.config()[0] > 0 for lane in lanes)
     messages = maintenance.export_messages(q, rotate_wal=wal)
     settings = q.settings()
-    if wal:
-        settings["wal_from"] = q.wal.config()[0]
-    header = dmsq.SnapshotHeader(queue=q.name, settings=settings, created_ns=int(q.created_at * 1e9),
-                                 snapshot_ns=time.time_ns(), version=dmsq.FORMAT_VERSION)
+    created_ns = int(q.created_at * 1e9)
     path = snapshot_path(data_dir, q.name)
+    old_logs = []
+    if wal:  # the first generation of each lane's log the snapshot does not cover
+        gens = [lane.wal.config()[0] for lane in lanes]
+        settings["wal_from"] = gens[0] if len(gens) == 1 else gens
+        old_logs = [log_path for j, first in enumerate(gens)
+                    for gen, log_path in wal_files(data_dir, lane_name(q.name, j)) if gen < first]
+    if written is not None:  # a message's id and attempt say all of it: bodies never change
+        digest = _digest(q.name, created_ns, sorted((k, v) for k, v in settings.items() if k != "wal_from"),
+                         [x for i, a, e, _h, _b in messages for x in (i, a, e)])
+        if not old_logs and written.get(path) == digest and os.path.exists(path):
+            return path, len(messages)
+        written.pop(path, None)
+    header = dmsq.SnapshotHeader(queue=q.name, settings=settings, created_ns=created_ns,
+                                 snapshot_ns=time.time_ns(), version=dmsq.FORMAT_VERSION)
     dmsq.write_snapshot(path, header, (dmsq.SnapshotRecord(i, a, e, h, b) for i, a, e, h, b in messages),
                         fsync=fsync)
-    if wal:
-        for gen, log_path in wal_files(data_dir, q.name):
-            if gen < settings["wal_from"]:
-                os.unlink(log_path)
+    for log_path in old_logs:
+        os.unlink(log_path)
+    if written is not None:
+        written[path] = digest
     return path, len(messages)
 
 
 # the settings a snapshot keeps that ``create_queue`` takes back (format version 2 adds the work-queue options)
 _CREATE_KEYS = ("max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue",
                 "durability", "priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff",
-                "retry_delay_max", "priority_aging")
+                "retry_delay_max", "priority_aging", "lanes")
 
 
 def restore_file(broker: Broker, path: str, into: str | None = None) -> tuple[str, int, str | None]:
@@ -155,7 +224,7 @@ def _replay_logs(data_dir, name, wal_from, records):
         for e in entries:
             if e.op == dmsq.PUT:
                 records[e.msg_id] = (e.msg_id, e.attempt, e.enqueued_ns, e.headers, e.body)
-            else:
+            elif e.op == dmsq.ACK:
                 records.pop(e.msg_id, None)
         if error:
             _set_aside(path, error, len(entries))
@@ -185,7 +254,11 @@ def _recover_queues(broker: Broker, data_dir: str, names) -> list[str]:
             settings = {"durability": "wal"} if wal_files(data_dir, name) else None
         if settings is None:
             continue
-        _replay_logs(data_dir, name, settings.get("wal_from", 0), records)
+        wal_from = settings.get("wal_from", 0)
+        if not isinstance(wal_from, list):  # (a laned queue's first snapshot, before its logs opened: all of them)
+            wal_from = [wal_from] * settings.get("lanes", 1)
+        for j, first in enumerate(wal_from):
+            _replay_logs(data_dir, lane_name(name, j), first, records)
         create = {k: v for k, v in settings.items() if k in _CREATE_KEYS}
         if create.get("dead_letter_queue") and create["dead_letter_queue"] not in broker.list_queues():
             create.pop("dead_letter_queue")
@@ -285,13 +358,14 @@ def _roll(s: Stream) -> tuple[int, int | None]:
     return roll_bytes, (int(s.retention_seconds * 1e9) // 4 if s.retention_seconds else None)
 
 
-def snapshot_stream(s: Stream, data_dir: str, fsync: bool = True) -> tuple[int, int]:
+def snapshot_stream(s: Stream, data_dir: str, fsync: bool = True, written: dict | None = None) -> tuple[int, int]:
     """Write each partition of ``s`` to ``<data_dir>/@NAME#P.dmsq``: its records, the next
     offset, every group's committed offset for it, its publishers' table (the batches
     published exactly once, ``Stream.publish``), and (wal) the first log generation
     the records do not cover, or (snapshot) the high-water epoch it begins. A "wal"
     partition's log moves to a new generation when the current one is full (``_roll``).
-    Returns (files, records)."""
+    ``written``: as for ``snapshot_queue`` (a "snapshot" stream's partitions, which begin
+    a high-water epoch each time, are always written). Returns (files, records)."""
     groups = {g: s.committed(g) for g in s.groups()}  # before the copies: no commit is past their end
     settings = stream_settings(s)
     roll_bytes, roll_ns = _roll(s)
@@ -307,11 +381,21 @@ def snapshot_stream(s: Stream, data_dir: str, fsync: bool = True) -> tuple[int, 
         if image.txns:
             extra["published"] = [[tid.hex(), batch, end] for tid, batch, end in image.txns]
         name = partition_log_name(s.name, p)
+        path = snapshot_path(data_dir, name)
+        records += len(image.rows)
+        digest = None
+        if written is not None and image.hwm_epoch is None:  # a record's offset says all of it
+            digest = _digest(name, int(s.created_at * 1e9), sorted(settings.items()), extra,
+                             [image.rows[0][0], len(image.rows)] if image.rows else [])
+            if written.get(path) == digest and os.path.exists(path):
+                continue
+        if written is not None:
+            written.pop(path, None)
         header = dmsq.SnapshotHeader(queue=name, settings={**settings, **extra}, created_ns=int(s.created_at * 1e9),
                                      snapshot_ns=time.time_ns())
-        dmsq.write_snapshot(snapshot_path(data_dir, name), header,
-                            (dmsq.stream_record(*row) for row in image.rows), fsync=fsync)
-        records += len(image.rows)
+        dmsq.write_snapshot(path, header, (dmsq.stream_record(*row) for row in image.rows), fsync=fsync)
+        if digest is not None:
+            written[path] = digest
     return s.partitions, records
 
 
@@ -349,16 +433,22 @@ def _stream_row(r):
     return dmsq.stream_row(r.msg_id, r.attempt, r.enqueued_ns, r.headers, r.body)
 
 
-def _replay_stream_logs(data_dir, name, wal_from, rows, end):
+def _replay_stream_logs(data_dir, name, wal_from, rows, end, published):
     """Add the records of ``name``'s logs from generation ``wal_from`` on to ``rows``
-    (offset -> row). A damaged log is replayed to the damage and set aside; its intact
-    part stays under its name, so the disk tail keeps it. Returns the offset after the
-    last one logged (past ``end``), counting intact entries found after damage."""
+    (offset -> row), and their publish notes to ``published`` (publisher id -> (batch,
+    end offset, ns): the newest batch of each). A damaged log is replayed to the damage
+    and set aside; its intact part stays under its name, so the disk tail keeps it.
+    Returns the offset after the last one logged (past ``end``), counting intact entries
+    found after damage."""
     for path, entries, error, error_offset in _logs_from(data_dir, name, wal_from):
         for e in entries:
-            if e.op == dmsq.PUT:  # (the only op a stream logs)
+            if e.op == dmsq.PUT:
                 end = max(end, e.msg_id + 1)
                 rows.setdefault(e.msg_id, _stream_row(e))
+            elif e.op == dmsq.PUBLISH:  # after its append's PUTs, in the same write: they are in
+                txn_id, batch, txn_end = dmsq.publish_note(e)
+                if batch > published.get(txn_id, (-1,))[0]:
+                    published[txn_id] = (batch, txn_end, e.enqueued_ns)
         if error:
             hidden = [e.msg_id + 1 for e in dmsq.salvage_log(path, error_offset) if e.op == dmsq.PUT]
             end = max([end] + hidden)  # offsets the damage hid were handed out: never again
@@ -421,16 +511,17 @@ def _rebuild_stream(broker: Broker, data_dir: str, name: str) -> bool:
             st = st or {}
             end = max([st.get("next_offset", 0)] + [o + 1 for o in rows])
             fname = partition_log_name(name, p)
-            if logged:
-                end = _replay_stream_logs(data_dir, fname, st.get("wal_from", 0), rows, end)
+            published = {bytes.fromhex(t): (b, e, 0) for t, b, e in st.get("published", [])}
+            if logged:  # the logs' publish notes too: a batch published after the snapshot stays published
+                end = _replay_stream_logs(data_dir, fname, st.get("wal_from", 0), rows, end, published)
             epoch = st.get("hwm_epoch") or 0
             if os.path.exists(hwm_path(data_dir, fname)):
                 mark = dmsq.read_hwm(hwm_path(data_dir, fname))
                 if mark is not None and mark[0] >= epoch:  # written after that snapshot: past it, offsets may
                     end = max(end, mark[1])                # have been handed out that no file holds
                     epoch = max(epoch, mark[0])
-            published = [(bytes.fromhex(t), b, e) for t, b, e in st.get("published", [])]
-            total += s._part(p).restore([rows[o] for o in sorted(rows)], end, epoch, published)
+            table = sorted(((t, b, e, ns) for t, (b, e, ns) in published.items()), key=lambda x: x[3])
+            total += s._part(p).restore([rows[o] for o in sorted(rows)], end, epoch, table)
             for group, offset in st.get("committed", {}).items():
                 offsets = committed.setdefault(group, {})
                 if offset is not None:
@@ -460,12 +551,16 @@ class Snapshotter:
         self.fsync = fsync
         self.wal_mode = wal_mode
         self.wal_batch_ms = wal_batch_ms
-        self._logs = {}  # queue name -> [attached Queue, generation of fd, fd or None], for sync_logs
+        # queue name -> [attached queue, generation of fd, fd or None, {lane: [lane, generation, fd]} of lanes 1..]
+        self._logs = {}  # for sync_logs
         self._stream_logs = {}  # "@NAME" -> [attached Stream, {partition: [log, generation of fd, fd or None]}]
         self._failing = {}  # name -> the snapshot error last logged
         self._exchanges_saved = None  # the exchange table last written
         self.last_round = {}  # what the last run_once wrote
+        self._written = {}  # snapshot path -> what it says (``snapshot_queue``): unchanged ones are not rewritten
         self._lost = False  # the data dir vanished
+        self.log_dirs = set()  # where the logs were at the last settled sync_logs
+        self._suspended = {}  # log name -> the generation it had when this snapshotter suspended it
         self._dir_lock = threading.Lock()  # one thread at a time handles its coming and going
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
 
@@ -475,15 +570,34 @@ class Snapshotter:
         if isinstance(x, Stream):
             self.open_stream(x)
             return
-        q = x
-        if q.durability != "wal":
+        if x.durability != "wal":
             return
+        lanes = lanes_of(x)
+        if len(lanes) > 1 and not os.path.exists(snapshot_path(self.data_dir, x.name)):
+            snapshot_queue(x, self.data_dir, self.fsync)  # first: its lanes' logs alone would not say how many
+        for q in lanes:
+            self._open_log(q)
+
+    def _open_log(self, q) -> None:
         gen, _mode, _ms, directory = q.wal.config()
         if gen and directory == os.path.abspath(self.data_dir):
             q.wal.configure(self.data_dir, self.wal_mode, self.wal_batch_ms)  # keep its generation
             return
-        on_disk = [g for g, _p in wal_files(self.data_dir, q.name)]
-        q.wal.configure(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=max(on_disk, default=0) + 1)
+        q.wal.configure(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=self._next_generation(q.wal))
+
+    def _next_generation(self, wal) -> int:
+        """A generation for a log (re)opened here: after any on disk, and after any it had
+        before it was suspended (a data dir deleted and made again is empty, and its
+        writers' descriptors for the old generation number point into the deleted one)."""
+        on_disk = [g for g, _p in log_files(self.data_dir, wal.name)]
+        return max(on_disk + [self._suspended.pop(wal.name, 0)]) + 1
+
+    def _suspend(self, wal) -> None:
+        """Suspend a log, remembering its generation (``_next_generation``)."""
+        gen = wal.config()[0]
+        if gen:
+            self._suspended[wal.name] = max(gen, self._suspended.get(wal.name, 0))
+        wal.suspend()
 
     def _opened(self, s: Stream) -> bool:
         """Whether every partition of a durable stream is configured for our data dir."""
@@ -509,9 +623,7 @@ class Snapshotter:
             snapshot_stream(s, self.data_dir, self.fsync)
         for p in range(s.partitions):
             part = s._part(p)
-            name = part.log.name
-            on_disk = [g for g, _p in log_files(self.data_dir, name)]
-            part.log.configure(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=max(on_disk, default=0) + 1)
+            part.log.configure(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=self._next_generation(part.log))
             if s.durability == "wal":
                 firsts = [first for _g, first, _path in part.disk_files() if first is not None]
                 part.set_disk_first(firsts[0] if firsts else None)
@@ -571,11 +683,11 @@ class Snapshotter:
         keep = set()
         for q in self._each_queue():
             try:
-                if q.durability == "wal" and not q.wal.config()[0]:
+                if q.durability == "wal" and not all(lane.wal.config()[0] for lane in lanes_of(q)):
                     self.open_wal(q)
                 if q.durability != "memory":
                     keep.add(q.name)
-                    _path, n = snapshot_queue(q, self.data_dir, self.fsync)
+                    _path, n = snapshot_queue(q, self.data_dir, self.fsync, self._written)
                     written += 1
                     self.last_round["queues"] += 1
                     self.last_round["messages"] += n
@@ -591,7 +703,7 @@ class Snapshotter:
             try:
                 configured = all(s._part(p).log.config()[0] for p in range(s.partitions))
                 if configured or not self.open_stream(s):  # (one configured elsewhere stays so)
-                    snapshot_stream(s, self.data_dir, self.fsync)
+                    snapshot_stream(s, self.data_dir, self.fsync, self._written)
                 written += s.partitions
                 self.last_round["streams"] += 1
                 if s.durability == "wal":
@@ -605,6 +717,7 @@ class Snapshotter:
             owner = _owner(entry)
             if owner is not None and owner not in keep:
                 os.unlink(os.path.join(self.data_dir, entry))
+                self._written.pop(os.path.join(self.data_dir, entry), None)
         self._save_exchanges()
         self.last_round["files"] = written
         return written
@@ -666,7 +779,8 @@ class Snapshotter:
                         if present:
                             self.open_wal(q)
                         else:
-                            q.wal.suspend()
+                            for lane in lanes_of(q):
+                                self._suspend(lane.wal)
                 except QueueNotFound:
                     pass
             for s in self._each_stream():
@@ -677,17 +791,21 @@ class Snapshotter:
                         self.open_stream(s)
                     else:
                         for p in range(s.partitions):
-                            s._part(p).log.suspend()
+                            self._suspend(s._part(p).log)
                 except (StreamNotFound, OSError):
                     pass
             self._lost = not present  # last: until now, the other thread waits above
         return present
 
-    def sync_logs(self) -> int:
+    def sync_logs(self, settled: bool = False) -> int:
         """fsync the log of every "wal" queue and stream partition that has entries not
-        yet synced (the ``batch:MS`` policy: the broker does this every MS milliseconds).
-        Queues and streams stay attached and logs open between calls. Returns how many
-        logs were synced."""
+        yet synced (the ``batch:MS`` policy: ``server.logsync.LogSyncer`` calls this while
+        logs are written). Queues and streams stay attached and logs open between calls.
+        Returns how many logs were synced. ``settled``: also count appends still between
+        their write and their size word (``Log.pending``), and note in ``log_dirs`` the
+        directories the logs are in."""
+        if settled:
+            self.log_dirs = set()
         if not self.data_dir_present():
             return 0
         names = set(self.broker.list_queues())
@@ -698,11 +816,12 @@ class Snapshotter:
             entry = self._logs.get(name)
             if entry is None:
                 try:
-                    entry = self._logs[name] = [self.broker.queue(name), 0, None]
+                    entry = self._logs[name] = [self.broker.queue(name), 0, None, {}]
                 except QueueNotFound:
                     continue
             if entry[0].durability == "wal":
-                synced += self._sync(entry[0].wal, entry)
+                for j, lane in enumerate(lanes_of(entry[0])):  # [handle, generation, fd] of lane 0, then of the others
+                    synced += self._sync(lane.wal, entry if not j else entry[3].setdefault(j, [lane, 0, None]), settled)
         streams = {"@" + n for n in self.broker.list_streams()}
         for key in [k for k, entry in self._stream_logs.items() if k not in streams or entry[0].deleted]:
             self._forget_stream(key)
@@ -720,15 +839,19 @@ class Snapshotter:
             for p in range(s.partitions):
                 try:
                     part = entry[1].setdefault(p, [s._part(p), 0, None])
-                    synced += self._sync(part[0].log, part)
+                    synced += self._sync(part[0].log, part, settled)
                 except StreamNotFound:
                     break
         return synced
 
-    def _sync(self, wal, entry) -> int:
+    def _sync(self, wal, entry, settled=False) -> int:
         """fsync one log if it has entries not yet synced; ``entry`` is [owner, generation
         of fd, fd or None], kept between rounds. Returns 1 if it synced."""
-        pending = wal.pending()
+        pending = wal.pending(settled)
+        if settled:
+            gen, _mode, _ms, directory = wal.config()
+            if gen:
+                self.log_dirs.add(directory)
         if pending is None:
             return 0
         gen, size = pending
@@ -744,13 +867,16 @@ class Snapshotter:
         os.fsync(entry[2])
         if os.fstat(entry[2]).st_nlink == 0:  # deleted under us: its entries are nowhere
             log.error("the log of %s was deleted; its logged writes fail until it is reopened", wal.what)
-            wal.suspend()
+            self._suspend(wal)
             return 0
         wal.mark_synced(gen, size)
         return 1
 
     def _forget_log(self, name: str) -> None:
-        q, _gen, fd = self._logs.pop(name)
+        q, _gen, fd, lanes = self._logs.pop(name)
+        for _lane, _g, lane_fd in lanes.values():
+            if lane_fd is not None:
+                os.close(lane_fd)
         if fd is not None:
             os.close(fd)
         q.close()

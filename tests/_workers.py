@@ -2,6 +2,7 @@
 
 import os
 import random
+import signal
 import sys
 import time
 
@@ -119,9 +120,11 @@ def hold_leases(ns, qname, n, ready_event, url=None):
 
 
 def hold_lock(ns, qname, ready_event, half_written):
-    """Take the queue's lock (optionally half-write a put), say so, hang until killed."""
+    """Take the queue's lock (lane 0's of a laned queue; optionally half-write a put), say
+    so, hang until killed."""
     b = shmq.connect(namespace=ns)
     q = b.queue(qname)
+    q = getattr(q, "_lanes", [q])[0]
     q._acquire()
     if half_written:
         # what a producer killed between writing a record and publishing the tail leaves:
@@ -135,6 +138,24 @@ def hold_lock(ns, qname, ready_event, half_written):
         q._mq[I_READY] += 1
     ready_event.set()
     time.sleep(3600)
+
+
+def lock_waiter(ns, qname, n, out_path, ready_event, go_event):
+    """Register this process in the queue (so its puts and gets take the C paths), say so,
+    then on ``go`` put ``n`` messages and get and ack ``n``, logging the bodies it got: its
+    first call finds the lock held by another process."""
+    with shmq.connect(namespace=ns) as b, open(out_path, "w") as out:
+        q = b.queue(qname)
+        q.put(b"warm-up")
+        q.get().ack()
+        ready_event.set()
+        go_event.wait()
+        for i in range(n):
+            q.put(f"{os.getpid()}:{i}".encode())
+        for _ in range(n):
+            d = q.get(timeout=60)
+            d.ack()
+            _log(out, d.body.decode())
 
 
 def attach_and_exit(ns, qname, body):
@@ -223,6 +244,89 @@ def stream_member(ns, stream, group, out_path, ready_event, stop_event):
                 except shmq.CommitFailed:
                     pass
     c.close()
+
+
+def join_killed_inside(ns, stream, group):
+    """Join ``group`` and die (SIGKILL) inside the stream's lock, with the generation and
+    the owner-since marks written and the member's slot not yet: what a kill there leaves."""
+    from shmq.engine.groups import Groups
+
+    real = Groups._rebalance
+
+    def rebalance_and_die(self, *args):
+        real(self, *args)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    Groups._rebalance = rebalance_and_die
+    shmq.connect(namespace=ns).stream(stream).consumer(group)
+
+
+def storm_appender(ns, stream, tag, log_path, stop_event):
+    """Append batches of 1-20 records ``tag:seq`` (without keys: one partition a call)
+    until told to stop; log ``partition offset value`` of each once its append returned."""
+    rnd = random.Random(os.getpid())
+    s = shmq.connect(namespace=ns).stream(stream)
+    with open(log_path, "a", buffering=1) as log:
+        seq = 0
+        while not stop_event.is_set():
+            values = [b"%s:%d" % (tag.encode(), seq + i) for i in range(rnd.randint(1, 20))]
+            ms = s.append_many(values)
+            log.write("".join(f"{m.partition} {m.offset} {v.decode()}\n" for v, m in zip(values, ms)))
+            seq += len(values)
+            time.sleep(rnd.uniform(0, 0.02))  # pacing, so the members keep up on a small machine
+
+
+def storm_member(ns, stream, group, log_path, stop_event):
+    """A group member process that polls, takes a while over some polls (over most, for a
+    slow one), commits (most of the time), and now and then leaves and joins again a while
+    later, until stopped or killed. Its log
+    (times from CLOCK_MONOTONIC, shared by every process) lets the test account for each
+    offset: ``j`` a join, ``d t0 t1 p first last`` records delivered by a poll that ran
+    from t0 to t1, ``t t0 p:committed:offset ...`` a commit about to be tried (the group's
+    committed offset before it, -1 for none, and the offset committed), then ``ok t1`` or
+    ``fail t1``; ``l`` a leave."""
+    rnd = random.Random(os.getpid())
+    s = shmq.connect(namespace=ns).stream(stream)
+    now = time.monotonic_ns
+    slow = rnd.choice([0.1, 0.5])
+    with open(log_path, "a", buffering=1) as log:
+        c = None
+        while not stop_event.is_set():
+            if c is None:
+                c = s.consumer(group)
+                log.write("j\n")
+            t0 = now()
+            rs = c.poll(max_records=rnd.choice([1, 5, 30, 200]), timeout=0.05)
+            t1 = now()
+            runs = {}
+            for r in rs:
+                first, last = runs.setdefault(r.partition, [r.offset, r.offset - 1])
+                assert r.offset == last + 1, "a poll's records of one partition are consecutive"
+                runs[r.partition][1] = r.offset
+            log.write("".join(f"d {t0} {t1} {p} {a} {b}\n" for p, (a, b) in runs.items()))
+            if rnd.random() < slow:
+                time.sleep(rnd.uniform(0, 0.3))  # processing: the group may move meanwhile
+            if rnd.random() < 0.6:
+                mine = {}
+                for p in range(s.partitions):
+                    try:
+                        mine[p] = c.position(p)  # what commit() commits: no view is taken in between
+                    except KeyError:
+                        pass
+                before = s.committed(group)
+                log.write("t %d %s\n" % (now(), " ".join(f"{p}:{before.get(p, -1)}:{o}" for p, o in mine.items())))
+                try:
+                    c.commit()
+                    log.write(f"ok {now()}\n")
+                except shmq.CommitFailed:
+                    log.write(f"fail {now()}\n")
+            if rnd.random() < 0.05:
+                c.close()
+                c = None
+                log.write("l\n")
+                time.sleep(rnd.uniform(0, 0.2))  # away a while: the others take its partitions
+        if c is not None:
+            c.close()
 
 
 def hold_partition_lock(ns, stream, ready_event):

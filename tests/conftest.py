@@ -36,7 +36,10 @@ def namespace():
 
 @pytest.fixture
 def broker(namespace):
+    """A local broker on a fresh namespace, made at once (connecting makes nothing: the
+    first create would; the tests' CLI calls expect the namespace there from the start)."""
     b = shmq.connect(namespace=namespace)
+    b.create_namespace()
     yield b
     try:
         for name in b.list_queues():

@@ -1,9 +1,12 @@
-"""The bench: `python -m bench --quick` and `python -m bench.streams --quick` run end to end
-and write well-formed output (not their speed), every adapter carries a case through the
-harness, the consumers' stop logic and the streams' target verdicts. Each test looks only
-at the shmq namespaces it or its bench created, and at the peer servers its bench started."""
+"""The bench: `python -m bench --quick`, `python -m bench.streams --quick`, `python -m
+bench.scale` and `python -m bench.contention` run end to end and write well-formed output
+(not their speed), every adapter carries a case through the harness, the consumers' stop
+logic, the contention workers' clock and refills, and the streams' target verdicts. Each
+test looks only at the shmq namespaces it or its bench created, and at the peer servers
+its bench started."""
 
 import argparse
+import inspect
 import io
 import json
 import multiprocessing as mp
@@ -15,9 +18,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench import adapters, harness, report
-from bench.harness import CaseResult
-from bench.plan import Job, StreamJob
+import shmq
+from bench import adapters, contention, contention_roles, harness, report, scale, scaling
+from bench.adapters.shmq_local import ShmqLanes
+from bench.harness import CaseFailed, CaseResult
+from bench.plan import ContentionJob, Job, StreamJob
 from bench.roles import consume_polled, consume_shared
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +86,8 @@ def test_quick_bench_output_is_well_formed(tmp_path):
     assert "Durability modes" in stdout and "wal always" in stdout
 
     doc = json.loads(out_json.read_text())
-    assert {"machine", "settings", "cases", "durability"} <= set(doc)
+    assert {"date", "command", "machine", "settings", "cases", "durability"} <= set(doc)
+    assert doc["command"] == f"python -m bench --quick --json {out_json} --plot {out_png}"
     for system in ("shmq", "mpqueue"):
         cases = [c for c in doc["cases"] if c["system"] == system]
         assert cases and all(c["status"] == "ok" for c in cases), cases
@@ -122,6 +128,8 @@ class _ListEnd:
     """A receive end over a list of bodies, and a send end that records what it sent; a
     receive end notes, at each release, how much its peer send end had sent by then."""
 
+    takes_ahead = False
+
     def __init__(self, bodies=(), peer=None):
         self.bodies, self.sent, self.peer, self.released = list(bodies), [], peer, []
 
@@ -141,9 +149,12 @@ class _ListEnd:
     def send_batch(self, bodies):
         self.sent.extend(bodies)
 
+    def flush(self):
+        pass
+
 
 class _RacyTotal:
-    """A shared counter where another consumer adds `bump` just after every locked update."""
+    """A shared counter (a mesh's) where another consumer adds `bump` just after every locked update."""
 
     def __init__(self, value, bump):
         self.value, self._bump = value, bump
@@ -158,22 +169,55 @@ class _RacyTotal:
         self.value += self._bump
 
 
-@pytest.mark.parametrize("mode", ["msg", "batch"])
-def test_only_the_consumer_that_crosses_n_sends_the_stops(mode):
-    job = Job("mpqueue", "tput", 8, mode, n=100, runs=1, pairs=4)
-    # this consumer takes the 99th message; another takes the 100th between the lock and the check
+def test_consumers_of_a_shared_queue_stop_at_a_stop_and_put_the_extras_back():
+    job = Job("mpqueue", "tput", 8, "batch", n=100, runs=1, pairs=4)
     tx = _ListEnd()
-    rx_tx = _ListEnd([b"x" * 8, b""], peer=tx), tx
-    result = consume_shared(job, rx_tx, _RacyTotal(98, bump=1))
-    assert result["got"] == 1
-    assert rx_tx[1].sent == []  # it left through its own stop, sending none back
-    assert rx_tx[0].released == [0]  # and gave back what was prefetched for it (RabbitMQ)
+    rx_tx = _ListEnd([b"x" * 8, b"x" * 8, b"", b""], peer=tx), tx  # one batch: two messages, two stops
+    result = consume_shared(job, rx_tx, None)  # (no shared count: nothing locked per message)
+    assert result["got"] == 2
+    assert rx_tx[1].sent == [b""]  # the extra stop went back, for another consumer
+    assert rx_tx[0].released == [0]  # after giving back what was prefetched for it (RabbitMQ)
+    job = Job("mpqueue", "tput", 8, "msg", n=100, runs=1, pairs=4)
+    tx = _ListEnd()
+    rx_tx = _ListEnd([b"x" * 8, b"x" * 8, b"x" * 8, b"", b"x" * 8], peer=tx), tx
+    assert consume_shared(job, rx_tx, None)["got"] == 3 and tx.sent == []  # its own stop: it leaves
 
-    tx = _ListEnd()
-    rx_tx = _ListEnd([b"x" * 8], peer=tx), tx
-    result = consume_shared(job, rx_tx, _RacyTotal(99, bump=0))
-    assert result["got"] == 1 and rx_tx[1].sent == [b""] * 3  # the crosser stops the other three
+
+class _AheadEnd(_ListEnd):
+    takes_ahead = True  # a broker's prefetch (RabbitMQ)
+
+
+@pytest.mark.parametrize("mode", ["msg", "batch"])
+def test_consumers_that_take_ahead_stop_at_a_shared_count_the_crosser_stops_the_others(mode):
+    job = Job("rabbitmq", "tput", 8, mode, n=100, runs=1, pairs=4)
+    # this consumer takes the 99th message; another takes the 100th between the lock and the check
+    tx = _AheadEnd()
+    rx_tx = _AheadEnd([b"x" * 8, b""], peer=tx), tx
+    assert consume_shared(job, rx_tx, _RacyTotal(98, bump=1))["got"] == 1
+    assert rx_tx[1].sent == [] and rx_tx[0].released == [0]  # it left through its own stop
+    tx = _AheadEnd()
+    rx_tx = _AheadEnd([b"x" * 8], peer=tx), tx
+    assert consume_shared(job, rx_tx, _RacyTotal(99, bump=0))["got"] == 1
+    assert rx_tx[1].sent == [b""] * 3  # the crosser stops the other three
     assert rx_tx[0].released == [0]  # having first given back its prefetch, so the stops reach them
+    from bench.roles import produce
+
+    sender = _AheadEnd()
+    produce(job, [sender], 0)
+    assert b"" not in sender.sent  # its producers send no stops
+
+
+def test_producers_send_one_stop_per_consumer_after_their_messages():
+    from bench.roles import produce, stops_of
+
+    pp = Job("mpqueue", "tput", 8, "msg", n=100, runs=1, pairs=4)
+    assert [stops_of(pp, i) for i in range(4)] == [1, 1, 1, 1]
+    fan_out = Job("mpqueue", "tput", 8, "msg", n=100, runs=1, pairs=3, shape="1->P")
+    assert stops_of(fan_out, 0) == 3
+    assert stops_of(Job("mpqueue", "tput", 8, "msg", n=100, runs=1, pairs=1), 0) == 0  # a lone consumer counts
+    tx = _ListEnd()
+    produce(pp, [tx], 2)
+    assert tx.sent == [b"x" * 8] * pp.share + [b""]  # the stop after every message it put
 
 
 class _PolledEnd:
@@ -292,6 +336,7 @@ def test_quick_stream_bench_output_is_well_formed(tmp_path):
     assert "Targets of the streams issue" in stdout and "local, batched: >= 3.00M records/s" in stdout
 
     doc = json.loads(out_json.read_text())
+    assert doc["command"] == f"python -m bench.streams --quick --json {out_json}"
     part = doc["streams"]
     assert part["reference"]["records_per_s"] == 821_557 and part["notes"] == []
     cases = part["cases"]
@@ -389,3 +434,238 @@ def test_the_prefetch_bench_runs_end_to_end_and_names_what_it_skips():
     else:
         assert "nats-js: skipped (" in stdout, stdout  # nats-server or nats-py missing, or it did not start
     assert _entries_of_run(proc.pid) == []
+
+
+# ---------------------------------------------------------------- scale and contention
+
+
+def _hide_faster_fifo(monkeypatch):
+    """As if faster-fifo were not installed: importing it raises ImportError."""
+    monkeypatch.setitem(sys.modules, "faster_fifo", None)
+    monkeypatch.delitem(sys.modules, "bench.adapters.fasterfifo", raising=False)
+
+
+def test_a_scale_plan_runs_1_to_1_once_and_each_shape_above_it():
+    jobs = scale.plan_scale(["shmq", "zmq"], [64], [1, 2, 4], ["P->P", "1->P", "P->1"], ["msg"], 3, 1000, 60.0,
+                            (0, 1))
+    assert [(j.pairs, j.shape, j.system) for j in jobs[:2]] == [(1, "P->P", "shmq"), (1, "P->P", "zmq")]
+    assert {(j.pairs, j.shape) for j in jobs} == {(1, "P->P")} | {(p, x) for p in (2, 4) for x in
+                                                                   ("P->P", "1->P", "P->1")}
+    assert all(j.cpus == ((0, 1) if j.pairs == 1 else ()) for j in jobs)  # only 1 -> 1 is pinned
+    fan_out = next(j for j in jobs if (j.pairs, j.shape) == (4, "1->P"))
+    fan_in = next(j for j in jobs if (j.pairs, j.shape) == (4, "P->1"))
+    assert fan_out.roles == ("producer0", "consumer0", "consumer1", "consumer2", "consumer3")
+    assert fan_in.roles == ("producer0", "producer1", "producer2", "producer3", "consumer0")
+    assert (fan_out.share, fan_in.share) == (4000, 1000) and fan_out.label == "shmq tput 64B msg 1->4"  # P x count
+    batched = scale.plan_scale(["shmq"], [64], [4], ["P->1"], ["batch"], 1, 1001, 60.0, ())[0]
+    assert batched.n == 16016 and batched.n % batched.producers == 0  # batched: 4 x, whole shares
+
+
+def test_a_tcp_case_has_a_batch_per_producer_however_small_the_count():
+    from bench.plan import plan_tcp
+
+    jobs = plan_tcp(["shmq-tcp"], 128, 1, 60.0, ())  # 128 messages cannot give 4 producers a batch each
+    assert [(j.mode, j.pairs, j.n) for j in jobs] == [("msg", 1, 128), ("msg", 4, 256), ("batch", 1, 512),
+                                                     ("batch", 4, 512)]
+
+
+def _tput(system, pairs, shape, rate, mode="msg", status="ok"):
+    result = CaseResult(system, "tput", 64, mode, 1000, pairs, status=status, shape=shape,
+                        detail="why" if status == "skipped" else "")
+    return result, ({"msgs_per_s": rate} if status == "ok" else {})
+
+
+def test_a_scale_grid_puts_1_to_1_first_in_every_shape_with_ratios_to_it():
+    results = [_tput("shmq", 1, "P->P", 100_000), _tput("zmq", 1, "P->P", 400_000),
+               _tput("shmq", 2, "P->P", 150_000), _tput("zmq", 2, "P->P", 0, status="error"),
+               _tput("shmq", 2, "1->P", 50_000), _tput("zmq", 2, "1->P", 800_000)]
+    pp, fan_out = scaling.scale_grids(results)
+    assert (pp.title, pp.columns) == ("64 B, P producers -> P consumers, per message", ["1->1", "2->2"])
+    assert [(name, ack, [c.text() for c in cells]) for name, ack, cells in pp.rows] == [
+        ("shmq", "each", ["100 k", "150 k (1.50x)"]), ("zmq", "none", ["400 k", "error"]),
+        ("shmq / best peer", "", ["0.25x", ""])]  # no peer measured at 2 -> 2
+    assert fan_out.columns == ["1->1", "1->2"]
+    assert [[c.text() for c in cells] for _, _, cells in fan_out.rows] == [["100 k", "50.0 k (0.50x)"],
+                                                                          ["400 k", "800 k (2.00x)"],
+                                                                          ["0.25x", "0.06x"]]
+
+
+def test_lanes_are_asked_for_where_shmq_has_them_and_skipped_saying_why_where_not(monkeypatch):
+    if "lanes" in inspect.signature(shmq.Broker.create_queue).parameters:
+        assert ShmqLanes.probe() is None
+    else:
+        assert ShmqLanes.probe() == ("shmq-lanes: this shmq's create_queue has no lanes= "
+                                     "(laned queues are not built yet)")
+
+    def create_queue(self, name, max_bytes=0, max_message_bytes=None, exist_ok=False, lanes=1):
+        calls.append((name, lanes))
+
+    calls = []
+    monkeypatch.setattr(shmq.Broker, "create_queue", create_queue)
+    assert ShmqLanes.probe() is None
+    adapter = ShmqLanes.__new__(ShmqLanes)  # no namespace of its own: create_queue above is a fake
+    adapter.namespace, adapter._count, adapter._broker = "n", 0, shmq.Broker.__new__(shmq.Broker)
+    assert adapter.make_case(None, Job("shmq-lanes", "tput", 64, "msg", 64, 1, pairs=4, shape="P->1")) == ("n", "q1")
+    adapter.lanes = 2  # python -m bench.scale --lanes 2
+    adapter.make_case(None, Job("shmq-lanes", "tput", 64, "msg", 64, 1, pairs=4))
+    assert calls == [("q1", 4), ("q2", 2)]
+
+
+@pytest.mark.slow
+def test_the_scale_bench_runs_end_to_end_and_names_what_it_skips(tmp_path, monkeypatch, capsys):
+    """``python -m bench.scale`` on a tiny run: shmq measured in every shape and mode,
+    faster-fifo (hidden) and shmq-lanes (without lanes) skipped saying why, a JSON of
+    every run, the plot, a --report that prints the same tables, nothing left in /dev/shm."""
+    _hide_faster_fifo(monkeypatch)
+    out_json, out_png = tmp_path / "scale.json", tmp_path / "scale.png"
+    argv = ["--quick", "--pairs", "1,2", "--count", "640", "--systems", "shmq,mpqueue,faster-fifo,shmq-lanes",
+            "--json", str(out_json), "--plot", str(out_png)]
+    assert scale.main(argv) == 0
+    stdout = capsys.readouterr().out
+    doc = json.loads(out_json.read_text())
+    assert doc["command"] == "python -m bench.scale " + " ".join(argv) and doc["date"][:2] == "20"
+    assert {"machine", "settings", "skipped", "notes", "cases"} <= set(doc) and doc["notes"] == []
+    assert doc["skipped"]["faster-fifo"] == "faster-fifo not installed"
+    assert "skipped: faster-fifo not installed" in stdout
+    lanes = [c for c in doc["cases"] if c["system"] == "shmq-lanes"]
+    assert ("shmq-lanes" in doc["skipped"]) != bool(lanes)  # skipped saying why, or measured
+    for system in ("shmq", "mpqueue"):
+        cases = [c for c in doc["cases"] if c["system"] == system]
+        assert sorted((c["pairs"], c["shape"], c["mode"]) for c in cases) == sorted(
+            [(1, "P->P", m) for m in ("msg", "batch")]
+            + [(2, x, m) for x in ("P->P", "1->P", "P->1") for m in ("msg", "batch")])
+        for c in cases:
+            assert c["status"] == "ok" and len(c["runs"]) == 1 and c["summary"]["msgs_per_s"] > 0, c["detail"]
+            producers = 1 if c["shape"] == "1->P" else c["pairs"]
+            assert c["n"] == scale.messages(64, c["mode"], producers, c["pairs"])  # --quick: count / 20 (>= 64), x P
+    for title in ("64 B, P producers -> P consumers, per message", "64 B, 1 producer -> P consumers, batched",
+                  "64 B, P producers -> 1 consumer, per message"):
+        assert title in stdout
+    assert "1->1" in stdout and "2->2" in stdout and "1->2" in stdout and "2->1" in stdout
+    if _has_matplotlib():
+        assert out_png.read_bytes()[:8] == PNG_SIGNATURE
+    assert _entries_of_run(os.getpid()) == []
+
+    assert scale.main(["--report", str(out_json), "--plot", ""]) == 0
+    again = capsys.readouterr().out
+    assert [ln for ln in again.splitlines()] == [ln for ln in stdout.splitlines() if not ln.startswith("wrote ")]
+
+
+def _timed(seconds, got, until):
+    return {"seconds": seconds, "got": got, "until": until}
+
+
+def test_a_contention_run_adds_its_workers_counts_and_says_when_one_ran_short():
+    job = ContentionJob("shmq", "take", 64, "msg", 1000, 3, pairs=2)
+    merged = harness._merge_consumers(job, {"worker0": _timed(0.5, 300, "time"), "worker1": _timed(0.4, 500, "cap")})
+    assert merged == {"seconds": 0.5, "n": 800, "short": 1}
+    with pytest.raises(CaseFailed, match="received 1001 messages, expected 1000"):
+        harness._merge_consumers(job, {"worker0": _timed(0.5, 501, "time"), "worker1": _timed(0.5, 500, "cap")})
+    result = CaseResult("shmq", "take", 64, "msg", 1000, 2, runs=[merged, {"seconds": 0.25, "n": 800, "short": 0}])
+    assert harness.summarize(result)["msgs_per_s"] == 2400.0  # each run's own count over its time: 1600, 3200
+
+
+class _CountingEnd:
+    """A send or receive end that counts what passes; ``log`` records (role, count) at close."""
+
+    def __init__(self, log, role="send"):
+        self.log, self.role, self.count = log, role, 0
+
+    def send(self, body):
+        self.count += 1
+
+    def send_batch(self, bodies):
+        self.count += len(bodies)
+
+    def recv(self):
+        self.count += 1
+        return b"x"
+
+    def recv_batch(self, limit):
+        self.count += limit
+        return [b"x"] * limit
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.log.append((self.role, self.count))
+
+
+@pytest.mark.parametrize("kind", ["put", "take"])
+@pytest.mark.parametrize("mode", ["msg", "batch"])
+def test_a_contention_worker_stops_at_its_time_or_its_share(kind, mode):
+    ends = [_CountingEnd([]), _CountingEnd([], "recv")]
+    out = contention_roles.work(ContentionJob("shmq", kind, 64, mode, 1000, 1, pairs=4, seconds=3600.0), ends)
+    assert (out["got"], out["until"]) == (250, "cap")  # its share of 1000, long before an hour
+    assert ends[kind == "take"].count == 250 and ends[kind == "put"].count == 0
+    out = contention_roles.work(ContentionJob("shmq", kind, 64, mode, 10**9, 1, pairs=1, seconds=0.0), ends)
+    step = 64 if mode == "batch" else contention_roles.CHECK_EVERY
+    assert (out["got"], out["until"]) == (step, "time")  # one call's worth, then the clock says stop
+
+
+def test_a_contention_queue_is_filled_or_drained_between_runs():
+    log = []
+
+    def end(spec, role):
+        return _CountingEnd(log, role)
+
+    take = ContentionJob("shmq", "take", 64, "msg", 1000, 3, pairs=2)
+    put = ContentionJob("shmq", "put", 64, "batch", 1000, 3, pairs=2)
+    take.before_run(end, ["spec"], [])
+    take.before_run(end, ["spec"], [{"seconds": 0.5, "n": 700}])
+    assert log == [("send", 1000), ("send", 700)]  # full before each run: what the last one took, put back
+    log.clear()
+    put.before_run(end, ["spec"], [])
+    put.before_run(end, ["spec"], [{"seconds": 0.5, "n": 900}])
+    assert log == [("send", 1000), ("recv", 1000), ("recv", 900)]  # written through once, then emptied
+
+
+def test_the_contention_report_refuses_another_benchs_run_in_one_line(capsys):
+    assert contention.main(["--report", str(ROOT / "docs" / "bench.json")]) == 2
+    assert capsys.readouterr().err == (f"python -m bench.contention: error: {ROOT / 'docs' / 'bench.json'} is not a "
+                                       "run of python -m bench.contention\n")
+
+
+@pytest.mark.slow
+def test_the_contention_bench_runs_end_to_end_and_names_what_it_skips(tmp_path, monkeypatch, capsys):
+    _hide_faster_fifo(monkeypatch)
+    out_json = tmp_path / "contention.json"
+    argv = ["--quick", "--workers", "1,2", "--seconds", "0.05", "--fill", "20000", "--json", str(out_json)]
+    assert contention.main(argv) == 0
+    stdout = capsys.readouterr().out
+    doc = json.loads(out_json.read_text())
+    assert doc["command"] == "python -m bench.contention " + " ".join(argv)
+    assert doc["contention"] == {"seconds": 0.05, "fill": 20000} and doc["notes"] == []
+    assert doc["skipped"] == {"faster-fifo": "faster-fifo not installed"}
+    assert "skipped: faster-fifo not installed" in stdout
+    cases = doc["cases"]
+    assert sorted((c["system"], c["kind"], c["mode"], c["pairs"]) for c in cases) == sorted(
+        ("shmq", k, m, n) for k in ("put", "take") for m in ("msg", "batch") for n in (1, 2))
+    for c in cases:
+        assert c["status"] == "ok" and c["shape"] == "N" and len(c["runs"]) == 1, c["detail"]
+        run = c["runs"][0]
+        assert 0 < run["n"] <= 20000 and run["short"] in range(c["pairs"] + 1) and c["summary"]["msgs_per_s"] > 0
+    lines = stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("64 B, N processes on one queue"))
+    assert lines[head + 1].split() == ["N", "=", "1", "N", "=", "2"]
+    rows = [ln[:30].strip() for ln in lines[head + 3:head + 7]]
+    assert rows == ["shmq put, per message", "shmq get + ack, per message", "shmq get_many(64) + ack_many",
+                    "shmq put_many(64)"]  # the issue's order
+    assert "(" in lines[head + 3] and "x)" in lines[head + 3]  # N = 2's ratio to N = 1
+    assert _entries_of_run(os.getpid()) == []
+
+    assert contention.main(["--report", str(out_json)]) == 0
+    assert capsys.readouterr().out.splitlines() == [ln for ln in lines if not ln.startswith("wrote ")]
+
+
+def test_the_spark_pages_figures_are_the_saved_runs():
+    """docs/SPARK.md's performance table is generated from docs/spark-bench.json (python
+    -m bench.spark --markdown): one owner of each figure, and the page says the run's."""
+    from bench import spark as spark_bench
+
+    doc = json.loads((ROOT / "docs" / "spark-bench.json").read_text())
+    page = (ROOT / "docs" / "SPARK.md").read_text()
+    begin, end = page.index(spark_bench.MD_BEGIN), page.index(spark_bench.MD_END) + len(spark_bench.MD_END)
+    assert page[begin:end] == spark_bench.markdown(doc), "stale: python -m bench.spark --markdown docs/spark-bench.json"
+    assert doc["settings"]["runs"] >= 3 and doc["settings"]["records"] == 1_000_000 and not doc["settings"]["quick"]

@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import click
 import pytest
 
 import shmq
+from shmq.auth import default_data_dir
 from shmq.cli import app
 from shmq.engine.segment import namespace_entries
 from tests._wait import drain, wait_for
@@ -214,10 +216,10 @@ def test_each_exit_code(broker):
     assert app.EXIT_ERROR == 1 and app.EXIT_USAGE == 2
 
 
-def test_the_readmes_exit_codes_are_the_codes():
-    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
-        readme = f.read()
-    section = readme[readme.index("Exit codes"):]
+def test_the_documented_exit_codes_are_the_codes():
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "OPERATIONS.md")) as f:
+        page = f.read()
+    section = page[page.index("## Exit codes"):]
     codes = [int(c) for c in re.findall(r"^\| `(\d+)` \|", section[:section.index("\n\n", section.index("|"))], re.M)]
     assert codes == [app.EXIT_OK, app.EXIT_ERROR, app.EXIT_USAGE, app.EXIT_EMPTY] == [0, 1, 2, 3]
 
@@ -290,10 +292,51 @@ def test_namespace_destroy_asks_refuses_and_removes(namespace):
     finally:
         assert srv.stop() == 0
     r = shmq_cli("namespace", "destroy", namespace, stdin="y\n")
-    assert r.returncode == 0 and re.search(f"destroyed namespace {namespace} \\(\\d+ entries removed\\)\n$", r.stdout)
+    assert r.returncode == 0 and re.search(f"destroyed namespace {namespace} \\(\\d+ entries removed; no data dir at ",
+                                           r.stdout)
     assert namespace_entries(namespace) == []
     one_line_error(shmq_cli("namespace", "destroy", namespace, "--yes"), 1,
                    f"shmq: error: no namespace {namespace!r} on this host")
+
+
+def test_a_destroyed_namespace_does_not_come_back(namespace, servers):
+    """Before: the data dir stayed, and the next server rebuilt every queue and stream."""
+    srv = servers(namespace)  # persistence on, the default data dir
+    with shmq.connect(srv.url) as b:
+        b.create_queue("q").put(b"kept before")
+        b.create_stream("s", partitions=1, durability="wal").append(b"r")
+    assert srv.stop() == 0  # with a last snapshot
+    data = default_data_dir(namespace)
+    assert {"q.dmsq", "@s#0.dmsq"} <= set(os.listdir(data))
+    r = shmq_cli("namespace", "destroy", namespace, "--yes")
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(f"destroyed namespace {namespace} \\(\\d+ entries removed; its data dir {re.escape(data)}: "
+                        f"\\d+ file\\(s\\) removed; data dirs given with --data-dir are not touched\\)\n", r.stdout)
+    assert namespace_entries(namespace) == [] and not os.path.exists(data)
+    srv = servers(namespace)
+    try:
+        with shmq.connect(srv.url) as b:
+            assert (b.list_queues(), b.list_streams()) == ([], [])  # it starts empty
+    finally:
+        assert srv.stop() == 0
+    shmq.destroy_namespace(namespace)
+    shutil.rmtree(data, ignore_errors=True)
+
+
+def test_destroy_after_a_reboot_removes_the_data_dir_and_keeps_what_is_not_shmqs(namespace, tmp_path):
+    data = default_data_dir(namespace)
+    os.makedirs(data)
+    for name in ("q.dmsq", "q.wal.00000002", "@s#0.hwm", "exchanges.dmsx", "q.dmsq.corrupt", "notes.txt"):
+        with open(os.path.join(data, name), "wb") as f:
+            f.write(b"x")
+    try:
+        r = shmq_cli("namespace", "destroy", namespace, "--yes")  # nothing in /dev/shm: only its data dir
+        assert r.returncode == 0, r.stderr
+        assert f"its data dir {data}: 5 file(s) removed, 1 kept that are not shmq's (notes.txt)" in r.stdout
+        assert os.listdir(data) == ["notes.txt"]
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    one_line_error(shmq_cli("namespace", "destroy", namespace, "--yes"), 1, f"shmq: error: no namespace {namespace!r}")
 
 
 @pytest.mark.parametrize("args", [["list"], ["stats"], ["consume", "q"], ["produce", "q", "-m", "x"], ["delete", "q"],
@@ -307,6 +350,24 @@ def test_a_namespace_that_does_not_exist_is_an_error_not_created(args, tmp_path)
                        env=env(SHMQ_NAMESPACE=typo))
     one_line_error(r, 1, f"shmq: error: no namespace {typo!r} on this host (check --namespace / $SHMQ_NAMESPACE")
     assert namespace_entries(typo) == []
+
+
+@pytest.mark.parametrize("args", [["create", "q", "--dead-letter-queue", "missing"], ["restore", "FILE"],
+                                  ["exchange", "delete", "x"]])
+def test_a_command_that_fails_makes_no_namespace(args, namespace, tmp_path):
+    junk = tmp_path / "junk.dmsq"
+    junk.write_bytes(b"not a snapshot")
+    args = [str(junk) if a == "FILE" else a for a in args]
+    r = shmq_cli(*args, "--namespace", namespace)
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert namespace_entries(namespace) == []  # (the create and the restore made the registry first, before)
+
+
+def test_a_malformed_url_is_a_usage_error(namespace):
+    for url in ("127.0.0.1:7879", "tcp://127.0.0.1:port", "http://127.0.0.1:7879"):
+        one_line_error(shmq_cli("list", "--url", url), 2, "shmq: error: Invalid value for '--url': ")
+    one_line_error(shmq_cli("list", env={"SHMQ_URL": "127.0.0.1:7879"}), 2,
+                   "shmq: error: Invalid value for '--url': unsupported broker url '127.0.0.1:7879': use tcp://")
 
 
 def test_the_commands_that_make_things_make_the_namespace(namespace):

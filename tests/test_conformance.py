@@ -6,6 +6,7 @@ import time
 import pytest
 
 import shmq
+from tests._wait import wait_for
 
 
 def test_put_get_ack_round_trip(any_broker):
@@ -372,3 +373,36 @@ def test_the_remote_classes_take_the_local_work_queue_arguments():
                "priority_aging"]
     local = dict(params(shmq.Broker, "create_queue"))
     assert {k: v for k, v in params(RemoteBroker, "create_queue") if k in options} == {k: local[k] for k in options}
+
+
+def test_a_get_waiting_for_a_message_that_is_dead_lettered_meanwhile_times_out_cleanly(any_broker):
+    """Issue 20 item 2: the message a sleeping get waits for is nacked past max_deliveries; the
+    get dead-letters it and goes on waiting (QueueEmpty at its timeout, never ValueError), and
+    every waiter it counted is uncounted."""
+    import threading
+
+    any_broker.create_queue("dlq")
+    q = any_broker.create_queue("q", dead_letter_queue="dlq", max_deliveries=1)
+    q.put(b"poison")
+    d = q.get_nowait()
+    out = {}
+
+    def waiting_get():
+        try:
+            out["got"] = q.get(timeout=1.5)
+        except BaseException as e:  # noqa: BLE001 - the test looks at what it was
+            out["error"] = e
+
+    t = threading.Thread(target=waiting_get)
+    t.start()
+    if isinstance(any_broker, shmq.Broker):  # locally the sleeper counts itself: nack once it sleeps
+        wait_for(lambda: q.stats().consumers_waiting == 1, what="the get to sleep")
+    d.nack()
+    t.join(10)
+    assert not t.is_alive()
+    assert isinstance(out.get("error"), shmq.QueueEmpty), out
+    dead = any_broker.queue("dlq").get_nowait()
+    assert dead.body == b"poison" and dead.headers["x-death-reason"] == "max-deliveries"
+    dead.ack()
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.dead_lettered_total, s.consumers_waiting) == (0, 0, 1, 0)

@@ -544,7 +544,30 @@ def test_log_entry_layout_and_validation():
     with pytest.raises(ValueError, match="ACK"):
         encode_log_entry(ACK, 7, 1, 99, b"", b"body")
     with pytest.raises(ValueError, match="op"):
-        encode_log_entry(3, 7, 1, 99, b"", b"")
+        encode_log_entry(9, 7, 1, 99, b"", b"")
+    note = dmsq.publish_entry(41, 99, b"\x07" * 16, 5)  # a stream publish's note: after its PUTs
+    assert note[:4] == b"WAL\x03" and note == encode_log_entry(dmsq.PUBLISH, 41, 0, 99, b"", b"\x07" * 16 + b"\x05" +
+                                                                bytes(7))
+    with pytest.raises(ValueError, match="PUBLISH"):
+        encode_log_entry(dmsq.PUBLISH, 7, 0, 99, b"h", b"\x07" * 24)
+    with pytest.raises(ValueError, match="PUBLISH"):
+        encode_log_entry(dmsq.PUBLISH, 7, 0, 99, b"", b"short")
+
+
+def test_a_publish_note_reads_back_and_a_malformed_one_is_damage(tmp_path):
+    path = str(tmp_path / "p.log")
+    put = dmsq.stream_entry(41, 99, None, b"", b"v")
+    note = dmsq.publish_entry(41, 99, b"\x07" * 16, 5)
+    write_bytes(path, put + note)
+    got, error, offset = read_log(path)
+    assert [e.op for e in got] == [PUT, dmsq.PUBLISH] and error is None
+    assert dmsq.publish_note(got[1]) == (b"\x07" * 16, 5, 42)  # (publisher, batch, end offset)
+    short = bytearray(note)
+    struct.pack_into("<I", short, 8, 16)  # a body of 16 bytes, CRC made right: still refused
+    body = bytes(short[:32]) + b"\x07" * 16
+    write_bytes(path, put + body + struct.pack("<I", zlib.crc32(body)))
+    got, error, offset = read_log(path)
+    assert [e.op for e in got] == [PUT] and offset == len(put) and "PUBLISH" in error
     with pytest.raises(ValueError, match="out of range"):
         encode_log_entry(PUT, -7, 1, 99, b"", b"")
 
@@ -570,6 +593,8 @@ def test_log_unknown_op_and_foreign_content(tmp_path):
                       st.integers(0, 2**64 - 1), st.binary(max_size=24), st.binary(max_size=80)),
             st.builds(LogEntry, st.just(ACK), st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1),
                       st.integers(0, 2**64 - 1), st.just(b""), st.just(b"")),
+            st.builds(LogEntry, st.just(dmsq.PUBLISH), st.integers(0, 2**64 - 1), st.just(0),
+                      st.integers(0, 2**64 - 1), st.just(b""), st.binary(min_size=24, max_size=24)),
         ),
         max_size=8,
     ),

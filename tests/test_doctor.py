@@ -4,6 +4,7 @@ looks at (and cleans) only namespaces it made, with ``--namespace``."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 import shmq
 from shmq import doctor
-from shmq.auth import default_data_dir
+from shmq.auth import default_data_dir, run_dir
 from shmq.engine.segment import SHM_DIR, destroy_namespace, namespace_entries, unlink_segment
 from shmq.server.lock import lock_name
 from tests.test_cli import shmq_cli
@@ -95,7 +96,8 @@ def test_doctor_reports_brokers_and_orphans_and_clean_removes_exactly_the_orphan
     dead = servers(killed, "--no-persist")
     dead.proc.send_signal(signal.SIGKILL)
     dead.proc.wait(10)
-    expected = orphans_of_gone | orphans_of_half | {f"shmq.{unborn}.registry", lock_name(killed)}
+    runtime_file = os.path.join(run_dir(), f"server-{dead.port}-{dead.proc.pid}.json")  # stays after a SIGKILL
+    expected = orphans_of_gone | orphans_of_half | {f"shmq.{unborn}.registry", lock_name(killed), runtime_file}
     ns_args = [a for ns in (live, gone, half, unborn, killed) for a in ("--namespace", ns)]
 
     report = json.loads(_doctor(*ns_args, "--json"))
@@ -128,7 +130,8 @@ def test_doctor_reports_brokers_and_orphans_and_clean_removes_exactly_the_orphan
     cleaned = json.loads(_doctor(*ns_args, "--clean", "--json"))
     assert {o["entry"] for o in cleaned["orphans"] if o["removed"]} == expected
     after = {ns: set(namespace_entries(ns)) for ns in (live, gone, half, unborn, killed)}
-    assert set().union(*before.values()) - set().union(*after.values()) == expected  # exactly those
+    assert set().union(*before.values()) - set().union(*after.values()) == expected - {runtime_file}  # exactly those
+    assert not os.path.exists(runtime_file)
     assert after[gone] == after[unborn] == set() and after[killed] == {f"shmq.{killed}.registry"}
     assert srv.alive()
     with shmq.connect(srv.url) as remote:
@@ -147,3 +150,53 @@ def test_a_small_dev_shm_is_named_with_the_docker_fix(monkeypatch):
     assert any("full" in w for w in shm["warnings"])
     assert any("warning: " in line for line in doctor.render({"shm": shm, "namespaces": [], "orphans": [],
                                                               "data_dirs": [], "other_users_entries": 0}))
+
+
+def test_doctor_names_a_killed_servers_runtime_file_and_the_data_dirs_of_gone_namespaces(make_namespace, servers):
+    """Before: "orphans: none" with a SIGKILLed broker's runtime file left, and a data dir
+    listed without saying that its namespace is gone."""
+    gone, live = make_namespace(), make_namespace()
+    srv = servers(gone)  # persistence on: the default data dir
+    with shmq.connect(srv.url) as remote:
+        remote.create_queue("q").put(b"x")
+    data = default_data_dir(gone)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.path.join(data, "q.dmsq")):
+        assert time.monotonic() < deadline, "no snapshot of q"
+        time.sleep(0.01)
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait(10)
+    runtime_file = os.path.join(run_dir(), f"server-{srv.port}-{srv.proc.pid}.json")
+    assert os.path.exists(runtime_file)
+    with shmq.connect(namespace=live) as b:  # a namespace that is there, with a data dir
+        b.create_queue("stays").close()
+    os.makedirs(default_data_dir(live))
+    open(os.path.join(default_data_dir(live), "stays.dmsq"), "wb").close()
+    ns_args = ["--namespace", gone, "--namespace", live]
+    try:
+        report = json.loads(_doctor(*ns_args, "--json"))
+        stale = [o for o in report["orphans"] if o["entry"] == runtime_file]
+        assert len(stale) == 1 and stale[0]["namespace"] == gone
+        assert stale[0]["reason"] == f"the runtime file of a server that is gone (pid {srv.proc.pid}, port {srv.port})"
+        assert "orphans: none" not in _doctor(*ns_args)
+
+        destroy_namespace(gone)  # its shared memory gone (a reboot): the data dir stays
+        report = json.loads(_doctor(*ns_args, "--json"))
+        exists = {d["namespace"]: d["exists"] for d in report["data_dirs"]}
+        assert exists == {gone: False, live: True}
+        assert f"no namespace {gone} in /dev/shm" in _doctor(*ns_args)
+        assert f"no namespace {live} " not in _doctor(*ns_args)
+
+        cleaned = json.loads(_doctor(*ns_args, "--clean", "--json"))  # the runtime file, not the data dir
+        assert [o["removed"] for o in cleaned["orphans"] if o["entry"] == runtime_file] == [True]
+        assert not os.path.exists(runtime_file) and os.path.exists(os.path.join(data, "q.dmsq"))
+
+        r = shmq_cli("doctor", "--data-dirs")
+        assert r.returncode == 2 and r.stderr.startswith("shmq: error: --data-dirs goes with --clean")
+        cleaned = json.loads(_doctor(*ns_args, "--clean", "--data-dirs", "--json"))
+        assert {d["namespace"]: d.get("removed") for d in cleaned["data_dirs"]} == {gone: True, live: None}
+        assert not os.path.exists(data) and namespace_entries(gone) == []  # (its broker lock taken back too)
+        assert os.path.exists(os.path.join(default_data_dir(live), "stays.dmsq"))
+    finally:
+        for ns in (gone, live):
+            shutil.rmtree(default_data_dir(ns), ignore_errors=True)

@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import shmq
+from shmq.auth import default_data_dir
+from shmq.engine.segment import namespace_entries
 from shmq.server.metrics import LATENCY_BUCKETS, Metrics, ShmqCollector, parse_address
 from tests.test_server_tcp import ServerProcess
 
@@ -101,12 +103,17 @@ def test_expired_messages_and_the_dead_letter_depth(broker, metered):
     q = broker.create_queue("orders", dead_letter_queue="dead")
     q.put_many([b"a", b"b"], ttl=0.05)
     q.put(b"kept")
-    # the server's housekeeping finds them expired and dead-letters them, with no consumer around
-    samples = _until(lambda: _scrape(metered.metrics_port),
-                     lambda s: s.get(("shmq_queue_expired_total", frozenset({"queue": "orders"}.items()))) == 2)
+    # the server's housekeeping finds them expired and dead-letters them, with no consumer around:
+    # it leases them first (expired counted, in flight) and then moves them, so wait for the move
+    def moved(s):
+        orders = frozenset({"queue": "orders"}.items())
+        return (s.get(("shmq_queue_dead_letter_depth", orders)) == 2
+                and s.get(("shmq_queue_in_flight", orders)) == 0)
+
+    samples = _until(lambda: _scrape(metered.metrics_port), moved)
     assert _get(samples, "shmq_queue_expired_total", queue="orders") == q.stats().expired_total == 2
+    assert _get(samples, "shmq_queue_dead_lettered_total", queue="orders") == 2
     assert _get(samples, "shmq_queue_ready", queue="orders") == 1
-    assert _get(samples, "shmq_queue_dead_letter_depth", queue="orders") == 2
 
 
 def test_stream_metrics_equal_offsets_and_lag(broker, metered):
@@ -197,18 +204,20 @@ def _server_cli(namespace, *args):
 
 def test_bad_metrics_address_is_one_line(namespace):
     r = _server_cli(namespace, "--metrics", "nope")
-    assert r.returncode == 1
-    assert r.stderr == "shmq: error: --metrics must be HOST:PORT (like 127.0.0.1:9464; port 0: any free), not 'nope'\n"
+    assert r.returncode == 2  # a malformed value: a usage error (docs/OPERATIONS.md's table of exit codes)
+    assert r.stderr == ("shmq: error: --metrics must be HOST:PORT (like 127.0.0.1:9464; port 0: any free), not "
+                        "'nope'; try 'python -m shmq.cli server --help'\n")
 
 
-def test_metrics_port_in_use_is_one_line(namespace):
+def test_metrics_port_in_use_is_one_line_and_makes_nothing(namespace):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         r = _server_cli(namespace, "--metrics", f"127.0.0.1:{port}")
     assert r.returncode == 1
-    assert r.stderr == f"shmq server: cannot serve metrics on 127.0.0.1:{port}: Address already in use\n"
+    assert r.stderr == f"shmq: error: port {port} on 127.0.0.1 is in use\n"  # as the TCP port's: no INFO line before
+    assert namespace_entries(namespace) == [] and not os.path.exists(default_data_dir(namespace))
 
 
 def test_parse_address():

@@ -98,9 +98,10 @@ def test_a_damaged_snapshot_restores_up_to_the_damage_and_is_set_aside(broker, t
     assert "q.dmsq" in line and "byte" in line
 
 
-def test_reboot_simulation_with_the_server(broker, tmp_path):
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_reboot_simulation_with_the_server(broker, tmp_path, lanes):
     data_dir = str(tmp_path / "data")
-    q = broker.create_queue("q", visibility_timeout=300)
+    q = broker.create_queue("q", visibility_timeout=300, lanes=lanes)
     states = _fill(q)
     srv = ServerProcess(broker.namespace, "--data-dir", data_dir, "--snapshot-interval", "0.05")
     assert srv.stop() == 0  # a clean stop writes a last snapshot
@@ -111,8 +112,10 @@ def test_reboot_simulation_with_the_server(broker, tmp_path):
     try:
         with shmq.connect(srv.url) as remote:
             got = remote.queue("q").get_many(20, timeout=5)
-            assert sorted(d.id for d in got) == sorted(states["ready"] + states["leased"] + states["delayed"])
-            assert {d.id: d.attempt for d in got}[3] == 2
+            idof = {n: (n - 1) * lanes + 1 for n in range(1, 12)}  # one handle: one lane's ids
+            assert sorted(d.id for d in got) == sorted(idof[n] for n in states["ready"] + states["leased"]
+                                                       + states["delayed"])
+            assert {d.id: d.attempt for d in got}[idof[3]] == 2
     finally:
         assert srv.stop() == 0
     broker.__init__(broker.namespace)  # the fixture's teardown uses it
@@ -280,17 +283,21 @@ def test_wal_replay_rebuilds_exactly_what_was_put_and_not_acked(broker, tmp_path
     assert ids == list(range(1, 11))
 
 
-def _wal_reboot(broker, tmp_path, fsync, interval):
+def _wal_reboot(broker, tmp_path, fsync, interval, lanes=1):
     """Producers put, consumers ack, over a wal queue; the broker is SIGKILLed (no last
-    snapshot) and shared memory is wiped; what comes back is exactly what was not acked."""
+    snapshot) and shared memory is wiped; what comes back is exactly what was not acked.
+    With ``lanes``, a handle a lane puts (each lane logs apart)."""
     data = str(tmp_path / "data")
     srv = ServerProcess(broker.namespace, "--data-dir", data, "--fsync", fsync, "--snapshot-interval", interval)
     with shmq.connect(srv.url) as remote:
-        remote.create_queue("q", durability="wal", max_bytes=1 << 20)
-    q = broker.queue("q")
+        remote.create_queue("q", durability="wal", max_bytes=lanes << 20, lanes=lanes)
+    handles = [broker.queue("q") for _ in range(lanes)]
+    q = handles[0]
     put = []
     for i in range(300):
-        put += q.put_many([b"m%d" % (2 * i), b"m%d" % (2 * i + 1)]) if i % 3 else [q.put(b"m%d" % (2 * i))]
+        h = handles[i % lanes]
+        put += h.put_many([b"m%d" % (2 * i), b"m%d" % (2 * i + 1)]) if i % 3 else [h.put(b"m%d" % (2 * i))]
+    assert len({(i - 1) % lanes for i in put}) == lanes
     acked = []
     for _ in range(40):
         d = q.get_nowait()
@@ -300,7 +307,8 @@ def _wal_reboot(broker, tmp_path, fsync, interval):
     srv.proc.send_signal(signal.SIGKILL)
     srv.proc.wait(10)
     srv.proc.stderr.close()
-    q.close()
+    for h in handles:
+        h.close()
     broker.close()
     shmq.destroy_namespace(broker.namespace)  # the reboot
     broker.__init__(broker.namespace)
@@ -332,6 +340,12 @@ def test_wal_survives_a_reboot_from_snapshots_plus_logs(broker, tmp_path):
     _wal_reboot(broker, tmp_path, "batch:2", "0.02")
 
 
+@pytest.mark.parametrize("interval", ["3600", "0.02"])
+def test_a_laned_wal_queue_survives_a_reboot(broker, tmp_path, interval):
+    """Each lane's log, and the one snapshot of every lane, rebuild exactly what was not acked."""
+    _wal_reboot(broker, tmp_path, "batch:2", interval, lanes=3)
+
+
 def test_a_torn_log_append_is_cut_off_by_the_next_lock_holder(broker, tmp_path):
     import multiprocessing as mp
 
@@ -353,3 +367,43 @@ def test_a_torn_log_append_is_cut_off_by_the_next_lock_holder(broker, tmp_path):
     broker.delete_queue("q")  # the reboot
     assert recover(broker, data) == ["q"]
     assert [d.body for d in broker.queue("q").get_many(5, timeout=0)] == [b"before", b"after"]
+
+
+def test_a_snapshot_that_would_say_the_same_is_not_written_again(broker, tmp_path):
+    """An idle broker writes nothing: the file is rewritten when a message comes, goes or
+    is delivered (its attempt), when older logs are to go, or when the file is gone."""
+    snap = Snapshotter(broker, str(tmp_path), wal_mode=2, wal_batch_ms=2)
+    q = broker.create_queue("q")
+    w = broker.create_queue("w", durability="wal")
+    s = broker.create_stream("s", partitions=2, durability="wal")
+    snap.open_wal(w)
+    snap.open_stream(s)
+    q.put(b"a")
+    files = {name: tmp_path / name for name in ("q.dmsq", "w.dmsq", "@s#0.dmsq", "@s#1.dmsq")}
+
+    def inodes():
+        snap.run_once()
+        return {name: os.stat(path).st_ino for name, path in files.items()}  # a rewrite renames a new file in
+
+    try:
+        first = inodes()
+        assert inodes() == first  # nothing changed: nothing written
+        d = q.get()
+        after_get = inodes()
+        assert after_get["q.dmsq"] != first["q.dmsq"] and after_get["w.dmsq"] == first["w.dmsq"]
+        d.nack()  # ready again with the attempt it had: the file says so already
+        assert inodes() == after_get
+        s.append(b"r", partition=1)
+        after_append = inodes()
+        assert after_append["@s#1.dmsq"] != after_get["@s#1.dmsq"]
+        assert after_append["@s#0.dmsq"] == after_get["@s#0.dmsq"]
+        w.put(b"x")
+        w.get().ack()  # the same (empty) queue, but a log to remove
+        assert any(e.startswith("w.wal.") for e in os.listdir(tmp_path))
+        after_log = inodes()
+        assert after_log["w.dmsq"] != after_append["w.dmsq"]
+        assert not any(e.startswith("w.wal.") for e in os.listdir(tmp_path))
+        os.unlink(files["q.dmsq"])
+        assert os.path.exists(inodes() and files["q.dmsq"])  # gone from the disk: written again
+    finally:
+        snap.close()

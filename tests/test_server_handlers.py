@@ -186,7 +186,7 @@ def test_create_list_stats_purge_delete(conn, broker):
         "max_bytes": 1 << 20, "max_message_bytes": broker.queue("q").max_message_bytes, "visibility_timeout": 1.5,
         "max_deliveries": 3, "dead_letter_queue": None, "durability": "memory", "priorities": 1,
         "priority_aging": 60.0, "message_ttl": None, "dedup_window": 300.0, "retry_delay": 0.0, "retry_backoff": 1.0,
-        "retry_delay_max": None}  # the work-queue options: the engine's defaults
+        "retry_delay_max": None, "lanes": 1}  # the work-queue options: the engine's defaults; one lane
     with pytest.raises(shmq.QueueExists):
         call(conn, MsgType.CREATE, {"queue": "q"})
     assert call(conn, MsgType.CREATE, {"queue": "q", "exist_ok": True}) == {}

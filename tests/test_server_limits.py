@@ -347,7 +347,7 @@ def test_idle_connections_are_closed_but_a_waiting_consume_is_not_idle(start_ser
     assert took is not None and 0.5 <= took < 2.0
     (f,) = _read_frames(waiting, timeout=5)  # answered at its deadline, not closed before
     assert (f.msg_id, f.status, f.payload["messages"]) == (2, Status.OK, [])
-    assert time.monotonic() - t >= 1.5
+    assert time.monotonic() - t >= 1.45  # (an event loop timer may fire a fraction of a millisecond early)
     took = _closed_after(waiting, 5)  # then idle like any other
     assert took is not None and took < 2.0
     with shmq.connect(srv.url, token=TOKEN) as b:  # a blocking get waits past the idle timeout

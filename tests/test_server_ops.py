@@ -4,10 +4,12 @@ persistence on by default (and where), ``--no-persist``, and one broker per name
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
 
+import pytest
 
 import shmq
 from shmq.auth import data_root, default_data_dir
@@ -50,7 +52,7 @@ def test_json_log_lines_carry_each_event_and_its_fields(namespace, servers):
     os.makedirs(data, mode=0o700)
     with open(os.path.join(data, "junk.dmsq"), "wb") as f:  # a damaged file: quarantined at start
         f.write(b"\x89PNG not a snapshot")
-    srv = servers(namespace, "--log-format", "json")
+    srv = servers(namespace, "--log-format", "json", "--log-level", "debug")
     start = _events(srv.log)  # every line is one JSON object
     assert all({"time", "level", "logger", "message"} <= e.keys() for e in start)
     by_event = {e.get("event"): e for e in start}
@@ -67,16 +69,18 @@ def test_json_log_lines_carry_each_event_and_its_fields(namespace, servers):
     s.sendall(encode_request(MsgType.PING, 1))
     _read_frames(s)
     s.close()
-    assert _event(srv, "connection_opened", peer=peer)["logger"] == "shmq.server"
+    opened = _event(srv, "connection_opened", peer=peer)
+    assert (opened["logger"], opened["level"]) == ("shmq.server", "DEBUG")
     closed = _event(srv, "connection_closed", peer=peer)
-    assert (closed["requests"], closed["reason"], closed["level"]) == (2, "closed by the client", "INFO")
+    assert (closed["requests"], closed["reason"], closed["level"]) == (2, "closed by the client", "DEBUG")
 
     s = _sock(srv.port, hello=False)
     s.sendall(encode_request(MsgType.HELLO, 0, {"token": "not the token"}))
     assert _read_frames(s)[0].status == Status.UNAUTHORIZED
     refused = _event(srv, "token_refused", peer="%s:%d" % s.getsockname())
     assert (refused["level"], refused["token_given"]) == ("WARNING", True)
-    assert "wrong or missing token" in _event(srv, "connection_closed", peer=refused["peer"])["reason"]
+    closed = _event(srv, "connection_closed", peer=refused["peer"])
+    assert "wrong or missing token" in closed["reason"] and closed["level"] == "INFO"  # a fault: said at info
     s.close()
 
     s = _sock(srv.port)
@@ -92,6 +96,41 @@ def test_json_log_lines_carry_each_event_and_its_fields(namespace, servers):
     last = [e for e in every if e.get("event") == "snapshot"][-1]  # the one after the stop, at info
     assert (last["queues"], last["messages"], last["level"]) == (1, 1, "INFO")
     assert every[-1]["event"] == "server_stopped"
+
+
+def test_a_server_in_a_terminal_says_nothing_per_connection(namespace, servers):
+    """The default level: connections opened and closed by their clients are debug lines."""
+    srv = servers(namespace, "--no-persist")
+    for _ in range(3):
+        with shmq.connect(srv.url) as remote:
+            remote.ping()
+    assert srv.stop() == 0
+    assert " INFO stopped" in srv.later[-1]  # everything it said is in
+    assert [line for line in srv.log + srv.later if "connection" in line] == []
+
+
+@pytest.mark.parametrize("which", ["--port", "--metrics"])
+def test_a_port_in_use_is_one_line_and_the_start_makes_nothing(namespace, which):
+    """Before: INFO lines, then ``[Errno 98] error while attempting to bind``, and the
+    namespace's registry left behind."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = _run_server(namespace, which, str(port))
+    assert (code, err) == (1, f"shmq: error: port {port} on 127.0.0.1 is in use\n")
+    assert namespace_entries(namespace) == [] and not os.path.exists(default_data_dir(namespace))
+
+
+def test_a_server_makes_its_namespace_at_start(namespace, servers):
+    srv = servers(namespace, "--no-persist")
+    try:
+        assert f"shmq.{namespace}.registry" in namespace_entries(namespace)  # listed while it runs, even empty
+        with shmq.connect(namespace=namespace, create=False) as b:
+            assert b.list_queues() == []
+    finally:
+        assert srv.stop() == 0
+    shmq.destroy_namespace(namespace)
 
 
 def test_text_log_lines_say_the_same_fields_in_one_line(namespace, servers):

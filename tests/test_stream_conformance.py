@@ -68,6 +68,21 @@ def test_create_list_delete_and_their_errors(any_broker):
     assert any_broker.list_streams() == ["events"]
 
 
+def test_a_stream_made_without_reserving_holds_only_what_was_appended_locally(any_broker, broker):
+    """reserve=False (the Spark sink's staging stream): locally, the memory appends take;
+    a server reserves it all the same (a SIGBUS must never end it)."""
+    import os
+
+    from shmq.engine.segment import namespace_entries
+
+    s = any_broker.create_stream("staging", partitions=2, max_bytes=8 << 20, reserve=False)
+    s.append_many([b"x" * 1000] * 100, partition=1)
+    held = sum(os.stat(f"/dev/shm/{e}").st_blocks * 512 for e in namespace_entries(broker.namespace)
+               if ".s.staging#" in e)
+    assert [r.value for r in s.read(1, 99)] == [b"x" * 1000]
+    assert held < 1 << 20 if any_broker is broker else held >= 16 << 20
+
+
 def test_keys_choose_a_stable_partition_and_offsets_are_dense(any_broker):
     s = any_broker.create_stream("events", partitions=4, max_bytes=1 << 16)
     metas = [s.append(b"v%d" % i, key=b"user-%d" % (i % 3), headers={"i": i, "raw": b"\x00"}) for i in range(30)]
@@ -201,6 +216,86 @@ def test_the_commit_fence_and_reset(any_broker):
     with s.consumer("fresh", auto_offset_reset="latest") as c:
         s.append(b"new", partition=0)
         assert [r.value for r in c.poll(timeout=5)] == [b"new"]
+
+
+def test_a_partition_that_came_back_resumes_from_the_commit_and_commits_never_go_back(any_broker):
+    """Issue 20: a polls 10 of partition 1; c joins, reads 0..49, commits 50, leaves; a
+    must go on from 50 (not its stale 10), and a commit below 50 fails."""
+    s = any_broker.create_stream("events", partitions=2, max_bytes=1 << 16)
+    s.append_many([b"r%d" % i for i in range(100)], partition=1)
+    a = s.consumer("g")
+    assert [(r.partition, r.offset) for r in a.poll(max_records=10, timeout=1)] == [(1, o) for o in range(10)]
+    c = s.consumer("g")
+    assert c.assignment() == [1]
+    assert [r.offset for r in c.poll(max_records=50, timeout=1)] == list(range(50))
+    c.commit()
+    c.close()
+    assert [(r.partition, r.offset) for r in a.poll(max_records=5, timeout=1)] == [(1, o) for o in range(50, 55)]
+    assert a.position(1) == 55
+    a.commit()
+    assert s.committed("g") == {0: 0, 1: 55}
+    with pytest.raises(shmq.CommitFailed, match=r"partition 1 is committed at 55: 15 would move it backwards"):
+        a.commit({1: 15})
+    with pytest.raises(shmq.CommitFailed, match="backwards"):
+        a.commit({0: 3, 1: 10})  # all or nothing: partition 0 is not moved either
+    assert s.committed("g") == {0: 0, 1: 55}
+    a.commit({1: 55})  # the same offset again is no move
+    a.close()
+
+
+def test_records_polled_by_a_member_that_lost_them_are_read_again(any_broker):
+    """Issue 20: a polls 0..59; c joins, so a's commit fails; c reads 0..29, commits 30 and
+    leaves; a must read 30.. again (not go on at 60, skipping 30..59 for the group)."""
+    s = any_broker.create_stream("events", partitions=2, max_bytes=1 << 16)
+    s.append_many([b"r%d" % i for i in range(100)], partition=1)
+    a = s.consumer("g")
+    assert [r.offset for r in a.poll(max_records=60, timeout=1)] == list(range(60))
+    c = s.consumer("g")
+    with pytest.raises(shmq.CommitFailed, match="rebalanced"):
+        a.commit()
+    assert s.committed("g") == {}
+    assert [r.offset for r in c.poll(max_records=30, timeout=1)] == list(range(30))
+    c.commit()
+    c.close()
+    assert [(r.partition, r.offset) for r in a.poll(max_records=100, timeout=1)] == [(1, o) for o in range(30, 100)]
+    a.commit()
+    assert s.committed("g") == {0: 0, 1: 100}
+    a.close()
+
+
+def test_a_member_keeps_its_position_where_it_keeps_its_partition(any_broker):
+    """A commit made in a generation that is no longer current fails and stores nothing,
+    even for partitions the member still owns; those it keeps go on from its position
+    (its next commit covers what it polled), those that moved start at the commit."""
+    s = any_broker.create_stream("events", partitions=4, max_bytes=1 << 16)
+    for p in range(4):
+        s.append_many([b"p%d-%d" % (p, i) for i in range(10)], partition=p)
+    a = s.consumer("g")
+    assert len(a.poll(max_records=100, timeout=1)) == 40
+    b = s.consumer("g")  # a keeps 0 and 2, b takes 1 and 3
+    with pytest.raises(shmq.CommitFailed, match=r"generation \d+ -> \d+"):
+        a.commit({0: 10})
+    with pytest.raises(shmq.CommitFailed):
+        a.commit()
+    assert s.committed("g") == {}
+    assert a.assignment() == [0, 2] and b.assignment() == [1, 3]
+    assert (a.position(0), a.position(2)) == (10, 10)  # kept partitions keep the position
+    assert b.position(1) == 0  # moved ones start at the commit (none yet: earliest)
+    a.commit()
+    assert s.committed("g") == {0: 10, 2: 10}
+    s.append_many([b"more"] * 5, partition=2)
+    third = s.consumer("g")  # in two generations a never sees, 0 stays a's and 2 goes away and back
+    assert third.assignment() == [2]
+    assert [r.offset for r in third.poll(max_records=100, timeout=1)] == [10, 11, 12, 13, 14]
+    third.commit()
+    third.close()
+    assert len(b.poll(max_records=100, timeout=1)) == 20
+    b.commit()
+    s.append(b"new", partition=0)
+    assert [(r.partition, r.offset) for r in a.poll(max_records=100, timeout=1)] == [(0, 10)]
+    assert a.position(0) == 11 and a.position(2) == 15
+    a.close()
+    b.close()
 
 
 def test_a_producer_batches_over_either_transport(any_broker):

@@ -374,3 +374,63 @@ def test_the_publishers_table_comes_back_with_the_snapshot(broker, tmp_path):
     assert t.publish(st, {1: [(1, 0, 2)]}, txn, 4) == {1: None}
     assert [r.value for r in t.read(1, 0)] == [b"a", b"b"]
     t.close()
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["c-path", "python-path"])
+def test_a_batch_published_after_the_last_snapshot_lands_once_after_a_reboot(broker, tmp_path, start_server, fast):
+    """A "wal" stream logs each publish's note (publisher, batch) in the same write as its
+    records, so the publishers' table comes back from the logs: a batch published after
+    the last snapshot, replayed after the broker (a real ``shmq server``) was SIGKILLed
+    and shared memory wiped, appends nothing; the next batch goes in."""
+    from shmq.engine import cpaths
+
+    if fast and not cpaths.FAST:
+        pytest.skip("the C paths are not built (or SHMQ_PURE_PYTHON=1)")
+    data = str(tmp_path / "data")
+    args = ("--data-dir", data, "--fsync", "always", "--snapshot-interval", "3600")
+    txn = os.urandom(16)
+
+    def stage(batch):
+        """What a Spark sink's tasks do for ``batch``: its rows into a staging stream (memory)."""
+        st = broker.create_stream("out:staging", partitions=2, durability="memory", exist_ok=True)
+        ranges = {}
+        for p, n in ((0, 3), (1, 2 if batch == 7 else 0)):
+            if n:
+                first = st.append_many([b"%d-%d-%d" % (batch, p, i) for i in range(n)], partition=p)[0].offset
+                ranges[p] = [(p, first, first + n)]
+        return st, ranges
+
+    def values(t):
+        return sorted(r.value for p in range(2) for r in t.read(p, 0, max_records=100))
+
+    cpaths.set_enabled(fast)
+    srv = start_server(*args)
+    try:
+        with shmq.connect(srv.url) as remote:  # the server opens its logs at create
+            remote.create_stream("out", partitions=2, durability="wal")
+        t = broker.stream("out")
+        st, ranges = stage(7)
+        assert t.publish(st, ranges, txn, 7) == {0: 0, 1: 0}
+        st, ranges = stage(8)
+        assert t.publish(st, ranges, txn, 8) == {0: 3}  # a batch of partition 0 only
+        before = values(t)
+        assert len(before) == 8 and t.published(txn) == {0: 8, 1: 7}
+        st.close()
+        t.close()
+        snapshots = [os.path.join(data, e) for e in os.listdir(data) if e.startswith("@out#") and e.endswith(".dmsq")]
+        assert not any(dmsq.read_snapshot(f).header.settings.get("published") for f in snapshots)  # the logs only
+        srv = _reboot(broker, srv, start_server, *args)  # SIGKILL, shared memory gone, a new broker
+        t = broker.stream("out")
+        assert t.published(txn) == {0: 8, 1: 7}
+        for batch in (7, 8):  # the replays stage their rows again: nothing lands twice
+            st, ranges = stage(batch)
+            assert t.publish(st, ranges, txn, batch) == {p: None for p in ranges}
+        assert values(t) == before
+        st, ranges = stage(9)
+        assert t.publish(st, ranges, txn, 9) == {0: 6}
+        assert len(values(t)) == 11
+        st.close()
+        t.close()
+    finally:
+        cpaths.set_enabled(True)
+        assert srv.stop() == 0

@@ -32,6 +32,8 @@ REGISTRY = {
                         "none"),
     "shmq-zc": Entry("shmq_local", "ShmqZeroCopy", None,
                      "64 reserve + fill in place / get_many(64, copy=False) + ack_many", "each"),
+    "shmq-lanes": Entry("shmq_local", "ShmqLanes", None,
+                        "put_many / get_many(64) + ack_many, on a queue of K lanes (K = P)", "each"),
     "shmq-tcp": Entry("shmq_tcp", "ShmqTcp", None, "put_many / get_many(64) + ack_many over TCP", "each"),
     "mpqueue": Entry("mp_queues", "MpQueue", None, "one list of 64 bodies per put (1 pickle), counted as 64", "none"),
     "simplequeue": Entry("mp_queues", "SimpleQueue", None, "one list of 64 bodies per put (1 pickle), counted as 64",
@@ -70,6 +72,11 @@ SHM_DIR = "/dev/shm"
 class End:
     """One process's sender (``role`` "send") or receiver ("recv") on a channel made by its Adapter."""
 
+    # its consumers take messages ahead of their receives (a broker's prefetch, handed back when
+    # they leave), so a stop message can be taken before messages put ahead of it: their run
+    # ends at a shared count instead (bench/roles.py)
+    takes_ahead = False
+
     def __init__(self, spec, role):
         raise NotImplementedError
 
@@ -106,7 +113,7 @@ class Adapter:
 
     name = ""
     End = End
-    # P -> P without a shared queue: MeshEnd(spec, role, index, pairs), with poll_batch(batch, seconds)
+    # several consumers without a shared queue: MeshEnd(spec, role, index, producers), with poll_batch(batch, seconds)
     MeshEnd = None
 
     @classmethod

@@ -1,4 +1,4 @@
-"""faster-fifo: a faster_fifo.Queue with the byte capacity of the shmq queues."""
+"""faster-fifo: a faster_fifo.Queue with the byte capacity of the shmq queues (a case's own, when it has one)."""
 
 from __future__ import annotations
 
@@ -42,3 +42,6 @@ class FasterFifo(Adapter):
 
     def make(self, ctx, size):
         return faster_fifo.Queue(max_size_bytes=queue_bytes(size))
+
+    def make_case(self, ctx, job):
+        return faster_fifo.Queue(max_size_bytes=job.queue_bytes or queue_bytes(job.size))

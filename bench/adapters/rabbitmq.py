@@ -33,6 +33,8 @@ def connect(port):
 class RabbitEnd(End):
     """A publisher or a consumer of one queue; the spec is (port, queue)."""
 
+    takes_ahead = True  # prefetch 100
+
     def __init__(self, spec, role):
         port, self._queue = spec
         self._conn = connect(port)

@@ -2,9 +2,12 @@
 on receipt (``shmq``); or settled as taken (``shmq-noack``: ``get(ack=False)``, at most once,
 to compare like for like with peers that acknowledge nothing); or zero-copy
 (``shmq-zc``: ``reserve`` fills the ring in place, ``get(copy=False)`` reads the body where it
-is, then acks)."""
+is, then acks); or a laned queue (``shmq-lanes``: ``create_queue(..., lanes=K)``, acked as
+``shmq``), skipped, saying so, where shmq has no lanes."""
 
 from __future__ import annotations
+
+import inspect
 
 import shmq
 from bench.adapters import Adapter, End, leftover_notes, run_namespace
@@ -113,11 +116,16 @@ class ShmqLocal(Adapter):
         self._count = 0
 
     def make(self, ctx, size):
+        return self._create(size, queue_bytes(size))
+
+    def make_case(self, ctx, job):
+        return self._create(job.size, job.queue_bytes or queue_bytes(job.size))
+
+    def _create(self, size, max_bytes, **options):
         self._count += 1
         name = f"q{self._count}"
-        self._broker.create_queue(
-            name, max_bytes=queue_bytes(size), max_message_bytes=max(MAX_MESSAGE_BYTES, size), exist_ok=False
-        )
+        self._broker.create_queue(name, max_bytes=max_bytes, max_message_bytes=max(MAX_MESSAGE_BYTES, size),
+                                  exist_ok=False, **options)
         return (self.namespace, name)
 
     def drop(self, spec):
@@ -139,4 +147,23 @@ class ShmqNoAck(ShmqLocal):
 class ShmqZeroCopy(ShmqLocal):
     name = "shmq-zc"
     End = ShmqZeroCopyEnd
+
+
+class ShmqLanes(ShmqLocal):
+    """A queue of K lanes per case: K = the case's P (a lane per worker on its wider side),
+    or ``lanes`` when a front end sets it (``python -m bench.scale --lanes K``)."""
+
+    name = "shmq-lanes"
+    lanes = None
+
+    @classmethod
+    def probe(cls):
+        params = inspect.signature(shmq.Broker.create_queue).parameters
+        if "lanes" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return None
+        return "shmq-lanes: this shmq's create_queue has no lanes= (laned queues are not built yet)"
+
+    def make_case(self, ctx, job):
+        lanes = self.lanes or max(job.producers, job.consumers)
+        return self._create(job.size, job.queue_bytes or queue_bytes(job.size), lanes=lanes)
 

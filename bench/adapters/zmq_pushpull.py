@@ -1,4 +1,4 @@
-"""pyzmq PUSH/PULL over ipc:// sockets in a private directory; no shared queue, so P -> P is a mesh."""
+"""pyzmq PUSH/PULL over ipc:// sockets in a private directory; no shared queue, so several consumers are a mesh."""
 
 from __future__ import annotations
 
@@ -41,14 +41,15 @@ class ZmqEnd(End):
 
 
 class ZmqMeshEnd(ZmqEnd):
-    """P -> P without a broker: producer i binds a PUSH at ``<spec>.p<i>``; every
-    consumer's PULL connects to all P of them (PUSH round-robins, PULL fair-queues)."""
+    """Several consumers without a broker (P -> P, 1 -> P): producer i binds a PUSH at
+    ``<spec>.p<i>``; every consumer's PULL connects to all of them (PUSH round-robins,
+    PULL fair-queues)."""
 
-    def __init__(self, spec, role, index, pairs):
+    def __init__(self, spec, role, index, producers):
         self._ctx = zmq.Context()
         if role == "recv":
             self._sock = self._ctx.socket(zmq.PULL)
-            for i in range(pairs):
+            for i in range(producers):
                 self._sock.connect(f"{spec}.p{i}")
         else:
             self._sock = self._ctx.socket(zmq.PUSH)

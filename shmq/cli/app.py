@@ -15,7 +15,7 @@ from ..auth import command_line_warning
 from ..engine.broker import Broker, default_namespace
 from ..errors import ShmqError
 
-# The exit codes, the one table of them (the README's "Exit codes" says the same).
+# The exit codes, the one table of them (docs/OPERATIONS.md, "Exit codes", says the same).
 EXIT_OK = 0     # done
 EXIT_ERROR = 1  # an error (shmq's, a bad value, I/O, a refused confirmation): one line on stderr
 EXIT_USAGE = 2  # the command line is wrong (unknown option, missing argument, malformed value): one line
@@ -124,8 +124,13 @@ def _connect(namespace, url, token, create=False):
     elif token is not None:
         token = None  # from $SHMQ_TOKEN: the client reads it itself (and names it if refused)
     if url:
+        from ..client.options import split_url
         from ..client.remote import RemoteBroker
 
+        try:
+            split_url(url)  # a malformed url is a usage error (exit 2), an unreachable broker an error (1)
+        except ValueError as e:
+            raise click.BadParameter(str(e), ctx=click.get_current_context(), param_hint="'--url'") from None
         return RemoteBroker(url, token=token)
     return _local_broker(namespace, create)
 

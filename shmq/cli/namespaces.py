@@ -1,5 +1,7 @@
 """``shmq namespace list|destroy``: the namespaces of this user on this host."""
 
+import os
+
 import click
 
 from ..doctor import diagnose
@@ -38,15 +40,35 @@ def namespace_list(as_json):
 @click.argument("name")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def namespace_destroy(name, yes):
-    """Delete the namespace NAME: every queue and stream in it, with their messages, and
-    its registry. Refused while its broker runs (stop it first)."""
+    """Delete the namespace NAME: every queue and stream in it, with their messages, its
+    registry, and its default data dir (so no server brings it back). A data dir given
+    to its server with --data-dir is not touched: remove it yourself. Refused while its
+    broker runs (stop it first)."""
+    from ..auth import default_data_dir
+    from ..persistence import remove_data_dir
+
     entries = namespace_entries(check_namespace(name))
-    if not entries:
+    data_dir = default_data_dir(name)
+    if not entries and not os.path.isdir(data_dir):
         raise ShmqError(f"no namespace {name!r} on this host ('shmq namespace list' shows them)")
     broker = holder(name)
     if broker is not None and broker["alive"]:
         raise ShmqError(f"namespace {name!r} has a running broker, {describe(broker)}: stop it first")
     if not yes:
-        click.confirm(f"Destroy namespace {name!r}: every queue and stream in it, and their messages?", abort=True)
+        click.confirm(f"Destroy namespace {name!r}: every queue and stream in it, their messages, and its data dir "
+                      f"{data_dir}?", abort=True)
     n = destroy_namespace(name)
-    click.echo(f"destroyed namespace {name} ({n} entries removed)")
+    removed, kept = remove_data_dir(data_dir)
+    said = [f"destroyed namespace {name} ({n} entries removed"]
+    if removed or kept:
+        said.append(f"; its data dir {data_dir}: {removed} file(s) removed"
+                    + (f", {len(kept)} kept that are not shmq's ({', '.join(kept[:3])}"
+                       f"{', ...' if len(kept) > 3 else ''})" if kept else ""))
+    else:
+        said.append(f"; no data dir at {data_dir}")
+    elsewhere = broker.get("data_dir") if broker is not None else None
+    if elsewhere and os.path.abspath(elsewhere) != os.path.abspath(data_dir):
+        said.append(f"; its last broker's --data-dir {elsewhere} is not touched")
+    else:
+        said.append("; data dirs given with --data-dir are not touched")
+    click.echo("".join(said) + ")")

@@ -87,12 +87,12 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
     from ..server.metrics import parse_address
     from ..server.tcp import Limits
 
-    parse_fsync(fsync)  # a bad policy is an error before anything starts
-    try:
+    try:  # a malformed value is a usage error (exit 2) before anything starts
+        parse_fsync(fsync)
         loops.resolve(loop)  # so is --loop uvloop without uvloop
+        metrics = parse_address(metrics) if metrics is not None else None
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    metrics = parse_address(metrics) if metrics is not None else None  # so is a bad --metrics
     limits = Limits(**{k: v for k, v in limits.items() if v is not None})  # the options left out: defaults
     if token is not None and not _on_command_line("token") and (token_file or no_auth):
         token = None  # --token-file and --no-auth win over $SHMQ_TOKEN
@@ -104,16 +104,23 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
 
 
 @main.command()
-@click.option("--clean", is_flag=True, help="Remove what is provably orphaned (nothing else).")
+@click.option("--clean", is_flag=True, help="Remove what is provably orphaned (nothing else): segments no registry "
+              "owns, lock files and runtime files of brokers that are gone.")
+@click.option("--data-dirs", "data_dirs", is_flag=True,
+              help="With --clean: also remove the data dirs of namespaces not in /dev/shm (shmq's files only). After a "
+                   "reboot they hold the only copy: a server rebuilds its namespace from them.")
 @click.option("--namespace", "namespaces", multiple=True, metavar="NS",
               help="Only this namespace (repeatable). Default: every namespace of yours.")
 @_json_option
-def doctor(clean, namespaces, as_json):
+def doctor(clean, data_dirs, namespaces, as_json):
     """Check this host: /dev/shm's size and free space, your namespaces and their brokers,
-    orphaned segments, data directories and their disk space."""
+    orphaned segments and files, data directories (and whether their namespace is still
+    there) and their disk space."""
     from .. import doctor as doc
 
-    report = doc.diagnose(namespaces, remove=clean)
+    if data_dirs and not clean:
+        raise click.UsageError("--data-dirs goes with --clean")
+    report = doc.diagnose(namespaces, remove=clean, remove_data_dirs=data_dirs)
     if as_json:
         _echo_json(report)
     else:

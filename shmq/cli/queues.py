@@ -56,6 +56,9 @@ def list_(namespace, url, token, as_json):
 @click.option("--priority-aging", type=float, default=None,
               help="Seconds after which a waiting message is served as one level higher, so no level starves; "
                    "0: strict priorities. [default: 60]")
+@click.option("--lanes", type=click.IntRange(1), default=None,
+              help="Rings with a lock each, for many producers and consumers on many cores; FIFO per lane. "
+                   "[default: 1]")
 def create(name, namespace, url, token, max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
            dead_letter_queue, exist_ok, durability, **options):
     """Create a queue."""

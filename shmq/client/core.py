@@ -531,7 +531,8 @@ class BrokerCalls:
     def create_queue(self, name, max_bytes=DEFAULT_MAX_BYTES, max_message_bytes=None,
                      visibility_timeout=DEFAULT_VISIBILITY_S, max_deliveries=None, dead_letter_queue=None,
                      exist_ok=False, durability=None, priorities=1, message_ttl=None, dedup_window=300.0,
-                     retry_delay=0.0, retry_backoff=1.0, retry_delay_max=None, priority_aging=60.0, serializer=None):
+                     retry_delay=0.0, retry_backoff=1.0, retry_delay_max=None, priority_aging=60.0, serializer=None,
+                     lanes=1):
         """Create the queue ``name`` and return a handle on it; QueueExists if it exists
         (unless ``exist_ok``). The work-queue options are the local ``create_queue``'s."""
         resolve_serializer(serializer)
@@ -539,7 +540,7 @@ class BrokerCalls:
             name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries, dead_letter_queue, exist_ok,
             durability, priorities=priorities, message_ttl=message_ttl, dedup_window=dedup_window,
             retry_delay=retry_delay, retry_backoff=retry_backoff, retry_delay_max=retry_delay_max,
-            priority_aging=priority_aging))
+            priority_aging=priority_aging, **({"lanes": lanes} if lanes != 1 else {})))
         return self._queue_class(self, name, serializer)
 
     @driven
@@ -579,10 +580,12 @@ class BrokerCalls:
     def create_stream(self, name: str, partitions: int = 4, max_bytes: int = 64 * 2**20,
                       max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
                       retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
-                      durability: str = "snapshot", exist_ok: bool = False):
+                      durability: str = "snapshot", exist_ok: bool = False, reserve: bool = True):
         """Create a stream of ``partitions`` append-only logs and return a handle on it;
         StreamExists if it exists (unless ``exist_ok``: then a handle on that one). The
-        settings are the local ``Broker.create_stream``'s."""
+        settings are the local ``Broker.create_stream``'s, but for ``reserve``: a server
+        reserves every stream's memory (it would die of a SIGBUS writing into an
+        unreserved one that /dev/shm has no room for), so it is taken and ignored."""
         fields = stream_create_fields(
             name, exist_ok, partitions=partitions, max_bytes=max_bytes, max_message_bytes=max_message_bytes,
             retention=retention, retention_bytes=retention_bytes, retention_seconds=retention_seconds,

@@ -86,7 +86,9 @@ class ConsumerCalls:
     @driven
     def commit(self, offsets: dict | None = None):
         """Commit ``{partition: next offset to read}`` (default: where this member is in
-        every partition it owns). CommitFailed if the group rebalanced since the poll."""
+        every partition it owns), all or nothing. CommitFailed if the group rebalanced
+        since this member's last poll, or if an offset is below the one committed; then
+        poll again (partitions it kept go on from its position)."""
         fields = self._fields()
         if offsets is not None:
             fields["offsets"] = commit_pairs(offsets)

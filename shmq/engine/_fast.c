@@ -1,7 +1,8 @@
 /* The engine's hot paths in C: put, get (the plain frontier take, building the Delivery itself:
  * DeliveryBase), ack; the batch loops of put_many, get_many, ack_many and nack_many under one
  * lock hold; reserve / publish (a message filled in place, through a Loan); and a bulk read of
- * a stream partition into Arrow buffers (read_columns).
+ * a stream partition into Arrow buffers (read_columns), and its mirror, a bulk append from
+ * Arrow buffers (columns_check, columns_end, columns_log, write_columns).
  *
  * Strategy: these are the pure-Python fast paths of shmq/engine (Queue.put, _take_one,
  * _ack_one, _requeue, _append, _try_reserve / _publish) done with the same loads and stores in
@@ -12,6 +13,7 @@
  * or an ack) are release stores, so the compiler cannot move the record's writes after
  * them. The GIL stays held: nothing here blocks.
  */
+#define _GNU_SOURCE /* gettid, pthread_mutex_clocklock */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
@@ -20,6 +22,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "_layout.h" /* generated from layout.py; tests/test_layout.py fails while it is stale */
@@ -32,15 +35,67 @@
 #define R_FALLBACK (-3)  /* not a fast-path case: lock released, nothing changed */
 #define R_EXPIRED (-4)   /* ack: the delivery is no longer leased */
 #define R_DELETED (-5)   /* the queue was deleted */
+#define R_EMPTY (-6)     /* take: nothing ready, nothing due (lock released) */
+#define R_SLEEP (-7)     /* take: the same, and the caller counted as a sleeper (W_REGISTER); put: see R_FULL */
+#define R_FULL (-8)      /* put: no room now (lock released); R_SLEEP: and the caller counted as waiting for it */
 
 #define HOT(seg) ((uint64_t *)(seg) + HOT_W)
+/* how far apart this segment's consecutive message ids are: its queue's lanes (0 or 1: one ring) */
+#define ID_STEP(seg) (*(uint32_t *)((seg) + OPTS_LANES_OFF) ? *(uint32_t *)((seg) + OPTS_LANES_OFF) : 1)
 #define CNT(seg) ((uint64_t *)(seg) + COUNTERS_W)
 #define U64(p) (*(uint64_t *)(p))
+/* a word of process slot ``slot``: its waiter counts and its share of the totals (P_ACKED, P_REDELIVERED) */
+#define PROC_W(seg, slot, field) ((uint64_t *)(seg) + ((PROCS_OFF + (slot) * PROC_SIZE) >> 3) + (field))
 #define U32(p) (*(uint32_t *)(p))
 
-/* 0 when locked; else R_BUSY or R_OWNERDEAD (then the lock is held). */
+/* ---- the lock. A busy lock is waited for here, never handed to Python (whose paths hold the
+ * lock 3-10x longer, so the next caller would find it busy too: a convoy). First a short spin
+ * that reads the lock word and only tries to take it when it looks free (a critical section here
+ * lasts a few hundred nanoseconds), pausing the CPU between looks; then a sleep in the kernel
+ * (the robust mutex's futex, through pthread_mutex_clocklock) with the GIL released, bounded by
+ * LOCK_WAIT_NS: past it (a holder stopped by SIGSTOP or a debugger), R_BUSY hands the call to
+ * the Python path, which waits until the call's own deadline and raises LockTimeout. */
+#define LOCK_SPINS 256                   /* looks at the lock word before sleeping */
+#define LOCK_WAIT_NS 100000000ULL        /* mutex.LOCK_GRACE_S: the shortest wait any call makes */
+#define MUTEX_OWNER_OFF 8                /* glibc's pthread_mutex_t: int lock, unsigned count, int owner */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int lock_wait(pthread_mutex_t *m) {
+    volatile int *word = (volatile int *)m;
+    for (int i = 0; i < LOCK_SPINS; i++) {
+        cpu_relax();
+        if (__atomic_load_n(word, __ATOMIC_RELAXED) == 0) {
+            int rc = pthread_mutex_trylock(m);
+            if (rc != EBUSY) return rc;
+        }
+    }
+    /* the holder may be this thread (a call inside its own reserve() block): Python says so */
+    if (__atomic_load_n((int *)((char *)m + MUTEX_OWNER_OFF), __ATOMIC_RELAXED) == (int)gettid()) return EBUSY;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t until = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec + LOCK_WAIT_NS;
+    ts.tv_sec = (time_t)(until / 1000000000ULL);
+    ts.tv_nsec = (long)(until % 1000000000ULL);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &ts);
+    Py_END_ALLOW_THREADS
+    return rc;
+}
+
+/* 0 when locked; R_OWNERDEAD (locked: the caller repairs); R_BUSY after LOCK_WAIT_NS, or when
+ * the lock cannot be had here (not recoverable, or held by this thread): the Python path. */
 static inline int lock(char *seg) {
-    int rc = pthread_mutex_trylock((pthread_mutex_t *)(seg + MUTEX_OFF));
+    pthread_mutex_t *m = (pthread_mutex_t *)(seg + MUTEX_OFF);
+    int rc = pthread_mutex_trylock(m);
+    if (rc == EBUSY) rc = lock_wait(m);
     if (rc == 0) return 0;
     return rc == EOWNERDEAD ? R_OWNERDEAD : R_BUSY;
 }
@@ -67,12 +122,34 @@ static inline int owe_producer(uint64_t *h) {
     return 0;
 }
 
+/* ---- sleepers, as waits.register / waits.unregister count them (lock held): consumers in
+ * cwait / cposted and their process slot's P_CWAIT, producers in pwait / pposted and P_PWAIT */
+static inline void register_sleeper(char *seg, uint64_t slot, int wi, int field) {
+    HOT(seg)[wi] += 1;
+    *PROC_W(seg, slot, field) += 1;
+}
+
+static inline void unregister_sleeper(char *seg, uint64_t slot, int wi, int pi, int field, int waited) {
+    uint64_t *h = HOT(seg), n = h[wi] - 1, posted = h[pi];
+    h[wi] = n;
+    *PROC_W(seg, slot, field) -= 1;
+    if (waited == 2 && posted) posted -= 1;
+    h[pi] = n ? posted : 0;
+}
+
+/* A call's wait argument (take's, put's): bit 0 asks to count the caller as a sleeper when there
+ * is nothing to take, or no room (R_SLEEP), bits 1-2 say how the caller's last sleep ended
+ * (waits.sleep_slice's 1 or 2: it is uncounted first thing under the lock); put's carries the
+ * caller's process slot from bit 3 on (take has its own argument). Every result but R_BUSY and
+ * R_OWNERDEAD took the lock, so the sleep was uncounted. */
+#define W_REGISTER 1
+
 /* Commit one written record by storing the tail (lock held; released here): msg_id << 1 |
  * 1 if a sleeping consumer is owed a post, as put and publish return it. */
 static PyObject *publish_one(char *seg, uint64_t tail, uint64_t msg_id) {
     uint64_t *h = HOT(seg);
     __atomic_store_n(&h[H_TAIL], tail, __ATOMIC_RELEASE); /* commit */
-    h[H_NEXT_ID] = msg_id + 1;
+    h[H_NEXT_ID] = msg_id + ID_STEP(seg);
     h[H_READY] += 1;
     uint64_t post = owe_consumers(h, 1);
     unlock(seg);
@@ -151,15 +228,17 @@ static int parse_u64s(PyObject *const *args, Py_ssize_t n, uint64_t *out) {
     return 0;
 }
 
-/* put(seg, base, cap, body, hraw, enq_ns, wal_fd, wal_gen)
- *   -> msg_id << 1 | (1 if a consumer must be woken), or R_*
+/* put(seg, base, cap, body, hraw, enq_ns, wal_fd, wal_gen[, wait])
+ *   -> msg_id << 1 | (1 if a consumer must be woken), or R_*: R_FULL when there is no room
+ *   now (R_SLEEP: and the caller counted as a producer waiting for room; ``wait``: W_REGISTER)
  * wal_fd < 0: no log; else the PUT entry is appended to it before the commit */
 static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[3], enq;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "put takes 8 arguments");
+    uint64_t v[3], enq, wait = 0;
+    if (nargs != 8 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "put takes 8 or 9 arguments");
         return NULL;
     }
+    if (nargs == 9 && parse_u64s(args + 8, 1, &wait) < 0) return NULL;
     long wal_fd = PyLong_AsLong(args[6]);
     if (wal_fd == -1 && PyErr_Occurred()) return NULL;
     uint64_t wal_gen = PyLong_AsUnsignedLongLong(args[7]);
@@ -188,11 +267,18 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return PyLong_FromLong(rc);
     }
     uint64_t *h = HOT(seg);
+    if (wait >> 1 & 3) unregister_sleeper(seg, wait >> 3, H_PWAIT, H_PPOSTED, P_PWAIT, (int)(wait >> 1 & 3));
     uint64_t tail = h[H_TAIL], off = tail % cap;
-    if (h[H_DELETED] || size > cap - off || tail + size - h[H_HEAD] > cap || (entry && !wal_usable(seg, wal_gen))) {
-        unlock(seg);
+    if (h[H_DELETED] || size > cap - off || (entry && !wal_usable(seg, wal_gen))) {
+        unlock(seg); /* a pad to place first, a log the caller's descriptor is not for: the Python put */
         PyMem_Free(entry);
         return PyLong_FromLong(R_FALLBACK);
+    }
+    if (tail + size - h[H_HEAD] > cap) { /* no room now: the caller waits for some (R_FULL, R_SLEEP) */
+        if (wait & W_REGISTER) register_sleeper(seg, wait >> 3, H_PWAIT, P_PWAIT);
+        unlock(seg);
+        PyMem_Free(entry);
+        return PyLong_FromLong(wait & W_REGISTER ? R_SLEEP : R_FULL);
     }
     char *a = seg + base + off;
     uint64_t msg_id = h[H_NEXT_ID];
@@ -314,10 +400,24 @@ static PyTypeObject DeliveryBaseType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* Whether a subclass of DeliveryBase adds storage of its own: slots (a larger basic size), or a
+ * __dict__ or __weakref__, which Python 3.12 keeps outside the basic size ("managed": flags, not
+ * offsets, say so), so the size alone no longer tells. */
+static int adds_fields(PyTypeObject *t) {
+    if (t->tp_basicsize != DeliveryBaseType.tp_basicsize || t->tp_dictoffset || t->tp_weaklistoffset) return 1;
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    if (PyType_HasFeature(t, Py_TPFLAGS_MANAGED_DICT)) return 1;
+#endif
+#ifdef Py_TPFLAGS_MANAGED_WEAKREF
+    if (PyType_HasFeature(t, Py_TPFLAGS_MANAGED_WEAKREF)) return 1;
+#endif
+    return 0;
+}
+
 /* set_delivery_class(cls): the class takes build (a subclass of DeliveryBase adding no fields) */
 static PyObject *fast_set_delivery_class(PyObject *self, PyObject *cls) {
     if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &DeliveryBaseType) ||
-        ((PyTypeObject *)cls)->tp_basicsize != DeliveryBaseType.tp_basicsize) {
+        adds_fields((PyTypeObject *)cls)) {
         PyErr_SetString(PyExc_TypeError, "set_delivery_class: a subclass of DeliveryBase with __slots__ = ()");
         return NULL;
     }
@@ -374,106 +474,136 @@ static PyObject *delivery_of(PyObject *q, char *a, uint64_t off, uint64_t pos, u
 
 /* The producer post owed after space was freed at ``pos`` (lock held): 1 or 0. */
 static int freed_at(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t head);
+static int advance_head(char *seg, uint64_t base, uint64_t cap);
 
-/* take(q, seg, base, cap, slot, vis_ns, max_deliveries or 0, now[, mode, ring])
+/* The lock, the sleep undone, and the plain-FIFO checks of both takes: 0 with the lock held and
+ * a ready record at the frontier; else R_* with the lock released: R_EMPTY (nothing ready and
+ * nothing due: the caller may spin or sleep) or R_SLEEP (the same, counted as a sleeper),
+ * R_FALLBACK (the general take's case), R_BUSY / R_OWNERDEAD (lock not taken / held). */
+static int take_prologue(char *seg, uint64_t slot, uint64_t now, int wait) {
+    int rc = lock(seg);
+    if (rc) return rc;
+    if (wait >> 1) unregister_sleeper(seg, slot, H_CWAIT, H_CPOSTED, P_CWAIT, wait >> 1);
+    uint64_t *h = HOT(seg);
+    if (h[H_REQUEUED] || h[H_DELETED] || now >= h[H_NEXT_DEADLINE] || now >= h[H_NEXT_LIVENESS] ||
+        ((uint64_t *)seg)[SPECIAL_W]) { /* requeued or special records, housekeeping due: the general take */
+        unlock(seg);
+        return R_FALLBACK;
+    }
+    if (h[H_FRONTIER] >= h[H_TAIL]) {
+        if (wait & W_REGISTER) register_sleeper(seg, slot, H_CWAIT, P_CWAIT);
+        unlock(seg);
+        return wait & W_REGISTER ? R_SLEEP : R_EMPTY;
+    }
+    return 0;
+}
+
+/* take(q, seg, base, cap, slot, vis_ns, max_deliveries or 0, now[, mode, ring[, wait]])
  *   -> a Delivery of ``q``, or R_*; a record with flags (a priority level or an extension
  *   block) is left to the general take. ``now`` is the caller's monotonic clock in ns, so the
  *   Python and C paths share one clock. mode M_AUTOACK: the record is settled (ACKED) as it is
  *   taken, and (delivery, 1) says a producer must be woken; M_VIEW: the body is a slice of
- *   ``ring`` */
+ *   ``ring``. ``wait``: see W_REGISTER. A leased record's Delivery is built after the unlock
+ *   (its bytes are the holder's until it settles them); an auto-acked one's before the commit
+ *   (its space may be reused at once). */
 static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[8] = {0};
-    if ((nargs != 8 && nargs != 10) || !delivery_class) {
-        PyErr_SetString(PyExc_TypeError, "take takes 8 or 10 arguments (and a delivery class set)");
+    uint64_t v[9] = {0};
+    if ((nargs != 8 && nargs != 10 && nargs != 11) || !delivery_class) {
+        PyErr_SetString(PyExc_TypeError, "take takes 8, 10 or 11 arguments (and a delivery class set)");
         return NULL;
     }
-    if (parse_u64s(args + 1, nargs == 10 ? 8 : 7, v) < 0) return NULL;
-    PyObject *q = args[0], *ring = nargs == 10 ? args[9] : NULL;
+    if (parse_u64s(args + 1, 7, v) < 0 || (nargs >= 10 && parse_u64s(args + 8, 1, v + 7) < 0) ||
+        (nargs == 11 && parse_u64s(args + 10, 1, v + 8) < 0))
+        return NULL;
+    PyObject *q = args[0], *ring = nargs >= 10 ? args[9] : NULL;
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2], slot = v[3], vis_ns = v[4], maxdel = v[5], now = v[6];
     int mode = (int)v[7];
 
-    int rc = lock(seg);
+    int rc = take_prologue(seg, slot, now, (int)v[8]);
     if (rc) return PyLong_FromLong(rc);
     uint64_t *h = HOT(seg);
     uint64_t pos = h[H_FRONTIER], off = pos % cap, next_deadline = h[H_NEXT_DEADLINE];
-    if (!(pos < h[H_TAIL] && !h[H_REQUEUED] && !h[H_DELETED] && cap - off >= REC_SIZE && now < next_deadline &&
-          now < h[H_NEXT_LIVENESS] && !((uint64_t *)seg)[SPECIAL_W])) { /* special: the general take */
-        unlock(seg);
-        return PyLong_FromLong(R_FALLBACK);
-    }
     char *a = seg + base + off;
-    uint64_t status = U64(a), attempt = (status >> 32) + 1;
+    uint64_t status = cap - off >= REC_SIZE ? U64(a) : 0, attempt = (status >> 32) + 1;
     if ((status & 0xFF) != ST_READY || (maxdel && attempt > maxdel) || U32(a + REC_FLAGS)) {
-        unlock(seg); /* a priority level or an extension block: the general take */
+        unlock(seg); /* an implicit pad, a pad, a priority level or an extension block: the general take */
         return PyLong_FromLong(R_FALLBACK);
-    }
-    PyObject *d = delivery_of(q, a, off, pos, attempt, mode, ring); /* first: on a MemoryError nothing changed */
-    if (!d) {
-        unlock(seg);
-        return NULL;
     }
     uint64_t length = U32(a + REC_LENGTH);
-    int post = 0;
     if (mode & M_AUTOACK) {
+        PyObject *d = delivery_of(q, a, off, pos, attempt, mode, ring); /* first: on a MemoryError nothing changed */
+        if (!d) {
+            unlock(seg);
+            return NULL;
+        }
         uint64_t head = h[H_HEAD];
         __atomic_store_n((uint64_t *)a, ST_ACKED | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
         h[H_FRONTIER] = pos + length;
         h[H_READY] -= 1;
-        CNT(seg)[C_ACKED_TOTAL] += 1;
-        post = freed_at(seg, base, cap, pos, head);
-    } else {
-        uint64_t until = now + vis_ns;
-        U64(a + REC_DEADLINE) = until;
-        __atomic_store_n((uint64_t *)a, ST_LEASED | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
-        h[H_FRONTIER] = pos + length;
-        h[H_READY] -= 1;
-        h[H_IN_FLIGHT] += 1;
-        if (until < next_deadline) h[H_NEXT_DEADLINE] = until;
+        *PROC_W(seg, slot, P_ACKED) += 1;
+        if (attempt > 1) *PROC_W(seg, slot, P_REDELIVERED) += 1;
+        int post = freed_at(seg, base, cap, pos, head);
+        unlock(seg);
+        if (post) return Py_BuildValue("(Ni)", d, 1);
+        return d;
     }
-    if (attempt > 1) CNT(seg)[C_REDELIVERED_TOTAL] += 1;
+    uint64_t until = now + vis_ns;
+    U64(a + REC_DEADLINE) = until;
+    __atomic_store_n((uint64_t *)a, ST_LEASED | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
+    h[H_FRONTIER] = pos + length;
+    h[H_READY] -= 1;
+    h[H_IN_FLIGHT] += 1;
+    if (until < next_deadline) h[H_NEXT_DEADLINE] = until;
+    if (attempt > 1) *PROC_W(seg, slot, P_REDELIVERED) += 1;
     unlock(seg);
-    if (post) return Py_BuildValue("(Ni)", d, 1);
-    return d;
+    /* leased to us: on a MemoryError here it is delivered again when the lease lapses */
+    return delivery_of(q, a, off, pos, attempt, mode, ring);
 }
 
-static int advance_head(char *seg, uint64_t base, uint64_t cap);
-
-/* take_many(q, seg, base, cap, slot, vis_ns, max_deliveries or 0, now, max_messages, max_bytes or 0, mode, ring)
+/* take_many(q, seg, base, cap, slot, vis_ns, max_deliveries or 0, now, max_messages, max_bytes or 0, mode, ring
+ *           [, wait])
  *   -> [Delivery, ...] (at least one), or R_*: the plain take repeated under one lock hold,
  *   from the frontier on, stopping at the first record it leaves to Python (requeued or
  *   special records, a due deadline, flags, an attempt past max_deliveries, the byte budget:
- *   the first message is always taken). mode as take's; with M_AUTOACK: ([...], 1 if a
- *   producer must be woken) */
+ *   the first message is always taken). mode and wait as take's; with M_AUTOACK: ([...], 1 if a
+ *   producer must be woken). Leased records become Deliveries after the unlock (their bytes
+ *   are ours until settled), auto-acked ones before their commit. */
 static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[10];
-    if (nargs != 12 || !delivery_class) {
-        PyErr_SetString(PyExc_TypeError, "take_many takes 12 arguments (and a delivery class set)");
+    uint64_t v[11] = {0};
+    if ((nargs != 12 && nargs != 13) || !delivery_class) {
+        PyErr_SetString(PyExc_TypeError, "take_many takes 12 or 13 arguments (and a delivery class set)");
         return NULL;
     }
-    if (parse_u64s(args + 1, 10, v) < 0) return NULL;
+    if (parse_u64s(args + 1, 10, v) < 0 || (nargs == 13 && parse_u64s(args + 12, 1, v + 10) < 0)) return NULL;
     PyObject *q = args[0], *ring = args[11];
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2], slot = v[3], vis_ns = v[4], maxdel = v[5], now = v[6], maxn = v[7],
              budget = v[8];
     int mode = (int)v[9];
+    if (maxn < 1) maxn = 1;
+    int autoack = mode & M_AUTOACK;
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
-    int rc = lock(seg);
+    uint64_t *taken_at = NULL; /* (ring offset, position, attempt) of each record leased, for after the unlock */
+    if (!autoack) {
+        taken_at = PyMem_Malloc(sizeof(uint64_t) * 3 * (size_t)(maxn < 4096 ? maxn : 4096));
+        if (!taken_at) {
+            Py_DECREF(out);
+            return PyErr_NoMemory();
+        }
+        if (maxn > 4096) maxn = 4096;
+    }
+    int rc = take_prologue(seg, slot, now, (int)v[10]);
     if (rc) {
         Py_DECREF(out);
+        PyMem_Free(taken_at);
         return PyLong_FromLong(rc);
     }
     uint64_t *h = HOT(seg);
     uint64_t pos = h[H_FRONTIER], tail = h[H_TAIL], next_deadline = h[H_NEXT_DEADLINE], head = h[H_HEAD];
-    if (h[H_REQUEUED] || h[H_DELETED] || now >= next_deadline || now >= h[H_NEXT_LIVENESS] ||
-        ((uint64_t *)seg)[SPECIAL_W]) {
-        unlock(seg);
-        Py_DECREF(out);
-        return PyLong_FromLong(R_FALLBACK);
-    }
     uint64_t until = now + vis_ns, taken = 0, redelivered = 0, first = 0;
-    uint64_t settled = (mode & M_AUTOACK) ? ST_ACKED : ST_LEASED;
+    uint64_t settled = autoack ? ST_ACKED : ST_LEASED;
     int64_t left = (int64_t)budget; /* bytes of bodies and headers still allowed (budget 0: no limit) */
     while (taken < maxn && pos < tail) {
         uint64_t off = pos % cap;
@@ -493,21 +623,26 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
             if (taken && (int64_t)(bl + hl) > left) break;
             left -= (int64_t)(bl + hl);
         }
-        /* built first: on a MemoryError this record is left as it is */
-        PyObject *d = delivery_of(q, a, off, pos, attempt, mode, ring);
-        if (!d || PyList_Append(out, d) < 0) {
-            Py_XDECREF(d);
-            if (!taken) { /* nothing changed */
-                unlock(seg);
-                Py_DECREF(out);
-                return NULL;
+        if (autoack) { /* built first: its space may be reused once it is settled */
+            PyObject *d = delivery_of(q, a, off, pos, attempt, mode, ring);
+            if (!d || PyList_Append(out, d) < 0) {
+                Py_XDECREF(d);
+                if (!taken) { /* nothing changed */
+                    unlock(seg);
+                    Py_DECREF(out);
+                    return NULL;
+                }
+                PyErr_Clear(); /* the ones taken are settled: hand them out */
+                break;
             }
-            PyErr_Clear(); /* the ones taken are leased (or settled): hand them out */
-            break;
+            Py_DECREF(d);
+        } else {
+            taken_at[3 * taken] = off;
+            taken_at[3 * taken + 1] = pos;
+            taken_at[3 * taken + 2] = attempt;
+            U64(a + REC_DEADLINE) = until;
         }
-        Py_DECREF(d);
         if (!taken) first = pos;
-        if (settled == ST_LEASED) U64(a + REC_DEADLINE) = until;
         __atomic_store_n((uint64_t *)a, settled | (slot << 8) | (attempt << 32), __ATOMIC_RELEASE); /* commit */
         pos += length;
         taken++;
@@ -517,34 +652,54 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
     if (taken) {
         h[H_FRONTIER] = pos;
         h[H_READY] -= taken;
-        if (settled == ST_ACKED) {
-            CNT(seg)[C_ACKED_TOTAL] += taken;
+        if (autoack) {
+            *PROC_W(seg, slot, P_ACKED) += taken;
             post = freed_at(seg, base, cap, first, head);
         } else {
             h[H_IN_FLIGHT] += taken;
             if (until < next_deadline) h[H_NEXT_DEADLINE] = until;
         }
-        if (redelivered) CNT(seg)[C_REDELIVERED_TOTAL] += redelivered;
+        if (redelivered) *PROC_W(seg, slot, P_REDELIVERED) += redelivered;
     }
     unlock(seg);
-    if (!taken) {
+    if (!taken) { /* the first record is not a plain one */
         Py_DECREF(out);
+        PyMem_Free(taken_at);
         return PyLong_FromLong(R_FALLBACK);
     }
-    if (mode & M_AUTOACK) return Py_BuildValue("(Ni)", out, post);
+    if (autoack) return Py_BuildValue("(Ni)", out, post);
+    /* leased to us: on a MemoryError the rest are delivered again when their leases lapse */
+    for (uint64_t i = 0; i < taken; i++) {
+        uint64_t off = taken_at[3 * i];
+        PyObject *d = delivery_of(q, seg + base + off, off, taken_at[3 * i + 1], taken_at[3 * i + 2], mode, ring);
+        if (!d || PyList_Append(out, d) < 0) {
+            Py_XDECREF(d);
+            PyMem_Free(taken_at);
+            if (PyList_GET_SIZE(out)) {
+                PyErr_Clear();
+                return out;
+            }
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(d);
+    }
+    PyMem_Free(taken_at);
     return out;
 }
 
-/* The arguments of ack_many and nack_many: (seg, base, cap, [pos, attempt, msg_id, ...], now).
- * The triples, read before the lock (nothing fails under it), in a new array of 3 * ``k``;
- * NULL with an exception set. */
+/* The arguments of ack_many and nack_many: (seg, base, cap, [pos, attempt, msg_id, ...], now, slot):
+ * ``v`` gets seg, base, cap and slot (the caller's process slot, whose share of the totals an
+ * ack counts in). The triples, read before the lock (nothing fails under it), in a new array
+ * of 3 * ``k``; NULL with an exception set. */
 static uint64_t *settle_args(PyObject *const *args, Py_ssize_t nargs, const char *name, uint64_t *v, uint64_t *now,
                              Py_ssize_t *k) {
-    if (nargs != 5 || !PyList_CheckExact(args[3])) {
-        PyErr_Format(PyExc_TypeError, "%s takes 5 arguments, the fourth a list", name);
+    if (nargs != 6 || !PyList_CheckExact(args[3])) {
+        PyErr_Format(PyExc_TypeError, "%s takes 6 arguments, the fourth a list", name);
         return NULL;
     }
-    if (parse_u64s(args, 3, v) < 0 || parse_u64s(args + 4, 1, now) < 0) return NULL;
+    if (parse_u64s(args, 3, v) < 0 || parse_u64s(args + 4, 1, now) < 0 || parse_u64s(args + 5, 1, v + 3) < 0)
+        return NULL;
     Py_ssize_t n = PyList_GET_SIZE(args[3]);
     if (n % 3) {
         PyErr_Format(PyExc_ValueError, "%s: (pos, attempt, msg_id) triples", name);
@@ -563,16 +718,16 @@ static uint64_t *settle_args(PyObject *const *args, Py_ssize_t nargs, const char
     return d;
 }
 
-/* ack_many(seg, base, cap, [pos, attempt, msg_id, ...], now)
+/* ack_many(seg, base, cap, [pos, attempt, msg_id, ...], now, slot)
  *   -> (acked, 1 if a producer must be woken else 0, [indices of those no longer leased]), or R_*:
  *   the plain ack repeated under one lock hold, for a queue with no log (the Python path logs) */
 static PyObject *fast_ack_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[3], now;
+    uint64_t v[4], now;
     Py_ssize_t k;
     uint64_t *d = settle_args(args, nargs, "ack_many", v, &now, &k);
     if (!d) return NULL;
     char *seg = (char *)(uintptr_t)v[0];
-    uint64_t base = v[1], cap = v[2];
+    uint64_t base = v[1], cap = v[2], slot = v[3];
     Py_ssize_t *bad = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(k ? k : 1));
     if (!bad) {
         PyMem_Free(d);
@@ -608,7 +763,7 @@ static PyObject *fast_ack_many(PyObject *self, PyObject *const *args, Py_ssize_t
         if (pos == head || (pos % cap == 0 && pos - head < cap)) freed = 1; /* first after the head (or a pad) */
     }
     h[H_IN_FLIGHT] -= done;
-    CNT(seg)[C_ACKED_TOTAL] += done;
+    *PROC_W(seg, slot, P_ACKED) += done;
     int post = 0;
     if (freed && advance_head(seg, base, cap)) {
         post = owe_producer(h);
@@ -633,20 +788,37 @@ static PyObject *fast_ack_many(PyObject *self, PyObject *const *args, Py_ssize_t
     return Py_BuildValue("(KiN)", (unsigned long long)done, post, badlist);
 }
 
-/* put_many(seg, base, cap, bodies, hraws, max_message_bytes, enq_ns)
+/* Where a record of ``size`` bytes appended at ``pos`` starts (ring.place): at ``pos``, or, when
+ * too little of the lap is left, at the next lap's start, the rest of this one a pad (a PAD
+ * record, or nothing under a record header's size). */
+static uint64_t placed(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t size) {
+    uint64_t rem = cap - pos % cap;
+    if (size <= rem) return pos;
+    if (rem >= REC_SIZE) {
+        char *p = seg + base + pos % cap;
+        memset(p, 0, REC_SIZE);
+        U64(p + REC_STATUS) = ST_PAD;
+        U32(p + REC_LENGTH) = (uint32_t)rem;
+    }
+    return pos + rem;
+}
+
+/* put_many(seg, base, cap, bodies, hraws, max_message_bytes, enq_ns[, wait])
  *   -> (first msg_id, consumer posts owed), or R_*: a batch appended under one lock hold, all
  *   or nothing, placed as the Python append places it (a record that does not fit before the
  *   end of the ring starts the next lap, after a PAD record). ``hraws``: bytes, the encoded
- *   headers of every item (b"": none), or a list of bytes, one per body. R_FALLBACK, nothing
- *   done, for anything else: a body that is not bytes or is too large, no room now, an empty
- *   queue placed badly, a deleted queue, an empty batch. No log: the Python append logs. */
+ *   headers of every item (b"": none), or a list of bytes, one per body. R_FULL / R_SLEEP
+ *   when there is no room now, as put's. R_FALLBACK, nothing done, for anything else: a body
+ *   that is not bytes or is too large, an empty queue placed badly (or a batch larger than
+ *   the ring), a deleted queue, an empty batch. No log: the Python append logs. */
 static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[3], maxmsg, enq;
-    if (nargs != 7 || !PyList_CheckExact(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "put_many takes 7 arguments, the fourth a list");
+    uint64_t v[3], maxmsg, enq, wait = 0;
+    if ((nargs != 7 && nargs != 8) || !PyList_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "put_many takes 7 or 8 arguments, the fourth a list");
         return NULL;
     }
-    if (parse_u64s(args, 3, v) < 0 || parse_u64s(args + 5, 1, &maxmsg) < 0 || parse_u64s(args + 6, 1, &enq) < 0)
+    if (parse_u64s(args, 3, v) < 0 || parse_u64s(args + 5, 1, &maxmsg) < 0 || parse_u64s(args + 6, 1, &enq) < 0 ||
+        (nargs == 8 && parse_u64s(args + 7, 1, &wait) < 0))
         return NULL;
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2];
@@ -663,6 +835,7 @@ static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t
     int rc = lock(seg);
     if (rc) return PyLong_FromLong(rc);
     uint64_t *h = HOT(seg);
+    if (wait >> 1 & 3) unregister_sleeper(seg, wait >> 3, H_PWAIT, H_PPOSTED, P_PWAIT, (int)(wait >> 1 & 3));
     uint64_t head = h[H_HEAD], tail = h[H_TAIL], end = tail;
     for (Py_ssize_t i = 0; i < n && end - head <= cap; i++) { /* where the tail would be */
         PyObject *hr = one ? hraws : PyList_GET_ITEM(hraws, i);
@@ -671,24 +844,21 @@ static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t
         uint64_t rem = cap - end % cap;
         end += (size > rem ? rem : 0) + size;
     }
-    if (h[H_DELETED] || end - head > cap) { /* Python waits, or moves an empty queue to the next lap */
+    if (h[H_DELETED] || (end - head > cap && head == tail)) { /* an empty queue placed badly: Python moves it */
         unlock(seg);
         return PyLong_FromLong(R_FALLBACK);
     }
-    uint64_t pos = tail, first = h[H_NEXT_ID], id = first;
-    for (Py_ssize_t i = 0; i < n; i++, id++) { /* the records past the tail, then one commit */
+    if (end - head > cap) { /* no room now: the caller waits for some (R_FULL, R_SLEEP), as put's */
+        if (wait & W_REGISTER) register_sleeper(seg, wait >> 3, H_PWAIT, P_PWAIT);
+        unlock(seg);
+        return PyLong_FromLong(wait & W_REGISTER ? R_SLEEP : R_FULL);
+    }
+    uint64_t pos = tail, first = h[H_NEXT_ID], id = first, step = ID_STEP(seg);
+    for (Py_ssize_t i = 0; i < n; i++, id += step) { /* the records past the tail, then one commit */
         PyObject *b = PyList_GET_ITEM(bodies, i), *hr = one ? hraws : PyList_GET_ITEM(hraws, i);
         uint64_t bl = (uint64_t)PyBytes_GET_SIZE(b), hl = (uint64_t)PyBytes_GET_SIZE(hr);
-        uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7, rem = cap - pos % cap;
-        if (size > rem) {
-            if (rem >= REC_SIZE) {
-                char *p = seg + base + pos % cap;
-                memset(p, 0, REC_SIZE);
-                U64(p + REC_STATUS) = ST_PAD;
-                U32(p + REC_LENGTH) = (uint32_t)rem;
-            }
-            pos += rem;
-        }
+        uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
+        pos = placed(seg, base, cap, pos, size);
         char *a = seg + base + pos % cap;
         U64(a + REC_STATUS) = ST_READY;
         U32(a + REC_LENGTH) = (uint32_t)size;
@@ -710,12 +880,12 @@ static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t
     return Py_BuildValue("(KK)", (unsigned long long)first, (unsigned long long)post);
 }
 
-/* nack_many(seg, base, cap, [pos, attempt, msg_id, ...], now)
+/* nack_many(seg, base, cap, [pos, attempt, msg_id, ...], now, slot)
  *   -> (nacked, consumer posts owed, [indices of those no longer leased]), or R_*: the
  *   immediate requeue (no delay, no retry policy) repeated under one lock hold, as
  *   ring.make_ready does it: ready again with the same attempt, before the frontier. */
 static PyObject *fast_nack_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[3], now;
+    uint64_t v[4], now;
     Py_ssize_t k;
     uint64_t *d = settle_args(args, nargs, "nack_many", v, &now, &k);
     if (!d) return NULL;
@@ -925,16 +1095,16 @@ static int freed_at(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64
     return (pos == head || (pos % cap == 0 && pos - head < cap)) && advance_head(seg, base, cap) && owe_producer(h);
 }
 
-/* ack(seg, base, cap, pos, attempt, msg_id, now, wal_fd, wal_gen)
+/* ack(seg, base, cap, pos, attempt, msg_id, now, wal_fd, wal_gen, slot)
  *   -> 1 if a producer must be woken, else 0; or R_*
  * wal_fd < 0: no log; else the ACK entry is appended to it before the commit */
 static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[7];
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "ack takes 9 arguments");
+    uint64_t v[7], slot;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "ack takes 10 arguments");
         return NULL;
     }
-    if (parse_u64s(args, 7, v) < 0) return NULL;
+    if (parse_u64s(args, 7, v) < 0 || parse_u64s(args + 9, 1, &slot) < 0) return NULL;
     long wal_fd = PyLong_AsLong(args[7]);
     if (wal_fd == -1 && PyErr_Occurred()) return NULL;
     uint64_t wal_gen = PyLong_AsUnsignedLongLong(args[8]);
@@ -973,7 +1143,7 @@ static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     __atomic_store_n((uint64_t *)a, (w & ~(uint64_t)0xFF) | ST_ACKED, __ATOMIC_RELEASE); /* commit */
     h[H_IN_FLIGHT] -= 1;
-    CNT(seg)[C_ACKED_TOTAL] += 1;
+    *PROC_W(seg, slot, P_ACKED) += 1;
     int post = freed_at(seg, base, cap, pos, head);
     unlock(seg);
     return PyLong_FromLong(post);
@@ -1081,6 +1251,350 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
     Py_RETURN_NONE; /* not reached */
 }
 
+/* ---- a stream partition's bulk append from Arrow buffers: the mirror of read_columns.
+ *
+ * A chunk is (n, value offsets, values, key offsets, keys, key validity, header offsets,
+ * headers[, anything]): Arrow's binary layout with int32 offsets (indexes into their data
+ * buffer, not necessarily from 0) -- read_columns' first eight fields, or the buffers of a
+ * pyarrow batch's columns. Key offsets None: no keys; key validity None: every key there;
+ * header offsets None: no headers (the header bytes are the encoded headers, as stored).
+ * Every buffer is checked before a byte is read from it. The appender (Partition.
+ * append_columns) holds the partition's lock around columns_end and write_columns, as the
+ * reader does around read_columns; these functions never take it. */
+
+enum { CB_VO, CB_VD, CB_KO, CB_KD, CB_KV, CB_HO, CB_HD, CB_N };
+
+typedef struct {
+    Py_ssize_t n;
+    Py_buffer b[CB_N]; /* b[i].obj == NULL: the field was None */
+} Chunk;
+
+static void chunks_free(Chunk *cs, Py_ssize_t k) {
+    for (Py_ssize_t j = 0; j < k; j++)
+        for (int i = 0; i < CB_N; i++)
+            if (cs[j].b[i].obj) PyBuffer_Release(&cs[j].b[i]);
+    PyMem_Free(cs);
+}
+
+static inline int32_t off_at(const Py_buffer *b, Py_ssize_t i) {
+    int32_t v;
+    memcpy(&v, (const char *)b->buf + 4 * i, 4);
+    return v;
+}
+
+/* Are the offsets of a binary column sound: n + 1 of them, non-decreasing, inside data? */
+static int offsets_ok(const Py_buffer *o, const Py_buffer *d, Py_ssize_t n) {
+    if (o->len < 4 * (n + 1) || !d->obj) return 0;
+    int32_t prev = off_at(o, 0);
+    if (prev < 0) return 0;
+    for (Py_ssize_t i = 1; i <= n; i++) {
+        int32_t v = off_at(o, i);
+        if (v < prev) return 0;
+        prev = v;
+    }
+    return prev <= d->len;
+}
+
+/* The chunks of a list, their buffers held and checked; NULL with an exception set. */
+static Chunk *chunks_get(PyObject *list, Py_ssize_t *count) {
+    if (!PyList_Check(list)) {
+        PyErr_SetString(PyExc_TypeError, "chunks must be a list of (n, value offsets, values, key offsets, keys, "
+                                         "key validity, header offsets, headers) tuples");
+        return NULL;
+    }
+    Py_ssize_t k = PyList_GET_SIZE(list);
+    Chunk *cs = PyMem_Calloc(k ? k : 1, sizeof(Chunk));
+    if (!cs) return (Chunk *)PyErr_NoMemory();
+    for (Py_ssize_t j = 0; j < k; j++) {
+        PyObject *t = PyList_GET_ITEM(list, j);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1 + CB_N) {
+            chunks_free(cs, j);
+            PyErr_SetString(PyExc_TypeError, "a chunk is a tuple (n, value offsets, values, key offsets, keys, "
+                                             "key validity, header offsets, headers)");
+            return NULL;
+        }
+        Chunk *c = &cs[j];
+        c->n = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 0));
+        if (c->n < 0) {
+            chunks_free(cs, j + 1);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a chunk's record count is negative");
+            return NULL;
+        }
+        for (int i = 0; i < CB_N; i++) {
+            PyObject *o = PyTuple_GET_ITEM(t, 1 + i);
+            if (o != Py_None && PyObject_GetBuffer(o, &c->b[i], PyBUF_SIMPLE) < 0) {
+                chunks_free(cs, j + 1);
+                return NULL;
+            }
+        }
+        Py_ssize_t n = c->n;
+        const char *bad = NULL;
+        if (!c->b[CB_VO].obj || !offsets_ok(&c->b[CB_VO], &c->b[CB_VD], n))
+            bad = "value offsets";
+        else if (c->b[CB_KO].obj && !offsets_ok(&c->b[CB_KO], &c->b[CB_KD], n))
+            bad = "key offsets";
+        else if (c->b[CB_KV].obj && (!c->b[CB_KO].obj || c->b[CB_KV].len < (n + 7) / 8))
+            bad = "key validity";
+        else if (c->b[CB_HO].obj && !offsets_ok(&c->b[CB_HO], &c->b[CB_HD], n))
+            bad = "header offsets";
+        if (bad) {
+            chunks_free(cs, j + 1);
+            PyErr_Format(PyExc_ValueError, "chunk %zd: its %s do not fit its %zd records", j, bad, n);
+            return NULL;
+        }
+    }
+    *count = k;
+    return cs;
+}
+
+/* Record i of a chunk: its key (has_key 0: none), encoded headers and value. */
+typedef struct {
+    const char *k, *h, *v;
+    uint32_t kl, hl, vl;
+    int has_key;
+} Row;
+
+static inline void row_of(const Chunk *c, Py_ssize_t i, Row *r) {
+    const Py_buffer *b = c->b;
+    int32_t a = off_at(&b[CB_VO], i);
+    r->v = (const char *)b[CB_VD].buf + a;
+    r->vl = (uint32_t)(off_at(&b[CB_VO], i + 1) - a);
+    r->has_key = b[CB_KO].obj && (!b[CB_KV].obj || (((const unsigned char *)b[CB_KV].buf)[i >> 3] >> (i & 7)) & 1);
+    r->kl = 0;
+    r->k = NULL;
+    if (r->has_key) {
+        a = off_at(&b[CB_KO], i);
+        r->k = (const char *)b[CB_KD].buf + a;
+        r->kl = (uint32_t)(off_at(&b[CB_KO], i + 1) - a);
+    }
+    r->hl = 0;
+    r->h = NULL;
+    if (b[CB_HO].obj) {
+        a = off_at(&b[CB_HO], i);
+        r->h = (const char *)b[CB_HD].buf + a;
+        r->hl = (uint32_t)(off_at(&b[CB_HO], i + 1) - a);
+    }
+}
+
+static inline uint64_t row_size(const Row *r) {
+    return (REC_SIZE + 7 + (uint64_t)r->kl + r->hl + r->vl) & ~(uint64_t)7;
+}
+
+/* columns_check(chunks) -> (records, their bytes in a ring (aligned sizes, no pads), the
+ * largest record's key + headers + value): every buffer checked (ValueError). */
+static PyObject *fast_columns_check(PyObject *self, PyObject *list) {
+    Py_ssize_t k;
+    Chunk *cs = chunks_get(list, &k);
+    if (!cs) return NULL;
+    uint64_t total = 0, biggest = 0;
+    Py_ssize_t n = 0;
+    Row r;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        for (Py_ssize_t i = 0; i < cs[j].n; i++) {
+            row_of(&cs[j], i, &r);
+            uint64_t payload = (uint64_t)r.kl + r.hl + r.vl;
+            if (payload > biggest) biggest = payload;
+            total += row_size(&r);
+        }
+        n += cs[j].n;
+    }
+    chunks_free(cs, k);
+    return Py_BuildValue("(nKK)", n, (unsigned long long)total, (unsigned long long)biggest);
+}
+
+/* Where the records go from ring position pos on: each at pos, or at the next lap when it
+ * would straddle the end (as layout.place); returns the position after the last. */
+static uint64_t chunks_end(const Chunk *cs, Py_ssize_t k, uint64_t pos, uint64_t cap) {
+    Row r;
+    for (Py_ssize_t j = 0; j < k; j++)
+        for (Py_ssize_t i = 0; i < cs[j].n; i++) {
+            row_of(&cs[j], i, &r);
+            uint64_t size = row_size(&r), rem = cap - pos % cap;
+            pos += (size > rem ? rem : 0) + size;
+        }
+    return pos;
+}
+
+/* columns_end(chunks, start, cap) -> the ring position after the last record appended at start. */
+static PyObject *fast_columns_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[2];
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "columns_end(chunks, start, cap)");
+        return NULL;
+    }
+    if (parse_u64s(args + 1, 2, v) < 0) return NULL;
+    if (v[1] < REC_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "columns_end: the ring is smaller than a record");
+        return NULL;
+    }
+    Py_ssize_t k;
+    Chunk *cs = chunks_get(args[0], &k);
+    if (!cs) return NULL;
+    uint64_t end = chunks_end(cs, k, v[0], v[1]);
+    chunks_free(cs, k);
+    return PyLong_FromUnsignedLongLong(end);
+}
+
+/* columns_log(chunks, first_offset, now_ns, txn_id or None, batch) -> the log entries of
+ * the records (a stream record's PUT entry each: dmsq.stream_entry), offsets from
+ * first_offset on; with txn_id, then the publish note of (txn_id, batch) at the last one's
+ * offset (dmsq.publish_entry). */
+static PyObject *fast_columns_log(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[2], batch = 0;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "columns_log(chunks, first_offset, now_ns, txn_id, batch)");
+        return NULL;
+    }
+    if (parse_u64s(args + 1, 2, v) < 0) return NULL;
+    PyObject *txn = args[3];
+    if (txn != Py_None) {
+        if (!PyBytes_Check(txn) || PyBytes_GET_SIZE(txn) != 16) {
+            PyErr_SetString(PyExc_ValueError, "columns_log: a publisher id is 16 bytes");
+            return NULL;
+        }
+        if (parse_u64s(args + 4, 1, &batch) < 0) return NULL;
+    }
+    Py_ssize_t k;
+    Chunk *cs = chunks_get(args[0], &k);
+    if (!cs) return NULL;
+    Row r;
+    uint64_t bytes = 0, count = 0;
+    for (Py_ssize_t j = 0; j < k; j++)
+        for (Py_ssize_t i = 0; i < cs[j].n; i++, count++) {
+            row_of(&cs[j], i, &r);
+            bytes += LOG_HEAD + 4 + (uint64_t)r.kl + r.hl + r.vl;
+        }
+    if (txn != Py_None && count) bytes += LOG_HEAD + PUBLISH_BODY + 4;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bytes);
+    if (!out) {
+        chunks_free(cs, k);
+        return NULL;
+    }
+    unsigned char *e = (unsigned char *)PyBytes_AS_STRING(out);
+    uint64_t offset = v[0], now = v[1];
+    for (Py_ssize_t j = 0; j < k; j++)
+        for (Py_ssize_t i = 0; i < cs[j].n; i++, offset++) {
+            row_of(&cs[j], i, &r);
+            unsigned char *p = e + LOG_HEAD;
+            if (r.hl) memcpy(p, r.h, r.hl);
+            if (r.kl) memcpy(p + r.hl, r.k, r.kl);
+            memcpy(p + r.hl + r.kl, r.v, r.vl);
+            e += log_entry(e, LOG_PUT, r.hl, (uint64_t)r.kl + r.vl, r.has_key ? (uint64_t)r.kl + 1 : 0, offset, now);
+        }
+    if (txn != Py_None && count) {
+        memcpy(e + LOG_HEAD, PyBytes_AS_STRING(txn), 16);
+        memcpy(e + LOG_HEAD + 16, &batch, 8);
+        log_entry(e, LOG_PUBLISH, 0, PUBLISH_BODY, 0, offset - 1, now);
+    }
+    chunks_free(cs, k);
+    return out;
+}
+
+/* write_columns(buffer, base, cap, index_off, slots, stride, start, first_offset, now_ns,
+ *               chunks) -> the position after the last record
+ *   The records written from ring position start on (a pad record where one would
+ *   straddle the end of the lap), offsets from first_offset, every stride-th offset's
+ *   position in the sparse index (slots words at index_off): as Partition._write writes
+ *   them. The caller holds the lock, has made the room, and commits (stores the tail). */
+static PyObject *fast_write_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[8];
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "write_columns(buffer, base, cap, index_off, slots, stride, start, first_offset, now_ns, chunks)");
+        return NULL;
+    }
+    if (parse_u64s(args + 1, 8, v) < 0) return NULL;
+    uint64_t base = v[0], cap = v[1], index_off = v[2], slots = v[3], stride = v[4], pos = v[5], offset = v[6];
+    uint64_t now = v[7];
+    Py_ssize_t k;
+    Chunk *cs = chunks_get(args[9], &k);
+    if (!cs) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
+        chunks_free(cs, k);
+        return NULL;
+    }
+    if (cap < REC_SIZE || cap % 8 || base % 8 || base + cap > (uint64_t)view.len || !slots || !stride ||
+        index_off % 8 || index_off + 8 * slots > base) {
+        PyBuffer_Release(&view);
+        chunks_free(cs, k);
+        PyErr_SetString(PyExc_ValueError, "write_columns: the ring or its index is outside the buffer");
+        return NULL;
+    }
+    char *mem = (char *)view.buf;
+    Row r;
+    for (Py_ssize_t j = 0; j < k; j++)
+        for (Py_ssize_t i = 0; i < cs[j].n; i++, offset++) {
+            row_of(&cs[j], i, &r);
+            uint64_t size = row_size(&r);
+            pos = placed(mem, base, cap, pos, size);
+            char *a = mem + base + pos % cap;
+            U64(a + REC_STATUS) = ST_READY;
+            U32(a + REC_LENGTH) = (uint32_t)size;
+            U32(a + REC_BODY_LEN) = r.vl;
+            U32(a + REC_HDR_LEN) = r.kl + r.hl;
+            U32(a + REC_FLAGS) = 0;
+            U64(a + REC_MSG_ID) = offset;
+            U64(a + REC_ENQ_NS) = now;
+            U64(a + REC_DEADLINE) = r.has_key ? (uint64_t)r.kl + 1 : 0; /* a stream record: its key's length + 1 */
+            char *b = a + REC_SIZE;
+            if (r.kl) memcpy(b, r.k, r.kl);
+            if (r.hl) memcpy(b + r.kl, r.h, r.hl);
+            memcpy(b + r.kl + r.hl, r.v, r.vl);
+            if (offset % stride == 0) U64(mem + index_off + 8 * ((offset / stride) % slots)) = pos;
+            pos += size;
+        }
+    PyBuffer_Release(&view);
+    chunks_free(cs, k);
+    return PyLong_FromUnsignedLongLong(pos);
+}
+
+/* key_partitions(key offsets, keys, key validity or None, n, partitions, own) -> n int32:
+ *   each record's partition by its key, CRC-32 of the key's bytes modulo partitions, as
+ *   stream.partition_of; own for a record without a key (a sink's routing, in bulk). */
+static PyObject *fast_key_partitions(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "key_partitions(key offsets, keys, key validity, n, partitions, own)");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[3]), parts = PyLong_AsSsize_t(args[4]), own = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (n < 0 || parts < 1 || own < 0 || own >= parts) {
+        PyErr_SetString(PyExc_ValueError, "key_partitions: n >= 0, partitions >= 1, 0 <= own < partitions");
+        return NULL;
+    }
+    Chunk c; /* the keys of a chunk, checked as chunks_get checks them */
+    memset(&c, 0, sizeof c);
+    c.n = n;
+    int ok = 1;
+    for (int i = CB_KO; i <= CB_KV && ok; i++) {
+        PyObject *o = args[i - CB_KO];
+        if (o != Py_None && PyObject_GetBuffer(o, &c.b[i], PyBUF_SIMPLE) < 0) ok = 0;
+    }
+    if (ok && (!c.b[CB_KO].obj || !offsets_ok(&c.b[CB_KO], &c.b[CB_KD], n) ||
+               (c.b[CB_KV].obj && c.b[CB_KV].len < (n + 7) / 8))) {
+        PyErr_Format(PyExc_ValueError, "key_partitions: the key offsets or validity do not fit %zd records", n);
+        ok = 0;
+    }
+    PyObject *out = ok ? PyBytes_FromStringAndSize(NULL, 4 * n) : NULL;
+    if (out) {
+        char *o = PyBytes_AS_STRING(out);
+        const unsigned char *valid = c.b[CB_KV].obj ? (const unsigned char *)c.b[CB_KV].buf : NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int32_t p = (int32_t)own;
+            if (!valid || (valid[i >> 3] >> (i & 7)) & 1) {
+                int32_t a = off_at(&c.b[CB_KO], i);
+                p = (int32_t)(crc32_of((const unsigned char *)c.b[CB_KD].buf + a,
+                                       (size_t)(off_at(&c.b[CB_KO], i + 1) - a)) % (uint32_t)parts);
+            }
+            memcpy(o + 4 * i, &p, 4);
+        }
+    }
+    for (int i = 0; i < CB_N; i++)
+        if (c.b[i].obj) PyBuffer_Release(&c.b[i]);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"put", (PyCFunction)(void (*)(void))fast_put, METH_FASTCALL, "the put fast path"},
     {"take", (PyCFunction)(void (*)(void))fast_take, METH_FASTCALL, "the get fast path"},
@@ -1094,6 +1608,15 @@ static PyMethodDef methods[] = {
     {"publish", (PyCFunction)(void (*)(void))fast_publish, METH_FASTCALL, "a reserved record's commit (unlocks)"},
     {"read_columns", (PyCFunction)(void (*)(void))fast_read_columns, METH_FASTCALL,
      "a stream partition's records as Arrow buffers"},
+    {"columns_check", (PyCFunction)fast_columns_check, METH_O, "check chunks of Arrow buffers: records, bytes, largest"},
+    {"columns_end", (PyCFunction)(void (*)(void))fast_columns_end, METH_FASTCALL,
+     "the ring position after chunks appended at a position"},
+    {"columns_log", (PyCFunction)(void (*)(void))fast_columns_log, METH_FASTCALL,
+     "the log entries of chunks appended to a stream partition"},
+    {"write_columns", (PyCFunction)(void (*)(void))fast_write_columns, METH_FASTCALL,
+     "chunks of Arrow buffers written into a stream partition's ring (lock held)"},
+    {"key_partitions", (PyCFunction)(void (*)(void))fast_key_partitions, METH_FASTCALL,
+     "each record's partition by its key's CRC-32"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1124,7 +1647,8 @@ PyMODINIT_FUNC PyInit__fast(void) {
         PyModule_AddIntConstant(m, "PAD", ST_PAD) || PyModule_AddIntConstant(m, "BUSY", R_BUSY) ||
         PyModule_AddIntConstant(m, "OWNERDEAD", R_OWNERDEAD) ||
         PyModule_AddIntConstant(m, "FALLBACK", R_FALLBACK) || PyModule_AddIntConstant(m, "EXPIRED", R_EXPIRED) ||
-        PyModule_AddIntConstant(m, "DELETED", R_DELETED) ||
+        PyModule_AddIntConstant(m, "DELETED", R_DELETED) || PyModule_AddIntConstant(m, "EMPTY", R_EMPTY) ||
+        PyModule_AddIntConstant(m, "SLEEP", R_SLEEP) || PyModule_AddIntConstant(m, "FULL", R_FULL) || PyModule_AddIntConstant(m, "W_REGISTER", W_REGISTER) ||
         PyModule_AddIntConstant(m, "WAL_MAX_PAYLOAD", WAL_MAX_PAYLOAD)) {
         Py_DECREF(m);
         return NULL;

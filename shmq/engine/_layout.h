@@ -13,12 +13,19 @@
 #define ST_ACKED 3
 #define ST_PAD 4
 #define WAL_ALWAYS 1
-#define SPECIAL_W 106
-#define NEXT_TTL_W 107
-#define LEVEL_POS_W 109
+#define SPECIAL_W 107
+#define NEXT_TTL_W 108
+#define LEVEL_POS_W 112
 #define MAX_PRIORITIES 16
 #define FLAG_TTL 1024
 #define NO_HOLDER 65535
+#define PROCS_OFF 1024
+#define PROC_SIZE 64
+#define P_CWAIT 2
+#define P_PWAIT 3
+#define P_ACKED 4
+#define P_REDELIVERED 5
+#define OPTS_LANES_OFF 848
 #define REC_STATUS 0
 #define REC_LENGTH 8
 #define REC_BODY_LEN 12
@@ -36,6 +43,8 @@
 #define LOG_HEAD 32
 #define LOG_PUT 1
 #define LOG_ACK 2
+#define LOG_PUBLISH 3
+#define PUBLISH_BODY 24
 #define LOG_TAG_BYTES "WAL"
 /* control words, from HOT_W; counters, from COUNTERS_W */
 enum { H_DELETED = 0, H_HEAD = 1, H_TAIL = 2, H_FRONTIER = 3, H_READY_POS = 4, H_REQUEUED = 5, H_NEXT_ID = 6, H_READY = 7, H_IN_FLIGHT = 8, H_DELAYED = 9, H_NEXT_DEADLINE = 10, H_NEXT_LIVENESS = 11, H_CWAIT = 12, H_CPOSTED = 13, H_PWAIT = 14, H_PPOSTED = 15 };

@@ -2,7 +2,10 @@
 namespace.
 
 Strategy: a Broker is a thin handle on the namespace registry. It never sits on the
-message path: a Queue handle it returns talks to shared memory directly.
+message path: a Queue handle it returns talks to shared memory directly. Attaching
+makes nothing: a namespace's registry is made by the first create of a queue, a stream
+or an exchange in it (or by ``shmq server``), so a mistyped namespace is never made by
+looking at it; until then the namespace reads as empty.
 """
 
 import ctypes
@@ -19,15 +22,18 @@ from .segment import (
     check_queue_name,
     create_segment,
     create_semaphore,
+    lane_entries,
+    lane_name,
     segment_name,
     unlink_segment,
     unlink_semaphore,
 )
-from ..errors import QueueExists, QueueNotFound, ShmqError, StreamExists, StreamNotFound
+from ..errors import NamespaceNotFound, QueueExists, QueueNotFound, ShmqError, StreamExists, StreamNotFound
 from ..serializers import SerializerSpec
 from ..serializers import resolve as resolve_serializer
 from .partition import partition_segment_name
 from . import deadletter
+from .lanes import MAX_LANES, LanedQueue, attach
 from .queue import Queue
 from .serialized import SerializedQueue
 from .stream import Stream, stream_base
@@ -45,11 +51,40 @@ class Broker:
     """Local access to a namespace's queues (``shmq.connect()``)."""
 
     def __init__(self, namespace: str = "shmq", create: bool = True):
-        """``create=False``: attach to a namespace that exists (FileNotFoundError if it
-        has no registry), never make one."""
+        """Attach to ``namespace``; nothing is made by attaching. ``create=True``: a
+        namespace that does not exist yet is made by this handle's first create_queue,
+        create_stream or create_exchange (until then it lists nothing); ``create=False``:
+        NamespaceNotFound (a FileNotFoundError) if it does not exist now."""
         self.namespace = check_namespace(namespace)
-        self._registry = Registry(namespace, create=create)
+        self._closed = False
         self._queues = weakref.WeakSet()
+        try:
+            self._registry = Registry(namespace, create=False)
+        except FileNotFoundError:
+            if not create:
+                raise NamespaceNotFound(f"no namespace {namespace!r} on this host (nothing made a queue, stream or "
+                                        "exchange in it): check the name") from None
+            self._registry = None  # made by the first create (``_reg``)
+
+    def _reg(self, make: bool = False) -> Registry | None:
+        """The namespace's registry, attached when it appears; made only with ``make``
+        (a create). None while the namespace has none."""
+        reg = self._registry
+        if reg is None:
+            if self._closed:
+                raise ShmqError(f"broker of namespace {self.namespace!r} is closed")
+            try:
+                reg = Registry(self.namespace, create=make)
+            except FileNotFoundError:
+                return None
+            self._registry = reg
+        return reg
+
+    def create_namespace(self) -> bool:
+        """Make the namespace's registry now if it has none (``shmq server`` does at start);
+        True if this call made it."""
+        had = self._reg() is not None
+        return not had and self._reg(make=True).created
 
     def __repr__(self):
         return f"<shmq.Broker namespace={self.namespace!r}>"
@@ -71,14 +106,15 @@ class Broker:
             self._registry = None
 
     def ping(self) -> None:
-        """Check the namespace is attached (the TCP client's is a round trip to the server)."""
-        if self._registry is None:
+        """Check the broker is open (the TCP client's is a round trip to the server)."""
+        if self._closed:
             raise ShmqError(f"broker of namespace {self.namespace!r} is closed")
 
     def close(self) -> None:
         """Close this broker and every queue handle it returned. Queues stay."""
         for q in list(self._queues):
             q.close()
+        self._closed = True
         x = self.__dict__.pop("_exchanges", None)
         if x is not None:
             x.close()
@@ -95,7 +131,10 @@ class Broker:
         objects and deliveries carry them in ``body`` (``shmq.serializers``)."""
         ser = resolve_serializer(serializer)
         check_queue_name(name)
-        q = Queue(self.namespace, name) if ser is None else SerializedQueue(self.namespace, name, ser)
+        if ser is None:
+            q = attach(self.namespace, name)
+        else:
+            q = attach(self.namespace, name, SerializedQueue, serializer=ser)
         if prefetch is not None:
             q._set_prefetch(_positive_int(prefetch, "prefetch"))
         self._queues.add(q)
@@ -119,6 +158,7 @@ class Broker:
         retry_delay_max: float | None = None,
         priority_aging: float | None = 60.0,
         serializer: SerializerSpec = None,
+        lanes: int = 1,
     ) -> Queue:
         """Create a queue and attach to it. Raises QueueExists unless ``exist_ok``
         (then the existing queue is returned as it is).
@@ -137,19 +177,30 @@ class Broker:
         without a delay, or a lapsed lease, makes the message ready again after
         ``retry_delay * retry_backoff ** (attempt - 1)`` seconds, at most ``retry_delay_max``.
         ``serializer``: the handle's, as ``queue()`` takes it (the queue stores bytes).
+
+        ``lanes``: K rings with a lock each (``shmq.engine.lanes``), for many producers and
+        consumers on many cores: a producer appends to its own lane, a consumer takes from
+        its home lane first, then from the others; order is FIFO per lane (best-effort
+        ordering, as SQS standard queues), and ``max_bytes`` is shared out among the lanes.
+        1 (the default): one ring, strict FIFO.
         """
         check_queue_name(name)
         resolve_serializer(serializer)
+        lanes = _positive_int(lanes, "lanes")
+        if lanes > MAX_LANES:
+            raise ValueError(f"lanes must be at most {MAX_LANES}, not {lanes}")
         max_bytes = _positive_int(max_bytes, "max_bytes")
-        if max_bytes < _MIN_BYTES:
-            raise ValueError(f"max_bytes must be at least {_MIN_BYTES}, not {max_bytes}")
-        max_bytes = L.align(max_bytes)
+        if max_bytes < _MIN_BYTES * lanes:
+            raise ValueError(f"max_bytes must be at least {_MIN_BYTES} per lane ({_MIN_BYTES * lanes}), "
+                             f"not {max_bytes}")
+        max_bytes = L.align(max_bytes // lanes)  # each lane's ring
         if max_message_bytes is None:  # 1 MiB, or as much as one record can hold
             max_message_bytes = min(DEFAULT_MAX_MESSAGE_BYTES, max_bytes - L.REC_SIZE)
         max_message_bytes = _positive_int(max_message_bytes, "max_message_bytes")
         if L.record_size(0, max_message_bytes) > max_bytes:
             raise ValueError(
-                f"max_message_bytes={max_message_bytes} can never fit in max_bytes={max_bytes} "
+                f"max_message_bytes={max_message_bytes} can never fit in max_bytes={max_bytes}"
+                f"{f' of each of {lanes} lanes' if lanes > 1 else ''} "
                 f"(each record also takes a {L.REC_SIZE}-byte header)"
             )
         if isinstance(visibility_timeout, bool) or not isinstance(visibility_timeout, (int, float)):
@@ -166,7 +217,9 @@ class Broker:
             check_queue_name(dead_letter_queue)
             if dead_letter_queue == name:
                 raise ValueError("a queue cannot be its own dead-letter queue")
-        reg = self._registry
+        if dead_letter_queue is not None and self._reg() is None:  # (a create that fails makes no namespace)
+            raise QueueNotFound(f"dead-letter queue {dead_letter_queue!r} does not exist: create it first")
+        reg = self._reg(make=True)
         with reg:
             self._clean_stale(reg)
             index, state = reg.find(name)
@@ -179,8 +232,9 @@ class Broker:
             index = reg.claim(name, CREATING)
             self._unlink_queue_files(name)  # leftovers of a crash, if any
             try:
-                self._build(name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
-                            dead_letter_queue, durability, opts)
+                for lane in range(lanes):
+                    self._build(name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
+                                dead_letter_queue, durability, opts, lanes, lane)
             except BaseException:
                 self._unlink_queue_files(name)
                 reg.free(index)
@@ -188,9 +242,10 @@ class Broker:
             reg.set_state(index, LIVE, name)
         return self.queue(name, serializer=serializer)
 
-    def _build(self, name, capacity, max_message_bytes, visibility_timeout, max_deliveries, dlq, durability, opts):
+    def _build(self, name, capacity, max_message_bytes, visibility_timeout, max_deliveries, dlq, durability, opts,
+               lanes=1, lane=0):
         slots = DEFAULT_PROCESS_SLOTS
-        base = segment_name(self.namespace, "q", name)
+        base = segment_name(self.namespace, "q", lane_name(name, lane))
         seg = create_segment(base, L.segment_size(capacity, slots))
         try:
             create_semaphore(base + ".ne").close()
@@ -203,10 +258,10 @@ class Broker:
                 L.data_offset(slots), len(raw_name), raw_name, len(raw_dlq), raw_dlq,
             )
             L.WORD.pack_into(mm, L.TIMENS_OFF, monotonic_offset())
-            L.OPTS.pack_into(mm, L.OPTS_OFF, *opts)
+            L.OPTS.pack_into(mm, L.OPTS_OFF, *opts, lanes if lanes > 1 else 0, lane)
             L.WORD.pack_into(mm, L.I_NEXT_TTL << 3, -1)  # NEVER
             hot = dict.fromkeys(L.HOT_FIELDS, 0)
-            hot.update(next_id=1, next_deadline=L.NEVER)
+            hot.update(next_id=lane + 1, next_deadline=L.NEVER)  # lane j's ids: j + 1, j + 1 + lanes, ...
             L.HOT.pack_into(mm, L.HOT_OFF, *hot.values())
             anchor = ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)
             init_mutex(ctypes.addressof(anchor))
@@ -220,6 +275,11 @@ class Broker:
         unlink_segment(base)
         unlink_semaphore(base + ".ne")
         unlink_semaphore(base + ".nf")
+        for entry in lane_entries(self.namespace, name):  # a laned queue's other lanes
+            if entry.endswith((".ne", ".nf")):
+                unlink_semaphore(entry)
+            else:
+                unlink_segment(entry)
 
     def _clean_stale(self, reg):
         """Finish off creates and deletes whose process died holding the registry lock."""
@@ -234,7 +294,9 @@ class Broker:
     def delete_queue(self, name: str) -> None:
         """Delete a queue and every message in it. Handles elsewhere get QueueNotFound."""
         check_queue_name(name)
-        reg = self._registry
+        reg = self._reg()
+        if reg is None:
+            raise QueueNotFound(f"no queue {name!r} in namespace {self.namespace!r}")
         with reg:
             self._clean_stale(reg)
             index, state = reg.find(name)
@@ -242,7 +304,7 @@ class Broker:
                 raise QueueNotFound(f"no queue {name!r} in namespace {self.namespace!r}")
             reg.set_state(index, DELETING, name)
             try:
-                q = Queue(self.namespace, name)
+                q = attach(self.namespace, name)
             except QueueNotFound:
                 pass
             else:
@@ -253,7 +315,9 @@ class Broker:
 
     def list_queues(self) -> list[str]:
         """Names of the namespace's queues, sorted."""
-        reg = self._registry
+        reg = self._reg()
+        if reg is None:
+            return []
         with reg:
             self._clean_stale(reg)
             return sorted(name for _i, state, name in reg.entries() if state == LIVE and name[0] != _STREAM)
@@ -289,7 +353,7 @@ class Broker:
     def create_stream(self, name: str, partitions: int = 4, max_bytes: int = 64 * 2**20,
                       max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
                       retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
-                      durability: str = "snapshot", exist_ok: bool = False) -> Stream:
+                      durability: str = "snapshot", exist_ok: bool = False, reserve: bool = True) -> Stream:
         """Create a stream of ``partitions`` append-only logs and attach to it. Raises
         StreamExists unless ``exist_ok`` (then the existing stream is returned as it is).
 
@@ -298,7 +362,12 @@ class Broker:
         wait for the slowest group's committed offset (``"block"``; a group with no live
         member for ``group_idle_timeout`` seconds stops holding them back).
         ``retention_bytes`` / ``retention_seconds`` bound the on-disk tail of a "wal"
-        stream's logs.
+        stream's logs. ``reserve=False``: the partitions' memory is taken as records are
+        written, not at create (and freed with the stream): for short-lived streams such
+        as a Spark sink's staging, made and deleted each micro-batch; whoever appends
+        checks the room first (``segment.check_room``), or dies of a SIGBUS when /dev/shm
+        is full. A TCP server reserves every stream's memory (it takes the argument and
+        ignores it).
         """
         check_queue_name(name)
         partitions = _positive_int(partitions, "partitions")
@@ -319,7 +388,7 @@ class Broker:
             raise ValueError(f"group_idle_timeout must be > 0 seconds, not {group_idle_timeout!r}")
         if durability not in _DURABILITY_MODES:
             raise ValueError(f"durability must be one of {', '.join(_DURABILITY_MODES)}, not {durability!r}")
-        reg = self._registry
+        reg = self._reg(make=True)
         entry = _STREAM + name
         with reg:
             self._clean_stale(reg)
@@ -332,7 +401,7 @@ class Broker:
             self._unlink_stream_files(name)
             try:
                 self._build_stream(name, partitions, max_bytes, max_message_bytes, retention, retention_bytes,
-                                   retention_seconds, group_idle_timeout, durability)
+                                   retention_seconds, group_idle_timeout, durability, reserve)
             except BaseException:
                 self._unlink_stream_files(name)
                 reg.free(index)
@@ -340,11 +409,12 @@ class Broker:
             reg.set_state(index, LIVE, entry)
         return self.stream(name)
 
-    def _build_stream(self, name, partitions, max_bytes, maxmsg, retention, ret_bytes, ret_s, idle_s, durability):
+    def _build_stream(self, name, partitions, max_bytes, maxmsg, retention, ret_bytes, ret_s, idle_s, durability,
+                      reserve=True):
         base = stream_base(self.namespace, name)
         now = time.time_ns()
         for p in range(partitions):
-            seg = create_segment(partition_segment_name(base, p), L.part_data_offset(max_bytes) + max_bytes)
+            seg = create_segment(partition_segment_name(base, p), L.part_data_offset(max_bytes) + max_bytes, reserve)
             try:
                 L.PART_STATIC.pack_into(seg._mmap, 0, b"\0\0\0\0", L.STREAM_VERSION, 0, max_bytes, maxmsg,
                                         L.index_slots(max_bytes), L.part_data_offset(max_bytes), now)
@@ -380,7 +450,9 @@ class Broker:
     def delete_stream(self, name: str) -> None:
         """Delete a stream, its records and its groups. Handles elsewhere get StreamNotFound."""
         check_queue_name(name)
-        reg = self._registry
+        reg = self._reg()
+        if reg is None:
+            raise StreamNotFound(f"no stream {name!r} in namespace {self.namespace!r}")
         entry = _STREAM + name
         with reg:
             self._clean_stale(reg)
@@ -404,7 +476,9 @@ class Broker:
 
     def list_streams(self) -> list[str]:
         """Names of the namespace's streams, sorted."""
-        reg = self._registry
+        reg = self._reg()
+        if reg is None:
+            return []
         with reg:
             self._clean_stale(reg)
             return sorted(name[1:] for _i, state, name in reg.entries() if state == LIVE and name[0] == _STREAM)
@@ -416,7 +490,7 @@ class Broker:
         if x is None:
             from .exchange import Exchanges
 
-            x = self._exchanges = Exchanges(self.namespace, self._registry)
+            x = self._exchanges = Exchanges(self.namespace)
         return x
 
     def create_exchange(self, name: str, type: str = "fanout", exist_ok: bool = False) -> None:
@@ -442,11 +516,13 @@ class Broker:
         split on ".", ``*`` one word, ``#`` zero or more (a fanout exchange ignores it).
         QueueNotFound if no queue or stream has that name; ValueError if both do."""
         check_queue_name(target)
-        reg = self._registry
-        with reg:
-            self._clean_stale(reg)
-            is_queue = reg.find(target)[1] == LIVE
-            is_stream = reg.find(_STREAM + target)[1] == LIVE
+        reg = self._reg()
+        is_queue = is_stream = False
+        if reg is not None:
+            with reg:
+                self._clean_stale(reg)
+                is_queue = reg.find(target)[1] == LIVE
+                is_stream = reg.find(_STREAM + target)[1] == LIVE
         if is_queue and is_stream:
             raise ValueError(f"both a queue and a stream are named {target!r}: an exchange cannot tell which to bind")
         if not (is_queue or is_stream):

@@ -12,8 +12,8 @@ from ..errors import LockTimeout, QueueEmpty
 from . import cpaths, deadletter, extension, housekeeping, ring, scheduling, waits
 from . import layout as L
 from .layout import (
-    I_ACKED_TOTAL, I_DELETED, I_FRONTIER, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS,
-    I_REDELIVERED_TOTAL, I_EXPIRED_TOTAL, I_REQUEUED, I_SPECIAL, I_TAIL,
+    I_DELETED, I_FRONTIER, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS,
+    I_EXPIRED_TOTAL, I_REQUEUED, I_SPECIAL, I_TAIL,
 )
 from .delivery import Delivery, Message
 from .headers import decode_headers
@@ -38,7 +38,10 @@ _encode_ack_entry = dmsq.encode_ack_entry
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _fast_take = cpaths.take
 _fast_take_many = cpaths.take_many
-_F_OWNERDEAD, _F_FALLBACK = cpaths.OWNERDEAD, cpaths.FALLBACK
+_F_OWNERDEAD, _F_FALLBACK, _F_BUSY, _F_EMPTY, _F_SLEEP = (cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.BUSY, cpaths.EMPTY,
+                                                       cpaths.SLEEP)
+_W_REGISTER = cpaths.W_REGISTER
+_proc_word, _P_ACKED, _P_REDELIVERED = L.proc_word, L.P_ACKED, L.P_REDELIVERED
 # a take's mode (bits, as _fast.c's): settled as taken (get(ack=False)); the body a view (copy=False)
 _AUTOACK, _VIEW = 1, 2
 _AUTOACK_LEASE_NS = 60 * 10**9  # the general take's lease of an auto-acked message, acked in the same call
@@ -87,11 +90,7 @@ class Consuming:
                            self.max_deliveries or 0, _mono())
             if type(r) is not int:
                 return r
-            if r == _F_FALLBACK:
-                return self._get(1, timeout, None)[0]
-            if r == _F_OWNERDEAD:
-                self._repair_held_lock()
-            # busy (or repaired): _take_one waits for the lock
+            return self._fast_wait(r, 0, timeout, None, None, 0)
         d = self._take_one(visibility_timeout, timeout)
         if d is None:
             d = self._get(1, timeout, visibility_timeout)[0]
@@ -165,38 +164,18 @@ class Consuming:
 
     def _get_capped(self, maxn, timeout, visibility_timeout, max_bytes=None, mode=0):
         """A get under the prefetch cap: waits while the cap is reached."""
-        deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
-        cv, held = self._held_cv, self._held
-        with cv:
-            while True:
-                if len(held) >= self._prefetch:  # some may have lapsed: look again
-                    self._acquire()
-                    try:
-                        for d in [d for d in held if self._leased_word(d) < 0]:
-                            held.discard(d)
-                    finally:
-                        self._release()
-                room = self._prefetch - len(held) - self._pending
-                if room > 0:
-                    room = min(maxn, room)
-                    self._pending += room  # reserved while this get runs, for other threads
-                    break
-                left = None if deadline is None else (deadline - _mono()) / 1e9
-                if left is not None and left <= 0:
-                    raise QueueEmpty(f"queue {self.name!r}: this handle holds its prefetch of {self._prefetch} "
-                                     "un-settled deliveries")
-                # woken by a settle; a lapsing lease is seen by the next look
-                cv.wait(0.1 if left is None else min(left, 0.1))
-        left = None if deadline is None else max(0.0, (deadline - _mono()) / 1e9)
-        got = ()
+        return take_capped(self, maxn, timeout, self._drop_lapsed,
+                           lambda room, left: self._get(room, left, visibility_timeout, max_bytes, mode))
+
+    def _drop_lapsed(self) -> None:
+        """Forget the held deliveries whose lease lapsed (the prefetch cap's look again)."""
+        held = self._held
+        self._acquire()
         try:
-            got = self._get(room, left, visibility_timeout, max_bytes, mode)
+            for d in [d for d in held if self._leased_word(d) < 0]:
+                held.discard(d)
         finally:
-            with cv:
-                self._pending -= room
-                held.update(got)
-                cv.notify_all()
-        return got
+            self._release()
 
     def _take_one(self, visibility_timeout, timeout, mode=0):
         """Fast path of ``get``: the next never-delivered record at the frontier, when no
@@ -207,22 +186,14 @@ class Consuming:
         if lp is None or slot < 0 or visibility_timeout is not None or self._general:
             return None  # (the C take and the one below leave a queue with special records alone)
         if _fast_take is not None and not (mode and mode & _AUTOACK and self._logged):  # (a logged ack: Python's)
-            if mode:
-                r = _fast_take(self, self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0,
-                               _mono(), mode, self._ring)
-                if type(r) is tuple:  # auto-acked, and a producer is owed a post
-                    self._nf.release()
-                    return r[0]
-            else:
-                r = _fast_take(self, self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0,
-                               _mono())
+            r = _fast_take(self, self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0,
+                           _mono(), mode, self._ring)
+            if type(r) is tuple:  # auto-acked, and a producer is owed a post
+                self._nf.release()
+                return r[0]
             if type(r) is not int:
                 return r
-            if r == _F_FALLBACK:
-                return None
-            if r == _F_OWNERDEAD:
-                self._repair_held_lock()
-            # busy: the Python path below waits for the lock
+            return self._fast_wait(r, 0, timeout, None, None, mode)
         mm, mq, cap = self._mm, self._mq, self._cap
         body = None
         post = False
@@ -248,7 +219,7 @@ class Consuming:
                         mq[w] = _ACKED | (slot << 8) | (attempt << 32)  # commit
                         mq[I_FRONTIER] = pos + length
                         mq[I_READY] = ready - 1
-                        mq[I_ACKED_TOTAL] += 1
+                        mq[_proc_word(slot, _P_ACKED)] += 1
                         post = ring.freed_at(mq, cap, self._base, pos, head)
                     else:
                         until = now + self._vis_ns
@@ -260,7 +231,7 @@ class Consuming:
                         if until < next_deadline:
                             mq[I_NEXT_DEADLINE] = until
                     if attempt > 1:
-                        mq[I_REDELIVERED_TOTAL] += 1
+                        mq[_proc_word(slot, _P_REDELIVERED)] += 1
                     b = a + _REC
                     body = mm[b + hl:b + hl + bl] if not mode or not mode & _VIEW else self._ring[
                         off + _REC + hl:off + _REC + hl + bl]
@@ -300,11 +271,84 @@ class Consuming:
                 if r[1]:
                     self._nf.release()
                 return r[0]
-            if r == _F_OWNERDEAD:
-                self._repair_held_lock()
+            return self._fast_wait(r, max_messages, timeout, visibility_timeout, max_bytes, mode)
         return self._get(max_messages, timeout, visibility_timeout, max_bytes, mode)
 
-    def _get(self, maxn, timeout, visibility_timeout, max_bytes=None, mode=0):
+    def _poll(self, maxn, visibility_timeout=None, max_bytes=None, ack=True, copy=True):
+        """A take that never waits: a delivery (``maxn`` 0) or a list of up to ``maxn``, or
+        None when nothing is ready (a laned queue's look into each of its lanes)."""
+        mode = 0 if ack is True and copy is True else _mode(ack, copy)
+        if (_fast_take is not None and self._slot >= 0 and not self._general
+                and not (mode & _AUTOACK and self._logged)):
+            vis_ns = self._vis_ns if visibility_timeout is None else _seconds_ns(visibility_timeout,
+                                                                                 "visibility_timeout")
+            r = self._c_take(maxn, vis_ns, max_bytes, mode, 0)
+            if type(r) is not int:
+                return r
+            if r == _F_EMPTY:
+                return None
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
+        try:
+            got = self._get(maxn or 1, 0, visibility_timeout, max_bytes, mode)
+        except QueueEmpty:
+            return None
+        return got if maxn else got[0]
+
+    def _fast_wait(self, r, maxn, timeout, visibility_timeout, max_bytes, mode):
+        """Where a C take (``maxn``: take_many's; 0: take's) that delivered nothing goes on,
+        given its result ``r``. Nothing ready (EMPTY): a spin on the control block without
+        the lock, then takes that count this process as a sleeper when they still find
+        nothing (SLEEP), a sleep, and a take that uncounts it: every lock hold stays in C,
+        so waiting consumers never hold the lock for long. FALLBACK (requeued or special
+        records, housekeeping due, a deleted queue) and BUSY (a holder that kept the lock
+        past the C wait): the general take, which also uncounts a sleep still counted.
+        Returns what ``get`` (a delivery) or ``get_many`` (a list) returns."""
+        deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
+        vis_ns = self._vis_ns if visibility_timeout is None else _seconds_ns(visibility_timeout, "visibility_timeout")
+        spun = timeout == 0
+        waited = 0  # a sleep this process is still counted for
+        while True:
+            if r == _F_EMPTY:
+                if deadline is not None and _mono() >= deadline:
+                    raise QueueEmpty(f"queue {self.name!r} is empty")
+                if not spun:
+                    spun = True
+                    waits.spin(self._mq, deadline, _mono)
+            elif r == _F_SLEEP:
+                waited = self._sleep(self._ne, deadline, _CONSUMERS)
+            elif r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            else:
+                left = None if deadline is None else max(0, deadline - _mono()) / 1e9
+                got = self._get(maxn or 1, left, visibility_timeout, max_bytes, mode, waited)
+                return got if maxn else got[0]
+            wait = waited << 1 | (_W_REGISTER if spun and (deadline is None or _mono() < deadline) else 0)
+            if self._slot < 0:  # closed meanwhile (another thread): the general take says so
+                r = _F_FALLBACK
+                continue
+            r = self._c_take(maxn, vis_ns, max_bytes, mode, wait)
+            if type(r) is not int:
+                return r
+            if r != _F_BUSY and r != _F_OWNERDEAD:
+                waited = 0  # the take had the lock: it uncounted the sleep
+
+    def _c_take(self, maxn, vis_ns, max_bytes, mode, wait):
+        """One C take (``take_many`` of up to ``maxn``; 0: ``take``): what it delivered (a
+        producer owed a post for an auto-acked one is posted), or its R_* code."""
+        if maxn:
+            r = _fast_take_many(self, self._segp, self._base, self._cap, self._slot, vis_ns, self.max_deliveries or 0,
+                                _mono(), maxn, max_bytes or 0, mode, self._ring, wait)
+        else:
+            r = _fast_take(self, self._segp, self._base, self._cap, self._slot, vis_ns, self.max_deliveries or 0,
+                           _mono(), mode, self._ring, wait)
+        if type(r) is tuple:  # auto-acked
+            if r[1]:
+                self._nf.release()
+            return r[0]
+        return r
+
+    def _get(self, maxn, timeout, visibility_timeout, max_bytes=None, mode=0, waited=0):
         if mode & _AUTOACK:
             vis_ns = _AUTOACK_LEASE_NS  # leased only until the ack below, in this call
         elif visibility_timeout is None:
@@ -312,7 +356,6 @@ class Consuming:
         else:
             vis_ns = _seconds_ns(visibility_timeout, "visibility_timeout")
         deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
-        waited = 0
         spun = timeout == 0
         while True:
             can_wait = deadline is None or _mono() < deadline
@@ -321,6 +364,9 @@ class Consuming:
                                  FOREVER if deadline is None else deadline)
             except LockTimeout as e:
                 raise QueueEmpty(str(e)) from None
+            if got is None:  # some were taken only to be dead-lettered: look again at once (not registered)
+                waited = 0
+                continue
             if got:
                 if mode:
                     self._finish(got, mode)
@@ -360,18 +406,22 @@ class Consuming:
         return self._ring[b:b + bl]
 
     def _take(self, maxn, vis_ns, waited, register, max_bytes=None, deadline=None):
-        """One locked attempt to lease up to ``maxn`` ready messages."""
+        """One locked attempt to lease up to ``maxn`` ready messages. With ``register``,
+        a take that found nothing counts this process as a sleeping consumer (the caller
+        sleeps, then passes ``waited``, which undoes it). Returns the deliveries; [] when
+        nothing was ready; None when everything taken was dead-lettered (expired, or past
+        ``max_deliveries``): nothing registered, the caller looks again."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
         out = []
         dead = None
         reap = False
         self._acquire(deadline)
         try:
+            if waited:  # first: whatever happens next, this sleep is over
+                waits.unregister(mq, self._slot, _CONSUMERS, waited)
             if mq[I_DELETED]:
                 raise self._gone()
             now = _mono()
-            if waited:
-                waits.unregister(mq, self._slot, _CONSUMERS, waited)
             if now >= mq[I_NEXT_DEADLINE]:
                 housekeeping.expire(self, now)
             if now >= mq[I_NEXT_LIVENESS]:
@@ -457,10 +507,10 @@ class Consuming:
                 mq[I_READY] = ready
                 mq[I_INFLIGHT] += taken
                 if redelivered:
-                    mq[I_REDELIVERED_TOTAL] += redelivered
+                    mq[_proc_word(self._my_slot(), _P_REDELIVERED)] += redelivered
                 if taken and until < mq[I_NEXT_DEADLINE]:
                     mq[I_NEXT_DEADLINE] = until
-            if not out and register:
+            if not out and not dead and register:  # nothing taken at all: this process sleeps next
                 waits.register(mq, self._my_slot(), _CONSUMERS)
         finally:
             self._release()
@@ -480,6 +530,8 @@ class Consuming:
             deadletter.dead_letter(self, dead, "max-deliveries")
         if expired:
             deadletter.dead_letter(self, expired, "expired")
+        if not out and (dead or expired):
+            return None
         return out
 
     def _ready_hint(self) -> bool:
@@ -490,6 +542,41 @@ class Consuming:
         if mq[I_DELETED]:
             raise self._gone()
         return mq[I_READY] > 0 or _mono() >= mq[I_NEXT_DEADLINE]
+
+
+def take_capped(h, maxn, timeout, drop_lapsed, take):
+    """A take under handle ``h``'s prefetch cap (``_set_prefetch``): wait while it holds its
+    prefetch of un-settled deliveries (woken by a settle; when the cap is reached,
+    ``drop_lapsed()`` forgets those whose lease lapsed), reserve the room left for this call
+    against other threads, then ``take(room, seconds left)``, a list; what it took is held.
+    QueueEmpty when the cap stays reached past ``timeout``."""
+    deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
+    cv, held = h._held_cv, h._held
+    with cv:
+        while True:
+            if len(held) >= h._prefetch:  # some may have lapsed: look again
+                drop_lapsed()
+            room = h._prefetch - len(held) - h._pending
+            if room > 0:
+                room = min(maxn, room)
+                h._pending += room  # reserved while this take runs, for other threads
+                break
+            left = None if deadline is None else (deadline - _mono()) / 1e9
+            if left is not None and left <= 0:
+                raise QueueEmpty(f"queue {h.name!r}: this handle holds its prefetch of {h._prefetch} "
+                                 "un-settled deliveries")
+            # woken by a settle; a lapsing lease is seen by the next look
+            cv.wait(0.1 if left is None else min(left, 0.1))
+    left = None if deadline is None else max(0.0, (deadline - _mono()) / 1e9)
+    got = ()
+    try:
+        got = take(room, left)
+    finally:
+        with cv:
+            h._pending -= room
+            held.update(got)
+            cv.notify_all()
+    return got
 
 
 class LocalConsumer:

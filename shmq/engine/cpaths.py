@@ -16,8 +16,9 @@ except ImportError as e:  # pragma: no cover - depends on the build
                       "SHMQ_PURE_PYTHON=1 to choose the Python paths and silence this.", RuntimeWarning, stacklevel=2)
 
 __all__ = ["FAST", "put", "take", "take_many", "ack", "ack_many", "put_many", "nack_many", "reserve", "publish",
-           "Loan", "DeliveryBase", "read_columns", "OWNERDEAD", "FALLBACK", "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD",
-           "set_enabled", "enabled"]
+           "Loan", "DeliveryBase", "read_columns", "columns_check", "columns_end", "columns_log",
+           "write_columns", "key_partitions", "OWNERDEAD", "FALLBACK", "BUSY", "EMPTY", "SLEEP", "FULL", "W_REGISTER",
+           "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled", "enabled"]
 
 FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
 put = _fast.put if FAST else None
@@ -32,8 +33,19 @@ publish = _fast.publish if FAST else None  # its commit, and the unlock
 Loan = _fast.Loan if FAST else None  # a writable window of a mapping that counts its views
 DeliveryBase = _fast.DeliveryBase if FAST else None  # a delivery's fields, built by take / take_many
 read_columns = _fast.read_columns if FAST else None  # a stream partition's records as Arrow buffers
+# and its mirror: records given as Arrow buffers appended to a stream partition (Partition.append_columns)
+columns_check = _fast.columns_check if FAST else None
+columns_end = _fast.columns_end if FAST else None
+columns_log = _fast.columns_log if FAST else None
+write_columns = _fast.write_columns if FAST else None
+key_partitions = _fast.key_partitions if FAST else None  # each record's partition by its key (the Spark sink)
 OWNERDEAD = _fast.OWNERDEAD if FAST else None  # the lock was taken from a dead holder: repair, then unlock
 FALLBACK = _fast.FALLBACK if FAST else None  # not a plain case: nothing done, take the Python path
+BUSY = _fast.BUSY if FAST else None  # the lock stayed busy past LOCK_WAIT_NS (a stopped holder?): Python waits on
+EMPTY = _fast.EMPTY if FAST else None  # a take found nothing ready and nothing due: spin, or sleep
+SLEEP = _fast.SLEEP if FAST else None  # ... and counted the caller as a sleeper (W_REGISTER): sleep, then take again
+FULL = _fast.FULL if FAST else None  # a put found no room now (SLEEP: and counted the caller as waiting for some)
+W_REGISTER = _fast.W_REGISTER if FAST else 0  # a take's wait bit: count the caller as a sleeper when it finds nothing
 EXPIRED = _fast.EXPIRED if FAST else None
 DELETED = _fast.DELETED if FAST else None
 WAL_MAX_PAYLOAD = _fast.WAL_MAX_PAYLOAD if FAST else 0  # larger wal puts take the Python fast path
@@ -41,7 +53,7 @@ WAL_MAX_PAYLOAD = _fast.WAL_MAX_PAYLOAD if FAST else 0  # larger wal puts take t
 
 def set_enabled(enabled: bool) -> None:
     """Use the C paths in this process or not (the benchmark and the tests run both)."""
-    from . import consume, produce, reserve as reserving, settle
+    from . import consume, partition, produce, reserve as reserving, settle
 
     on = enabled and FAST
     produce._fast_put = put if on else None
@@ -54,6 +66,7 @@ def set_enabled(enabled: bool) -> None:
     reserving._fast_reserve = reserve if on else None
     reserving._fast_publish = publish if on else None
     reserving._Loan = Loan if on else None
+    partition._fast_columns = write_columns if on else None
 
 
 def enabled() -> bool:

@@ -77,7 +77,8 @@ def redrive(dlq, target, to=None, max_messages=None) -> int:
     from .headers import encode_headers
     from . import extension
 
-    stop_at = dlq._mq[L.I_NEXT_ID]  # later arrivals are not this redrive's
+    # later arrivals are not this redrive's: each lane's next id now (ids are per lane)
+    stop_at = {q: q._mq[L.I_NEXT_ID] for q in getattr(dlq, "_lanes", (dlq,))}
     moved = 0
     skipped = []
     try:
@@ -90,7 +91,7 @@ def redrive(dlq, target, to=None, max_messages=None) -> int:
             for i, d in enumerate(batch):
                 headers = dict(d.headers)
                 dest = to or headers.get("x-death-queue")
-                if d.id >= stop_at or not dest or (max_messages is not None and moved >= max_messages):
+                if d.id >= stop_at[d._q] or not dest or (max_messages is not None and moved >= max_messages):
                     skipped.append(d)
                     continue
                 msg_id = headers.get("x-death-id")

@@ -17,9 +17,11 @@ Streams have no dedup: a retry appends again, and the record carries the id in i
 ``x-dedup-id`` header so that readers can drop repeats. A target that no longer exists
 is passed over and its bindings dropped.
 
-The segment is made on the first create, under the registry's lock (a creator killed
-half-way leaves it unpublished, and the next creator, holding that lock too, makes it
-again); it goes with the namespace (``destroy_namespace``).
+The segment is made on the first create of an exchange, under the registry's lock
+(which makes the namespace's registry if it has none: a create makes a namespace; a
+delete, bind or unbind in a namespace with no table finds no exchange and makes
+nothing). A creator killed half-way leaves it unpublished, and the next creator,
+holding that lock too, makes it again; it goes with the namespace (``destroy_namespace``).
 """
 
 import ctypes
@@ -30,7 +32,8 @@ import msgpack
 from ..errors import ExchangeExists, ExchangeNotFound, LimitExceeded, QueueNotFound, StreamNotFound
 from .mutex import RobustMutex, init_mutex
 from .process import current_identity
-from .queue import Queue
+from .lanes import attach
+from .registry import Registry
 from .segment import check_queue_name, create_segment, open_segment, segment_name, unlink_segment
 from .stream import Stream
 
@@ -94,9 +97,8 @@ class Exchanges:
 
     lock_timeout = None  # as Queue.lock_timeout, for the lock and the targets' handles
 
-    def __init__(self, namespace: str, registry):
+    def __init__(self, namespace: str):
         self.namespace = namespace
-        self._registry = registry  # held while the segment is made
         self._name = segment_name(namespace, "exchanges")
         self._seg = None
         self._mutex = None
@@ -132,16 +134,20 @@ class Exchanges:
         if seg is None:
             if not create:
                 return False
-            with self._registry:
-                seg = self._open()
-                if seg is None:  # none, or one its creator died making: (re)make it
-                    unlink_segment(self._name)
-                    seg = create_segment(self._name, _SIZE)
-                    pid, start = current_identity()
-                    _HEADER.pack_into(seg._mmap, 0, b"\0\0\0\0", _VERSION, 0, pid, start)
-                    init_mutex(ctypes.addressof(ctypes.c_char.from_buffer(seg._mmap, _MUTEX_OFF)))
-                    self._write(seg._mmap, {}, 1)
-                    seg._mmap[0:4] = _MAGIC  # published
+            registry = Registry(self.namespace)  # (made if the namespace has none: a create makes it)
+            try:
+                with registry:
+                    seg = self._open()
+                    if seg is None:  # none, or one its creator died making: (re)make it
+                        unlink_segment(self._name)
+                        seg = create_segment(self._name, _SIZE)
+                        pid, start = current_identity()
+                        _HEADER.pack_into(seg._mmap, 0, b"\0\0\0\0", _VERSION, 0, pid, start)
+                        init_mutex(ctypes.addressof(ctypes.c_char.from_buffer(seg._mmap, _MUTEX_OFF)))
+                        self._write(seg._mmap, {}, 1)
+                        seg._mmap[0:4] = _MAGIC  # published
+            finally:
+                registry.close()
         self._seg = seg
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(seg._mmap, _MUTEX_OFF)))
         return True
@@ -184,10 +190,12 @@ class Exchanges:
                 self._mutex.release()
         return self._table
 
-    def _change(self, change):
+    def _change(self, change, make=False):
         """``change(table)`` (a copy it may edit) under the lock; the edited table is
-        committed unless it returns ``(result, False)``. Returns its result."""
-        self._attach(create=True)
+        committed unless it returns ``(result, False)``. Returns its result. With no
+        table, only ``make`` (a create) makes one; else the change sees an empty table."""
+        if not self._attach(create=make):
+            return change({})[0]
         self._lock()
         try:
             table = self._load(locked=True)
@@ -220,7 +228,7 @@ class Exchanges:
             table[name] = {"type": type, "bindings": []}
             return None, True
 
-        self._change(change)
+        self._change(change, make=True)
 
     def delete(self, name: str) -> None:
         def change(table):
@@ -289,7 +297,7 @@ class Exchanges:
                     current[name] = {"type": x["type"], "bindings": [list(b)[:3] for b in x.get("bindings", ())]}
             return None, True
 
-        self._change(change)
+        self._change(change, make=bool(table))  # (a restore is a create)
 
     # ---------------------------------------------------------------- publish
     def routes(self, name: str, routing_key: str) -> list[tuple[str, str]]:
@@ -311,7 +319,7 @@ class Exchanges:
             self._handles.pop(key).close()
             h = None
         if h is None:
-            h = Queue(self.namespace, target) if kind == "q" else Stream(self.namespace, target)
+            h = attach(self.namespace, target) if kind == "q" else Stream(self.namespace, target)
             if kind == "q" and self.lock_timeout is not None:
                 h.lock_timeout = self.lock_timeout
             self._handles[key] = h

@@ -6,10 +6,19 @@ moves whenever its membership does (a join, a close, a member found dead); every
 member derives the same assignment from the same sorted member list (partition ``p``
 goes to member ``p % n``), so no one hands partitions out and no two members of a
 generation own one partition. A commit names the generation it was made in and is
-refused (CommitFailed) once the group moved on or the partition is no longer the
-member's: the fence. Members are processes found dead the way lease holders are (pid
-+ start time); over TCP the server is the member on behalf of each connection, so one
-process may hold several members.
+refused (CommitFailed) once the group moved on, when a partition is no longer the
+member's, or when it would move a committed offset backwards: the fence. Members are
+processes found dead the way lease holders are (pid + start time); over TCP the server
+is the member on behalf of each connection, so one process may hold several members.
+
+Each membership change moves the generation by one, and where it changes a
+partition's owner the table notes the new generation as that partition's *owner
+since*. A member that last saw generation g and owns ``p`` again may go on from its
+own position only if ``since[p] <= g``: nobody else owned ``p`` in between, even in
+generations it never saw. Otherwise it starts at the committed offset (Kafka's rule).
+The generation and the owner-since words are written before the member slots, so a
+holder killed half way leaves at worst a mark too many (a member reads again from the
+commit), never an owner change the marks miss.
 """
 
 import time
@@ -18,10 +27,16 @@ from ..errors import CommitFailed, ShmqError
 from . import layout as L
 from .process import current_identity, is_alive
 
-__all__ = ["Groups", "assign"]
+__all__ = ["Groups", "assign", "owner"]
 
 _NO = L.NO_OFFSET
 _mono = time.monotonic_ns
+
+
+def owner(members, p: int) -> int:
+    """The member id that owns partition ``p`` among ``members`` (ids); 0 for none."""
+    ids = sorted(members)
+    return ids[p % len(ids)] if ids else 0
 
 
 def assign(members, partitions: int, member_id: int) -> list[int]:
@@ -63,15 +78,20 @@ class Groups:
         L.GROUP_HEAD.pack_into(self._s._mm, self._off(free), 1, len(raw), raw, 0, _mono())
         for m in range(L.MAX_MEMBERS):
             L.MEMBER.pack_into(self._s._mm, self._member_off(free, m), 0, 0, 0)
+        mq = self._s._mq
         for p in range(L.MAX_PARTITIONS):
-            self._set_committed(free, p, _NO)
+            mq[self._committed_w(free, p)] = _NO
+            mq[self._since_w(free, p)] = 0
         return free
 
     def _member_off(self, i, m):
         return self._off(i) + L.GROUP_HEAD.size + m * L.MEMBER.size
 
     def _committed_w(self, i, p):
-        return (self._off(i) + L.GROUP_HEAD.size + L.MAX_MEMBERS * L.MEMBER.size + 8 * p) >> 3
+        return (self._off(i) + L.GROUP_COMMITTED_OFF + 8 * p) >> 3
+
+    def _since_w(self, i, p):
+        return (self._off(i) + L.GROUP_SINCE_OFF + 8 * p) >> 3
 
     def _set_committed(self, i, p, offset):
         self._s._mq[self._committed_w(i, p)] = offset
@@ -89,19 +109,32 @@ class Groups:
         used, n, raw, _gen, old_seen = L.GROUP_HEAD.unpack_from(self._s._mm, self._off(i))
         L.GROUP_HEAD.pack_into(self._s._mm, self._off(i), used, n, raw, gen, old_seen if seen is None else seen)
 
-    def _bump(self, i):
-        self._set_generation(i, self._head(i)[2] + 1, _mono())
+    def _rebalance(self, i, before, after) -> int:
+        """Move the generation on for a membership going from ``before`` to ``after``
+        (member ids), marking the partitions whose owner changes; the caller then writes
+        the member slots. Returns the new generation."""
+        gen = self._head(i)[2] + 1
+        self._set_generation(i, gen, _mono())
+        mq = self._s._mq
+        for p in range(self._s.partitions):
+            if owner(before, p) != owner(after, p):
+                mq[self._since_w(i, p)] = gen
+        return gen
+
+    def _remove(self, i, slots) -> None:
+        """Remove the members in ``slots`` (slot numbers), as one membership change."""
+        members = self._members(i)
+        before = [mid for _m, _p, _s, mid in members]
+        self._rebalance(i, before, [mid for m, _p, _s, mid in members if m not in slots])
+        for m in slots:
+            L.MEMBER.pack_into(self._s._mm, self._member_off(i, m), 0, 0, 0)
 
     def _reap(self, i) -> bool:
         """Remove members whose process died; True if any was."""
-        gone = False
-        for m, pid, start, _mid in self._members(i):
-            if not is_alive(pid, start):
-                L.MEMBER.pack_into(self._s._mm, self._member_off(i, m), 0, 0, 0)
-                gone = True
-        if gone:
-            self._bump(i)
-        return gone
+        dead = [m for m, pid, start, _mid in self._members(i) if not is_alive(pid, start)]
+        if dead:
+            self._remove(i, dead)
+        return bool(dead)
 
     # --------------------------------------------------------------- membership
     def join(self, name: str) -> tuple[int, int]:
@@ -118,10 +151,11 @@ class Groups:
                 raise ShmqError(f"group {name!r} of stream {s.name!r} has {L.MAX_MEMBERS} members already")
             member_id = s._mq[L.SI_NEXT_MEMBER] + 1
             s._mq[L.SI_NEXT_MEMBER] = member_id
+            ids = [mid for _m, _p, _s, mid in self._members(i)]
+            gen = self._rebalance(i, ids, ids + [member_id])
             pid, start = current_identity()
             L.MEMBER.pack_into(s._mm, self._member_off(i, slots[0]), pid, start, member_id)
-            self._bump(i)
-            return member_id, self._head(i)[2]
+            return member_id, gen
         finally:
             s._release()
 
@@ -133,10 +167,9 @@ class Groups:
             i = self._find(name)
             if i is None:
                 return
-            for m, _pid, _start, mid in self._members(i):
-                if mid == member_id:
-                    L.MEMBER.pack_into(s._mm, self._member_off(i, m), 0, 0, 0)
-                    self._bump(i)
+            mine = [m for m, _pid, _start, mid in self._members(i) if mid == member_id]
+            if mine:
+                self._remove(i, mine)
         finally:
             s._release()
 
@@ -145,21 +178,23 @@ class Groups:
         i = self._find(name)
         return -1 if i is None else self._head(i)[2]
 
-    def view(self, name: str, member_id: int, reap: bool) -> tuple[int, list[int] | None, dict]:
+    def view(self, name: str, member_id: int, reap: bool) -> tuple[int, list[int] | None, dict, dict]:
         """(generation, the member's partitions or None if it is not a member,
-        committed offsets), consistent; with ``reap``, dead members are removed first."""
+        committed offsets, {owned partition: the generation since which the member has
+        owned it}), consistent; with ``reap``, dead members are removed first."""
         s = self._s
         s._acquire()
         try:
             i = self._find(name)
             if i is None:
-                return -1, None, {}
+                return -1, None, {}, {}
             if reap:
                 self._reap(i)
             ids = [mid for _m, _p, _s, mid in self._members(i)]
             gen = self._head(i)[2]
             owned = assign(ids, s.partitions, member_id) if member_id in ids else None
-            return gen, owned, self._committed(i)
+            since = {p: s._mq[self._since_w(i, p)] for p in owned or ()}
+            return gen, owned, self._committed(i), since
         finally:
             s._release()
 
@@ -174,8 +209,9 @@ class Groups:
         return out
 
     def commit(self, name: str, member_id: int, generation: int, offsets: dict, owned=None) -> None:
-        """Store committed offsets (the next offset to read) made in ``generation``;
-        CommitFailed if the group moved on or a partition is not the member's. ``owned``:
+        """Store committed offsets (the next offset to read) made in ``generation``, all
+        or none; CommitFailed if the group moved on, a partition is not the member's, or
+        an offset is below the one committed (a commit never moves back). ``owned``:
         the member's partitions as it derived them in ``generation`` (the membership has
         not moved while the generation has not, so the member list need not be read)."""
         s = self._s
@@ -193,6 +229,11 @@ class Groups:
                 raise CommitFailed(
                     f"group {name!r} of stream {s.name!r} rebalanced (generation {generation} -> {gen}): "
                     f"partitions {sorted(set(offsets) - owned) or sorted(offsets)} are no longer this member's")
+            for p, off in sorted(offsets.items()):
+                was = s._mq[self._committed_w(i, p)]
+                if was != _NO and off < was:
+                    raise CommitFailed(f"group {name!r} of stream {s.name!r}: partition {p} is committed at {was}: "
+                                       f"{off} would move it backwards")
             for p, off in offsets.items():
                 self._set_committed(i, p, off)
             self._set_generation(i, gen, _mono())

@@ -10,6 +10,7 @@ derived control word from head, tail and the records (docs/DESIGN.md, Crash safe
 Each function takes the queue handle (``q``) and says whether it needs the lock held.
 """
 
+import itertools
 import os
 import time
 
@@ -80,8 +81,10 @@ def reap_dead(q) -> int:
     mm, mq = q._mm, q._mq
     me = os.getpid()
     suspects = []
-    for i in range(q._nslots):
-        pid, start, _cw, _pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+    first = L.PROCS_OFF >> 3  # the slots' pids in one strided look: an idle broker does this 4 times a second
+    pids = mq[first:first + q._nslots * (L.PROC_SIZE >> 3):L.PROC_SIZE >> 3].tolist()
+    for i in itertools.compress(range(len(pids)), pids):
+        pid, start = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)[:2]
         if pid and pid != me and not is_alive(pid, start):
             suspects.append((i, pid, start))
     if not suspects:
@@ -90,13 +93,16 @@ def reap_dead(q) -> int:
     q._acquire()
     try:
         for i, pid, start in suspects:
-            p, s, cw, pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+            p, s, cw, pw, acked, redelivered = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
             if (p, s) != (pid, start):
                 continue  # reused meanwhile
             returned += _release_holder(q, i)
             mq[L.I_CWAIT] -= cw
             mq[L.I_PWAIT] -= pw
-            L.PROC.pack_into(mm, L.PROCS_OFF + i * L.PROC_SIZE, 0, 0, 0, 0)
+            mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]  # (a laned queue's sleepers, in its lane 0: lanes.py)
+            mq[L.I_ACKED_TOTAL] += acked  # its share of the totals stays counted
+            mq[L.I_REDELIVERED_TOTAL] += redelivered
+            L.PROC.pack_into(mm, L.PROCS_OFF + i * L.PROC_SIZE, 0, 0, 0, 0, 0, 0)
         posts = waits.owed_posts(mq, waits.CONSUMERS, returned) if returned else 0
     finally:
         q._release()
@@ -182,12 +188,13 @@ def repair(q) -> None:
                 next_deadline = min(next_deadline, deadline)
     cwait = pwait = 0
     for i in range(q._nslots):
-        pid, _s, cw, pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+        pid, _s, cw, pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)[:4]
         if pid:
             cwait += cw
             pwait += pw
     mq[L.I_TAIL] = tail
-    mq[L.I_NEXT_ID] = max(mq[L.I_NEXT_ID], max_id + 1)
+    if max_id:  # (a lane's ids stay its own: lane + 1, + lanes, ...)
+        mq[L.I_NEXT_ID] = max(mq[L.I_NEXT_ID], max_id + q._id_step)
     mq[L.I_FRONTIER] = frontier
     mq[L.I_READY_POS] = first_ready if requeued else frontier
     mq[L.I_REQUEUED] = requeued
@@ -196,7 +203,7 @@ def repair(q) -> None:
     mq[L.I_DELAYED] = delayed
     mq[L.I_NEXT_DEADLINE] = next_deadline
     mq[L.I_NEXT_LIVENESS] = 0
-    mq[L.I_CWAIT] = cwait
+    mq[L.I_CWAIT] = mq[L.I_LANE_SLEEPERS] = cwait
     mq[L.I_CPOSTED] = 0
     mq[L.I_PWAIT] = pwait
     mq[L.I_PPOSTED] = 0

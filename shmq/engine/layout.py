@@ -22,9 +22,11 @@ __all__ = [
     "DURABILITY", "DURABILITY_NAMES",
     "STATIC", "STATIC_OFF", "MUTEX_OFF", "HOT", "HOT_OFF", "HOT_FIELDS", "COUNTERS", "COUNTERS_OFF",
     "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE", "WALCFG", "WALCFG_OFF", "WAL_WORDS_OFF", "TIMENS_OFF", "WORD",
-    "REC_FIELDS", "REC_OFFSETS", "field_offsets", "R_STATUS", "R_LENGTH", "R_MSG_ID", "R_ENQ", "R_DEADLINE", "P_CWAIT", "P_PWAIT",
+    "REC_FIELDS", "REC_OFFSETS", "field_offsets", "R_STATUS", "R_LENGTH", "R_MSG_ID", "R_ENQ", "R_DEADLINE",
+    "P_CWAIT", "P_PWAIT", "P_ACKED", "P_REDELIVERED", "OPTS_LANES_OFF", "id_step", "proc_word",
     "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "c_header", "write_c_header",
     "OPTS", "OPTS_FIELDS", "OPTS_OFF", "XWORDS_OFF", "XWORD_FIELDS", "I_SPECIAL", "I_NEXT_TTL", "I_EXPIRED_TOTAL",
+    "I_PRODUCER_TURNS", "I_CONSUMER_TURNS", "LANE_SLEEPERS_OFF", "I_LANE_SLEEPERS",
     "DEDUP", "DEDUP_SLOTS", "DEDUP_PROBES", "dedup_offset", "EXT", "EXT_MAGIC", "EXT_VERSION", "FLAG_EXT",
     "FLAG_WALK", "FLAG_TTL", "LEVEL_POS_OFF", "I_LEVEL_POS",
     "MAX_PRIORITIES", "MAX_GROUP_BYTES",
@@ -32,7 +34,8 @@ __all__ = [
 ]
 
 MAGIC = b"SHMQ"
-LAYOUT_VERSION = 2  # 2: the options block, the extra words, the dedup table, record extensions
+LAYOUT_VERSION = 3  # 2: the options block, the extra words, the dedup table, record extensions; 3: lanes, a cache
+# line per process slot with its share of the counters
 ALIGN = 8
 
 # --- message states (low byte of the status word) ---------------------------------
@@ -100,23 +103,32 @@ WAL_WORDS_OFF = 768
 # the creator's CLOCK_MONOTONIC offset (its time namespace's; 0 in the initial one):
 # deadlines are monotonic values shared by every process, so all must read one clock
 TIMENS_OFF = 784
+# in lane 0 of a laned queue: its gets asleep (counted in cwait too). Puts into the other lanes read
+# it, so it shares a line only with words written rarely (the log's sizes, for a "wal" queue)
+LANE_SLEEPERS_OFF = 792
 WORD = struct.Struct("<q")  # one signed word
 PROCS_OFF = 1024
-# process slot: pid, start_ms, consumers waiting, producers waiting
-PROC = struct.Struct("<QQQQ")
+# process slot, one cache line each: pid, start_ms, consumers waiting, producers waiting, and the
+# process's share of the totals every take and ack bumps (acked, redelivered: summed by ``stats``,
+# folded into the queue's own counters when the process is reaped), so the hot paths write a line
+# of their own process, never one that bounces between cores
+PROC = struct.Struct("<QQQQQQ16x")
 PROC_SIZE = PROC.size
 # the work-queue options (``create_queue``; fixed at creation): priority levels, priority aging (ms;
 # 0: strict), message_ttl (0: none), dedup_window, retry_delay, retry_backoff (a float),
-# retry_delay_max (0: none); times in ns unless said
-OPTS = struct.Struct("<IIQQQdQ")
+# retry_delay_max (0: none); times in ns unless said; then the queue's lanes (``lanes.py``: 0 or 1,
+# one ring) and which of them this segment is: lane j's message ids are j + 1, j + 1 + lanes, ...
+OPTS = struct.Struct("<IIQQQdQII")
 OPTS_FIELDS = ("levels", "priority_aging_ms", "message_ttl_ns", "dedup_window_ns", "retry_delay_ns", "retry_backoff",
-               "retry_delay_max_ns")
+               "retry_delay_max_ns", "lanes", "lane")
 OPTS_OFF = 800
 MAX_PRIORITIES = 16
+OPTS_LANES_OFF = OPTS_OFF + field_offsets(OPTS, OPTS_FIELDS)["lanes"]  # (u32) the C paths' id step
 # extra control words: special (records that need the general take may exist: extensions or a
-# delayed put), next_ttl (wall ns: no ready message expires before it), expired_total
+# delayed put), next_ttl (wall ns: no ready message expires before it), expired_total; and in
+# lane 0 of a laned queue, the turns its handles took (``lanes.py``: their own and home lanes)
 XWORDS_OFF = OPTS_OFF + OPTS.size
-XWORD_FIELDS = ("special", "next_ttl", "expired_total")
+XWORD_FIELDS = ("special", "next_ttl", "expired_total", "producer_turns", "consumer_turns")
 # then one word per priority level: a lower bound of the position of its first ready record
 LEVEL_POS_OFF = XWORDS_OFF + 8 * len(XWORD_FIELDS)
 # the dedup table (``put(dedup_id=...)``), after the process table: DEDUP_SLOTS entries of
@@ -135,17 +147,20 @@ I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = ra
     COUNTERS_OFF >> 3, (COUNTERS_OFF >> 3) + len(COUNTER_FIELDS))
 I_WAL_SIZE, I_WAL_SYNCED = WAL_WORDS_OFF >> 3, (WAL_WORDS_OFF >> 3) + 1
 I_WAL_GEN, I_WAL_MODE = WALCFG_OFF >> 3, (WALCFG_OFF >> 3) + 1  # WALCFG's generation; fsync mode (low half)
-I_SPECIAL, I_NEXT_TTL, I_EXPIRED_TOTAL = range(XWORDS_OFF >> 3, (XWORDS_OFF >> 3) + len(XWORD_FIELDS))
+I_LANE_SLEEPERS = LANE_SLEEPERS_OFF >> 3
+I_SPECIAL, I_NEXT_TTL, I_EXPIRED_TOTAL, I_PRODUCER_TURNS, I_CONSUMER_TURNS = range(
+    XWORDS_OFF >> 3, (XWORDS_OFF >> 3) + len(XWORD_FIELDS))
 I_LEVEL_POS = LEVEL_POS_OFF >> 3  # + level
-# process slot words: pid, start_ms, consumers waiting, producers waiting
-P_CWAIT, P_PWAIT = 2, 3
+# process slot words: pid, start_ms, consumers waiting, producers waiting, acked, redelivered
+P_CWAIT, P_PWAIT, P_ACKED, P_REDELIVERED = 2, 3, 4, 5
 # write-ahead log fsync modes (WALCFG); SUSPENDED, with generation 0: the data dir vanished
 WAL_NEVER, WAL_ALWAYS, WAL_BATCH, WAL_SUSPENDED = 0, 1, 2, 3
 
 assert HOT_OFF >= MUTEX_OFF + 64 and COUNTERS_OFF + COUNTERS.size <= PROCS_OFF
 assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= MUTEX_OFF
 assert COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF and WAL_WORDS_OFF + 16 <= TIMENS_OFF < PROCS_OFF
-assert TIMENS_OFF + 8 <= OPTS_OFF and LEVEL_POS_OFF + 8 * MAX_PRIORITIES <= PROCS_OFF
+assert TIMENS_OFF + 8 <= LANE_SLEEPERS_OFF and LANE_SLEEPERS_OFF + 8 <= OPTS_OFF
+assert LEVEL_POS_OFF + 8 * MAX_PRIORITIES <= PROCS_OFF
 
 # --- record extension ----------------------------------------------------------------------
 # A record whose ``flags`` has FLAG_EXT starts its header bytes with an extension block (then the
@@ -160,6 +175,16 @@ FLAG_EXT = 0x100  # flags: low byte = priority level; this bit = an extension bl
 FLAG_WALK = 0x200  # ... with a due time or a group: only the general take's walk takes it
 FLAG_TTL = 0x400  # ... with an expiry: a take checks it before it leases the record
 MAX_GROUP_BYTES = 255
+
+
+def proc_word(slot: int, field: int) -> int:
+    """Word index of ``field`` (P_*) of process slot ``slot``."""
+    return ((PROCS_OFF + slot * PROC_SIZE) >> 3) + field
+
+
+def id_step(lanes: int) -> int:
+    """How far apart a lane's consecutive message ids are (``OPTS``' lanes: 0 or 1 is one ring)."""
+    return lanes or 1
 
 
 def align(n: int, to: int = ALIGN) -> int:
@@ -224,6 +249,8 @@ def c_header() -> str:
         "ST_READY": READY, "ST_LEASED": LEASED, "ST_ACKED": ACKED, "ST_PAD": PAD, "WAL_ALWAYS": WAL_ALWAYS,
         "SPECIAL_W": I_SPECIAL, "NEXT_TTL_W": I_NEXT_TTL, "LEVEL_POS_W": I_LEVEL_POS,
         "MAX_PRIORITIES": MAX_PRIORITIES, "FLAG_TTL": FLAG_TTL, "NO_HOLDER": NO_HOLDER,
+        "PROCS_OFF": PROCS_OFF, "PROC_SIZE": PROC_SIZE, "P_CWAIT": P_CWAIT, "P_PWAIT": P_PWAIT, "P_ACKED": P_ACKED,
+        "P_REDELIVERED": P_REDELIVERED, "OPTS_LANES_OFF": OPTS_LANES_OFF,
     }
     defines.update({"REC_" + f.upper(): off for f, off in REC_OFFSETS.items()})
     from .. import dmsq  # the log entry's format (docs/FORMAT.md)
@@ -231,6 +258,7 @@ def c_header() -> str:
     log_fields = ("tag", "hdr_len", "body_len", "attempt", "msg_id", "enq_ns")
     defines.update({"LOG_" + f.upper(): off for f, off in field_offsets(dmsq.LOG_HEAD, log_fields).items()})
     defines.update({"LOG_HEAD": dmsq.LOG_HEAD.size, "LOG_PUT": dmsq.PUT, "LOG_ACK": dmsq.ACK,
+                    "LOG_PUBLISH": dmsq.PUBLISH, "PUBLISH_BODY": dmsq.PUBLISH_BODY.size,
                     "LOG_TAG_BYTES": '"%s"' % dmsq.LOG_TAG.decode("ascii")})
     lines = ["/* AUTOGENERATED from shmq/engine/layout.py by layout.write_c_header(): do not edit. */",
              "#ifndef SHMQ_LAYOUT_H", "#define SHMQ_LAYOUT_H", ""]
@@ -260,7 +288,7 @@ def write_c_header() -> str:
 # position of every INDEX_STRIDE-th offset.
 STREAM_MAGIC = b"SHMS"
 PART_MAGIC = b"SHMP"
-STREAM_VERSION = 3
+STREAM_VERSION = 4  # 4: the groups' owner-since words
 MAX_PARTITIONS = 256
 MAX_GROUPS = 64
 MAX_MEMBERS = 64
@@ -306,17 +334,22 @@ STREAM_CTL_OFF = 192
 STREAM_FIELDS = ("deleted", "cwait", "cposted", "next_member")
 (SI_DELETED, SI_CWAIT, SI_CPOSTED, SI_NEXT_MEMBER) = range(STREAM_CTL_OFF >> 3, (STREAM_CTL_OFF >> 3) + len(STREAM_FIELDS))
 # a group: used, name, generation, last time a member was seen (monotonic ns), members
-# (pid, start_ms, member id), committed offset per partition
+# (pid, start_ms, member id), committed offset per partition, then per partition the
+# generation since which its current owner has owned it (``groups``: who may resume its
+# own position)
 GROUP_HEAD = struct.Struct("<QH126sQQ")
 MEMBER = struct.Struct("<QQQ")
 GROUPS_OFF = 256
-GROUP_SIZE = align(GROUP_HEAD.size + MAX_MEMBERS * MEMBER.size + MAX_PARTITIONS * 8, 64)
+GROUP_COMMITTED_OFF = GROUP_HEAD.size + MAX_MEMBERS * MEMBER.size  # from the group's start
+GROUP_SINCE_OFF = GROUP_COMMITTED_OFF + MAX_PARTITIONS * 8
+GROUP_SIZE = align(GROUP_SINCE_OFF + MAX_PARTITIONS * 8, 64)
 STREAM_SIZE = GROUPS_OFF + MAX_GROUPS * GROUP_SIZE
 
 assert PART_STATIC.size <= PART_MUTEX_OFF and PART_CTL_OFF + 8 * len(PART_FIELDS) <= PART_WAL_WORDS_OFF
 assert PART_WAL_WORDS_OFF + 16 <= PART_WALCFG_OFF and PART_WALCFG_OFF + WALCFG.size <= PART_TXN_OFF
 assert PART_INDEX_OFF % 64 == 0
 assert STREAM_STATIC.size <= STREAM_MUTEX_OFF and STREAM_CTL_OFF + 8 * len(STREAM_FIELDS) <= GROUPS_OFF
+assert GROUP_COMMITTED_OFF % 8 == 0 and GROUP_SIZE % 8 == 0
 
 
 def index_slots(capacity: int) -> int:

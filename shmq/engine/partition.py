@@ -23,6 +23,7 @@ raises OffsetOutOfRange saying where to read on, never returns other records und
 """
 
 import ctypes
+import os
 import time
 from typing import NamedTuple
 
@@ -33,10 +34,10 @@ from . import ring
 from . import cpaths
 from .mutex import RobustMutex, acquire
 from .mutex import unlock as _unlock
-from .segment import open_segment
+from .segment import check_room, open_segment
 from .wal import HighWater, Log, Tail, log_files, partition_log_name
 
-__all__ = ["Partition", "Image", "partition_segment_name", "record_size"]
+__all__ = ["Partition", "Image", "partition_segment_name", "record_size", "columns_items"]
 
 _REC = L.REC_SIZE
 _READY, _PAD = L.READY, L.PAD
@@ -47,6 +48,8 @@ _LOG_GEN_W = L.PART_WALCFG_OFF >> 3  # the generation word of the partition's lo
 BLOCK_SLICE_S = 0.005  # how often an appender blocked by retention="block" looks again
 HWM_MIN_SPAN = 4096  # a high-water mark is raised by at least this many offsets at a time
 _stream_entry = dmsq.stream_entry
+_publish_entry = dmsq.publish_entry
+_fast_columns = cpaths.write_columns  # None: appends of Arrow buffers go through ``append`` (cpaths.set_enabled)
 _NO_TXN = bytes(16)
 
 
@@ -58,6 +61,34 @@ def partition_segment_name(stream_base: str, index: int) -> str:
 
 def record_size(key, hraw, value) -> int:
     return (_REC + 7 + (len(key) if key is not None else 0) + len(hraw) + len(value)) & -8
+
+
+def _binary(n, offsets, data, valid=None):
+    """The values of an Arrow binary column (int32 ``offsets`` into ``data``; ``valid``, a
+    bitmap or None: all there) as bytes, None where not valid; ValueError if they do not fit."""
+    offs = memoryview(offsets).cast("B").cast("i")
+    data = bytes(data)
+    if len(offs) < n + 1 or offs[0] < 0 or offs[n] > len(data) or any(offs[i] > offs[i + 1] for i in range(n)):
+        raise ValueError(f"binary offsets do not fit {n} records")
+    bits = bytes(valid) if valid is not None else None
+    if bits is not None and len(bits) < (n + 7) // 8:
+        raise ValueError(f"a validity bitmap too short for {n} records")
+    return [data[offs[i]:offs[i + 1]] if bits is None or bits[i >> 3] >> (i & 7) & 1 else None for i in range(n)]
+
+
+def columns_items(chunks) -> list:
+    """Chunks of Arrow buffers (``Partition.append_columns``) as ``append``'s items:
+    (key or None, encoded headers, value) — the pure-Python twin of the C path."""
+    items = []
+    for chunk in chunks:
+        n, voffs, vals, koffs, keys, kvalid, hoffs, hdrs = chunk[:8]
+        if n < 0:
+            raise ValueError("a chunk's record count is negative")
+        values = _binary(n, voffs, vals)
+        ks = _binary(n, koffs, keys, kvalid) if koffs is not None else [None] * n
+        hs = _binary(n, hoffs, hdrs) if hoffs is not None else [b""] * n
+        items += zip(ks, hs, values)
+    return items
 
 
 class Image(NamedTuple):
@@ -93,6 +124,8 @@ class Partition:
             raise StreamNotFound(f"stream {name!r}: partition {index} is not ready (being created?)")
         self._seg, self._mm, self._mq = seg, mm, memoryview(mm).cast("Q")
         self._cap, self._base, self._slots, self.max_message_bytes = cap, data_off, slots, maxmsg
+        st = os.fstat(seg._fd)  # a stream made with reserve=False: its memory is taken as it is written
+        self._sparse = st.st_blocks * 512 < st.st_size
         self._index_w = L.PART_INDEX_OFF >> 3
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.PART_MUTEX_OFF)))
         self._lockp = self._mutex.ptr
@@ -222,19 +255,57 @@ class Partition:
         table says this batch (or a later one) is in already. StorageError (nothing
         appended) when the log or the high-water file cannot be written."""
         sizes = [record_size(k, h, v) for k, h, v in items]
-        total = sum(sizes)
+
+        def entries(first):
+            out = [_stream_entry(first + i, now_ns, k, h, v) for i, (k, h, v) in enumerate(items)]
+            if txn is not None:
+                out.append(_publish_entry(first + len(items) - 1, now_ns, txn[0], txn[1]))
+            return b"".join(out)
+
+        return self._append(len(items), sum(sizes), now_ns, lambda tail: self._placement_end(sizes, tail), entries,
+                            lambda start, first: self._fill(items, sizes, now_ns, start, first),
+                            floor, deadline, txn)
+
+    def append_columns(self, chunks, now_ns, floor=None, deadline=None, txn=None) -> int | None:
+        """``append`` of records given as chunks of Arrow buffers (``_fast.columns_check``
+        says what a chunk is: ``read_columns``' first eight fields are one), written and
+        logged in C; where the C paths are off, the same records go through ``append``.
+        Returns the first offset, or None when there was nothing to append (or ``txn``
+        was in already)."""
+        if _fast_columns is None:
+            items = columns_items(chunks)
+            return self.append(items, now_ns, floor, deadline, txn) if items else None
+        n, total, _biggest = cpaths.columns_check(chunks)
+        if not n:
+            return None
+        cap = self._cap
+        tid, batch = txn if txn is not None else (None, 0)
+        return self._append(
+            n, total, now_ns, lambda tail: cpaths.columns_end(chunks, tail, cap),
+            lambda first: cpaths.columns_log(chunks, first, now_ns, tid, batch),
+            lambda start, first: cpaths.write_columns(self._mm, self._base, cap, L.PART_INDEX_OFF, self._slots,
+                                                      _STRIDE, start, first, now_ns, chunks),
+            floor, deadline, txn)
+
+    def _append(self, n, total, now_ns, end_from, entries, fill, floor, deadline, txn):
+        """The append of ``n`` records of ``total`` bytes in the ring, described by three
+        functions: ``end_from(tail)``, the ring position after them placed from ``tail``;
+        ``entries(first)``, their log entries (and the publish note of ``txn``);
+        ``fill(start, first)``, which writes them from ring position ``start`` on."""
         if total > self._cap:
             raise MessageTooLarge(f"{total} bytes of records can never fit in a partition of stream "
                                   f"{self.name!r} (max_bytes={self._cap})")
+        if self._sparse:  # a write that finds /dev/shm full would die of SIGBUS (a server too): say so first
+            check_room(total, f"{total} bytes of records appended to stream {self.name!r}")
         while True:
             limit = None if floor is None else floor()
             self._acquire()
             try:
                 if txn is not None and self._txn_batch(txn[0]) >= txn[1]:
                     return None
-                room = self._room(sizes, limit)
+                room = self._room(end_from, limit)
                 if room is not None:
-                    return self._write(items, sizes, now_ns, room, txn)
+                    return self._write(n, now_ns, room, txn, entries, fill)
             finally:
                 self._release()
             if deadline is not None and time.monotonic_ns() >= deadline:
@@ -247,16 +318,17 @@ class Partition:
             tail = L.place(tail, size, self._cap)[1]
         return tail
 
-    def _room(self, sizes, limit):
-        """Where the items go and what is dropped for them: (start position, new head,
+    def _room(self, end_from, limit):
+        """Where the records go and what is dropped for them: (start position, new head,
         records dropped, the new earliest or None), or None when they cannot fit now (only
-        records below ``limit`` may go, when it is given). Changes nothing. Lock held."""
+        records below ``limit`` may go, when it is given). ``end_from(tail)``: the
+        position after them placed from ``tail``. Changes nothing. Lock held."""
         mq, cap, base = self._mq, self._cap, self._base
         head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
         if head == tail and tail % cap:  # empty: start a lap, so any batch <= capacity fits
             start = tail + cap - tail % cap
             return start, start, 0, None
-        end = self._placement_end(sizes, tail)
+        end = end_from(tail)
         if end - head <= cap:
             return tail, head, 0, None
         dropped, new_head, earliest = 0, head, None
@@ -278,18 +350,17 @@ class Partition:
             return start, start, dropped, None
         return (tail, new_head, dropped, earliest) if end - new_head <= cap else None
 
-    def _write(self, items, sizes, now_ns, room, txn=None) -> int:
-        """Log the items (or raise the high-water mark), drop what makes room, write them
-        past the tail, index them, note the publish of ``txn``, publish them with one
-        store. Lock held."""
-        mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
+    def _write(self, n, now_ns, room, txn, entries, fill) -> int:
+        """Log the ``n`` records (``entries(first)``) or raise the high-water mark, drop
+        what makes room, write them past the tail (``fill(start, first)``), note the
+        publish of ``txn``, publish them with one store. Lock held."""
+        mq = self._mq
         start, new_head, dropped, earliest = room
-        first = offset = mq[L.PI_NEXT]
-        n = len(items)
+        first = mq[L.PI_NEXT]
         if self._marked and mq[_LOG_GEN_W] and first + n > mq[L.PI_HWM]:
             self._raise_mark(first + n)  # StorageError: nothing changed
         if self._logged:  # logged (and fsynced, by policy) before the commit below
-            self.log.append(b"".join([_stream_entry(first + i, now_ns, k, h, v) for i, (k, h, v) in enumerate(items)]))
+            self.log.append(entries(first))
             if not mq[L.PI_DISK_FIRST]:
                 mq[L.PI_DISK_FIRST] = first + 1
         head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
@@ -301,6 +372,20 @@ class Partition:
                 mq[L.PI_EARLIEST] = earliest
         if start != tail:  # a new lap: head first, so no moment has garbage between head and tail
             mq[L.PI_TAIL] = start
+        pos = fill(start, first)
+        if mq[L.PI_HEAD] == mq[L.PI_TAIL]:
+            mq[L.PI_EARLIEST] = first
+        if txn is not None:  # before the commit: a repair takes it back if the commit never came
+            self._txn_note(txn[0], txn[1], first + n, now_ns)
+        mq[L.PI_TAIL] = pos  # commit
+        mq[L.PI_NEXT] = first + n
+        mq[L.PI_APPENDED] += n
+        return first
+
+    def _fill(self, items, sizes, now_ns, start, offset) -> int:
+        """Write ``items`` from ring position ``start`` on, offsets from ``offset``, and
+        index them; the position after the last. Lock held, room made."""
+        mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
         index_w, slots = self._index_w, self._slots
         pos = start
         for (key, hraw, value), size in zip(items, sizes):
@@ -312,14 +397,7 @@ class Partition:
                 mq[index_w + (offset // _STRIDE) % slots] = pos
             offset += 1
             pos += size
-        if mq[L.PI_HEAD] == mq[L.PI_TAIL]:
-            mq[L.PI_EARLIEST] = first
-        if txn is not None:  # before the commit: a repair takes it back if the commit never came
-            self._txn_note(txn[0], txn[1], offset, now_ns)
-        mq[L.PI_TAIL] = pos  # commit
-        mq[L.PI_NEXT] = offset
-        mq[L.PI_APPENDED] += n
-        return first
+        return pos
 
     # ------------------------------------------------------------------ the publishers' table
     def published(self, txn_id: bytes) -> int:
@@ -472,8 +550,10 @@ class Partition:
         """Fill this empty partition of a stream being rebuilt: ``rows`` are (offset,
         timestamp_ns, key, headers, value) in ascending offsets (gaps allowed), the next
         append gets ``next_offset`` (at least past the last row), ``txns`` the publishers'
-        table as exported. The newest rows that fit are kept, the oldest dropped as
-        retention would. Returns how many were kept."""
+        table as exported, (id, batch, end), or with the time each was written, (id,
+        batch, end, ns), oldest first (when more than the table holds, the newest stay).
+        The newest rows that fit are kept, the oldest dropped as retention would. Returns
+        how many were kept."""
         rows = list(rows)
         sizes = [record_size(k, h, v) for _o, _t, k, h, v in rows]
         keep, total = len(rows), 0
@@ -505,8 +585,8 @@ class Partition:
             mq[L.PI_HWM_EPOCH] = hwm_epoch
             mq[L.PI_HWM_BASE] = next_offset
             mq[L.PI_DROPPED] = keep
-            for txn_id, batch, end in txns:
-                self._txn_note(txn_id, batch, end, 0)
+            for txn_id, batch, end, *ns in txns:
+                self._txn_note(txn_id, batch, end, ns[0] if ns else 0)
         finally:
             self._release()
         return len(rows)

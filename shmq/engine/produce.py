@@ -33,6 +33,7 @@ _fast_put = cpaths.put
 _fast_put_many = cpaths.put_many
 _EMPTY = b""
 _F_OWNERDEAD, _F_FALLBACK, _F_WAL_MAX = cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.WAL_MAX_PAYLOAD
+_F_BUSY, _F_FULL, _F_SLEEP, _W_REGISTER = cpaths.BUSY, cpaths.FULL, cpaths.SLEEP, cpaths.W_REGISTER
 
 
 def as_bytes(value, what="message body"):
@@ -114,6 +115,12 @@ class Producing:
             gen, fd = self.wal.fd if self._logged else (0, -1)
             try:
                 r = _fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
+                if r == _F_FULL:
+                    r, waited, left = self._wait_room_fast(
+                        r, lambda wait: _fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen, wait), size,
+                        timeout)
+                    if r <= 0:  # the general append (uncounting a sleep still counted)
+                        return self._append(((body, hraw, size),), left, waited=waited)[0]
             except OSError as e:
                 raise self.wal.failed(e) from None
             if r > 0:
@@ -139,7 +146,7 @@ class Producing:
                     self.wal.append(_encode_put_entry(msg_id, now, hraw, body))
                 _write_record(self._mm, self._base + off, _READY, size, body, hraw, msg_id, now)
                 mq[I_TAIL] = tail + size  # commit
-                mq[I_NEXT_ID] = msg_id + 1
+                mq[I_NEXT_ID] = msg_id + self._id_step
                 mq[I_READY] += 1
                 cw = mq[I_CWAIT]
                 if cw and cw > mq[I_CPOSTED]:
@@ -179,14 +186,26 @@ class Producing:
             if type(bodies) is not list:
                 bodies = list(bodies)
             hraws = _EMPTY if headers is None else batch_headers(headers, len(bodies))
-            r = _fast_put_many(self._segp, self._base, self._cap, bodies, hraws, self.max_message_bytes, _wall())
+            now = _wall()
+            r = _fast_put_many(self._segp, self._base, self._cap, bodies, hraws, self.max_message_bytes, now)
+            waited = 0
+            if r == _F_FULL:
+                total = sum((_REC + 7 + len(b) + len(h)) & -8
+                            for b, h in zip(bodies, [hraws] * len(bodies) if type(hraws) is bytes else hraws))
+                r, waited, timeout = self._wait_room_fast(
+                    r, lambda wait: _fast_put_many(self._segp, self._base, self._cap, bodies, hraws,
+                                                   self.max_message_bytes, now, wait), total, timeout)
             if type(r) is tuple:
                 first, post = r
                 for _ in range(post):
                     self._ne.release()
-                return list(range(first, first + len(bodies)))
+                step = self._id_step
+                return list(range(first, first + len(bodies) * step, step))
             if r == _F_OWNERDEAD:
                 self._repair_held_lock()
+            if waited:  # the general append below uncounts it
+                items = batch_items(bodies, headers, self.max_message_bytes, self.name)
+                return self._append(items, timeout, waited=waited)
         if headers is not None:
             return self._append_items(batch_items(bodies, headers, self.max_message_bytes, self.name, ext),
                                       timeout, ext, flags, delay_ns)
@@ -271,21 +290,55 @@ class Producing:
             raise self._closed()
         return Reservation(self, size, b"" if headers is None else encode_headers(headers), timeout)
 
-    def _append(self, items, timeout, options=None):
+    def _append(self, items, timeout, options=None, waited=0):
         """Append ``(body, encoded headers, record size)`` items, waiting for room.
-        ``options``: (record flags, delay ns, dedup hash) for every item, or None."""
-        return self._until_room(self._try_append, items, timeout, options)
+        ``options``: (record flags, delay ns, dedup hash) for every item, or None;
+        ``waited``: a sleep of a C put this process is still counted for."""
+        return self._until_room(self._try_append, items, timeout, options, waited)
 
-    def _until_room(self, attempt, items, timeout, options=None):
+    def _wait_room_fast(self, r, again, total, timeout):
+        """Where a C put (or put_many) that found no room (FULL) goes on: ``again(wait)`` is
+        that call made again, told to count this process as a producer waiting for room
+        when there is still none (SLEEP), then a sleep on not_full, then the call again,
+        which uncounts it first: every lock hold stays in C, as a waiting get's
+        (``Consuming._fast_wait``). QueueFull past ``timeout``; MessageTooLarge for records
+        (``total`` bytes) that can never fit. Returns (what ``again`` returned: a success,
+        or FALLBACK / BUSY / DELETED, for the general append; the sleep still counted then;
+        the seconds left)."""
+        if total > self._cap:
+            raise MessageTooLarge(f"{total} bytes of records can never fit in queue {self.name!r} "
+                                  f"(max_bytes={self._cap})")
+        deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
+        waited = 0  # a sleep this process is still counted for
+        while True:
+            if r == _F_FULL:
+                if deadline is not None and _mono() >= deadline:
+                    raise QueueFull(f"queue {self.name!r} is full")
+            elif r == _F_SLEEP:
+                waited = self._sleep(self._nf, deadline, _PRODUCERS)
+            elif r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            elif type(r) is tuple or r > 0:
+                return r, 0, None
+            else:
+                return r, waited, None if deadline is None else max(0, deadline - _mono()) / 1e9
+            if self._slot < 0:  # not in the process table yet (or closed): the general append registers it
+                r = _F_FALLBACK
+                continue
+            r = again(self._slot << 3 | waited << 1 | (_W_REGISTER if deadline is None or _mono() < deadline else 0))
+            if type(r) is int and r != _F_BUSY and r != _F_OWNERDEAD:
+                waited = 0  # the call had the lock: it uncounted the sleep
+
+    def _until_room(self, attempt, items, timeout, options=None, waited=0):
         """``attempt(items, waited, deadline, options)`` until it returns something, sleeping
-        for room between tries; QueueFull after ``timeout``."""
+        for room between tries; QueueFull after ``timeout``. ``waited``: a sleep still
+        counted, uncounted by the first attempt."""
         deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
         total = sum(item[2] for item in items)
         if total > self._cap:
             raise MessageTooLarge(
                 f"{total} bytes of records can never fit in queue {self.name!r} (max_bytes={self._cap})"
             )
-        waited = 0
         while True:
             try:
                 ids, post = attempt(items, waited, deadline, options)
@@ -295,9 +348,7 @@ class Producing:
                 self._ne.release()
             if ids is not None:
                 return ids
-            if deadline is not None and _mono() >= deadline:
-                raise QueueFull(f"queue {self.name!r} is full")
-            waited = self._sleep(self._nf, deadline, _PRODUCERS)
+            waited = self._sleep(self._nf, deadline, _PRODUCERS)  # registered by ``_room``
 
     def _placement_end(self, items, tail):
         """Where the tail would be after appending ``items`` at ``tail`` (pads included)."""
@@ -308,7 +359,9 @@ class Producing:
 
     def _room(self, items, deadline):
         """Where ``items`` go: the tail, or None when they do not fit now (then registered
-        as a producer waiting for room, unless past ``deadline``). Lock held."""
+        as a producer waiting for room: the caller sleeps next); QueueFull past
+        ``deadline`` (decided here, under the lock, so no registration outlives a call).
+        Lock held."""
         mq, cap = self._mq, self._cap
         head, tail = mq[I_HEAD], mq[I_TAIL]
         end = self._placement_end(items, tail)
@@ -318,8 +371,9 @@ class Producing:
             mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = tail
             end = self._placement_end(items, tail)
         if end - head > cap:
-            if deadline is None or _mono() < deadline:
-                waits.register(mq, self._my_slot(), _PRODUCERS)
+            if deadline is not None and _mono() >= deadline:
+                raise QueueFull(f"queue {self.name!r} is full")
+            waits.register(mq, self._my_slot(), _PRODUCERS)
             return None
         return tail
 
@@ -331,10 +385,10 @@ class Producing:
         self._acquire(FOREVER if deadline is None else deadline)
         held = False
         try:
+            if waited:  # first: whatever happens next, this sleep is over
+                waits.unregister(mq, self._slot, _PRODUCERS, waited)
             if mq[I_DELETED]:
                 raise self._gone()
-            if waited:
-                waits.unregister(mq, self._slot, _PRODUCERS, waited)
             tail = self._room(items, deadline)
             if tail is None:
                 return None, 0
@@ -362,7 +416,7 @@ class Producing:
                 self.wal.append(_encode_put_entry(msg_id, now, mm[b:b + hl], mm[b + hl:b + hl + size]))
             mq[(a >> 3) + L.R_ENQ] = now
             mq[I_TAIL] = pos + rec  # commit
-            mq[I_NEXT_ID] = msg_id + 1
+            mq[I_NEXT_ID] = msg_id + self._id_step
             mq[I_READY] += 1
             post = waits.owed_posts(mq, _CONSUMERS, 1)
         finally:
@@ -379,10 +433,10 @@ class Producing:
             flags, delay_ns, dh = options
         self._acquire(FOREVER if deadline is None else deadline)
         try:
+            if waited:  # first: whatever happens next, this sleep is over
+                waits.unregister(mq, self._slot, _PRODUCERS, waited)
             if mq[I_DELETED]:
                 raise self._gone()
-            if waited:
-                waits.unregister(mq, self._slot, _PRODUCERS, waited)
             if dh:
                 known = dedup.lookup(mq, self._dedup_off, dh, _wall())
                 if known:
@@ -394,14 +448,15 @@ class Producing:
             now = _wall()
             pos = tail
             first_id = next_id = mq[I_NEXT_ID]
+            step = self._id_step
             if self._logged:  # logged (and fsynced, by policy) before the commit below
                 self.wal.append(b"".join(
-                    _encode_put_entry(first_id + i, now, item[1], item[0]) for i, item in enumerate(items)))
+                    _encode_put_entry(first_id + i * step, now, item[1], item[0]) for i, item in enumerate(items)))
             if options is None:
                 for body, hraw, size in items:
                     pos, a = ring.place(mm, base, cap, pos, size)
                     _write_record(mm, a, _READY, size, body, hraw, next_id, now)
-                    next_id += 1
+                    next_id += step
                     pos += size
             else:
                 state, due = _READY, 0
@@ -410,7 +465,7 @@ class Producing:
                 for body, hraw, size in items:
                     pos, a = ring.place(mm, base, cap, pos, size)
                     _write_record(mm, a, state, size, body, hraw, next_id, now, flags, due)
-                    next_id += 1
+                    next_id += step
                     pos += size
                 if dh:  # remembered before the commit; a repair forgets it if the commit never comes
                     dedup.remember(mq, self._dedup_off, dh, first_id, now + self._dedup_window_ns)
@@ -421,13 +476,13 @@ class Producing:
                     mq[L.I_NEXT_TTL] = expires
             mq[I_TAIL] = pos  # commit
             mq[I_NEXT_ID] = next_id
-            n = next_id - first_id
+            n = len(items)
             if delay_ns:
                 mq[L.I_DELAYED] += n
                 if due < mq[L.I_NEXT_DEADLINE]:
                     mq[L.I_NEXT_DEADLINE] = due
-                return list(range(first_id, next_id)), 0
+                return list(range(first_id, next_id, step)), 0
             mq[I_READY] += n
-            return list(range(first_id, next_id)), waits.owed_posts(mq, _CONSUMERS, n)
+            return list(range(first_id, next_id, step)), waits.owed_posts(mq, _CONSUMERS, n)
         finally:
             self._release()

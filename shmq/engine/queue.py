@@ -46,7 +46,7 @@ from .mutex import trylock as _trylock
 from .mutex import unlock as _unlock
 from .process import current_identity, monotonic_offset
 from .produce import Producing
-from .segment import open_segment, open_semaphore, segment_name
+from .segment import lane_name, open_segment, open_semaphore, segment_name
 from .settle import Settling
 from .wal import Log
 
@@ -83,18 +83,22 @@ class Queue(Producing, Consuming, Settling):
 
     lock_timeout = None
 
-    def __init__(self, namespace: str, name: str):
+    def __init__(self, namespace: str, name: str, lane: int = 0):
+        """``lane``: one lane of a laned queue (``lanes.py``; 0 is the queue's first, the
+        segment every queue has)."""
         self.namespace = namespace
         self.name = name
         self._slot = -1
         self._dlq = None
         self._held = None  # with a prefetch cap (``_set_prefetch``): the deliveries held un-settled
         try:
-            seg = open_segment(segment_name(namespace, "q", name))
+            seg = open_segment(segment_name(namespace, "q", lane_name(name, lane)))
         except (FileNotFoundError, ValueError):
             raise QueueNotFound(f"no queue {name!r} in namespace {namespace!r}") from None
         try:
             self._attach(seg)
+            if self._lane != lane:
+                raise QueueCorrupted(f"segment of lane {lane} of queue {name!r} says it is lane {self._lane}")
         except BaseException:
             seg.close()
             raise
@@ -135,20 +139,22 @@ class Queue(Producing, Consuming, Settling):
         self.dead_letter_queue = dlq[:dl].decode() or None
         self.durability = L.DURABILITY_NAMES.get(flags & 0xFF, "memory")
         self._logged = self.durability == "wal"
-        (levels, aging_ms, ttl_ns, window_ns, retry_ns, backoff, retry_max_ns) = L.OPTS.unpack_from(mm, L.OPTS_OFF)
+        (levels, aging_ms, ttl_ns, window_ns, retry_ns, backoff, retry_max_ns, lanes, lane) = L.OPTS.unpack_from(
+            mm, L.OPTS_OFF)
         # one attribute for the options (the properties below): CPython 3.11 keeps an
         # instance's attributes in a shared-keys table, and the hot paths' attribute
         # loads are fast, only while a class's instances have at most 30 of them
         self._opts = (levels or 1, aging_ms * 1_000_000, ttl_ns, window_ns, retry_ns, backoff or 1.0, retry_max_ns,
-                      L.dedup_offset(slots))
+                      L.dedup_offset(slots), lanes or 1, lane)
         # never the plain FIFO take: the leveled take (levels), or a check of every expiry (a queue TTL)
         self._general = (levels or 1) > 1 or bool(ttl_ns)
-        self.wal = Log(self)  # the write-ahead log (durability "wal"), and this process's descriptor
+        # the write-ahead log (durability "wal"), and this process's descriptor
+        self.wal = Log(self, lane_name(self.name, lane))
         # The mutex lives at a fixed address of the mapping, valid until close().
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
         self._lockp = self._mutex.ptr  # the hot paths lock through this directly
         self._segp = self._lockp.value - L.MUTEX_OFF  # the mapping's address, for the C hot paths
-        base = segment_name(self.namespace, "q", self.name)
+        base = segment_name(self.namespace, "q", lane_name(self.name, lane))
         try:
             self._ne = open_semaphore(base + ".ne")
             self._nf = open_semaphore(base + ".nf")
@@ -163,13 +169,16 @@ class Queue(Producing, Consuming, Settling):
     _backoff = property(lambda self: self._opts[5])  # retry_backoff
     _retry_max_ns = property(lambda self: self._opts[6])  # retry_delay_max (0: none)
     _dedup_off = property(lambda self: self._opts[7])  # the dedup table's byte offset
+    _nlanes = property(lambda self: self._opts[8])  # the queue's lanes (``lanes.py``); 1: one ring
+    _lane = property(lambda self: self._opts[9])  # which of them this handle's segment is
+    _id_step = _nlanes  # how far apart this segment's consecutive message ids are
 
     def __reduce__(self):
-        return (_reattach, (self.namespace, self.name))
+        return (_reattach, (self.namespace, self.name, self._lane))
 
     def _sibling(self):
         """Another handle on this queue, as this one was opened."""
-        return Queue(self.namespace, self.name)
+        return Queue(self.namespace, self.name, self._lane)
 
     @property
     def deleted(self) -> bool:
@@ -256,7 +265,7 @@ class Queue(Producing, Consuming, Settling):
         pid, start = current_identity()
         mm, free = self._mm, -1
         for i in range(self._nslots):
-            p, s, _cw, _pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+            p, s = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)[:2]
             if p == pid and s == start:
                 self._slot = i
                 return i
@@ -264,9 +273,14 @@ class Queue(Producing, Consuming, Settling):
                 free = i
         if free < 0:
             raise ShmqError(f"queue {self.name!r}: all {self._nslots} process slots are taken")
-        L.PROC.pack_into(mm, L.PROCS_OFF + free * L.PROC_SIZE, pid, start, 0, 0)
+        L.PROC.pack_into(mm, L.PROCS_OFF + free * L.PROC_SIZE, pid, start, 0, 0, 0, 0)
         self._slot = free
         return free
+
+    def _procs_sum(self, field) -> int:
+        """The sum of word ``field`` over the process table (the totals' shares)."""
+        first = L.proc_word(0, field)
+        return sum(self._mq[first:first + self._nslots * (L.PROC_SIZE >> 3):L.PROC_SIZE >> 3])
 
     def _sleep(self, sem, deadline, side):
         """Sleep one slice on ``sem`` as a registered waiter of ``side``. Returns 2 if woken
@@ -284,7 +298,9 @@ class Queue(Producing, Consuming, Settling):
 
     def _dead_letter_target(self):
         if self._dlq is None:
-            self._dlq = Queue(self.namespace, self.dead_letter_queue)
+            from .lanes import attach  # (lanes.py builds on this module)
+
+            self._dlq = attach(self.namespace, self.dead_letter_queue)
         return self._dlq
 
     def _housekeep(self) -> int:
@@ -330,6 +346,8 @@ class Queue(Producing, Consuming, Settling):
                 raise self._gone()
             hot = dict(zip(L.HOT_FIELDS, _HOT_UNPACK(mm, L.HOT_OFF)))
             counters = dict(zip(L.COUNTER_FIELDS, L.COUNTERS.unpack_from(mm, L.COUNTERS_OFF)))
+            counters["acked_total"] += self._procs_sum(L.P_ACKED)
+            counters["redelivered_total"] += self._procs_sum(L.P_REDELIVERED)
             age = 0.0
             by_level = (hot["ready"],)
             groups = 0
@@ -354,7 +372,7 @@ class Queue(Producing, Consuming, Settling):
             oldest_ready_age_s=age,
             bytes_used=hot["tail"] - hot["head"],
             max_bytes=self._cap,
-            enqueued_total=hot["next_id"] - 1,
+            enqueued_total=(hot["next_id"] - 1 - self._lane) // self._id_step,
             acked_total=counters["acked_total"],
             redelivered_total=counters["redelivered_total"],
             dead_lettered_total=counters["dead_lettered_total"],
@@ -377,7 +395,7 @@ class Queue(Producing, Consuming, Settling):
             if dlq.deleted:
                 self._dlq = None
                 return None
-            return dlq._mq[I_READY]
+            return sum(lane._mq[I_READY] for lane in getattr(dlq, "_lanes", (dlq,)))
         except QueueNotFound:
             return None
 
@@ -392,6 +410,7 @@ class Queue(Producing, Consuming, Settling):
             "message_ttl": self._ttl_ns / 1e9 if self._ttl_ns else None,
             "dedup_window": self._dedup_window_ns / 1e9, "retry_delay": self._retry_ns / 1e9,
             "retry_backoff": self._backoff, "retry_delay_max": self._retry_max_ns / 1e9 if self._retry_max_ns else None,
+            "lanes": self._nlanes,
         }
 
     def _export_messages(self, rotate_wal: bool = False) -> list[tuple[int, int, int, bytes, bytes]]:
@@ -471,10 +490,11 @@ class Queue(Producing, Consuming, Settling):
                 pos += size
             if delayed and mq[I_FRONTIER] < pos:
                 mq[I_FRONTIER] = pos  # (special is set: the general take recomputes the cursors)
-            next_id = max(mq[I_NEXT_ID], top + 1)
+            step = self._id_step
+            next_id = max(mq[I_NEXT_ID], top + step)  # (a laned queue imports into lane (id - 1) % lanes)
             if once:  # the token is the next id, which the commit below takes
                 dedup.remember(mq, self._dedup_off, once, next_id, wall + self._dedup_window_ns)
-                next_id += 1
+                next_id += step
             mq[I_TAIL] = pos  # commit
             mq[I_NEXT_ID] = next_id
             mq[I_READY] += ready
@@ -499,5 +519,5 @@ class Queue(Producing, Consuming, Settling):
             self._nf.release()
 
 
-def _reattach(namespace, name):
-    return Queue(namespace, name)
+def _reattach(namespace, name, lane=0):
+    return Queue(namespace, name, lane)

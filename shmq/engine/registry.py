@@ -9,6 +9,7 @@ operations never touch the registry: it is only on the create/delete/list path.
 
 import contextlib
 import ctypes
+import itertools
 import os
 import struct
 import time
@@ -27,19 +28,22 @@ _ENTRIES_OFF = 128
 _ENTRY = struct.Struct("<QQ128s")  # state, name length, name
 MAX_QUEUES = 1024
 _SIZE = _ENTRIES_OFF + MAX_QUEUES * _ENTRY.size
+_ENTRY_WORDS = _ENTRY.size // 8  # an entry's state is its first u64: every 18th word from _ENTRIES_OFF
 
 FREE, CREATING, LIVE, DELETING = 0, 1, 2, 3
 _INIT_WAIT_S = 2.0
 
 
 class Registry:
-    """The registry segment of one namespace, created on first use."""
+    """The registry segment of one namespace: made by the first create of a queue, a
+    stream or an exchange in it (``Broker``), or by ``shmq server``."""
 
     def __init__(self, namespace: str, create: bool = True):
         """``create=False``: attach only (FileNotFoundError if the namespace has no
-        registry, or one its creator has not published)."""
+        registry, or one its creator has not published). ``created``: this call made it."""
         self.namespace = namespace
         self._name = segment_name(namespace, "registry")
+        self.created = False
         self._seg = self._open_or_create() if create else self._open_published()
         self._mm = self._seg._mmap
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(self._mm, _MUTEX_OFF)))
@@ -67,6 +71,7 @@ class Registry:
                 _HEADER.pack_into(seg._mmap, 0, b"\0\0\0\0", _VERSION, 0, MAX_QUEUES, pid, start)
                 init_mutex(ctypes.addressof(ctypes.c_char.from_buffer(seg._mmap, _MUTEX_OFF)))
                 seg._mmap[0:4] = _MAGIC  # published: attachers wait for this
+                self.created = True
                 return seg
             try:
                 seg = open_segment(self._name)
@@ -128,13 +133,11 @@ class Registry:
         _ENTRY.pack_into(self._mm, _ENTRIES_OFF + i * _ENTRY.size, state, len(raw), raw)
 
     def entries(self):
-        """(index, state, name) of every used entry."""
-        out = []
-        for i in range(MAX_QUEUES):
-            state, name = self._entry(i)
-            if state != FREE:
-                out.append((i, state, name))
-        return out
+        """(index, state, name) of every used entry. The states are read in one strided
+        look (an idle broker lists its queues often; 1024 unpacks cost half a millisecond)."""
+        with memoryview(self._mm) as mm, mm[_ENTRIES_OFF:_SIZE] as table, table.cast("Q") as words:
+            states = words[::_ENTRY_WORDS].tolist()
+        return [(i, states[i], self._entry(i)[1]) for i in itertools.compress(range(MAX_QUEUES), states)]
 
     def find(self, name):
         for i, state, n in self.entries():

@@ -157,11 +157,11 @@ def reply(delivery, body, headers=None) -> bool:
     reply queue with its correlation id. Returns False when the requester has gone (its
     reply queue is deleted: it timed out or died), True otherwise. ValueError if the
     message asked for no reply."""
-    from .queue import Queue
+    from .lanes import attach
 
     reply_to, corr = reply_headers(delivery)
     try:
-        q = Queue(delivery._q.namespace, reply_to)
+        q = attach(delivery._q.namespace, reply_to)
     except QueueNotFound:
         return False
     try:

@@ -195,7 +195,7 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
     mq[L.I_READY] = mq[L.I_READY] - n - len(expired)
     mq[L.I_INFLIGHT] += n + leased_expired
     if redelivered:
-        mq[L.I_REDELIVERED_TOTAL] += redelivered
+        mq[L.proc_word(slot, L.P_REDELIVERED)] += redelivered
     if (n or leased_expired) and until < mq[L.I_NEXT_DEADLINE]:
         mq[L.I_NEXT_DEADLINE] = until
     if not complete:  # a part of the ring: the cursors stay lower bounds; the frontier covers the leases
@@ -303,7 +303,7 @@ def take_leveled(q, maxn, slot, until, now, wall, max_bytes=None):
         mq[L.I_INFLIGHT] += n
         mq[L.I_EXPIRED_TOTAL] += len(dead)
         if redelivered:
-            mq[L.I_REDELIVERED_TOTAL] += redelivered
+            mq[L.proc_word(slot, L.P_REDELIVERED)] += redelivered
         if until < mq[L.I_NEXT_DEADLINE]:
             mq[L.I_NEXT_DEADLINE] = until
     return out, dead

@@ -39,6 +39,7 @@ __all__ = [
     "check_queue_name",
     "namespace_entries",
     "destroy_namespace",
+    "check_room",
 ]
 
 MODE = 0o600
@@ -59,6 +60,12 @@ def check_queue_name(name: str) -> str:
             f"invalid queue name {name!r}: use 1-128 of A-Z a-z 0-9 _ . : - (not starting with . : -)"
         )
     return name
+
+
+def lane_name(name: str, lane: int) -> str:
+    """The name of lane ``lane`` of queue ``name`` (its segment's, its log's): ``name`` for
+    lane 0, ``name#LANE`` for the others (``#`` is never in a queue's name)."""
+    return f"{name}#{lane}" if lane else name
 
 
 def segment_name(namespace: str, *parts: str) -> str:
@@ -132,10 +139,14 @@ class Segment(_stdlib_shm.SharedMemory):
                 self._fd = -1
 
 
-def create_segment(name: str, size: int) -> Segment:
+def create_segment(name: str, size: int, reserve: bool = True) -> Segment:
     """Create a new segment with all its memory reserved (FileExistsError if the name is
-    taken; StorageError, and nothing left behind, if /dev/shm has no room for it)."""
+    taken; StorageError, and nothing left behind, if /dev/shm has no room for it).
+    ``reserve=False``: sparse, its memory taken as it is written (a write that finds
+    /dev/shm full dies of SIGBUS): for short-lived segments that rarely fill."""
     seg = Segment(name, create=True, size=size)
+    if not reserve:
+        return seg
     try:
         os.posix_fallocate(seg._fd, 0, size)
     except OSError as e:
@@ -149,6 +160,15 @@ def create_segment(name: str, size: int) -> Segment:
                                f"or enlarge {SHM_DIR} (Docker: --shm-size)") from None
         raise
     return seg
+
+
+def check_room(size: int, what: str) -> None:
+    """StorageError unless /dev/shm has ``size`` bytes free now, for ``what``: the check a
+    writer into a sparse segment (``reserve=False``) makes before it writes."""
+    free = _free_bytes()
+    if free < size:
+        raise StorageError(f"{SHM_DIR} has {_mib(free)} free, too little for {what} ({_mib(size)}): free space "
+                           "there, or enlarge it (Docker: --shm-size)")
 
 
 def _free_bytes() -> int:
@@ -202,6 +222,18 @@ def namespace_entries(namespace: str) -> list[str]:
     return sorted(
         n for n in names if n.startswith(prefix) or n.startswith("sem." + prefix) or n == f"shmq.{namespace}"
     )
+
+
+def lane_entries(namespace: str, name: str) -> list[str]:
+    """The files in /dev/shm of lanes 1.. of queue ``name`` (``lane_name``), as ``/NAME``
+    segment and semaphore names: what a create cut short or a delete leaves to unlink."""
+    prefix = f"shmq.{namespace}.q.{name}#"
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted("/" + (n[4:] if n.startswith("sem.") else n) for n in names
+                  if n.startswith(prefix) or n.startswith("sem." + prefix))
 
 
 def destroy_namespace(namespace: str) -> int:

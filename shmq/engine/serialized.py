@@ -30,12 +30,12 @@ def load_deliveries(ser: Serializer, queue: str, ds: list) -> list:
 class SerializedQueue(Queue):
     """A ``Queue`` whose bodies go through ``serializer`` (``shmq.serializers``)."""
 
-    def __init__(self, namespace: str, name: str, serializer: Serializer):
-        super().__init__(namespace, name)
+    def __init__(self, namespace: str, name: str, serializer: Serializer, lane: int = 0):
+        super().__init__(namespace, name, lane)
         self.serializer = serializer
 
     def __reduce__(self):
-        return (SerializedQueue, (self.namespace, self.name, self.serializer))
+        return (SerializedQueue, (self.namespace, self.name, self.serializer, self._lane))
 
     def __repr__(self):
         return f"<shmq.Queue {self.namespace}/{self.name} serializer={self.serializer.name}>"
@@ -69,7 +69,13 @@ class SerializedQueue(Queue):
         return [dataclasses.replace(m, body=load(ser, self.name, m.id, m.body)) for m in Queue.peek(self, max_messages)]
 
     def _sibling(self):
-        return SerializedQueue(self.namespace, self.name, self.serializer)
+        return SerializedQueue(self.namespace, self.name, self.serializer, self._lane)
+
+    def _poll(self, maxn, visibility_timeout=None, max_bytes=None, ack=True, copy=True):
+        got = Queue._poll(self, maxn, visibility_timeout, max_bytes, True, copy)
+        if got is None:
+            return None
+        return self._loaded(got, ack) if maxn else self._loaded([got], ack)[0]
 
     def _loaded(self, ds, ack=True):
         try:

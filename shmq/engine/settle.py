@@ -11,7 +11,7 @@ from ..errors import DeliveryExpired
 from . import cpaths, deadletter, ring, waits
 from . import layout as L
 from .layout import (
-    I_ACKED_TOTAL, I_DEAD_TOTAL, I_DELAYED, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE,
+    I_DEAD_TOTAL, I_DELAYED, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE,
     I_TAIL,
 )
 from .mutex import trylock as _trylock
@@ -30,6 +30,7 @@ _fast_ack = cpaths.ack
 _fast_ack_many = cpaths.ack_many
 _fast_nack_many = cpaths.nack_many
 _F_OWNERDEAD, _F_EXPIRED, _F_DELETED = cpaths.OWNERDEAD, cpaths.EXPIRED, cpaths.DELETED
+_proc_word, _P_ACKED = L.proc_word, L.P_ACKED
 
 
 class Settling:
@@ -51,10 +52,10 @@ class Settling:
             raise self._closed()
         if self._held is not None:
             self._drop_held((d,))
-        if _fast_ack is not None and (not self._logged or self.wal.fd is not None):
+        if _fast_ack is not None and self._slot >= 0 and (not self._logged or self.wal.fd is not None):
             gen, fd = self.wal.fd if self._logged else (0, -1)
             try:
-                r = _fast_ack(self._segp, self._base, self._cap, d._pos, d.attempt, d.id, _mono(), fd, gen)
+                r = _fast_ack(self._segp, self._base, self._cap, d._pos, d.attempt, d.id, _mono(), fd, gen, self._slot)
             except OSError as e:
                 raise self.wal.failed(e) from None
             if r >= 0:
@@ -85,7 +86,7 @@ class Settling:
                 self.wal.append(_encode_ack_entry(d.id, d.attempt))
             mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
             mq[I_INFLIGHT] -= 1
-            mq[I_ACKED_TOTAL] += 1
+            mq[_proc_word(self._my_slot(), _P_ACKED)] += 1
             post = (pos == head or pos % cap == 0) and ring.freed_at(mq, cap, self._base, pos, head)
         finally:
             _unlock(lp)
@@ -110,10 +111,12 @@ class Settling:
         """Run the C batch settle ``fast`` (``_fast.ack_many`` or ``nack_many``) over
         ``ds``: (settled, posts owed, indices no longer leased), or None when the Python
         path must do it (the lock was busy, or was repaired after a dead holder)."""
+        if self._slot < 0:
+            return None
         flat = []
         for d in ds:
             flat += (d._pos, d.attempt, d.id)
-        r = fast(self._segp, self._base, self._cap, flat, _mono())
+        r = fast(self._segp, self._base, self._cap, flat, _mono(), self._slot)
         if type(r) is tuple:
             return r
         if r == _F_DELETED:
@@ -250,7 +253,7 @@ class Settling:
             done = len(live)
             mq[I_INFLIGHT] -= done
             if counted:
-                mq[I_DEAD_TOTAL if dead_lettered else I_ACKED_TOTAL] += done
+                mq[I_DEAD_TOTAL if dead_lettered else _proc_word(self._my_slot(), _P_ACKED)] += done
             if freed and ring.advance_head(mq, cap, self._base):
                 post = waits.owed_posts(mq, _PRODUCERS, 1)
         finally:

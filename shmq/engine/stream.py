@@ -21,7 +21,9 @@ import zlib
 from dataclasses import dataclass, field
 
 from ..errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
+from . import cpaths
 from . import layout as L
+from . import partition as partition_mod
 from . import waits
 from .groups import Groups
 from .headers import decode_headers, encode_headers
@@ -254,27 +256,85 @@ class Stream:
         if isinstance(staging, str):
             with Stream(self.namespace, staging) as attached:
                 return self.publish(attached, ranges, txn_id, batch)
+        if staging.name == self.name and staging.namespace == self.namespace:
+            raise ValueError(f"stream {self.name!r} cannot publish records staged in itself")
         out = {}
         for p in sorted(ranges):
             part = self._part(p)
             if part.published(txn_id) >= batch:
                 out[p] = None
                 continue
+            floor = None
+            if self.retention == "block":
+                floor = lambda p=p: self.groups_table.floor(p, self._idle_ns)  # noqa: E731
+            chunks = staging._chunks(ranges[p])
+            if chunks is not None:  # in C: the staged records' buffers, appended as they are
+                biggest = cpaths.columns_check(chunks)[2] if chunks else 0
+                self._check_staged(biggest)
+                out[p] = part.append_columns(chunks, _wall(), floor, txn=(txn_id, batch))
+                continue
             items = []
             for sp, first, end in ranges[p]:
                 items += staging.raw_records(sp, first, end)
             if staging.max_message_bytes > self.max_message_bytes:  # else each fit when it was staged
-                for key, hraw, value in items:
-                    n = len(value) + len(hraw) + (len(key) if key is not None else 0)
-                    if n > self.max_message_bytes:
-                        raise MessageTooLarge(f"a staged record of {n} bytes; stream {self.name!r} takes at most "
-                                              f"{self.max_message_bytes}")
-            floor = None
-            if self.retention == "block":
-                floor = lambda p=p: self.groups_table.floor(p, self._idle_ns)  # noqa: E731
+                self._check_staged(max((len(v) + len(h) + (len(k) if k is not None else 0) for k, h, v in items),
+                                       default=0))
             out[p] = part.append(items, _wall(), floor, txn=(txn_id, batch)) if items else None
         self._wake_readers()
         return out
+
+    def _check_staged(self, biggest: int) -> None:
+        if biggest > self.max_message_bytes:
+            raise MessageTooLarge(f"a staged record of {biggest} bytes; stream {self.name!r} takes at most "
+                                  f"{self.max_message_bytes}")
+
+    def _chunks(self, spans) -> list | None:
+        """The records of ``spans`` [(partition, first, end), ...] as chunks of Arrow
+        buffers (``read_columns``), or None where that path is not there (no C build,
+        records on disk only): then ``raw_records``. OffsetOutOfRange if any of them is
+        not retained."""
+        if cpaths.read_columns is None or partition_mod._fast_columns is None:
+            return None
+        out = []
+        for p, first, end in spans:
+            offset = first
+            while offset < end:
+                cols = self._part(p).read_columns(offset, end - offset)
+                if cols is None:
+                    return None
+                if not cols[0]:
+                    raise OffsetOutOfRange(f"stream {self.name!r} partition {p}: offsets {offset}..{end - 1} are "
+                                           "not retained", *self._part(p).offsets())
+                out.append(cols)
+                offset += cols[0]
+        return out
+
+    def append_columns(self, columns, partition: int) -> int | None:
+        """Append records given as Arrow buffers to ``partition``, all or nothing: one
+        chunk, (n, value offsets, values, key offsets, keys, key validity, header offsets,
+        encoded headers) as ``read_columns`` gives them (None for no keys, all keys
+        valid, no headers); int32 offsets into their data. Written and logged in C
+        (``Partition.append_columns``). Returns the first record's offset, None if there
+        were none. Local handles only (the Spark sink's tasks stage with it)."""
+        part = self._part(partition)
+        chunks = [tuple(columns)]
+        if cpaths.columns_check is not None and partition_mod._fast_columns is not None:
+            n, _total, biggest = cpaths.columns_check(chunks)
+        else:
+            items = partition_mod.columns_items(chunks)
+            n = len(items)
+            biggest = max((len(v) + len(h) + (len(k) if k is not None else 0) for k, h, v in items), default=0)
+        if biggest > self.max_message_bytes:
+            raise MessageTooLarge(f"record of {biggest} bytes (key, headers and value); stream {self.name!r} takes "
+                                  f"at most {self.max_message_bytes}")
+        if not n:
+            return None
+        floor = None
+        if self.retention == "block":
+            floor = lambda: self.groups_table.floor(partition, self._idle_ns)  # noqa: E731
+        first = part.append_columns(chunks, _wall(), floor)
+        self._wake_readers()
+        return first
 
     def published(self, txn_id: bytes) -> dict:
         """{partition: the newest batch publisher ``txn_id`` published there, -1 if none}."""
@@ -452,22 +512,26 @@ class Consumer:
 
     def _refresh(self, force=False):
         """Take the group's current view when its generation moved (or the liveness
-        check is due): new partitions start at the committed offset, lost ones are let go."""
+        check is due): a partition this member has owned without a break since the view
+        it had goes on from its position; any other starts at the committed offset (it is
+        new to this member, or someone else owned it in between); lost ones are let go."""
         now = _mono()
         reap = now >= self._next_reap
         if not (force or reap or self.stream.groups_table.generation(self.group) != self._gen):
             return
         if reap:
             self._next_reap = now + REFRESH_NS
-        gen, owned, committed = self.stream.groups_table.view(self.group, self._member, reap)
-        if owned is None:  # we were taken for dead (or the group was reset): join again
-            self._member, gen = self.stream.groups_table.join(self.group)
-            gen, owned, committed = self.stream.groups_table.view(self.group, self._member, False)
-        self._gen = gen
-        positions = {}
+        table = self.stream.groups_table
+        gen, owned, committed, since = table.view(self.group, self._member, reap)
+        if owned is None:  # we were taken for dead: join again, a new member with nothing of the old one's
+            self._member, gen = table.join(self.group)
+            self._owned, self._positions = [], {}
+            gen, owned, committed, since = table.view(self.group, self._member, False)
+        had, positions = set(self._owned), {}
         for p in owned or []:
-            positions[p] = self._positions[p] if p in self._positions and p in self._owned else self._start(p, committed)
-        self._owned, self._positions = list(owned or []), positions
+            kept = p in had and since[p] <= self._gen and p in self._positions
+            positions[p] = self._positions[p] if kept else self._start(p, committed)
+        self._gen, self._owned, self._positions = gen, list(owned or []), positions
 
     def _start(self, p, committed):
         if p in committed:
@@ -527,7 +591,9 @@ class Consumer:
 
     def commit(self, offsets: dict | None = None) -> None:
         """Commit ``{partition: next offset to read}`` (default: where this member is in
-        every partition it owns). CommitFailed if the group rebalanced since the poll."""
+        every partition it owns), all or nothing. CommitFailed if the group rebalanced
+        since this member's last poll, or if an offset is below the one committed; then
+        poll again (partitions it kept go on from its position)."""
         self._check_open()
         if offsets is None:
             offsets = dict(self._positions)

@@ -29,8 +29,7 @@ PRODUCERS = (L.I_PWAIT, L.I_PPOSTED, L.P_PWAIT)
 _sched_yield = os.sched_yield
 
 
-def _slot_word(slot, field):
-    return ((L.PROCS_OFF + slot * L.PROC_SIZE) >> 3) + field
+_slot_word = L.proc_word
 
 
 def register(mq, slot, side) -> None:

@@ -28,6 +28,7 @@ __all__ = ["wal_path", "parse_wal_name", "partition_log_name", "split_partition_
            "Log", "HighWater", "Tail"]
 
 _ALWAYS = L.WAL_ALWAYS
+_PUT = dmsq.PUT
 _MARK_EVERY = 64  # Tail: remember the position of every 64th entry of a file it scanned
 
 
@@ -130,9 +131,16 @@ class Log:
         """Bytes appended to the current generation."""
         return self._o._mq[self._size_w]
 
-    def pending(self) -> tuple[int, int] | None:
-        """(generation, logged bytes) when the log holds entries not yet fsynced, else None."""
-        mq = self._o._mq
+    def pending(self, settled: bool = False) -> tuple[int, int] | None:
+        """(generation, logged bytes) when the log holds entries not yet fsynced, else None.
+        ``settled``: take and let go of the owner's lock first, so an append whose bytes
+        are in the file already but whose size word is not yet written (its writer holds
+        the lock between the two) counts too."""
+        o = self._o
+        if settled:
+            o._acquire()
+            o._release()
+        mq = o._mq
         gen, size = mq[self._gen_w], mq[self._size_w]
         if not gen or size == mq[self._synced_w]:
             return None
@@ -380,8 +388,9 @@ class Tail:
         first = None
         try:
             for _pos, entry in dmsq.scan_log(path):
-                first = entry.msg_id
-                break
+                if entry.op == _PUT:
+                    first = entry.msg_id
+                    break
         except FileNotFoundError:
             return None
         self._files[path] = (ino, first)
@@ -450,6 +459,8 @@ class Tail:
         start, seen = (poss[k], k * _MARK_EVERY) if k >= 0 else (0, 0)
         try:
             for pos, e in dmsq.scan_log(path, start):
+                if e.op != _PUT:  # a publish note (dmsq.PUBLISH): no record of its own
+                    continue
                 if pos == start and k >= 0 and e.msg_id != offs[k]:  # the file was cut back since: rescan
                     del offs[:], poss[:]
                     yield from self._scan(path, offset)

@@ -32,7 +32,7 @@ _STATS_ADDED = {"consumers_waiting": 0, "producers_waiting": 0, "delayed": 0, "p
                 "groups_in_flight": 0, "dead_letter_depth": None}
 # the work-queue options of ``create_queue`` (CREATE carries them as they are: the engine checks them)
 QUEUE_OPTIONS = ("priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff", "retry_delay_max",
-                 "priority_aging")
+                 "priority_aging", "lanes")
 _SECONDS_OPTIONS = ("message_ttl", "dedup_window", "retry_delay", "retry_delay_max", "priority_aging")
 
 

@@ -217,6 +217,7 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("retry_backoff", _check_number),
         Field("retry_delay_max", _check_number_or_nil),
         Field("priority_aging", _check_number_or_nil),
+        Field("lanes", _check_int),
     ),
     MsgType.DELETE: (_QUEUE,),
     MsgType.LIST: (),

@@ -99,8 +99,8 @@ class Connection(asyncio.BufferedProtocol):
         if not self.server.admit(self):
             self.refuse()
             return
-        log.info("connection opened", extra={"event": "connection_opened", "peer": self.peer,
-                                             "connections": len(self.server.connections)})
+        log.debug("connection opened", extra={"event": "connection_opened", "peer": self.peer,
+                                              "connections": len(self.server.connections)})
 
     def get_buffer(self, sizehint):
         room = self.room() if not self.closing else READ_CHUNK  # a closing one's bytes are dropped
@@ -151,9 +151,10 @@ class Connection(asyncio.BufferedProtocol):
         self.server.connection_gone(self)
         reason = self.close_reason or ("the server stopped" if self.server.stopping else
                                        f"lost: {exc}" if exc is not None else "closed")
-        log.info("connection closed", extra={"event": "connection_closed", "peer": self.peer,
-                                             "requests": self.requests, "reason": reason,
-                                             "duration_s": round(self.server.loop.time() - self.opened, 3)})
+        quiet = exc is None and self.close_reason in (None, "closed by the client")  # no fault: debug only
+        log.log(logging.DEBUG if quiet else logging.INFO, "connection closed",
+                extra={"event": "connection_closed", "peer": self.peer, "requests": self.requests, "reason": reason,
+                       "duration_s": round(self.server.loop.time() - self.opened, 3)})
 
     # ------------------------------------------------------------------ reading
     def room(self) -> int:

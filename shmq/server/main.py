@@ -15,10 +15,13 @@ import time
 
 from ..auth import advertise, default_data_dir, server_token, withdraw
 from ..engine.broker import Broker
+from ..engine.segment import destroy_namespace
 from ..persistence import Snapshotter, recover
 from ..engine.layout import WAL_ALWAYS, WAL_BATCH, WAL_NEVER
+from ..errors import ShmqError
 from .housekeeper import Housekeeper
 from .lock import BrokerLock
+from .logsync import LogSyncer
 from .loops import loop_name
 from .metrics import NO_METRICS, Metrics
 from .tcp import TcpServer
@@ -54,8 +57,8 @@ def _start_persistence(broker, data_dir, mode, ms, interval):
     try:
         snapshotter = Snapshotter(broker, data_dir, wal_mode=mode, wal_batch_ms=ms)
     except OSError as e:
-        raise SystemExit(f"shmq server: cannot use --data-dir {data_dir}: {e} (give another --data-dir, "
-                         f"or --no-persist)") from None
+        raise ShmqError(f"cannot use --data-dir {data_dir}: {e.strerror or e} (give another --data-dir, "
+                        f"or --no-persist)") from None
     started = time.monotonic()
     rebuilt = recover(broker, data_dir)
     log.info("data dir %s: %d queue(s) and stream(s) rebuilt from its files", data_dir, len(rebuilt),
@@ -113,20 +116,33 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         loop.add_signal_handler(sig, stop.set)
     with BrokerLock(namespace) as lock, Broker(namespace) as broker, Broker(namespace) as keeper_broker, \
             Broker(namespace) as snap_broker:  # the lock first: one broker per namespace, else a one-line refusal
-        exporter = NO_METRICS
-        if metrics is not None:  # first: a port in use is an error before anything starts
-            exporter = Metrics(namespace)
-            mhost, mport = metrics[0], exporter.start(*metrics)
-            log.info("metrics on http://%s:%d/metrics", f"[{mhost}]" if ":" in mhost else mhost, mport)
-        snapshotter = None
-        if data_dir is not None:
-            mode, ms = parse_fsync(fsync)
-            snapshotter = await asyncio.to_thread(_start_persistence, snap_broker, data_dir, mode, ms,
-                                                  snapshot_interval)
-        _log_persistence(namespace, data_dir, snapshot_interval, fsync)
-        on_create = snapshotter.open_wal if snapshotter is not None else None
-        server = await TcpServer(broker, host, port, token, max_frame_bytes, on_create=on_create,
-                                 limits=limits, metrics=exporter).start()
+        # the addresses next: a port in use is one line before anything is made (no data dir, no namespace)
+        server = await TcpServer(broker, host, port, token, max_frame_bytes, limits=limits).bind()
+        exporter, snapshotter, syncer, made_ns, made_dir = NO_METRICS, None, None, False, None
+        try:
+            if metrics is not None:
+                exporter = Metrics(namespace)
+                mhost, mport = metrics[0], exporter.start(*metrics)
+                log.info("metrics on http://%s:%d/metrics", f"[{mhost}]" if ":" in mhost else mhost, mport)
+            server.metrics = exporter
+            made_ns = broker.create_namespace()  # a server makes its namespace (and only it, of the commands that run)
+            if data_dir is not None:
+                mode, ms = parse_fsync(fsync)
+                made_dir = None if os.path.exists(data_dir) else data_dir
+                snapshotter = await asyncio.to_thread(_start_persistence, snap_broker, data_dir, mode, ms,
+                                                      snapshot_interval)
+                if mode == WAL_BATCH:  # rounds only while logs are written (logsync.py)
+                    syncer = LogSyncer(snapshotter, ms).start()
+                server.on_create = snapshotter.open_wal
+            _log_persistence(namespace, data_dir, snapshot_interval, fsync)
+            await server.start()
+        except BaseException:
+            server.unbind()
+            for step in (exporter.close, syncer.stop if syncer else None, snapshotter.close if snapshotter else None):
+                if step is not None:
+                    step()
+            _unmake(broker, made_ns, made_dir)
+            raise
         exporter.watch(server)  # its open connections
         keeper = Housekeeper(keeper_broker)
         runtime_file = await asyncio.to_thread(advertise, server.port, host, namespace, token)
@@ -171,18 +187,30 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                 _snapshot(snapshotter, snapshot_interval, logging.INFO if stop.is_set() else logging.DEBUG)
 
             tasks.append(asyncio.create_task(every(snapshot_interval, snapshot_round, "snapshot", first=False)))
-            if mode == WAL_BATCH:
-                tasks.append(asyncio.create_task(every(ms / 1000, snapshotter.sync_logs, "log fsync", first=False)))
         await stop.wait()
         log.info("stopping: answering what is in flight")
         withdraw(runtime_file)
         await server.stop()
         await asyncio.to_thread(exporter.close)
+        if syncer is not None:
+            await asyncio.to_thread(syncer.stop)  # with a last round
         await asyncio.gather(*tasks)  # the snapshot task ends with a last snapshot
         keeper.close()
         if snapshotter is not None:
             snapshotter.close()
     log.info("stopped", extra={"event": "server_stopped", "namespace": namespace})
+
+
+def _unmake(broker, made_ns, made_dir):
+    """A start that failed takes back what it made: its namespace, if nothing was put in
+    it meanwhile, and its data dir, if left empty."""
+    if made_ns and not (broker.list_queues() or broker.list_streams() or broker.list_exchanges()):
+        destroy_namespace(broker.namespace)
+    if made_dir is not None:
+        try:
+            os.rmdir(made_dir)  # only if empty
+        except OSError:
+            pass
 
 
 def _log_persistence(namespace, data_dir, interval, fsync):

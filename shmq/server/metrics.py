@@ -131,7 +131,9 @@ class Metrics:
 
     def start(self, host: str, port: int) -> int:
         """Serve /metrics on ``host:port`` (0: any free) in a thread; returns the port.
-        SystemExit, in one line, when the address cannot be bound."""
+        ShmqError, in one line, when the address cannot be bound (``tcp.listen_error``)."""
+        from .tcp import listen_error
+
         registry = CollectorRegistry(auto_describe=False)
         self.collector = ShmqCollector(Broker(self.namespace), self)
         registry.register(self.collector)
@@ -139,8 +141,7 @@ class Metrics:
             self._httpd, self._thread = start_http_server(port, host, registry=registry)
         except OSError as e:
             self.collector.close()
-            raise SystemExit(f"shmq server: cannot serve metrics on {host}:{port}: "
-                             f"{e.strerror or e}") from None
+            raise listen_error(e, host, port) from None
         return self._httpd.server_port
 
     def close(self):

@@ -16,10 +16,11 @@ engine cannot give up at once).
 """
 
 import asyncio
+import errno
 import logging
 
 from ..engine.broker import Broker
-from ..errors import QueueNotFound, StreamNotFound
+from ..errors import QueueNotFound, ShmqError, StreamNotFound
 from ..protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
 from .appenders import Appender
 from .connection import READ_CHUNK, Connection
@@ -27,7 +28,7 @@ from .limits import PRE_AUTH_MAX_FRAME_BYTES, SMALL_FRAME_BYTES, Budget, Limits
 from .metrics import NO_METRICS
 from .waiters import NOTHING, QueueWaiters, StreamWaiters
 
-__all__ = ["TcpServer", "Limits", "SMALL_FRAME_BYTES", "PRE_AUTH_MAX_FRAME_BYTES", "LOCK_TIMEOUT_S"]
+__all__ = ["TcpServer", "listen_error", "Limits", "SMALL_FRAME_BYTES", "PRE_AUTH_MAX_FRAME_BYTES", "LOCK_TIMEOUT_S"]
 
 log = logging.getLogger("shmq.server")
 
@@ -124,10 +125,29 @@ class TcpServer:
             for conn in list(self.connections):
                 conn.check_clocks(now)
 
-    async def start(self):
+    async def bind(self):
+        """Listen on host:port, accepting no connection yet (``start``). ShmqError in one
+        line when the address cannot be had (``port 7878 on 127.0.0.1 is in use``)."""
         self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_server(lambda: Connection(self), self.host, self.port, backlog=1024)
+        try:
+            self._server = await self.loop.create_server(lambda: Connection(self), self.host, self.port,
+                                                         backlog=1024, start_serving=False)
+        except OSError as e:
+            raise listen_error(e, self.host, self.port) from None
         self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def unbind(self):
+        """Stop listening, for a start that failed after ``bind``."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    async def start(self):
+        """Accept connections (binding first if ``bind`` was not called)."""
+        if self._server is None:
+            await self.bind()
+        await self._server.start_serving()
         self._sweeper = self.loop.create_task(self._sweep())
         return self
 
@@ -167,6 +187,14 @@ class TcpServer:
         s = self.broker.stream(name)
         s.lock_timeout = LOCK_TIMEOUT_S
         return s
+
+
+def listen_error(e: OSError, host: str, port: int) -> ShmqError:
+    """What to say when ``host:port`` cannot be listened on (the TCP front's and /metrics')."""
+    where = f"[{host}]" if ":" in str(host) else host
+    if e.errno == errno.EADDRINUSE:
+        return ShmqError(f"port {port} on {where} is in use")
+    return ShmqError(f"cannot listen on {where}:{port}: {e.strerror or e}")
 
 
 class Handles:

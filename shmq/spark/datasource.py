@@ -1,10 +1,13 @@
 """The "shmq" data source: one class Spark instantiates per query with its options, and
-hands out the source (``reader``) and the sink (``writer``) parts."""
+hands out the source (``reader``) and the sink (``writer``) parts. Each part is imported
+when it is asked for, and pyarrow only where rows move (``read``, ``write``): Spark
+starts a new Python process per query to plan it, and every import is part of the
+query's start."""
 
 from pyspark.sql.datasource import DataSource
 
-from . import arrow
 from .options import Options
+from .schema import source_schema
 
 __all__ = ["ShmqDataSource"]
 
@@ -18,7 +21,7 @@ class ShmqDataSource(DataSource):
         return "shmq"
 
     def schema(self):
-        return arrow.source_schema(Options(self.options).flag("includeHeaders", False))
+        return source_schema(Options(self.options).flag("includeHeaders", False))
 
     def reader(self, schema):
         from .reader import BatchReader

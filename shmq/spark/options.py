@@ -20,9 +20,17 @@ class SpecError(ShmqError, ValueError):
     """An option of the "shmq" or "dmsq" data source is missing or malformed."""
 
 
+# options renamed, so that the queue source's stage and the sink's staging cannot be taken for each other
+RENAMED = {"stageMaxBytes": ("queueStageMaxBytes", "the size of the stream that stages a queue source"),
+           "stagingMaxBytes": ("sinkStagingMaxBytes", "the size of each partition of the sink's staging stream")}
+
+
 class Options:
     def __init__(self, raw):
         self._raw = {str(k).lower(): str(v) for k, v in dict(raw or {}).items()}
+        for old, (new, what) in RENAMED.items():
+            if old.lower() in self._raw:
+                raise SpecError(f"option {old} is now {new} ({what})")
         stream, queue = self.get("stream"), self.get("queue")
         if (stream is None) == (queue is None):
             raise SpecError("the shmq data source needs exactly one of .option('stream', NAME) or "

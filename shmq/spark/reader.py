@@ -17,6 +17,7 @@ to them, so they hold no open handle (``__getstate__``). Records leave as Arrow 
 """
 
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -30,11 +31,10 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from ..errors import BrokerUnavailable, OffsetOutOfRange, ShmqError
-from . import arrow
 from .options import SpecError
 from .stager import MOVE_MAX, Stager, stage_name
 
-__all__ = ["StreamReader", "BatchReader", "OffsetRange", "DataLossError"]
+__all__ = ["StreamReader", "BatchReader", "OffsetRange", "RangeGroup", "DataLossError"]
 
 log = logging.getLogger("shmq.spark")
 
@@ -106,6 +106,28 @@ def split(ranges: list, min_partitions: int | None) -> list:
     return out
 
 
+@dataclass
+class RangeGroup(InputPartition):
+    """One Spark partition reading several ``OffsetRange``s, one after the other."""
+
+    ranges: list
+
+
+def group(ranges: list, max_partitions: int | None) -> list:
+    """``ranges`` as at most ``max_partitions`` Spark partitions (when they are more):
+    about equal offsets in each (the largest range first into the lightest), each
+    ``RangeGroup`` reading its ranges in partition order. Deterministic."""
+    if not max_partitions or len(ranges) <= max_partitions:
+        return ranges
+    bins = [[0, i, []] for i in range(max_partitions)]
+    for r in sorted(ranges, key=lambda r: (-(r.end - r.start), r.partition, r.start)):
+        lightest = min(bins)
+        lightest[0] += r.end - r.start
+        lightest[2].append(r)
+    return [RangeGroup(sorted(b[2], key=lambda r: (r.partition, r.start))) for b in sorted(bins, key=lambda b: b[1])
+            if b[2]]
+
+
 class _Source:
     """What the stream reader and the batch reader share: the options, the stream they
     name, the check for lost offsets and the read of one range."""
@@ -115,7 +137,13 @@ class _Source:
         self._headers = opts.flag("includeHeaders", False)
         self._fail_on_loss = opts.flag("failOnDataLoss", True)
         self._min_partitions = opts.integer("minPartitions", None, minimum=1)
-        self._stage_bytes = opts.integer("stageMaxBytes", None, minimum=4096)
+        # one wave of tasks: each task costs a round with a Python worker, so by default no more
+        # tasks than this host's cores (local attach: the executors run here); none with minPartitions
+        default_max = None if opts.url or self._min_partitions else os.cpu_count()
+        self._max_partitions = opts.integer("maxPartitions", default_max, minimum=1)
+        if self._min_partitions and self._max_partitions:
+            self._max_partitions = max(self._max_partitions, self._min_partitions)
+        self._stage_bytes = opts.integer("queueStageMaxBytes", None, minimum=4096)
         self._stager = None  # the queue source's, on the driver's connection
 
     def __getstate__(self):
@@ -182,13 +210,15 @@ class _Source:
         """Arrow batches of the records ``[start, end)`` of one partition, read over a
         connection of this task's own. A batch plan with nothing to read has one
         partition that is not an ``OffsetRange``: nothing."""
-        if not isinstance(partition, OffsetRange):
+        ranges = partition.ranges if isinstance(partition, RangeGroup) else [partition]
+        if not all(isinstance(r, OffsetRange) for r in ranges):
             return
         broker = self.opts.connect()
         try:
             stream = broker.stream(self._stream_name())
             try:
-                yield from self._read_range(stream, partition)
+                for r in ranges:
+                    yield from self._read_range(stream, r)
             finally:
                 stream.close()
         finally:
@@ -198,6 +228,8 @@ class _Source:
         """Arrow batches of ``[start, end)``: locally as Arrow buffers made in C
         (``read_columns``) or else from the stored rows (``read_raw``), over TCP from the
         records."""
+        from . import arrow  # here, not at the top: the process that plans never needs pyarrow
+
         columns, raw = getattr(stream, "read_columns", None), getattr(stream, "read_raw", None)
         offset = r.start
         while offset < r.end:
@@ -338,7 +370,7 @@ class StreamReader(_Source, DataSourceStreamReader, SupportsTriggerAvailableNow)
                   if e > start.get(p, 0)]
         if ranges and self._fail_on_loss:
             self._check_loss(ranges, self._now(plan=False))
-        return split(ranges, self._min_partitions)
+        return group(split(ranges, self._min_partitions), self._max_partitions)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the checkpoint is the only record of progress."""
@@ -381,4 +413,4 @@ class BatchReader(_Source, DataSourceReader):
                 raise SpecError(f"partition {p}: endingOffsets ({end[p]}) is before startingOffsets ({start[p]})")
         ranges = [OffsetRange(p, start[p], end[p]) for p in positions if end[p] > start[p]]
         self._check_loss(ranges, positions)
-        return split(ranges, self._min_partitions)
+        return group(split(ranges, self._min_partitions), self._max_partitions)

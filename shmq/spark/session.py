@@ -4,9 +4,10 @@ scratch files and the JVM's temporary files under one directory of the caller's.
 
 import os
 import shutil
+import subprocess
 import sys
 
-__all__ = ["local_session", "JAVA_HOME_DEFAULT"]
+__all__ = ["local_session", "worker_python", "JAVA_HOME_DEFAULT"]
 
 JAVA_HOME_DEFAULT = "/usr/lib/jvm/java-17-openjdk-amd64"
 _LOG4J = "rootLogger.level = error\nrootLogger.appenderRef.stderr.ref = console\n" \
@@ -26,11 +27,58 @@ def java_home() -> str | None:
     return os.path.dirname(os.path.dirname(os.path.realpath(java))) if java else None
 
 
+def _chosen_python(spark) -> str | None:
+    """The Python the user chose for Spark's workers, or None when nothing chose it."""
+    conf = spark.sparkContext.getConf()
+    return os.environ.get("PYSPARK_PYTHON") or conf.get("spark.pyspark.python", None)
+
+
+def _imports_shmq(python: str) -> str | None:
+    """None if ``python`` imports shmq's Spark data sources; else why not, in a line."""
+    try:
+        out = subprocess.run([python, "-c", "import shmq.spark.datasource"], capture_output=True, text=True,
+                             timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"it cannot be run ({e})"
+    if out.returncode == 0:
+        return None
+    lines = out.stderr.strip().splitlines()
+    return lines[-1] if lines else f"it exits with status {out.returncode}"
+
+
+def worker_python(spark) -> str | None:
+    """The Python Spark's workers run for this session, made one that imports shmq when
+    it can be told: on a local master where nothing chose it (``PYSPARK_PYTHON``,
+    ``spark.pyspark.python``), this interpreter, from now on (data sources registered
+    after this call, and UDFs). A chosen Python that cannot import shmq is refused: a
+    SpecError saying which and how to fix it, instead of tasks failing with a worker's
+    traceback. A cluster's workers are left as configured (shmq must be installed on
+    every node). Returns the Python, or None for a session without a SparkContext."""
+    from .options import SpecError
+
+    sc = getattr(spark, "sparkContext", None)
+    if sc is None or not hasattr(sc, "pythonExec"):  # Spark Connect: the server's workers
+        return None
+    if not sc.master.startswith("local"):
+        return sc.pythonExec
+    chosen = _chosen_python(spark)
+    if chosen is None:
+        sc.pythonExec = sys.executable
+        return sys.executable
+    if os.path.realpath(shutil.which(chosen) or chosen) != os.path.realpath(sys.executable):
+        why = _imports_shmq(chosen)
+        if why is not None:
+            raise SpecError(f"Spark's Python workers run {chosen} (PYSPARK_PYTHON or spark.pyspark.python), which "
+                            f"cannot import shmq: {why}; set it to {sys.executable}, or install 'shmq[spark]' there")
+    return chosen
+
+
 def local_session(app_name: str, scratch: str, master: str = "local[2]", conf: dict | None = None):
     """Start (or get) a SparkSession on ``master`` whose scratch space, JVM temporary
     files and log settings live under the directory ``scratch``; registers shmq's data
     sources. Environment it needs is set here: JAVA_HOME, TZ=UTC, SPARK_LOCAL_IP,
-    PYSPARK_PYTHON (this interpreter, so workers import the same shmq)."""
+    PYSPARK_PYTHON (this interpreter, so workers import the same shmq; a Python chosen
+    before is kept, and refused if it cannot import shmq: ``worker_python``)."""
     from pyspark.sql import SparkSession
 
     from . import register
@@ -45,7 +93,8 @@ def local_session(app_name: str, scratch: str, master: str = "local[2]", conf: d
     os.environ.setdefault("JAVA_HOME", home)
     os.environ["TZ"] = "UTC"
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     java_opts = f"-Djava.io.tmpdir={scratch} -Dlog4j2.configurationFile=file:{log4j}"
     settings = {
         "spark.ui.enabled": "false",

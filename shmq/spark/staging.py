@@ -1,9 +1,9 @@
 """Where a Spark sink stages a batch before it publishes it (``writer``): a stream named
 ``NAME:staging:WRITER`` beside the target NAME, WRITER being the streaming query's id
-(or a batch write's job id). This module needs no Spark: the CLI reads it to show what
-is staged."""
+(or a batch write's job id), there from a batch's first staged row to its commit. This
+module needs no Spark: the CLI reads it to show what is staged."""
 
-__all__ = ["STAGING", "staging_name", "staged_by_writer", "reclaim"]
+__all__ = ["STAGING", "staging_name", "staged_by_writer"]
 
 STAGING = ":staging:"
 
@@ -13,8 +13,9 @@ def staging_name(stream: str, writer_id: str) -> str:
 
 
 def staged_by_writer(broker, stream: str, names) -> dict:
-    """{writer id: records staged and not yet reclaimed} for ``stream``, among the
-    stream ``names`` of ``broker``."""
+    """{writer id: records staged and not yet published} for ``stream``, among the
+    stream ``names`` of ``broker``: the batches being written now, and those of queries
+    killed in the middle of one (docs/SPARK.md says how to reclaim them)."""
     out = {}
     prefix = stream + STAGING
     for name in names:
@@ -22,8 +23,3 @@ def staged_by_writer(broker, stream: str, names) -> dict:
             with broker.stream(name) as st:
                 out[name[len(prefix):]] = sum(part["end"] - part["earliest"] for part in st.stats()["partitions"])
     return out
-
-
-def reclaim(staging) -> int:
-    """Trim a staging stream to its end; returns how many staged records went."""
-    return staging.delete_records({p: staging.offsets(p)[1] for p in range(staging.partitions)})

@@ -10,8 +10,9 @@ task's own partition), and returns the offset ranges it staged. The driver's
 (query id, batch id) in the partition's publishers' table, in the same step; a
 partition that has the batch already is skipped. So a batch replayed after a crash
 anywhere — before, during or after the commit — lands once, and an interrupted publish
-is finished by the replay. After the publish the staging stream is trimmed to its end:
-what failed task attempts and killed runs staged is reclaimed with it.
+is finished by the replay. After the publish the staging stream is deleted (the next
+batch's tasks make it again): what failed task attempts and killed runs staged goes with
+it, and a stopped query leaves nothing behind.
 A queue sink (``option("queue")``) puts from the tasks: at least once.
 """
 
@@ -19,19 +20,21 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 
-import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from ..engine.stream import partition_of
-from ..errors import StreamNotFound
+from ..engine import cpaths
+from ..engine.broker import Broker
+from ..engine.segment import check_room
+from ..errors import ShmqError, StreamNotFound
 from .options import SpecError
-from .staging import reclaim, staging_name
+from .staging import staging_name
 
 __all__ = ["StreamWriter", "BatchWriter"]
 
 log = logging.getLogger("shmq.spark")
 
-CHUNK = 16_384  # rows staged per append
+REC_BYTES = 56  # a staged record's header in the ring, and its alignment, at most
+REQUEST_BYTES = 8 * 2**20  # the most a task sends in one APPEND_BATCH over TCP (the server takes 16 MiB frames)
 _TYPES = {"value": ("binary", "string"), "key": ("binary", "string"), "partition": ("int", "bigint", "smallint"),
           "headers": ("map<string,string>",)}
 
@@ -55,15 +58,21 @@ def _check_columns(schema, target: str) -> None:
             raise SpecError(f"the shmq sink's {name!r} column must be {' or '.join(allowed)}, not {types[name]}")
 
 
-def _column(batch, name):
-    """Column ``name`` as a list (value and key as bytes, cast in Arrow), or None."""
-    i = batch.schema.get_field_index(name)
-    if i < 0:
-        return None
-    column = batch.column(i)
-    if name in ("value", "key") and column.type != pa.binary():
-        column = column.cast(pa.binary())
-    return column.to_pylist()
+def _ring_bytes(chunk) -> int:
+    """What a chunk takes in a ring (at most, without the C paths)."""
+    if cpaths.columns_check is not None:
+        return cpaths.columns_check([chunk])[1]
+    return sum(len(b) for b in chunk[1:] if b is not None) + REC_BYTES * chunk[0]
+
+
+def _pieces(values, keys, headers) -> list:
+    """(first row, rows) of the requests that send these rows over TCP: one, unless its
+    bytes would pass REQUEST_BYTES (a frame holds at most 16 MiB)."""
+    n = len(values)
+    size = values.nbytes + (keys.nbytes if keys is not None else 0) + (headers.nbytes if headers is not None else 0)
+    pieces = max(1, -(-size // REQUEST_BYTES))
+    step = max(1, -(-n // pieces))
+    return [(at, min(step, n - at)) for at in range(0, n, step)]
 
 
 class _Writer:
@@ -86,7 +95,11 @@ class _Writer:
                 broker.queue(opts.queue)
 
     def _stage(self, writer_id: str, batches, task: int) -> Staged:
-        """Append the task's rows to the staging stream; the ranges they took."""
+        """Append the task's rows to the staging stream, each Arrow batch in one append per
+        target partition (locally, its buffers as they are: ``Stream.append_columns``;
+        over TCP, one APPEND_BATCH); the ranges they took."""
+        from . import arrow  # here, not at the top: the driver's commit never needs pyarrow
+
         staged = Staged(writer_id, task)
         with self.opts.connect() as broker:
             if self.opts.queue is not None:
@@ -95,53 +108,53 @@ class _Writer:
                     self._put(q, b)
                 return staged
             target = broker.stream(self.opts.stream)
-            staging = broker.create_stream(staging_name(target.name, writer_id), partitions=target.partitions,
-                                           max_bytes=self.opts.integer("stagingMaxBytes", target.max_bytes, 4096),
-                                           max_message_bytes=target.max_message_bytes, durability="memory",
-                                           exist_ok=True)
+            staging = None
             n, own = target.partitions, task % target.partitions
             for b in batches:
-                values = _column(b, "value")
-                keys, hdrs, parts = _column(b, "key"), _column(b, "headers"), _column(b, "partition")
-                if hdrs is not None:
-                    hdrs = [dict(h) if h else None for h in hdrs]
-                if keys is None and parts is None:  # every row to the task's own partition: no routing
-                    route = {own: range(len(values))}
-                else:
-                    route = self._route(keys or [None] * len(values), parts or [None] * len(values), n, own,
-                                        target.name)
-                for p, idx in sorted(route.items()):
-                    for at in range(0, len(idx), CHUNK):
-                        chunk = idx[at:at + CHUNK]
-                        metas = staging.append_many(
-                            [values[i] for i in chunk], keys=None if keys is None else [keys[i] for i in chunk],
-                            headers=None if hdrs is None else [hdrs[i] for i in chunk], partition=p)
-                        staged.ranges.setdefault(p, []).append((metas[0].offset, metas[-1].offset + 1))
+                try:
+                    parts = arrow.route(b, n, own, target.name)
+                except arrow.SinkError as e:
+                    raise SpecError(str(e)) from None
+                if parts and staging is None:  # made by the batch's first task with rows; the commit deletes it
+                    local = isinstance(broker, Broker)
+                    # its memory taken as rows are staged, not all at create: it is made and deleted each batch
+                    staging = broker.create_stream(
+                        staging_name(target.name, writer_id), partitions=target.partitions,
+                        max_bytes=self.opts.integer("sinkStagingMaxBytes", target.max_bytes, 4096),
+                        max_message_bytes=target.max_message_bytes, durability="memory", exist_ok=True,
+                        reserve=False)
+                for p, values, keys, headers in parts:
+                    if local:
+                        chunk = arrow.chunk(values, keys, headers)
+                        check_room(_ring_bytes(chunk), f"staging {chunk[0]} rows into stream {staging.name!r}")
+                        first = staging.append_columns(chunk, p)
+                        staged.ranges.setdefault(p, []).append((first, first + len(values)))
+                        continue
+                    for at, size in _pieces(values, keys, headers):  # one request, unless too big for a frame
+                        v = values.slice(at, size)
+                        k = None if keys is None else keys.slice(at, size).to_pylist()
+                        h = None if headers is None else [dict(x) if x else None for x in headers.slice(at, size).to_pylist()]
+                        first = staging.append_many(v.to_pylist(), keys=k, headers=h, partition=p)[0].offset
+                        staged.ranges.setdefault(p, []).append((first, first + size))
             return staged
 
     @staticmethod
-    def _route(keys, parts, n: int, own: int, name: str) -> dict:
-        """{partition: row indexes}: the ``partition`` column's, else the key's hash, else ``own``."""
-        route = {}
-        for i, (k, p) in enumerate(zip(keys, parts)):
-            if p is not None and not 0 <= p < n:
-                raise SpecError(f"partition column: stream {name!r} has partitions 0..{n - 1}, not {p}")
-            route.setdefault(p if p is not None else own if k is None else partition_of(k, n), []).append(i)
-        return route
-
-    @staticmethod
     def _put(q, batch):
-        values = _column(batch, "value")
-        hdrs = _column(batch, "headers")
-        if hdrs is None:
+        import pyarrow as pa
+
+        values = batch.column(batch.schema.get_field_index("value"))
+        values = (values if values.type == pa.binary() else values.cast(pa.binary())).to_pylist()
+        i = batch.schema.get_field_index("headers")
+        if i < 0:
             q.put_many(values, timeout=None)
             return
-        for v, h in zip(values, hdrs):
+        for v, h in zip(values, batch.column(i).to_pylist()):
             q.put(v, headers=dict(h) if h else None, timeout=None)
 
     def _publish(self, messages, writer_id: str, txn_id: bytes, batch: int) -> None:
         """Publish what the tasks staged, exactly once per (``txn_id``, ``batch``), then
-        trim the staging stream: nothing staged is left behind."""
+        delete the staging stream: nothing staged is left behind (the next batch's tasks
+        make it again), rows of failed task attempts and killed runs included."""
         if self.opts.queue is not None:
             return
         staged = sorted((m for m in messages if isinstance(m, Staged)), key=lambda m: m.task)
@@ -151,12 +164,27 @@ class _Writer:
                 ranges.setdefault(p, []).extend((p, first, end) for first, end in spans)
         with self.opts.connect() as broker:
             target = broker.stream(self.opts.stream)
+            name = staging_name(target.name, writer_id)
             try:
-                staging = broker.stream(staging_name(target.name, writer_id))
+                staging = broker.stream(name)
             except StreamNotFound:
+                if any(ranges.values()):  # staged, then deleted before this commit: the batch must run again
+                    raise ShmqError(f"the shmq sink cannot commit batch {batch} into {self.opts.target}: its staging "
+                                    f"stream {name!r} was deleted; restart the query, which runs the batch again"
+                                    ) from None
                 return  # nothing was staged: an empty batch
-            target.publish(staging, ranges, txn_id, batch)
-            reclaim(staging)
+            try:
+                target.publish(staging, ranges, txn_id, batch)
+            finally:
+                staging.close()
+            _drop(broker, name)
+
+
+def _drop(broker, name: str) -> None:
+    try:
+        broker.delete_stream(name)
+    except StreamNotFound:
+        pass
 
 
 def _task_context():
@@ -179,8 +207,12 @@ class StreamWriter(_Writer, DataSourceStreamArrowWriter):
             self._publish(messages, writer, uuid.UUID(writer).bytes, batchId)
 
     def abort(self, messages, batchId):
-        log.warning("shmq sink: batch %d of the query into %s aborted; its staged rows are reclaimed at the next "
-                    "commit", batchId, self.opts.target)
+        writer = next((m.writer for m in messages if isinstance(m, Staged)), None)
+        log.warning("shmq sink: batch %d of the query into %s aborted; nothing of it was published", batchId,
+                    self.opts.target)
+        if writer is not None and self.opts.stream is not None:  # what it staged: the batch stages again when rerun
+            with self.opts.connect() as broker:
+                _drop(broker, staging_name(self.opts.stream, writer))
 
 
 class BatchWriter(_Writer, DataSourceArrowWriter):
@@ -208,7 +240,4 @@ class BatchWriter(_Writer, DataSourceArrowWriter):
         if self.opts.stream is None:
             return
         with self.opts.connect() as broker:
-            try:
-                broker.delete_stream(staging_name(self.opts.stream, self.job))
-            except StreamNotFound:
-                pass
+            _drop(broker, staging_name(self.opts.stream, self.job))

@@ -95,14 +95,17 @@ def test_killed_waiters_do_not_leak_waiting_counts(broker):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["plain", "options"])
+@pytest.mark.parametrize("kind", ["plain", "options", "laned"])
 def test_random_sigkills_lose_nothing(broker, tmp_path, kind):
     """Producers and consumers SIGKILLed at random instants; with "options", on a queue
     with priority levels, and puts with priorities, groups and TTLs (the general take,
-    the leveled one, and their repair)."""
+    the leveled one, and their repair); "laned", on a queue of 2 lanes (a producer and a
+    consumer killed in each)."""
     rnd = random.Random(1234)
     options = kind == "options"
-    q = broker.create_queue("q", max_bytes=64 * 1024, visibility_timeout=300.0, priorities=3 if options else 1)
+    lanes = 2 if kind == "laned" else 1
+    q = broker.create_queue("q", max_bytes=lanes * 64 * 1024, visibility_timeout=300.0,
+                            priorities=3 if options else 1, lanes=lanes)
     stop = SPAWN.Event()
     procs = {}
     counter = [0]
@@ -121,6 +124,9 @@ def test_random_sigkills_lose_nothing(broker, tmp_path, kind):
     for kind in "ppcc":
         start(kind)
     for _ in range(40):
+        before, deadline = q.stats().enqueued_total, time.monotonic() + 20
+        while q.stats().enqueued_total < before + 25 and time.monotonic() < deadline:
+            time.sleep(0.005)  # under load: real progress before each kill (polling it, with a bound)
         time.sleep(rnd.uniform(0.0, 0.15))  # the kill instant is random on purpose; nothing waits on it
         tag = rnd.choice(sorted(procs))
         _kill(procs.pop(tag))
@@ -154,3 +160,42 @@ def test_random_sigkills_lose_nothing(broker, tmp_path, kind):
     # and the queue works at once
     q.put(b"after")
     assert q.get_nowait().body == b"after"
+
+
+def test_a_lock_holder_killed_while_others_spin_and_sleep_on_the_lock(broker, tmp_path):
+    """Processes whose C puts and gets find the lock held wait for it (a spin, then a sleep
+    in the kernel); the holder is SIGKILLed; one waiter repairs (EOWNERDEAD) and every one
+    finishes its work: nothing lost, nothing twice."""
+    import psutil
+
+    q = broker.create_queue("q")
+    n, count = 3, 50
+    ready = [SPAWN.Event() for _ in range(n)]
+    go = SPAWN.Event()
+    waiters = [SPAWN.Process(target=w.lock_waiter, args=(broker.namespace, "q", count, str(tmp_path / f"w{i}"),
+                                                        ready[i], go)) for i in range(n)]
+    for p in waiters:
+        p.start()
+    assert all(e.wait(30) for e in ready)
+    held = SPAWN.Event()
+    holder = SPAWN.Process(target=w.hold_lock, args=(broker.namespace, "q", held, False))
+    holder.start()
+    assert held.wait(30)
+    go.set()
+    deadline = time.monotonic() + 20  # every waiter blocked on the lock (asleep in the kernel)
+    while not all(psutil.Process(p.pid).status() in (psutil.STATUS_SLEEPING, psutil.STATUS_DISK_SLEEP)
+                  for p in waiters):
+        assert time.monotonic() < deadline, "the waiters never went to sleep on the lock"
+        time.sleep(0.005)  # polling a real condition, with a bound
+    repairs = q._mq[I_REPAIRS]
+    _kill(holder)
+    for p in waiters:
+        p.join(60)
+        assert p.exitcode == 0
+    assert q._mq[I_REPAIRS] == repairs + 1
+    got = [line for i in range(n) for line in _lines(tmp_path / f"w{i}")]
+    left = _drain(q, timeout=0)
+    puts = {f"{p.pid}:{k}" for p in waiters for k in range(count)}
+    assert sorted(got + left) == sorted(puts)  # every message once (the warm-ups were each taken at once)
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.consumers_waiting, s.producers_waiting) == (0, 0, 0, 0)

@@ -29,13 +29,16 @@ class Msg:
 
 
 class QueueModel(RuleBasedStateMachine):
+    LANES = 1  # (tests/engine/test_lanes.py runs this machine on a laned queue)
+
     def __init__(self):
         super().__init__()
         self.now = time.monotonic_ns()
         self._restore_clock = set_clock(lambda: self.now)
         self.ns = "hyp%d" % id(self)
         self.broker = shmq.connect(namespace=self.ns)
-        self.q = self.broker.create_queue("m", max_bytes=CAPACITY, max_message_bytes=1500, visibility_timeout=VIS)
+        self.q = self.broker.create_queue("m", max_bytes=CAPACITY * self.LANES, max_message_bytes=1500,
+                                          visibility_timeout=VIS, lanes=self.LANES)
         self.msgs = {}
         self.held = []  # deliveries handed out, live or stale
         self.acked = 0
@@ -59,6 +62,16 @@ class QueueModel(RuleBasedStateMachine):
     def _count(self, state):
         return sum(1 for m in self.msgs.values() if m.state == state)
 
+    # the hooks a laned queue's model changes (test_lanes.py): which ids puts give, which order gets take
+    def _new_id(self, msg_id):
+        assert msg_id not in self.msgs and msg_id == len(self.msgs) + 1
+
+    def _new_ids(self, ids):
+        assert ids == list(range(len(self.msgs) + 1, len(self.msgs) + 1 + len(ids)))
+
+    def _ready_in_order(self):
+        return sorted(i for i, m in self.msgs.items() if m.state == "ready")
+
     # -- rules ----------------------------------------------------------------------
     @rule(size=st.sampled_from([0, 1, 7, 64, 300, 700, 1500]))
     def put(self, size):
@@ -68,7 +81,7 @@ class QueueModel(RuleBasedStateMachine):
         except shmq.QueueFull:
             assert self._live(), "an empty queue refused a message that fits"
             return
-        assert msg_id not in self.msgs and msg_id == len(self.msgs) + 1
+        self._new_id(msg_id)
         self.msgs[msg_id] = Msg(body)
 
     @rule(size=st.sampled_from([0, 1, 64, 700, 1500]), abort=st.booleans())
@@ -87,7 +100,7 @@ class QueueModel(RuleBasedStateMachine):
         except ValueError:
             assert abort and r.id is None
             return
-        assert r.id == len(self.msgs) + 1
+        self._new_id(r.id)
         self.msgs[r.id] = Msg(body)
 
     @rule(n=st.integers(1, 4), size=st.sampled_from([0, 10, 200, 900]),
@@ -100,7 +113,8 @@ class QueueModel(RuleBasedStateMachine):
         except shmq.QueueFull:
             assert self._live()
             return
-        assert ids == list(range(len(self.msgs) + 1, len(self.msgs) + 1 + n))
+        assert len(ids) == n
+        self._new_ids(ids)
         for k, i in enumerate(ids):
             self.msgs[i] = Msg(b"b" * size, hs[k] if hs else None)
 
@@ -121,7 +135,7 @@ class QueueModel(RuleBasedStateMachine):
     @rule(n=st.integers(1, 5), mode=MODES)
     def get(self, n, mode):
         self._lapse()
-        ready = sorted(i for i, m in self.msgs.items() if m.state == "ready")
+        ready = self._ready_in_order()
         try:
             got = self.q.get_many(n, timeout=0, ack=mode != "auto", copy=mode != "view")
         except shmq.QueueEmpty:
@@ -148,7 +162,7 @@ class QueueModel(RuleBasedStateMachine):
     def get_one(self, mode):
         """``get`` alone: the hot path (C when built) while nothing is requeued or due."""
         self._lapse()
-        ready = sorted(i for i, m in self.msgs.items() if m.state == "ready")
+        ready = self._ready_in_order()
         try:
             d = self.q.get_nowait(ack=mode != "auto", copy=mode != "view")
         except shmq.QueueEmpty:
@@ -244,6 +258,7 @@ class QueueModel(RuleBasedStateMachine):
         assert (s.ready, s.in_flight, s.delayed) == (self._count("ready"), self._count("leased"), self._count("delayed"))
         assert s.enqueued_total == len(self.msgs)
         assert s.acked_total == self.acked
+        assert (s.consumers_waiting, s.producers_waiting) == (0, 0)  # nobody sleeps between steps
         if not self._live():
             assert s.bytes_used == 0
 
@@ -251,9 +266,9 @@ class QueueModel(RuleBasedStateMachine):
 TestQueueModel = QueueModel.TestCase
 TestQueueModel.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 
-class PurePythonQueueModel(QueueModel):
-    """The same machine with the C hot paths switched off (when they are built, the
-    machine above runs them: the two implementations must both match the model)."""
+class PurePython:
+    """A machine with the C hot paths switched off (when they are built, the machine itself
+    runs them: the two implementations must both match the model)."""
 
     def __init__(self):
         cpaths.set_enabled(False)
@@ -264,6 +279,10 @@ class PurePythonQueueModel(QueueModel):
             super().teardown()
         finally:
             cpaths.set_enabled(True)
+
+
+class PurePythonQueueModel(PurePython, QueueModel):
+    """The queue model on the pure-Python paths."""
 
 
 TestPurePythonQueueModel = PurePythonQueueModel.TestCase

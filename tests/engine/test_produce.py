@@ -305,3 +305,58 @@ def test_nack_many_wakes_sleeping_consumers_and_leaves_a_retry_policy_to_python(
     r.nack_many([r.get(timeout=0)])  # the policy: delayed, not ready
     assert (r.stats().ready, r.stats().delayed) == (0, 1)
     r.close()
+
+
+# ---------------------------------------------------------------- a full queue
+@pytest.mark.parametrize("many", [False, True])
+def test_a_put_that_finds_no_room_sleeps_until_an_ack_makes_some(impl, broker, monkeypatch, many):
+    """The C put counts itself as waiting for room (no Python lock hold), sleeps, and the ack
+    that frees room wakes it: with sleep slices of 60 s, only the wake can end the wait within
+    the join's bound."""
+    import threading
+
+    monkeypatch.setattr(waits, "WAIT_SLICE_S", 60.0)
+    q = broker.create_queue("q", max_bytes=4096, max_message_bytes=1000)
+    q.put(b"warm-up")
+    q.get_nowait().ack()  # this process's slot
+    while True:
+        try:
+            q.put_nowait(b"x" * 900)
+        except shmq.QueueFull:
+            break
+    out = []
+    put = (lambda: out.append(q.put_many([b"y" * 900], timeout=50))) if many else (
+        lambda: out.append(q.put(b"y" * 900, timeout=50)))
+    t = threading.Thread(target=put)
+    t.start()
+    wait_for(lambda: q.stats().producers_waiting == 1, what="the put to sleep")
+    q.get_nowait().ack()
+    t.join(10)
+    assert not t.is_alive(), "the put was not woken by the ack that made room"
+    assert out and q.stats().producers_waiting == 0
+
+
+@pytest.mark.slow
+def test_producers_that_keep_finding_the_queue_full_deliver_every_message_once(broker, tmp_path):
+    """Backpressure: a ring of 4 KiB, two producers (one a message at a time, one in batches)
+    and a consumer; each message arrives once, and no waiter stays counted."""
+    from tests import _workers as w
+
+    q = broker.create_queue("q", max_bytes=4096, max_message_bytes=512)
+    ctx = mp.get_context("spawn")
+    done = ctx.Event()
+    producers = [ctx.Process(target=w.producer, args=(broker.namespace, "q", f"p{i}", 2000, (1, 7)[i]))
+                 for i in range(2)]
+    consumer = ctx.Process(target=w.consumer, args=(broker.namespace, "q", str(tmp_path / "c"), 5, done))
+    for p in producers + [consumer]:
+        p.start()
+    for p in producers:
+        p.join(120)
+        assert p.exitcode == 0
+    done.set()
+    consumer.join(60)
+    assert consumer.exitcode == 0
+    got = (tmp_path / "c").read_text().split()
+    assert sorted(got) == sorted(f"p{i}:{k}" for i in range(2) for k in range(2000))
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.consumers_waiting, s.producers_waiting) == (0, 0, 0, 0)

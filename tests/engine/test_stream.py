@@ -3,8 +3,10 @@ appenders killed with SIGKILL, per-key order under several processes. What must 
 both transports (offsets, keys, retention, groups and their fence, bad input) is in
 tests/test_stream_conformance.py, which runs locally too."""
 
+import array
 import multiprocessing as mp
 import os
+import random
 import signal
 import threading
 import time
@@ -14,6 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmq
+from shmq.engine.headers import encode_headers
+from shmq.engine.stream import partition_of
 from tests import _workers as w
 
 SPAWN = mp.get_context("spawn")
@@ -281,3 +285,167 @@ def test_read_columns_gives_what_read_raw_gives_across_laps_of_the_ring(broker):
     assert s.read_columns(0, s.offsets(0)[1], 5)[0] == 0  # at the end: nothing
     with pytest.raises(shmq.OffsetOutOfRange):
         s.read_columns(0, s.offsets(0)[0] - 1, 5)
+
+
+# ---------------------------------------------------------------------------- bulk appends (C, and its Python twin)
+
+def _column(items, pad):
+    """Arrow binary buffers of ``items`` (None: empty), int32 offsets starting at ``pad``
+    (as a sliced array's do)."""
+    offsets, data = array.array("i", [pad]), bytearray(b"\0" * pad)
+    for x in items:
+        data += x or b""
+        offsets.append(len(data))
+    return offsets.tobytes(), bytes(data)
+
+
+def _chunk(values, keys=None, headers=None, pad=0):
+    """A chunk for ``append_columns``: (n, value offsets, values, key offsets, keys, key
+    validity, header offsets, headers)."""
+    voffs, vals = _column(values, pad)
+    koffs = kdata = kvalid = hoffs = hdata = None
+    if keys is not None:
+        koffs, kdata = _column(keys, pad)
+        bits = bytearray((len(keys) + 7) // 8)
+        for i, k in enumerate(keys):
+            if k is not None:
+                bits[i >> 3] |= 1 << (i & 7)
+        kvalid = bytes(bits)
+    if headers is not None:
+        hoffs, hdata = _column([encode_headers(h) if h else b"" for h in headers], pad)
+    return (len(values), voffs, vals, koffs, kdata, kvalid, hoffs, hdata)
+
+
+def _records(rnd, n):
+    values = [bytes([rnd.randrange(256)]) * rnd.randint(0, 300) for _ in range(n)]
+    keys = [None if rnd.random() < 0.3 else b"k%d" % rnd.randint(0, 99) for _ in range(n)]
+    headers = [None if rnd.random() < 0.5 else {"i": i, "b": b"\xff"} for i in range(n)]
+    return values, keys, headers
+
+
+def _rows(s, p):
+    earliest, end = s.offsets(p)
+    return [(r.offset, r.key, r.value, r.headers) for r in s.read(p, earliest, max_records=10**6)], (earliest, end)
+
+
+def test_append_columns_stores_what_append_many_stores_across_laps_of_the_ring(broker, impl):
+    """Chunks of Arrow buffers (keys with nulls, headers, offsets not from 0, several
+    chunks in one append) land as the same records at the same offsets, with the same
+    drops for room, as the same records appended one by one."""
+    rnd = random.Random(11)
+    a = broker.create_stream("a", partitions=1, max_bytes=8192)
+    b = broker.create_stream("b", partitions=1, max_bytes=8192)
+    for i in range(300):
+        chunks, every = [], ([], [], [])
+        for _ in range(rnd.randint(1, 3)):
+            values, keys, headers = _records(rnd, rnd.randint(0, 6))
+            with_keys, with_headers = rnd.random() < 0.7, rnd.random() < 0.5
+            chunks.append(_chunk(values, keys if with_keys else None, headers if with_headers else None,
+                                 pad=rnd.choice((0, 3))))
+            every[0].extend(values)
+            every[1].extend(keys if with_keys else [None] * len(values))
+            every[2].extend(headers if with_headers else [None] * len(values))
+        first = b._part(0).append_columns(chunks, time.time_ns())
+        if every[0]:
+            want = a.append_many(every[0], keys=every[1], headers=every[2], partition=0)[0].offset
+            assert first == want, i
+        else:
+            assert first is None
+        assert _rows(a, 0) == _rows(b, 0), i
+    assert b.offsets(0)[0] > 0  # the ring went round: records were dropped for room
+
+
+def test_append_columns_refuses_bad_buffers_and_big_records_and_takes_an_empty_chunk(broker, impl):
+    s = broker.create_stream("s", partitions=2, max_message_bytes=100)
+    n, voffs, vals, *rest = _chunk([b"ab", b"c"])
+    bad = {
+        "past the data": (n, voffs, b"ab", *rest),
+        "decreasing": (n, array.array("i", [0, 2, 1]).tobytes(), vals, *rest),
+        "too few": (3, voffs, vals, *rest),
+        "validity": _chunk([b"a"] * 9, [b"k"] * 9)[:5] + (b"\xff",) + (None, None),
+    }
+    for what, chunk in bad.items():
+        with pytest.raises(ValueError):
+            s.append_columns(chunk, 0)
+        assert s.offsets(0) == (0, 0), what
+    with pytest.raises(shmq.MessageTooLarge, match="record of 101 bytes"):
+        s.append_columns(_chunk([b"x" * 90], [b"k" * 11]), 1)
+    assert s.append_columns(_chunk([]), 1) is None and s.offsets(1) == (0, 0)
+    assert s.append_columns(_chunk([b"x" * 90], [b"k" * 10]), 1) == 0
+    with pytest.raises(ValueError, match="partitions 0..1"):
+        s.append_columns(_chunk([b"x"]), 2)
+
+
+@pytest.mark.skipif(not shmq.engine.cpaths.FAST, reason="the C paths are not built (or SHMQ_PURE_PYTHON=1)")
+def test_the_c_log_entries_and_key_partitions_are_the_python_ones():
+    from shmq import dmsq
+    from shmq.engine import cpaths
+
+    rnd = random.Random(5)
+    values, keys, headers = _records(rnd, 50)
+    chunks = [_chunk(values[:20], keys[:20], headers[:20], pad=5), _chunk(values[20:], keys[20:])]
+    txn = os.urandom(16)
+    want = [dmsq.stream_entry(100 + i, 77, k, encode_headers(h) if h and i < 20 else b"", v)
+            for i, (v, k, h) in enumerate(zip(values, keys, headers))]
+    assert cpaths.columns_log(chunks, 100, 77, None, 0) == b"".join(want)
+    assert cpaths.columns_log(chunks, 100, 77, txn, 9) == b"".join(want) + dmsq.publish_entry(149, 77, txn, 9)
+    assert cpaths.columns_log([_chunk([])], 5, 77, txn, 9) == b""  # no records, no note
+    _n, _vo, _v, koffs, kdata, kvalid, _ho, _h = chunks[0]
+    raw = cpaths.key_partitions(koffs, kdata, kvalid, 20, 7, 3)
+    assert list(array.array("i", raw)) == [3 if k is None else partition_of(k, 7) for k in keys[:20]]
+    with pytest.raises(ValueError):
+        cpaths.key_partitions(koffs, kdata, kvalid, 21, 7, 3)
+
+
+def test_publish_in_c_and_in_python_appends_and_logs_the_same(broker, tmp_path, impl):
+    """A publish moves the staged records (from several staging partitions, keys and
+    headers kept) into one append per target partition, and a "wal" target logs them
+    with the publish note: rebuilt from its logs alone, the target and its table are back."""
+    from shmq.persistence import Snapshotter, recover
+
+    t = broker.create_stream("out", partitions=2, durability="wal")
+    snap = Snapshotter(broker, str(tmp_path), wal_mode=0)
+    snap.open_wal(t)
+    st = broker.create_stream("out:staging:x", partitions=2, durability="memory")
+    rnd = random.Random(3)
+    values, keys, headers = _records(rnd, 40)
+    st.append_many(values[:25], keys=keys[:25], headers=headers[:25], partition=0)
+    st.append_many(values[25:], keys=keys[25:], headers=headers[25:], partition=1)
+    txn = os.urandom(16)
+    assert t.publish(st, {1: [(0, 5, 25), (1, 0, 15)], 0: [(0, 0, 5)]}, txn, 3) == {0: 0, 1: 0}
+    want = {0: [(None, values[i], keys[i], headers[i] or {}) for i in range(5)],
+            1: [(None, values[i], keys[i], headers[i] or {}) for i in range(5, 40)]}
+    for p in (0, 1):
+        rows = _rows(t, p)[0]
+        assert [(None, v, k, h) for _o, k, v, h in rows] == want[p]
+    snap.close()
+    t.close()
+    broker.delete_stream("out")  # a reboot: the logs alone (no snapshot was taken)
+    assert recover(broker, str(tmp_path)) == ["@out"]
+    t = broker.stream("out")
+    assert t.published(txn) == {0: 3, 1: 3}
+    assert [(None, v, k, h) for _o, k, v, h in _rows(t, 1)[0]] == want[1]
+    assert t.publish(st, {1: [(0, 5, 25)]}, txn, 3) == {1: None}
+    t.close()
+
+
+def test_appends_into_a_stream_made_without_reserving_check_the_room_first(broker, tcp_server, monkeypatch):
+    """A write into a sparse segment that finds /dev/shm full dies of SIGBUS: an append into a
+    stream made with reserve=False, local or through a server, fails with StorageError first
+    (and the server lives on)."""
+    from shmq.engine import segment
+
+    s = broker.create_stream("sparse", partitions=1, max_bytes=1 << 20, reserve=False)
+    s.append(b"fits")
+    monkeypatch.setattr(segment, "_free_bytes", lambda: 100)  # as if /dev/shm were full
+    with pytest.raises(shmq.StorageError, match="too little for 200 bytes of records"):
+        s.append(b"x" * 150)
+    with shmq.connect(tcp_server.url) as remote:
+        with pytest.raises(shmq.StorageError, match="too little for"):
+            remote.stream("sparse").append(b"x" * 150)
+        monkeypatch.undo()
+        assert remote.stream("sparse").append(b"after").offset == 1  # the server is still there
+    assert [r.value for r in s.read(0, 0)] == [b"fits", b"after"]
+    reserved = broker.create_stream("reserved", partitions=1, max_bytes=1 << 20)
+    monkeypatch.setattr(segment, "_free_bytes", lambda: 100)
+    reserved.append(b"its memory is its own already")  # no check needed, none made

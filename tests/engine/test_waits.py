@@ -4,6 +4,7 @@ at most one per sleeper not yet posted, and a sleeper that took a post gives it 
 import posix_ipc
 import pytest
 
+import shmq
 from shmq.engine import layout as L
 from shmq.engine import waits
 
@@ -56,3 +57,21 @@ def test_a_sleep_slice_ends_by_the_deadline_or_the_queues_next_deadline(namespac
 def test_seconds_are_checked(bad):
     with pytest.raises((TypeError, ValueError)):
         waits.seconds_ns(bad, "timeout")
+
+
+def test_gets_and_puts_that_time_out_leave_no_sleeper_counted(impl, broker):
+    q = broker.create_queue("q", max_bytes=4096)
+    for timeout in (0, 0.05):
+        with pytest.raises(shmq.QueueEmpty):
+            q.get(timeout=timeout)
+    while True:
+        try:
+            q.put_nowait(b"x" * 500)
+        except shmq.QueueFull:
+            break
+    for timeout in (0, 0.05):
+        with pytest.raises(shmq.QueueFull):
+            q.put(b"x" * 500, timeout=timeout)
+    s = q.stats()
+    assert (s.consumers_waiting, s.producers_waiting) == (0, 0)
+    assert _slot(q._mq, q._slot, waits.CONSUMERS) == _slot(q._mq, q._slot, waits.PRODUCERS) == 0

@@ -93,10 +93,14 @@ def test_partition_log_names_cannot_be_taken_for_a_queues():
         assert wal.split_partition_name(other) is None
 
 
-def _log(path, offsets, torn=False):
+def _log(path, offsets, torn=False, notes=False):
+    """Log the records of ``offsets``; with ``notes``, a publish note after every fourth
+    (as a publish writes one after its append's records)."""
     with open(path, "wb") as f:
         for o in offsets:
             f.write(dmsq.stream_entry(o, 1000 + o, b"k" if o % 2 else None, b"", b"v%d" % o))
+            if notes and o % 4 == 3:
+                f.write(dmsq.publish_entry(o, 1000 + o, b"\x01" * 16, o))
         if torn:
             f.write(dmsq.stream_entry(offsets[-1] + 1, 0, None, b"", b"torn")[:20])
 
@@ -126,6 +130,18 @@ def test_the_tail_reads_by_offset_across_files_and_says_where_a_hole_ends(tmp_pa
         assert tail.read(d, o, 1, stop=1000)[0][0][0] == o
     os.unlink(wal.wal_path(d, name, 1))  # retention deleted it
     assert tail.read(d, 5, 10, stop=1000) == ([], 100)
+
+
+def test_the_tail_reads_records_only_past_the_publish_notes_among_them(tmp_path):
+    d, name = str(tmp_path), wal.partition_log_name("s", 0)
+    _log(wal.wal_path(d, name, 1), range(0, 300), notes=True)
+    _log(wal.wal_path(d, name, 2), range(300, 400), notes=True)
+    tail = wal.Tail(name)
+    assert [f for f, _p in tail.files(d)] == [0, 300]
+    rows, resume = tail.read(d, 0, 1000, stop=1000)
+    assert resume is None and [r[0] for r in rows] == list(range(400))
+    for o in (200, 51, 63, 64, 65, 191, 192, 299, 5, 128):  # through the positions one scan remembered (the
+        assert tail.read(d, o, 3, stop=1000)[0] == rows[o:o + 3], o  # 65th entry is the note after offset 51)
 
 
 def test_a_torn_high_water_write_leaves_the_slot_written_before(tmp_path):

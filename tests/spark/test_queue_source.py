@@ -68,3 +68,15 @@ def test_the_stager_dedups_only_what_it_staged(broker):
     q.nack_many(q.get_many(2))  # delivered and given back: attempt 2 next, never staged
     assert stager.move() == 2
     assert [r.value for r in stager.stage.read(0, 0)] == [b"a", b"b"]
+
+
+def test_the_stage_is_made_of_queue_stage_max_bytes(broker):
+    from shmq.spark.options import Options
+    from shmq.spark.reader import StreamReader
+
+    broker.create_queue("orders").put(b"o")
+    r = StreamReader(Options({"queue": "orders", "namespace": broker.namespace, "queueStageMaxBytes": "65536"}), None)
+    assert r.initialOffset() == {"0": 0}
+    assert r.latestOffset({"0": 0}, r.getDefaultReadLimit()) == {"0": 1}  # moved into the stage
+    r.stop()
+    assert broker.stream(stage_name("orders")).max_bytes == 65536

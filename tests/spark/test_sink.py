@@ -9,6 +9,8 @@ import pytest
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from shmq.engine.segment import namespace_entries
+from shmq.errors import ShmqError
+from shmq.spark import arrow
 from shmq.spark.options import Options, SpecError
 from shmq.spark.staging import staged_by_writer
 from shmq.spark.writer import StreamWriter
@@ -51,7 +53,8 @@ def test_a_streaming_query_into_a_stream_keeps_per_key_order_and_reclaims_its_st
         for key, value, _h in rows:
             by_key.setdefault(key, []).append(int(value))
     assert by_key == {k: list(range(100)) for k in (b"a", b"b", b"c", b"d")}
-    assert staged_by_writer(broker, "out", broker.list_streams()) == {q.id: 0}
+    assert staged_by_writer(broker, "out", broker.list_streams()) == {}  # the staging stream went with the commit
+    assert broker.list_streams() == ["in", "out"]
 
 
 def test_over_tcp_the_sink_publishes_inside_the_server(spark, broker, tmp_path):
@@ -107,7 +110,7 @@ def test_a_replayed_commit_appends_nothing_and_finishes_a_partial_publish(broker
     w.commit([replay], 7)
     w.commit([stage(0)], 7)  # and a third time: nothing
     assert sorted(v for rows in everything(out).values() for _k, v, _h in rows) == [b"1", b"2", b"3"]
-    assert staged_by_writer(broker, "out", broker.list_streams()) == {query: 0}
+    assert staged_by_writer(broker, "out", broker.list_streams()) == {}
     w.commit([stage(0)], 8)  # the next batch goes in
     assert sorted(v for rows in everything(out).values() for _k, v, _h in rows) == [b"1", b"1", b"2", b"2", b"3",
                                                                                     b"3"]
@@ -123,3 +126,73 @@ def test_a_namespace_that_does_not_exist_is_named_not_made(spark, broker):
     with pytest.raises(Exception, match=f"there is no shmq namespace '{ns}' on this host"):
         spark.read.format("shmq").option("stream", "events").option("namespace", ns).load().collect()
     assert namespace_entries(ns) == []
+
+
+def test_a_task_routes_an_arrow_batch_as_kafkas_sink_and_stages_its_buffers(broker):
+    """Without Spark: a batch (sliced, as Spark's may be) cut by partition — the partition
+    column, else the key's hash, else the task's own — and each part appended from its
+    buffers; what lands is the rows, keys and headers, in order per partition."""
+    n = 40
+    keys = [None if i % 3 == 0 else b"k%d" % i for i in range(n)]
+    parts = [i % 4 if i % 5 == 0 else None for i in range(n)]
+    batch = pa.RecordBatch.from_pydict({
+        "key": pa.array(keys, pa.binary()), "value": [f"v{i}" for i in range(n)],
+        "partition": pa.array(parts, pa.int32()),
+        "headers": pa.array([[("i", str(i))] if i % 2 else None for i in range(n)], pa.map_(pa.string(), pa.string()))})
+    part = batch.slice(7, 30)
+    want = {}
+    for i in range(7, 37):
+        p = parts[i] if parts[i] is not None else 1 if keys[i] is None else zlib.crc32(keys[i]) % 4
+        want.setdefault(p, []).append((keys[i], b"v%d" % i, {"i": str(i)} if i % 2 else {}))
+    s = broker.create_stream("s", partitions=4)
+    for p, values, ks, hs in arrow.route(part, 4, 1, "s"):
+        assert s.append_columns(arrow.chunk(values, ks, hs), p) == 0
+    assert everything(s) == {p: want.get(p, []) for p in range(4)}
+    whole = arrow.route(pa.RecordBatch.from_pydict({"value": [b"a", b"b"]}), 4, 2, "s")
+    assert [p for p, *_ in whole] == [2]  # no key, no partition: the task's own, the columns uncopied
+    with pytest.raises(arrow.SinkError, match="partitions 0..3, not 4"):
+        arrow.route(pa.RecordBatch.from_pydict({"value": [b"a"], "partition": pa.array([4], pa.int32())}), 4, 0, "s")
+    with pytest.raises(arrow.SinkError, match="value column is null in 1 row"):
+        arrow.route(pa.RecordBatch.from_pydict({"value": pa.array([b"a", None], pa.binary())}), 4, 0, "s")
+
+
+def test_the_staging_stream_goes_with_each_commit_and_a_deleted_one_fails_the_commit_loudly(broker):
+    """The driver's side without Spark: a commit deletes the batch's staging stream (the
+    next batch's tasks make it again), an abort too; a commit whose staged rows were
+    deleted under it fails, publishing nothing, so the batch runs again."""
+    broker.create_stream("out", partitions=2)
+    schema = StructType([StructField("value", StringType())])
+    w = StreamWriter(Options({"stream": "out", "namespace": broker.namespace}), schema, False)
+    query = str(uuid.uuid4())
+
+    def stage(rows):
+        return w._stage(query, [pa.RecordBatch.from_pydict({"value": rows})], 0)
+
+    assert stage([]).ranges == {} and broker.list_streams() == ["out"]  # no rows: no staging stream
+    w.commit([stage(["a", "b"])], 0)
+    assert broker.list_streams() == ["out"]
+    staged = stage(["c"])
+    assert broker.list_streams() == ["out", f"out:staging:{query}"]
+    w.abort([staged, None], 1)  # Spark passes None for a failed task
+    assert broker.list_streams() == ["out"]
+    staged = stage(["d"])
+    broker.delete_stream(f"out:staging:{query}")  # e.g. reclaimed by hand while the query ran
+    with pytest.raises(ShmqError, match=f"cannot commit batch 1 into stream 'out': its staging stream "
+                                        f"'out:staging:{query}' was deleted"):
+        w.commit([staged], 1)
+    w.commit([stage(["d"])], 1)  # the batch run again
+    assert sorted(v for rows in everything(broker.stream("out")).values() for _k, v, _h in rows) == [b"a", b"b",
+                                                                                                   b"d"]
+
+
+def test_the_renamed_staging_options_are_refused_naming_the_new_ones(broker):
+    with pytest.raises(SpecError, match="option stagingMaxBytes is now sinkStagingMaxBytes"):
+        Options({"stream": "out", "stagingMaxBytes": "1000000"})
+    with pytest.raises(SpecError, match="option stageMaxBytes is now queueStageMaxBytes"):
+        Options({"queue": "jobs", "stagemaxbytes": "1000000"})  # as Spark hands options: lower-cased
+    out = broker.create_stream("out", partitions=1, max_bytes=1 << 20)
+    schema = StructType([StructField("value", StringType())])
+    w = StreamWriter(Options({"stream": "out", "namespace": broker.namespace, "sinkStagingMaxBytes": "65536"}),
+                     schema, False)
+    w._stage("q", [pa.RecordBatch.from_pydict({"value": ["x"]})], 0)
+    assert broker.stream("out:staging:q").max_bytes == 65536 and out.max_bytes == 1 << 20

@@ -8,6 +8,7 @@ sink that collects rows in this process, each with its own checkpoint; every que
 leaves the namespace's segments as they were."""
 
 import logging
+import os
 import pickle
 import random
 import threading
@@ -18,7 +19,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Read
 
 from shmq.engine.segment import namespace_entries
 from shmq.spark.options import Options, SpecError
-from shmq.spark.reader import BatchReader, DataLossError, OffsetRange, StreamReader, duration, share, split
+from shmq.spark.reader import (
+    BatchReader, DataLossError, OffsetRange, RangeGroup, StreamReader, duration, group, share, split,
+)
 from tests.conftest import ThreadedServer
 
 QUERY_TIMEOUT = 120
@@ -115,6 +118,27 @@ def test_split_cuts_ranges_in_proportion_and_deterministically():
     assert split([OffsetRange(0, 0, 2)], 5) == [OffsetRange(0, 0, 1), OffsetRange(0, 1, 2)]
 
 
+def test_group_makes_at_most_max_partitions_of_about_equal_size_and_reads_them_all(broker):
+    ranges = [OffsetRange(0, 0, 40), OffsetRange(1, 5, 15), OffsetRange(2, 0, 30), OffsetRange(3, 0, 25)]
+    assert group(ranges, None) == ranges and group(ranges, 4) == ranges
+    assert group(ranges, 2) == [RangeGroup([OffsetRange(0, 0, 40), OffsetRange(1, 5, 15)]),
+                                RangeGroup([OffsetRange(2, 0, 30), OffsetRange(3, 0, 25)])]
+    assert group(ranges, 1) == [RangeGroup(sorted(ranges, key=lambda r: r.partition))]
+    s = broker.create_stream("events", partitions=4, max_bytes=2**16)
+    fill(s, [40, 15, 30, 25])
+    plan = reader_of(broker, BatchReader, startingOffsets='{"1": 5}', maxPartitions=2)
+    parts = plan.partitions()
+    assert parts == group(ranges, 2)
+    got = pa.Table.from_batches([b for part in parts for b in plan.read(part)])
+    assert list(zip(got.column("partition").to_pylist(), got.column("offset").to_pylist())) == \
+        [(r.partition, o) for g in parts for r in g.ranges for o in range(r.start, r.end)]
+    default = reader_of(broker, BatchReader, startingOffsets='{"1": 5}')  # as many as this host has cores
+    assert default.partitions() == group(ranges, os.cpu_count())
+    assert len(reader_of(broker, BatchReader, minPartitions=3).partitions()) == 4  # none with minPartitions
+    with pytest.raises(SpecError, match="maxPartitions must be >= 1"):
+        reader_of(broker, BatchReader, maxPartitions=0)
+
+
 def test_durations_read_like_kafkas():
     def of(raw):
         return duration(Options({"stream": "s", "maxTriggerDelay": raw}), "maxTriggerDelay", "15m")
@@ -148,7 +172,8 @@ def test_latest_offset_under_each_read_limit(broker):
     assert r.latestOffset({"0": 7, "1": 2, "2": 1}, ReadMaxRows(10)) == {"0": 14, "1": 4, "2": 2}
     assert r.latestOffset(start, ReadAllAvailable()) == {"0": 40, "1": 8, "2": 2}  # the trigger's limit rules
     assert r.latestOffset({"0": 40}, ReadAllAvailable()) == {"0": 40, "1": 8, "2": 2}  # new partitions from 0
-    assert r.partitions({"0": 40}, {"0": 40, "1": 8, "2": 2}) == [OffsetRange(1, 0, 8), OffsetRange(2, 0, 2)]
+    assert r.partitions({"0": 40}, {"0": 40, "1": 8, "2": 2}) in (
+        [OffsetRange(1, 0, 8), OffsetRange(2, 0, 2)], [RangeGroup([OffsetRange(1, 0, 8), OffsetRange(2, 0, 2)])])
     assert reader_of(broker).getDefaultReadLimit() == ReadAllAvailable()
     with pytest.raises(SpecError, match="minRecordsPerTrigger \\(20\\) is more than maxRecordsPerTrigger \\(10\\)"):
         reader_of(broker, maxRecordsPerTrigger=10, minRecordsPerTrigger=20)
@@ -241,7 +266,8 @@ def test_lost_offsets_fail_the_plan_and_the_read_or_are_skipped_with_a_warning(b
 def test_batch_plan_resolves_starting_and_ending_offsets(broker):
     s = broker.create_stream("events", partitions=3, max_bytes=2**16)
     fill(s, [10, 10, 10])
-    plan = reader_of(broker, BatchReader, startingOffsets='{"0": 3, "1": -2}', endingOffsets='{"0": 7, "2": 4}')
+    plan = reader_of(broker, BatchReader, startingOffsets='{"0": 3, "1": -2}', endingOffsets='{"0": 7, "2": 4}',
+                     maxPartitions=3)
     assert plan.partitions() == [OffsetRange(0, 3, 7), OffsetRange(1, 0, 10), OffsetRange(2, 0, 4)]
     assert reader_of(broker, BatchReader, minPartitions=4).partitions() == [
         OffsetRange(0, 0, 5), OffsetRange(0, 5, 10), OffsetRange(1, 0, 5), OffsetRange(1, 5, 10),
@@ -429,3 +455,26 @@ def test_bad_options_fail_with_messages_naming_what(spark, broker, tmp_path):
         run(spark, broker, tmp_path / "ck1", stream="nope")
     with pytest.raises(Exception, match="startingOffsets must be earliest, latest or JSON"):
         run(spark, broker, tmp_path / "ck2", startingOffsets="yesterday")
+
+
+def test_planning_a_query_imports_no_pyarrow(broker):
+    """Spark starts a new Python process per query to plan it (the source's offsets and
+    partitions) and runs the sink's commit in another: neither needs pyarrow, whose import
+    would be part of every query's start."""
+    import subprocess
+    import sys
+
+    broker.create_stream("events", partitions=2)
+    code = (
+        "import sys, pickle\n"
+        "from shmq.spark.datasource import ShmqDataSource\n"
+        f"ds = ShmqDataSource({{'stream': 'events', 'namespace': {broker.namespace!r}}})\n"
+        "r = ds.streamReader(ds.schema())\n"
+        "end = r.latestOffset(r.initialOffset(), r.getDefaultReadLimit())\n"
+        "pickle.dumps(r.partitions({'0': 0, '1': 0}, end))\n"
+        "import shmq.spark.writer\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyarrow'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

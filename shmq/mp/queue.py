@@ -1,5 +1,5 @@
-"""A drop-in for ``multiprocessing.Queue``, ``SimpleQueue`` and ``JoinableQueue``, in
-shared memory: ``from shmq import mp; q = mp.Queue(maxsize=0)``.
+"""shmq.mp's queues: ``multiprocessing.Queue``, ``SimpleQueue`` and ``JoinableQueue``
+in shared memory.
 
 Strategy: each queue is a private namespace (``mp<pid>x<random>``) holding one shmq
 queue, so it needs no name from the user and passes to children by that name (fork,
@@ -10,10 +10,8 @@ it. ``maxsize`` counts items with a POSIX semaphore of free slots, as the stdlib
 does; a JoinableQueue counts unfinished tasks in another. There is no feeder thread:
 ``put`` returns once the object is in shared memory. ``get`` takes and acks at once,
 so it is at most once, like the stdlib's; ``lease`` keeps the object in the queue
-until it is acked, and gives it to another get if its holder dies. The namespace is
-destroyed when its creator exits: by a multiprocessing finalizer on a normal exit
-(after the children are joined), and by a reaper process (``engine/reaper.py``) whose
-stdin pipe closes when the creator dies, even by SIGKILL.
+until it is acked, and gives it to another get if its holder dies. The namespace lives
+as long as its creator (``lifetime.py``).
 """
 
 import io
@@ -23,21 +21,17 @@ import operator
 import os
 import pickle
 import struct
-import subprocess
-import sys
-import threading
 import time
 import types
-from multiprocessing import util as _mp_util
 from multiprocessing.reduction import ForkingPickler
 
 import posix_ipc
 
-from .engine import reaper
-from .engine.broker import Broker
-from .engine.queue import Queue as _EngineQueue
-from .engine.segment import MODE, create_segment, destroy_namespace, open_segment, segment_name, unlink_segment
-from .errors import DeliveryExpired, QueueFull, QueueNotFound
+from ..engine.broker import Broker
+from ..engine.queue import Queue as _EngineQueue
+from ..engine.segment import MODE, create_segment, destroy_namespace, open_segment, segment_name, unlink_segment
+from ..errors import DeliveryExpired, QueueFull, QueueNotFound
+from .lifetime import owner
 
 __all__ = ["Queue", "SimpleQueue", "JoinableQueue", "Lease"]
 
@@ -68,7 +62,7 @@ class _Shared:
                 min(RING_BYTES, max(MIN_RING_BYTES, (maxsize + 1) * (INLINE_MAX + 64)))
         max_bytes = operator.index(max_bytes)
         ns = f"mp{os.getpid()}x{os.urandom(6).hex()}"
-        _reaper.adopt(ns)  # before anything exists: a SIGKILL from here on leaves nothing
+        owner.adopt(ns)  # before anything exists: a SIGKILL from here on leaves nothing
         try:
             Broker(ns).create_queue("q", max_bytes=max_bytes, max_message_bytes=min(INLINE_MAX, max_bytes // 4),
                                     durability="memory").close()
@@ -407,84 +401,3 @@ def _acquire(sem, deadline) -> bool:
 
 def _new_semaphore(ns, what, value):
     posix_ipc.Semaphore(segment_name(ns, what), posix_ipc.O_CREX, mode=MODE, initial_value=value).close()
-
-
-# ---------------------------------------------------------------- lifetime
-class _Reaper:
-    """This process's namespaces and the reaper that removes them when it is gone."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._proc = None  # the reaper (subprocess.Popen), started with the first queue
-        self._fd = -1  # the write end of its stdin (a plain fd: nothing to flush or lock at fork)
-        self._mine = []  # namespaces this process created
-        self._pid = None  # the process that registered the exit finalizer
-
-    def adopt(self, ns):
-        """Tell the reaper about ``ns`` (starting it if need be), before ``ns`` exists."""
-        with self._lock:
-            if self._pid != os.getpid():
-                # after the children are joined (the stdlib joins them at exit first)
-                _mp_util.Finalize(None, self.cleanup, exitpriority=-100)
-                self._pid = os.getpid()
-            self._mine.append(ns)
-            if self._proc is not None:
-                try:
-                    return self._send([ns])
-                except BrokenPipeError:  # the reaper was killed: a new one gets every name
-                    self._stop()
-            r, self._fd = os.pipe()  # close-on-exec, both ends
-            try:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", reaper.__file__], stdin=r, stdout=subprocess.DEVNULL,
-                    close_fds=True, start_new_session=True)
-            except BaseException:
-                os.close(self._fd)
-                self._fd = -1
-                raise
-            finally:
-                os.close(r)
-            self._send(self._mine)
-
-    def _send(self, names):
-        data = "".join(f"{n}\n" for n in names).encode()
-        while data:
-            data = data[os.write(self._fd, data):]
-
-    def _stop(self):
-        """Close the reaper's stdin and wait for it (it unlinks what is left, then exits)."""
-        proc, self._proc = self._proc, None
-        os.close(self._fd)
-        self._fd = -1
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def cleanup(self):
-        """Destroy this process's queues and stop its reaper (at exit; also for tests)."""
-        with self._lock:
-            for ns in self._mine:
-                destroy_namespace(ns)
-            self._mine.clear()
-            if self._proc is not None:
-                self._stop()
-
-    def reaper_pid(self):
-        return None if self._proc is None else self._proc.pid
-
-    def after_fork_in_child(self):
-        # The child owns none of these, and its copy of the pipe must not keep the reaper
-        # waiting after the creator is gone.
-        self._lock = threading.Lock()
-        self._mine = []
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        if self._proc is not None:
-            self._proc.returncode = 0  # not this process's child: Popen must never wait for it here
-            self._proc = None
-
-
-_reaper = _Reaper()
-os.register_at_fork(after_in_child=_reaper.after_fork_in_child)

@@ -1,5 +1,5 @@
-"""shmq.mp against multiprocessing's own queues: the same tests run on both, then what
-shmq.mp does where the stdlib's fails, and that a queue leaves nothing behind."""
+"""shmq.mp's queues against multiprocessing's own: the same tests run on both, then
+what shmq.mp does where the stdlib's fails."""
 
 import multiprocessing
 import os
@@ -8,29 +8,16 @@ import queue
 import signal
 import threading
 
-import psutil
 import pytest
 
 from shmq import mp
-from shmq.engine import reaper
-from shmq.engine.segment import SHM_DIR, namespace_entries
-from tests import _mp_workers as workers
+from shmq.engine.segment import namespace_entries
+from tests.mp import _workers as workers
 from tests._wait import wait_for
 
 FORK = multiprocessing.get_context("fork")
-SPAWN = multiprocessing.get_context("spawn")
 METHODS = ["fork", "spawn"]
 BIG = 200_000  # over mp.INLINE_MAX: an object in a segment of its own
-
-
-@pytest.fixture(autouse=True)
-def mp_cleanup():
-    """Every test's mp queues are destroyed and its reaper stopped on teardown, and
-    nothing of them may stay in /dev/shm."""
-    yield
-    made = list(mp._reaper._mine)
-    mp._reaper.cleanup()
-    assert [e for ns in made for e in namespace_entries(ns)] == []
 
 
 @pytest.fixture(params=["stdlib", "shmq"])
@@ -53,13 +40,6 @@ def impl(request):
         if hasattr(q, "cancel_join_thread"):
             q.cancel_join_thread()
         q.close()
-
-
-def _gone(pid):
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def _segments(q):
@@ -372,64 +352,3 @@ def test_bad_arguments():
     with pytest.raises(TypeError):
         q.put(1, timeout=[1])
     assert q.qsize() == 0
-
-
-# ---------------------------------------------------------------- nothing left behind
-def test_the_reaper_and_the_segment_module_agree_on_a_namespace_s_names():
-    q = mp.JoinableQueue(2)
-    q.put(bytearray(BIG))  # a segment of its own
-    mine = namespace_entries(q._ns)
-    assert reaper.entries(q._ns, os.listdir(SHM_DIR)) == mine
-    assert {e.removeprefix("sem.").split(".")[2] for e in mine} >= {"registry", "q", "slots", "unfinished", "idle", "b"}
-    names = [f"shmq.{q._ns}", f"shmq.{q._ns}x.q.q", f"sem.shmq.{q._ns}x.q.q.ne", "shmq.other.q.q"]
-    assert reaper.entries(q._ns, names) == [f"shmq.{q._ns}"]
-
-
-def test_a_creator_killed_with_sigkill_leaves_nothing():
-    here, there = SPAWN.Pipe()
-    p = SPAWN.Process(target=workers.create_and_wait, args=(there,))
-    p.start()
-    try:
-        assert here.poll(30)
-        namespaces, reaper_pid, child_pid = here.recv()
-        assert all(namespace_entries(ns) for ns in namespaces)
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-            # its fork child lives on, attached, and holds no copy of the reaper's pipe
-            wait_for(lambda: not any(namespace_entries(ns) for ns in namespaces), what="/dev/shm to be cleaned")
-            wait_for(lambda: _gone(reaper_pid), what="the reaper to exit")
-            assert not _gone(child_pid)
-        finally:
-            os.kill(child_pid, signal.SIGKILL)
-    finally:
-        os.kill(p.pid, signal.SIGKILL)
-        p.join(10)  # (only once the child is gone too: it holds a copy of the sentinel's pipe)
-    assert p.exitcode == -signal.SIGKILL
-    wait_for(lambda: _gone(child_pid), what="the orphaned child to go")
-
-
-def test_a_killed_reaper_is_replaced_by_one_that_knows_every_namespace():
-    here, there = SPAWN.Pipe()
-    p = SPAWN.Process(target=workers.create_kill_reaper_create, args=(there,))
-    p.start()
-    try:
-        assert here.poll(30)
-        namespaces, reaper_pid = here.recv()
-    finally:
-        os.kill(p.pid, signal.SIGKILL)
-        p.join(10)
-    wait_for(lambda: not any(namespace_entries(ns) for ns in namespaces), what="/dev/shm to be cleaned")
-    wait_for(lambda: _gone(reaper_pid), what="the new reaper to exit")
-
-
-def test_a_creator_that_exits_leaves_nothing_once_its_children_are_done():
-    here, there = SPAWN.Pipe()
-    p = SPAWN.Process(target=workers.create_and_exit, args=(there,))
-    p.start()
-    assert here.poll(30)
-    ns, reaper_pid = here.recv()
-    assert here.poll(30) and here.recv() == "hello"  # its spawn child attached after it returned
-    p.join(30)
-    assert p.exitcode == 0
-    assert namespace_entries(ns) == []
-    assert _gone(reaper_pid)

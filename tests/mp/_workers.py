@@ -1,4 +1,4 @@
-"""Entry points for the processes tests/test_mp.py starts (fork and spawn); the same
+"""Entry points for the processes the tests in tests/mp/ start (fork and spawn); the same
 functions serve multiprocessing's queues and shmq.mp's. Importing this stays light."""
 
 import multiprocessing
@@ -64,13 +64,14 @@ def create_and_wait(conn):
     blocks on one of them; report the namespaces, the reaper's pid and the child's; wait
     to be killed."""
     from shmq import mp
+    from shmq.mp.lifetime import owner
 
     q, jq, idle = mp.Queue(), mp.JoinableQueue(2), mp.Queue()
     q.put(bytearray(200_000))
     jq.put("x")
     child = multiprocessing.get_context("fork").Process(target=idle.get, daemon=True)
     child.start()
-    conn.send(([q._ns, jq._ns, idle._ns], mp._reaper.reaper_pid(), child.pid))
+    conn.send(([q._ns, jq._ns, idle._ns], owner.reaper_pid(), child.pid))
     conn.recv()
 
 
@@ -83,12 +84,13 @@ def create_and_exit(conn):
     """Make a queue, start a spawn child that reads it, and return at once: the queue
     must outlive this process's main code until the child is done."""
     from shmq import mp
+    from shmq.mp.lifetime import owner
 
     q = mp.Queue()
     q.put(bytearray(200_000))
     q.put("hello")
     multiprocessing.get_context("spawn").Process(target=relay_last, args=(q, conn)).start()
-    conn.send((q._ns, mp._reaper.reaper_pid()))
+    conn.send((q._ns, owner.reaper_pid()))
 
 
 def create_kill_reaper_create(conn):
@@ -98,10 +100,11 @@ def create_kill_reaper_create(conn):
     import signal
 
     from shmq import mp
+    from shmq.mp.lifetime import owner
 
     first = mp.Queue()
-    os.kill(mp._reaper.reaper_pid(), signal.SIGKILL)
-    mp._reaper._proc.wait()
+    os.kill(owner.reaper_pid(), signal.SIGKILL)
+    owner._proc.wait()
     second = mp.Queue()
-    conn.send(([first._ns, second._ns], mp._reaper.reaper_pid()))
+    conn.send(([first._ns, second._ns], owner.reaper_pid()))
     conn.recv()

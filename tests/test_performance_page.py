@@ -1,0 +1,119 @@
+"""bench/docs.py: docs/PERFORMANCE.md and README.md's figures are the saved runs' (one owner
+per figure), each block opens with its run, and a page whose blocks disagree with their
+JSON is found stale."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench import docs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_pages_match_their_saved_runs():
+    stale = docs.stale()
+    assert stale == [], (f"{[page for page, _ in stale]} differ from the saved runs under docs/: "
+                         "run python -m bench.docs")
+    assert docs.main(["--check"]) == 0
+
+
+def _copy(tmp_path):
+    """The pages and the saved runs they embed, in a root of the test's own."""
+    (tmp_path / "docs").mkdir()
+    for page in docs.pages():
+        shutil.copy(ROOT / page, tmp_path / page)
+    for run in (ROOT / "docs").glob("*.json"):
+        shutil.copy(run, tmp_path / "docs" / run.name)
+    return tmp_path
+
+
+def test_a_figure_changed_in_a_saved_run_makes_every_page_that_shows_it_stale(tmp_path):
+    root = _copy(tmp_path)
+    path = root / "docs" / "bench.json"
+    doc = json.loads(path.read_text())
+    doc["durability"][0]["msgs_per_s"] = 123_456.0  # memory mode, shown in both pages
+    path.write_text(json.dumps(doc))
+    stale = dict(docs.stale(root=root))
+    assert sorted(stale) == ["docs/OPERATIONS.md", "docs/PERFORMANCE.md"]
+    for page, text in stale.items():
+        assert "| memory | 123 k | 1.00x |" in text and "| snapshot | 323 k | 2.62x |" in text
+        (root / page).write_text(text)
+    assert docs.stale(root=root) == []  # rewritten, they match
+
+
+def test_a_block_opens_with_its_runs_date_command_and_machine(tmp_path):
+    root = _copy(tmp_path)
+    page = root / "page.md"
+    page.write_text("prose\n<!-- bench:begin durability docs/bench.json -->\nold\n<!-- bench:end -->\nmore prose\n")
+    (_, text), = docs.stale(["page.md"], root=root)
+    lines = text.splitlines()
+    assert lines[0] == "prose" and lines[-1] == "more prose"
+    assert lines[2].startswith("*2026-11-21, `python -m bench --runs 3`: AMD EPYC, 2 logical CPUs, ")
+    assert "each figure the median of 3 runs" in lines[2] and "[`docs/bench.json`](docs/bench.json)" in lines[2]
+    assert "Versions: shmq 0.1.0 (C hot paths), faster-fifo 1.5.2," in lines[2]
+
+
+def test_a_run_not_saved_yet_says_so(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("<!-- bench:begin scale docs/none.json -->\n<!-- bench:end -->\n")
+    (_, text), = docs.stale(["page.md"], root=tmp_path)
+    assert text == "<!-- bench:begin scale docs/none.json -->\n*No saved run yet (`docs/none.json`).*\n" \
+                   "<!-- bench:end -->\n"
+
+
+@pytest.mark.parametrize("text, error", [
+    ("<!-- bench:begin scale docs/x.json -->\n", "markers do not pair up"),
+    ("<!-- bench:end -->\n<!-- bench:begin scale docs/x.json -->\n", "markers do not pair up"),
+    ("<!-- bench:begin scale -->\n<!-- bench:end -->\n", "must read <!-- bench:begin KIND FILE -->"),
+    ("<!-- bench:begin charts docs/x.json -->\n<!-- bench:end -->\n", "unknown view 'charts'"),
+])
+def test_malformed_markers_are_refused_in_one_line(tmp_path, text, error, capsys):
+    page = tmp_path / "page.md"
+    page.write_text(text)
+    with pytest.raises(docs.BlockError, match=error.replace("(", r"\(")):
+        docs.stale(["page.md"], root=tmp_path)
+    assert docs.main(["--check", str(page)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench.docs: error: ") and err.count("\n") == 1
+
+
+def _case(system, pairs, shape, rate, mode="msg"):
+    return {"system": system, "kind": "tput", "size": 64, "mode": mode, "n": 1000, "pairs": pairs, "shape": shape,
+            "status": "ok", "detail": "", "runs": [{"seconds": 1000 / rate}], "seconds": 1.0,
+            "summary": {"msgs_per_s": rate}}
+
+
+def test_a_scale_run_renders_a_table_per_shape_with_ratios_to_1_to_1():
+    machine = {"cpu": "Xeon", "logical_cpus": 16, "usable_cpus": 16, "os": "Linux", "python": "3.12.3",
+               "shmq": "0.1.0 (C hot paths)", "pyzmq": "27.3.0", "redis-py": "8.1.0"}
+    doc = {"date": "2026-11-24T10:00:00+00:00", "command": "python -m bench.scale --pairs 1,2", "machine": machine,
+           "settings": {"runs": 3}, "skipped": {"faster-fifo": "faster-fifo not installed"},
+           "cases": [_case("shmq", 1, "P->P", 200_000), _case("zmq", 1, "P->P", 600_000),
+                     _case("shmq", 2, "P->P", 300_000), _case("zmq", 2, "P->P", 300_000),
+                     _case("shmq", 2, "P->1", 250_000)]}
+    lines = docs.scale(doc, "docs/scale.json", "scale.json")
+    assert lines[0] == ("*2026-11-24, `python -m bench.scale --pairs 1,2`: Xeon, 16 logical CPUs, Linux, "
+                        "Python 3.12.3; each figure the median of 3 runs. Versions: shmq 0.1.0 (C hot paths), "
+                        "pyzmq 27.3.0. Raw runs: [`docs/scale.json`](scale.json).*")
+    assert lines[2:8] == ["| 64 B, P producers -> P consumers, per message | acks | 1->1 | 2->2 |",
+                          "|---|---|---:|---:|",
+                          "| shmq | each | 200 k | 300 k (1.50x) |",
+                          "| zmq | none | 600 k | 300 k (0.50x) |",
+                          "| **shmq / best peer** |  | 0.33x | 1.00x |", ""]
+    assert lines[8:13] == ["| 64 B, P producers -> 1 consumer, per message | acks | 1->1 | 2->1 |",
+                           "|---|---|---:|---:|", "| shmq | each | 200 k | 250 k (1.25x) |",
+                           "| zmq | none | 600 k | not run |", "| **shmq / best peer** |  | 0.33x |  |"]
+    assert lines[-1] == "- not measured: faster-fifo not installed"
+    summary = docs.scale_summary(doc, "docs/scale.json", "scale.json")
+    assert "P producers -> 1 consumer" not in "\n".join(summary) and summary[4] == lines[4]
+
+
+def test_the_spark_view_reads_the_spark_runs_fields():
+    doc = json.loads((ROOT / "docs" / "spark-bench.json").read_text())
+    lines = docs.spark(doc, "docs/spark-bench.json", "spark-bench.json")
+    assert lines[2:4] == ["| source → sink | batches | overall rows/s | steady rows/s |", "|---|---:|---:|---:|"]
+    assert len([ln for ln in lines if ln.startswith("| ") and "→" in ln]) == len(doc["cases"]) + 1
+    assert "pyspark " in lines[0] and "`python -m bench.spark`" in lines[0]

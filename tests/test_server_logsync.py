@@ -1,0 +1,179 @@
+"""The ``--fsync batch:MS`` loop (shmq/server/logsync.py): logs written are fsynced, an
+idle syncer runs no rounds, a vanished data dir wakes it; and an idle ``shmq server``
+costs next to no CPU, whatever its fsync policy."""
+
+import os
+import shutil
+import time
+
+import psutil
+import pytest
+
+import shmq
+from shmq.auth import default_data_dir
+from shmq.engine import layout as L
+from shmq.engine.broker import Broker
+from shmq.persistence import Snapshotter
+from shmq.server.dirwatch import DirWatch
+from shmq.server.logsync import LogSyncer
+from tests._wait import wait_for
+
+
+@pytest.fixture
+def synced(broker, tmp_path):
+    """(Snapshotter, LogSyncer, wal queue) on a data dir of the test's own, batch:2."""
+    snap = Snapshotter(Broker(broker.namespace), str(tmp_path / "data"), wal_batch_ms=2)
+    q = broker.create_queue("q", durability="wal")
+    snap.open_wal(q)
+    syncer = LogSyncer(snap, 2, retry_s=0.05).start()
+    yield snap, syncer, q
+    syncer.stop()
+    snap.close()
+    snap.broker.close()
+
+
+def _idle(syncer):
+    """Wait until the syncer sleeps on its watch; its round count then."""
+    wait_for(lambda: syncer.idle, what="the syncer going idle")
+    return syncer.rounds
+
+
+def test_a_written_log_is_synced_and_an_idle_syncer_runs_no_rounds(synced):
+    snap, syncer, q = synced
+    before = _idle(syncer)
+    for i in range(20):
+        q.put(b"m%d" % i)
+    wait_for(lambda: q.wal.pending() is None, what="the log fsynced")  # woken by the write, not by a clock
+    after = _idle(syncer)
+    assert after > before
+    deadline = time.monotonic() + 0.5  # half a second idle: 250 rounds before this change, none now
+    while time.monotonic() < deadline:
+        assert syncer.idle and syncer.rounds == after
+        time.sleep(0.05)  # (observing that nothing happens: not a synchronization)
+    q.put(b"later")
+    wait_for(lambda: q.wal.pending() is None, what="a write after the idle time fsynced")
+
+
+def test_a_stream_partition_log_wakes_it_too(synced, broker):
+    snap, syncer, _q = synced
+    s = broker.create_stream("s", durability="wal", partitions=2)
+    snap.open_stream(s)
+    _idle(syncer)
+    s.append(b"x", partition=1)
+    wait_for(lambda: s._part(1).log.pending() is None, what="the partition's log fsynced")
+
+
+def test_a_vanished_data_dir_wakes_it_and_suspends_the_logs(synced):
+    snap, syncer, q = synced
+    q.put(b"before")
+    _idle(syncer)
+    shutil.rmtree(snap.data_dir)
+    wait_for(lambda: q.wal.config()[1] == L.WAL_SUSPENDED, what="the log suspended")  # no clock found it: the watch
+    with pytest.raises(shmq.StorageError, match="is gone"):
+        q.put(b"refused")
+    os.makedirs(snap.data_dir)
+    wait_for(lambda: q.wal.config()[0] != 0, what="the log reopened")  # looked for every retry_s
+    q.put(b"after")
+    wait_for(lambda: q.wal.pending() is None, what="the reopened log fsynced")
+    _idle(syncer)
+    gen, mode, _ms, directory = q.wal.config()  # in the new directory, not in the deleted one's file
+    assert gen >= 2 and mode == L.WAL_BATCH and os.path.getsize(q.wal.path(gen)) > 0
+
+
+def test_the_last_round_after_stop_syncs_what_was_written(broker, tmp_path):
+    snap = Snapshotter(Broker(broker.namespace), str(tmp_path / "data"), wal_batch_ms=1000)
+    q = broker.create_queue("q", durability="wal")
+    snap.open_wal(q)
+    syncer = LogSyncer(snap, 1000).start()  # a long period: only the stop's round can sync in time
+    try:
+        _idle(syncer)
+        q.put(b"x")
+    finally:
+        syncer.stop()
+        snap.close()
+        snap.broker.close()
+    assert q.wal.pending() is None
+
+
+def test_without_inotify_it_polls_and_asks_for_it_again(broker, tmp_path, monkeypatch):
+    """The per-user limit of inotify instances is shared by every process of the user."""
+    import shmq.server.logsync as logsync
+
+    refused = [OSError(24, "Too many open files")]
+
+    def watch():
+        if refused:
+            raise refused[0]
+        return DirWatch()
+
+    monkeypatch.setattr(logsync, "DirWatch", watch)
+    snap = Snapshotter(Broker(broker.namespace), str(tmp_path / "data"), wal_batch_ms=2)
+    q = broker.create_queue("q", durability="wal")
+    snap.open_wal(q)
+    syncer = LogSyncer(snap, 2, retry_s=0.05).start()
+    try:
+        wait_for(lambda: syncer.polling, what="the fallback")
+        q.put(b"x")
+        wait_for(lambda: q.wal.pending() is None, what="a log fsynced by polling")
+        assert not syncer.idle
+        refused.clear()  # an instance is free again
+        _idle(syncer)
+        assert not syncer.polling
+        q.put(b"y")
+        wait_for(lambda: q.wal.pending() is None, what="a log fsynced once woken")
+    finally:
+        syncer.stop()
+        snap.close()
+        snap.broker.close()
+
+
+def test_dirwatch_names_the_files_written_and_says_when_the_directory_goes(tmp_path):
+    with DirWatch() as w:
+        wd = w.add(str(tmp_path))
+        (tmp_path / "q.wal.00000001").write_bytes(b"x")
+        names = {name for _wd, _mask, name in w.read()}
+        assert names == {"q.wal.00000001"}
+        os.unlink(tmp_path / "q.wal.00000001")
+        tmp_path.rmdir()
+        masks = [mask for _wd, mask, _n in w.read()]
+        assert any(m & 0x400 for m in masks) and w.watching() == []  # IN_DELETE_SELF, then IN_IGNORED
+        with pytest.raises(FileNotFoundError):
+            w.add(str(tmp_path))
+        assert wd not in w.watching()
+
+
+# ---------------------------------------------------------------- an idle server
+@pytest.mark.parametrize("fsync", [None, "batch:1", "always", "never"])
+def test_an_idle_server_uses_under_one_percent_of_a_core(namespace, servers, fsync):
+    """Persistence on (the default data dir), wal and snapshot queues and a wal stream
+    holding messages, nothing written: a resource bound, measured as the process's CPU
+    time over a few idle seconds (before: a log-sync round every 2 ms, ~50-90%)."""
+    srv = servers(namespace, *(("--fsync", fsync) if fsync else ()))
+    try:
+        with shmq.connect(srv.url) as remote:
+            for durability in ("memory", "snapshot", "wal"):
+                remote.create_queue(durability, durability=durability)
+            remote.create_stream("s", durability="wal", partitions=2)
+        with shmq.connect(namespace=namespace) as local:
+            for name in ("memory", "snapshot", "wal"):
+                local.queue(name).put_many([b"m" * 100] * 10)
+            stream = local.stream("s")
+            stream.append_many([b"r" * 100] * 10)
+            wal = local.queue("wal")
+            if fsync in (None, "batch:1"):
+                wait_for(lambda: wal.wal.pending() is None, what="the log fsynced")
+            data = default_data_dir(namespace)
+            wait_for(lambda: os.path.exists(os.path.join(data, "snapshot.dmsq")), what="a first snapshot")
+            proc = psutil.Process(srv.proc.pid)
+            first, started = proc.cpu_times(), time.monotonic()
+            time.sleep(4)  # the idle seconds measured
+            last, took = proc.cpu_times(), time.monotonic() - started
+        used = (last.user + last.system) - (first.user + first.system)
+        if any("no inotify" in line for line in srv.log + srv.later):  # every instance of this user taken
+            pytest.skip("inotify could not be had on this host (fs.inotify.max_user_instances reached by other "
+                        "processes of this user): the server fell back to polling, which this bound is not about")
+        assert used / took < 0.01, f"an idle server used {used / took:.1%} of a core over {took:.1f}s"
+        assert srv.alive()
+    finally:
+        assert srv.stop() == 0
+        shutil.rmtree(default_data_dir(namespace), ignore_errors=True)
