@@ -560,7 +560,6 @@ class Snapshotter:
         self._written = {}  # snapshot path -> what it says (``snapshot_queue``): unchanged ones are not rewritten
         self._lost = False  # the data dir vanished
         self.log_dirs = set()  # where the logs were at the last settled sync_logs
-        self._suspended = {}  # log name -> the generation it had when this snapshotter suspended it
         self._dir_lock = threading.Lock()  # one thread at a time handles its coming and going
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
 
@@ -586,18 +585,11 @@ class Snapshotter:
         q.wal.configure(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=self._next_generation(q.wal))
 
     def _next_generation(self, wal) -> int:
-        """A generation for a log (re)opened here: after any on disk, and after any it had
-        before it was suspended (a data dir deleted and made again is empty, and its
+        """A generation for a log (re)opened here: after any on disk, and after the one it
+        had when it was suspended (a data dir deleted and made again is empty, and its
         writers' descriptors for the old generation number point into the deleted one)."""
         on_disk = [g for g, _p in log_files(self.data_dir, wal.name)]
-        return max(on_disk + [self._suspended.pop(wal.name, 0)]) + 1
-
-    def _suspend(self, wal) -> None:
-        """Suspend a log, remembering its generation (``_next_generation``)."""
-        gen = wal.config()[0]
-        if gen:
-            self._suspended[wal.name] = max(gen, self._suspended.get(wal.name, 0))
-        wal.suspend()
+        return max(on_disk + [wal.suspended_at()]) + 1
 
     def _opened(self, s: Stream) -> bool:
         """Whether every partition of a durable stream is configured for our data dir."""
@@ -780,7 +772,7 @@ class Snapshotter:
                             self.open_wal(q)
                         else:
                             for lane in lanes_of(q):
-                                self._suspend(lane.wal)
+                                lane.wal.suspend()
                 except QueueNotFound:
                     pass
             for s in self._each_stream():
@@ -791,7 +783,7 @@ class Snapshotter:
                         self.open_stream(s)
                     else:
                         for p in range(s.partitions):
-                            self._suspend(s._part(p).log)
+                            s._part(p).log.suspend()
                 except (StreamNotFound, OSError):
                     pass
             self._lost = not present  # last: until now, the other thread waits above
@@ -867,7 +859,7 @@ class Snapshotter:
         os.fsync(entry[2])
         if os.fstat(entry[2]).st_nlink == 0:  # deleted under us: its entries are nowhere
             log.error("the log of %s was deleted; its logged writes fail until it is reopened", wal.what)
-            self._suspend(wal)
+            wal.suspend()
             return 0
         wal.mark_synced(gen, size)
         return 1

@@ -217,6 +217,39 @@ def test_wal_puts_fail_while_the_data_dir_is_gone(broker, tmp_path, start_server
         assert srv.stop() == 0
 
 
+def test_a_log_an_appender_suspended_reopens_past_its_generation(broker, tmp_path):
+    """With fsync ``always`` the appender finds the deleted log first and suspends it, so
+    the broker never sees the generation it had: the reopen must still go past it, or a
+    writer's descriptor for that number (into the deleted directory) is used again, the
+    appender suspends the log again, and puts are refused for as long as the numbers
+    meet (before: until the snapshot rounds' rotations happened to step past it)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    snap = Snapshotter(broker, str(data), wal_mode=L.WAL_ALWAYS, wal_batch_ms=0)
+    q = broker.create_queue("q", durability="wal")
+    other = broker.queue("q")  # another writer: a descriptor of its own
+    snap.open_wal(q)
+    snap.run_once()  # a snapshot round rotates the log: generation 2, as a reopen and a round would give
+    q.put(b"one")
+    other.put(b"two")
+    had = q.wal.config()[0]
+    shutil.rmtree(data)
+    with pytest.raises(shmq.StorageError, match="is gone"):
+        q.put(b"lost")  # the appender finds out, and suspends the log
+    assert q.wal.config()[0] == 0 and q.wal.suspended_at() == had
+    assert q.wal.fd is None  # its descriptor into the deleted file is closed
+    data.mkdir()
+    snap.run_once()  # the data dir is back: the log reopens past the generation it had
+    assert q.wal.config()[0] > had and q.wal.suspended_at() == 0
+    for writer in (q, other, q, other):  # and through rotations, no writer finds a deleted log
+        writer.put(b"after")
+        snap.run_once()
+    assert q.wal.config()[0] > 0
+    snap.close()
+    q.close()
+    other.close()
+
+
 _SMALL_SHM = textwrap.dedent("""
     import json, sys
     import shmq

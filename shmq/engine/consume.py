@@ -29,6 +29,9 @@ _REC = L.REC_SIZE
 _REC_UNPACK = L.REC.unpack_from
 _HOT_UNPACK = L.HOT.unpack_from
 _HOT_OFF = L.HOT_OFF
+assert L.HOT_FIELDS == ("deleted", "tail", "next_id", "pwait", "pposted", "_pad5", "_pad6", "_pad7", "head", "frontier",
+                        "ready_pos", "requeued", "in_flight", "delayed", "next_deadline", "next_liveness", "ready",
+                        "cwait", "cposted"), "the plain take below unpacks the control words in this order"
 _READY, _LEASED, _ACKED, _PAD = L.READY, L.LEASED, L.ACKED, L.PAD
 _R_DEADLINE, _R_MSG_ID = L.R_DEADLINE, L.R_MSG_ID
 _TTL = L.FLAG_TTL
@@ -201,8 +204,8 @@ class Consuming:
         if rc:
             self._lock_contended(rc, _lock_deadline(timeout), QueueEmpty)
         try:
-            (deleted, head, tail, pos, _rp, requeued, _nid, ready, inflight, _dl, next_deadline, next_liveness,
-             _cw, _cp, _pw, _pp) = _HOT_UNPACK(mm, _HOT_OFF)
+            (deleted, tail, _nid, _pw, _pp, _x5, _x6, _x7, head, pos, _rp, requeued, inflight, _dl, next_deadline,
+             next_liveness, ready, _cw, _cp) = _HOT_UNPACK(mm, _HOT_OFF)
             now = _mono()
             off = pos % cap
             if (pos < tail and not requeued and not deleted and cap - off >= _REC

@@ -34,8 +34,8 @@ __all__ = [
 ]
 
 MAGIC = b"SHMQ"
-LAYOUT_VERSION = 3  # 2: the options block, the extra words, the dedup table, record extensions; 3: lanes, a cache
-# line per process slot with its share of the counters
+LAYOUT_VERSION = 4  # 2: the options block, the extra words, the dedup table, record extensions; 3: lanes, a cache
+# line per process slot with its share of the counters; 4: the control words on a line per side
 ALIGN = 8
 
 # --- message states (low byte of the status word) ---------------------------------
@@ -89,11 +89,16 @@ WALCFG = struct.Struct("<QIIH150s")
 WALCFG_OFF = 328
 MUTEX_OFF = 512
 HOT_OFF = 576
-HOT_FIELDS = (
-    "deleted", "head", "tail", "frontier", "ready_pos", "requeued", "next_id",
-    "ready", "in_flight", "delayed", "next_deadline", "next_liveness",
-    "cwait", "cposted", "pwait", "pposted",
+# the control words, a cache line for each side (issue 21): what puts write, what takes and acks
+# write, and the line both write, which every put also reads. A put reads the consumers' line
+# (head) and a take the producers' (tail), but under one lock only the writes make lines bounce:
+# producers alone never touch the consumers' line, consumers alone never the producers'.
+HOT_LINES = (
+    ("deleted", "tail", "next_id", "pwait", "pposted", None, None, None),
+    ("head", "frontier", "ready_pos", "requeued", "in_flight", "delayed", "next_deadline", "next_liveness"),
+    ("ready", "cwait", "cposted"),  # then the counters, written rarely (the totals are per process)
 )
+HOT_FIELDS = tuple(f if f else f"_pad{i}" for i, f in enumerate(f for line in HOT_LINES for f in line))
 HOT = struct.Struct("<%dQ" % len(HOT_FIELDS))
 COUNTERS_OFF = HOT_OFF + HOT.size
 COUNTER_FIELDS = ("acked_total", "redelivered_total", "dead_lettered_total", "purged_total", "repairs")
@@ -139,10 +144,12 @@ DEDUP_SLOTS = 4096
 DEDUP_PROBES = 64
 
 # --- control words, as indices into the segment viewed as 64-bit words -------------------
-(
-    I_DELETED, I_HEAD, I_TAIL, I_FRONTIER, I_READY_POS, I_REQUEUED, I_NEXT_ID, I_READY,
-    I_INFLIGHT, I_DELAYED, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_CWAIT, I_CPOSTED, I_PWAIT, I_PPOSTED,
-) = range(HOT_OFF >> 3, (HOT_OFF >> 3) + len(HOT_FIELDS))
+_HOT_W = {f: (HOT_OFF >> 3) + i for i, f in enumerate(HOT_FIELDS)}
+I_DELETED, I_HEAD, I_TAIL, I_FRONTIER, I_READY_POS, I_REQUEUED, I_NEXT_ID, I_READY = (
+    _HOT_W[f] for f in ("deleted", "head", "tail", "frontier", "ready_pos", "requeued", "next_id", "ready"))
+I_INFLIGHT, I_DELAYED, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_CWAIT, I_CPOSTED, I_PWAIT, I_PPOSTED = (
+    _HOT_W[f] for f in ("in_flight", "delayed", "next_deadline", "next_liveness", "cwait", "cposted", "pwait",
+                        "pposted"))
 I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = range(
     COUNTERS_OFF >> 3, (COUNTERS_OFF >> 3) + len(COUNTER_FIELDS))
 I_WAL_SIZE, I_WAL_SYNCED = WAL_WORDS_OFF >> 3, (WAL_WORDS_OFF >> 3) + 1
@@ -156,7 +163,7 @@ P_CWAIT, P_PWAIT, P_ACKED, P_REDELIVERED = 2, 3, 4, 5
 # write-ahead log fsync modes (WALCFG); SUSPENDED, with generation 0: the data dir vanished
 WAL_NEVER, WAL_ALWAYS, WAL_BATCH, WAL_SUSPENDED = 0, 1, 2, 3
 
-assert HOT_OFF >= MUTEX_OFF + 64 and COUNTERS_OFF + COUNTERS.size <= PROCS_OFF
+assert HOT_OFF >= MUTEX_OFF + 64 and HOT_OFF % 64 == 0 and COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF
 assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= MUTEX_OFF
 assert COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF and WAL_WORDS_OFF + 16 <= TIMENS_OFF < PROCS_OFF
 assert TIMENS_OFF + 8 <= LANE_SLEEPERS_OFF and LANE_SLEEPERS_OFF + 8 <= OPTS_OFF
@@ -264,7 +271,8 @@ def c_header() -> str:
              "#ifndef SHMQ_LAYOUT_H", "#define SHMQ_LAYOUT_H", ""]
     lines += [f"#define {k} {v}" for k, v in defines.items()]
     lines.append("/* control words, from HOT_W; counters, from COUNTERS_W */")
-    lines.append("enum { " + ", ".join(f"H_{f.upper()} = {i}" for i, f in enumerate(HOT_FIELDS)) + " };")
+    lines.append("enum { " + ", ".join(f"H_{f.upper()} = {i}" for i, f in enumerate(HOT_FIELDS)
+                                      if not f.startswith("_")) + " };")
     lines.append("enum { " + ", ".join(f"C_{f.upper()} = {i}" for i, f in enumerate(COUNTER_FIELDS)) + " };")
     lines += ["", "#endif", ""]
     return "\n".join(lines)

@@ -171,8 +171,17 @@ class Log:
             o._release()
 
     def _suspend(self):
-        _gen, _mode, _ms, n, raw = L.WALCFG.unpack_from(self._o._mm, self._cfg)
-        L.WALCFG.pack_into(self._o._mm, self._cfg, 0, L.WAL_SUSPENDED, 0, n, raw)
+        """Generation 0, mode SUSPENDED; the batch-ms field keeps the generation the log
+        had (``suspended_at``), whoever suspended it: every process's descriptor for it
+        points into the file that went, so a reopen must continue after it."""
+        gen, mode, ms, n, raw = L.WALCFG.unpack_from(self._o._mm, self._cfg)
+        had = ms if not gen and mode == L.WAL_SUSPENDED else min(gen, 0xFFFFFFFF)
+        L.WALCFG.pack_into(self._o._mm, self._cfg, 0, L.WAL_SUSPENDED, had, n, raw)
+
+    def suspended_at(self) -> int:
+        """The generation a suspended log had (0 if it is not suspended)."""
+        gen, mode, ms, _n, _raw = L.WALCFG.unpack_from(self._o._mm, self._cfg)
+        return ms if not gen and mode == L.WAL_SUSPENDED else 0
 
     # --------------------------------------------------------------- appending (lock held)
     def append(self, data: bytes) -> None:
@@ -196,6 +205,7 @@ class Log:
                 os.fsync(fd)
                 if os.fstat(fd).st_nlink == 0:  # synced into a file no one can find again
                     self._suspend()
+                    self.close()  # (never used again, whatever generation comes next)
                     raise FileNotFoundError(errno.ENOENT, "the log file was deleted (is the data directory gone?)")
         except OSError as e:
             if mq[gen_w] == gen and self.fd is not None and self.fd[0] == gen:

@@ -24,6 +24,7 @@ from .lock import BrokerLock
 from .logsync import LogSyncer
 from .loops import loop_name
 from .metrics import NO_METRICS, Metrics
+from .periodic import Periodic
 from .tcp import TcpServer
 
 __all__ = ["serve", "parse_fsync", "HOUSEKEEPING_INTERVAL_S"]
@@ -155,46 +156,24 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         if ready is not None:
             ready(server.port)
 
-        async def every(seconds, work, what, first=True):
-            """Run ``work`` in a thread every ``seconds`` until stopped (and once more
-            after, unless ``first``); a failure is logged and the loop goes on. The rate
-            is fixed, start to start: a run begins ``seconds`` after the previous one
-            began (at once if that one took longer), so a power loss costs at most one
-            interval plus the duration of one run. The last run begins after the stop (a
-            run the stop came during is followed by one more), so it sees every write
-            answered before the stop."""
-            due = loop.time()
-            while True:
-                if first or stop.is_set():
-                    last = stop.is_set()
-                    try:
-                        await asyncio.to_thread(work)
-                    except Exception:
-                        log.exception("%s failed; trying again in %.2fs", what, seconds)
-                    if last:
-                        return
-                first = True
-                due = max(due + seconds, loop.time())
-                try:
-                    await asyncio.wait_for(stop.wait(), due - loop.time())
-                except asyncio.TimeoutError:
-                    pass
-
-        tasks = [asyncio.create_task(every(HOUSEKEEPING_INTERVAL_S, keeper.run_once, "housekeeping"))]
+        periodic = [Periodic(HOUSEKEEPING_INTERVAL_S, keeper.run_once, "housekeeping").start()]
         if snapshotter is not None:
-            # the snapshot loop ends with a last snapshot after the stop
+            # the snapshot runs end with a last snapshot after the stop
             def snapshot_round():  # at info the last one, after the stop
                 _snapshot(snapshotter, snapshot_interval, logging.INFO if stop.is_set() else logging.DEBUG)
 
-            tasks.append(asyncio.create_task(every(snapshot_interval, snapshot_round, "snapshot", first=False)))
+            periodic.append(Periodic(snapshot_interval, snapshot_round, "snapshot", first=False).start())
         await stop.wait()
+        for p in periodic:
+            p.stop()
         log.info("stopping: answering what is in flight")
         withdraw(runtime_file)
         await server.stop()
         await asyncio.to_thread(exporter.close)
         if syncer is not None:
             await asyncio.to_thread(syncer.stop)  # with a last round
-        await asyncio.gather(*tasks)  # the snapshot task ends with a last snapshot
+        for p in periodic:  # the snapshot thread ends with a last snapshot
+            await asyncio.to_thread(p.join)
         keeper.close()
         if snapshotter is not None:
             snapshotter.close()
