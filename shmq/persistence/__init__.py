@@ -1,0 +1,36 @@
+"""Snapshots of queues and streams to .dmsq files, and what a reboot lost rebuilt from them.
+
+Strategy: shared memory survives any process crash, the broker's included, but not a
+reboot. A snapshot copies a queue's unsettled messages, or each stream partition's
+records (the lock is held only for one copy of the ring), and writes them with
+``shmq.dmsq`` (temp file, fsync, rename, directory fsync), so a crash mid-snapshot leaves
+the previous file whole. On start, a queue or stream whose segments are still there is
+kept as it is (memory is newer than any file); one whose segments are gone is rebuilt
+from its files. A damaged file (snapshot or log) is replayed up to the damage, set aside
+as ``.corrupt`` and reported in one line; start-up goes on. A full disk or a vanished
+data directory is reported, never fatal: snapshots are retried every interval, and while
+the directory is gone every logged write fails (``Log.suspend``) rather than return
+without a log behind it.
+
+A stream partition's files are named ``@STREAM#P`` (``wal.partition_log_name``):
+``@STREAM#P.dmsq`` (its snapshot), ``@STREAM#P.wal.N`` (its logs, which stay as the long
+tail until retention deletes whole files) and ``@STREAM#P.hwm`` (a snapshot stream's
+high-water file). A laned queue's snapshot is one file, its lanes' logs are each lane's
+(``NAME.wal.N``, ``NAME#1.wal.N``, ...: ``segment.lane_name``). The namespace's exchanges and bindings are one file,
+``exchanges.dmsx`` (``dmsq.EXCHANGES_FILE``), written when the table changes and read back
+only when shared memory has no table. Layouts: docs/FORMAT.md; the promises:
+docs/DESIGN.md, Persistence.
+
+Modules: ``files`` (a data dir's files, and damaged ones set aside), ``queues`` (a queue's
+snapshot, restore, rebuild), ``streams`` (a stream's), ``recovery`` (on start), and
+``snapshotter`` (the broker's rounds, the logs opened and suspended with the data dir).
+"""
+
+from .files import is_data_file, remove_data_dir, snapshot_path
+from .queues import restore_file, snapshot_queue
+from .recovery import recover
+from .snapshotter import Snapshotter
+from .streams import apply_retention, snapshot_stream
+
+__all__ = ["snapshot_path", "snapshot_queue", "snapshot_stream", "apply_retention", "restore_file", "recover",
+           "Snapshotter", "is_data_file", "remove_data_dir"]

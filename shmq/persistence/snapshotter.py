@@ -1,0 +1,377 @@
+"""The broker's side of persistence: snapshot rounds, opening and suspending the logs
+with the data dir, and the batch fsync rounds' work (``server.logsync`` runs them)."""
+
+import logging
+import os
+import threading
+
+from .. import dmsq
+from ..engine.broker import Broker
+from ..engine.stream import Stream
+from ..engine.wal import log_files, partition_log_name
+from ..errors import QueueNotFound, StreamNotFound
+from .files import lanes_of, owner_of, snapshot_path
+from .queues import snapshot_queue
+from .streams import apply_retention, snapshot_stream
+
+log = logging.getLogger("shmq.persistence")
+
+_EXCHANGES = "#exchanges"  # the exchange table's key in Snapshotter._failing (no queue has "#" in its name)
+
+
+class Snapshotter:
+    """Snapshots every queue and stream whose durability is not "memory" into
+    ``data_dir``, opens the write-ahead log of every "wal" queue and stream partition
+    there (and a snapshot stream's high-water file), fsyncs the logs in batch mode, and
+    applies the retention of "wal" streams' logs."""
+
+    def __init__(self, broker: Broker, data_dir: str, fsync: bool = True, wal_mode: int = 2, wal_batch_ms: int = 2):
+        self.broker = broker
+        self.data_dir = data_dir
+        self.fsync = fsync
+        self.wal_mode = wal_mode
+        self.wal_batch_ms = wal_batch_ms
+        # queue name -> [attached queue, generation of fd, fd or None, {lane: [lane, generation, fd]} of lanes 1..]
+        self._logs = {}  # for sync_logs
+        self._stream_logs = {}  # "@NAME" -> [attached Stream, {partition: [log, generation of fd, fd or None]}]
+        self._failing = {}  # name -> the snapshot error last logged
+        self._exchanges_saved = None  # the exchange table last written
+        self.last_round = {}  # what the last run_once wrote
+        self._written = {}  # snapshot path -> what it says (``snapshot_queue``): unchanged ones are not rewritten
+        self._lost = False  # the data dir vanished
+        self.log_dirs = set()  # where the logs were at the last settled sync_logs
+        self._dir_lock = threading.Lock()  # one thread at a time handles its coming and going
+        os.makedirs(data_dir, mode=0o700, exist_ok=True)
+
+    def open_wal(self, x) -> None:
+        """Point a "wal" queue's log at our data dir, in a generation after any on disk;
+        a Stream goes to ``open_stream``."""
+        if isinstance(x, Stream):
+            self.open_stream(x)
+            return
+        if x.durability != "wal":
+            return
+        lanes = lanes_of(x)
+        if len(lanes) > 1 and not os.path.exists(snapshot_path(self.data_dir, x.name)):
+            snapshot_queue(x, self.data_dir, self.fsync)  # first: its lanes' logs alone would not say how many
+        for q in lanes:
+            self._open_log(q)
+
+    def _open_log(self, q) -> None:
+        gen, _mode, _ms, directory = q.wal.config()
+        if gen and directory == os.path.abspath(self.data_dir):
+            q.wal.configure(self.data_dir, self.wal_mode, self.wal_batch_ms)  # keep its generation
+            return
+        q.wal.configure(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=self._next_generation(q.wal))
+
+    def _next_generation(self, wal) -> int:
+        """A generation for a log (re)opened here: after any on disk, and after the one it
+        had when it was suspended (a data dir deleted and made again is empty, and its
+        writers' descriptors for the old generation number point into the deleted one)."""
+        on_disk = [g for g, _p in log_files(self.data_dir, wal.name)]
+        return max(on_disk + [wal.suspended_at()]) + 1
+
+    def _opened(self, s: Stream) -> bool:
+        """Whether every partition of a durable stream is configured for our data dir."""
+        here = os.path.abspath(self.data_dir)
+        return all(c[0] and c[3] == here for c in (s._part(p).log.config() for p in range(s.partitions)))
+
+    def open_stream(self, s: Stream) -> bool:
+        """Configure a durable stream's partitions for our data dir (a stream already
+        configured keeps its log generations). A "wal" stream is snapshotted first, so
+        no log is ever on disk without the settings that rebuild it, then each
+        partition's log opens in a generation after any on disk, with its disk tail
+        where the oldest log begins; a "snapshot" stream starts its high-water marks,
+        then is snapshotted. Files of a deleted stream of the same name go first.
+        Returns True if it snapshotted."""
+        if s.durability == "memory":
+            return False
+        if self._opened(s):
+            for p in range(s.partitions):
+                s._part(p).log.configure(self.data_dir, self.wal_mode, self.wal_batch_ms)
+            return False
+        self._forget_stale(s)
+        if s.durability == "wal":
+            snapshot_stream(s, self.data_dir, self.fsync)
+        for p in range(s.partitions):
+            part = s._part(p)
+            part.log.configure(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=self._next_generation(part.log))
+            if s.durability == "wal":
+                firsts = [first for _g, first, _path in part.disk_files() if first is not None]
+                part.set_disk_first(firsts[0] if firsts else None)
+            else:
+                part.start_marks()
+        if s.durability != "wal":
+            snapshot_stream(s, self.data_dir, self.fsync)
+        return True
+
+    def _forget_stale(self, s: Stream) -> None:
+        """Remove the files of a deleted stream that had this one's name: their snapshot
+        says another creation time (a stream rebuilt from them keeps theirs)."""
+        created = int(s.created_at * 1e9)
+        for p in range(s.partitions):
+            path = snapshot_path(self.data_dir, partition_log_name(s.name, p))
+            try:
+                with dmsq.SnapshotReader(path) as r:
+                    theirs = r.header.created_ns if r.header is not None else created
+            except FileNotFoundError:
+                continue
+            if theirs != created:
+                for entry in os.listdir(self.data_dir):
+                    if owner_of(entry) == "@" + s.name:
+                        os.unlink(os.path.join(self.data_dir, entry))
+                log.warning("data dir %s: removed the files of an earlier stream %s", self.data_dir, s.name)
+                return
+
+    def _each(self, names, attach, gone):
+        """Attach to each of ``names`` in turn (closed after use; one deleted meanwhile,
+        ``gone``, is passed over)."""
+        for name in names:
+            try:
+                handle = attach(name)
+            except gone:
+                continue
+            try:
+                yield handle
+            finally:
+                handle.close()
+
+    def _each_queue(self):
+        return self._each(self.broker.list_queues(), self.broker.queue, QueueNotFound)
+
+    def _each_stream(self):
+        return self._each(self.broker.list_streams(), self.broker.stream, StreamNotFound)
+
+    def run_once(self) -> int:
+        """One snapshot of every durable queue and stream; returns how many files were
+        written. Then the retention of "wal" streams' logs. Files of queues and streams
+        deleted since (or made "memory") are removed. A snapshot that fails (a full disk)
+        is logged once, keeps the previous file, and is retried. ``last_round`` says
+        what the round wrote: queues, messages, streams, files."""
+        self.last_round = {"queues": 0, "messages": 0, "streams": 0, "files": 0}
+        if not self.data_dir_present():
+            return 0
+        written = 0
+        keep = set()
+        for q in self._each_queue():
+            try:
+                if q.durability == "wal" and not all(lane.wal.config()[0] for lane in lanes_of(q)):
+                    self.open_wal(q)
+                if q.durability != "memory":
+                    keep.add(q.name)
+                    _path, n = snapshot_queue(q, self.data_dir, self.fsync, self._written)
+                    written += 1
+                    self.last_round["queues"] += 1
+                    self.last_round["messages"] += n
+                    self._report(q.name, None)
+            except QueueNotFound:
+                pass  # deleted meanwhile
+            except OSError as e:
+                self._report(q.name, f"cannot write the snapshot of queue {q.name} to {self.data_dir}: {e}")
+        for s in self._each_stream():
+            if s.durability == "memory":
+                continue
+            keep.add("@" + s.name)
+            try:
+                configured = all(s._part(p).log.config()[0] for p in range(s.partitions))
+                if configured or not self.open_stream(s):  # (one configured elsewhere stays so)
+                    snapshot_stream(s, self.data_dir, self.fsync, self._written)
+                written += s.partitions
+                self.last_round["streams"] += 1
+                if s.durability == "wal":
+                    apply_retention(s)
+                self._report("@" + s.name, None)
+            except StreamNotFound:
+                pass
+            except OSError as e:
+                self._report("@" + s.name, f"cannot write the snapshot of stream {s.name} to {self.data_dir}: {e}")
+        for entry in os.listdir(self.data_dir):
+            owner = owner_of(entry)
+            if owner is not None and owner not in keep:
+                os.unlink(os.path.join(self.data_dir, entry))
+                self._written.pop(os.path.join(self.data_dir, entry), None)
+        self._save_exchanges()
+        self.last_round["files"] = written
+        return written
+
+    def _save_exchanges(self) -> None:
+        """Write the exchange table (``dmsq.EXCHANGES_FILE``) when it changed since the
+        last write; a namespace without exchanges has no file."""
+        path = os.path.join(self.data_dir, dmsq.EXCHANGES_FILE)
+        table = self.broker.exchange_table().table()
+        if table == self._exchanges_saved and os.path.exists(path) == bool(table):
+            return
+        try:
+            if table:
+                dmsq.write_exchanges(path, table, self.fsync)
+            elif os.path.exists(path):
+                os.unlink(path)
+            self._exchanges_saved = table
+            self._report(_EXCHANGES, None)
+        except OSError as e:
+            self._report(_EXCHANGES, f"cannot write the exchange table to {self.data_dir}: {e}")
+
+    def _report(self, name: str, error: str | None) -> None:
+        """Log a snapshot failure when it starts or changes, and its end."""
+        before = self._failing.get(name)
+        if error == before:
+            return
+        what = f"stream {name[1:]}" if name.startswith("@") else f"queue {name}"
+        if name == _EXCHANGES:
+            what = "the exchange table"
+        if error is None:
+            del self._failing[name]
+            log.info("snapshot of %s written again", what)
+        else:
+            self._failing[name] = error
+            log.error("%s; retrying every interval", error)
+
+    def data_dir_present(self) -> bool:
+        """Whether the data directory is there. When it vanishes, every "wal" queue's and
+        durable stream's log config is suspended (logged writes fail); when it is back,
+        they are opened again. The snapshot and fsync threads both ask: one makes the
+        change, the other waits for it to be complete (else a late reopen could undo a
+        rotation the other had snapshotted, and that snapshot would delete a log holding
+        puts it does not)."""
+        present = os.path.isdir(self.data_dir)
+        if present == (not self._lost):
+            return present
+        with self._dir_lock:
+            present = os.path.isdir(self.data_dir)
+            if present == (not self._lost):
+                return present
+            if present:
+                log.warning("data dir %s is back: write-ahead logs reopened", self.data_dir)
+            else:
+                log.error("data dir %s is gone: puts and acks of 'wal' queues and appends to 'wal' streams fail "
+                          "until it is back", self.data_dir)
+            for q in self._each_queue():
+                try:
+                    if q.durability == "wal":
+                        if present:
+                            self.open_wal(q)
+                        else:
+                            for lane in lanes_of(q):
+                                lane.wal.suspend()
+                except QueueNotFound:
+                    pass
+            for s in self._each_stream():
+                try:
+                    if s.durability == "memory":
+                        continue
+                    if present:
+                        self.open_stream(s)
+                    else:
+                        for p in range(s.partitions):
+                            s._part(p).log.suspend()
+                except (StreamNotFound, OSError):
+                    pass
+            self._lost = not present  # last: until now, the other thread waits above
+        return present
+
+    def sync_logs(self, settled: bool = False) -> int:
+        """fsync the log of every "wal" queue and stream partition that has entries not
+        yet synced (the ``batch:MS`` policy: ``server.logsync.LogSyncer`` calls this while
+        logs are written). Queues and streams stay attached and logs open between calls.
+        Returns how many logs were synced. ``settled``: also count appends still between
+        their write and their size word (``Log.pending``), and note in ``log_dirs`` the
+        directories the logs are in."""
+        if settled:
+            self.log_dirs = set()
+        if not self.data_dir_present():
+            return 0
+        names = set(self.broker.list_queues())
+        for name in [n for n, entry in self._logs.items() if n not in names or entry[0].deleted]:
+            self._forget_log(name)
+        synced = 0
+        for name in names:
+            entry = self._logs.get(name)
+            if entry is None:
+                try:
+                    entry = self._logs[name] = [self.broker.queue(name), 0, None, {}]
+                except QueueNotFound:
+                    continue
+            if entry[0].durability == "wal":
+                for j, lane in enumerate(lanes_of(entry[0])):  # [handle, generation, fd] of lane 0, then of the others
+                    synced += self._sync(lane.wal, entry if not j else entry[3].setdefault(j, [lane, 0, None]), settled)
+        streams = {"@" + n for n in self.broker.list_streams()}
+        for key in [k for k, entry in self._stream_logs.items() if k not in streams or entry[0].deleted]:
+            self._forget_stream(key)
+        for key in streams:
+            entry = self._stream_logs.get(key)
+            if entry is None:
+                try:
+                    s = self.broker.stream(key[1:])
+                except StreamNotFound:
+                    continue
+                entry = self._stream_logs[key] = [s, {}]
+            s = entry[0]
+            if s.durability != "wal":
+                continue
+            for p in range(s.partitions):
+                try:
+                    part = entry[1].setdefault(p, [s._part(p), 0, None])
+                    synced += self._sync(part[0].log, part, settled)
+                except StreamNotFound:
+                    break
+        return synced
+
+    def _sync(self, wal, entry, settled=False) -> int:
+        """fsync one log if it has entries not yet synced; ``entry`` is [owner, generation
+        of fd, fd or None], kept between rounds. Returns 1 if it synced."""
+        pending = wal.pending(settled)
+        if settled:
+            gen, _mode, _ms, directory = wal.config()
+            if gen:
+                self.log_dirs.add(directory)
+        if pending is None:
+            return 0
+        gen, size = pending
+        if entry[1] != gen or entry[2] is None:
+            if entry[2] is not None:
+                os.close(entry[2])
+                entry[2] = None
+            try:
+                entry[2] = os.open(wal.path(gen), os.O_RDONLY)
+            except FileNotFoundError:
+                return 0
+            entry[1] = gen
+        os.fsync(entry[2])
+        if os.fstat(entry[2]).st_nlink == 0:  # deleted under us: its entries are nowhere
+            log.error("the log of %s was deleted; its logged writes fail until it is reopened", wal.what)
+            wal.suspend()
+            return 0
+        wal.mark_synced(gen, size)
+        return 1
+
+    def _forget_log(self, name: str) -> None:
+        q, _gen, fd, lanes = self._logs.pop(name)
+        for _lane, _g, lane_fd in lanes.values():
+            if lane_fd is not None:
+                os.close(lane_fd)
+        if fd is not None:
+            os.close(fd)
+        q.close()
+
+    def _forget_stream(self, key: str) -> None:
+        s, parts = self._stream_logs.pop(key)
+        for _part, _gen, fd in parts.values():
+            if fd is not None:
+                os.close(fd)
+        s.close()
+
+    def close(self) -> None:
+        """Detach what ``sync_logs`` kept attached and open."""
+        for name in list(self._logs):
+            self._forget_log(name)
+        for key in list(self._stream_logs):
+            self._forget_stream(key)
+
+    def open_all_wals(self) -> None:
+        for q in self._each_queue():
+            self.open_wal(q)
+        for s in self._each_stream():
+            try:
+                self.open_stream(s)
+            except StreamNotFound:
+                pass
