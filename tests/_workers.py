@@ -9,6 +9,21 @@ import time
 import shmq
 
 
+class StopFlag:
+    """A stop signal for processes the test SIGKILLs: ``multiprocessing.Event.is_set``
+    takes the event's lock, and a process killed holding it blocks every later ``set``
+    (a hang seen in CI). One byte of shared memory, no lock: ``set``, ``is_set``."""
+
+    def __init__(self, ctx):
+        self._flag = ctx.RawValue("b", 0)
+
+    def set(self):
+        self._flag.value = 1
+
+    def is_set(self):
+        return bool(self._flag.value)
+
+
 def _log(f, line):
     f.write(line + "\n")
     f.flush()

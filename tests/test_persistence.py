@@ -170,7 +170,7 @@ def test_sigkill_the_broker_under_load_loses_nothing(broker, tmp_path, durabilit
 
     srv = ServerProcess(broker.namespace, "--data-dir", str(tmp_path / "data"), "--snapshot-interval", "0.05")
     publish(srv.url)
-    stop = ctx.Event()
+    stop = w.StopFlag(ctx)  # (a process polling it is killed)
     procs = [ctx.Process(target=w.chaos_producer, args=(broker.namespace, "q", f"p{i}", str(tmp_path / f"p{i}"), stop))
              for i in range(2)]
     procs.append(ctx.Process(target=w.chaos_consumer, args=(broker.namespace, "q", str(tmp_path / "c0"))))

@@ -274,7 +274,7 @@ def test_a_storm_of_members_joining_leaving_and_killed_skips_nothing(broker, tmp
     group has committed every record, and every append that returned is in the log."""
     rnd = random.Random(20)
     s = broker.create_stream("events", partitions=STORM_PARTITIONS, max_bytes=4 << 20, durability="memory")
-    stop_appending, stop_members = SPAWN.Event(), SPAWN.Event()
+    stop_appending, stop_members = w.StopFlag(SPAWN), w.StopFlag(SPAWN)  # (their pollers are killed)
     procs, counter = {}, [0]
 
     def start(kind):

@@ -106,7 +106,7 @@ def test_random_sigkills_lose_nothing(broker, tmp_path, kind):
     lanes = 2 if kind == "laned" else 1
     q = broker.create_queue("q", max_bytes=lanes * 64 * 1024, visibility_timeout=300.0,
                             priorities=3 if options else 1, lanes=lanes)
-    stop = SPAWN.Event()
+    stop = w.StopFlag(SPAWN)  # (the producers polling it are killed at random)
     procs = {}
     counter = [0]
 

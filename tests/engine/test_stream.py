@@ -104,7 +104,7 @@ def test_a_sigkilled_member_is_found_and_the_others_resume_from_the_last_commit(
     s = broker.create_stream("events", partitions=4, max_bytes=1 << 18)
     for p in range(4):
         s.append_many([b"%d-%d" % (p, i) for i in range(200)], partition=p)
-    ready, stop = SPAWN.Event(), SPAWN.Event()
+    ready, stop = SPAWN.Event(), w.StopFlag(SPAWN)  # (the victim polling stop is killed)
     out_victim = tmp_path / "victim.log"
     victim = SPAWN.Process(target=w.stream_member, args=(broker.namespace, "events", "g", str(out_victim), ready, stop))
     victim.start()
