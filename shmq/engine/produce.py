@@ -5,6 +5,7 @@ the ring and takes batches all or nothing. Part of ``Queue`` (``queue.py``).
 
 import time
 from collections.abc import Iterable, Sequence
+from functools import partial
 
 from .. import dmsq
 from ..errors import MessageTooLarge, LockTimeout, QueueFull
@@ -116,9 +117,8 @@ class Producing:
             try:
                 r = _fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
                 if r == _F_FULL:
-                    r, waited, left = self._wait_room_fast(
-                        r, lambda wait: _fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen, wait), size,
-                        timeout)
+                    r, waited, left = self._wait_room_fast(  # (a partial: a lambda here would make put's locals cells)
+                        r, partial(_fast_put, self._segp, self._base, cap, body, hraw, now, fd, gen), size, timeout)
                     if r <= 0:  # the general append (uncounting a sleep still counted)
                         return self._append(((body, hraw, size),), left, waited=waited)[0]
             except OSError as e:
@@ -193,8 +193,8 @@ class Producing:
                 total = sum((_REC + 7 + len(b) + len(h)) & -8
                             for b, h in zip(bodies, [hraws] * len(bodies) if type(hraws) is bytes else hraws))
                 r, waited, timeout = self._wait_room_fast(
-                    r, lambda wait: _fast_put_many(self._segp, self._base, self._cap, bodies, hraws,
-                                                   self.max_message_bytes, now, wait), total, timeout)
+                    r, partial(_fast_put_many, self._segp, self._base, self._cap, bodies, hraws, self.max_message_bytes,
+                               now), total, timeout)
             if type(r) is tuple:
                 first, post = r
                 for _ in range(post):
