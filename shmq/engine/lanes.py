@@ -24,6 +24,7 @@ import threading
 import time
 import weakref
 import zlib
+from functools import partial
 
 from ..errors import QueueEmpty, QueueFull
 from . import layout as L
@@ -79,6 +80,11 @@ def _turn(q, word) -> int:
         return n
     finally:
         q._release()
+
+
+def _put_one(body, headers, priority, delay, ttl, group, dedup_id, q, timeout):
+    """``LanedQueue.put``'s call of one lane's put (``_put_into``'s ``call``)."""
+    return q.put(body, headers, timeout, priority, delay, ttl, group, dedup_id)
 
 
 class LanedQueue:
@@ -220,8 +226,8 @@ class LanedQueue:
                 if not delay:
                     self._woken(own, 1)
                 return msg_id
-        q, msg_id = self._put_into(
-            lambda q, t: q.put(body, headers, t, priority, delay, ttl, group, dedup_id), pinned, timeout)
+        q, msg_id = self._put_into(  # (a partial: a lambda here would make put's locals cells)
+            partial(_put_one, body, headers, priority, delay, ttl, group, dedup_id), pinned, timeout)
         if not delay:
             self._woken(q, 1)
         return msg_id
