@@ -163,7 +163,7 @@ P_CWAIT, P_PWAIT, P_ACKED, P_REDELIVERED = 2, 3, 4, 5
 # write-ahead log fsync modes (WALCFG); SUSPENDED, with generation 0: the data dir vanished
 WAL_NEVER, WAL_ALWAYS, WAL_BATCH, WAL_SUSPENDED = 0, 1, 2, 3
 
-assert HOT_OFF >= MUTEX_OFF + 64 and HOT_OFF % 64 == 0 and COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF
+assert HOT_OFF >= MUTEX_OFF + 64 and HOT_OFF % 64 == 0  # (the lines of HOT_LINES are cache lines)
 assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= MUTEX_OFF
 assert COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF and WAL_WORDS_OFF + 16 <= TIMENS_OFF < PROCS_OFF
 assert TIMENS_OFF + 8 <= LANE_SLEEPERS_OFF and LANE_SLEEPERS_OFF + 8 <= OPTS_OFF
