@@ -407,3 +407,87 @@ def test_a_snapshot_that_would_say_the_same_is_not_written_again(broker, tmp_pat
         assert os.path.exists(inodes() and files["q.dmsq"])  # gone from the disk: written again
     finally:
         snap.close()
+
+
+def test_a_create_during_a_snapshot_round_waits_for_the_file_it_shares(broker, tmp_path, monkeypatch):
+    """The server's creates (``open_wal``, on the event loop's thread) and the rounds (a
+    thread of their own) write the same snapshot through the same ``.tmp``: one at a
+    time, else one's rename finds the other's file gone (seen under ``pytest -n 4``)."""
+    import threading
+    from shmq.persistence import snapshotter as module
+    real, inside, most, lock = module.snapshot_stream, [], [], threading.Lock()
+    entered, release = threading.Event(), threading.Event()
+
+    def held(s, *args, **kwargs):  # the round's first write waits for the test's word
+        with lock:
+            inside.append(threading.get_ident())
+            most.append(len(inside))
+        entered.set()
+        if len(most) == 1:
+            release.wait(10)
+        try:
+            return real(s, *args, **kwargs)
+        finally:
+            with lock:
+                inside.remove(threading.get_ident())
+
+    monkeypatch.setattr(module, "snapshot_stream", held)
+    s = broker.create_stream("events", partitions=1, durability="snapshot")
+    snap = Snapshotter(broker, str(tmp_path))
+    errors = []
+
+    def run(work):
+        try:
+            work()
+        except Exception as e:  # pragma: no cover - the failure this test looks for
+            errors.append(e)
+
+    create = threading.Thread(target=run, args=(lambda: snap.open_wal(s),))
+    create.start()
+    rounds = None
+    try:
+        assert entered.wait(10)  # the create is writing the stream's first snapshot
+        entered.clear()
+        rounds = threading.Thread(target=run, args=(snap.run_once,))
+        rounds.start()
+        assert not entered.wait(0.3)  # the round waits for it (a bound, not a sync)
+    finally:
+        release.set()
+        create.join(10)
+        if rounds is not None:
+            rounds.join(10)
+        snap.close()
+        s.close()
+    assert errors == [] and max(most) == 1
+    assert os.path.exists(os.path.join(str(tmp_path), "@events#0.dmsq"))
+
+
+def test_a_stream_created_during_a_round_keeps_the_files_its_create_wrote(broker, tmp_path, monkeypatch):
+    """A round removes the files of queues and streams that are gone: not those of one
+    created (and snapshotted by its create) after the round listed what there is."""
+    from shmq.persistence import snapshotter as module
+    real, made = module.snapshot_stream, []
+    snap = Snapshotter(broker, str(tmp_path))
+    early = broker.create_stream("early", partitions=1, durability="snapshot")
+    snap.open_wal(early)
+
+    def and_create(s, *args, **kwargs):  # the create comes while the round is at the streams it listed
+        if not made:
+            made.append(broker.create_stream("late", partitions=1, durability="wal"))
+            snap.open_wal(made[0])
+        return real(s, *args, **kwargs)
+
+    monkeypatch.setattr(module, "snapshot_stream", and_create)
+    try:
+        snap.run_once()
+        assert os.path.exists(os.path.join(str(tmp_path), "@late#0.dmsq"))
+        made[0].append(b"logged")  # into the log its create opened
+        monkeypatch.setattr(module, "snapshot_stream", real)
+        made[0].close()
+        broker.delete_stream("late")  # the reboot: shared memory gone, the files stay
+        assert recover(broker, str(tmp_path)) == ["@late"]
+        with broker.stream("late") as late:
+            assert [r.value for r in late.read(0, 0)] == [b"logged"]
+    finally:
+        snap.close()
+        early.close()

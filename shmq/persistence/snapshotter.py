@@ -41,6 +41,9 @@ class Snapshotter:
         self._lost = False  # the data dir vanished
         self.log_dirs = set()  # where the logs were at the last settled sync_logs
         self._dir_lock = threading.Lock()  # one thread at a time handles its coming and going
+        # one writer of a snapshot at a time: the rounds' thread and the server's creates
+        # (``open_wal``) write the same files, through the same ``.tmp``
+        self._write_lock = threading.RLock()
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
 
     def open_wal(self, x) -> None:
@@ -51,11 +54,12 @@ class Snapshotter:
             return
         if x.durability != "wal":
             return
-        lanes = lanes_of(x)
-        if len(lanes) > 1 and not os.path.exists(snapshot_path(self.data_dir, x.name)):
-            snapshot_queue(x, self.data_dir, self.fsync)  # first: its lanes' logs alone would not say how many
-        for q in lanes:
-            self._open_log(q)
+        with self._write_lock:
+            lanes = lanes_of(x)
+            if len(lanes) > 1 and not os.path.exists(snapshot_path(self.data_dir, x.name)):
+                snapshot_queue(x, self.data_dir, self.fsync)  # first: its lanes' logs alone would not say how many
+            for q in lanes:
+                self._open_log(q)
 
     def _open_log(self, q) -> None:
         gen, _mode, _ms, directory = q.wal.config()
@@ -86,6 +90,10 @@ class Snapshotter:
         Returns True if it snapshotted."""
         if s.durability == "memory":
             return False
+        with self._write_lock:
+            return self._open_stream(s)
+
+    def _open_stream(self, s: Stream) -> bool:
         if self._opened(s):
             for p in range(s.partitions):
                 s._part(p).log.configure(self.data_dir, self.wal_mode, self.wal_batch_ms)
@@ -142,6 +150,10 @@ class Snapshotter:
     def _each_stream(self):
         return self._each(self.broker.list_streams(), self.broker.stream, StreamNotFound)
 
+    def _names(self) -> set:
+        """The owners (``owner_of``) of every queue and stream there is now."""
+        return set(self.broker.list_queues()) | {"@" + name for name in self.broker.list_streams()}
+
     def run_once(self) -> int:
         """One snapshot of every durable queue and stream; returns how many files were
         written. Then the retention of "wal" streams' logs. Files of queues and streams
@@ -153,43 +165,48 @@ class Snapshotter:
             return 0
         written = 0
         keep = set()
+        listed = self._names()
         for q in self._each_queue():
-            try:
-                if q.durability == "wal" and not all(lane.wal.config()[0] for lane in lanes_of(q)):
-                    self.open_wal(q)
-                if q.durability != "memory":
-                    keep.add(q.name)
-                    _path, n = snapshot_queue(q, self.data_dir, self.fsync, self._written)
-                    written += 1
-                    self.last_round["queues"] += 1
-                    self.last_round["messages"] += n
-                    self._report(q.name, None)
-            except QueueNotFound:
-                pass  # deleted meanwhile
-            except OSError as e:
-                self._report(q.name, f"cannot write the snapshot of queue {q.name} to {self.data_dir}: {e}")
+            with self._write_lock:
+                try:
+                    if q.durability == "wal" and not all(lane.wal.config()[0] for lane in lanes_of(q)):
+                        self.open_wal(q)
+                    if q.durability != "memory":
+                        keep.add(q.name)
+                        _path, n = snapshot_queue(q, self.data_dir, self.fsync, self._written)
+                        written += 1
+                        self.last_round["queues"] += 1
+                        self.last_round["messages"] += n
+                        self._report(q.name, None)
+                except QueueNotFound:
+                    pass  # deleted meanwhile
+                except OSError as e:
+                    self._report(q.name, f"cannot write the snapshot of queue {q.name} to {self.data_dir}: {e}")
         for s in self._each_stream():
             if s.durability == "memory":
                 continue
             keep.add("@" + s.name)
-            try:
-                configured = all(s._part(p).log.config()[0] for p in range(s.partitions))
-                if configured or not self.open_stream(s):  # (one configured elsewhere stays so)
-                    snapshot_stream(s, self.data_dir, self.fsync, self._written)
-                written += s.partitions
-                self.last_round["streams"] += 1
-                if s.durability == "wal":
-                    apply_retention(s)
-                self._report("@" + s.name, None)
-            except StreamNotFound:
-                pass
-            except OSError as e:
-                self._report("@" + s.name, f"cannot write the snapshot of stream {s.name} to {self.data_dir}: {e}")
-        for entry in os.listdir(self.data_dir):
-            owner = owner_of(entry)
-            if owner is not None and owner not in keep:
-                os.unlink(os.path.join(self.data_dir, entry))
-                self._written.pop(os.path.join(self.data_dir, entry), None)
+            with self._write_lock:
+                try:
+                    configured = all(s._part(p).log.config()[0] for p in range(s.partitions))
+                    if configured or not self.open_stream(s):  # (one configured elsewhere stays so)
+                        snapshot_stream(s, self.data_dir, self.fsync, self._written)
+                    written += s.partitions
+                    self.last_round["streams"] += 1
+                    if s.durability == "wal":
+                        apply_retention(s)
+                    self._report("@" + s.name, None)
+                except StreamNotFound:
+                    pass
+                except OSError as e:
+                    self._report("@" + s.name, f"cannot write the snapshot of stream {s.name} to {self.data_dir}: {e}")
+        with self._write_lock:  # a queue or stream created during the round keeps the files its create wrote
+            keep |= self._names() - listed
+            for entry in os.listdir(self.data_dir):
+                owner = owner_of(entry)
+                if owner is not None and owner not in keep:
+                    os.unlink(os.path.join(self.data_dir, entry))
+                    self._written.pop(os.path.join(self.data_dir, entry), None)
         self._save_exchanges()
         self.last_round["files"] = written
         return written
