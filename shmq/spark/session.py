@@ -2,12 +2,16 @@
 (docs/SPARK.md, "Running locally"): UI off, loopback only, UTC, two shuffle partitions,
 scratch files and the JVM's temporary files under one directory of the caller's."""
 
+import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 
-__all__ = ["local_session", "worker_python", "JAVA_HOME_DEFAULT"]
+from .. import auth
+
+__all__ = ["local_session", "worker_python", "worker_launcher", "JAVA_HOME_DEFAULT"]
 
 JAVA_HOME_DEFAULT = "/usr/lib/jvm/java-17-openjdk-amd64"
 _LOG4J = "rootLogger.level = error\nrootLogger.appenderRef.stderr.ref = console\n" \
@@ -25,6 +29,56 @@ def java_home() -> str | None:
         return JAVA_HOME_DEFAULT
     java = shutil.which("java")
     return os.path.dirname(os.path.dirname(os.path.realpath(java))) if java else None
+
+
+# Spark puts its own copy of pyspark, SPARK_HOME/python/lib/pyspark.zip, first on every
+# Python worker's path; Python compiles what it imports from a zip anew in each process
+# (Spark also sets PYTHONDONTWRITEBYTECODE), 0.6-0.7 s of every query's source-runner start
+_LAUNCHER = """#!/bin/sh
+# Made by shmq.spark (docs/SPARK.md, "Running locally"): Spark's Python workers run
+# @PYTHON@, importing pyspark from its installed, compiled files, not from pyspark.zip.
+z=@ZIP@
+p=":$PYTHONPATH:"
+case "$p" in
+*":$z:"*) p="${p%%":$z:"*}:${p#*":$z:"}"; p="${p#:}"; PYTHONPATH="${p%:}"; export PYTHONPATH;;
+esac
+exec @PYTHON@ "$@"
+"""
+
+
+def worker_launcher() -> str | None:
+    """A launcher (a shell script in ``$SHMQ_HOME/spark``, owner-only) of this
+    interpreter for Spark's Python workers, which takes the installed pyspark package's
+    own ``python/lib/pyspark.zip`` off their PYTHONPATH: Spark puts it first there
+    (SPARK_HOME is that package when pyspark was installed by pip) and Python compiles
+    every module it imports from a zip anew in each process, while the package's own
+    files are compiled once. The two are one copy of pyspark: nothing else changes.
+    None where there is no such zip (pyspark from a Spark distribution) or the launcher
+    cannot be written."""
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    package = os.path.dirname(os.path.abspath(pyspark.__file__))
+    zip_path = os.path.join(package, "python", "lib", "pyspark.zip")
+    if not os.path.isfile(zip_path):
+        return None
+    text = _LAUNCHER.replace("@PYTHON@", shlex.quote(sys.executable)).replace("@ZIP@", shlex.quote(zip_path))
+    folder = os.path.join(auth.home(), "spark")
+    path = os.path.join(folder, "python-" + hashlib.sha256(text.encode()).hexdigest()[:16])
+    if os.path.exists(path):
+        return path
+    try:
+        os.makedirs(auth.home(), mode=0o700, exist_ok=True)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o700)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        return None
+    return path
 
 
 def _chosen_python(spark) -> str | None:
@@ -49,8 +103,8 @@ def _imports_shmq(python: str) -> str | None:
 def worker_python(spark) -> str | None:
     """The Python Spark's workers run for this session, made one that imports shmq when
     it can be told: on a local master where nothing chose it (``PYSPARK_PYTHON``,
-    ``spark.pyspark.python``), this interpreter, from now on (data sources registered
-    after this call, and UDFs). A chosen Python that cannot import shmq is refused: a
+    ``spark.pyspark.python``), this interpreter (through ``worker_launcher`` where it
+    can), from now on (data sources registered after this call, and UDFs). A chosen Python that cannot import shmq is refused: a
     SpecError saying which and how to fix it, instead of tasks failing with a worker's
     traceback. A cluster's workers are left as configured (shmq must be installed on
     every node). Returns the Python, or None for a session without a SparkContext."""
@@ -62,10 +116,12 @@ def worker_python(spark) -> str | None:
     if not sc.master.startswith("local"):
         return sc.pythonExec
     chosen = _chosen_python(spark)
+    launcher = worker_launcher()
     if chosen is None:
-        sc.pythonExec = sys.executable
-        return sys.executable
-    if os.path.realpath(shutil.which(chosen) or chosen) != os.path.realpath(sys.executable):
+        sc.pythonExec = launcher or sys.executable
+        return sc.pythonExec
+    ours = {os.path.realpath(p) for p in (sys.executable, launcher) if p}
+    if os.path.realpath(shutil.which(chosen) or chosen) not in ours:
         why = _imports_shmq(chosen)
         if why is not None:
             raise SpecError(f"Spark's Python workers run {chosen} (PYSPARK_PYTHON or spark.pyspark.python), which "
@@ -77,8 +133,9 @@ def local_session(app_name: str, scratch: str, master: str = "local[2]", conf: d
     """Start (or get) a SparkSession on ``master`` whose scratch space, JVM temporary
     files and log settings live under the directory ``scratch``; registers shmq's data
     sources. Environment it needs is set here: JAVA_HOME, TZ=UTC, SPARK_LOCAL_IP,
-    PYSPARK_PYTHON (this interpreter, so workers import the same shmq; a Python chosen
-    before is kept, and refused if it cannot import shmq: ``worker_python``)."""
+    PYSPARK_PYTHON (this interpreter, through ``worker_launcher``, so workers import the
+    same shmq; a Python chosen before is kept, and refused if it cannot import shmq:
+    ``worker_python``)."""
     from pyspark.sql import SparkSession
 
     from . import register
@@ -93,7 +150,7 @@ def local_session(app_name: str, scratch: str, master: str = "local[2]", conf: d
     os.environ.setdefault("JAVA_HOME", home)
     os.environ["TZ"] = "UTC"
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", worker_launcher() or sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     java_opts = f"-Djava.io.tmpdir={scratch} -Dlog4j2.configurationFile=file:{log4j}"
     settings = {

@@ -5,6 +5,7 @@ interpreter when nothing chose one, and refuses, in one line, a chosen one that 
 import shmq."""
 
 import os
+import subprocess
 import sys
 import textwrap
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from shmq.spark.options import SpecError
-from shmq.spark.session import java_home, worker_python
+from shmq.spark.session import java_home, worker_launcher, worker_python
 from tests.spark._session import run_in_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,7 +58,9 @@ def shim(tmp_path):
 def test_nothing_chosen_gives_the_workers_this_interpreter_and_a_bad_choice_is_refused(monkeypatch, shim):
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     s = _fake_session("python3")
-    assert worker_python(s) == sys.executable and s.sparkContext.pythonExec == sys.executable
+    ours = worker_launcher() or sys.executable  # this interpreter, through its launcher where it has one
+    assert worker_python(s) == ours and s.sparkContext.pythonExec == ours
+    assert worker_python(_fake_session("python3", conf={"spark.pyspark.python": ours})) == ours
     s = _fake_session("python3", conf={"spark.pyspark.python": sys.executable})
     assert worker_python(s) == sys.executable
     bad = str(shim / "python3")
@@ -90,3 +93,35 @@ def test_a_plain_session_run_without_an_activated_venv_reads_through_register(sh
     assert p.returncode == 0, err[-3000:]
     assert "rows 25" in out
 
+
+
+def test_the_launcher_takes_only_the_installed_packages_zip_off_the_workers_path(tmp_path):
+    """Spark puts SPARK_HOME/python/lib/pyspark.zip first on its workers' PYTHONPATH, and
+    Python compiles what it imports from a zip anew in every process; the launcher runs
+    this interpreter with the pip-installed package's zip (that package itself, compiled
+    once) taken off, and nothing else."""
+    import pyspark
+
+    launcher = worker_launcher()
+    if launcher is None:
+        pytest.skip("this pyspark has no python/lib/pyspark.zip (it is a Spark distribution's)")
+    assert launcher.startswith(os.environ["SHMQ_HOME"]) and os.stat(launcher).st_mode & 0o777 == 0o700
+    assert worker_launcher() == launcher  # made once
+    ours = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib", "pyspark.zip")
+    other = str(tmp_path / "spark-home" / "python" / "lib" / "pyspark.zip")  # another Spark's: kept
+    probe = "import os, sys, pyspark; print(os.environ.get('PYTHONPATH', '')); print(pyspark.__file__); print(sys.executable)"
+    for path, left in [(f"{ours}:/a/py4j.zip:/b", "/a/py4j.zip:/b"), (f"/a:{ours}", "/a"), (ours, ""),
+                       (f"{other}:/b", f"{other}:/b"), ("", "")]:
+        out = subprocess.run([launcher, "-c", probe], env=dict(os.environ, PYTHONPATH=path), capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == [left, pyspark.__file__, sys.executable]
+
+
+def test_the_sessions_workers_import_pyspark_from_its_package(spark):
+    import pyspark
+
+    if worker_launcher() is None:
+        pytest.skip("this pyspark has no python/lib/pyspark.zip (it is a Spark distribution's)")
+    where = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("pyspark").__file__).collect()
+    assert where == [pyspark.__file__]
