@@ -31,9 +31,6 @@ def java_home() -> str | None:
     return os.path.dirname(os.path.dirname(os.path.realpath(java))) if java else None
 
 
-# Spark puts its own copy of pyspark, SPARK_HOME/python/lib/pyspark.zip, first on every
-# Python worker's path; Python compiles what it imports from a zip anew in each process
-# (Spark also sets PYTHONDONTWRITEBYTECODE), 0.6-0.7 s of every query's source-runner start
 _LAUNCHER = """#!/bin/sh
 # Made by shmq.spark (docs/SPARK.md, "Running locally"): Spark's Python workers run
 # @PYTHON@, importing pyspark from its installed, compiled files, not from pyspark.zip.
@@ -47,7 +44,7 @@ exec @PYTHON@ "$@"
 
 
 def worker_launcher() -> str | None:
-    """A launcher (a shell script in ``$SHMQ_HOME/spark``, owner-only) of this
+    """A launcher (a shell script in ``auth.home()/spark``, owner-only) of this
     interpreter for Spark's Python workers, which takes the installed pyspark package's
     own ``python/lib/pyspark.zip`` off their PYTHONPATH: Spark puts it first there
     (SPARK_HOME is that package when pyspark was installed by pip) and Python compiles
@@ -104,10 +101,11 @@ def worker_python(spark) -> str | None:
     """The Python Spark's workers run for this session, made one that imports shmq when
     it can be told: on a local master where nothing chose it (``PYSPARK_PYTHON``,
     ``spark.pyspark.python``), this interpreter (through ``worker_launcher`` where it
-    can), from now on (data sources registered after this call, and UDFs). A chosen Python that cannot import shmq is refused: a
-    SpecError saying which and how to fix it, instead of tasks failing with a worker's
-    traceback. A cluster's workers are left as configured (shmq must be installed on
-    every node). Returns the Python, or None for a session without a SparkContext."""
+    can), from now on (data sources registered after this call, and UDFs). A chosen
+    Python that cannot import shmq is refused: a SpecError saying which and how to fix
+    it, instead of tasks failing with a worker's traceback. A cluster's workers are
+    left as configured (shmq must be installed on every node). Returns the Python, or
+    None for a session without a SparkContext."""
     from .options import SpecError
 
     sc = getattr(spark, "sparkContext", None)

@@ -109,7 +109,8 @@ def test_the_launcher_takes_only_the_installed_packages_zip_off_the_workers_path
     assert worker_launcher() == launcher  # made once
     ours = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib", "pyspark.zip")
     other = str(tmp_path / "spark-home" / "python" / "lib" / "pyspark.zip")  # another Spark's: kept
-    probe = "import os, sys, pyspark; print(os.environ.get('PYTHONPATH', '')); print(pyspark.__file__); print(sys.executable)"
+    probe = ("import os, sys, pyspark; "
+             "print(os.environ.get('PYTHONPATH', '')); print(pyspark.__file__); print(sys.executable)")
     for path, left in [(f"{ours}:/a/py4j.zip:/b", "/a/py4j.zip:/b"), (f"/a:{ours}", "/a"), (ours, ""),
                        (f"{other}:/b", f"{other}:/b"), ("", "")]:
         out = subprocess.run([launcher, "-c", probe], env=dict(os.environ, PYTHONPATH=path), capture_output=True,
