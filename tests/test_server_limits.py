@@ -262,6 +262,43 @@ def test_an_oversize_hello_is_refused_and_closed_and_the_limit_lifts_after_hello
     s.close()
 
 
+@pytest.mark.parametrize("frame,status,error", [
+    (pack_header(2, MsgType.PING, 0, 11) + b"\x81\xa1", Status.UNAUTHORIZED,  # a map cut short
+     "a malformed frame before HELLO: malformed msgpack payload: Unpack failed: incomplete input"),
+    (pack_header(1, MsgType.HELLO, 0, 11) + b"\x07", Status.UNAUTHORIZED,
+     "a malformed frame before HELLO: the payload must be a msgpack map, not int"),
+    (encode_request(MsgType.HELLO, 11, {"token": 5}), Status.UNAUTHORIZED,
+     "a malformed HELLO: HELLO: field 'token' must be a string, not 5"),
+    (pack_header(0, MsgType.HELLO | 0x80, 0, 11), Status.UNAUTHORIZED, "say HELLO with the token first"),
+    (encode_request(0x7E, 11), Status.UNAUTHORIZED, "say HELLO with the token first"),
+    (encode_request(MsgType.LIST, 11), Status.UNAUTHORIZED, "say HELLO with the token first"),
+], ids=["bad-msgpack", "not-a-map", "bad-hello-field", "a-reply", "unknown-type", "a-request"])
+def test_before_hello_a_malformed_or_unexpected_frame_gets_unauthorized_and_closes(start_server, frame, status,
+                                                                                   error):
+    """docs/PROTOCOL.md, rule 6: before HELLO, anything but a well-formed HELLO gets one
+    UNAUTHORIZED reply and the connection closes (before: BAD_REQUEST, and it stayed open)."""
+    srv = start_server()
+    s = _sock(srv.port, hello=False)
+    s.sendall(frame + encode_request(MsgType.HELLO, 12, {"token": TOKEN}))  # a HELLO after it is never read
+    (f,) = _read_frames(s, 2, timeout=5)
+    assert (f.msg_id, f.status, f.payload) == (11, status, {"error": error})
+    assert _closed_after(s, 5) is not None
+    s.close()
+    assert srv.round_trip() < 1.0
+
+
+def test_before_hello_a_frame_of_another_version_leaves_room_to_fall_back(start_server):
+    """Rule 3 before HELLO too: UNSUPPORTED_VERSION, and a HELLO in version 1 on the same
+    connection is answered."""
+    srv = start_server()
+    s = _sock(srv.port, hello=False)
+    s.sendall(pack_header(0, MsgType.HELLO, 0, 11, version=2) + encode_request(MsgType.HELLO, 12, {"token": TOKEN}))
+    got = _read_frames(s, 2, timeout=5)
+    assert [(f.msg_id, f.status) for f in got] == [(11, Status.UNSUPPORTED_VERSION), (12, Status.OK)]
+    assert got[0].payload == {"error": "unsupported protocol version 2 (this side speaks 1)"}
+    s.close()
+
+
 def test_unfinished_big_frames_after_hello_share_a_bounded_budget(start_server, broker):
     """12 authenticated connections each stall 15 MiB into a 16 MiB frame: only what the
     32 MiB budget admits is read (the others wait, paused); a small request is served at

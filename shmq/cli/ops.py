@@ -40,7 +40,8 @@ from .app import Size, _echo_json, _json_option, _namespace_option, _on_command_
               help="Seconds a frame may take from its first byte to its last; then the connection closes. "
                    "[default: 30]")
 @click.option("--idle-timeout", type=click.FloatRange(0, min_open=True), default=None,
-              help="Seconds a connection may stay without a request or a waiting CONSUME. [default: 300]")
+              help="Seconds a connection may stay without a request while it holds nothing (no waiting "
+                   "request, subscription, unsettled delivery or group member); then it closes. [default: 300]")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Snapshot durable queues and streams here; rebuild lost ones from it on start. "
                    "[default: $SHMQ_HOME/data/NAMESPACE if $SHMQ_HOME is set, else $XDG_DATA_HOME/shmq/NAMESPACE, "
@@ -131,8 +132,8 @@ def doctor(clean, data_dirs, namespaces, as_json):
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(args):
-    """Run the benchmark matrix (``python -m bench``; needs a shmq checkout). ARGS go
-    to it, e.g. ``shmq bench --quick``."""
+    """Run the benchmark matrix (python -m bench; needs a shmq checkout). ARGS go to
+    it, e.g. shmq bench --quick."""
     import subprocess
 
     if not os.path.exists(os.path.join("bench", "__main__.py")):

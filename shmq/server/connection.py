@@ -228,6 +228,9 @@ class Connection(asyncio.BufferedProtocol):
         log.warning("%s: protocol error: %s", self.peer, reason,
                     extra={"event": "protocol_error", "peer": self.peer, "status": _status_name(e.status),
                            "error": reason, "fatal": bool(e.fatal)})
+        if not self.authed and not e.fatal and e.status != Status.UNSUPPORTED_VERSION:  # rules 6 and 3
+            self.unauthorized(getattr(e, "msg_type", 0), e.msg_id, f"a malformed frame before HELLO: {reason}")
+            return
         self.send(encode_error(getattr(e, "msg_type", 0), e.msg_id, e.status, reason))
         if e.fatal:
             self.shut(f"{reason}; closing")
@@ -236,13 +239,12 @@ class Connection(asyncio.BufferedProtocol):
     def dispatch(self, frame):
         """A request to its handler; the reply (or error reply) out, or the request in line.
         Returns the reply's status (None: the request waits), for the metrics."""
+        if not self.authed and frame.type != MsgType.HELLO:  # a reply's type too: it has REPLY_BIT
+            return self.unauthorized(frame.request_type, frame.msg_id, "say HELLO with the token first",
+                                     "a request before HELLO")
         if frame.is_reply:
             self.send(encode_error(frame.request_type, frame.msg_id, Status.BAD_REQUEST, "clients send requests"))
             return Status.BAD_REQUEST
-        if not self.authed and frame.type != MsgType.HELLO:
-            self.send(encode_error(frame.type, frame.msg_id, Status.UNAUTHORIZED, "say HELLO with the token first"))
-            self.shut("a request before HELLO; closing")
-            return Status.UNAUTHORIZED
         try:
             fields = validate_request(frame)  # first: it refuses unknown types
             result = HANDLERS[frame.type](self, fields)
@@ -253,14 +255,21 @@ class Connection(asyncio.BufferedProtocol):
                 self.later(frame.type, frame.msg_id, result)
                 return
         except Unauthorized as e:
-            self.send(encode_error(frame.type, frame.msg_id, Status.UNAUTHORIZED, str(e)))
-            self.shut(f"{e}; closing")
-            return Status.UNAUTHORIZED
+            return self.unauthorized(frame.type, frame.msg_id, str(e))
         except Exception as e:  # every error becomes an error reply; the server lives on
+            if not self.authed:  # a HELLO it cannot read (rule 6)
+                return self.unauthorized(frame.type, frame.msg_id, f"a malformed HELLO: {reason_of(e)}")
             self.send(error_frame(frame.type, frame.msg_id, e))
             return status_of(e)
         self.send(encode_reply(frame.type, frame.msg_id, result))
         return Status.OK
+
+    def unauthorized(self, msg_type, msg_id, error, why=None):
+        """Before a HELLO with the token, anything but that HELLO: UNAUTHORIZED with
+        ``error``, then close (docs/PROTOCOL.md, rule 6; ``why`` for the log, else ``error``)."""
+        self.send(encode_error(msg_type, msg_id, Status.UNAUTHORIZED, error))
+        self.shut(f"{why or error}; closing")
+        return Status.UNAUTHORIZED
 
     def authenticated(self):
         """A HELLO with the right token: every request and ``max_frame_bytes`` from now."""
@@ -409,11 +418,16 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.resume_reading()
         self._abort = self.server.loop.call_later(_LINGER_S, self.transport.abort)
 
+    def holds(self) -> bool:
+        """Whether it holds what makes a quiet connection not idle: a waiting request, a
+        subscription, a delivery, a group member, or a place in line for budget."""
+        return bool(self.waiters or self.subs or self.leases or self.members or self.budget_wait)
+
     def check_clocks(self, now):
         """Called by the server's sweeper: close on a frame past its deadline, or when idle."""
         if self.closing:
             return
-        overdue = self.clocks.overdue(now, self.authed, bool(self.waiters) or bool(self.subs) or self.budget_wait)
+        overdue = self.clocks.overdue(now, self.authed, self.holds())
         if overdue is not None:
             error, reason = overdue
             if error is not None:  # a frame past its deadline

@@ -141,8 +141,10 @@ class Budget:
 
 class Clocks:
     """One connection's deadlines: its open frame must be whole within ``frame_timeout``
-    of its first byte, and it must not stay idle (no frame in progress, nothing waiting)
-    past ``idle_timeout`` — past ``frame_timeout`` before HELLO."""
+    of its first byte, and it must not stay idle (no frame in progress, holding nothing)
+    past ``idle_timeout`` — past ``frame_timeout`` before HELLO. A connection that holds
+    something (a waiting request, a subscription, a delivery, a group member, a place in
+    line for budget) is not idle however quiet: its idle clock starts when it lets go."""
 
     __slots__ = ("limits", "frame_started", "last_active")
 
@@ -158,14 +160,17 @@ class Clocks:
         elif ended or self.frame_started is None:
             self.frame_started = now
 
-    def overdue(self, now, authed, waiting):
+    def overdue(self, now, authed, holding):
         """None while within the deadlines; else (the error frame's text, or None for
-        none, and the reason to log). ``waiting``: a CONSUME or a budget wait is pending."""
+        none, and the reason to log). ``holding``: the connection holds something now."""
         limits = self.limits
         if self.frame_started is not None and now - self.frame_started > limits.frame_timeout:
             return (f"a frame must arrive whole within {limits.frame_timeout:g}s",
                     f"a frame took longer than {limits.frame_timeout:g}s; closing")
+        if holding:
+            self.last_active = now
+            return None
         idle = limits.idle_timeout if authed else min(limits.idle_timeout, limits.frame_timeout)
-        if not waiting and self.frame_started is None and now - self.last_active > idle:
+        if self.frame_started is None and now - self.last_active > idle:
             return None, (f"idle for {idle:g}s; closing" if authed else f"no HELLO within {idle:g}s; closing")
         return None
