@@ -3,7 +3,9 @@ idle syncer runs no rounds, a vanished data dir wakes it; and an idle ``shmq ser
 costs next to no CPU, whatever its fsync policy."""
 
 import os
+import re
 import shutil
+import threading
 import time
 
 import psutil
@@ -13,7 +15,9 @@ import shmq
 from shmq.auth import default_data_dir
 from shmq.engine import layout as L
 from shmq.engine.broker import Broker
+from shmq.engine.wal import wal_path
 from shmq.persistence import Snapshotter
+from shmq.persistence import snapshotter as snapshotter_module
 from shmq.server.dirwatch import DirWatch
 from shmq.server.logsync import LogSyncer
 from tests._wait import wait_for
@@ -123,6 +127,119 @@ def test_without_inotify_it_polls_and_asks_for_it_again(broker, tmp_path, monkey
         wait_for(lambda: q.wal.pending() is None, what="a log fsynced once woken")
     finally:
         syncer.stop()
+        snap.close()
+        snap.broker.close()
+
+
+# ---------------------------------------------------------------- a sync round against a snapshot round
+class _PausedFsync:
+    """The snapshotter module's ``os``, whose ``fsync`` of a log runs ``between`` first,
+    once: the point where a sync round has read which generation to sync and opened
+    it, and not yet fsynced it or asked whether it was deleted."""
+
+    def __init__(self, between):
+        self._between = between
+        self.fired = 0
+
+    def fsync(self, fd):
+        if not self.fired:
+            self.fired += 1
+            self._between()
+        os.fsync(fd)
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
+def _snapshot_round_in_its_thread(snap):
+    """One snapshot round in a thread of its own, as the server runs them; waited for."""
+    failed = []
+
+    def snapshot_round():
+        try:
+            snap.run_once()
+        except Exception as e:
+            failed.append(e)
+
+    t = threading.Thread(target=snapshot_round, name="shmq-snapshot")
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "the snapshot round never ended"
+    assert failed == []
+
+
+@pytest.mark.parametrize("owner", ["queue", "stream"])
+def test_a_snapshot_rotating_a_log_under_a_sync_round_leaves_the_new_log_open(broker, tmp_path, monkeypatch,
+                                                                               caplog, owner):
+    """Issue 27.6: a sync round (the log-sync thread) has read generation G as the one to
+    fsync when a snapshot round (its own thread) rotates the log to G+1 and removes G,
+    whose entries it holds. The sync round found G's file deleted and suspended the log
+    -- generation G+1: every logged put and ack failed with "its data directory ... is
+    gone" until the next snapshot reopened it. Now it suspends only the generation it
+    synced, and only while that is still the log."""
+    data = str(tmp_path / "data")
+    snap = Snapshotter(Broker(broker.namespace), data, wal_batch_ms=2)
+    try:
+        if owner == "queue":
+            q = broker.create_queue("q", durability="wal")
+            snap.open_wal(q)
+            log, name = q.wal, "q"
+            write = q.put
+        else:  # a snapshot rolls a partition's log past 4096 bytes; retention then removes the older one
+            s = broker.create_stream("s", durability="wal", partitions=1, retention_bytes=4096)
+            snap.open_stream(s)
+            log, name = s._part(0).log, "@s#0"
+            write = s.append
+        write(b"x" * 5000)
+        gen = log.config()[0]
+        paused = _PausedFsync(lambda: _snapshot_round_in_its_thread(snap))
+        monkeypatch.setattr(snapshotter_module, "os", paused)
+        assert snap.sync_logs() == 0  # its generation was rotated away: its entries are in the snapshot
+        monkeypatch.undo()
+        assert paused.fired == 1
+        assert not os.path.exists(wal_path(data, name, gen))
+        assert log.config()[:2] == (gen + 1, L.WAL_BATCH)
+        write(b"after")  # before: StorageError, "its data directory ... is gone"
+        assert snap.sync_logs() == 1 and log.pending() is None
+        assert "was deleted" not in caplog.text
+    finally:
+        snap.close()
+        snap.broker.close()
+
+
+@pytest.mark.parametrize("synced_before", [False, True])
+def test_a_log_deleted_alone_says_so_not_that_its_directory_is_gone(broker, tmp_path, caplog, synced_before):
+    """The log file of the current generation deleted, its directory there: the log is
+    suspended (its entries are nowhere) with a reason that is true, and the next
+    snapshot round opens a new one. Before, a round that found the file gone before
+    opening it passed over it (the puts went on into the deleted file); one that had it
+    open suspended it, and the puts failed saying the data directory was gone."""
+    data = str(tmp_path / "data")
+    snap = Snapshotter(Broker(broker.namespace), data, wal_batch_ms=2)
+    try:
+        q = broker.create_queue("q", durability="wal")
+        snap.open_wal(q)
+        q.put(b"x")
+        gen = q.wal.config()[0]
+        path = wal_path(data, "q", gen)
+        if synced_before:  # the round holds the log open from here
+            assert snap.sync_logs() == 1
+        os.unlink(path)
+        if synced_before:
+            q.put(b"into the deleted file")
+        assert snap.sync_logs() == 0
+        assert q.wal.config()[1] == L.WAL_SUSPENDED
+        with pytest.raises(shmq.StorageError, match=rf"^queue 'q': its write-ahead log {re.escape(path)} was "
+                           r"deleted \(its data directory is there\); write-ahead logged writes fail until the "
+                           r"server opens a new one, at its next snapshot; nothing was changed$"):
+            q.put(b"refused")
+        assert caplog.text.count(f"the log of queue 'q', {path}, was deleted") == 1
+        snap.run_once()
+        q.put(b"after")
+        assert q.wal.config()[:2] == (gen + 2, L.WAL_BATCH)  # opened at gen + 1, rotated by the snapshot
+        assert [d.body for d in q.get_many(10, timeout=0)] == [b"x"] + [b"into the deleted file"] * synced_before + \
+            [b"after"]
+    finally:
         snap.close()
         snap.broker.close()
 

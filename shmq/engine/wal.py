@@ -160,13 +160,19 @@ class Log:
     def path(self, generation: int) -> str:
         return wal_path(self.config()[3], self.name, generation)
 
-    def suspend(self) -> None:
+    def suspend(self, generation: int | None = None) -> bool:
         """The log or its data directory is gone (the broker found out): every logged put
-        and ack fails with StorageError until ``configure`` opens a log again."""
+        and ack fails with StorageError until ``configure`` opens a log again. With
+        ``generation``, only if the log is still in it: a generation a snapshot rotated
+        away is no longer the log, and its file is removed once the snapshot holds its
+        entries. Returns whether it suspended."""
         o = self._o
         o._acquire()
         try:
+            if generation is not None and o._mq[self._gen_w] != generation:
+                return False
             self._suspend()
+            return True
         finally:
             o._release()
 
@@ -194,6 +200,8 @@ class Log:
         start = mq[size_w]
         n = len(data)
         always = mq[mode_w] & 0xFFFFFFFF == _ALWAYS
+        if not gen:
+            raise self._not_open()
         try:
             fd = fd_gen[1] if fd_gen is not None and fd_gen[0] == gen else self._open(gen)
             written = os.write(fd, data)
@@ -206,7 +214,7 @@ class Log:
                 if os.fstat(fd).st_nlink == 0:  # synced into a file no one can find again
                     self._suspend()
                     self.close()  # (never used again, whatever generation comes next)
-                    raise FileNotFoundError(errno.ENOENT, "the log file was deleted (is the data directory gone?)")
+                    raise FileNotFoundError(errno.ENOENT, "the log file was deleted")
         except OSError as e:
             if mq[gen_w] == gen and self.fd is not None and self.fd[0] == gen:
                 self._cut(self.fd[1], start)
@@ -223,10 +231,28 @@ class Log:
             gen = self.fd[0] if self.fd is not None else 0
         directory = self.config()[3]
         if not os.path.isdir(directory):  # (the broker suspends the log when it sees it too)
-            return StorageError(f"{self.what}: its data directory {directory} is gone; write-ahead logged writes "
-                                "fail until it is back; nothing was changed")
+            return self._dir_gone(directory)
         return StorageError(f"{self.what}: cannot append to its write-ahead log {self.path(gen)}: "
                             f"{e.strerror or e}; nothing was changed")
+
+    def _dir_gone(self, directory: str) -> StorageError:
+        return StorageError(f"{self.what}: its data directory {directory} is gone; write-ahead logged writes "
+                            "fail until it is back; nothing was changed")
+
+    def _not_open(self) -> ShmqError:
+        """Why there is no log to append to (generation 0): suspended because its data
+        directory is gone -- looked at now, so as never to say so of one that is there --
+        or because its file was deleted; or no broker opened it yet."""
+        _gen, mode, had, n, raw = L.WALCFG.unpack_from(self._o._mm, self._cfg)
+        directory = raw[:n].decode()
+        if mode != L.WAL_SUSPENDED:
+            return ShmqError(f"{self.what} is durability='wal' but no shmq server with a --data-dir "
+                             "has opened its write-ahead log yet")
+        if not os.path.isdir(directory):
+            return self._dir_gone(directory)
+        return StorageError(f"{self.what}: its write-ahead log {wal_path(directory, self.name, had)} was deleted "
+                            "(its data directory is there); write-ahead logged writes fail until the server opens "
+                            "a new one, at its next snapshot; nothing was changed")
 
     def _cut(self, fd, size):
         """Cut the log back to ``size`` bytes after a failed append. If even that fails,
@@ -241,14 +267,7 @@ class Log:
             mq[self._size_w] = mq[self._synced_w] = 0
 
     def _open(self, gen: int) -> int:
-        """This process's descriptor for log generation ``gen``."""
-        if not gen:
-            directory = self.config()[3]
-            if self._o._mq[self._mode_w] & 0xFFFFFFFF == L.WAL_SUSPENDED:
-                raise StorageError(f"{self.what}: its data directory {directory} is gone; write-ahead "
-                                   "logged writes fail until it is back")
-            raise ShmqError(f"{self.what} is durability='wal' but no shmq server with a --data-dir "
-                            "has opened its write-ahead log yet")
+        """This process's descriptor for log generation ``gen`` (not 0)."""
         self.close()
         path = self.path(gen)
         try:  # the first appender creates the log, and makes its name durable

@@ -8,7 +8,7 @@ import threading
 from .. import dmsq
 from ..engine.broker import Broker
 from ..engine.stream import Stream
-from ..engine.wal import log_files, partition_log_name
+from ..engine.wal import log_files, partition_log_name, wal_path
 from ..errors import QueueNotFound, StreamNotFound
 from .files import lanes_of, owner_of, snapshot_path
 from .queues import snapshot_queue
@@ -351,15 +351,31 @@ class Snapshotter:
             try:
                 entry[2] = os.open(wal.path(gen), os.O_RDONLY)
             except FileNotFoundError:
+                self._deleted(wal, gen)
                 return 0
             entry[1] = gen
         os.fsync(entry[2])
-        if os.fstat(entry[2]).st_nlink == 0:  # deleted under us: its entries are nowhere
-            log.error("the log of %s was deleted; its logged writes fail until it is reopened", wal.what)
-            wal.suspend()
+        if os.fstat(entry[2]).st_nlink == 0:
+            os.close(entry[2])
+            entry[2] = None
+            self._deleted(wal, gen)
             return 0
         wal.mark_synced(gen, size)
         return 1
+
+    def _deleted(self, wal, gen: int) -> None:
+        """Log ``gen``'s file is not there. A snapshot round (its own thread) may have
+        rotated the log since ``pending`` said ``gen``, and removed the file once its
+        snapshot held the entries: then nothing is wrong. Else it was deleted under us and
+        its entries are nowhere: the log is suspended (logged writes fail) until the next
+        snapshot round opens a new one -- ``suspend(gen)`` tells the two apart under the
+        log's lock, so a new generation is never suspended for its predecessor. (The
+        whole data dir gone is ``data_dir_present``'s to say, and to act on.)"""
+        if not os.path.isdir(self.data_dir):
+            self.data_dir_present()
+        elif wal.suspend(gen):
+            log.error("the log of %s, %s, was deleted; its logged writes fail until the next snapshot opens a "
+                      "new one", wal.what, wal_path(wal.config()[3], wal.name, gen))
 
     def _forget_log(self, name: str) -> None:
         q, _gen, fd, lanes = self._logs.pop(name)
