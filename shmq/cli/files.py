@@ -1,11 +1,11 @@
 """The snapshot file commands: snapshot, inspect, restore."""
 
 import os
+import sys
 
 import click
 
-from ..errors import ShmqError
-from .app import _echo_json, _json_option, _local_broker, _namespace_option, main
+from .app import EXIT_ERROR, _echo_json, _json_option, _local_broker, _namespace_option, main
 
 
 @main.command()
@@ -47,17 +47,49 @@ def inspect(file, as_json):
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @_namespace_option
-@click.option("--into", default=None, help="Queue to load into (default: the one it was taken from).")
-def restore(file, namespace, into):
-    """Load a .dmsq file into a queue (created with the file's settings if needed)."""
-    from ..persistence import restore_file
+@click.option("--into", default=None, help="Queue to load into (default: the one it was taken from; one FILE only).")
+def restore(files, namespace, into):
+    """Load .dmsq files into queues (created with the files' settings if needed), and a
+    data dir's exchanges.dmsx (the exchanges the namespace does not have).
 
+    Give a queue's file and its dead-letter queue's, and the exchange file, in one
+    command: every queue is made first, then linked and filled, then the exchanges are
+    bound. A dead-letter queue or bound queue that is nowhere is left out, with a
+    warning; a file that cannot be restored is an error (the others are restored)."""
+    from ..dmsq import EXCHANGES_FILE, read_exchanges
+    from ..persistence import restore_exchanges, restore_files
+    from ..persistence.queues import dropped_link
+    from ..persistence.recovery import dropped_binding
+
+    tables = [f for f in files if os.path.splitext(f)[1] == os.path.splitext(EXCHANGES_FILE)[1]]
+    if into is not None and (len(files) > 1 or tables):
+        raise click.UsageError(f"--into names one queue: give it one .dmsq FILE, not {' '.join(files)}")
+    why = "restore its file in the same command, or create it first"
+    failed = False
     with _local_broker(namespace, create=True) as broker:
-        name, n, error = restore_file(broker, file, into)
-    if error and not name:
-        raise ShmqError(error)
-    click.echo(f"restored {n} message(s) into {name}")
-    if error:
-        click.echo(f"shmq: warning: {error}", err=True)
+        results, unlinked = restore_files(broker, [f for f in files if f not in tables], into)
+        for name, n, error in results:
+            if name:
+                click.echo(f"restored {n} message(s) into {name}")
+            if error:
+                click.echo(f"shmq: {'warning' if name else 'error'}: {error}", err=True)
+                failed |= not name
+        for name, dlq in unlinked:
+            click.echo(f"shmq: warning: {dropped_link(name, dlq, why)}", err=True)
+        for path in tables:
+            try:
+                table = read_exchanges(path)
+            except ValueError as e:
+                click.echo(f"shmq: error: {e}", err=True)
+                failed = True
+                continue
+            restored, bindings, dropped = restore_exchanges(broker, table)
+            kept = len(table) - len(restored)
+            click.echo(f"restored {len(restored)} exchange(s) with {bindings} binding(s) from {path}"
+                       + (f" ({kept} already in the namespace kept as they are)" if kept else ""))
+            for exchange, kind, target, pattern in dropped:
+                click.echo(f"shmq: warning: {dropped_binding(exchange, kind, target, pattern, why)}", err=True)
+    if failed:
+        sys.exit(EXIT_ERROR)

@@ -6,7 +6,10 @@ records (the lock is held only for one copy of the ring), and writes them with
 ``shmq.dmsq`` (temp file, fsync, rename, directory fsync), so a crash mid-snapshot leaves
 the previous file whole. On start, a queue or stream whose segments are still there is
 kept as it is (memory is newer than any file); one whose segments are gone is rebuilt
-from its files. A damaged file (snapshot or log) is replayed up to the damage, set aside
+from its files. Links never depend on the order of names: the lost queues are all made
+(each after its dead-letter queue) before any is filled, the exchanges' bindings are
+put back after every queue and stream, and a link whose target is nowhere is a warning
+naming both. A damaged file (snapshot or log) is replayed up to the damage, set aside
 as ``.corrupt`` and reported in one line; start-up goes on. A full disk or a vanished
 data directory is reported, never fatal: snapshots are retried every interval, and while
 the directory is gone every logged write fails (``Log.suspend``) rather than return
@@ -27,10 +30,10 @@ snapshot, restore, rebuild), ``streams`` (a stream's), ``recovery`` (on start), 
 """
 
 from .files import is_data_file, remove_data_dir, snapshot_path
-from .queues import restore_file, snapshot_queue
-from .recovery import recover
+from .queues import restore_file, restore_files, snapshot_queue
+from .recovery import recover, restore_exchanges
 from .snapshotter import Snapshotter
 from .streams import apply_retention, snapshot_stream
 
-__all__ = ["snapshot_path", "snapshot_queue", "snapshot_stream", "apply_retention", "restore_file", "recover",
-           "Snapshotter", "is_data_file", "remove_data_dir"]
+__all__ = ["snapshot_path", "snapshot_queue", "snapshot_stream", "apply_retention", "restore_file", "restore_files",
+           "restore_exchanges", "recover", "Snapshotter", "is_data_file", "remove_data_dir"]

@@ -1,5 +1,6 @@
 """A queue's snapshot and logs: writing the snapshot (rotating a "wal" queue's log in the
-same critical section), restoring a file, and rebuilding queues a reboot lost."""
+same critical section), restoring files, and rebuilding queues a reboot lost (both make
+every queue first, linked to its dead-letter queue, then fill them)."""
 
 import array
 import hashlib
@@ -70,29 +71,128 @@ _CREATE_KEYS = ("max_bytes", "max_message_bytes", "visibility_timeout", "max_del
                 "retry_delay_max", "priority_aging", "lanes")
 
 
+def _create_settings(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k in _CREATE_KEYS}
+
+
+def _targets_first(links: dict) -> list[str]:
+    """The names of ``links`` (queue -> its dead-letter queue or None), each dead-letter
+    queue among them before the queues that name it (in a cycle, one of them comes first)."""
+    order, seen = [], set()
+    for name in sorted(links):
+        chain = []  # a queue names one dead-letter queue: follow the chain to its end
+        while name in links and name not in seen:
+            seen.add(name)
+            chain.append(name)
+            name = links[name]
+        order += reversed(chain)
+    return order
+
+
+def create_queues(broker: Broker, wanted: dict, on_error=None) -> list[tuple[str, str]]:
+    """Create the queues of ``wanted`` (name -> ``create_queue``'s settings) that are not
+    there yet, empty, each linked to its dead-letter queue: those first, and a queue of a
+    cycle of them made again (still empty) once the others are there. Fill them after.
+
+    A dead-letter queue that is nowhere cannot be linked (``create_queue`` refuses it): the
+    queue is made without it, and the pair is returned, (queue, dead-letter queue), for the
+    caller to say. ``on_error(name, exc)``: a queue that cannot be made (default: raise)."""
+    there = set(broker.list_queues())
+    unlinked = []
+
+    def make(name, settings):
+        try:
+            broker.create_queue(name, **settings).close()
+        except (ValueError, TypeError, OSError, ShmqError) as e:
+            if on_error is None:
+                raise
+            on_error(name, e)
+            return False
+        there.add(name)
+        return True
+
+    for name in _targets_first({n: s.get("dead_letter_queue") for n, s in wanted.items()}):
+        dlq = wanted[name].get("dead_letter_queue")
+        if name in there:
+            continue
+        if dlq and dlq != name and dlq not in there:  # (its own: create_queue says why not)
+            if make(name, {k: v for k, v in wanted[name].items() if k != "dead_letter_queue"}):
+                unlinked.append((name, dlq))
+        else:
+            make(name, wanted[name])
+    for name, dlq in list(unlinked):
+        if dlq in there:  # the first of a cycle: made again, linked
+            broker.delete_queue(name)
+            there.discard(name)
+            unlinked.remove((name, dlq))
+            make(name, wanted[name])
+    return unlinked
+
+
+def dropped_link(name: str, dlq: str, why: str) -> str:
+    """The warning for a queue made without its dead-letter queue, because there is none."""
+    return (f"queue {name!r} has lost its dead-letter queue {dlq!r}: there is no queue {dlq!r} ({why}); "
+            f"messages {name!r} rejects or delivers max_deliveries times are dropped")
+
+
+def _queue_snapshot_header(path: str):
+    """(header, None) of a queue's snapshot to restore, or (None, why it is not one)."""
+    with dmsq.SnapshotReader(path) as r:
+        header, error = r.header, r.error
+    if header is None:
+        return None, error or f"{path}: not a snapshot"
+    if split_partition_name(header.queue) is not None:
+        return None, (f"{path}: a snapshot of a stream partition ({header.queue}); streams are "
+                      "rebuilt from their data dir by `shmq server --data-dir`")
+    return header, None
+
+
+def restore_files(broker: Broker, paths, into: str | None = None):
+    """Load .dmsq files into queues, as ``restore_file`` does each, in two steps: every
+    queue is made first (``create_queues``: each linked to its dead-letter queue when
+    that is one of them or there already), then filled. ``into`` only with one file.
+    Returns ([(queue, messages, error)] in the order of ``paths``, [(queue, dead-letter
+    queue)] of the links dropped because the dead-letter queue is nowhere). A file that
+    is no queue's snapshot restores nothing: ``("", 0, why)``."""
+    paths = list(paths)
+    if into is not None and len(paths) != 1:
+        raise ValueError(f"into={into!r} names one queue: give one file, not {len(paths)}")
+    names, refused, wanted = {}, {}, {}
+    for path in paths:
+        header, refused[path] = _queue_snapshot_header(path)
+        if header is not None:
+            names[path] = into or header.queue
+            wanted.setdefault(names[path], _create_settings(header.settings))
+    unlinked = create_queues(broker, wanted)
+    results = []
+    for path in paths:
+        if path not in names:
+            results.append(("", 0, refused[path]))
+            continue
+        result = dmsq.read_snapshot(path)
+        q = broker.queue(names[path])
+        try:
+            n = maintenance.import_messages(
+                q, ((r.msg_id, r.attempt, r.enqueued_ns, r.headers, r.body) for r in result.records))
+        finally:
+            q.close()
+        results.append((names[path], n, result.error))
+    return results, unlinked
+
+
 def restore_file(broker: Broker, path: str, into: str | None = None) -> tuple[str, int, str | None]:
     """Load a .dmsq file into queue ``into`` (default: the queue it was taken from),
     creating it with the file's settings if needed. Returns (queue, messages, error):
     ``error`` is the one-line description of damage that stopped the replay (the
-    records before it are restored), or None. A stream partition's snapshot is not
-    loaded (streams are rebuilt by ``recover``): its error says so."""
-    result = dmsq.read_snapshot(path)
-    if result.header is None:
-        return into or "", 0, result.error or f"{path}: not a snapshot"
-    if split_partition_name(result.header.queue) is not None:
-        return into or "", 0, (f"{path}: a snapshot of a stream partition ({result.header.queue}); streams are "
-                               "rebuilt from their data dir by `shmq server --data-dir`")
-    name = into or result.header.queue
-    settings = {k: v for k, v in result.header.settings.items() if k in _CREATE_KEYS}
-    if settings.get("dead_letter_queue") and settings["dead_letter_queue"] not in broker.list_queues():
-        settings.pop("dead_letter_queue")  # restored without its DLQ rather than not at all
-    q = broker.create_queue(name, exist_ok=True, **settings)
-    try:
-        n = maintenance.import_messages(
-            q, ((r.msg_id, r.attempt, r.enqueued_ns, r.headers, r.body) for r in result.records))
-    finally:
-        q.close()
-    return name, n, result.error
+    records before it are restored), or None. A file that is no queue's snapshot (a
+    stream partition's: streams are rebuilt by ``recover``) loads nothing: ("", 0, why).
+    A dead-letter queue that is not there is left out, with a warning logged
+    (``restore_files`` restores a queue and its dead-letter queue together)."""
+    (result,), unlinked = restore_files(broker, [path], into)
+    for name, dlq in unlinked:
+        log.warning("%s", dropped_link(name, dlq, "restore both with restore_files, or create it first"),
+                    extra={"event": "link_dropped", "queue": name, "dead_letter_queue": dlq})
+    return result
 
 
 def logs_from(data_dir, name, wal_from):
@@ -116,33 +216,57 @@ def _replay_logs(data_dir, name, wal_from, records):
             set_aside(path, error, len(entries))
 
 
+def _rebuild_settings(data_dir: str, name: str) -> dict | None:
+    """What queue ``name`` is rebuilt with: its snapshot's settings, or a "wal" queue's
+    defaults when it has logs only; None when it has neither (or the header is damaged:
+    reading the records says so)."""
+    try:
+        with dmsq.SnapshotReader(snapshot_path(data_dir, name)) as r:
+            if r.header is not None:
+                return r.header.settings
+    except FileNotFoundError:
+        pass
+    return {"durability": "wal"} if wal_files(data_dir, name) else None
+
+
 def recover_queues(broker: Broker, data_dir: str, names) -> list[str]:
+    """Rebuild the queues of ``names`` whose segments are gone from their files in
+    ``data_dir``: all are made first, each linked to its dead-letter queue
+    (``create_queues``; a dead-letter queue that is nowhere is a warning naming both),
+    then each is filled from its snapshot and logs. Returns the names rebuilt."""
+    lost = sorted(set(names) - set(broker.list_queues()))  # the live ones: memory is newer than any file
+    settings = {name: _rebuild_settings(data_dir, name) for name in lost}
+    failed = set()
+
+    def cannot(name, e):
+        failed.add(name)
+        log.error("%s: cannot rebuild queue %s: %s", data_dir, name, e)
+
+    wanted = {name: _create_settings(s) for name, s in settings.items() if s is not None}
+    for name, dlq in create_queues(broker, wanted, cannot):
+        log.warning("%s", dropped_link(name, dlq, f"none in shared memory, none rebuilt from {data_dir}"),
+                    extra={"event": "link_dropped", "queue": name, "dead_letter_queue": dlq, "data_dir": data_dir})
     rebuilt = []
-    live = set(broker.list_queues())
-    for name in sorted(set(names) - live):  # the live ones: memory is newer than any file
-        header, snapshot = read_snapshot_file(snapshot_path(data_dir, name), "message(s)")
-        records = {r.msg_id: (r.msg_id, r.attempt, r.enqueued_ns, r.headers, r.body) for r in snapshot}
-        settings = header.settings if header is not None else None
-        if settings is None:
-            settings = {"durability": "wal"} if wal_files(data_dir, name) else None
-        if settings is None:
+    for name in lost:
+        _header, snapshot = read_snapshot_file(snapshot_path(data_dir, name), "message(s)")
+        if settings[name] is None:
             continue
-        wal_from = settings.get("wal_from", 0)
+        records = {r.msg_id: (r.msg_id, r.attempt, r.enqueued_ns, r.headers, r.body) for r in snapshot}
+        wal_from = settings[name].get("wal_from", 0)
         if not isinstance(wal_from, list):  # (a laned queue's first snapshot, before its logs opened: all of them)
-            wal_from = [wal_from] * settings.get("lanes", 1)
+            wal_from = [wal_from] * settings[name].get("lanes", 1)
         for j, first in enumerate(wal_from):
             _replay_logs(data_dir, lane_name(name, j), first, records)
-        create = {k: v for k, v in settings.items() if k in _CREATE_KEYS}
-        if create.get("dead_letter_queue") and create["dead_letter_queue"] not in broker.list_queues():
-            create.pop("dead_letter_queue")
+        if name in failed:
+            continue
         try:
-            q = broker.create_queue(name, exist_ok=True, **create)
+            q = broker.queue(name)
             try:
                 n = maintenance.import_messages(q, records.values())
             finally:
                 q.close()
         except (ValueError, TypeError, OSError, ShmqError) as e:
-            log.error("%s: cannot rebuild queue %s: %s", data_dir, name, e)
+            cannot(name, e)
             continue
         log.info("queue %s rebuilt from %s: %d message(s)", name, data_dir, n,
                  extra={"event": "queue_rebuilt", "queue": name, "data_dir": data_dir, "messages": n})

@@ -5,6 +5,7 @@ import os
 
 from .. import dmsq
 from ..engine.broker import Broker
+from ..engine.exchange import _KINDS  # a binding's kind ("q", "s") -> "queue", "stream"
 from ..errors import ShmqError
 from .files import owner_of
 from .queues import recover_queues
@@ -12,11 +13,14 @@ from .streams import rebuild_stream
 
 log = logging.getLogger("shmq.persistence")
 
+
 def recover(broker: Broker, data_dir: str) -> list[str]:
     """On start: rebuild every queue and stream whose segments are gone from its
-    snapshots and its write-ahead logs; keep the ones still in shared memory. Damaged
-    files are replayed up to the damage and moved aside (``.corrupt``). Returns the names
-    rebuilt: queues by name, streams as ``@NAME``."""
+    snapshots and its write-ahead logs; keep the ones still in shared memory. The links
+    between them are made once all are there: dead-letter queues (``create_queues``),
+    then the exchanges' bindings; a link to something that is nowhere is a warning
+    naming both. Damaged files are replayed up to the damage and moved aside
+    (``.corrupt``). Returns the names rebuilt: queues by name, streams as ``@NAME``."""
     owners = {owner for owner in map(owner_of, os.listdir(data_dir)) if owner is not None}
     rebuilt = recover_queues(broker, data_dir, [o for o in owners if not o.startswith("@")])
     live = set(broker.list_streams())
@@ -33,11 +37,11 @@ def recover(broker: Broker, data_dir: str) -> list[str]:
 def _recover_exchanges(broker: Broker, data_dir: str) -> None:
     """Put back the exchanges and bindings saved in the data dir's exchange file, when
     the namespace has no exchange table in shared memory (memory is newer than the file).
-    Bindings to a queue or stream that is not there (a "memory" one) are dropped. A
-    damaged file is moved aside and said in one line; start-up goes on."""
+    Bindings to a queue or stream that is not there once every one is rebuilt (a
+    "memory" one) are dropped, each with a warning naming both. A damaged file is moved
+    aside and said in one line; start-up goes on."""
     path = os.path.join(data_dir, dmsq.EXCHANGES_FILE)
-    exchanges = broker.exchange_table()
-    if not os.path.exists(path) or exchanges.exists():
+    if not os.path.exists(path) or broker.exchange_table().exists():
         return
     try:
         table = dmsq.read_exchanges(path)
@@ -50,19 +54,45 @@ def _recover_exchanges(broker: Broker, data_dir: str) -> None:
     except OSError as e:
         log.error("%s: cannot read the exchange table: %s", path, e)
         return
-    there = {"q": set(broker.list_queues()), "s": set(broker.list_streams())}
-    bindings = dropped = 0
-    for x in table.values():
-        kept = [b for b in x["bindings"] if b[1] in there[b[0]]]
-        dropped += len(x["bindings"]) - len(kept)
-        bindings += len(kept)
-        x["bindings"] = kept
     try:
-        exchanges.restore(table)
+        restored, bindings, dropped = restore_exchanges(broker, table)
     except (ValueError, OSError, ShmqError) as e:
         log.error("%s: cannot restore the exchanges: %s", path, e)
         return
-    log.info("exchanges restored from %s: %d exchange(s), %d binding(s)%s", path, len(table), bindings,
-             f" ({dropped} to queues or streams not there dropped)" if dropped else "",
-             extra={"event": "exchanges_restored", "data_dir": data_dir, "exchanges": len(table),
-                    "bindings": bindings, "dropped": dropped})
+    for exchange, kind, target, pattern in dropped:
+        log.warning("%s", dropped_binding(exchange, kind, target, pattern,
+                                          f"none in shared memory, none rebuilt from {data_dir}"),
+                    extra={"event": "binding_dropped", "exchange": exchange, "kind": kind, "target": target,
+                           "pattern": pattern, "data_dir": data_dir})
+    log.info("exchanges restored from %s: %d exchange(s), %d binding(s)%s", path, len(restored), bindings,
+             f" ({len(dropped)} to queues or streams not there dropped)" if dropped else "",
+             extra={"event": "exchanges_restored", "data_dir": data_dir, "exchanges": len(restored),
+                    "bindings": bindings, "dropped": len(dropped)})
+
+
+def restore_exchanges(broker: Broker, table: dict) -> tuple[list[str], int, list[tuple[str, str, str, str]]]:
+    """Put back the exchanges of ``table`` (``dmsq.read_exchanges``) that the namespace
+    does not have (those it has stay as they are), with their bindings to the queues and
+    streams there now: make those first. Returns (the exchanges put back, how many
+    bindings they have, the bindings dropped: (exchange, "queue" or "stream", target,
+    pattern)). Raises ValueError, OSError or ShmqError when the table cannot be written."""
+    exchanges = broker.exchange_table()
+    here = set(exchanges.table())
+    there = {"q": set(broker.list_queues()), "s": set(broker.list_streams())}
+    new, bindings, dropped = {}, 0, []
+    for name, x in table.items():
+        if name in here:
+            continue
+        kept = [b for b in x["bindings"] if b[1] in there[b[0]]]
+        dropped += [(name, _KINDS[k], t, p) for k, t, p in x["bindings"] if t not in there[k]]
+        bindings += len(kept)
+        new[name] = {**x, "bindings": kept}
+    if new:
+        exchanges.restore(new)
+    return sorted(new), bindings, dropped
+
+
+def dropped_binding(exchange: str, kind: str, target: str, pattern: str, why: str) -> str:
+    """The warning for a binding left out because its queue or stream is not there."""
+    return (f"exchange {exchange!r} has lost its binding to {kind} {target!r} (pattern {pattern!r}): there is no "
+            f"{kind} {target!r} ({why}); what it routes there is not delivered")
