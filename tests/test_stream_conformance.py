@@ -42,8 +42,10 @@ def test_create_list_delete_and_their_errors(any_broker):
                                                                                        "snapshot")
     with pytest.raises(shmq.StreamExists, match="stream 'events' already exists"):
         any_broker.create_stream("events")
-    again = any_broker.create_stream("events", partitions=1, exist_ok=True)  # the existing one, as it is
+    again = any_broker.create_stream("events", exist_ok=True)  # the existing one, as it is
     assert again.partitions == 3
+    with pytest.raises(shmq.StreamExists, match="'events' exists .* with other settings: partitions 3 \\(asked 1\\)"):
+        any_broker.create_stream("events", partitions=1, exist_ok=True)
     assert any_broker.stream("events").partitions == 3
     with pytest.raises(shmq.StreamNotFound, match="no stream 'missing'"):
         any_broker.stream("missing")
@@ -218,9 +220,10 @@ def test_the_commit_fence_and_reset(any_broker):
         assert [r.value for r in c.poll(timeout=5)] == [b"new"]
 
 
-def test_a_partition_that_came_back_resumes_from_the_commit_and_commits_never_go_back(any_broker):
+def test_a_partition_that_came_back_resumes_from_the_commit_and_its_stale_commit_fails(any_broker):
     """Issue 20: a polls 10 of partition 1; c joins, reads 0..49, commits 50, leaves; a
-    must go on from 50 (not its stale 10), and a commit below 50 fails."""
+    must go on from 50 (not its stale 10), and may not commit 1 before it polled again
+    (issue 27: the owner may move its commit back, a stale member may not)."""
     s = any_broker.create_stream("events", partitions=2, max_bytes=1 << 16)
     s.append_many([b"r%d" % i for i in range(100)], partition=1)
     a = s.consumer("g")
@@ -230,16 +233,16 @@ def test_a_partition_that_came_back_resumes_from_the_commit_and_commits_never_go
     assert [r.offset for r in c.poll(max_records=50, timeout=1)] == list(range(50))
     c.commit()
     c.close()
+    with pytest.raises(shmq.CommitFailed, match=r"generation \d+ -> \d+\) since this member's last poll: "
+                                                r"partitions \[1\] went to another member and came back"):
+        a.commit({0: 0, 1: 10})  # all or nothing: partition 0, a's throughout, is not moved either
+    assert s.committed("g") == {1: 50}
     assert [(r.partition, r.offset) for r in a.poll(max_records=5, timeout=1)] == [(1, o) for o in range(50, 55)]
     assert a.position(1) == 55
     a.commit()
     assert s.committed("g") == {0: 0, 1: 55}
-    with pytest.raises(shmq.CommitFailed, match=r"partition 1 is committed at 55: 15 would move it backwards"):
-        a.commit({1: 15})
-    with pytest.raises(shmq.CommitFailed, match="backwards"):
-        a.commit({0: 3, 1: 10})  # all or nothing: partition 0 is not moved either
-    assert s.committed("g") == {0: 0, 1: 55}
-    a.commit({1: 55})  # the same offset again is no move
+    a.commit({1: 15})  # the owner moves it back; its own position stays
+    assert s.committed("g") == {0: 0, 1: 15} and a.position(1) == 55
     a.close()
 
 
@@ -264,20 +267,22 @@ def test_records_polled_by_a_member_that_lost_them_are_read_again(any_broker):
 
 
 def test_a_member_keeps_its_position_where_it_keeps_its_partition(any_broker):
-    """A commit made in a generation that is no longer current fails and stores nothing,
-    even for partitions the member still owns; those it keeps go on from its position
-    (its next commit covers what it polled), those that moved start at the commit."""
+    """A commit made in a generation that is no longer current fails and stores nothing
+    if it names a partition the member lost, and is stored for partitions it kept (issue
+    27); those it keeps go on from its position (its next commit covers what it polled),
+    those that moved start at the commit."""
     s = any_broker.create_stream("events", partitions=4, max_bytes=1 << 16)
     for p in range(4):
         s.append_many([b"p%d-%d" % (p, i) for i in range(10)], partition=p)
     a = s.consumer("g")
     assert len(a.poll(max_records=100, timeout=1)) == 40
     b = s.consumer("g")  # a keeps 0 and 2, b takes 1 and 3
-    with pytest.raises(shmq.CommitFailed, match=r"generation \d+ -> \d+"):
-        a.commit({0: 10})
-    with pytest.raises(shmq.CommitFailed):
+    with pytest.raises(shmq.CommitFailed, match=r"generation \d+ -> \d+\) since this member's last poll: "
+                                                r"partitions \[1, 3\] went to other members; nothing committed"):
         a.commit()
     assert s.committed("g") == {}
+    a.commit({0: 9})  # kept without a break: a's commit stands, in a generation it has not seen
+    assert s.committed("g") == {0: 9}
     assert a.assignment() == [0, 2] and b.assignment() == [1, 3]
     assert (a.position(0), a.position(2)) == (10, 10)  # kept partitions keep the position
     assert b.position(1) == 0  # moved ones start at the commit (none yet: earliest)

@@ -5,17 +5,19 @@ in the stream's meta segment, under its robust mutex. A group has a generation t
 moves whenever its membership does (a join, a close, a member found dead); every
 member derives the same assignment from the same sorted member list (partition ``p``
 goes to member ``p % n``), so no one hands partitions out and no two members of a
-generation own one partition. A commit names the generation it was made in and is
-refused (CommitFailed) once the group moved on, when a partition is no longer the
-member's, or when it would move a committed offset backwards: the fence. Members are
-processes found dead the way lease holders are (pid + start time); over TCP the server
-is the member on behalf of each connection, so one process may hold several members.
+generation own one partition. Members are processes found dead the way lease holders
+are (pid + start time); over TCP the server is the member on behalf of each connection,
+so one process may hold several members.
 
 Each membership change moves the generation by one, and where it changes a
 partition's owner the table notes the new generation as that partition's *owner
 since*. A member that last saw generation g and owns ``p`` again may go on from its
 own position only if ``since[p] <= g``: nobody else owned ``p`` in between, even in
 generations it never saw. Otherwise it starts at the committed offset (Kafka's rule).
+The same test is the fence on commits: a commit names the generation of the member's
+last view, and is refused (CommitFailed) for a partition the member does not own now
+or has not owned without a break since then (Kafka's assignment epochs, KIP-1251), so
+a stale member never moves an offset, while the owner may move it anywhere, back too.
 The generation and the owner-since words are written before the member slots, so a
 holder killed half way leaves at worst a mark too many (a member reads again from the
 commit), never an owner change the marks miss.
@@ -208,12 +210,11 @@ class Groups:
                 out[p] = off
         return out
 
-    def commit(self, name: str, member_id: int, generation: int, offsets: dict, owned=None) -> None:
-        """Store committed offsets (the next offset to read) made in ``generation``, all
-        or none; CommitFailed if the group moved on, a partition is not the member's, or
-        an offset is below the one committed (a commit never moves back). ``owned``:
-        the member's partitions as it derived them in ``generation`` (the membership has
-        not moved while the generation has not, so the member list need not be read)."""
+    def commit(self, name: str, member_id: int, generation: int, owned, offsets: dict) -> None:
+        """Store committed offsets (the next offset to read) of a member whose last view
+        was ``generation``, in which it owned ``owned``: all or none, forward or back.
+        CommitFailed, storing nothing, unless the member owns every partition named and
+        has owned it without a break since ``generation`` (``_refusal``)."""
         s = self._s
         s._acquire()
         try:
@@ -221,24 +222,41 @@ class Groups:
             if i is None:
                 raise CommitFailed(f"group {name!r} of stream {s.name!r} no longer exists")
             gen = self._head(i)[2]
-            if owned is None or gen != generation:
-                ids = [mid for _m, _p, _s, mid in self._members(i)]
-                owned = assign(ids, s.partitions, member_id)
-            owned = set(owned)
-            if gen != generation or not set(offsets) <= owned:
-                raise CommitFailed(
-                    f"group {name!r} of stream {s.name!r} rebalanced (generation {generation} -> {gen}): "
-                    f"partitions {sorted(set(offsets) - owned) or sorted(offsets)} are no longer this member's")
-            for p, off in sorted(offsets.items()):
-                was = s._mq[self._committed_w(i, p)]
-                if was != _NO and off < was:
-                    raise CommitFailed(f"group {name!r} of stream {s.name!r}: partition {p} is committed at {was}: "
-                                       f"{off} would move it backwards")
+            refusal = self._refusal(i, f"group {name!r} of stream {s.name!r}", member_id, generation, gen,
+                                    set(owned), set(offsets))
+            if refusal:
+                raise CommitFailed(refusal)
             for p, off in offsets.items():
                 self._set_committed(i, p, off)
             self._set_generation(i, gen, _mono())
         finally:
             s._release()
+
+    def _refusal(self, i, where, member_id, generation, gen, owned, named) -> str | None:
+        """Why a commit of the partitions ``named`` may not be stored, or None. The fence:
+        a member commits a partition it owns now and has owned without a break since its
+        view ``generation`` (``since[p] <= generation``: Kafka's assignment epochs,
+        KIP-1251), so nobody else read or committed it meanwhile; within one generation,
+        a partition it owns."""
+        if gen == generation:
+            foreign = sorted(named - owned)
+            if not foreign:
+                return None
+            return f"{where}: partitions {foreign} are not this member's (it owns {sorted(owned)}): nothing committed"
+        moved = f"{where} rebalanced (generation {generation} -> {gen}) since this member's last poll"
+        ids = [mid for _m, _p, _s, mid in self._members(i)]
+        if member_id not in ids:
+            return f"{moved}, without this member (it was taken for dead): nothing committed; poll() joins again"
+        now = set(assign(ids, self._s.partitions, member_id))
+        lost = sorted((named & owned) - now)
+        back = sorted(p for p in named & owned & now if self._s._mq[self._since_w(i, p)] > generation)
+        new = sorted(named - owned)
+        why = [f"partitions {lost} went to other members"] if lost else []
+        why += [f"partitions {back} went to another member and came back"] if back else []
+        why += [f"partitions {new} were not this member's"] if new else []
+        if not why:
+            return None
+        return f"{moved}: {'; '.join(why)}; nothing committed: poll() takes the new assignment"
 
     def names(self) -> list[str]:
         s = self._s

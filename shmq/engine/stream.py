@@ -591,15 +591,17 @@ class Consumer:
 
     def commit(self, offsets: dict | None = None) -> None:
         """Commit ``{partition: next offset to read}`` (default: where this member is in
-        every partition it owns), all or nothing. CommitFailed if the group rebalanced
-        since this member's last poll, or if an offset is below the one committed; then
-        poll again (partitions it kept go on from its position)."""
+        every partition it owns), all or nothing; an explicit offset may be below the
+        committed one (the group reads from there again, this member's position stays).
+        CommitFailed, committing nothing, if a partition named went to another member
+        since this member's last poll (also if it came back since); then poll again:
+        partitions it kept go on from its position."""
         self._check_open()
         if offsets is None:
             offsets = dict(self._positions)
         else:
             offsets = {p: _check_offset(o) for p, o in offsets.items()}
-        self.stream.groups_table.commit(self.group, self._member, self._gen, offsets, self._owned)
+        self.stream.groups_table.commit(self.group, self._member, self._gen, self._owned, offsets)
 
     def close(self) -> None:
         """Leave the group: this member's partitions go to the others."""

@@ -29,9 +29,11 @@ class GroupModel(RuleBasedStateMachine):
     """The model knows only the rules: partition p belongs to the member of rank p % n (in
     join order); an owner's *stint* on p begins when p becomes its and ends when p goes to
     another. In a stint the owner reads on from where it is; a new stint starts at the
-    committed offset (or 0). A commit succeeds only if the member has polled since the
-    last membership change, its partitions are its own, and no offset moves back; what
-    it commits past was delivered to it in its stint (nothing is skipped)."""
+    committed offset (or 0). A commit succeeds only if every partition it names was the
+    member's at its last view (join or poll) and has been without a break since (issue
+    27: in a generation it has not seen too), forward or back; what a commit() of its
+    positions moves past was delivered to it in its stint, or committed before and moved
+    back by it (nothing is skipped)."""
 
     def __init__(self):
         super().__init__()
@@ -43,9 +45,12 @@ class GroupModel(RuleBasedStateMachine):
         self.next_id = 0
         self.changes = 0  # membership changes so far
         self.seen = {}  # model id -> changes when it last polled (took the group's view)
+        self.viewed = {}  # model id -> the partitions it owned then
+        self.since = {p: 0 for p in range(P)}  # p -> changes when its owner last changed
         self.committed = {}  # p -> the group's committed offset
         self.stint = {}  # p -> where the owner reads next; absent: its stint has not begun reading
         self.got = {p: set() for p in range(P)}  # offsets delivered to p's owner in its stint
+        self.rewound = {p: set() for p in range(P)}  # offsets its owner moved the commit back over
 
     def teardown(self):
         for _mid, c in self.members:
@@ -74,19 +79,26 @@ class GroupModel(RuleBasedStateMachine):
         for p in range(P):
             if self._owner(p) != before[p]:  # a new stint
                 self.stint.pop(p, None)
-                self.got[p] = set()
+                self.got[p], self.rewound[p] = set(), set()
+                self.since[p] = self.changes
+
+    def _view(self, mid):
+        """Member ``mid`` takes the group's view: where its stints begin, they start at the commit."""
+        self.seen[mid], self.viewed[mid] = self.changes, self._owned(mid)
+        for p in self.viewed[mid]:
+            self.stint.setdefault(p, self.committed.get(p, 0))
 
     def _commit_ok(self, mid, offsets):
-        if self.seen[mid] != self.changes or not set(offsets) <= set(self._owned(mid)):
-            return False
-        return all(off >= self.committed.get(p, off) for p, off in offsets.items())
+        return all(p in self.viewed[mid] and self._owner(p) == mid and self.since[p] <= self.seen[mid]
+                   for p in offsets)
 
     def _apply_commit(self, mid, offsets):
         for p, off in offsets.items():
             was = self.committed.get(p, 0)
-            assert off >= was
-            assert set(range(was, off)) <= self.got[p], f"partition {p}: the group commits past {was}..{off - 1} " \
-                                                        f"that member {mid} was not delivered in its stint"
+            assert set(range(was, off)) <= self.got[p] | self.rewound[p], (
+                f"partition {p}: the group commits past {was}..{off - 1} that member {mid} was not delivered in its "
+                f"stint")
+            self.rewound[p] |= set(range(off, was))
             self.committed[p] = off
 
     # -- rules ----------------------------------------------------------------------
@@ -105,7 +117,7 @@ class GroupModel(RuleBasedStateMachine):
     def join(self):
         mid, self.next_id = self.next_id, self.next_id + 1
         self._membership(lambda: self.members.append((mid, self.s.consumer("g"))))
-        self.seen[mid] = self.changes  # joining takes the view
+        self._view(mid)  # joining takes the view
 
     @precondition(lambda self: self.members)
     @rule(k=st.integers(0, MAX_MEMBERS - 1))
@@ -119,7 +131,7 @@ class GroupModel(RuleBasedStateMachine):
     def poll(self, k, n):
         mid, c = self.members[k % len(self.members)]
         records = c.poll(max_records=n, timeout=0)
-        self.seen[mid] = self.changes
+        self._view(mid)
         owned = self._owned(mid)
         assert {r.partition for r in records} <= set(owned)
         assert len(records) == min(n, sum(self.end[p] - self._start(p) for p in owned))
@@ -135,16 +147,7 @@ class GroupModel(RuleBasedStateMachine):
     @rule(k=st.integers(0, MAX_MEMBERS - 1))
     def commit(self, k):
         mid, c = self.members[k % len(self.members)]
-        if self.seen[mid] != self.changes:
-            try:
-                c.commit()
-            except shmq.CommitFailed:
-                return
-            raise AssertionError(f"member {mid} committed in a generation that is not current")
-        offsets = {p: self._start(p) for p in self._owned(mid)}
-        assert self._commit_ok(mid, offsets)
-        c.commit()
-        self._apply_commit(mid, offsets)
+        self._try_commit(mid, c, {p: self._start(p) for p in self.viewed[mid]}, None)
 
     @precondition(lambda self: self.members)
     @rule(k=st.integers(0, MAX_MEMBERS - 1), p=st.integers(0, P - 1), back=st.integers(0, 5))
@@ -153,15 +156,17 @@ class GroupModel(RuleBasedStateMachine):
         (so some are below the committed offset), or of a partition that is not its."""
         mid, c = self.members[k % len(self.members)]
         offsets = {p: max(0, self._start(p) - back)}
+        self._try_commit(mid, c, offsets, offsets)
+
+    def _try_commit(self, mid, c, offsets, explicit):
+        """Member ``mid`` commits ``explicit`` (None: its positions, ``offsets``): stored
+        all or none, as the model says."""
         if self._commit_ok(mid, offsets):
-            c.commit(offsets)
+            c.commit(explicit)
             self._apply_commit(mid, offsets)
-        else:
-            try:
-                c.commit(offsets)
-            except shmq.CommitFailed:
-                return
-            raise AssertionError(f"member {mid}'s commit of {offsets} should have failed")
+            return
+        with pytest.raises(shmq.CommitFailed, match="nothing committed"):
+            c.commit(explicit)
 
     @invariant()
     def committed_is_the_models(self):
