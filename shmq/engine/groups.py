@@ -27,6 +27,7 @@ import time
 
 from ..errors import CommitFailed, ShmqError
 from . import layout as L
+from . import waits
 from .process import current_identity, is_alive
 
 __all__ = ["Groups", "assign", "owner"]
@@ -121,6 +122,9 @@ class Groups:
         for p in range(self._s.partitions):
             if owner(before, p) != owner(after, p):
                 mq[self._since_w(i, p)] = gen
+        # the readers waiting (a member's poll, the server's doorbell) look again now
+        for _ in range(waits.owed_posts(mq, waits.READERS, 2**31)):
+            self._s._ne.release()
         return gen
 
     def _remove(self, i, slots) -> None:

@@ -41,7 +41,7 @@ _mono = time.monotonic_ns
 _wall = time.time_ns
 REFRESH_NS = 500_000_000  # how often a consumer checks that the other members of its group live
 WAIT_SLICE_S = 0.05  # longest sleep of a reader waiting at the end before it looks again
-_READERS = (L.SI_CWAIT, L.SI_CPOSTED, None)
+_READERS = waits.READERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,15 +419,16 @@ class Stream:
         off, ts, key, hraw, value = row
         return Record(self.name, p, off, key, value, decode_headers(hraw) if hraw else {}, ts / 1e9)
 
-    def _wait(self, deadline, ready) -> None:
-        """Sleep until an append may have come (or ``deadline``), as a registered reader."""
+    def _wait(self, deadline, ready) -> bool:
+        """Sleep until an append (or a rebalance) may have come, or ``deadline``, as a
+        registered reader; not at all if ``ready()`` holds once it is registered. True if
+        it did, or a post woke the sleep."""
         mq = self._mq
         self._acquire()
         mq[L.SI_CWAIT] += 1
         self._release()
         try:
-            if not ready():
-                waits.sleep_slice(self._ne, deadline, _mono(), slice_s=WAIT_SLICE_S)
+            return ready() or waits.sleep_slice(self._ne, deadline, _mono(), slice_s=WAIT_SLICE_S) == 2
         finally:
             self._acquire()
             n = mq[L.SI_CWAIT] - 1

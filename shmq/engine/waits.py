@@ -17,7 +17,7 @@ import posix_ipc
 from . import layout as L
 from .mutex import FOREVER
 
-__all__ = ["SPIN_NS", "WAIT_SLICE_S", "CONSUMERS", "PRODUCERS", "register", "unregister", "owed_posts", "spin",
+__all__ = ["SPIN_NS", "WAIT_SLICE_S", "CONSUMERS", "PRODUCERS", "READERS", "register", "unregister", "owed_posts", "spin",
            "sleep_slice", "seconds_ns", "lock_deadline"]
 
 SPIN_NS = 50_000  # how long a consumer polls the control block before sleeping
@@ -25,6 +25,7 @@ WAIT_SLICE_S = 0.5  # longest sleep before a waiter re-reads the control block
 # (waiter word, posted word, word of the process slot) of each side
 CONSUMERS = (L.I_CWAIT, L.I_CPOSTED, L.P_CWAIT)
 PRODUCERS = (L.I_PWAIT, L.I_PPOSTED, L.P_PWAIT)
+READERS = (L.SI_CWAIT, L.SI_CPOSTED, None)  # a stream's readers waiting at the end (no process slots)
 
 _sched_yield = os.sched_yield
 

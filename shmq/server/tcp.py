@@ -226,6 +226,7 @@ class Handles:
         line = self.lines.pop(name, None)
         if line is not None:
             line.answer_all(self.gone(f"{self.kind} {name!r} was deleted"))
+            line.retire()
         if h is not None:
             h.close()
 

@@ -5,19 +5,20 @@ Strategy: a waiting request is a small record in its line plus one loop timer, n
 coroutine or a thread, so thousands cost little and closing a connection with many
 waiters just marks them done. A waiter carries ``take``: the handler's own attempt,
 made again with the engine's non-blocking public API, which returns what to answer or
-None for "nothing yet". One algorithm (``Line``: timers, the poller, answering once)
+None for "nothing yet". One algorithm (``Line``: timers, the doorbell, answering once)
 with two ways to serve: a queue's line is first come first served and one message
 wakes one waiter (``QueueWaiters``); a stream's readers do not compete, so every one
 of its waiters is tried (``StreamWaiters``).
 """
 
-import asyncio
+import threading
+import time
 from collections import deque
 
-from ..engine import maintenance
+from ..engine import doze, maintenance
 from ..errors import ShmqError
 
-__all__ = ["Waiter", "Line", "QueueWaiters", "StreamWaiters", "NOTHING"]
+__all__ = ["Waiter", "Line", "Doorbell", "QueueWaiters", "StreamWaiters", "NOTHING"]
 
 NOTHING = ()  # what a request that waited in vain is answered with
 
@@ -47,28 +48,28 @@ class Line:
 
     Data made by this server's loop schedules a ``serve`` (``TcpServer.notify``). Data
     made by other processes (local producers and appenders writing to shared memory),
-    leases expiring, delays ending and groups rebalancing are seen by a poller task that
-    tries again with a backoff while anyone waits (``POLL_S``), so no thread ever
-    competes with the loop for the GIL. Finished or dropped waiters leave the FIFO
-    lazily; it is compacted when they are most of it, so dropping n waiters costs O(n).
+    nacks, leases lapsing or given back, delays ending are heard by the line's
+    ``Doorbell``: a thread that sleeps on the handle's semaphore while anyone waits and
+    schedules a ``serve`` on the loop when it is woken. Finished or dropped waiters leave
+    the FIFO lazily; it is compacted when they are most of it, so dropping n waiters costs
+    O(n).
     """
-
-    POLL_S = (0.0002, 0.002)  # first and longest pause between the poller's looks
 
     def __init__(self, loop, handle):
         self.loop = loop
         self.handle = handle
         self.fifo = deque()
         self.live = 0
-        self._poller = None
+        self.bell = Doorbell(self)
         self._scheduled = False
 
     def add(self, w, deadline):
+        """Line ``w`` up until ``deadline`` (loop time). Its request was just tried and
+        found nothing: data that came since is looked for now."""
         self.fifo.append(w)
         self.live += 1
         w.timer = self.loop.call_at(deadline, self.finish, w, NOTHING)
-        if self._poller is None or self._poller.done():
-            self._poller = asyncio.ensure_future(self._poll())
+        self._arm()
 
     def finish(self, w, result):
         """Answer ``w`` with a result or an exception (once)."""
@@ -96,7 +97,32 @@ class Line:
 
     def _scheduled_serve(self):
         self._scheduled = False
+        self.look()
+
+    def rang(self):
+        """The doorbell rang: data may have come from outside this loop."""
+        if self.live:
+            self.look()
+
+    def look(self):
+        """Serve, then have the doorbell wait for what comes after the look."""
+        try:
+            seen = doze.stamp(self.handle)
+        except ShmqError:
+            seen = None
         self.serve()
+        if self.live:
+            self.bell.arm(seen)
+
+    def _arm(self):
+        """The doorbell waits from now on; what came between the request's own try and
+        now is looked for (a hint: one word read, no lock)."""
+        try:
+            self.bell.arm(doze.stamp(self.handle))
+            if self.hint():
+                self.schedule()
+        except ShmqError:
+            self.schedule()  # deleted or closed: let the waiters find out
 
     def _try(self, w):
         """``w.take(w.args)``: a result, an exception (deleted, lock timeout...: the waiter hears
@@ -118,28 +144,99 @@ class Line:
         """Answer every waiter with ``result`` (stop, queue or stream deleted)."""
         while self.fifo:
             self.finish(self.fifo.popleft(), result)
-        if self._poller is not None:
-            self._poller.cancel()
 
-    async def _poll(self):
-        low, high = self.POLL_S
-        pause = low
-        while self.live:
-            try:
-                ready = self.hint()
-            except ShmqError:
-                ready = True  # deleted or closed: let the waiters find out
-            if ready and self.serve():
-                pause = low
-            else:
-                pause = min(pause * 2, high)
-            await asyncio.sleep(pause)
+    def retire(self):
+        """The handle goes (deleted, forgotten, the server stops): the doorbell stops."""
+        self.bell.stop()
+
+
+class Doorbell:
+    """The thread that wakes one ``Line`` for data made outside this loop.
+
+    Strategy: while the line has waiters, the thread sleeps in ``doze.doze`` as a
+    registered consumer of the handle, so a local producer's put, a nack, a lease given
+    back or lapsing, an append, posts it as it would post any sleeper; it then schedules
+    one ``look`` on the loop (``call_soon_threadsafe``) and waits to be armed again with
+    the stamp of that look. It never touches the waiters nor the loop's handle: it sleeps
+    on a handle of its own (``doze.twin``), which it closes as it ends. Idle for
+    ``IDLE_S``, the thread ends; the next waiter starts another.
+    """
+
+    IDLE_S = 10.0  # how long a thread with nothing to wait for stays
+    SLICE_NS = 500_000_000  # one doze's longest sleep: then the line looks again
+
+    def __init__(self, line):
+        self.line = line
+        self.cond = threading.Condition(threading.Lock())
+        self.seen = None  # the stamp to doze from; None: not armed
+        self.armed = False
+        self.running = False
+        self.stopped = False
+
+    def arm(self, seen):
+        """Wait for data that came after the look that saw ``seen`` (None: ring at once)."""
+        with self.cond:
+            if self.stopped:
+                return
+            self.seen, self.armed = seen, True
+            if self.running:
+                self.cond.notify()
+                return
+            self.running = True
+        threading.Thread(target=self._run, name=f"shmq-doorbell-{self.line.handle.name}", daemon=True).start()
+
+    def stop(self):
+        """Stop ringing (the thread ends after its doze)."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+
+    def _run(self):
+        loop = self.line.loop
+        try:
+            h = doze.twin(self.line.handle)
+        except Exception:  # deleted meanwhile: the waiters find out when they look
+            h = None
+        try:
+            while True:
+                with self.cond:
+                    if not self.armed and not self.stopped:
+                        self.cond.wait(self.IDLE_S)
+                    if self.stopped or not self.armed:  # ends under the lock: ``arm`` starts another
+                        self.running = False
+                        return
+                    seen = self.seen
+                if not self.line.live:  # answered meanwhile (a read of one int: no lock needed)
+                    self._disarm(seen)
+                    continue
+                try:
+                    if seen is not None and h is not None:
+                        doze.doze(h, seen, time.monotonic_ns() + self.SLICE_NS)
+                except Exception:  # deleted (the waiters find out), or a lock timeout
+                    pass
+                # woken, or a slice went by: a look either way (what a take notices by itself,
+                # a dead member's partitions say, is looked for twice a second at least)
+                if self._disarm(seen):
+                    try:
+                        loop.call_soon_threadsafe(self.line.rang)
+                    except RuntimeError:  # the loop is closed: the server is gone
+                        pass
+        finally:
+            if h is not None:
+                h.close()
+
+    def _disarm(self, seen) -> bool:
+        """Wait to be armed again, unless that happened since ``seen``; False once stopped."""
+        with self.cond:
+            if self.seen is seen:
+                self.armed = False
+            return not self.stopped
 
 
 class QueueWaiters(Line):
     """The CONSUMEs waiting on one queue, first come first served: ``serve`` hands ready
     messages to the waiters in order and stops at the first that finds the queue empty.
-    The poller looks at the queue's ready count — one word, no lock, no syscall."""
+    The hint looks at the queue's ready count — one word, no lock, no syscall."""
 
     def hint(self) -> bool:
         return maintenance.ready_hint(self.handle)
@@ -163,9 +260,7 @@ class QueueWaiters(Line):
 class StreamWaiters(Line):
     """The READs and POLLs waiting at the end of one stream's partitions. Readers do not
     compete (a record is there for all of them), so ``serve`` tries every waiter; each
-    try is one look under a partition's lock, so the poller backs off further."""
-
-    POLL_S = (0.0005, 0.005)
+    try is one look under a partition's lock."""
 
     def serve(self) -> bool:
         served = False

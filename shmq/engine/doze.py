@@ -1,0 +1,100 @@
+"""Sleeping for a waiter elsewhere: the server's requests that wait for data sleep in one
+thread per queue or stream, as a registered consumer of its shared memory, so that
+whoever makes data there — a local producer, a nack, a lapsed lease, a dead holder's
+lease given back, an append — wakes them with the post it owes any sleeper.
+
+Strategy: the waiters' owner looks (takes) first and hands over a ``stamp`` of what it
+saw (the words that move when data comes, read without the lock). ``doze`` counts the
+caller as a sleeper under the lock, then compares: if the stamp moved meanwhile, the
+data came before anyone counted it as a sleeper, so it does not sleep (no post is owed
+for it). Otherwise it sleeps on the semaphore until a post, the next deadline of the
+queue (a lease lapsing, a delay ending: due exactly then, not a slice later), or the
+caller's ``deadline``. A stamp equal to the last look's never wakes at once, so a
+message the waiters cannot take (a FIFO group in flight) costs no spin.
+"""
+
+import time
+
+from . import layout as L
+from . import waits
+from .lanes import LanedQueue, attach
+from .stream import Stream
+
+__all__ = ["twin", "stamp", "doze"]
+
+_mono = time.monotonic_ns
+
+
+def twin(h):
+    """A handle of its own on the queue or stream ``h`` is attached to, for ``doze`` in
+    another thread: closing either never pulls memory from under the other."""
+    if isinstance(h, Stream):
+        return Stream(h.namespace, h.name)
+    return attach(h.namespace, h.name)
+
+
+def stamp(h) -> tuple:
+    """What ``doze`` compares with: the words of ``h`` that move when data comes."""
+    if isinstance(h, Stream):
+        return _stream_stamp(h)
+    lanes = h._lanes if isinstance(h, LanedQueue) else (h,)
+    return tuple(_queue_stamp(q._mq) for q in lanes)
+
+
+def doze(h, seen, deadline) -> bool:
+    """Sleep as a consumer of ``h`` until data may have come since ``seen`` (a ``stamp``),
+    or until ``deadline`` (CLOCK_MONOTONIC ns). True when woken by data (or a due
+    deadline of the queue's), False at ``deadline``. Raises the handle's error once it is
+    deleted or closed."""
+    if isinstance(h, Stream):
+        return _doze_stream(h, seen, deadline)
+    lanes = h._lanes if isinstance(h, LanedQueue) else (h,)
+    return _doze_queue(lanes, seen, deadline)
+
+
+def _queue_stamp(mq):
+    return mq[L.I_NEXT_ID], mq[L.I_READY], mq[L.I_NEXT_DEADLINE]
+
+
+def _moved(seen, now_stamp) -> bool:
+    """Data came between the two stamps (an id given out, or more ready than seen)."""
+    return any(n[0] != s[0] or n[1] > s[1] or n[2] != s[2] for s, n in zip(seen, now_stamp))
+
+
+def _doze_queue(lanes, seen, deadline) -> bool:
+    first = lanes[0]  # a laned queue's sleepers count in lane 0 (lanes.py): every lane's put posts there
+    mq = first._mq
+    laned = len(lanes) > 1
+    first._acquire()
+    try:
+        if mq[L.I_DELETED]:
+            raise first._gone()
+        waits.register(mq, first._my_slot(), waits.CONSUMERS)
+        if laned:
+            mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]
+    finally:
+        first._release()
+    waited = 1
+    try:
+        now = _mono()
+        due = min(q._mq[L.I_NEXT_DEADLINE] for q in lanes)
+        if _moved(seen, [_queue_stamp(q._mq) for q in lanes]) or now >= due:
+            return True
+        waited = waits.sleep_slice(first._ne, min(deadline, due), now)
+        return waited == 2 or _mono() >= due
+    finally:
+        first._acquire()
+        try:
+            waits.unregister(mq, first._slot, waits.CONSUMERS, waited)
+            if laned:
+                mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]
+        finally:
+            first._release()
+
+
+def _stream_stamp(s) -> tuple:
+    return tuple(s._part(p)._mq[L.PI_NEXT] for p in range(s.partitions))
+
+
+def _doze_stream(s, seen, deadline) -> bool:
+    return s._wait(deadline, lambda: _stream_stamp(s) != seen)
