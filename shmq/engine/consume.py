@@ -122,11 +122,13 @@ class Consuming:
             if self._mq[I_DELETED]:
                 raise self._gone()
             now = _mono()
+            spent = []
             if now >= self._mq[I_NEXT_DEADLINE]:  # what is due is ready: a peek shows it
-                housekeeping.expire(self, now)
+                housekeeping.expire(self, now, spent)
             rows = scheduling.peek(self, max_messages, _wall())
         finally:
             self._release()
+        housekeeping.dead_letter_spent(self, spent)
         out = []
         for msg_id, attempt, body, hraw, enq in rows:
             ext, hraw = extension.split(hraw)
@@ -417,8 +419,9 @@ class Consuming:
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
         out = []
         dead = None
+        spent = []  # leased to us only to be dead-lettered: delivered as often as max_deliveries allows
         reap = False
-        self._acquire(deadline)
+        self._acquire_to_unwait(deadline, _CONSUMERS, waited)
         try:
             if waited:  # first: whatever happens next, this sleep is over
                 waits.unregister(mq, self._slot, _CONSUMERS, waited)
@@ -426,7 +429,7 @@ class Consuming:
                 raise self._gone()
             now = _mono()
             if now >= mq[I_NEXT_DEADLINE]:
-                housekeeping.expire(self, now)
+                housekeeping.expire(self, now, spent)
             if now >= mq[I_NEXT_LIVENESS]:
                 mq[I_NEXT_LIVENESS] = now + housekeeping.LIVENESS_PERIOD_NS
                 reap = True
@@ -513,29 +516,45 @@ class Consuming:
                     mq[_proc_word(self._my_slot(), _P_REDELIVERED)] += redelivered
                 if taken and until < mq[I_NEXT_DEADLINE]:
                     mq[I_NEXT_DEADLINE] = until
-            if not out and not dead and register:  # nothing taken at all: this process sleeps next
+            if out and self.max_deliveries is not None:
+                out = self._past_max_deliveries(out, spent, now)
+            if not out and not dead and not spent and register:  # nothing taken at all: this process sleeps next
                 waits.register(mq, self._my_slot(), _CONSUMERS)
         finally:
             self._release()
         # Deliveries are built outside the lock: the leased bytes are ours until settled.
         expired = [Delivery(self, *t) for t in dead] if dead else None
-        dead = None
         if out:
-            maxdel = self.max_deliveries
-            if maxdel is None:
-                out = [Delivery(self, *t) for t in out]
-            else:
-                dead = [Delivery(self, *t) for t in out if t[2] > maxdel]
-                out = [Delivery(self, *t) for t in out if t[2] <= maxdel]
+            out = [Delivery(self, *t) for t in out]
         if reap:
-            housekeeping.reap_dead(self)
-        if dead:
-            deadletter.dead_letter(self, dead, "max-deliveries")
+            housekeeping.reap_dead(self, now)
+        housekeeping.dead_letter_spent(self, spent)
         if expired:
             deadletter.dead_letter(self, expired, "expired")
-        if not out and (dead or expired):
+        if not out and (spent or expired):
             return None
         return out
+
+    def _past_max_deliveries(self, taken, spent, now):
+        """``taken`` (Delivery tuples) less those past ``max_deliveries`` (ready with all
+        their deliveries had: restored so from a snapshot), which go to ``spent`` with
+        their attempt as it was: leased only to be dead-lettered (as ``housekeeping.expire``
+        leases them), not delivered, nor counted as redelivered. Lock held."""
+        maxdel = self.max_deliveries
+        if all(t[2] <= maxdel for t in taken):
+            return taken
+        mq, slot = self._mq, self._my_slot()
+        keep = []
+        for t in taken:
+            if t[2] <= maxdel:
+                keep.append(t)
+                continue
+            w = (self._base + t[0] % self._cap) >> 3
+            mq[w + _R_DEADLINE] = now + housekeeping.MOVE_LEASE_NS
+            mq[w] = _LEASED | (slot << 8) | ((t[2] - 1) << 32)  # (the lease's commit, its attempt undone)
+            mq[_proc_word(slot, _P_REDELIVERED)] -= 1
+            spent.append((t[0], t[1], t[2] - 1, *t[3:]))
+        return keep
 
     def _ready_hint(self) -> bool:
         """Whether a message looks ready, read without the lock (a hint: re-check by taking)."""

@@ -1,5 +1,7 @@
 """Dead letters: a message that was rejected or delivered ``max_deliveries`` times moves
-to the queue's dead-letter queue (or is dropped when it has none).
+to the queue's dead-letter queue (or is dropped when it has none), as soon as whatever
+ends its last delivery happens: its nack (``settle``), its lease lapsing or its holder
+dying (``housekeeping``), never left ready for the next take.
 
 Strategy: the copy goes first, then the original is settled as dead-lettered: a crash in
 between duplicates the message, never loses it. A full dead-letter queue leaves the
@@ -16,16 +18,19 @@ __all__ = ["DLQ_RETRY_DELAY_S", "dead_letter", "redrive"]
 DLQ_RETRY_DELAY_S = 1.0  # when the dead-letter queue is full, retry after this
 
 
-def dead_letter(q, deliveries, reason: str) -> None:
-    """Move leased deliveries of ``q`` to its dead-letter queue, then settle them. With
-    ``reason == "rejected"`` a delivery no longer leased raises DeliveryExpired."""
-    keep = []
+def dead_letter(q, deliveries, reason: str) -> list:
+    """Move leased deliveries of ``q`` to its dead-letter queue, then settle them; returns
+    those no longer leased, left alone. With ``reason == "rejected"`` one no longer leased
+    raises DeliveryExpired instead, and none is touched. ``x-death-attempts`` is each
+    one's ``attempt``: how many times it was delivered."""
+    keep, stale = [], []
     q._acquire()
     try:
         for d in deliveries:
             if q._leased_word(d) < 0:
                 if reason == "rejected":
                     raise DeliveryExpired(f"delivery {q.name}#{d.id} attempt {d.attempt} is no longer leased")
+                stale.append(d)
                 continue
             keep.append(d)
     finally:
@@ -50,14 +55,15 @@ def dead_letter(q, deliveries, reason: str) -> None:
                 full.append(d)
             except QueueNotFound:
                 q._dlq = None  # deleted: the message is dropped, as with no DLQ
-        if full:
-            q.nack_many(full, DLQ_RETRY_DELAY_S)
+        if full:  # delayed where it is (not nacked: a last delivery would come straight back here)
+            q._requeue(full, DLQ_RETRY_DELAY_S)
             keep = [d for d in keep if d not in full]
     if keep:
         try:  # expired and dropped: counted in expired_total already, not as dead-lettered
             q._settle_acks(keep, dead_lettered=True, counted=bool(q.dead_letter_queue) or reason != "expired")
         except DeliveryExpired:
             pass  # expired meanwhile: it is redelivered (and was copied): at least once
+    return stale
 
 
 _DEATH_HEADERS = ("x-death-reason", "x-death-queue", "x-death-id", "x-death-attempts", "x-death-priority",

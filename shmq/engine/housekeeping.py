@@ -19,10 +19,11 @@ from . import deadletter, dedup, ring, scheduling, waits
 from .delivery import Delivery
 from .process import is_alive
 
-__all__ = ["LIVENESS_PERIOD_NS", "expire", "reap_dead", "housekeep", "repair"]
+__all__ = ["LIVENESS_PERIOD_NS", "expire", "dead_letter_spent", "reap_dead", "housekeep", "repair"]
 
 _wall = time.time_ns
 LIVENESS_PERIOD_NS = 500_000_000  # how often someone checks that lease holders live
+MOVE_LEASE_NS = 60 * 10**9  # the lease of a message taken only to be dead-lettered (in the same call)
 
 _REC = L.REC_SIZE
 _READY, _LEASED, _PAD, _DELAYED = L.READY, L.LEASED, L.PAD, L.DELAYED
@@ -30,8 +31,27 @@ _R_DEADLINE = L.R_DEADLINE
 _R_FLAGS = 2  # the word whose high half is a record's flags
 
 
-def expire(q, now) -> int:
-    """Lapsed leases and due delayed messages become ready. Lock held. Returns how many."""
+def _spent(q, mq, w, pos, state, now, spent) -> int:
+    """Lease the record at ``w`` (LEASED or DELAYED: the message had its last delivery) to
+    this process, only to be dead-lettered once the lock is let go: its ``Delivery`` tuple
+    goes to ``spent``. Lock held. Returns its lease's deadline."""
+    until = now + MOVE_LEASE_NS  # (should this process die first, the reaper moves it)
+    if state == _DELAYED:
+        mq[L.I_DELAYED] -= 1
+        mq[L.I_INFLIGHT] += 1
+    spent.append(scheduling.lease_record(mq, q._mm, w, pos, _LEASED | (q._my_slot() << 8), until, mq[w] >> 32))
+    return until
+
+
+def _last(q, mq, w) -> bool:
+    """Whether the record at ``w`` was delivered as often as ``max_deliveries`` allows."""
+    return q.max_deliveries is not None and mq[w] >> 32 >= q.max_deliveries
+
+
+def expire(q, now, spent) -> int:
+    """Lapsed leases and due delayed messages become ready; those that had their last
+    delivery (``max_deliveries``) go to ``spent`` instead (``_spent``: the caller
+    dead-letters them once the lock is let go). Lock held. Returns how many became ready."""
     mq = q._mq
     next_deadline = L.NEVER
     woke = 0
@@ -42,6 +62,9 @@ def expire(q, now) -> int:
         if state == _LEASED or state == _DELAYED:
             due = mq[w + _R_DEADLINE]
             if due <= now:
+                if _last(q, mq, w):  # not ready again: dead-lettered now, not by the next take
+                    next_deadline = min(next_deadline, _spent(q, mq, w, pos, state, now, spent))
+                    continue
                 if state == _LEASED and q._retry_ns:  # a lapsed lease waits as the retry policy says
                     backoff = q._retry_delay_ns(mq[w] >> 32)
                     mq[w + _R_DEADLINE] = now + backoff
@@ -62,22 +85,30 @@ def expire(q, now) -> int:
     return woke
 
 
-def _release_holder(q, slot) -> int:
-    """Every lease held by process ``slot`` becomes ready again. Lock held."""
+def _release_holder(q, slot, now, spent) -> int:
+    """Every lease held by process ``slot`` becomes ready again, or goes to ``spent`` when
+    it was the message's last delivery (as ``expire``'s). Lock held. Returns how many
+    became ready."""
     mq = q._mq
     n = 0
     end = mq[L.I_TAIL] if mq[L.I_SPECIAL] or q._general else mq[L.I_FRONTIER]
     for pos, w in ring.records(mq, q._cap, q._base, mq[L.I_HEAD], end):
         s = mq[w]
         if s & 0xFF == _LEASED and (s >> 8) & 0xFFFF == slot:
+            if _last(q, mq, w):
+                until = _spent(q, mq, w, pos, _LEASED, now, spent)
+                if until < mq[L.I_NEXT_DEADLINE]:
+                    mq[L.I_NEXT_DEADLINE] = until
+                continue
             mq[L.I_INFLIGHT] -= 1
             ring.make_ready(mq, w, pos)
             n += 1
     return n
 
 
-def reap_dead(q) -> int:
-    """Give back the leases of processes that died, and forget them. Takes the lock."""
+def reap_dead(q, now) -> int:
+    """Give back the leases of processes that died (``now``: the engine's monotonic clock),
+    and forget them. Takes the lock."""
     mm, mq = q._mm, q._mq
     me = os.getpid()
     suspects = []
@@ -90,13 +121,14 @@ def reap_dead(q) -> int:
     if not suspects:
         return 0
     returned = 0
+    spent = []
     q._acquire()
     try:
         for i, pid, start in suspects:
             p, s, cw, pw, acked, redelivered = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
             if (p, s) != (pid, start):
                 continue  # reused meanwhile
-            returned += _release_holder(q, i)
+            returned += _release_holder(q, i, now, spent)
             mq[L.I_CWAIT] -= cw
             mq[L.I_PWAIT] -= pw
             mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]  # (a laned queue's sleepers, in its lane 0: lanes.py)
@@ -108,6 +140,7 @@ def reap_dead(q) -> int:
         q._release()
     for _ in range(posts):
         q._ne.release()
+    dead_letter_spent(q, spent)
     return returned
 
 
@@ -117,20 +150,29 @@ def housekeep(q, now) -> int:
     became ready again."""
     mq = q._mq
     dead = None
+    spent = []
     q._acquire()
     try:
         if mq[L.I_DELETED]:
             raise q._gone()
-        woke = expire(q, now)
+        woke = expire(q, now, spent)
         mq[L.I_NEXT_LIVENESS] = now + LIVENESS_PERIOD_NS
         wall = _wall()
         if ttl_due(q, wall):
             dead = scheduling.sweep(q, now, wall)
     finally:
         q._release()
+    dead_letter_spent(q, spent)
     if dead:
         deadletter.dead_letter(q, [Delivery(q, *t) for t in dead], "expired")
-    return woke + reap_dead(q)
+    return woke + reap_dead(q, now)
+
+
+def dead_letter_spent(q, spent) -> None:
+    """Dead-letter what ``expire`` (or a dead holder's return) leased to this process
+    because it had its last delivery. Not under the lock."""
+    if spent:
+        deadletter.dead_letter(q, [Delivery(q, *t) for t in spent], "max-deliveries")
 
 
 def ttl_due(q, wall) -> bool:

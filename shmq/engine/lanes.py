@@ -26,7 +26,7 @@ import weakref
 import zlib
 from functools import partial
 
-from ..errors import QueueEmpty, QueueFull
+from ..errors import LockTimeout, QueueEmpty, QueueFull
 from . import layout as L
 from . import waits
 from .delivery import QueueStats
@@ -314,12 +314,16 @@ class LanedQueue:
                     waited = waits.sleep_slice(first._ne, deadline, _mono(),
                                                min(q._mq[L.I_NEXT_DEADLINE] for q in order))
                 finally:
-                    first._acquire()
                     try:
-                        waits.unregister(first._mq, first._slot, _CONSUMERS, waited)
-                        first._mq[_I_SLEEPERS] = first._mq[L.I_CWAIT]
-                    finally:
-                        first._release()
+                        first._acquire()
+                    except LockTimeout:  # a holder kept lane 0's lock: uncounted at its next lock hold
+                        first._unwait_later(_CONSUMERS, waited or 1)
+                    else:
+                        try:
+                            waits.unregister(first._mq, first._slot, _CONSUMERS, waited)
+                            first._mq[_I_SLEEPERS] = first._mq[L.I_CWAIT]
+                        finally:
+                            first._release()
             got = self._look(order, maxn, visibility_timeout, max_bytes, ack, copy)
             if got is not None:
                 return got

@@ -178,7 +178,7 @@ class Producing:
         apply to every item.
         """
         ext = b""
-        flags = delay_ns = 0
+        flags = delay_ns = waited = 0  # (waited: a sleep of the C path still counted, uncounted by the append)
         if priority or delay or ttl is not None:
             ext, flags, delay_ns = self._extension(priority, delay, ttl, None, 0)
         elif _fast_put_many is not None and not self._logged and self._lockp is not None:
@@ -188,7 +188,6 @@ class Producing:
             hraws = _EMPTY if headers is None else batch_headers(headers, len(bodies))
             now = _wall()
             r = _fast_put_many(self._segp, self._base, self._cap, bodies, hraws, self.max_message_bytes, now)
-            waited = 0
             if r == _F_FULL:
                 total = sum((_REC + 7 + len(b) + len(h)) & -8
                             for b, h in zip(bodies, [hraws] * len(bodies) if type(hraws) is bytes else hraws))
@@ -203,12 +202,10 @@ class Producing:
                 return list(range(first, first + len(bodies) * step, step))
             if r == _F_OWNERDEAD:
                 self._repair_held_lock()
-            if waited:  # the general append below uncounts it
-                items = batch_items(bodies, headers, self.max_message_bytes, self.name)
-                return self._append(items, timeout, waited=waited)
+            # anything else (a busy lock, a pad to place): the general append below
         if headers is not None:
             return self._append_items(batch_items(bodies, headers, self.max_message_bytes, self.name, ext),
-                                      timeout, ext, flags, delay_ns)
+                                      timeout, ext, flags, delay_ns, waited)
         items = []
         append = items.append
         maxmsg = self.max_message_bytes
@@ -220,14 +217,12 @@ class Producing:
                     f"message body is {len(body)} bytes; queue {self.name!r} takes at most {maxmsg}"
                 )
             append((body, ext, (_REC + 7 + len(ext) + len(body)) & -8))
-        return self._append_items(items, timeout, ext, flags, delay_ns)
+        return self._append_items(items, timeout, ext, flags, delay_ns, waited)
 
-    def _append_items(self, items, timeout, ext, flags, delay_ns):
+    def _append_items(self, items, timeout, ext, flags, delay_ns, waited=0):
         if not items:
             return []
-        if ext:
-            return self._append(items, timeout, (flags, delay_ns, 0))
-        return self._append(items, timeout)
+        return self._append(items, timeout, (flags, delay_ns, 0) if ext else None, waited)
 
     def _extension(self, priority, delay, ttl, group, dh):
         """(extension block, record flags, delay in ns) for these options; ValueError /
@@ -382,7 +377,7 @@ class Producing:
         address), 0) with the lock held and the record written but for its body and put
         time, past the tail (invisible until ``_publish``); or (None, 0), the lock released."""
         mm, mq = self._mm, self._mq
-        self._acquire(FOREVER if deadline is None else deadline)
+        self._acquire_to_unwait(FOREVER if deadline is None else deadline, _PRODUCERS, waited)
         held = False
         try:
             if waited:  # first: whatever happens next, this sleep is over
@@ -431,7 +426,7 @@ class Producing:
         flags = delay_ns = dh = 0
         if options is not None:
             flags, delay_ns, dh = options
-        self._acquire(FOREVER if deadline is None else deadline)
+        self._acquire_to_unwait(FOREVER if deadline is None else deadline, _PRODUCERS, waited)
         try:
             if waited:  # first: whatever happens next, this sleep is over
                 waits.unregister(mq, self._slot, _PRODUCERS, waited)

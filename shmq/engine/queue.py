@@ -68,6 +68,7 @@ _live_queues = weakref.WeakSet()
 def _after_fork_in_child():
     for q in list(_live_queues):
         q._slot = -1  # the child is another process: it registers its own slot
+        q._unwaits = ()  # and the parent's sleeps are the parent's to uncount
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -82,6 +83,7 @@ class Queue(Producing, Consuming, Settling):
     """
 
     lock_timeout = None
+    _unwaits = ()  # sleeps still counted that a lock timeout kept from being uncounted (``_unwait_later``)
 
     def __init__(self, namespace: str, name: str, lane: int = 0):
         """``lane``: one lane of a laned queue (``lanes.py``; 0 is the queue's first, the
@@ -202,6 +204,12 @@ class Queue(Producing, Consuming, Settling):
         """Detach from the queue in this process. The queue itself stays."""
         if self._lockp is None:
             return
+        if self._unwaits:  # sleeps still counted: uncounted now, if the lock comes within its grace
+            try:
+                self._acquire(0)
+                self._release()
+            except LockTimeout:
+                pass  # (the reaper uncounts them when this process dies)
         self._lockp = None
         self._slot = -1  # (the plain get checks only this before its C call)
         self.wal.close()
@@ -223,9 +231,32 @@ class Queue(Producing, Consuming, Settling):
         rc = _trylock(lp)
         if rc:
             self._lock_contended(rc, deadline)
+        if self._unwaits:
+            owed, self._unwaits = self._unwaits, ()
+            mq = self._mq
+            for side, waited in owed:
+                waits.unregister(mq, self._slot, side, waited)
+            mq[L.I_LANE_SLEEPERS] = mq[I_CWAIT]  # (a laned queue's sleepers, in its lane 0, as the reaper sets it)
 
     def _release(self):
         _unlock(self._lockp)
+
+    def _unwait_later(self, side, waited):
+        """A sleep on ``side`` is over, but the lock that uncounts it could not be had by
+        the caller's deadline (a live holder kept it: SIGSTOP, a debugger): it is uncounted
+        at this handle's next ``_acquire`` (or by the reaper, should this process die)."""
+        if waited:
+            self._unwaits = (*self._unwaits, (side, waited))
+
+    def _acquire_to_unwait(self, deadline, side, waited):
+        """``_acquire`` by a call that uncounts its sleep on ``side`` (``waited``) next,
+        under this lock; should the lock not come by ``deadline`` (LockTimeout), the sleep
+        is left to ``_unwait_later``."""
+        try:
+            self._acquire(deadline)
+        except LockTimeout:
+            self._unwait_later(side, waited)
+            raise
 
     def _repair_held_lock(self):
         """A C hot path took the lock from a dead holder: repair, then let it go."""
@@ -289,11 +320,15 @@ class Queue(Producing, Consuming, Settling):
         try:
             return waits.sleep_slice(sem, deadline, _mono(), self._mq[I_NEXT_DEADLINE])
         except BaseException:
-            self._acquire()
             try:
-                waits.unregister(self._mq, self._slot, side, 1)
-            finally:
-                self._release()
+                self._acquire()
+            except LockTimeout:
+                self._unwait_later(side, 1)
+            else:
+                try:
+                    waits.unregister(self._mq, self._slot, side, 1)
+                finally:
+                    self._release()
             raise
 
     def _dead_letter_target(self):

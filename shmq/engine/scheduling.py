@@ -26,7 +26,7 @@ import heapq
 from . import extension, ring
 from . import layout as L
 
-__all__ = ["take", "take_leveled", "peek", "sweep", "ttl_of"]
+__all__ = ["take", "take_leveled", "peek", "sweep", "ttl_of", "lease_record"]
 
 _REC = L.REC_SIZE
 _READY, _LEASED, _ACKED, _PAD, _DELAYED = L.READY, L.LEASED, L.ACKED, L.PAD, L.DELAYED
@@ -129,7 +129,7 @@ def _order(q, ready, busy, wall, maxn):
     return [c[3] for c in heapq.nsmallest(maxn, cands)]
 
 
-def _lease(mq, mm, w, pos, lease, until, attempt):
+def lease_record(mq, mm, w, pos, lease, until, attempt):
     """Lease the record at word ``w`` as ``lease`` with ``attempt``; its ``Delivery``
     tuple (pos, id, attempt, body, header bytes or None, enqueued ns). Lock held."""
     mq[w + _R_DEADLINE] = until
@@ -173,7 +173,7 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
         end = pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF)
         if end > frontier:
             frontier = end
-        out.append(_lease(mq, mm, w, pos, lease, until, attempt))
+        out.append(lease_record(mq, mm, w, pos, lease, until, attempt))
     dead = []
     if expired:
         to_dlq = bool(q.dead_letter_queue)
@@ -182,7 +182,7 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
             if end > frontier:
                 frontier = end
             if to_dlq:  # leased to us, to be dead-lettered
-                dead.append(_lease(mq, mm, w, pos, lease, until, mq[w] >> 32))
+                dead.append(lease_record(mq, mm, w, pos, lease, until, mq[w] >> 32))
             else:
                 if q._logged:
                     from .. import dmsq
@@ -284,7 +284,7 @@ def take_leveled(q, maxn, slot, until, now, wall, max_bytes=None):
         pos, w = cur[lv]
         fl = mq[w + _R_FLAGS] >> 32
         if (fl & _FLAG_TTL or qttl) and 0 < extension.expiry(mm, w << 3, fl, mq[w + _R_ENQ], qttl) <= wall:
-            dead.append(_lease(mq, mm, w, pos, lease, until, mq[w] >> 32))  # only to expire (dead-letter or drop)
+            dead.append(lease_record(mq, mm, w, pos, lease, until, mq[w] >> 32))  # only to expire (dead-letter or drop)
             cur[lv] = _first_ready(q, lv, pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF), head, tail)
             continue
         if budget is not None:
@@ -295,7 +295,7 @@ def take_leveled(q, maxn, slot, until, now, wall, max_bytes=None):
         attempt = (mq[w] >> 32) + 1
         if attempt > 1:
             redelivered += 1
-        out.append(_lease(mq, mm, w, pos, lease, until, attempt))
+        out.append(lease_record(mq, mm, w, pos, lease, until, attempt))
         cur[lv] = _first_ready(q, lv, pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF), head, tail)
     n = len(out) + len(dead)
     if n:

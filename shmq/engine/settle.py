@@ -137,32 +137,52 @@ class Settling:
 
     def nack_many(self, deliveries: Iterable[Delivery], delay: float | None = None) -> int:
         """Make a batch ready again under one lock (after ``delay`` seconds; None: the
-        queue's retry policy), keeping their attempt counts. Raises DeliveryExpired naming
-        those no longer leased (the others are nacked). Returns how many were nacked."""
+        queue's retry policy), keeping their attempt counts; a delivery that was its
+        message's last (its attempt is ``max_deliveries``) is dead-lettered instead, now.
+        Raises DeliveryExpired naming those no longer leased (the others are settled).
+        Returns how many were settled."""
+        if delay is not None:
+            _seconds_ns(delay, "delay")  # (checked even when all of them are dead-lettered)
+        ds = self._own(deliveries)
+        if not ds:
+            return 0
+        maxdel = self.max_deliveries
+        done, stale = 0, []
+        if maxdel is not None and any(d.attempt >= maxdel for d in ds):
+            last = [d for d in ds if d.attempt >= maxdel]
+            ds = [d for d in ds if d.attempt < maxdel]
+            stale = deadletter.dead_letter(self, last, "max-deliveries")
+            done = len(last) - len(stale)
+        if ds:
+            n, expired = self._nack(ds, delay)
+            done += n
+            stale += expired
+        self._raise_expired(stale)
+        return done
+
+    def _nack(self, ds, delay):
+        """``nack_many``'s requeue of ``ds``: (how many, [those no longer leased])."""
         if (_fast_nack_many is not None and self._lockp is not None
                 and (not self._retry_ns if delay is None else type(delay) in (int, float) and delay == 0)):
-            # at once, in C under one lock hold
-            ds = self._own(deliveries)
-            if not ds:
-                return 0
-            r = self._batch_in_c(_fast_nack_many, ds)
+            r = self._batch_in_c(_fast_nack_many, ds)  # at once, in C under one lock hold
             if r is not None:
                 done, post, bad = r
                 for _ in range(post):
                     self._ne.release()
-                self._raise_expired([ds[i] for i in bad])
-                return done
-            deliveries = ds  # the Python path below waits for the lock
-        return self._requeue(deliveries, delay)
+                return done, [ds[i] for i in bad]
+        return self._requeue(ds, delay)  # (the Python path waits for a busy lock)
 
     def _release_many(self, deliveries) -> int:
         """Give back deliveries no consumer saw (pushed by the server, never handed out):
         ready again at once, and the delivery they were leased for does not count as an
         attempt. Otherwise as ``nack_many``."""
-        return self._requeue(deliveries, 0.0, unseen=True)
+        done, expired = self._requeue(self._own(deliveries), 0.0, unseen=True)
+        self._raise_expired(expired)
+        return done
 
     def _requeue(self, deliveries, delay, unseen=False):
-        deliveries = self._own(deliveries)
+        """Ready again (after ``delay`` seconds; None: the retry policy), or DELAYED, under
+        one lock: (how many, [those no longer leased])."""
         policy = delay is None
         delay_ns = 0 if policy else _seconds_ns(delay, "delay")
         mq = self._mq
@@ -191,8 +211,7 @@ class Settling:
             self._release()
         for _ in range(post):
             self._ne.release()
-        self._raise_expired(expired)
-        return done
+        return done, expired
 
     def reject_many(self, deliveries: Iterable[Delivery]) -> None:
         """Dead-letter a batch (to ``dead_letter_queue``, or drop it when there is none).

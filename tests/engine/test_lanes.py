@@ -12,6 +12,7 @@ from hypothesis import settings
 import shmq
 from shmq.engine import waits
 from tests import _workers as w
+from tests._wait import wait_for
 from tests.engine.test_model import PurePython, QueueModel
 
 SPAWN = mp.get_context("spawn")
@@ -141,6 +142,43 @@ def test_a_sleeping_get_is_woken_by_a_put_into_any_lane(impl, broker, monkeypatc
     assert out[0].body == b"hello"
     out[0].ack()
     assert q.stats().consumers_waiting == 0
+
+
+def test_a_sleeping_get_that_cannot_have_lane_0s_lock_back_leaves_no_sleeper(impl, broker, monkeypatch):
+    """A laned get sleeps counted in lane 0 and uncounts itself under its lock; when a live
+    process holds that lock past the lock timeout, the get raises, and the sleep is
+    uncounted at the handle's next lock hold of lane 0 (it stayed counted for ever)."""
+    from shmq.engine import mutex
+
+    monkeypatch.setattr(mutex, "LOCK_TIMEOUT_S", 0.3)
+    q = broker.create_queue("q", lanes=2)
+    out = {}
+
+    def get():
+        try:
+            out["got"] = q.get(timeout=30)
+        except BaseException as e:  # noqa: BLE001 - the test looks at what it was
+            out["error"] = e
+
+    t = threading.Thread(target=get)
+    t.start()
+    wait_for(lambda: q.stats().consumers_waiting == 1, what="the get to sleep")
+    ready = SPAWN.Event()
+    holder = SPAWN.Process(target=w.hold_lock, args=(broker.namespace, "q", ready, False))
+    holder.start()
+    try:
+        assert ready.wait(60)  # (it holds lane 0's lock until killed)
+        t.join(30)
+        assert not t.is_alive()
+    finally:
+        holder.kill()
+        holder.join(30)
+    assert isinstance(out.get("error"), shmq.LockTimeout), out
+    assert "its lock stayed held by a live process" in str(out["error"])
+    s = q.stats()  # (lane 0 repaired after its holder's death, then the sleep uncounted)
+    assert (s.consumers_waiting, s.producers_waiting) == (0, 0)
+    q.put(b"x")
+    assert q.get(timeout=5).body == b"x"
 
 
 def test_settles_stats_peek_and_purge_cover_every_lane(impl, broker):

@@ -1,5 +1,6 @@
 """Queue semantics in one process: FIFO, leases, settling, dead letters, limits, stats."""
 
+import multiprocessing as mp
 import pickle
 import queue as stdlib_queue
 import threading
@@ -9,7 +10,7 @@ import pytest
 
 import shmq
 import shmq.engine.queue as engine
-from shmq.engine import deadletter, waits
+from shmq.engine import deadletter, maintenance, waits
 from tests.engine._clock import set_clock
 
 
@@ -211,7 +212,7 @@ def test_nack_without_requeue_is_a_reject(broker):
     assert broker.queue("dlq").stats().ready == 1
 
 
-def test_max_deliveries_dead_letters_the_next_delivery(broker):
+def test_max_deliveries_dead_letters_at_the_nack_of_the_last_delivery(broker):
     dlq = broker.create_queue("dlq")
     q = broker.create_queue("q", max_deliveries=2, dead_letter_queue="dlq")
     q.put_many([b"poison", b"fine"])
@@ -220,16 +221,120 @@ def test_max_deliveries_dead_letters_the_next_delivery(broker):
     d = q.get_nowait()
     assert (d.body, d.attempt) == (b"poison", 2)
     d.nack()
-    # third delivery would exceed max_deliveries: it goes to the DLQ instead
+    # that was its last delivery: in the DLQ now, counted, before any other get
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.dead_lettered_total, s.dead_letter_depth) == (1, 0, 1, 1)
+    dead = dlq.get_nowait()
+    assert (dead.body, dead.headers["x-death-reason"], dead.headers["x-death-attempts"]) == (
+        b"poison", "max-deliveries", 2)
+    dead.ack()
     d = q.get_nowait()
     assert d.body == b"fine"
     d.ack()
-    dead = dlq.get_nowait()
-    assert (dead.body, dead.headers["x-death-reason"], dead.headers["x-death-attempts"]) == (
-        b"poison", "max-deliveries", 3)
-    dead.ack()
     s = q.stats()
     assert (s.ready, s.in_flight, s.dead_lettered_total, s.acked_total) == (0, 0, 1, 1)
+
+
+def _dead_letter_of(broker, body, attempts, reason="max-deliveries"):
+    """The one message of the queue "dlq": ``body``, dead-lettered from "q" after
+    ``attempts`` deliveries; acked."""
+    dead = broker.queue("dlq").get(timeout=0)
+    assert dead.body == body
+    assert {k: v for k, v in dead.headers.items() if k != "x-death-id"} == {
+        "x-death-reason": reason, "x-death-queue": "q", "x-death-attempts": attempts}
+    dead.ack()
+    with pytest.raises(shmq.QueueEmpty):
+        broker.queue("dlq").get(timeout=0)
+
+
+@pytest.mark.parametrize("delay", [None, 0.0, 5.0])
+def test_the_nack_of_the_last_delivery_moves_it_to_the_dead_letter_queue_at_once(impl, broker, delay):
+    """Issue 27: after the nack of its ``max_deliveries``-th delivery the message showed as
+    ready, and the dead-letter queue was empty, until a consumer's next get; its
+    x-death-attempts said 4 for max_deliveries=3. The nack moves it now (whatever its
+    delay), counted, and the header says how many deliveries it had."""
+    broker.create_queue("dlq")
+    q = broker.create_queue("q", max_deliveries=3, dead_letter_queue="dlq")
+    q.put(b"poison")
+    for attempt in (1, 2, 3):
+        d = q.get(timeout=0)
+        assert d.attempt == attempt
+        d.nack(delay=delay if attempt == 3 else None)
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.delayed, s.dead_lettered_total, s.dead_letter_depth) == (0, 0, 0, 1, 1)
+    _dead_letter_of(broker, b"poison", 3)
+    with pytest.raises(shmq.DeliveryExpired):
+        d.ack()
+    assert q.stats().bytes_used == 0
+
+
+def test_a_batch_nack_moves_the_last_deliveries_and_requeues_the_others(impl, broker):
+    broker.create_queue("dlq")
+    q = broker.create_queue("q", max_deliveries=2, dead_letter_queue="dlq")
+    q.put_many([b"a", b"b", b"c"])
+    q.nack_many(q.get_many(1, timeout=0))  # a: one delivery
+    a, b, c = q.get_many(3, timeout=0)
+    assert [(d.body, d.attempt) for d in (a, b, c)] == [(b"a", 2), (b"b", 1), (b"c", 1)]
+    c.ack()
+    with pytest.raises(shmq.DeliveryExpired, match=f"2 deliveries of 'q' are no longer leased: #{c.id}, #{c.id}"):
+        q.nack_many([a, b, c, c])
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.dead_lettered_total) == (1, 0, 1)
+    _dead_letter_of(broker, b"a", 2)
+    assert (q.get(timeout=0).body, q.stats().dead_lettered_total) == (b"b", 1)
+
+
+@pytest.mark.parametrize("retry_delay", [0.0, 5.0])
+def test_a_lapsed_last_delivery_is_moved_by_housekeeping_without_a_get(impl, broker, clock, retry_delay):
+    """The lease of the last delivery lapsing: the next housekeeping (any process's, or
+    ``shmq server``'s every 0.25 s) moves it; no consumer needs to come (nor a retry delay pass)."""
+    broker.create_queue("dlq")
+    q = broker.create_queue("q", max_deliveries=2, visibility_timeout=1, dead_letter_queue="dlq",
+                            retry_delay=retry_delay)
+    q.put(b"slow")
+    q.get(timeout=0).nack(delay=0)
+    d = q.get(timeout=0)
+    assert d.attempt == 2
+    clock.advance(1.5)
+    assert maintenance.housekeep(q) == 0  # (none made ready)
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.delayed, s.dead_lettered_total, s.bytes_used) == (0, 0, 0, 1, 0)
+    _dead_letter_of(broker, b"slow", 2)
+    with pytest.raises(shmq.DeliveryExpired):
+        d.ack()
+
+
+def _get_and_exit(ns):
+    with shmq.connect(namespace=ns) as b:
+        assert b.queue("q").get(timeout=30).attempt == 1  # and gone, holding the lease
+
+
+def test_a_dead_holders_last_delivery_is_moved_by_housekeeping(impl, broker):
+    broker.create_queue("dlq")
+    q = broker.create_queue("q", max_deliveries=1, dead_letter_queue="dlq")
+    q.put(b"m")
+    p = mp.get_context("spawn").Process(target=_get_and_exit, args=(broker.namespace,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert q.stats().in_flight == 1
+    assert maintenance.housekeep(q) == 0
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.dead_lettered_total) == (0, 0, 1)
+    _dead_letter_of(broker, b"m", 1)
+
+
+def test_a_restored_message_that_had_all_its_deliveries_is_dead_lettered_by_the_next_get(impl, broker):
+    """A snapshot keeps a leased message's attempts; restored ready with all of them had,
+    the next get moves it, saying the deliveries it had (not one more), and delivers none."""
+    broker.create_queue("dlq")
+    q = broker.create_queue("q", max_deliveries=2, dead_letter_queue="dlq")
+    maintenance.import_messages(q, [(7, 2, time.time_ns(), b"", b"old")])
+    with pytest.raises(shmq.QueueEmpty):
+        q.get(timeout=0)
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.dead_lettered_total, s.redelivered_total) == (0, 0, 1, 0)
+    _dead_letter_of(broker, b"old", 2)
 
 
 def test_dead_letter_queue_full_keeps_the_message(broker, clock):
@@ -246,6 +351,26 @@ def test_dead_letter_queue_full_keeps_the_message(broker, clock):
     q.get_nowait().reject()
     assert q.stats().dead_lettered_total == 1
     assert dlq.stats().ready == 2
+
+
+def test_a_last_delivery_the_full_dead_letter_queue_refused_moves_once_it_has_room(impl, broker, clock):
+    dlq = broker.create_queue("dlq", max_bytes=4096, max_message_bytes=2000)
+    dlq.put(b"x" * 2000)
+    dlq.put(b"x" * 1900)
+    q = broker.create_queue("q", max_deliveries=1, dead_letter_queue="dlq")
+    q.put(b"y" * 1000)
+    q.get(timeout=0).nack()  # DLQ full: delayed where it is, not lost, not delivered again
+    s = q.stats()
+    assert (s.ready, s.delayed, s.dead_lettered_total) == (0, 1, 0)
+    dlq.get(timeout=0).ack()
+    clock.advance(deadletter.DLQ_RETRY_DELAY_S + 0.01)
+    maintenance.housekeep(q)
+    s = q.stats()
+    assert (s.ready, s.delayed, s.in_flight, s.dead_lettered_total) == (0, 0, 0, 1)
+    kept = dlq.get(timeout=0)
+    assert kept.body == b"x" * 1900
+    kept.ack()
+    _dead_letter_of(broker, b"y" * 1000, 1)
 
 
 def test_purge_drops_ready_keeps_leased(broker):

@@ -1,12 +1,17 @@
 """The waiter accounting on a plain word array: sleepers count themselves, wakers post
 at most one per sleeper not yet posted, and a sleeper that took a post gives it back."""
 
+import contextlib
+import multiprocessing as mp
+import threading
+
 import posix_ipc
 import pytest
 
 import shmq
 from shmq.engine import layout as L
 from shmq.engine import waits
+from tests._wait import drain, wait_for
 
 
 def _words():
@@ -75,3 +80,135 @@ def test_gets_and_puts_that_time_out_leave_no_sleeper_counted(impl, broker):
     s = q.stats()
     assert (s.consumers_waiting, s.producers_waiting) == (0, 0)
     assert _slot(q._mq, q._slot, waits.CONSUMERS) == _slot(q._mq, q._slot, waits.PRODUCERS) == 0
+
+
+# ---------------------------------------------------------------- a wait that ends at a lock held elsewhere
+REC = 512  # what a record of BODY bytes takes: eight fill the 4 KiB ring
+BODY = REC - L.REC_SIZE
+
+
+def _reserve_on_cue(ns, name, up, cue, inside, go):
+    """Attach, say so; on ``cue`` reserve BODY bytes of ``name`` (from then on this live
+    process holds the queue's lock), say so, and publish once told to ``go``."""
+    with shmq.connect(namespace=ns) as b:
+        q = b.queue(name)
+        up.set()
+        assert cue.wait(60)
+        with q.reserve(BODY) as buf:
+            buf[:] = b"r" * BODY
+            inside.set()
+            assert go.wait(60)
+
+
+@contextlib.contextmanager
+def _lock_holder(broker):
+    """A process that takes the queue's lock when cued (``_reserve_on_cue``); yields its
+    (up, cue, inside, go) events and the process, which publishes and ends on ``go``."""
+    ctx = mp.get_context("spawn")
+    events = [ctx.Event() for _ in range(4)]
+    p = ctx.Process(target=_reserve_on_cue, args=(broker.namespace, "q", *events))
+    p.start()
+    try:
+        assert events[0].wait(60), "the holder never attached"
+        yield (*events, p)
+    finally:
+        events[3].set()
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _full_but_one_record(broker):
+    """A 4 KiB queue with this process's slot taken (the C paths want one) and room left
+    for one record of BODY bytes: the holder's, not the 1 KiB a test's put brings."""
+    q = broker.create_queue("q", max_bytes=4096, max_message_bytes=1000)
+    q.put(b"w" * BODY)
+    q.get_nowait().ack()
+    fill = [bytes([i]) * BODY for i in range(7)]
+    q.put_many(fill)
+    return q, fill
+
+
+def _in_thread(call):
+    out = {}
+
+    def run():
+        try:
+            out["got"] = call()
+        except BaseException as e:  # noqa: BLE001 - the test looks at what it was
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+@pytest.mark.parametrize("timeout", [None, 60.0])
+@pytest.mark.parametrize("many", [True, False])
+def test_a_put_woken_for_room_into_a_lock_held_by_another_process_waits_for_it(impl, broker, monkeypatch, many,
+                                                                               timeout):
+    """Issue 27: a put_many asleep on a full queue, its sleep over, found the lock held by a
+    live process past the C path's own wait (100 ms); the Python append it went on with was
+    handed headers=None (TypeError), and its sleep stayed counted. Here a reserve in another
+    process holds the lock until the put waits for it in Python (``_lock_contended``)."""
+    q, fill = _full_but_one_record(broker)
+    bodies = [b"a" * BODY, b"b" * BODY] if many else [b"c" * (2 * REC - L.REC_SIZE)]  # 1 KiB either way
+    in_python = threading.Event()
+    contended = q._lock_contended
+
+    def lock_contended(*args):
+        in_python.set()
+        return contended(*args)
+
+    with _lock_holder(broker) as (_up, cue, inside, go, holder):
+        t, out = _in_thread(lambda: q.put_many(bodies, timeout=timeout) if many
+                            else [q.put(bodies[0], timeout=timeout)])
+        wait_for(lambda: q.stats().producers_waiting == 1, what="the put to sleep for room")
+        monkeypatch.setattr(q, "_lock_contended", lock_contended)  # (from here only the put locks q in this process)
+        cue.set()
+        assert inside.wait(60), "the holder never took the lock"
+        wait_for(lambda: in_python.is_set() or not t.is_alive(), what="the put to find the lock held")
+        go.set()
+        holder.join(30)
+        assert holder.exitcode == 0
+        got = drain(q)  # (the acks make room: the put goes in)
+        t.join(30)
+    assert not t.is_alive() and "error" not in out, out
+    got += drain(q)
+    assert got == fill + [b"r" * BODY] + bodies
+    assert len(out["got"]) == len(bodies)
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.producers_waiting, s.consumers_waiting) == (0, 0, 0, 0)
+    assert s.enqueued_total == 1 + len(fill) + 1 + len(bodies)  # (the warm-up, the holder's)
+
+
+@pytest.mark.parametrize("side", ["put_many", "put", "get"])
+def test_a_wait_whose_deadline_passes_while_another_process_holds_the_lock_leaves_no_waiter(impl, broker, side):
+    """A sleep is uncounted under the lock; when a live holder keeps that lock past the
+    caller's deadline, the caller still raises at its deadline, and the sleep is uncounted
+    at the handle's next lock hold (here its ``stats``), not left counted for ever."""
+    q, fill = _full_but_one_record(broker)
+    if side == "get":
+        fill = drain(q)
+    call = {"put_many": lambda: q.put_many([b"a" * BODY, b"b" * BODY], timeout=3.0),
+            "put": lambda: q.put(b"c" * (2 * REC - L.REC_SIZE), timeout=3.0),
+            "get": lambda: q.get(timeout=3.0)}[side]
+    counted = "consumers_waiting" if side == "get" else "producers_waiting"
+    with _lock_holder(broker) as (_up, cue, inside, go, holder):
+        t, out = _in_thread(call)
+        wait_for(lambda: getattr(q.stats(), counted) == 1, what="the call to sleep")
+        cue.set()
+        assert inside.wait(60), "the holder never took the lock"
+        t.join(30)  # at its deadline: the holder keeps the lock past it
+        assert not t.is_alive()
+        go.set()
+        holder.join(30)
+        assert holder.exitcode == 0
+    error = out.get("error")
+    assert isinstance(error, shmq.QueueEmpty if side == "get" else shmq.QueueFull), out
+    assert "its lock stayed held by a live process" in str(error)
+    s = q.stats()
+    assert (s.consumers_waiting, s.producers_waiting) == (0, 0)
+    assert _slot(q._mq, q._slot, waits.CONSUMERS) == _slot(q._mq, q._slot, waits.PRODUCERS) == 0
+    assert drain(q) == (fill if side != "get" else []) + [b"r" * BODY]
