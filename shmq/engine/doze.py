@@ -83,7 +83,7 @@ def _doze_queue(lanes, seen, deadline) -> bool:
         waited = waits.sleep_slice(first._ne, min(deadline, due), now)
         return waited == 2 or _mono() >= due
     finally:
-        first._acquire()
+        first._acquire_to_unwait(None, waits.CONSUMERS, waited)  # (a lock timeout: uncounted later)
         try:
             waits.unregister(mq, first._slot, waits.CONSUMERS, waited)
             if laned:
