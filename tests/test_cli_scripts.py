@@ -382,3 +382,25 @@ def test_the_commands_that_make_things_make_the_namespace(namespace):
             assert shmq_cli(*args, *ns).returncode == 0
         finally:
             assert shmq.destroy_namespace(namespace) > 0
+
+
+def _commands(group, path=()):
+    """(path, command) of every command under ``group``, the group itself first."""
+    yield path, group
+    for name, cmd in getattr(group, "commands", {}).items():
+        yield from _commands(cmd, (*path, name))
+
+
+def test_every_help_is_plain_text():
+    """``--help`` shows docstrings as they are: no reStructuredText markup (``...``)."""
+    from click.testing import CliRunner
+
+    from shmq.cli import main
+
+    shown = 0
+    for path, _cmd in _commands(main):
+        r = CliRunner().invoke(main, [*path, "--help"], terminal_width=200)
+        assert r.exit_code == 0, (path, r.output)
+        assert "``" not in r.output, (path, [line for line in r.output.splitlines() if "``" in line])
+        shown += 1
+    assert shown > 30  # every command and group, each once

@@ -134,6 +134,9 @@ def test_group_list_lag_and_reset(target, broker):
     s = broker.create_stream("events", partitions=2, max_bytes=1 << 16)
     s.append_many([b"a"] * 5, partition=0)
     s.append_many([b"b"] * 3, partition=1)
+    r = shmq_cli("group", "list", "events", *target)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "shmq: stream events has no consumer groups\n")
+    assert json.loads(ok("group", "list", "events", "--json", *target)) == []
     with s.consumer("billing") as c:
         c.commit({0: 2})
     assert ok("group", "list", "events", *target) == "billing\n"
@@ -197,7 +200,6 @@ def test_shmq_stats_shows_queues_and_streams(target, broker):
      "shmq: error: stream 'events' partition 0: offset 7 is outside [0, 1]"),
     (["stream", "read", "events", "-p", "9"], "shmq: error: stream 'events' has partitions 0..1, not 9"),
     (["stream", "append", "events", "-m", "x" * 2000], "shmq: error: record of 2000 bytes"),
-    (["stream", "create", "other", "--partitions", "0"], "shmq: error: partitions must be positive, not 0"),
 ])
 def test_errors_are_one_line_without_traceback(target, broker, args, message):
     broker.create_stream("events", partitions=2, max_bytes=1 << 16, max_message_bytes=1000).append(b"x", partition=0)
@@ -205,6 +207,23 @@ def test_errors_are_one_line_without_traceback(target, broker, args, message):
     assert r.returncode == 1
     assert r.stderr.startswith(message)
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--partitions", "0"], "Invalid value for '--partitions': 0 is not in the range 1<=x<=256"),
+    (["--partitions", "300"], "Invalid value for '--partitions': 300 is not in the range 1<=x<=256"),
+    (["--max-bytes", "100"], "Invalid value for '--max-bytes': '100' is less than the least allowed, 4096 bytes"),
+    (["--max-message-bytes", "0"],
+     "Invalid value for '--max-message-bytes': '0' is less than the least allowed, 1 bytes"),
+    (["--retention-bytes", "0"], "Invalid value for '--retention-bytes': '0' is less than the least allowed, 1 bytes"),
+    (["--retention-seconds", "0"], "Invalid value for '--retention-seconds': 0.0 is not in the range x>0"),
+    (["--group-idle-timeout", "-1"], "Invalid value for '--group-idle-timeout': -1.0 is not in the range x>0"),
+])
+def test_stream_create_values_out_of_range_are_usage_errors(broker, args, message):
+    r = shmq_cli("stream", "create", "events", *args, "--namespace", broker.namespace)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"shmq: error: {message}; try 'python -m shmq.cli stream create --help'\n"
+    assert broker.list_streams() == []
 
 
 @pytest.mark.parametrize("error", [

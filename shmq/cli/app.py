@@ -154,12 +154,16 @@ def _echo_json(value):
     click.echo(json.dumps(value, sort_keys=True))
 
 
-def _echo_names(names, as_json):
+def _echo_names(names, as_json, none=None):
+    """One name a line (``--json``: a list). With none to list, ``none`` (if given) says
+    so on stderr, as a note: standard output stays a list of names."""
     if as_json:
         _echo_json(names)
     else:
         for name in names:
             click.echo(name)
+        if not names and none:
+            click.echo(f"shmq: {none}", err=True)
 
 
 def _print_table(header, rows, left=1):

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from ..engine.layout import MAX_PARTITIONS
 from ..errors import OffsetOutOfRange, ShmqError
 from ..spark.staging import staged_by_writer
 from .app import (
@@ -43,17 +44,20 @@ def stream_group():
 @stream_group.command("create")
 @click.argument("name")
 @_target_options
-@click.option("--partitions", type=int, default=4, show_default=True, help="Partitions (at most 256).")
-@click.option("--max-bytes", type=Size(), default="64MiB", show_default=True,
+@click.option("--partitions", type=click.IntRange(1, MAX_PARTITIONS), default=4, show_default=True,
+              help=f"Partitions (at most {MAX_PARTITIONS}).")
+@click.option("--max-bytes", type=Size(min=4096), default="64MiB", show_default=True,
               help="Each partition's ring in shared memory: the newest records it keeps (a size: 65536, 64KiB, "
                    "64MiB...).")
-@click.option("--max-message-bytes", type=Size(), default="1MiB", show_default=True,
+@click.option("--max-message-bytes", type=Size(min=1), default="1MiB", show_default=True,
               help="Largest record: key, headers and value (a size).")
 @click.option("--retention", type=click.Choice(["drop", "block"]), default="drop", show_default=True,
               help="When a partition is full: drop its oldest records, or make appends wait for the slowest group.")
-@click.option("--retention-bytes", type=Size(), default=None, help="Bound of a wal stream's logs on disk (a size).")
-@click.option("--retention-seconds", type=float, default=None, help="Age bound of a wal stream's logs on disk.")
-@click.option("--group-idle-timeout", type=float, default=300.0, show_default=True,
+@click.option("--retention-bytes", type=Size(min=1), default=None,
+              help="Bound of a wal stream's logs on disk (a size).")
+@click.option("--retention-seconds", type=click.FloatRange(0, min_open=True), default=None,
+              help="Age bound of a wal stream's logs on disk.")
+@click.option("--group-idle-timeout", type=click.FloatRange(0, min_open=True), default=300.0, show_default=True,
               help="Seconds after which a group without live members stops holding back --retention block.")
 @click.option("--durability", type=click.Choice(["memory", "snapshot", "wal"]), default="snapshot",
               show_default=True)
@@ -233,7 +237,7 @@ def group_list(stream, namespace, url, token, as_json):
     """List the groups of STREAM."""
     with _connect(namespace, url, token) as broker, broker.stream(stream) as s:
         names = s.groups()
-    _echo_names(names, as_json)
+    _echo_names(names, as_json, none=f"stream {stream} has no consumer groups")
 
 
 @group_group.command("lag")

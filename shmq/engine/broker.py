@@ -9,6 +9,7 @@ looking at it; until then the namespace reads as empty.
 """
 
 import ctypes
+import inspect
 import os
 import time
 import weakref
@@ -160,8 +161,10 @@ class Broker:
         serializer: SerializerSpec = None,
         lanes: int = 1,
     ) -> Queue:
-        """Create a queue and attach to it. Raises QueueExists unless ``exist_ok``
-        (then the existing queue is returned as it is).
+        """Create a queue and attach to it. Raises QueueExists unless ``exist_ok``:
+        then the existing queue is returned as it is, if it has the settings this call
+        asks for (those given other than their defaults); QueueExists naming each that
+        differs, with both values, if not (as RabbitMQ refuses a queue_declare).
 
         ``max_message_bytes`` defaults to 1 MiB (less if ``max_bytes`` is smaller).
         ``durability``: "memory" (never written to disk), "snapshot" (saved by a
@@ -184,6 +187,7 @@ class Broker:
         ordering, as SQS standard queues), and ``max_bytes`` is shared out among the lanes.
         1 (the default): one ring, strict FIFO.
         """
+        asked = _asked(_QUEUE_DEFAULTS, locals())  # before the checks below normalize them
         check_queue_name(name)
         resolve_serializer(serializer)
         lanes = _positive_int(lanes, "lanes")
@@ -224,9 +228,17 @@ class Broker:
             self._clean_stale(reg)
             index, state = reg.find(name)
             if state == LIVE:
-                if exist_ok:
-                    return self.queue(name, serializer=serializer)
-                raise QueueExists(f"queue {name!r} already exists in namespace {self.namespace!r}")
+                if not exist_ok:
+                    raise QueueExists(f"queue {name!r} already exists in namespace {self.namespace!r}")
+                q = self.queue(name, serializer=serializer)
+                have = q.settings()
+                lanes_held = asked.get("lanes", have["lanes"])
+                differ = _differences(asked, have, lambda k, v: _queue_as_held(k, v, lanes_held))
+                if differ:
+                    q.close()
+                    raise QueueExists(f"queue {name!r} exists in namespace {self.namespace!r} with other "
+                                      f"settings: {differ}")
+                return q
             if dead_letter_queue is not None and reg.find(dead_letter_queue)[1] != LIVE:
                 raise QueueNotFound(f"dead-letter queue {dead_letter_queue!r} does not exist: create it first")
             index = reg.claim(name, CREATING)
@@ -355,7 +367,9 @@ class Broker:
                       retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
                       durability: str = "snapshot", exist_ok: bool = False, reserve: bool = True) -> Stream:
         """Create a stream of ``partitions`` append-only logs and attach to it. Raises
-        StreamExists unless ``exist_ok`` (then the existing stream is returned as it is).
+        StreamExists unless ``exist_ok``: then the existing stream is returned as it is,
+        if it has the settings this call asks for (those given other than their
+        defaults; ``reserve`` is not one); StreamExists naming each that differs, if not.
 
         ``max_bytes``: each partition's ring in shared memory (the hot tail); when it is
         full the oldest records are dropped (``retention="drop"``, Kafka's) or appends
@@ -369,6 +383,7 @@ class Broker:
         is full. A TCP server reserves every stream's memory (it takes the argument and
         ignores it).
         """
+        asked = _asked(_STREAM_DEFAULTS, locals())  # before the checks below normalize them
         check_queue_name(name)
         partitions = _positive_int(partitions, "partitions")
         if partitions > L.MAX_PARTITIONS:
@@ -394,9 +409,17 @@ class Broker:
             self._clean_stale(reg)
             index, state = reg.find(entry)
             if state == LIVE:
-                if exist_ok:
-                    return self.stream(name)
-                raise StreamExists(f"stream {name!r} already exists in namespace {self.namespace!r}")
+                if not exist_ok:
+                    raise StreamExists(f"stream {name!r} already exists in namespace {self.namespace!r}")
+                s = self.stream(name)
+                have = {k: getattr(s, k) for k in _STREAM_DEFAULTS}
+                bytes_held = L.align(asked["max_bytes"]) if "max_bytes" in asked else have["max_bytes"]
+                differ = _differences(asked, have, lambda k, v: _stream_as_held(k, v, bytes_held))
+                if differ:
+                    s.close()
+                    raise StreamExists(f"stream {name!r} exists in namespace {self.namespace!r} with other "
+                                       f"settings: {differ}")
+                return s
             index = reg.claim(entry, CREATING)
             self._unlink_stream_files(name)
             try:
@@ -552,6 +575,69 @@ class Broker:
         from . import rpc
 
         return rpc.request(self, queue, body, headers, timeout)
+
+
+def _defaults(method, settings) -> dict:
+    """The defaults of ``method``'s parameters named in ``settings``."""
+    params = inspect.signature(method).parameters
+    return {k: params[k].default for k in settings}
+
+
+# what an existing queue or stream is compared on, when a create with exist_ok finds it:
+# its settings (``Queue.settings()``, a stream's attributes), with create's defaults
+_QUEUE_DEFAULTS = _defaults(Broker.create_queue, (
+    "max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue", "durability",
+    "priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff", "retry_delay_max",
+    "priority_aging", "lanes"))
+_STREAM_DEFAULTS = _defaults(Broker.create_stream, (
+    "partitions", "max_bytes", "max_message_bytes", "retention", "retention_bytes", "retention_seconds",
+    "group_idle_timeout", "durability"))
+
+
+def _asked(defaults: dict, args: dict) -> dict:
+    """The settings a create asks for: those of its ``args`` given other than their
+    defaults (one left at its default, or given as it, takes the existing one's)."""
+    return {k: args[k] for k, default in defaults.items() if args[k] != default}
+
+
+def _differences(asked: dict, have: dict, as_held) -> str:
+    """Each asked setting that ``have`` does not hold as ``as_held(setting, value)``, with
+    both values, held as they would be (``visibility_timeout 30.0 (asked 60.0), ...``,
+    the same on both transports); "" if none."""
+    held = {k: as_held(k, v) for k, v in asked.items()}
+    return ", ".join(f"{k} {have[k]!r} (asked {v!r})" for k, v in held.items() if v != have[k])
+
+
+def _held_seconds(value):
+    """Seconds as a queue or stream holds them: whole nanoseconds."""
+    return None if value is None else int(value * 1e9) / 1e9
+
+
+def _queue_as_held(key, value, lanes):
+    """A (checked) ``create_queue`` setting as a queue of ``lanes`` lanes holds it, in
+    ``Queue.settings()``'s form."""
+    if key == "max_bytes":
+        return L.align(value // lanes) * lanes
+    if key == "priority_aging":  # whole milliseconds, at least one
+        return None if value is None else max(int(value * 1e9) // 1_000_000, 1) * 1_000_000 / 1e9
+    if key in ("visibility_timeout", "message_ttl", "dedup_window", "retry_delay", "retry_delay_max"):
+        return _held_seconds(value)
+    if key == "retry_backoff":
+        return float(value)
+    return value
+
+
+def _stream_as_held(key, value, max_bytes):
+    """A (checked) ``create_stream`` setting as a stream of ``max_bytes`` (aligned) holds it."""
+    if key == "max_bytes":
+        return L.align(value)
+    if key == "max_message_bytes":
+        return min(value, max_bytes - L.REC_SIZE)
+    if key == "retention_bytes":
+        return None if value is None else int(value)
+    if key in ("retention_seconds", "group_idle_timeout"):
+        return _held_seconds(value)
+    return value
 
 
 def _positive_int(value, what):

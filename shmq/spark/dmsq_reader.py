@@ -45,7 +45,7 @@ from ..engine import extension
 from ..engine.wal import split_partition_name
 from ..errors import ShmqError
 from .arrow import header_map
-from .options import SpecError
+from .options import SpecError, refuse_unknown
 
 __all__ = ["DmsqDataSource", "DmsqReader", "DmsqFile", "DamagedSnapshot", "QUEUE_SCHEMA", "STREAM_SCHEMA",
            "resolve_paths"]
@@ -86,8 +86,14 @@ class DmsqFile(InputPartition):
         self.path = path
 
 
+_OPTIONS = ("path", "paths", "ignoreCorruptFiles")  # (path, paths: what load() is given)
+
+
 def _options(raw) -> dict:
-    return {str(k).lower(): v for k, v in dict(raw or {}).items()}
+    """The options, by lower-cased name; SpecError for one the dmsq source does not read."""
+    opts = {str(k).lower(): v for k, v in dict(raw or {}).items()}
+    refuse_unknown(opts, "the dmsq data source", _OPTIONS)
+    return opts
 
 
 def _flag(opts: dict, name: str, default: bool) -> bool:

@@ -7,17 +7,50 @@ plain strings only: it is pickled to every Spark worker, and each worker opens i
 connection, lazily, from it (local attach by namespace, or TCP by url and token).
 """
 
+import difflib
 import json
 
 import shmq
 from shmq.engine.broker import Broker, default_namespace
 from shmq.errors import ShmqError
 
-__all__ = ["Options", "SpecError"]
+__all__ = ["Options", "SpecError", "OPTIONS", "STREAM_SOURCE", "BATCH_SOURCE", "SINK", "refuse_unknown"]
 
 
 class SpecError(ShmqError, ValueError):
     """An option of the "shmq" or "dmsq" data source is missing or malformed."""
+
+
+# The options each part reads (docs/SPARK.md), by the part's name in errors; any other is
+# refused, naming these: an option of Kafka's source such as maxOffsetsPerTrigger must not
+# look taken while doing nothing.
+STREAM_SOURCE, BATCH_SOURCE, SINK = "the shmq streaming source", "the shmq batch source", "the shmq sink"
+_CONNECTION = ("stream", "queue", "namespace", "url", "token")
+_SOURCE = _CONNECTION + ("startingOffsets", "failOnDataLoss", "includeHeaders", "minPartitions", "maxPartitions",
+                         "queueStageMaxBytes")
+OPTIONS = {
+    STREAM_SOURCE: _SOURCE + ("maxRecordsPerTrigger", "minRecordsPerTrigger", "maxTriggerDelay"),
+    BATCH_SOURCE: _SOURCE + ("endingOffsets",),
+    SINK: _CONNECTION + ("sinkStagingMaxBytes", "checkpointLocation", "queryName"),  # (the last two: Spark's own)
+}
+
+
+def refuse_unknown(given, what: str, known) -> None:
+    """SpecError naming each of the option names ``given`` (lower-cased, as Spark hands
+    them) that ``what`` does not read (not in ``known``), with the part that reads it
+    (``OPTIONS``) or else the closest known name, and listing those it reads."""
+    by_lower = {k.lower(): k for k in known}
+    unknown = sorted(set(given) - set(by_lower))
+    if not unknown:
+        return
+    hints = []
+    for u in unknown:
+        parts = [part for part, names in OPTIONS.items() if u in map(str.lower, names)]
+        close = difflib.get_close_matches(u, by_lower, 1)
+        hints.append(f"{u} (an option of {' and '.join(parts)})" if parts
+                     else f"{u} (did you mean {by_lower[close[0]]}?)" if close else u)
+    raise SpecError(f"{what} has no option{'s' if len(hints) > 1 else ''} {', '.join(hints)}; its options are "
+                    f"{', '.join(known)}")
 
 
 # options renamed, so that the queue source's stage and the sink's staging cannot be taken for each other
@@ -52,6 +85,11 @@ class Options:
     def target(self) -> str:
         """What the options name, for messages: "stream 'events'" or "queue 'orders'"."""
         return f"stream {self.stream!r}" if self.stream is not None else f"queue {self.queue!r}"
+
+    def refuse_unknown(self, part: str, known) -> None:
+        """SpecError for an option given that ``part`` (STREAM_SOURCE, BATCH_SOURCE or
+        SINK) does not read: one not in ``known`` (``refuse_unknown``)."""
+        refuse_unknown(self._raw, part, known)
 
     def get(self, name: str, default=None):
         return self._raw.get(name.lower(), default)

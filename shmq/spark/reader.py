@@ -31,7 +31,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from ..errors import BrokerUnavailable, OffsetOutOfRange, ShmqError
-from .options import SpecError
+from .options import BATCH_SOURCE, OPTIONS, STREAM_SOURCE, SpecError
 from .stager import MOVE_MAX, Stager, stage_name
 
 __all__ = ["StreamReader", "BatchReader", "OffsetRange", "RangeGroup", "DataLossError"]
@@ -132,7 +132,10 @@ class _Source:
     """What the stream reader and the batch reader share: the options, the stream they
     name, the check for lost offsets and the read of one range."""
 
+    PART, KNOWN = "", ()  # its name in errors, and the options it reads (any other is refused)
+
     def __init__(self, opts, schema):
+        opts.refuse_unknown(self.PART, self.KNOWN)
         self.opts = opts
         self._headers = opts.flag("includeHeaders", False)
         self._fail_on_loss = opts.flag("failOnDataLoss", True)
@@ -274,6 +277,8 @@ class StreamReader(_Source, DataSourceStreamReader, SupportsTriggerAvailableNow)
     within the read limit of the options (``maxRecordsPerTrigger``,
     ``minRecordsPerTrigger`` with ``maxTriggerDelay``) or of the trigger."""
 
+    PART, KNOWN = STREAM_SOURCE, OPTIONS[STREAM_SOURCE]
+
     def __init__(self, opts, schema):
         super().__init__(opts, schema)
         # a queue's stage holds what was taken from the queue to be read: a new query reads it all
@@ -388,6 +393,8 @@ class BatchReader(_Source, DataSourceReader):
     """``spark.read.format("shmq")``: the records between ``startingOffsets`` (default
     earliest) and ``endingOffsets`` (default latest), resolved when the query is
     planned."""
+
+    PART, KNOWN = BATCH_SOURCE, OPTIONS[BATCH_SOURCE]
 
     def __init__(self, opts, schema):
         super().__init__(opts, schema)

@@ -25,8 +25,8 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from ..engine import cpaths
 from ..engine.broker import Broker
 from ..engine.segment import check_room
-from ..errors import ShmqError, StreamNotFound
-from .options import SpecError
+from ..errors import ShmqError, StreamExists, StreamNotFound
+from .options import OPTIONS, SINK, SpecError
 from .staging import staging_name
 
 __all__ = ["StreamWriter", "BatchWriter"]
@@ -79,7 +79,10 @@ class _Writer:
     """What the stream and batch sinks share: the options, the checks made in the
     driver, and the task's staging of rows."""
 
+    PART, KNOWN = SINK, OPTIONS[SINK]  # its name in errors, and the options it reads (any other is refused)
+
     def __init__(self, opts, schema, overwrite):
+        opts.refuse_unknown(self.PART, self.KNOWN)
         if overwrite:
             raise SpecError("the shmq sink appends: use mode('append')")
         self.opts = opts
@@ -93,6 +96,19 @@ class _Writer:
                                     f"first (shmq stream create {opts.stream})") from None
             else:
                 broker.queue(opts.queue)
+
+    def _staging(self, broker, target, writer_id: str):
+        """The staging stream of ``writer_id`` for ``target``: made by the first task of a
+        batch, its memory taken as rows are staged (it is made and deleted each batch); one
+        left by a run killed before its commit, made with other settings, as it is."""
+        name = staging_name(target.name, writer_id)
+        try:
+            return broker.create_stream(
+                name, partitions=target.partitions,
+                max_bytes=self.opts.integer("sinkStagingMaxBytes", target.max_bytes, 4096),
+                max_message_bytes=target.max_message_bytes, durability="memory", exist_ok=True, reserve=False)
+        except StreamExists:
+            return broker.stream(name)
 
     def _stage(self, writer_id: str, batches, task: int) -> Staged:
         """Append the task's rows to the staging stream, each Arrow batch in one append per
@@ -117,12 +133,7 @@ class _Writer:
                     raise SpecError(str(e)) from None
                 if parts and staging is None:  # made by the batch's first task with rows; the commit deletes it
                     local = isinstance(broker, Broker)
-                    # its memory taken as rows are staged, not all at create: it is made and deleted each batch
-                    staging = broker.create_stream(
-                        staging_name(target.name, writer_id), partitions=target.partitions,
-                        max_bytes=self.opts.integer("sinkStagingMaxBytes", target.max_bytes, 4096),
-                        max_message_bytes=target.max_message_bytes, durability="memory", exist_ok=True,
-                        reserve=False)
+                    staging = self._staging(broker, target, writer_id)
                 for p, values, keys, headers in parts:
                     if local:
                         chunk = arrow.chunk(values, keys, headers)

@@ -38,6 +38,7 @@ class FaultyReader(StreamReader):
     """Logs each plan (start, end) as a JSON line to option "plans"; with fault
     "plan:N", kills the session inside the N-th ``partitions`` call of this process."""
 
+    KNOWN = StreamReader.KNOWN + ("plans", "fault")
     calls = 0
 
     def partitions(self, start, end):
@@ -52,6 +53,8 @@ class FaultyReader(StreamReader):
 class FaultyWriter(StreamWriter):
     """Fault "write:N": kills the session once a task of batch N staged its rows;
     "commit:N": once the sink published batch N, before Spark's commit log."""
+
+    KNOWN = StreamWriter.KNOWN + ("fault",)
 
     def write(self, iterator):
         from pyspark import TaskContext

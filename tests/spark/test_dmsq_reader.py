@@ -208,3 +208,6 @@ def test_headers_that_are_not_a_map_are_damage(tmp_path, caplog):
     assert "kept the 1 records before it" in caplog.text
     with pytest.raises(SpecError, match="the dmsq data source has the columns"):
         DmsqReader({"path": path}, QUEUE_SCHEMA[:2])
+    with pytest.raises(SpecError, match=r"^the dmsq data source has no option recursivefilelookup; its options "
+                                        r"are path, paths, ignoreCorruptFiles$"):
+        DmsqReader({"path": path, "recursiveFileLookup": "true"}, QUEUE_SCHEMA)

@@ -87,6 +87,42 @@ def test_clear_errors_for_a_missing_stream_or_columns(spark, broker):
     with pytest.raises(Exception, match="'key' column must be binary or string, not int"):
         spark.createDataFrame([(1, "v")], "key int, value string").write.format("shmq").option("stream", "out") \
             .option("namespace", broker.namespace).mode("append").save()
+    with pytest.raises(Exception, match="the shmq sink has no option startingoffsets \\(an option of the shmq "
+                                        "streaming source and the shmq batch source\\); its options are stream, "
+                                        "queue, namespace, url, token, sinkStagingMaxBytes, checkpointLocation, "
+                                        "queryName"):
+        df.write.format("shmq").option("stream", "out").option("namespace", broker.namespace) \
+            .option("startingOffsets", "earliest").mode("append").save()
+
+
+def test_an_option_the_sink_does_not_read_is_refused_and_sparks_own_are_taken(broker):
+    broker.create_stream("out", partitions=1).close()
+    schema = StructType([StructField("value", StringType())])
+    opts = {"stream": "out", "namespace": broker.namespace}
+    with pytest.raises(SpecError, match=r"^the shmq sink has no option maxrecordspertrigger \(an option of the shmq "
+                                        r"streaming source\); its options are stream, "):
+        StreamWriter(Options({**opts, "maxRecordsPerTrigger": "10"}), schema, False)
+    with pytest.raises(SpecError, match=r"^the shmq sink has no option stagingbytes \(did you mean "
+                                        r"sinkStagingMaxBytes\?\); its options"):
+        StreamWriter(Options({**opts, "stagingBytes": "65536"}), schema, False)
+    # what Spark hands a streaming sink of its own (checkpointLocation, queryName), as it hands them
+    StreamWriter(Options({**opts, "sinkstagingmaxbytes": "65536", "checkpointlocation": "/ck", "queryname": "q"}),
+                 schema, False)
+
+
+def test_a_staging_stream_left_with_other_settings_is_taken_as_it_is(broker):
+    """A run killed before its commit leaves its staging stream; the query, restarted with
+    another sinkStagingMaxBytes, stages into that one (the settings check of create's
+    exist_ok must not fail the task)."""
+    out = broker.create_stream("out", partitions=2)
+    left = broker.create_stream("out:staging:q", partitions=2, max_bytes=1 << 16, durability="memory")
+    left.append(b"left", partition=0)
+    schema = StructType([StructField("value", StringType())])
+    w = StreamWriter(Options({"stream": "out", "namespace": broker.namespace, "sinkStagingMaxBytes": "131072"}),
+                     schema, False)
+    staged = w._stage("q", [pa.RecordBatch.from_pydict({"value": ["x"]})], 1)
+    assert staged.ranges == {1: [(0, 1)]}
+    assert broker.stream("out:staging:q").max_bytes == 1 << 16 and out.partitions == 2
 
 
 def test_a_replayed_commit_appends_nothing_and_finishes_a_partial_publish(broker):

@@ -291,6 +291,48 @@ def test_option_errors_are_one_clear_line(broker):
         reader_of(broker, failOnDataLoss="maybe")
 
 
+def test_an_option_the_source_does_not_read_is_refused_naming_those_it_does(broker):
+    """Kafka's maxOffsetsPerTrigger looked taken and did nothing: a user believed they had
+    a rate limit. Every option a part does not read is refused, as Spark hands it
+    (lower-cased), with the closest name it has and the list of them."""
+    known = ("stream, queue, namespace, url, token, startingOffsets, failOnDataLoss, includeHeaders, minPartitions, "
+             "maxPartitions, queueStageMaxBytes")
+    with pytest.raises(SpecError) as e:
+        reader_of(broker, maxoffsetspertrigger="10")
+    assert str(e.value) == ("the shmq streaming source has no option maxoffsetspertrigger (did you mean "
+                            f"maxRecordsPerTrigger?); its options are {known}, maxRecordsPerTrigger, "
+                            "minRecordsPerTrigger, maxTriggerDelay")
+    with pytest.raises(SpecError) as e:
+        reader_of(broker, BatchReader, maxRecordsPerTrigger="10", subscribe="events")
+    assert str(e.value) == ("the shmq batch source has no options maxrecordspertrigger (an option of the shmq "
+                            "streaming source), subscribe; its options are "
+                            f"{known}, endingOffsets")
+    with pytest.raises(SpecError, match="^the shmq streaming source has no option endingoffsets \\(an option of "
+                                        "the shmq batch source\\); its options"):
+        reader_of(broker, endingOffsets="latest")
+    broker.create_stream("events", partitions=1).close()
+    every = dict.fromkeys(["startingOffsets", "failOnDataLoss", "includeHeaders", "minPartitions", "maxPartitions",
+                           "queueStageMaxBytes"], "true")
+    every.update(startingOffsets="earliest", minPartitions="1", maxPartitions="2", queueStageMaxBytes="65536")
+    reader_of(broker, **every, maxRecordsPerTrigger="10", minRecordsPerTrigger="5", maxTriggerDelay="1s")
+    reader_of(broker, BatchReader, **every, endingOffsets="latest")
+
+
+def test_every_option_the_code_reads_is_in_a_parts_list():
+    """The lists the refusal checks against are the options the code reads: one read that
+    is in no list would be refused as unknown, one listed and never read ignored."""
+    import re
+    from pathlib import Path
+
+    from shmq.spark import options
+
+    listed = {n.lower() for names in options.OPTIONS.values() for n in names}
+    src = "".join((Path(options.__file__).parent / f).read_text() for f in ("reader.py", "writer.py", "options.py"))
+    read = {n.lower() for n in re.findall(r'(?:(?:opts|self)\.(?:get|integer|number|flag|offsets)\(|duration\(opts, )'
+                                          r'"(\w+)"', src)}
+    assert read == listed - {"checkpointlocation", "queryname"}  # (Spark's own, handed to a sink: not read)
+
+
 # ---------------------------------------------------------------- Spark queries
 
 def test_micro_batches_share_the_limit_over_skewed_partitions_with_exact_records(spark, broker, tmp_path):
@@ -455,6 +497,9 @@ def test_bad_options_fail_with_messages_naming_what(spark, broker, tmp_path):
         run(spark, broker, tmp_path / "ck1", stream="nope")
     with pytest.raises(Exception, match="startingOffsets must be earliest, latest or JSON"):
         run(spark, broker, tmp_path / "ck2", startingOffsets="yesterday")
+    with pytest.raises(Exception, match="the shmq streaming source has no option maxoffsetspertrigger \\(did you "
+                                        "mean maxRecordsPerTrigger\\?\\); its options are stream, queue"):
+        run(spark, broker, tmp_path / "ck3", maxOffsetsPerTrigger=10)
 
 
 def test_planning_a_query_imports_no_pyarrow(broker):
