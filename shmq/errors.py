@@ -21,6 +21,7 @@ __all__ = [
     "ProtocolError",
     "Unauthorized",
     "BrokerUnavailable",
+    "OutcomeUnknown",
     "StorageError",
     "LockTimeout",
     "LimitExceeded",
@@ -49,7 +50,9 @@ class QueueNotFound(ShmqError, LookupError):
 
 
 class QueueExists(ShmqError):
-    """``create_queue`` found the name taken: attach with ``queue()`` or pass ``exist_ok=True``."""
+    """``create_queue`` found the name taken: attach with ``queue()`` or pass ``exist_ok=True``.
+    With ``exist_ok``: the queue there has other settings than those asked (the message
+    names each, with both values): use it as it is, or delete it and create it again."""
 
 
 class QueueFull(ShmqError, _stdlib_queue.Full):
@@ -97,6 +100,16 @@ class BrokerUnavailable(ShmqError, ConnectionError):
     that ``shmq server`` runs there, then reconnect."""
 
 
+class OutcomeUnknown(BrokerUnavailable):
+    """The connection ended after a request was sent and before its reply came (lost,
+    dropped for a late reply, or closed by another thread): the server may or may not
+    have carried it out — a put may have landed, an ack may have settled. Nothing is
+    sent again by itself. Repeat only what is safe to repeat (a put with a ``dedup_id``;
+    a get: what the lost connection leased is given back), else look first (``stats``,
+    ``peek``). The next call connects again. A request that was never sent raises a
+    plain ``BrokerUnavailable``: it was not carried out."""
+
+
 class StorageError(ShmqError, OSError):
     """Storage ran out: the broker's data directory could not take a write-ahead log
     entry (disk full, directory deleted, I/O error), or /dev/shm has no room for a new
@@ -120,7 +133,9 @@ class StreamNotFound(ShmqError, LookupError):
 
 
 class StreamExists(ShmqError):
-    """``create_stream`` found the name taken: attach with ``stream()`` or pass ``exist_ok=True``."""
+    """``create_stream`` found the name taken: attach with ``stream()`` or pass ``exist_ok=True``.
+    With ``exist_ok``: the stream there has other settings than those asked (the message
+    names each, with both values): use it as it is, or delete it and create it again."""
 
 
 class OffsetOutOfRange(ShmqError, IndexError):
@@ -134,10 +149,10 @@ class OffsetOutOfRange(ShmqError, IndexError):
 
 
 class CommitFailed(ShmqError):
-    """A commit was refused, and nothing was committed: the group rebalanced since the
-    consumer last polled, a partition is no longer its, or an offset is below the one
-    committed. Poll again: partitions it kept go on from its position; another member
-    reads those it lost from the last commit."""
+    """A commit was refused, and nothing was committed: a partition it names is not the
+    consumer's, or went to another member (and perhaps came back) since the consumer
+    last polled; the message says which. Poll again: partitions it kept go on from its
+    position; the owner of those it lost reads them from the last commit."""
 
 
 class ExchangeNotFound(ShmqError, LookupError):

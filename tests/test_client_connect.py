@@ -1,11 +1,13 @@
 """Both TCP clients against what may sit at an endpoint: a peer that is no shmq server
 (an HTTP server, a socket that never answers) fails fast or within the connect limit,
 naming the endpoint; a server that stops answering costs a request its timeout, and the
-next call starts clean on a new connection; a token in the URL is used, and never shown."""
+next call starts clean on a new connection; requests left unanswered by a lost connection
+are said to be of unknown outcome; a token in the URL is used, and never shown."""
 
 import asyncio
 import http.server
 import pickle
+import select
 import socket
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 import shmq
 from shmq.client import aio
 from shmq.protocol import MsgType
+from tests._wait import wait_for
 from tests.test_client_parity import FakeServer
 from tests.test_server_tcp import ServerProcess
 
@@ -113,20 +116,86 @@ def stalling_first():
 def test_a_request_past_its_timeout_drops_the_connection_and_the_next_call_starts_clean(client):
     fake = FakeServer(stalling_first(), connections=2)
     endpoint = fake.url.removeprefix("tcp://")
-    message = f"^no reply to PING from {endpoint} within 0.3s; the connection is dropped$"
+    message = (f"^no reply to PING from {endpoint} within 0.3s; the connection is dropped "
+               r"\(the PING was sent: whether it was carried out is unknown\)$")
 
     async def main():
         async with await aio.connect(fake.url, timeout=0.3) as b:
-            with pytest.raises(shmq.BrokerUnavailable, match=message):
+            with pytest.raises(shmq.OutcomeUnknown, match=message):
                 await b.ping()
             await b.ping()  # a new connection; its reply is its own
 
     try:
         if client == "blocking":
             with shmq.connect(fake.url, timeout=0.3) as b:
-                with pytest.raises(shmq.BrokerUnavailable, match=message):
+                with pytest.raises(shmq.OutcomeUnknown, match=message):
                     b.ping()
                 b.ping()
+        else:
+            run(main())
+    finally:
+        fake.stop()
+
+
+def closing_on_puts():
+    """A FakeServer handler: on the first connection HELLO is answered, then two puts sent
+    without waiting are read and the connection closed unanswered (they may have landed);
+    the next one answers HELLO and a PING."""
+    connections = []
+
+    def handler(conn):
+        connections.append(conn)
+        conn.answer(conn.read(), {"server": "fake"})  # HELLO
+        if len(connections) == 1:
+            assert [conn.read().type for _ in range(2)] == [MsgType.PRODUCE, MsgType.PRODUCE_BATCH]
+            conn.sock.shutdown(socket.SHUT_RDWR)
+            return
+        ping = conn.read()
+        assert ping.type == MsgType.PING
+        conn.answer(ping)
+        assert conn.sock.recv(65536) == b""
+
+    return handler
+
+
+@pytest.mark.parametrize("client", ["blocking", "asyncio"])
+@pytest.mark.parametrize("reconnect", [True, False], ids=["reconnect", "no reconnect"])
+def test_puts_sent_without_waiting_left_unanswered_make_the_next_call_raise_outcome_unknown(client, reconnect):
+    fake = FakeServer(closing_on_puts(), connections=2 if reconnect else 1)
+    endpoint = fake.url.removeprefix("tcp://")
+    unknown = (f"^lost the connection to {endpoint}: connection closed by the server \\(2 puts sent without "
+               r"waiting were not answered: whether they landed is unknown\)$")
+    lost = f"^lost the connection to {endpoint}: connection closed by the server$"
+
+    async def main():
+        async with await aio.connect(fake.url, reconnect=reconnect) as b:
+            q = aio.AsyncQueue(b, "q")
+            await q.put(b"a", wait=False)
+            await q.put_many([b"b"], wait=False)
+            while not b._link.core.failed:  # its reader task saw the close
+                await asyncio.sleep(0.005)
+            with pytest.raises(shmq.OutcomeUnknown, match=unknown):
+                await q.flush()
+            if reconnect:
+                await b.ping()  # said once
+            else:
+                with pytest.raises(shmq.BrokerUnavailable, match=lost):
+                    await b.ping()
+
+    try:
+        if client == "blocking":
+            with shmq.connect(fake.url, reconnect=reconnect) as b:
+                q = shmq.client.RemoteQueue(b, "q")
+                q.put(b"a", wait=False)
+                q.put_many([b"b"], wait=False)
+                wait_for(lambda: select.select([b._link.sock], [], [], 0)[0], what="the server's close")
+                with pytest.raises(shmq.OutcomeUnknown, match=unknown):
+                    q.flush()
+                if reconnect:
+                    b.ping()  # said once
+                else:
+                    with pytest.raises(shmq.BrokerUnavailable, match=lost):
+                        b.ping()
         else:
             run(main())
     finally:

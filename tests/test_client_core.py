@@ -196,26 +196,43 @@ def test_an_error_with_msg_id_0_before_any_request_ends_the_first_one():
 
 def test_the_servers_close_ends_the_connection():
     core = ClientCore(ENDPOINT)
-    msg_id, _ = core.send(MsgType.PING)
+    msg_id, _ = core.send(MsgType.PRODUCE, {"queue": "q", "body": b"x"})
     assert core.receive_data(b"") == [msg_id]
-    message = f"^lost the connection to {ENDPOINT}: connection closed by the server$"
-    with pytest.raises(shmq.BrokerUnavailable, match=message):
-        core.result(msg_id)
-    with pytest.raises(shmq.BrokerUnavailable, match=message):
+    message = f"^lost the connection to {ENDPOINT}: connection closed by the server"
+    with pytest.raises(shmq.OutcomeUnknown,  # sent, unanswered: it may have landed
+                       match=message + r" \(the PRODUCE was sent: whether it was carried out is unknown\)$"):
+        core.result(msg_id, MsgType.PRODUCE)
+    with pytest.raises(shmq.BrokerUnavailable, match=message + "$") as caught:  # never sent: not carried out
         core.send(MsgType.PING)
+    assert type(caught.value) is shmq.BrokerUnavailable
+
+
+def test_a_request_whose_write_failed_was_not_carried_out():
+    core = ClientCore(ENDPOINT)
+    sent, _ = core.send(MsgType.PRODUCE, {"queue": "q", "body": b"x"})
+    unsent, _ = core.send(MsgType.PRODUCE, {"queue": "q", "body": b"y"})
+    assert core.connection_lost(BrokenPipeError(32, "Broken pipe")) == [sent, unsent]
+    core.not_sent(unsent)
+    with pytest.raises(shmq.OutcomeUnknown, match=r"\(the PRODUCE was sent: whether it was carried out is unknown\)$"):
+        core.result(sent, MsgType.PRODUCE)
+    with pytest.raises(shmq.BrokerUnavailable, match=r"^lost the connection to .*: \[Errno 32\] Broken pipe$") as caught:
+        core.result(unsent, MsgType.PRODUCE)
+    assert type(caught.value) is shmq.BrokerUnavailable
 
 
 def test_a_lost_socket_and_a_close_end_it_too():
     core = ClientCore(ENDPOINT)
     msg_id, _ = core.send(MsgType.PING)
     assert core.connection_lost(ConnectionResetError(104, "Connection reset by peer")) == [msg_id]
-    with pytest.raises(shmq.BrokerUnavailable, match=r"^lost the connection to .*: \[Errno 104\] Connection reset"):
+    with pytest.raises(shmq.OutcomeUnknown, match=r"^lost the connection to .*: \[Errno 104\] Connection reset"):
         core.result(msg_id)
     core = ClientCore(ENDPOINT)
     msg_id, _ = core.send(MsgType.PING)
     assert core.close() == [msg_id]
-    with pytest.raises(shmq.BrokerUnavailable, match=f"^connection to {ENDPOINT} is closed$"):
+    with pytest.raises(shmq.OutcomeUnknown, match=f"^connection to {ENDPOINT} is closed \\(the request was sent: "):
         core.result(msg_id)
+    with pytest.raises(shmq.BrokerUnavailable, match=f"^connection to {ENDPOINT} is closed$"):
+        core.send(MsgType.PING)
 
 
 def test_bytes_that_are_not_frames_end_the_connection_with_a_protocol_error():
@@ -302,19 +319,38 @@ def test_a_peer_that_answers_no_frame_is_no_shmq_server():
         core.result(msg_id)
 
 
+def test_in_a_child_of_fork_the_parents_connection_ends_and_keeps_its_first_owner():
+    core = ClientCore(ENDPOINT)
+    core.send(MsgType.PING)
+    core.post(MsgType.PRODUCE, {"queue": "q", "body": b"x"})
+    core.forked(100)
+    core.forked(200)  # a grandchild, its parent having used nothing of it
+    assert core.forked_from == 100
+    for _ in range(2):  # the parent's unanswered put is not this process's to raise
+        with pytest.raises(shmq.BrokerUnavailable, match=f"^the connection to {ENDPOINT} is process 100's, of which "
+                                                         "this process is a fork: what was bound to it stays that "
+                                                         "process's$") as caught:
+            core.send(MsgType.PING)
+        assert type(caught.value) is shmq.BrokerUnavailable
+
+
 def test_a_request_past_its_time_ends_the_connection_with_broker_unavailable():
     core = ClientCore(ENDPOINT)
     msg_id, _ = core.send(MsgType.PING)
     assert core.timed_out(MsgType.PING, 1.5) == [msg_id]
-    message = f"^no reply to PING from {ENDPOINT} within 1.5s; the connection is dropped$"
-    for attempt in (lambda: core.result(msg_id), lambda: core.send(MsgType.PING)):
-        with pytest.raises(shmq.BrokerUnavailable, match=message):
-            attempt()
-    core = ClientCore(ENDPOINT)
-    core.timed_out(MsgType.HELLO, 10)
-    with pytest.raises(shmq.BrokerUnavailable, match=f"^no reply to HELLO from {ENDPOINT} within 10s: is it an shmq "
-                                                     "server\\?$"):
+    message = f"^no reply to PING from {ENDPOINT} within 1.5s; the connection is dropped"
+    with pytest.raises(shmq.OutcomeUnknown, match=message + r" \(the PING was sent: whether it was carried out "):
+        core.result(msg_id, MsgType.PING)
+    with pytest.raises(shmq.BrokerUnavailable, match=message + "$"):
         core.send(MsgType.PING)
+    core = ClientCore(ENDPOINT)
+    hello, _ = core.send(MsgType.HELLO, {"client": "x"})
+    core.timed_out(MsgType.HELLO, 10)
+    for attempt in (lambda: core.result(hello, MsgType.HELLO), lambda: core.send(MsgType.PING)):  # a failed connect, no more
+        with pytest.raises(shmq.BrokerUnavailable, match=f"^no reply to HELLO from {ENDPOINT} within 10s: is it an "
+                                                         "shmq server\\?$") as caught:
+            attempt()
+        assert type(caught.value) is shmq.BrokerUnavailable
 
 
 # ---------------------------------------------------------------- policies

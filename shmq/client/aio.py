@@ -9,16 +9,20 @@ A request whose task is cancelled is forgotten, and what its late reply takes fo
 connection (a CONSUME's messages) the core gives back. When the connection ends (lost,
 closed, or an error with msg id 0 such as too many connections) every waiting request
 raises why; a call after that connects again first, as ``options.ConnectOptions`` say,
-and runs on one connection from start to end, so nothing is ever sent twice.
+and runs on one connection from start to end, so nothing is ever sent twice. In a
+child of fork() the parent's connection and event loop are not the child's: the first
+call there connects anew in the child's own event loop (``_forked``).
 """
 
 import asyncio
 import functools
+import os
 from collections import deque
 
-from ..errors import BrokerUnavailable
+from ..errors import BrokerUnavailable, ShmqError
 from ..protocol import MsgType
 from ..protocol.forms import from_pairs, max_records_field
+from . import forks
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, driven
 from .options import ConnectOptions
 from .streams import ConsumerCalls, StreamCalls
@@ -155,6 +159,18 @@ class _Link:
         self.pushed = {}
 
 
+def _let_go(fd: int) -> None:
+    """Drop this process's reference to the socket ``fd`` without touching the connection
+    (no shutdown): /dev/null takes its number, so whatever still holds the number (the
+    parent's transport, should this process finalize it) unregisters from the parent's
+    epoll, and closes, nothing of the parent's."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, fd, inheritable=False)
+    finally:
+        os.close(null)
+
+
 class AsyncBroker(BrokerCalls):
     """The broker API, awaitable: create_queue, queue, list_queues, delete_queue,
     create_stream, stream, list_streams, delete_stream, the exchanges (create_exchange,
@@ -179,10 +195,12 @@ class AsyncBroker(BrokerCalls):
 
     async def _open(self):
         self._link = await self._connect(self._core)
+        forks.track(self)
 
     async def close(self):
         """Close the connection; the handle never reconnects after this."""
         self._closed = True
+        forks.untrack(self)
         link = self._link
         if link is not None:
             self._wake(link, link.core.close())
@@ -193,6 +211,23 @@ class AsyncBroker(BrokerCalls):
 
     async def __aexit__(self, *exc):
         await self.close()
+
+    def _forked(self, parent: int) -> None:
+        """In a child of fork() (only this thread runs): the connection is process
+        ``parent``'s, and so is its event loop, whose epoll and self-pipe the child
+        shares: nothing of them runs or closes here. The child's copy of the socket goes
+        (``_let_go``), what was bound to the connection ends (``ClientCore.forked``), and
+        the first call connects anew in the child's running event loop, with the same
+        url, token and options. The child takes a fresh lock (one held at the fork, or
+        bound to the parent's loop, would not do)."""
+        self._opening = asyncio.Lock()
+        old = self._link
+        old.core.forked(parent)
+        if old.writer is not None:
+            sock = old.writer.get_extra_info("socket")
+            if sock is not None and sock.fileno() >= 0:
+                _let_go(sock.fileno())
+        self._link = _Link(old.core, None)
 
     # ---------------------------------------------------------------- connecting
     async def _connect(self, core) -> _Link:
@@ -227,14 +262,21 @@ class AsyncBroker(BrokerCalls):
         async with self._opening:
             if self._link is not lost:
                 return self._link
-            if self._closed or not self.options.reconnect:
+            first = lost.writer is None  # a child of fork(): its own first connection, whatever ``reconnect`` says
+            if self._closed or not (self.options.reconnect or first):
+                lost.core.raise_deferred()  # pipelined puts unanswered (OutcomeUnknown): said once
                 raise lost.core.ended_error()
             if self._rounds != rounds:  # another task gave up while this one waited for it
                 raise self._gave_up()
             await self._shut(lost)
-            loop = asyncio.get_running_loop()
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # a child of fork() still in its parent's event loop
+                raise ShmqError(f"this process is a fork of process {lost.core.forked_from}, whose event loop it "
+                                "cannot use: call the broker from an event loop of this process (asyncio.run)") \
+                    from None
             start, tries = loop.time(), 0
-            for pause in self.options.pauses():
+            for pause in self.options.pauses() if self.options.reconnect else (0.0,):
                 if pause:
                     await asyncio.sleep(pause)
                 tries += 1
@@ -243,6 +285,7 @@ class AsyncBroker(BrokerCalls):
                 except BrokerUnavailable as e:
                     error = e
                     continue
+                link.core.carry_over(lost.core)
                 self._link, self._core = link, link.core
                 return link
             self._rounds += 1
@@ -253,6 +296,8 @@ class AsyncBroker(BrokerCalls):
 
     async def _shut(self, link):
         """Close ``link``'s stream and wait for its reader task to end."""
+        if link.writer is None:
+            return  # never connected in this process
         link.writer.close()
         try:
             await link.writer.wait_closed()
@@ -333,7 +378,7 @@ class AsyncBroker(BrokerCalls):
             raise
         finally:
             link.pending.pop(msg_id, None)
-        return core.result(msg_id)
+        return core.result(msg_id, msg_type)
 
     async def _request(self, msg_type, payload=None) -> dict:
         """One request, as it is, and its reply's payload (or its error)."""

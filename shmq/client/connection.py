@@ -4,15 +4,18 @@ errors of requests nobody waits for deferred, and what an abandoned request took
 back. Error replies become the engine's exceptions through the one table
 (``protocol.status``); an error with msg id 0 answers the whole connection (too many
 connections, a frame timeout, bad magic): like a lost connection, it ends every waiting
-request and every later one. No socket here: ``remote`` and ``aio`` move the bytes;
-``core`` writes the calls.
+request and every later one. A request that was sent and is left unanswered when the
+connection ends raises OutcomeUnknown (it may have been carried out); one never sent, why
+the connection ended. In a child of fork() the parent's connection's state says so
+(``forked``): nothing bound to it is this process's. No socket here: ``remote`` and
+``aio`` move the bytes; ``core`` writes the calls.
 """
 
 import functools
 import logging
 from collections import deque
 
-from ..errors import BrokerUnavailable, ProtocolError
+from ..errors import BrokerUnavailable, OutcomeUnknown, ProtocolError
 from ..protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, Status, encode_request, error_from_reply
 
 __all__ = ["ClientCore", "HELLO_MSG_ID", "MAX_REPLY_BYTES"]
@@ -23,6 +26,7 @@ MAX_REPLY_BYTES = 2**31 - 1  # the client trusts its server's reply sizes
 HELLO_MSG_ID = 0x0D0A
 _DELIVER = PushType.DELIVER | REPLY_BIT
 _GIVEN_BACK = (MsgType.CONSUME, MsgType.SUBSCRIBE, MsgType.JOIN)  # abandoned, what they took is given back
+_PUTS = (MsgType.PRODUCE, MsgType.PRODUCE_BATCH)  # posted unanswered at the end: whether they landed is unknown
 _log = logging.getLogger("shmq.client")
 
 
@@ -51,9 +55,10 @@ class ClientCore:
         self._decoder = FrameDecoder(max_reply_bytes)
         self._last_id = 0
         self._waiting = set()  # msg ids sent and not yet answered
+        self._unanswered = set()  # msg ids left waiting when the connection ended (``result``)
         self._replies = {}  # msg id -> its reply frame, until result() takes it
         self._end = None  # () -> the exception that ended the connection
-        self._unwaited = {}  # msg id posted without waiting -> whether its error is raised later (``post``)
+        self._unwaited = {}  # msg id posted without waiting -> its type if its error is raised later, else False
         self._deferred = None  # the first error of an unwaited request, raised by the next call
         self._pushes = {}  # subscription id -> deque of pushed messages (and its end, an exception)
         self._cancelled = set()  # subscriptions cancelled: what is still pushed for them was given back
@@ -61,6 +66,7 @@ class ClientCore:
         self._outbox = []  # requests the core itself sends: the give-backs of abandoned ones
         self._first = b""  # the first bytes read, until a frame is: what a peer that is no shmq server said
         self.on_push = None  # called with a subscription id when a push for it arrives (asyncio)
+        self.forked_from = None  # in a child of fork(): the pid of the process whose connection this is
 
     @property
     def failed(self) -> bool:
@@ -124,7 +130,7 @@ class ClientCore:
         """The bytes of a request nobody waits for (``ack(wait=False)``, CANCEL): its reply
         is dropped when it comes, an error reply logged and raised by the next call."""
         msg_id, data = self.send(msg_type, payload, check=False)
-        self._unwaited[msg_id] = True
+        self._unwaited[msg_id] = msg_type
         return data
 
     def _defer(self, error, frame):
@@ -173,14 +179,14 @@ class ClientCore:
         """Whether ``result(msg_id)`` has an answer (a reply, or the connection's end)."""
         return msg_id in self._replies or self._end is not None
 
-    def result(self, msg_id: int) -> dict:
-        """The payload of the reply to ``msg_id``, else raises its error, or why the
-        connection ended before it was answered."""
+    def result(self, msg_id: int, msg_type: int | None = None) -> dict:
+        """The payload of the reply to ``msg_id`` (a ``msg_type`` request), else raises its
+        error, or why the connection ended before it was answered."""
         frame = self._replies.pop(msg_id, None)
         if frame is None:
             if self._end is None:
                 raise RuntimeError(f"request {msg_id} has no answer yet")  # a transport's bug
-            raise self._end()
+            raise self._unanswered_error(msg_id, msg_type)
         if frame.status != Status.OK:
             raise error_from_reply(frame, self.endpoint)
         return frame.payload
@@ -192,6 +198,7 @@ class ClientCore:
         the leased messages nacked (ready at once; as after a disconnect, the attempt
         counts), the subscription cancelled, the member gone (``outgoing``)."""
         frame = self._replies.pop(msg_id, None)
+        self._unanswered.discard(msg_id)
         if msg_type not in _GIVEN_BACK:
             self._waiting.discard(msg_id)
         elif frame is not None:
@@ -226,6 +233,42 @@ class ClientCore:
         data, self._outbox = b"".join(self._outbox), []
         return data
 
+    def _unanswered_error(self, msg_id, msg_type):
+        """Why request ``msg_id`` has no reply, the connection having ended: OutcomeUnknown
+        if it was sent and the connection was lost, dropped or closed before its reply
+        (a HELLO's is the connect's failure); else the end's own error."""
+        error = self._end()
+        if msg_id not in self._unanswered or msg_type == MsgType.HELLO or not isinstance(error, BrokerUnavailable):
+            return error
+        self._unanswered.discard(msg_id)
+        what = "request" if msg_type is None else _type_name(msg_type)
+        return OutcomeUnknown(f"{error} (the {what} was sent: whether it was carried out is unknown)")
+
+    def not_sent(self, msg_id: int) -> None:
+        """Request ``msg_id`` did not leave whole (its write failed, then the connection
+        ended): the server never read it, so its error is the end's, not OutcomeUnknown."""
+        self._unanswered.discard(msg_id)
+        self._waiting.discard(msg_id)
+
+    def forked(self, pid: int) -> None:
+        """This is a child of fork(), and this connection process ``pid``'s: it ends here
+        (the parent's socket is not this process's to use), and what was bound to it
+        (leases, subscriptions, group members) is the parent's (the first one's, if
+        this child's parent inherited it unused)."""
+        if self.forked_from is None:
+            self.forked_from = pid
+        self._ended(functools.partial(
+            BrokerUnavailable, f"the connection to {self.endpoint} is process {self.forked_from}'s, of which this "
+                               "process is a fork: what was bound to it stays that process's"))
+        self._unanswered = set()  # the parent's requests: none is this process's to answer
+        self._deferred = None  # nor their errors
+
+    def carry_over(self, lost: "ClientCore") -> None:
+        """This connection replaces ``lost``: an error of ``lost``'s requests sent without
+        waiting (``post``), not raised yet, is raised by this one's next call."""
+        if self._deferred is None:
+            self._deferred, lost._deferred = lost._deferred, None
+
     def connection_lost(self, reason) -> list[int]:
         """The socket broke (``reason``: an OSError or a text); returns the msg ids it ends."""
         return self._ended(functools.partial(BrokerUnavailable, f"lost the connection to {self.endpoint}: {reason}"))
@@ -244,5 +287,14 @@ class ClientCore:
     def _ended(self, error) -> list[int]:
         if self._end is None:  # the first reason is the one every later call hears
             self._end = error
-        ended, self._waiting = sorted(self._waiting), set()
-        return ended
+        ended, self._waiting = self._waiting, set()
+        self._unanswered |= ended
+        unwaited = self._unwaited
+        puts = sum(1 for i in ended if unwaited.get(i) in _PUTS)
+        if puts and self._deferred is None:
+            end = self._end()
+            if isinstance(end, BrokerUnavailable):  # the next call (``flush``) says so, once
+                self._deferred = OutcomeUnknown(f"{end} ({puts} put{'s' if puts > 1 else ''} sent without waiting "
+                                                f"{'were' if puts > 1 else 'was'} not answered: whether "
+                                                f"{'they' if puts > 1 else 'it'} landed is unknown)")
+        return sorted(ended)

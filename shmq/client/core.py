@@ -202,8 +202,13 @@ class DeliveryCalls:
 
     def _check_connection(self):
         """DeliveryExpired if the connection that holds the lease has ended (the server
-        gave the message back when it did) and the broker handle reconnected."""
+        gave the message back when it did) and the broker handle reconnected, or is the
+        parent's of this child of fork() (it stays leased to the parent)."""
         if self._conn is not self._q._broker._core:
+            if self._conn.forked_from is not None:
+                raise DeliveryExpired(f"delivery {self.queue}#{self.id} was leased on the connection of process "
+                                      f"{self._conn.forked_from}, of which this process is a fork: only that "
+                                      "process can settle it")
             raise DeliveryExpired(f"delivery {self.queue}#{self.id} was leased on a connection to "
                                   f"{self._conn.endpoint} that has ended: the server gave it back")
 

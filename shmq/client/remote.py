@@ -9,8 +9,11 @@ by msg id: a long get in one thread holds back no other thread's calls. A call r
 one connection from start to end, so nothing is ever sent twice; a call that finds the
 connection lost (before it sends: a server that closed it while it was idle is noticed
 then) connects again first, with the retries and backoff of ``options.ConnectOptions``.
-Socket errors and timeouts become BrokerUnavailable naming the endpoint. Handles pickle
-as their url and name, and connect again where they land.
+Socket errors and timeouts become BrokerUnavailable naming the endpoint (OutcomeUnknown
+for a request sent and left unanswered). Handles pickle as their url and name, and
+connect again where they land. A child of fork() never touches its parent's connection
+(``forks``): ``_forked`` closes the child's copy of the socket without a shutdown and
+leaves the handle to connect on its first call there.
 """
 
 import dataclasses
@@ -21,6 +24,7 @@ import threading
 import time
 
 from ..errors import BrokerUnavailable
+from . import forks
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, parse_url
 from .options import ConnectOptions
 from .streams import ConsumerCalls, StreamCalls
@@ -153,13 +157,14 @@ class _Link:
     __slots__ = ("sock", "core", "writing", "cond", "reading", "readable")
 
     def __init__(self, sock, core):
-        self.sock = sock
+        self.sock = sock  # None: not connected in this process (a child of fork(), ``_forked``)
         self.core = core
         self.writing = threading.Lock()
         self.cond = threading.Condition(threading.Lock())  # held while the core changes
         self.reading = False  # a thread is in recv (outside the lock)
         self.readable = select.poll()  # used under ``cond`` only
-        self.readable.register(sock, select.POLLIN)
+        if sock is not None:
+            self.readable.register(sock, select.POLLIN)
 
 
 def _one(step):
@@ -188,6 +193,7 @@ class RemoteBroker(BrokerCalls):
         self._rounds = 0  # reconnects given up, and the error of the last one
         self._gave_up = None
         self._link = self._connect(self._core)
+        forks.track(self)
 
     def __repr__(self):
         return f"<shmq.RemoteBroker {self.url}>"
@@ -204,11 +210,31 @@ class RemoteBroker(BrokerCalls):
     def close(self) -> None:
         """Close the connection; the handle never reconnects after this."""
         self._closed = True
+        forks.untrack(self)
         link = self._link
         with link.cond:
             link.core.close()
             self._shut(link)
             link.cond.notify_all()
+
+    def _forked(self, parent: int) -> None:
+        """In a child of fork() (only this thread runs): the connection is process
+        ``parent``'s. Its replies go to whoever reads first, so the child never reads
+        or writes it, nor shuts it down (that would end it for the parent too): the
+        child's copy of its descriptor is closed (else a parent that dies without
+        closing it would leave the server holding its leases while the child lives),
+        what was bound to it ends (``ClientCore.forked``), and the first call connects
+        anew, with the same url, token and options. Locks another thread held at the
+        fork would stay held for ever: the child takes fresh ones."""
+        self._opening = threading.Lock()
+        old = self._link
+        old.core.forked(parent)
+        if old.sock is not None:
+            try:
+                old.sock.close()  # the child's descriptor only: no shutdown
+            except OSError:
+                pass
+        self._link = _Link(None, old.core)
 
     # ---------------------------------------------------------------- connecting
     def _connect(self, core) -> _Link:
@@ -244,14 +270,16 @@ class RemoteBroker(BrokerCalls):
         with self._opening:
             if self._link is not lost:
                 return self._link
-            if self._closed or not self.options.reconnect:
+            first = lost.sock is None  # a child of fork(): its own first connection, whatever ``reconnect`` says
+            if self._closed or not (self.options.reconnect or first):
+                lost.core.raise_deferred()  # pipelined puts unanswered (OutcomeUnknown): said once
                 raise lost.core.ended_error()
             if self._rounds != rounds:  # another thread gave up while this one waited for it
                 raise self._gave_up()
             with lost.cond:
                 self._shut(lost)
             start, tries = time.monotonic(), 0
-            for pause in self.options.pauses():
+            for pause in self.options.pauses() if self.options.reconnect else (0.0,):
                 if pause:
                     self._sleep(pause)
                 tries += 1
@@ -260,6 +288,7 @@ class RemoteBroker(BrokerCalls):
                 except BrokerUnavailable as e:
                     error = e
                     continue
+                link.core.carry_over(lost.core)
                 self._link, self._core = link, link.core
                 return link
             self._rounds += 1
@@ -305,12 +334,12 @@ class RemoteBroker(BrokerCalls):
         core = link.core
         with link.cond:
             msg_id, data = core.send(msg_type, payload)  # raises once the connection has ended
-        self._write(link, data)
+        self._write(link, data, msg_id)
         if limit is None:
             limit = self.options.reply_limit(msg_type, payload)
         self._wait(link, lambda: core.done(msg_id), limit, msg_type)
         with link.cond:
-            return core.result(msg_id)
+            return core.result(msg_id, msg_type)
 
     def post(self, msg_type, payload=None, blocking=True) -> None:
         """Send one request without waiting for its reply (``ClientCore.post``)."""
@@ -340,13 +369,17 @@ class RemoteBroker(BrokerCalls):
         finally:
             link.writing.release()
 
-    def _write(self, link, data) -> None:
+    def _write(self, link, data, msg_id=None) -> None:
+        """Send ``data`` (request ``msg_id``'s); a failed write ends the connection, and
+        the request, not sent whole, was never read by the server (``not_sent``)."""
         try:
             with link.writing:
                 link.sock.sendall(data)
         except OSError as e:
             with link.cond:
                 link.core.connection_lost(e)
+                if msg_id is not None:
+                    link.core.not_sent(msg_id)
                 self._shut(link)
                 link.cond.notify_all()
 
@@ -422,6 +455,8 @@ class RemoteBroker(BrokerCalls):
     def _shut(link) -> None:
         """Wake a thread reading ``link``, and close its socket once none does (the
         caller holds ``link.cond``)."""
+        if link.sock is None:
+            return  # never connected in this process
         try:
             link.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -56,6 +56,10 @@ class ConsumerCalls:
         if self._closed:
             raise ShmqError(f"consumer of group {self.group!r} is closed")
         if self._core.failed:
+            if self._core.forked_from is not None:  # a child of fork(): the member stays the parent's
+                raise BrokerUnavailable(f"consumer of group {self.group!r} is a member for the connection of process "
+                                        f"{self._core.forked_from}, of which this process is a fork: join in this "
+                                        "process (stream.consumer)")
             raise BrokerUnavailable(f"consumer of group {self.group!r} left the group with its connection to "
                                     f"{self._core.endpoint}, which ended: join again (stream.consumer)")
         return {"stream": self.stream.name, "member": self._member}
@@ -86,9 +90,11 @@ class ConsumerCalls:
     @driven
     def commit(self, offsets: dict | None = None):
         """Commit ``{partition: next offset to read}`` (default: where this member is in
-        every partition it owns), all or nothing. CommitFailed if the group rebalanced
-        since this member's last poll, or if an offset is below the one committed; then
-        poll again (partitions it kept go on from its position)."""
+        every partition it owns), all or nothing; an explicit offset may be below the
+        committed one (the group reads from there again, this member's position stays).
+        CommitFailed, committing nothing, if a partition named went to another member
+        since this member's last poll (also if it came back since); then poll again:
+        partitions it kept go on from its position."""
         fields = self._fields()
         if offsets is not None:
             fields["offsets"] = commit_pairs(offsets)
