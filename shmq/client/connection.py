@@ -18,7 +18,7 @@ from collections import deque
 from ..errors import BrokerUnavailable, OutcomeUnknown, ProtocolError
 from ..protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, Status, encode_request, error_from_reply
 
-__all__ = ["ClientCore", "HELLO_MSG_ID", "MAX_REPLY_BYTES"]
+__all__ = ["ClientCore", "HELLO_MSG_ID", "MAX_REPLY_BYTES", "PENDING_BYTES"]
 
 MAX_REPLY_BYTES = 2**31 - 1  # the client trusts its server's reply sizes
 # HELLO's msg id: its header then ends in CR LF, so a peer that reads lines (an HTTP server)
@@ -27,6 +27,10 @@ HELLO_MSG_ID = 0x0D0A
 _DELIVER = PushType.DELIVER | REPLY_BIT
 _GIVEN_BACK = (MsgType.CONSUME, MsgType.SUBSCRIBE, MsgType.JOIN)  # abandoned, what they took is given back
 _PUTS = (MsgType.PRODUCE, MsgType.PRODUCE_BATCH)  # posted unanswered at the end: whether they landed is unknown
+BATCH_BYTES = 64 * 1024  # puts sent without waiting are gathered into one PRODUCE_BATCH up to about this size
+PENDING_BYTES = 64 * 1024  # requests sent without waiting that a transport holds, at most, before it writes them
+BATCH_MESSAGES = 1024  # ... and this many messages
+_MESSAGE_KEYS = ("body", "headers")  # a PRODUCE's fields that are its message's; the others but "queue" are options
 _log = logging.getLogger("shmq.client")
 
 
@@ -66,6 +70,7 @@ class ClientCore:
         self._outbox = []  # requests the core itself sends: the give-backs of abandoned ones
         self._first = b""  # the first bytes read, until a frame is: what a peer that is no shmq server said
         self.on_push = None  # called with a subscription id when a push for it arrives (asyncio)
+        self._batch = None  # puts sent without waiting, gathered: [queue, options, messages, bytes] (``post``)
         self.forked_from = None  # in a child of fork(): the pid of the process whose connection this is
 
     @property
@@ -80,13 +85,14 @@ class ClientCore:
             raise self._end()
         if check:
             self.raise_deferred()
+        before = self.batched() if self._batch is not None else b""  # the puts gathered go first
         if msg_type == MsgType.HELLO:  # the first request: no other is in flight to share its id
             msg_id = HELLO_MSG_ID
         else:  # 1 .. 2**32-1: msg id 0 speaks for the connection
             msg_id = self._last_id = self._last_id % 0xFFFFFFFF + 1
         data = encode_request(msg_type, msg_id, payload)
         self._waiting.add(msg_id)
-        return msg_id, data
+        return msg_id, before + data if before else data
 
     def receive_data(self, data) -> list[int]:
         """Take bytes read off the connection (b"" once the server closed it); returns the
@@ -128,7 +134,47 @@ class ClientCore:
 
     def post(self, msg_type: int, payload: dict | None = None) -> bytes:
         """The bytes of a request nobody waits for (``ack(wait=False)``, CANCEL): its reply
-        is dropped when it comes, an error reply logged and raised by the next call."""
+        is dropped when it comes, an error reply logged and raised by the next call.
+
+        A PRODUCE (without ``group`` or ``dedup_id``) is gathered instead with the puts
+        posted before it to the same queue with the same options, and they go as one
+        PRODUCE_BATCH — all or none, as ``put_many`` — when any other request is sent,
+        when ``batched()`` is called (a transport's linger), or once the batch is full:
+        b"" until then."""
+        if msg_type == MsgType.PRODUCE and "group" not in payload and "dedup_id" not in payload:
+            return self._gather(payload)
+        msg_id, data = self.send(msg_type, payload, check=False)
+        self._unwaited[msg_id] = msg_type
+        return data
+
+    def _gather(self, payload) -> bytes:
+        queue = payload["queue"]
+        options = {k: v for k, v in payload.items() if k != "queue" and k not in _MESSAGE_KEYS}
+        batch = self._batch
+        out = b""
+        if batch is not None and (batch[0] != queue or batch[1] != options):
+            out = self.batched()
+            batch = None
+        if batch is None:
+            batch = self._batch = [queue, options, [], 0]
+        message = {k: payload[k] for k in _MESSAGE_KEYS if k in payload}
+        batch[2].append(message)
+        batch[3] += len(message["body"]) + 16
+        if batch[3] >= BATCH_BYTES or len(batch[2]) >= BATCH_MESSAGES:
+            out += self.batched()
+        return out
+
+    def batched(self) -> bytes:
+        """The bytes of the puts gathered by ``post`` (one PRODUCE_BATCH, or a PRODUCE for
+        one), now sent; b"" if none."""
+        batch, self._batch = self._batch, None
+        if batch is None or self._end is not None:
+            return b""
+        queue, options, messages, _ = batch
+        if len(messages) == 1:
+            msg_type, payload = MsgType.PRODUCE, {"queue": queue, **messages[0], **options}
+        else:
+            msg_type, payload = MsgType.PRODUCE_BATCH, {"queue": queue, "messages": messages, **options}
         msg_id, data = self.send(msg_type, payload, check=False)
         self._unwaited[msg_id] = msg_type
         return data
@@ -291,10 +337,17 @@ class ClientCore:
         self._unanswered |= ended
         unwaited = self._unwaited
         puts = sum(1 for i in ended if unwaited.get(i) in _PUTS)
-        if puts and self._deferred is None:
+        kept = len(self._batch[2]) if self._batch is not None else 0  # gathered, never sent
+        self._batch = None
+        if (puts or kept) and self._deferred is None:
             end = self._end()
             if isinstance(end, BrokerUnavailable):  # the next call (``flush``) says so, once
-                self._deferred = OutcomeUnknown(f"{end} ({puts} put{'s' if puts > 1 else ''} sent without waiting "
-                                                f"{'were' if puts > 1 else 'was'} not answered: whether "
-                                                f"{'they' if puts > 1 else 'it'} landed is unknown)")
+                said = []
+                if puts:
+                    said.append(f"{puts} put{'s' if puts > 1 else ''} sent without waiting {'were' if puts > 1 else 'was'}"
+                                f" not answered: whether {'they' if puts > 1 else 'it'} landed is unknown")
+                if kept:
+                    said.append(f"{kept} put{'s' if kept > 1 else ''} without waiting {'were' if kept > 1 else 'was'} "
+                                "never sent")
+                self._deferred = (OutcomeUnknown if puts else BrokerUnavailable)(f"{end} ({'; '.join(said)})")
         return sorted(ended)

@@ -444,12 +444,19 @@ class QueueCalls:
         return ds
 
     @driven
-    def ack_many(self, deliveries):
+    def ack_many(self, deliveries, wait: bool = True):
         """Ack deliveries of this queue on this connection in one request; how many were acked.
-        TypeError, before anything is sent, for anything else."""
+        TypeError, before anything is sent, for anything else. ``wait=False``: as
+        ``Delivery.ack``'s (sent with the next request, returns None)."""
+        deliveries = list(deliveries)
         tags = [self._tag_of(d) for d in deliveries]
         if not tags:
             return 0
+        if not wait:
+            yield Post(MsgType.ACK, {"queue": self.name, "deliveries": tags})
+            for d in deliveries:
+                d._settled = True
+            return None
         return (yield Send(MsgType.ACK, {"queue": self.name, "deliveries": tags}))["acked"]
 
     @driven

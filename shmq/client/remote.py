@@ -25,6 +25,7 @@ import time
 
 from ..errors import BrokerUnavailable
 from . import forks
+from .connection import PENDING_BYTES
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, parse_url
 from .options import ConnectOptions
 from .streams import ConsumerCalls, StreamCalls
@@ -34,6 +35,7 @@ __all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteSubscription"
            "parse_url"]
 
 _READ_BYTES = 65536
+LINGER_S = 0.001  # the longest a request sent without waiting stays unwritten
 
 
 class RemoteDelivery(DeliveryCalls):
@@ -152,19 +154,94 @@ class RemoteStream(_Handle, StreamCalls):
 
 class _Link:
     """One connection: its socket and core, the lock its requests are written under, and
-    the condition its callers wait on while one of them reads for all (``_wait``)."""
+    the condition its callers wait on while one of them reads for all (``_wait``).
 
-    __slots__ = ("sock", "core", "writing", "cond", "reading", "readable")
+    Requests nobody waits for (``ack(wait=False)``, ``put(wait=False)``) are not written
+    at once: they wait in ``pending`` for the next request that is waited for, which
+    takes them along in its write (an ack and the next get: one write, one read at the
+    server, one write back), or for ``LINGER_S`` (the ``flusher`` thread), or until
+    ``PENDING_BYTES`` of them gathered."""
+
+    __slots__ = ("sock", "core", "writing", "cond", "reading", "readable", "pending", "pending_bytes", "flusher")
 
     def __init__(self, sock, core):
         self.sock = sock  # None: not connected in this process (a child of fork(), ``_forked``)
         self.core = core
-        self.writing = threading.Lock()
+        self.writing = threading.Lock()  # held while ``pending`` changes or bytes are written
         self.cond = threading.Condition(threading.Lock())  # held while the core changes
         self.reading = False  # a thread is in recv (outside the lock)
         self.readable = select.poll()  # used under ``cond`` only
         if sock is not None:
             self.readable.register(sock, select.POLLIN)
+        self.pending = []  # posted requests' bytes not written yet (under ``writing``)
+        self.pending_bytes = 0
+        self.flusher = None  # the thread that writes what is pending after LINGER_S (started on need)
+
+    def write(self, data) -> None:
+        """Write what is pending, then ``data``, in one system call. ``writing`` held."""
+        if self.pending:
+            self.pending.append(data)
+            data = b"".join(self.pending)
+            self.pending.clear()
+            self.pending_bytes = 0
+        self.sock.sendall(data)
+
+    def flush(self) -> None:
+        """Write the puts the core gathered and what is pending, if any."""
+        with self.cond:
+            data = self.core.batched()
+        with self.writing:
+            if not (data or self.pending) or self.core.failed or self.sock is None:
+                return
+            try:
+                self.write(data)
+            except OSError as e:  # the next call finds the connection lost
+                with self.cond:
+                    self.core.connection_lost(e)
+
+    def hold(self, data) -> bool:
+        """Keep posted ``data`` for the next write; True when enough is pending to write
+        now. ``writing`` held."""
+        if data:
+            self.pending.append(data)
+            self.pending_bytes += len(data)
+        if self.pending_bytes >= PENDING_BYTES:
+            return True
+        flusher = self.flusher
+        if flusher is None:
+            flusher = self.flusher = _Flusher(self)
+        if flusher.idle:
+            flusher.idle = False
+            flusher.due.set()
+        return False
+
+
+class _Flusher:
+    """Writes a link's pending posts ``LINGER_S`` after the first of them, unless a call's
+    write took them along first; one daemon thread per link, started on its first post."""
+
+    __slots__ = ("link", "due", "idle")
+
+    def __init__(self, link):
+        self.link = link
+        self.due = threading.Event()
+        self.idle = True  # waiting on ``due``: the next post sets it (else it looks every LINGER_S)
+        threading.Thread(target=self._run, name="shmq-flusher", daemon=True).start()
+
+    def _run(self):
+        link = self.link
+        while not link.core.failed:
+            if not self.due.wait(1.0):
+                continue
+            self.due.clear()
+            time.sleep(LINGER_S)
+            while (link.pending or link.core._batch is not None) and not link.core.failed:
+                link.flush()  # (a post between the look and the flush waits for the next look)
+                time.sleep(LINGER_S)
+            self.idle = True
+            if link.pending or link.core._batch is not None:  # posted as it went idle
+                self.idle = False
+                self.due.set()
 
 
 def _one(step):
@@ -212,6 +289,7 @@ class RemoteBroker(BrokerCalls):
         self._closed = True
         forks.untrack(self)
         link = self._link
+        link.flush()  # what was sent without waiting goes before the close
         with link.cond:
             link.core.close()
             self._shut(link)
@@ -352,7 +430,10 @@ class RemoteBroker(BrokerCalls):
         if blocking:
             with link.cond:
                 data = core.post(msg_type, payload)  # raises once the connection has ended
-            self._write(link, data)
+            with link.writing:
+                full = link.hold(data)
+            if full:
+                self._write(link, b"")
             if core.failed:
                 raise core.ended_error()
             return
@@ -365,7 +446,7 @@ class RemoteBroker(BrokerCalls):
                 data = core.post(msg_type, payload)
             finally:
                 link.cond.release()
-            link.sock.sendall(data)  # an error: the next call finds the connection lost
+            link.hold(data)  # written by the next call, or the flusher
         finally:
             link.writing.release()
 
@@ -374,7 +455,7 @@ class RemoteBroker(BrokerCalls):
         the request, not sent whole, was never read by the server (``not_sent``)."""
         try:
             with link.writing:
-                link.sock.sendall(data)
+                link.write(data)
         except OSError as e:
             with link.cond:
                 link.core.connection_lost(e)
@@ -396,6 +477,8 @@ class RemoteBroker(BrokerCalls):
         reads, else wait for the one who does to wake this one. Past ``seconds`` (None:
         never) the connection is dropped (``ClientCore.timed_out``)."""
         core, cond = link.core, link.cond
+        if link.pending or core._batch is not None:  # what it waits for may need them (a subscription's acks)
+            link.flush()
         until = None if seconds is None else time.monotonic() + seconds
         with cond:
             while not done() and not core.failed:
@@ -430,22 +513,28 @@ class RemoteBroker(BrokerCalls):
                     self._shut(link)
 
     def _read_idle(self, link) -> None:
-        """Before a call sends, look whether the server closed the connection while nobody
-        read it (as redis-py checks a pooled connection): then the call connects again
-        instead of failing. What else came is left to be read in turn."""
+        """Before a call sends, read what came while nobody read (the replies to requests
+        sent without waiting, which would otherwise fill the buffers until the server stops
+        reading) and see whether the server closed the connection meanwhile (as redis-py
+        checks a pooled connection): then the call connects again instead of failing.
+        One poll: a system call, no read while nothing came."""
+        core = link.core
         if not link.cond.acquire(False):
             return  # another thread is at it: it would find out as well
         try:
-            if link.reading or link.core.failed or not link.readable.poll(0):
+            if link.reading or core.failed or not link.readable.poll(0):
                 return
             try:
-                if link.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
-                    return
-                link.core.receive_data(b"")
+                data = link.sock.recv(_READ_BYTES, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return
             except OSError as e:
-                link.core.connection_lost(e)
+                core.connection_lost(e)
+            else:
+                core.receive_data(data)  # b"": closed by the server
+                if not core.failed:
+                    link.cond.notify_all()  # (a reply another thread waits for may be in it)
+                    return
             self._shut(link)
             link.cond.notify_all()
         finally:

@@ -4,7 +4,8 @@ whoever makes data there — a local producer, a nack, a lapsed lease, a dead ho
 lease given back, an append — wakes them with the post it owes any sleeper.
 
 Strategy: the waiters' owner looks (takes) first and hands over a ``stamp`` of what it
-saw (the words that move when data comes, read without the lock). ``doze`` counts the
+saw (the words that move when data comes, read without the lock: the next id and the
+ready count). ``doze`` counts the
 caller as a sleeper under the lock, then compares: if the stamp moved meanwhile, the
 data came before anyone counted it as a sleeper, so it does not sleep (no post is owed
 for it). Otherwise it sleeps on the semaphore until a post, the next deadline of the
@@ -53,12 +54,13 @@ def doze(h, seen, deadline) -> bool:
 
 
 def _queue_stamp(mq):
-    return mq[L.I_NEXT_ID], mq[L.I_READY], mq[L.I_NEXT_DEADLINE]
+    return mq[L.I_NEXT_ID], mq[L.I_READY]
 
 
 def _moved(seen, now_stamp) -> bool:
-    """Data came between the two stamps (an id given out, or more ready than seen)."""
-    return any(n[0] != s[0] or n[1] > s[1] or n[2] != s[2] for s, n in zip(seen, now_stamp))
+    """Data came between the two stamps (an id given out, or more ready than seen). A
+    deadline is no data: the doze sleeps until the queue's next one is due."""
+    return any(n[0] != s[0] or n[1] > s[1] for s, n in zip(seen, now_stamp))
 
 
 def _doze_queue(lanes, seen, deadline) -> bool:

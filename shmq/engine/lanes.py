@@ -440,7 +440,7 @@ class LanedQueue:
             raise expired
         return total
 
-    def ack_many(self, deliveries) -> int:
+    def ack_many(self, deliveries, wait: bool = True) -> int:
         return self._each_lane(lambda q, ds: q.ack_many(ds), deliveries)
 
     def nack_many(self, deliveries, delay: float | None = None) -> int:

@@ -93,9 +93,10 @@ class Settling:
         if post:
             self._nf.release()
 
-    def ack_many(self, deliveries: Iterable[Delivery]) -> int:
+    def ack_many(self, deliveries: Iterable[Delivery], wait: bool = True) -> int:
         """Ack a batch under one lock. Raises DeliveryExpired naming those no longer
-        leased (the others are acked). Returns how many were acked."""
+        leased (the others are acked). Returns how many were acked. (``wait`` is for the
+        TCP client's pipelined acks: a local ack is always confirmed.)"""
         ds = self._own(deliveries)
         if _fast_ack_many is not None and not self._logged and ds and self._lockp is not None:
             r = self._batch_in_c(_fast_ack_many, ds)

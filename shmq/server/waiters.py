@@ -105,18 +105,11 @@ class Line:
             self.look()
 
     def look(self):
-        """Serve, then have the doorbell wait for what comes after the look."""
-        try:
-            seen = doze.stamp(self.handle)
-        except ShmqError:
-            seen = None
         self.serve()
-        if self.live:
-            self.bell.arm(seen)
 
     def _arm(self):
-        """The doorbell waits from now on; what came between the request's own try and
-        now is looked for (a hint: one word read, no lock)."""
+        """The doorbell waits from now on (if it is not already); what came between the
+        request's own try and now is looked for (a hint: one word read, no lock)."""
         try:
             self.bell.arm(doze.stamp(self.handle))
             if self.hint():
@@ -155,11 +148,15 @@ class Doorbell:
 
     Strategy: while the line has waiters, the thread sleeps in ``doze.doze`` as a
     registered consumer of the handle, so a local producer's put, a nack, a lease given
-    back or lapsing, an append, posts it as it would post any sleeper; it then schedules
-    one ``look`` on the loop (``call_soon_threadsafe``) and waits to be armed again with
-    the stamp of that look. It never touches the waiters nor the loop's handle: it sleeps
-    on a handle of its own (``doze.twin``), which it closes as it ends. Idle for
-    ``IDLE_S``, the thread ends; the next waiter starts another.
+    back or lapsing, an append, posts it as it would post any sleeper. Woken, it takes a
+    new stamp first and then makes sure a look follows it: one already scheduled on the
+    loop (the loop's own put woke it: nothing to do), else one it schedules
+    (``call_soon_threadsafe``); then it dozes from that stamp. Whatever came before the
+    stamp, that look sees; whatever comes after, wakes the doze. The first doze starts
+    from the stamp the loop took as the first waiter lined up. It never touches the
+    waiters nor the loop's handle: it sleeps on a handle of its own (``doze.twin``),
+    which it closes as it ends. With no waiter it waits to be armed again; idle for
+    ``IDLE_S``, the thread ends, and the next waiter starts another.
     """
 
     IDLE_S = 10.0  # how long a thread with nothing to wait for stays
@@ -168,15 +165,18 @@ class Doorbell:
     def __init__(self, line):
         self.line = line
         self.cond = threading.Condition(threading.Lock())
-        self.seen = None  # the stamp to doze from; None: not armed
-        self.armed = False
+        self.seen = None  # the stamp the first doze starts from
+        self.armed = False  # dozing while the line has waiters
         self.running = False
         self.stopped = False
 
     def arm(self, seen):
-        """Wait for data that came after the look that saw ``seen`` (None: ring at once)."""
+        """Doze from ``seen`` (the loop's stamp, taken after a try that found nothing),
+        unless the thread dozes already: then it needs nothing new."""
+        if self.armed:  # (a read without the lock: a thread disarming takes the lock to look again)
+            return
         with self.cond:
-            if self.stopped:
+            if self.stopped or self.armed:
                 return
             self.seen, self.armed = seen, True
             if self.running:
@@ -192,45 +192,48 @@ class Doorbell:
             self.cond.notify()
 
     def _run(self):
-        loop = self.line.loop
+        line, loop = self.line, self.line.loop
         try:
-            h = doze.twin(self.line.handle)
+            h = doze.twin(line.handle)
         except Exception:  # deleted meanwhile: the waiters find out when they look
             h = None
         try:
+            seen = None
             while True:
-                with self.cond:
-                    if not self.armed and not self.stopped:
-                        self.cond.wait(self.IDLE_S)
-                    if self.stopped or not self.armed:  # ends under the lock: ``arm`` starts another
-                        self.running = False
-                        return
-                    seen = self.seen
-                if not self.line.live:  # answered meanwhile (a read of one int: no lock needed)
-                    self._disarm(seen)
-                    continue
+                if seen is None or not self.armed or not line.live:  # (reads without the lock: taken to look again)
+                    with self.cond:
+                        if not line.live and self.armed:  # answered (a read of one int: no lock needed)
+                            self.armed = False
+                        if not self.armed and not self.stopped:
+                            self.cond.wait(self.IDLE_S)
+                        if self.stopped or not self.armed:  # ends under the lock: ``arm`` starts another
+                            self.running = False
+                            return
+                        seen = self.seen
                 try:
-                    if seen is not None and h is not None:
+                    if h is not None:
                         doze.doze(h, seen, time.monotonic_ns() + self.SLICE_NS)
-                except Exception:  # deleted (the waiters find out), or a lock timeout
-                    pass
-                # woken, or a slice went by: a look either way (what a take notices by itself,
-                # a dead member's partitions say, is looked for twice a second at least)
-                if self._disarm(seen):
+                        seen = doze.stamp(h)
+                    else:  # gone as the thread started: one look, then wait to be armed again
+                        seen = self._disarm()
+                except Exception:  # deleted (the waiters find out), or a lock timeout: likewise
+                    seen = self._disarm()
+                # woken, or a slice went by: a look after the stamp either way (what a take
+                # notices by itself, a dead member's partitions say, is looked for twice a
+                # second at least); one already due (the loop's own put woke it) will do
+                if not line._scheduled and not self.stopped:
                     try:
-                        loop.call_soon_threadsafe(self.line.rang)
+                        loop.call_soon_threadsafe(line.rang)
                     except RuntimeError:  # the loop is closed: the server is gone
-                        pass
+                        return
         finally:
             if h is not None:
                 h.close()
 
-    def _disarm(self, seen) -> bool:
-        """Wait to be armed again, unless that happened since ``seen``; False once stopped."""
+    def _disarm(self):
         with self.cond:
-            if self.seen is seen:
-                self.armed = False
-            return not self.stopped
+            self.armed = False
+        return None
 
 
 class QueueWaiters(Line):
