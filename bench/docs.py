@@ -23,7 +23,7 @@ import os
 import re
 import sys
 
-from bench import report, scaling
+from bench import report, scaling, tcp_report
 from bench.adapters import REGISTRY, STREAM_REGISTRY, acks
 from bench.harness import CaseResult
 from bench.machine import SYSTEM_VERSIONS, VERSIONED
@@ -227,8 +227,19 @@ def spark(doc, path, link):
     return lines
 
 
+def tcp(doc, path, link):
+    """python -m bench.tcp: shmq over TCP against Redis, a row per case and figure, with shmq / Redis and
+    issue 28's targets."""
+    table = tcp_report.rows(_results(doc))
+    lines = [run_line(doc, path, link, doc["settings"]["runs"]), ""] + tcp_report.markdown(table) + [""]
+    summary = tcp_report.target_summary(table)
+    lines += [summary[:1].upper() + summary[1:] + ".", ""]
+    lines += [f"- {text}" for text in tcp_report.legend(tcp_report.cases_of(table))]
+    return lines + [""] + _skip_systems(doc)
+
+
 KINDS = {"scale": scale, "scale-summary": scale_summary, "contention": contention, "matrix": matrix, "rtt": rtt,
-         "durability": durability, "streams": streams, "spark": spark}
+         "durability": durability, "streams": streams, "spark": spark, "tcp": tcp}
 
 
 # ---------------------------------------------------------------- pages

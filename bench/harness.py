@@ -201,9 +201,10 @@ def _spawn(ctx, job, end, specs, barrier, trace_dir, total):
 
 def _merge_consumers(job, replies):
     """One run's result: the slowest consumer's time; the consumers' counts must add up to n.
-    Producers that time themselves (streams' appenders) add the slowest one's time. The
-    workers of a case that runs for a time (a contention case) count what they did: the
-    run's count ("n") is their sum, at most n."""
+    Producers that time themselves (streams' appenders) add the slowest one's time. Workers
+    (of a producers-only case, or a contention case) count as consumers; those of a case
+    that runs for a time (contention) count what they did: the run's count ("n") is their
+    sum, at most n."""
     parts = [v for k, v in replies.items() if k.startswith(("consumer", "worker"))]
     got = sum(p.get("got", job.n) for p in parts)
     timed = any("until" in p for p in parts)
@@ -218,16 +219,38 @@ def _merge_consumers(job, replies):
     return out
 
 
+def _prepare(job, end, specs, runs, timeout):
+    """``job.before_run`` (it fills or empties the case's queue through the system under
+    test), bounded by ``timeout``: a queue that holds fewer messages than a run put ends
+    the case, not the bench. A thread left waiting ends with the adapter's server."""
+    failed = []
+
+    def body():
+        try:
+            job.before_run(end, specs, runs)
+        except BaseException:
+            failed.append(traceback.format_exc())
+
+    thread = threading.Thread(target=body, name="bench-before-run", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise CaseFailed("timeout", f"setting up run {len(runs) + 1} (filling or emptying the queue) took over "
+                                    f"{timeout:.0f}s")
+    if failed:
+        raise CaseFailed("error", f"setting up run {len(runs) + 1} failed:\n{failed[0]}")
+
+
 def _drive(job, end, specs, barrier, procs, conns, run_timeout, progress, runs, total):
     """Run the case's runs, appending the measured result of each to ``runs``."""
     _collect("ready", conns, procs, START_TIMEOUT)
     for run in range(job.runs):
         progress(run)
         total.value = 0
-        job.before_run(end, specs, runs)
+        _prepare(job, end, specs, runs, run_timeout)
         _release(barrier, conns)
         replies = _collect(f"run{run}", conns, procs, run_timeout)
-        runs.append(replies["pinger"] if job.kind == "rtt" else _merge_consumers(job, replies))
+        runs.append(replies[job.roles[0]] if job.kind == "rtt" else _merge_consumers(job, replies))
     _release(barrier, conns)
 
 
@@ -241,7 +264,7 @@ def run_case(job, adapter, ctx, run_timeout, progress):
         job, end = replace(job, mesh=True), adapter.MeshEnd
     trace_dir = tempfile.TemporaryDirectory(prefix="shmq-bench-trace-")
     try:
-        specs = [adapter.make_case(ctx, job) for _ in range(2 if job.kind == "rtt" else 1)]
+        specs = [adapter.make_case(ctx, job) for _ in range(job.channels)]
         barrier, total = ctx.Barrier(len(job.roles) + 1), ctx.Value("q", 0)
         procs, conns = _spawn(ctx, job, end, specs, barrier, trace_dir.name, total)
         _drive(job, end, specs, barrier, procs, conns, run_timeout, progress, result.runs, total)

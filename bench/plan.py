@@ -4,7 +4,8 @@ Strategy: every front end (``python -m bench``, ``bench.local``, ``bench.tcp``,
 ``bench.durability``, ``bench.streams``) turns its options into a list of Jobs here; the
 harness runs any Job against any adapter, so a front end is only a choice of systems and
 cases. A StreamJob names the module its processes run (bench.stream_roles: P appenders,
-one reader) instead of bench.roles.
+one reader) instead of bench.roles, a ProduceJob bench.produce_roles (P producers, no
+consumer).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ RTT_SIZE = 64
 RTT_TRIPS = 10_000
 WARMUP = 200
 QUEUE_BYTES = 64 * 2**20
+RECORD_SLACK = 64  # bytes of room per message above its body (shmq's record header, faster-fifo's framing)
 MAX_MESSAGE_BYTES = 2**20
 START_TIMEOUT = 30.0
 N_ANCHORS = ((64, 200_000), (1024, 100_000), (65536, 20_000))
@@ -36,7 +38,6 @@ QUICK_MULTI = ("shmq", "mpqueue", "faster-fifo", "zmq")  # the systems run 4 -> 
 # so that a run lasts seconds, not minutes
 FEWER = {"shmq-tcp": (20, 1), "redis": (10, 1), "rabbitmq": (20, 20), "nats-core": (4, 1)}
 
-TCP_SIZE = 1024
 DURABILITY_SIZE = 64
 # (label, durability of the queues, the server's --fsync)
 DURABILITY_MODES = (("memory", "memory", "batch:2"), ("snapshot", "snapshot", "batch:2"),
@@ -96,6 +97,11 @@ class Job:
         """Messages per producer."""
         return self.n // self.producers
 
+    @property
+    def channels(self):
+        """Queues of the case: two for a ping-pong (there and back), else one."""
+        return 2 if self.roles == ("pinger", "ponger") else 1
+
     def before_run(self, end, specs, runs):
         """Set the channel up for the next run, in the parent (``runs``: the merged results
         so far); a contention case fills or empties its queue, other cases need nothing."""
@@ -149,15 +155,81 @@ def plan(systems, sizes, runs, quick, run_timeout, cpus, topologies=TOPOLOGIES):
     return jobs
 
 
-def plan_tcp(systems, count, runs, run_timeout, cpus):
-    """1 KiB over TCP: per message (``count`` messages) and batched (4 x count), 1 -> 1 and 4 -> 4."""
+@dataclass(frozen=True)
+class ProduceJob(Job):
+    """P producers (``pairs``) and no consumer: each puts its share of ``n``, one blocking
+    send per message (``mode`` "msg") or pipelined ("pipe": sent without waiting for each
+    confirmation, then flushed). ``kind`` "tput" times the run until every producer has
+    flushed; "rtt" (one producer) times each send. Before each run the parent takes out
+    what the last one put, so every run puts into an empty queue (bench.produce_roles)."""
+
+    shape: str = "P->0"
+    roles_module: ClassVar[str] = "bench.produce_roles"
+
+    @property
+    def consumers(self):
+        return 0
+
+    @property
+    def label(self):
+        what = "one put" if self.kind == "rtt" else f"put {self.mode}"
+        return f"{self.system} {what} {self.size}B {self.producers}->0"
+
+    @property
+    def roles(self):
+        return tuple(f"worker{i}" for i in range(self.producers))
+
+    def before_run(self, end, specs, runs):
+        from bench.produce_roles import empty
+
+        empty(self, end, specs, runs)
+
+
+# ---------------------------------------------------------------- over TCP (python -m bench.tcp)
+
+# bench.tcp's cases, by their command-line names
+TCP_CASES = {
+    "pingpong": "a round trip over two queues: put, get + ack there, put, get + ack back (64 B)",
+    "put": "one blocking put, its latency (64 B)",
+    "msg": "P producers -> P consumers, one message per call, each acked",
+    "batch": "P producers -> P consumers, 64 per call, acked together",
+    "pipe": "P producers alone, pipelined: sent without waiting for each confirmation, flushed at the end",
+}
+TCP_SIZES = (64, 1024)
+TCP_COUNT = 20_000  # messages per run, per message; batched and pipelined runs move TCP_MORE x as many
+TCP_MORE = 5
+TCP_TRIPS = RTT_TRIPS  # round trips (ping-pong) and puts (one put) per run
+TCP_QUICK_SCALE = 20  # --quick: counts / 20
+
+
+def _fit(n, pairs):
+    """``n`` rounded down to whole batches per producer (one batch each at least)."""
+    return max(1, n // pairs // BATCH) * BATCH * pairs
+
+
+def plan_tcp(systems, cases=tuple(TCP_CASES), sizes=TCP_SIZES, pairs=TOPOLOGIES, count=TCP_COUNT,
+             trips=TCP_TRIPS, runs=3, run_timeout=60.0, cpus=()):
+    """bench.tcp's cases in the order of TCP_CASES, systems interleaved in each: the 64 B
+    ping-pong and one put (``trips`` each), then per message (``count`` messages), batched
+    and pipelined (TCP_MORE x count) at every size and P. A shmq queue holds all a run
+    puts (Redis's lists are unbounded: neither side waits for room). A 1 -> 1 case (and
+    a lone producer) is pinned to ``cpus``."""
+    common = dict(runs=runs, wait=START_TIMEOUT + run_timeout)
     jobs = []
-    for mode in ("msg", "batch"):
-        for pairs in TOPOLOGIES:
-            for system in systems:
-                n = max(1, (count if mode == "msg" else 4 * count) // pairs // BATCH) * BATCH * pairs
-                jobs.append(Job(system, "tput", TCP_SIZE, mode, n, runs, pairs=pairs, cpus=cpus if pairs == 1 else (),
-                                wait=START_TIMEOUT + run_timeout))
+    for case in TCP_CASES:
+        if case not in cases:
+            continue
+        if case in ("pingpong", "put"):
+            kind = Job if case == "pingpong" else ProduceJob
+            jobs += [kind(system, "rtt", RTT_SIZE, "msg", trips, cpus=cpus, **common) for system in systems]
+            continue
+        for size in sizes:
+            for p in pairs:
+                n = _fit(count if case == "msg" else TCP_MORE * count, p)
+                room = max(queue_bytes(size), (n + (WARMUP + 1) * p) * (size + RECORD_SLACK))
+                kind = ProduceJob if case == "pipe" else Job
+                jobs += [kind(system, "tput", size, case, n, pairs=p, cpus=cpus if p == 1 else (), queue_bytes=room,
+                              **common) for system in systems]
     return jobs
 
 
@@ -324,7 +396,6 @@ CONTENTION_OPS = {
 CONTENTION_SYSTEMS = ("shmq", "faster-fifo")
 CONTENTION_SECONDS = 0.5  # each worker's run
 CONTENTION_FILL = 2**21  # messages a take run starts with (and a put run has room for)
-CONTENTION_SLACK = 64  # bytes of room per message above its body (shmq's record header, faster-fifo's framing)
 
 
 @dataclass(frozen=True)
@@ -358,6 +429,6 @@ class ContentionJob(Job):
 
 def plan_contention(ops, workers, size, runs, seconds, fill, run_timeout):
     """A case per (system, kind, mode) in ``ops`` and N in ``workers``; ops interleaved per N."""
-    common = dict(seconds=seconds, wait=START_TIMEOUT + run_timeout, queue_bytes=fill * (size + CONTENTION_SLACK))
+    common = dict(seconds=seconds, wait=START_TIMEOUT + run_timeout, queue_bytes=fill * (size + RECORD_SLACK))
     return [ContentionJob(system, kind, size, mode, fill, runs, pairs=n, **common)
             for n in workers for system, kind, mode in ops]

@@ -1,11 +1,15 @@
 """PNG of a benchmark run: throughput by message size per system and topology, RTT
-percentiles per system, and the durability modes."""
+percentiles per system, and the durability modes; throughput against P (bench.scale);
+shmq over TCP against Redis (bench.tcp)."""
 
 from __future__ import annotations
 
 import os
 
 from bench.adapters import SYSTEMS, acks
+from bench.plan import size_label
+from bench.tcp_report import SYSTEMS as TCP_SYSTEMS
+from bench.tcp_report import case_text
 
 SYSTEM_ORDER = SYSTEMS  # the registry's order: shmq's own two first, then the peers
 PANEL_ORDER = (("msg", 1), ("batch", 1), ("msg", 4), ("batch", 4))
@@ -69,15 +73,33 @@ def _durability(ax, rows):
     ax.grid(True, axis="y", which="both", alpha=0.3)
 
 
-def draw(path, results, durability=(), title=""):
-    """Write the PNG; return a one-line message (also when matplotlib is missing)."""
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, or None where matplotlib is not installed."""
     try:
         import matplotlib
     except ImportError:
-        return "plot skipped: matplotlib not installed"
+        return None
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    return plt
 
+
+NO_MATPLOTLIB = "plot skipped: matplotlib not installed"
+
+
+def _save(fig, path):
+    plt = _pyplot()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def draw(path, results, durability=(), title=""):
+    """Write the PNG; return a one-line message (also when matplotlib is missing)."""
+    plt = _pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     tput, rtt = _series(results)
     keys = [k for k in PANEL_ORDER if k in tput] + sorted(k for k in tput if k not in PANEL_ORDER)
     panels = [("tput", k) for k in keys] + ([("rtt", None)] if rtt else [])
@@ -103,22 +125,16 @@ def draw(path, results, durability=(), title=""):
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return f"wrote {path}"
+    return _save(fig, path)
 
 
 def draw_scale(path, results, title=""):
     """Throughput against P, one line per system, a panel per shape and mode (the 1 -> 1
     case is every panel's first point); returns a one-line message, as ``draw``."""
-    try:
-        import matplotlib
-    except ImportError:
-        return "plot skipped: matplotlib not installed"
-    matplotlib.use("Agg")
+    plt = _pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     import matplotlib.ticker
-    from matplotlib import pyplot as plt
 
     from bench.scaling import MODE_TEXT, SHAPE_ORDER, SHAPE_TEXT
 
@@ -157,7 +173,52 @@ def draw_scale(path, results, title=""):
     if title:
         fig.suptitle(f"{title}; {size} B", fontsize=9)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return f"wrote {path}"
+    return _save(fig, path)
+
+
+def _pairs_of_bars(ax, labels, rows, colors):
+    """Each system's bar side by side per label, shmq / Redis written above each pair."""
+    width = 0.38
+    for i, system in enumerate(TCP_SYSTEMS):
+        xs = [k + (i - 0.5) * width for k in range(len(rows))]
+        values = [row.sides[system].value or 0 for row in rows]
+        ax.bar(xs, values, width, label=system, color=colors[system], zorder=2)
+    for k, row in enumerate(rows):
+        top = max((row.sides[s].value or 0) for s in TCP_SYSTEMS)
+        if row.ratio is not None:
+            ax.annotate(f"{row.ratio:.2f}x", (k, top), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def draw_tcp(path, rows, title=""):
+    """bench.tcp's Rows (bench.tcp_report): the latencies, the rates, each pair of bars
+    marked with shmq / Redis; returns a one-line message, as ``draw``."""
+    plt = _pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    measured = [row for row in rows if any(row.sides[s].value for s in TCP_SYSTEMS)]
+    latency = [row for row in measured if row.latency]
+    rates = [row for row in measured if not row.latency]
+    panels = [p for p in (latency, rates) if p]
+    if not panels:
+        return "plot skipped: no successful cases"
+    palette = plt.get_cmap("tab10").colors
+    colors = {s: palette[SYSTEM_ORDER.index(s) % len(palette)] for s in TCP_SYSTEMS}
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 + 0.5 * sum(map(len, panels)), 4.8), squeeze=False,
+                             gridspec_kw={"width_ratios": [len(p) for p in panels]})
+    for ax, part in zip(axes.flat, panels):
+        if part is latency:
+            labels = [f"{case_text(r.case)} {r.figure}" for r in part]
+            _pairs_of_bars(ax, labels, part, colors)
+            ax.set(title="latency, 64 B (lower is better)", ylabel="microseconds")
+        else:
+            labels = [f"{case_text(r.case)} {size_label(r.size)} {r.flow}" for r in part]
+            _pairs_of_bars(ax, labels, part, colors)
+            ax.set(title="throughput (higher is better)", ylabel="msgs/s")
+    if title:
+        fig.suptitle(f"{title}; above each pair: shmq / Redis", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -66,7 +66,8 @@ def relative(results, own=OWN):
     return out
 
 
-def print_header(info, args, skipped, out, title="shmq local benchmark", versioned=VERSIONED):
+def print_header(info, args, skipped, out, title="shmq local benchmark", versioned=VERSIONED, more=()):
+    """Title, machine, Python, load, versions, settings, ``more`` lines, then what was skipped."""
     print(title, file=out)
     cores = f"{info['logical_cpus']} logical CPUs"
     if info["physical_cores"]:
@@ -83,12 +84,14 @@ def print_header(info, args, skipped, out, title="shmq local benchmark", version
     pinned = f"CPUs {args.cpus[0]} and {args.cpus[1]}" if args.cpus else "no (OS placement)"
     print(f"settings: runs={args.runs}, quick={args.quick}, start method=spawn, batch={BATCH}, "
           f"pinned: {pinned}", file=out)
+    for line in more:
+        print(line, file=out)
     for reason in skipped.values():
         print(f"skipped: {reason}", file=out)
     print(file=out)
 
 
-def _print_head(head, out):
+def print_head(head, out):
     """A table's column heads, underlined."""
     print(head, file=out)
     print("-" * len(head), file=out)
@@ -112,7 +115,7 @@ def _print_tput(results, runs, out):
           "shmq's own) in the same case", file=out)
     head = (f"{'size':>7}  {'mode':<5}  {'P':>4}  {'system':<{w}}  {'acks':<4}  {'N':>7}  {'msgs/s':>8}  "
             f"{'(min .. max)':<19}  {'MB/s':>8}  {'vs mpq':>7}  {'vs best peer':>12}")
-    _print_head(head, out)
+    print_head(head, out)
     for r, s in rows:
         lead = (f"{size_label(r.size):>7}  {r.mode:<5}  {flow(r):>4}  {r.system:<{w}}  "
                 f"{acks(r.system):<4}  {r.n:>7}")
@@ -142,7 +145,7 @@ def _print_rtt(results, runs, out):
     w = _width(r.system for r, _ in rows)
     head = (f"{'system':<{w}}  {'RTT p50':>9}  {'RTT p99':>9}  {'RTT p99.9':>9}  {'p50 (min .. max)':<20}  "
             f"{'vs mpq':>7}  {'vs best peer':>12}")
-    _print_head(head, out)
+    print_head(head, out)
     for r, s in rows:
         if r.status != "ok":
             print(f"{r.system:<{w}}  {r.status}" + (f": {r.detail}" if r.status == "skipped" else ""), file=out)
@@ -187,7 +190,7 @@ def _print_ratio_table(results, topology, out):
           file=out)
     widths = [max(14, len(p) + 3) for p in peers]
     head = f"{'size':>7}  {'mode':<5}  " + "  ".join(f"{'vs ' + p:>{w}}" for p, w in zip(peers, widths))
-    _print_head(head, out)
+    print_head(head, out)
     keys = dict.fromkeys((r.size, r.mode) for r, _ in results if r.kind == "tput")
     for size, mode in keys:
         cells = [_ratio_cell(by_key, ("shmq", "tput", size, mode), (p, "tput", size, mode), "msgs_per_s")
@@ -272,7 +275,7 @@ def read_json(path):
     return doc["machine"], settings, doc["skipped"], results, doc["notes"], doc
 
 
-# ---------------------------------------------------------------- the durability modes and TCP views
+# ---------------------------------------------------------------- the durability modes
 
 
 def durability_row(label, results, runs, n):
@@ -292,7 +295,7 @@ def print_durability(rows, out=sys.stdout):
           f"median of {rows[0].get('runs', '?')} runs", file=out)
     head = (f"{'mode':<12}  {'msgs/s':>10}  {'(min .. max)':<22}  {'vs memory':>9}  {'RTT p50 us':>10}  "
             f"{'p99 us':>8}  {'p99.9 us':>8}")
-    _print_head(head, out)
+    print_head(head, out)
     base = rows[0].get("msgs_per_s")
     for r in rows:
         if "error" in r:
@@ -302,33 +305,6 @@ def print_durability(rows, out=sys.stdout):
         print(f"{r['mode']:<12}  {r['msgs_per_s']:>10,.0f}  {spread:<22}  {_ratio(r['msgs_per_s'], base):>9}  "
               f"{r['rtt_p50_us']:>10.1f}  {r['rtt_p99_us']:>8.1f}  {r['rtt_p999_us']:>8.1f}", file=out)
     print(file=out)
-
-
-def print_tcp(info, skipped, results, out=sys.stdout):
-    """shmq over TCP against Redis: msgs/s per mode and connection count, then shmq-tcp / redis."""
-    print(f"shmq TCP benchmark ({size_label(results[0][0].size) if results else '?'} messages, "
-          "separate producer and consumer processes)", file=out)
-    print(f"machine : {info['cpu']}, {info['logical_cpus']} CPUs, Python {info['python']}, shmq {info['shmq']}"
-          + (f", redis {info['redis-server']}" if "redis" not in skipped else ""), file=out)
-    for name, why in skipped.items():
-        print(f"skipped : {name}: {why}", file=out)
-    print(f"\n{'mode':6s} {'conns':>5s}  {'system':9s} {'msgs/s':>10s}  (min .. max)", file=out)
-    by = {}
-    for r, s in results:
-        lead = f"{r.mode:6s} {2 * r.pairs:5d}  {r.system:9s}"
-        if r.status != "ok":
-            print(f"{lead} {r.status}", file=out)
-            continue
-        by[(r.system, r.mode, r.pairs)] = s["msgs_per_s"]
-        print(f"{lead} {s['msgs_per_s']:10,.0f}  ({s['msgs_per_s_min']:,.0f} .. {s['msgs_per_s_max']:,.0f})", file=out)
-    keys = [(r.mode, r.pairs) for r, _ in results if r.system == "redis"]
-    if keys:
-        print("\nshmq-tcp / redis", file=out)
-        for mode, pairs in keys:
-            print(f"{mode:6s} {2 * pairs:5d}  {_ratio(by.get(('shmq-tcp', mode, pairs)), by.get(('redis', mode, pairs)))}",
-                  file=out)
-    print(file=out)
-    print_failures(results, out)
 
 
 # ---------------------------------------------------------------- streams (python -m bench.streams)
@@ -353,7 +329,7 @@ def _print_stream_table(results, runs, out):
           file=out)
     head = (f"{'size':>7}  {'mode':<5}  {'P->C':>4}  {'read':<6}  {'system':<15}  {'N':>7}  {'rec/s':>8}  "
             f"{'(min .. max)':<19}  {'MB/s':>7}  {'append/s':>8}  {'vs best peer':>12}")
-    _print_head(head, out)
+    print_head(head, out)
     for r, s in results:
         lead = (f"{size_label(r.size):>7}  {r.mode:<5}  {f'{r.pairs}->1':>4}  {r.kind:<6}  {r.system:<15}  "
                 f"{r.n:>7}")
@@ -384,7 +360,7 @@ def _print_stream_ratios(results, out):
             continue
         print(f"Ratios {mine} / peer (median rec/s; > 1 means shmq is faster)", file=out)
         head = f"{'size':>7}  {'mode':<5}  {'P->C':>4}  {'read':<6}  " + "  ".join(f"{'vs ' + p:>16}" for p in peers)
-        _print_head(head, out)
+        print_head(head, out)
         for key in keys:
             size, mode, pairs, read = key
             cells = [_ratio_cell(by_key, (mine,) + key, (p,) + key, "msgs_per_s") for p in peers]

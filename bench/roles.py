@@ -190,7 +190,12 @@ def ping(job, ends):
             raise AssertionError(f"reply of {len(reply)} B, expected {job.size}")
         if i >= job.warmup:
             samples.append(t1 - t0)
-    samples.sort()
+    return latency_summary(samples)
+
+
+def latency_summary(samples):
+    """Percentiles, mean and max of nanosecond samples, in microseconds (a run's result)."""
+    samples = sorted(samples)
     return {
         "p50_us": percentile(samples, 0.50) / 1e3,
         "p99_us": percentile(samples, 0.99) / 1e3,

@@ -1,57 +1,127 @@
 """shmq over TCP against Redis lists over loopback, in one run: ``python -m bench.tcp``.
 
-The matrix's harness and adapters (shmq-tcp, redis) on 1 KiB messages: producers and
-consumers in separate processes, each with its own connection, released together by a
-barrier; consumers time from the release until they have received (and acked) every
-message. Modes:
+A ``shmq server --no-persist`` and a ``redis-server --save '' --appendonly no`` of the
+run's own, each on a free loopback port (redis-py is Redis's client); every case runs
+against both, one after the other, in separate processes released together by a
+barrier, each process with its own connection. The cases (``--cases``, plan.TCP_CASES):
 
-- ``msg``: one message per request (shmq put / get + ack; Redis LPUSH / BRPOP);
-- ``batch``: 64 per request (shmq put_many / get_many(64) + ack_many; Redis LPUSH of
-  64 values / BLMPOP COUNT 64).
+- ``pingpong``: a 64 B round trip over two queues (put; the other side's blocking get +
+  ack, its put back; get + ack): p50 / p99 / p99.9 (Redis: LPUSH / BRPOP);
+- ``put``: one blocking put's latency, 64 B (Redis: LPUSH);
+- ``msg``: P producers -> P consumers, one message per call, each acked (Redis: LPUSH /
+  BRPOP);
+- ``batch``: the same, 64 per call (put_many / get_many(64) + ack_many; Redis: LPUSH of
+  64 values / BLMPOP COUNT 64);
+- ``pipe``: P producers alone, pipelined: ``put(wait=False)`` then ``flush()`` (Redis: a
+  pipeline of 64 LPUSHes, transaction=False), msgs/s until every put is confirmed;
 
-``conns`` is the number of client connections: 2 = one producer and one consumer,
-8 = four of each. Redis runs only where ``redis-server`` is on the PATH (the harness
-starts its own on a free loopback port and stops it) and redis-py is installed;
-otherwise it is reported as skipped. Every figure is the median of ``--runs`` runs.
+the last three at each ``--sizes`` (64 B and 1 KiB) and each P of ``--pairs`` (1 and 4).
+Every figure is the median of ``--runs`` runs, shown with shmq / Redis (for a latency
+below 1x means shmq is faster, for a rate above 1x does) and issue 28's target where it
+sets one. Prints the table, writes every run as JSON (``--json``) and draws the plot
+beside it (``--plot``). ``--quick`` is a smoke test; ``--report JSON`` prints a saved
+run again and redraws it. Redis is skipped, saying why, where redis-server or redis-py
+is missing.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import shlex
 import sys
 
-from bench import harness, report
+from bench import harness, plot, report, tcp_report
 from bench.machine import machine_info
-from bench.plan import pin_cpus, plan_tcp
+from bench.plan import (TCP_CASES, TCP_COUNT, TCP_QUICK_SCALE, TCP_SIZES, TCP_TRIPS, TOPOLOGIES, csv, parse_size,
+                        pin_cpus, plan_tcp)
 
-SYSTEMS = ("shmq-tcp", "redis")
+PROG = "python -m bench.tcp"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--cases", type=lambda t: csv(t, tuple(TCP_CASES)), default=list(TCP_CASES),
+                   help=f"comma list from {','.join(TCP_CASES)} (default all)")
+    p.add_argument("--sizes", type=lambda t: [parse_size(x) for x in csv(t)], default=list(TCP_SIZES),
+                   help="message sizes of msg, batch and pipe (default 64,1k; pingpong and put are 64 B)")
+    p.add_argument("--pairs", type=lambda t: [int(x) for x in csv(t)], default=list(TOPOLOGIES),
+                   help="P of msg, batch and pipe (default 1,4)")
+    p.add_argument("--runs", type=int, default=None, help="runs per case (default 3; 1 with --quick)")
+    p.add_argument("--count", type=int, default=None,
+                   help=f"messages per run, per message (default {TCP_COUNT}); batch and pipe move 5 x as many")
+    p.add_argument("--trips", type=int, default=None,
+                   help=f"round trips (pingpong) and puts (put) per run (default {TCP_TRIPS})")
+    p.add_argument("--quick", action="store_true", help=f"counts / {TCP_QUICK_SCALE}, one run: a smoke test")
+    p.add_argument("--run-timeout", type=float, default=60.0, help="seconds allowed per run (default 60)")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="let the OS place a 1 -> 1 case's processes (default: pinned to two distinct CPUs)")
+    p.add_argument("--json", metavar="PATH", default=None, help="write every run here")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="draw the plot here (default: beside --json, as .png; '' for none)")
+    p.add_argument("--report", metavar="JSON", help="run nothing: print a saved run and draw its plot (to --plot)")
+    args = p.parse_args(argv)
+    scale = TCP_QUICK_SCALE if args.quick else 1
+    args.runs = args.runs or (1 if args.quick else 3)
+    args.count = args.count or max(1, TCP_COUNT // scale)
+    args.trips = args.trips or max(1, TCP_TRIPS // scale)
+    if min([args.runs, args.count, args.trips, *args.sizes, *args.pairs]) < 1 or args.run_timeout <= 0:
+        p.error("--runs, --count, --trips, --sizes, --pairs and --run-timeout must be positive")
+    if args.plot is None:
+        source = args.report or args.json
+        args.plot = os.path.splitext(source)[0] + ".png" if source else ""
+    return args
+
+
+def run(args, ctx):
+    """Run every case; returns (info, skipped, [(result, summary)], notes)."""
+    args.cpus = pin_cpus(args.pin)
+    load = os.getloadavg()[0]
+
+    def jobs(opened):
+        return plan_tcp(list(opened), args.cases, args.sizes, args.pairs, args.count, args.trips, args.runs,
+                        args.run_timeout, args.cpus)
+
+    skipped, results, notes = harness.run_systems(tcp_report.SYSTEMS, jobs, ctx, args.run_timeout)
+    return dict(machine_info(), load=(load, os.getloadavg()[0])), skipped, results, notes
+
+
+def publish(info, settings, skipped, results, notes, plot_path):
+    """Print the table, then draw the plot (unless ``plot_path`` is empty)."""
+    tcp_report.print_tcp(info, settings, skipped, results, notes)
+    if plot_path:
+        title = (f"shmq over TCP vs Redis, median of {settings.runs} run(s){' (--quick)' if settings.quick else ''}: "
+                 f"{info['cpu']}, {info['logical_cpus']} CPUs, Python {info['python']}")
+        print(plot.draw_tcp(plot_path, tcp_report.rows(results), title))
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.tcp", description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--count", type=int, default=40_000, help="messages per case (msg mode; batch mode x4)")
-    ap.add_argument("--quick", action="store_true", help="count / 10, 2 runs")
-    ap.add_argument("--run-timeout", type=float, default=60.0, help="seconds allowed per run")
-    ap.add_argument("--no-pin", dest="pin", action="store_false", help="let the OS place a 1 -> 1 case's processes")
-    ap.add_argument("--json", default=None, help="write the raw runs here (the format of python -m bench)")
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = ap.parse_args(argv)
-    args.command = shlex.join(["python", "-m", "bench.tcp", *argv])
-    args.runs, count = (2, args.count // 10) if args.quick else (args.runs, args.count)
-    args.cpus = pin_cpus(args.pin)
-    skipped, results, notes = harness.run_systems(
-        SYSTEMS, lambda opened: plan_tcp(list(opened), count, args.runs, args.run_timeout, args.cpus),
-        mp.get_context("spawn"), args.run_timeout)
-    info = machine_info()
-    report.print_tcp(info, skipped, results)
-    for note in notes:
-        print(f"note: {note}")
-    if args.json:
-        report.write_json(args.json, info, args, skipped, results, notes)
-        print(f"wrote {args.json}")
+    args = parse_args(argv)
+    if args.report:
+        try:
+            info, settings, skipped, results, notes, doc = report.read_json(args.report)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"{PROG}: error: cannot read {args.report}: {exc}", file=sys.stderr)
+            return 2
+        if "tcp" not in doc:
+            print(f"{PROG}: error: {args.report} is not a run of {PROG}", file=sys.stderr)
+            return 2
+        publish(info, settings, skipped, results, notes, args.plot)
+    else:
+        args.command = shlex.join([*PROG.split(), *argv])
+        info, skipped, results, notes = run(args, mp.get_context("spawn"))
+        if args.json:
+            settings = {k: getattr(args, k) for k in ("cases", "sizes", "pairs", "count", "trips")}
+            targets = [{"case": row.case, "size": row.size, "flow": row.flow, "figure": row.figure,
+                        "target": list(row.target), "ratio": row.ratio, "verdict": verdict}
+                       for row, verdict in tcp_report.targets(tcp_report.rows(results))]
+            report.write_json(args.json, info, args, skipped, results, notes,
+                              extra={"tcp": dict(settings, targets=targets)})
+        publish(info, args, skipped, results, notes, args.plot)
+        if args.json:
+            print(f"wrote {args.json}")
     return 0 if all(r.status in ("ok", "skipped") for r, _ in results) else 1
 
 

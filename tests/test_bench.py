@@ -1,7 +1,8 @@
 """The bench: `python -m bench --quick`, `python -m bench.streams --quick`, `python -m
-bench.scale` and `python -m bench.contention` run end to end and write well-formed output
-(not their speed), every adapter carries a case through the harness, the consumers' stop
-logic, the contention workers' clock and refills, and the streams' target verdicts. Each
+bench.scale`, `python -m bench.contention` and `python -m bench.tcp --quick` run end to end
+and write well-formed output (not their speed), every adapter carries a case through the
+harness, the consumers' stop logic, the contention workers' clock and refills, producers
+alone (pipelined, and one timed put), and the streams' and TCP's target verdicts. Each
 test looks only at the shmq namespaces it or its bench created, and at the peer servers
 its bench started."""
 
@@ -13,16 +14,19 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
 import pytest
 
 import shmq
-from bench import adapters, contention, contention_roles, harness, report, scale, scaling
+from bench import (adapters, contention, contention_roles, harness, produce_roles, report, scale, scaling, tcp,
+                   tcp_report)
 from bench.adapters.shmq_local import ShmqLanes
 from bench.harness import CaseFailed, CaseResult
-from bench.plan import ContentionJob, Job, StreamJob
+from bench.plan import ContentionJob, Job, ProduceJob, StreamJob, plan_tcp
+from bench.plan import queue_bytes as plan_queue_bytes
 from bench.roles import consume_polled, consume_shared
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -462,12 +466,171 @@ def test_a_scale_plan_runs_1_to_1_once_and_each_shape_above_it():
     assert batched.n == 16016 and batched.n % batched.producers == 0  # batched: 4 x, whole shares
 
 
-def test_a_tcp_case_has_a_batch_per_producer_however_small_the_count():
-    from bench.plan import plan_tcp
+def test_a_tcp_plan_runs_each_case_on_both_systems_with_whole_batches_per_producer():
+    jobs = plan_tcp(["shmq-tcp", "redis"], sizes=[64], pairs=[1, 4], count=128, trips=50, runs=2, cpus=(0, 1))
+    assert [(tcp_report.case_of(j), j.size, j.producers, j.consumers, j.n) for j in jobs[::2]] == [
+        ("pingpong", 64, 1, 1, 50), ("put", 64, 1, 0, 50),
+        ("msg", 64, 1, 1, 128), ("msg", 64, 4, 4, 256),  # 128 messages cannot give 4 producers a batch each
+        ("batch", 64, 1, 1, 640), ("batch", 64, 4, 4, 512),
+        ("pipe", 64, 1, 0, 640), ("pipe", 64, 4, 0, 512)]
+    assert [j.system for j in jobs] == ["shmq-tcp", "redis"] * 8  # interleaved, case by case
+    pingpong, put, pipe4 = jobs[0], jobs[2], jobs[-1]
+    assert (pingpong.roles, pingpong.channels, put.roles, put.channels) == (("pinger", "ponger"), 2, ("worker0",), 1)
+    assert pipe4.roles == ("worker0", "worker1", "worker2", "worker3") and pipe4.share == 128
+    assert all(j.cpus == ((0, 1) if j.producers == 1 else ()) for j in jobs)  # a 1 -> 1 case and a lone producer
+    assert pipe4.queue_bytes == plan_queue_bytes(64)  # 64 MiB holds a run and its warm-up, and at 1 KiB:
+    big = plan_tcp(["shmq-tcp"], ["pipe"], [1024], [4], count=40_000)[0]
+    assert big.n == 199_936 and big.queue_bytes == (199_936 + 4 * 201) * (1024 + 64)
+    assert [tcp_report.case_of(j) for j in plan_tcp(["shmq-tcp"], ["put", "batch"], [64], [1])] == ["put", "batch"]
 
-    jobs = plan_tcp(["shmq-tcp"], 128, 1, 60.0, ())  # 128 messages cannot give 4 producers a batch each
-    assert [(j.mode, j.pairs, j.n) for j in jobs] == [("msg", 1, 128), ("msg", 4, 256), ("batch", 1, 512),
-                                                     ("batch", 4, 512)]
+
+def _tcp_case(system, case, size=64, pairs=1, status="ok", **summary):
+    """A bench.tcp result: ``case`` one of plan.TCP_CASES, its summary's figures as given."""
+    kind, mode = ("rtt", "msg") if case in ("pingpong", "put") else ("tput", case)
+    shape = "P->0" if case in ("put", "pipe") else "P->P"
+    return CaseResult(system, kind, size, mode, 1000, pairs, status=status, shape=shape, runs=[{}, {}]), summary
+
+
+def test_tcp_rows_put_shmq_over_redis_and_judge_the_issues_targets():
+    """shmq / Redis both ways (a latency below 1x and a rate above 1x are shmq ahead), the
+    target only where issue 28 sets one (64 B), and a failed side named, never a ratio."""
+    lat = dict(p50_min_us=90.0, p50_max_us=110.0, p99_us=300.0, p999_us=900.0)
+    results = [_tcp_case("shmq-tcp", "pingpong", p50_us=100.0, **lat), _tcp_case("redis", "pingpong", p50_us=250.0,
+                                                                                   **lat),
+               _tcp_case("shmq-tcp", "put", p50_us=31.0, **lat), _tcp_case("redis", "put", p50_us=40.0, **lat),
+               _tcp_case("shmq-tcp", "msg", msgs_per_s=15_000.0, msgs_per_s_min=14_000.0, msgs_per_s_max=17_000.0),
+               _tcp_case("redis", "msg", msgs_per_s=10_000.0, msgs_per_s_min=9_000.0, msgs_per_s_max=11_000.0),
+               _tcp_case("shmq-tcp", "batch", pairs=4, msgs_per_s=300_000.0, msgs_per_s_min=1.0, msgs_per_s_max=1.0),
+               _tcp_case("redis", "batch", pairs=4, msgs_per_s=100_000.0, msgs_per_s_min=1.0, msgs_per_s_max=1.0),
+               _tcp_case("shmq-tcp", "pipe", size=1024, msgs_per_s=50_000.0, msgs_per_s_min=1.0, msgs_per_s_max=1.0),
+               _tcp_case("redis", "pipe", size=1024, status="timeout"),
+               _tcp_case("shmq-tcp", "pipe", msgs_per_s=50_000.0, msgs_per_s_min=1.0, msgs_per_s_max=1.0),
+               _tcp_case("redis", "pipe", status="error")]
+    table = tcp_report.rows(results)
+    assert [row.cells() for row in table] == [
+        ["ping-pong", "64 B", "1->1", "p50 µs", "100.0 ±10%", "250.0 ±4%", "0.40x", "<= 0.5x met"],
+        ["ping-pong", "64 B", "1->1", "p99 µs", "300.0", "300.0", "1.00x", ""],
+        ["ping-pong", "64 B", "1->1", "p99.9 µs", "900.0", "900.0", "1.00x", ""],
+        ["one put", "64 B", "1->0", "p50 µs", "31.0 ±32%", "40.0 ±25%", "0.78x", "<= 0.7x missed"],
+        ["one put", "64 B", "1->0", "p99 µs", "300.0", "300.0", "1.00x", ""],
+        ["one put", "64 B", "1->0", "p99.9 µs", "900.0", "900.0", "1.00x", ""],
+        ["per message", "64 B", "1->1", "msgs/s", "15.0 k ±10%", "10.0 k ±10%", "1.50x", ">= 1.5x met"],
+        ["batched (64)", "64 B", "4->4", "msgs/s", "300 k ±0%", "100 k ±0%", "3.00x", ""],  # a target at 1 -> 1 only
+        ["pipelined put", "1 KiB", "1->0", "msgs/s", "50.0 k ±0%", "timeout", "n/a", ""],  # no target at 1 KiB
+        ["pipelined put", "64 B", "1->0", "msgs/s", "50.0 k ±0%", "error", "n/a", ">= 3.0x not measured"]]
+    assert tcp_report.target_summary(table) == ("targets of issue 28 (64 B): 2 of 4 met; not met: one put 1->0 p50, "
+                                                "pipelined put 1->0 msgs/s")
+
+
+def test_producers_alone_take_out_the_warm_up_then_each_runs_messages():
+    log = []
+
+    def end(spec, role):
+        return _CountingEnd(log, role)
+
+    job = ProduceJob("shmq-tcp", "tput", 64, "pipe", 640, 3, pairs=4, warmup=10)
+    job.before_run(end, ["spec"], [])
+    job.before_run(end, ["spec"], [{"seconds": 0.5, "got": 640}])
+    assert log == [("recv", 40), ("recv", 640)]  # 4 workers' warm-up, then a run's n
+    tx = _CountingEnd([])
+    assert produce_roles.work(job, [tx])["got"] == 160 and tx.count == 160  # its share, pipelined
+    one = produce_roles.work(ProduceJob("redis", "rtt", 64, "msg", 50, 1), [tx])
+    assert tx.count == 210 and 0 < one["p50_us"] <= one["p99_us"] <= one["p999_us"] <= one["max_us"]
+
+
+class _Setup:
+    """A job whose before_run waits for ``release`` (or raises ``error``)."""
+
+    def __init__(self, error=None):
+        self.release, self.error = threading.Event(), error
+
+    def before_run(self, end, specs, runs):
+        if self.error:
+            raise self.error
+        self.release.wait(30)
+
+
+def test_a_run_whose_queue_cannot_be_set_up_ends_its_case_not_the_bench():
+    stuck = _Setup()
+    try:
+        with pytest.raises(CaseFailed, match=r"setting up run 2 \(filling or emptying the queue\) took over 0s") as e:
+            harness._prepare(stuck, None, [], [{}], 0.05)
+        assert e.value.status == "timeout"
+    finally:
+        stuck.release.set()
+    with pytest.raises(CaseFailed, match="(?s)setting up run 1 failed:.*OSError: the server went away") as e:
+        harness._prepare(_Setup(OSError("the server went away")), None, [], [], 5.0)
+    assert e.value.status == "error"
+
+
+@pytest.mark.parametrize("system", ["shmq", "shmq-tcp", "redis"])
+def test_producers_alone_carry_their_cases_through_the_harness(system):
+    """Pipelined producers (2) and one timed put, two runs each: the queue emptied before
+    each run holds exactly what the last one put (a flush that left some unsent would stop
+    the next run's set-up, and the case)."""
+    reason = adapters.probe(system)
+    if reason:
+        pytest.skip(reason)
+    jobs = [ProduceJob(system, "tput", 64, "pipe", n=256, runs=2, warmup=9, pairs=2),
+            ProduceJob(system, "rtt", 64, "msg", n=40, runs=2, warmup=9)]
+    adapter = adapters.adapter_class(system)()
+    try:
+        results = harness.run_jobs(jobs, {system: adapter}, mp.get_context("spawn"), 30.0,
+                                   harness.Progress(len(jobs), stream=io.StringIO()))
+    finally:
+        notes = adapter.close()
+    assert [(r.status, len(r.runs)) for r, _ in results] == [("ok", 2), ("ok", 2)], [r.detail for r, _ in results]
+    assert results[0][1]["msgs_per_s"] > 0 and results[1][1]["p50_us"] > 0 and notes == []
+
+
+@pytest.mark.slow
+def test_the_tcp_bench_runs_every_case_against_redis_in_one_run(tmp_path, capsys):
+    """``python -m bench.tcp --quick`` on a small run: every case on shmq over TCP and on
+    Redis (or Redis skipped, saying why), the table with shmq / Redis and the issue's
+    targets, a JSON of every run, the plot beside it, a --report that prints the same
+    table; nothing left in /dev/shm, no server left running."""
+    out_json = tmp_path / "tcp.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    servers_before = _orphaned_bench_servers()
+    argv = ["--quick", "--sizes", "64", "--pairs", "2", "--count", "200", "--trips", "30", "--json", str(out_json)]
+    pid, code, stdout, stderr = _run(argv, env, 120, module="bench.tcp")
+    assert code == 0, stdout + stderr
+    doc = json.loads(out_json.read_text())
+    assert doc["command"] == "python -m bench.tcp " + " ".join(argv) and doc["notes"] == []
+    assert {k: doc["tcp"][k] for k in ("cases", "sizes", "pairs", "count", "trips")} == {
+        "cases": ["pingpong", "put", "msg", "batch", "pipe"], "sizes": [64], "pairs": [2], "count": 200, "trips": 30}
+    systems = [s for s in tcp_report.SYSTEMS if s not in doc["skipped"]]
+    assert systems[0] == "shmq-tcp" and (systems == ["shmq-tcp", "redis"] or "redis" in doc["skipped"])
+    cases = sorted((c["system"], tcp_report.case_of(CaseResult(**{k: v for k, v in c.items() if k != "summary"})),
+                    c["size"], c["pairs"], c["n"]) for c in doc["cases"])
+    assert cases == sorted((s, case, 64, p, n) for s in systems for case, p, n in (
+        ("pingpong", 1, 30), ("put", 1, 30), ("msg", 2, 128), ("batch", 2, 896), ("pipe", 2, 896)))
+    for c in doc["cases"]:
+        assert c["status"] == "ok" and len(c["runs"]) == 1, c["detail"]
+        assert c["summary"]["p50_us" if c["kind"] == "rtt" else "msgs_per_s"] > 0
+    lines = stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("case "))
+    assert lines[head].split() == ["case", "size", "P->C", "figure", "shmq-tcp", "redis", "shmq", "/", "redis",
+                                   "target", "(issue", "28)"]
+    rows = [line for line in lines[head + 2:] if line.strip()][:10]
+    assert [line[:13].strip() for line in rows] == ["ping-pong"] * 3 + ["one put"] * 3 + [
+        "per message", "batched (64)", "pipelined put", "shmq / redis:"]
+    if "redis" in systems:
+        assert [row["verdict"] in ("met", "missed") for row in doc["tcp"]["targets"]] == [True, True]
+        assert rows[0].split()[-3] == "<=" and rows[0].split()[-4].endswith("x")  # ping-pong p50: ratio, target
+    if _has_matplotlib():
+        assert (tmp_path / "tcp.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert _entries_of_run(pid) == []
+    assert _orphaned_bench_servers() <= servers_before
+
+    assert tcp.main(["--report", str(out_json), "--plot", ""]) == 0
+    assert capsys.readouterr().out.splitlines() == [ln for ln in lines if not ln.startswith("wrote ")]
+
+
+def test_the_tcp_report_refuses_another_benchs_run_in_one_line(capsys):
+    assert tcp.main(["--report", str(ROOT / "docs" / "bench.json")]) == 2
+    assert capsys.readouterr().err == (f"python -m bench.tcp: error: {ROOT / 'docs' / 'bench.json'} is not a run "
+                                       "of python -m bench.tcp\n")
 
 
 def _tput(system, pairs, shape, rate, mode="msg", status="ok"):
@@ -577,6 +740,9 @@ class _CountingEnd:
 
     def send_batch(self, bodies):
         self.count += len(bodies)
+
+    def send_pipelined(self, body):
+        self.count += 1
 
     def recv(self):
         self.count += 1

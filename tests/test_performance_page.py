@@ -117,3 +117,33 @@ def test_the_spark_view_reads_the_spark_runs_fields():
     assert lines[2:4] == ["| source → sink | batches | overall rows/s | steady rows/s |", "|---|---:|---:|---:|"]
     assert len([ln for ln in lines if ln.startswith("| ") and "→" in ln]) == len(doc["cases"]) + 1
     assert "pyspark " in lines[0] and "`python -m bench.spark`" in lines[0]
+
+
+def test_a_tcp_run_renders_shmq_over_redis_with_the_issues_targets():
+    machine = {"cpu": "AMD EPYC", "logical_cpus": 2, "usable_cpus": 2, "os": "Linux", "python": "3.11.7",
+               "shmq": "0.1.0 (C hot paths)", "redis-py": "8.1.0", "redis-server": "7.0.15"}
+
+    def case(system, kind, mode, shape, summary):
+        return {"system": system, "kind": kind, "size": 64, "mode": mode, "n": 1000, "pairs": 1, "shape": shape,
+                "status": "ok", "detail": "", "runs": [{}], "seconds": 1.0, "summary": summary}
+
+    rtt = {"p50_min_us": 0.0, "p50_max_us": 0.0, "p99_us": 500.0, "p999_us": 900.0}
+    doc = {"date": "2026-11-24T10:00:00+00:00", "command": "python -m bench.tcp --cases pingpong,pipe",
+           "machine": machine, "settings": {"runs": 3}, "skipped": {},
+           "cases": [case("shmq-tcp", "rtt", "msg", "P->P", dict(rtt, p50_us=90.0)),
+                     case("redis", "rtt", "msg", "P->P", dict(rtt, p50_us=200.0)),
+                     case("shmq-tcp", "tput", "pipe", "P->0", {"msgs_per_s": 150_000.0}),
+                     case("redis", "tput", "pipe", "P->0", {"msgs_per_s": 100_000.0})]}
+    lines = docs.tcp(doc, "docs/tcp.json", "tcp.json")
+    assert lines[0].startswith("*2026-11-24, `python -m bench.tcp --cases pingpong,pipe`: AMD EPYC, 2 logical CPUs")
+    assert "Versions: shmq 0.1.0 (C hot paths), redis-py 8.1.0, redis-server 7.0.15." in lines[0]
+    assert lines[2:8] == [
+        "| case | size | P->C | figure | shmq-tcp | redis | shmq / redis | target (issue 28) |",
+        "|---|---|---|---|---:|---:|---:|---|",
+        "| ping-pong | 64 B | 1->1 | p50 µs | 90.0 | 200.0 | 0.45x | <= 0.5x: **met** |",
+        "| ping-pong | 64 B | 1->1 | p99 µs | 500.0 | 500.0 | 1.00x |  |",
+        "| ping-pong | 64 B | 1->1 | p99.9 µs | 900.0 | 900.0 | 1.00x |  |",
+        "| pipelined put | 64 B | 1->0 | msgs/s | 150 k | 100 k | 1.50x | >= 3.0x: **missed** |"]
+    assert lines[9] == "Targets of issue 28 (64 B): 1 of 2 met; not met: pipelined put 1->0 msgs/s."
+    assert lines[11].startswith("- shmq / redis: shmq's median over Redis's in the same run; for a latency")
+    assert docs.KINDS["tcp"] is docs.tcp

@@ -5,8 +5,9 @@ the parent for the whole run: it starts what the system needs (a server, a direc
 makes one channel per case (``make`` returns a spec the children can unpickle), drops it
 afterwards, names the cases it cannot run (``unsupported``) and, at ``close``, reports
 what it left behind. Its ``End`` is opened from that spec inside a case's processes: one
-sender or one receiver with ``send`` / ``send_batch`` / ``flush`` / ``recv`` /
-``recv_batch`` / ``release`` / ``close``. The harness and the roles know nothing else of a system.
+sender or one receiver with ``send`` / ``send_batch`` / ``send_pipelined`` / ``flush`` /
+``recv`` / ``recv_batch`` / ``release`` / ``close``. The harness and the roles know nothing
+else of a system.
 """
 
 from __future__ import annotations
@@ -88,9 +89,15 @@ class End:
         for body in bodies:
             self.send(body)
 
+    def send_pipelined(self, body):
+        """One message, not waiting for the system to confirm it (``flush`` does); a system
+        without pipelining sends it as ``send`` does."""
+        self.send(body)
+
     def flush(self):
-        """Make sure everything sent has left this process; a sender calls it at the end of a run
-        (a client that writes from its event loop may still hold some)."""
+        """Make sure everything sent has left this process, and what was sent pipelined is
+        confirmed; a sender calls it at the end of a run (a client that writes from its event
+        loop may still hold some)."""
 
     def recv(self):
         """The next message's body; blocks until there is one."""

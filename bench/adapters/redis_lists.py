@@ -1,4 +1,5 @@
-"""Redis lists over loopback (LPUSH / BRPOP, batched LPUSH / BLMPOP) on a redis-server of the run's own."""
+"""Redis lists over loopback (LPUSH / BRPOP, batched LPUSH / BLMPOP, pipelined LPUSHes) on a
+redis-server of the run's own."""
 
 from __future__ import annotations
 
@@ -7,19 +8,32 @@ import shutil
 import redis
 
 from bench.adapters import Adapter, End
+from bench.plan import BATCH
 from bench.servers import RedisServer
 
 
 class RedisEnd(End):
+    """One side of a list; pipelined sends go out BATCH LPUSHes to a pipeline (no MULTI)."""
+
     def __init__(self, spec, role):
         port, self._key = spec
         self._r = redis.Redis(port=port)
+        self._pipe = self._r.pipeline(transaction=False)
 
     def send(self, body):
         self._r.lpush(self._key, body)
 
     def send_batch(self, bodies):
         self._r.lpush(self._key, *bodies)
+
+    def send_pipelined(self, body):
+        self._pipe.lpush(self._key, body)
+        if len(self._pipe) >= BATCH:
+            self._pipe.execute()
+
+    def flush(self):
+        if len(self._pipe):
+            self._pipe.execute()
 
     def recv(self):
         return self._r.brpop(self._key, 0)[1]
@@ -28,6 +42,7 @@ class RedisEnd(End):
         return self._r.blmpop(0, 1, self._key, direction="RIGHT", count=limit)[1]
 
     def close(self):
+        self._pipe.reset()
         self._r.close()
 
 

@@ -25,7 +25,7 @@ class ShmqDurable(ShmqTcp):
             shutil.rmtree(self.data_dir, ignore_errors=True)
             raise
 
-    def create(self, broker, name, size):
+    def create(self, broker, name, size, max_bytes):
         broker.create_queue(name, durability=self.durability)
 
     def spec(self, name):

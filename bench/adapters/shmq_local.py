@@ -28,6 +28,12 @@ class ShmqEnd(End):
     def send_batch(self, bodies):
         self._q.put_many(bodies)
 
+    def send_pipelined(self, body):
+        self._q.put(body, wait=False)
+
+    def flush(self):
+        self._q.flush()  # over TCP: every put(wait=False) confirmed (locally there is nothing to wait for)
+
     def recv(self):
         d = self._q.get()
         body = d.body

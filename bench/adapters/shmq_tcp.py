@@ -1,4 +1,7 @@
-"""shmq over TCP: a ``shmq server --port 0`` of the run's own; its queues made and used over TCP."""
+"""shmq over TCP: a ``shmq server --port 0`` of the run's own; its queues made and used over TCP.
+A consumer acks every delivery with ``ack(wait=False)`` (``ack_many`` likewise): the ack
+goes in the same write as the next get, the one-exchange settle (issue 28); an ack the
+server never saw is a redelivery, as always."""
 
 from __future__ import annotations
 
@@ -18,11 +21,25 @@ def default_frame_bytes():
     return DEFAULT_MAX_FRAME_BYTES
 
 
+class ShmqTcpEnd(ShmqEnd):
+    """A client end over TCP: every delivery acked, in one exchange with the next get."""
+
+    def recv(self):
+        d = self._q.get()
+        d.ack(wait=False)
+        return d.body
+
+    def recv_batch(self, limit):
+        ds = self._q.get_many(limit)
+        self._q.ack_many(ds, wait=False)
+        return [d.body for d in ds]
+
+
 class ShmqTcp(Adapter):
     """A server on its own namespace for the whole run; one queue per case."""
 
     name = "shmq-tcp"
-    End = ShmqEnd
+    End = ShmqTcpEnd
     part = "tcp"  # of the namespace
 
     def __init__(self, *server_options):
@@ -32,17 +49,23 @@ class ShmqTcp(Adapter):
         self.max_frame_bytes = default_frame_bytes()
         self._count = 0
 
-    def create(self, broker, name, size):
-        broker.create_queue(name, max_bytes=queue_bytes(size), max_message_bytes=max(MAX_MESSAGE_BYTES, size))
+    def create(self, broker, name, size, max_bytes):
+        broker.create_queue(name, max_bytes=max_bytes, max_message_bytes=max(MAX_MESSAGE_BYTES, size))
 
     def spec(self, name):
         return (self.url, name)
 
     def make(self, ctx, size):
+        return self._make(size, queue_bytes(size))
+
+    def make_case(self, ctx, job):
+        return self._make(job.size, job.queue_bytes or queue_bytes(job.size))
+
+    def _make(self, size, max_bytes):
         self._count += 1
         name = f"q{self._count}"
         with shmq.connect(self.url) as broker:
-            self.create(broker, name, size)
+            self.create(broker, name, size, max_bytes)
         return self.spec(name)
 
     def drop(self, spec):
