@@ -7,6 +7,7 @@ import os
 import signal
 
 import shmq
+from shmq.client import remote
 from shmq.protocol import FrameDecoder, MsgType
 from tests._wait import wait_for
 
@@ -34,7 +35,8 @@ def _watched(b):
     return link.sock
 
 
-def test_an_ack_without_waiting_leaves_with_the_next_get(tcp_server, broker):
+def test_an_ack_without_waiting_leaves_with_the_next_get(tcp_server, broker, monkeypatch):
+    monkeypatch.setattr(remote, "LINGER_S", 5.0)  # the flusher is not what this looks at
     q = broker.create_queue("q")
     q.put_many([b"a", b"b", b"c"])
     with shmq.connect(tcp_server.url) as b:
@@ -62,7 +64,8 @@ def test_an_ack_without_waiting_is_written_within_a_linger_when_no_call_follows(
         assert q.stats().in_flight == 0
 
 
-def test_puts_without_waiting_go_as_one_batch_in_order(tcp_server, broker):
+def test_puts_without_waiting_go_as_one_batch_in_order(tcp_server, broker, monkeypatch):
+    monkeypatch.setattr(remote, "LINGER_S", 5.0)
     q = broker.create_queue("q")
     with shmq.connect(tcp_server.url) as b:
         rq = b.queue("q")
@@ -131,3 +134,40 @@ def test_a_consumer_killed_between_its_acks_and_its_next_get_loses_nothing(serve
     assert n - len(left) <= len(acked)  # what the server saw acked, the child had acked
     srv.proc.terminate()
     srv.proc.wait(10)
+
+
+def test_the_asyncio_client_sends_an_ack_without_waiting_with_the_next_get(tcp_server, broker):
+    import asyncio
+
+    from shmq.client import aio
+
+    q = broker.create_queue("q")
+    q.put_many([b"a", b"b"])
+
+    async def main():
+        async with await aio.connect(tcp_server.url) as b:
+            rq = await b.queue("q")
+            writes = []
+            writer = b._link.writer
+            write = writer.write
+
+            def noted(data):
+                dec = FrameDecoder(1 << 30)
+                dec.feed(data)
+                writes.append([MsgType(f.type) for f in dec.frames()])
+                write(data)
+
+            writer.write = noted
+            d = await rq.get(timeout=5)
+            await d.ack(wait=False)
+            d2 = await rq.get(timeout=5)
+            await d2.ack()
+            for i in range(50):
+                await rq.put(b"%d" % i, wait=False)
+            await rq.flush()
+            return writes
+
+    writes = asyncio.run(main())
+    assert writes == [[MsgType.CONSUME], [MsgType.ACK, MsgType.CONSUME], [MsgType.ACK],
+                      [MsgType.PRODUCE_BATCH, MsgType.PING]]
+    assert (q.stats().acked_total, q.stats().ready) == (2, 50)
