@@ -285,6 +285,7 @@ class AsyncBroker(BrokerCalls):
             hello = BrokerCalls._hello.__wrapped__(self, "shmq-python-aio", writer.get_extra_info("sockname"),
                                                    writer.get_extra_info("peername"))
             self.server_info = await self._run(hello, link, limit)
+            core.greeted(self.server_info)
         except BaseException:
             self._wake(link, core.close())
             await self._shut(link)

@@ -41,8 +41,10 @@ def _type_name(t) -> str:
         return f"0x{t:02X}"
 
 
-class _PushEnd:
-    """A DELIVER push that ends its subscription, read as an error reply (``error_from_reply``)."""
+class _ErrorOf:
+    """An error that came inside a reply — a DELIVER push that ends its subscription, a
+    message a per-message PRODUCE_BATCH refused — read as an error reply
+    (``error_from_reply``)."""
 
     def __init__(self, status, payload):
         self.status = status if type(status) is int else Status.INTERNAL
@@ -71,6 +73,7 @@ class ClientCore:
         self._first = b""  # the first bytes read, until a frame is: what a peer that is no shmq server said
         self.on_push = None  # called with a subscription id when a push for it arrives (asyncio)
         self._batch = None  # puts sent without waiting, gathered: [queue, options, messages, bytes] (``post``)
+        self.gathers = False  # whether the server takes PRODUCE_BATCH's ``each`` (``greeted``)
         self.forked_from = None  # in a child of fork(): the pid of the process whose connection this is
 
     @property
@@ -111,8 +114,12 @@ class ClientCore:
                 if frame.msg_id in self._waiting:
                     self._waiting.discard(frame.msg_id)
                     if self._unwaited and frame.msg_id in self._unwaited:
-                        if self._unwaited.pop(frame.msg_id) and frame.status != Status.OK:
-                            self._defer(error_from_reply(frame, self.endpoint), frame)
+                        if self._unwaited.pop(frame.msg_id):
+                            if frame.status != Status.OK:
+                                self._defer(error_from_reply(frame, self.endpoint), frame)
+                            elif type(frame.payload) is dict and frame.payload.get("refused"):  # gathered puts
+                                _i, status, text = frame.payload["refused"][0]
+                                self._defer(error_from_reply(_ErrorOf(status, {"error": text}), self.endpoint), frame)
                         continue
                     if self._abandoned and frame.msg_id in self._abandoned:
                         if frame.status == Status.OK:
@@ -138,10 +145,11 @@ class ClientCore:
 
         A PRODUCE (without ``group`` or ``dedup_id``) is gathered instead with the puts
         posted before it to the same queue with the same options, and they go as one
-        PRODUCE_BATCH — all or none, as ``put_many`` — when any other request is sent,
-        when ``batched()`` is called (a transport's linger), or once the batch is full:
-        b"" until then."""
-        if msg_type == MsgType.PRODUCE and "group" not in payload and "dedup_id" not in payload:
+        PRODUCE_BATCH with ``each`` — each message put or refused on its own, as the
+        PRODUCEs would have been — when any other request is sent, when ``batched()`` is
+        called (a transport's linger), or once the batch is full: b"" until then. Only
+        to a server that says it takes ``each`` (``greeted``)."""
+        if msg_type == MsgType.PRODUCE and self.gathers and "group" not in payload and "dedup_id" not in payload:
             return self._gather(payload)
         msg_id, data = self.send(msg_type, payload, check=False)
         self._unwaited[msg_id] = msg_type
@@ -164,6 +172,10 @@ class ClientCore:
             out += self.batched()
         return out
 
+    def greeted(self, server_info: dict) -> None:
+        """The HELLO reply came: what the server takes."""
+        self.gathers = server_info.get("produce_each") is True
+
     def batched(self) -> bytes:
         """The bytes of the puts gathered by ``post`` (one PRODUCE_BATCH, or a PRODUCE for
         one), now sent; b"" if none."""
@@ -174,7 +186,7 @@ class ClientCore:
         if len(messages) == 1:
             msg_type, payload = MsgType.PRODUCE, {"queue": queue, **messages[0], **options}
         else:
-            msg_type, payload = MsgType.PRODUCE_BATCH, {"queue": queue, "messages": messages, **options}
+            msg_type, payload = MsgType.PRODUCE_BATCH, {"queue": queue, "messages": messages, "each": True, **options}
         msg_id, data = self.send(msg_type, payload, check=False)
         self._unwaited[msg_id] = msg_type
         return data
@@ -200,7 +212,7 @@ class ClientCore:
             buf = self._pushes.setdefault(sid, deque())
         buf.extend(p.get("messages") or ())
         if "status" in p:  # the server ended it
-            buf.append(error_from_reply(_PushEnd(p["status"], p), self.endpoint))
+            buf.append(error_from_reply(_ErrorOf(p["status"], p), self.endpoint))
         if self.on_push is not None:
             self.on_push(sid)
 

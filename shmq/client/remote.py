@@ -332,6 +332,7 @@ class RemoteBroker(BrokerCalls):
             raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {e.strerror or e}") from None
         try:
             self.server_info = self._run(BrokerCalls._hello.__wrapped__(self, "shmq-python", *ends), link, limit)
+            core.greeted(self.server_info)
         except BaseException:
             with link.cond:
                 core.close()

@@ -61,7 +61,7 @@ class Line:
         self.fifo = deque()
         self.live = 0
         self.bell = Doorbell(self)
-        self._scheduled = False
+        self.scheduled = False  # a serve is due at the loop's next turn
 
     def add(self, w, deadline):
         """Line ``w`` up until ``deadline`` (loop time). Its request was just tried and
@@ -91,12 +91,12 @@ class Line:
         return True
 
     def schedule(self):
-        if self.live and not self._scheduled:
-            self._scheduled = True
-            self.loop.call_soon(self._scheduled_serve)
+        if self.live and not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self._serve_scheduled)
 
-    def _scheduled_serve(self):
-        self._scheduled = False
+    def _serve_scheduled(self):
+        self.scheduled = False
         self.look()
 
     def rang(self):
@@ -221,7 +221,7 @@ class Doorbell:
                 # woken, or a slice went by: a look after the stamp either way (what a take
                 # notices by itself, a dead member's partitions say, is looked for twice a
                 # second at least); one already due (the loop's own put woke it) will do
-                if not line._scheduled and not self.stopped:
+                if not line.scheduled and not self.stopped:
                     try:
                         loop.call_soon_threadsafe(line.rang)
                     except RuntimeError:  # the loop is closed: the server is gone
