@@ -31,7 +31,10 @@ class ShmqTcpEnd(ShmqEnd):
 
     def recv_batch(self, limit):
         ds = self._q.get_many(limit)
-        self._q.ack_many(ds, wait=False)
+        try:
+            self._q.ack_many(ds, wait=False)
+        except TypeError:  # a shmq older than ack_many(wait=): measured as it was
+            self._q.ack_many(ds)
         return [d.body for d in ds]
 
 
