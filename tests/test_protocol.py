@@ -5,6 +5,7 @@ decoder to its promise: it parses, or it raises ProtocolError.
 """
 
 import dataclasses
+import re
 
 import msgpack
 import pytest
@@ -32,6 +33,7 @@ from shmq.protocol import (
     unpack_header,
     validate_request,
 )
+from shmq.protocol.requests import _walk, check_request
 
 ALL_BYTES = bytes(range(256))
 HEADERS = {"trace": "abc-123", "attempt": 3, "ratio": 0.5, "urgent": True, "sig": b"\x00\xff", "neg": -(2**63)}
@@ -797,6 +799,78 @@ def test_validate_request_returns_a_dict_or_raises_bad_request(requests):
         names = {f.name for f in REQUEST_FIELDS[frame.type]}
         assert set(checked) <= names
         assert all(checked[k] == v for k, v in frame.payload.items() if k in names and k not in ("messages", "records"))
+
+
+# Candidate values for request fields: for each field of a type, a test draws one its
+# check takes (most often), or any of these, or leaves the field out.
+_CANDIDATES = ("q", "", b"", b"x" * 16, True, False, 0, 1, 7, -1, 2**40, 1.5, None, [], [3, 4], [True], [[0, 5]],
+               [[0, 1, 0, 3]], [[0, 1, 4, 3]], [{"body": b"x"}, {"body": b"y", "headers": {"k": 1}}], [{"body": "s"}],
+               [{"value": b"v", "key": b"k"}], {"trace": "t", "n": 1}, {"bad": [1]}, "earliest", "fanout")
+
+
+@st.composite
+def request_parts(draw):
+    """(type, msg_id, payload, status): a known request type mostly (else any byte,
+    replies included); each of its fields absent, a value its check takes, or any
+    candidate; unknown fields too; status 0 mostly."""
+    msg_type = draw(st.sampled_from(sorted(REQUEST_FIELDS)) if draw(st.integers(0, 9)) else st.integers(0, 255))
+    payload = {}
+    for field in REQUEST_FIELDS.get(msg_type, ()):
+        how = draw(st.integers(0, 9))
+        good = [v for v in _CANDIDATES if field.check(v) is None]
+        if how < 7 and good:
+            payload[field.name] = draw(st.sampled_from(good))
+        elif how < 9:
+            payload[field.name] = draw(st.sampled_from(_CANDIDATES) | msgpack_values)
+    payload.update(draw(st.dictionaries(st.text(max_size=5), msgpack_values, max_size=2)))
+    status = 0 if draw(st.integers(0, 9)) else draw(st.integers(1, 2**16 - 1))
+    return msg_type, draw(st.integers(0, 2**32 - 1)), payload, status
+
+
+def _verdict(check, parts):
+    try:
+        return "ok", check(*parts)
+    except ProtocolError as err:
+        return "bad", err.status, err.fatal, err.msg_id, err.msg_type, str(err)
+
+
+@settings(HYPOTHESIS, max_examples=600)
+@given(parts=request_parts())
+def test_the_per_request_check_agrees_with_the_walk_of_the_table(parts):
+    """``check_request`` (what the server runs per request: the payload's fields checked
+    as they come) and ``_walk`` (REQUEST_FIELDS in order, which names the first bad
+    field) give the same fields, or the same BAD_REQUEST, word for word."""
+    assert _verdict(check_request, parts) == _verdict(_walk, parts)
+
+
+def test_the_per_request_check_agrees_on_the_hot_requests():
+    ok = [(MsgType.PING, {}), (MsgType.PRODUCE, {"queue": "q", "body": b"x", "priority": 2, "future": 1}),
+          (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [{"body": b"a", "headers": {"h": 1}, "x": 0}]}),
+          (MsgType.CONSUME, {"queue": "q", "max": 5, "wait_ms": 0}), (MsgType.ACK, {"queue": "q", "deliveries": [7]}),
+          (MsgType.NACK, {"queue": "q", "deliveries": [7, 8], "delay_ms": 0})]
+    for msg_type, payload in ok:
+        parts = (msg_type, 3, payload, 0)
+        assert _verdict(check_request, parts) == _verdict(_walk, parts) == ("ok", validate_request(Frame(*parts)))
+    bad = [(MsgType.PRODUCE, {"queue": 1, "body": 2}, "PRODUCE: field 'queue' must be a string, not 1"),
+           (MsgType.PRODUCE, {"body": True}, "PRODUCE: missing required field 'queue'"),
+           (MsgType.CONSUME, {"queue": "q", "max": 0}, "CONSUME: field 'max' must be a positive integer, not 0"),
+           (MsgType.ACK, {"queue": "q", "deliveries": [True]},
+            "ACK: field 'deliveries' must be a list of integers (item 0 is bool), not a list of 1"),
+           (MsgType.NACK, {"queue": "q", "deliveries": [1], "requeue": 1},
+            "NACK: field 'requeue' must be a boolean, not 1")]
+    for msg_type, payload, message in bad:
+        for check in (check_request, _walk):
+            with pytest.raises(ProtocolError, match=f"^{re.escape(message)}$"):
+                check(msg_type, 3, payload, 0)
+
+
+@given(value=st.text(max_size=5) | st.binary(max_size=5) | st.booleans())
+def test_a_check_passes_every_value_of_the_type_it_is_marked_to_pass(value):
+    marked = {f.check for fields in REQUEST_FIELDS.values() for f in fields if hasattr(f.check, "passes")}
+    assert {c.passes for c in marked} == {str, bytes, bool}
+    for check in marked:
+        if type(value) is check.passes:
+            assert check(value) is None
 
 
 @HYPOTHESIS_STRUCTURED

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmq.protocol import Frame, FrameDecoder, MsgType, encode_frame, encode_request
+from shmq.protocol.frames import _COPY_BELOW
 from tests.test_protocol import HYPOTHESIS_STRUCTURED, chunked, frames
 
 
@@ -57,3 +58,35 @@ def test_the_room_grows_to_at_most_twice_what_is_held(n_frames, chunk):
         assert len(dec._buf) <= max(4096, 2 * most)  # room: at most twice the most it held
         got += len(list(dec.frames()))
     assert got == 2 * n_frames and dec.buffered == 0
+
+
+@HYPOTHESIS_STRUCTURED
+@given(frame_list=st.lists(frames, max_size=8), cuts=st.lists(st.integers(0, 10_000), max_size=20))
+def test_next_parts_gives_the_fields_of_the_frames_next_frame_gives(frame_list, cuts):
+    """The server's ``next_parts`` (a plain tuple per frame) and ``next_frame`` read the
+    same frames, in any chunking."""
+    data = b"".join(encode_frame(f) for f in frame_list)
+    dec = FrameDecoder()
+    out = []
+    for chunk in chunked(data, cuts):
+        dec.feed(chunk)
+        while (parts := dec.next_parts()) is not None:
+            out.append(parts)
+    assert out == [(f.type, f.msg_id, f.payload, f.status, f.version) for f in frame_list]
+    assert dec.buffered == 0
+
+
+def test_payloads_small_and_big_decode_alike_around_the_copy_threshold():
+    """A small payload is decoded from a copy, a big one in place: the same frames either
+    side of the line, whole or byte by byte, with bytes after them in the buffer or not."""
+    sizes = range(_COPY_BELOW - 40, _COPY_BELOW + 40)
+    expected = [Frame(MsgType.PRODUCE, n, {"queue": "q", "body": b"b" * n}) for n in sizes]
+    data = b"".join(encode_frame(f) for f in expected)
+    assert {len(encode_frame(f)) - 16 for f in expected} >= {_COPY_BELOW, _COPY_BELOW + 1}
+    for step in (len(data), 1, 4097):
+        dec = FrameDecoder()
+        out = []
+        for i in range(0, len(data), step):
+            dec.feed(data[i : i + step])
+            out.extend(dec.frames())
+        assert out == expected

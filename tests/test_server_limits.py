@@ -22,10 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shmq
 from shmq.client import aio
-from shmq.protocol import FrameDecoder, MsgType, Status, encode_request, pack_header
+from shmq.protocol import HEADER_SIZE, FrameDecoder, MsgType, Status, encode_request, pack_header
+from shmq.server.limits import Boundaries
 
 TOKEN = "limits-test-token"
 MiB = 2**20
@@ -162,6 +165,26 @@ def _push(s, data, stall=0.3):
     finally:
         s.settimeout(10)
     return sent
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=12), cuts=st.lists(st.integers(0, 700), max_size=12))
+def test_boundaries_follow_the_frames_in_any_chunking(lengths, cuts):
+    """``Boundaries.advance`` (whole frames of a read counted in one pass, anything else
+    byte-exact) knows, after every chunk, how many frames ended and the open frame's
+    size and received bytes, as a walk of the stream's headers does."""
+    data = b"".join(pack_header(n, MsgType.PRODUCE, 0, i) + b"p" * n for i, n in enumerate(lengths))
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + HEADER_SIZE + n)
+    edges = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    bounds, ended = Boundaries(), 0
+    for a, b in zip(edges, edges[1:]):
+        ended += bounds.advance(memoryview(data)[a:b])
+        done = sum(1 for end in starts[1:] if end <= b)  # frames whole within the first b bytes
+        got = b - starts[done]
+        need = HEADER_SIZE + lengths[done] if done < len(lengths) and got >= HEADER_SIZE else 0
+        assert (ended, bounds.need, bounds.got) == (done, need, got)
 
 
 def test_a_flood_of_waiting_consumes_is_capped_and_the_server_stays_small(start_server, broker):

@@ -177,11 +177,18 @@ def put_fields(priority=0, delay=0.0, ttl=None, group=None, dedup_id=None) -> di
     return fields
 
 
+_PUT_AS_IS = ("priority", "group", "dedup_id")  # a put's options named on the wire as put names them
+_PUT_MS = (("delay_ms", "delay"), ("ttl_ms", "ttl"))  # milliseconds on the wire, seconds for put
+_PUT_OPTIONS = _PUT_AS_IS + tuple(wire for wire, _ in _PUT_MS)
+
+
 def put_args(f) -> dict:
     """A put's keyword arguments (priority, delay, ttl, group, dedup_id) from PRODUCE's or
     PRODUCE_BATCH's checked fields: those sent, so the engine's defaults apply to the rest."""
-    args = {k: f[k] for k in ("priority", "group", "dedup_id") if k in f}
-    for wire, key in (("delay_ms", "delay"), ("ttl_ms", "ttl")):
+    if f.keys().isdisjoint(_PUT_OPTIONS):  # a plain put, the usual one
+        return {}
+    args = {k: f[k] for k in _PUT_AS_IS if k in f}
+    for wire, key in _PUT_MS:
         if wire in f:
             args[key] = f[wire] / 1000
     return args

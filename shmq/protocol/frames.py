@@ -2,15 +2,16 @@
 
 Strategy: this module is sans-IO, like h11. It owns no socket and never blocks: the
 caller hands received bytes to ``FrameDecoder.feed`` and pulls whole frames out of
-``next_frame``, which returns None until a frame is complete. The asyncio server and
-the sync and async clients share it, so there is one reading of the spec
-(docs/PROTOCOL.md). The 16-byte header is one precompiled ``struct.Struct`` (``_HEADER``):
-one pack per frame out, one ``unpack_from`` per frame in, read where it lies in the
-buffer; a payload is decoded from a memoryview of the buffer, not a copy. Nothing read
-off the wire is trusted: a
-declared length is checked against ``max_frame_bytes`` as soon as the header is in,
-before a byte of payload is buffered; msgpack is decoded with limits tied to the
-payload size; request fields are checked against one table (``requests.REQUEST_FIELDS``).
+``next_frame`` (or their fields as a plain tuple, ``next_parts``), which returns None
+until a frame is complete. The asyncio server and the sync and async clients share it,
+so there is one reading of the spec (docs/PROTOCOL.md). The 16-byte header is one
+precompiled ``struct.Struct`` (``_HEADER``): one pack per frame out, one ``unpack_from``
+per frame in, read where it lies in the buffer; a big payload is decoded from a
+memoryview of the buffer, not a copy (a small one from a copy, which costs less than
+the view). Nothing read off the wire is trusted: a declared length is checked against
+``max_frame_bytes`` as soon as the header is in, before a byte of payload is buffered;
+msgpack is decoded with limits tied to the payload size; request fields are checked
+against one table (``requests.REQUEST_FIELDS``).
 
 The decoder's promise: for any bytes, in any chunking, ``next_frame`` parses, or it
 raises ProtocolError — anything else is a bug. A non-fatal ProtocolError leaves the
@@ -45,6 +46,7 @@ __all__ = [
     "ProtocolError",
     "pack_header",
     "unpack_header",
+    "unpack_length",
     "encode_frame",
     "encode_request",
     "encode_reply",
@@ -151,6 +153,9 @@ _HEADER = struct.Struct("!IIBBHI")
 assert _HEADER.size == HEADER_SIZE
 _pack_header = _HEADER.pack
 _unpack_header_from = _HEADER.unpack_from
+# unpack_length(buf, offset) -> (length,): the length field alone of the header at buf[offset:]
+unpack_length = struct.Struct("!4xI").unpack_from
+assert unpack_length(_pack_header(MAGIC, 123, 0, VERSION, 0, 0)) == (123,)
 
 
 class Header(NamedTuple):
@@ -211,14 +216,6 @@ class Frame:
 _packers = threading.local()  # one msgpack Packer per thread: a Packer is not shared safely
 
 
-def _packer() -> msgpack.Packer:
-    try:
-        return _packers.packer
-    except AttributeError:
-        packer = _packers.packer = msgpack.Packer(use_bin_type=True, autoreset=False)
-        return packer
-
-
 def _encode(msg_type: int, msg_id: int, payload, status: int, version: int = VERSION) -> bytes:
     """Header + msgpack payload, the header packed in one call; an empty payload dict
     encodes as zero bytes. The payload is packed into the thread's Packer, whose buffer
@@ -227,8 +224,14 @@ def _encode(msg_type: int, msg_id: int, payload, status: int, version: int = VER
     if type(payload) is not dict and not isinstance(payload, dict):
         raise TypeError(f"a frame payload must be a dict, not {type(payload).__name__}")
     if not payload:
-        return pack_header(0, msg_type, status, msg_id, version)
-    packer = _packer()
+        try:
+            return _pack_header(MAGIC, 0, msg_type, version, status, msg_id)
+        except struct.error:
+            raise _out_of_range(0, msg_type, status, msg_id, version) from None
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True, autoreset=False)
     try:
         packer.pack(payload)
         body = packer.getbuffer()
@@ -277,6 +280,7 @@ def _error(message: str, status: int, msg_id: int = 0, fatal: bool = False, msg_
 # ValueError or UnpackException), UnicodeDecodeError (a ValueError) for bad UTF-8 in a
 # str, TypeError for unhashable map keys, OverflowError / RecursionError for extremes.
 _DECODE_ERRORS = (ValueError, TypeError, OverflowError, RecursionError, msgpack.UnpackException)
+_COPY_BELOW = 4096  # a payload up to this size is decoded from a copy, a bigger one from a view of the buffer
 
 
 def _decode_payload(data, msg_id: int, msg_type: int) -> dict:
@@ -287,12 +291,12 @@ def _decode_payload(data, msg_id: int, msg_type: int) -> dict:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except _DECODE_ERRORS as exc:
         raise _error(f"malformed msgpack payload: {exc}", Status.BAD_REQUEST, msg_id, False, msg_type) from None
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:  # msgpack makes plain dicts
         raise _error(
             f"the payload must be a msgpack map, not {type(obj).__name__}", Status.BAD_REQUEST, msg_id, False, msg_type
         )
     for key in obj:
-        if not isinstance(key, str):
+        if type(key) is not str:  # msgpack makes str and bytes keys, never subclasses
             raise _error(
                 f"payload keys must be strings, not {type(key).__name__} ({key!r:.40})",
                 Status.BAD_REQUEST,
@@ -371,6 +375,13 @@ class FrameDecoder:
 
     def next_frame(self) -> Frame | None:
         """One complete frame, or None when more bytes are needed; raises ProtocolError."""
+        parts = self.next_parts()
+        return None if parts is None else Frame(*parts)
+
+    def next_parts(self) -> tuple | None:
+        """``next_frame``'s fields as a plain tuple, (type, msg_id, payload, status,
+        version), for a caller that unpacks them at once (the server, per request: a
+        Frame costs more to make than the rest of a PING's decoding)."""
         if self._failed is not None:
             raise self._failed
         if self._skip:
@@ -393,16 +404,23 @@ class FrameDecoder:
         if end - start < length:
             return None
         self._header = None
-        self._pos = start + length
+        pos = self._pos = start + length
         try:
-            if length:
-                with memoryview(buf)[start : start + length] as view:  # msgpack reads it in place
+            if length > _COPY_BELOW:
+                with memoryview(buf)[start:pos] as view:  # msgpack reads a big payload in place
                     payload = _decode_payload(view, msg_id, msg_type)
+            elif length:
+                payload = _decode_payload(buf[start:pos], msg_id, msg_type)  # a small one: a copy costs less
             else:
                 payload = {}
         finally:
-            self._compact()
-        return Frame(msg_type, msg_id, payload, status, version)
+            if pos == end:  # drained, as after most frames: no call to _compact
+                self._pos = self._end = 0
+                if len(buf) > self._KEEP:
+                    self._buf = bytearray()
+            elif pos >= self._COMPACT_AT:  # else nothing to drop yet
+                self._compact()
+        return msg_type, msg_id, payload, status, version
 
     def frames(self) -> Iterator[Frame]:
         """Yield every complete frame buffered so far (raises like next_frame)."""

@@ -1,5 +1,6 @@
 """Request checks: the fields each request type takes (one table, ``REQUEST_FIELDS``),
-and ``validate_request``, which answers a bad one with BAD_REQUEST."""
+and ``validate_request`` (``check_request`` of a frame's parts), which answers a bad one
+with BAD_REQUEST."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any, Callable
 
 from ..engine.layout import MAX_PARTITIONS  # a stream's partitions are numbered below it
 from ..errors import ProtocolError
-from .frames import Frame, MsgType, Status, _error
+from .frames import REPLY_BIT, Frame, MsgType, Status, _error
 
-__all__ = ["Field", "REQUEST_FIELDS", "validate_request", "check_records", "normalize_records", "MAX_RECORDS"]
+__all__ = ["Field", "REQUEST_FIELDS", "validate_request", "check_request", "check_records", "normalize_records",
+           "MAX_RECORDS"]
 
 
 def _is_int(v) -> bool:
@@ -21,10 +23,23 @@ def _is_int(v) -> bool:
 _HEADER_VALUE_TYPES = (str, int, float, bool, bytes)  # what a message header may hold
 
 
+def _passes(exact: type):
+    """Marks a check that passes every value of type ``exact`` (not of a subclass):
+    ``check_request`` takes such a value without calling it."""
+
+    def mark(check):
+        check.passes = exact
+        return check
+
+    return mark
+
+
+@_passes(str)
 def _check_str(v):
     return None if isinstance(v, str) else "a string"
 
 
+@_passes(bytes)
 def _check_bytes(v):
     return None if isinstance(v, bytes) else "bytes (msgpack bin)"
 
@@ -33,16 +48,17 @@ def _check_str_or_bytes(v):
     return None if isinstance(v, (str, bytes)) else "a string or bytes (msgpack bin)"
 
 
+@_passes(bool)
 def _check_bool(v):
     return None if isinstance(v, bool) else "a boolean"
 
 
 def _check_non_negative(v):
-    return None if _is_int(v) and v >= 0 else "a non-negative integer"
+    return None if (type(v) is int or _is_int(v)) and v >= 0 else "a non-negative integer"
 
 
 def _check_positive(v):
-    return None if _is_int(v) and v >= 1 else "a positive integer"
+    return None if (type(v) is int or _is_int(v)) and v >= 1 else "a positive integer"
 
 
 def _check_headers(v):
@@ -64,7 +80,7 @@ _body_of = itemgetter("body")
 
 
 def _check_deliveries(v):
-    if type(v) is list and set(map(type, v)) <= _INTS:
+    if type(v) is list and (type(v[0]) is int if len(v) == 1 else set(map(type, v)) <= _INTS):
         return None
     if not isinstance(v, list):
         return "a list of integers"
@@ -227,7 +243,7 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
     MsgType.PRODUCE: (_QUEUE, Field("body", _check_bytes, required=True), Field("headers", _check_headers),
                       *_PUT_OPTIONS, Field("group", _check_str), Field("dedup_id", _check_str_or_bytes)),
     MsgType.PRODUCE_BATCH: (_QUEUE, Field("messages", _check_messages, required=True, normalize=_normalize_messages),
-                            *_PUT_OPTIONS),
+                            *_PUT_OPTIONS, Field("each", _check_bool)),
     MsgType.CONSUME: (
         _QUEUE,
         Field("max", _check_positive, default=1),
@@ -328,19 +344,63 @@ def _type_name(msg_type: int) -> str:
 _NAMES = {t: _type_name(t) for t in REQUEST_FIELDS}  # every request's name, looked up once per request
 
 
+class _Form:
+    """One request type's fields (from REQUEST_FIELDS), laid out for ``check_request``:
+    by name, each field's check, normalizer and the type its check passes outright
+    (``_passes``; None: none), the required names, the defaults."""
+
+    __slots__ = ("by_name", "required", "defaults")
+
+    def __init__(self, fields):
+        self.by_name = {f.name: (f.check, f.normalize, getattr(f.check, "passes", None)) for f in fields}
+        self.required = frozenset(f.name for f in fields if f.required)
+        self.defaults = {f.name: f.default for f in fields if f.default is not None and not f.required}
+
+
+_FORMS = {t: _Form(fields) for t, fields in REQUEST_FIELDS.items()}
+
+
 def validate_request(frame: Frame) -> dict:
     """The request's known fields, checked, with defaults filled in; else BAD_REQUEST."""
+    return check_request(frame.type, frame.msg_id, frame.payload, frame.status)
+
+
+def check_request(msg_type: int, msg_id: int, payload: dict, status: int = 0) -> dict:
+    """``validate_request`` of a frame's parts (the server's per-request call). The fields
+    the payload holds are checked as they come, each by its field's own check; anything
+    unusual (a bad value, a missing field, a bad type or status) goes to the walk of the
+    table in its order (``_walk``), which gives the same verdict and says what is wrong."""
+    form = _FORMS.get(msg_type)
+    if form is not None and not status and type(payload) is dict:
+        out = form.defaults.copy()
+        by_name = form.by_name
+        for name, value in payload.items():
+            field = by_name.get(name)
+            if field is None:
+                continue  # unknown fields are ignored
+            check, normalize, passes = field
+            if type(value) is not passes and check(value) is not None:
+                break
+            out[name] = value if normalize is None else normalize(value)
+        else:
+            if form.required <= out.keys():
+                return out
+    return _walk(msg_type, msg_id, payload, status)
+
+
+def _walk(msg_type, msg_id, payload, status) -> dict:
+    """The reference check: REQUEST_FIELDS walked in order; the first bad field is the
+    one the BAD_REQUEST names."""
 
     def bad(message: str) -> ProtocolError:
-        return _error(message, Status.BAD_REQUEST, frame.msg_id, False, frame.type)
+        return _error(message, Status.BAD_REQUEST, msg_id, False, msg_type)
 
-    fields = REQUEST_FIELDS.get(frame.type)
+    fields = REQUEST_FIELDS.get(msg_type)
     if fields is None:
-        raise bad(f"type 0x{frame.type:02X} is {'a reply' if frame.is_reply else 'an unknown request type'}")
-    name = _NAMES[frame.type]
-    if frame.status != Status.OK:
-        raise bad(f"{name}: a request's status must be 0, not {frame.status}")
-    payload = frame.payload
+        raise bad(f"type 0x{msg_type:02X} is {'a reply' if msg_type & REPLY_BIT else 'an unknown request type'}")
+    name = _NAMES[msg_type]
+    if status != Status.OK:
+        raise bad(f"{name}: a request's status must be 0, not {status}")
     out = {}
     for field in fields:
         if field.name not in payload:

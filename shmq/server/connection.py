@@ -19,7 +19,8 @@ import logging
 
 from ..errors import LimitExceeded, ProtocolError, ShmqError, Unauthorized
 from ..logs import peer_text
-from ..protocol import HEADER_SIZE, FrameDecoder, MsgType, Status, encode_error, encode_reply, validate_request
+from ..protocol import HEADER_SIZE, REPLY_BIT, FrameDecoder, MsgType, Status, encode_error, encode_reply
+from ..protocol.requests import check_request
 from ..protocol.status import error_details, reason_of, status_of
 from .handlers import HANDLERS, Later, Wait
 from .leases import Leases
@@ -58,6 +59,9 @@ def _reply_of_later(conn, reply, result):
     return reply(result)
 
 
+_HELLO, _OK = MsgType.HELLO, Status.OK  # read per request: a module name costs less than an enum's attribute
+
+
 class Connection(asyncio.BufferedProtocol):
     """One client connection: its decoder, its deliveries, its group members, its waiting
     requests, its clocks."""
@@ -91,6 +95,9 @@ class Connection(asyncio.BufferedProtocol):
         self.said_slow = False  # "slow_client" logged once (it does not read its replies)
         self.out = None  # while ``process`` runs: the replies to write together (``send``, ``flush``)
         self.out_bytes = 0
+        # each request's hook, chosen once (the server's metrics are set before it accepts): dispatch itself
+        # with metrics off
+        self.handle = server.metrics.timing(self.dispatch)
 
     # ------------------------------------------------------------------ transport events
     def connection_made(self, transport):
@@ -112,7 +119,17 @@ class Connection(asyncio.BufferedProtocol):
         if self.closing:
             return
         try:
-            self.received(self.server.rview[:nbytes])
+            data = self.server.rview[:nbytes]
+            self.decoder.feed(data)
+            bounds = self.bounds
+            ended = bounds.advance(data)
+            if ended and self.reserved:
+                self.server.budget.release(self)  # a reserved read ends where its frame does
+            now = self.server.loop.time()
+            self.clocks.received(now, bounds.got, ended)
+            self.process(now)
+            if not self.closing:
+                self.account()
         except Exception:  # a bug must cost this connection, never the server
             log.exception("%s: internal error; closing", self.peer)
             self.shut()
@@ -164,18 +181,10 @@ class Connection(asyncio.BufferedProtocol):
         limit = SMALL_FRAME_BYTES if self.authed else PRE_AUTH_MAX_FRAME_BYTES + HEADER_SIZE
         return limit - self.decoder.buffered
 
-    def received(self, data):
-        self.decoder.feed(data)
-        ended = self.bounds.advance(data)
-        if ended and self.reserved:
-            self.server.budget.release(self)  # a reserved read ends where its frame does
-        self.clocks.received(self.server.loop.time(), self.bounds.got, ended)
-        self.process()
-        if not self.closing:
-            self.account()
-
     def account(self):
         """Reserve budget for the open frame if it is big, then read on or pause."""
+        if not self.bounds.got and self.reading and not (self.write_paused or self.budget_wait):
+            return  # at a frame boundary with every frame handled (nothing held): reading on, as it is
         need = self.bounds.need
         if (need > SMALL_FRAME_BYTES and not self.reserved and not self.budget_wait
                 and need <= self.decoder.max_frame_bytes + HEADER_SIZE):
@@ -192,34 +201,36 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 self.transport.pause_reading()
 
-    def process(self):
+    def process(self, now=None):
         """Handle the complete frames the decoder holds, while the client reads replies;
-        their replies leave together at the end (or every WRITE_BATCH bytes)."""
-        if self.out is not None:  # within a process already: its flush sends ours too
-            return self._process()
-        self.out = []
+        their replies leave together at the end (or every WRITE_BATCH bytes), or with
+        those of the ``process`` this one runs within. ``now``: the loop's time, if the
+        caller has it."""
+        if now is None:
+            now = self.server.loop.time()
+        outer = self.out is None
+        if outer:
+            self.out = []
+        next_parts, handle, clocks = self.decoder.next_parts, self.handle, self.clocks
         try:
-            self._process()
+            while not self.closing and not self.write_paused:
+                try:
+                    frame = next_parts()
+                except ProtocolError as e:
+                    self.protocol_error(e)
+                    continue
+                if frame is None:
+                    return
+                self.requests += 1
+                clocks.last_active = now  # a handler takes microseconds: the time of the read does
+                handle(frame)
+                # Let go of its payload before the next one is decoded: the allocator reuses
+                # the memory then, instead of faulting in fresh pages for every big batch.
+                frame = None
         finally:
-            self.flush()
-            self.out = None
-
-    def _process(self):
-        decoder, server = self.decoder, self.server
-        while not self.closing and not self.write_paused:
-            try:
-                frame = decoder.next_frame()
-            except ProtocolError as e:
-                self.protocol_error(e)
-                continue
-            if frame is None:
-                return
-            self.requests += 1
-            self.clocks.last_active = server.loop.time()
-            server.metrics.timed(self.dispatch, frame)  # metrics off: just self.dispatch(frame)
-            # Let go of its payload before the next one is decoded: the allocator reuses
-            # the memory then, instead of faulting in fresh pages for every big batch.
-            frame = None
+            if outer:
+                self.flush()
+                self.out = None
 
     def protocol_error(self, e):
         reason = str(e)
@@ -237,32 +248,35 @@ class Connection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------ requests
     def dispatch(self, frame):
-        """A request to its handler; the reply (or error reply) out, or the request in line.
-        Returns the reply's status (None: the request waits), for the metrics."""
-        if not self.authed and frame.type != MsgType.HELLO:  # a reply's type too: it has REPLY_BIT
-            return self.unauthorized(frame.request_type, frame.msg_id, "say HELLO with the token first",
+        """A request (a frame's parts, ``FrameDecoder.next_parts``) to its handler; the reply
+        (or error reply) out, or the request in line. Returns the reply's status (None: the
+        request waits), for the metrics."""
+        msg_type, msg_id, payload, status, _version = frame
+        if not self.authed and msg_type != _HELLO:  # a reply's type too: it has REPLY_BIT
+            return self.unauthorized(msg_type & 0x7F, msg_id, "say HELLO with the token first",
                                      "a request before HELLO")
-        if frame.is_reply:
-            self.send(encode_error(frame.request_type, frame.msg_id, Status.BAD_REQUEST, "clients send requests"))
+        if msg_type & REPLY_BIT:
+            self.send(encode_error(msg_type & 0x7F, msg_id, Status.BAD_REQUEST, "clients send requests"))
             return Status.BAD_REQUEST
         try:
-            fields = validate_request(frame)  # first: it refuses unknown types
-            result = HANDLERS[frame.type](self, fields)
-            if type(result) is Wait:
-                self.wait(frame.type, frame.msg_id, result)
-                return
-            if type(result) is Later:
-                self.later(frame.type, frame.msg_id, result)
-                return
+            fields = check_request(msg_type, msg_id, payload, status)  # first: it refuses unknown types
+            result = HANDLERS[msg_type](self, fields)
+            if type(result) is not dict:
+                if type(result) is Wait:
+                    self.wait(msg_type, msg_id, result)
+                    return
+                if type(result) is Later:
+                    self.later(msg_type, msg_id, result)
+                    return
         except Unauthorized as e:
-            return self.unauthorized(frame.type, frame.msg_id, str(e))
+            return self.unauthorized(msg_type, msg_id, str(e))
         except Exception as e:  # every error becomes an error reply; the server lives on
             if not self.authed:  # a HELLO it cannot read (rule 6)
-                return self.unauthorized(frame.type, frame.msg_id, f"a malformed HELLO: {reason_of(e)}")
-            self.send(error_frame(frame.type, frame.msg_id, e))
+                return self.unauthorized(msg_type, msg_id, f"a malformed HELLO: {reason_of(e)}")
+            self.send(error_frame(msg_type, msg_id, e))
             return status_of(e)
-        self.send(encode_reply(frame.type, frame.msg_id, result))
-        return Status.OK
+        self.send(encode_reply(msg_type, msg_id, result))
+        return _OK
 
     def unauthorized(self, msg_type, msg_id, error, why=None):
         """Before a HELLO with the token, anything but that HELLO: UNAUTHORIZED with

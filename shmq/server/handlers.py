@@ -29,9 +29,10 @@ import msgpack
 from .. import __version__
 from ..engine import maintenance
 from ..engine.rpc import Call
-from ..errors import QueueEmpty, RequestTimeout, StreamNotFound, Unauthorized
+from ..errors import MessageTooLarge, QueueEmpty, QueueFull, RequestTimeout, StreamNotFound, Unauthorized
 from ..protocol import MsgType
 from ..protocol.compression import CODECS
+from ..protocol.status import reason_of, status_of
 from ..protocol.forms import (
     batch_args,
     consume_args,
@@ -82,13 +83,14 @@ class Later:
     reply: Callable
 
 
-def _wait_or_answer(conn, f, line, take, reply, args):
-    """``reply(conn, args, take(args))`` if it got something, else a Wait (with
-    ``wait_ms``, not while stopping), else ``reply(conn, args, NOTHING)``."""
+def _wait_or_answer(conn, f, line_of, handle, take, reply, args):
+    """``reply(conn, args, take(args))`` if it got something, else a Wait in the line
+    ``line_of(handle)`` (with ``wait_ms``, not while stopping), else ``reply(conn, args,
+    NOTHING)``. The line is looked up only for a request that waits."""
     got = take(args)
     if got is None:
         if f["wait_ms"] and not conn.server.stopping:
-            return Wait(line, take, reply, args, f["wait_ms"])
+            return Wait(line_of(handle), take, reply, args, f["wait_ms"])
         got = NOTHING
     return reply(conn, args, got)
 
@@ -109,7 +111,7 @@ def hello(conn, f):
             raise Unauthorized("wrong or missing token")
         conn.authenticated()
     return {"server": "shmq", "version": __version__, "max_frame_bytes": server.max_frame_bytes,
-            "compression": CODECS}
+            "compression": CODECS, "produce_each": True}
 
 
 def ping(conn, f):
@@ -147,18 +149,40 @@ def purge(conn, f):
 
 
 def produce(conn, f):
-    q = conn.server.queue(f["queue"])
-    msg_id = q.put(f["body"], f.get("headers"), timeout=0, **put_args(f))  # put_nowait, with the options
-    conn.server.notify(q.name)
+    server = conn.server
+    q = server.queue(f["queue"])
+    options = put_args(f)  # put_nowait (timeout 0), with the options; a plain put with no keywords to build
+    msg_id = q.put(f["body"], f.get("headers"), 0, **options) if options else q.put(f["body"], f.get("headers"), 0)
+    server.notify(q.name)
     return {"id": msg_id}
 
 
 def produce_batch(conn, f):
     q = conn.server.queue(f["queue"])
     bodies, headers = messages_args(f["messages"])
-    ids = q.put_many(bodies, timeout=0, headers=headers, **put_args(f))
+    options = put_args(f)
+    try:
+        ids = q.put_many(bodies, timeout=0, headers=headers, **options)
+    except (QueueFull, MessageTooLarge):
+        if not f.get("each"):
+            raise
+        return _put_each(conn, q, bodies, headers, options)  # as that many PRODUCEs
     conn.server.notify(q.name)
     return {"ids": ids}
+
+
+def _put_each(conn, q, bodies, headers, options):
+    """PRODUCE_BATCH with ``each``, which ``put_many`` refused whole: each message put or
+    refused on its own (a full queue, a body too large), in order."""
+    ids, refused = [], []
+    for i, body in enumerate(bodies):
+        try:
+            ids.append(q.put(body, None if headers is None else headers[i], timeout=0, **options))
+        except (QueueFull, MessageTooLarge) as e:
+            ids.append(None)
+            refused.append([i, status_of(e), reason_of(e)])
+    conn.server.notify(q.name)
+    return {"ids": ids, "refused": refused}
 
 
 def consume(conn, f):
@@ -168,7 +192,7 @@ def consume(conn, f):
     most, vis, max_bytes = consume_args(f)
     budget = _reply_budget(server, most)  # the reply must fit in a frame
     args = (q, most, vis, budget if max_bytes is None else min(budget, max_bytes), not f.get("auto_ack"))
-    return _wait_or_answer(conn, f, server.waiters_of(q), _get, _leased, args)
+    return _wait_or_answer(conn, f, server.waiters_of, q, _get, _leased, args)
 
 
 def _get(args):
@@ -332,7 +356,7 @@ def _records(conn, s, f, take, *what):
     ``what``: the request's own args (a READ's stream, partition and offset, a POLL's
     member), then the most records, the reply's budget and the most a record may take."""
     args = (*what, f["max"], _reply_budget(conn.server, 0), s.max_message_bytes + RECORD_OVERHEAD)
-    return _wait_or_answer(conn, f, conn.server.streams.line_of(s), take, _records_reply, args)
+    return _wait_or_answer(conn, f, conn.server.streams.line_of, s, take, _records_reply, args)
 
 
 def _read(args):
@@ -499,7 +523,7 @@ def request(conn, f):
         _end_call(conn, call)
         raise
     wait_ms = f.get("timeout_ms", FOREVER_MS)
-    return _wait_or_answer(conn, {"wait_ms": wait_ms}, server.waiters_of(replies), _reply_of, _replied,
+    return _wait_or_answer(conn, {"wait_ms": wait_ms}, server.waiters_of, replies, _reply_of, _replied,
                            (call, replies, wait_ms))
 
 

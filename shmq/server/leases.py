@@ -12,8 +12,7 @@ calls (``map``, ``dict.update``) over its items, not a Python loop per message.
 """
 
 import logging
-import threading
-from itertools import repeat
+from itertools import count, islice, repeat
 from operator import itemgetter
 
 from ..errors import DeliveryExpired, LockTimeout, QueueNotFound, ShmqError, StorageError
@@ -25,17 +24,14 @@ log = logging.getLogger("shmq.server")
 
 _RETRY = (StorageError, LockTimeout)  # the engine changed nothing: the deliveries stay held
 _queue_of, _delivery_of = itemgetter(0), itemgetter(1)
-_tag_lock = threading.Lock()  # servers in threads of one process share the tags
-_next_tag = 1
+# Tags come from one count that servers in threads of one process share without a lock:
+# its next() is one C step under the GIL, so each number goes to one taker only.
+_tags = count(1)
 
 
-def new_tags(n: int) -> range:
-    """``n`` new tags of this process, in one block."""
-    global _next_tag
-    with _tag_lock:
-        first = _next_tag
-        _next_tag = first + n
-    return range(first, first + n)
+def new_tags(n: int) -> list:
+    """``n`` new tags of this process."""
+    return list(islice(_tags, n))
 
 
 class Held:
@@ -52,7 +48,7 @@ class Held:
 
     def hold(self, thing) -> int:
         """A new tag for ``thing``, held from now."""
-        (tag,) = new_tags(1)
+        tag = next(_tags)
         self.held[tag] = thing
         return tag
 
@@ -70,6 +66,10 @@ class Leases(Held):
     def lease(self, q, ds, sub=None) -> list:
         """The wire form of deliveries ``q`` just leased; they are held from now (for the
         subscription ``sub``, if they are pushed)."""
+        if len(ds) == 1 and sub is None:  # one delivery (a CONSUME of one): no batch to build
+            tag = next(_tags)
+            self.held[tag] = (q, ds[0])
+            return [delivery_fields(ds[0], tag)]
         tags = new_tags(len(ds))
         self.held.update(zip(tags, zip(repeat(q), ds)))
         if sub is not None:
@@ -87,6 +87,10 @@ class Leases(Held):
         """The deliveries named by ``tags`` (all held, all of ``q``; each once), still
         held; else DeliveryExpired naming the unknown ones (and touching none)."""
         held = self.held
+        if len(tags) == 1:  # one tag (an ACK of one delivery): no batch to build
+            pair = held.get(tags[0])
+            if pair is not None and pair[0] is q:
+                return [pair[1]]
         try:
             pairs = list(map(held.__getitem__, dict.fromkeys(tags)))  # a tag named twice counts once
         except KeyError:

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..protocol import HEADER_SIZE
+from ..protocol.frames import unpack_length
 
 __all__ = ["Limits", "Boundaries", "Budget", "Clocks", "SMALL_FRAME_BYTES", "PRE_AUTH_MAX_FRAME_BYTES"]
 
@@ -69,10 +70,17 @@ class Boundaries:
         """Account for received ``data``; returns how many frames it completed."""
         ended = 0
         i, n = 0, len(data)
+        if not self.got:  # at a frame's start, as reads of whole frames always are
+            while n - i >= HEADER_SIZE:
+                end = i + HEADER_SIZE + unpack_length(data, i)[0]
+                if end > n:
+                    break
+                ended += 1
+                i = end
         while i < n:
             if not self.need:
                 if not self.got and n - i >= HEADER_SIZE:  # a whole header in this chunk
-                    self.need = HEADER_SIZE + int.from_bytes(data[i + 4 : i + 8], "big")
+                    self.need = HEADER_SIZE + unpack_length(data, i)[0]
                 else:
                     take = min(HEADER_SIZE - self.got, n - i)
                     self.head += data[i : i + take]
@@ -80,7 +88,7 @@ class Boundaries:
                     i += take
                     if self.got < HEADER_SIZE:
                         break
-                    self.need = HEADER_SIZE + int.from_bytes(self.head[4:8], "big")
+                    self.need = HEADER_SIZE + unpack_length(self.head)[0]
                     self.head.clear()
             take = min(self.need - self.got, n - i)
             self.got += take

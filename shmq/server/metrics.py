@@ -9,9 +9,10 @@ server adds what only it knows: its requests, counted by the loop in plain dicts
 lock on the request path; the scrape thread copies them, each copy one step under the
 GIL) and its open connections. ``prometheus_client`` writes the exposition format and
 serves it (``start_http_server``: a daemon thread, so the asyncio loop never serves a
-scrape). With metrics off the server holds ``NO_METRICS``, whose hook only dispatches.
+scrape). With metrics off the server holds ``NO_METRICS``, whose hook is the dispatch itself.
 """
 
+import functools
 import logging
 import threading
 from bisect import bisect_left
@@ -76,13 +77,13 @@ def parse_address(value: str) -> tuple[str, int]:
 
 
 class NoMetrics:
-    """Metrics off: the request hook only dispatches."""
+    """Metrics off: a connection's request hook is its dispatch itself, no call between."""
 
     __slots__ = ()
 
     @staticmethod
-    def timed(dispatch, frame):
-        return dispatch(frame)
+    def timing(dispatch):
+        return dispatch
 
     def watch(self, server):
         pass
@@ -108,13 +109,17 @@ class Metrics:
         self._httpd = None
         self._thread = None
 
+    def timing(self, dispatch):
+        """A connection's request hook: its ``dispatch``, counted and timed (``timed``)."""
+        return functools.partial(self.timed, dispatch)
+
     def timed(self, dispatch, frame):
         """``dispatch(frame)`` (it returns the status it answered with, None while the
         request waits), counted and timed under the request's type."""
         t0 = perf_counter()
         status = dispatch(frame)
         seconds = perf_counter() - t0
-        t = frame.type
+        t = frame[0]  # its type (frame: FrameDecoder.next_parts)
         h = self.latency.get(t)
         if h is None:
             h = self.latency[t] = [0] * len(_LE) + [0.0]
