@@ -233,12 +233,8 @@ class Broker:
                 q = self.queue(name, serializer=serializer)
                 have = q.settings()
                 lanes_held = asked.get("lanes", have["lanes"])
-                differ = _differences(asked, have, lambda k, v: _queue_as_held(k, v, lanes_held))
-                if differ:
-                    q.close()
-                    raise QueueExists(f"queue {name!r} exists in namespace {self.namespace!r} with other "
-                                      f"settings: {differ}")
-                return q
+                return self._as_asked(q, "queue", asked, have, lambda k, v: _queue_as_held(k, v, lanes_held),
+                                      QueueExists)
             if dead_letter_queue is not None and reg.find(dead_letter_queue)[1] != LIVE:
                 raise QueueNotFound(f"dead-letter queue {dead_letter_queue!r} does not exist: create it first")
             index = reg.claim(name, CREATING)
@@ -358,6 +354,15 @@ class Broker:
                 q.close()
 
     # ---------------------------------------------------------------- streams
+    def _as_asked(self, h, kind, asked, have, as_held, error):
+        """``h``, the existing queue or stream, if it has the settings ``asked`` (``have``
+        are its own); else it is closed and ``error`` names each that differs."""
+        differ = _differences(asked, have, as_held)
+        if differ:
+            h.close()
+            raise error(f"{kind} {h.name!r} exists in namespace {self.namespace!r} with other settings: {differ}")
+        return h
+
     def stream(self, name: str) -> Stream:
         """Attach to an existing stream; raises StreamNotFound."""
         return Stream(self.namespace, check_queue_name(name))
@@ -414,12 +419,8 @@ class Broker:
                 s = self.stream(name)
                 have = {k: getattr(s, k) for k in _STREAM_DEFAULTS}
                 bytes_held = L.align(asked["max_bytes"]) if "max_bytes" in asked else have["max_bytes"]
-                differ = _differences(asked, have, lambda k, v: _stream_as_held(k, v, bytes_held))
-                if differ:
-                    s.close()
-                    raise StreamExists(f"stream {name!r} exists in namespace {self.namespace!r} with other "
-                                       f"settings: {differ}")
-                return s
+                return self._as_asked(s, "stream", asked, have, lambda k, v: _stream_as_held(k, v, bytes_held),
+                                      StreamExists)
             index = reg.claim(entry, CREATING)
             self._unlink_stream_files(name)
             try:
