@@ -150,14 +150,16 @@ class ClientCore:
         called (a transport's linger), or once the batch is full: b"" until then. Only
         to a server that says it takes ``each`` (``greeted``)."""
         if msg_type == MsgType.PRODUCE and self.gathers and "group" not in payload and "dedup_id" not in payload:
-            return self._gather(payload)
+            options = {k: v for k, v in payload.items() if k != "queue" and k not in _MESSAGE_KEYS}
+            return self.gather(payload["queue"], {k: payload[k] for k in _MESSAGE_KEYS if k in payload}, options)
         msg_id, data = self.send(msg_type, payload, check=False)
         self._unwaited[msg_id] = msg_type
         return data
 
-    def _gather(self, payload) -> bytes:
-        queue = payload["queue"]
-        options = {k: v for k, v in payload.items() if k != "queue" and k not in _MESSAGE_KEYS}
+    def gather(self, queue: str, message: dict, options: dict) -> bytes:
+        """``post``'s gathering of a PRODUCE of ``message`` (its body and headers) with
+        ``options`` (none of them ``group`` or ``dedup_id``; ``gathers`` true): the bytes
+        to write now (a batch it closed), or b""."""
         batch = self._batch
         out = b""
         if batch is not None and (batch[0] != queue or batch[1] != options):
@@ -165,7 +167,6 @@ class ClientCore:
             batch = None
         if batch is None:
             batch = self._batch = [queue, options, [], 0]
-        message = {k: payload[k] for k in _MESSAGE_KEYS if k in payload}
         batch[2].append(message)
         batch[3] += len(message["body"]) + 16
         if batch[3] >= BATCH_BYTES or len(batch[2]) >= BATCH_MESSAGES:

@@ -24,6 +24,8 @@ import threading
 import time
 
 from ..errors import BrokerUnavailable
+from ..protocol import MsgType
+from ..protocol.forms import message_fields
 from . import forks
 from .connection import PENDING_BYTES
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, parse_url
@@ -35,6 +37,7 @@ __all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteSubscription"
            "parse_url"]
 
 _READ_BYTES = 65536
+_NO_OPTIONS = {}  # a plain put's options (never changed)
 LINGER_S = 0.001  # the longest a request sent without waiting stays unwritten
 
 
@@ -115,6 +118,17 @@ class RemoteQueue(_Handle, QueueCalls):
 
     def __repr__(self):
         return f"<shmq.RemoteQueue {self._broker.url}/{self.name}>"
+
+    def put(self, body, headers=None, timeout=None, *, priority=0, delay=0.0, ttl=None, group=None, dedup_id=None,
+            wait=True):
+        if (wait or self.closed or self.serializer is not None or priority or delay or ttl is not None
+                or group is not None or dedup_id is not None):
+            return QueueCalls.put(self, body, headers, timeout, priority=priority, delay=delay, ttl=ttl, group=group,
+                                  dedup_id=dedup_id, wait=wait)
+        self._broker._posted(self.name, message_fields(body, headers))  # a plain put sent without waiting
+        return None
+
+    put.__doc__ = QueueCalls.put.__doc__
 
     def __reduce__(self):
         return (self._reattach, (self._broker.url, self._broker.token, self.name, self.serializer))
@@ -419,6 +433,25 @@ class RemoteBroker(BrokerCalls):
         self._wait(link, lambda: core.done(msg_id), limit, msg_type)
         with link.cond:
             return core.result(msg_id, msg_type)
+
+    def _posted(self, queue, message) -> None:
+        """A plain ``put(wait=False)`` of ``message`` (its wire form) to ``queue``, gathered
+        by the core. What ``_drive`` does first (the replies come meanwhile read, a lost
+        connection made again) only when the core wrote something, so a run of them costs
+        no system call each."""
+        link = self._link
+        core = link.core
+        if core.failed or link.sock is None or not core.gathers:
+            return self._drive(_one(Post(MsgType.PRODUCE, {"queue": queue, **message})))
+        with link.cond:
+            data = core.gather(queue, message, _NO_OPTIONS)
+        if data:
+            self._read_idle(link)  # (the replies to what was written before must not fill the buffers)
+        with link.writing:
+            full = link.hold(data)
+        if full:
+            self._write(link, b"")
+        return None
 
     def post(self, msg_type, payload=None, blocking=True) -> None:
         """Send one request without waiting for its reply (``ClientCore.post``)."""
