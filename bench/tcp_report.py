@@ -26,8 +26,8 @@ LATENCIES = (("p50_us", "p50"), ("p99_us", "p99"), ("p999_us", "p99.9"))
 RATE = "msgs/s"
 # what each system calls, per case (the cases' command-line names, plan.TCP_CASES)
 CALLS = {
-    MINE: {"pingpong": "put; get + ack on the other side (blocking client)", "put": "put",
-           "msg": "put / get + d.ack()", "batch": "put_many(64) / get_many(64) + ack_many",
+    MINE: {"pingpong": "put; get + ack(wait=False) on the other side (blocking client)", "put": "put",
+           "msg": "put / get + d.ack(wait=False)", "batch": "put_many(64) / get_many(64) + ack_many(wait=False)",
            "pipe": "put(wait=False) per message, flush() at the end"},
     PEER: {"pingpong": "LPUSH; BRPOP on the other side (redis-py)", "put": "LPUSH",
            "msg": "LPUSH / BRPOP (nothing to ack)", "batch": "LPUSH of 64 values / BLMPOP COUNT 64",
