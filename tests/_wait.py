@@ -1,10 +1,11 @@
 """What many tests need: waiting on a real condition with a bound, and draining a queue."""
 
+import threading
 import time
 
 import shmq
 
-__all__ = ["wait_for", "drain"]
+__all__ = ["wait_for", "drain", "in_thread"]
 
 
 def wait_for(cond, timeout=10.0, what="the condition"):
@@ -29,3 +30,19 @@ def drain(q):
             return out
         out += [d.body for d in ds]
         q.ack_many(ds)
+
+
+def in_thread(call):
+    """Start ``call()`` in a thread; returns (the thread, a dict that gets "got": its
+    result, or "error": what it raised)."""
+    out = {}
+
+    def run():
+        try:
+            out["got"] = call()
+        except BaseException as e:  # noqa: BLE001 - the test looks at what it was
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out

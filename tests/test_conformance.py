@@ -6,7 +6,7 @@ import time
 import pytest
 
 import shmq
-from tests._wait import wait_for
+from tests._wait import in_thread, wait_for
 
 
 def test_put_get_ack_round_trip(any_broker):
@@ -399,22 +399,11 @@ def test_a_get_waiting_for_a_message_that_is_dead_lettered_meanwhile_times_out_c
     (max_deliveries); the get goes on waiting (QueueEmpty at its timeout, never ValueError),
     and every waiter it counted is uncounted. (Since issue 27 the nack dead-letters it: the
     get never sees it.)"""
-    import threading
-
     any_broker.create_queue("dlq")
     q = any_broker.create_queue("q", dead_letter_queue="dlq", max_deliveries=1)
     q.put(b"poison")
     d = q.get_nowait()
-    out = {}
-
-    def waiting_get():
-        try:
-            out["got"] = q.get(timeout=1.5)
-        except BaseException as e:  # noqa: BLE001 - the test looks at what it was
-            out["error"] = e
-
-    t = threading.Thread(target=waiting_get)
-    t.start()
+    t, out = in_thread(lambda: q.get(timeout=1.5))
     if isinstance(any_broker, shmq.Broker):  # locally the sleeper counts itself: nack once it sleeps
         wait_for(lambda: q.stats().consumers_waiting == 1, what="the get to sleep")
     d.nack()

@@ -23,7 +23,7 @@ from ..errors import BrokerUnavailable, ShmqError
 from ..protocol import MsgType
 from ..protocol.forms import from_pairs, max_records_field
 from . import forks
-from .connection import PENDING_BYTES
+from .connection import Outbox
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, driven
 from .options import ConnectOptions
 from .streams import ConsumerCalls, StreamCalls
@@ -154,7 +154,7 @@ class _Link:
     at once: they go with the next request written, or at the loop's next turn, whichever
     comes first (``hold``), so a loop of them costs one write, not one each."""
 
-    __slots__ = ("core", "writer", "reader", "pending", "pushed", "out", "out_bytes", "due")
+    __slots__ = ("core", "writer", "reader", "pending", "pushed", "out", "due")
 
     def __init__(self, core, writer):
         self.core = core
@@ -162,28 +162,19 @@ class _Link:
         self.reader = None
         self.pending = {}
         self.pushed = {}
-        self.out = []  # posted requests' bytes not written yet
-        self.out_bytes = 0
+        self.out = Outbox()  # posted requests' bytes not written yet
         self.due = False  # a ``flush`` is scheduled
 
     def hold(self, data) -> None:
-        if data:
-            if self.out_bytes + len(data) >= PENDING_BYTES:
-                self.write(data)
-                return
-            self.out.append(data)
-            self.out_bytes += len(data)
+        if self.out.hold(data):
+            self.writer.write(self.out.take())
         if not self.due:
             self.due = True
             asyncio.get_running_loop().call_soon(self.flush)
 
     def write(self, data) -> None:
         """Write what is held, then ``data``."""
-        if self.out:
-            self.out.append(data)
-            data = b"".join(self.out)
-            self.out.clear()
-            self.out_bytes = 0
+        data = self.out.take(data)
         if data:
             self.writer.write(data)
 

@@ -18,7 +18,7 @@ from collections import deque
 from ..errors import BrokerUnavailable, OutcomeUnknown, ProtocolError
 from ..protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, Status, encode_request, error_from_reply
 
-__all__ = ["ClientCore", "HELLO_MSG_ID", "MAX_REPLY_BYTES", "PENDING_BYTES"]
+__all__ = ["ClientCore", "Outbox", "HELLO_MSG_ID", "MAX_REPLY_BYTES", "PENDING_BYTES"]
 
 MAX_REPLY_BYTES = 2**31 - 1  # the client trusts its server's reply sizes
 # HELLO's msg id: its header then ends in CR LF, so a peer that reads lines (an HTTP server)
@@ -50,6 +50,37 @@ class _ErrorOf:
         self.status = status if type(status) is int else Status.INTERNAL
         self.payload = payload
         self.msg_id = 0
+
+
+class Outbox:
+    """The bytes of requests sent without waiting that a transport holds for its next
+    write (so an ack and the next get leave in one), up to PENDING_BYTES."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self):
+        self.parts = []
+        self.size = 0
+
+    def __bool__(self):
+        return bool(self.parts)
+
+    def hold(self, data: bytes) -> bool:
+        """Keep ``data``; True once PENDING_BYTES are held: write them now (``take``)."""
+        if data:
+            self.parts.append(data)
+            self.size += len(data)
+        return self.size >= PENDING_BYTES
+
+    def take(self, data: bytes = b"") -> bytes:
+        """What is held, then ``data``, as one bytes to write; nothing is held after."""
+        if not self.parts:
+            return data
+        self.parts.append(data)
+        out = b"".join(self.parts)
+        self.parts.clear()
+        self.size = 0
+        return out
 
 
 # ---------------------------------------------------------------- the connection
@@ -172,6 +203,11 @@ class ClientCore:
         if batch[3] >= BATCH_BYTES or len(batch[2]) >= BATCH_MESSAGES:
             out += self.batched()
         return out
+
+    @property
+    def gathering(self) -> bool:
+        """Whether puts are gathered, not written yet (``batched`` gives their bytes)."""
+        return self._batch is not None
 
     def greeted(self, server_info: dict) -> None:
         """The HELLO reply came: what the server takes."""

@@ -27,7 +27,7 @@ from ..errors import BrokerUnavailable
 from ..protocol import MsgType
 from ..protocol.forms import message_fields
 from . import forks
-from .connection import PENDING_BYTES
+from .connection import Outbox
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, parse_url
 from .options import ConnectOptions
 from .streams import ConsumerCalls, StreamCalls
@@ -176,7 +176,7 @@ class _Link:
     server, one write back), or for ``LINGER_S`` (the ``flusher`` thread), or until
     ``PENDING_BYTES`` of them gathered."""
 
-    __slots__ = ("sock", "core", "writing", "cond", "reading", "readable", "pending", "pending_bytes", "flusher")
+    __slots__ = ("sock", "core", "writing", "cond", "reading", "readable", "pending", "flusher")
 
     def __init__(self, sock, core):
         self.sock = sock  # None: not connected in this process (a child of fork(), ``_forked``)
@@ -187,18 +187,12 @@ class _Link:
         self.readable = select.poll()  # used under ``cond`` only
         if sock is not None:
             self.readable.register(sock, select.POLLIN)
-        self.pending = []  # posted requests' bytes not written yet (under ``writing``)
-        self.pending_bytes = 0
+        self.pending = Outbox()  # posted requests' bytes not written yet (under ``writing``)
         self.flusher = None  # the thread that writes what is pending after LINGER_S (started on need)
 
     def write(self, data) -> None:
         """Write what is pending, then ``data``, in one system call. ``writing`` held."""
-        if self.pending:
-            self.pending.append(data)
-            data = b"".join(self.pending)
-            self.pending.clear()
-            self.pending_bytes = 0
-        self.sock.sendall(data)
+        self.sock.sendall(self.pending.take(data))
 
     def flush(self) -> None:
         """Write the puts the core gathered and what is pending, if any."""
@@ -216,10 +210,7 @@ class _Link:
     def hold(self, data) -> bool:
         """Keep posted ``data`` for the next write; True when enough is pending to write
         now. ``writing`` held."""
-        if data:
-            self.pending.append(data)
-            self.pending_bytes += len(data)
-        if self.pending_bytes >= PENDING_BYTES:
+        if self.pending.hold(data):
             return True
         flusher = self.flusher
         if flusher is None:
@@ -249,11 +240,11 @@ class _Flusher:
                 continue
             self.due.clear()
             time.sleep(LINGER_S)
-            while (link.pending or link.core._batch is not None) and not link.core.failed:
+            while (link.pending or link.core.gathering) and not link.core.failed:
                 link.flush()  # (a post between the look and the flush waits for the next look)
                 time.sleep(LINGER_S)
             self.idle = True
-            if link.pending or link.core._batch is not None:  # posted as it went idle
+            if link.pending or link.core.gathering:  # posted as it went idle
                 self.idle = False
                 self.due.set()
 
@@ -511,7 +502,7 @@ class RemoteBroker(BrokerCalls):
         reads, else wait for the one who does to wake this one. Past ``seconds`` (None:
         never) the connection is dropped (``ClientCore.timed_out``)."""
         core, cond = link.core, link.cond
-        if link.pending or core._batch is not None:  # what it waits for may need them (a subscription's acks)
+        if link.pending or core.gathering:  # what it waits for may need them (a subscription's acks)
             link.flush()
         until = None if seconds is None else time.monotonic() + seconds
         with cond:

@@ -12,7 +12,7 @@ from hypothesis import settings
 import shmq
 from shmq.engine import waits
 from tests import _workers as w
-from tests._wait import wait_for
+from tests._wait import in_thread, wait_for
 from tests.engine.test_model import PurePython, QueueModel
 
 SPAWN = mp.get_context("spawn")
@@ -132,7 +132,7 @@ def test_a_sleeping_get_is_woken_by_a_put_into_any_lane(impl, broker, monkeypatc
     out = []
     t = threading.Thread(target=lambda: out.append(q.get(timeout=50)))
     t.start()
-    from tests._wait import wait_for
+    from tests._wait import in_thread, wait_for
 
     wait_for(lambda: q.stats().consumers_waiting == 1, what="the get to sleep")
     msg_id = producer.put(b"hello")  # ... that one: lane 1
@@ -152,16 +152,7 @@ def test_a_sleeping_get_that_cannot_have_lane_0s_lock_back_leaves_no_sleeper(imp
 
     monkeypatch.setattr(mutex, "LOCK_TIMEOUT_S", 0.3)
     q = broker.create_queue("q", lanes=2)
-    out = {}
-
-    def get():
-        try:
-            out["got"] = q.get(timeout=30)
-        except BaseException as e:  # noqa: BLE001 - the test looks at what it was
-            out["error"] = e
-
-    t = threading.Thread(target=get)
-    t.start()
+    t, out = in_thread(lambda: q.get(timeout=30))
     wait_for(lambda: q.stats().consumers_waiting == 1, what="the get to sleep")
     ready = SPAWN.Event()
     holder = SPAWN.Process(target=w.hold_lock, args=(broker.namespace, "q", ready, False))
@@ -233,7 +224,7 @@ def test_producers_and_consumers_per_lane_deliver_every_message_exactly_once(bro
     for p in producers:
         p.join(120)
         assert p.exitcode == 0
-    from tests._wait import wait_for
+    from tests._wait import in_thread, wait_for
 
     wait_for(lambda: q.stats().acked_total == n * count, timeout=120, what="every message acked")
     done.set()

@@ -11,7 +11,7 @@ import pytest
 import shmq
 from shmq.engine import layout as L
 from shmq.engine import waits
-from tests._wait import drain, wait_for
+from tests._wait import drain, in_thread, wait_for
 
 
 def _words():
@@ -130,20 +130,6 @@ def _full_but_one_record(broker):
     return q, fill
 
 
-def _in_thread(call):
-    out = {}
-
-    def run():
-        try:
-            out["got"] = call()
-        except BaseException as e:  # noqa: BLE001 - the test looks at what it was
-            out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t, out
-
-
 @pytest.mark.parametrize("timeout", [None, 60.0])
 @pytest.mark.parametrize("many", [True, False])
 def test_a_put_woken_for_room_into_a_lock_held_by_another_process_waits_for_it(impl, broker, monkeypatch, many,
@@ -162,7 +148,7 @@ def test_a_put_woken_for_room_into_a_lock_held_by_another_process_waits_for_it(i
         return contended(*args)
 
     with _lock_holder(broker) as (_up, cue, inside, go, holder):
-        t, out = _in_thread(lambda: q.put_many(bodies, timeout=timeout) if many
+        t, out = in_thread(lambda: q.put_many(bodies, timeout=timeout) if many
                             else [q.put(bodies[0], timeout=timeout)])
         wait_for(lambda: q.stats().producers_waiting == 1, what="the put to sleep for room")
         monkeypatch.setattr(q, "_lock_contended", lock_contended)  # (from here only the put locks q in this process)
@@ -196,7 +182,7 @@ def test_a_wait_whose_deadline_passes_while_another_process_holds_the_lock_leave
             "get": lambda: q.get(timeout=3.0)}[side]
     counted = "consumers_waiting" if side == "get" else "producers_waiting"
     with _lock_holder(broker) as (_up, cue, inside, go, holder):
-        t, out = _in_thread(call)
+        t, out = in_thread(call)
         wait_for(lambda: getattr(q.stats(), counted) == 1, what="the call to sleep")
         cue.set()
         assert inside.wait(60), "the holder never took the lock"
