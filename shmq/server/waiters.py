@@ -97,15 +97,12 @@ class Line:
 
     def _serve_scheduled(self):
         self.scheduled = False
-        self.look()
+        self.serve()
 
     def rang(self):
         """The doorbell rang: data may have come from outside this loop."""
         if self.live:
-            self.look()
-
-    def look(self):
-        self.serve()
+            self.serve()
 
     def _arm(self):
         """The doorbell waits from now on (if it is not already); what came between the
