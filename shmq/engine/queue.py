@@ -158,10 +158,21 @@ class Queue(Producing, Consuming, Settling):
         self._segp = self._lockp.value - L.MUTEX_OFF  # the mapping's address, for the C hot paths
         base = segment_name(self.namespace, "q", lane_name(self.name, lane))
         try:
-            self._ne = open_semaphore(base + ".ne")
-            self._nf = open_semaphore(base + ".nf")
-        except posix_ipc.ExistentialError:
+            ne = open_semaphore(base + ".ne")
+            try:
+                nf = open_semaphore(base + ".nf")
+            except BaseException:
+                ne.close()
+                raise
+        except posix_ipc.ExistentialError:  # deleted as it was attached: let go of what it took
+            self._lockp = None
+            self.wal.close()
+            self._mq.release()
+            self._ring.release()
+            self._seg.close()
+            self._seg = None
             raise QueueNotFound(f"queue {self.name!r} in namespace {self.namespace!r} was deleted") from None
+        self._ne, self._nf = ne, nf
 
     _levels = property(lambda self: self._opts[0])  # priority levels
     _aging_ns = property(lambda self: self._opts[1])  # priority aging (0: strict)

@@ -633,3 +633,28 @@ def test_a_delivery_named_twice_in_a_batch_is_settled_once(broker):
     with pytest.raises(shmq.DeliveryExpired, match="is no longer leased"):
         q.nack_many([e, e])
     assert q.stats().ready == 1 and q.stats().in_flight == 0
+
+
+@pytest.mark.parametrize("gone", [".ne", ".nf"])
+def test_an_attach_that_finds_a_semaphore_gone_says_deleted_and_leaves_nothing_open(broker, monkeypatch, gone):
+    """A queue deleted while another process attaches (its semaphores unlinked after its
+    segment was opened): QueueNotFound, and nothing half-open that fails as it is collected."""
+    import gc
+    import sys
+
+    import posix_ipc
+
+    from shmq.engine.segment import segment_name
+
+    broker.create_queue("q")
+    name = segment_name(broker.namespace, "q", "q") + gone
+    posix_ipc.unlink_semaphore(name)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    try:
+        with pytest.raises(shmq.QueueNotFound, match="was deleted"):
+            broker.queue("q")
+        gc.collect()
+    finally:
+        posix_ipc.Semaphore(name, posix_ipc.O_CREAT, mode=0o600)  # for the fixture's delete
+    assert unraisable == []
