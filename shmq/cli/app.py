@@ -166,13 +166,15 @@ def _echo_names(names, as_json, none=None):
             click.echo(f"shmq: {none}", err=True)
 
 
-def _print_table(header, rows, left=1):
-    """Aligned columns: the first ``left`` ones to the left, the others (numbers) to the right."""
+def _print_table(header, rows, left=1, right=None):
+    """Aligned columns: the first ``left`` ones to the left, the others (numbers) to the right;
+    or the columns numbered in ``right`` to the right, the others to the left."""
     table = [header] + [tuple(_cell(v) for v in row) for row in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    right = set(range(left, len(header))) if right is None else set(right)
     for row in table:
-        click.echo("  ".join(cell.ljust(w) if i < left else cell.rjust(w)
-                             for i, (cell, w) in enumerate(zip(row, widths))))
+        click.echo("  ".join(cell.rjust(w) if i in right else cell.ljust(w)
+                             for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
 
 
 def _cell(value):
