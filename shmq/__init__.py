@@ -30,6 +30,7 @@ from .errors import (
     QueueNotFound,
     RequestTimeout,
     SerializationError,
+    SettingsMismatch,
     ShmqError,
     StorageError,
     StreamExists,
@@ -37,8 +38,10 @@ from .errors import (
     Unauthorized,
 )
 from .engine.delivery import Message
+from .engine.keepalive import Keepalive
 from .engine.queue import Delivery, Queue, QueueStats
 from .engine.stream import Consumer, Record, RecordMetadata, Stream
+from .engine.multiconsumer import MultiConsumer, TopicPartition
 from .producer import Producer
 
 __version__ = "0.1.0"
@@ -49,12 +52,14 @@ __all__ = [
     "Broker",
     "Queue",
     "Delivery",
+    "Keepalive",
     "Message",
     "QueueStats",
     "ShmqError",
     "NamespaceNotFound",
     "QueueNotFound",
     "QueueExists",
+    "SettingsMismatch",
     "QueueFull",
     "QueueEmpty",
     "MessageTooLarge",
@@ -79,6 +84,8 @@ __all__ = [
     "Record",
     "RecordMetadata",
     "Consumer",
+    "MultiConsumer",
+    "TopicPartition",
     "Producer",
     "__version__",
 ]

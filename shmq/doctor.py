@@ -250,7 +250,7 @@ def _examine(namespace, entries, now, remove=False) -> dict:
 def _broker_summary(info):
     if info is None:
         return None
-    return {k: info.get(k) for k in ("pid", "alive", "host", "port", "data_dir")}
+    return {k: info.get(k) for k in ("pid", "alive", "host", "port", "kafka_host", "kafka_port", "data_dir")}
 
 
 def _unlink(entry) -> bool:

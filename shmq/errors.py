@@ -12,6 +12,7 @@ __all__ = [
     "NamespaceNotFound",
     "QueueNotFound",
     "QueueExists",
+    "SettingsMismatch",
     "QueueFull",
     "QueueEmpty",
     "MessageTooLarge",
@@ -53,6 +54,13 @@ class QueueExists(ShmqError):
     """``create_queue`` found the name taken: attach with ``queue()`` or pass ``exist_ok=True``.
     With ``exist_ok``: the queue there has other settings than those asked (the message
     names each, with both values): use it as it is, or delete it and create it again."""
+
+
+class SettingsMismatch(QueueExists):
+    """``declare_queue`` / ``update_queue`` asked to change a setting that a live queue
+    cannot change (its size, priorities, lanes, durability: the message names each, with
+    both values): keep the queue's value, or delete the queue and create it again. Over
+    TCP it travels as QueueExists' status, and the clients raise this class again."""
 
 
 class QueueFull(ShmqError, _stdlib_queue.Full):

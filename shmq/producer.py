@@ -4,7 +4,7 @@ thread appends the records in batches.
 Strategy: the producer knows only the public stream API (``append_many``, ``name``,
 ``partitions``, ``max_bytes``), so it works the same over a local ``Stream`` and a
 remote one. ``send`` files a record into the open batch of its *route*: the
-``partition`` it names, or None, where ``append_many`` routes by key (CRC-32) and sends
+``partition`` it names, or None, where ``append_many`` routes by key (Kafka's murmur2) and sends
 key-less records to one partition per call. One sender thread takes closed batches in
 the order they were closed and appends them one at a time; a route has one open batch
 at a time, so a key (always on one route) reaches the stream in send order, across

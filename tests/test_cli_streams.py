@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import zlib
 
 import click
 import pytest
@@ -18,6 +17,7 @@ from click.testing import CliRunner
 import shmq
 from shmq.cli import app as cli_app, streams as cli_streams
 from shmq.client.remote import RemoteBroker
+from shmq.engine.partitioner import partition_of
 from tests.test_cli import shmq_cli
 from tests.test_server_tcp import ServerProcess
 
@@ -68,7 +68,7 @@ def test_append_then_read_by_offset(target, broker):
     m = re.fullmatch(r"appended 3 record\(s\) to events: partition ([01]) offsets 0\.\.2\n", out)
     assert m, out
     lines_p = int(m.group(1))
-    kp = zlib.crc32(b"user-1") % 2
+    kp = partition_of(b"user-1", 2)
     got = json.loads(ok("stream", "append", "events", "-k", "user-1", "-m", "x", "-m", "y", "--header", "h=v",
                         "--json", *target))
     first = 3 if kp == lines_p else 0

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import zlib
 
 import msgpack
 import pytest
@@ -14,6 +13,7 @@ import pytest
 import shmq
 from shmq.client.remote import RemoteBroker
 from shmq.engine.partition import record_size
+from shmq.engine.partitioner import partition_of
 from shmq.producer import Producer
 
 SLOW = 60_000  # a linger (ms) no test waits for: only size or flush sends those batches
@@ -100,7 +100,7 @@ def test_futures_resolve_with_where_each_record_went(broker):
         pinned = p.send(bytearray(b"pinned"), partition=2)
     for (value, key, headers), f in zip(sent, futures):
         meta = f.result(0)
-        assert meta.partition == zlib.crc32(key) % 3
+        assert meta.partition == partition_of(key, 3)
         (r,) = s.read(meta.partition, meta.offset, max_records=1)
         assert (r.value, r.key, r.headers, r.timestamp) == (value, key, headers, meta.timestamp)
     meta = pinned.result(0)
@@ -254,7 +254,7 @@ def test_the_producer_works_on_both_transports(any_broker):
     metas = [f.result(0) for f in futures]
     for k in range(3):
         mine = [m for i, m in enumerate(metas) if i % 3 == k]
-        assert {m.partition for m in mine} == {zlib.crc32(b"k%d" % k) % 2}
+        assert {m.partition for m in mine} == {partition_of(b"k%d" % k, 2)}
         assert [m.offset for m in mine] == sorted(m.offset for m in mine)
     assert sum(s.offsets(p)[1] for p in range(2)) == 300
     s.close()

@@ -11,13 +11,13 @@ import socket
 import struct
 import threading
 import time
-import zlib
 
 import pytest
 
 import shmq
 import shmq.client
 from shmq.client import aio
+from shmq.engine.partitioner import partition_of
 from shmq.protocol import compression
 from tests.conftest import ThreadedServer
 from tests.test_server_limits import TOKEN, Server
@@ -90,7 +90,7 @@ def test_keys_choose_a_stable_partition_and_offsets_are_dense(any_broker):
     metas = [s.append(b"v%d" % i, key=b"user-%d" % (i % 3), headers={"i": i, "raw": b"\x00"}) for i in range(30)]
     for k in range(3):
         key = b"user-%d" % k
-        assert {m.partition for i, m in enumerate(metas) if i % 3 == k} == {zlib.crc32(key) % 4}
+        assert {m.partition for i, m in enumerate(metas) if i % 3 == k} == {partition_of(key, 4)}
     for p in range(4):
         offs = [m.offset for m in metas if m.partition == p]
         assert offs == list(range(len(offs))) and s.offsets(p) == (0, len(offs))
@@ -311,7 +311,7 @@ def test_a_producer_batches_over_either_transport(any_broker):
         metas = [f.result(10) for f in futures]
     for k in range(2):
         mine = [(m.partition, m.offset) for i, m in enumerate(metas) if i % 2 == k]
-        assert {p for p, _ in mine} == {zlib.crc32(b"k%d" % k) % 2}
+        assert {p for p, _ in mine} == {partition_of(b"k%d" % k, 2)}
         assert [o for _, o in mine] == sorted(o for _, o in mine)  # a key in send order
     assert sum(s.offsets(p)[1] for p in range(2)) == 50
 
@@ -618,10 +618,12 @@ def test_an_append_that_waits_for_room_never_stalls_the_server(server, broker):
     (shmq.Broker, shmq.client.RemoteBroker, ["create_stream", "stream", "list_streams", "delete_stream"]),
     (shmq.Stream, shmq.client.RemoteStream, ["append", "append_many", "offsets", "read", "consumer", "groups",
                                              "committed", "lag", "reset", "stats", "producer", "close"]),
-    (shmq.Consumer, shmq.client.RemoteConsumer, ["assignment", "position", "poll", "commit", "close"]),
+    (shmq.Consumer, shmq.client.RemoteConsumer, ["assignment", "position", "poll", "commit", "close", "seek", "seek_to_beginning",
+                                         "seek_to_end", "pause", "resume", "paused"]),
     (shmq.Stream, aio.AsyncStream, ["append", "append_many", "offsets", "read", "consumer", "groups", "committed",
                                     "lag", "reset", "stats"]),
-    (shmq.Consumer, aio.AsyncConsumer, ["assignment", "position", "poll", "commit", "close"]),
+    (shmq.Consumer, aio.AsyncConsumer, ["assignment", "position", "poll", "commit", "close", "seek", "seek_to_beginning",
+                                         "seek_to_end", "pause", "resume", "paused"]),
 ], ids=["broker", "stream", "consumer", "async stream", "async consumer"])
 def test_the_remote_classes_take_the_local_arguments(local, remote, names):
     def params(cls, name):

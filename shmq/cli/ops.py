@@ -55,6 +55,16 @@ from .app import Size, _echo_json, _json_option, _namespace_option, _on_command_
 @click.option("--metrics", "metrics", default=None, metavar="HOST:PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds 127.0.0.1; "
                    "docs/METRICS.md). [default: off]")
+@click.option("--kafka-port", type=click.IntRange(0, 65535), default=None,
+              help="Also serve Kafka clients on this port (0: any free; docs/KAFKA.md). [default: off]")
+@click.option("--kafka-host", default=None, help="Address of the Kafka listener. [default: --host]")
+@click.option("--kafka-advertised-host", default=None, metavar="HOST[:PORT]",
+              help="The address Kafka's Metadata names to clients (a proxy's, a name). [default: the --kafka-host "
+                   "(127.0.0.1 for a wildcard address) and the bound port]")
+@click.option("--kafka-auto-create-partitions", type=click.IntRange(1), default=1, show_default=True,
+              help="Partitions of a topic made because a Kafka client named it.")
+@click.option("--no-kafka-auto-create", is_flag=True, help="Kafka clients name only topics that exist (or create "
+              "them with CreateTopics).")
 @click.option("--loop", "loop", envvar="SHMQ_LOOP", default="auto", show_default=True,
               type=click.Choice(["auto", "asyncio", "uvloop"]),
               help="The event loop: uvloop (faster TCP), asyncio's own, or auto: uvloop if installed. "
@@ -64,7 +74,8 @@ from .app import Size, _echo_json, _json_option, _namespace_option, _on_command_
 @click.option("--log-format", default="text", type=click.Choice(["text", "json"]), show_default=True,
               help="One line per event, with its fields: TIME shmq LEVEL message k=v..., or a JSON object.")
 def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, data_dir, no_persist,
-           snapshot_interval, fsync, log_level, log_format, metrics, loop, **limits):
+           snapshot_interval, fsync, log_level, log_format, metrics, loop, kafka_port, kafka_host,
+           kafka_advertised_host, kafka_auto_create_partitions, no_kafka_auto_create, **limits):
     """Run the broker: serve TCP clients, hold the namespace's registry, do housekeeping.
 
     Clients must present a token, by default one generated at the first start into
@@ -95,13 +106,24 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     limits = Limits(**{k: v for k, v in limits.items() if v is not None})  # the options left out: defaults
+    kafka = None
+    if kafka_port is not None:
+        adv_host, adv_port = kafka_advertised_host, None
+        if adv_host and (adv_host.count(":") == 1 or adv_host.startswith("[")) and ":" in adv_host \
+                and adv_host.rsplit(":", 1)[1].isdigit():  # HOST:PORT or [V6]:PORT
+            adv_host, adv_port = adv_host.rsplit(":", 1)[0].strip("[]"), int(adv_host.rsplit(":", 1)[1])
+        kafka = {"host": kafka_host or host, "port": kafka_port, "advertised_host": adv_host,
+                 "advertised_port": adv_port,
+                 "auto_create": not no_kafka_auto_create, "auto_create_partitions": kafka_auto_create_partitions}
+    elif kafka_host or kafka_advertised_host or no_kafka_auto_create or _on_command_line("kafka_auto_create_partitions"):
+        raise click.UsageError("the --kafka-* options need --kafka-port")
     if token is not None and not _on_command_line("token") and (token_file or no_auth):
         token = None  # --token-file and --no-auth win over $SHMQ_TOKEN
     if token is not None and _on_command_line("token"):
         logging.getLogger("shmq.server").warning(command_line_warning(os.getpid()))
     loops.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
                     snapshot_interval=snapshot_interval, fsync=fsync, token_file=token_file, no_auth=no_auth,
-                    limits=limits, metrics=metrics), loop)
+                    limits=limits, metrics=metrics, kafka=kafka), loop)
 
 
 @main.command()

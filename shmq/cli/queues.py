@@ -1,4 +1,5 @@
-"""The queue commands: list, create, delete, purge, stats, top, produce, consume, peek, redrive."""
+"""The queue commands: list, create, delete, purge, stats, top, produce, consume, peek, redrive; and
+``queue set`` (a live queue's settings)."""
 
 import base64
 import json
@@ -8,7 +9,7 @@ import time
 
 import click
 
-from ..errors import MessageTooLarge, QueueEmpty, ShmqError
+from ..errors import MessageTooLarge, QueueEmpty, QueueNotFound, SettingsMismatch, ShmqError
 from .app import (
     EXIT_EMPTY, Size, _connect, _echo_json, _echo_names, _json_option, _jsonable, _on_command_line, _parse_headers,
     _stop_on_signals, _target_options, main,
@@ -71,6 +72,58 @@ def create(name, namespace, url, token, max_bytes, max_message_bytes, visibility
                             visibility_timeout=visibility_timeout, max_deliveries=max_deliveries,
                             dead_letter_queue=dead_letter_queue, exist_ok=exist_ok, **kwargs).close()
     click.echo(f"created {name}")
+
+
+@main.group("queue")
+def queue_group():
+    """A queue's settings."""
+
+
+_NONE_IF_ZERO = ("max_deliveries", "message_ttl", "retry_delay_max", "priority_aging")  # 0 here: none
+
+
+@queue_group.command("set")
+@click.argument("name")
+@_target_options
+@click.option("--visibility-timeout", type=float, default=None, help="Seconds a delivery stays leased.")
+@click.option("--max-deliveries", type=int, default=None, help="Dead-letter after this many deliveries; 0: never.")
+@click.option("--dead-letter-queue", default=None, help="Queue that receives rejected messages; \"\": none.")
+@click.option("--message-ttl", type=float, default=None, help="Seconds a message may wait to be delivered; 0: for ever.")
+@click.option("--dedup-window", type=float, default=None, help="Seconds a put's --dedup-id is remembered.")
+@click.option("--retry-delay", type=float, default=None, help="Seconds before a nacked message is ready again.")
+@click.option("--retry-backoff", type=float, default=None, help="Factor by which the retry delay grows per attempt.")
+@click.option("--retry-delay-max", type=float, default=None, help="Most seconds of a retry delay; 0: no bound.")
+@click.option("--priority-aging", type=float, default=None,
+              help="Seconds after which a waiting message is served as one level higher; 0: strict priorities.")
+@click.option("--max-bytes", type=Size(min=4096), default=None, help="Cannot change: accepted when it is the queue's.")
+@click.option("--max-message-bytes", type=Size(min=1), default=None,
+              help="Cannot change: accepted when it is the queue's.")
+@click.option("--priorities", type=int, default=None, help="Cannot change: accepted when it is the queue's.")
+@click.option("--lanes", type=int, default=None, help="Cannot change: accepted when it is the queue's.")
+@click.option("--durability", type=click.Choice(["memory", "snapshot", "wal"]), default=None,
+              help="Cannot change: accepted when it is the queue's.")
+@_json_option
+def queue_set(name, namespace, url, token, as_json, **options):
+    """Change settings of a live queue (docs/QUEUES.md, "Changing a live queue"); the others
+    stay as they are. An unknown queue, a setting that cannot change, a bad value: one line,
+    exit 2."""
+    settings = {k: v for k, v in options.items() if v is not None}
+    if not settings:
+        raise click.UsageError("nothing to set: give at least one setting (--visibility-timeout, ...)")
+    for k in _NONE_IF_ZERO:
+        if settings.get(k) == 0:
+            settings[k] = None
+    if settings.get("dead_letter_queue") == "":
+        settings["dead_letter_queue"] = None
+    try:
+        with _connect(namespace, url, token) as broker:
+            after = broker.update_queue(name, **settings)
+    except (QueueNotFound, SettingsMismatch, ValueError, TypeError) as e:
+        raise click.UsageError(str(e).splitlines()[0]) from None
+    if as_json:
+        _echo_json(after)
+    else:
+        click.echo(f"set {name}: " + ", ".join(f"{k} {after[k]!r}" for k in settings))
 
 
 @main.command()

@@ -17,20 +17,19 @@ call there connects anew in the child's own event loop (``_forked``).
 import asyncio
 import functools
 import os
-from collections import deque
 
+from ..engine import keepalive
 from ..errors import BrokerUnavailable, ShmqError
-from ..protocol import MsgType
-from ..protocol.forms import from_pairs, max_records_field
 from . import forks
 from .connection import Outbox
-from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, driven
+from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send
 from .options import ConnectOptions
+from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
 from .subscription import SubscriptionCalls
 
 __all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery", "AsyncSubscription", "AsyncStream",
-           "AsyncConsumer"]
+           "AsyncConsumer", "AsyncMultiConsumer"]
 
 
 async def connect(url: str, token: str | None = None, **options) -> "AsyncBroker":
@@ -46,6 +45,14 @@ class AsyncDelivery(DeliveryCalls):
     """A leased message; ``await d.ack()`` / ``nack()`` / ``reject()`` / ``extend()``."""
 
     __slots__ = ()
+
+    def keepalive(self, every: float | None = None) -> "keepalive.Keepalive":
+        """Renew the lease in the background, by a task on the running loop, every
+        ``every`` seconds (None: a third of the queue's visibility timeout, asked once per
+        queue handle), each time to ``3 * every`` from now, until ``stop()`` or the
+        delivery is settled. ``async with d.keepalive(): ...`` (or ``with``) stops it at
+        the end of the block."""
+        return keepalive.in_task(self, every, self._q._visibility_timeout)
 
 
 class AsyncSubscription(SubscriptionCalls):
@@ -88,6 +95,12 @@ class AsyncQueue(QueueCalls):
     _delivery_class = AsyncDelivery
     _subscription_class = AsyncSubscription
 
+    async def _visibility_timeout(self) -> float:
+        """The queue's visibility timeout, asked once per handle (a keepalive's default)."""
+        if self._lease_s is None:
+            self._lease_s = (await self.settings())["visibility_timeout"]
+        return self._lease_s
+
     def __aiter__(self):
         return self
 
@@ -97,29 +110,9 @@ class AsyncQueue(QueueCalls):
 
 class AsyncConsumer(ConsumerCalls):
     """The Consumer API, awaitable; ``async with`` leaves on exit, ``async for r in c``
-    yields records one by one, for ever. Iteration polls batches of up to 500 and hands
-    them out one at a time: ``poll`` returns what it still holds first, and ``commit()``
-    commits up to the record last handed out, never past one not yet seen."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self._buffer = deque()  # polled by the iteration, not yet handed out
-
-    @driven
-    def poll(self, max_records: int = 500, timeout: float = 1.0):
-        if not self._buffer:
-            return (yield from ConsumerCalls.poll.__wrapped__(self, max_records, timeout))
-        self._fields()  # raises once closed
-        n = max_records_field(max_records)
-        return [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
-
-    @driven
-    def commit(self, offsets: dict | None = None):
-        if offsets is None and self._buffer:
-            offsets = from_pairs((yield Send(MsgType.ASSIGNMENT, self._fields()))["positions"])
-            for r in self._buffer:
-                offsets[r.partition] = min(offsets.get(r.partition, r.offset), r.offset)
-        return (yield from ConsumerCalls.commit.__wrapped__(self, offsets))
+    yields records one by one, for ever (``ConsumerCalls``: ``poll`` returns what the
+    iteration still holds first, ``commit()`` never commits past a record not yet handed
+    out). on_assign / on_revoke are plain functions, called in the poll."""
 
     async def __aenter__(self):
         return self
@@ -131,13 +124,28 @@ class AsyncConsumer(ConsumerCalls):
         return self
 
     async def __anext__(self):
-        while not self._buffer:
-            self._buffer.extend(await self._poll_until_some())
-        return self._buffer.popleft()
+        if self._closed:
+            raise StopAsyncIteration
+        return await self._drive(self._next_record())
 
-    @driven
-    def _poll_until_some(self):
-        return (yield from self._poll({**self._fields(), "max": 500}, None))
+
+class AsyncMultiConsumer(MultiConsumerCalls):
+    """The MultiConsumer API, awaitable; ``async with`` leaves on exit, ``async for r in c``
+    yields records one by one, for ever."""
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._closed:
+            raise StopAsyncIteration
+        return await self._drive(self._next_record())
 
 
 class AsyncStream(StreamCalls):
@@ -206,6 +214,7 @@ class AsyncBroker(BrokerCalls):
 
     _queue_class = AsyncQueue
     _stream_class = AsyncStream
+    _multi_consumer_class = AsyncMultiConsumer
 
     def __init__(self, url, token=None, **options):
         super().__init__(url, token)

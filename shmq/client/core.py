@@ -20,11 +20,13 @@ import time
 from dataclasses import dataclass
 
 from ..auth import client_token, refused
+from ..engine import keepalive
 from ..engine.delivery import Processing, raw_body
 from ..engine.exchange import check_pattern, check_routing_key
 from ..engine.rpc import CORRELATION_ID
 from ..engine.rpc import reply_headers as rpc_reply_headers
-from ..errors import BrokerUnavailable, ProtocolError, QueueEmpty, QueueFull, QueueNotFound, Unauthorized
+from ..errors import BrokerUnavailable, ProtocolError, QueueEmpty, QueueExists, QueueFull, QueueNotFound, Unauthorized
+from ..errors import SettingsMismatch
 from ..errors import DeliveryExpired, SerializationError, ShmqError
 from ..serializers import dump, load
 from ..serializers import resolve as resolve_serializer
@@ -148,14 +150,40 @@ def waiting(msg_type, fields, key, timeout, clock):
     """Send a request that may wait at the server (CONSUME, READ, POLL) with ``wait_ms`` in
     slices of CONSUME_SLICE_MS, so the connection never idles for long, until its reply's
     list ``key`` has items or ``timeout`` ends (None: never); returns that list."""
+    return (yield from waiting_until(msg_type, fields, lambda reply: reply[key], timeout, clock))[key]
+
+
+def waiting_until(msg_type, fields, done, timeout, clock):
+    """``waiting``, until ``done(reply)`` holds or ``timeout`` ends; returns the last reply."""
     until = deadline(timeout, clock)
     while True:
         wait = CONSUME_SLICE_MS
         if until is not None:
             wait = max(0, min(wait, round((until - clock()) * 1000)))
         reply = yield Send(msg_type, {**fields, "wait_ms": wait})
-        if reply[key] or (until is not None and clock() >= until):
-            return reply[key]
+        if done(reply) or (until is not None and clock() >= until):
+            return reply
+
+
+def _changing_settings(request: Send):
+    """Send a CREATE that changes a live queue's settings; its reply's settings. QUEUE_EXISTS
+    can only mean a setting that cannot change: SettingsMismatch (as the local call
+    raises). A reply without settings is a server older than CREATE's ``update`` and
+    ``declare``, which took it for a CREATE with ``exist_ok`` and changed nothing."""
+    try:
+        reply = yield request
+    except SettingsMismatch:
+        raise
+    except QueueExists as e:
+        raise SettingsMismatch(str(e)) from None
+    if "settings" not in reply:
+        raise ShmqError("the server is older than CREATE's update and declare: it changed no setting (upgrade it)")
+    return reply["settings"]
+
+
+_SETTING_KEYS = ("max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue",
+                 "durability", "priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff",
+                 "retry_delay_max", "priority_aging", "lanes")
 
 
 # ---------------------------------------------------------------- the API, once
@@ -223,11 +251,18 @@ class DeliveryCalls:
         if request.msg_type != MsgType.EXTEND:
             self._settled = True
 
-    def process(self, requeue: bool = True) -> Processing:
+    def process(self, requeue: bool = True, renew: bool = False) -> Processing:
         """``with d.process(): ...`` (``async with`` on the asyncio client) acks when the
         block succeeds; when it raises, nacks (``requeue``) or rejects, and the exception
-        goes on."""
-        return Processing(self, requeue)
+        goes on. ``renew``: the lease is renewed while the block runs (``keepalive``)."""
+        return Processing(self, requeue, renew)
+
+    def keepalive(self, every: float | None = None) -> "keepalive.Keepalive":
+        """Renew the lease in the background (EXTEND, from this process's renewer thread;
+        the asyncio client's: a task) every ``every`` seconds (None: a third of the
+        queue's visibility timeout, asked once per queue handle), each time to ``3 *
+        every`` from now, until ``stop()`` or the delivery is settled."""
+        return keepalive.in_thread(self, every, self._q._visibility_timeout)
 
     @driven
     def ack(self, wait: bool = True):
@@ -296,6 +331,14 @@ class QueueCalls:
             call.close()
             raise ShmqError(f"queue handle {self.name!r} is closed")  # the local handle's words
         return self._broker._drive(call)
+
+    _lease_s = None  # the queue's visibility timeout, once a keepalive asked for it
+
+    def _visibility_timeout(self) -> float:
+        """The queue's visibility timeout, asked once per handle (a keepalive's default)."""
+        if self._lease_s is None:
+            self._lease_s = self.settings()["visibility_timeout"]
+        return self._lease_s
 
     def close(self) -> None:
         """Close this handle: its calls raise from now on (the connection is the broker's)."""
@@ -452,6 +495,7 @@ class QueueCalls:
         tags = [self._tag_of(d) for d in deliveries]
         if not tags:
             return 0
+        keepalive.settling(deliveries)
         if not wait:
             yield Post(MsgType.ACK, {"queue": self.name, "deliveries": tags})
             for d in deliveries:
@@ -463,7 +507,9 @@ class QueueCalls:
     def nack_many(self, deliveries, delay: float | None = None):
         """Nack deliveries of this queue on this connection in one request (``nack``'s
         ``delay``); how many were nacked."""
+        deliveries = list(deliveries)
         tags = [self._tag_of(d) for d in deliveries]
+        keepalive.settling(deliveries)
         if tags:
             fields = {} if delay is None else {"delay_ms": ms(delay, "delay")}
             yield Send(MsgType.NACK, {"queue": self.name, "deliveries": tags, "requeue": True, **fields})
@@ -473,7 +519,9 @@ class QueueCalls:
     def reject_many(self, deliveries):
         """Reject deliveries of this queue on this connection in one request: to the
         dead-letter queue, or dropped when there is none."""
+        deliveries = list(deliveries)
         tags = [self._tag_of(d) for d in deliveries]
+        keepalive.settling(deliveries)
         if tags:
             yield Send(MsgType.REJECT, {"queue": self.name, "deliveries": tags})
 
@@ -556,6 +604,36 @@ class BrokerCalls:
         return self._queue_class(self, name, serializer)
 
     @driven
+    def update_queue(self, name: str, **settings):
+        """Change settings of the live queue ``name``, as the local ``update_queue`` does
+        (SettingsMismatch naming one that cannot change); returns the queue's settings."""
+        return (yield from _changing_settings(self._settings_request(name, settings, "update")))
+
+    @driven
+    def declare_queue(self, name: str, serializer=None, **settings):
+        """Create the queue ``name`` as ``settings`` say, or change those of them a live
+        queue can change, as the local ``declare_queue`` does; returns a handle."""
+        resolve_serializer(serializer)
+        yield from _changing_settings(self._settings_request(name, settings, "declare"))
+        return self._queue_class(self, name, serializer)
+
+    def _settings_request(self, name, settings, how) -> Send:
+        """CREATE with ``how`` ("update" or "declare") and only the settings given."""
+        fields, clear = {"queue": name, how: True, "exist_ok": True}, []  # (exist_ok: for a server older than them)
+        for key, value in settings.items():
+            if key not in _SETTING_KEYS:
+                raise TypeError(f"{how}_queue() got an unexpected keyword argument {key!r}")
+            if value is None:
+                clear.append(key)
+            elif key == "visibility_timeout":
+                fields["visibility_timeout_ms"] = ms(value, key)
+            else:
+                fields[key] = value
+        if clear:
+            fields["clear"] = clear
+        return Send(MsgType.CREATE, fields)
+
+    @driven
     def redrive(self, dead_letter_queue: str, to: str | None = None, max_messages: int | None = None):
         """Move messages of ``dead_letter_queue`` back to ``to`` (None: each to the queue
         it was dead-lettered from), up to ``max_messages`` (None: all); returns how many
@@ -608,6 +686,12 @@ class BrokerCalls:
     def delete_stream(self, name: str):
         """Delete the stream ``name``, its records and its groups; StreamNotFound if there is none."""
         yield Send(MsgType.STREAM_DELETE, {"stream": name})
+
+    def consumer(self, group: str, streams=None, pattern=None, auto_offset_reset: str = "earliest", **options):
+        """Join ``group`` on several ``streams``, or on every stream matching ``pattern``,
+        as the local ``Broker.consumer`` (``multiconsumer.MultiConsumerCalls``)."""
+        from .multiconsumer import start  # (it builds on this module)
+        return self._drive(start(self, group, streams, pattern, auto_offset_reset, options))
 
     @driven
     def list_streams(self):

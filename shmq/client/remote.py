@@ -30,11 +30,12 @@ from . import forks
 from .connection import Outbox
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, parse_url
 from .options import ConnectOptions
+from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
 from .subscription import SubscriptionCalls
 
 __all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteSubscription", "RemoteStream", "RemoteConsumer",
-           "parse_url"]
+           "RemoteMultiConsumer", "parse_url"]
 
 _READ_BYTES = 65536
 _NO_OPTIONS = {}  # a plain put's options (never changed)
@@ -147,6 +148,35 @@ class RemoteConsumer(ConsumerCalls):
 
     def __exit__(self, *exc):
         self.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        """The next record, polling (and waiting) as needed; StopIteration once closed."""
+        if self._closed:
+            raise StopIteration
+        return self._drive(self._next_record())
+
+
+class RemoteMultiConsumer(MultiConsumerCalls):
+    """A member of a consumer group on several streams (``broker.consumer``): the methods
+    and errors of the local ``MultiConsumer``; leaves on ``close`` or when the connection ends."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        """The next record, polling (and waiting) as needed; StopIteration once closed."""
+        if self._closed:
+            raise StopIteration
+        return self._drive(self._next_record())
 
 
 class RemoteStream(_Handle, StreamCalls):
@@ -263,6 +293,7 @@ class RemoteBroker(BrokerCalls):
 
     _queue_class = RemoteQueue
     _stream_class = RemoteStream
+    _multi_consumer_class = RemoteMultiConsumer
     _sleep = staticmethod(time.sleep)  # a call's pauses, and a reconnect's
 
     def __init__(self, url: str, token: str | None = None, **options):

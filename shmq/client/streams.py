@@ -12,8 +12,11 @@ so both transports fail alike. A READ
 or POLL that waits at the end waits at the server, in slices (``core.waiting``).
 """
 
-from ..engine.stream import check_txn
-from ..errors import BrokerUnavailable, ShmqError, StreamNotFound
+import logging
+from collections import deque
+
+from ..engine.stream import _check_offset, check_auto_commit, check_callback, check_poll_interval, check_txn
+from ..errors import BrokerUnavailable, CommitFailed, ShmqError, StreamNotFound
 from ..protocol import MsgType
 from ..protocol.forms import (
     STREAM_INFO,
@@ -29,21 +32,39 @@ from ..protocol.forms import (
     record_from_fields,
     stream_stats_from_fields,
 )
-from .core import Send, driven, waiting
+from .core import Send, deadline, driven, waiting, waiting_until
 
 __all__ = ["StreamCalls", "ConsumerCalls"]
+
+log = logging.getLogger("shmq.client")
+CONSUMER_OPTIONS = ("on_assign", "on_revoke", "auto_commit", "auto_commit_interval", "max_poll_interval")
 
 
 class ConsumerCalls:
     """A member of a consumer group, held for this connection by the server: polls the
-    partitions it owns from the group's committed offsets on, commits what it processed."""
+    partitions it owns from the group's committed offsets on, commits what it processed.
+    Positions and paused partitions are the server's (SEEK, PAUSE); on_assign / on_revoke
+    run here, when a POLL reply tells the assignment moved (the server answers such a
+    poll before it reads); auto-commit commits from here; the iteration polls batches of
+    up to 500 and hands them out one at a time (``poll`` returns what it still holds
+    first, and ``commit()`` never commits past a record not yet handed out)."""
 
-    def __init__(self, stream, group: str, auto_offset_reset: str, member: int):
+    def __init__(self, stream, group: str, auto_offset_reset: str, member: int, on_assign=None, on_revoke=None,
+                 auto_commit: bool = False, auto_commit_interval: float = 5.0):
         self.stream = stream
         self.group = group
         self.auto_offset_reset = auto_offset_reset
+        self.on_assign, self.on_revoke = check_callback(on_assign, "on_assign"), check_callback(on_revoke, "on_revoke")
+        self._auto_s = check_auto_commit(auto_commit, auto_commit_interval)
+        self._auto_s = None if self._auto_s is None else self._auto_s / 1e9
         self._member = member
         self._core = stream._broker._core  # the connection the server holds the member for
+        self._clock = stream._broker._clock
+        self._next_auto = None if self._auto_s is None else self._clock() + self._auto_s
+        self._buffer = deque()  # polled by the iteration, not yet handed out
+        self._lost = {}  # in on_revoke: {revoked partition: position}
+        self._revoking = False
+        self._first = None  # the assignment the JOIN reply told, for on_assign at the first poll
         self._closed = False
 
     def __repr__(self):
@@ -64,6 +85,17 @@ class ConsumerCalls:
                                     f"{self._core.endpoint}, which ended: join again (stream.consumer)")
         return {"stream": self.stream.name, "member": self._member}
 
+    def _unhanded(self, positions: dict) -> dict:
+        """``positions`` moved back to the first record the iteration holds, per partition."""
+        for r in self._buffer:
+            positions[r.partition] = min(positions.get(r.partition, r.offset), r.offset)
+        return positions
+
+    def _drop_buffered(self, partitions) -> None:
+        """Forget the records the iteration holds of ``partitions`` (None: all)."""
+        if self._buffer:
+            self._buffer = deque(r for r in self._buffer if partitions is not None and r.partition not in partitions)
+
     @driven
     def assignment(self):
         """The partitions this member owns now."""
@@ -71,49 +103,159 @@ class ConsumerCalls:
 
     @driven
     def position(self, p: int):
-        """The next offset this member reads from partition ``p`` (one it owns; else KeyError)."""
-        return from_pairs((yield Send(MsgType.ASSIGNMENT, self._fields()))["positions"])[p]
+        """The next offset this member reads from partition ``p`` (one it owns, or one
+        being revoked, in on_revoke; else KeyError)."""
+        if self._revoking and p in self._lost:
+            return self._lost[p]
+        positions = self._unhanded(from_pairs((yield Send(MsgType.ASSIGNMENT, self._fields()))["positions"]))
+        if p not in positions:
+            raise KeyError(f"partition {p!r} of stream {self.stream.name!r} is not assigned to this member of group "
+                           f"{self.group!r} (it owns {sorted(positions)})")
+        return positions[p]
+
+    @driven
+    def seek(self, p: int, offset: int):
+        """Read partition ``p`` (owned; else ValueError) from ``offset`` at the next poll."""
+        yield Send(MsgType.SEEK, {**self._fields(), "partitions": [p], "offset": _check_offset(offset)})
+        self._drop_buffered({p})
+
+    @driven
+    def seek_to_beginning(self, *partitions):
+        """Read these partitions (default: all owned) from their earliest retained offset."""
+        yield Send(MsgType.SEEK, {**self._fields(), "partitions": list(partitions), "to": "beginning"})
+        self._drop_buffered(set(partitions) or None)
+
+    @driven
+    def seek_to_end(self, *partitions):
+        """Read these partitions (default: all owned) from their end: only what comes next."""
+        yield Send(MsgType.SEEK, {**self._fields(), "partitions": list(partitions), "to": "end"})
+        self._drop_buffered(set(partitions) or None)
+
+    @driven
+    def pause(self, *partitions):
+        """Stop reading these owned partitions (they stay this member's) until ``resume``."""
+        fields = self._fields()
+        held = {p: o for p, o in self._unhanded({}).items() if p in partitions}
+        yield Send(MsgType.PAUSE, {**fields, "partitions": list(partitions), "paused": True})
+        for p, o in held.items():  # records polled and not handed out are read again after resume
+            yield Send(MsgType.SEEK, {**fields, "partitions": [p], "offset": o})
+        self._drop_buffered(set(held))
+
+    @driven
+    def resume(self, *partitions):
+        """Read these paused partitions again."""
+        yield Send(MsgType.PAUSE, {**self._fields(), "partitions": list(partitions), "paused": False})
+
+    @driven
+    def paused(self):
+        """The owned partitions paused now."""
+        return (yield Send(MsgType.PAUSE, self._fields()))["paused"]
 
     @driven
     def poll(self, max_records: int = 500, timeout: float = 1.0):
-        """Records from the partitions this member owns, from where it is on; waits up to
-        ``timeout`` seconds for some, returns [] if none came."""
+        """Records from the partitions this member owns and has not paused, from where it
+        is on; waits up to ``timeout`` seconds for some, returns [] if none came. Calls
+        on_revoke / on_assign first when the assignment moved, and commits when
+        auto-commit is due."""
         fields = self._fields()
-        fields["max"] = max_records_field(max_records)
+        n = max_records_field(max_records)
         ms(timeout, "timeout")
-        return (yield from self._poll(fields, timeout))
+        if self._buffer:
+            return [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
+        return (yield from self._poll(fields, n, timeout))
 
-    def _poll(self, fields, timeout):
-        records = yield from waiting(MsgType.POLL, fields, "records", timeout, self.stream._broker._clock)
-        return [record_from_fields(self.stream.name, m) for m in records]
+    def _poll(self, fields, n, timeout):
+        until = deadline(timeout, self._clock)
+        if self._next_auto is not None and self._clock() >= self._next_auto:
+            self._next_auto = self._clock() + self._auto_s
+            yield from self._quietly(Send(MsgType.COMMIT, fields))
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield from self._changed({}, first)
+        while True:
+            left = None if until is None else max(0.0, until - self._clock())
+            reply = yield from waiting_until(MsgType.POLL, {**fields, "max": n}, _answered, left, self._clock)
+            if "revoked" in reply or "assigned" in reply:
+                yield from self._changed(from_pairs(reply.get("revoked", [])), reply.get("assigned", []))
+                if not reply["records"]:  # the server answered before it read: read now
+                    continue
+            return [record_from_fields(self.stream.name, m) for m in reply["records"]]
+
+    def _changed(self, revoked: dict, assigned):
+        """The assignment moved (as the local ``Consumer._changed``): auto-commit commits the
+        revoked positions, then on_revoke and on_assign are called."""
+        if revoked:
+            self._drop_buffered(set(revoked))
+        if revoked and self._auto_s is not None:
+            yield from self._quietly(Send(MsgType.COMMIT, {**self._fields(), "offsets": commit_pairs(revoked),
+                                                           "revoked": True}))
+        if revoked and self.on_revoke is not None:
+            self._lost, self._revoking = revoked, True
+            try:
+                self.on_revoke(sorted(revoked))
+            finally:
+                self._lost, self._revoking = {}, False
+        if assigned and self.on_assign is not None:
+            self.on_assign(list(assigned))
+
+    def _quietly(self, request):
+        """An auto-commit: a refusal is logged, as Kafka's auto-commit does."""
+        try:
+            yield request
+        except CommitFailed as e:
+            log.warning("stream %s group %s: auto-commit refused: %s", self.stream.name, self.group, e)
 
     @driven
     def commit(self, offsets: dict | None = None):
         """Commit ``{partition: next offset to read}`` (default: where this member is in
-        every partition it owns), all or nothing; an explicit offset may be below the
-        committed one (the group reads from there again, this member's position stays).
-        CommitFailed, committing nothing, if a partition named went to another member
-        since this member's last poll (also if it came back since); then poll again:
-        partitions it kept go on from its position."""
+        every partition it owns, never past a record the iteration has not handed out),
+        all or nothing; an explicit offset may be below the committed one (the group
+        reads from there again, this member's position stays). CommitFailed, committing
+        nothing, if a partition named went to another member since this member's last
+        poll (also if it came back since); then poll again: partitions it kept go on
+        from its position. In on_revoke it covers the revoked partitions too."""
         fields = self._fields()
+        if offsets is None and self._buffer:
+            offsets = self._unhanded(from_pairs((yield Send(MsgType.ASSIGNMENT, fields))["positions"]))
+            offsets.update((p, o) for p, o in self._lost.items() if self._revoking)
         if offsets is not None:
             fields["offsets"] = commit_pairs(offsets)
+        if self._revoking:
+            fields["revoked"] = True
         yield Send(MsgType.COMMIT, fields)
+
+    def _next_record(self):
+        """The next record for the iteration, polling (and waiting) as needed."""
+        while not self._buffer:
+            self._buffer.extend((yield from self._poll(self._fields(), 500, None)))
+        return self._buffer.popleft()
 
     @driven
     def close(self):
-        """Leave the group: this member's partitions go to the others."""
+        """Leave the group: this member's partitions go to the others. With auto-commit,
+        commits where it is first (and on_revoke is told of the partitions it gives up)."""
         if self._closed:
             return
         if self._core.failed:  # the member left with its connection
             self._closed = True
             return
         fields = self._fields()
-        self._closed = True
         try:
-            yield Send(MsgType.LEAVE, fields)
-        except (StreamNotFound, BrokerUnavailable):
-            pass  # gone with its stream, or with its connection: left already
+            if self._auto_s is not None or self.on_revoke is not None:
+                positions = self._unhanded(from_pairs((yield Send(MsgType.ASSIGNMENT, fields))["positions"]))
+                if positions:
+                    yield from self._changed(positions, [])
+        finally:
+            self._closed = True
+            try:
+                yield Send(MsgType.LEAVE, fields)
+            except (StreamNotFound, BrokerUnavailable):
+                pass  # gone with its stream, or with its connection: left already
+
+
+def _answered(reply) -> bool:
+    """A POLL reply to hand on: records, or the assignment's changes."""
+    return bool(reply["records"]) or "revoked" in reply or "assigned" in reply
 
 
 class StreamCalls:
@@ -193,10 +335,22 @@ class StreamCalls:
         return reply["deleted"]
 
     @driven
-    def consumer(self, group: str, auto_offset_reset: str = "earliest"):
-        """Join ``group`` as a new member (held by the server for this connection)."""
-        reply = yield Send(MsgType.JOIN, {"stream": self.name, "group": group, "auto_offset_reset": auto_offset_reset})
-        return self._consumer_class(self, group, auto_offset_reset, reply["member"])
+    def consumer(self, group: str, auto_offset_reset: str = "earliest", **options):
+        """Join ``group`` as a new member (held by the server for this connection).
+        ``options``: on_assign, on_revoke, auto_commit, auto_commit_interval,
+        max_poll_interval, as the local ``Consumer`` takes them."""
+        unknown = sorted(set(options) - set(CONSUMER_OPTIONS))
+        if unknown:
+            raise TypeError(f"consumer() got unexpected keyword arguments {unknown}")
+        limit = check_poll_interval(options.pop("max_poll_interval", 300.0))
+        check_callback(options.get("on_assign"), "on_assign")
+        check_callback(options.get("on_revoke"), "on_revoke")
+        check_auto_commit(options.get("auto_commit", False), options.get("auto_commit_interval", 5.0))
+        reply = yield Send(MsgType.JOIN, {"stream": self.name, "group": group, "auto_offset_reset": auto_offset_reset,
+                                          "max_poll_interval_ms": 0 if limit is None else max(1, limit // 10**6)})
+        calls = self._consumer_class(self, group, auto_offset_reset, reply["member"], **options)
+        calls._first = reply["partitions"]
+        return calls
 
     @driven
     def groups(self):

@@ -1549,9 +1549,41 @@ static PyObject *fast_write_columns(PyObject *self, PyObject *const *args, Py_ss
     return PyLong_FromUnsignedLongLong(pos);
 }
 
+/* MurmurHash2 as Kafka's Java client has it (Utils.murmur2: seed 0x9747b28c, little-endian
+ * words); partitioner.murmur2_python is the reference, and a test holds the two equal. */
+static uint32_t murmur2_of(const unsigned char *p, size_t n) {
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)n;
+    for (; n >= 4; p += 4, n -= 4) {
+        uint32_t k = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h = h * m ^ k;
+    }
+    switch (n) {
+    case 3: h ^= (uint32_t)p[2] << 16; /* fall through */
+    case 2: h ^= (uint32_t)p[1] << 8;  /* fall through */
+    case 1: h ^= p[0]; h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    return h ^ h >> 15;
+}
+
+/* murmur2(bytes-like) -> int: a key's hash, a signed 32-bit int as Java's (partitioner.murmur2). */
+static PyObject *fast_murmur2(PyObject *self, PyObject *arg) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    uint32_t h = murmur2_of((const unsigned char *)v.buf, (size_t)v.len);
+    PyBuffer_Release(&v);
+    return PyLong_FromLong((long)(int32_t)h);
+}
+
 /* key_partitions(key offsets, keys, key validity or None, n, partitions, own) -> n int32:
- *   each record's partition by its key, CRC-32 of the key's bytes modulo partitions, as
- *   stream.partition_of; own for a record without a key (a sink's routing, in bulk). */
+ *   each record's partition by its key, Kafka's default partitioner (murmur2 & 0x7fffffff,
+ *   modulo partitions) as partitioner.partition_of; own for a record without a key (a sink's
+ *   routing, in bulk). */
 static PyObject *fast_key_partitions(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "key_partitions(key offsets, keys, key validity, n, partitions, own)");
@@ -1584,8 +1616,8 @@ static PyObject *fast_key_partitions(PyObject *self, PyObject *const *args, Py_s
             int32_t p = (int32_t)own;
             if (!valid || (valid[i >> 3] >> (i & 7)) & 1) {
                 int32_t a = off_at(&c.b[CB_KO], i);
-                p = (int32_t)(crc32_of((const unsigned char *)c.b[CB_KD].buf + a,
-                                       (size_t)(off_at(&c.b[CB_KO], i + 1) - a)) % (uint32_t)parts);
+                p = (int32_t)((murmur2_of((const unsigned char *)c.b[CB_KD].buf + a,
+                                          (size_t)(off_at(&c.b[CB_KO], i + 1) - a)) & 0x7fffffffu) % (uint32_t)parts);
             }
             memcpy(o + 4 * i, &p, 4);
         }
@@ -1616,7 +1648,8 @@ static PyMethodDef methods[] = {
     {"write_columns", (PyCFunction)(void (*)(void))fast_write_columns, METH_FASTCALL,
      "chunks of Arrow buffers written into a stream partition's ring (lock held)"},
     {"key_partitions", (PyCFunction)(void (*)(void))fast_key_partitions, METH_FASTCALL,
-     "each record's partition by its key's CRC-32"},
+     "each record's partition by its key, as Kafka's default partitioner"},
+    {"murmur2", (PyCFunction)fast_murmur2, METH_O, "a key's murmur2 hash, as Kafka's Java client's"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -29,7 +29,9 @@ from .segment import (
     unlink_segment,
     unlink_semaphore,
 )
-from ..errors import NamespaceNotFound, QueueExists, QueueNotFound, ShmqError, StreamExists, StreamNotFound
+from ..errors import (
+    NamespaceNotFound, QueueExists, QueueNotFound, SettingsMismatch, ShmqError, StreamExists, StreamNotFound,
+)
 from ..serializers import SerializerSpec
 from ..serializers import resolve as resolve_serializer
 from .partition import partition_segment_name
@@ -38,8 +40,17 @@ from .lanes import MAX_LANES, LanedQueue, attach
 from .queue import Queue
 from .serialized import SerializedQueue
 from .stream import Stream, stream_base
+from .multiconsumer import MultiConsumer
 
-__all__ = ["Broker", "DEFAULT_PROCESS_SLOTS"]
+__all__ = ["Broker", "DEFAULT_PROCESS_SLOTS", "MUTABLE_QUEUE_SETTINGS", "FIXED_QUEUE_SETTINGS"]
+
+# what ``update_queue`` can change on a live queue: each is a word of its header that the
+# operations read as they go; and what it cannot: the ring's size and record bound, the
+# priority levels and the lanes are the layout of its memory, the durability whether a log
+# exists (docs/QUEUES.md, "Changing a live queue")
+MUTABLE_QUEUE_SETTINGS = ("visibility_timeout", "max_deliveries", "dead_letter_queue", "message_ttl", "dedup_window",
+                          "retry_delay", "retry_backoff", "retry_delay_max", "priority_aging")
+FIXED_QUEUE_SETTINGS = ("max_bytes", "max_message_bytes", "durability", "priorities", "lanes")
 
 DEFAULT_PROCESS_SLOTS = 256
 DEFAULT_MAX_MESSAGE_BYTES = 2**20
@@ -207,20 +218,14 @@ class Broker:
                 f"{f' of each of {lanes} lanes' if lanes > 1 else ''} "
                 f"(each record also takes a {L.REC_SIZE}-byte header)"
             )
-        if isinstance(visibility_timeout, bool) or not isinstance(visibility_timeout, (int, float)):
-            raise TypeError("visibility_timeout must be a number of seconds")
-        if not 0 < visibility_timeout < 10**9:
-            raise ValueError(f"visibility_timeout must be > 0 seconds, not {visibility_timeout!r}")
+        _check_visibility(visibility_timeout)
         if max_deliveries is not None:
             max_deliveries = _positive_int(max_deliveries, "max_deliveries")
         if durability not in _DURABILITY_MODES:
             raise ValueError(f"durability must be one of {', '.join(_DURABILITY_MODES)}, not {durability!r}")
         opts = _options(priorities, message_ttl, dedup_window, retry_delay, retry_backoff, retry_delay_max,
                         priority_aging)
-        if dead_letter_queue is not None:
-            check_queue_name(dead_letter_queue)
-            if dead_letter_queue == name:
-                raise ValueError("a queue cannot be its own dead-letter queue")
+        _check_dead_letter_name(name, dead_letter_queue)
         if dead_letter_queue is not None and self._reg() is None:  # (a create that fails makes no namespace)
             raise QueueNotFound(f"dead-letter queue {dead_letter_queue!r} does not exist: create it first")
         reg = self._reg(make=True)
@@ -248,6 +253,63 @@ class Broker:
                 reg.free(index)
                 raise
             reg.set_state(index, LIVE, name)
+        return self.queue(name, serializer=serializer)
+
+    def update_queue(self, name: str, **settings) -> dict:
+        """Change settings of the live queue ``name`` (``create_queue``'s keywords): those of
+        MUTABLE_QUEUE_SETTINGS (``dead_letter_queue=None`` takes the queue's away). Every
+        process attached to it sees them: the takes, nacks, rejects and housekeeping that
+        follow use them (another process's handle looks again at most 0.2 s after its
+        last look whenever it sleeps, nacks, rejects or does housekeeping). A setting of
+        FIXED_QUEUE_SETTINGS given with another value than the queue's raises
+        SettingsMismatch naming each, and nothing changes. Returns the queue's settings.
+        QueueNotFound if there is no such queue (or no such dead-letter queue)."""
+        check_queue_name(name)
+        unknown = sorted(set(settings) - set(_QUEUE_DEFAULTS))
+        if unknown:
+            raise TypeError(f"update_queue() got unexpected keyword arguments: {', '.join(unknown)}")
+        q = self.queue(name)
+        try:
+            have = q.settings()
+            fixed = {k: v for k, v in settings.items() if k in FIXED_QUEUE_SETTINGS}
+            differ = _differences(fixed, have, lambda k, v: _queue_as_held(k, v, have["lanes"]))
+            if differ:
+                raise SettingsMismatch(f"queue {name!r} in namespace {self.namespace!r} cannot change {differ}: "
+                                       "not on a live queue (delete it and create it again)")
+            new = {**have, **{k: v for k, v in settings.items() if k in MUTABLE_QUEUE_SETTINGS}}
+            _check_visibility(new["visibility_timeout"])
+            maxdel = None if new["max_deliveries"] is None else _positive_int(new["max_deliveries"], "max_deliveries")
+            dlq = new["dead_letter_queue"]
+            _check_dead_letter_name(name, dlq)
+            _levels, aging_ms, ttl, window, retry, backoff, retry_max = _options(
+                have["priorities"], new["message_ttl"], new["dedup_window"], new["retry_delay"], new["retry_backoff"],
+                new["retry_delay_max"], new["priority_aging"])
+            reg = self._reg()
+            with reg:
+                if dlq is not None and reg.find(dlq)[1] != LIVE:
+                    raise QueueNotFound(f"dead-letter queue {dlq!r} does not exist: create it first")
+                for lane in getattr(q, "_lanes", (q,)):
+                    lane._write_settings(int(new["visibility_timeout"] * 1e9), maxdel, dlq, aging_ms, ttl, window,
+                                         retry, backoff, retry_max)
+            return q.settings()
+        finally:
+            q.close()
+
+    def declare_queue(self, name: str, serializer: SerializerSpec = None, **settings) -> Queue:
+        """Make the queue ``name`` as ``settings`` say (``create_queue``'s keywords), whether
+        it exists or not: created if it does not; if it does, the settings a live queue can
+        change are changed (``update_queue``), and one that cannot raises SettingsMismatch.
+        What an application runs on every start, so its queues' settings live in its code.
+        Returns a handle (with ``serializer``)."""
+        if "exist_ok" in settings:
+            raise TypeError("declare_queue() takes no exist_ok: it always accepts an existing queue")
+        try:
+            return self.create_queue(name, serializer=serializer, **settings)
+        except SettingsMismatch:
+            raise
+        except QueueExists:
+            pass
+        self.update_queue(name, **settings)
         return self.queue(name, serializer=serializer)
 
     def _build(self, name, capacity, max_message_bytes, visibility_timeout, max_deliveries, dlq, durability, opts,
@@ -498,6 +560,15 @@ class Broker:
             self._unlink_stream_files(name)
             reg.free(index)
 
+    def consumer(self, group: str, streams=None, pattern=None, auto_offset_reset: str = "earliest",
+                 **options) -> MultiConsumer:
+        """Join ``group`` on several ``streams`` (names), or on every stream whose whole name
+        matches ``pattern`` (a regular expression; streams made later are joined at a
+        refresh, deleted ones let go), as Kafka's ``subscribe``. Partitions are then
+        ``TopicPartition(stream, partition)`` pairs. ``options``: ``Stream.consumer``'s,
+        and refresh_interval (seconds between looks at the namespace's streams; 5)."""
+        return MultiConsumer(self, group, streams, pattern, auto_offset_reset, **options)
+
     def list_streams(self) -> list[str]:
         """Names of the namespace's streams, sorted."""
         reg = self._reg()
@@ -639,6 +710,20 @@ def _stream_as_held(key, value, max_bytes):
     if key in ("retention_seconds", "group_idle_timeout"):
         return _held_seconds(value)
     return value
+
+
+def _check_visibility(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("visibility_timeout must be a number of seconds")
+    if not 0 < value < 10**9:
+        raise ValueError(f"visibility_timeout must be > 0 seconds, not {value!r}")
+
+
+def _check_dead_letter_name(name, dlq):
+    if dlq is not None:
+        check_queue_name(dlq)
+        if dlq == name:
+            raise ValueError("a queue cannot be its own dead-letter queue")
 
 
 def _positive_int(value, what):

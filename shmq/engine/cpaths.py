@@ -17,7 +17,7 @@ except ImportError as e:  # pragma: no cover - depends on the build
 
 __all__ = ["FAST", "put", "take", "take_many", "ack", "ack_many", "put_many", "nack_many", "reserve", "publish",
            "Loan", "DeliveryBase", "read_columns", "columns_check", "columns_end", "columns_log",
-           "write_columns", "key_partitions", "OWNERDEAD", "FALLBACK", "BUSY", "EMPTY", "SLEEP", "FULL", "W_REGISTER",
+           "write_columns", "key_partitions", "murmur2", "OWNERDEAD", "FALLBACK", "BUSY", "EMPTY", "SLEEP", "FULL", "W_REGISTER",
            "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled", "enabled"]
 
 FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
@@ -39,6 +39,7 @@ columns_end = _fast.columns_end if FAST else None
 columns_log = _fast.columns_log if FAST else None
 write_columns = _fast.write_columns if FAST else None
 key_partitions = _fast.key_partitions if FAST else None  # each record's partition by its key (the Spark sink)
+murmur2 = _fast.murmur2 if FAST else None  # a key's hash, as Kafka's (partitioner.murmur2)
 OWNERDEAD = _fast.OWNERDEAD if FAST else None  # the lock was taken from a dead holder: repair, then unlock
 FALLBACK = _fast.FALLBACK if FAST else None  # not a plain case: nothing done, take the Python path
 BUSY = _fast.BUSY if FAST else None  # the lock stayed busy past LOCK_WAIT_NS (a stopped holder?): Python waits on

@@ -3,7 +3,7 @@
 import logging
 from dataclasses import dataclass
 
-from . import cpaths, extension
+from . import cpaths, extension, keepalive
 from .headers import decode_headers
 
 __all__ = ["Delivery", "Message", "QueueStats", "Processing", "raw_body"]
@@ -156,10 +156,18 @@ class Delivery(cpaths.DeliveryBase or _Fields):
     def extend(self, seconds: float) -> None:
         self._q._extend(self, seconds)
 
-    def process(self, requeue: bool = True) -> "Processing":
+    def keepalive(self, every: float | None = None) -> "keepalive.Keepalive":
+        """Renew the lease in the background (this process's renewer thread) every
+        ``every`` seconds (None: a third of the queue's visibility timeout), each time to
+        ``3 * every`` from now, until ``stop()`` or the delivery is settled. ``with
+        d.keepalive(): ...`` stops it at the end of the block."""
+        return keepalive.in_thread(self, every, self._q._visibility_now)
+
+    def process(self, requeue: bool = True, renew: bool = False) -> "Processing":
         """``with d.process(): ...`` acks when the block succeeds; when it raises, nacks
-        (``requeue``) or rejects (``requeue=False``), and the exception goes on."""
-        return Processing(self, requeue)
+        (``requeue``) or rejects (``requeue=False``), and the exception goes on.
+        ``renew``: the lease is renewed while the block runs (``keepalive``)."""
+        return Processing(self, requeue, renew)
 
     def reply(self, body: bytes, headers: dict | None = None) -> bool:
         """Answer a request (``Broker.request``) this delivery carries. False when the
@@ -189,13 +197,25 @@ class Processing:
     """``Delivery.process()``: settles the delivery as its block ends (aio-pika's
     ``message.process``). ``with`` for the local and blocking deliveries, ``async with``
     for the asyncio client's. If the settling fails after the block raised (a lost
-    connection), the block's exception goes on and the lease lapses: nothing is lost."""
+    connection), the block's exception goes on and the lease lapses: nothing is lost.
+    With ``renew``, the delivery's ``keepalive()`` runs while the block does."""
 
-    __slots__ = ("_d", "_requeue")
+    __slots__ = ("_d", "_requeue", "_renew", "_kept")
 
-    def __init__(self, d, requeue: bool):
+    def __init__(self, d, requeue: bool, renew: bool = False):
         self._d = d
         self._requeue = requeue
+        self._renew = renew
+        self._kept = None
+
+    def _keep(self):
+        if self._renew:
+            self._kept = self._d.keepalive()
+        return self._d
+
+    def _unkeep(self):
+        if self._kept is not None:
+            self._kept.stop()  # (the settle stopped it already, unless it raised first)
 
     def _settle(self, failed: bool):
         d = self._d
@@ -204,27 +224,33 @@ class Processing:
         return d.nack() if self._requeue else d.reject()
 
     def __enter__(self):
-        return self._d
+        return self._keep()
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self._settle(False)
-            return False
         try:
-            self._settle(True)
-        except Exception as e:  # the block's exception matters more; the lease will lapse
-            _log.warning("could not give back %r after its block raised: %s", self._d, e)
-        return False
+            if exc_type is None:
+                self._settle(False)
+                return False
+            try:
+                self._settle(True)
+            except Exception as e:  # the block's exception matters more; the lease will lapse
+                _log.warning("could not give back %r after its block raised: %s", self._d, e)
+            return False
+        finally:
+            self._unkeep()
 
     async def __aenter__(self):
-        return self._d
+        return self._keep()
 
     async def __aexit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            await self._settle(False)
-            return False
         try:
-            await self._settle(True)
-        except Exception as e:
-            _log.warning("could not give back %r after its block raised: %s", self._d, e)
-        return False
+            if exc_type is None:
+                await self._settle(False)
+                return False
+            try:
+                await self._settle(True)
+            except Exception as e:
+                _log.warning("could not give back %r after its block raised: %s", self._d, e)
+            return False
+        finally:
+            self._unkeep()

@@ -30,9 +30,13 @@ from . import layout as L
 from . import waits
 from .process import current_identity, is_alive
 
-__all__ = ["Groups", "assign", "owner"]
+__all__ = ["Groups", "assign", "owner", "PROXY"]
 
 _NO = L.NO_OFFSET
+# A member id with this bit is a stand-in, not a consumer: a Kafka listener holds one in
+# each stream a Kafka group of the same name reads (``join_proxy``), so native consumers
+# and Kafka consumers never share a group (docs/KAFKA.md, Consumer groups).
+PROXY = 1 << 62
 _mono = time.monotonic_ns
 
 
@@ -85,6 +89,8 @@ class Groups:
         for p in range(L.MAX_PARTITIONS):
             mq[self._committed_w(free, p)] = _NO
             mq[self._since_w(free, p)] = 0
+        for m in range(L.MAX_MEMBERS):
+            mq[self._deadline_w(free, m)] = 0
         return free
 
     def _member_off(self, i, m):
@@ -95,6 +101,9 @@ class Groups:
 
     def _since_w(self, i, p):
         return (self._off(i) + L.GROUP_SINCE_OFF + 8 * p) >> 3
+
+    def _deadline_w(self, i, m):
+        return (self._off(i) + L.GROUP_DEADLINE_OFF + 8 * m) >> 3
 
     def _set_committed(self, i, p, offset):
         self._s._mq[self._committed_w(i, p)] = offset
@@ -134,23 +143,31 @@ class Groups:
         self._rebalance(i, before, [mid for m, _p, _s, mid in members if m not in slots])
         for m in slots:
             L.MEMBER.pack_into(self._s._mm, self._member_off(i, m), 0, 0, 0)
+            self._s._mq[self._deadline_w(i, m)] = 0
 
     def _reap(self, i) -> bool:
-        """Remove members whose process died; True if any was."""
-        dead = [m for m, pid, start, _mid in self._members(i) if not is_alive(pid, start)]
+        """Remove members whose process died, or who did not poll by their deadline
+        (max_poll_interval); True if any was."""
+        mq, now = self._s._mq, _mono()
+        dead = [m for m, pid, start, _mid in self._members(i)
+                if 0 < mq[self._deadline_w(i, m)] < now or not is_alive(pid, start)]
         if dead:
             self._remove(i, dead)
         return bool(dead)
 
     # --------------------------------------------------------------- membership
-    def join(self, name: str) -> tuple[int, int]:
-        """Add this process as a member of group ``name`` (created if new); returns
-        (member id, generation)."""
+    def join(self, name: str, deadline: int = 0) -> tuple[int, int]:
+        """Add this process as a member of group ``name`` (created if new), to be taken for
+        gone unless it polls by ``deadline`` (monotonic ns, moved on by ``polled``; 0:
+        never); returns (member id, generation)."""
         s = self._s
         s._acquire()
         try:
             i = self._find(name, create=True)
             self._reap(i)
+            if any(mid & PROXY for _m, _p, _s, mid in self._members(i)):
+                raise ShmqError(f"group {name!r} of stream {s.name!r} has Kafka members (through shmq server's Kafka "
+                                "listener): a native consumer cannot join it until they leave")
             slots = [m for m in range(L.MAX_MEMBERS)
                      if not L.MEMBER.unpack_from(s._mm, self._member_off(i, m))[2]]
             if not slots:
@@ -161,7 +178,39 @@ class Groups:
             gen = self._rebalance(i, ids, ids + [member_id])
             pid, start = current_identity()
             L.MEMBER.pack_into(s._mm, self._member_off(i, slots[0]), pid, start, member_id)
+            s._mq[self._deadline_w(i, slots[0])] = deadline
             return member_id, gen
+        finally:
+            s._release()
+
+    def join_proxy(self, name: str) -> int:
+        """Add this process (a Kafka listener) as the stand-in of a Kafka group ``name``
+        (created if new), or find the one it has there; returns its member id.
+        ShmqError if the group has native members: the two kinds do not mix."""
+        s = self._s
+        s._acquire()
+        try:
+            i = self._find(name, create=True)
+            self._reap(i)
+            members = self._members(i)
+            pid, start = current_identity()
+            mine = [mid for _m, p, st, mid in members if mid & PROXY and (p, st) == (pid, start)]
+            if mine:
+                return mine[0]
+            native = [mid for _m, _p, _s, mid in members if not mid & PROXY]
+            if native:
+                raise ShmqError(f"group {name!r} of stream {s.name!r} has {len(native)} native shmq member(s): "
+                                "Kafka consumers cannot join it until they close")
+            slots = [m for m in range(L.MAX_MEMBERS)
+                     if not L.MEMBER.unpack_from(s._mm, self._member_off(i, m))[2]]
+            if not slots:
+                raise ShmqError(f"group {name!r} of stream {s.name!r} has {L.MAX_MEMBERS} members already")
+            member_id = (s._mq[L.SI_NEXT_MEMBER] + 1) | PROXY
+            s._mq[L.SI_NEXT_MEMBER] = member_id & ~PROXY
+            ids = [mid for _m, _p, _s, mid in members]
+            self._rebalance(i, ids, ids + [member_id])
+            L.MEMBER.pack_into(s._mm, self._member_off(i, slots[0]), pid, start, member_id)
+            return member_id
         finally:
             s._release()
 
@@ -176,6 +225,21 @@ class Groups:
             mine = [m for m, _pid, _start, mid in self._members(i) if mid == member_id]
             if mine:
                 self._remove(i, mine)
+        finally:
+            s._release()
+
+    def polled(self, name: str, member_id: int, deadline: int) -> bool:
+        """Move a member's poll deadline (monotonic ns) on to ``deadline``; False if it is
+        no longer a member."""
+        s = self._s
+        s._acquire()
+        try:
+            i = self._find(name)
+            for m, _pid, _start, mid in self._members(i) if i is not None else ():
+                if mid == member_id:
+                    s._mq[self._deadline_w(i, m)] = deadline
+                    return True
+            return False
         finally:
             s._release()
 
@@ -214,11 +278,15 @@ class Groups:
                 out[p] = off
         return out
 
-    def commit(self, name: str, member_id: int, generation: int, owned, offsets: dict) -> None:
+    def commit(self, name: str, member_id: int, generation: int, owned, offsets: dict,
+               revoked: dict | None = None) -> None:
         """Store committed offsets (the next offset to read) of a member whose last view
         was ``generation``, in which it owned ``owned``: all or none, forward or back.
         CommitFailed, storing nothing, unless the member owns every partition named and
-        has owned it without a break since ``generation`` (``_refusal``)."""
+        has owned it without a break since ``generation`` (``_refusal``). ``revoked``:
+        {partition it lost: the committed offset it last saw there (None: none)}, the
+        commit of its on_revoke: such a partition is stored only while its committed
+        offset is still that one (its new owner has committed nothing yet)."""
         s = self._s
         s._acquire()
         try:
@@ -226,8 +294,13 @@ class Groups:
             if i is None:
                 raise CommitFailed(f"group {name!r} of stream {s.name!r} no longer exists")
             gen = self._head(i)[2]
+            revoked = {p: _NO if o is None else o for p, o in (revoked or {}).items() if p in offsets}
             refusal = self._refusal(i, f"group {name!r} of stream {s.name!r}", member_id, generation, gen,
-                                    set(owned), set(offsets))
+                                    set(owned), set(offsets) - set(revoked))
+            moved = sorted(p for p, o in revoked.items() if s._mq[self._committed_w(i, p)] != o)
+            if moved and not refusal:
+                refusal = (f"group {name!r} of stream {s.name!r}: partitions {moved} were committed by their new "
+                           "owner since this member let them go: nothing committed")
             if refusal:
                 raise CommitFailed(refusal)
             for p, off in offsets.items():
@@ -292,14 +365,16 @@ class Groups:
         finally:
             s._release()
 
-    def set_offsets(self, name: str, offsets: dict) -> None:
-        """Set committed offsets while the group has no live member (``Stream.reset``)."""
+    def set_offsets(self, name: str, offsets: dict, holder: int = 0) -> None:
+        """Set committed offsets while the group has no live member (``Stream.reset``)
+        other than ``holder`` (a Kafka group's stand-in, ``join_proxy``: its coordinator
+        fences the Kafka members' commits itself)."""
         s = self._s
         s._acquire()
         try:
             i = self._find(name, create=True)
             self._reap(i)
-            if self._members(i):
+            if any(mid != holder for _m, _p, _s, mid in self._members(i)):
                 raise ShmqError(f"group {name!r} of stream {s.name!r} has live members: close them first")
             for p, off in offsets.items():
                 self._set_committed(i, p, off)

@@ -296,7 +296,7 @@ def write_c_header() -> str:
 # position of every INDEX_STRIDE-th offset.
 STREAM_MAGIC = b"SHMS"
 PART_MAGIC = b"SHMP"
-STREAM_VERSION = 4  # 4: the groups' owner-since words
+STREAM_VERSION = 5  # 4: the groups' owner-since words; 5: the members' poll deadlines
 MAX_PARTITIONS = 256
 MAX_GROUPS = 64
 MAX_MEMBERS = 64
@@ -344,13 +344,15 @@ STREAM_FIELDS = ("deleted", "cwait", "cposted", "next_member")
 # a group: used, name, generation, last time a member was seen (monotonic ns), members
 # (pid, start_ms, member id), committed offset per partition, then per partition the
 # generation since which its current owner has owned it (``groups``: who may resume its
-# own position)
+# own position), then per member slot its poll deadline (monotonic ns by which it polls
+# again, else it is taken for gone: max_poll_interval; 0: none)
 GROUP_HEAD = struct.Struct("<QH126sQQ")
 MEMBER = struct.Struct("<QQQ")
 GROUPS_OFF = 256
 GROUP_COMMITTED_OFF = GROUP_HEAD.size + MAX_MEMBERS * MEMBER.size  # from the group's start
 GROUP_SINCE_OFF = GROUP_COMMITTED_OFF + MAX_PARTITIONS * 8
-GROUP_SIZE = align(GROUP_SINCE_OFF + MAX_PARTITIONS * 8, 64)
+GROUP_DEADLINE_OFF = GROUP_SINCE_OFF + MAX_PARTITIONS * 8
+GROUP_SIZE = align(GROUP_DEADLINE_OFF + MAX_MEMBERS * 8, 64)
 STREAM_SIZE = GROUPS_OFF + MAX_GROUPS * GROUP_SIZE
 
 assert PART_STATIC.size <= PART_MUTEX_OFF and PART_CTL_OFF + 8 * len(PART_FIELDS) <= PART_WAL_WORDS_OFF

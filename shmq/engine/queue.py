@@ -24,6 +24,7 @@ and ``settle`` (ack, nack, reject); the plain put, get and ack have twins in C
 
 import ctypes
 import os
+import struct
 import time
 import weakref
 
@@ -63,6 +64,27 @@ _encode_ack_entry = dmsq.encode_ack_entry
 _write_record = ring.write_record
 
 _live_queues = weakref.WeakSet()
+
+# where the changeable settings are in the header (``layout``'s structs): words of ``_mq``, and the
+# dead-letter queue's name (a u16 length, then the bytes)
+_STATIC_AT = L.field_offsets(L.STATIC, ("magic", "version", "flags", "capacity", "max_message_bytes", "visibility_ns",
+                                         "max_deliveries", "slots", "created_ns", "data_offset", "name_len", "name",
+                                         "dlq_len", "dlq"))
+_OPTS_AT = {k: L.OPTS_OFF + v for k, v in L.field_offsets(L.OPTS, L.OPTS_FIELDS).items()}
+_W_VIS, _W_MAXDEL = _STATIC_AT["visibility_ns"] >> 3, _STATIC_AT["max_deliveries"] >> 3
+_DLQ_LEN_OFF, _DLQ_OFF = _STATIC_AT["dlq_len"], _STATIC_AT["dlq"]
+_DLQ_BYTES = L.STATIC.size - _DLQ_OFF
+_W_LEVELS_AGING = _OPTS_AT["levels"] >> 3  # (levels: the low half, aging ms: the high half)
+_W_TTL, _W_WINDOW, _W_RETRY, _W_BACKOFF, _W_RETRY_MAX = (
+    _OPTS_AT[k] >> 3 for k in ("message_ttl_ns", "dedup_window_ns", "retry_delay_ns", "retry_backoff",
+                               "retry_delay_max_ns"))
+assert _STATIC_AT["visibility_ns"] % 8 == 0 and _OPTS_AT["levels"] % 8 == 0 and _OPTS_AT["priority_aging_ms"] == (
+    _OPTS_AT["levels"] + 4) and all(_OPTS_AT[k] % 8 == 0 for k in ("message_ttl_ns", "retry_backoff"))
+# a free word of the producers' line of the control block (``layout.HOT_LINES``): bumped by each
+# change of the settings, so a handle's slow paths see that its copies are stale by one word read
+_W_SETTINGS_GEN = (L.HOT_OFF >> 3) + L.HOT_FIELDS.index("_pad5")
+_U16 = struct.Struct("<H")
+_F64, _F64_AS_U64 = struct.Struct("<d"), struct.Struct("<Q")
 
 
 def _after_fork_in_child():
@@ -133,30 +155,18 @@ class Queue(Producing, Consuming, Settling):
         self._base = data_off
         self.max_bytes = cap
         self.max_message_bytes = maxmsg
-        self.visibility_timeout = vis_ns / 1e9
-        self._vis_ns = vis_ns
-        self.max_deliveries = maxdel or None
         self._nslots = slots
         self.created_at = created / 1e9
-        self.dead_letter_queue = dlq[:dl].decode() or None
         self.durability = L.DURABILITY_NAMES.get(flags & 0xFF, "memory")
         self._logged = self.durability == "wal"
-        (levels, aging_ms, ttl_ns, window_ns, retry_ns, backoff, retry_max_ns, lanes, lane) = L.OPTS.unpack_from(
-            mm, L.OPTS_OFF)
-        # one attribute for the options (the properties below): CPython 3.11 keeps an
-        # instance's attributes in a shared-keys table, and the hot paths' attribute
-        # loads are fast, only while a class's instances have at most 30 of them
-        self._opts = (levels or 1, aging_ms * 1_000_000, ttl_ns, window_ns, retry_ns, backoff or 1.0, retry_max_ns,
-                      L.dedup_offset(slots), lanes or 1, lane)
-        # never the plain FIFO take: the leveled take (levels), or a check of every expiry (a queue TTL)
-        self._general = (levels or 1) > 1 or bool(ttl_ns)
+        self._read_settings()
         # the write-ahead log (durability "wal"), and this process's descriptor
-        self.wal = Log(self, lane_name(self.name, lane))
+        self.wal = Log(self, lane_name(self.name, self._lane))
         # The mutex lives at a fixed address of the mapping, valid until close().
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
         self._lockp = self._mutex.ptr  # the hot paths lock through this directly
         self._segp = self._lockp.value - L.MUTEX_OFF  # the mapping's address, for the C hot paths
-        base = segment_name(self.namespace, "q", lane_name(self.name, lane))
+        base = segment_name(self.namespace, "q", lane_name(self.name, self._lane))
         try:
             ne = open_semaphore(base + ".ne")
             try:
@@ -173,6 +183,84 @@ class Queue(Producing, Consuming, Settling):
             self._seg = None
             raise QueueNotFound(f"queue {self.name!r} in namespace {self.namespace!r} was deleted") from None
         self._ne, self._nf = ne, nf
+
+    def _read_settings(self):
+        """Take the settings a live queue can change (``Broker.update_queue``) from its
+        header into this handle (the hot paths read the handle's copies)."""
+        mm = self._mm
+        vis_ns, maxdel = self._mq[_W_VIS], self._mq[_W_MAXDEL]
+        dl = _U16.unpack_from(mm, _DLQ_LEN_OFF)[0]
+        dlq = bytes(mm[_DLQ_OFF:_DLQ_OFF + min(dl, _DLQ_BYTES)]).decode(errors="replace") or None
+        (levels, aging_ms, ttl_ns, window_ns, retry_ns, backoff, retry_max_ns, lanes, lane) = L.OPTS.unpack_from(
+            mm, L.OPTS_OFF)
+        self._vis_ns = vis_ns
+        self.visibility_timeout = vis_ns / 1e9
+        self.max_deliveries = maxdel or None
+        if dlq != getattr(self, "dead_letter_queue", dlq) and self._dlq is not None:
+            self._dlq.close()  # (attached on the next dead letter)
+            self._dlq = None
+        self.dead_letter_queue = dlq
+        # one attribute for the options (the properties below): CPython 3.11 keeps an
+        # instance's attributes in a shared-keys table, and the hot paths' attribute
+        # loads are fast, only while a class's instances have at most 30 of them
+        # (and the settings' generation they were read at: ``_settings_due``)
+        self._opts = (levels or 1, aging_ms * 1_000_000, ttl_ns, window_ns, retry_ns, backoff or 1.0, retry_max_ns,
+                      L.dedup_offset(self._nslots), lanes or 1, lane, self._mq[_W_SETTINGS_GEN])
+        # never the plain FIFO take: the leveled take (levels), or a check of every expiry (a queue TTL)
+        self._general = (levels or 1) > 1 or bool(ttl_ns)
+
+    def _refresh_settings(self):
+        """``_read_settings`` under the queue's lock (an update writes under it); a lock
+        that stays busy past its timeout leaves the copy as it was, for the next look."""
+        if self._lockp is None:
+            return
+        try:
+            self._acquire()
+        except LockTimeout:
+            return
+        try:
+            self._read_settings()
+        finally:
+            self._release()
+
+    def _settings_due(self):
+        """Read the settings again if they changed since this handle last did (one word
+        read: the slow paths call this, as sleeps, nacks, rejects, housekeeping, stats)."""
+        if self._lockp is not None and self._mq[_W_SETTINGS_GEN] != self._opts[10]:
+            self._refresh_settings()
+
+    def _write_settings(self, vis_ns, maxdel, dlq, aging_ms, ttl_ns, window_ns, retry_ns, backoff, retry_max_ns):
+        """Store changed settings in the header (``Broker.update_queue``): each word one
+        aligned store, the dead-letter queue's name under the lock as every reader of it."""
+        mq, mm = self._mq, self._mm
+        raw = (dlq or "").encode()
+        self._acquire()
+        try:
+            if mq[I_DELETED]:
+                raise self._gone()
+            mq[_W_VIS] = vis_ns
+            mq[_W_MAXDEL] = maxdel or 0
+            mm[_DLQ_OFF:_DLQ_OFF + _DLQ_BYTES] = raw.ljust(_DLQ_BYTES, b"\0")
+            _U16.pack_into(mm, _DLQ_LEN_OFF, len(raw))
+            levels = L.OPTS.unpack_from(mm, L.OPTS_OFF)[0]
+            mq[_W_LEVELS_AGING] = levels | aging_ms << 32
+            old_ttl = mq[_W_TTL]
+            mq[_W_TTL], mq[_W_WINDOW], mq[_W_RETRY], mq[_W_RETRY_MAX] = ttl_ns, window_ns, retry_ns, retry_max_ns
+            mq[_W_BACKOFF] = _F64_AS_U64.unpack(_F64.pack(backoff))[0]
+            if ttl_ns and ttl_ns != old_ttl:
+                mq[L.I_NEXT_TTL] = 0  # the next take or housekeeping looks for expired messages
+            mq[_W_SETTINGS_GEN] += 1
+            for q in list(_live_queues):  # this process's handles on the queue see them at once
+                if (q is self or q._lockp is not None and q._lane == self._lane and q.name == self.name
+                        and q.namespace == self.namespace):
+                    q._read_settings()
+        finally:
+            self._release()
+
+    def _visibility_now(self) -> float:
+        """The visibility timeout, looked up again if this handle's copy may be stale."""
+        self._settings_due()
+        return self.visibility_timeout
 
     _levels = property(lambda self: self._opts[0])  # priority levels
     _aging_ns = property(lambda self: self._opts[1])  # priority aging (0: strict)
@@ -329,7 +417,7 @@ class Queue(Producing, Consuming, Settling):
         by a post, 1 if not. If the sleep is interrupted (KeyboardInterrupt from a
         signal), the registration is undone before the exception propagates."""
         try:
-            return waits.sleep_slice(sem, deadline, _mono(), self._mq[I_NEXT_DEADLINE])
+            woke = waits.sleep_slice(sem, deadline, _mono(), self._mq[I_NEXT_DEADLINE])
         except BaseException:
             try:
                 self._acquire()
@@ -341,9 +429,14 @@ class Queue(Producing, Consuming, Settling):
                 finally:
                     self._release()
             raise
+        self._settings_due()
+        return woke
 
     def _dead_letter_target(self):
         if self._dlq is None:
+            self._refresh_settings()  # (the name is read under the lock that its writer holds)
+            if self.dead_letter_queue is None:  # taken away meanwhile (``update_queue``)
+                raise QueueNotFound(f"queue {self.name!r} has no dead-letter queue")
             from .lanes import attach  # (lanes.py builds on this module)
 
             self._dlq = attach(self.namespace, self.dead_letter_queue)
@@ -385,6 +478,7 @@ class Queue(Producing, Consuming, Settling):
 
     def stats(self) -> QueueStats:
         """A consistent snapshot of the queue's counters."""
+        self._settings_due()
         mq, mm = self._mq, self._mm
         self._acquire()
         try:
@@ -448,6 +542,7 @@ class Queue(Producing, Consuming, Settling):
     # ------------------------------------------------------------------ snapshots
     def settings(self) -> dict:
         """The queue's settings, as ``create_queue`` takes them."""
+        self._settings_due()
         return {
             "max_bytes": self.max_bytes, "max_message_bytes": self.max_message_bytes,
             "visibility_timeout": self.visibility_timeout, "max_deliveries": self.max_deliveries,

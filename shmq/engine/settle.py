@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from .. import dmsq
 from ..errors import DeliveryExpired
 from . import cpaths, deadletter, ring, waits
+from .keepalive import _live as _kept_alive
+from .keepalive import settling as _stop_keepalives
 from . import layout as L
 from .layout import (
     I_DEAD_TOTAL, I_DELAYED, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE,
@@ -144,6 +146,7 @@ class Settling:
         Returns how many were settled."""
         if delay is not None:
             _seconds_ns(delay, "delay")  # (checked even when all of them are dead-lettered)
+        self._settings_due()  # (max_deliveries, the retry policy: changed by ``update_queue``?)
         ds = self._own(deliveries)
         if not ds:
             return 0
@@ -217,6 +220,7 @@ class Settling:
     def reject_many(self, deliveries: Iterable[Delivery]) -> None:
         """Dead-letter a batch (to ``dead_letter_queue``, or drop it when there is none).
         Raises DeliveryExpired if one is no longer leased (then none is touched)."""
+        self._settings_due()  # (the dead-letter queue: changed by ``update_queue``?)
         deadletter.dead_letter(self, self._own(deliveries), "rejected")
 
     def _leased(self, deliveries, now):
@@ -244,6 +248,8 @@ class Settling:
                 raise TypeError(f"expected deliveries of queue {self.name!r}, got {d!r}")
         if self._held is not None:
             self._drop_held(deliveries)
+        if _kept_alive:  # (a dict: empty unless some keepalive runs in this process)
+            _stop_keepalives(deliveries)
         return deliveries
 
     def _raise_expired(self, expired):

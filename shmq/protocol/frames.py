@@ -103,6 +103,9 @@ class MsgType(enum.IntEnum):
     COMMITTED = 0x36
     LAG = 0x37
     RESET = 0x38
+    SEEK = 0x39  # a member's positions (seek, seek_to_beginning, seek_to_end)
+    PAUSE = 0x3A  # a member's paused partitions (pause, resume, paused)
+    POLL_MANY = 0x3B  # one poll of several members of this connection (a consumer of several streams)
     X_CREATE = 0x40  # exchanges (engine/exchange.py)
     X_DELETE = 0x41
     X_LIST = 0x42

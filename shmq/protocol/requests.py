@@ -121,6 +121,12 @@ def _normalize_messages(v):
 MAX_RECORDS = 100_000  # most records one READ or POLL may ask for
 
 
+def _check_names(v):
+    if not isinstance(v, list) or not all(type(x) is str for x in v):
+        return "a list of strings"
+    return None
+
+
 def _check_int(v):
     return None if _is_int(v) else "an integer"
 
@@ -159,6 +165,26 @@ def check_records(v):
 
 def normalize_records(v):
     return [{k: r[k] for k in ("value", "key", "headers") if k in r} for r in v]
+
+
+def _check_partitions(v):
+    if not isinstance(v, list) or any(_check_partition(p) is not None for p in v):
+        return f"a list of partitions 0..{MAX_PARTITIONS - 1}"
+    return None
+
+
+MAX_POLLED_MEMBERS = 4096  # most members one POLL_MANY may name
+
+
+def _check_members(v):
+    form = f"a list of 1..{MAX_POLLED_MEMBERS} [stream name, member id >= 1] pairs"
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_POLLED_MEMBERS:
+        return form
+    for i, pair in enumerate(v):
+        if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str)
+                or _check_positive(pair[1]) is not None):
+            return f"{form} (item {i} is {_show(pair)})"
+    return None
 
 
 def _check_offsets(v):
@@ -234,6 +260,11 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("retry_delay_max", _check_number_or_nil),
         Field("priority_aging", _check_number_or_nil),
         Field("lanes", _check_int),
+        # a live queue's settings (``declare_queue``: create it or change them; ``update_queue``: change
+        # them): only the settings given are sent, and ``clear`` names those set to none
+        Field("declare", _check_bool),
+        Field("update", _check_bool),
+        Field("clear", _check_names),
     ),
     MsgType.DELETE: (_QUEUE,),
     MsgType.LIST: (),
@@ -311,9 +342,20 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
     ),
     MsgType.PUBLISHED: (_STREAM, Field("txn", _check_txn, required=True)),
     MsgType.DELETE_RECORDS: (_STREAM, Field("offsets", _check_offsets, required=True)),
-    MsgType.JOIN: (_STREAM, _GROUP, Field("auto_offset_reset", _check_str, default="earliest")),
+    # max_poll_interval_ms: 0 for no bound; absent: the engine's default
+    MsgType.JOIN: (_STREAM, _GROUP, Field("auto_offset_reset", _check_str, default="earliest"),
+                   Field("max_poll_interval_ms", _check_non_negative)),
     MsgType.POLL: (_STREAM, _MEMBER, Field("max", _check_max_records, default=500), _WAIT_MS),
-    MsgType.COMMIT: (_STREAM, _MEMBER, Field("offsets", _check_offsets)),
+    # members: [[stream, member], ...] of this connection, polled as one (``max`` for them all)
+    MsgType.POLL_MANY: (Field("members", _check_members, required=True), Field("max", _check_max_records, default=500),
+                        _WAIT_MS),
+    # revoked: the commit of the client's on_revoke (the partitions being revoked count)
+    MsgType.COMMIT: (_STREAM, _MEMBER, Field("offsets", _check_offsets), Field("revoked", _check_bool, default=False)),
+    # offset, or to: "beginning" / "end" (partitions: [] for all owned)
+    MsgType.SEEK: (_STREAM, _MEMBER, Field("partitions", _check_partitions, required=True),
+                   Field("offset", _check_non_negative), Field("to", _check_str)),
+    # paused: true pauses them, false resumes them, absent only tells which are paused
+    MsgType.PAUSE: (_STREAM, _MEMBER, Field("partitions", _check_partitions, default=[]), Field("paused", _check_bool)),
     MsgType.LEAVE: (_STREAM, _MEMBER),
     MsgType.ASSIGNMENT: (_STREAM, _MEMBER),
     MsgType.GROUPS: (_STREAM,),

@@ -29,11 +29,14 @@ import msgpack
 from .. import __version__
 from ..engine import maintenance
 from ..engine.rpc import Call
-from ..errors import MessageTooLarge, QueueEmpty, QueueFull, RequestTimeout, StreamNotFound, Unauthorized
+from ..errors import (
+    MessageTooLarge, QueueEmpty, QueueExists, QueueFull, RequestTimeout, SettingsMismatch, StreamNotFound, Unauthorized,
+)
 from ..protocol import MsgType
 from ..protocol.compression import CODECS
 from ..protocol.status import reason_of, status_of
 from ..protocol.forms import (
+    QUEUE_OPTIONS,
     batch_args,
     consume_args,
     delivery_fields,
@@ -50,6 +53,7 @@ from ..protocol.forms import (
     stream_info_fields,
     stream_stats_fields,
 )
+from .anyline import AnyLine
 from .waiters import NOTHING
 
 __all__ = ["HANDLERS", "Wait", "Later", "RECORD_OVERHEAD", "fill"]
@@ -123,14 +127,44 @@ def list_queues(conn, f):
 
 
 def create(conn, f):
+    """CREATE: a queue made; with ``update``, an existing one's settings changed; with
+    ``declare``, either (``Broker.declare_queue``). Those two answer the settings."""
     server = conn.server
-    q = server.broker.create_queue(f["queue"], **create_args(f))
+    if f.get("update"):
+        return {"settings": server.broker.update_queue(f["queue"], **_given_settings(f))}
+    if f.get("declare"):
+        given = _given_settings(f)
+        try:
+            q = server.broker.create_queue(f["queue"], **given)
+        except SettingsMismatch:
+            raise
+        except QueueExists:
+            return {"settings": server.broker.update_queue(f["queue"], **given)}
+    else:
+        q = server.broker.create_queue(f["queue"], **create_args(f))
     try:
         if server.on_create is not None:
             server.on_create(q)  # e.g. point a wal queue's log at the data dir
+        return {"settings": q.settings()} if f.get("declare") else {}
     finally:
         q.close()
-    return {}
+
+
+# a live queue's settings as CREATE's fields carry them (``declare``, ``update``); ``clear``: set to none
+_SETTINGS = ("max_bytes", "max_message_bytes", "max_deliveries", "dead_letter_queue", "durability", *QUEUE_OPTIONS)
+_CLEARABLE = ("max_deliveries", "dead_letter_queue", "message_ttl", "retry_delay_max", "priority_aging")
+
+
+def _given_settings(f) -> dict:
+    """``update_queue``'s keyword arguments: the settings CREATE gives, and none else."""
+    args = {k: f[k] for k in _SETTINGS if k in f}
+    if "visibility_timeout_ms" in f:
+        args["visibility_timeout"] = f["visibility_timeout_ms"] / 1000
+    for k in f.get("clear") or ():
+        if k not in _CLEARABLE:
+            raise ValueError(f"clear: {k!r} is not a setting that can be none ({', '.join(_CLEARABLE)})")
+        args[k] = None
+    return args
 
 
 def delete(conn, f):
@@ -344,11 +378,14 @@ def fill(take, most, budget, per_record) -> list:
         out += got
         if len(got) < n:
             break
-        for r in got:
-            budget -= len(r.value) + len(r.key or b"") + RECORD_OVERHEAD
-            if r.headers:
-                budget -= len(msgpack.packb(r.headers, use_bin_type=True))
+        budget -= sum(map(_record_bytes, got))
     return out
+
+
+def _record_bytes(r) -> int:
+    """What a record read takes of a reply's budget."""
+    n = len(r.value) + len(r.key or b"") + RECORD_OVERHEAD
+    return n + len(msgpack.packb(r.headers, use_bin_type=True)) if r.headers else n
 
 
 def _records(conn, s, f, take, *what):
@@ -366,7 +403,13 @@ def _read(args):
 
 def _poll(args):
     c, *limits = args
-    return fill(lambda n, got: c.poll(max_records=n, timeout=0), *limits) or None
+    got = fill(lambda n, got: c.poll(max_records=n, timeout=0), *limits)
+    return got if got or c.told != ({}, []) else None  # the assignment's changes are answered at once
+
+
+def _poll_reply(conn, args, rs):
+    """A POLL's records, and the assignment's changes its member found (``HeldConsumer``)."""
+    return {"records": [record_reply(r) for r in rs], **args[0].take_told()}
 
 
 def _records_reply(conn, args, rs):
@@ -402,20 +445,94 @@ def delete_records(conn, f):
 
 def join(conn, f):
     s = conn.server.stream(f["stream"])  # StreamNotFound before anything is made
-    tag, c = conn.members.join(conn.server.broker, s.name, f["group"], f["auto_offset_reset"])
+    options = {}
+    if "max_poll_interval_ms" in f:
+        options["max_poll_interval"] = f["max_poll_interval_ms"] / 1000 or None
+    tag, c = conn.members.join(conn.server.broker, s.name, f["group"], f["auto_offset_reset"], **options)
     conn.server.streams.notify(s.name)  # the group's waiting POLLs rebalance
     return {"member": tag, "partitions": c.assignment()}
 
 
 def poll(conn, f):
     s = conn.server.stream(f["stream"])
-    return _records(conn, s, f, _poll, conn.members.get(s.name, f["member"]))
+    c = conn.members.get(s.name, f["member"])
+    c.polling(f["wait_ms"] / 1000)  # max_poll_interval counts from the end of the wait
+    args = (c, f["max"], _reply_budget(conn.server, 0), s.max_message_bytes + RECORD_OVERHEAD)
+    return _wait_or_answer(conn, f, conn.server.streams.line_of, s, _poll, _poll_reply, args)
+
+
+def poll_many(conn, f):
+    """One POLL of several members of this connection (a consumer of several streams),
+    in the order named; it waits in all their streams' lines at once (``AnyLine``)."""
+    members = [conn.members.get(name, tag) for name, tag in f["members"]]
+    for c in members:
+        c.polling(f["wait_ms"] / 1000)
+    args = (members, f["max"], _reply_budget(conn.server, 0))
+    return _wait_or_answer(conn, f, lambda _: _any_line(conn, members), None, _poll_many, _poll_many_reply, args)
+
+
+def _any_line(conn, members):
+    streams = conn.server.streams
+    return AnyLine(conn.server.loop, [streams.line_of(conn.server.stream(c.stream.name)) for c in members])
+
+
+def _poll_many(args):
+    """Each member's records (None: its stream is gone), the most and the reply's budget
+    shared in order; None when none has records, changes to tell, or is gone."""
+    members, left, budget = args
+    polls, answer = [], False
+    for c in members:
+        per_record = c.stream.max_message_bytes + RECORD_OVERHEAD
+        try:
+            got = []
+            if left and (not answer or budget >= per_record):  # only the first record may overrun the frame
+                got = fill(lambda n, got: c.poll(max_records=n, timeout=0), left, budget, per_record)
+        except StreamNotFound:
+            polls.append(None)
+            answer = True
+            continue
+        polls.append(got)
+        left -= len(got)
+        budget -= sum(map(_record_bytes, got))
+        answer = answer or bool(got) or c.told != ({}, [])
+    return polls if answer else None
+
+
+def _poll_many_reply(conn, args, polls):
+    members = args[0]
+    out = []
+    for c, got in zip(members, polls or [()] * len(members)):
+        if got is None:
+            out.append({"records": [], "gone": True, "revoked": pairs(c.positions())})
+        else:
+            out.append({"records": [record_reply(r) for r in got], **c.take_told()})
+    return {"polls": out}
 
 
 def commit(conn, f):
     c = conn.members.get(f["stream"], f["member"])
-    c.commit(from_pairs(f["offsets"]) if "offsets" in f else None)
+    c.commit_for_client(from_pairs(f["offsets"]) if "offsets" in f else None, f["revoked"])
     return {}
+
+
+def seek(conn, f):
+    c = conn.members.get(f["stream"], f["member"])
+    to, ps = f.get("to"), f["partitions"]
+    if "offset" in f and len(ps) == 1:
+        c.seek(ps[0], f["offset"])
+    elif to in ("beginning", "end") and "offset" not in f:
+        (c.seek_to_beginning if to == "beginning" else c.seek_to_end)(*ps)
+    else:
+        raise ValueError(f"a SEEK takes one partition and an offset, or partitions and to: 'beginning' or 'end', "
+                         f"not {ps!r}, {f.get('offset')!r}, {to!r}")
+    return {}
+
+
+def pause(conn, f):
+    c = conn.members.get(f["stream"], f["member"])
+    if f.get("paused") is not None:
+        (c.pause if f["paused"] else c.resume)(*f["partitions"])
+    return {"paused": c.paused()}
 
 
 def leave(conn, f):
@@ -581,7 +698,10 @@ HANDLERS = {
     MsgType.DELETE_RECORDS: delete_records,
     MsgType.JOIN: join,
     MsgType.POLL: poll,
+    MsgType.POLL_MANY: poll_many,
     MsgType.COMMIT: commit,
+    MsgType.SEEK: seek,
+    MsgType.PAUSE: pause,
     MsgType.LEAVE: leave,
     MsgType.ASSIGNMENT: assignment,
     MsgType.GROUPS: groups,

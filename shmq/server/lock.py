@@ -66,6 +66,8 @@ def describe(info: dict) -> str:
     where = []
     if info.get("port"):
         where.append(f"tcp {info.get('host')}:{info['port']}")
+    if info.get("kafka_port"):
+        where.append(f"kafka {info.get('kafka_host')}:{info['kafka_port']}")
     if info.get("data_dir"):
         where.append(f"data dir {info['data_dir']}")
     return f"pid {info['pid']}" + (f" ({', '.join(where)})" if where else "")

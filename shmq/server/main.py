@@ -90,9 +90,20 @@ def _snapshot(snapshotter, interval, level=logging.DEBUG):
                        "duration_ms": round(took * 1000, 1)})
 
 
+def _kafka_listener():
+    """The Kafka listener's class, imported only where asked for: its codec (kio) is the
+    ``kafka`` extra's, not a core dependency."""
+    try:
+        from .kafka import KafkaListener
+    except ImportError as e:
+        raise ShmqError(f"--kafka-port needs the Kafka codec ({e.name} is not installed): "
+                        "pip install 'shmq[kafka]'") from None
+    return KafkaListener
+
+
 async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_bytes=16 * 2**20, ready=None,
                 data_dir=None, snapshot_interval=1.0, fsync="batch:2",
-                token_file=None, no_auth=False, limits=None, metrics=None):
+                token_file=None, no_auth=False, limits=None, metrics=None, kafka=None):
     """Serve until SIGINT/SIGTERM. ``ready`` (an optional callable) gets the bound port.
 
     With ``data_dir``: queues lost with shared memory (a reboot) are rebuilt from their
@@ -105,6 +116,9 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
     Clients must say HELLO with a token: ``token``, or the one in ``token_file``, else
     the per-user default file (created at the first start; see shmq.auth); none with
     ``no_auth``. This user's clients on this host find it through a runtime file.
+
+    ``kafka``: a dict of ``kafka.KafkaListener``'s arguments (host, port, advertised_host,
+    auto_create, auto_create_partitions) to serve Kafka clients too (docs/KAFKA.md), or None.
 
     One broker per namespace: if another holds it (``lock.BrokerLock``), BrokerRunning
     (naming its pid) before anything starts.
@@ -119,6 +133,15 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
             Broker(namespace) as snap_broker:  # the lock first: one broker per namespace, else a one-line refusal
         # the addresses next: a port in use is one line before anything is made (no data dir, no namespace)
         server = await TcpServer(broker, host, port, token, max_frame_bytes, limits=limits).bind()
+        kafka_listener = None
+        if kafka is not None:
+            try:
+                kafka_listener = await _kafka_listener()(broker, token=token, max_frame_bytes=max_frame_bytes,
+                                                     limits=server.limits,
+                                                     **{"host": host, **kafka}).bind()
+            except BaseException:
+                server.unbind()
+                raise
         exporter, snapshotter, syncer, made_ns, made_dir = NO_METRICS, None, None, False, None
         try:
             if metrics is not None:
@@ -135,10 +158,16 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                 if mode == WAL_BATCH:  # rounds only while logs are written (logsync.py)
                     syncer = LogSyncer(snapshotter, ms).start()
                 server.on_create = snapshotter.open_wal
+                if kafka_listener is not None:
+                    kafka_listener.on_create = snapshotter.open_wal
             _log_persistence(namespace, data_dir, snapshot_interval, fsync)
             await server.start()
+            if kafka_listener is not None:
+                await kafka_listener.start()
         except BaseException:
             server.unbind()
+            if kafka_listener is not None:
+                kafka_listener.unbind()
             for step in (exporter.close, syncer.stop if syncer else None, snapshotter.close if snapshotter else None):
                 if step is not None:
                     step()
@@ -148,6 +177,13 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         keeper = Housekeeper(keeper_broker)
         runtime_file = await asyncio.to_thread(advertise, server.port, host, namespace, token)
         lock.update(host=host, port=server.port, data_dir=os.path.abspath(data_dir) if data_dir else None)
+        if kafka_listener is not None:
+            lock.update(kafka_host=kafka_listener.host, kafka_port=kafka_listener.port)
+            log.info("kafka listener on %s:%d (advertised as %s:%d), %s", kafka_listener.host, kafka_listener.port,
+                     kafka_listener.advertised_host, kafka_listener.port,
+                     "SASL/PLAIN with the token as the password" if token else "no authentication",
+                     extra={"event": "kafka_started", "host": kafka_listener.host, "port": kafka_listener.port,
+                            "advertised_host": kafka_listener.advertised_host})
         log.info("serving namespace %s on %s:%d (%d queues), %s; housekeeping every %.2fs; %s event loop",
                  namespace, host, server.port, len(broker.list_queues()), auth_note, HOUSEKEEPING_INTERVAL_S,
                  loop_name(loop), extra={"event": "server_started", "namespace": namespace, "host": host,
@@ -168,6 +204,8 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
             p.stop()
         log.info("stopping: answering what is in flight")
         withdraw(runtime_file)
+        if kafka_listener is not None:
+            await kafka_listener.stop()
         await server.stop()
         await asyncio.to_thread(exporter.close)
         if syncer is not None:

@@ -9,12 +9,14 @@ connection, lazily, from it (local attach by namespace, or TCP by url and token)
 
 import difflib
 import json
+import re
 
 import shmq
 from shmq.engine.broker import Broker, default_namespace
 from shmq.errors import ShmqError
 
-__all__ = ["Options", "SpecError", "OPTIONS", "STREAM_SOURCE", "BATCH_SOURCE", "SINK", "refuse_unknown"]
+__all__ = ["Options", "SpecError", "OPTIONS", "KAFKA_NAMES", "STREAM_SOURCE", "BATCH_SOURCE", "SINK",
+           "refuse_unknown"]
 
 
 class SpecError(ShmqError, ValueError):
@@ -22,14 +24,16 @@ class SpecError(ShmqError, ValueError):
 
 
 # The options each part reads (docs/SPARK.md), by the part's name in errors; any other is
-# refused, naming these: an option of Kafka's source such as maxOffsetsPerTrigger must not
-# look taken while doing nothing.
+# refused, naming these: an option that looks taken must never do nothing. The source also
+# takes Kafka's source's names where they mean the same: subscribe and subscribePattern
+# (one stream), and those of KAFKA_NAMES.
 STREAM_SOURCE, BATCH_SOURCE, SINK = "the shmq streaming source", "the shmq batch source", "the shmq sink"
 _CONNECTION = ("stream", "queue", "namespace", "url", "token")
-_SOURCE = _CONNECTION + ("startingOffsets", "failOnDataLoss", "includeHeaders", "minPartitions", "maxPartitions",
-                         "queueStageMaxBytes")
+_SOURCE = _CONNECTION + ("subscribe", "subscribePattern", "startingOffsets", "failOnDataLoss", "includeHeaders",
+                         "minPartitions", "maxPartitions", "queueStageMaxBytes")
 OPTIONS = {
-    STREAM_SOURCE: _SOURCE + ("maxRecordsPerTrigger", "minRecordsPerTrigger", "maxTriggerDelay"),
+    STREAM_SOURCE: _SOURCE + ("maxRecordsPerTrigger", "maxOffsetsPerTrigger", "minRecordsPerTrigger",
+                              "minOffsetsPerTrigger", "maxTriggerDelay"),
     BATCH_SOURCE: _SOURCE + ("endingOffsets",),
     SINK: _CONNECTION + ("sinkStagingMaxBytes", "checkpointLocation", "queryName"),  # (the last two: Spark's own)
 }
@@ -53,6 +57,12 @@ def refuse_unknown(given, what: str, known) -> None:
                     f"{', '.join(known)}")
 
 
+# Kafka's name for an option of ours that means the same (a stream's offsets are dense: an
+# offset is a record), read as ours by ``Options.get``; giving both is refused
+KAFKA_NAMES = {"maxRecordsPerTrigger": "maxOffsetsPerTrigger", "minRecordsPerTrigger": "minOffsetsPerTrigger"}
+_TARGETS = ("stream", "queue", "subscribe", "subscribePattern")
+_INTERNAL = re.compile(r".*(:staging:.*|:stage)")  # what the Spark parts make beside a stream (staging, stager)
+
 # options renamed, so that the queue source's stage and the sink's staging cannot be taken for each other
 RENAMED = {"stageMaxBytes": ("queueStageMaxBytes", "the size of the stream that stages a queue source"),
            "stagingMaxBytes": ("sinkStagingMaxBytes", "the size of each partition of the sink's staging stream")}
@@ -64,11 +74,29 @@ class Options:
         for old, (new, what) in RENAMED.items():
             if old.lower() in self._raw:
                 raise SpecError(f"option {old} is now {new} ({what})")
-        stream, queue = self.get("stream"), self.get("queue")
-        if (stream is None) == (queue is None):
+        for ours, kafkas in KAFKA_NAMES.items():
+            if ours.lower() in self._raw and kafkas.lower() in self._raw:
+                raise SpecError(f"give option {ours} or Kafka's name for it, {kafkas}, not both")
+        given = [n for n in _TARGETS if self.get(n) is not None]
+        if len(given) != 1:
             raise SpecError("the shmq data source needs exactly one of .option('stream', NAME) or "
-                            ".option('queue', NAME)")
-        self.stream, self.queue = stream, queue
+                            ".option('queue', NAME) (a source also takes Kafka's subscribe or subscribePattern)"
+                            + (f", not {' and '.join(given)}" if given else ""))
+        self.stream, self.queue = self.get("stream"), self.get("queue")
+        self.pattern = None  # subscribePattern: the stream is the one it matches (``resolve``)
+        subscribe, pattern = self.get("subscribe"), self.get("subscribePattern")
+        if subscribe is not None:
+            names = [n.strip() for n in subscribe.split(",") if n.strip()]
+            if len(names) != 1:
+                raise SpecError(f"option subscribe must name one stream, not {subscribe!r}: a shmq source reads "
+                                "one stream (start a query per stream, or union their DataFrames)")
+            self.stream = names[0]
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise SpecError(f"option subscribePattern is not a regular expression ({e}): {pattern!r}") from None
+            self.pattern = pattern
         self.url, self.token = self.get("url"), self.get("token")
         self.namespace = self.get("namespace")
         if self.url is not None and self.namespace is not None:
@@ -78,13 +106,28 @@ class Options:
             raise SpecError(f"option url must be tcp://host:port, not {self.url!r}")
 
     def __repr__(self):
-        target = f"stream={self.stream!r}" if self.stream is not None else f"queue={self.queue!r}"
-        return f"<shmq.spark.Options {target} {self.url or 'namespace=' + repr(self.namespace)}>"
+        return f"<shmq.spark.Options {self.target} {self.url or 'namespace=' + repr(self.namespace)}>"
 
     @property
     def target(self) -> str:
-        """What the options name, for messages: "stream 'events'" or "queue 'orders'"."""
+        """What the options name, for messages: "stream 'events'", "queue 'orders'" or
+        "the stream matching 'ev.*'"."""
+        if self.pattern is not None:
+            return f"the stream matching {self.pattern!r}"
         return f"stream {self.stream!r}" if self.stream is not None else f"queue {self.queue!r}"
+
+    def resolve(self, names) -> str:
+        """The stream that ``subscribePattern`` matches (whole names, as Kafka's consumer
+        matches topics) among the stream ``names``, leaving out those the Spark parts make
+        (``NAME:staging:...``, ``QUEUE:stage``); SpecError unless it is exactly one."""
+        pattern = re.compile(self.pattern)
+        found = sorted(n for n in names if pattern.fullmatch(n) and not _INTERNAL.fullmatch(n))
+        if len(found) != 1:
+            raise SpecError(f"option subscribePattern {self.pattern!r} matches "
+                            + (f"{len(found)} streams ({', '.join(found)})" if found else "no stream")
+                            + f" in {self.url or 'namespace ' + repr(self.namespace or default_namespace())}: "
+                            "a shmq source reads one stream")
+        return found[0]
 
     def refuse_unknown(self, part: str, known) -> None:
         """SpecError for an option given that ``part`` (STREAM_SOURCE, BATCH_SOURCE or
@@ -92,7 +135,16 @@ class Options:
         refuse_unknown(self._raw, part, known)
 
     def get(self, name: str, default=None):
-        return self._raw.get(name.lower(), default)
+        """Option ``name`` as given (a str), or under Kafka's name for it (``KAFKA_NAMES``)."""
+        raw = self._raw.get(name.lower())
+        if raw is None and name in KAFKA_NAMES:
+            raw = self._raw.get(KAFKA_NAMES[name].lower())
+        return default if raw is None else raw
+
+    def given_as(self, name: str) -> str:
+        """The name option ``name`` was given under (ours, or Kafka's), for messages."""
+        kafkas = KAFKA_NAMES.get(name)
+        return kafkas if kafkas and name.lower() not in self._raw and kafkas.lower() in self._raw else name
 
     def integer(self, name: str, default=None, minimum: int = 0):
         raw = self.get(name)
@@ -101,9 +153,9 @@ class Options:
         try:
             value = int(raw)
         except ValueError:
-            raise SpecError(f"option {name} must be an integer, not {raw!r}") from None
+            raise SpecError(f"option {self.given_as(name)} must be an integer, not {raw!r}") from None
         if value < minimum:
-            raise SpecError(f"option {name} must be >= {minimum}, not {value}")
+            raise SpecError(f"option {self.given_as(name)} must be >= {minimum}, not {value}")
         return value
 
     def number(self, name: str, default=None):
@@ -129,18 +181,23 @@ class Options:
         raise SpecError(f"option {name} must be true or false, not {raw!r}")
 
     def offsets(self, name: str, default: str):
-        """``earliest`` / ``latest`` or a JSON object {"partition": offset} (offset -2:
-        earliest, -1: latest, as Kafka's source reads them): a str or a dict of ints."""
+        """``earliest`` / ``latest`` or JSON offsets per partition (-2: earliest, -1:
+        latest), as Kafka's source reads them: ``{"STREAM": {"0": 23}}``, or without the
+        stream, ``{"0": 23}``. A str, {partition: offset}, or {stream: {partition: offset}}."""
         raw = self.get(name, default)
         if raw in ("earliest", "latest"):
             return raw
         try:
             spec = json.loads(raw)
-            out = {int(p): int(o) for p, o in spec.items()}
+            if spec and all(isinstance(v, dict) for v in spec.values()):
+                out = {str(s): {int(p): int(o) for p, o in parts.items()} for s, parts in spec.items()}
+            else:
+                out = {int(p): int(o) for p, o in spec.items()}
         except (ValueError, TypeError, AttributeError):
-            raise SpecError(f"option {name} must be earliest, latest or JSON like {{\"0\": 23, \"1\": -2}}, "
-                            f"not {raw!r}") from None
-        if any(o < -2 for o in out.values()):
+            raise SpecError(f"option {name} must be earliest, latest or JSON like {{\"STREAM\": {{\"0\": 23, "
+                            f"\"1\": -2}}}} or {{\"0\": 23, \"1\": -2}}, not {raw!r}") from None
+        flat = [o for v in out.values() for o in (v.values() if isinstance(v, dict) else [v])]
+        if any(o < -2 for o in flat):
             raise SpecError(f"option {name}: an offset is >= 0, or -2 (earliest) or -1 (latest): {raw!r}")
         return out
 

@@ -148,6 +148,13 @@ class _Source:
             self._max_partitions = max(self._max_partitions, self._min_partitions)
         self._stage_bytes = opts.integer("queueStageMaxBytes", None, minimum=4096)
         self._stager = None  # the queue source's, on the driver's connection
+        self._matched = None  # subscribePattern: the stream it matches, looked up once, when the query starts
+        if opts.pattern is not None:
+            broker = opts.connect()
+            try:
+                self._matched = opts.resolve(broker.list_streams())
+            finally:
+                broker.close()
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -155,7 +162,9 @@ class _Source:
         return state
 
     def _stream_name(self) -> str:
-        """The stream read: the one named, or the one that stages the queue named."""
+        """The stream read: the one named (or matched), or the one that stages the queue named."""
+        if self._matched is not None:
+            return self._matched
         return self.opts.stream if self.opts.queue is None else stage_name(self.opts.queue)
 
     def _before_plan(self, broker) -> None:
@@ -178,9 +187,16 @@ class _Source:
     def _resolve(self, spec, positions: dict, name: str, missing: int) -> dict:
         """``startingOffsets`` / ``endingOffsets`` as {partition: offset}: earliest,
         latest, or per partition (-2 earliest, -1 latest; ``missing`` for partitions the
-        JSON leaves out)."""
+        JSON leaves out), the JSON keyed by the stream read or not (``Options.offsets``)."""
         if spec in ("earliest", "latest"):
             return {p: ends[spec == "latest"] for p, ends in positions.items()}
+        if spec and isinstance(next(iter(spec.values())), dict):
+            mine = {self._stream_name(), self.opts.queue} - {None}
+            other = sorted(set(spec) - mine)
+            if other or not set(spec) & mine:
+                raise SpecError(f"option {name} names stream {(other or sorted(spec))[0]!r}, but this query reads "
+                                f"stream {self._stream_name()!r} (one stream: its offsets are all it takes)")
+            spec = next(iter(spec.values()))
         unknown = sorted(set(spec) - set(positions))
         if unknown:
             raise SpecError(f"option {name} names partition {unknown[0]}, but stream {self._stream_name()!r} has "
@@ -275,7 +291,8 @@ class _Source:
 class StreamReader(_Source, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("shmq")``: micro-batches of a stream's new records,
     within the read limit of the options (``maxRecordsPerTrigger``,
-    ``minRecordsPerTrigger`` with ``maxTriggerDelay``) or of the trigger."""
+    ``minRecordsPerTrigger`` with ``maxTriggerDelay``; or Kafka's names for them,
+    ``maxOffsetsPerTrigger``, ``minOffsetsPerTrigger``) or of the trigger."""
 
     PART, KNOWN = STREAM_SOURCE, OPTIONS[STREAM_SOURCE]
 
@@ -286,8 +303,8 @@ class StreamReader(_Source, DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._max_rows = opts.integer("maxRecordsPerTrigger", None, minimum=1)
         self._min_rows = opts.integer("minRecordsPerTrigger", None, minimum=1)
         if self._min_rows and self._max_rows and self._min_rows > self._max_rows:
-            raise SpecError(f"option minRecordsPerTrigger ({self._min_rows}) is more than maxRecordsPerTrigger "
-                            f"({self._max_rows})")
+            raise SpecError(f"option {opts.given_as('minRecordsPerTrigger')} ({self._min_rows}) is more than "
+                            f"{opts.given_as('maxRecordsPerTrigger')} ({self._max_rows})")
         self._max_delay = duration(opts, "maxTriggerDelay", "15m")
         self._broker = self._stream = None  # the driver side's, opened at first use
         self._target = None  # availableNow: {partition: end} when the run began

@@ -2,12 +2,12 @@
 per batch id (replayed commits append nothing), nothing left staged, clear errors."""
 
 import uuid
-import zlib
 
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
+from shmq.engine.partitioner import partition_of
 from shmq.engine.segment import namespace_entries
 from shmq.errors import ShmqError
 from shmq.spark import arrow
@@ -30,7 +30,7 @@ def test_a_batch_write_places_rows_by_partition_key_or_task_and_leaves_no_stagin
     df.write.format("shmq").option("stream", "out").option("namespace", broker.namespace).mode("append").save()
     got = everything(out)
     for i in range(30):
-        p = zlib.crc32(b"k%d" % i) % 3
+        p = partition_of(b"k%d" % i, 3)
         assert (b"k%d" % i, b"v%d" % i, {"n": str(i)}) in got[p]
     assert (None, b"p1", {}) in got[1]
     assert sum(map(len, got.values())) == 31
@@ -178,7 +178,7 @@ def test_a_task_routes_an_arrow_batch_as_kafkas_sink_and_stages_its_buffers(brok
     part = batch.slice(7, 30)
     want = {}
     for i in range(7, 37):
-        p = parts[i] if parts[i] is not None else 1 if keys[i] is None else zlib.crc32(keys[i]) % 4
+        p = parts[i] if parts[i] is not None else 1 if keys[i] is None else partition_of(keys[i], 4)
         want.setdefault(p, []).append((keys[i], b"v%d" % i, {"i": str(i)} if i % 2 else {}))
     s = broker.create_stream("s", partitions=4)
     for p, values, ks, hs in arrow.route(part, 4, 1, "s"):

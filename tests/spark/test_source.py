@@ -292,21 +292,21 @@ def test_option_errors_are_one_clear_line(broker):
 
 
 def test_an_option_the_source_does_not_read_is_refused_naming_those_it_does(broker):
-    """Kafka's maxOffsetsPerTrigger looked taken and did nothing: a user believed they had
-    a rate limit. Every option a part does not read is refused, as Spark hands it
-    (lower-cased), with the closest name it has and the list of them."""
-    known = ("stream, queue, namespace, url, token, startingOffsets, failOnDataLoss, includeHeaders, minPartitions, "
-             "maxPartitions, queueStageMaxBytes")
+    """Kafka's maxOffsetsPerTrigger once looked taken and did nothing: a user believed they
+    had a rate limit (it is honoured now, tests/spark/test_kafka_options.py). Every option
+    a part does not read is refused, as Spark hands it (lower-cased), with the closest name
+    it has and the list of them."""
+    known = ("stream, queue, namespace, url, token, subscribe, subscribePattern, startingOffsets, failOnDataLoss, "
+             "includeHeaders, minPartitions, maxPartitions, queueStageMaxBytes")
     with pytest.raises(SpecError) as e:
-        reader_of(broker, maxoffsetspertrigger="10")
-    assert str(e.value) == ("the shmq streaming source has no option maxoffsetspertrigger (did you mean "
-                            f"maxRecordsPerTrigger?); its options are {known}, maxRecordsPerTrigger, "
-                            "minRecordsPerTrigger, maxTriggerDelay")
+        reader_of(broker, maxoffsetspertriger="10")
+    assert str(e.value) == ("the shmq streaming source has no option maxoffsetspertriger (did you mean "
+                            f"maxOffsetsPerTrigger?); its options are {known}, maxRecordsPerTrigger, "
+                            "maxOffsetsPerTrigger, minRecordsPerTrigger, minOffsetsPerTrigger, maxTriggerDelay")
     with pytest.raises(SpecError) as e:
-        reader_of(broker, BatchReader, maxRecordsPerTrigger="10", subscribe="events")
-    assert str(e.value) == ("the shmq batch source has no options maxrecordspertrigger (an option of the shmq "
-                            "streaming source), subscribe; its options are "
-                            f"{known}, endingOffsets")
+        reader_of(broker, BatchReader, maxOffsetsPerTrigger="10", assign='{"events": [0]}')
+    assert str(e.value) == ("the shmq batch source has no options assign, maxoffsetspertrigger (an option of the "
+                            f"shmq streaming source); its options are {known}, endingOffsets")
     with pytest.raises(SpecError, match="^the shmq streaming source has no option endingoffsets \\(an option of "
                                         "the shmq batch source\\); its options"):
         reader_of(broker, endingOffsets="latest")
@@ -330,7 +330,8 @@ def test_every_option_the_code_reads_is_in_a_parts_list():
     src = "".join((Path(options.__file__).parent / f).read_text() for f in ("reader.py", "writer.py", "options.py"))
     read = {n.lower() for n in re.findall(r'(?:(?:opts|self)\.(?:get|integer|number|flag|offsets)\(|duration\(opts, )'
                                           r'"(\w+)"', src)}
-    assert read == listed - {"checkpointlocation", "queryname"}  # (Spark's own, handed to a sink: not read)
+    kafkas = {n.lower() for n in options.KAFKA_NAMES.values()}  # read under our names (Options.get)
+    assert read | kafkas == listed - {"checkpointlocation", "queryname"}  # (Spark's own, handed to a sink: not read)
 
 
 # ---------------------------------------------------------------- Spark queries
@@ -497,9 +498,9 @@ def test_bad_options_fail_with_messages_naming_what(spark, broker, tmp_path):
         run(spark, broker, tmp_path / "ck1", stream="nope")
     with pytest.raises(Exception, match="startingOffsets must be earliest, latest or JSON"):
         run(spark, broker, tmp_path / "ck2", startingOffsets="yesterday")
-    with pytest.raises(Exception, match="the shmq streaming source has no option maxoffsetspertrigger \\(did you "
+    with pytest.raises(Exception, match="the shmq streaming source has no option maxrecordspertriger \\(did you "
                                         "mean maxRecordsPerTrigger\\?\\); its options are stream, queue"):
-        run(spark, broker, tmp_path / "ck3", maxOffsetsPerTrigger=10)
+        run(spark, broker, tmp_path / "ck3", maxRecordsPerTriger=10)
 
 
 def test_planning_a_query_imports_no_pyarrow(broker):

@@ -1,0 +1,137 @@
+"""Fetch: records read from streams' partitions as record batches, and the long poll
+(``max_wait_ms``, ``min_bytes``) on the lines of the streams asked for.
+
+Strategy: one read of every partition asked, within the partition's and the response's
+byte budgets (the first record of the response always comes, as Kafka's KIP-74); if it
+holds fewer than ``min_bytes`` bytes and the client will wait, the fetch lines up on the
+line (``waiters.StreamWaiters``) of each stream it reads, whose doorbell rings for an
+append from anyone; each ring reads again, and the first read that holds enough, or the
+deadline, answers. Each partition's records go out as one uncompressed batch; a record's
+timestamp is the time shmq appended it (ms).
+"""
+
+import asyncio
+
+from ...errors import OffsetOutOfRange, ShmqError
+from ...kafka import ErrorCode
+from ...kafka.codes import code_of
+from ...kafka.headers import to_kafka
+from ...kafka.messages import response_class
+from ...kafka.records import Record, encode_batch
+from ...kafka import build
+from ...engine.headers import decode_headers
+from ..waiters import Waiter
+
+__all__ = ["fetch"]
+
+CHUNK = 500  # records read at a time while a budget lasts
+FETCH_MSG_TYPE = 1  # what the waiters' lines call a Kafka Fetch (for their logs only)
+
+
+def _read(s, p, offset, budget, first):
+    """(records, bytes) of partition ``p`` from ``offset`` within ``budget`` bytes of
+    values, keys and headers (the first record of the response whatever its size)."""
+    out, used = [], 0
+    while True:
+        rows = s.read_raw(p, offset, CHUNK)
+        if not rows:
+            return out, used
+        for off, ts, key, hraw, value in rows:
+            size = len(value) + len(hraw) + (len(key) if key is not None else 0) + 16
+            if used + size > budget and not (first and not out):
+                return out, used
+            used += size
+            headers = to_kafka(decode_headers(hraw)) if hraw else ()
+            out.append(Record(off, ts // 1_000_000, None if key is None else bytes(key), bytes(value), headers))
+        offset = rows[-1][0] + 1
+        if len(rows) < CHUNK:
+            return out, used
+
+
+def _read_all(server, request):
+    """(the response's topics, the bytes of records in them)."""
+    total, budget, topics = 0, request.max_bytes if request.max_bytes > 0 else 2**31, []
+    for t in request.topics:
+        s, code = server.topic(t.topic)
+        parts = []
+        for rp in t.partitions:
+            entry = {"partition_index": rp.partition, "error_code": code, "high_watermark": -1,
+                     "last_stable_offset": -1, "log_start_offset": -1, "records": b"", "preferred_read_replica": -1}
+            parts.append(entry)
+            if s is None:
+                continue
+            try:
+                if not 0 <= rp.partition < s.partitions:
+                    entry["error_code"] = ErrorCode.unknown_topic_or_partition
+                    continue
+                earliest, end = s.offsets(rp.partition)
+                entry.update(high_watermark=end, last_stable_offset=end, log_start_offset=earliest)
+                if rp.fetch_offset < earliest or rp.fetch_offset > end:
+                    entry["error_code"] = ErrorCode.offset_out_of_range
+                    continue
+                if rp.fetch_offset == end:
+                    continue
+                records, used = _read(s, rp.partition, rp.fetch_offset, min(rp.partition_max_bytes, budget),
+                                      first=total == 0)
+                if records:
+                    entry["records"] = encode_batch(records)
+                    total += used
+                    budget -= used
+            except OffsetOutOfRange:
+                entry["error_code"] = ErrorCode.offset_out_of_range
+            except ShmqError as e:
+                entry["error_code"] = code_of(e)
+        topics.append({"topic": t.topic, "partitions": parts})
+    return topics, total
+
+
+class _Poll:
+    """One waiting fetch, lined up on every stream it reads: the first answer wins."""
+
+    def __init__(self, server, request, lines):
+        self.server = server
+        self.request = request
+        self.lines = lines
+        self.future = server.loop.create_future()
+        self.waiters = []
+
+    def take(self, _args):
+        topics, total = _read_all(self.server, self.request)
+        return (topics, total) if total >= self.request.min_bytes else None
+
+    def answer(self, w, result):  # the ``conn`` of its waiters
+        for other in self.waiters:
+            if other is not w:
+                other.line.drop(other)
+        if not self.future.done():
+            self.future.set_result(result)
+
+
+async def fetch(ctx, header, request):
+    server = ctx.server
+    topics, total = _read_all(server, request)
+    wait_s = request.max_wait.total_seconds()
+    if request.min_bytes > 0 and total < request.min_bytes and wait_s > 0 and not (ctx.closing or ctx.gone):
+        lines = []
+        for t in request.topics:
+            s, _code = server.topic(t.topic)
+            if s is not None:
+                lines.append(server.streams.line_of(s))
+        if lines:
+            poll = _Poll(server, request, lines)
+            deadline = server.loop.time() + wait_s
+            for line in lines:
+                w = Waiter(poll, line, 0, FETCH_MSG_TYPE, poll.take, None, None)
+                poll.waiters.append(w)
+                line.add(w, deadline)
+            try:
+                result = await poll.future
+            except asyncio.CancelledError:  # the connection went
+                poll.answer(None, None)
+                raise
+            if isinstance(result, tuple) and len(result) == 2:
+                topics, total = result
+            else:  # the deadline (NOTHING), or an error: what is there now
+                topics, total = _read_all(server, request)
+    return build(response_class(header.request_api_key, header.request_api_version),
+                 {"error_code": ErrorCode.none, "session_id": 0, "responses": topics})

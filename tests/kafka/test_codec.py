@@ -1,0 +1,205 @@
+"""shmq.kafka, sans-IO: frames, requests, record batches, codecs, headers, SASL — and
+the parser's promise (any bytes: a result or KafkaProtocolError), fuzzed."""
+
+import gzip
+import io
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.request_header.v2.header import RequestHeader
+from kio.serial import entity_writer
+
+from shmq.kafka import ErrorCode, FrameDecoder, KafkaProtocolError, frame, parse_request
+from shmq.kafka.compression import CODECS, compress, decompress
+from shmq.kafka.headers import to_kafka, to_native
+from shmq.kafka.records import Record, decode_batches, encode_batch
+from shmq.kafka.sasl import parse_plain
+from shmq.server.kafka.handlers import VERSIONS
+from shmq.server.kafka.produce import Sequences
+
+
+def _metadata_request(topics=("a", "b")) -> bytes:
+    out = io.BytesIO()
+    entity_writer(RequestHeader)(out, RequestHeader(request_api_key=3, request_api_version=12, correlation_id=7,
+                                                    client_id="me"))
+    entity_writer(MetadataRequest)(out, MetadataRequest(topics=tuple(MetadataRequestTopic(name=t, topic_id=None)
+                                                                     for t in topics),
+                                                        allow_auto_topic_creation=True,
+                                                        include_topic_authorized_operations=False))
+    return out.getvalue()
+
+
+def test_frames_fed_one_byte_at_a_time():
+    data = frame(b"abc") + frame(b"") + frame(b"x" * 300)
+    d, got = FrameDecoder(1000), []
+    for i in range(len(data)):
+        d.receive_data(data[i:i + 1])
+        while (f := d.next_frame()) is not None:
+            got.append(f)
+    assert got == [b"abc", b"", b"x" * 300]
+    assert d.buffered == 0
+
+
+def test_a_frame_over_the_limit_is_refused_at_its_size():
+    d = FrameDecoder(100)
+    d.receive_data(struct.pack(">i", 101))
+    with pytest.raises(KafkaProtocolError, match="a frame of 101 bytes; this port takes 0..100"):
+        d.next_frame()
+    d = FrameDecoder(100)
+    d.receive_data(struct.pack(">i", -5))
+    with pytest.raises(KafkaProtocolError, match="a frame of -5 bytes"):
+        d.next_frame()
+
+
+def test_a_request_parses_with_its_header():
+    req = parse_request(_metadata_request(), VERSIONS)
+    assert (req.api_key, req.api_version, req.correlation_id, req.client_id) == (3, 12, 7, "me")
+    assert [t.name for t in req.body.topics] == ["a", "b"]
+
+
+def test_unsupported_versions_and_keys_say_what_to_answer():
+    data = bytearray(_metadata_request())
+    struct.pack_into(">h", data, 2, 99)
+    with pytest.raises(KafkaProtocolError, match="Metadata v99 is not supported here") as e:
+        parse_request(bytes(data), VERSIONS)
+    assert (e.value.code, e.value.request) == (ErrorCode.unsupported_version, (3, 99, 7))
+    struct.pack_into(">hh", data, 0, 24, 0)  # AddPartitionsToTxn: not served
+    with pytest.raises(KafkaProtocolError, match="AddPartitionsToTxn v0 is not supported here"):
+        parse_request(bytes(data), VERSIONS)
+
+
+def test_a_request_cut_short_does_not_parse():
+    with pytest.raises(KafkaProtocolError, match="Metadata v12: the request does not parse"):
+        parse_request(_metadata_request()[:-3], VERSIONS)
+    with pytest.raises(KafkaProtocolError, match="too short for a request header"):
+        parse_request(b"\x00\x03", VERSIONS)
+
+
+RECORDS = [Record(5 + i, 1_700_000_000_000 + 3 * i, b"k%d" % i if i % 3 else None, b"value %d" % i * (i + 1),
+                  (("h", b"1"), ("h", None))) for i in range(40)]
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_record_batches_round_trip_with_every_codec(codec):
+    data = encode_batch(RECORDS, CODECS[codec], producer_id=9, producer_epoch=1, base_sequence=3)
+    (b,) = decode_batches(data, 2**20)
+    assert b.records == RECORDS
+    assert (b.producer_id, b.producer_epoch, b.base_sequence, b.last_sequence) == (9, 1, 3, 42)
+    assert b.attributes & 7 == CODECS[codec]
+
+
+def test_a_wrong_crc_is_a_corrupt_message():
+    data = bytearray(encode_batch(RECORDS))
+    data[-1] ^= 1
+    with pytest.raises(KafkaProtocolError, match="a record batch with a wrong CRC-32C") as e:
+        decode_batches(bytes(data), 2**20)
+    assert e.value.code == ErrorCode.corrupt_message
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_decompression_is_bounded(codec):
+    bomb = compress(CODECS[codec], bytes(10 * 2**20))
+    with pytest.raises(KafkaProtocolError, match=f"a {codec} batch that decompresses to more than 65536 bytes"):
+        decompress(CODECS[codec], bomb, 65536)
+    assert decompress(CODECS[codec], bomb, 10 * 2**20) == bytes(10 * 2**20)
+
+
+def test_snappy_raw_and_gzip_as_other_clients_write_them():
+    import snappy
+
+    assert decompress(CODECS["snappy"], snappy.compress(b"raw" * 100), 1000) == b"raw" * 100
+    assert decompress(CODECS["gzip"], gzip.compress(b"g" * 100), 1000) == b"g" * 100
+    with pytest.raises(KafkaProtocolError, match="a zstd batch that does not decompress"):
+        decompress(CODECS["zstd"], b"not zstd at all", 1000)
+
+
+def test_headers_both_ways():
+    assert to_native((("a", b"1"), ("a", b"2"), ("n", None))) == {"a": b"2", "n": b""}
+    assert to_native(()) is None
+    assert to_kafka({"s": "é", "b": b"\x00", "i": -3, "f": 0.25, "t": True}) == \
+        (("s", "é".encode()), ("b", b"\x00"), ("i", b"-3"), ("f", b"0.25"), ("t", b"true"))
+
+
+def test_sasl_plain():
+    assert parse_plain(b"\0user\0pass") == ("user", "pass")
+    assert parse_plain(b"authz\0user\0") == ("user", "")
+    with pytest.raises(KafkaProtocolError, match="authzid NUL user NUL password"):
+        parse_plain(b"userpass")
+
+
+def test_idempotent_sequences():
+    seq = Sequences()
+    pid, epoch = seq.init(-1, -1)
+    assert seq.init(pid, epoch) == (pid, epoch + 1)
+    key = (pid, "t", 1.0, 0)
+    assert seq.check(key, 0, 0, 4) is None
+    seq.record(key, 0, 0, 4, 100, 5)
+    assert seq.check(key, 0, 0, 4) == (100, 5)  # a retry: the first offset again, nothing appended
+    with pytest.raises(KafkaProtocolError, match="sequence 7 where 5 was expected") as e:
+        seq.check(key, 0, 7, 9)
+    assert e.value.code == ErrorCode.out_of_order_sequence_number
+    assert seq.check(key, 0, 5, 9) is None
+    with pytest.raises(KafkaProtocolError, match="sequence 3 from a producer") as e:
+        seq.check((pid + 1, "t", 1.0, 0), 0, 3, 3)
+    assert e.value.code == ErrorCode.unknown_producer_id
+    seq.record(key, 1, 0, 0, 200, 6)  # a new epoch starts at 0
+    with pytest.raises(KafkaProtocolError, match="producer epoch 0 is older than 1") as e:
+        seq.check(key, 0, 1, 1)
+    assert e.value.code == ErrorCode.invalid_producer_epoch
+
+
+# ---------------------------------------------------------------------------- the parser's promise
+VALID = [_metadata_request(), encode_batch(RECORDS), encode_batch(RECORDS, CODECS["gzip"])]
+
+
+def _mutate(data: bytes, edits) -> bytes:
+    b = bytearray(data)
+    for pos, value in edits:
+        if b:
+            b[pos % len(b)] = value
+    return bytes(b)
+
+
+def _with_crc(data: bytes) -> bytes:
+    """A mutated batch with its CRC made right again: the parse goes past the check."""
+    from crc32c import crc32c
+
+    if len(data) < 61:
+        return data
+    b = bytearray(data)
+    struct.pack_into(">I", b, 17, crc32c(bytes(b[21:])))
+    return bytes(b)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(VALID[1:]), st.lists(st.tuples(st.integers(21, 10**6), st.integers(0, 255)), min_size=1,
+                                            max_size=4))
+def test_batches_mutated_past_their_crc_decode_or_raise(data, edits):
+    try:
+        decode_batches(_with_crc(_mutate(data, edits)), 2**16)
+    except KafkaProtocolError:
+        pass
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.binary(max_size=512),
+                 st.tuples(st.sampled_from(VALID), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)),
+                                                            max_size=6), st.integers(0, 4096))
+                 .map(lambda t: _mutate(t[0], t[1])[:len(t[0]) - t[2] % 8 if t[2] % 3 == 0 else None])))
+def test_any_bytes_parse_or_raise_kafka_protocol_error(data):
+    d = FrameDecoder(4096)
+    d.receive_data(frame(data) if len(data) % 2 else data)
+    try:
+        while d.next_frame() is not None:
+            pass
+    except KafkaProtocolError:
+        pass
+    assert d.buffered <= len(data) + 4
+    for parse in (lambda: parse_request(data, VERSIONS), lambda: decode_batches(data, 2**16)):
+        try:
+            parse()
+        except KafkaProtocolError:
+            pass
