@@ -836,3 +836,33 @@ def test_the_spark_pages_figures_are_the_saved_runs():
     begin, end = page.index(spark_bench.MD_BEGIN), page.index(spark_bench.MD_END) + len(spark_bench.MD_END)
     assert page[begin:end] == spark_bench.markdown(doc), "stale: python -m bench.spark --markdown docs/spark-bench.json"
     assert doc["settings"]["runs"] >= 3 and doc["settings"]["records"] == 1_000_000 and not doc["settings"]["quick"]
+
+
+@pytest.mark.slow
+def test_the_kafka_bench_quick_runs_every_system_and_says_the_targets(tmp_path):
+    """``python -m bench.kafka --quick``: confluent-kafka through the Kafka listener, shmq's
+    own TCP client and Redis Streams (or Redis skipped, saying why), each a rate and a
+    latency, the issue's two targets with a verdict, the JSON; nothing left in /dev/shm,
+    no server left running."""
+    out_json = tmp_path / "kafka.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    servers_before = _orphaned_bench_servers()
+    argv = ["--quick", "--records", "500", "--json", str(out_json)]
+    pid, code, stdout, stderr = _run(argv, env, 180, module="bench.kafka")
+    assert code == 0, stdout + stderr
+    doc = json.loads(out_json.read_text())
+    assert doc["command"] == "python -m bench.kafka " + " ".join(argv)
+    assert (doc["records"], doc["size"], doc["runs"]) == (500, 100, 1)
+    systems = [r["system"] for r in doc["rows"]]
+    assert systems == ["kafka", "shmq-tcp", "redis-streams"] or (
+        systems == ["kafka", "shmq-tcp"] and "redis-streams" in doc["skipped"])
+    for r in doc["rows"]:
+        assert r["error"] is None and len(r["runs"]) == 1 and r["records_per_s"] > 0 and r["p50_us"] > 0, r
+    assert [(t["system"], t["peer"], t["at_least"]) for t in doc["targets"]] == [
+        ("kafka", "shmq-tcp", 0.5), ("kafka", "redis-streams", 2.0)]
+    assert doc["targets"][0]["verdict"] in ("met", "missed")
+    lines = stdout.splitlines()
+    assert "| system | records/s | p50 produce-to-consume | kafka / system (records/s) |" in lines
+    assert sum(line.startswith("target (issue 30): kafka >= ") for line in lines) == 2
+    assert _entries_of_run(pid) == []
+    assert _orphaned_bench_servers() <= servers_before

@@ -162,6 +162,8 @@ EXCHANGES = {
     MsgType.JOIN: ({"stream": "events", "group": "billing", "auto_offset_reset": "latest"},
                    {"member": 7, "partitions": [0, 2]}),
     MsgType.POLL: ({"stream": "events", "member": 7, "max": 500, "wait_ms": 1000}, {"records": []}),
+    MsgType.POLL_MANY: ({"members": [["events", 7], ["audit", 8]], "max": 500, "wait_ms": 1000},
+                        {"polls": [{"records": []}, {"records": [], "gone": True, "revoked": [[0, 3]]}]}),
     MsgType.COMMIT: ({"stream": "events", "member": 7, "offsets": [[0, 12], [2, 0]], "revoked": False}, {}),
     MsgType.LEAVE: ({"stream": "events", "member": 7}, {}),
     MsgType.SEEK: ({"stream": "events", "member": 7, "partitions": [0, 2], "to": "end"}, {}),
@@ -634,6 +636,8 @@ def test_missing_required_fields():
         (MsgType.RESET, {"stream": "s", "group": "g", "to": 5}, "to", "a string, not 5"),
         (MsgType.SEEK, {"stream": "s", "member": 1, "partitions": [0, 300]}, "partitions", "a list of partitions"),
         (MsgType.PAUSE, {"stream": "s", "member": 1, "paused": 1}, "paused", "a boolean"),
+        (MsgType.POLL_MANY, {"members": []}, "members", "a list of 1..4096 [stream name, member id >= 1] pairs"),
+        (MsgType.POLL_MANY, {"members": [["s", 1], ["s", 0]]}, "members", "item 1 is"),
         (MsgType.LAG, {"stream": "s"}, "group", None),
     ],
 )

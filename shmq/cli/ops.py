@@ -37,11 +37,12 @@ from .app import Size, _echo_json, _json_option, _namespace_option, _on_command_
               help="Bytes of unfinished big frames held across all connections; beyond, readers wait. "
                    "At least --max-frame-bytes + 16 (a size). [default: 64MiB]")
 @click.option("--frame-timeout", type=click.FloatRange(0, min_open=True), default=None,
-              help="Seconds a frame may take from its first byte to its last; then the connection closes. "
-                   "[default: 30]")
+              help="Seconds a frame may take from its first byte to its last; then the connection closes "
+                   "(on the Kafka port too). [default: 30]")
 @click.option("--idle-timeout", type=click.FloatRange(0, min_open=True), default=None,
               help="Seconds a connection may stay without a request while it holds nothing (no waiting "
-                   "request, subscription, unsettled delivery or group member); then it closes. [default: 300]")
+                   "request, subscription, unsettled delivery or group member; on the Kafka port, no request in "
+                   "progress); then it closes. [default: 300]")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Snapshot durable queues and streams here; rebuild lost ones from it on start. "
                    "[default: $SHMQ_HOME/data/NAMESPACE if $SHMQ_HOME is set, else $XDG_DATA_HOME/shmq/NAMESPACE, "

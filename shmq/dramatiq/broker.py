@@ -4,7 +4,7 @@ Strategy: one shmq queue per Dramatiq queue, with a dead-letter queue ``NAME.dlq
 beside it, declared by each process the first time it puts to or consumes from it
 (created, or its live settings changed: queue settings are code). A delivery handed to
 Dramatiq stays leased until it is settled, its lease renewed in the background
-(``leases.renew``), so a long job is never delivered twice, while a worker process that
+(``Delivery.keepalive``), so a long job is never delivered twice, while a worker process that
 dies (even by SIGKILL) renews nothing and its messages are delivered again: locally
 when the next housekeeping sees the holder dead, over TCP when its connection closes.
 
@@ -41,10 +41,9 @@ from dramatiq.errors import ActorNotFound, ConnectionClosed, QueueJoinTimeout, Q
 from dramatiq.message import Message
 from dramatiq.results import Results
 
-from ..errors import BrokerUnavailable, DeliveryExpired, QueueEmpty, QueueExists, ShmqError
-from .leases import renew
+from ..errors import BrokerUnavailable, DeliveryExpired, QueueEmpty, ShmqError
 
-__all__ = ["ShmqBroker", "DEAD_LETTER_SUFFIX", "PRIORITY_OPTION", "open_broker", "declare"]
+__all__ = ["ShmqBroker", "DEAD_LETTER_SUFFIX", "PRIORITY_OPTION", "open_broker"]
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +59,6 @@ def open_broker(url, namespace, token, options):
     if url is None:
         return shmq.connect(namespace=namespace)
     return shmq.connect(url, token=token, **options)
-
-
-def declare(client, name: str, **settings) -> None:
-    """Create queue ``name`` with ``settings``, or change the live settings of the one there
-    (``declare_queue``; SettingsMismatch names one that cannot change)."""
-    declare_queue = getattr(client, "declare_queue", None)
-    if declare_queue is not None:
-        declare_queue(name, **settings)
-        return
-    # INTERIM, until the DECLARE contract lands: create, or take the queue there as it is
-    try:
-        client.create_queue(name, exist_ok=True, **settings)
-    except QueueExists as e:
-        log.warning("%s: used as it is", e)
 
 
 @contextlib.contextmanager
@@ -143,9 +128,9 @@ class ShmqBroker(dramatiq.Broker):
             settings = dict(self.queue_settings)
             if self.dead_letters:
                 dlq = name + DEAD_LETTER_SUFFIX
-                declare(client, dlq, **{k: settings[k] for k in _FIXED if k in settings})
+                client.declare_queue(dlq, **{k: settings[k] for k in _FIXED if k in settings})
                 settings["dead_letter_queue"] = dlq
-            declare(client, name, **settings)
+            client.declare_queue(name, **settings)
             q = self._producers[name] = client.queue(name)
             vt = self._declared[name] = q.settings()["visibility_timeout"]
         return vt
@@ -290,7 +275,7 @@ class _Consumer(dramatiq.Consumer):
                     return None
                 with self._cond:
                     for x in ds:
-                        self._held[id(x)] = (x, renew(x, self.visibility_timeout))
+                        self._held[id(x)] = (x, x.keepalive(self.visibility_timeout / 3))
                     self._taken.extend(ds[1:])
                 d = ds[0]
             try:

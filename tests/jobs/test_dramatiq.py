@@ -3,6 +3,7 @@ tests/jobs/dramatiq_app.py, with exact accounting of job ids from the app's log;
 the broker, its consumer and the results backend in this process with Dramatiq's own
 Worker."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -81,7 +82,8 @@ def workers(tmp_path):
     for w in started:
         if w.proc.poll() is None:
             for pid in w.children():
-                psutil.Process(pid).kill()
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(pid).kill()
             w.proc.kill()
             w.proc.wait(30)
 
@@ -139,8 +141,9 @@ def test_a_sigkilled_worker_process_jobs_run_again_elsewhere(namespace, tmp_path
         return next((pid for j, pid, _ in started if pid in victims and not done[j]), None)
 
     victim = wait_for(busy_victim, timeout=60, what="a job started in a worker process of the first command")
-    psutil.Process(victim).kill()
-    psutil.Process(victim).wait(10)
+    doomed_process = psutil.Process(victim)  # one handle: its parent may reap it the moment it dies
+    doomed_process.kill()
+    doomed_process.wait(10)
     held = {j for j, pid, _ in events(log, "start") if pid == victim} - set(count(log, "done"))
     assert held, "the killed process held a job"
     other = workers(env, processes=1, threads=2)

@@ -43,6 +43,25 @@ def test_frames_fed_one_byte_at_a_time():
     assert d.buffered == 0
 
 
+def test_scan_tells_the_open_frame_and_the_frames_ended_one_byte_at_a_time():
+    """What the frame timeout reads: bytes of a frame still open, frames made whole since
+    the last scan, whether frames are taken meanwhile or not."""
+    data = frame(b"abc") + frame(b"") + frame(b"x" * 70_000) + frame(b"yz")
+    ends = {7, 11, 70_015, 70_021}  # where each frame ends in ``data``
+    for take in (False, True):
+        d, ended, got = FrameDecoder(100_000), 0, []
+        for i in range(len(data)):
+            d.receive_data(data[i:i + 1])
+            open_bytes, n = d.scan()
+            start = max([e for e in ends if e <= i + 1], default=0)
+            assert (open_bytes, n) == (i + 1 - start, int(i + 1 in ends)), i
+            ended += n
+            while take and (f := d.next_frame()) is not None:
+                got.append(f)
+        assert ended == 4 and d.scan() == (0, 0)
+        assert got == ([b"abc", b"", b"x" * 70_000, b"yz"] if take else [])
+
+
 def test_a_frame_over_the_limit_is_refused_at_its_size():
     d = FrameDecoder(100)
     d.receive_data(struct.pack(">i", 101))

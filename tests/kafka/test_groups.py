@@ -46,9 +46,7 @@ def kafka(broker, servers):
     srv = servers(broker.namespace, "--no-persist", "--no-auth", "--kafka-port", "0")
     srv.kafka_port = kafka_port(srv)
     yield srv
-    rc = srv.stop()
-    print("SERVER LOG:\n" + "".join(srv.later))  # D3DEBUG
-    assert rc == 0
+    assert srv.stop() == 0
 
 
 def join(w, member_id="", group="g", topics=("ev",), protocols=("range",), session=30_000, rebalance=30_000,

@@ -1,0 +1,447 @@
+"""One group member over several streams, or over every stream whose name matches a
+pattern: ``broker.consumer(group, streams=[...])`` / ``broker.consumer(group,
+pattern=...)``, Kafka's ``subscribe(topics)`` and ``subscribe(pattern=...)``.
+
+Strategy: shmq's groups are per stream, so a member of group G on streams A and B is a
+member of G on A and one on B: one engine ``Consumer`` per stream (``_Member``, which
+notes the assignment's changes instead of calling back), composed here. Partitions are
+``TopicPartition(stream, partition)`` pairs. A poll reads the members without waiting,
+taking turns; finding nothing, it sleeps until an append or a rebalance on any of their
+streams (``watch.StreamsWatch``), in slices, so that a dead member elsewhere is noticed.
+The streams are listed again every ``refresh_interval`` seconds: a new stream matching
+the pattern (or a named one made again) is joined, a deleted one let go.
+"""
+
+import re
+import time
+from collections import deque
+from typing import NamedTuple
+
+from ..errors import CommitFailed, ShmqError, StreamNotFound
+from . import waits
+from .stream import (REFRESH_NS, Consumer, Stream, _check_offset, _group_name, check_auto_commit, check_callback,
+                     check_poll_interval, check_reset, log)
+from .watch import Armed, StreamsWatch
+
+__all__ = ["TopicPartition", "MultiConsumer", "Subscription", "check_subscription", "by_stream"]
+
+_mono = time.monotonic_ns
+
+
+class TopicPartition(NamedTuple):
+    """One partition of one stream, as a consumer of several streams names it (Kafka's
+    ``TopicPartition``); a plain ``(stream, partition)`` tuple is taken too."""
+
+    stream: str
+    partition: int
+
+
+class Subscription:
+    """Which streams a consumer of several wants: ``streams`` (names) or ``pattern`` (a
+    regular expression matched against the whole name, as Kafka's), checked."""
+
+    def __init__(self, streams=None, pattern=None):
+        if streams is not None and pattern is not None:
+            raise ValueError("give streams or pattern, not both")
+        if streams is None and pattern is None:
+            raise ValueError("give streams (a list of names) or pattern (a regular expression)")
+        self.pattern = None
+        self.streams = None
+        if pattern is not None:
+            if isinstance(pattern, re.Pattern):
+                self.pattern = pattern
+            elif not isinstance(pattern, str):
+                raise TypeError(f"pattern must be a str or a compiled regular expression, not "
+                                f"{type(pattern).__name__}")
+            else:
+                try:
+                    self.pattern = re.compile(pattern)
+                except re.error as e:
+                    raise ValueError(f"pattern {pattern!r} is not a regular expression: {e}") from None
+            return
+        if isinstance(streams, (str, bytes)) or not all(isinstance(n, str) for n in streams):
+            raise TypeError(f"streams must be a list of stream names, not {streams!r:.80}")
+        self.streams = list(dict.fromkeys(streams))
+        if not self.streams:
+            raise ValueError("streams must name at least one stream")
+
+    def __repr__(self):
+        return f"pattern={self.pattern.pattern!r}" if self.pattern is not None else f"streams={self.streams!r}"
+
+    def wanted(self, existing) -> list[str]:
+        """The streams of ``existing`` (the namespace's names) this subscription takes, sorted."""
+        if self.pattern is not None:
+            return sorted(n for n in existing if self.pattern.fullmatch(n))
+        have = set(existing)
+        return sorted(n for n in self.streams if n in have)
+
+
+def check_subscription(streams, pattern) -> Subscription:
+    return Subscription(streams, pattern)
+
+
+def as_tp(tp) -> TopicPartition:
+    """``tp`` checked: a TopicPartition, or a (stream name, partition) pair."""
+    if isinstance(tp, tuple) and len(tp) == 2 and isinstance(tp[0], str) and type(tp[1]) is int:
+        return TopicPartition(*tp)
+    raise TypeError(f"a consumer of several streams names partitions as (stream, partition) pairs "
+                    f"(shmq.TopicPartition), not {tp!r:.60}")
+
+
+def by_stream(tps) -> dict:
+    """{stream: [partition, ...]} of the pairs ``tps``, checked, in their order."""
+    out = {}
+    for tp in tps:
+        s, p = as_tp(tp)
+        out.setdefault(s, []).append(p)
+    return out
+
+
+def check_refresh(value) -> int:
+    ns = waits.seconds_ns(value, "refresh_interval")
+    if not ns:
+        raise ValueError(f"refresh_interval must be > 0, not {value!r}")
+    return ns
+
+
+class _Member(Consumer):
+    """A member on one stream of a ``MultiConsumer``: a poll that finds the assignment
+    moved notes the changes (``told``) and returns before it reads; the composite tells
+    them, for all its streams at once."""
+
+    def __init__(self, *args, **options):
+        self.told = ({}, [])  # (revoked {partition: position}, assigned)
+        super().__init__(*args, **options)
+
+    def _changed(self, revoked, assigned) -> bool:
+        self.told[0].update(revoked)
+        self.told[1].extend(p for p in assigned if p not in self.told[1])
+        return bool(revoked or assigned)
+
+    def take_told(self) -> tuple[dict, list]:
+        told, self.told = self.told, ({}, [])
+        return told
+
+
+class MultiConsumer:
+    """A member of a consumer group on several streams (``Broker.consumer``), with the
+    ``Consumer``'s methods where a partition is a ``TopicPartition(stream, partition)``:
+    ``assignment``, ``position``, ``seek*``, ``pause`` / ``resume`` / ``paused``,
+    ``commit({(stream, p): offset})`` (all or nothing per stream), ``poll`` (records
+    of every stream, each saying its ``stream``), on_assign / on_revoke called once per
+    change with the pairs of all streams, auto-commit, max_poll_interval (per stream's
+    group), ``for record in consumer``, and ``subscription()``: the streams it is on."""
+
+    def __init__(self, broker, group: str, streams=None, pattern=None, auto_offset_reset: str = "earliest", *,
+                 on_assign=None, on_revoke=None, auto_commit: bool = False, auto_commit_interval: float = 5.0,
+                 max_poll_interval: float | None = 300.0, refresh_interval: float = 5.0):
+        self.subscribed = check_subscription(streams, pattern)
+        self.group = _group_name(group)
+        self.auto_offset_reset = check_reset(auto_offset_reset)
+        self.on_assign, self.on_revoke = check_callback(on_assign, "on_assign"), check_callback(on_revoke, "on_revoke")
+        self._auto_ns = check_auto_commit(auto_commit, auto_commit_interval)
+        self._refresh_ns = check_refresh(refresh_interval)
+        check_poll_interval(max_poll_interval)
+        self._options = {"max_poll_interval": max_poll_interval}
+        self._broker = broker
+        self._members = {}  # stream name -> _Member
+        self._buffer = deque()  # polled by the iteration, not yet handed out
+        self._revoking = None  # in on_revoke: {TopicPartition: position}
+        self._turn = 0
+        self._closed = False
+        self._watch = StreamsWatch(broker.namespace)
+        self._next_auto = None if self._auto_ns is None else _mono() + self._auto_ns
+        self._next_refresh = 0
+        try:
+            if self.subscribed.streams is not None:  # named streams must be there at the start
+                for name in self.subscribed.streams:
+                    self._join(name)
+            self._refresh(force=True)
+        except BaseException:
+            self._leave_all()
+            raise
+
+    def __repr__(self):
+        return f"<shmq.MultiConsumer {self.group} {self.subscribed} streams={sorted(self._members)}>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        """The next record, polling (and waiting) as needed; StopIteration once closed."""
+        while not self._buffer:
+            if self._closed:
+                raise StopIteration
+            self._buffer.extend(self._poll(500, 1.0))
+        return self._buffer.popleft()
+
+    # ------------------------------------------------------------------ the streams
+    def subscription(self) -> list[str]:
+        """The streams this member is on now (for a pattern: those matching it at the last refresh)."""
+        return sorted(self._members)
+
+    def _join(self, name: str) -> None:
+        s = Stream(self._broker.namespace, name)
+        try:
+            self._members[name] = _Member(s, self.group, self.auto_offset_reset, **self._options)
+        except BaseException:
+            s.close()
+            raise
+
+    def _refresh(self, force=False) -> None:
+        """List the streams again (when due): join those newly wanted, let go of those gone."""
+        now = _mono()
+        if not force and now < self._next_refresh:
+            return
+        self._next_refresh = now + self._refresh_ns
+        wanted = self.subscribed.wanted(self._broker.list_streams())
+        for name in sorted(set(self._members) - set(wanted)):
+            self._let_go(name)
+        for name in wanted:
+            if name not in self._members:
+                try:
+                    self._join(name)
+                except StreamNotFound:  # deleted since the list
+                    pass
+
+    def _let_go(self, name: str) -> dict:
+        """Leave the stream ``name`` (deleted, or no longer wanted); its partitions'
+        positions are returned, for on_revoke."""
+        m = self._members.pop(name)
+        self._watch.forget(name)
+        lost = {TopicPartition(name, p): o for p, o in m._positions.items()}
+        self._drop_buffered(lost)
+        try:
+            m.close()
+        except ShmqError:
+            pass  # deleted: nothing to leave
+        finally:
+            m.stream.close()
+        if lost:
+            self._tell(lost, [])
+        return lost
+
+    def _leave_all(self) -> None:
+        for name in list(self._members):
+            m = self._members.pop(name)
+            try:
+                m.close()
+            except ShmqError:
+                pass
+            finally:
+                m.stream.close()
+        self._watch.close()
+
+    # ------------------------------------------------------------------ positions
+    def _member(self, stream: str) -> _Member:
+        m = self._members.get(stream)
+        if m is None:
+            raise ValueError(f"stream {stream!r} is not one of this member's {sorted(self._members)} (group "
+                             f"{self.group!r})")
+        return m
+
+    def assignment(self) -> list[TopicPartition]:
+        """The (stream, partition) pairs this member owns now."""
+        self._check_open()
+        return sorted(TopicPartition(n, p) for n, m in self._members.items() for p in m.assignment())
+
+    def position(self, tp) -> int:
+        """The next offset this member reads from ``tp`` (owned, or being revoked in
+        on_revoke); KeyError for another."""
+        tp = as_tp(tp)
+        if self._revoking is not None and tp in self._revoking:
+            return self._revoking[tp]
+        first = next((r.offset for r in self._buffer if (r.stream, r.partition) == tp), None)
+        if first is not None:
+            return first
+        m = self._members.get(tp.stream)
+        if m is None:
+            raise KeyError(f"{tp} is not assigned to this member of group {self.group!r} (its streams: "
+                           f"{sorted(self._members)})")
+        return m.position(tp.partition)
+
+    def seek(self, tp, offset: int) -> None:
+        """Read ``tp`` (owned) from ``offset`` at the next poll; commits nothing."""
+        tp = as_tp(tp)
+        self._member(tp.stream).seek(tp.partition, _check_offset(offset))
+        self._drop_buffered({tp})
+
+    def seek_to_beginning(self, *tps) -> None:
+        """Read these pairs (default: all owned) from their earliest retained offset."""
+        self._seek_to(tps, "seek_to_beginning")
+
+    def seek_to_end(self, *tps) -> None:
+        """Read these pairs (default: all owned) from their end: only what comes next."""
+        self._seek_to(tps, "seek_to_end")
+
+    def _seek_to(self, tps, how):
+        self._check_open()
+        groups = by_stream(tps) if tps else {n: [] for n in self._members}
+        for name, ps in groups.items():
+            getattr(self._member(name), how)(*ps)
+        self._drop_buffered(set(map(as_tp, tps)) if tps else None)
+
+    def pause(self, *tps) -> None:
+        """Stop reading these owned pairs (they stay this member's) until ``resume``."""
+        self._check_open()
+        groups = by_stream(tps)
+        for name, ps in groups.items():
+            m = self._member(name)
+            for p in ps:  # records polled and not handed out are read again after resume
+                m.seek(p, self.position((name, p)))
+            m.pause(*ps)
+        self._drop_buffered(set(map(as_tp, tps)))
+
+    def resume(self, *tps) -> None:
+        """Read these paused pairs again."""
+        self._check_open()
+        for name, ps in by_stream(tps).items():
+            self._member(name).resume(*ps)
+
+    def paused(self) -> list[TopicPartition]:
+        """The owned pairs paused now."""
+        return sorted(TopicPartition(n, p) for n, m in self._members.items() for p in m.paused())
+
+    def _drop_buffered(self, tps) -> None:
+        """Forget the records the iteration holds of ``tps`` (None: all)."""
+        if self._buffer:
+            self._buffer = deque(r for r in self._buffer
+                                 if tps is not None and (r.stream, r.partition) not in tps)
+
+    # ------------------------------------------------------------------ poll
+    def poll(self, max_records: int = 500, timeout: float = 1.0) -> list:
+        """Records from the pairs this member owns and has not paused, of all its streams,
+        from where it is on; waits up to ``timeout`` seconds for some (woken by an append
+        to any of its streams), returns [] if none came. Calls on_revoke / on_assign first
+        when the assignment moved, and commits when auto-commit is due."""
+        self._check_open()
+        if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
+            raise ValueError(f"max_records must be a positive int, not {max_records!r}")
+        if self._buffer:
+            for m in self._members.values():
+                m._polled(0)
+            return [self._buffer.popleft() for _ in range(min(max_records, len(self._buffer)))]
+        return self._poll(max_records, timeout)
+
+    def _poll(self, max_records, timeout):
+        wait_ns = waits.seconds_ns(timeout, "timeout")
+        deadline = _mono() + wait_ns
+        for m in self._members.values():
+            m._polled(wait_ns)
+        if self._next_auto is not None and _mono() >= self._next_auto:
+            self._next_auto = _mono() + self._auto_ns
+            self._quietly(lambda: self._commit(None))
+        while True:
+            self._refresh()
+            out = self._read_round(max_records)
+            if out is None:  # the assignment moved, and was told: read now
+                continue
+            now = _mono()
+            if out or now >= deadline:
+                return out
+            armed, handles = {}, {}
+            for name, m in self._members.items():
+                positions = {p: o for p, o in m._positions.items() if p not in m._paused}
+                armed[name], handles[name] = Armed(m.group, m._gen, positions), m.stream
+            until = min(deadline, now + REFRESH_NS, self._next_refresh)  # a dead member elsewhere, new streams
+            try:
+                self._watch.wait(armed, handles, until)
+            except StreamNotFound:
+                pass  # the read finds which, and lets it go
+
+    def _read_round(self, max_records):
+        """One pass over the members, taking turns, without waiting; None when the
+        assignment moved (then on_revoke / on_assign were called)."""
+        out, revoked, assigned = [], {}, []
+        names = list(self._members)
+        for k in range(len(names)):
+            name = names[(self._turn + k) % len(names)]
+            m = self._members[name]
+            try:
+                if len(out) < max_records:
+                    out += m.poll(max_records - len(out), timeout=0)
+            except StreamNotFound:
+                self._let_go(name)
+                continue
+            gone, came = m.take_told()
+            revoked.update((TopicPartition(name, p), o) for p, o in gone.items())
+            assigned += [TopicPartition(name, p) for p in came]
+        self._turn += 1
+        if revoked or assigned:
+            self._tell(revoked, assigned)
+            if not out:
+                return None
+        return out
+
+    def _tell(self, revoked: dict, assigned: list) -> None:
+        """The assignment moved: auto-commit commits the revoked positions, then on_revoke
+        and on_assign are called, each once with the pairs of every stream."""
+        if revoked and self._auto_ns is not None:
+            for name, ps in by_stream(revoked).items():
+                m = self._members.get(name)
+                if m is not None:
+                    self._quietly(lambda m=m, ps=ps, name=name: m._commit(
+                        {p: revoked[(name, p)] for p in ps}, revoking=True))
+        if revoked and self.on_revoke is not None:
+            self._revoking = revoked
+            try:
+                self.on_revoke(sorted(revoked))
+            finally:
+                self._revoking = None
+        if assigned and self.on_assign is not None:
+            self.on_assign(sorted(assigned))
+
+    def _quietly(self, commit) -> None:
+        """An auto-commit: a refusal is logged, as Kafka's auto-commit does."""
+        try:
+            commit()
+        except CommitFailed as e:
+            log.warning("group %s: auto-commit refused: %s", self.group, e)
+
+    # ------------------------------------------------------------------ commit, close
+    def commit(self, offsets: dict | None = None) -> None:
+        """Commit ``{(stream, partition): next offset to read}`` (default: where this
+        member is in every pair it owns, never past a record the iteration has not handed
+        out), all or nothing per stream, as ``Consumer.commit`` does per stream
+        (CommitFailed: poll again). In on_revoke it covers the revoked pairs too."""
+        self._check_open()
+        self._commit(offsets)
+
+    def _commit(self, offsets) -> None:
+        revoking = self._revoking is not None
+        if offsets is None:
+            pending = dict(self._revoking or {})
+            pending.update((TopicPartition(n, p), self.position((n, p))) for n, m in self._members.items()
+                           for p in m._owned)
+        else:
+            pending = {as_tp(tp): _check_offset(o) for tp, o in offsets.items()}
+        for name, ps in by_stream(pending).items():
+            m = self._members.get(name) if offsets is None else self._member(name)
+            if m is not None:
+                m._commit({p: pending[(name, p)] for p in ps}, revoking)
+
+    def close(self) -> None:
+        """Leave the group on every stream: this member's pairs go to the others. With
+        auto-commit, commits where it is first (and on_revoke is told of the pairs it
+        gives up)."""
+        if self._closed:
+            return
+        try:
+            if self._auto_ns is not None or self.on_revoke is not None:
+                owned = {TopicPartition(n, p): self.position((n, p)) for n, m in self._members.items()
+                         for p in m._owned}
+                if owned:
+                    self._tell(owned, [])
+        finally:
+            self._closed = True
+            self._leave_all()
+
+    def _check_open(self):
+        if self._closed:
+            raise ShmqError(f"consumer of group {self.group!r} is closed")

@@ -1,0 +1,103 @@
+"""The Celery app the tests of tests/jobs/test_celery.py run under the real ``celery worker``.
+
+Set by the environment: ``JOBS_BROKER`` (a ``shmq://`` url), ``JOBS_BACKEND`` (e.g.
+``rpc://``; none by default), ``JOBS_VT`` (the queues' visibility timeout, seconds) and
+``JOBS_LOG``: a file each task appends one line to per event (``EVENT JOB PID TIME QUEUE``),
+written with O_APPEND in one write, so lines of concurrent processes never mix.
+"""
+
+import os
+import signal
+import time
+
+from celery import Celery
+
+import shmq.kombu  # noqa: F401  registers the "shmq" transport
+
+app = Celery("jobs", broker=os.environ.get("JOBS_BROKER", "shmq://"), backend=os.environ.get("JOBS_BACKEND") or None)
+app.conf.update(
+    broker_transport_options={"visibility_timeout": float(os.environ.get("JOBS_VT", "30"))},
+    broker_connection_retry_on_startup=True,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    task_acks_on_failure_or_timeout=False,  # a task that fails for good is rejected: to the dead-letter queue
+    task_queue_max_priority=9,
+    task_default_priority=0,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    task_routes={"tests.jobs.celery_app.alpha": {"queue": "alpha"}, "tests.jobs.celery_app.beta": {"queue": "beta"}},
+)
+
+
+def note(event: str, job: str, queue: str = "-") -> None:
+    line = f"{event} {job} {os.getpid()} {time.time():.3f} {queue}\n".encode()
+    fd = os.open(os.environ["JOBS_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def events(path: str) -> list[list[str]]:
+    """The log's lines, split: [event, job, pid, time, queue]."""
+    try:
+        with open(path) as f:
+            return [line.split() for line in f]
+    except FileNotFoundError:
+        return []
+
+
+@app.task(bind=True)
+def record(self, job):
+    note("done", job, self.request.delivery_info.get("routing_key", "-"))
+    return job
+
+
+@app.task(bind=True)
+def alpha(self, job):
+    note("done", job, self.request.delivery_info.get("routing_key", "-"))
+
+
+@app.task(bind=True)
+def beta(self, job):
+    note("done", job, self.request.delivery_info.get("routing_key", "-"))
+
+
+@app.task
+def add(x, y):
+    return x + y
+
+
+@app.task
+def slow(job, seconds):
+    note("start", job)
+    time.sleep(seconds)  # the job itself: a long one
+    note("done", job)
+
+
+@app.task
+def gated(job, gate):
+    """Starts, then waits for the file ``gate`` to exist before it is done."""
+    note("start", job)
+    while not os.path.exists(gate):
+        time.sleep(0.02)
+    note("done", job)
+
+
+@app.task
+def dies_once(job):
+    """Its first run SIGKILLs the process running it; the next is done."""
+    runs = sum(1 for e in events(os.environ["JOBS_LOG"]) if e[:2] == ["start", job])
+    note("start", job)
+    if runs == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    note("done", job)
+
+
+@app.task(bind=True, max_retries=2, default_retry_delay=0.3)
+def flaky(self, job, fail_times):
+    """Fails its first ``fail_times`` runs, each retried after a countdown."""
+    note("start", job)
+    if self.request.retries < fail_times:
+        raise self.retry(countdown=0.3)
+    note("done", job)
