@@ -209,8 +209,11 @@ def main(argv=None):
                           + (f"{rows[-1]['median']:10,.0f} jobs/s" if rows[-1]["median"] else f"failed: {error}"),
                           flush=True)
     finally:
-        for server, _ in servers.values():
+        for server, ns in servers.values():
             server.close()
+            if ns is not None:
+                from shmq.engine.segment import destroy_namespace
+                destroy_namespace(ns)
     print_table(info, args, rows, skipped)
     if args.json:
         with open(args.json, "w") as f:

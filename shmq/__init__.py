@@ -24,6 +24,8 @@ from .errors import (
     OutcomeUnknown,
     ProtocolError,
     QueueCorrupted,
+    LayoutMismatch,
+    StreamLayoutMismatch,
     QueueEmpty,
     QueueExists,
     QueueFull,
@@ -65,6 +67,8 @@ __all__ = [
     "MessageTooLarge",
     "DeliveryExpired",
     "QueueCorrupted",
+    "LayoutMismatch",
+    "StreamLayoutMismatch",
     "ProtocolError",
     "Unauthorized",
     "BrokerUnavailable",
@@ -104,20 +108,22 @@ def connect(url: str | None = None, *, namespace: str | None = None, token: str 
     token is ``token``, else the url's (``tcp://:TOKEN@host:port`` or ``?token=``), else
     $SHMQ_TOKEN, else the one of your own server at that endpoint on this host, found in
     its runtime file (see shmq.auth). ``options``, for tcp:// only: ``timeout``,
-    ``connect_timeout``, ``reconnect``, ``retries``, ``backoff``
-    (shmq.client.options.ConnectOptions). The asyncio client is ``shmq.aio.connect``.
+    ``connect_timeout``, ``reconnect``, ``retries``, ``backoff``, ``ssl``
+    (shmq.client.options.ConnectOptions). ``tcps://host:port``: the same over TLS
+    (docs/OPERATIONS.md, "TLS"). The asyncio client is ``shmq.aio.connect``.
     """
     if url is None:
         if options:
             raise ValueError(f"{', '.join(sorted(options))}: options of tcp:// urls, not of a local attach")
         return Broker(default_namespace() if namespace is None else namespace, create=create)
-    if isinstance(url, str) and url.startswith("tcp://"):
+    if isinstance(url, str) and url.startswith(("tcp://", "tcps://")):
         from .client.remote import RemoteBroker
 
         return RemoteBroker(url, token=token, **options)
     from .client.options import redacted
 
-    raise ValueError(f"unsupported broker url {redacted(str(url))!r}: use no url (local) or tcp://host:port")
+    raise ValueError(f"unsupported broker url {redacted(str(url))!r}: use no url (local), tcp://host:port or "
+                     "tcps://host:port (TLS)")
 
 
 def __getattr__(name):

@@ -37,6 +37,7 @@ from typing import NamedTuple
 import msgpack
 
 from .errors import MessageTooLarge
+from .sharing import file_mode
 
 __all__ = [
     "fsync_dir",
@@ -359,7 +360,8 @@ class SnapshotWriter:
 
     Until ``commit`` returns, ``path`` still holds the previous snapshot (if any),
     byte for byte. Used as a context manager, a clean exit commits (if ``commit`` was
-    not called) and an exception aborts. Files are created owner-only (0o600). One
+    not called) and an exception aborts. Files are created owner-only (0o600; 0o660 in a data
+    dir shared with a group, shmq/sharing.py). One
     writer per path at a time: that is the caller's business.
     """
 
@@ -379,7 +381,7 @@ class SnapshotWriter:
             pass
         fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
         try:
-            os.fchmod(fd, 0o600)  # whatever the umask
+            os.fchmod(fd, file_mode(self.path))  # whatever the umask; 0660 in a dir shared with a group
             self._f = os.fdopen(fd, "wb", buffering=1 << 20)
         except BaseException:
             os.close(fd)
@@ -828,7 +830,7 @@ def write_exchanges(path, table: dict, fsync: bool = True) -> None:
         pass
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
-        os.fchmod(fd, 0o600)  # whatever the umask
+        os.fchmod(fd, file_mode(path))  # whatever the umask; 0660 in a dir shared with a group
         view = memoryview(raw)
         while view:
             view = view[os.write(fd, view):]

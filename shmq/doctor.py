@@ -4,7 +4,8 @@ It reports the size and free space of /dev/shm (Docker gives a container 64 MB b
 default, and a queue reserves its ``max_bytes`` there when it is created), every
 namespace of the current user with its broker (alive or not, from the broker's lock
 file), the entries no one can reach any more, and the data directories with their
-disk space. ``clean`` removes the orphans, and only what is provably one:
+disk space, and whether systemd-logind would remove the user's shared memory at their
+last logout (``shmq.logind``). ``clean`` removes the orphans, and only what is provably one:
 
 - in a namespace with a registry, an entry that no live queue or stream of the
   registry owns, and the files of a create or delete whose process died half-way
@@ -34,6 +35,7 @@ import os
 import re
 import time
 
+from . import logind
 from .auth import data_root, remove_stale_runtime_file, stale_runtime_files
 from .engine.layout import MAX_PARTITIONS
 from .engine.process import is_alive
@@ -405,7 +407,8 @@ def data_dirs(namespaces) -> list[dict]:
 
 # ------------------------------------------------------------------ the whole
 def diagnose(namespaces=None, remove=False, remove_data_dirs=False) -> dict:
-    """The report (a dict, as ``shmq doctor --json`` prints it): ``shm``, ``namespaces``
+    """The report (a dict, as ``shmq doctor --json`` prints it): ``shm``, ``logind``
+    (``shmq.logind.check``: would a logout remove this user's memory), ``namespaces``
     (each with its broker, queues, streams, orphans), ``orphans`` (all of them, the
     stale runtime files of servers included), ``data_dirs`` (each says whether its
     namespace ``exists``), ``other_users_entries``. ``namespaces``: only these (default:
@@ -422,6 +425,7 @@ def diagnose(namespaces=None, remove=False, remove_data_dirs=False) -> dict:
                 _remove_data_dir(d)
     return {
         "shm": shm_report(),
+        "logind": logind.check(),  # whether a logout would remove this user's memory (shmq.logind)
         "namespaces": [{k: v for k, v in ns.items() if k != "orphans"} for ns in found],
         "orphans": [o for ns in found for o in ns["orphans"]] + _runtime_orphans(only, remove),
         "data_dirs": dirs,
@@ -449,6 +453,8 @@ def render(report) -> list[str]:
     shm = report["shm"]
     lines = [f"{shm['path']}: {_size(shm['size'])}, {_size(shm['free'])} free"]
     lines += [f"  warning: {w}" for w in shm["warnings"]]
+    if (report.get("logind") or {}).get("warning"):
+        lines.append(f"  warning: {report['logind']['warning']}")
     lines.append("")
     if not report["namespaces"]:
         lines.append("namespaces: none of yours in " + shm["path"])

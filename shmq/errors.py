@@ -19,6 +19,8 @@ __all__ = [
     "DeliveryExpired",
     "SerializationError",
     "QueueCorrupted",
+    "LayoutMismatch",
+    "StreamLayoutMismatch",
     "ProtocolError",
     "Unauthorized",
     "BrokerUnavailable",
@@ -84,6 +86,19 @@ class QueueCorrupted(ShmqError):
     """A segment does not hold a shmq queue of this layout version (foreign or damaged)."""
 
 
+class LayoutMismatch(QueueCorrupted):
+    """A queue's or stream's shared memory was made by another shmq version, of another
+    layout (the version word in its header): this one cannot read it. ``kind`` ("queue" or
+    "stream"), ``name``, ``found`` and ``expected`` (layout versions) say which. An older
+    one's: stop every process using the namespace and start this version's ``shmq server
+    --data-dir`` on the data dir its broker snapshotted to: it rebuilds them from the files
+    (docs/OPERATIONS.md, Upgrading). A newer one's: use that newer shmq."""
+
+    def __init__(self, message: str, kind: str = "queue", name: str = "", found: int = 0, expected: int = 0):
+        super().__init__(message)
+        self.kind, self.name, self.found, self.expected = kind, name, found, expected
+
+
 class ProtocolError(ShmqError):
     """Bytes on the wire that break the DEADBEEF protocol (docs/PROTOCOL.md).
 
@@ -100,7 +115,8 @@ class ProtocolError(ShmqError):
 
 
 class Unauthorized(ShmqError, PermissionError):
-    """The server wants a token and this one is missing or wrong: pass ``token=``."""
+    """The server wants a token and this one is missing or wrong: pass ``token=``. Locally:
+    the namespace is another user's, or shared with a group this user is not in."""
 
 
 class BrokerUnavailable(ShmqError, ConnectionError):
@@ -182,3 +198,9 @@ class SerializationError(ShmqError, ValueError):
     """A body the queue handle's serializer could not load (a message put by a producer
     with another serializer, or none): it was given back, its attempt counted; with
     ``max_deliveries`` it ends in the dead-letter queue."""
+
+
+class StreamLayoutMismatch(LayoutMismatch, StreamNotFound):
+    """A stream's LayoutMismatch. It is also a StreamNotFound, as such a stream was taken
+    before: a delete goes on, what looks streams over passes it by, and over TCP it travels
+    as StreamNotFound's status, with this message."""

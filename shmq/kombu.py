@@ -4,6 +4,7 @@
     Celery(broker="shmq://")                            # local attach ($SHMQ_NAMESPACE, else "shmq")
     Celery(broker="shmq:///jobs")                       # local attach to namespace "jobs"
     Celery(broker="shmq://:TOKEN@127.0.0.1:7878")       # a ``shmq server`` over TCP
+    Celery(broker="shmqs://:TOKEN@host:7878")           # ... over TLS (also shmq://...?ssl=true)
 
 Strategy: a thin adapter over shmq's public API, shaped as kombu's virtual transports
 are (a Channel with ``_get`` / ``_put`` / ``_purge`` / ``_size``); a kombu message is its
@@ -61,9 +62,29 @@ _auto_pid = os.getpid()
 
 
 def _open(endpoint):
-    """A broker for ``endpoint``: (tcp url, token) or (None, namespace)."""
-    url, arg = endpoint
-    return shmq.connect(url, token=arg) if url else shmq.connect(namespace=arg)
+    """A broker for ``endpoint``: (tcp url, token, ssl) or (None, namespace, None)."""
+    url, arg, tls = endpoint
+    return shmq.connect(url, token=arg, ssl=tls) if url else shmq.connect(namespace=arg)
+
+
+def _tls_of(scheme, value):
+    """``shmq.connect``'s ``ssl=`` for kombu's ``ssl`` (its url's ``?ssl=``, Celery's
+    ``broker_use_ssl``) and the url's scheme: None (plain TCP), True (``shmqs://``,
+    ``ssl=true``: shmq.tls's default context), or an ``ssl.SSLContext`` (given, or made of
+    a dict's ``ca_certs`` / ``certfile`` / ``keyfile``, with or without ``ssl_``)."""
+    if isinstance(value, str):
+        value = value.lower() not in ("", "0", "false", "no", "off")
+    if isinstance(value, dict) and value:
+        import ssl
+
+        opts = {k.removeprefix("ssl_"): v for k, v in value.items()}
+        ctx = ssl.create_default_context(cafile=opts.get("ca_certs"))
+        if opts.get("certfile"):
+            ctx.load_cert_chain(opts["certfile"], opts.get("keyfile"))
+        return ctx
+    if value is True or scheme == "shmqs":
+        return True
+    return value or None
 
 
 def _delete_queue(broker, name: str) -> None:
@@ -444,11 +465,14 @@ class Transport(virtual.Transport):
 
     @property
     def endpoint(self):
-        """(tcp url, token) or (None, namespace): where this connection's broker is."""
+        """(tcp url, token, ssl) or (None, namespace, None): where this connection's broker is."""
         c = self.client
+        tls = _tls_of(c.transport_cls, c.ssl)
         if c.hostname and (c.port or c.password or c.hostname != "localhost"):  # (kombu's default host: local)
-            return f"tcp://{c.hostname}:{c.port or DEFAULT_PORT}", c.password or None
-        return None, default_namespace() if c.virtual_host in (None, "", "/") else c.virtual_host
+            return f"tcp://{c.hostname}:{c.port or DEFAULT_PORT}", c.password or None, tls
+        if tls is not None:
+            raise ValueError("TLS (shmqs://, ssl=) is for a shmq server: give its HOST:PORT")
+        return None, default_namespace() if c.virtual_host in (None, "", "/") else c.virtual_host, None
 
     @property
     def broker(self):
@@ -505,3 +529,4 @@ class Transport(virtual.Transport):
 
 
 TRANSPORT_ALIASES["shmq"] = "shmq.kombu:Transport"
+TRANSPORT_ALIASES["shmqs"] = "shmq.kombu:Transport"  # the same over TLS

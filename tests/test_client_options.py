@@ -1,6 +1,8 @@
 """What a TCP handle is told at connect (shmq/client/options.py): URLs and the tokens they
 carry, never shown; timeouts and the reconnect policy, checked. No socket, no server."""
 
+from types import SimpleNamespace
+
 import pytest
 
 import shmq
@@ -24,7 +26,8 @@ def test_a_url_gives_host_port_and_token_and_keeps_no_token(url, expected):
 
 
 @pytest.mark.parametrize("url, match", [
-    (f"http://:{TOKEN}@host:1", r"^unsupported broker url 'http://\*\*\*@host:1': use tcp://host:port$"),
+    (f"http://:{TOKEN}@host:1",
+     r"^unsupported broker url 'http://\*\*\*@host:1': use tcp://host:port \(tcps://host:port: TLS\)$"),
     (f"tcp://:{TOKEN}@host:port", r"^broker url 'tcp://\*\*\*@host:port' has a bad port$"),
     (f"tcp://{TOKEN}@host:1", r"^broker url 'tcp://\*\*\*@host:1': put the token after a colon, tcp://:TOKEN@"),
     (f"tcp://host:1?token={TOKEN}&tls=1", r"^broker url 'tcp://host:1\?token=\*\*\*&tls=\*\*\*': unknown parameter "
@@ -65,8 +68,9 @@ def test_bad_options_are_refused(options, match):
         ConnectOptions(**options)
 
 
-def test_a_reconnect_tries_once_then_retries_times_with_doubling_pauses_up_to_the_most():
-    assert list(ConnectOptions(retries=5, backoff=[0.1, 0.5]).pauses()) == [0.0, 0.1, 0.2, 0.4, 0.5, 0.5]
+def test_a_reconnect_tries_once_then_retries_times_with_jittered_pauses_up_to_the_most():
+    top = SimpleNamespace(uniform=lambda low, high: high)  # each pause is drawn in [0, this]: tests/test_client_resume.py
+    assert list(ConnectOptions(retries=5, backoff=[0.1, 0.5]).pauses(top)) == [0.0, 0.1, 0.2, 0.4, 0.5, 0.5]
     assert list(ConnectOptions(retries=0).pauses()) == [0.0]
 
 

@@ -77,10 +77,10 @@ def test_doctor_reports_brokers_and_orphans_and_clean_removes_exactly_the_orphan
     _in_a_child_that_dies(f"""
         import shmq.engine.broker as B
         real = B.create_semaphore
-        def dying(name):
+        def dying(name, *more):
             if name.endswith(".nf"):
                 die()
-            return real(name)
+            return real(name, *more)
         B.create_semaphore = dying
         shmq.connect(namespace={half!r}).create_queue("half", max_bytes=4096)
     """)

@@ -112,7 +112,8 @@ def _target_options(f):
                      help="Token for a remote broker (prefer $SHMQ_TOKEN; default: your own server's on this host, "
                           "found in $SHMQ_HOME/run).")(f)
     f = click.option("--url", envvar="SHMQ_URL", default=None,
-                     help="Remote broker tcp://host:port ($SHMQ_URL); local attach when absent.")(f)
+                     help="Remote broker tcp://host:port, or tcps://host:port for TLS ($SHMQ_URL); local attach when "
+                          "absent.")(f)
     return _namespace_option(f)
 
 

@@ -18,7 +18,7 @@ from .app import _echo_json, _json_option, _jsonable, _print_table, _target_opti
 def dlq(queue, namespace, url, token, count, redrive, as_json):
     """The dead-letter queues: every queue that has one, with its dead letters; with QUEUE,
     next letters of QUEUE's dead-letter queue (the queue each died in, why, after how
-    many deliveries), or --redrive them back (``shmq redrive``)."""
+    many deliveries), or --redrive them back, as shmq redrive does."""
     with _connect(namespace, url, token) as broker:
         if queue is None:
             if redrive:

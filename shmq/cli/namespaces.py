@@ -1,4 +1,4 @@
-"""``shmq namespace list|destroy``: the namespaces of this user on this host."""
+"""``shmq namespace list|create|destroy``: the namespaces of this user on this host."""
 
 import os
 
@@ -34,6 +34,24 @@ def namespace_list(as_json):
                      len(ns["queues"]) if ok else "-", len(ns["streams"]) if ok else "-"))
     if rows:
         _print_table(("namespace", "broker", "queues", "streams"), rows, left=2)
+
+
+@namespace_group.command("create")
+@click.argument("name")
+@click.option("--group", default=None, metavar="GROUP",
+              help="Share it with this Unix group (one of yours): everything made in it 0660 with that group.")
+def namespace_create(name, group):
+    """Make the namespace NAME (its registry) now, or with --group share it, an existing
+    one included (its entries must be yours), with a Unix group: every queue, stream and
+    semaphore made in it later is 0660 with that group, not 0600."""
+    from ..engine.broker import Broker
+    from ..sharing import group_name
+
+    with Broker(check_namespace(name)) as broker:
+        made = broker.create_namespace(group)
+        shared = broker.shared_group
+    how = "owner-only (0600)" if shared is None else f"shared with group {group_name(shared)} (0660)"
+    click.echo(f"{'made' if made else 'kept'} namespace {name}, {how}")
 
 
 @namespace_group.command("destroy")

@@ -9,9 +9,11 @@ import click
 from ..auth import command_line_warning
 from ..errors import ShmqError
 from .app import Size, _echo_json, _json_option, _namespace_option, _on_command_line, main
+from .config import config_file_options, given
 
 
 @main.command()
+@config_file_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=7878, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: any free).")
 @_namespace_option
@@ -70,6 +72,16 @@ from .app import Size, _echo_json, _json_option, _namespace_option, _on_command_
               type=click.Choice(["auto", "asyncio", "uvloop"]),
               help="The event loop: uvloop (faster TCP), asyncio's own, or auto: uvloop if installed. "
                    "Also $SHMQ_LOOP.")
+@click.option("--group", "group", default=None, metavar="GROUP",
+              help="Share the namespace with this Unix group (one of yours): its shared memory, semaphores, lock "
+                   "file and data files 0660 with that group (data dir 2770), not 0600. Other users stay refused.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Speak TLS on every port with this certificate (PEM, with its chain); clients use tcps:// "
+                   "(Kafka clients SSL or SASL_SSL). [default: plain TCP]")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="The private key of --tls-cert (PEM). [default: in the --tls-cert file]")
+@click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Mutual TLS: clients must show a certificate this CA (PEM) signed. [default: none asked]")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]),
               show_default=True)
 @click.option("--log-format", default="text", type=click.Choice(["text", "json"]), show_default=True,
@@ -106,6 +118,8 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
         metrics = parse_address(metrics) if metrics is not None else None
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    group = limits.pop("group")  # --group: the namespace shared with a Unix group (shmq/sharing.py)
+    tls = _tls_context(limits.pop("tls_cert"), limits.pop("tls_key"), limits.pop("tls_client_ca"))
     limits = Limits(**{k: v for k, v in limits.items() if v is not None})  # the options left out: defaults
     kafka = None
     if kafka_port is not None:
@@ -116,7 +130,7 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
         kafka = {"host": kafka_host or host, "port": kafka_port, "advertised_host": adv_host,
                  "advertised_port": adv_port,
                  "auto_create": not no_kafka_auto_create, "auto_create_partitions": kafka_auto_create_partitions}
-    elif kafka_host or kafka_advertised_host or no_kafka_auto_create or _on_command_line("kafka_auto_create_partitions"):
+    elif kafka_host or kafka_advertised_host or no_kafka_auto_create or given("kafka_auto_create_partitions"):
         raise click.UsageError("the --kafka-* options need --kafka-port")
     if token is not None and not _on_command_line("token") and (token_file or no_auth):
         token = None  # --token-file and --no-auth win over $SHMQ_TOKEN
@@ -124,7 +138,22 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
         logging.getLogger("shmq.server").warning(command_line_warning(os.getpid()))
     loops.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
                     snapshot_interval=snapshot_interval, fsync=fsync, token_file=token_file, no_auth=no_auth,
-                    limits=limits, metrics=metrics, kafka=kafka), loop)
+                    limits=limits, metrics=metrics, kafka=kafka, group=group, tls=tls), loop)
+
+
+def _tls_context(cert, key, client_ca):
+    """The server's TLS context from --tls-cert, --tls-key, --tls-client-ca (None: plain
+    TCP); a file that cannot be used is a usage error (exit 2), before anything starts."""
+    if cert is None:
+        if key is not None or client_ca is not None:
+            raise click.UsageError("--tls-key and --tls-client-ca need --tls-cert")
+        return None
+    from ..tls import server_context
+
+    try:
+        return server_context(cert, key, client_ca)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
 
 @main.command()

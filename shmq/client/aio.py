@@ -20,10 +20,13 @@ import os
 
 from ..engine import keepalive
 from ..errors import BrokerUnavailable, ShmqError
+from ..protocol import MsgType
+from ..tls import describe, note_refused
 from . import forks
 from .connection import Outbox
+from .heartbeat import DEAD, PING, Beat
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send
-from .options import ConnectOptions
+from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
 from .subscription import SubscriptionCalls
@@ -32,10 +35,19 @@ __all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery", "AsyncSubscr
            "AsyncConsumer", "AsyncMultiConsumer"]
 
 
-async def connect(url: str, token: str | None = None, **options) -> "AsyncBroker":
+async def connect(url: str | None = None, token: str | None = None, *, namespace: str | None = None,
+                  create: bool = True, **options):
     """Open a connection to ``shmq server`` and say HELLO (with ``token``, else the url's,
     else $SHMQ_TOKEN, else your own server's token on this host: see shmq.auth).
-    ``options``: ``shmq.connect``'s (timeouts, reconnecting: ``options.ConnectOptions``)."""
+    ``options``: ``shmq.connect``'s (timeouts, reconnecting: ``options.ConnectOptions``).
+    With no url: attach locally to ``namespace`` (default: $SHMQ_NAMESPACE, else "shmq"),
+    as ``shmq.connect()`` does, with this API (``aio_local.LocalAsyncBroker``)."""
+    if url is None:
+        from .aio_local import connect as attach
+
+        return await attach(namespace, create, token, **options)
+    if namespace is not None:
+        raise ValueError("namespace= is for a local attach (no url); a server's namespace is its own")
     broker = AsyncBroker(url, token, **options)
     await broker._open()
     return broker
@@ -63,7 +75,7 @@ class AsyncSubscription(SubscriptionCalls):
         return self
 
     async def __anext__(self):
-        d = await self._q._drive(self._next())
+        d = await _resuming(self, lambda: self._q._drive(self._next()))
         if d is None:
             raise StopAsyncIteration
         return d
@@ -126,7 +138,7 @@ class AsyncConsumer(ConsumerCalls):
     async def __anext__(self):
         if self._closed:
             raise StopAsyncIteration
-        return await self._drive(self._next_record())
+        return await _resuming(self, lambda: self._drive(self._next_record()))
 
 
 class AsyncMultiConsumer(MultiConsumerCalls):
@@ -145,7 +157,7 @@ class AsyncMultiConsumer(MultiConsumerCalls):
     async def __anext__(self):
         if self._closed:
             raise StopAsyncIteration
-        return await self._drive(self._next_record())
+        return await _resuming(self, lambda: self._drive(self._next_record()))
 
 
 class AsyncStream(StreamCalls):
@@ -162,7 +174,7 @@ class _Link:
     at once: they go with the next request written, or at the loop's next turn, whichever
     comes first (``hold``), so a loop of them costs one write, not one each."""
 
-    __slots__ = ("core", "writer", "reader", "pending", "pushed", "out", "due")
+    __slots__ = ("core", "writer", "reader", "pending", "pushed", "out", "due", "heart")
 
     def __init__(self, core, writer):
         self.core = core
@@ -172,6 +184,7 @@ class _Link:
         self.pushed = {}
         self.out = Outbox()  # posted requests' bytes not written yet
         self.due = False  # a ``flush`` is scheduled
+        self.heart = None  # its heartbeat task (``AsyncBroker._beat``)
 
     def hold(self, data) -> None:
         if self.out.hold(data):
@@ -271,13 +284,15 @@ class AsyncBroker(BrokerCalls):
         """A new connection with ``core`` for its state, HELLO said, both within the
         connect limit; BrokerUnavailable if the endpoint cannot be reached."""
         limit = self.options.connect_limit
+        tls = tls_context(self.url, self.options)  # (tcps:// or ssl=: the handshake is in the connect limit)
         try:
             async with asyncio.timeout(limit):
-                reader, writer = await asyncio.open_connection(self.host, self.port)
+                reader, writer = await asyncio.open_connection(self.host, self.port, ssl=tls,
+                                                               server_hostname=self.host if tls else None)
         except TimeoutError:
             raise BrokerUnavailable(f"cannot connect to {self.endpoint}: no answer within {limit:g}s") from None
         except OSError as e:
-            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {e.strerror or e}") from None
+            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {describe(e)}") from None
         link = _Link(core, writer)
         core.on_push = functools.partial(self._on_push, link)
         link.reader = asyncio.create_task(self._read(link, reader))
@@ -286,10 +301,13 @@ class AsyncBroker(BrokerCalls):
                                                    writer.get_extra_info("peername"))
             self.server_info = await self._run(hello, link, limit)
             core.greeted(self.server_info)
-        except BaseException:
+        except BaseException as e:
             self._wake(link, core.close())
             await self._shut(link)
+            note_refused(e, tls is not None)
             raise
+        if self.options.heartbeat is not None:
+            link.heart = asyncio.create_task(self._beat(link))
         return link
 
     async def _reconnected(self, lost) -> _Link:
@@ -332,10 +350,28 @@ class AsyncBroker(BrokerCalls):
                 BrokerUnavailable, f"{error} (gave up reconnecting after {tries} tries in {spent:.1f}s)")
             raise self._gave_up()
 
+    async def _beat(self, link):
+        """``link``'s heartbeat (``heartbeat.Beat``): every ``options.heartbeat`` seconds,
+        PING or drop it as dead (its waiting calls raise, subscriptions and group
+        members come back on the next connection); ends with the connection."""
+        every, core = self.options.heartbeat, link.core
+        beat = Beat(core)
+        while not core.failed:
+            await asyncio.sleep(every)
+            what = None if core.failed else beat.look()
+            if what == PING:
+                self._post_on(link, MsgType.PING, {})
+                beat.posted()
+            elif what == DEAD:
+                self._wake(link, core.heart_stopped(every))
+                link.writer.close()
+
     async def _shut(self, link):
         """Close ``link``'s stream and wait for its reader task to end."""
         if link.writer is None:
             return  # never connected in this process
+        if link.heart is not None:
+            link.heart.cancel()
         link.writer.close()
         try:
             await link.writer.wait_closed()
@@ -439,7 +475,10 @@ class AsyncBroker(BrokerCalls):
                     run.send(await asyncio.sleep(step.seconds))
                 elif isinstance(step, Post):
                     self._post_on(link, step.msg_type, step.payload)
-                    await link.writer.drain()
+                    try:
+                        await link.writer.drain()
+                    except OSError as e:  # as a write that fails: the connection has ended
+                        self._wake(link, link.core.connection_lost(e))
                     run.send(None)
                 elif isinstance(step, Receive):
                     run.send(await self._receive(link, step))
@@ -452,3 +491,14 @@ class AsyncBroker(BrokerCalls):
 
 def _one(step):
     return (yield step)
+
+
+async def _resuming(owner, step):
+    """``await step()`` (an iteration's), run again after a loss ``owner`` comes back from
+    (``core.Resuming``): on the broker's next connection."""
+    while True:
+        try:
+            return await step()
+        except BrokerUnavailable:
+            if not owner._resumes():
+                raise

@@ -106,6 +106,7 @@ class ClientCore:
         self._batch = None  # puts sent without waiting, gathered: [queue, options, messages, bytes] (``post``)
         self.gathers = False  # whether the server takes PRODUCE_BATCH's ``each`` (``greeted``)
         self.forked_from = None  # in a child of fork(): the pid of the process whose connection this is
+        self.reads = 0  # reads fed in: a heartbeat's sign of life (``heartbeat.Beat``)
 
     @property
     def failed(self) -> bool:
@@ -135,6 +136,7 @@ class ClientCore:
             return self.connection_lost("connection closed by the server")
         if self._end is not None:
             return []
+        self.reads += 1
         if self._first is not None:
             self._first = (self._first + data)[:40]
         self._decoder.feed(data)
@@ -367,6 +369,13 @@ class ClientCore:
     def connection_lost(self, reason) -> list[int]:
         """The socket broke (``reason``: an OSError or a text); returns the msg ids it ends."""
         return self._ended(functools.partial(BrokerUnavailable, f"lost the connection to {self.endpoint}: {reason}"))
+
+    def heart_stopped(self, seconds: float) -> list[int]:
+        """Nothing came within ``seconds`` of a heartbeat's PING: the server is taken for
+        dead and the connection dropped; returns the msg ids it ends."""
+        return self._ended(functools.partial(
+            BrokerUnavailable, f"{self.endpoint} did not answer a heartbeat PING within {seconds:g}s; "
+                               "the connection is dropped"))
 
     def timed_out(self, msg_type: int, seconds: float) -> list[int]:
         """No reply to a ``msg_type`` request came within ``seconds``: the connection is

@@ -49,7 +49,7 @@ from .options import parse_url, split_url
 
 __all__ = ["ClientCore", "Send", "Pause", "Post", "Receive", "Run", "driven", "retry_while_full", "waiting",
            "BrokerCalls", "QueueCalls", "DeliveryCalls", "parse_url", "CONSUME_SLICE_MS", "PUT_RETRY_S",
-           "HELLO_MSG_ID"]
+           "HELLO_MSG_ID", "resumable", "Resuming"]
 
 CONSUME_SLICE_MS = 5000  # a blocking get waits in slices, so the connection never idles for long
 PUT_RETRY_S = (0.0005, 0.05)  # backoff between PRODUCE retries on QUEUE_FULL: first, most
@@ -123,6 +123,35 @@ def driven(call):
         return self._drive(call(self, *args, **kwargs))
 
     return method
+
+
+def resumable(lost: ClientCore, broker) -> bool:
+    """Whether what was bound to the ended connection ``lost`` (a subscription, a group
+    member) comes back on the broker handle's next one: it reconnects, is not closed,
+    and ``lost`` was not a parent's of this child of fork() (that stays the parent's)."""
+    return lost.failed and lost.forked_from is None and broker.options.reconnect and not broker._closed
+
+
+class Resuming:
+    """What comes back after a reconnect (a ``consume`` iteration, a group member): the
+    transports' iterations ask ``_resumes`` when a step raised BrokerUnavailable, and
+    step again if it says so, once per lost connection (a reconnect that gave up is
+    raised)."""
+
+    _tried = None  # the lost connection a step was already run again for
+
+    def _broker_handle(self):
+        raise NotImplementedError  # the broker handle it was made on
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def _resumes(self) -> bool:
+        lost = self._core
+        if self._tried is lost or self._is_closed() or not resumable(lost, self._broker_handle()):
+            return False
+        self._tried = lost
+        return True
 
 
 def deadline(timeout, clock):
@@ -270,9 +299,14 @@ class DeliveryCalls:
         With ``wait=False`` the ack is sent without waiting for the server (pipelined;
         from a ``consume`` iteration, with the acks next to it in one request, at the
         latest when the iteration next waits): an error is logged and raised by the next
-        call on the connection, and a lost ack means a redelivery."""
+        call on the connection, and a lost ack means a redelivery: once the connection
+        holding the lease has ended (the server gave the message back: it comes again),
+        it sends nothing and raises nothing."""
         if wait:
             yield from self._settled_by(self._settle(MsgType.ACK))
+            return
+        if self._conn.failed and self._conn.forked_from is None and not self._settled:
+            self._settled = True
             return
         request = self._settle(MsgType.ACK)
         self._settled = True
@@ -281,7 +315,12 @@ class DeliveryCalls:
             request = sub._ack_later(self._tag)
             if request is None:
                 return
-        yield Post(request.msg_type, request.payload)
+        try:
+            yield Post(request.msg_type, request.payload)
+        except BrokerUnavailable:
+            if not self._conn.failed:
+                raise  # (a reconnect that gave up)
+            # the connection ended as it went: the server gave the message back, it comes again
 
     @driven
     def nack(self, requeue: bool = True, delay: float | None = None):
@@ -572,6 +611,9 @@ class BrokerCalls:
         this server; returns the server's info. Unauthorized says which token was refused."""
         token, source = client_token(self.token, local_addr, peer_addr)
         fields = {"client": client}
+        heartbeat = getattr(self, "options", None) and self.options.heartbeat  # (a transport's options)
+        if heartbeat:  # HEARTBEAT pushes (a server older than the field sends none)
+            fields["heartbeat_ms"] = max(1, round(heartbeat * 1000))
         if token is not None:
             fields["token"] = token
         try:

@@ -9,7 +9,8 @@ one POLL_MANY naming all of them, which waits at the server in every stream's li
 once (docs/PROTOCOL.md), so a record appended to any stream answers it — no poll per
 stream, no client-side loop. The per-stream calls (seek, pause, position, commit) are
 ``ConsumerCalls``' own steps (``_steps``). The streams are listed again every
-``refresh_interval`` seconds: new matches are joined, deleted streams let go.
+``refresh_interval`` seconds: new matches are joined, deleted streams let go. After a
+reconnect every stream's member joins again (``_come_back``), told as one rebalance.
 """
 
 import logging
@@ -18,10 +19,10 @@ from collections import deque
 from ..engine.multiconsumer import TopicPartition, as_tp, by_stream, check_refresh, check_subscription
 from ..engine.stream import _check_offset, _group_name, check_auto_commit, check_callback, check_poll_interval
 from ..engine.stream import check_reset
-from ..errors import CommitFailed, ShmqError, StreamNotFound
+from ..errors import BrokerUnavailable, CommitFailed, ShmqError, StreamNotFound
 from ..protocol import MsgType
 from ..protocol.forms import commit_pairs, from_pairs, max_records_field, ms, record_from_fields
-from .core import CONSUME_SLICE_MS, Pause, Send, deadline, driven
+from .core import CONSUME_SLICE_MS, Pause, Resuming, Send, deadline, driven, resumable
 from .streams import CONSUMER_OPTIONS, ConsumerCalls, StreamCalls
 
 __all__ = ["MultiConsumerCalls", "start"]
@@ -49,14 +50,14 @@ def start(broker, group, streams, pattern, auto_offset_reset, options):
         c._closed = True
         for sub in c._members.values():
             try:
-                yield from _steps(ConsumerCalls.close, sub)
+                yield from sub._close_steps()
             except ShmqError:
                 pass
         raise
     return c
 
 
-class MultiConsumerCalls:
+class MultiConsumerCalls(Resuming):
     """A member of a consumer group on several streams, held for this connection by the
     server (one member per stream): the methods of the local ``MultiConsumer``."""
 
@@ -73,6 +74,8 @@ class MultiConsumerCalls:
         self._max_poll_interval = max_poll_interval
         self._refresh_s = check_refresh(refresh_interval) / 1e9
         self._broker = broker
+        self._core = broker._core  # the connection its members are held for
+        self._owned = set()  # the pairs on_assign was told of and on_revoke was not
         self._clock = broker._clock
         self._members = {}  # stream name -> ConsumerCalls (no callbacks of its own)
         self._first = []  # pairs the JOINs assigned, for on_assign at the next poll
@@ -86,8 +89,36 @@ class MultiConsumerCalls:
     def __repr__(self):
         return f"<shmq.{type(self).__name__} {self.group} {self.subscribed} streams={sorted(self._members)}>"
 
+    def _broker_handle(self):
+        return self._broker
+
     def _drive(self, call):
-        return self._broker._drive(call)
+        return self._broker._drive(self._resumed(call))
+
+    def _resumed(self, call):
+        yield from self._come_back()
+        return (yield from call)
+
+    def _come_back(self):
+        """Once the members' connection has ended and the broker handle reconnected: each
+        stream's member joins again (``ConsumerCalls._come_back``), and the move is told
+        as one rebalance: on_revoke of every pair owned now, on_assign at the next poll."""
+        lost, broker = self._core, self._broker
+        if self._closed or broker._core is lost or not resumable(lost, broker):
+            return
+        self._core = broker._core
+        for name, sub in list(self._members.items()):
+            try:
+                yield from sub._come_back()
+            except StreamNotFound:  # deleted meanwhile
+                del self._members[name]
+                continue
+            first, sub._first = sub._first, None
+            self._first += [TopicPartition(name, p) for p in first or ()]
+        revoked, self._owned = sorted(self._owned), set()
+        self._buffer.clear()
+        if revoked and self.on_revoke is not None:
+            self.on_revoke(revoked)
 
     def _check_open(self):
         if self._closed:
@@ -283,6 +314,10 @@ class MultiConsumerCalls:
             except StreamNotFound:  # one was deleted as the server looked: list them again
                 self._next_refresh = 0.0
                 continue
+            except BrokerUnavailable:
+                if resumable(self._core, self._broker) and not self._closed:
+                    return []  # the next call joins again on the new connection
+                raise
             out, revoked, assigned = [], {}, []
             for name, entry in zip(names, reply["polls"]):
                 if entry.get("gone"):
@@ -301,6 +336,8 @@ class MultiConsumerCalls:
     def _tell(self, revoked: dict, assigned: list):
         """The assignment moved (as the local ``MultiConsumer._tell``): auto-commit commits
         the revoked positions, then on_revoke and on_assign are called, once each."""
+        self._owned.difference_update(revoked)
+        self._owned.update(assigned)
         self._drop_buffered(set(revoked))
         if revoked and self._auto_s is not None:
             for name, ps in by_stream(revoked).items():
@@ -373,10 +410,12 @@ class MultiConsumerCalls:
             self._buffer.extend((yield from self._poll(500, None)))
         return self._buffer.popleft()
 
-    @driven
     def close(self):
         """Leave the group on every stream. With auto-commit, commits where it is first
         (and on_revoke is told of the pairs it gives up)."""
+        return self._broker._drive(self._close_steps())  # (lost members are not joined again to leave)
+
+    def _close_steps(self):
         if self._closed:
             return
         try:
@@ -393,4 +432,4 @@ class MultiConsumerCalls:
         finally:
             self._closed = True
             for sub in self._members.values():
-                yield from _steps(ConsumerCalls.close, sub)
+                yield from sub._close_steps()

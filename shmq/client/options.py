@@ -7,6 +7,7 @@ out of it at once: the URL a handle keeps, shows in its repr and names in its er
 never holds it (nor does an error about a bad URL).
 """
 
+import random
 import re
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -15,10 +16,11 @@ from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 from ..protocol import MsgType
 
 __all__ = ["Endpoint", "split_url", "redacted", "parse_url", "ConnectOptions", "DEFAULT_PORT",
-           "DEFAULT_CONNECT_TIMEOUT_S"]
+           "DEFAULT_CONNECT_TIMEOUT_S", "tls_context"]
 
 DEFAULT_PORT = 7878
 DEFAULT_CONNECT_TIMEOUT_S = 10.0  # connect and HELLO, when neither connect_timeout nor timeout is given
+DEFAULT_HEARTBEAT_S = 15.0  # a quiet connection's PING; well under the server's --idle-timeout (300 s)
 _HIDDEN = "***"
 
 
@@ -39,7 +41,8 @@ def redacted(url: str) -> str:
 
 def split_url(url: str) -> Endpoint:
     """``tcp://[[user]:TOKEN@]host[:port][?token=TOKEN]`` taken apart (the user name, as
-    redis-py's ``redis://user:password@``, is ignored); ValueError for anything else."""
+    redis-py's ``redis://user:password@``, is ignored; ``tcps://``: the same over TLS, see
+    ``tls_context``); ValueError for anything else."""
     if not isinstance(url, str):
         raise TypeError(f"a broker url is a str, not {type(url).__name__}")
     parts = urlsplit(url)
@@ -48,8 +51,8 @@ def split_url(url: str) -> Endpoint:
         port = parts.port or DEFAULT_PORT
     except ValueError:
         raise ValueError(f"broker url {shown!r} has a bad port") from None
-    if parts.scheme != "tcp" or not parts.hostname:
-        raise ValueError(f"unsupported broker url {shown!r}: use tcp://host:port")
+    if parts.scheme not in ("tcp", "tcps") or not parts.hostname:
+        raise ValueError(f"unsupported broker url {shown!r}: use tcp://host:port (tcps://host:port: TLS)")
     query = parse_qs(parts.query, keep_blank_values=True)
     if set(query) - {"token"}:
         raise ValueError(f"broker url {shown!r}: unknown parameter {sorted(set(query) - {'token'})[0]!r} "
@@ -74,6 +77,26 @@ def parse_url(url: str) -> tuple[str, int]:
     return where.host, where.port
 
 
+def _check_ssl(value):
+    if value is None or value is True:
+        return
+    import ssl
+
+    if not isinstance(value, ssl.SSLContext):
+        raise ValueError(f"ssl must be an ssl.SSLContext or True, not {value!r}")
+
+
+def tls_context(url: str, options: "ConnectOptions"):
+    """The ``ssl.SSLContext`` a connection to ``url`` is wrapped in (a ``tcps://`` url, or
+    ``ssl=`` given; ``shmq.tls.client_context``), or None: plain TCP. ValueError in one
+    line when the files it names cannot be used."""
+    if options.ssl is None and not url.startswith("tcps:"):
+        return None
+    from ..tls import client_context
+
+    return client_context(options.ssl)
+
+
 def _seconds(name, value, zero_ok=False):
     if type(value) not in (int, float) or not (value >= 0 if zero_ok else value > 0) or value != value:
         raise ValueError(f"{name} must be a {'non-negative' if zero_ok else 'positive'} number of seconds, "
@@ -90,9 +113,14 @@ class ConnectOptions:
     connection is dropped (a late reply would come to nobody) and the call raises
     BrokerUnavailable. ``connect_timeout``: for the TCP connect and the HELLO (None:
     ``timeout``, else 10 s). ``reconnect``: after the connection is lost, the next call
-    connects again, trying ``retries`` more times after a first failure, pausing
-    ``backoff[0]`` seconds, doubling up to ``backoff[1]``; without it every call after
-    the loss raises BrokerUnavailable.
+    connects again, trying ``retries`` more times after a first failure, each pause drawn
+    at random between 0 and ``backoff[0] * 2**attempt`` capped at ``backoff[1]`` (full
+    jitter); subscriptions and group members come back on the new connection; without
+    it every call after the loss raises BrokerUnavailable. ``heartbeat``: seconds between
+    looks at a quiet connection (a PING when nothing was sent; dead when a PING got
+    nothing back by the next look); None: no heartbeats. ``ssl``: an ``ssl.SSLContext`` to connect with over
+    TLS (a ``tcps://`` url without it: ``shmq.tls.client_context``'s), or True: TLS with
+    that default even for a ``tcp://`` url.
     """
 
     timeout: float | None = None
@@ -100,9 +128,11 @@ class ConnectOptions:
     reconnect: bool = True
     retries: int = 5
     backoff: tuple[float, float] = (0.1, 2.0)
+    heartbeat: float | None = DEFAULT_HEARTBEAT_S
+    ssl: object = None
 
     def __post_init__(self):
-        for name in ("timeout", "connect_timeout"):
+        for name in ("timeout", "connect_timeout", "heartbeat"):
             if getattr(self, name) is not None:
                 _seconds(name, getattr(self, name))
         if type(self.reconnect) is not bool:
@@ -116,6 +146,7 @@ class ConnectOptions:
         if self.backoff[0] > self.backoff[1]:
             raise ValueError(f"backoff must be (first, most) with first <= most, not {self.backoff!r}")
         object.__setattr__(self, "backoff", tuple(self.backoff))
+        _check_ssl(self.ssl)
 
     @property
     def connect_limit(self) -> float:
@@ -124,14 +155,16 @@ class ConnectOptions:
             return self.connect_timeout
         return DEFAULT_CONNECT_TIMEOUT_S if self.timeout is None else self.timeout
 
-    def pauses(self):
+    def pauses(self, rng=random):
         """The pause before each attempt of a reconnect: none before the first, then
-        ``retries`` of them, from ``backoff[0]`` doubling up to ``backoff[1]``."""
+        ``retries`` of them with full jitter (AWS's "Exponential Backoff And Jitter",
+        redis-py's ExponentialWithJitterBackoff): the n-th (from 0) is
+        ``rng.uniform(0, min(backoff[1], backoff[0] * 2**n))``, so clients a restart
+        dropped together do not knock again together."""
         yield 0.0
-        pause, most = self.backoff
-        for _ in range(self.retries):
-            yield pause
-            pause = min(pause * 2, most)
+        base, most = self.backoff
+        for n in range(self.retries):
+            yield rng.uniform(0, min(most, base * 2 ** min(n, 64)))
 
     def reply_limit(self, msg_type, fields) -> float | None:
         """Seconds a request may wait for its reply: ``timeout`` plus what it asks the

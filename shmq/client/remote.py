@@ -20,16 +20,20 @@ import dataclasses
 import functools
 import select
 import socket
+import ssl
 import threading
 import time
+import weakref
 
 from ..errors import BrokerUnavailable
+from ..tls import describe, note_refused
 from ..protocol import MsgType
 from ..protocol.forms import message_fields
 from . import forks
 from .connection import Outbox
+from .heartbeat import DEAD, PING, Beat
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, parse_url
-from .options import ConnectOptions
+from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
 from .subscription import SubscriptionCalls
@@ -69,7 +73,7 @@ class RemoteSubscription(SubscriptionCalls):
         d = self._ready()  # buffered: no call to run
         if d is not None:
             return d
-        d = self._q._drive(self._next())
+        d = _resuming(self, lambda: self._q._drive(self._next()))
         if d is None:
             raise StopIteration
         return d
@@ -156,7 +160,7 @@ class RemoteConsumer(ConsumerCalls):
         """The next record, polling (and waiting) as needed; StopIteration once closed."""
         if self._closed:
             raise StopIteration
-        return self._drive(self._next_record())
+        return _resuming(self, lambda: self._drive(self._next_record()))
 
 
 class RemoteMultiConsumer(MultiConsumerCalls):
@@ -176,7 +180,7 @@ class RemoteMultiConsumer(MultiConsumerCalls):
         """The next record, polling (and waiting) as needed; StopIteration once closed."""
         if self._closed:
             raise StopIteration
-        return self._drive(self._next_record())
+        return _resuming(self, lambda: self._drive(self._next_record()))
 
 
 class RemoteStream(_Handle, StreamCalls):
@@ -279,8 +283,90 @@ class _Flusher:
                 self.due.set()
 
 
+def _recv_now(link):
+    """What came on ``link``, without waiting (BlockingIOError: nothing yet). ``cond`` held
+    and nobody reading. A TLS socket takes no MSG_DONTWAIT: it is made non-blocking for the
+    reads (one TLS record each, as many as came), while no thread writes (``writing``
+    held: else they are left for the next read)."""
+    sock = link.sock
+    if not isinstance(sock, ssl.SSLSocket):
+        return sock.recv(_READ_BYTES, socket.MSG_DONTWAIT)
+    if not link.writing.acquire(False):
+        raise BlockingIOError
+    timeout, chunks, size = sock.gettimeout(), [], 0
+    try:
+        sock.settimeout(0)
+        while size < _READ_BYTES:
+            chunks.append(sock.recv(_READ_BYTES))
+            if not chunks[-1]:
+                break  # closed (after what came before, if anything: the next read says it again)
+            size += len(chunks[-1])
+    except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        if not chunks:
+            raise BlockingIOError from None
+    finally:
+        sock.settimeout(timeout)
+        link.writing.release()
+    return b"".join(chunks)
+
+
 def _one(step):
     return (yield step)
+
+
+def _resuming(owner, step):
+    """``step()`` (an iteration's), run again after a loss ``owner`` comes back from
+    (``core.Resuming``): on the broker's next connection."""
+    while True:
+        try:
+            return step()
+        except BrokerUnavailable:
+            if not owner._resumes():
+                raise
+
+
+class _Heart:
+    """A broker's heartbeat (``heartbeat.Beat``): a daemon thread that looks at its
+    connection every ``options.heartbeat`` seconds, PINGs, and drops a dead one (the
+    calls waiting on it raise, subscriptions and group members come back on the next).
+    It holds the broker weakly: a handle dropped unclosed ends it."""
+
+    def __init__(self, broker):
+        self.broker = weakref.ref(broker)
+        self.every = broker.options.heartbeat
+        self.stop = threading.Event()
+        threading.Thread(target=self._run, name="shmq-heartbeat", daemon=True).start()
+
+    def _run(self):
+        self.beat = None
+        while not self.stop.wait(self.every):
+            if not self._look(self.broker()):
+                return
+
+    def _look(self, broker) -> bool:
+        """One look at ``broker``'s connection; False once the broker is gone or closed."""
+        if broker is None or broker._closed:
+            return False
+        link = broker._link
+        if link.sock is None or link.core.failed:
+            return True
+        if self.beat is None or self.beat.core is not link.core:
+            self.beat = Beat(link.core)
+            return True
+        broker._read_idle(link)  # what came while no call read (a PING's reply, a HEARTBEAT)
+        what = None if link.core.failed else self.beat.look()
+        if what == PING:
+            try:
+                broker._post(link, MsgType.PING, {})
+            except Exception:
+                return True  # ended meanwhile: the next call reconnects
+            self.beat.posted()
+        elif what == DEAD:
+            with link.cond:
+                link.core.heart_stopped(self.every)
+                broker._shut(link)
+                link.cond.notify_all()
+        return True
 
 
 def _reopened(url, token, options):
@@ -306,6 +392,7 @@ class RemoteBroker(BrokerCalls):
         self._rounds = 0  # reconnects given up, and the error of the last one
         self._gave_up = None
         self._link = self._connect(self._core)
+        self._heart = None if self.options.heartbeat is None else _Heart(self)
         forks.track(self)
 
     def __repr__(self):
@@ -324,6 +411,8 @@ class RemoteBroker(BrokerCalls):
         """Close the connection; the handle never reconnects after this."""
         self._closed = True
         forks.untrack(self)
+        if self._heart is not None:
+            self._heart.stop.set()
         link = self._link
         link.flush()  # what was sent without waiting goes before the close
         with link.cond:
@@ -341,6 +430,7 @@ class RemoteBroker(BrokerCalls):
         anew, with the same url, token and options. Locks another thread held at the
         fork would stay held for ever: the child takes fresh ones."""
         self._opening = threading.Lock()
+        self._heart = None  # the parent's thread does not run here: the first connection starts one
         old = self._link
         old.core.forked(parent)
         if old.sock is not None:
@@ -359,6 +449,7 @@ class RemoteBroker(BrokerCalls):
             sock = socket.create_connection((self.host, self.port), timeout=limit)  # the HELLO's limit too
         except OSError as e:
             raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {e.strerror or e}") from None
+        sock = self._secured(sock)
         try:
             link = _Link(sock, core)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -369,13 +460,28 @@ class RemoteBroker(BrokerCalls):
         try:
             self.server_info = self._run(BrokerCalls._hello.__wrapped__(self, "shmq-python", *ends), link, limit)
             core.greeted(self.server_info)
-        except BaseException:
+        except BaseException as e:
             with link.cond:
                 core.close()
                 self._shut(link)
+            note_refused(e, isinstance(sock, ssl.SSLSocket))
             raise
         sock.settimeout(self.options.timeout)
         return link
+
+    def _secured(self, sock):
+        """``sock`` in TLS, its handshake done within the connect limit, for a ``tcps://``
+        url or ``ssl=`` (``options.tls_context``); else ``sock`` itself. BrokerUnavailable
+        naming the endpoint and what failed (``certificate verify failed: ...``)."""
+        try:
+            ctx = tls_context(self.url, self.options)
+            return sock if ctx is None else ctx.wrap_socket(sock, server_hostname=self.host)
+        except OSError as e:
+            sock.close()
+            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {describe(e)}") from None
+        except BaseException:
+            sock.close()
+            raise
 
     def _reconnected(self, lost) -> _Link:
         """The connection to use instead of ``lost``: one another thread made meanwhile, or
@@ -405,6 +511,8 @@ class RemoteBroker(BrokerCalls):
                     continue
                 link.core.carry_over(lost.core)
                 self._link, self._core = link, link.core
+                if self._heart is None and self.options.heartbeat is not None:  # (a child of fork())
+                    self._heart = _Heart(self)
                 return link
             self._rounds += 1
             spent = time.monotonic() - start
@@ -581,7 +689,7 @@ class RemoteBroker(BrokerCalls):
             if link.reading or core.failed or not link.readable.poll(0):
                 return
             try:
-                data = link.sock.recv(_READ_BYTES, socket.MSG_DONTWAIT)
+                data = _recv_now(link)
             except BlockingIOError:
                 return
             except OSError as e:

@@ -4,8 +4,11 @@
 
 Strategy: the server is the group member on behalf of the connection (JOIN gives a
 member id, valid on this connection only; a closed connection leaves), so a consumer
-here is a name for that member: once its connection is lost, its calls raise
-BrokerUnavailable, also after the broker handle reconnected (join again). Arguments are
+here is a name for that member. Once its connection is lost, the first call on the
+broker handle's new connection joins again (``_come_back``): the group rebalances, the
+new member reads from the committed offsets, and on_revoke / on_assign are told as
+for any rebalance; a poll the loss broke returns [] (``core.Resuming``). Without
+reconnecting, its calls raise BrokerUnavailable. Arguments are
 checked with the local engine's words before a byte is sent (``protocol.forms``), the
 server's engine checks the rest, and its errors come back through the one status table,
 so both transports fail alike. A READ
@@ -32,7 +35,7 @@ from ..protocol.forms import (
     record_from_fields,
     stream_stats_from_fields,
 )
-from .core import Send, deadline, driven, waiting, waiting_until
+from .core import Resuming, Send, deadline, driven, resumable, waiting, waiting_until
 
 __all__ = ["StreamCalls", "ConsumerCalls"]
 
@@ -40,7 +43,7 @@ log = logging.getLogger("shmq.client")
 CONSUMER_OPTIONS = ("on_assign", "on_revoke", "auto_commit", "auto_commit_interval", "max_poll_interval")
 
 
-class ConsumerCalls:
+class ConsumerCalls(Resuming):
     """A member of a consumer group, held for this connection by the server: polls the
     partitions it owns from the group's committed offsets on, commits what it processed.
     Positions and paused partitions are the server's (SEEK, PAUSE); on_assign / on_revoke
@@ -65,13 +68,40 @@ class ConsumerCalls:
         self._lost = {}  # in on_revoke: {revoked partition: position}
         self._revoking = False
         self._first = None  # the assignment the JOIN reply told, for on_assign at the first poll
+        self._owned = set()  # the partitions on_assign was told of and on_revoke was not (``_come_back``)
+        self._join = None  # the JOIN's fields, to join again after a reconnect
         self._closed = False
 
     def __repr__(self):
         return f"<shmq.{type(self).__name__} {self.stream.name}/{self.group} member={self._member}>"
 
+    def _broker_handle(self):
+        return self.stream._broker
+
     def _drive(self, call):
-        return self.stream._drive(call)
+        return self.stream._drive(self._resumed(call))
+
+    def _resumed(self, call):
+        yield from self._come_back()
+        return (yield from call)
+
+    def _come_back(self):
+        """Once the member's connection has ended and the broker handle reconnected (the
+        server let the member go, uncommitted records included): JOIN again with the same
+        fields, as after a rebalance — the records buffered are dropped, on_revoke is told
+        of the partitions owned, and on_assign at the next poll of the new ones."""
+        lost, broker = self._core, self.stream._broker
+        if self._closed or self._join is None or broker._core is lost or not resumable(lost, broker):
+            return
+        reply = yield Send(MsgType.JOIN, self._join)
+        self._member, self._core = reply["member"], broker._core
+        revoked, self._owned = sorted(self._owned), set()
+        self._buffer.clear()
+        if revoked and self.on_revoke is not None:
+            self.on_revoke(revoked)
+        self._first = reply["partitions"]
+        log.info("stream %s group %s: joined again after a reconnect (member %s)", self.stream.name, self.group,
+                 self._member)
 
     def _fields(self) -> dict:
         if self._closed:
@@ -174,7 +204,12 @@ class ConsumerCalls:
             yield from self._changed({}, first)
         while True:
             left = None if until is None else max(0.0, until - self._clock())
-            reply = yield from waiting_until(MsgType.POLL, {**fields, "max": n}, _answered, left, self._clock)
+            try:
+                reply = yield from waiting_until(MsgType.POLL, {**fields, "max": n}, _answered, left, self._clock)
+            except BrokerUnavailable:
+                if resumable(self._core, self.stream._broker) and not self._closed:
+                    return []  # the next call joins again on the new connection
+                raise
             if "revoked" in reply or "assigned" in reply:
                 yield from self._changed(from_pairs(reply.get("revoked", [])), reply.get("assigned", []))
                 if not reply["records"]:  # the server answered before it read: read now
@@ -184,6 +219,8 @@ class ConsumerCalls:
     def _changed(self, revoked: dict, assigned):
         """The assignment moved (as the local ``Consumer._changed``): auto-commit commits the
         revoked positions, then on_revoke and on_assign are called."""
+        self._owned.difference_update(revoked)
+        self._owned.update(assigned)
         if revoked:
             self._drop_buffered(set(revoked))
         if revoked and self._auto_s is not None:
@@ -230,10 +267,12 @@ class ConsumerCalls:
             self._buffer.extend((yield from self._poll(self._fields(), 500, None)))
         return self._buffer.popleft()
 
-    @driven
     def close(self):
         """Leave the group: this member's partitions go to the others. With auto-commit,
         commits where it is first (and on_revoke is told of the partitions it gives up)."""
+        return self.stream._drive(self._close_steps())  # (a lost member is not joined again to leave)
+
+    def _close_steps(self):
         if self._closed:
             return
         if self._core.failed:  # the member left with its connection
@@ -346,10 +385,12 @@ class StreamCalls:
         check_callback(options.get("on_assign"), "on_assign")
         check_callback(options.get("on_revoke"), "on_revoke")
         check_auto_commit(options.get("auto_commit", False), options.get("auto_commit_interval", 5.0))
-        reply = yield Send(MsgType.JOIN, {"stream": self.name, "group": group, "auto_offset_reset": auto_offset_reset,
-                                          "max_poll_interval_ms": 0 if limit is None else max(1, limit // 10**6)})
+        fields = {"stream": self.name, "group": group, "auto_offset_reset": auto_offset_reset,
+                  "max_poll_interval_ms": 0 if limit is None else max(1, limit // 10**6)}
+        reply = yield Send(MsgType.JOIN, fields)
         calls = self._consumer_class(self, group, auto_offset_reset, reply["member"], **options)
         calls._first = reply["partitions"]
+        calls._join = fields
         return calls
 
     @driven

@@ -10,10 +10,12 @@ has gathered, when the iteration is about to wait (the server pushes no more unt
 come), when the oldest has waited ACK_LINGER_S at a step, and at close. So the server
 sees one ACK per batch, not one per message. Closing sends the gathered acks and a CANCEL
 saying how many pushed messages were handed out: the server gives the rest back, those
-still on the wire included, and the core drops them as they come. A subscription lives
-as long as its connection: once that is lost (the server gave back what it held), every
-step raises why (BrokerUnavailable), also after the broker handle reconnected: consume
-again.
+still on the wire included, and the core drops them as they come. A subscription is
+bound to its connection: once that is lost (the server gave back what it held, acks not
+sent included: they come again), the step that finds it subscribes again on the broker
+handle's new connection, with the same prefetch (``core.resumable``; the transports'
+iterations step again after a step the loss broke: ``core.Resuming``); without
+reconnecting, every step raises why (BrokerUnavailable).
 """
 
 import time
@@ -21,14 +23,14 @@ import weakref
 
 from ..protocol import MsgType
 from ..protocol.forms import ms
-from .core import Post, Receive, Send
+from .core import Post, Receive, Resuming, Send, resumable
 
 __all__ = ["SubscriptionCalls", "ACK_LINGER_S"]
 
 ACK_LINGER_S = 0.05  # the longest an ack(wait=False) waits at a step for its batch
 
 
-class SubscriptionCalls:
+class SubscriptionCalls(Resuming):
     """The deliveries pushed for one subscription of queue handle ``q``, as an iterator
     (the transport's subclass makes it one)."""
 
@@ -54,13 +56,23 @@ class SubscriptionCalls:
     def __repr__(self):
         return f"<{type(self).__name__} {self._q.name} prefetch={self.prefetch}>"
 
+    def _broker_handle(self):
+        return self._q._broker
+
+    def _is_closed(self) -> bool:
+        return self.closed
+
     def _next(self):
         """A call: the next delivery (None once closed); the server's end of the
         subscription (its queue deleted...) is raised once the ones before it are out."""
         if self.closed:
             return None
+        broker = self._q._broker
+        if self.id is not None and self._core.failed and broker._core is not self._core \
+                and resumable(self._core, broker):  # the broker reconnected: subscribe there
+            self.id, self._buffer, self._acks, self._handed = None, None, [], 0
         if self.id is None:
-            self._core = self._q._broker._core  # the connection now (reconnected, maybe)
+            self._core = broker._core  # the connection now (reconnected, maybe)
         core = self._core
         if core.failed:  # the subscription ended with it, and the server gave back its deliveries
             self._acks = []

@@ -72,9 +72,10 @@ def _translated():
 
 class ShmqBroker(dramatiq.Broker):
     """Dramatiq's broker on shmq. No url: attach locally to ``namespace`` (else
-    $SHMQ_NAMESPACE, else "shmq"); ``url="tcp://host:port"``: a ``shmq server``, its token
-    ``token`` or the url's or the client's usual ones, ``connect_options`` for
-    ``shmq.connect``. Nothing connects until the first put or consume.
+    $SHMQ_NAMESPACE, else "shmq"); ``url="tcp://host:port"`` (``tcps://``: over TLS): a
+    ``shmq server``, its token ``token`` or the url's or the client's usual ones,
+    ``connect_options`` for ``shmq.connect`` (``ssl``...). Nothing connects until the
+    first put or consume.
 
     Every queue is declared with ``visibility_timeout`` (renewed while a job runs, so it
     is how soon a dead worker's messages come back), ``max_deliveries`` (None: a message

@@ -19,6 +19,7 @@ from .mutex import init_mutex
 from .process import monotonic_offset
 from .registry import CREATING, DELETING, LIVE, Registry
 from .segment import (
+    SHM_DIR,
     check_namespace,
     check_queue_name,
     create_segment,
@@ -26,6 +27,7 @@ from .segment import (
     lane_entries,
     lane_name,
     segment_name,
+    share_namespace,
     unlink_segment,
     unlink_semaphore,
 )
@@ -34,6 +36,7 @@ from ..errors import (
 )
 from ..serializers import SerializerSpec
 from ..serializers import resolve as resolve_serializer
+from ..sharing import check_deletable, resolve_group
 from .partition import partition_segment_name
 from . import deadletter
 from .lanes import MAX_LANES, LanedQueue, attach
@@ -78,25 +81,41 @@ class Broker:
                                         "exchange in it): check the name") from None
             self._registry = None  # made by the first create (``_reg``)
 
-    def _reg(self, make: bool = False) -> Registry | None:
+    def _reg(self, make: bool = False, group: int | None = None) -> Registry | None:
         """The namespace's registry, attached when it appears; made only with ``make``
-        (a create). None while the namespace has none."""
+        (a create; shared with ``group``, a gid). None while the namespace has none."""
         reg = self._registry
         if reg is None:
             if self._closed:
                 raise ShmqError(f"broker of namespace {self.namespace!r} is closed")
             try:
-                reg = Registry(self.namespace, create=make)
+                reg = Registry(self.namespace, create=make, group=group)
             except FileNotFoundError:
                 return None
             self._registry = reg
         return reg
 
-    def create_namespace(self) -> bool:
+    def create_namespace(self, group: str | int | None = None) -> bool:
         """Make the namespace's registry now if it has none (``shmq server`` does at start);
-        True if this call made it."""
+        True if this call made it. ``group`` (a name or gid, one of yours): the namespace
+        is shared with it -- everything made in it is 0660 with that group, not 0600
+        (docs/OPERATIONS.md, "Sharing with a group"); a namespace there already is
+        converted (its entries must be yours). Without it an existing namespace keeps its
+        setting."""
+        gid = None if group is None else resolve_group(group)
         had = self._reg() is not None
-        return not had and self._reg(make=True).created
+        reg = self._reg(make=True, group=gid)
+        if gid is not None and reg.group != gid:
+            with reg:
+                share_namespace(self.namespace, gid)
+        return not had and reg.created
+
+    @property
+    def shared_group(self) -> int | None:
+        """The gid the namespace is shared with (``create_namespace(group=)``), else None:
+        owner-only, or not made yet."""
+        reg = self._reg()
+        return None if reg is None else reg.group
 
     def __repr__(self):
         return f"<shmq.Broker namespace={self.namespace!r}>"
@@ -316,10 +335,11 @@ class Broker:
                lanes=1, lane=0):
         slots = DEFAULT_PROCESS_SLOTS
         base = segment_name(self.namespace, "q", lane_name(name, lane))
-        seg = create_segment(base, L.segment_size(capacity, slots))
+        group = self._registry.group
+        seg = create_segment(base, L.segment_size(capacity, slots), group=group)
         try:
-            create_semaphore(base + ".ne").close()
-            create_semaphore(base + ".nf").close()
+            create_semaphore(base + ".ne", group).close()
+            create_semaphore(base + ".nf", group).close()
             mm = seg._mmap
             raw_name, raw_dlq = name.encode(), (dlq or "").encode()
             L.STATIC.pack_into(
@@ -372,6 +392,8 @@ class Broker:
             index, state = reg.find(name)
             if state != LIVE:
                 raise QueueNotFound(f"no queue {name!r} in namespace {self.namespace!r}")
+            if reg.group is not None:
+                check_deletable(f"queue {name!r}", _shm_path(segment_name(self.namespace, "q", name)))
             reg.set_state(index, DELETING, name)
             try:
                 q = attach(self.namespace, name)
@@ -499,8 +521,10 @@ class Broker:
                       reserve=True):
         base = stream_base(self.namespace, name)
         now = time.time_ns()
+        group = self._registry.group
         for p in range(partitions):
-            seg = create_segment(partition_segment_name(base, p), L.part_data_offset(max_bytes) + max_bytes, reserve)
+            seg = create_segment(partition_segment_name(base, p), L.part_data_offset(max_bytes) + max_bytes, reserve,
+                                 group)
             try:
                 L.PART_STATIC.pack_into(seg._mmap, 0, b"\0\0\0\0", L.STREAM_VERSION, 0, max_bytes, maxmsg,
                                         L.index_slots(max_bytes), L.part_data_offset(max_bytes), now)
@@ -508,8 +532,8 @@ class Broker:
                 seg._mmap[0:4] = L.PART_MAGIC
             finally:
                 seg.close()
-        create_semaphore(base + ".ne").close()
-        seg = create_segment(base, L.STREAM_SIZE)
+        create_semaphore(base + ".ne", group).close()
+        seg = create_segment(base, L.STREAM_SIZE, group=group)
         try:
             L.STREAM_STATIC.pack_into(seg._mmap, 0, b"\0\0\0\0", L.STREAM_VERSION, partitions, L.RETENTION[retention],
                                       L.DURABILITY[durability], max_bytes, maxmsg, int(ret_bytes or 0),
@@ -545,6 +569,8 @@ class Broker:
             index, state = reg.find(entry)
             if state != LIVE:
                 raise StreamNotFound(f"no stream {name!r} in namespace {self.namespace!r}")
+            if reg.group is not None:
+                check_deletable(f"stream {name!r}", _shm_path(stream_base(self.namespace, name)))
             reg.set_state(index, DELETING, entry)
             try:
                 s = Stream(self.namespace, name)
@@ -760,3 +786,8 @@ def _options(priorities, message_ttl, dedup_window, retry_delay, retry_backoff, 
     if aging_ms >= 2**32:
         raise ValueError(f"priority_aging must be at most {(2**32 - 1) / 1000:.0f} seconds, not {aging!r}")
     return priorities, max(aging_ms, 1) if aging is not None else 0, ttl, window, retry, float(retry_backoff), retry_max
+
+
+def _shm_path(name: str) -> str:
+    """The file in /dev/shm of the segment ``name``."""
+    return os.path.join(SHM_DIR, name.lstrip("/"))

@@ -21,7 +21,7 @@ from . import waits
 from .lanes import LanedQueue, attach
 from .stream import Stream
 
-__all__ = ["twin", "stamp", "doze"]
+__all__ = ["twin", "stamp", "doze", "room_stamp", "doze_room"]
 
 _mono = time.monotonic_ns
 
@@ -100,3 +100,36 @@ def _stream_stamp(s) -> tuple:
 
 def _doze_stream(s, seen, deadline) -> bool:
     return s._wait(deadline, lambda: _stream_stamp(s) != seen)
+
+
+def room_stamp(h) -> tuple:
+    """What ``doze_room`` compares with: the heads of queue ``h``'s lanes (a head moves
+    when room is made)."""
+    return tuple(q._mq[L.I_HEAD] for q in (h._lanes if isinstance(h, LanedQueue) else (h,)))
+
+
+def doze_room(h, seen, deadline) -> bool:
+    """``doze`` for room: sleep as a producer waiting for room in queue ``h`` (lane 0's
+    not-full semaphore; another lane's room is seen at the end of the slice) until a
+    head moved since ``seen`` (a ``room_stamp``) or until ``deadline``. True when woken."""
+    first = h._lanes[0] if isinstance(h, LanedQueue) else h
+    mq = first._mq
+    first._acquire()
+    try:
+        if mq[L.I_DELETED]:
+            raise first._gone()
+        waits.register(mq, first._my_slot(), waits.PRODUCERS)
+    finally:
+        first._release()
+    waited = 1
+    try:
+        if room_stamp(h) != seen:
+            return True
+        waited = waits.sleep_slice(first._nf, deadline, _mono())
+        return waited == 2
+    finally:
+        first._acquire_to_unwait(None, waits.PRODUCERS, waited)
+        try:
+            waits.unregister(mq, first._slot, waits.PRODUCERS, waited)
+        finally:
+            first._release()

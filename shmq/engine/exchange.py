@@ -140,7 +140,7 @@ class Exchanges:
                     seg = self._open()
                     if seg is None:  # none, or one its creator died making: (re)make it
                         unlink_segment(self._name)
-                        seg = create_segment(self._name, _SIZE)
+                        seg = create_segment(self._name, _SIZE, group=registry.group)
                         pid, start = current_identity()
                         _HEADER.pack_into(seg._mmap, 0, b"\0\0\0\0", _VERSION, 0, pid, start)
                         init_mutex(ctypes.addressof(ctypes.c_char.from_buffer(seg._mmap, _MUTEX_OFF)))

@@ -18,11 +18,11 @@ renewal that finds the lease gone (DeliveryExpired, or any other error) ends qui
 with ``error`` set: the later settle raises as it would have.
 """
 
-import asyncio
 import functools
 import logging
 import math
 import os
+import sys
 import threading
 import time
 
@@ -123,6 +123,8 @@ class Keepalive:
 
     async def _run_task(self, visibility):
         """The asyncio form: renew every ``every`` seconds on the running loop."""
+        import asyncio  # here, not at the top: a process without asyncio never loads it
+
         try:
             if self.every is None:
                 self.every = _checked_every(None, await visibility())
@@ -139,6 +141,9 @@ class Keepalive:
 
 
 def _current_task():
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:  # never loaded: no task runs
+        return None
     try:
         return asyncio.current_task()
     except RuntimeError:  # no running loop in this thread
@@ -210,6 +215,8 @@ def in_task(delivery, every=None, visibility=None) -> Keepalive:
     """Renew an asyncio client's ``delivery`` by a task on the running loop, every
     ``every`` seconds (None: a third of the visibility timeout that the coroutine
     function ``visibility`` returns, asked in the task)."""
+    import asyncio
+
     ka = Keepalive(delivery, None if every is None else _checked_every(every, None))
     loop = asyncio.get_running_loop()
     with _lock:

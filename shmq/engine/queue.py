@@ -49,6 +49,7 @@ from .process import current_identity, monotonic_offset
 from .produce import Producing
 from .segment import lane_name, open_segment, open_semaphore, segment_name
 from .settle import Settling
+from .versions import mismatch
 from .wal import Log
 
 __all__ = ["Queue", "Delivery", "QueueStats", "FAST"]
@@ -138,8 +139,8 @@ class Queue(Producing, Consuming, Settling):
             if magic == b"\0\0\0\0":
                 raise QueueNotFound(f"no queue {self.name!r} in namespace {self.namespace!r} (being created)")
             raise QueueCorrupted(f"segment of queue {self.name!r} is not a shmq queue")
-        if version != L.LAYOUT_VERSION:
-            raise QueueCorrupted(f"queue {self.name!r} has layout version {version}, expected {L.LAYOUT_VERSION}")
+        if version != L.LAYOUT_VERSION:  # another shmq's memory: LayoutMismatch, a QueueCorrupted
+            raise mismatch("queue", self.name, self.namespace, version)
         if seg.size < data_off + cap:
             raise QueueCorrupted(f"segment of queue {self.name!r} is truncated")
         offset = L.WORD.unpack_from(mm, L.TIMENS_OFF)[0]

@@ -5,6 +5,9 @@ it happens under the registry's robust mutex with the entry marked CREATING; del
 marks it DELETING first. A process killed half-way leaves that mark behind, and the
 next holder of the lock (it gets EOWNERDEAD) removes the half-made queue. Queue
 operations never touch the registry: it is only on the create/delete/list path.
+
+The registry's own mode and group say whether the namespace is shared with a group
+(shmq/sharing.py): ``group``, read by each create (never by an attach), is what it copies.
 """
 
 import contextlib
@@ -17,6 +20,7 @@ import time
 from .mutex import RobustMutex, init_mutex
 from .process import current_identity, is_alive
 from .segment import SHM_DIR, create_segment, open_segment, segment_name, unlink_segment
+from ..sharing import refused, shared_gid
 
 __all__ = ["Registry", "FREE", "CREATING", "LIVE", "DELETING", "read_header", "creation_guard"]
 
@@ -38,13 +42,18 @@ class Registry:
     """The registry segment of one namespace: made by the first create of a queue, a
     stream or an exchange in it (``Broker``), or by ``shmq server``."""
 
-    def __init__(self, namespace: str, create: bool = True):
+    def __init__(self, namespace: str, create: bool = True, group: int | None = None):
         """``create=False``: attach only (FileNotFoundError if the namespace has no
-        registry, or one its creator has not published). ``created``: this call made it."""
+        registry, or one its creator has not published). ``created``: this call made it;
+        ``group`` (a gid): one made here is shared with that group. Unauthorized if the
+        namespace is another user's (not shared with a group of ours)."""
         self.namespace = namespace
         self._name = segment_name(namespace, "registry")
         self.created = False
-        self._seg = self._open_or_create() if create else self._open_published()
+        try:
+            self._seg = self._open_or_create(group) if create else self._open_published()
+        except PermissionError:
+            raise refused(f"namespace {namespace!r}", os.path.join(SHM_DIR, self._name.lstrip("/"))) from None
         self._mm = self._seg._mmap
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(self._mm, _MUTEX_OFF)))
 
@@ -58,12 +67,19 @@ class Registry:
             raise FileNotFoundError(f"registry {self._name} is not initialised")
         return seg
 
+    @property
+    def group(self) -> int | None:
+        """The gid the namespace is shared with (its registry's group, when that may read
+        and write it), else None: what its creates give their segments and semaphores.
+        Read afresh (one fstat) each time: a namespace shared meanwhile is seen at once."""
+        return shared_gid(os.fstat(self._seg._fd))
+
     # --- segment life -------------------------------------------------------------
-    def _open_or_create(self):
+    def _open_or_create(self, group):
         deadline = time.monotonic() + _INIT_WAIT_S
         while True:
             try:
-                seg = create_segment(self._name, _SIZE)
+                seg = create_segment(self._name, _SIZE, group=group)
             except FileExistsError:
                 pass
             else:

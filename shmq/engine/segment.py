@@ -6,7 +6,8 @@ segment it opens — created *or merely attached* — with the resource tracker,
 unlinks it when the process family exits (CPython issue 82300). On 3.13+ we pass
 ``track=False``; before that we open segments while a thread-local gate makes the
 tracker hooks no-ops for that one call, so no registration ever happens (there is no
-window in which a SIGKILL could leave one behind). Everything is created 0600.
+window in which a SIGKILL could leave one behind). Everything is created 0600, or 0660
+with the group of a namespace shared with one (``group=``; shmq/sharing.py).
 
 A new segment's memory is reserved at once (``posix_fallocate``): /dev/shm is a tmpfs
 of limited size (Docker's default is 64 MB), and a sparse segment larger than its free
@@ -24,7 +25,8 @@ from multiprocessing import shared_memory as _stdlib_shm
 
 import posix_ipc
 
-from ..errors import StorageError
+from ..errors import ShmqError, StorageError
+from ..sharing import share_fd, share_path
 
 __all__ = [
     "Segment",
@@ -39,6 +41,7 @@ __all__ = [
     "check_queue_name",
     "namespace_entries",
     "destroy_namespace",
+    "share_namespace",
     "check_room",
 ]
 
@@ -139,12 +142,20 @@ class Segment(_stdlib_shm.SharedMemory):
                 self._fd = -1
 
 
-def create_segment(name: str, size: int, reserve: bool = True) -> Segment:
+def create_segment(name: str, size: int, reserve: bool = True, group: int | None = None) -> Segment:
     """Create a new segment with all its memory reserved (FileExistsError if the name is
     taken; StorageError, and nothing left behind, if /dev/shm has no room for it).
     ``reserve=False``: sparse, its memory taken as it is written (a write that finds
-    /dev/shm full dies of SIGBUS): for short-lived segments that rarely fill."""
+    /dev/shm full dies of SIGBUS): for short-lived segments that rarely fill. ``group``:
+    a gid, for 0660 with that group instead of 0600."""
     seg = Segment(name, create=True, size=size)
+    if group is not None:
+        try:
+            share_fd(seg._fd, group)
+        except BaseException:
+            seg.close()
+            unlink_segment(name)
+            raise
     if not reserve:
         return seg
     try:
@@ -153,7 +164,7 @@ def create_segment(name: str, size: int, reserve: bool = True) -> Segment:
         seg.close()
         unlink_segment(name)
         if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # cannot reserve here: sparse, as before
-            return Segment(name, create=True, size=size)
+            return create_segment(name, size, False, group)
         if e.errno == errno.ENOSPC:
             raise StorageError(f"{SHM_DIR} has {_mib(_free_bytes())} free, too little for the "
                                f"{_mib(size)} segment {name}: free space there, ask for less (max_bytes), "
@@ -196,8 +207,18 @@ def unlink_segment(name: str) -> bool:
         return False
 
 
-def create_semaphore(name: str) -> posix_ipc.Semaphore:
-    return posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=MODE, initial_value=0)
+def create_semaphore(name: str, group: int | None = None) -> posix_ipc.Semaphore:
+    """A new semaphore at 0 (ExistentialError if the name is taken); ``group``: as
+    ``create_segment``'s (the file is /dev/shm/sem.NAME)."""
+    sem = posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=MODE, initial_value=0)
+    if group is not None:
+        try:
+            share_path(os.path.join(SHM_DIR, "sem." + name.lstrip("/")), group)
+        except BaseException:
+            sem.close()
+            unlink_semaphore(name)
+            raise
+    return sem
 
 
 def open_semaphore(name: str) -> posix_ipc.Semaphore:
@@ -234,6 +255,21 @@ def lane_entries(namespace: str, name: str) -> list[str]:
         return []
     return sorted("/" + (n[4:] if n.startswith("sem.") else n) for n in names
                   if n.startswith(prefix) or n.startswith("sem." + prefix))
+
+
+def share_namespace(namespace: str, group: int) -> None:
+    """Give every segment and semaphore of ``namespace`` to group ``group``, 0660 (the
+    registry last: what it says is the namespace's setting). ShmqError, before any change,
+    if one of them is another user's."""
+    paths = [os.path.join(SHM_DIR, e) for e in namespace_entries(namespace)]
+    uid = os.geteuid()
+    theirs = [p for p in paths if os.stat(p).st_uid != uid]
+    if theirs and uid != 0:
+        raise ShmqError(f"cannot share namespace {namespace!r}: {theirs[0]} is uid {os.stat(theirs[0]).st_uid}'s, "
+                        "not yours; its owner must share it")
+    registry = segment_name(namespace, "registry").lstrip("/")
+    for path in sorted(paths, key=lambda p: os.path.basename(p) == registry):
+        share_path(path, group)
 
 
 def destroy_namespace(namespace: str) -> int:

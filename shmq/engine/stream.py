@@ -34,6 +34,7 @@ from .partition import Partition
 from .partitioner import partition_of
 from .produce import as_bytes
 from .segment import open_segment, open_semaphore, segment_name
+from .versions import mismatch
 
 __all__ = ["Stream", "Consumer", "Record", "RecordMetadata", "stream_base", "partition_of", "check_txn"]
 
@@ -100,7 +101,10 @@ class Stream:
             raise StreamNotFound(f"no stream {name!r} in namespace {namespace!r} (being created)")
         (magic, version, parts, retention, durability, max_bytes, maxmsg, ret_bytes, ret_ns, idle_ns,
          created) = L.STREAM_STATIC.unpack_from(mm, 0)
-        if magic != L.STREAM_MAGIC or version != L.STREAM_VERSION:
+        if magic == L.STREAM_MAGIC and version != L.STREAM_VERSION:  # another shmq's memory
+            seg.close()
+            raise mismatch("stream", name, namespace, version)
+        if magic != L.STREAM_MAGIC:
             seg.close()
             raise StreamNotFound(f"no stream {name!r} in namespace {namespace!r} (being created)")
         self._seg, self._mm, self._mq = seg, mm, memoryview(mm).cast("Q")

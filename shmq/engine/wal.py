@@ -22,6 +22,7 @@ import os
 
 from .. import dmsq
 from ..errors import ShmqError, StorageError
+from ..sharing import fit_to_dir
 from . import layout as L
 
 __all__ = ["wal_path", "parse_wal_name", "partition_log_name", "split_partition_name", "hwm_path", "log_files",
@@ -275,6 +276,7 @@ class Log:
         except FileExistsError:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         else:
+            fit_to_dir(fd, path)
             dmsq.fsync_dir(path)
         self.fd = (gen, fd)
         return fd
@@ -377,6 +379,7 @@ class HighWater:
                 except FileExistsError:
                     fd = os.open(path, os.O_RDWR)
                 else:
+                    fit_to_dir(fd, path)
                     dmsq.fsync_dir(path)
                 self.fd = (path, fd)
             os.pwrite(self.fd[1], dmsq.encode_hwm(writes, epoch, offset), (writes % 2) * dmsq.HWM_SLOT.size)

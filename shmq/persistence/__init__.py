@@ -25,8 +25,10 @@ only when shared memory has no table. Layouts: docs/FORMAT.md; the promises:
 docs/DESIGN.md, Persistence.
 
 Modules: ``files`` (a data dir's files, and damaged ones set aside), ``queues`` (a queue's
-snapshot, restore, rebuild), ``streams`` (a stream's), ``recovery`` (on start), and
-``snapshotter`` (the broker's rounds, the logs opened and suspended with the data dir).
+snapshot, restore, rebuild), ``streams`` (a stream's), ``recovery`` (on start),
+``upgrade`` (before it: an older shmq's memory rebuilt from the files, a newer one's files
+refused), and ``snapshotter`` (the broker's rounds, the logs opened and suspended with the
+data dir).
 """
 
 from .files import is_data_file, remove_data_dir, snapshot_path

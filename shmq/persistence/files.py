@@ -5,6 +5,7 @@ import logging
 import os
 
 from .. import dmsq
+from ..sharing import fit_to_dir
 from ..engine.wal import log_files, parse_wal_name, split_partition_name
 
 log = logging.getLogger("shmq.persistence")
@@ -114,6 +115,7 @@ def _write_prefix(src, dest, size):
     tmp = dest + dmsq.TMP_SUFFIX
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
+        fit_to_dir(fd, dest)
         os.write(fd, data)
         os.fsync(fd)
     finally:

@@ -129,6 +129,11 @@ def create_queues(broker: Broker, wanted: dict, on_error=None) -> list[tuple[str
     return unlinked
 
 
+def upgraded_note(was: int | None) -> str:
+    """What a rebuilt object's line adds when an older layout's memory held it (``upgrade``)."""
+    return "" if was is None else f" (upgraded: shared memory held it in an older shmq's layout version {was})"
+
+
 def dropped_link(name: str, dlq: str, why: str) -> str:
     """The warning for a queue made without its dead-letter queue, because there is none."""
     return (f"queue {name!r} has lost its dead-letter queue {dlq!r}: there is no queue {dlq!r} ({why}); "
@@ -153,7 +158,8 @@ def restore_files(broker: Broker, paths, into: str | None = None):
     that is one of them or there already), then filled. ``into`` only with one file.
     Returns ([(queue, messages, error)] in the order of ``paths``, [(queue, dead-letter
     queue)] of the links dropped because the dead-letter queue is nowhere). A file that
-    is no queue's snapshot restores nothing: ``("", 0, why)``."""
+    is no queue's snapshot restores nothing: ``("", 0, why)``. A queue of ``paths`` that an
+    older shmq's layout holds is removed and made again from its file (``upgrade``)."""
     paths = list(paths)
     if into is not None and len(paths) != 1:
         raise ValueError(f"into={into!r} names one queue: give one file, not {len(paths)}")
@@ -163,6 +169,12 @@ def restore_files(broker: Broker, paths, into: str | None = None):
         if header is not None:
             names[path] = into or header.queue
             wanted.setdefault(names[path], _create_settings(header.settings))
+    from .upgrade import upgrade_queues  # (it reads snapshots with this module's helpers)
+
+    for name, was in upgrade_queues(broker, wanted).items():  # an older shmq's memory: made again, from the file
+        log.warning("queue %s: shared memory held it in an older shmq's layout version %d, which this shmq cannot "
+                    "read; removed, and made again from the file", name, was,
+                    extra={"event": "queue_upgraded", "queue": name, "upgraded_from": was})
     unlinked = create_queues(broker, wanted)
     results = []
     for path in paths:
@@ -229,11 +241,13 @@ def _rebuild_settings(data_dir: str, name: str) -> dict | None:
     return {"durability": "wal"} if wal_files(data_dir, name) else None
 
 
-def recover_queues(broker: Broker, data_dir: str, names) -> list[str]:
+def recover_queues(broker: Broker, data_dir: str, names, upgraded: dict | None = None) -> list[str]:
     """Rebuild the queues of ``names`` whose segments are gone from their files in
     ``data_dir``: all are made first, each linked to its dead-letter queue
     (``create_queues``; a dead-letter queue that is nowhere is a warning naming both),
-    then each is filled from its snapshot and logs. Returns the names rebuilt."""
+    then each is filled from its snapshot and logs. Returns the names rebuilt.
+    ``upgraded``: {name: layout version} of those an older shmq's memory held (``upgrade``),
+    said in their line."""
     lost = sorted(set(names) - set(broker.list_queues()))  # the live ones: memory is newer than any file
     settings = {name: _rebuild_settings(data_dir, name) for name in lost}
     failed = set()
@@ -268,7 +282,9 @@ def recover_queues(broker: Broker, data_dir: str, names) -> list[str]:
         except (ValueError, TypeError, OSError, ShmqError) as e:
             cannot(name, e)
             continue
-        log.info("queue %s rebuilt from %s: %d message(s)", name, data_dir, n,
-                 extra={"event": "queue_rebuilt", "queue": name, "data_dir": data_dir, "messages": n})
+        was = (upgraded or {}).get(name)
+        log.info("queue %s rebuilt from %s: %d message(s)%s", name, data_dir, n, upgraded_note(was),
+                 extra={"event": "queue_rebuilt", "queue": name, "data_dir": data_dir, "messages": n,
+                        "upgraded_from": was})
         rebuilt.append(name)
     return rebuilt

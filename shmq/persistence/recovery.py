@@ -14,19 +14,21 @@ from .streams import rebuild_stream
 log = logging.getLogger("shmq.persistence")
 
 
-def recover(broker: Broker, data_dir: str) -> list[str]:
+def recover(broker: Broker, data_dir: str, upgraded: dict | None = None) -> list[str]:
     """On start: rebuild every queue and stream whose segments are gone from its
     snapshots and its write-ahead logs; keep the ones still in shared memory. The links
     between them are made once all are there: dead-letter queues (``create_queues``),
     then the exchanges' bindings; a link to something that is nowhere is a warning
     naming both. Damaged files are replayed up to the damage and moved aside
-    (``.corrupt``). Returns the names rebuilt: queues by name, streams as ``@NAME``."""
+    (``.corrupt``). Returns the names rebuilt: queues by name, streams as ``@NAME``.
+    ``upgraded``: ``upgrade``'s, the layout version an older shmq's memory held each in."""
+    upgraded = upgraded or {}
     owners = {owner for owner in map(owner_of, os.listdir(data_dir)) if owner is not None}
-    rebuilt = recover_queues(broker, data_dir, [o for o in owners if not o.startswith("@")])
+    rebuilt = recover_queues(broker, data_dir, [o for o in owners if not o.startswith("@")], upgraded)
     live = set(broker.list_streams())
     for name in sorted({o[1:] for o in owners if o.startswith("@")} - live):
         try:
-            if rebuild_stream(broker, data_dir, name):
+            if rebuild_stream(broker, data_dir, name, upgraded.get("@" + name)):
                 rebuilt.append("@" + name)
         except (ValueError, TypeError, OSError, ShmqError) as e:
             log.error("%s: cannot rebuild stream %s: %s", data_dir, name, e)

@@ -9,7 +9,7 @@ from .. import dmsq
 from ..engine.broker import Broker
 from ..engine.stream import Stream
 from ..engine.wal import log_files, partition_log_name, wal_path
-from ..errors import QueueNotFound, StreamNotFound
+from ..errors import LayoutMismatch, QueueNotFound, StreamNotFound
 from .files import lanes_of, owner_of, snapshot_path
 from .queues import snapshot_queue
 from .streams import apply_retention, snapshot_stream
@@ -39,6 +39,7 @@ class Snapshotter:
         self.last_round = {}  # what the last run_once wrote
         self._written = {}  # snapshot path -> what it says (``snapshot_queue``): unchanged ones are not rewritten
         self._lost = False  # the data dir vanished
+        self._other_layout = set()  # queues and streams of another shmq's layout, seen by the round (``_each``)
         self.log_dirs = set()  # where the logs were at the last settled sync_logs
         self._dir_lock = threading.Lock()  # one thread at a time handles its coming and going
         # one writer of a snapshot at a time: the rounds' thread and the server's creates
@@ -131,12 +132,17 @@ class Snapshotter:
                 log.warning("data dir %s: removed the files of an earlier stream %s", self.data_dir, s.name)
                 return
 
-    def _each(self, names, attach, gone):
+    def _each(self, names, attach, gone, prefix=""):
         """Attach to each of ``names`` in turn (closed after use; one deleted meanwhile,
-        ``gone``, is passed over)."""
+        ``gone``, is passed over; one of another shmq's layout too, said once and added to
+        ``_other_layout``, whose files stay). ``prefix``: "@" for streams, as files name them."""
         for name in names:
             try:
                 handle = attach(name)
+            except LayoutMismatch as e:  # another shmq's, made since the start: said once, passed over
+                self._report(prefix + name, str(e))
+                self._other_layout.add(prefix + name)
+                continue
             except gone:
                 continue
             try:
@@ -148,7 +154,7 @@ class Snapshotter:
         return self._each(self.broker.list_queues(), self.broker.queue, QueueNotFound)
 
     def _each_stream(self):
-        return self._each(self.broker.list_streams(), self.broker.stream, StreamNotFound)
+        return self._each(self.broker.list_streams(), self.broker.stream, StreamNotFound, "@")
 
     def _names(self) -> set:
         """The owners (``owner_of``) of every queue and stream there is now."""
@@ -161,6 +167,7 @@ class Snapshotter:
         is logged once, keeps the previous file, and is retried. ``last_round`` says
         what the round wrote: queues, messages, streams, files."""
         self.last_round = {"queues": 0, "messages": 0, "streams": 0, "files": 0}
+        self._other_layout = set()
         if not self.data_dir_present():
             return 0
         written = 0
@@ -202,6 +209,7 @@ class Snapshotter:
                     self._report("@" + s.name, f"cannot write the snapshot of stream {s.name} to {self.data_dir}: {e}")
         with self._write_lock:  # a queue or stream created during the round keeps the files its create wrote
             keep |= self._names() - listed
+            keep |= self._other_layout  # (unreadable here: their files are what an upgrade rebuilds them from)
             for entry in os.listdir(self.data_dir):
                 owner = owner_of(entry)
                 if owner is not None and owner not in keep:

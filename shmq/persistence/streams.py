@@ -10,7 +10,7 @@ from ..engine.broker import Broker
 from ..engine.stream import Stream
 from ..engine.wal import hwm_path, log_files, partition_log_name, split_partition_name
 from .files import owner_of, read_snapshot_file, set_aside, snapshot_path
-from .queues import logs_from, snapshot_digest
+from .queues import logs_from, snapshot_digest, upgraded_note
 
 log = logging.getLogger("shmq.persistence")
 
@@ -143,11 +143,12 @@ def _stream_files(data_dir: str, name: str) -> set[int]:
     return parts
 
 
-def rebuild_stream(broker: Broker, data_dir: str, name: str) -> bool:
+def rebuild_stream(broker: Broker, data_dir: str, name: str, upgraded_from: int | None = None) -> bool:
     """Create stream ``name`` from its files: per partition, the snapshot's records and
     the logs after it, the next offset (past every offset a log or the high-water file
     says was handed out), and the groups' committed offsets. False if the files say too
-    little (no snapshot header and no log)."""
+    little (no snapshot header and no log). ``upgraded_from``: the layout version of the
+    older shmq's memory that held it (``upgrade``), said in its line."""
     parts = _stream_files(data_dir, name)
     images, settings, created = {}, None, None
     for p in sorted(parts):
@@ -192,9 +193,10 @@ def rebuild_stream(broker: Broker, data_dir: str, name: str) -> bool:
             s.groups_table.set_offsets(group, offsets)
     finally:
         s.close()
-    log.info("stream %s rebuilt from %s: %d record(s) in memory, %d group(s)", name, data_dir, total, len(committed),
+    log.info("stream %s rebuilt from %s: %d record(s) in memory, %d group(s)%s", name, data_dir, total,
+             len(committed), upgraded_note(upgraded_from),
              extra={"event": "stream_rebuilt", "stream": name, "data_dir": data_dir, "records": total,
-                    "groups": len(committed)})
+                    "groups": len(committed), "upgraded_from": upgraded_from})
     return True
 
 

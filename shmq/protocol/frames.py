@@ -120,6 +120,7 @@ class PushType(enum.IntEnum):
     (a client reads msg id 0 with a non-zero status as the end of the connection)."""
 
     DELIVER = 0x1A  # messages leased to a subscription (SUBSCRIBE), or its end
+    HEARTBEAT = 0x1B  # the server is alive: every ``heartbeat_ms`` a HELLO asked for, payload {}
 
 
 class Status(enum.IntEnum):

@@ -241,7 +241,7 @@ _PUT_OPTIONS = (Field("priority", _check_int), Field("delay_ms", _check_non_nega
 
 # The one table of request payloads: type -> its fields. Unknown fields are ignored.
 REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
-    MsgType.HELLO: (Field("client", _check_str), Field("token", _check_str)),
+    MsgType.HELLO: (Field("client", _check_str), Field("token", _check_str), Field("heartbeat_ms", _check_positive)),
     MsgType.CREATE: (
         _QUEUE,
         Field("max_bytes", _check_positive),

@@ -19,7 +19,8 @@ import logging
 
 from ..errors import LimitExceeded, ProtocolError, ShmqError, Unauthorized
 from ..logs import peer_text
-from ..protocol import HEADER_SIZE, REPLY_BIT, FrameDecoder, MsgType, Status, encode_error, encode_reply
+from ..protocol import (HEADER_SIZE, REPLY_BIT, FrameDecoder, MsgType, PushType, Status, encode_error,
+                        encode_reply)
 from ..protocol.requests import check_request
 from ..protocol.status import error_details, reason_of, status_of
 from .handlers import HANDLERS, Later, Wait
@@ -59,6 +60,7 @@ def _reply_of_later(conn, reply, result):
     return reply(result)
 
 
+_BEAT = encode_reply(PushType.HEARTBEAT, 0)  # a HEARTBEAT push: msg id 0, status 0, {}
 _HELLO, _OK = MsgType.HELLO, Status.OK  # read per request: a module name costs less than an enum's attribute
 
 
@@ -95,6 +97,8 @@ class Connection(asyncio.BufferedProtocol):
         self.said_slow = False  # "slow_client" logged once (it does not read its replies)
         self.out = None  # while ``process`` runs: the replies to write together (``send``, ``flush``)
         self.out_bytes = 0
+        self.heartbeat = None  # seconds between HEARTBEAT pushes a HELLO asked for (``beat_every``), and the next's
+        self.next_beat = None
         # each request's hook, chosen once (the server's metrics are set before it accepts): dispatch itself
         # with metrics off
         self.handle = server.metrics.timing(self.dispatch)
@@ -437,10 +441,21 @@ class Connection(asyncio.BufferedProtocol):
         subscription, a delivery, a group member, or a place in line for budget."""
         return bool(self.waiters or self.subs or self.leases or self.members or self.budget_wait)
 
+    def beat_every(self, ms: int) -> int:
+        """Push a HEARTBEAT every ``ms`` milliseconds (a HELLO's ``heartbeat_ms``), at the
+        sweeper's rounds (``Limits.sweep_interval``): returns the interval it keeps."""
+        seconds = max(ms / 1000, self.server.limits.sweep_interval)
+        self.heartbeat, self.next_beat = seconds, self.server.loop.time() + seconds
+        return round(seconds * 1000)
+
     def check_clocks(self, now):
-        """Called by the server's sweeper: close on a frame past its deadline, or when idle."""
+        """Called by the server's sweeper: close on a frame past its deadline, or when idle;
+        push a HEARTBEAT when one is due."""
         if self.closing:
             return
+        if self.heartbeat is not None and now >= self.next_beat:
+            self.next_beat = now + self.heartbeat
+            self.send(_BEAT)
         overdue = self.clocks.overdue(now, self.authed, self.holds())
         if overdue is not None:
             error, reason = overdue

@@ -114,8 +114,11 @@ def hello(conn, f):
                 extra={"event": "token_refused", "peer": peer, "token_given": given})
             raise Unauthorized("wrong or missing token")
         conn.authenticated()
-    return {"server": "shmq", "version": __version__, "max_frame_bytes": server.max_frame_bytes,
-            "compression": CODECS, "produce_each": True}
+    reply = {"server": "shmq", "version": __version__, "max_frame_bytes": server.max_frame_bytes,
+             "compression": CODECS, "produce_each": True}
+    if "heartbeat_ms" in f:  # the client wants to hear from the server while it only waits
+        reply["heartbeat_ms"] = conn.beat_every(f["heartbeat_ms"])
+    return reply
 
 
 def ping(conn, f):

@@ -23,6 +23,7 @@ import time
 from ..engine.process import current_identity, is_alive
 from ..engine.segment import SHM_DIR, check_namespace
 from ..errors import ShmqError
+from ..sharing import share_fd
 
 __all__ = ["BrokerLock", "BrokerRunning", "lock_name", "lock_path", "read_holder", "holder"]
 
@@ -77,8 +78,11 @@ class BrokerLock:
     """The lock of one namespace's broker: ``acquire`` (BrokerRunning if another broker
     holds it), ``update`` what the file says, ``release``. A context manager."""
 
-    def __init__(self, namespace: str):
+    def __init__(self, namespace: str, group: int | None = None):
+        """``group`` (a gid): the file is 0660 with that group (a namespace shared with
+        it: its members' ``shmq doctor`` and brokers read and take it), not 0600."""
         self.namespace = check_namespace(namespace)
+        self.group = group
         self.path = lock_path(namespace)
         self.fd = None
         self.info = {}
@@ -122,6 +126,8 @@ class BrokerLock:
             if not same:  # unlinked (a clean stop) between our open and our lock: start over
                 os.close(fd)
                 continue
+            if self.group is not None and st.st_uid == os.geteuid():
+                share_fd(fd, self.group)
             self.fd = fd
             pid, start_ms = current_identity()
             self.update(role="broker", pid=pid, start_ms=start_ms, namespace=self.namespace)

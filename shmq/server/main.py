@@ -11,19 +11,23 @@ import logging
 import os
 import resource
 import signal
+import ssl
 import time
 
 from ..auth import advertise, default_data_dir, server_token, withdraw
 from ..engine.broker import Broker
 from ..engine.segment import destroy_namespace
 from ..persistence import Snapshotter, recover
+from ..persistence.upgrade import check_files, upgrade
 from ..engine.layout import WAL_ALWAYS, WAL_BATCH, WAL_NEVER
 from ..errors import ShmqError
+from ..sharing import resolve_group, share_dir
 from .housekeeper import Housekeeper
 from .lock import BrokerLock
 from .logsync import LogSyncer
 from .loops import loop_name
 from .metrics import NO_METRICS, Metrics
+from .notify import notify
 from .periodic import Periodic
 from .tcp import TcpServer
 
@@ -52,16 +56,20 @@ def _raise_fd_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _start_persistence(broker, data_dir, mode, ms, interval):
+def _start_persistence(broker, data_dir, mode, ms, interval, group=None):
     """Rebuild lost queues, open the logs, snapshot at once. What cannot be written (a
-    full disk) is logged and retried by the snapshot loop: the server comes up anyway."""
+    full disk) is logged and retried by the snapshot loop: the server comes up anyway.
+    ``group``: a gid the data dir is shared with (``sharing.share_dir``)."""
     try:
+        if group is not None:
+            share_dir(data_dir, group)
         snapshotter = Snapshotter(broker, data_dir, wal_mode=mode, wal_batch_ms=ms)
     except OSError as e:
         raise ShmqError(f"cannot use --data-dir {data_dir}: {e.strerror or e} (give another --data-dir, "
                         f"or --no-persist)") from None
     started = time.monotonic()
-    rebuilt = recover(broker, data_dir)
+    check_files(data_dir)  # a newer shmq's files, or an older one's memory with none: one line, nothing changed
+    rebuilt = recover(broker, data_dir, upgrade(broker, data_dir))
     log.info("data dir %s: %d queue(s) and stream(s) rebuilt from its files", data_dir, len(rebuilt),
              extra={"event": "recovery", "data_dir": data_dir,
                     "queues": [n for n in rebuilt if not n.startswith("@")],
@@ -103,7 +111,7 @@ def _kafka_listener():
 
 async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_bytes=16 * 2**20, ready=None,
                 data_dir=None, snapshot_interval=1.0, fsync="batch:2",
-                token_file=None, no_auth=False, limits=None, metrics=None, kafka=None):
+                token_file=None, no_auth=False, limits=None, metrics=None, kafka=None, group=None, tls=None):
     """Serve until SIGINT/SIGTERM. ``ready`` (an optional callable) gets the bound port.
 
     With ``data_dir``: queues lost with shared memory (a reboot) are rebuilt from their
@@ -120,24 +128,31 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
     ``kafka``: a dict of ``kafka.KafkaListener``'s arguments (host, port, advertised_host,
     auto_create, auto_create_partitions) to serve Kafka clients too (docs/KAFKA.md), or None.
 
+    ``tls``: an ``ssl.SSLContext`` (``shmq.tls.server_context``): both ports speak only TLS
+    (clients: ``tcps://``; Kafka's SSL / SASL_SSL), or None: plain TCP.
+
     One broker per namespace: if another holds it (``lock.BrokerLock``), BrokerRunning
     (naming its pid) before anything starts.
+
+    ``group`` (a group name or gid, one of this user's): the namespace, its lock file and
+    the data dir are shared with that group, 0660 / 2770 (shmq/sharing.py).
     """
+    gid = None if group is None else resolve_group(group)
     token, auth_note = server_token(token, token_file, no_auth)
     _raise_fd_limit()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    with BrokerLock(namespace) as lock, Broker(namespace) as broker, Broker(namespace) as keeper_broker, \
+    with BrokerLock(namespace, gid) as lock, Broker(namespace) as broker, Broker(namespace) as keeper_broker, \
             Broker(namespace) as snap_broker:  # the lock first: one broker per namespace, else a one-line refusal
         # the addresses next: a port in use is one line before anything is made (no data dir, no namespace)
-        server = await TcpServer(broker, host, port, token, max_frame_bytes, limits=limits).bind()
+        server = await TcpServer(broker, host, port, token, max_frame_bytes, limits=limits, tls=tls).bind()
         kafka_listener = None
         if kafka is not None:
             try:
                 kafka_listener = await _kafka_listener()(broker, token=token, max_frame_bytes=max_frame_bytes,
-                                                     limits=server.limits,
+                                                     limits=server.limits, tls=tls,
                                                      **{"host": host, **kafka}).bind()
             except BaseException:
                 server.unbind()
@@ -149,12 +164,14 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                 mhost, mport = metrics[0], exporter.start(*metrics)
                 log.info("metrics on http://%s:%d/metrics", f"[{mhost}]" if ":" in mhost else mhost, mport)
             server.metrics = exporter
-            made_ns = broker.create_namespace()  # a server makes its namespace (and only it, of the commands that run)
+            made_ns = broker.create_namespace(gid)  # a server makes its namespace (only it, of the commands that run)
+            if data_dir is None:
+                upgrade(broker, None)  # an older shmq's memory, and no files to rebuild it from: one line
             if data_dir is not None:
                 mode, ms = parse_fsync(fsync)
                 made_dir = None if os.path.exists(data_dir) else data_dir
                 snapshotter = await asyncio.to_thread(_start_persistence, snap_broker, data_dir, mode, ms,
-                                                      snapshot_interval)
+                                                      snapshot_interval, gid)
                 if mode == WAL_BATCH:  # rounds only while logs are written (logsync.py)
                     syncer = LogSyncer(snapshotter, ms).start()
                 server.on_create = snapshotter.open_wal
@@ -184,6 +201,8 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                      "SASL/PLAIN with the token as the password" if token else "no authentication",
                      extra={"event": "kafka_started", "host": kafka_listener.host, "port": kafka_listener.port,
                             "advertised_host": kafka_listener.advertised_host})
+        if tls is not None:
+            _log_tls(tls)
         log.info("serving namespace %s on %s:%d (%d queues), %s; housekeeping every %.2fs; %s event loop",
                  namespace, host, server.port, len(broker.list_queues()), auth_note, HOUSEKEEPING_INTERVAL_S,
                  loop_name(loop), extra={"event": "server_started", "namespace": namespace, "host": host,
@@ -191,6 +210,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                                          "loop": loop_name(loop)})
         if ready is not None:
             ready(server.port)
+        notify(READY="1", STATUS=f"serving namespace {namespace} on {host}:{server.port}")  # Type=notify
 
         periodic = [Periodic(HOUSEKEEPING_INTERVAL_S, keeper.run_once, "housekeeping").start()]
         if snapshotter is not None:
@@ -200,6 +220,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
 
             periodic.append(Periodic(snapshot_interval, snapshot_round, "snapshot", first=False).start())
         await stop.wait()
+        notify(STOPPING="1", STATUS="stopping: answering what is in flight")
         for p in periodic:
             p.stop()
         log.info("stopping: answering what is in flight")
@@ -228,6 +249,14 @@ def _unmake(broker, made_ns, made_dir):
             os.rmdir(made_dir)  # only if empty
         except OSError:
             pass
+
+
+def _log_tls(tls):
+    """Say at start that clients must speak TLS, and whether they must show a certificate (event ``tls``)."""
+    mutual = tls.verify_mode == ssl.CERT_REQUIRED
+    log.info("TLS on every port: clients use tcps:// (Kafka clients SSL or SASL_SSL)%s",
+             "; they must show a certificate the --tls-client-ca signed" if mutual else "",
+             extra={"event": "tls", "client_certificates": mutual})
 
 
 def _log_persistence(namespace, data_dir, interval, fsync):

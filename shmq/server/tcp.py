@@ -28,11 +28,13 @@ from .limits import PRE_AUTH_MAX_FRAME_BYTES, SMALL_FRAME_BYTES, Budget, Limits
 from .metrics import NO_METRICS
 from .waiters import NOTHING, QueueWaiters, StreamWaiters
 
-__all__ = ["TcpServer", "listen_error", "Limits", "SMALL_FRAME_BYTES", "PRE_AUTH_MAX_FRAME_BYTES", "LOCK_TIMEOUT_S"]
+__all__ = ["TcpServer", "listen_error", "tls_options", "Limits", "SMALL_FRAME_BYTES", "PRE_AUTH_MAX_FRAME_BYTES",
+           "LOCK_TIMEOUT_S", "TLS_SHUTDOWN_S"]
 
 log = logging.getLogger("shmq.server")
 
 LOCK_TIMEOUT_S = 0.25  # the longest the loop waits for a queue's lock (then LOCK_TIMEOUT)
+TLS_SHUTDOWN_S = 1.0  # a TLS connection being closed waits this long for the client's close_notify, then drops
 
 
 class TcpServer:
@@ -40,7 +42,7 @@ class TcpServer:
 
     def __init__(self, broker: Broker, host="127.0.0.1", port=7878, token=None,
                  max_frame_bytes=DEFAULT_MAX_FRAME_BYTES, on_create=None, limits: Limits | None = None,
-                 metrics=None):
+                 metrics=None, tls=None):
         self.limits = limits if limits is not None else Limits()
         if self.limits.max_buffered_bytes < max_frame_bytes + HEADER_SIZE:
             raise ValueError(f"max_buffered_bytes ({self.limits.max_buffered_bytes}) must hold one whole frame: "
@@ -52,6 +54,7 @@ class TcpServer:
         self.port = port
         self.token = token
         self.max_frame_bytes = max_frame_bytes
+        self.tls = tls  # an ssl.SSLContext (shmq.tls.server_context): every connection in TLS; None: plain TCP
         self.connections = set()
         self.lingering = 0  # refused connections not yet closed
         self.stopping = False
@@ -131,7 +134,8 @@ class TcpServer:
         self.loop = asyncio.get_running_loop()
         try:
             self._server = await self.loop.create_server(lambda: Connection(self), self.host, self.port,
-                                                         backlog=1024, start_serving=False)
+                                                         backlog=1024, start_serving=False,
+                                                         **tls_options(self.tls, self.limits))
         except OSError as e:
             raise listen_error(e, self.host, self.port) from None
         self.port = self._server.sockets[0].getsockname()[1]
@@ -187,6 +191,16 @@ class TcpServer:
         s = self.broker.stream(name)
         s.lock_timeout = LOCK_TIMEOUT_S
         return s
+
+
+def tls_options(tls, limits: Limits) -> dict:
+    """``create_server``'s keywords for TLS with context ``tls`` (None: none): a handshake
+    not done within the frame timeout closes the connection (a connection counts, and
+    its clocks run, once it is done); a close waits ``TLS_SHUTDOWN_S`` for the client's
+    close_notify (which a blocking client that is not reading never sends), not 30 s."""
+    if tls is None:
+        return {}
+    return {"ssl": tls, "ssl_handshake_timeout": limits.frame_timeout, "ssl_shutdown_timeout": TLS_SHUTDOWN_S}
 
 
 def listen_error(e: OSError, host: str, port: int) -> ShmqError:

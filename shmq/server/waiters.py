@@ -157,6 +157,8 @@ class Doorbell:
     """
 
     IDLE_S = 10.0  # how long a thread with nothing to wait for stays
+    sleep = staticmethod(doze.doze)  # what it sleeps in, and the stamp that goes with it (a
+    look = staticmethod(doze.stamp)  # subclass may wait for something else: doze.doze_room)
     SLICE_NS = 500_000_000  # one doze's longest sleep: then the line looks again
 
     def __init__(self, line):
@@ -169,9 +171,9 @@ class Doorbell:
 
     def arm(self, seen):
         """Doze from ``seen`` (the loop's stamp, taken after a try that found nothing),
-        unless the thread dozes already: then it needs nothing new."""
-        if self.armed:  # (a read without the lock: a thread disarming takes the lock to look again)
-            return
+        unless the thread dozes already: then it needs nothing new. (Always under the lock:
+        a thread that found the line empty disarms under it, so a look without it could see
+        the thread still armed, return, and leave the new waiter with no doorbell.)"""
         with self.cond:
             if self.stopped or self.armed:
                 return
@@ -209,8 +211,8 @@ class Doorbell:
                         seen = self.seen
                 try:
                     if h is not None:
-                        doze.doze(h, seen, time.monotonic_ns() + self.SLICE_NS)
-                        seen = doze.stamp(h)
+                        self.sleep(h, seen, time.monotonic_ns() + self.SLICE_NS)
+                        seen = self.look(h)
                     else:  # gone as the thread started: one look, then wait to be armed again
                         seen = self._disarm()
                 except Exception:  # deleted (the waiters find out), or a lock timeout: likewise

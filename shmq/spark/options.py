@@ -102,8 +102,8 @@ class Options:
         if self.url is not None and self.namespace is not None:
             raise SpecError("give .option('namespace', ...) for a local broker or .option('url', ...) for a "
                             "remote one, not both")
-        if self.url is not None and not self.url.startswith("tcp://"):
-            raise SpecError(f"option url must be tcp://host:port, not {self.url!r}")
+        if self.url is not None and not self.url.startswith(("tcp://", "tcps://")):
+            raise SpecError(f"option url must be tcp://host:port (tcps:// for TLS), not {self.url!r}")
 
     def __repr__(self):
         return f"<shmq.spark.Options {self.target} {self.url or 'namespace=' + repr(self.namespace)}>"

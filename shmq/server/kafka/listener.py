@@ -18,7 +18,7 @@ from ...engine.segment import check_queue_name
 from ...errors import StreamExists, StreamNotFound
 from ...kafka import ErrorCode
 from ..limits import Limits
-from ..tcp import LOCK_TIMEOUT_S, Handles, listen_error
+from ..tcp import LOCK_TIMEOUT_S, Handles, listen_error, tls_options
 from ..waiters import StreamWaiters
 from . import groups
 from .connection import KafkaConnection
@@ -58,7 +58,7 @@ class KafkaListener:
 
     def __init__(self, broker, host="127.0.0.1", port=9092, token=None, max_frame_bytes=16 * 2**20,
                  advertised_host=None, advertised_port=None, auto_create=True, auto_create_partitions=1,
-                 limits: Limits | None = None, on_create=None):
+                 limits: Limits | None = None, on_create=None, tls=None):
         if auto_create_partitions < 1:
             raise ValueError(f"auto_create_partitions must be at least 1, not {auto_create_partitions}")
         self.broker = broker
@@ -72,6 +72,7 @@ class KafkaListener:
         self.auto_create_partitions = auto_create_partitions
         self.limits = limits if limits is not None else Limits()
         self.on_create = on_create  # called with each stream this listener creates
+        self.tls = tls  # an ssl.SSLContext: Kafka's SSL (SASL_SSL with a token); None: PLAINTEXT (SASL_PLAINTEXT)
         self.versions = {**VERSIONS, **groups.VERSIONS}
         self.handlers = {**HANDLERS, **groups.HANDLERS}
         self.sequences = Sequences()
@@ -155,7 +156,8 @@ class KafkaListener:
         self.coordinator = groups.Coordinator(self.broker, self.loop)
         try:
             self._server = await self.loop.create_server(lambda: KafkaConnection(self), self.host, self.port,
-                                                         backlog=1024, start_serving=False)
+                                                         backlog=1024, start_serving=False,
+                                                         **tls_options(self.tls, self.limits))
         except OSError as e:
             raise listen_error(e, self.host, self.port) from None
         self.port = self._server.sockets[0].getsockname()[1]
