@@ -94,7 +94,7 @@ HOT_OFF = 576
 # (head) and a take the producers' (tail), but under one lock only the writes make lines bounce:
 # producers alone never touch the consumers' line, consumers alone never the producers'.
 HOT_LINES = (
-    ("deleted", "tail", "next_id", "pwait", "pposted", None, None, None),
+    ("deleted", "tail", "next_id", "pwait", "pposted", "settings_gen", None, None),
     ("head", "frontier", "ready_pos", "requeued", "in_flight", "delayed", "next_deadline", "next_liveness"),
     ("ready", "cwait", "cposted"),  # then the counters, written rarely (the totals are per process)
 )

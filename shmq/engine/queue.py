@@ -83,7 +83,7 @@ assert _STATIC_AT["visibility_ns"] % 8 == 0 and _OPTS_AT["levels"] % 8 == 0 and 
     _OPTS_AT["levels"] + 4) and all(_OPTS_AT[k] % 8 == 0 for k in ("message_ttl_ns", "retry_backoff"))
 # a free word of the producers' line of the control block (``layout.HOT_LINES``): bumped by each
 # change of the settings, so a handle's slow paths see that its copies are stale by one word read
-_W_SETTINGS_GEN = (L.HOT_OFF >> 3) + L.HOT_FIELDS.index("_pad5")
+_W_SETTINGS_GEN = (L.HOT_OFF >> 3) + L.HOT_FIELDS.index("settings_gen")
 _U16 = struct.Struct("<H")
 _F64, _F64_AS_U64 = struct.Struct("<d"), struct.Struct("<Q")
 

@@ -15,8 +15,9 @@ counted. The same walk recomputes the cursors the plain paths use (frontier, req
 ready_pos: as ``housekeeping.repair`` does) and clears ``special`` when no record needs
 this path any more, so a queue goes back to the C hot paths by itself.
 
-The walk costs O(records in the ring) per take: the price of a due time, an expiry or a
-group, paid only while a queue holds such records (docs/DESIGN.md, "Work-queue
+The walk costs O(records in the ring) per take with priority levels, and with one level
+O(records up to the first ready ones without a due time): the price of a due time, an
+expiry or a group, paid only while a queue holds such records (docs/DESIGN.md, "Work-queue
 options"). Priority levels alone take the leveled way (``take_leveled``): a pointer per
 level, O(levels) per message.
 """
@@ -53,9 +54,12 @@ def ttl_of(q, ext, enq) -> int:
 def _walk(q, wall, enough=None):
     """One walk. Returns (ready, expired, busy groups, end of the last non-ready record,
     ``special`` bits of the records met, whether it went to the tail). ``ready``: (pos,
-    w, level, ready time, group, expires). With ``enough``, it stops once it has met that
-    many candidates (only right where position order is delivery order: one level, no
-    due times): a group's leased and delayed messages come before its ready ones, so
+    w, level, ready time, group, expires). With ``enough`` (one level only), it stops
+    once it has met that many candidates without a due time: every record after them
+    was put later, so its ready time (its put time, or a due time after it) is no
+    earlier than theirs, and the best ``enough`` are among those met (put times follow
+    positions: each is stamped under the lock, up to the clock's jitter between
+    processes). A group's leased and delayed messages come before its ready ones, so
     the groups met so far are known."""
     mq, mm = q._mq, q._mm
     head = mq[L.I_HEAD]
@@ -98,13 +102,14 @@ def _walk(q, wall, enough=None):
         if exp and exp <= wall:
             expired.append((pos, w))
             continue
+        due = ext[1]
         if g is None:
-            candidates += 1
+            candidates += not due
         elif g not in seen:
             seen.add(g)
             if g not in busy:
-                candidates += 1
-        ready.append((pos, w, fl & 0xFF, ext[1] or enq, g, exp))
+                candidates += not due
+        ready.append((pos, w, fl & 0xFF, due or enq, g, exp))
     return ready, expired, busy, last_end, special, True
 
 
@@ -151,7 +156,7 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
     ``expired`` were leased to us only to be dead-lettered (empty when the queue has no
     dead-letter queue: then they are dropped and counted here)."""
     mq, mm = q._mq, q._mm
-    early = maxn if maxn and q._levels == 1 and not mq[L.I_SPECIAL] & _SPECIAL_DUE else None
+    early = maxn if maxn and q._levels == 1 else None
     ready, expired, busy, last_end, special, complete = _walk(q, wall, early)
     chosen = _order(q, ready, busy, wall, maxn) if maxn else []
     lease = _LEASED | (slot << 8)

@@ -18,7 +18,7 @@ from collections import deque
 from ..engine import doze, maintenance
 from ..errors import ShmqError
 
-__all__ = ["Waiter", "Line", "Doorbell", "QueueWaiters", "StreamWaiters", "NOTHING"]
+__all__ = ["Waiter", "Answering", "Line", "Doorbell", "QueueWaiters", "StreamWaiters", "NOTHING"]
 
 NOTHING = ()  # what a request that waited in vain is answered with
 
@@ -43,7 +43,34 @@ class Waiter:
         self.done = False
 
 
-class Line:
+class Answering:
+    """Where waiters stand until answered, once: ``finish`` (a result or an exception)
+    or ``drop`` (no answer); ``_ended(w)`` is the holder's own tidying as one leaves."""
+
+    __slots__ = ()
+
+    def finish(self, w, result):
+        """Answer ``w`` with a result or an exception (once)."""
+        if self._end(w):
+            w.conn.answer(w, result)
+
+    def drop(self, w):
+        """Forget ``w`` without an answer: its connection is closing."""
+        self._end(w)
+
+    def _end(self, w) -> bool:
+        if w.done:
+            return False
+        w.done = True
+        w.timer.cancel()
+        self._ended(w)
+        return True
+
+    def _ended(self, w) -> None:
+        raise NotImplementedError
+
+
+class Line(Answering):
     """The waiters on one queue or stream (``handle``), in arrival order.
 
     Data made by this server's loop schedules a ``serve`` (``TcpServer.notify``). Data
@@ -71,24 +98,10 @@ class Line:
         w.timer = self.loop.call_at(deadline, self.finish, w, NOTHING)
         self._arm()
 
-    def finish(self, w, result):
-        """Answer ``w`` with a result or an exception (once)."""
-        if self._end(w):
-            w.conn.answer(w, result)
-
-    def drop(self, w):
-        """Forget ``w`` without an answer: its connection is closing."""
-        self._end(w)
-
-    def _end(self, w) -> bool:
-        if w.done:
-            return False
-        w.done = True
-        w.timer.cancel()
+    def _ended(self, w) -> None:
         self.live -= 1
         if len(self.fifo) > 2 * self.live + 64:
             self.fifo = deque(x for x in self.fifo if not x.done)
-        return True
 
     def schedule(self):
         if self.live and not self.scheduled:
