@@ -1,11 +1,12 @@
-"""What many tests need: waiting on a real condition with a bound, and draining a queue."""
+"""What many tests need: waiting on a real condition with a bound, draining a queue,
+polling a stream consumer for a number of records, a call in a thread."""
 
 import threading
 import time
 
 import shmq
 
-__all__ = ["wait_for", "drain", "in_thread"]
+__all__ = ["wait_for", "drain", "polled", "in_thread"]
 
 
 def wait_for(cond, timeout=10.0, what="the condition"):
@@ -32,9 +33,17 @@ def drain(q):
         q.ack_many(ds)
 
 
+def polled(consumer, want, timeout=15.0):
+    """The records ``consumer`` polls until it has ``want`` of them (or more), within
+    ``timeout`` seconds."""
+    got = []
+    wait_for(lambda: got.extend(consumer.poll(timeout=0.2)) or len(got) >= want, timeout, f"{want} records")
+    return got
+
+
 def in_thread(call):
     """Start ``call()`` in a thread; returns (the thread, a dict that gets "got": its
-    result, or "error": what it raised)."""
+    result, or "error": what it raised, and "at": the monotonic time it ended)."""
     out = {}
 
     def run():
@@ -42,6 +51,7 @@ def in_thread(call):
             out["got"] = call()
         except BaseException as e:  # noqa: BLE001 - the test looks at what it was
             out["error"] = e
+        out["at"] = time.monotonic()
 
     t = threading.Thread(target=run)
     t.start()

@@ -141,7 +141,7 @@ def test_the_work_queue_options(abroker):
             await b.create_queue("dlq")
             q = await b.create_queue("q", priorities=3, dead_letter_queue="dlq", dedup_window=60.0)
             first = await q.put(b"low", priority=0, dedup_id="k")
-            assert await q.put(b"again", dedup_id="k") == first
+            assert await q.put(b"again", dedup_id="k") == first  # seen within the window
             await q.put(b"high", priority=2, group="g")
             await q.put(b"later", delay=3600)
             await q.put_many([b"mid1", b"mid2"], priority=1)

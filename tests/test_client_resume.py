@@ -17,7 +17,7 @@ from shmq.auth import client_token
 from shmq.client import aio
 from shmq.client.options import ConnectOptions
 from shmq.protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, encode_request
-from tests._wait import wait_for
+from tests._wait import in_thread, wait_for
 
 N = 300  # messages put to each queue, records appended to the stream
 AGAIN = {"retries": 40, "backoff": (0.05, 0.5)}  # a restart on a loaded machine takes seconds
@@ -200,22 +200,13 @@ def test_a_server_that_stops_answering_is_noticed_within_three_heartbeats(broker
         if client == "blocking":
             with shmq.connect(srv.url, heartbeat=every, reconnect=False) as b:
                 q = b.queue("q")
-                outcome = []
-
-                def get():
-                    try:
-                        q.get(timeout=60)
-                    except Exception as e:
-                        outcome.append((e, time.monotonic()))
-
-                t = threading.Thread(target=get)
-                t.start()
+                t, outcome = in_thread(lambda: q.get(timeout=60))
                 wait_for(lambda: b._link.reading, what="the get to wait at the server")
                 srv.proc.send_signal(signal.SIGSTOP)
                 stopped = time.monotonic()
                 t.join(30)
-                assert not t.is_alive()
-                error, when = outcome[0]
+                assert not t.is_alive() and "got" not in outcome
+                error, when = outcome["error"], outcome["at"]
         else:
             async def main():
                 async with await aio.connect(srv.url, heartbeat=every, reconnect=False) as b:

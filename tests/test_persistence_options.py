@@ -10,7 +10,7 @@ import time
 import shmq
 from shmq import dmsq
 from shmq.persistence import restore_file, snapshot_queue
-from tests.test_server_tcp import ServerProcess
+from tests.test_server_tcp import ServerProcess, rebooted
 
 OPTIONS = {"priorities": 3, "message_ttl": 3600.0, "dedup_window": 30.0, "retry_delay": 0.5, "retry_backoff": 2.0,
            "retry_delay_max": 10.0, "priority_aging": None}
@@ -67,9 +67,7 @@ def test_a_reboot_keeps_settings_and_each_message_s_options(broker, tmp_path):
         q.put(b"short-lived", ttl=0.5)
         remote.create_queue("tick")
     assert srv.stop() == 0  # a clean stop writes a last snapshot
-    broker.close()
-    shmq.destroy_namespace(broker.namespace)  # the reboot: shared memory is gone
-    srv = ServerProcess(broker.namespace, "--data-dir", data_dir)
+    srv = rebooted(broker, data_dir)
     try:
         with shmq.connect(srv.url) as remote:
             q = remote.queue("q")

@@ -76,6 +76,14 @@ class ServerProcess:
         return rc
 
 
+def rebooted(broker, data_dir):
+    """After a server on ``data_dir`` stopped: a reboot (``broker`` lets go and its
+    namespace's shared memory is gone), then ``shmq server`` started again on ``data_dir``."""
+    broker.close()
+    shmq.destroy_namespace(broker.namespace)
+    return ServerProcess(broker.namespace, "--data-dir", data_dir)
+
+
 @pytest.fixture
 def server(broker):
     srv = ServerProcess(broker.namespace)

@@ -10,7 +10,7 @@ import pytest
 import shmq
 from shmq.client import aio
 from tests._consumer_workers import stalling_member
-from tests._wait import wait_for
+from tests._wait import polled, wait_for
 from tests.conftest import ThreadedServer
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -23,16 +23,10 @@ def _filled(broker, name="events", per_partition=(5, 3)):
     return s
 
 
-def _read_all(c, want, timeout=10.0):
-    got = []
-    wait_for(lambda: got.extend(c.poll(timeout=0.2)) or len(got) >= want, timeout, f"{want} records")
-    return got
-
-
 def test_seek_and_position_move_where_poll_reads(any_broker):
     s = _filled(any_broker)
     c = s.consumer("g")
-    assert len(_read_all(c, 8)) == 8 and (c.position(0), c.position(1)) == (5, 3)
+    assert len(polled(c, 8)) == 8 and (c.position(0), c.position(1)) == (5, 3)
     c.seek(0, 2)
     assert c.position(0) == 2
     assert [(r.partition, r.offset, r.value) for r in c.poll(timeout=1)] == [(0, 2, b"0-2"), (0, 3, b"0-3"),
@@ -41,7 +35,7 @@ def test_seek_and_position_move_where_poll_reads(any_broker):
     assert (c.position(0), c.position(1)) == (0, 0)
     c.seek_to_end(1)
     assert (c.position(0), c.position(1)) == (0, 3)
-    assert sorted((r.partition, r.offset) for r in _read_all(c, 5)) == [(0, i) for i in range(5)]
+    assert sorted((r.partition, r.offset) for r in polled(c, 5)) == [(0, i) for i in range(5)]
     assert s.committed("g") == {}  # a seek commits nothing
     with pytest.raises(ValueError, match="partition 5 of stream 'events' is not assigned to this member of group 'g'"):
         c.seek(5, 0)
@@ -57,12 +51,12 @@ def test_a_paused_partition_stays_owned_and_unread_until_resumed(any_broker):
     c = s.consumer("g")
     c.pause(0)
     assert c.paused() == [0]
-    assert sorted((r.partition, r.offset) for r in _read_all(c, 3)) == [(1, 0), (1, 1), (1, 2)]
+    assert sorted((r.partition, r.offset) for r in polled(c, 3)) == [(1, 0), (1, 1), (1, 2)]
     assert c.poll(timeout=0.3) == []  # partition 0 has 5 records, unread
     assert c.assignment() == [0, 1] and c.position(0) == 0
     c.resume(0)
     assert c.paused() == []
-    assert sorted((r.partition, r.offset) for r in _read_all(c, 5)) == [(0, i) for i in range(5)]
+    assert sorted((r.partition, r.offset) for r in polled(c, 5)) == [(0, i) for i in range(5)]
     with pytest.raises(ValueError, match="partition 7 of stream 'events' is not assigned"):
         c.pause(7)
     c.close()
@@ -78,7 +72,7 @@ def test_on_revoke_comes_before_the_positions_go_and_its_commit_counts(any_broke
 
     c1 = s.consumer("g", on_assign=lambda ps: heard.append(("assign", ps)), on_revoke=on_revoke)
     assert heard == []  # called from poll, not before
-    assert len(_read_all(c1, 8)) == 8
+    assert len(polled(c1, 8)) == 8
     assert heard == [("assign", [0, 1])]
     c2 = s.consumer("g")
     assert c1.poll(timeout=0.2) == []
@@ -87,7 +81,7 @@ def test_on_revoke_comes_before_the_positions_go_and_its_commit_counts(any_broke
     assert c2.poll(timeout=0.2) == [] and c2.position(1) == 3  # nothing read twice
     c2.close()
     s.append(b"1-3", partition=1)
-    assert [(r.partition, r.offset) for r in _read_all(c1, 1)] == [(1, 3)]
+    assert [(r.partition, r.offset) for r in polled(c1, 1)] == [(1, 3)]
     assert heard[-1] == ("assign", [1])
     c1.close()
     assert heard[-1] == ("revoke", [0, 1], [5, 4])  # close tells on_revoke too; it committed there
@@ -105,7 +99,7 @@ def test_an_on_revoke_commit_is_refused_once_the_new_owner_committed(any_broker)
             refused.append(ps)
 
     c1 = s.consumer("g", on_revoke=on_revoke)
-    assert len(_read_all(c1, 8)) == 8
+    assert len(polled(c1, 8)) == 8
     c2 = s.consumer("g")
     assert c2.poll(timeout=0.5)[0].offset == 0 and c2.assignment() == [1]
     c2.commit({1: 1})
@@ -120,16 +114,16 @@ def test_auto_commit_commits_what_poll_returned_and_is_off_by_default(any_broker
     s = _filled(any_broker)
     other = any_broker.stream("events")
     c = s.consumer("g", auto_commit=True, auto_commit_interval=0.2)
-    assert len(_read_all(c, 8)) == 8
+    assert len(polled(c, 8)) == 8
     wait_for(lambda: c.poll(timeout=0.05) == [] and other.committed("g") == {0: 5, 1: 3}, 10, "the auto-commit")
     c.close()
     closing = s.consumer("h", auto_commit=True, auto_commit_interval=3600)
-    assert len(_read_all(closing, 8)) == 8
+    assert len(polled(closing, 8)) == 8
     assert other.committed("h") == {}
     closing.close()  # commits where it is
     assert other.committed("h") == {0: 5, 1: 3}
     plain = s.consumer("k")
-    assert len(_read_all(plain, 8)) == 8
+    assert len(polled(plain, 8)) == 8
     plain.close()
     assert other.committed("k") == {}
     with pytest.raises(ValueError, match="auto_commit_interval must be > 0"):
@@ -201,7 +195,7 @@ def test_a_member_that_stops_polling_leaves_and_comes_back_on_its_next_poll(brok
         got = []
         # the child stalls: within its max_poll_interval (and a liveness check) its partition is ours
         wait_for(lambda: got.extend(c.poll(timeout=0.2)) or c.assignment() == [0, 1], 30, "the stalled member's leave")
-        got += _read_all(c, 20 - len(got))
+        got += polled(c, 20 - len(got))
         assert sorted((r.partition, r.offset) for r in got) == sorted(
             {(mine, i) for i in range(10)} | {(owned[0], i) for i in range(10)})
         assert ("revoke", [owned[0]]) in heard and heard[-1] == ("assign", [owned[0]])

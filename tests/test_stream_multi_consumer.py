@@ -17,7 +17,7 @@ from shmq import TopicPartition
 from shmq.client import aio
 from shmq.engine import layout as L
 from tests._multi_workers import reading_member
-from tests._wait import in_thread, wait_for
+from tests._wait import in_thread, polled, wait_for
 
 SPAWN = multiprocessing.get_context("spawn")
 TP = TopicPartition
@@ -34,18 +34,12 @@ def _streams(broker, spec):
     return out
 
 
-def _read(c, want, timeout=15.0):
-    got = []
-    wait_for(lambda: got.extend(c.poll(timeout=0.2)) or len(got) >= want, timeout, f"{want} records")
-    return got
-
-
 def test_records_from_two_streams_are_all_read_exactly_once(any_broker):
     _streams(any_broker, {"orders": (5, 3), "refunds": (4,)})
     heard = []
     c = any_broker.consumer("g", streams=["orders", "refunds"], on_assign=heard.append)
     assert c.subscription() == ["orders", "refunds"]
-    got = _read(c, 12)
+    got = polled(c, 12)
     assert heard == [[TP("orders", 0), TP("orders", 1), TP("refunds", 0)]]
     assert sorted((r.stream, r.partition, r.offset, r.value) for r in got) == sorted(
         [("orders", 0, i, f"orders/0/{i}".encode()) for i in range(5)]
@@ -61,22 +55,22 @@ def test_records_from_two_streams_are_all_read_exactly_once(any_broker):
     assert any_broker.stream("orders").committed("g") == {0: 5, 1: 1}
     c.close()
     again = any_broker.consumer("g", streams=["orders", "refunds"])
-    assert sorted((r.stream, r.partition, r.offset) for r in _read(again, 2)) == [("orders", 1, 1), ("orders", 1, 2)]
+    assert sorted((r.stream, r.partition, r.offset) for r in polled(again, 2)) == [("orders", 1, 1), ("orders", 1, 2)]
     again.close()
 
 
 def test_seek_pause_and_position_take_stream_partition_pairs(any_broker):
     _streams(any_broker, {"a": (4,), "b": (3,)})
     c = any_broker.consumer("g", streams=["a", "b"])
-    assert len(_read(c, 7)) == 7
+    assert len(polled(c, 7)) == 7
     c.seek(("a", 0), 1)
     c.pause(TP("b", 0))
     assert c.paused() == [TP("b", 0)]
     c.seek_to_beginning(TP("b", 0))
-    assert sorted((r.stream, r.offset) for r in _read(c, 3)) == [("a", 1), ("a", 2), ("a", 3)]
+    assert sorted((r.stream, r.offset) for r in polled(c, 3)) == [("a", 1), ("a", 2), ("a", 3)]
     assert c.poll(timeout=0.2) == []  # b is paused
     c.resume(("b", 0))
-    assert sorted((r.stream, r.offset) for r in _read(c, 3)) == [("b", 0), ("b", 1), ("b", 2)]
+    assert sorted((r.stream, r.offset) for r in polled(c, 3)) == [("b", 0), ("b", 1), ("b", 2)]
     c.seek_to_end()
     assert (c.position(TP("a", 0)), c.position(TP("b", 0))) == (4, 3)
     with pytest.raises(ValueError, match=r"stream 'x' is not one of this member's \['a', 'b'\]"):
@@ -95,9 +89,9 @@ def test_a_pattern_consumer_joins_a_stream_made_later_and_lets_go_of_a_deleted_o
                             on_assign=lambda tps: heard.append(("assign", tps)),
                             on_revoke=lambda tps: heard.append(("revoke", tps, [c.position(tp) for tp in tps])))
     assert c.subscription() == ["orders.eu"]  # "audit" does not match; the whole name must
-    assert [r.value for r in _read(c, 2)] == [b"orders.eu/0/0", b"orders.eu/0/1"]
+    assert [r.value for r in polled(c, 2)] == [b"orders.eu/0/0", b"orders.eu/0/1"]
     _streams(any_broker, {"orders.us": (0, 3), "xorders.us": (1,)})
-    got = _read(c, 3)
+    got = polled(c, 3)
     assert sorted((r.stream, r.partition, r.offset) for r in got) == [("orders.us", 1, i) for i in range(3)]
     assert c.subscription() == ["orders.eu", "orders.us"]
     assert heard == [("assign", [TP("orders.eu", 0)]), ("assign", [TP("orders.us", 0), TP("orders.us", 1)])]
@@ -140,7 +134,7 @@ def test_two_members_in_two_processes_split_the_pairs_and_after_a_sigkill_one_ta
         wait_for(lambda: len(mine.assignment()) == 2, 20, "the split")
         owned = mine.assignment()
         assert sorted(owned + theirs) == [TP("a", 0), TP("a", 1), TP("b", 0), TP("b", 1)]
-        first = _read(mine, 20)
+        first = polled(mine, 20)
         assert sorted((r.stream, r.partition) for r in first) == sorted([tuple(tp) for tp in owned] * 10)
         mine.commit()
         os.kill(worker.pid, signal.SIGKILL)
@@ -152,7 +146,7 @@ def test_two_members_in_two_processes_split_the_pairs_and_after_a_sigkill_one_ta
     committed = {(n, p): o for n in ("a", "b") for p, o in any_broker.stream(n).committed("g").items()}
     assert {tp: committed[tp] for tp in theirs} == {  # it committed what it read, no more
         tp: 1 + max((o for s, p, o in theirs_read if (s, p) == tp), default=-1) for tp in theirs}
-    rest = _read(mine, 40 - 20 - 6, timeout=30)
+    rest = polled(mine, 40 - 20 - 6, timeout=30)
     wait_for(lambda: len(mine.assignment()) == 4, 20, "all four pairs")
     assert mine.poll(timeout=0.3) == []
     everything = [(r.stream, r.partition, r.offset) for r in first + rest] + [tuple(x) for x in theirs_read]

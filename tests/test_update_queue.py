@@ -13,7 +13,7 @@ import pytest
 import shmq
 from shmq import QueueNotFound, SettingsMismatch
 from tests.test_cli import shmq_cli, target  # noqa: F401  (the fixture: local and tcp)
-from tests.test_server_tcp import ServerProcess
+from tests.test_server_tcp import ServerProcess, rebooted
 
 CHANGED = {"visibility_timeout": 2.5, "max_deliveries": 3, "dead_letter_queue": "dead", "message_ttl": 60.0,
            "dedup_window": 5.0, "retry_delay": 1.5, "retry_backoff": 2.0, "retry_delay_max": 10.0,
@@ -219,9 +219,7 @@ def test_a_change_outlives_a_restart(broker, tmp_path):
             after = remote.update_queue("jobs", visibility_timeout=4, dead_letter_queue="dead", retry_delay=2)
     finally:
         assert srv.stop() == 0  # a clean stop writes a last snapshot
-    broker.close()
-    shmq.destroy_namespace(broker.namespace)  # the reboot: shared memory is gone
-    srv = ServerProcess(broker.namespace, "--data-dir", data_dir)
+    srv = rebooted(broker, data_dir)
     try:
         with shmq.connect(srv.url) as remote:
             q = remote.queue("jobs")

@@ -14,11 +14,9 @@ reconnect every stream's member joins again (``_come_back``), told as one rebala
 """
 
 import logging
-from collections import deque
 
-from ..engine.multiconsumer import TopicPartition, as_tp, by_stream, check_refresh, check_subscription
-from ..engine.stream import _check_offset, _group_name, check_auto_commit, check_callback, check_poll_interval
-from ..engine.stream import check_reset
+from ..engine.multiconsumer import Composite, TopicPartition, as_tp, by_stream
+from ..engine.stream import _check_offset
 from ..errors import BrokerUnavailable, CommitFailed, ShmqError, StreamNotFound
 from ..protocol import MsgType
 from ..protocol.forms import commit_pairs, from_pairs, max_records_field, ms, record_from_fields
@@ -57,37 +55,21 @@ def start(broker, group, streams, pattern, auto_offset_reset, options):
     return c
 
 
-class MultiConsumerCalls(Resuming):
+class MultiConsumerCalls(Composite, Resuming):
     """A member of a consumer group on several streams, held for this connection by the
-    server (one member per stream): the methods of the local ``MultiConsumer``."""
+    server (one member per stream, a ``ConsumerCalls`` with no callbacks of its own):
+    the methods of the local ``MultiConsumer``."""
 
-    def __init__(self, broker, group: str, streams=None, pattern=None, auto_offset_reset: str = "earliest", *,
-                 on_assign=None, on_revoke=None, auto_commit: bool = False, auto_commit_interval: float = 5.0,
-                 max_poll_interval: float | None = 300.0, refresh_interval: float = 5.0):
-        self.subscribed = check_subscription(streams, pattern)
-        self.group = _group_name(group)
-        self.auto_offset_reset = check_reset(auto_offset_reset)
-        self.on_assign, self.on_revoke = check_callback(on_assign, "on_assign"), check_callback(on_revoke, "on_revoke")
-        auto_ns = check_auto_commit(auto_commit, auto_commit_interval)
-        self._auto_s = None if auto_ns is None else auto_ns / 1e9
-        check_poll_interval(max_poll_interval)
-        self._max_poll_interval = max_poll_interval
-        self._refresh_s = check_refresh(refresh_interval) / 1e9
-        self._broker = broker
+    def __init__(self, broker, *args, **options):
+        super().__init__(broker, *args, **options)  # (Composite's arguments)
+        self._auto_s = None if self._auto_ns is None else self._auto_ns / 1e9
+        self._refresh_s = self._refresh_ns / 1e9
         self._core = broker._core  # the connection its members are held for
         self._owned = set()  # the pairs on_assign was told of and on_revoke was not
         self._clock = broker._clock
-        self._members = {}  # stream name -> ConsumerCalls (no callbacks of its own)
         self._first = []  # pairs the JOINs assigned, for on_assign at the next poll
-        self._buffer = deque()
-        self._revoking = None  # in on_revoke: {TopicPartition: position}
-        self._turn = 0
         self._next_auto = None if self._auto_s is None else self._clock() + self._auto_s
         self._next_refresh = 0.0
-        self._closed = False
-
-    def __repr__(self):
-        return f"<shmq.{type(self).__name__} {self.group} {self.subscribed} streams={sorted(self._members)}>"
 
     def _broker_handle(self):
         return self._broker
@@ -120,15 +102,7 @@ class MultiConsumerCalls(Resuming):
         if revoked and self.on_revoke is not None:
             self.on_revoke(revoked)
 
-    def _check_open(self):
-        if self._closed:
-            raise ShmqError(f"consumer of group {self.group!r} is closed")
-
     # ------------------------------------------------------------------ the streams
-    def subscription(self) -> list[str]:
-        """The streams this member is on now (for a pattern: those matching it at the last refresh)."""
-        return sorted(self._members)
-
     def _join(self, name):
         info = yield Send(MsgType.STREAM_INFO, {"stream": name})
         s = self._broker._stream_class(self._broker, info)
@@ -178,13 +152,6 @@ class MultiConsumerCalls(Resuming):
         if lost:
             yield from self._tell(lost, [])
 
-    def _member(self, stream: str):
-        sub = self._members.get(stream)
-        if sub is None:
-            raise ValueError(f"stream {stream!r} is not one of this member's {sorted(self._members)} (group "
-                             f"{self.group!r})")
-        return sub
-
     # ------------------------------------------------------------------ positions
     @driven
     def assignment(self):
@@ -200,16 +167,10 @@ class MultiConsumerCalls(Resuming):
         """The next offset this member reads from ``tp`` (owned, or being revoked in
         on_revoke); KeyError for another."""
         tp = as_tp(tp)
-        if self._revoking is not None and tp in self._revoking:
-            return self._revoking[tp]
-        first = next((r.offset for r in self._buffer if (r.stream, r.partition) == tp), None)
-        if first is not None:
-            return first
-        sub = self._members.get(tp.stream)
-        if sub is None:
-            raise KeyError(f"{tp} is not assigned to this member of group {self.group!r} (its streams: "
-                           f"{sorted(self._members)})")
-        return (yield from _steps(ConsumerCalls.position, sub, tp.partition))
+        held = self._held_position(tp)
+        if held is not None:
+            return held
+        return (yield from _steps(ConsumerCalls.position, self._owner(tp), tp.partition))
 
     @driven
     def seek(self, tp, offset: int):
@@ -229,9 +190,7 @@ class MultiConsumerCalls(Resuming):
         yield from self._seek_to(tps, ConsumerCalls.seek_to_end)
 
     def _seek_to(self, tps, method):
-        self._check_open()
-        groups = by_stream(tps) if tps else {n: [] for n in self._members}
-        for name, ps in groups.items():
+        for name, ps in self._seek_groups(tps).items():
             yield from _steps(method, self._member(name), *ps)
         self._drop_buffered(set(map(as_tp, tps)) if tps else None)
 
@@ -264,11 +223,6 @@ class MultiConsumerCalls(Resuming):
         for name, sub in list(self._members.items()):
             out += [TopicPartition(name, p) for p in (yield from _steps(ConsumerCalls.paused, sub))]
         return sorted(out)
-
-    def _drop_buffered(self, tps) -> None:
-        if self._buffer:
-            self._buffer = deque(r for r in self._buffer
-                                 if tps is not None and (r.stream, r.partition) not in tps)
 
     # ------------------------------------------------------------------ poll
     @driven
@@ -346,14 +300,7 @@ class MultiConsumerCalls(Resuming):
                     yield from self._quietly([Send(MsgType.COMMIT, {
                         **sub._fields(), "offsets": commit_pairs({p: revoked[(name, p)] for p in ps}),
                         "revoked": True})])
-        if revoked and self.on_revoke is not None:
-            self._revoking = revoked
-            try:
-                self.on_revoke(sorted(revoked))
-            finally:
-                self._revoking = None
-        if assigned and self.on_assign is not None:
-            self.on_assign(sorted(assigned))
+        self._call_back(revoked, assigned)
 
     def _quietly(self, requests):
         """An auto-commit: a refusal is logged, as Kafka's auto-commit does."""
@@ -394,14 +341,19 @@ class MultiConsumerCalls(Resuming):
         in on_revoke the revoked pairs too)."""
         if not self._buffer and self._revoking is None:
             return self._commit_steps(None)
-        pending = dict(self._revoking or {})
+        pending = yield from self._positions(dict(self._revoking or {}))
+        return self._commit_steps({tp: o for tp, o in pending.items() if tp.stream in self._members})
+
+    def _positions(self, pending: dict):
+        """``pending`` ({pair: offset}) updated with where this member is in every pair
+        it owns (an ASSIGNMENT per stream), never past a record not yet handed out."""
         for name, sub in list(self._members.items()):
             positions = from_pairs((yield Send(MsgType.ASSIGNMENT, sub._fields()))["positions"])
             pending.update((TopicPartition(name, p), o) for p, o in positions.items())
         for r in self._buffer:
             tp = TopicPartition(r.stream, r.partition)
             pending[tp] = min(pending.get(tp, r.offset), r.offset)
-        return self._commit_steps({tp: o for tp, o in pending.items() if tp.stream in self._members})
+        return pending
 
     def _next_record(self):
         """The next record for the iteration, polling (and waiting) as needed."""
@@ -420,13 +372,7 @@ class MultiConsumerCalls(Resuming):
             return
         try:
             if not self._broker._core.failed and (self._auto_s is not None or self.on_revoke is not None):
-                owned = {}
-                for name, sub in list(self._members.items()):
-                    positions = from_pairs((yield Send(MsgType.ASSIGNMENT, sub._fields()))["positions"])
-                    owned.update((TopicPartition(name, p), o) for p, o in positions.items())
-                for r in self._buffer:
-                    tp = TopicPartition(r.stream, r.partition)
-                    owned[tp] = min(owned.get(tp, r.offset), r.offset)
+                owned = yield from self._positions({})
                 if owned:
                     yield from self._tell(owned, [])
         finally:

@@ -244,13 +244,9 @@ class ConsumerCalls(Resuming):
 
     @driven
     def commit(self, offsets: dict | None = None):
-        """Commit ``{partition: next offset to read}`` (default: where this member is in
-        every partition it owns, never past a record the iteration has not handed out),
-        all or nothing; an explicit offset may be below the committed one (the group
-        reads from there again, this member's position stays). CommitFailed, committing
-        nothing, if a partition named went to another member since this member's last
-        poll (also if it came back since); then poll again: partitions it kept go on
-        from its position. In on_revoke it covers the revoked partitions too."""
+        """Commit ``{partition: next offset to read}`` (default: where this member is),
+        all or nothing, as the local ``Consumer.commit`` does (it says when CommitFailed
+        is raised, and what then); one COMMIT."""
         fields = self._fields()
         if offsets is None and self._buffer:
             offsets = self._unhanded(from_pairs((yield Send(MsgType.ASSIGNMENT, fields))["positions"]))

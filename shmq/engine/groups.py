@@ -24,6 +24,7 @@ commit), never an owner change the marks miss.
 """
 
 import time
+from contextlib import contextmanager
 
 from ..errors import CommitFailed, ShmqError
 from . import layout as L
@@ -160,59 +161,56 @@ class Groups:
         """Add this process as a member of group ``name`` (created if new), to be taken for
         gone unless it polls by ``deadline`` (monotonic ns, moved on by ``polled``; 0:
         never); returns (member id, generation)."""
-        s = self._s
-        s._acquire()
-        try:
-            i = self._find(name, create=True)
-            self._reap(i)
-            if any(mid & PROXY for _m, _p, _s, mid in self._members(i)):
-                raise ShmqError(f"group {name!r} of stream {s.name!r} has Kafka members (through shmq server's Kafka "
-                                "listener): a native consumer cannot join it until they leave")
-            slots = [m for m in range(L.MAX_MEMBERS)
-                     if not L.MEMBER.unpack_from(s._mm, self._member_off(i, m))[2]]
-            if not slots:
-                raise ShmqError(f"group {name!r} of stream {s.name!r} has {L.MAX_MEMBERS} members already")
-            member_id = s._mq[L.SI_NEXT_MEMBER] + 1
-            s._mq[L.SI_NEXT_MEMBER] = member_id
-            ids = [mid for _m, _p, _s, mid in self._members(i)]
-            gen = self._rebalance(i, ids, ids + [member_id])
-            pid, start = current_identity()
-            L.MEMBER.pack_into(s._mm, self._member_off(i, slots[0]), pid, start, member_id)
-            s._mq[self._deadline_w(i, slots[0])] = deadline
+        with self._joining(name) as (i, members):
+            if any(mid & PROXY for _m, _p, _s, mid in members):
+                raise ShmqError(f"group {name!r} of stream {self._s.name!r} has Kafka members (through shmq server's "
+                                "Kafka listener): a native consumer cannot join it until they leave")
+            slot, member_id, gen = self._add(i, name, members, 0)
+            self._s._mq[self._deadline_w(i, slot)] = deadline
             return member_id, gen
-        finally:
-            s._release()
 
     def join_proxy(self, name: str) -> int:
         """Add this process (a Kafka listener) as the stand-in of a Kafka group ``name``
         (created if new), or find the one it has there; returns its member id.
         ShmqError if the group has native members: the two kinds do not mix."""
-        s = self._s
-        s._acquire()
-        try:
-            i = self._find(name, create=True)
-            self._reap(i)
-            members = self._members(i)
+        with self._joining(name) as (i, members):
             pid, start = current_identity()
             mine = [mid for _m, p, st, mid in members if mid & PROXY and (p, st) == (pid, start)]
             if mine:
                 return mine[0]
             native = [mid for _m, _p, _s, mid in members if not mid & PROXY]
             if native:
-                raise ShmqError(f"group {name!r} of stream {s.name!r} has {len(native)} native shmq member(s): "
-                                "Kafka consumers cannot join it until they close")
-            slots = [m for m in range(L.MAX_MEMBERS)
-                     if not L.MEMBER.unpack_from(s._mm, self._member_off(i, m))[2]]
-            if not slots:
-                raise ShmqError(f"group {name!r} of stream {s.name!r} has {L.MAX_MEMBERS} members already")
-            member_id = (s._mq[L.SI_NEXT_MEMBER] + 1) | PROXY
-            s._mq[L.SI_NEXT_MEMBER] = member_id & ~PROXY
-            ids = [mid for _m, _p, _s, mid in members]
-            self._rebalance(i, ids, ids + [member_id])
-            L.MEMBER.pack_into(s._mm, self._member_off(i, slots[0]), pid, start, member_id)
-            return member_id
+                raise ShmqError(f"group {name!r} of stream {self._s.name!r} has {len(native)} native shmq "
+                                "member(s): Kafka consumers cannot join it until they close")
+            return self._add(i, name, members, PROXY)[1]
+
+    @contextmanager
+    def _joining(self, name):
+        """The stream's lock held: (index, live members) of group ``name`` (created if new)."""
+        self._s._acquire()
+        try:
+            i = self._find(name, create=True)
+            self._reap(i)
+            yield i, self._members(i)
         finally:
-            s._release()
+            self._s._release()
+
+    def _add(self, i, name, members, kind) -> tuple[int, int, int]:
+        """Put this process in a free slot of group ``i`` (its ``members`` now), the lock
+        held, with the next member id marked ``kind`` (0, or PROXY); returns (slot,
+        member id, the generation its coming makes). ShmqError if the group is full."""
+        s = self._s
+        slots = [m for m in range(L.MAX_MEMBERS)
+                 if not L.MEMBER.unpack_from(s._mm, self._member_off(i, m))[2]]
+        if not slots:
+            raise ShmqError(f"group {name!r} of stream {s.name!r} has {L.MAX_MEMBERS} members already")
+        s._mq[L.SI_NEXT_MEMBER] += 1
+        member_id = s._mq[L.SI_NEXT_MEMBER] | kind
+        ids = [mid for _m, _p, _s, mid in members]
+        gen = self._rebalance(i, ids, ids + [member_id])
+        pid, start = current_identity()
+        L.MEMBER.pack_into(s._mm, self._member_off(i, slots[0]), pid, start, member_id)
+        return slots[0], member_id, gen
 
     def leave(self, name: str, member_id: int) -> None:
         """Remove a member; its partitions go to the others at their next poll."""

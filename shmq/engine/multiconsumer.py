@@ -19,11 +19,11 @@ from typing import NamedTuple
 
 from ..errors import CommitFailed, ShmqError, StreamNotFound
 from . import waits
-from .stream import (REFRESH_NS, Consumer, Stream, _check_offset, _group_name, check_auto_commit, check_callback,
-                     check_poll_interval, check_reset, log)
+from .stream import (REFRESH_NS, Consumer, Iterating, Stream, _check_offset, _group_name, check_auto_commit,
+                     check_callback, check_poll_interval, check_reset, log)
 from .watch import Armed, StreamsWatch
 
-__all__ = ["TopicPartition", "MultiConsumer", "Subscription", "check_subscription", "by_stream"]
+__all__ = ["TopicPartition", "MultiConsumer", "Composite", "Subscription", "check_subscription", "by_stream"]
 
 _mono = time.monotonic_ns
 
@@ -123,14 +123,11 @@ class _Member(Consumer):
         return told
 
 
-class MultiConsumer:
-    """A member of a consumer group on several streams (``Broker.consumer``), with the
-    ``Consumer``'s methods where a partition is a ``TopicPartition(stream, partition)``:
-    ``assignment``, ``position``, ``seek*``, ``pause`` / ``resume`` / ``paused``,
-    ``commit({(stream, p): offset})`` (all or nothing per stream), ``poll`` (records
-    of every stream, each saying its ``stream``), on_assign / on_revoke called once per
-    change with the pairs of all streams, auto-commit, max_poll_interval (per stream's
-    group), ``for record in consumer``, and ``subscription()``: the streams it is on."""
+class Composite:
+    """What a member of a group on several streams is, locally (``MultiConsumer``) or
+    over a connection (``client.multiconsumer.MultiConsumerCalls``): its arguments
+    checked, its members by stream name, the records the iteration holds, the pairs
+    being revoked (in on_revoke), and the calls that need no more than these."""
 
     def __init__(self, broker, group: str, streams=None, pattern=None, auto_offset_reset: str = "earliest", *,
                  on_assign=None, on_revoke=None, auto_commit: bool = False, auto_commit_interval: float = 5.0,
@@ -142,14 +139,84 @@ class MultiConsumer:
         self._auto_ns = check_auto_commit(auto_commit, auto_commit_interval)
         self._refresh_ns = check_refresh(refresh_interval)
         check_poll_interval(max_poll_interval)
-        self._options = {"max_poll_interval": max_poll_interval}
+        self._max_poll_interval = max_poll_interval
         self._broker = broker
-        self._members = {}  # stream name -> _Member
+        self._members = {}  # stream name -> its member
         self._buffer = deque()  # polled by the iteration, not yet handed out
         self._revoking = None  # in on_revoke: {TopicPartition: position}
         self._turn = 0
         self._closed = False
-        self._watch = StreamsWatch(broker.namespace)
+
+    def __repr__(self):
+        return f"<shmq.{type(self).__name__} {self.group} {self.subscribed} streams={sorted(self._members)}>"
+
+    def _check_open(self):
+        if self._closed:
+            raise ShmqError(f"consumer of group {self.group!r} is closed")
+
+    def subscription(self) -> list[str]:
+        """The streams this member is on now (for a pattern: those matching it at the last refresh)."""
+        return sorted(self._members)
+
+    def _member(self, stream: str):
+        """The member on ``stream``; ValueError for a stream this one is not on."""
+        m = self._members.get(stream)
+        if m is None:
+            raise ValueError(f"stream {stream!r} is not one of this member's {sorted(self._members)} (group "
+                             f"{self.group!r})")
+        return m
+
+    def _held_position(self, tp: TopicPartition):
+        """``position(tp)`` where it is known here: ``tp`` being revoked (in on_revoke),
+        or the offset of its first record the iteration holds; else None."""
+        if self._revoking is not None and tp in self._revoking:
+            return self._revoking[tp]
+        return next((r.offset for r in self._buffer if (r.stream, r.partition) == tp), None)
+
+    def _owner(self, tp: TopicPartition):
+        """The member that owns ``tp``; KeyError for another stream's."""
+        m = self._members.get(tp.stream)
+        if m is None:
+            raise KeyError(f"{tp} is not assigned to this member of group {self.group!r} (its streams: "
+                           f"{sorted(self._members)})")
+        return m
+
+    def _seek_groups(self, tps) -> dict:
+        """{stream: [partition, ...]} of the pairs ``tps`` (none: every stream, all its own)."""
+        self._check_open()
+        return by_stream(tps) if tps else {n: [] for n in self._members}
+
+    def _drop_buffered(self, tps) -> None:
+        """Forget the records the iteration holds of ``tps`` (None: all)."""
+        if self._buffer:
+            self._buffer = deque(r for r in self._buffer
+                                 if tps is not None and (r.stream, r.partition) not in tps)
+
+    def _call_back(self, revoked: dict, assigned: list) -> None:
+        """on_revoke (``position`` answering for the revoked pairs meanwhile), then
+        on_assign, each called once with the pairs of every stream, sorted."""
+        if revoked and self.on_revoke is not None:
+            self._revoking = revoked
+            try:
+                self.on_revoke(sorted(revoked))
+            finally:
+                self._revoking = None
+        if assigned and self.on_assign is not None:
+            self.on_assign(sorted(assigned))
+
+
+class MultiConsumer(Iterating, Composite):
+    """A member of a consumer group on several streams (``Broker.consumer``), with the
+    ``Consumer``'s methods where a partition is a ``TopicPartition(stream, partition)``:
+    ``assignment``, ``position``, ``seek*``, ``pause`` / ``resume`` / ``paused``,
+    ``commit({(stream, p): offset})`` (all or nothing per stream), ``poll`` (records
+    of every stream, each saying its ``stream``), on_assign / on_revoke called once per
+    change with the pairs of all streams, auto-commit, max_poll_interval (per stream's
+    group), ``for record in consumer``, and ``subscription()``: the streams it is on."""
+
+    def __init__(self, *args, **options):
+        super().__init__(*args, **options)  # (Composite's arguments)
+        self._watch = StreamsWatch(self._broker.namespace)
         self._next_auto = None if self._auto_ns is None else _mono() + self._auto_ns
         self._next_refresh = 0
         try:
@@ -161,35 +228,12 @@ class MultiConsumer:
             self._leave_all()
             raise
 
-    def __repr__(self):
-        return f"<shmq.MultiConsumer {self.group} {self.subscribed} streams={sorted(self._members)}>"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        """The next record, polling (and waiting) as needed; StopIteration once closed."""
-        while not self._buffer:
-            if self._closed:
-                raise StopIteration
-            self._buffer.extend(self._poll(500, 1.0))
-        return self._buffer.popleft()
-
     # ------------------------------------------------------------------ the streams
-    def subscription(self) -> list[str]:
-        """The streams this member is on now (for a pattern: those matching it at the last refresh)."""
-        return sorted(self._members)
-
     def _join(self, name: str) -> None:
         s = Stream(self._broker.namespace, name)
         try:
-            self._members[name] = _Member(s, self.group, self.auto_offset_reset, **self._options)
+            self._members[name] = _Member(s, self.group, self.auto_offset_reset,
+                                          max_poll_interval=self._max_poll_interval)
         except BaseException:
             s.close()
             raise
@@ -239,13 +283,6 @@ class MultiConsumer:
         self._watch.close()
 
     # ------------------------------------------------------------------ positions
-    def _member(self, stream: str) -> _Member:
-        m = self._members.get(stream)
-        if m is None:
-            raise ValueError(f"stream {stream!r} is not one of this member's {sorted(self._members)} (group "
-                             f"{self.group!r})")
-        return m
-
     def assignment(self) -> list[TopicPartition]:
         """The (stream, partition) pairs this member owns now."""
         self._check_open()
@@ -255,16 +292,8 @@ class MultiConsumer:
         """The next offset this member reads from ``tp`` (owned, or being revoked in
         on_revoke); KeyError for another."""
         tp = as_tp(tp)
-        if self._revoking is not None and tp in self._revoking:
-            return self._revoking[tp]
-        first = next((r.offset for r in self._buffer if (r.stream, r.partition) == tp), None)
-        if first is not None:
-            return first
-        m = self._members.get(tp.stream)
-        if m is None:
-            raise KeyError(f"{tp} is not assigned to this member of group {self.group!r} (its streams: "
-                           f"{sorted(self._members)})")
-        return m.position(tp.partition)
+        held = self._held_position(tp)
+        return self._owner(tp).position(tp.partition) if held is None else held
 
     def seek(self, tp, offset: int) -> None:
         """Read ``tp`` (owned) from ``offset`` at the next poll; commits nothing."""
@@ -281,9 +310,7 @@ class MultiConsumer:
         self._seek_to(tps, "seek_to_end")
 
     def _seek_to(self, tps, how):
-        self._check_open()
-        groups = by_stream(tps) if tps else {n: [] for n in self._members}
-        for name, ps in groups.items():
+        for name, ps in self._seek_groups(tps).items():
             getattr(self._member(name), how)(*ps)
         self._drop_buffered(set(map(as_tp, tps)) if tps else None)
 
@@ -307,12 +334,6 @@ class MultiConsumer:
     def paused(self) -> list[TopicPartition]:
         """The owned pairs paused now."""
         return sorted(TopicPartition(n, p) for n, m in self._members.items() for p in m.paused())
-
-    def _drop_buffered(self, tps) -> None:
-        """Forget the records the iteration holds of ``tps`` (None: all)."""
-        if self._buffer:
-            self._buffer = deque(r for r in self._buffer
-                                 if tps is not None and (r.stream, r.partition) not in tps)
 
     # ------------------------------------------------------------------ poll
     def poll(self, max_records: int = 500, timeout: float = 1.0) -> list:
@@ -388,14 +409,7 @@ class MultiConsumer:
                 if m is not None:
                     self._quietly(lambda m=m, ps=ps, name=name: m._commit(
                         {p: revoked[(name, p)] for p in ps}, revoking=True))
-        if revoked and self.on_revoke is not None:
-            self._revoking = revoked
-            try:
-                self.on_revoke(sorted(revoked))
-            finally:
-                self._revoking = None
-        if assigned and self.on_assign is not None:
-            self.on_assign(sorted(assigned))
+        self._call_back(revoked, assigned)
 
     def _quietly(self, commit) -> None:
         """An auto-commit: a refusal is logged, as Kafka's auto-commit does."""
@@ -441,7 +455,3 @@ class MultiConsumer:
         finally:
             self._closed = True
             self._leave_all()
-
-    def _check_open(self):
-        if self._closed:
-            raise ShmqError(f"consumer of group {self.group!r} is closed")

@@ -486,7 +486,29 @@ class Stream:
                 "durability": self.durability}
 
 
-class Consumer:
+class Iterating:
+    """A local consumer's ``with`` (closes it) and ``for record in consumer``: polls
+    (``_poll``), waiting as needed, into ``_buffer`` until ``_closed``."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Record:
+        """The next record, polling (and waiting) as needed; StopIteration once closed."""
+        while not self._buffer:
+            if self._closed:
+                raise StopIteration
+            self._buffer.extend(self._poll(500, 1.0))
+        return self._buffer.popleft()
+
+
+class Consumer(Iterating):
     """A member of a consumer group: polls the partitions it owns, from the group's
     committed offsets on, and commits what it processed (the next offset to read).
 
@@ -527,23 +549,6 @@ class Consumer:
 
     def __repr__(self):
         return f"<shmq.Consumer {self.stream.name}/{self.group} member={self._member} owns={self._owned}>"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> Record:
-        """The next record, polling (and waiting) as needed; StopIteration once closed."""
-        while not self._buffer:
-            if self._closed:
-                raise StopIteration
-            self._buffer.extend(self._poll(500, 1.0))
-        return self._buffer.popleft()
 
     # ------------------------------------------------------------------ the group's view
     def _poll_deadline(self, wait_ns) -> int:

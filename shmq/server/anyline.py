@@ -10,12 +10,12 @@ the first one answers the request, and the others leave their lines. The request
 once against the connection's limit of waiting requests.
 """
 
-from .waiters import Waiter
+from .waiters import Answering, Waiter
 
 __all__ = ["AnyLine"]
 
 
-class AnyLine:
+class AnyLine(Answering):
     """The lines ``lines`` (one per stream, each a ``StreamWaiters``) of one request."""
 
     __slots__ = ("loop", "lines", "waiter", "standins")
@@ -47,20 +47,6 @@ class AnyLine:
             result = result if again is None else again
         self.finish(w, result)
 
-    def finish(self, w, result):
-        """Answer ``w`` with a result or an exception (once)."""
-        if self._end(w):
-            w.conn.answer(w, result)
-
-    def drop(self, w):
-        """Forget ``w`` without an answer: its connection is closing."""
-        self._end(w)
-
-    def _end(self, w) -> bool:
-        if w.done:
-            return False
-        w.done = True
-        w.timer.cancel()
+    def _ended(self, w) -> None:
         for standin, line in zip(self.standins, self.lines):
             line.drop(standin)
-        return True

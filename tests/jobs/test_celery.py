@@ -97,10 +97,23 @@ class Jobs:
 
 
 @pytest.fixture
-def jobs(broker, tmp_path):
-    j = Jobs(broker.namespace, tmp_path)
-    yield j
-    j.close()
+def make_jobs(broker, tmp_path):
+    """``make(broker_url=None, **env)``: a ``Jobs`` of the test's broker, closed (its
+    workers killed) at the end."""
+    made = []
+
+    def make(**options):
+        made.append(Jobs(broker.namespace, tmp_path, **options))
+        return made[-1]
+
+    yield make
+    for j in made:
+        j.close()
+
+
+@pytest.fixture
+def jobs(make_jobs):
+    return make_jobs()
 
 
 def ids(n, prefix="j"):
@@ -192,46 +205,40 @@ def test_retries_with_countdown_then_the_dead_letter_queue(broker, jobs):
 
 
 @pytest.mark.slow
-def test_eta_task_held_past_the_visibility_timeout_runs_once(broker, tmp_path):
-    jobs = Jobs(broker.namespace, tmp_path, JOBS_VT="1")
-    try:
-        app = jobs.app()
-        import time
+def test_eta_task_held_past_the_visibility_timeout_runs_once(broker, make_jobs):
+    jobs = make_jobs(JOBS_VT="1")
+    app = jobs.app()
+    import time
 
-        sent = time.time()
-        app.send_task("tests.jobs.celery_app.record", ("eta",), countdown=4)
-        w = jobs.worker(concurrency=1)
-        wait_for(lambda: jobs.count("done") == {"eta": 1}, 60, "the ETA job done")
-        jobs.stop(w)
-        assert float(jobs.events("done")[0][3]) >= sent + 4
-        s = broker.queue("celery").stats()
-        # held by the worker for 4 s under a 1 s lease, renewed: never handed out again
-        assert (s.ready, s.in_flight, s.acked_total, s.redelivered_total) == (0, 0, 1, 0)
-        app.close()
-    finally:
-        jobs.close()
+    sent = time.time()
+    app.send_task("tests.jobs.celery_app.record", ("eta",), countdown=4)
+    w = jobs.worker(concurrency=1)
+    wait_for(lambda: jobs.count("done") == {"eta": 1}, 60, "the ETA job done")
+    jobs.stop(w)
+    assert float(jobs.events("done")[0][3]) >= sent + 4
+    s = broker.queue("celery").stats()
+    # held by the worker for 4 s under a 1 s lease, renewed: never handed out again
+    assert (s.ready, s.in_flight, s.acked_total, s.redelivered_total) == (0, 0, 1, 0)
+    app.close()
 
 
 @pytest.mark.slow
-def test_long_job_over_tcp_with_a_short_idle_timeout(broker, tmp_path, servers):
+def test_long_job_over_tcp_with_a_short_idle_timeout(broker, servers, make_jobs):
     """A job far longer than the lease and the server's idle timeout (shortened: 1 s lease,
     0.5 s idle, a 4 s job), through ``shmq://:TOKEN@HOST:PORT``: done once, never redelivered."""
     srv = servers(broker.namespace, "--idle-timeout", "0.5", "--no-persist")
     try:
         url = f"shmq://:{read_token(default_token_file())}@127.0.0.1:{srv.port}"
-        jobs = Jobs(broker.namespace, tmp_path, broker_url=url, JOBS_VT="1")
-        try:
-            app = jobs.app()
-            app.send_task("tests.jobs.celery_app.slow", ("long", 4))
-            w = jobs.worker(concurrency=1)
-            wait_for(lambda: jobs.count("done") == {"long": 1}, 60, "the long job done")
-            jobs.stop(w)
-            assert jobs.count("start") == {"long": 1}
-            s = broker.queue("celery").stats()
-            assert (s.ready, s.in_flight, s.acked_total, s.redelivered_total) == (0, 0, 1, 0)
-            app.close()
-        finally:
-            jobs.close()
+        jobs = make_jobs(broker_url=url, JOBS_VT="1")
+        app = jobs.app()
+        app.send_task("tests.jobs.celery_app.slow", ("long", 4))
+        w = jobs.worker(concurrency=1)
+        wait_for(lambda: jobs.count("done") == {"long": 1}, 60, "the long job done")
+        jobs.stop(w)
+        assert jobs.count("start") == {"long": 1}
+        s = broker.queue("celery").stats()
+        assert (s.ready, s.in_flight, s.acked_total, s.redelivered_total) == (0, 0, 1, 0)
+        app.close()
     finally:
         srv.stop()
 
@@ -253,39 +260,36 @@ def test_priorities_higher_first(broker, jobs):
 
 
 @pytest.mark.slow
-def test_rpc_results_routing_to_two_queues_inspect_and_purge(broker, tmp_path):
-    jobs = Jobs(broker.namespace, tmp_path, JOBS_BACKEND="rpc://")
-    try:
-        app = jobs.app()
-        for job in ids(3, "a"):
-            app.send_task("tests.jobs.celery_app.alpha", (job,))
-        for job in ids(3, "b"):
-            app.send_task("tests.jobs.celery_app.beta", (job,))
-        for job in ids(4, "p"):  # to purge: no worker consumes "celery" here
-            app.send_task("tests.jobs.celery_app.record", (job,))
-        w = jobs.worker("-Q", "alpha,beta", concurrency=2)
-        client = subprocess.run(  # rpc:// results, in a process of its own whose reply queue goes with it
-            [sys.executable, "-c", "from tests.jobs.celery_app import add; "
-             "print(add.apply_async((2, 3), queue='alpha').get(timeout=60))"],
-            cwd=ROOT, env=jobs.env, capture_output=True, text=True, timeout=120)
-        assert client.stdout == "5\n", client.stderr
-        wait_for(lambda: len(jobs.count("done")) == 6, 60, "the routed jobs done")
-        assert sorted((e[1], e[4]) for e in jobs.events("done")) == \
-            [(f"a{i}", "alpha") for i in range(3)] + [(f"b{i}", "beta") for i in range(3)]
-        ping = jobs.celery("inspect", "ping", "-t", "10")
-        assert ping.returncode == 0 and "pong" in ping.stdout, ping.stdout + ping.stderr
-        assert queue_ready(broker, "celery") == 4
-        purge = jobs.celery("purge", "-f")
-        assert purge.returncode == 0, purge.stderr
-        assert "Purged 4 messages" in purge.stdout, purge.stdout
-        assert queue_ready(broker, "celery") == 0
-        app.close()
-        jobs.stop(w)
-        assert w.returncode == 0, jobs.output()
-        # reply queues (rpc://, inspect's) and the worker's pidbox queue are gone
-        assert broker.list_queues() == ["alpha", "alpha.dlq", "beta", "beta.dlq", "celery", "celery.dlq"]
-    finally:
-        jobs.close()
+def test_rpc_results_routing_to_two_queues_inspect_and_purge(broker, make_jobs):
+    jobs = make_jobs(JOBS_BACKEND="rpc://")
+    app = jobs.app()
+    for job in ids(3, "a"):
+        app.send_task("tests.jobs.celery_app.alpha", (job,))
+    for job in ids(3, "b"):
+        app.send_task("tests.jobs.celery_app.beta", (job,))
+    for job in ids(4, "p"):  # to purge: no worker consumes "celery" here
+        app.send_task("tests.jobs.celery_app.record", (job,))
+    w = jobs.worker("-Q", "alpha,beta", concurrency=2)
+    client = subprocess.run(  # rpc:// results, in a process of its own whose reply queue goes with it
+        [sys.executable, "-c", "from tests.jobs.celery_app import add; "
+         "print(add.apply_async((2, 3), queue='alpha').get(timeout=60))"],
+        cwd=ROOT, env=jobs.env, capture_output=True, text=True, timeout=120)
+    assert client.stdout == "5\n", client.stderr
+    wait_for(lambda: len(jobs.count("done")) == 6, 60, "the routed jobs done")
+    assert sorted((e[1], e[4]) for e in jobs.events("done")) == \
+        [(f"a{i}", "alpha") for i in range(3)] + [(f"b{i}", "beta") for i in range(3)]
+    ping = jobs.celery("inspect", "ping", "-t", "10")
+    assert ping.returncode == 0 and "pong" in ping.stdout, ping.stdout + ping.stderr
+    assert queue_ready(broker, "celery") == 4
+    purge = jobs.celery("purge", "-f")
+    assert purge.returncode == 0, purge.stderr
+    assert "Purged 4 messages" in purge.stdout, purge.stdout
+    assert queue_ready(broker, "celery") == 0
+    app.close()
+    jobs.stop(w)
+    assert w.returncode == 0, jobs.output()
+    # reply queues (rpc://, inspect's) and the worker's pidbox queue are gone
+    assert broker.list_queues() == ["alpha", "alpha.dlq", "beta", "beta.dlq", "celery", "celery.dlq"]
 
 
 def test_urls_and_the_dotted_path(broker):

@@ -572,35 +572,34 @@ def _string(data: bytes, pos: int) -> tuple[str, int]:
     return data[pos + 2:pos + 2 + n].decode(), pos + 2 + n
 
 
-def subscription_topics(metadata: bytes) -> list[str]:
-    """The topics of a ConsumerProtocolSubscription (any version: they come first after
-    the version); [] for bytes that are not one."""
+def _topics(data: bytes, with_partitions: bool) -> list[str]:
+    """The topics that come first after the version in a consumer protocol's bytes, each
+    followed by its partitions (int32 array) ``with_partitions``; [] for bytes that are
+    not such."""
     out: list[str] = []
     try:
-        _version, n = struct.unpack_from(">hi", metadata, 0)
+        _version, n = struct.unpack_from(">hi", data, 0)
         pos = 6
-        for _ in range(min(n, len(metadata))):
-            topic, pos = _string(metadata, pos)
+        for _ in range(min(n, len(data))):
+            topic, pos = _string(data, pos)
+            if with_partitions:
+                (parts,) = struct.unpack_from(">i", data, pos)
+                pos += 4 + 4 * max(parts, 0)
             out.append(topic)
     except (struct.error, ValueError, UnicodeDecodeError):
         pass
     return out
+
+
+def subscription_topics(metadata: bytes) -> list[str]:
+    """The topics of a ConsumerProtocolSubscription (any version: they come first after
+    the version); [] for bytes that are not one."""
+    return _topics(metadata, with_partitions=False)
 
 
 def assignment_topics(assignment: bytes) -> list[str]:
     """The topics of a ConsumerProtocolAssignment; [] for bytes that are not one."""
-    out: list[str] = []
-    try:
-        _version, n = struct.unpack_from(">hi", assignment, 0)
-        pos = 6
-        for _ in range(min(n, len(assignment))):
-            topic, pos = _string(assignment, pos)
-            (parts,) = struct.unpack_from(">i", assignment, pos)
-            pos += 4 + 4 * max(parts, 0)
-            out.append(topic)
-    except (struct.error, ValueError, UnicodeDecodeError):
-        pass
-    return out
+    return _topics(assignment, with_partitions=True)
 
 
 # ---------------------------------------------------------------------- kio responses
