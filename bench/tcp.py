@@ -33,6 +33,7 @@ import shlex
 import sys
 
 from bench import harness, plot, report, tcp_report
+from bench.adapters.shmq_tcp import TLS_ENV
 from bench.machine import machine_info
 from bench.plan import (TCP_CASES, TCP_COUNT, TCP_QUICK_SCALE, TCP_SIZES, TCP_TRIPS, TOPOLOGIES, csv, parse_size,
                         pin_cpus, plan_tcp)
@@ -57,6 +58,9 @@ def parse_args(argv):
     p.add_argument("--run-timeout", type=float, default=60.0, help="seconds allowed per run (default 60)")
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="let the OS place a 1 -> 1 case's processes (default: pinned to two distinct CPUs)")
+    p.add_argument("--tls", action="store_true",
+                   help="shmq's server over TLS (tcps://, a certificate of the run's own): the cost of TLS, "
+                        "beside Redis in plain TCP")
     p.add_argument("--json", metavar="PATH", default=None, help="write every run here")
     p.add_argument("--plot", metavar="PATH", default=None,
                    help="draw the plot here (default: beside --json, as .png; '' for none)")
@@ -77,6 +81,8 @@ def parse_args(argv):
 def run(args, ctx):
     """Run every case; returns (info, skipped, [(result, summary)], notes)."""
     args.cpus = pin_cpus(args.pin)
+    if args.tls:
+        os.environ[TLS_ENV] = "1"
     load = os.getloadavg()[0]
 
     def jobs(opened):
@@ -91,7 +97,7 @@ def publish(info, settings, skipped, results, notes, plot_path):
     """Print the table, then draw the plot (unless ``plot_path`` is empty)."""
     tcp_report.print_tcp(info, settings, skipped, results, notes)
     if plot_path:
-        title = (f"shmq over TCP vs Redis, median of {settings.runs} run(s){' (--quick)' if settings.quick else ''}: "
+        title = (f"shmq over {'TLS' if getattr(settings, 'tls', False) else 'TCP'} vs Redis, median of {settings.runs} run(s){' (--quick)' if settings.quick else ''}: "
                  f"{info['cpu']}, {info['logical_cpus']} CPUs, Python {info['python']}")
         print(plot.draw_tcp(plot_path, tcp_report.rows(results), title))
 

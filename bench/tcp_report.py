@@ -186,7 +186,8 @@ def print_tcp(info, settings, skipped, results, notes, out=None):
     """The header, the table, its legend, the targets' verdict, any problems and notes (to ``out``, or stdout)."""
     out = out or sys.stdout
     report.print_header(info, settings, skipped, out, title="shmq over TCP against Redis lists (python -m bench.tcp)",
-                        versioned=VERSIONED, more=[f"servers : {SERVERS}"])
+                        versioned=VERSIONED, more=[f"servers : {SERVERS}"
+                                                   + ("; shmq over TLS (--tls)" if getattr(settings, "tls", False) else "")])
     table = rows(results)
     cells = [HEAD] + [row.cells() for row in table]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEAD))]

@@ -19,7 +19,7 @@ class ShmqEnd(End):
 
     def __init__(self, spec, role):
         where, name = spec
-        self._broker = shmq.connect(where) if where.startswith("tcp://") else shmq.connect(namespace=where)
+        self._broker = shmq.connect(where) if where.startswith(("tcp://", "tcps://")) else shmq.connect(namespace=where)
         self._q = self._broker.queue(name)
 
     def send(self, body):

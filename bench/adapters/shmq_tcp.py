@@ -5,6 +5,11 @@ server never saw is a redelivery, as always."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
+
 import shmq
 from bench.adapters import Adapter, leftover_notes, run_namespace
 from bench.adapters.shmq_local import ShmqEnd
@@ -19,6 +24,18 @@ def default_frame_bytes():
     except ImportError:
         return 16 * 2**20
     return DEFAULT_MAX_FRAME_BYTES
+
+
+TLS_ENV = "SHMQ_BENCH_TLS"  # set: the server speaks TLS (bench.tcp --tls)
+
+
+def self_signed(d):
+    """A self-signed certificate for 127.0.0.1 and its key, in ``d`` (the openssl command)."""
+    cert, key = os.path.join(d, "server.pem"), os.path.join(d, "server.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", key, "-out", cert], check=True, capture_output=True, timeout=60)
+    return cert, key
 
 
 class ShmqTcpEnd(ShmqEnd):
@@ -47,8 +64,14 @@ class ShmqTcp(Adapter):
 
     def __init__(self, *server_options):
         self.namespace = run_namespace(self.part)
+        self._tls_dir = None
+        if os.environ.get(TLS_ENV):  # python -m bench.tcp --tls: the server over TLS, a certificate of the run's own
+            self._tls_dir = tempfile.mkdtemp(prefix="bench-tls-")
+            cert, key = self_signed(self._tls_dir)
+            os.environ["SHMQ_TLS_CA"] = cert  # the roles' processes inherit it: clients trust this server
+            server_options = (*server_options, "--tls-cert", cert, "--tls-key", key)
         self._server = ShmqServer(self.namespace, *server_options)
-        self.url = self._server.url
+        self.url = self._server.url.replace("tcp://", "tcps://") if self._tls_dir else self._server.url
         self.max_frame_bytes = default_frame_bytes()
         self._count = 0
 
@@ -83,5 +106,7 @@ class ShmqTcp(Adapter):
 
     def close(self):
         self._server.close()
+        if self._tls_dir:
+            shutil.rmtree(self._tls_dir, ignore_errors=True)
         shmq.destroy_namespace(self.namespace)
         return leftover_notes(self.name, self.namespace)
