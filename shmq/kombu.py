@@ -46,7 +46,7 @@ import shmq
 from .client.options import DEFAULT_PORT
 from .engine.broker import Broker, default_namespace
 from .engine.exchange import topic_matches
-from .errors import (BrokerUnavailable, DeliveryExpired, ExchangeNotFound, QueueExists, QueueNotFound,
+from .errors import (BrokerUnavailable, DeliveryExpired, ExchangeNotFound, QueueNotFound,
                      ShmqError)
 
 __all__ = ["Transport", "Channel", "QoS", "shmq_name"]
@@ -138,15 +138,7 @@ def shmq_name(name: str) -> str:
 
 def _declare(broker, name: str, **settings) -> None:
     """Make queue ``name`` with ``settings``, or change the live ones of the queue there."""
-    declare = getattr(broker, "declare_queue", None)  # the DECLARE contract (engineer C)
-    if declare is not None:
-        q = declare(name, **settings)
-    else:  # INTERIM until declare_queue lands: an existing queue is kept as it is
-        try:
-            q = broker.create_queue(name, exist_ok=True, **settings)
-        except QueueExists as exc:
-            log.warning("queue %r kept with its own settings: %s", name, exc)
-            return
+    q = broker.declare_queue(name, **settings)
     if q is not None and hasattr(q, "close"):
         q.close()
 
