@@ -120,11 +120,9 @@ class AsyncQueue(QueueCalls):
         return await self.get()
 
 
-class AsyncConsumer(ConsumerCalls):
-    """The Consumer API, awaitable; ``async with`` leaves on exit, ``async for r in c``
-    yields records one by one, for ever (``ConsumerCalls``: ``poll`` returns what the
-    iteration still holds first, ``commit()`` never commits past a record not yet handed
-    out). on_assign / on_revoke are plain functions, called in the poll."""
+class _AsyncMember:
+    """What an asyncio group member adds to its calls: ``async with`` (leaves on exit) and
+    ``async for r in c``, records one by one, for ever, back by itself after a reconnect."""
 
     async def __aenter__(self):
         return self
@@ -141,23 +139,14 @@ class AsyncConsumer(ConsumerCalls):
         return await _resuming(self, lambda: self._drive(self._next_record()))
 
 
-class AsyncMultiConsumer(MultiConsumerCalls):
-    """The MultiConsumer API, awaitable; ``async with`` leaves on exit, ``async for r in c``
-    yields records one by one, for ever."""
+class AsyncConsumer(_AsyncMember, ConsumerCalls):
+    """The Consumer API, awaitable (``ConsumerCalls``: ``poll`` returns what the iteration
+    still holds first, ``commit()`` never commits past a record not yet handed out).
+    on_assign / on_revoke are plain functions, called in the poll."""
 
-    async def __aenter__(self):
-        return self
 
-    async def __aexit__(self, *exc):
-        await self.close()
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        if self._closed:
-            raise StopAsyncIteration
-        return await _resuming(self, lambda: self._drive(self._next_record()))
+class AsyncMultiConsumer(_AsyncMember, MultiConsumerCalls):
+    """The MultiConsumer API, awaitable."""
 
 
 class AsyncStream(StreamCalls):

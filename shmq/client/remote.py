@@ -143,44 +143,34 @@ class RemoteQueue(_Handle, QueueCalls):
         return RemoteQueue(RemoteBroker(url, token), name, serializer)
 
 
-class RemoteConsumer(ConsumerCalls):
+class _Member:
+    """What a remote group member adds to its calls: ``with`` (leaves on exit) and
+    iteration, which comes back by itself after a reconnect (``_resuming``)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        """The next record, polling (and waiting) as needed; StopIteration once closed."""
+        if self._closed:
+            raise StopIteration
+        return _resuming(self, lambda: self._drive(self._next_record()))
+
+
+class RemoteConsumer(_Member, ConsumerCalls):
     """A member of a consumer group, held for this connection by the server: the methods
     and errors of the local ``Consumer``; leaves on ``close`` or when the connection ends."""
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        """The next record, polling (and waiting) as needed; StopIteration once closed."""
-        if self._closed:
-            raise StopIteration
-        return _resuming(self, lambda: self._drive(self._next_record()))
-
-
-class RemoteMultiConsumer(MultiConsumerCalls):
+class RemoteMultiConsumer(_Member, MultiConsumerCalls):
     """A member of a consumer group on several streams (``broker.consumer``): the methods
     and errors of the local ``MultiConsumer``; leaves on ``close`` or when the connection ends."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        """The next record, polling (and waiting) as needed; StopIteration once closed."""
-        if self._closed:
-            raise StopIteration
-        return _resuming(self, lambda: self._drive(self._next_record()))
 
 
 class RemoteStream(_Handle, StreamCalls):

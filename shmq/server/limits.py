@@ -11,6 +11,7 @@ so no one holds bytes or a place in line longer than that. These are plain objec
 no I/O: the connection calls them and acts on their answers.
 """
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass
 
@@ -182,3 +183,13 @@ class Clocks:
         if self.frame_started is None and now - self.last_active > idle:
             return None, (f"idle for {idle:g}s; closing" if authed else f"no HELLO within {idle:g}s; closing")
         return None
+
+
+async def sweep(listener):
+    """Every so often, close the connections of ``listener`` (the DEADBEEF front or the
+    Kafka listener) that are past a deadline (frame or idle)."""
+    while True:
+        await asyncio.sleep(listener.limits.sweep_interval)
+        now = listener.loop.time()
+        for conn in list(listener.connections):
+            conn.check_clocks(now)

@@ -24,7 +24,7 @@ from ..errors import QueueNotFound, ShmqError, StreamNotFound
 from ..protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
 from .appenders import Appender
 from .connection import READ_CHUNK, Connection
-from .limits import PRE_AUTH_MAX_FRAME_BYTES, SMALL_FRAME_BYTES, Budget, Limits
+from .limits import PRE_AUTH_MAX_FRAME_BYTES, SMALL_FRAME_BYTES, Budget, Limits, sweep
 from .metrics import NO_METRICS
 from .waiters import NOTHING, QueueWaiters, StreamWaiters
 
@@ -120,13 +120,7 @@ class TcpServer:
         if not self.connections and self._all_gone is not None and not self._all_gone.done():
             self._all_gone.set_result(None)
 
-    async def _sweep(self):
-        """Every so often, close the connections past a deadline (frame or idle)."""
-        while True:
-            await asyncio.sleep(self.limits.sweep_interval)
-            now = self.loop.time()
-            for conn in list(self.connections):
-                conn.check_clocks(now)
+    _sweep = sweep  # the connections past a deadline closed, every so often
 
     async def bind(self):
         """Listen on host:port, accepting no connection yet (``start``). ShmqError in one

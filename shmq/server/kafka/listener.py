@@ -17,7 +17,7 @@ import uuid
 from ...engine.segment import check_queue_name
 from ...errors import StreamExists, StreamNotFound
 from ...kafka import ErrorCode
-from ..limits import Limits
+from ..limits import Limits, sweep
 from ..tcp import LOCK_TIMEOUT_S, Handles, listen_error, tls_options
 from ..waiters import StreamWaiters
 from . import groups
@@ -139,13 +139,7 @@ class KafkaListener:
     def connection_gone(self, conn):
         self.connections.discard(conn)
 
-    async def _sweep(self):
-        """Every so often, close the connections past a deadline (frame or idle)."""
-        while True:
-            await asyncio.sleep(self.limits.sweep_interval)
-            now = self.loop.time()
-            for conn in list(self.connections):
-                conn.check_clocks(now)
+    _sweep = sweep  # the connections past a deadline closed, every so often
 
     # ------------------------------------------------------------------ life
     async def bind(self):
