@@ -17,6 +17,8 @@ import pytest
 
 import shmq
 
+pytestmark = pytest.mark.timing  # latency bounds: run with the machine to itself (README, not under -n)
+
 TRIES = 60
 WAITED_S = 0.01  # how long each request waits at the server before its data comes
 # Below what a poller backing off to 2 ms gives (its median ~1.5 ms here): the median, and
