@@ -126,13 +126,7 @@ class TcpServer:
         """Listen on host:port, accepting no connection yet (``start``). ShmqError in one
         line when the address cannot be had (``port 7878 on 127.0.0.1 is in use``)."""
         self.loop = asyncio.get_running_loop()
-        try:
-            self._server = await self.loop.create_server(lambda: Connection(self), self.host, self.port,
-                                                         backlog=1024, start_serving=False,
-                                                         **tls_options(self.tls, self.limits))
-        except OSError as e:
-            raise listen_error(e, self.host, self.port) from None
-        self.port = self._server.sockets[0].getsockname()[1]
+        await listen(self, Connection)
         return self
 
     def unbind(self):
@@ -203,6 +197,19 @@ def listen_error(e: OSError, host: str, port: int) -> ShmqError:
     if e.errno == errno.EADDRINUSE:
         return ShmqError(f"port {port} on {where} is in use")
     return ShmqError(f"cannot listen on {where}:{port}: {e.strerror or e}")
+
+
+async def listen(listener, connection):
+    """Bind ``listener`` (the DEADBEEF front or the Kafka listener) to its host and port,
+    serving nothing yet, its connections ``connection(listener)``; its ``port`` becomes the
+    one bound (0: any free). ShmqError in one line when the address cannot be had."""
+    try:
+        listener._server = await listener.loop.create_server(
+            lambda: connection(listener), listener.host, listener.port, backlog=1024, start_serving=False,
+            **tls_options(listener.tls, listener.limits))
+    except OSError as e:
+        raise listen_error(e, listener.host, listener.port) from None
+    listener.port = listener._server.sockets[0].getsockname()[1]
 
 
 class Handles:

@@ -18,7 +18,7 @@ from ...engine.segment import check_queue_name
 from ...errors import StreamExists, StreamNotFound
 from ...kafka import ErrorCode
 from ..limits import Limits, sweep
-from ..tcp import LOCK_TIMEOUT_S, Handles, listen_error, tls_options
+from ..tcp import LOCK_TIMEOUT_S, Handles, listen
 from ..waiters import StreamWaiters
 from . import groups
 from .connection import KafkaConnection
@@ -148,13 +148,7 @@ class KafkaListener:
         self.loop = asyncio.get_running_loop()
         self.streams = Handles(self, self._attach, StreamWaiters, StreamNotFound, "stream")
         self.coordinator = groups.Coordinator(self.broker, self.loop)
-        try:
-            self._server = await self.loop.create_server(lambda: KafkaConnection(self), self.host, self.port,
-                                                         backlog=1024, start_serving=False,
-                                                         **tls_options(self.tls, self.limits))
-        except OSError as e:
-            raise listen_error(e, self.host, self.port) from None
-        self.port = self._server.sockets[0].getsockname()[1]
+        await listen(self, KafkaConnection)
         return self
 
     async def start(self):
