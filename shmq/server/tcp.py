@@ -126,7 +126,7 @@ class TcpServer:
         """Listen on host:port, accepting no connection yet (``start``). ShmqError in one
         line when the address cannot be had (``port 7878 on 127.0.0.1 is in use``)."""
         self.loop = asyncio.get_running_loop()
-        await listen(self, Connection)
+        self._server = await listen(self, Connection)
         return self
 
     def unbind(self):
@@ -200,16 +200,17 @@ def listen_error(e: OSError, host: str, port: int) -> ShmqError:
 
 
 async def listen(listener, connection):
-    """Bind ``listener`` (the DEADBEEF front or the Kafka listener) to its host and port,
-    serving nothing yet, its connections ``connection(listener)``; its ``port`` becomes the
-    one bound (0: any free). ShmqError in one line when the address cannot be had."""
+    """A server for ``listener`` (the DEADBEEF front or the Kafka listener) bound to its host
+    and port, serving nothing yet, its connections ``connection(listener)``; ``listener.port``
+    becomes the one bound (0: any free). ShmqError in one line when the address cannot be had."""
     try:
-        listener._server = await listener.loop.create_server(
+        server = await listener.loop.create_server(
             lambda: connection(listener), listener.host, listener.port, backlog=1024, start_serving=False,
             **tls_options(listener.tls, listener.limits))
     except OSError as e:
         raise listen_error(e, listener.host, listener.port) from None
-    listener.port = listener._server.sockets[0].getsockname()[1]
+    listener.port = server.sockets[0].getsockname()[1]
+    return server
 
 
 class Handles:

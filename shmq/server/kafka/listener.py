@@ -148,7 +148,7 @@ class KafkaListener:
         self.loop = asyncio.get_running_loop()
         self.streams = Handles(self, self._attach, StreamWaiters, StreamNotFound, "stream")
         self.coordinator = groups.Coordinator(self.broker, self.loop)
-        await listen(self, KafkaConnection)
+        self._server = await listen(self, KafkaConnection)
         return self
 
     async def start(self):
