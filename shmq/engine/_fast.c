@@ -102,11 +102,16 @@ static inline int lock(char *seg) {
 
 static inline void unlock(char *seg) { pthread_mutex_unlock((pthread_mutex_t *)(seg + MUTEX_OFF)); }
 
+/* Set while this thread makes data that it serves to its own waiters next (waits.serving: a
+ * server's loop): sleepers that are all doorbells (H_BELLS) are then owed no post. */
+static __thread int serving;
+
 /* Posts owed to sleeping consumers now that ``n`` messages became ready (lock held): at
  * most one per waiter not yet posted; counted as posted here, made by the caller. */
 static inline uint64_t owe_consumers(uint64_t *h, uint64_t n) {
     uint64_t cw = h[H_CWAIT], cp = h[H_CPOSTED];
     if (cw <= cp || !n) return 0;
+    if (serving && cw <= h[H_BELLS]) return 0;
     uint64_t post = cw - cp < n ? cw - cp : n;
     h[H_CPOSTED] = cp + post;
     return post;
@@ -1572,6 +1577,15 @@ static uint32_t murmur2_of(const unsigned char *p, size_t n) {
 }
 
 /* murmur2(bytes-like) -> int: a key's hash, a signed 32-bit int as Java's (partitioner.murmur2). */
+/* serve_own(on) -> the previous setting: see ``serving`` (this thread only). */
+static PyObject *fast_serve_own(PyObject *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    int was = serving;
+    serving = on;
+    return PyBool_FromLong(was);
+}
+
 static PyObject *fast_murmur2(PyObject *self, PyObject *arg) {
     Py_buffer v;
     if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
@@ -1650,6 +1664,8 @@ static PyMethodDef methods[] = {
     {"key_partitions", (PyCFunction)(void (*)(void))fast_key_partitions, METH_FASTCALL,
      "each record's partition by its key, as Kafka's default partitioner"},
     {"murmur2", (PyCFunction)fast_murmur2, METH_O, "a key's murmur2 hash, as Kafka's Java client's"},
+    {"serve_own", (PyCFunction)fast_serve_own, METH_O,
+     "serve_own(on) -> previous: this thread serves its own doorbells' waiters (no post owed to them)"},
     {NULL, NULL, 0, NULL},
 };
 

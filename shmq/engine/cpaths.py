@@ -18,7 +18,7 @@ except ImportError as e:  # pragma: no cover - depends on the build
 __all__ = ["FAST", "put", "take", "take_many", "ack", "ack_many", "put_many", "nack_many", "reserve", "publish",
            "Loan", "DeliveryBase", "read_columns", "columns_check", "columns_end", "columns_log",
            "write_columns", "key_partitions", "murmur2", "OWNERDEAD", "FALLBACK", "BUSY", "EMPTY", "SLEEP", "FULL", "W_REGISTER",
-           "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "set_enabled", "enabled"]
+           "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "serve_own", "set_enabled", "enabled"]
 
 FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
 put = _fast.put if FAST else None
@@ -50,6 +50,7 @@ W_REGISTER = _fast.W_REGISTER if FAST else 0  # a take's wait bit: count the cal
 EXPIRED = _fast.EXPIRED if FAST else None
 DELETED = _fast.DELETED if FAST else None
 WAL_MAX_PAYLOAD = _fast.WAL_MAX_PAYLOAD if FAST else 0  # larger wal puts take the Python fast path
+serve_own = _fast.serve_own if _fast is not None else None  # the C paths' side of ``waits.serving``
 
 
 def set_enabled(enabled: bool) -> None:

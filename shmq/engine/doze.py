@@ -21,7 +21,7 @@ from . import waits
 from .lanes import LanedQueue, attach
 from .stream import Stream
 
-__all__ = ["twin", "stamp", "doze", "room_stamp", "doze_room"]
+__all__ = ["twin", "stamp", "doze", "bell", "room_stamp", "doze_room"]
 
 _mono = time.monotonic_ns
 
@@ -42,15 +42,21 @@ def stamp(h) -> tuple:
     return tuple(_queue_stamp(q._mq) for q in lanes)
 
 
-def doze(h, seen, deadline) -> bool:
+def doze(h, seen, deadline, bell=False) -> bool:
     """Sleep as a consumer of ``h`` until data may have come since ``seen`` (a ``stamp``),
     or until ``deadline`` (CLOCK_MONOTONIC ns). True when woken by data (or a due
     deadline of the queue's), False at ``deadline``. Raises the handle's error once it is
-    deleted or closed."""
+    deleted or closed. ``bell``: the sleeper is a server's doorbell, counted in the queue's
+    ``bells`` too, whom that server's own puts owe no post (``waits.serving``)."""
     if isinstance(h, Stream):
-        return _doze_stream(h, seen, deadline)
+        return h._wait(deadline, lambda: _stream_stamp(h) != seen, bell)
     lanes = h._lanes if isinstance(h, LanedQueue) else (h,)
-    return _doze_queue(lanes, seen, deadline)
+    return _doze_queue(lanes, seen, deadline, bell)
+
+
+def bell(h, seen, deadline) -> bool:
+    """``doze`` as a server's doorbell."""
+    return doze(h, seen, deadline, True)
 
 
 def _queue_stamp(mq):
@@ -63,7 +69,7 @@ def _moved(seen, now_stamp) -> bool:
     return any(n[0] != s[0] or n[1] > s[1] for s, n in zip(seen, now_stamp))
 
 
-def _doze_queue(lanes, seen, deadline) -> bool:
+def _doze_queue(lanes, seen, deadline, bell) -> bool:
     first = lanes[0]  # a laned queue's sleepers count in lane 0 (lanes.py): every lane's put posts there
     mq = first._mq
     laned = len(lanes) > 1
@@ -71,7 +77,8 @@ def _doze_queue(lanes, seen, deadline) -> bool:
     try:
         if mq[L.I_DELETED]:
             raise first._gone()
-        waits.register(mq, first._my_slot(), waits.CONSUMERS)
+        side = waits.BELLS if bell else waits.CONSUMERS
+        waits.register(mq, first._my_slot(), side)
         if laned:
             mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]
     finally:
@@ -85,9 +92,9 @@ def _doze_queue(lanes, seen, deadline) -> bool:
         waited = waits.sleep_slice(first._ne, min(deadline, due), now)
         return waited == 2 or _mono() >= due
     finally:
-        first._acquire_to_unwait(None, waits.CONSUMERS, waited)  # (a lock timeout: uncounted later)
+        first._acquire_to_unwait(None, side, waited)  # (a lock timeout: uncounted later)
         try:
-            waits.unregister(mq, first._slot, waits.CONSUMERS, waited)
+            waits.unregister(mq, first._slot, side, waited)
             if laned:
                 mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]
         finally:
@@ -96,10 +103,6 @@ def _doze_queue(lanes, seen, deadline) -> bool:
 
 def _stream_stamp(s) -> tuple:
     return tuple(s._part(p)._mq[L.PI_NEXT] for p in range(s.partitions))
-
-
-def _doze_stream(s, seen, deadline) -> bool:
-    return s._wait(deadline, lambda: _stream_stamp(s) != seen)
 
 
 def room_stamp(h) -> tuple:

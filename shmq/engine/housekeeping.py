@@ -125,16 +125,17 @@ def reap_dead(q, now) -> int:
     q._acquire()
     try:
         for i, pid, start in suspects:
-            p, s, cw, pw, acked, redelivered = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+            p, s, cw, pw, acked, redelivered, bells = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
             if (p, s) != (pid, start):
                 continue  # reused meanwhile
             returned += _release_holder(q, i, now, spent)
             mq[L.I_CWAIT] -= cw
             mq[L.I_PWAIT] -= pw
+            mq[L.I_BELLS] -= bells
             mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]  # (a laned queue's sleepers, in its lane 0: lanes.py)
             mq[L.I_ACKED_TOTAL] += acked  # its share of the totals stays counted
             mq[L.I_REDELIVERED_TOTAL] += redelivered
-            L.PROC.pack_into(mm, L.PROCS_OFF + i * L.PROC_SIZE, 0, 0, 0, 0, 0, 0)
+            L.PROC.pack_into(mm, L.PROCS_OFF + i * L.PROC_SIZE, 0, 0, 0, 0, 0, 0, 0)
         posts = waits.owed_posts(mq, waits.CONSUMERS, returned) if returned else 0
     finally:
         q._release()
@@ -228,12 +229,13 @@ def repair(q) -> None:
             elif state == _DELAYED:
                 delayed += 1
                 next_deadline = min(next_deadline, deadline)
-    cwait = pwait = 0
+    cwait = pwait = bells = 0
     for i in range(q._nslots):
-        pid, _s, cw, pw = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)[:4]
+        pid, _s, cw, pw, _a, _r, b = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
         if pid:
             cwait += cw
             pwait += pw
+            bells += b
     mq[L.I_TAIL] = tail
     if max_id:  # (a lane's ids stay its own: lane + 1, + lanes, ...)
         mq[L.I_NEXT_ID] = max(mq[L.I_NEXT_ID], max_id + q._id_step)
@@ -246,6 +248,7 @@ def repair(q) -> None:
     mq[L.I_NEXT_DEADLINE] = next_deadline
     mq[L.I_NEXT_LIVENESS] = 0
     mq[L.I_CWAIT] = mq[L.I_LANE_SLEEPERS] = cwait
+    mq[L.I_BELLS] = bells
     mq[L.I_CPOSTED] = 0
     mq[L.I_PWAIT] = pwait
     mq[L.I_PPOSTED] = 0

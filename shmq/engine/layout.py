@@ -23,10 +23,10 @@ __all__ = [
     "STATIC", "STATIC_OFF", "MUTEX_OFF", "HOT", "HOT_OFF", "HOT_FIELDS", "COUNTERS", "COUNTERS_OFF",
     "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE", "WALCFG", "WALCFG_OFF", "WAL_WORDS_OFF", "TIMENS_OFF", "WORD",
     "REC_FIELDS", "REC_OFFSETS", "field_offsets", "R_STATUS", "R_LENGTH", "R_MSG_ID", "R_ENQ", "R_DEADLINE",
-    "P_CWAIT", "P_PWAIT", "P_ACKED", "P_REDELIVERED", "OPTS_LANES_OFF", "id_step", "proc_word",
+    "P_CWAIT", "P_PWAIT", "P_ACKED", "P_REDELIVERED", "P_BELLS", "OPTS_LANES_OFF", "id_step", "proc_word",
     "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "c_header", "write_c_header",
     "OPTS", "OPTS_FIELDS", "OPTS_OFF", "XWORDS_OFF", "XWORD_FIELDS", "I_SPECIAL", "I_NEXT_TTL", "I_EXPIRED_TOTAL",
-    "I_PRODUCER_TURNS", "I_CONSUMER_TURNS", "LANE_SLEEPERS_OFF", "I_LANE_SLEEPERS",
+    "I_PRODUCER_TURNS", "I_CONSUMER_TURNS", "LANE_SLEEPERS_OFF", "I_LANE_SLEEPERS", "I_BELLS",
     "DEDUP", "DEDUP_SLOTS", "DEDUP_PROBES", "dedup_offset", "EXT", "EXT_MAGIC", "EXT_VERSION", "FLAG_EXT",
     "FLAG_WALK", "FLAG_TTL", "LEVEL_POS_OFF", "I_LEVEL_POS",
     "MAX_PRIORITIES", "MAX_GROUP_BYTES",
@@ -93,8 +93,10 @@ HOT_OFF = 576
 # write, and the line both write, which every put also reads. A put reads the consumers' line
 # (head) and a take the producers' (tail), but under one lock only the writes make lines bounce:
 # producers alone never touch the consumers' line, consumers alone never the producers'.
+# ``bells``: how many of the sleepers counted in cwait are a server's doorbells (``doze.bell``),
+# which a put made by that server's own loop owes no post (``waits.serving``); on the put's line.
 HOT_LINES = (
-    ("deleted", "tail", "next_id", "pwait", "pposted", "settings_gen", None, None),
+    ("deleted", "tail", "next_id", "pwait", "pposted", "settings_gen", "bells", None),
     ("head", "frontier", "ready_pos", "requeued", "in_flight", "delayed", "next_deadline", "next_liveness"),
     ("ready", "cwait", "cposted"),  # then the counters, written rarely (the totals are per process)
 )
@@ -116,8 +118,8 @@ PROCS_OFF = 1024
 # process slot, one cache line each: pid, start_ms, consumers waiting, producers waiting, and the
 # process's share of the totals every take and ack bumps (acked, redelivered: summed by ``stats``,
 # folded into the queue's own counters when the process is reaped), so the hot paths write a line
-# of their own process, never one that bounces between cores
-PROC = struct.Struct("<QQQQQQ16x")
+# of their own process, never one that bounces between cores; then its doorbells asleep (of cwait)
+PROC = struct.Struct("<QQQQQQQ8x")
 PROC_SIZE = PROC.size
 # the work-queue options (``create_queue``; fixed at creation): priority levels, priority aging (ms;
 # 0: strict), message_ttl (0: none), dedup_window, retry_delay, retry_backoff (a float),
@@ -150,6 +152,7 @@ I_DELETED, I_HEAD, I_TAIL, I_FRONTIER, I_READY_POS, I_REQUEUED, I_NEXT_ID, I_REA
 I_INFLIGHT, I_DELAYED, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_CWAIT, I_CPOSTED, I_PWAIT, I_PPOSTED = (
     _HOT_W[f] for f in ("in_flight", "delayed", "next_deadline", "next_liveness", "cwait", "cposted", "pwait",
                         "pposted"))
+I_BELLS = _HOT_W["bells"]
 I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = range(
     COUNTERS_OFF >> 3, (COUNTERS_OFF >> 3) + len(COUNTER_FIELDS))
 I_WAL_SIZE, I_WAL_SYNCED = WAL_WORDS_OFF >> 3, (WAL_WORDS_OFF >> 3) + 1
@@ -159,7 +162,7 @@ I_SPECIAL, I_NEXT_TTL, I_EXPIRED_TOTAL, I_PRODUCER_TURNS, I_CONSUMER_TURNS = ran
     XWORDS_OFF >> 3, (XWORDS_OFF >> 3) + len(XWORD_FIELDS))
 I_LEVEL_POS = LEVEL_POS_OFF >> 3  # + level
 # process slot words: pid, start_ms, consumers waiting, producers waiting, acked, redelivered
-P_CWAIT, P_PWAIT, P_ACKED, P_REDELIVERED = 2, 3, 4, 5
+P_CWAIT, P_PWAIT, P_ACKED, P_REDELIVERED, P_BELLS = 2, 3, 4, 5, 6
 # write-ahead log fsync modes (WALCFG); SUSPENDED, with generation 0: the data dir vanished
 WAL_NEVER, WAL_ALWAYS, WAL_BATCH, WAL_SUSPENDED = 0, 1, 2, 3
 
@@ -339,8 +342,8 @@ STREAM_STATIC = struct.Struct("<4sHHBB6xQQQQQQ")
 STREAM_CREATED_OFF = STREAM_STATIC.size - 8  # created_ns, the last field: a rebuilt stream keeps its own
 STREAM_MUTEX_OFF = 128
 STREAM_CTL_OFF = 192
-STREAM_FIELDS = ("deleted", "cwait", "cposted", "next_member")
-(SI_DELETED, SI_CWAIT, SI_CPOSTED, SI_NEXT_MEMBER) = range(STREAM_CTL_OFF >> 3, (STREAM_CTL_OFF >> 3) + len(STREAM_FIELDS))
+STREAM_FIELDS = ("deleted", "cwait", "cposted", "next_member", "bells")  # bells: of cwait, a server's doorbells
+(SI_DELETED, SI_CWAIT, SI_CPOSTED, SI_NEXT_MEMBER, SI_BELLS) = range(STREAM_CTL_OFF >> 3, (STREAM_CTL_OFF >> 3) + len(STREAM_FIELDS))
 # a group: used, name, generation, last time a member was seen (monotonic ns), members
 # (pid, start_ms, member id), committed offset per partition, then per partition the
 # generation since which its current owner has owned it (``groups``: who may resume its

@@ -11,7 +11,7 @@ from .. import dmsq
 from ..errors import MessageTooLarge, LockTimeout, QueueFull
 from . import cpaths, dedup, extension, ring, waits
 from . import layout as L
-from .layout import I_CPOSTED, I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY, I_READY_POS, I_TAIL
+from .layout import I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY, I_READY_POS, I_TAIL
 from .headers import encode_headers, per_item
 from .reserve import Reservation
 from .mutex import FOREVER
@@ -148,10 +148,8 @@ class Producing:
                 mq[I_TAIL] = tail + size  # commit
                 mq[I_NEXT_ID] = msg_id + self._id_step
                 mq[I_READY] += 1
-                cw = mq[I_CWAIT]
-                if cw and cw > mq[I_CPOSTED]:
-                    mq[I_CPOSTED] += 1
-                    post = 1
+                if mq[I_CWAIT]:
+                    post = waits.owed_posts(mq, _CONSUMERS, 1)
         finally:
             _unlock(lp)
         if msg_id:

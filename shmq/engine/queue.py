@@ -404,7 +404,7 @@ class Queue(Producing, Consuming, Settling):
                 free = i
         if free < 0:
             raise ShmqError(f"queue {self.name!r}: all {self._nslots} process slots are taken")
-        L.PROC.pack_into(mm, L.PROCS_OFF + free * L.PROC_SIZE, pid, start, 0, 0, 0, 0)
+        L.PROC.pack_into(mm, L.PROCS_OFF + free * L.PROC_SIZE, pid, start, 0, 0, 0, 0, 0)
         self._slot = free
         return free
 

@@ -419,18 +419,21 @@ class Stream:
         off, ts, key, hraw, value = row
         return Record(self.name, p, off, key, value, decode_headers(hraw) if hraw else {}, ts / 1e9)
 
-    def _wait(self, deadline, ready) -> bool:
+    def _wait(self, deadline, ready, bell=False) -> bool:
         """Sleep until an append (or a rebalance) may have come, or ``deadline``, as a
         registered reader; not at all if ``ready()`` holds once it is registered. True if
-        it did, or a post woke the sleep."""
+        it did, or a post woke the sleep. ``bell``: a server's doorbell (``doze.bell``),
+        counted in ``bells`` too, whom that server's own appends owe no post."""
         mq = self._mq
         self._acquire()
         mq[L.SI_CWAIT] += 1
+        mq[L.SI_BELLS] += bell
         self._release()
         try:
             return ready() or waits.sleep_slice(self._ne, deadline, _mono(), slice_s=WAIT_SLICE_S) == 2
         finally:
             self._acquire()
+            mq[L.SI_BELLS] -= bell
             n = mq[L.SI_CWAIT] - 1
             mq[L.SI_CWAIT] = n
             if mq[L.SI_CPOSTED] > n:

@@ -10,20 +10,24 @@ never a hang. Consumers count in ``cwait``/``cposted``, producers in ``pwait``/`
 """
 
 import os
+import threading
 import time
 
 import posix_ipc
 
+from . import cpaths
 from . import layout as L
 from .mutex import FOREVER
 
-__all__ = ["SPIN_NS", "WAIT_SLICE_S", "CONSUMERS", "PRODUCERS", "READERS", "register", "unregister", "owed_posts", "spin",
+__all__ = ["SPIN_NS", "WAIT_SLICE_S", "CONSUMERS", "BELLS", "PRODUCERS", "READERS", "register", "unregister", "owed_posts",
+           "serving", "spin",
            "sleep_slice", "seconds_ns", "lock_deadline"]
 
 SPIN_NS = 50_000  # how long a consumer polls the control block before sleeping
 WAIT_SLICE_S = 0.5  # longest sleep before a waiter re-reads the control block
 # (waiter word, posted word, word of the process slot) of each side
 CONSUMERS = (L.I_CWAIT, L.I_CPOSTED, L.P_CWAIT)
+BELLS = (L.I_CWAIT, L.I_CPOSTED, L.P_CWAIT)  # consumers that are a server's doorbells: counted in ``bells`` too
 PRODUCERS = (L.I_PWAIT, L.I_PPOSTED, L.P_PWAIT)
 READERS = (L.SI_CWAIT, L.SI_CPOSTED, None)  # a stream's readers waiting at the end (no process slots)
 
@@ -31,6 +35,8 @@ _sched_yield = os.sched_yield
 
 
 _slot_word = L.proc_word
+_I_BELLS = L.I_BELLS
+_BELLS_OF = {L.I_CWAIT: L.I_BELLS, L.SI_CWAIT: L.SI_BELLS}  # a side's sleepers -> how many of them are doorbells
 
 
 def register(mq, slot, side) -> None:
@@ -38,6 +44,9 @@ def register(mq, slot, side) -> None:
     i_wait, _i_posted, field = side
     mq[i_wait] += 1
     mq[_slot_word(slot, field)] += 1
+    if side is BELLS:
+        mq[_I_BELLS] += 1
+        mq[_slot_word(slot, L.P_BELLS)] += 1
 
 
 def unregister(mq, slot, side, waited) -> None:
@@ -46,10 +55,42 @@ def unregister(mq, slot, side, waited) -> None:
     n = mq[i_wait] - 1
     mq[i_wait] = n
     mq[_slot_word(slot, field)] -= 1
+    if side is BELLS:
+        mq[_I_BELLS] -= 1
+        mq[_slot_word(slot, L.P_BELLS)] -= 1
     posted = mq[i_posted]
     if waited == 2 and posted:
         posted -= 1
     mq[i_posted] = posted if n else 0
+
+
+class _Serving(threading.local):
+    on = False
+
+
+_serving = _Serving()
+
+
+class serving:
+    """``with serving():`` this thread serves its own waiters the data it makes in the block
+    (a server's loop: its put, then its own look for the waiting requests), so sleepers that
+    are all doorbells (``doze.bell``) are owed no post: waking one would only schedule the
+    look that follows anyway. Any other sleeper is posted as ever."""
+
+    __slots__ = ("was",)
+
+    def __enter__(self):
+        self.was = _serving.on
+        _set_serving(True)
+
+    def __exit__(self, *exc):
+        _set_serving(self.was)
+
+
+def _set_serving(on) -> None:
+    _serving.on = on
+    if cpaths.serve_own is not None:
+        cpaths.serve_own(on)
 
 
 def owed_posts(mq, side, n) -> int:
@@ -59,6 +100,10 @@ def owed_posts(mq, side, n) -> int:
     w = mq[i_wait]
     if not w:
         return 0
+    if _serving.on:
+        bells = _BELLS_OF.get(i_wait)
+        if bells is not None and w <= mq[bells]:
+            return 0  # every sleeper is a doorbell of this thread's own loop (``serving``)
     p = mq[i_posted]
     post = min(w - p, n)
     if post <= 0:

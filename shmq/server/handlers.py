@@ -28,6 +28,7 @@ import msgpack
 
 from .. import __version__
 from ..engine import maintenance
+from ..engine.waits import serving
 from ..engine.rpc import Call
 from ..errors import (
     MessageTooLarge, QueueEmpty, QueueExists, QueueFull, RequestTimeout, SettingsMismatch, StreamNotFound, Unauthorized,
@@ -189,7 +190,8 @@ def produce(conn, f):
     server = conn.server
     q = server.queue(f["queue"])
     options = put_args(f)  # put_nowait (timeout 0), with the options; a plain put with no keywords to build
-    msg_id = q.put(f["body"], f.get("headers"), 0, **options) if options else q.put(f["body"], f.get("headers"), 0)
+    with serving():  # (this loop serves the waiters: ``notify``, no post to its doorbell)
+        msg_id = q.put(f["body"], f.get("headers"), 0, **options) if options else q.put(f["body"], f.get("headers"), 0)
     server.notify(q.name)
     return {"id": msg_id}
 
@@ -199,7 +201,8 @@ def produce_batch(conn, f):
     bodies, headers = messages_args(f["messages"])
     options = put_args(f)
     try:
-        ids = q.put_many(bodies, timeout=0, headers=headers, **options)
+        with serving():
+            ids = q.put_many(bodies, timeout=0, headers=headers, **options)
     except (QueueFull, MessageTooLarge):
         if not f.get("each"):
             raise
@@ -214,7 +217,8 @@ def _put_each(conn, q, bodies, headers, options):
     ids, refused = [], []
     for i, body in enumerate(bodies):
         try:
-            ids.append(q.put(body, None if headers is None else headers[i], timeout=0, **options))
+            with serving():
+                ids.append(q.put(body, None if headers is None else headers[i], timeout=0, **options))
         except (QueueFull, MessageTooLarge) as e:
             ids.append(None)
             refused.append([i, status_of(e), reason_of(e)])
@@ -258,11 +262,13 @@ def nack(conn, f):
         conn.leases.settle(q, f["deliveries"], q.reject_many)
         return {}
     if f.get("unseen"):  # never handed to the application: ready again, no attempt counted
-        conn.leases.settle(q, f["deliveries"], functools.partial(maintenance.release_many, q))
+        with serving():
+            conn.leases.settle(q, f["deliveries"], functools.partial(maintenance.release_many, q))
         conn.server.notify(q.name)
         return {}
     delay = (f["delay_ms"] / 1000,) if "delay_ms" in f else ()  # none: the queue's retry policy
-    conn.leases.settle(q, f["deliveries"], lambda ds: q.nack_many(ds, *delay))
+    with serving():
+        conn.leases.settle(q, f["deliveries"], lambda ds: q.nack_many(ds, *delay))
     conn.server.notify(q.name)
     return {}
 
@@ -347,7 +353,8 @@ def _appended(conn, s, run, reply):
     """``reply(run())`` of an append, made now, or Later where it may wait for room."""
     if s.retention == "block":
         return Later(s, run, reply)
-    result = reply(run())
+    with serving():
+        result = reply(run())
     conn.server.streams.notify(s.name)
     return result
 
@@ -620,7 +627,9 @@ def x_publish(conn, f):
                 continue
             if s.retention == "block":
                 return Later(s, run, lambda done: _published(server, done))
-    return _published(server, run())
+    with serving():
+        done = run()
+    return _published(server, done)
 
 
 def _published(server, done):

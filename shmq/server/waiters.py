@@ -170,7 +170,7 @@ class Doorbell:
     """
 
     IDLE_S = 10.0  # how long a thread with nothing to wait for stays
-    sleep = staticmethod(doze.doze)  # what it sleeps in, and the stamp that goes with it (a
+    sleep = staticmethod(doze.bell)  # what it sleeps in, and the stamp that goes with it (a
     look = staticmethod(doze.stamp)  # subclass may wait for something else: doze.doze_room)
     SLICE_NS = 500_000_000  # one doze's longest sleep: then the line looks again
 
@@ -181,6 +181,7 @@ class Doorbell:
         self.armed = False  # dozing while the line has waiters
         self.running = False
         self.stopped = False
+        self.woken = 0  # dozes ended by data (or a due deadline), not by the slice: what rang it
 
     def arm(self, seen):
         """Doze from ``seen`` (the loop's stamp, taken after a try that found nothing),
@@ -224,7 +225,8 @@ class Doorbell:
                         seen = self.seen
                 try:
                     if h is not None:
-                        self.sleep(h, seen, time.monotonic_ns() + self.SLICE_NS)
+                        if self.sleep(h, seen, time.monotonic_ns() + self.SLICE_NS):
+                            self.woken += 1
                         seen = self.look(h)
                     else:  # gone as the thread started: one look, then wait to be armed again
                         seen = self._disarm()
