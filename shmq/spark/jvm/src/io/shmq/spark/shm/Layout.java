@@ -1,0 +1,48 @@
+package io.shmq.spark.shm;
+
+/**
+ * The byte layout of a stream's segments, as shmq/engine/layout.py defines it (the one source:
+ * tests/spark/test_jvm_unit.py fails when a constant here differs from it). Offsets are in bytes.
+ */
+public final class Layout {
+    private Layout() {
+    }
+
+    /** The stream's meta segment: magic, version, partitions (u16 at 6). */
+    public static final int STREAM_MAGIC = 0x534d4853; // b"SHMS" read little-endian
+    public static final int STREAM_VERSION = 5;
+    public static final int STREAM_PARTITIONS_OFF = 6;
+    public static final int STREAM_STATIC_SIZE = 64;
+
+    /** A partition segment's static header: magic, version, pad, capacity, max message, index slots, data offset. */
+    public static final int PART_MAGIC = 0x504d4853; // b"SHMP"
+    public static final int PART_VERSION_OFF = 4;
+    public static final int PART_CAPACITY_OFF = 8;
+    public static final int PART_SLOTS_OFF = 24;
+    public static final int PART_DATA_OFF = 32;
+    public static final int PART_STATIC_SIZE = 48;
+
+    /** The partition's control words. */
+    public static final int PART_DELETED = 128;
+    public static final int PART_HEAD = 136;
+    public static final int PART_TAIL = 144;
+    public static final int PART_EARLIEST = 152;
+    public static final int PART_NEXT = 160;
+    public static final int PART_DISK_FIRST = 208;
+    /** The sparse offset index: the position of every INDEX_STRIDE-th offset, slot = offset / stride % slots. */
+    public static final int PART_INDEX_OFF = 2304;
+    public static final int INDEX_STRIDE = 16;
+
+    /** A record's 48-byte header. */
+    public static final int REC_SIZE = 48;
+    public static final int REC_STATUS = 0;
+    public static final int REC_LENGTH = 8;
+    public static final int REC_BODY_LEN = 12;
+    public static final int REC_HDR_LEN = 16;
+    public static final int REC_MSG_ID = 24;
+    public static final int REC_ENQ_NS = 32;
+    /** In a stream record: the key's length + 1, 0 for no key; the key precedes the headers. */
+    public static final int REC_KEY = 40;
+    /** Status (low byte) of a filler record to the end of the lap. */
+    public static final int PAD = 4;
+}

@@ -1,0 +1,81 @@
+"""Compiles and runs the JVM connector's main-based Java tests (shmq/spark/jvm/test) from pytest.
+
+Strategy: there is no JUnit and no build tool here, only the JDK. A test class is a ``main``
+that throws (exit 1) when a check fails and prints what the Python side compares. ``compile_tests``
+hands javac only the test files asked for, with the connector's sources on ``-sourcepath``, so it
+compiles just the classes those tests use (another part's unfinished sources do not break it);
+pyspark's jars are on the class path for the parts that need Spark.
+"""
+
+import glob
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from shmq.spark.session import java_home
+
+__all__ = ["JVM", "SRC", "TEST", "javac", "skip_without_jdk", "compile_tests", "java_command", "run_java"]
+
+JVM = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shmq", "spark", "jvm")
+SRC, TEST = os.path.join(JVM, "src"), os.path.join(JVM, "test")
+COMPILE_TIMEOUT_S = 300  # a loaded 2-core machine compiles slowly
+
+
+def javac() -> str | None:
+    """The JDK's javac (beside the ``java`` that Spark uses, else on PATH), or None."""
+    home = java_home()
+    if home and os.path.exists(os.path.join(home, "bin", "javac")):
+        return os.path.join(home, "bin", "javac")
+    return shutil.which("javac")
+
+
+def skip_without_jdk() -> str:
+    """javac's path, or skips the test saying why."""
+    path = javac()
+    if path is None:
+        pytest.skip("the JVM connector's tests need a JDK (javac): set JAVA_HOME or install openjdk-17-jdk-headless")
+    return path
+
+
+def _spark_jars() -> list[str]:
+    try:
+        import pyspark
+    except ImportError:
+        return []
+    return sorted(glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "*.jar")))
+
+
+def java_command(classpath: str, main: str, *args, flags=()) -> list[str]:
+    """The command that runs class ``main`` with ``args`` (``flags`` for the JVM), for a test
+    that runs it itself (``run_java`` waits for it)."""
+    java = os.path.join(os.path.dirname(skip_without_jdk()), "java")
+    return [java, *flags, "-ea", "-cp", classpath, main, *map(str, args)]
+
+
+def compile_tests(out_dir, *patterns: str) -> str:
+    """Compile the test files matching ``patterns`` (globs under shmq/spark/jvm/test) and the
+    sources they use into ``out_dir``; returns the class path to run them with. Fails the test
+    with javac's output when they do not compile."""
+    tool = skip_without_jdk()
+    files = sorted({f for p in patterns for f in glob.glob(os.path.join(TEST, p), recursive=True)})
+    assert files, f"no Java tests match {patterns} under {TEST}"
+    classpath = os.pathsep.join([str(out_dir)] + _spark_jars())
+    cmd = [tool, "--release", "17", "-Xlint:all,-path", "-Werror", "-proc:none", "-implicit:class",
+           "-encoding", "UTF-8", "-d", str(out_dir), "-sourcepath", os.pathsep.join([SRC, TEST]),
+           "-cp", classpath, *files]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    assert done.returncode == 0, f"javac failed:\n{done.stdout}{done.stderr}"
+    return classpath
+
+
+def run_java(classpath: str, main: str, *args, timeout: float = 120.0, check: bool = True,
+             stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    """Run class ``main`` with ``args``; its stdout and stderr as text. With ``check``, fails the
+    test with both when it exits other than 0."""
+    done = subprocess.run(java_command(classpath, main, *args), capture_output=True, text=True, timeout=timeout,
+                          stdin=stdin)
+    if check:
+        assert done.returncode == 0, f"{main} exited {done.returncode}:\n{done.stdout[-4000:]}{done.stderr[-4000:]}"
+    return done

@@ -1,0 +1,173 @@
+"""The JVM connector's shared-memory reader (shmq/spark/jvm: io.shmq.spark.source, io.shmq.spark.shm),
+run with the JDK: its layout constants against the engine's, RecordBlock's growth, header decoding
+against the Python engine's bytes and the Python source's rendering, and ShmStream reading a real
+stream the Python engine wrote (keys and none, headers, values of many sizes, a ring wrapped by
+retention) with exact contents and exact errors."""
+
+import math
+import random
+import re
+import struct
+
+import msgpack
+import pytest
+
+from shmq.engine import layout as L
+from shmq.engine.headers import encode_headers
+from shmq.spark.arrow import header_map
+from tests.spark.jvm_harness import SRC, compile_tests, run_java
+
+LAYOUT_JAVA = f"{SRC}/io/shmq/spark/shm/Layout.java"
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory):
+    return compile_tests(tmp_path_factory.mktemp("jvm-source"), "io/shmq/spark/source/*.java")
+
+
+def test_layout_constants_are_the_engines():
+    """Layout.java holds the engine's offsets by hand: each must equal layout.py's."""
+    text = open(LAYOUT_JAVA).read()
+    java = {m[1]: int(m[2], 0) for m in re.finditer(r"public static final int (\w+) = (0x[0-9a-f]+|\d+);", text)}
+    rec = L.REC_OFFSETS
+    want = {
+        "STREAM_MAGIC": int.from_bytes(L.STREAM_MAGIC, "little"), "STREAM_VERSION": L.STREAM_VERSION,
+        "STREAM_PARTITIONS_OFF": 6, "STREAM_STATIC_SIZE": L.STREAM_STATIC.size,
+        "PART_MAGIC": int.from_bytes(L.PART_MAGIC, "little"), "PART_VERSION_OFF": 4, "PART_CAPACITY_OFF": 8,
+        "PART_SLOTS_OFF": 24, "PART_DATA_OFF": 32, "PART_STATIC_SIZE": L.PART_STATIC.size,
+        "PART_DELETED": L.PI_DELETED * 8, "PART_HEAD": L.PI_HEAD * 8, "PART_TAIL": L.PI_TAIL * 8,
+        "PART_EARLIEST": L.PI_EARLIEST * 8, "PART_NEXT": L.PI_NEXT * 8, "PART_DISK_FIRST": L.PI_DISK_FIRST * 8,
+        "PART_INDEX_OFF": L.PART_INDEX_OFF, "INDEX_STRIDE": L.INDEX_STRIDE,
+        "REC_SIZE": L.REC_SIZE, "REC_STATUS": rec["status"], "REC_LENGTH": rec["length"],
+        "REC_BODY_LEN": rec["body_len"], "REC_HDR_LEN": rec["hdr_len"], "REC_MSG_ID": rec["msg_id"],
+        "REC_ENQ_NS": rec["enq_ns"], "REC_KEY": rec["deadline"], "PAD": L.PAD,
+    }
+    assert java == want
+    # the static headers' fields the reader takes, where layout.py's structs put them
+    part = L.PART_STATIC.pack(L.PART_MAGIC, L.STREAM_VERSION, 0, 0x1111, 0, 0x2222, 0x3333, 0)
+    assert (part[4:6], part[8:16], part[24:32], part[32:40]) == (
+        L.STREAM_VERSION.to_bytes(2, "little"), (0x1111).to_bytes(8, "little"), (0x2222).to_bytes(8, "little"),
+        (0x3333).to_bytes(8, "little"))
+    meta = L.STREAM_STATIC.pack(L.STREAM_MAGIC, L.STREAM_VERSION, 0xABC, 0, 0, 0, 0, 0, 0, 0, 0)
+    assert (meta[4:6], meta[6:8]) == (L.STREAM_VERSION.to_bytes(2, "little"), (0xABC).to_bytes(2, "little"))
+
+
+def test_record_block_grows_and_never_shrinks(classes):
+    assert run_java(classes, "io.shmq.spark.source.RecordBlockTest").stdout == "RecordBlockTest OK\n"
+
+
+_RANDOM = random.Random(32)
+HEADERS = [
+    {"a": "b"},
+    {"unicode ключ": "значение ✓", "": ""},
+    {"bin": b"\x00\x01raw", "bad utf-8": b"\xff\xfeok\xe2\x82", "empty": b""},
+    {"t": True, "f": False},
+    {"ints": 0, "i1": 127, "i2": 128, "i3": 255, "i4": 256, "i5": 65535, "i6": 65536, "i7": 2**32, "i8": 2**63 - 1,
+     "i9": 2**64 - 1, "n1": -1, "n2": -32, "n3": -33, "n4": -128, "n5": -129, "n6": -32768, "n7": -2**31,
+     "n8": -2**63},
+    {"f0": 0.0, "f1": -0.0, "f2": 0.1, "f3": 1.5, "f4": 2 / 3, "f5": 1e15, "f6": 1e16, "f7": 123456789.125,
+     "f8": 1e-4, "f9": 1e-5, "fa": 1e23, "fb": 5e-324, "fc": 1.7976931348623157e308, "fd": math.inf,
+     "fe": -math.inf, "ff": math.nan, "fg": 100.0, "fh": -2.5e-7, "fi": 9007199254740993.0, "fj": 0.3},
+    {"long": "x" * 40, "longer": "y" * 300, "longest": "z" * 60000},
+    {f"k{i}": str(i) for i in range(20)},  # a map16
+    {f"r{i}": struct.unpack("<d", _RANDOM.randbytes(8))[0] for i in range(300)},  # Python's repr of any double
+    {f"u{i}": _RANDOM.uniform(-1e6, 1e6) for i in range(300)},
+]
+# encodings the Python engine never makes but another msgpack writer may: a float32, a str32, a bin32, a map32
+OTHER_WRITERS = [b"\x81\xa1f" + msgpack.packb(0.1, use_single_float=True),
+                 b"\x82\xa1s\xdb\x00\x00\x00\x03abc\xa1b\xc6\x00\x00\x00\x02hi",
+                 b"\xdf\x00\x00\x00\x01\xa1k\xa1v"]
+
+
+def _rendered(raw: bytes) -> str:
+    pairs = header_map(msgpack.unpackb(raw, raw=False))
+    return ",".join(k.encode().hex() + "=" + v.encode().hex() for k, v in pairs)
+
+
+def test_headers_decode_as_the_python_source_renders_them(classes, tmp_path):
+    """Header bytes the Python engine encodes (and encodings other msgpack writers make) decode to the
+    strings the Python source shows; malformed ones are refused (HeadersDump checks those)."""
+    raws = [encode_headers(h) for h in HEADERS] + OTHER_WRITERS
+    fixture = tmp_path / "headers.hex"
+    fixture.write_text("".join(r.hex() + "\n" for r in raws))
+    out = run_java(classes, "io.shmq.spark.source.HeadersDump", fixture).stdout.splitlines()
+    assert out == [_rendered(r) for r in raws]
+
+
+def _record_line(p, row) -> str:
+    off, ts, key, hraw, value = row
+    return f"{p} {off} {ts} {'-' if key is None else bytes(key).hex()} {bytes(hraw).hex()} {bytes(value).hex()}"
+
+
+def _expected(stream, partitions) -> list[str]:
+    lines = [f"partitions {partitions}"]
+    for p in range(partitions):
+        first, end = stream.offsets(p)
+        lines.append(f"offsets {p} {first} {end}")
+        rows = []
+        while first + len(rows) < end:
+            rows += stream.read_raw(p, first + len(rows), 1000)
+        lines += [_record_line(p, r) for r in rows]
+    return lines
+
+
+def test_reads_a_stream_the_python_engine_wrote(classes, broker):
+    """Partition 0 wraps its 8 KiB ring many times (retention drops, pads at lap ends): Java reads
+    exactly the records Python reads, offset by offset; partition 1 holds a few; reads of 7 at a time
+    cross the index's strides. ShmStreamTest checks the errors (missing stream, bad names, bad
+    partition, offsets dropped, past the end) and the bounds (until, maxRecords)."""
+    s = broker.create_stream("events", partitions=2, max_bytes=8192, durability="memory")
+    try:
+        sizes = [0, 1, 7, 8, 9, 100, 1000, 3000, 55, 4000]
+        for i in range(60):
+            n = sizes[i % len(sizes)]
+            key = None if i % 3 == 0 else f"k{i}".encode() * (i % 5)
+            headers = None if i % 4 == 0 else {"i": i, "s": f"v{i}", "b": bytes([i]), "f": i / 7}
+            s.append_many([bytes([i % 256]) * n], keys=None if key is None else [key],
+                          headers=None if headers is None else [headers], partition=0)
+        s.append_many([b"one", b"two", b"three"], keys=[None, b"", b"k"], headers=[{}, {"h": "v"}, None],
+                      partition=1)
+        earliest, end = s.offsets(0)
+        assert earliest > 0 and end == 60, "partition 0's ring wrapped and dropped its first records"
+        columns = s.read_columns(0, earliest, 1000)  # partition 0's records again, written by the C path
+        if columns is not None:
+            assert s.append_columns(columns[:8], 1) == 3
+        copied = s.offsets(1)[1] - 3
+        got = run_java(classes, "io.shmq.spark.source.ShmStreamTest", broker.namespace, "events", 7)
+        assert got.stdout.splitlines() == _expected(s, 2)
+        assert got.stdout.count("\n") == 1 + 2 + (end - earliest) + 3 + copied
+    finally:
+        s.close()
+
+
+def test_offsets_only_on_disk_are_not_a_loss(classes, broker, tmp_path):
+    """A "wal" stream's oldest offsets live only in its logs: ShmStream's earliest is the Python
+    source's (the disk's), and reads below shared memory throw OnDiskException for the caller to
+    read them another way."""
+    from shmq.persistence import Snapshotter
+
+    s = broker.create_stream("events", partitions=1, durability="wal", max_bytes=4096)
+    snap = Snapshotter(broker, str(tmp_path), wal_mode=0)
+    try:
+        snap.open_stream(s)
+        for i in range(100):
+            s.append(b"r%d." % i + b"." * 100, partition=0)
+        earliest, end = s.offsets(0)
+        memory = s.stats()["partitions"][0]["memory_earliest"]
+        got = run_java(classes, "io.shmq.spark.source.OnDiskTest", broker.namespace, "events")
+        assert got.stdout == f"earliest {earliest} memory {memory} end {end}\n"
+        assert (earliest, end) == (0, 100) and memory > 0
+    finally:
+        snap.close()
+        s.close()
+
+
+def test_read_bench_runs(classes, broker):
+    """ReadBench (how fast ShmStream copies; docs/SPARK.md quotes it) still runs."""
+    s = broker.create_stream("bench", partitions=1, max_bytes=2**20, durability="memory")
+    try:
+        s.append_many([b"v" * 100] * 1000, partition=0)
+        out = run_java(classes, "io.shmq.spark.source.ReadBench", broker.namespace, "bench", 64, 2).stdout
+        assert re.fullmatch(r"records/s \d+ values MB/s \d+ retries 0\n", out), out
+    finally:
+        s.close()
