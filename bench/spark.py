@@ -5,7 +5,9 @@ runs streaming queries with ``trigger(availableNow=True)`` over the same data:
 ``--records`` records (default 1,000,000) of 100 B values, pre-appended to a shmq stream
 of 4 partitions ("events"), and the same rows (key, value, stream, partition, offset,
 timestamp: read back from the stream) written once by pyarrow as 20 parquet files for
-Spark's built-in file source. Sources: the shmq stream; the parquet files; Spark's
+Spark's built-in file source. Sources: the shmq stream, read by the Python source
+("shmq_python") and by the JVM source ("shmq" with the connector's jar, ``jvm``: issue
+32); the parquet files; Spark's
 ``rate-micro-batch`` source (``rowsPerBatch``, the fair one for a fixed count: the
 time-based ``rate`` source is not); and a shmq stream pre-appended the same way while a
 spawned process keeps appending to it at records / 20 per second ("live", into noop, 10
@@ -59,9 +61,10 @@ TARGET_BYTES = 256 * 2**20  # per partition of a shmq sink's target stream, at l
 LIVE_SECONDS = 20  # the live producer appends --records records over this long (50,000/s for 1,000,000)
 LIVE_CHUNK = 100  # records per append of the live producer
 SEED = 20240611
-SOURCES = ("shmq", "parquet", "rate", "live")
+SOURCES = ("shmq", "jvm", "parquet", "rate", "live")
 SINKS = ("noop", "shmq", "parquet")
-CASES = (("shmq", "noop"), ("shmq", "shmq"), ("shmq", "parquet"), ("parquet", "noop"), ("parquet", "shmq"),
+CASES = (("shmq", "noop"), ("jvm", "noop"), ("shmq", "shmq"), ("shmq", "parquet"), ("parquet", "noop"),
+         ("parquet", "shmq"),
          ("parquet", "parquet"), ("rate", "noop"), ("live", "noop"))
 BATCHES = (1, 10)
 LIVE_BATCHES = (10,)  # the live case runs with maxRecordsPerTrigger only (a streaming reader's usual setting)
@@ -69,8 +72,13 @@ LIVE_BATCHES = (10,)  # the live case runs with maxRecordsPerTrigger only (a str
 # overall and 1x in steady state; shmq -> shmq at most 1.5x the wall of shmq -> noop; the shmq sink's rows/s at
 # least the parquet sink's
 TARGETS = {"source_vs_file": 0.8, "source_steady": 1.0, "sink_cost": 1.5, "sink_vs_parquet": 1.0}
-SOURCE_LABEL = {"shmq": "shmq stream", "parquet": "parquet files", "rate": "rate-micro-batch",
-                "live": "shmq + producer"}
+# issue 32's: the JVM source into noop at least 1x the file source and 2x the Python source (overall rows/s),
+# and a query's start within 0.2 s of the file source's
+JVM_TARGETS = {"jvm_vs_file": 1.0, "jvm_vs_python": 2.0, "jvm_start_s": 0.2}
+SOURCE_LABEL = {"shmq": "shmq stream", "jvm": "shmq stream (JVM)", "parquet": "parquet files",
+                "rate": "rate-micro-batch", "live": "shmq + producer"}
+JVM_TARGET_NAMES = ("jvm_vs_file", "jvm_vs_python", "jvm_start")
+FORMAT = {"shmq": "shmq_python", "live": "shmq_python", "jvm": "shmq"}  # the format name of each shmq source
 
 
 # ---------------------------------------------------------------- data
@@ -352,6 +360,8 @@ class Bench:
         t = time.perf_counter()
         self.spark = shmq.spark.local_session("shmq-bench", os.path.join(self.tmp, "spark"), master=self.args.master)
         self.setup["session_start_s"] = time.perf_counter() - t
+        jars = self.spark.sparkContext.getConf().get("spark.jars", "")
+        self.setup["jvm_source"] = next((j for j in jars.split(",") if "shmq-spark-" in j), None)
         jvm = self.spark.sparkContext._jvm.System
         self.setup["java"] = f"{jvm.getProperty('java.version')} ({jvm.getProperty('java.vm.name')})"
 
@@ -390,8 +400,10 @@ class Bench:
     def _source(self, source: str, batches: int, stream: str):
         """(DataFrame, the options that set the batches)."""
         rs = self.spark.readStream
-        if source in ("shmq", "live"):
-            df = (rs.format("shmq").option("stream", stream).option("namespace", self.ns)
+        if source == "jvm" and self.setup.get("jvm_source") is None:
+            raise RuntimeError("no JVM source in this session: shmq.spark.jar() built no jar (no JDK?)")
+        if source in FORMAT:
+            df = (rs.format(FORMAT[source]).option("stream", stream).option("namespace", self.ns)
                   .option("startingOffsets", "earliest"))
             limit = {} if batches == 1 else {"maxRecordsPerTrigger": self.n // batches}
         elif source == "parquet":
@@ -568,7 +580,7 @@ class Bench:
                 return f"{rows} rows, expected {n}"
         elif rows != n:
             return f"{rows} rows, expected {n}"
-        if source == "shmq":
+        if source in ("shmq", "jvm"):
             ends = _source_end(progress)
             if ends is None or sum(ends.values()) != n:
                 return f"the source's last end offsets {ends} do not add up to {n}"
@@ -697,6 +709,25 @@ def targets(cases: list) -> list[dict]:
                          "met": vs >= TARGETS["sink_vs_parquet"],
                          "what": f"(parquet files -> shmq sink) / (parquet files -> parquet sink) overall rows/s; "
                                  f"target >= {TARGETS['sink_vs_parquet']}"})
+        jvm, python = by.get(("jvm", "noop", b), {}), by.get(("shmq", "noop", b), {})
+        vs = ratio(jvm, file, "overall_rows_per_s")
+        if vs is not None:
+            rows.append({"target": "jvm_vs_file", "batches": b, "ratio": vs,
+                         "steady_ratio": ratio(jvm, file, "steady_rows_per_s"), "met": vs >= JVM_TARGETS["jvm_vs_file"],
+                         "what": f"(shmq JVM source -> noop) / (parquet files -> noop) overall rows/s; target >= "
+                                 f"{JVM_TARGETS['jvm_vs_file']}"})
+        vs = ratio(jvm, python, "overall_rows_per_s")
+        if vs is not None:
+            rows.append({"target": "jvm_vs_python", "batches": b, "ratio": vs,
+                         "steady_ratio": ratio(jvm, python, "steady_rows_per_s"),
+                         "met": vs >= JVM_TARGETS["jvm_vs_python"],
+                         "what": f"(shmq JVM source -> noop) / (shmq Python source -> noop) overall rows/s; target "
+                                 f">= {JVM_TARGETS['jvm_vs_python']}"})
+        if jvm.get("start_s") is not None and file.get("start_s") is not None:
+            late = jvm["start_s"] - file["start_s"]
+            rows.append({"target": "jvm_start", "batches": b, "ratio": late, "met": late <= JVM_TARGETS["jvm_start_s"],
+                         "what": f"start s of (shmq JVM source -> noop) - start s of (parquet files -> noop); target "
+                                 f"<= {JVM_TARGETS['jvm_start_s']}"})
     return rows
 
 
@@ -857,9 +888,14 @@ def markdown(doc: dict) -> str:
     short = {"source_vs_file": f"shmq source / file source, rows/s (overall >= {TARGETS['source_vs_file']}, "
                                f"steady >= {TARGETS['source_steady']})",
              "sink_cost": f"shmq -> shmq wall / shmq -> noop wall (<= {TARGETS['sink_cost']})",
-             "sink_vs_parquet": f"shmq sink / parquet sink, rows/s from the files (>= {TARGETS['sink_vs_parquet']})"}
-    lines += ["", "| target (issue 22) | batches | overall (steady) | |", "| --- | --- | --- | --- |"]
-    for t in targets(doc["cases"]):
+             "sink_vs_parquet": f"shmq sink / parquet sink, rows/s from the files (>= {TARGETS['sink_vs_parquet']})",
+             "jvm_vs_file": f"JVM source / file source, rows/s (>= {JVM_TARGETS['jvm_vs_file']})",
+             "jvm_vs_python": f"JVM source / Python source, rows/s (>= {JVM_TARGETS['jvm_vs_python']})",
+             "jvm_start": f"JVM source's start s - file source's (<= {JVM_TARGETS['jvm_start_s']})"}
+    rows = targets(doc["cases"])
+    issues = "issues 22, 32" if any(t["target"] in JVM_TARGET_NAMES for t in rows) else "issue 22"
+    lines += ["", f"| target ({issues}) | batches | overall (steady) | |", "| --- | --- | --- | --- |"]
+    for t in rows:
         steady = f" ({t['steady_ratio']:.2f})" if t.get("steady_ratio") else ""
         lines.append(f"| {short[t['target']]} | {t['batches']} | {t['ratio']:.2f}{steady} | "
                      f"{'met' if t['met'] else 'missed'} |")

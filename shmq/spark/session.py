@@ -127,16 +127,19 @@ def worker_python(spark) -> str | None:
     return chosen
 
 
-def local_session(app_name: str, scratch: str, master: str = "local[2]", conf: dict | None = None):
+def local_session(app_name: str, scratch: str, master: str = "local[2]", conf: dict | None = None,
+                  jvm_source: bool = True):
     """Start (or get) a SparkSession on ``master`` whose scratch space, JVM temporary
     files and log settings live under the directory ``scratch``; registers shmq's data
-    sources. Environment it needs is set here: JAVA_HOME, TZ=UTC, SPARK_LOCAL_IP,
-    PYSPARK_PYTHON (this interpreter, through ``worker_launcher``, so workers import the
-    same shmq; a Python chosen before is kept, and refused if it cannot import shmq:
-    ``worker_python``)."""
+    sources. With ``jvm_source`` (and a JDK), the connector's jar (``shmq.spark.jar``) is
+    added to ``spark.jars``, so "shmq" is the JVM source. Environment it needs is set
+    here: JAVA_HOME, TZ=UTC, SPARK_LOCAL_IP, PYSPARK_PYTHON (this interpreter, through
+    ``worker_launcher``, so workers import the same shmq; a Python chosen before is
+    kept, and refused if it cannot import shmq: ``worker_python``)."""
     from pyspark.sql import SparkSession
 
     from . import register
+    from .jar import jar
 
     home = java_home()
     if home is None:
@@ -164,6 +167,9 @@ def local_session(app_name: str, scratch: str, master: str = "local[2]", conf: d
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
     }
     settings.update(conf or {})
+    connector = jar() if jvm_source else None
+    if connector is not None:
+        settings["spark.jars"] = ",".join(j for j in (settings.get("spark.jars"), connector) if j)
     builder = SparkSession.builder.master(master).appName(app_name)
     for k, v in settings.items():
         builder = builder.config(k, v)

@@ -1,5 +1,7 @@
 """One SparkSession for the Spark tests (local[2], quiet; its scratch files under the
-session's temporary directory), skipped, saying why, without pyspark or Java."""
+session's temporary directory; the JVM connector's jar on its class path where there is a
+JDK), skipped, saying why, without pyspark or Java; and ``source``, which runs a test on
+both sources: "shmq_python" (the Python source) and "shmq" (the JVM source)."""
 
 import pytest
 
@@ -27,6 +29,27 @@ def spark(tmp_path_factory):
     jvm.stdin.close()  # the JVM exits at EOF on its stdin, not at gateway.shutdown()
     jvm.wait(30)
     SESSION_PROCESSES.discard(jvm.pid)
+
+
+@pytest.fixture(scope="session")
+def jvm(spark):
+    """"shmq", the name of the JVM source in the session; skips (no JDK) or fails (a JDK,
+    but the connector's jar did not build) where the session has not got it."""
+    from shmq.spark.jar import javac
+
+    if "shmq-spark-" not in spark.sparkContext.getConf().get("spark.jars", ""):
+        if javac() is not None:
+            pytest.fail("there is a JDK, but shmq.spark.jar() built no jar (its warning says why)")
+        pytest.skip("no JDK (javac): the JVM source is off and format('shmq') is the Python source")
+    return "shmq"
+
+
+@pytest.fixture(params=["python", "jvm"])
+def source(request):
+    """The format name of the source under test: each test that takes it runs on both."""
+    if request.param == "python":
+        return "shmq_python"
+    return request.getfixturevalue("jvm")
 
 
 @pytest.fixture(autouse=True)

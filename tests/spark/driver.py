@@ -1,7 +1,8 @@
 """A Spark driver for the fault tests, run as its own process (and session):
 ``python -m tests.spark.driver CONFIG_JSON``. Runs one availableNow query from a shmq
-stream into a shmq stream through the fault-injecting source and sink
-(tests.spark.faults), then prints {"id": query id} on its last line."""
+stream into a shmq stream through the fault-injecting sink (tests.spark.faults) and the
+fault-injecting Python source, or the source that CONFIG's "source_format" names ("shmq":
+the JVM source), then prints {"id": query id} on its last line."""
 
 import json
 import os
@@ -17,10 +18,12 @@ def main(cfg):
     # the resource tracker (CPython issue 82300); shmq's are attached without it
     spark = local_session("shmq-fault-driver", cfg["scratch"], conf={"spark.python.worker.reuse": "false"})
     spark.dataSource.register(FaultyShmq)
-    src = (spark.readStream.format("shmq_faulty").option("stream", cfg["source"])
+    src = (spark.readStream.format(cfg.get("source_format", "shmq_faulty")).option("stream", cfg["source"])
            .option("namespace", cfg["namespace"]).option("startingOffsets", "earliest")
-           .option("maxRecordsPerTrigger", cfg["max_records"]).option("plans", cfg["plans"])
-           .option("fault", cfg.get("fault", "")).load())
+           .option("maxRecordsPerTrigger", cfg["max_records"]))
+    if cfg.get("source_format", "shmq_faulty") == "shmq_faulty":  # the fault-injecting Python source
+        src = src.option("plans", cfg["plans"]).option("fault", cfg.get("fault", ""))
+    src = src.load()
     q = (src.select("key", "value").writeStream.format("shmq_faulty").option("stream", cfg["sink"])
          .option("namespace", cfg["namespace"]).option("fault", cfg.get("fault", ""))
          .option("checkpointLocation", cfg["checkpoint"]).trigger(availableNow=True).start())

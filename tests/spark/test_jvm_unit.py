@@ -33,6 +33,7 @@ def test_layout_constants_are_the_engines():
     want = {
         "STREAM_MAGIC": int.from_bytes(L.STREAM_MAGIC, "little"), "STREAM_VERSION": L.STREAM_VERSION,
         "STREAM_PARTITIONS_OFF": 6, "STREAM_STATIC_SIZE": L.STREAM_STATIC.size,
+        "STREAM_DURABILITY_OFF": 9, "DURABILITY_WAL": L.DURABILITY["wal"],
         "PART_MAGIC": int.from_bytes(L.PART_MAGIC, "little"), "PART_VERSION_OFF": 4, "PART_CAPACITY_OFF": 8,
         "PART_SLOTS_OFF": 24, "PART_DATA_OFF": 32, "PART_STATIC_SIZE": L.PART_STATIC.size,
         "PART_DELETED": L.PI_DELETED * 8, "PART_HEAD": L.PI_HEAD * 8, "PART_TAIL": L.PI_TAIL * 8,
@@ -48,8 +49,9 @@ def test_layout_constants_are_the_engines():
     assert (part[4:6], part[8:16], part[24:32], part[32:40]) == (
         L.STREAM_VERSION.to_bytes(2, "little"), (0x1111).to_bytes(8, "little"), (0x2222).to_bytes(8, "little"),
         (0x3333).to_bytes(8, "little"))
-    meta = L.STREAM_STATIC.pack(L.STREAM_MAGIC, L.STREAM_VERSION, 0xABC, 0, 0, 0, 0, 0, 0, 0, 0)
-    assert (meta[4:6], meta[6:8]) == (L.STREAM_VERSION.to_bytes(2, "little"), (0xABC).to_bytes(2, "little"))
+    meta = L.STREAM_STATIC.pack(L.STREAM_MAGIC, L.STREAM_VERSION, 0xABC, 0, 0x7E, 0, 0, 0, 0, 0, 0)
+    assert (meta[4:6], meta[6:8], meta[9]) == (L.STREAM_VERSION.to_bytes(2, "little"), (0xABC).to_bytes(2, "little"),
+                                               0x7E)
 
 
 def test_record_block_grows_and_never_shrinks(classes):

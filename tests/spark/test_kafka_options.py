@@ -96,14 +96,14 @@ def test_offsets_json_keyed_by_the_stream_as_kafkas(broker):
 # ---------------------------------------------------------------- Spark queries
 
 @pytest.mark.slow
-def test_a_trigger_never_reads_more_than_max_offsets_per_trigger(spark, broker, tmp_path):
+def test_a_trigger_never_reads_more_than_max_offsets_per_trigger(spark, broker, tmp_path, source):
     """A processing-time query (the trigger a rate limit is for), the stream named by a
     pattern, Kafka's JSON starting offsets: 25 records waiting, batches of exactly 7, 7,
-    7, 4, every record once."""
+    7, 4, every record once. (The JVM source hands subscribePattern to the Python one.)"""
     s = broker.create_stream("events", partitions=2, max_bytes=2**16)
     fill(s, [16, 11])
     batches = []
-    q = (spark.readStream.format("shmq").option("namespace", broker.namespace).option("subscribePattern", "ev.*")
+    q = (spark.readStream.format(source).option("namespace", broker.namespace).option("subscribePattern", "ev.*")
          .option("startingOffsets", '{"events": {"0": 2, "1": -2}}').option("maxOffsetsPerTrigger", 7).load()
          .writeStream.foreachBatch(lambda df, bid: batches.append((bid, rows_of(df))))
          .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="0 seconds").start())
@@ -117,10 +117,10 @@ def test_a_trigger_never_reads_more_than_max_offsets_per_trigger(spark, broker, 
 
 
 @pytest.mark.slow
-def test_a_batch_read_under_kafkas_names(spark, broker):
+def test_a_batch_read_under_kafkas_names(spark, broker, source):
     s = broker.create_stream("events", partitions=2, max_bytes=2**16)
     fill(s, [5, 5])
-    df = (spark.read.format("shmq").option("namespace", broker.namespace).option("subscribe", "events")
+    df = (spark.read.format(source).option("namespace", broker.namespace).option("subscribe", "events")
           .option("startingOffsets", '{"events": {"0": 1, "1": -2}}').option("endingOffsets", '{"events": {"1": 2}}')
           .load())
     assert rows_of(df) == expected(s, {0: (1, 5), 1: (0, 2)})

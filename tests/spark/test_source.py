@@ -2,7 +2,8 @@
 read limits, availableNow, data loss, the driver's one connection), then Spark queries
 end to end with exact contents (micro-batches under a read limit, starting offsets,
 restarts from a checkpoint, a producer appending during an availableNow run, data loss
-both ways, batch reads, headers, TCP, bad options). Every query runs with
+both ways, batch reads, headers, TCP, bad options), each on both sources: the Python one
+("shmq_python") and the JVM one ("shmq", the ``source`` fixture). Every query runs with
 trigger(availableNow=True) (one with a processing-time trigger) into a foreachBatch
 sink that collects rows in this process, each with its own checkpoint; every query
 leaves the namespace's segments as they were."""
@@ -38,12 +39,13 @@ def rows_of(df):
     return sorted((r.partition, r.offset, r.key, r.value) for r in df.collect())
 
 
-def run(spark, broker, checkpoint, stream="events", **options):
-    """One availableNow query to its end: [(batch id, its rows sorted by partition and
-    offset)]. The namespace's segments must all be there afterwards."""
+def run(spark, broker, checkpoint, stream="events", source="shmq", **options):
+    """One availableNow query of ``source`` (the format name) to its end: [(batch id, its
+    rows sorted by partition and offset)]. The namespace's segments must all be there
+    afterwards."""
     before = namespace_entries(broker.namespace)
     batches = []
-    reader = spark.readStream.format("shmq").option("stream", stream).option("namespace", broker.namespace)
+    reader = spark.readStream.format(source).option("stream", stream).option("namespace", broker.namespace)
     for k, v in options.items():
         reader = reader.option(k, v)
     q = (reader.load().writeStream.foreachBatch(lambda df, bid: batches.append((bid, rows_of(df))))
@@ -336,10 +338,10 @@ def test_every_option_the_code_reads_is_in_a_parts_list():
 
 # ---------------------------------------------------------------- Spark queries
 
-def test_micro_batches_share_the_limit_over_skewed_partitions_with_exact_records(spark, broker, tmp_path):
+def test_micro_batches_share_the_limit_over_skewed_partitions_with_exact_records(spark, broker, tmp_path, source):
     s = broker.create_stream("events", partitions=3, max_bytes=2**16)
     appended = fill(s, [40, 8, 2])
-    batches = run(spark, broker, tmp_path / "ck", startingOffsets="earliest", maxRecordsPerTrigger=10)
+    batches = run(spark, broker, tmp_path / "ck", source=source, startingOffsets="earliest", maxRecordsPerTrigger=10)
     counts = [{p: sum(1 for r in rows if r[0] == p) for p in range(3) if any(r[0] == p for r in rows)}
               for rows in data(batches)]
     assert counts == [{0: 7, 1: 2, 2: 1}, {0: 7, 1: 2, 2: 1}, {0: 8, 1: 2}, {0: 9, 1: 1}, {0: 9, 1: 1}]
@@ -350,7 +352,7 @@ def test_micro_batches_share_the_limit_over_skewed_partitions_with_exact_records
         seq = int(value.split(b":")[2])
         assert seq > seen.get((p, key), -1)
         seen[p, key] = seq
-    one = (spark.read.format("shmq").option("stream", "events").option("namespace", broker.namespace)
+    one = (spark.read.format(source).option("stream", "events").option("namespace", broker.namespace)
            .option("endingOffsets", '{"0": 1, "1": 0, "2": 0}').load())
     assert [f.simpleString() for f in one.schema.fields] == [
         "key:binary", "value:binary", "stream:string", "partition:int", "offset:bigint", "timestamp:timestamp"]
@@ -359,25 +361,25 @@ def test_micro_batches_share_the_limit_over_skewed_partitions_with_exact_records
     assert row.timestamp.timestamp() == pytest.approx(appended[0][0].timestamp, abs=1e-5)  # naive, local time
 
 
-def test_latest_then_restarts_resume_from_the_checkpoint(spark, broker, tmp_path):
+def test_latest_then_restarts_resume_from_the_checkpoint(spark, broker, tmp_path, source):
     s = broker.create_stream("events", partitions=3, max_bytes=2**16)
     fill(s, [10, 10, 10])
     ck = tmp_path / "ck"
-    assert data(run(spark, broker, ck, startingOffsets="latest")) == []
+    assert data(run(spark, broker, ck, source=source, startingOffsets="latest")) == []
     fill(s, [4, 0, 2])
-    again = run(spark, broker, ck, startingOffsets="earliest")  # ignored: the checkpoint has offsets
+    again = run(spark, broker, ck, source=source, startingOffsets="earliest")  # ignored: the checkpoint has offsets
     assert data(again) == [expected(s, {0: (10, 14), 2: (10, 12)})]
-    assert run(spark, broker, ck, startingOffsets="earliest") == []  # nothing new: no batch at all
+    assert run(spark, broker, ck, source=source, startingOffsets="earliest") == []  # nothing new: no batch at all
 
 
-def test_starting_offsets_as_json(spark, broker, tmp_path):
+def test_starting_offsets_as_json(spark, broker, tmp_path, source):
     s = broker.create_stream("events", partitions=4, max_bytes=2**16)
     fill(s, [6, 6, 6, 6])
-    batches = run(spark, broker, tmp_path / "ck", startingOffsets='{"0": 4, "1": -1, "2": -2}')
+    batches = run(spark, broker, tmp_path / "ck", source=source, startingOffsets='{"0": 4, "1": -1, "2": -2}')
     assert data(batches) == [expected(s, {0: (4, 6), 2: (0, 6), 3: (0, 6)})]
 
 
-def test_available_now_stops_at_its_target_while_a_producer_appends(spark, broker, tmp_path):
+def test_available_now_stops_at_its_target_while_a_producer_appends(spark, broker, tmp_path, source):
     s = broker.create_stream("events", partitions=3, max_bytes=2**22)
     fill(s, [400, 300, 300])
     stop = threading.Event()
@@ -394,7 +396,8 @@ def test_available_now_stops_at_its_target_while_a_producer_appends(spark, broke
     producer.start()
     try:
         wait_for(lambda: sum(s.offsets(p)[1] for p in range(3)) > 1100, 30, "the producer")
-        batches = run(spark, broker, tmp_path / "ck", startingOffsets="earliest", maxRecordsPerTrigger=1000)
+        batches = run(spark, broker, tmp_path / "ck", source=source, startingOffsets="earliest",
+                      maxRecordsPerTrigger=1000)
         ends = [s.offsets(p)[1] for p in range(3)]
         wait_for(lambda: [s.offsets(p)[1] for p in range(3)] != ends, 30, "appends after the query ended")
     finally:
@@ -408,25 +411,26 @@ def test_available_now_stops_at_its_target_while_a_producer_appends(spark, broke
     assert sorted(rows) == expected(s, {p: (0, len(read[p])) for p in range(3)})
 
 
-def test_fail_on_data_loss_both_ways(spark, broker, tmp_path):
+def test_fail_on_data_loss_both_ways(spark, broker, tmp_path, source):
     s = broker.create_stream("small", partitions=1, max_bytes=4096)
     pad_fill(s, 0, 20)
     ck = tmp_path / "ck"
-    assert data(run(spark, broker, ck, stream="small", startingOffsets="earliest")) == [expected(s, {0: (0, 20)})]
+    first = run(spark, broker, ck, source=source, stream="small", startingOffsets="earliest")
+    assert data(first) == [expected(s, {0: (0, 20)})]
     pad_fill(s, 20, 60)
     earliest, end = s.offsets(0)
     assert 20 < earliest and end == 60
     with pytest.raises(Exception, match=f"stream 'small' partition 0: offsets 20..{earliest - 1} were dropped"):
-        run(spark, broker, ck, stream="small")
-    batches = run(spark, broker, ck, stream="small", failOnDataLoss="false")
+        run(spark, broker, ck, source=source, stream="small")
+    batches = run(spark, broker, ck, source=source, stream="small", failOnDataLoss="false")
     assert data(batches) == [expected(s, {0: (earliest, 60)})]
 
 
-def test_min_records_per_trigger_holds_the_batch_back(spark, broker, tmp_path):
+def test_min_records_per_trigger_holds_the_batch_back(spark, broker, tmp_path, source):
     s = broker.create_stream("events", partitions=2, max_bytes=2**16)
     fill(s, [4, 0])
     batches = []
-    q = (spark.readStream.format("shmq").option("stream", "events").option("namespace", broker.namespace)
+    q = (spark.readStream.format(source).option("stream", "events").option("namespace", broker.namespace)
          .option("startingOffsets", "earliest").option("minRecordsPerTrigger", 10).option("maxTriggerDelay", "1h")
          .load().writeStream.foreachBatch(lambda df, bid: batches.append((bid, rows_of(df))))
          .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="100 milliseconds").start())
@@ -440,13 +444,13 @@ def test_min_records_per_trigger_holds_the_batch_back(spark, broker, tmp_path):
     assert data(batches) == [expected(s, {0: (0, 4), 1: (0, 6)})]
 
 
-def test_batch_reads_exact_rows_with_offsets_headers_and_min_partitions(spark, broker):
+def test_batch_reads_exact_rows_with_offsets_headers_and_min_partitions(spark, broker, source):
     s = broker.create_stream("events", partitions=2, max_bytes=2**16)
     fill(s, [10, 10], headers={"s": "text", "b": b"\xff", "n": 3, "t": True})
     s.append(b"bare", partition=1)
 
     def load(**options):
-        reader = spark.read.format("shmq").option("stream", "events").option("namespace", broker.namespace)
+        reader = spark.read.format(source).option("stream", "events").option("namespace", broker.namespace)
         for k, v in options.items():
             reader = reader.option(k, v)
         return reader.load()
@@ -463,18 +467,18 @@ def test_batch_reads_exact_rows_with_offsets_headers_and_min_partitions(spark, b
     assert heads[1, 10] == {}
 
 
-def test_the_source_over_tcp_with_a_token(spark, broker, tmp_path):
+def test_the_source_over_tcp_with_a_token(spark, broker, tmp_path, source):
     s = broker.create_stream("events", partitions=2, max_bytes=2**16)
     fill(s, [7, 5])
     srv = ThreadedServer(broker.namespace, token="s3cret")
     try:
         batches = []
-        q = (spark.readStream.format("shmq").option("stream", "events").option("url", srv.url)
+        q = (spark.readStream.format(source).option("stream", "events").option("url", srv.url)
              .option("token", "s3cret").option("startingOffsets", "earliest").option("maxRecordsPerTrigger", 8)
              .load().writeStream.foreachBatch(lambda df, bid: batches.append((bid, rows_of(df))))
              .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
         assert q.awaitTermination(QUERY_TIMEOUT)
-        remote = (spark.read.format("shmq").option("stream", "events").option("url", srv.url)
+        remote = (spark.read.format(source).option("stream", "events").option("url", srv.url)
                   .option("token", "s3cret").load())
         assert rows_of(remote) == expected(s, {0: (0, 7), 1: (0, 5)})
     finally:
@@ -483,24 +487,24 @@ def test_the_source_over_tcp_with_a_token(spark, broker, tmp_path):
     assert sorted(r for b in data(batches) for r in b) == expected(s, {0: (0, 7), 1: (0, 5)})
 
 
-def test_bad_options_fail_with_messages_naming_what(spark, broker, tmp_path):
+def test_bad_options_fail_with_messages_naming_what(spark, broker, tmp_path, source):
     broker.create_stream("events", partitions=1, max_bytes=2**16)
     ns = broker.namespace
     with pytest.raises(Exception, match="needs exactly one of .option\\('stream', NAME\\)"):
-        spark.read.format("shmq").option("namespace", ns).load()
+        spark.read.format(source).option("namespace", ns).load()
     with pytest.raises(Exception, match="needs exactly one of"):
-        spark.readStream.format("shmq").option("stream", "events").option("queue", "q").load()
+        spark.readStream.format(source).option("stream", "events").option("queue", "q").load()
     with pytest.raises(Exception, match="no stream 'nope' in namespace"):
-        spark.read.format("shmq").option("stream", "nope").option("namespace", ns).load().collect()
+        spark.read.format(source).option("stream", "nope").option("namespace", ns).load().collect()
     with pytest.raises(Exception, match="no queue 'orders'"):
-        spark.read.format("shmq").option("queue", "orders").option("namespace", ns).load().collect()
+        spark.read.format(source).option("queue", "orders").option("namespace", ns).load().collect()
     with pytest.raises(Exception, match="no stream 'nope' in namespace"):
-        run(spark, broker, tmp_path / "ck1", stream="nope")
+        run(spark, broker, tmp_path / "ck1", source=source, stream="nope")
     with pytest.raises(Exception, match="startingOffsets must be earliest, latest or JSON"):
-        run(spark, broker, tmp_path / "ck2", startingOffsets="yesterday")
+        run(spark, broker, tmp_path / "ck2", source=source, startingOffsets="yesterday")
     with pytest.raises(Exception, match="the shmq streaming source has no option maxrecordspertriger \\(did you "
                                         "mean maxRecordsPerTrigger\\?\\); its options are stream, queue"):
-        run(spark, broker, tmp_path / "ck3", maxRecordsPerTriger=10)
+        run(spark, broker, tmp_path / "ck3", source=source, maxRecordsPerTriger=10)
 
 
 def test_planning_a_query_imports_no_pyarrow(broker):

@@ -12,6 +12,9 @@ public final class Layout {
     public static final int STREAM_MAGIC = 0x534d4853; // b"SHMS" read little-endian
     public static final int STREAM_VERSION = 5;
     public static final int STREAM_PARTITIONS_OFF = 6;
+    /** Its durability (u8 at 9): DURABILITY_WAL keeps records in logs on disk past what shared memory holds. */
+    public static final int STREAM_DURABILITY_OFF = 9;
+    public static final int DURABILITY_WAL = 2;
     public static final int STREAM_STATIC_SIZE = 64;
 
     /** A partition segment's static header: magic, version, pad, capacity, max message, index slots, data offset. */

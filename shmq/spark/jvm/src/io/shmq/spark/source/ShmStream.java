@@ -26,10 +26,12 @@ public final class ShmStream implements RecordSource {
 
     private final String name;
     private final Partition[] parts;
+    private final boolean logged;
 
-    private ShmStream(String name, Partition[] parts) {
+    private ShmStream(String name, Partition[] parts, boolean logged) {
         this.name = name;
         this.parts = parts;
+        this.logged = logged;
     }
 
     /** Maps the stream's partition segments read-only; FileNotFoundException when they are not on this host. */
@@ -43,15 +45,17 @@ public final class ShmStream implements RecordSource {
         }
         String base = "shmq." + namespace + ".s." + stream;
         String what = "stream '" + stream + "' in namespace '" + namespace + "'";
-        int n = partitionCount(SHM_DIR.resolve(base), what);
+        ByteBuffer head = staticHeader(SHM_DIR.resolve(base), what);
+        int n = head.getShort(Layout.STREAM_PARTITIONS_OFF) & 0xFFFF;
         Partition[] parts = new Partition[n];
         for (int p = 0; p < n; p++) {
             parts[p] = Partition.open(SHM_DIR.resolve(base + "#" + p), "stream '" + stream + "' partition " + p);
         }
-        return new ShmStream(stream, parts);
+        return new ShmStream(stream, parts, head.get(Layout.STREAM_DURABILITY_OFF) == Layout.DURABILITY_WAL);
     }
 
-    private static int partitionCount(Path meta, String what) throws IOException {
+    /** The meta segment's static header, checked (magic, layout version). */
+    private static ByteBuffer staticHeader(Path meta, String what) throws IOException {
         ByteBuffer head = ByteBuffer.allocate(Layout.STREAM_STATIC_SIZE).order(ByteOrder.LITTLE_ENDIAN);
         try (FileChannel ch = FileChannel.open(meta, StandardOpenOption.READ)) {
             while (head.hasRemaining() && ch.read(head, head.position()) > 0) {
@@ -68,7 +72,12 @@ public final class ShmStream implements RecordSource {
             throw new IOException(what + " was made by another shmq version (layout " + version + ", this reader knows "
                     + Layout.STREAM_VERSION + ")");
         }
-        return head.getShort(Layout.STREAM_PARTITIONS_OFF) & 0xFFFF;
+        return head;
+    }
+
+    /** A "wal" stream: its older records may be only in the logs on disk, which this reader does not read. */
+    public boolean logged() {
+        return logged;
     }
 
     /** The stream's name. */

@@ -1,0 +1,176 @@
+package io.shmq.spark;
+
+import io.shmq.spark.shm.OnDiskException;
+import io.shmq.spark.source.DataLossException;
+import io.shmq.spark.source.Headers;
+import io.shmq.spark.source.RecordBlock;
+import io.shmq.spark.source.RecordSource;
+
+import org.apache.spark.TaskContext;
+import org.apache.spark.sql.connector.read.PartitionReader;
+import org.apache.spark.sql.execution.vectorized.ConstantColumnVector;
+import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
+import org.apache.spark.sql.execution.vectorized.WritableColumnVector;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.vectorized.ColumnVector;
+import org.apache.spark.sql.vectorized.ColumnarBatch;
+import org.apache.spark.unsafe.types.UTF8String;
+
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.util.Map;
+
+/**
+ * One task's reader: the ranges of its Spark partition, range after range, as columnar batches of at most
+ * {@link #READ_CHUNK} records made straight from each {@link RecordBlock} (the columns of {@link Schema}). Offsets
+ * dropped by retention while it reads fail the task or are skipped with a warning, as failOnDataLoss says.
+ */
+final class ColumnarReader implements PartitionReader<ColumnarBatch> {
+    static final int READ_CHUNK = 10_000;  // records per batch, as the Python source reads
+    private static final Logger LOG = LoggerFactory.getLogger("shmq.spark");
+
+    private final Target target;
+    private final Plan.Range[] ranges;
+    private final RecordBlock block = new RecordBlock();
+    private final WritableColumnVector key, value, offset, timestamp, headers;
+    private final ConstantColumnVector stream, partition;
+    private final ColumnarBatch batch;
+    private RecordSource source;
+    private int range;
+    private long next = -1;
+
+    ColumnarReader(Target target, ShmqInputPartition part) {
+        this.target = target;
+        this.ranges = part.ranges;
+        StructType schema = Schema.of(target.includeHeaders);
+        key = new OnHeapColumnVector(READ_CHUNK, DataTypes.BinaryType);
+        value = new OnHeapColumnVector(READ_CHUNK, DataTypes.BinaryType);
+        stream = new ConstantColumnVector(READ_CHUNK, DataTypes.StringType);
+        stream.setUtf8String(UTF8String.fromString(target.stream));
+        partition = new ConstantColumnVector(READ_CHUNK, DataTypes.IntegerType);
+        offset = new OnHeapColumnVector(READ_CHUNK, DataTypes.LongType);
+        timestamp = new OnHeapColumnVector(READ_CHUNK, DataTypes.TimestampType);
+        headers = target.includeHeaders ? new OnHeapColumnVector(READ_CHUNK, schema.fields()[6].dataType()) : null;
+        ColumnVector[] columns = headers == null
+                ? new ColumnVector[]{key, value, stream, partition, offset, timestamp}
+                : new ColumnVector[]{key, value, stream, partition, offset, timestamp, headers};
+        batch = new ColumnarBatch(columns);
+    }
+
+    @Override
+    public boolean next() throws IOException {
+        while (range < ranges.length) {
+            Plan.Range r = ranges[range];
+            if (next < r.start) {
+                next = r.start;
+            }
+            if (next >= r.end) {
+                range++;
+                next = -1;
+                continue;
+            }
+            if (source == null) {
+                TaskContext task = TaskContext.get();
+                source = target.open("partition " + (task == null ? "?" : task.partitionId()));
+            }
+            int got;
+            try {
+                got = source.read(r.partition, next, r.end, (int) Math.min(READ_CHUNK, r.end - next), block);
+            } catch (DataLossException e) {
+                next = skip(r, e);
+                continue;
+            } catch (OnDiskException e) {
+                throw new IllegalStateException("stream " + SourceOptions.repr(target.stream) + " partition "
+                        + r.partition + ": offsets " + next + ".." + (e.memoryEarliest() - 1) + " are only in the "
+                        + "stream's logs on disk, which the JVM source does not read: read them with "
+                        + "format('shmq_python')", e);
+            }
+            if (got == 0) {
+                throw new IllegalStateException("stream " + SourceOptions.repr(target.stream) + " partition "
+                        + r.partition + " ends before offset " + next + ": was it deleted and created again?");
+            }
+            fill(r.partition, got);
+            next = block.offset[got - 1] + 1;
+            return true;
+        }
+        return false;
+    }
+
+    /** Where to read on after offsets below the partition's earliest: fails with failOnDataLoss, else warns. */
+    private long skip(Plan.Range r, DataLossException e) {
+        long resume = Math.min(e.firstAvailable(), r.end);
+        if (resume <= next) {
+            throw new IllegalStateException("stream " + SourceOptions.repr(target.stream) + " partition "
+                    + r.partition + ": " + e.getMessage(), e);
+        }
+        String message = "stream " + SourceOptions.repr(target.stream) + " partition " + r.partition + ": offsets "
+                + next + ".." + (resume - 1) + " were dropped by retention (or lost) before the query read them";
+        if (target.failOnDataLoss) {
+            throw new SourceBase.DataLossError(message + "; set failOnDataLoss=false to skip them");
+        }
+        LOG.warn("{}: skipped (failOnDataLoss=false)", message);
+        return resume;
+    }
+
+    private void fill(int p, int n) {
+        key.reset();
+        value.reset();
+        offset.reset();
+        timestamp.reset();
+        byte[] data = block.data;
+        for (int i = 0; i < n; i++) {
+            if (block.keyLen[i] < 0) {
+                key.putNull(i);
+            } else {
+                key.putByteArray(i, data, block.keyStart[i], block.keyLen[i]);
+            }
+            if (block.valueLen[i] < 0) {
+                value.putNull(i);
+            } else {
+                value.putByteArray(i, data, block.valueStart[i], block.valueLen[i]);
+            }
+            timestamp.putLong(i, Math.floorDiv(block.timestampNs[i], 1000L));
+        }
+        offset.putLongs(0, n, block.offset, 0);
+        partition.setInt(p);
+        if (headers != null) {
+            fillHeaders(n);
+        }
+        batch.setNumRows(n);
+    }
+
+    private void fillHeaders(int n) {
+        headers.reset();
+        WritableColumnVector keys = headers.getChild(0);
+        WritableColumnVector values = headers.getChild(1);
+        int at = 0;
+        for (int i = 0; i < n; i++) {
+            Map<String, String> map = Headers.decode(block.data, block.headersStart[i], block.headersLen[i]);
+            keys.reserve(at + map.size());
+            values.reserve(at + map.size());
+            headers.putArray(i, at, map.size());
+            for (Map.Entry<String, String> e : map.entrySet()) {
+                keys.putByteArray(at, e.getKey().getBytes(StandardCharsets.UTF_8));
+                values.putByteArray(at, e.getValue().getBytes(StandardCharsets.UTF_8));
+                at++;
+            }
+        }
+    }
+
+    @Override
+    public ColumnarBatch get() {
+        return batch;
+    }
+
+    @Override
+    public void close() throws IOException {
+        batch.close();
+        if (source != null) {
+            source.close();
+        }
+    }
+}
