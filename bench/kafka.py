@@ -7,23 +7,30 @@ process in a group, both on loopback:
 
 - ``kafka``: confluent-kafka (librdkafka) producing with its default batching
   (``linger.ms`` 5) into ``shmq server --kafka-port``, and a confluent-kafka consumer
-  that subscribes with a group (its default auto-commit);
+  that subscribes with a group, takes up to 500 records a call (``consume``) and commits
+  each call's (asynchronously, as Kafka applications that commit per batch do);
 - ``shmq-tcp``: shmq's own client over ``tcp://`` to the same server, batched: a
   producer that appends ``--batch`` records per ``append_many``, a group consumer that
   polls up to 500 and commits each poll;
 - ``redis-streams``: redis-py against a ``redis-server`` of the run's own: XADD
   pipelined ``--batch`` per round trip, XREADGROUP COUNT 500 and XACK of each batch.
 
+The three have the same shape: 100 B values, one partition, one producer process, one
+group consumer that takes up to 500 records a call and acknowledges each call's. What
+differs is each client's own batching on the way in (librdkafka's by time, ``--batch``
+records per call for the other two), and that librdkafka fetches ahead in a thread of
+its own while the others ask for each batch.
+
 Every record carries its producer's clock (``time.monotonic_ns``, one clock for every
 process of the host) in its first 8 bytes; the consumer takes the produce-to-consume
 latency of each record, and the rate is records from the first produce to the last
-consume. The consumer is in its group before the producer starts; the producer goes as
+consume: what goes through producer, server and consumer together, on a machine they
+share. The consumer is in its group before the producer starts; the producer goes as
 fast as it can, so where it outruns the consumer the latency includes the backlog (a
-latency under full load, not at a set rate). Figures are medians
-of ``--runs`` runs, with the issue's targets (issue 30): the Kafka path at least 0.5x
-shmq's own batched TCP path, and at least 2x Redis Streams. ``--quick`` is a smoke
-test; ``--json PATH`` writes every run. A system that cannot run here is skipped,
-saying why.
+latency under full load, not at a set rate). Figures are medians of ``--runs`` runs,
+with the issue's targets (issue 30): the Kafka path at least 0.5x shmq's own batched
+TCP path, and at least 2x Redis Streams. ``--quick`` is a smoke test; ``--json PATH``
+writes every run. A system that cannot run here is skipped, saying why.
 """
 
 from __future__ import annotations
@@ -119,7 +126,8 @@ def produce_redis(where, topic, n, batch):
 def consume_kafka(where, topic, group, n, ready):
     from confluent_kafka import Consumer
 
-    c = Consumer({"bootstrap.servers": where["bootstrap"], "group.id": group, "auto.offset.reset": "earliest"})
+    c = Consumer({"bootstrap.servers": where["bootstrap"], "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
     c.subscribe([topic])
     while not c.assignment():
         c.poll(0.05)
@@ -127,7 +135,10 @@ def consume_kafka(where, topic, group, n, ready):
 
     def batches():
         while True:
-            yield [m.value() for m in c.consume(num_messages=POLL, timeout=1.0) if m.error() is None]
+            got = [m.value() for m in c.consume(num_messages=POLL, timeout=1.0) if m.error() is None]
+            if got:
+                c.commit(asynchronous=True)  # each call's, as the other two acknowledge theirs
+            yield got
 
     try:
         return _take(batches(), n)

@@ -162,3 +162,23 @@ def test_a_local_rebalance_wakes_a_waiting_tcp_poll(srv, broker):
     (records, when), = got
     assert [r.value for r in records] == [b"x"]
     assert when - left < 0.05, when - left
+
+
+def test_a_kafka_produce_wakes_a_waiting_tcp_read(servers, broker):
+    """The Kafka port's appends owe no post to the server's doorbells (``waits.serving``):
+    the DEADBEEF port's waiting READs are served by the same loop (``Handles.join``)."""
+    import re
+
+    from kafka import KafkaProducer
+
+    srv = servers(broker.namespace, "--no-persist", "--no-auth", "--kafka-port", "0")
+    port = int(re.search(r"kafka listener on \S+:(\d+)", next(x for x in srv.log if "kafka listener on" in x))
+               .group(1))
+    broker.create_stream("s", partitions=1)
+    producer = KafkaProducer(bootstrap_servers=f"127.0.0.1:{port}", linger_ms=0)
+    try:
+        _check(_latencies(srv.url, "stream", "s", lambda i: producer.send("s", b"%d" % i, partition=0).get(10)))
+    finally:
+        producer.close(5)
+        srv.proc.terminate()
+        srv.proc.wait(10)

@@ -37,7 +37,8 @@ from .mutex import unlock as _unlock
 from .segment import check_room, open_segment
 from .wal import HighWater, Log, Tail, log_files, partition_log_name
 
-__all__ = ["Partition", "Image", "partition_segment_name", "record_size", "columns_items"]
+__all__ = ["Partition", "Image", "partition_segment_name", "record_size", "columns_items", "check_timestamps",
+           "chunks_by_time"]
 
 _REC = L.REC_SIZE
 _READY, _PAD = L.READY, L.PAD
@@ -89,6 +90,48 @@ def columns_items(chunks) -> list:
         hs = _binary(n, hoffs, hdrs) if hoffs is not None else [b""] * n
         items += zip(ks, hs, values)
     return items
+
+
+def check_timestamps(timestamps_ns, n: int) -> list:
+    """Records' own timestamps (UTC epoch ns) as a list of ``n`` ints; ValueError or
+    TypeError for anything else."""
+    stamps = list(timestamps_ns)
+    if len(stamps) != n:
+        raise ValueError(f"timestamps_ns must be as many as the records ({n}), not {len(stamps)}")
+    for t in stamps:
+        if type(t) is not int:
+            raise TypeError(f"a timestamp is an int of ns since the epoch, not {type(t).__name__}")
+        if not 0 <= t < 2**63:
+            raise ValueError(f"timestamp {t} ns is out of range (0 to 2**63 - 1)")
+    return stamps
+
+
+def chunks_by_time(chunk, stamps) -> tuple[list, list]:
+    """One chunk of records (``append_columns``) cut into runs of one timestamp each:
+    (chunks, their times), for ``Partition.append_columns(times=...)``. The buffers are
+    shared, not copied (offsets index into their data); a key validity bitmap is cut
+    into new ones."""
+    n, voffs, vals, koffs, keys, kvalid, hoffs, hdrs = chunk[:8]
+    cuts = [i for i in range(1, n) if stamps[i] != stamps[i - 1]]
+    if not cuts:
+        return [tuple(chunk[:8])], stamps[:1]
+    bits = bytes(kvalid) if kvalid is not None else None
+    views = [None if b is None else memoryview(b).cast("B") for b in (voffs, koffs, hoffs)]
+    chunks = []
+    for a, b in zip([0, *cuts], [*cuts, n]):
+        vo, ko, ho = (None if v is None else v[4 * a:4 * (b + 1)] for v in views)
+        valid = None if bits is None else _bitmap(bits, a, b)
+        chunks.append((b - a, vo, vals, ko, keys, valid, ho, hdrs))
+    return chunks, [stamps[a] for a in [0, *cuts]]
+
+
+def _bitmap(bits: bytes, a: int, b: int) -> bytes:
+    """Bits a..b-1 of an Arrow validity bitmap, as a bitmap of their own."""
+    out = bytearray((b - a + 7) // 8)
+    for i in range(a, b):
+        if bits[i >> 3] >> (i & 7) & 1:
+            out[(i - a) >> 3] |= 1 << ((i - a) & 7)
+    return bytes(out)
 
 
 class Image(NamedTuple):
@@ -245,47 +288,64 @@ class Partition:
             f"a damaged or deleted log file); read on from {resume}", resume, end)
 
     # ------------------------------------------------------------------ append
-    def append(self, items, now_ns, floor=None, deadline=None, txn=None) -> int | None:
+    def append(self, items, now_ns, floor=None, deadline=None, txn=None, times=None) -> int | None:
         """Append ``(key or None, encoded headers, value)`` items, all or nothing; returns
-        the first one's offset. With ``floor`` (retention="block": a function giving the
-        lowest offset a group still needs), only records below it are dropped for room,
+        the first one's offset. Each record is stamped ``now_ns``, or with ``times`` (a
+        list as long as ``items``) its own time in ns. With ``floor`` (retention="block":
+        a function giving the lowest offset a group still needs), only records below it are dropped for room,
         and the append waits (until ``deadline``, monotonic ns, then ShmqError) for more.
         With ``txn`` = (publisher id: 16 bytes, batch: int), the append is a publish of
         that batch, done at most once: None, appending nothing, when the publisher's
         table says this batch (or a later one) is in already. StorageError (nothing
         appended) when the log or the high-water file cannot be written."""
         sizes = [record_size(k, h, v) for k, h, v in items]
+        stamps = [now_ns] * len(items) if times is None else times
 
         def entries(first):
-            out = [_stream_entry(first + i, now_ns, k, h, v) for i, (k, h, v) in enumerate(items)]
+            out = [_stream_entry(first + i, t, k, h, v) for i, ((k, h, v), t) in enumerate(zip(items, stamps))]
             if txn is not None:
                 out.append(_publish_entry(first + len(items) - 1, now_ns, txn[0], txn[1]))
             return b"".join(out)
 
         return self._append(len(items), sum(sizes), now_ns, lambda tail: self._placement_end(sizes, tail), entries,
-                            lambda start, first: self._fill(items, sizes, now_ns, start, first),
+                            lambda start, first: self._fill(items, sizes, stamps, start, first),
                             floor, deadline, txn)
 
-    def append_columns(self, chunks, now_ns, floor=None, deadline=None, txn=None) -> int | None:
+    def append_columns(self, chunks, now_ns, floor=None, deadline=None, txn=None, times=None) -> int | None:
         """``append`` of records given as chunks of Arrow buffers (``_fast.columns_check``
         says what a chunk is: ``read_columns``' first eight fields are one), written and
         logged in C; where the C paths are off, the same records go through ``append``.
-        Returns the first offset, or None when there was nothing to append (or ``txn``
-        was in already)."""
+        ``times`` (one per chunk, ns): each chunk's records are stamped with its time, not
+        ``now_ns``. Returns the first offset, or None when there was nothing to append (or
+        ``txn`` was in already)."""
         if _fast_columns is None:
             items = columns_items(chunks)
-            return self.append(items, now_ns, floor, deadline, txn) if items else None
+            stamps = None if times is None else [t for c, t in zip(chunks, times) for _ in range(c[0])]
+            return self.append(items, now_ns, floor, deadline, txn, stamps) if items else None
         n, total, _biggest = cpaths.columns_check(chunks)
         if not n:
             return None
         cap = self._cap
         tid, batch = txn if txn is not None else (None, 0)
-        return self._append(
-            n, total, now_ns, lambda tail: cpaths.columns_end(chunks, tail, cap),
-            lambda first: cpaths.columns_log(chunks, first, now_ns, tid, batch),
-            lambda start, first: cpaths.write_columns(self._mm, self._base, cap, L.PART_INDEX_OFF, self._slots,
-                                                      _STRIDE, start, first, now_ns, chunks),
-            floor, deadline, txn)
+        # stamped per chunk: one C call per chunk (the chunks of one time each), in one append
+        timed = [(chunks, now_ns)] if times is None else [([c], t) for c, t in zip(chunks, times) if c[0]]
+
+        def entries(first):
+            out = []
+            for i, (cs, t) in enumerate(timed):
+                out.append(cpaths.columns_log(cs, first, t, tid if i == len(timed) - 1 else None, batch))
+                first += sum(c[0] for c in cs)
+            return b"".join(out)
+
+        def fill(pos, first):
+            for cs, t in timed:
+                pos = cpaths.write_columns(self._mm, self._base, cap, L.PART_INDEX_OFF, self._slots, _STRIDE, pos,
+                                           first, t, cs)
+                first += sum(c[0] for c in cs)
+            return pos
+
+        return self._append(n, total, now_ns, lambda tail: cpaths.columns_end(chunks, tail, cap), entries, fill,
+                            floor, deadline, txn)
 
     def _append(self, n, total, now_ns, end_from, entries, fill, floor, deadline, txn):
         """The append of ``n`` records of ``total`` bytes in the ring, described by three
@@ -382,13 +442,14 @@ class Partition:
         mq[L.PI_APPENDED] += n
         return first
 
-    def _fill(self, items, sizes, now_ns, start, offset) -> int:
-        """Write ``items`` from ring position ``start`` on, offsets from ``offset``, and
-        index them; the position after the last. Lock held, room made."""
+    def _fill(self, items, sizes, stamps, start, offset) -> int:
+        """Write ``items`` from ring position ``start`` on, offsets from ``offset``, each
+        stamped with its time in ``stamps`` (ns), and index them; the position after the
+        last. Lock held, room made."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
         index_w, slots = self._index_w, self._slots
         pos = start
-        for (key, hraw, value), size in zip(items, sizes):
+        for (key, hraw, value), size, now_ns in zip(items, sizes, stamps):
             pos, a = ring.place(mm, base, cap, pos, size)
             ring.write_record(mm, a, _READY, size, value, hraw if key is None else key + hraw, offset, now_ns)
             if key is not None:

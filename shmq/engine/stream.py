@@ -30,7 +30,7 @@ from .groups import Groups
 from .headers import decode_headers, encode_headers
 from .mutex import RobustMutex, acquire
 from .mutex import unlock as _unlock
-from .partition import Partition
+from .partition import Partition, check_timestamps, chunks_by_time
 from .partitioner import partition_of
 from .produce import as_bytes
 from .segment import open_segment, open_semaphore, segment_name
@@ -309,15 +309,20 @@ class Stream:
                 offset += cols[0]
         return out
 
-    def append_columns(self, columns, partition: int) -> int | None:
+    def append_columns(self, columns, partition: int, timestamps_ns=None) -> int | None:
         """Append records given as Arrow buffers to ``partition``, all or nothing: one
         chunk, (n, value offsets, values, key offsets, keys, key validity, header offsets,
         encoded headers) as ``read_columns`` gives them (None for no keys, all keys
         valid, no headers); int32 offsets into their data. Written and logged in C
-        (``Partition.append_columns``). Returns the first record's offset, None if there
-        were none. Local handles only (the Spark sink's tasks stage with it)."""
+        (``Partition.append_columns``). ``timestamps_ns``: each record's own timestamp
+        (UTC epoch ns, as a Kafka producer's CreateTime) instead of the time of the
+        append. Returns the first record's offset, None if there were none. Local handles
+        only (the Spark sink's tasks stage with it; the Kafka listener appends with it)."""
         part = self._part(partition)
         chunks = [tuple(columns)]
+        times = None
+        if timestamps_ns is not None:
+            chunks, times = chunks_by_time(chunks[0], check_timestamps(timestamps_ns, chunks[0][0]))
         if cpaths.columns_check is not None and partition_mod._fast_columns is not None:
             n, _total, biggest = cpaths.columns_check(chunks)
         else:
@@ -332,7 +337,7 @@ class Stream:
         floor = None
         if self.retention == "block":
             floor = lambda: self.groups_table.floor(partition, self._idle_ns)  # noqa: E731
-        first = part.append_columns(chunks, _wall(), floor)
+        first = part.append_columns(chunks, _wall(), floor, times=times)
         self._wake_readers()
         return first
 

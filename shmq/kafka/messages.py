@@ -133,13 +133,15 @@ def _shape(cls):
     out = []
     for f in dataclasses.fields(cls):
         t = hints[f.name]
+        arms = [a for a in typing.get_args(t) if a is not type(None)]
+        shape = arms[0] if len(arms) == 1 and typing.get_origin(arms[0]) is tuple else t  # a nullable array
         nested = None
-        args = [a for a in typing.get_args(t) if a is not type(None) and a is not Ellipsis]
-        if dataclasses.is_dataclass(t):
-            nested = t
+        args = [a for a in typing.get_args(shape) if a is not type(None) and a is not Ellipsis]
+        if dataclasses.is_dataclass(shape):
+            nested = shape
         elif args and dataclasses.is_dataclass(args[0]):
             nested = args[0]
-        out.append((f.name, nested, _default(f, t), typing.get_origin(t) is tuple,
+        out.append((f.name, nested, _default(f, t), typing.get_origin(shape) is tuple,
                     _CONVERT.get(f.metadata.get("kafka_type"))))
     return out
 

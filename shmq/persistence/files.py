@@ -3,6 +3,7 @@ damaged one aside (``.corrupt``) with one line said."""
 
 import logging
 import os
+import re
 
 from .. import dmsq
 from ..sharing import fit_to_dir
@@ -11,6 +12,7 @@ from ..engine.wal import log_files, parse_wal_name, split_partition_name
 log = logging.getLogger("shmq.persistence")
 
 HWM_SUFFIX = ".hwm"
+KAFKA_STATE_FILE = "kafka-state.json"  # the Kafka listener's producer sequences and commit metadata (server/kafka/state.py)
 
 
 def snapshot_path(data_dir: str, name: str) -> str:
@@ -49,7 +51,10 @@ def owner_of(entry: str) -> str | None:
 
 def is_data_file(entry: str) -> bool:
     """Whether a data-dir entry is one of shmq's files: a snapshot, a log, a high-water
-    file, the exchange table, or one of those set aside (``.corrupt``) or half-written (``.tmp``)."""
+    file, the exchange table, the Kafka listener's state, or one of those set aside
+    (``.corrupt``, ``.damaged``) or half-written (``.tmp``)."""
+    if entry == KAFKA_STATE_FILE or re.fullmatch(re.escape(KAFKA_STATE_FILE) + r"\.(damaged|\d+\.tmp)", entry):
+        return True
     stem = entry
     if stem.endswith(dmsq.TMP_SUFFIX):
         stem = stem[:-len(dmsq.TMP_SUFFIX)]

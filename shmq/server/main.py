@@ -177,10 +177,12 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                 server.on_create = snapshotter.open_wal
                 if kafka_listener is not None:
                     kafka_listener.on_create = snapshotter.open_wal
+                    kafka_listener.state_dir = data_dir  # its producers' sequences, commit metadata: kept there
             _log_persistence(namespace, data_dir, snapshot_interval, fsync)
             await server.start()
             if kafka_listener is not None:
                 await kafka_listener.start()
+                server.streams.join(kafka_listener.streams)  # one loop serves both ports' waiting reads
         except BaseException:
             server.unbind()
             if kafka_listener is not None:
@@ -193,7 +195,8 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         exporter.watch(server)  # its open connections
         keeper = Housekeeper(keeper_broker)
         runtime_file = await asyncio.to_thread(advertise, server.port, host, namespace, token)
-        lock.update(host=host, port=server.port, data_dir=os.path.abspath(data_dir) if data_dir else None)
+        lock.update(host=host, port=server.port, data_dir=os.path.abspath(data_dir) if data_dir else None,
+                    tls=tls is not None, token=token is not None)  # for shmq status
         if kafka_listener is not None:
             lock.update(kafka_host=kafka_listener.host, kafka_port=kafka_listener.port)
             log.info("kafka listener on %s:%d (advertised as %s:%d), %s", kafka_listener.host, kafka_listener.port,

@@ -225,6 +225,14 @@ class Handles:
         self.kind = kind
         self.handles = {}
         self.lines = {}
+        self.peers = [self]  # the Handles of this kind on this loop (the DEADBEEF port's, the Kafka port's)
+
+    def join(self, other: "Handles") -> None:
+        """Serve ``other``'s lines too on ``notify``, and it ours: data this loop makes under
+        ``waits.serving`` owes a doorbell of either no post, so both must look."""
+        self.peers += [h for h in other.peers if h not in self.peers]
+        for h in self.peers:
+            h.peers = self.peers
 
     def get(self, name):
         """The cached handle on ``name``, attached again after a delete + create."""
@@ -247,11 +255,12 @@ class Handles:
             h.close()
 
     def notify(self, name):
-        """Data for ``name`` was just made by this loop: serve its line once the current
-        request is answered."""
-        line = self.lines.get(name)
-        if line is not None:
-            line.schedule()
+        """Data for ``name`` was just made by this loop: serve its line (and its peers')
+        once the current request is answered."""
+        for handles in self.peers:
+            line = handles.lines.get(name)
+            if line is not None:
+                line.schedule()
 
     def line_of(self, h):
         line = self.lines.get(h.name)

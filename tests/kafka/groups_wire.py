@@ -3,6 +3,7 @@ objects and answered in order, so a test can hold a JoinGroup open (``send`` now
 later) and send what no real client sends (a stale generation, a stranger's member id)."""
 
 import dataclasses
+import datetime
 import io
 import socket
 import struct
@@ -13,7 +14,7 @@ from kio.serial import entity_reader, entity_writer
 from shmq.kafka import frame
 from shmq.kafka.messages import request_class, response_class
 
-__all__ = ["Wire", "subscription"]
+__all__ = ["Wire", "subscription", "produce", "fetch_records"]
 
 JOIN, SYNC, HEARTBEAT, LEAVE, COMMIT, FETCH, FIND, DESCRIBE, LIST = 11, 14, 12, 13, 8, 9, 10, 15, 16
 
@@ -105,3 +106,23 @@ class Wire:
             assert chunk, "the listener closed the connection"
             buf += chunk
         return buf
+
+
+def produce(w: Wire, topic: str, records: bytes, acks: int = 1):
+    """A Produce v9 of ``records`` (record batches) to partition 0 of ``topic``: its
+    partition's response."""
+    r = w.call(0, 9, transactional_id=None, acks=acks, timeout=datetime.timedelta(seconds=30), topic_data=[
+        {"name": topic, "partition_data": [{"index": 0, "records": records}]}])
+    return r.responses[0].partition_responses[0]
+
+
+def fetch_records(w: Wire, topic: str, offset: int, max_bytes: int = 2**20):
+    """A Fetch v12 of partition 0 of ``topic`` from ``offset``, not waiting: the
+    partition's response."""
+    r = w.call(1, 12, cluster_id=None, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=0,
+               max_bytes=max_bytes, isolation_level=0, session_id=0, session_epoch=-1, topics=[
+                   {"topic": topic, "partitions": [
+                       {"partition": 0, "fetch_offset": offset, "partition_max_bytes": max_bytes,
+                        "current_leader_epoch": -1, "log_start_offset": -1, "last_fetched_epoch": -1}]}],
+               forgotten_topics_data=[], rack_id="")
+    return r.responses[0].partitions[0]

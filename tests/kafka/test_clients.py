@@ -10,7 +10,10 @@ import time
 
 import pytest
 
+from shmq.kafka.compression import CODECS
+from shmq.kafka.records import decode_batches
 from tests._wait import wait_for
+from tests.kafka.groups_wire import Wire, fetch_records
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +67,7 @@ def test_kafka_python_produces_and_consumes_exactly(kafka_server, broker):
     native = broker.stream("kp").read(0, 0, 100)  # the same records, natively
     assert [(r.offset, r.key, r.value, r.headers) for r in native] == \
         [(i, b"k%d" % i if i % 2 else None, b"v%d" % i, {"h": b"%d" % i}) for i in range(20)]
-    assert [int(r.timestamp * 1000) for r in native] == [m.timestamp for m in got]
+    assert [round(r.timestamp * 1000) for r in native] == [m.timestamp for m in got]
 
 
 def test_confluent_kafka_produces_and_consumes(kafka_server, broker):
@@ -168,6 +171,12 @@ def test_every_compression_codec(kafka_server, broker, codec):
     assert cp.flush(30) == 0
     values = [r.value for r in broker.stream("z").read(0, 0, 200)]
     assert values == [b"kp %d " % i * 20 for i in range(50)] + [b"ck %d " % i * 20 for i in range(50)]
+    # fetched as the producers sent them (compressed batches, kept): each client reads them all back
+    with Wire(srv.port) as w:
+        fetched = fetch_records(w, "z", 0).records
+    assert {b.attributes & 7 for b in decode_batches(fetched, 2**24)} == {CODECS[codec]}
+    assert [m.value for m in _kp_consume(srv.bootstrap, "z", 100)] == values
+    assert [m.value() for m in _ck_consume(srv.bootstrap, "z", 100)] == values
 
 
 def test_sasl_plain_with_the_token_and_a_wrong_one(broker, servers, tmp_path, caplog):

@@ -155,8 +155,8 @@ def test_idempotent_sequences():
     assert seq.init(pid, epoch) == (pid, epoch + 1)
     key = (pid, "t", 1.0, 0)
     assert seq.check(key, 0, 0, 4) is None
-    seq.record(key, 0, 0, 4, 100, 5)
-    assert seq.check(key, 0, 0, 4) == (100, 5)  # a retry: the first offset again, nothing appended
+    seq.record(key, 0, 0, 4, 100)
+    assert seq.check(key, 0, 0, 4) == 100  # a retry: the first offset again, nothing appended
     with pytest.raises(KafkaProtocolError, match="sequence 7 where 5 was expected") as e:
         seq.check(key, 0, 7, 9)
     assert e.value.code == ErrorCode.out_of_order_sequence_number
@@ -164,7 +164,7 @@ def test_idempotent_sequences():
     with pytest.raises(KafkaProtocolError, match="sequence 3 from a producer") as e:
         seq.check((pid + 1, "t", 1.0, 0), 0, 3, 3)
     assert e.value.code == ErrorCode.unknown_producer_id
-    seq.record(key, 1, 0, 0, 200, 6)  # a new epoch starts at 0
+    seq.record(key, 1, 0, 0, 200)  # a new epoch starts at 0
     with pytest.raises(KafkaProtocolError, match="producer epoch 0 is older than 1") as e:
         seq.check(key, 0, 1, 1)
     assert e.value.code == ErrorCode.invalid_producer_epoch

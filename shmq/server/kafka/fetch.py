@@ -6,8 +6,10 @@ byte budgets (the first record of the response always comes, as Kafka's KIP-74);
 holds fewer than ``min_bytes`` bytes and the client will wait, the fetch lines up on the
 line (``waiters.StreamWaiters``) of each stream it reads, whose doorbell rings for an
 append from anyone; each ring reads again, and the first read that holds enough, or the
-deadline, answers. Each partition's records go out as one uncompressed batch; a record's
-timestamp is the time shmq appended it (ms).
+deadline, answers. A partition's records go out as the batches their Kafka producers
+sent, where the listener kept them (``batches.Batches``), else encoded from the stream,
+uncompressed; a record's timestamp is its stored one in ms (a Kafka producer's, or the
+time a native append made it).
 """
 
 import asyncio
@@ -28,15 +30,18 @@ CHUNK = 500  # records read at a time while a budget lasts
 FETCH_MSG_TYPE = 1  # what the waiters' lines call a Kafka Fetch (for their logs only)
 
 
-def _read(s, p, offset, budget, first):
-    """(records, bytes) of partition ``p`` from ``offset`` within ``budget`` bytes of
-    values, keys and headers (the first record of the response whatever its size)."""
+def _read(s, p, offset, stop, budget, first):
+    """(records, bytes) of partition ``p`` from ``offset`` up to ``stop`` within
+    ``budget`` bytes of values, keys and headers (the first record of the response
+    whatever its size)."""
     out, used = [], 0
-    while True:
-        rows = s.read_raw(p, offset, CHUNK)
+    while offset < stop:
+        rows = s.read_raw(p, offset, min(CHUNK, stop - offset))
         if not rows:
             return out, used
         for off, ts, key, hraw, value in rows:
+            if off >= stop:
+                return out, used
             size = len(value) + len(hraw) + (len(key) if key is not None else 0) + 16
             if used + size > budget and not (first and not out):
                 return out, used
@@ -46,6 +51,30 @@ def _read(s, p, offset, budget, first):
         offset = rows[-1][0] + 1
         if len(rows) < CHUNK:
             return out, used
+    return out, used
+
+
+def _batches(server, s, p, offset, end, budget, first) -> tuple[list, int]:
+    """The record batches of partition ``p`` from ``offset`` to ``end`` within
+    ``budget``: kept ones as the producer sent them, the others encoded from the stream;
+    (the batches' bytes, their size)."""
+    out, used = [], 0
+    while offset < end and used < budget:
+        raw, after = server.batches.find(s, p, offset)
+        if raw is not None:
+            if used + len(raw) > budget and not (first and not out):
+                break
+            out.append(raw)
+            used += len(raw)
+            offset = after
+            continue
+        records, n = _read(s, p, offset, end if after is None else min(after, end), budget - used, first and not out)
+        if not records:
+            break
+        out.append(encode_batch(records))
+        used += n
+        offset = records[-1].offset + 1
+    return out, used
 
 
 def _read_all(server, request):
@@ -71,10 +100,10 @@ def _read_all(server, request):
                     continue
                 if rp.fetch_offset == end:
                     continue
-                records, used = _read(s, rp.partition, rp.fetch_offset, min(rp.partition_max_bytes, budget),
-                                      first=total == 0)
-                if records:
-                    entry["records"] = encode_batch(records)
+                batches, used = _batches(server, s, rp.partition, rp.fetch_offset, end,
+                                         min(rp.partition_max_bytes, budget), first=total == 0)
+                if batches:
+                    entry["records"] = batches[0] if len(batches) == 1 else b"".join(batches)
                     total += used
                     budget -= used
             except OffsetOutOfRange:

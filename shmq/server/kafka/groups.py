@@ -518,9 +518,25 @@ class Coordinator:
         except (StreamNotFound, ValueError):
             return {}
 
+    def export_metadata(self) -> list:
+        """The commit metadata held, as JSON-able rows [group, topic, partition, offset,
+        metadata] (``state.keep``)."""
+        return [[g, t, p, o, m] for (g, t, p), (o, m) in self._metadata.items() if m]
+
+    def restore_metadata(self, rows) -> int:
+        """Take back ``export_metadata``'s rows; returns how many. ValueError for rows
+        not of that shape."""
+        for g, t, p, o, m in rows:
+            if not (isinstance(g, str) and isinstance(t, str) and isinstance(m, str) and type(p) is int
+                    and type(o) is int):
+                raise ValueError(f"a commit metadata row {[g, t, p, o]!r}")
+            self._metadata[(g, t, p)] = (o, m)
+        return len(rows)
+
     def _meta_of(self, group_id, topic, p, offset) -> str:
         """The metadata committed with ``offset``, if it is still the committed one (held in
-        memory: a restart, or a native commit, forgets it)."""
+        memory, kept over a clean restart where the server persists: ``state``; a native
+        commit forgets it)."""
         kept = self._metadata.get((group_id, topic, p))
         return kept[1] if kept is not None and kept[0] == offset else ""
 

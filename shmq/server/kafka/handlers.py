@@ -1,7 +1,7 @@
 """The APIs of the Kafka listener and the versions it answers (``VERSIONS``,
 ``HANDLERS``; the group APIs come from ``groups``), and the small handlers: ApiVersions,
-Metadata, ListOffsets, InitProducerId, CreateTopics, DeleteTopics, SaslHandshake,
-SaslAuthenticate. Produce and Fetch have modules of their own.
+Metadata, ListOffsets, InitProducerId, CreateTopics, DeleteTopics, DescribeConfigs,
+SaslHandshake, SaslAuthenticate. Produce and Fetch have modules of their own.
 
 Strategy: a handler is ``async def handler(ctx, header, request) -> response``; it
 describes its answer once as a dict and ``shmq.kafka.build`` makes the negotiated
@@ -10,6 +10,7 @@ topic names, not topic ids (Produce <= 11, Fetch <= 12). Produce is advertised f
 (librdkafka wants it, KAFKA-18659) but only 3+ parse: magic 2 batches.
 """
 
+import asyncio
 import hmac
 import logging
 
@@ -27,12 +28,13 @@ log = logging.getLogger("shmq.server")
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 17, 18, 19, 20, 22, 36
+DESCRIBE_CONFIGS = 32
 PRE_AUTH = frozenset((API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
 
 VERSIONS = {
     PRODUCE: (0, 11), FETCH: (4, 12), LIST_OFFSETS: (1, 9), METADATA: (0, 12), SASL_HANDSHAKE: (1, 1),
     API_VERSIONS: (0, 3), CREATE_TOPICS: (2, 7), DELETE_TOPICS: (1, 5), INIT_PRODUCER_ID: (0, 5),
-    SASL_AUTHENTICATE: (0, 2),
+    SASL_AUTHENTICATE: (0, 2), DESCRIBE_CONFIGS: (1, 4),
 }
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 MAX_PRODUCER_EPOCH = 32767
@@ -95,12 +97,20 @@ _CONFIGS = {"retention.bytes": "retention_bytes", "retention.ms": "retention_sec
             "max.message.bytes": "max_message_bytes"}
 
 
+# configs every topic has, whatever CreateTopics said: (name, value)
+FIXED_CONFIGS = (("cleanup.policy", "delete"), ("message.timestamp.type", "CreateTime"))
+DYNAMIC_TOPIC_CONFIG, DEFAULT_CONFIG = 1, 5  # a config's source, as Kafka names them
+TOPIC, BROKER = 2, 4  # DescribeConfigs' resource types
+_TYPES = {"cleanup.policy": 7, "message.timestamp.type": 2, "retention.ms": 5, "retention.bytes": 5,
+          "max.message.bytes": 3}  # Kafka's config types: LIST, STRING, LONG, LONG, INT
+
+
 def _settings(configs) -> dict:
     """CreateTopics' configs as create_stream's settings; KafkaProtocolError (INVALID_CONFIG)
     for one shmq has no equal of."""
     out = {}
     for c in configs or ():
-        if c.name == "cleanup.policy" and c.value == "delete":
+        if (c.name, c.value) in FIXED_CONFIGS:
             continue
         key = _CONFIGS.get(c.name)
         try:
@@ -108,8 +118,9 @@ def _settings(configs) -> dict:
         except (TypeError, ValueError):
             key = None
         if key is None or value < 0:
-            raise KafkaProtocolError(f"config {c.name}={c.value} is not taken here (only cleanup.policy=delete, "
-                                     f"{', '.join(_CONFIGS)})", ErrorCode.invalid_config)
+            raise KafkaProtocolError(f"config {c.name}={c.value} is not taken here (only "
+                                     f"{', '.join(f'{k}={v}' for k, v in FIXED_CONFIGS)}, {', '.join(_CONFIGS)})",
+                                     ErrorCode.invalid_config)
         out[key] = value / 1000 if key == "retention_seconds" else value
     return out
 
@@ -120,7 +131,9 @@ async def create_topics(ctx, header, request):
         n = len(t.assignments) if t.assignments else t.num_partitions
         if n == -1:
             n = server.auto_create_partitions
-        entry = {"name": t.name, "num_partitions": n, "replication_factor": 1, "error_code": ErrorCode.none}
+        entry = {"name": t.name, "num_partitions": n, "replication_factor": 1, "error_code": ErrorCode.none,
+                 "configs": [{"name": k, "value": v, "read_only": True, "config_source": DEFAULT_CONFIG,
+                              "is_sensitive": False} for k, v in FIXED_CONFIGS]}
         try:
             if t.replication_factor not in (-1, 1):
                 raise KafkaProtocolError(f"replication factor {t.replication_factor}: a single node has 1",
@@ -140,9 +153,47 @@ async def create_topics(ctx, header, request):
                     entry["topic_id"] = server.topic_id(s)
         except (ShmqError, ValueError, TypeError) as e:
             code = ErrorCode.invalid_topic_exception if isinstance(e, (ValueError, TypeError)) else code_of(e)
-            entry.update(error_code=code, error_message=str(e), num_partitions=-1, replication_factor=-1)
+            entry.update(error_code=code, error_message=str(e), num_partitions=-1, replication_factor=-1, configs=[])
         out.append(entry)
     return respond(header, {"topics": out})
+
+
+def topic_configs(s) -> list[tuple[str, str, int]]:
+    """A stream's settings as Kafka's topic configs: (name, value, source)."""
+    out = [(k, v, DEFAULT_CONFIG) for k, v in FIXED_CONFIGS]
+    secs, size = s.retention_seconds, s.retention_bytes
+    out += [("retention.ms", str(round(secs * 1000)) if secs else "-1", _source(secs)),
+            ("retention.bytes", str(size) if size else "-1", _source(size)),
+            ("max.message.bytes", str(s.max_message_bytes), DYNAMIC_TOPIC_CONFIG)]
+    return out
+
+
+def _source(value) -> int:
+    return DYNAMIC_TOPIC_CONFIG if value else DEFAULT_CONFIG
+
+
+async def describe_configs(ctx, header, request):
+    """A topic's configs (``topic_configs``, read-only: no AlterConfigs); a broker has
+    none to tell; other resources are refused."""
+    results = []
+    for r in request.resources:
+        entry = {"error_code": ErrorCode.none, "resource_type": r.resource_type, "resource_name": r.resource_name,
+                 "configs": []}
+        if r.resource_type == TOPIC:
+            s, code = ctx.server.topic(r.resource_name)
+            if s is None:
+                entry.update(error_code=code, error_message=f"no topic {r.resource_name!r}")
+            else:
+                wanted = None if r.configuration_keys is None else set(r.configuration_keys)
+                entry["configs"] = [{"name": k, "value": v, "read_only": True, "config_source": src,
+                                     "is_default": src == DEFAULT_CONFIG, "is_sensitive": False,
+                                     "config_type": _TYPES[k]}
+                                    for k, v, src in topic_configs(s) if wanted is None or k in wanted]
+        elif r.resource_type != BROKER:
+            entry.update(error_code=ErrorCode.invalid_request,
+                         error_message=f"resource type {r.resource_type}: only topics (2) and brokers (4)")
+        results.append(entry)
+    return respond(header, {"results": results})
 
 
 async def delete_topics(ctx, header, request):
@@ -161,26 +212,29 @@ async def delete_topics(ctx, header, request):
 
 
 # ---------------------------------------------------------------------------- offsets
-def _offset_at(s, p, ts_ms) -> tuple[int, int]:
+SCAN = 10_000  # records read at a time by a ListOffsets by timestamp
+
+
+def _scan(s, p, ts_ms) -> tuple[int, int]:
     """(offset, timestamp ms) of the first record of partition ``p`` stamped at or after
-    ``ts_ms`` (timestamps grow with offsets: they are append times), or (-1, -1)."""
-    lo, hi = s.offsets(p)
-    found = None
-    while lo < hi:  # binary search on the records' timestamps, one record read per step
-        mid = (lo + hi) // 2
-        try:
-            rows = s.read_raw(p, mid, 1)
-        except ShmqError:  # a gap of lost offsets: look after it
-            lo = mid + 1
-            continue
+    ``ts_ms``, or with ``ts_ms`` None the first with the greatest timestamp; (-1, -1) if
+    none. A walk of the records (their timestamps are their producers': they need not
+    grow with offsets), as Kafka's time index finds them."""
+    offset, end = s.offsets(p)
+    best = (-1, -1)
+    while offset < end:
+        rows = s.read_raw(p, offset, SCAN)
         if not rows:
             break
-        off, ts_ns = rows[0][0], rows[0][1]
-        if ts_ns // 1_000_000 >= ts_ms:
-            found, hi = (off, ts_ns // 1_000_000), mid
-        else:
-            lo = off + 1
-    return found if found is not None else (-1, -1)
+        for off, ts_ns, _k, _h, _v in rows:
+            ms = ts_ns // 1_000_000
+            if ts_ms is None:
+                if ms > best[1]:
+                    best = (off, ms)
+            elif ms >= ts_ms:
+                return off, ms
+        offset = rows[-1][0] + 1
+    return best
 
 
 def _list_offset(s, p, ts) -> tuple[int, int]:
@@ -190,14 +244,11 @@ def _list_offset(s, p, ts) -> tuple[int, int]:
     if ts == EARLIEST:
         return earliest, -1
     if ts == MAX_TIMESTAMP:
-        if end == earliest:
-            return -1, -1
-        rows = s.read_raw(p, end - 1, 1)
-        return (end - 1, rows[0][1] // 1_000_000) if rows else (-1, -1)
+        return _scan(s, p, None)
     if ts < 0:
         raise KafkaProtocolError(f"timestamp {ts} is not taken (-1 latest, -2 earliest, -3 max timestamp, "
                                  f"or a time in ms)", ErrorCode.invalid_request)
-    return _offset_at(s, p, ts)
+    return _scan(s, p, ts)
 
 
 async def list_offsets(ctx, header, request):
@@ -212,7 +263,11 @@ async def list_offsets(ctx, header, request):
                 try:
                     if not 0 <= rp.partition_index < s.partitions:
                         raise StreamNotFound(f"no partition {rp.partition_index}")
-                    entry["offset"], entry["timestamp"] = _list_offset(s, rp.partition_index, rp.timestamp)
+                    if rp.timestamp in (LATEST, EARLIEST):
+                        entry["offset"], entry["timestamp"] = _list_offset(s, rp.partition_index, rp.timestamp)
+                    else:  # a walk of the records: off the loop
+                        entry["offset"], entry["timestamp"] = await asyncio.to_thread(
+                            _list_offset, s, rp.partition_index, rp.timestamp)
                 except (ShmqError, ValueError) as e:
                     entry["error_code"] = code_of(e)
             parts.append(entry)
@@ -261,5 +316,5 @@ async def sasl_authenticate(ctx, header, request):
 HANDLERS = {
     PRODUCE: produce, FETCH: fetch, LIST_OFFSETS: list_offsets, METADATA: metadata, SASL_HANDSHAKE: sasl_handshake,
     API_VERSIONS: api_versions, CREATE_TOPICS: create_topics, DELETE_TOPICS: delete_topics,
-    INIT_PRODUCER_ID: init_producer_id, SASL_AUTHENTICATE: sasl_authenticate,
+    INIT_PRODUCER_ID: init_producer_id, SASL_AUTHENTICATE: sasl_authenticate, DESCRIBE_CONFIGS: describe_configs,
 }

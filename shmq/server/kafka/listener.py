@@ -20,9 +20,10 @@ from ...kafka import ErrorCode
 from ..limits import Limits, sweep
 from ..tcp import LOCK_TIMEOUT_S, Handles, listen
 from ..waiters import StreamWaiters
-from . import groups
+from . import groups, state
 from .connection import KafkaConnection
 from .handlers import HANDLERS, VERSIONS
+from .batches import Batches
 from .produce import Sequences
 
 __all__ = ["KafkaListener", "advertised"]
@@ -72,10 +73,12 @@ class KafkaListener:
         self.auto_create_partitions = auto_create_partitions
         self.limits = limits if limits is not None else Limits()
         self.on_create = on_create  # called with each stream this listener creates
+        self.state_dir = None  # the server's data dir: producers' sequences and commit metadata kept there (state)
         self.tls = tls  # an ssl.SSLContext: Kafka's SSL (SASL_SSL with a token); None: PLAINTEXT (SASL_PLAINTEXT)
         self.versions = {**VERSIONS, **groups.VERSIONS}
         self.handlers = {**HANDLERS, **groups.HANDLERS}
         self.sequences = Sequences()
+        self.batches = Batches()  # producers' batches as they came, for the fetches of their offsets
         self.connections = set()
         self.cluster_id = f"shmq-{broker.namespace}"
         self.loop = None
@@ -154,6 +157,8 @@ class KafkaListener:
     async def start(self):
         if self._server is None:
             await self.bind()
+        if self.state_dir is not None:
+            state.restore(self, self.state_dir)
         await self._server.start_serving()
         self._sweeper = self.loop.create_task(self._sweep())
         return self
@@ -174,6 +179,8 @@ class KafkaListener:
             self.streams.answer_all()
         for conn in list(self.connections):
             conn.close("the server stops")
+        if self.state_dir is not None and self.coordinator is not None:
+            state.keep(self, self.state_dir)
         if self.coordinator is not None:
             self.coordinator.close()
         if server is not None:

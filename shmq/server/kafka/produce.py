@@ -1,22 +1,31 @@
 """Produce: record batches appended to a stream's partition, and the sequence numbers of
 idempotent producers (``Sequences``), so a retried batch is appended once.
 
-Strategy: a partition's batches are appended in one ``append_many`` (all or nothing),
-on the loop, or on a thread for a stream with retention="block" (its append may wait for
-the slowest group). An idempotent batch (producer id >= 0) is checked against the last
-sequence this listener appended for that producer, epoch and partition, as a Kafka
-broker does: the next one is appended; one of the last five batches again (a retry after
-a lost response) is answered with the offset it got the first time, appending nothing;
-a gap is OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch is INVALID_PRODUCER_EPOCH. The
-state lives in the listener's memory: a server restart forgets it (the producer then
-hears UNKNOWN_PRODUCER_ID for a batch past its first and starts a new epoch).
+Strategy: a partition's batches are appended as one chunk of columns (values, keys,
+encoded headers: ``Stream.append_columns``, written in C; all or nothing), each record
+with the timestamp its producer gave it (the topics are Kafka's CreateTime), on the
+loop, or on a thread for a stream with retention="block" (its append may wait for the
+slowest group). A batch whose records come back unchanged is kept as it came
+(``batches.Batches``) for the fetches of its offsets. An idempotent batch (producer id
+>= 0) is checked against the last sequence this listener appended for that producer,
+epoch and partition, as a Kafka broker does: the next one is appended; one of the last
+five batches again (a retry after a lost response) is answered with the offset it got
+the first time, appending nothing; a gap is OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch
+is INVALID_PRODUCER_EPOCH. The state lives in the listener's memory, kept over a clean
+restart of a server with a data dir (``state``); otherwise a restart forgets it (the
+producer then hears UNKNOWN_PRODUCER_ID for a batch past its first and starts a new
+epoch).
 """
 
+import array
 import asyncio
+import itertools
 import logging
 import time
 from collections import OrderedDict, deque
 
+from ...engine.headers import encode_headers
+from ...engine.waits import serving
 from ...errors import ShmqError, StreamNotFound
 from ...kafka import ErrorCode, KafkaProtocolError
 from ...kafka.codes import code_of
@@ -32,6 +41,7 @@ log = logging.getLogger("shmq.server")
 MAX_EPOCH = 32767
 RECENT = 5  # batches remembered per producer and partition (Kafka's max.in.flight for idempotence)
 MAX_PRODUCER_PARTITIONS = 100_000  # (producer, partition) states kept; the least recently used go first
+MAX_TIMESTAMP_MS = (2**63 - 1) // 1_000_000  # a record's timestamp, stored in ns
 
 
 class _State:
@@ -40,7 +50,7 @@ class _State:
     def __init__(self, epoch):
         self.epoch = epoch
         self.last = -1
-        self.recent = deque(maxlen=RECENT)  # (first seq, last seq, base offset, append time ms)
+        self.recent = deque(maxlen=RECENT)  # (first seq, last seq, base offset)
 
 
 class Sequences:
@@ -61,8 +71,8 @@ class Sequences:
 
     def check(self, key, epoch: int, first: int, last: int):
         """Before appending a batch of sequences first..last: None (append it), the
-        (base offset, append time) of the same batch appended before (a retry), or
-        KafkaProtocolError with Kafka's code."""
+        base offset of the same batch appended before (a retry), or KafkaProtocolError
+        with Kafka's code."""
         st = self._parts.get(key)
         if st is None or epoch > st.epoch:
             if first != 0:
@@ -73,22 +83,44 @@ class Sequences:
         if epoch < st.epoch:
             raise KafkaProtocolError(f"producer epoch {epoch} is older than {st.epoch}",
                                      ErrorCode.invalid_producer_epoch)
-        for f, la, offset, ts in st.recent:
+        for f, la, offset in st.recent:
             if f == first and la == last:
-                return offset, ts
+                return offset
         if first != (st.last + 1) % 2**31:
             raise KafkaProtocolError(f"sequence {first} where {(st.last + 1) % 2**31} was expected",
                                      ErrorCode.out_of_order_sequence_number)
         return None
 
-    def record(self, key, epoch, first, last, offset, ts_ms):
+    def export(self) -> list:
+        """The state as JSON-able rows: [producer id, stream, creation time, partition,
+        epoch, last sequence, [[first, last, offset] of the recent batches]]."""
+        return [[*key, st.epoch, st.last, [list(r) for r in st.recent]] for key, st in self._parts.items()]
+
+    def restore(self, rows, created_at) -> int:
+        """Take back ``export``'s rows whose stream has the same creation time now
+        (``created_at(name)``); returns how many. ValueError or TypeError for rows not
+        of that shape."""
+        n = 0
+        for pid, name, created, p, epoch, last, recent in rows:
+            if not all(type(x) is int for x in (pid, p, epoch, last)) or not isinstance(name, str):
+                raise ValueError(f"a producer state row {[pid, name, p, epoch, last]!r}")
+            if created_at(name) != created:
+                continue
+            st = self._parts[(pid, name, created, p)] = _State(epoch)
+            st.last = last
+            st.recent.extend((int(f), int(la), int(o)) for f, la, o in recent)
+            self._next = max(self._next, pid)
+            n += 1
+        return n
+
+    def record(self, key, epoch, first, last, offset):
         """A batch was appended."""
         st = self._parts.get(key)
         if st is None or epoch > st.epoch:
             st = self._parts[key] = _State(epoch)
         self._parts.move_to_end(key)
         st.last = last
-        st.recent.append((first, last, offset, ts_ms))
+        st.recent.append((first, last, offset))
         while len(self._parts) > MAX_PRODUCER_PARTITIONS:
             self._parts.popitem(last=False)
 
@@ -128,6 +160,8 @@ async def _append(server, s, pd, entry):
         batches = decode_batches(pd.records or b"", server.max_frame_bytes)
         if not batches:
             raise KafkaProtocolError("a Produce without a record batch", ErrorCode.invalid_record)
+        if not all(b.count for b in batches):
+            raise KafkaProtocolError("a record batch without records", ErrorCode.invalid_record)
         if any(b.attributes & (TRANSACTIONAL | CONTROL) for b in batches):
             raise KafkaProtocolError("transactional batches are not supported",
                                      ErrorCode.transactional_id_authorization_failed)
@@ -143,26 +177,68 @@ async def _append(server, s, pd, entry):
             seen = server.sequences.check(key, epoch, first, last)
             if seen is not None:  # a retry of a batch appended before
                 log.info("topic %s partition %d: producer %d's batch %d..%d again (a retry): answered with offset "
-                         "%d, appended once", s.name, p, key[0], first, last, seen[0],
+                         "%d, appended once", s.name, p, key[0], first, last, seen,
                          extra={"event": "kafka_duplicate_batch", "topic": s.name, "partition": p,
-                                "producer_id": key[0], "offset": seen[0]})
-                entry.update(error_code=ErrorCode.none, base_offset=seen[0], log_append_time=seen[1],
-                             log_start_offset=s.offsets(p)[0])
+                                "producer_id": key[0], "offset": seen})
+                entry.update(error_code=ErrorCode.none, base_offset=seen, log_start_offset=s.offsets(p)[0])
                 return
-        records = [r for b in batches for r in b.records]
-        values = [b"" if r.value is None else r.value for r in records]
-        keys = [r.key for r in records]
-        headers = [to_native(r.headers) for r in records]
+        chunk, stamps = columns(batches)
         if s.retention == "block":  # may wait for the slowest group: not on the loop
-            metas = await asyncio.to_thread(s.append_many, values, keys, headers, p)
+            offset = await asyncio.to_thread(s.append_columns, chunk, p, stamps)
         else:
-            metas = s.append_many(values, keys=keys, headers=headers, partition=p)
+            with serving():  # (this loop serves the fetches: ``notify``, no post to its doorbells)
+                offset = s.append_columns(chunk, p, timestamps_ns=stamps)
         server.notify(s.name)
-        ts_ms = int(metas[0].timestamp * 1000)
         if idem:
-            server.sequences.record(key, epoch, first, last, metas[0].offset, ts_ms)
-        entry.update(error_code=ErrorCode.none, base_offset=metas[0].offset, log_append_time=ts_ms,
-                     log_start_offset=s.offsets(p)[0])
-    except (ShmqError, ValueError, TypeError) as e:
+            server.sequences.record(key, epoch, first, last, offset)
+        entry.update(error_code=ErrorCode.none, base_offset=offset, log_start_offset=s.offsets(p)[0])
+        at = offset
+        for b in batches:
+            if b.raw is not None:
+                server.batches.put(s, p, at, b.raw, b.count)
+            at += b.count
+    except (ShmqError, ValueError, TypeError, OverflowError) as e:
         entry.update(error_code=code_of(e) if isinstance(e, ShmqError) else ErrorCode.invalid_record,
                      error_message=str(e)[:500])
+
+
+def columns(batches) -> tuple[tuple, list]:
+    """The records of ``batches`` as one chunk of ``Stream.append_columns`` (a null value
+    is b"", Kafka headers the native encoded ones), and their timestamps in ns (a record
+    without one, -1, takes the time of the append). KafkaProtocolError
+    (INVALID_TIMESTAMP) for a timestamp past what ns since the epoch hold in 63 bits."""
+    if len(batches) == 1:
+        b = batches[0]
+        values, keys, headers, ms = b.values, b.keys, b.headers, b.timestamps
+    else:
+        values, keys, headers, ms = ([x for b in batches for x in getattr(b, f)]
+                                     for f in ("values", "keys", "headers", "timestamps"))
+    n = len(values)
+    if None in values:
+        values = [b"" if v is None else v for v in values]
+    vdata, voffs = _binary(values)
+    koffs = kdata = kvalid = None
+    nulls = keys.count(None)
+    if nulls < n:
+        kdata, koffs = _binary([b"" if k is None else k for k in keys] if nulls else keys)
+        if nulls:
+            bits = bytearray((n + 7) // 8)
+            for i, k in enumerate(keys):
+                if k is not None:
+                    bits[i >> 3] |= 1 << (i & 7)
+            kvalid = bytes(bits)
+    hoffs = hdata = None
+    if headers.count(()) < n:
+        hdata, hoffs = _binary([encode_headers(to_native(h)) if h else b"" for h in headers])
+    if min(ms) < 0:
+        now = time.time_ns() // 1_000_000
+        ms = [now if t < 0 else t for t in ms]
+    if max(ms) > MAX_TIMESTAMP_MS:
+        raise KafkaProtocolError(f"a record timestamp of {max(ms)} ms: at most {MAX_TIMESTAMP_MS}",
+                                 ErrorCode.invalid_timestamp)
+    return (n, voffs, vdata, koffs, kdata, kvalid, hoffs, hdata), [t * 1_000_000 for t in ms]
+
+
+def _binary(items) -> tuple[bytes, array.array]:
+    """An Arrow binary column of ``items``: (data, int32 offsets)."""
+    return b"".join(items), array.array("i", itertools.accumulate(map(len, items), initial=0))
