@@ -16,6 +16,7 @@ import time
 import uuid
 
 import shmq
+import shmq.engine.queue  # (``import shmq`` loads the engine on first use; main() reads Queue's signature)
 from shmq.engine import cpaths
 
 N = 100_000

@@ -6,10 +6,13 @@
         q.put(b"order #42")
         d = q.get()
         d.ack()
+
+The local engine's names (Broker, Queue, Stream, ...) are loaded on first use, so that
+``import shmq.client`` and ``shmq.connect("tcp://...")`` load no shared-memory code.
 """
 
-from .engine.segment import destroy_namespace
-from .engine.broker import Broker, default_namespace
+import importlib
+
 from .errors import (
     BrokerUnavailable,
     CommitFailed,
@@ -39,12 +42,23 @@ from .errors import (
     StreamNotFound,
     Unauthorized,
 )
-from .engine.delivery import Message
-from .engine.keepalive import Keepalive
-from .engine.queue import Delivery, Queue, QueueStats
-from .engine.stream import Consumer, Record, RecordMetadata, Stream
-from .engine.multiconsumer import MultiConsumer, TopicPartition
-from .producer import Producer
+from .model.keepalive import Keepalive
+from .model.messages import Message, QueueStats
+from .model.records import Record, RecordMetadata, TopicPartition
+
+# the names of the local engine (and of the producer, which sizes records as it does):
+# the module each is imported from on first use, by __getattr__ below
+_ON_USE = {
+    "destroy_namespace": "engine.segment",
+    "Broker": "engine.broker",
+    "default_namespace": "engine.broker",
+    "Queue": "engine.queue",
+    "Delivery": "engine.queue",
+    "Stream": "engine.stream",
+    "Consumer": "engine.stream",
+    "MultiConsumer": "engine.multiconsumer",
+    "Producer": "producer",
+}
 
 __version__ = "0.1.0"
 
@@ -115,6 +129,8 @@ def connect(url: str | None = None, *, namespace: str | None = None, token: str 
     if url is None:
         if options:
             raise ValueError(f"{', '.join(sorted(options))}: options of tcp:// urls, not of a local attach")
+        from .engine.broker import Broker, default_namespace
+
         return Broker(default_namespace() if namespace is None else namespace, create=create)
     if isinstance(url, str) and url.startswith(("tcp://", "tcps://")):
         from .client.remote import RemoteBroker
@@ -131,4 +147,12 @@ def __getattr__(name):
         from .client import aio
 
         return aio
-    raise AttributeError(f"module 'shmq' has no attribute {name!r}")
+    home = _ON_USE.get(name)
+    if home is None:
+        raise AttributeError(f"module 'shmq' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(f".{home}", __name__), name)
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

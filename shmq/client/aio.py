@@ -18,8 +18,8 @@ import asyncio
 import functools
 import os
 
-from ..engine import keepalive
 from ..errors import BrokerUnavailable, ShmqError
+from ..model import keepalive
 from ..protocol import MsgType
 from ..tls import describe, note_refused
 from . import forks

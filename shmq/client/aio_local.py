@@ -19,11 +19,12 @@ import functools
 import time
 from collections import deque
 
-from ..engine import doze, keepalive, maintenance, rpc
+from ..engine import doze, maintenance, rpc
 from ..engine.broker import Broker, default_namespace
-from ..engine.delivery import Processing
-from ..engine.waits import seconds_ns
 from ..errors import QueueEmpty, QueueFull, RequestTimeout
+from ..model import keepalive
+from ..model.checks import seconds_ns
+from ..model.processing import Processing
 from ..server.waiters import Doorbell
 from .core import Pause, Run, retry_while_full
 

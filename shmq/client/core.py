@@ -20,14 +20,15 @@ import time
 from dataclasses import dataclass
 
 from ..auth import client_token, refused
-from ..engine import keepalive
-from ..engine.delivery import Processing, raw_body
-from ..engine.exchange import check_pattern, check_routing_key
-from ..engine.rpc import CORRELATION_ID
-from ..engine.rpc import reply_headers as rpc_reply_headers
 from ..errors import BrokerUnavailable, ProtocolError, QueueEmpty, QueueExists, QueueFull, QueueNotFound, Unauthorized
 from ..errors import SettingsMismatch
 from ..errors import DeliveryExpired, SerializationError, ShmqError
+from ..model import keepalive
+from ..model.checks import check_pattern, check_routing_key
+from ..model.headers import CORRELATION_ID
+from ..model.headers import reply_headers as rpc_reply_headers
+from ..model.messages import raw_body
+from ..model.processing import Processing
 from ..serializers import dump, load
 from ..serializers import resolve as resolve_serializer
 from ..protocol import MsgType

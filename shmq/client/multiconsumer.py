@@ -15,9 +15,10 @@ reconnect every stream's member joins again (``_come_back``), told as one rebala
 
 import logging
 
-from ..engine.multiconsumer import Composite, TopicPartition, as_tp, by_stream
-from ..engine.stream import _check_offset
 from ..errors import BrokerUnavailable, CommitFailed, ShmqError, StreamNotFound
+from ..model.checks import check_offset
+from ..model.composite import Composite
+from ..model.records import TopicPartition, as_tp, by_stream
 from ..protocol import MsgType
 from ..protocol.forms import commit_pairs, from_pairs, max_records_field, ms, record_from_fields
 from .core import CONSUME_SLICE_MS, Pause, Resuming, Send, deadline, driven, resumable
@@ -176,7 +177,7 @@ class MultiConsumerCalls(Composite, Resuming):
     def seek(self, tp, offset: int):
         """Read ``tp`` (owned) from ``offset`` at the next poll; commits nothing."""
         tp = as_tp(tp)
-        yield from _steps(ConsumerCalls.seek, self._member(tp.stream), tp.partition, _check_offset(offset))
+        yield from _steps(ConsumerCalls.seek, self._member(tp.stream), tp.partition, check_offset(offset))
         self._drop_buffered({tp})
 
     @driven
@@ -330,7 +331,7 @@ class MultiConsumerCalls(Composite, Resuming):
         if offsets is None:
             return [Send(MsgType.COMMIT, {**sub._fields(), **({"revoked": True} if self._revoking else {})})
                     for sub in self._members.values()]
-        pending = {as_tp(tp): _check_offset(o) for tp, o in offsets.items()}
+        pending = {as_tp(tp): check_offset(o) for tp, o in offsets.items()}
         return [Send(MsgType.COMMIT, {**self._member(name)._fields(),
                                       "offsets": commit_pairs({p: pending[(name, p)] for p in ps}),
                                       **({"revoked": True} if self._revoking else {})})

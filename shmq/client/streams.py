@@ -18,8 +18,8 @@ or POLL that waits at the end waits at the server, in slices (``core.waiting``).
 import logging
 from collections import deque
 
-from ..engine.stream import _check_offset, check_auto_commit, check_callback, check_poll_interval, check_txn
 from ..errors import BrokerUnavailable, CommitFailed, ShmqError, StreamNotFound
+from ..model.checks import check_auto_commit, check_callback, check_offset, check_poll_interval, check_txn
 from ..protocol import MsgType
 from ..protocol.forms import (
     STREAM_INFO,
@@ -146,7 +146,7 @@ class ConsumerCalls(Resuming):
     @driven
     def seek(self, p: int, offset: int):
         """Read partition ``p`` (owned; else ValueError) from ``offset`` at the next poll."""
-        yield Send(MsgType.SEEK, {**self._fields(), "partitions": [p], "offset": _check_offset(offset)})
+        yield Send(MsgType.SEEK, {**self._fields(), "partitions": [p], "offset": check_offset(offset)})
         self._drop_buffered({p})
 
     @driven

@@ -10,8 +10,8 @@ them back the same way round (put, then ack).
 """
 
 from ..errors import DeliveryExpired, QueueEmpty, QueueFull, QueueNotFound
+from ..model.messages import raw_body
 from . import layout as L
-from .delivery import raw_body
 
 __all__ = ["DLQ_RETRY_DELAY_S", "dead_letter", "redrive"]
 

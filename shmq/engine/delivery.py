@@ -1,51 +1,14 @@
-"""What a queue hands out: a ``Delivery`` (one leased message) and ``QueueStats``."""
+"""What a queue hands out: a ``Delivery`` (one leased message). ``Message``,
+``QueueStats``, ``Processing`` and ``raw_body`` live in ``shmq.model`` (every transport
+shares them); they are imported here under their old names."""
 
-import logging
-from dataclasses import dataclass
-
-from . import cpaths, extension, keepalive
-from .headers import decode_headers
+from ..model import keepalive
+from ..model.headers import decode_headers
+from ..model.messages import Message, QueueStats, raw_body
+from ..model.processing import Processing
+from . import cpaths, extension
 
 __all__ = ["Delivery", "Message", "QueueStats", "Processing", "raw_body"]
-
-_log = logging.getLogger("shmq")
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    """A snapshot of one queue's counters (``Queue.stats()``)."""
-
-    ready: int
-    in_flight: int
-    oldest_ready_age_s: float
-    bytes_used: int
-    max_bytes: int
-    enqueued_total: int
-    acked_total: int
-    redelivered_total: int
-    dead_lettered_total: int
-    consumers_waiting: int
-    producers_waiting: int
-    delayed: int = 0
-    purged_total: int = 0
-    expired_total: int = 0
-    ready_by_priority: tuple = ()  # ready messages per priority level, level 0 first
-    groups_in_flight: int = 0  # message groups with a message leased or delayed
-    dead_letter_depth: int | None = None  # ready messages in the dead-letter queue (None: no DLQ)
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A message looked at without leasing it (``Queue.peek``)."""
-
-    id: int
-    body: bytes
-    headers: dict
-    attempt: int
-    priority: int
-    enqueued_at: float
-    group: str | None
-    queue: str
 
 
 class _Fields:
@@ -182,75 +145,3 @@ class Delivery(cpaths.DeliveryBase or _Fields):
 
 if cpaths.DeliveryBase is not None:
     cpaths._fast.set_delivery_class(Delivery)  # what the C takes build
-
-
-def raw_body(d) -> bytes:
-    """A delivery's body as bytes, also when a serializer loaded ``d.body``."""
-    try:
-        raw = d._raw
-    except AttributeError:  # a TCP client's delivery with no serializer
-        return d.body
-    return d.body if raw is None else raw
-
-
-class Processing:
-    """``Delivery.process()``: settles the delivery as its block ends (aio-pika's
-    ``message.process``). ``with`` for the local and blocking deliveries, ``async with``
-    for the asyncio client's. If the settling fails after the block raised (a lost
-    connection), the block's exception goes on and the lease lapses: nothing is lost.
-    With ``renew``, the delivery's ``keepalive()`` runs while the block does."""
-
-    __slots__ = ("_d", "_requeue", "_renew", "_kept")
-
-    def __init__(self, d, requeue: bool, renew: bool = False):
-        self._d = d
-        self._requeue = requeue
-        self._renew = renew
-        self._kept = None
-
-    def _keep(self):
-        if self._renew:
-            self._kept = self._d.keepalive()
-        return self._d
-
-    def _unkeep(self):
-        if self._kept is not None:
-            self._kept.stop()  # (the settle stopped it already, unless it raised first)
-
-    def _settle(self, failed: bool):
-        d = self._d
-        if not failed:
-            return d.ack()
-        return d.nack() if self._requeue else d.reject()
-
-    def __enter__(self):
-        return self._keep()
-
-    def __exit__(self, exc_type, exc, tb):
-        try:
-            if exc_type is None:
-                self._settle(False)
-                return False
-            try:
-                self._settle(True)
-            except Exception as e:  # the block's exception matters more; the lease will lapse
-                _log.warning("could not give back %r after its block raised: %s", self._d, e)
-            return False
-        finally:
-            self._unkeep()
-
-    async def __aenter__(self):
-        return self._keep()
-
-    async def __aexit__(self, exc_type, exc, tb):
-        try:
-            if exc_type is None:
-                await self._settle(False)
-                return False
-            try:
-                await self._settle(True)
-            except Exception as e:
-                _log.warning("could not give back %r after its block raised: %s", self._d, e)
-            return False
-        finally:
-            self._unkeep()

@@ -30,6 +30,7 @@ import struct
 import msgpack
 
 from ..errors import ExchangeExists, ExchangeNotFound, LimitExceeded, QueueNotFound, StreamNotFound
+from ..model.checks import MAX_KEY_CHARS, check_pattern, check_routing_key
 from .mutex import RobustMutex, init_mutex
 from .process import current_identity
 from .lanes import attach
@@ -40,7 +41,6 @@ from .stream import Stream
 __all__ = ["Exchanges", "TYPES", "topic_matches", "check_pattern", "check_routing_key", "MAX_KEY_CHARS"]
 
 TYPES = ("fanout", "topic")
-MAX_KEY_CHARS = 255  # a routing key or a binding pattern (AMQP's short string)
 DEDUP_HEADER = "x-dedup-id"  # on a stream record published with a dedup id
 
 _MAGIC = b"SHMX"
@@ -53,22 +53,6 @@ _SLOT_OFF = 4096
 _SLOT_BYTES = 256 * 1024  # the largest table, encoded
 _SIZE = _SLOT_OFF + 2 * _SLOT_BYTES
 _KINDS = {"q": "queue", "s": "stream"}
-
-
-def _check_words(value, what) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
-    if len(value) > MAX_KEY_CHARS:
-        raise ValueError(f"{what} must be at most {MAX_KEY_CHARS} characters, not {len(value)}")
-    return value
-
-
-def check_routing_key(key) -> str:
-    return _check_words(key, "routing_key")
-
-
-def check_pattern(pattern) -> str:
-    return _check_words(pattern, "pattern")
 
 
 def _words(text: str) -> list[str]:

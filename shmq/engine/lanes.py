@@ -27,9 +27,9 @@ import zlib
 from functools import partial
 
 from ..errors import LockTimeout, QueueEmpty, QueueFull
+from ..model.messages import QueueStats
 from . import layout as L
 from . import waits
-from .delivery import QueueStats
 from .consume import take_capped
 from .queue import Queue
 

@@ -16,6 +16,8 @@ commit point of every change to a message's state.
 import re
 import struct
 
+from ..model.checks import MAX_PARTITIONS  # (a stream's groups keep a word per partition below it)
+
 __all__ = [
     "MAGIC", "LAYOUT_VERSION", "ALIGN", "REC", "REC_SIZE",
     "READY", "LEASED", "ACKED", "PAD", "DELAYED", "STATE_NAMES", "NO_HOLDER", "NEVER",
@@ -300,7 +302,6 @@ def write_c_header() -> str:
 STREAM_MAGIC = b"SHMS"
 PART_MAGIC = b"SHMP"
 STREAM_VERSION = 5  # 4: the groups' owner-since words; 5: the members' poll deadlines
-MAX_PARTITIONS = 256
 MAX_GROUPS = 64
 MAX_MEMBERS = 64
 NO_OFFSET = 2**64 - 1  # a group's committed offset before its first commit; no log on disk

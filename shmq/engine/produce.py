@@ -9,10 +9,11 @@ from functools import partial
 
 from .. import dmsq
 from ..errors import MessageTooLarge, LockTimeout, QueueFull
+from ..model.headers import encode_headers, per_item
+from ..model.messages import as_body, as_bytes
 from . import cpaths, dedup, extension, ring, waits
 from . import layout as L
 from .layout import I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY, I_READY_POS, I_TAIL
-from .headers import encode_headers, per_item
 from .reserve import Reservation
 from .mutex import FOREVER
 from .mutex import trylock as _trylock
@@ -35,23 +36,6 @@ _fast_put_many = cpaths.put_many
 _EMPTY = b""
 _F_OWNERDEAD, _F_FALLBACK, _F_WAL_MAX = cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.WAL_MAX_PAYLOAD
 _F_BUSY, _F_FULL, _F_SLEEP, _W_REGISTER = cpaths.BUSY, cpaths.FULL, cpaths.SLEEP, cpaths.W_REGISTER
-
-
-def as_bytes(value, what="message body"):
-    """``value`` as bytes (bytes-like accepted); TypeError naming ``what`` otherwise."""
-    if type(value) is bytes:
-        return value
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}")
-
-
-def as_body(value):
-    """A put_many item as bytes; a tuple gets a TypeError that says where headers go."""
-    if type(value) is tuple:
-        raise TypeError("put_many items are bodies, not tuples: give headers with headers= "
-                        "(one map for all, or a list of maps item by item)")
-    return as_bytes(value)
 
 
 def batch_headers(headers, n: int):

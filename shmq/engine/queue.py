@@ -32,6 +32,7 @@ import posix_ipc
 
 from .. import dmsq
 from ..errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
+from ..model.messages import QueueStats
 from . import dedup, extension, housekeeping, ring, scheduling, waits
 from . import layout as L
 from .layout import (
@@ -40,7 +41,7 @@ from .layout import (
 )
 from .consume import Consuming
 from .cpaths import FAST
-from .delivery import Delivery, QueueStats
+from .delivery import Delivery
 from .mutex import RobustMutex
 from .mutex import lock_slow as _lock_slow
 from .mutex import trylock as _trylock

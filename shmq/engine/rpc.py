@@ -17,13 +17,12 @@ import time
 import uuid
 
 from ..errors import QueueEmpty, QueueNotFound, RequestTimeout
+from ..model.headers import CORRELATION_ID, REPLY_TO, reply_headers
 from .process import current_identity, is_alive
 
 __all__ = ["REPLY_TO", "CORRELATION_ID", "REPLY_PREFIX", "Call", "request", "reply", "reply_queue_name",
            "owner_of", "remove_orphans"]
 
-REPLY_TO = "x-reply-to"
-CORRELATION_ID = "x-correlation-id"
 REPLY_PREFIX = "_rpc."
 REPLY_QUEUE_BYTES = 2 * 2**20 + 4096  # a reply queue holds one reply of up to 2 MiB
 _seq = itertools.count(1)
@@ -171,12 +170,3 @@ def reply(delivery, body, headers=None) -> bool:
     finally:
         q.close()
     return True
-
-
-def reply_headers(delivery):
-    h = delivery.headers
-    reply_to, corr = h.get(REPLY_TO), h.get(CORRELATION_ID)
-    if not isinstance(reply_to, str) or not isinstance(corr, str):
-        raise ValueError(f"message {delivery.id} of queue {delivery.queue!r} asked for no reply "
-                         f"(it has no {REPLY_TO} and {CORRELATION_ID} headers)")
-    return reply_to, corr

@@ -8,9 +8,9 @@ from collections.abc import Iterable
 
 from .. import dmsq
 from ..errors import DeliveryExpired
+from ..model.keepalive import _live as _kept_alive
+from ..model.keepalive import settling as _stop_keepalives
 from . import cpaths, deadletter, ring, waits
-from .keepalive import _live as _kept_alive
-from .keepalive import settling as _stop_keepalives
 from . import layout as L
 from .layout import (
     I_DEAD_TOTAL, I_DELAYED, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE,

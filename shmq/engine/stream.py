@@ -19,15 +19,18 @@ import random
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from ..errors import CommitFailed, MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
+from ..model.checks import check_auto_commit, check_callback, check_poll_interval, check_reset, check_txn
+from ..model.checks import check_group as _group_name
+from ..model.checks import check_offset as _check_offset
+from ..model.headers import decode_headers, encode_headers
+from ..model.records import Record, RecordMetadata
 from . import cpaths
 from . import layout as L
 from . import partition as partition_mod
 from . import waits
 from .groups import Groups
-from .headers import decode_headers, encode_headers
 from .mutex import RobustMutex, acquire
 from .mutex import unlock as _unlock
 from .partition import Partition, check_timestamps, chunks_by_time
@@ -47,39 +50,8 @@ WAIT_SLICE_S = 0.05  # longest sleep of a reader waiting at the end before it lo
 _READERS = waits.READERS
 
 
-@dataclass(frozen=True, slots=True)
-class RecordMetadata:
-    """Where an append went: its partition, offset and timestamp (UTC epoch seconds)."""
-
-    partition: int
-    offset: int
-    timestamp: float
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One record read from a stream."""
-
-    stream: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-    headers: dict = field(default_factory=dict)
-    timestamp: float = 0.0
-
-
 def stream_base(namespace: str, name: str) -> str:
     return segment_name(namespace, "s", name)
-
-
-def check_txn(txn_id, batch: int = 0) -> bytes:
-    """A publisher id (16 bytes) and batch (an int >= 0) checked: the id as bytes."""
-    if not isinstance(txn_id, (bytes, bytearray, memoryview)) or len(txn_id) != 16:
-        raise ValueError(f"a publisher id is 16 bytes, not {txn_id!r:.60}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
-        raise ValueError(f"batch must be an int >= 0, not {batch!r}")
-    return bytes(txn_id)
 
 
 class Stream:
@@ -821,48 +793,3 @@ class Consumer(Iterating):
     def _check_open(self):
         if self._closed:
             raise ShmqError(f"consumer of group {self.group!r} is closed")
-
-
-def check_callback(fn, what):
-    """An on_assign / on_revoke callback checked: None or a callable of a list of partitions."""
-    if fn is not None and not callable(fn):
-        raise TypeError(f"{what} must be a callable of the partitions, not {type(fn).__name__}")
-    return fn
-
-
-def check_auto_commit(auto_commit, interval) -> int | None:
-    """auto_commit and auto_commit_interval checked: the interval in ns, None when off."""
-    if not isinstance(auto_commit, bool):
-        raise TypeError(f"auto_commit must be True or False, not {auto_commit!r}")
-    ns = waits.seconds_ns(interval, "auto_commit_interval")
-    if not ns:
-        raise ValueError(f"auto_commit_interval must be > 0, not {interval!r}")
-    return ns if auto_commit else None
-
-
-def check_reset(value) -> str:
-    """auto_offset_reset checked."""
-    if value not in ("earliest", "latest", "none"):
-        raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', not {value!r}")
-    return value
-
-
-def check_poll_interval(value) -> int | None:
-    """max_poll_interval checked: in ns, None for no bound."""
-    if value is None:
-        return None
-    ns = waits.seconds_ns(value, "max_poll_interval")
-    if not ns:
-        raise ValueError(f"max_poll_interval must be > 0 (or None: no bound), not {value!r}")
-    return ns
-
-def _group_name(group):
-    if not isinstance(group, str) or not 1 <= len(group.encode()) <= 126:
-        raise ValueError(f"group must be a name of 1-126 bytes, not {group!r}")
-    return group
-
-
-def _check_offset(o):
-    if isinstance(o, bool) or not isinstance(o, int) or o < 0:
-        raise ValueError(f"offsets must be ints >= 0, not {o!r}")
-    return o

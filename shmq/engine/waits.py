@@ -15,6 +15,7 @@ import time
 
 import posix_ipc
 
+from ..model.checks import seconds_ns  # (a timeout checked: the clients check theirs with it too)
 from . import cpaths
 from . import layout as L
 from .mutex import FOREVER
@@ -145,15 +146,6 @@ def sleep_slice(sem, deadline, now, next_due=L.NEVER, slice_s=WAIT_SLICE_S) -> i
         return 1
     except posix_ipc.SignalError:
         return 1
-
-
-def seconds_ns(value, what) -> int:
-    """A timeout, delay or lease given in seconds, checked, in nanoseconds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    if value != value or value < 0:
-        raise ValueError(f"{what} must be >= 0, not {value!r}")
-    return int(value * 1e9)
 
 
 def lock_deadline(timeout) -> int:

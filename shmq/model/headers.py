@@ -1,4 +1,5 @@
-"""Message headers: validation and msgpack encoding.
+"""Message headers: validation, msgpack encoding, and the names shmq itself reads
+(request/reply's ``x-reply-to`` and ``x-correlation-id``).
 
 Strategy: headers are optional and most messages have none, so an empty or absent
 dict encodes to zero bytes and never touches msgpack (packb of a small dict costs
@@ -9,9 +10,12 @@ import msgpack
 
 from ..errors import MessageTooLarge
 
-__all__ = ["MAX_HEADERS_BYTES", "encode_headers", "decode_headers", "per_item"]
+__all__ = ["MAX_HEADERS_BYTES", "REPLY_TO", "CORRELATION_ID", "encode_headers", "decode_headers", "per_item",
+           "reply_headers"]
 
 MAX_HEADERS_BYTES = 64 * 1024
+REPLY_TO = "x-reply-to"  # a request's reply queue (engine/rpc.py)
+CORRELATION_ID = "x-correlation-id"  # a request's id, which its reply carries back
 _VALUE_TYPES = (str, int, float, bool, bytes)
 _EMPTY = b""
 
@@ -57,3 +61,13 @@ def per_item(headers, n: int) -> list:
         return list(headers)
     raise TypeError(f"headers must be a map or a list of maps, not {type(headers).__name__}")
 
+
+def reply_headers(delivery) -> tuple[str, str]:
+    """(reply queue, correlation id) of a request ``delivery`` carries (any transport's);
+    ValueError when it asked for no reply."""
+    h = delivery.headers
+    reply_to, corr = h.get(REPLY_TO), h.get(CORRELATION_ID)
+    if not isinstance(reply_to, str) or not isinstance(corr, str):
+        raise ValueError(f"message {delivery.id} of queue {delivery.queue!r} asked for no reply "
+                         f"(it has no {REPLY_TO} and {CORRELATION_ID} headers)")
+    return reply_to, corr

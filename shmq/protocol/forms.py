@@ -10,10 +10,9 @@ server reads them back into the engine's arguments with the functions beside the
 
 from operator import itemgetter
 
-from ..engine.delivery import Message, QueueStats
-from ..engine.headers import encode_headers, per_item
-from ..engine.produce import as_body
-from ..engine.stream import Record, RecordMetadata
+from ..model.headers import encode_headers, per_item
+from ..model.messages import Message, QueueStats, as_body
+from ..model.records import Record, RecordMetadata
 from .compression import check_codec, compress, decompress
 from .requests import MAX_RECORDS, check_records, normalize_records
 

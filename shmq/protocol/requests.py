@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable
 
-from ..engine.layout import MAX_PARTITIONS  # a stream's partitions are numbered below it
 from ..errors import ProtocolError
+from ..model.checks import MAX_PARTITIONS  # a stream's partitions are numbered below it
 from .frames import REPLY_BIT, Frame, MsgType, Status, _error
 
 __all__ = ["Field", "REQUEST_FIELDS", "validate_request", "check_request", "check_records", "normalize_records",

@@ -1,0 +1,243 @@
+"""The layers and the imports allowed between them; a TCP client that loads no
+shared-memory code.
+
+The rules are the three tables below, written once (docs/DESIGN.md, "Layers", quotes
+them): a module of a package in MAY_IMPORT imports only modules of shmq under the
+prefixes listed for it; a module of a package in MAY_NOT_IMPORT none under those listed;
+EXCEPTIONS names single modules and what they may import besides. "Imports" counts every
+import statement in the file, at module level or in a function: a function-level import
+is a dependency too, only a later one.
+"""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import shmq
+
+ROOT = Path(shmq.__file__).parent
+
+MAY_IMPORT = {
+    # values and checks, below all: Message, QueueStats, Record, headers, limits, keepalive
+    "shmq.model": ("shmq.model", "shmq.errors"),
+    # the DEADBEEF codec: sans-IO, it knows no engine
+    "shmq.protocol": ("shmq.protocol", "shmq.model", "shmq.errors"),
+    # Kafka's wire protocol: sans-IO too, beside the DEADBEEF codec
+    "shmq.kafka": ("shmq.kafka", "shmq.model", "shmq.errors"),
+}
+MAY_NOT_IMPORT = {
+    # the TCP clients: a remote process needs no shared memory
+    "shmq.client": ("shmq.engine", "shmq.server"),
+    # the engine knows nothing of the wire, the clients or the server
+    "shmq.engine": ("shmq.protocol", "shmq.client", "shmq.server"),
+}
+EXCEPTIONS = {
+    # the local engine's asyncio face (shmq.aio.connect() with no url): the engine's calls
+    # on the loop, woken by the server's doorbells
+    "shmq.client.aio_local": ("shmq.engine", "shmq.server.waiters"),
+}
+
+# the names whose modules a remote client must never load
+LOCAL_ONLY = ("posix_ipc", "shmq.engine")
+
+
+def _under(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _modules() -> dict[str, Path]:
+    """{module name: its file} of every module of the shmq package."""
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports_of(module: str, source: str, known, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, module imported) of every import in ``source`` (the text of ``module``),
+    anywhere in it; ``from P import x`` counts as ``P.x`` where that is a module of
+    ``known``, else as ``P``."""
+    package = module if is_package else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                base = ".".join(base + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.append((node.lineno, sub if sub in known else base))
+    return list(dict.fromkeys(out))  # (``from P import a, b``: P once)
+
+
+def broken_rules(module: str, imported: str) -> str | None:
+    """Why ``module`` may not import ``imported`` (None: it may)."""
+    if not _under(imported, ("shmq",)) or _under(imported, EXCEPTIONS.get(module, ())):
+        return None
+    for layer, allowed in MAY_IMPORT.items():
+        if _under(module, (layer,)) and not _under(imported, allowed):
+            return f"{layer} imports only {', '.join(allowed)}"
+    for layer, forbidden in MAY_NOT_IMPORT.items():
+        if _under(module, (layer,)) and _under(imported, forbidden):
+            return f"{layer} imports nothing of {', '.join(forbidden)}"
+    return None
+
+
+def test_no_module_imports_across_the_layers():
+    modules = _modules()
+    broken = []
+    for name, path in sorted(modules.items()):
+        for line, imported in imports_of(name, path.read_text(), modules, path.name == "__init__.py"):
+            why = broken_rules(name, imported)
+            if why is not None:
+                broken.append(f"{path.relative_to(ROOT.parent)}:{line}: {imported} ({why})")
+    assert broken == []
+    # the tables name real packages and modules (a rename would leave a rule checking nothing)
+    for name in [*MAY_IMPORT, *MAY_NOT_IMPORT, *EXCEPTIONS]:
+        assert name in modules, name
+
+
+def test_the_check_sees_function_level_and_relative_imports():
+    source = ("from ..errors import ShmqError\n"
+              "from ..engine import layout\n"
+              "def late():\n"
+              "    from ..model.records import Record\n"
+              "    import shmq.engine.queue\n")
+    known = {"shmq.errors", "shmq.engine", "shmq.engine.layout", "shmq.model.records", "shmq.engine.queue"}
+    found = sorted(imports_of("shmq.protocol.forms", source, known))
+    assert found == [(1, "shmq.errors"), (2, "shmq.engine.layout"), (4, "shmq.model.records"), (5, "shmq.engine.queue")]
+    assert [broken_rules("shmq.protocol.forms", m) for _, m in found] == [
+        None, "shmq.protocol imports only shmq.protocol, shmq.model, shmq.errors", None,
+        "shmq.protocol imports only shmq.protocol, shmq.model, shmq.errors"]
+    assert broken_rules("shmq.client.core", "shmq.engine.rpc") == "shmq.client imports nothing of shmq.engine, shmq.server"
+    assert broken_rules("shmq.client.aio_local", "shmq.engine.rpc") is None
+    assert broken_rules("shmq.client.aio_local", "shmq.server.tcp") == (
+        "shmq.client imports nothing of shmq.engine, shmq.server")
+    assert broken_rules("shmq.model.headers", "shmq.errors") is None
+    assert broken_rules("shmq.model.headers", "shmq.engine.layout") == "shmq.model imports only shmq.model, shmq.errors"
+    assert broken_rules("shmq.engine.queue", "shmq.model.messages") is None
+    assert broken_rules("shmq.engine.queue", "shmq.protocol.forms") == (
+        "shmq.engine imports nothing of shmq.protocol, shmq.client, shmq.server")
+    # a package's own relative imports resolve from the package itself
+    assert imports_of("shmq.model", "from .checks import MAX_PARTITIONS\n", {"shmq.model.checks"}, True) == [
+        (1, "shmq.model.checks")]
+
+
+def _loaded_after(script: str, *args) -> dict:
+    """What ``script`` (run in a fresh interpreter) printed as JSON, with ``loaded``: the
+    modules of LOCAL_ONLY in its sys.modules at the end."""
+    tail = ("\nimport json as _j, sys as _s\n"
+            f"_out['loaded'] = sorted(m for m in _s.modules if any(m == p or m.startswith(p + '.') for p in {LOCAL_ONLY!r}))\n"
+            "print(_j.dumps(_out))\n")
+    done = subprocess.run([sys.executable, "-c", "_out = {}\n" + script + tail, *args], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT.parent)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_importing_the_client_loads_no_shared_memory_code():
+    out = _loaded_after("import shmq.client\nimport shmq.client.aio\nimport shmq.protocol\nimport shmq.model.keepalive\n"
+                        "_out['exports'] = sorted(n for n in ('Message', 'QueueStats', 'Record', 'RecordMetadata', "
+                        "'TopicPartition', 'Keepalive', 'connect') if n in vars(shmq))\n")
+    assert out == {"loaded": [], "exports": ["Keepalive", "Message", "QueueStats", "Record", "RecordMetadata",
+                                             "TopicPartition", "connect"]}
+
+
+def test_a_refused_tcp_connect_loads_no_shared_memory_code():
+    out = _loaded_after("import shmq\n"
+                        "try:\n"
+                        "    shmq.connect('tcp://127.0.0.1:1')\n"
+                        "except shmq.BrokerUnavailable as e:\n"
+                        "    _out['error'] = str(e)\n")
+    assert out == {"loaded": [], "error": "cannot connect to 127.0.0.1:1: Connection refused"}
+
+
+CLIENT = """
+import sys, time
+import shmq
+from shmq.model.messages import Message, QueueStats
+from shmq.model.records import Record, RecordMetadata, TopicPartition
+
+with shmq.connect(sys.argv[1]) as b:
+    q = b.create_queue("layers")
+    q.put(b"one", headers={"k": "v"})
+    q.put_many([b"two", b"three"])
+    peeked = q.peek(3)
+    _out["peeked"] = [(type(m) is Message, m.body.decode(), m.headers) for m in peeked]
+    d = q.get(timeout=30)
+    with d.process():
+        _out["first"] = [d.body.decode(), d.headers]
+    ds = q.get_many(2, timeout=30)
+    _out["rest"] = [x.body.decode() for x in ds]
+    q.ack_many(ds)
+    st = q.stats()
+    _out["stats"] = [type(st) is QueueStats, st.ready, st.in_flight, st.enqueued_total, st.acked_total]
+    s = b.create_stream("layers-s", partitions=2)
+    md = s.append(b"r1", key=b"k", headers={"h": 1}, partition=1)
+    _out["appended"] = [type(md) is RecordMetadata, md.partition, md.offset]
+    recs = s.read(1, 0, timeout=30)
+    _out["read"] = [(type(r) is Record, r.stream, r.partition, r.offset, r.key.decode(), r.value.decode(), r.headers)
+                    for r in recs]
+    c = b.consumer("g", streams=["layers-s"])
+    got, deadline = [], time.monotonic() + 60
+    while not got and time.monotonic() < deadline:
+        got = c.poll(timeout=1)
+    _out["polled"] = [(r.value.decode(), r.offset) for r in got]
+    c.commit()
+    _out["assigned"] = [type(tp) is TopicPartition for tp in c.assignment()]
+    c.close()
+    b.delete_stream("layers-s")
+    b.delete_queue("layers")
+"""
+
+
+def test_a_tcp_client_puts_gets_and_reads_without_shared_memory_code(tcp_server):
+    out = _loaded_after(CLIENT, tcp_server.url)
+    assert out == {
+        "loaded": [],
+        "peeked": [[True, "one", {"k": "v"}], [True, "two", {}], [True, "three", {}]],
+        "first": ["one", {"k": "v"}],
+        "rest": ["two", "three"],
+        "stats": [True, 0, 0, 3, 3],
+        "appended": [True, 1, 0],
+        "read": [[True, "layers-s", 1, 0, "k", "r1", {"h": 1}]],
+        "polled": [["r1", 0]],
+        "assigned": [True, True],
+    }
+
+
+def test_the_moved_names_are_one_object_in_every_old_home():
+    from shmq.engine import delivery, exchange, keepalive, layout, multiconsumer, produce, rpc, stream, waits
+    from shmq.engine import headers as engine_headers
+    from shmq.model import checks, composite, headers, messages, processing, records
+    from shmq.model import keepalive as kept
+    from shmq.protocol import forms, requests
+
+    pairs = [
+        (shmq.Message, messages.Message), (delivery.Message, messages.Message),
+        (shmq.QueueStats, messages.QueueStats), (delivery.QueueStats, messages.QueueStats),
+        (delivery.Processing, processing.Processing), (delivery.raw_body, messages.raw_body),
+        (shmq.Record, records.Record), (stream.Record, records.Record), (forms.Record, records.Record),
+        (shmq.RecordMetadata, records.RecordMetadata), (stream.RecordMetadata, records.RecordMetadata),
+        (shmq.TopicPartition, records.TopicPartition), (multiconsumer.TopicPartition, records.TopicPartition),
+        (multiconsumer.Composite, composite.Composite), (stream.check_txn, checks.check_txn),
+        (shmq.Keepalive, kept.Keepalive), (keepalive.Keepalive, kept.Keepalive),
+        (engine_headers.encode_headers, headers.encode_headers), (rpc.reply_headers, headers.reply_headers),
+        (exchange.check_routing_key, checks.check_routing_key), (produce.as_body, messages.as_body),
+        (waits.seconds_ns, checks.seconds_ns),
+    ]
+    assert [a is b for a, b in pairs] == [True] * len(pairs)
+    assert (layout.MAX_PARTITIONS, requests.MAX_PARTITIONS, exchange.MAX_KEY_CHARS, rpc.CORRELATION_ID) == (
+        256, 256, 255, "x-correlation-id")
+    assert keepalive._live is kept._live  # the old module's state is the one in use
+    assert shmq.Queue.__module__ == "shmq.engine.queue" and shmq.Broker.__module__ == "shmq.engine.broker"
