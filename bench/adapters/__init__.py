@@ -29,6 +29,8 @@ class Entry(NamedTuple):
 
 REGISTRY = {
     "shmq": Entry("shmq_local", "ShmqLocal", None, "put_many / get_many(64) + ack_many", "each"),
+    "shmq-loop": Entry("shmq_local", "ShmqLoop", None,
+                       "q.messages() per message; batches as shmq's (get_many + ack_many)", "each"),
     "shmq-noack": Entry("shmq_local", "ShmqNoAck", None, "put_many / get_many(64, ack=False): settled as taken",
                         "none"),
     "shmq-zc": Entry("shmq_local", "ShmqZeroCopy", None,

@@ -1,5 +1,6 @@
 """shmq by local attach: one namespace for the run, one queue per case, every delivery acked
-on receipt (``shmq``); or settled as taken (``shmq-noack``: ``get(ack=False)``, at most once,
+on receipt (``shmq``); or acked by the consume loop as it takes the next (``shmq-loop``:
+``q.messages()``, one lock hold per message); or settled as taken (``shmq-noack``: ``get(ack=False)``, at most once,
 to compare like for like with peers that acknowledge nothing); or zero-copy
 (``shmq-zc``: ``reserve`` fills the ring in place, ``get(copy=False)`` reads the body where it
 is, then acks); or a laned queue (``shmq-lanes``: ``create_queue(..., lanes=K)``, acked as
@@ -59,6 +60,32 @@ class ShmqNoAckEnd(ShmqEnd):
 
     def recv_batch(self, limit):
         return [d.body for d in self._q.get_many(limit, None, None, None, False)]
+
+
+class ShmqLoopEnd(ShmqEnd):
+    """Receives through the consume loop, ``q.messages()``: each delivery is acked as the
+    next is taken, in one lock hold; the last one when the loop closes (``release``,
+    ``close``)."""
+
+    def __init__(self, spec, role):
+        super().__init__(spec, role)
+        self._loop = self._q.messages()
+
+    def recv(self):
+        return next(self._loop).body
+
+    def recv_batch(self, limit):
+        """As ``shmq``'s (get_many + ack_many): the loop takes one message per step."""
+        self.release()
+        return super().recv_batch(limit)
+
+    def release(self):
+        self._loop.close()  # the last delivery acked: this receiver holds nothing
+        self._loop = self._q.messages()
+
+    def close(self):
+        self._loop.close()
+        super().close()
 
 
 class ShmqZeroCopyEnd(ShmqEnd):
@@ -148,6 +175,13 @@ class ShmqLocal(Adapter):
 class ShmqNoAck(ShmqLocal):
     name = "shmq-noack"
     End = ShmqNoAckEnd
+
+
+class ShmqLoop(ShmqLocal):
+    """Consumers in the consume loop (batches as ``shmq``'s: the loop takes one per step)."""
+
+    name = "shmq-loop"
+    End = ShmqLoopEnd
 
 
 class ShmqZeroCopy(ShmqLocal):

@@ -1,5 +1,6 @@
 /* The engine's hot paths in C: put, get (the plain frontier take, building the Delivery itself:
- * DeliveryBase), ack; the batch loops of put_many, get_many, ack_many and nack_many under one
+ * DeliveryBase), ack; the consume loop's step (take_next: an ack and the next take under one
+ * lock hold); the batch loops of put_many, get_many, ack_many and nack_many under one
  * lock hold; reserve / publish (a message filled in place, through a Loan); and a bulk read of
  * a stream partition into Arrow buffers (read_columns), and its mirror, a bulk append from
  * Arrow buffers (columns_check, columns_end, columns_log, write_columns).
@@ -38,6 +39,7 @@
 #define R_EMPTY (-6)     /* take: nothing ready, nothing due (lock released) */
 #define R_SLEEP (-7)     /* take: the same, and the caller counted as a sleeper (W_REGISTER); put: see R_FULL */
 #define R_FULL (-8)      /* put: no room now (lock released); R_SLEEP: and the caller counted as waiting for it */
+#define R_OSERROR (-9)   /* internal: a log write failed (errno set); raised as OSError */
 
 #define HOT(seg) ((uint64_t *)(seg) + HOT_W)
 /* how far apart this segment's consecutive message ids are: its queue's lanes (0 or 1: one ring) */
@@ -485,10 +487,17 @@ static int advance_head(char *seg, uint64_t base, uint64_t cap);
  * a ready record at the frontier; else R_* with the lock released: R_EMPTY (nothing ready and
  * nothing due: the caller may spin or sleep) or R_SLEEP (the same, counted as a sleeper),
  * R_FALLBACK (the general take's case), R_BUSY / R_OWNERDEAD (lock not taken / held). */
+static inline int take_checks(char *seg, uint64_t slot, uint64_t now, int wait);
+
 static int take_prologue(char *seg, uint64_t slot, uint64_t now, int wait) {
     int rc = lock(seg);
     if (rc) return rc;
     if (wait >> 1) unregister_sleeper(seg, slot, H_CWAIT, H_CPOSTED, P_CWAIT, wait >> 1);
+    return take_checks(seg, slot, now, wait);
+}
+
+/* take_prologue's checks once the lock is held (and the sleep undone) */
+static inline int take_checks(char *seg, uint64_t slot, uint64_t now, int wait) {
     uint64_t *h = HOT(seg);
     if (h[H_REQUEUED] || h[H_DELETED] || now >= h[H_NEXT_DEADLINE] || now >= h[H_NEXT_LIVENESS] ||
         ((uint64_t *)seg)[SPECIAL_W]) { /* requeued or special records, housekeeping due: the general take */
@@ -502,6 +511,9 @@ static int take_prologue(char *seg, uint64_t slot, uint64_t now, int wait) {
     }
     return 0;
 }
+
+static inline PyObject *take_locked(PyObject *q, char *seg, uint64_t base, uint64_t cap, uint64_t slot,
+                                    uint64_t vis_ns, uint64_t maxdel, uint64_t now, int mode, PyObject *ring);
 
 /* take(q, seg, base, cap, slot, vis_ns, max_deliveries or 0, now[, mode, ring[, wait]])
  *   -> a Delivery of ``q``, or R_*; a record with flags (a priority level or an extension
@@ -527,6 +539,13 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
 
     int rc = take_prologue(seg, slot, now, (int)v[8]);
     if (rc) return PyLong_FromLong(rc);
+    return take_locked(q, seg, base, cap, slot, vis_ns, maxdel, now, mode, ring);
+}
+
+/* take's work once take_prologue found a ready record at the frontier (lock held; released
+ * here): a Delivery, (Delivery, 1) when auto-acked and a producer is owed a post, or R_*. */
+static inline PyObject *take_locked(PyObject *q, char *seg, uint64_t base, uint64_t cap, uint64_t slot,
+                                    uint64_t vis_ns, uint64_t maxdel, uint64_t now, int mode, PyObject *ring) {
     uint64_t *h = HOT(seg);
     uint64_t pos = h[H_FRONTIER], off = pos % cap, next_deadline = h[H_NEXT_DEADLINE];
     char *a = seg + base + off;
@@ -1100,6 +1119,30 @@ static int freed_at(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64
     return (pos == head || (pos % cap == 0 && pos - head < cap)) && advance_head(seg, base, cap) && owe_producer(h);
 }
 
+/* The plain ack's check and commit (lock held, the queue not deleted): 1 if a producer is owed
+ * a post now, else 0; R_EXPIRED (no longer leased as delivered: nothing changed); R_FALLBACK (a
+ * log this path does not append to); R_OSERROR (the log's write failed: errno says why). */
+static inline int ack_locked(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t attempt,
+                             uint64_t msg_id, uint64_t now, long wal_fd, uint64_t wal_gen, uint64_t slot) {
+    uint64_t *h = HOT(seg);
+    uint64_t head = h[H_HEAD];
+    char *a = seg + base + pos % cap;
+    uint64_t w = U64(a);
+    if (pos < head || pos >= h[H_TAIL] || (w & 0xFF) != ST_LEASED || (w >> 32) != attempt ||
+        U64(a + REC_MSG_ID) != msg_id || U64(a + REC_DEADLINE) <= now)
+        return R_EXPIRED;
+    if (wal_fd >= 0) { /* logged before the commit below */
+        unsigned char entry[LOG_HEAD + 4];
+        if (!wal_usable(seg, wal_gen)) return R_FALLBACK;
+        size_t n = log_entry(entry, LOG_ACK, 0, 0, attempt, msg_id, 0);
+        if (wal_write(seg, (int)wal_fd, entry, n) < 0) return R_OSERROR;
+    }
+    __atomic_store_n((uint64_t *)a, (w & ~(uint64_t)0xFF) | ST_ACKED, __ATOMIC_RELEASE); /* commit */
+    h[H_IN_FLIGHT] -= 1;
+    *PROC_W(seg, slot, P_ACKED) += 1;
+    return freed_at(seg, base, cap, pos, head);
+}
+
 /* ack(seg, base, cap, pos, attempt, msg_id, now, wal_fd, wal_gen, slot)
  *   -> 1 if a producer must be woken, else 0; or R_*
  * wal_fd < 0: no log; else the ACK entry is appended to it before the commit */
@@ -1119,39 +1162,76 @@ static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t narg
 
     int rc = lock(seg);
     if (rc) return PyLong_FromLong(rc);
-    uint64_t *h = HOT(seg);
-    if (h[H_DELETED]) {
+    if (HOT(seg)[H_DELETED]) {
         unlock(seg);
         return PyLong_FromLong(R_DELETED);
     }
-    uint64_t head = h[H_HEAD];
-    char *a = seg + base + pos % cap;
-    uint64_t w = U64(a);
-    if (pos < head || pos >= h[H_TAIL] || (w & 0xFF) != ST_LEASED || (w >> 32) != attempt ||
-        U64(a + REC_MSG_ID) != msg_id || U64(a + REC_DEADLINE) <= now) {
+    rc = ack_locked(seg, base, cap, pos, attempt, msg_id, now, wal_fd, wal_gen, slot);
+    if (rc == R_OSERROR) {
+        int err = errno;
         unlock(seg);
-        return PyLong_FromLong(R_EXPIRED);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
     }
-    if (wal_fd >= 0) { /* logged before the commit below */
-        unsigned char entry[LOG_HEAD + 4];
-        if (!wal_usable(seg, wal_gen)) {
-            unlock(seg);
-            return PyLong_FromLong(R_FALLBACK);
-        }
-        size_t n = log_entry(entry, LOG_ACK, 0, 0, attempt, msg_id, 0);
-        if (wal_write(seg, (int)wal_fd, entry, n) < 0) {
-            int err = errno;
-            unlock(seg);
-            errno = err;
-            return PyErr_SetFromErrno(PyExc_OSError);
-        }
-    }
-    __atomic_store_n((uint64_t *)a, (w & ~(uint64_t)0xFF) | ST_ACKED, __ATOMIC_RELEASE); /* commit */
-    h[H_IN_FLIGHT] -= 1;
-    *PROC_W(seg, slot, P_ACKED) += 1;
-    int post = freed_at(seg, base, cap, pos, head);
     unlock(seg);
-    return PyLong_FromLong(post);
+    return PyLong_FromLong(rc);
+}
+
+/* take_next(q, seg, base, cap, slot, vis_ns, max_deliveries or 0, now, mode, ring, prev, wal_fd, wal_gen)
+ *   -> take's result after acking ``prev`` (a Delivery of ``q``) in the same lock hold: the
+ *   consume loop's step (Queue.messages). ``prev`` is acked only if it is still leased as it
+ *   was delivered (ack's checks: the application settled it, or its lease lapsed: left as it
+ *   is). A producer owed a post for the room the ack freed: (result, 1). R_BUSY / R_OWNERDEAD,
+ *   and R_FALLBACK from a deleted queue or a log this path does not append to, mean ``prev``
+ *   was not looked at (Python acks it); every other R_* comes after it was. mode: M_VIEW or 0. */
+static PyObject *fast_take_next(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[8], p[3];
+    if (nargs != 13 || !delivery_class) {
+        PyErr_SetString(PyExc_TypeError, "take_next takes 13 arguments (and a delivery class set)");
+        return NULL;
+    }
+    PyObject *q = args[0], *ring = args[9], *prev = args[10];
+    if (!PyObject_TypeCheck(prev, &DeliveryBaseType) || ((DeliveryBase *)prev)->q != q) {
+        PyErr_SetString(PyExc_TypeError, "take_next: prev must be a delivery of this queue handle");
+        return NULL;
+    }
+    DeliveryBase *d = (DeliveryBase *)prev;
+    PyObject *pv[3] = {d->pos, d->attempt, d->id};
+    if (!pv[0] || !pv[1] || !pv[2]) {
+        PyErr_SetString(PyExc_TypeError, "take_next: prev has no position, attempt or id");
+        return NULL;
+    }
+    if (parse_u64s(args + 1, 8, v) < 0 || parse_u64s(pv, 3, p) < 0) return NULL;
+    long wal_fd = PyLong_AsLong(args[11]);
+    if (wal_fd == -1 && PyErr_Occurred()) return NULL;
+    uint64_t wal_gen = PyLong_AsUnsignedLongLong(args[12]);
+    if (wal_gen == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    char *seg = (char *)(uintptr_t)v[0];
+    uint64_t base = v[1], cap = v[2], slot = v[3], vis_ns = v[4], maxdel = v[5], now = v[6];
+    int mode = (int)v[7] & M_VIEW;
+
+    int rc = lock(seg);
+    if (rc) return PyLong_FromLong(rc);
+    if (HOT(seg)[H_DELETED]) {
+        unlock(seg);
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    rc = ack_locked(seg, base, cap, p[0], p[1], p[2], now, wal_fd, wal_gen, slot);
+    if (rc == R_OSERROR) {
+        int err = errno;
+        unlock(seg);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (rc == R_FALLBACK) { /* a log the C path does not append to: Python acks, then takes */
+        unlock(seg);
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    int post = rc == 1;
+    rc = take_checks(seg, slot, now, 0);
+    PyObject *r = rc ? PyLong_FromLong(rc) : take_locked(q, seg, base, cap, slot, vis_ns, maxdel, now, mode, ring);
+    if (!post || !r) return r; /* (a MemoryError after the ack: the producer's next sleep slice sees the room) */
+    return Py_BuildValue("(Ni)", r, 1);
 }
 
 
@@ -1646,6 +1726,8 @@ static PyMethodDef methods[] = {
     {"take", (PyCFunction)(void (*)(void))fast_take, METH_FASTCALL, "the get fast path"},
     {"take_many", (PyCFunction)(void (*)(void))fast_take_many, METH_FASTCALL, "the get_many fast path"},
     {"ack", (PyCFunction)(void (*)(void))fast_ack, METH_FASTCALL, "the ack fast path"},
+    {"take_next", (PyCFunction)(void (*)(void))fast_take_next, METH_FASTCALL,
+     "the consume loop's step: ack the previous delivery and take the next, one lock hold"},
     {"ack_many", (PyCFunction)(void (*)(void))fast_ack_many, METH_FASTCALL, "the ack_many fast path"},
     {"set_delivery_class", (PyCFunction)fast_set_delivery_class, METH_O, "the class takes build"},
     {"put_many", (PyCFunction)(void (*)(void))fast_put_many, METH_FASTCALL, "the put_many fast path"},

@@ -1,14 +1,16 @@
 """Getting messages: ``get`` (the hot path: C first, then a Python fast path at the
 frontier) and the general take under the lock, which expires due leases, returns the
 leases of dead processes, takes requeued messages first, and waits (spin, then sleep
-slices) when nothing is ready. Part of ``Queue`` (``queue.py``).
+slices) when nothing is ready; and the consume loop, ``messages()`` (``Messages``: each
+step acks the delivery handed out last and takes the next, in C one lock hold). Part of
+``Queue`` (``queue.py``).
 """
 
 import threading
 import time
 
 from .. import dmsq
-from ..errors import LockTimeout, QueueEmpty
+from ..errors import DeliveryExpired, LockTimeout, QueueEmpty
 from . import cpaths, deadletter, extension, housekeeping, ring, scheduling, waits
 from . import layout as L
 from .layout import (
@@ -17,11 +19,13 @@ from .layout import (
 )
 from .delivery import Delivery, Message
 from .headers import decode_headers
+from .keepalive import _live as _kept_alive
+from .keepalive import settling as _stop_keepalives
 from .mutex import FOREVER
 from .mutex import trylock as _trylock
 from .mutex import unlock as _unlock
 
-__all__ = ["Consuming"]
+__all__ = ["Consuming", "Messages"]
 
 _mono = time.monotonic_ns
 _wall = time.time_ns
@@ -41,6 +45,7 @@ _encode_ack_entry = dmsq.encode_ack_entry
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _fast_take = cpaths.take
 _fast_take_many = cpaths.take_many
+_fast_take_next = cpaths.take_next  # the consume loop's step (Messages): ack the previous, take the next
 _F_OWNERDEAD, _F_FALLBACK, _F_BUSY, _F_EMPTY, _F_SLEEP = (cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.BUSY, cpaths.EMPTY,
                                                        cpaths.SLEEP)
 _W_REGISTER = cpaths.W_REGISTER
@@ -135,6 +140,18 @@ class Consuming:
             out.append(Message(msg_id, body, decode_headers(hraw) if hraw else {}, attempt, ext.priority, enq / 1e9,
                                ext.group, self.name))
         return out
+
+    def messages(self, timeout: float | None = None, visibility_timeout: float | None = None,
+                 copy: bool = True) -> "Messages":
+        """The consume loop, ``for d in q.messages(): handle(d)``: each delivery is acked when
+        the loop takes the next one (one lock hold, in C), unless it was settled already
+        (``d.ack()``, ``d.nack()``, ``d.reject()``, ``d.process()``) or its lease lapsed. It
+        ends when no message comes within ``timeout`` seconds (None: never), everything handed
+        out acked. ``break`` or an exception leaves the last delivery leased to the caller
+        (settle it, or it is delivered again); leaving a ``with q.messages() as loop:`` block
+        without an exception acks it. ``copy=False``: bodies are views, valid until the next
+        step. One thread per loop."""
+        return Messages(self, timeout, visibility_timeout, copy)
 
     def consume(self, prefetch: int = 100, visibility_timeout: float | None = None) -> "LocalConsumer":
         """An iterator of deliveries, waiting for each, with at most ``prefetch`` of them
@@ -627,3 +644,105 @@ class LocalConsumer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+_NO_LOG = (0, -1)  # (generation, descriptor) of a queue without a log, as take_next takes them
+
+
+class Messages:
+    """``Queue.messages()``: a consume loop whose step acks the delivery it handed out last
+    and takes the next. With the C paths that is one ``take_next`` (one lock hold); the
+    Python twin (and a handle whose ``get`` is its own: a serializer's, lanes) acks, then
+    gets. Either way an ack is made only while the delivery is still leased as it was
+    delivered (``ring.leased_word``'s checks), so the application's own settle wins."""
+
+    __slots__ = ("_q", "_timeout", "_vis", "_vis_ns", "_copy", "_mode", "_plain", "_last", "_done")
+
+    def __init__(self, q, timeout, visibility_timeout, copy):
+        if timeout is not None:
+            _seconds_ns(timeout, "timeout")
+        self._vis_ns = None if visibility_timeout is None else _seconds_ns(visibility_timeout, "visibility_timeout")
+        self._mode = _mode(True, copy)
+        self._q = q
+        self._timeout = timeout
+        self._vis = visibility_timeout
+        self._copy = copy
+        self._plain = type(q).get is Consuming.get  # the C step builds plain deliveries only
+        self._last = None  # the delivery handed out last, acked by the next step
+        self._done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        prev = self._last
+        if prev is None:
+            return self._take()
+        self._last = None
+        q = self._q
+        if _fast_take_next is not None and self._plain and q._slot >= 0 and q._held is None and not q._general:
+            wal = q.wal.fd if q._logged else _NO_LOG
+            if wal is not None:
+                if _kept_alive:  # (a dict: empty unless some keepalive runs in this process)
+                    _stop_keepalives((prev,))
+                try:
+                    r = _fast_take_next(q, q._segp, q._base, q._cap, q._slot,
+                                        q._vis_ns if self._vis_ns is None else self._vis_ns, q.max_deliveries or 0,
+                                        _mono(), self._mode, q._ring, prev, wal[1], wal[0])
+                except OSError as e:
+                    raise q.wal.failed(e) from None
+                if type(r) is tuple:  # the ack freed room a producer waits for
+                    q._nf.release()
+                    r = r[0]
+                if type(r) is not int:
+                    self._last = r
+                    return r
+                if r == _F_EMPTY:  # prev was looked at (acked if still leased): wait for the next
+                    try:
+                        d = q._fast_wait(r, 0, self._timeout, self._vis, None, self._mode)
+                    except QueueEmpty:
+                        self._done = True
+                        raise StopIteration from None
+                    self._last = d
+                    return d
+                if r == _F_OWNERDEAD:
+                    q._repair_held_lock()
+                # else the general take's case, or a busy lock: below (an ack made already is not made twice)
+        self._ack(prev)
+        return self._take()
+
+    def _take(self):
+        """The next delivery by the handle's own ``get``; StopIteration past the timeout."""
+        if self._done:
+            raise StopIteration
+        try:
+            d = self._q.get(self._timeout, self._vis, True, self._copy)
+        except QueueEmpty:
+            self._done = True
+            raise StopIteration from None
+        self._last = d
+        return d
+
+    @staticmethod
+    def _ack(d):
+        try:
+            d.ack()
+        except DeliveryExpired:
+            pass  # settled by the application, or its lease lapsed: not the loop's to ack
+
+    def close(self) -> None:
+        """End the loop, acking the last delivery if it is still leased and unsettled."""
+        self._done = True
+        d, self._last = self._last, None
+        if d is not None:
+            self._ack(d)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:  # the last delivery stays leased: delivered again once its lease lapses
+            self._done = True
+            self._last = None

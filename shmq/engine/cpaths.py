@@ -15,8 +15,8 @@ except ImportError as e:  # pragma: no cover - depends on the build
                       "`pip install -e .` in this checkout (gcc and the Python headers), or set "
                       "SHMQ_PURE_PYTHON=1 to choose the Python paths and silence this.", RuntimeWarning, stacklevel=2)
 
-__all__ = ["FAST", "put", "take", "take_many", "ack", "ack_many", "put_many", "nack_many", "reserve", "publish",
-           "Loan", "DeliveryBase", "read_columns", "columns_check", "columns_end", "columns_log",
+__all__ = ["FAST", "put", "take", "take_many", "take_next", "ack", "ack_many", "put_many", "nack_many", "reserve",
+           "publish", "Loan", "DeliveryBase", "read_columns", "columns_check", "columns_end", "columns_log",
            "write_columns", "key_partitions", "murmur2", "OWNERDEAD", "FALLBACK", "BUSY", "EMPTY", "SLEEP", "FULL", "W_REGISTER",
            "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "serve_own", "set_enabled", "enabled"]
 
@@ -25,6 +25,7 @@ put = _fast.put if FAST else None
 take = _fast.take if FAST else None
 take_many = _fast.take_many if FAST else None  # the plain take repeated under one lock hold
 ack = _fast.ack if FAST else None
+take_next = _fast.take_next if FAST else None  # the consume loop's step: ack the previous, take the next
 ack_many = _fast.ack_many if FAST else None  # the plain ack repeated under one lock hold (no log)
 put_many = _fast.put_many if FAST else None  # a batch appended under one lock hold (no log)
 nack_many = _fast.nack_many if FAST else None  # the immediate requeue repeated under one lock hold
@@ -61,6 +62,7 @@ def set_enabled(enabled: bool) -> None:
     produce._fast_put = put if on else None
     consume._fast_take = take if on else None
     consume._fast_take_many = take_many if on else None
+    consume._fast_take_next = take_next if on else None
     settle._fast_ack = ack if on else None
     settle._fast_ack_many = ack_many if on else None
     settle._fast_nack_many = nack_many if on else None

@@ -30,7 +30,7 @@ from ..errors import LockTimeout, QueueEmpty, QueueFull
 from ..model.messages import QueueStats
 from . import layout as L
 from . import waits
-from .consume import take_capped
+from .consume import Messages, take_capped
 from .queue import Queue
 
 __all__ = ["LanedQueue", "attach", "MAX_LANES"]
@@ -392,6 +392,10 @@ class LanedQueue:
                 held.difference_update(d for d in ds if q._leased_word(d) < 0)
             finally:
                 q._release()
+
+    def messages(self, timeout: float | None = None, visibility_timeout: float | None = None, copy: bool = True):
+        """``Queue.messages`` over every lane: each step acks, then ``get``s (the Python step)."""
+        return Messages(self, timeout, visibility_timeout, copy)
 
     def consume(self, prefetch: int = 100, visibility_timeout: float | None = None):
         """``Queue.consume`` over every lane."""
