@@ -687,6 +687,14 @@ def targets(cases: list) -> list[dict]:
     def ratio(a, b, key):
         return a[key] / b[key] if a.get(key) and b.get(key) else None
 
+    def at_least(rows, target, b, mine, theirs, limit, what):
+        """A row for "``mine`` / ``theirs`` overall rows/s at least ``limit``" (none without both)."""
+        vs = ratio(mine, theirs, "overall_rows_per_s")
+        if vs is not None:
+            rows.append({"target": target, "batches": b, "ratio": vs,
+                         "steady_ratio": ratio(mine, theirs, "steady_rows_per_s"), "met": vs >= limit,
+                         "what": f"{what} overall rows/s; target >= {limit}"})
+
     for b in BATCHES:
         mine, file = by.get(("shmq", "noop", b), {}), by.get(("parquet", "noop", b), {})
         overall, steady = ratio(mine, file, "overall_rows_per_s"), ratio(mine, file, "steady_rows_per_s")
@@ -701,28 +709,13 @@ def targets(cases: list) -> list[dict]:
             rows.append({"target": "sink_cost", "batches": b, "ratio": cost,
                          "steady_ratio": ratio(noop, sink, "steady_rows_per_s"), "met": cost <= TARGETS["sink_cost"],
                          "what": f"(shmq -> shmq wall) / (shmq -> noop wall); target <= {TARGETS['sink_cost']}"})
-        mine, theirs = by.get(("parquet", "shmq", b), {}), by.get(("parquet", "parquet", b), {})
-        vs = ratio(mine, theirs, "overall_rows_per_s")
-        if vs is not None:
-            rows.append({"target": "sink_vs_parquet", "batches": b, "ratio": vs,
-                         "steady_ratio": ratio(mine, theirs, "steady_rows_per_s"),
-                         "met": vs >= TARGETS["sink_vs_parquet"],
-                         "what": f"(parquet files -> shmq sink) / (parquet files -> parquet sink) overall rows/s; "
-                                 f"target >= {TARGETS['sink_vs_parquet']}"})
+        at_least(rows, "sink_vs_parquet", b, by.get(("parquet", "shmq", b), {}), by.get(("parquet", "parquet", b), {}),
+                 TARGETS["sink_vs_parquet"], "(parquet files -> shmq sink) / (parquet files -> parquet sink)")
         jvm, python = by.get(("jvm", "noop", b), {}), by.get(("shmq", "noop", b), {})
-        vs = ratio(jvm, file, "overall_rows_per_s")
-        if vs is not None:
-            rows.append({"target": "jvm_vs_file", "batches": b, "ratio": vs,
-                         "steady_ratio": ratio(jvm, file, "steady_rows_per_s"), "met": vs >= JVM_TARGETS["jvm_vs_file"],
-                         "what": f"(shmq JVM source -> noop) / (parquet files -> noop) overall rows/s; target >= "
-                                 f"{JVM_TARGETS['jvm_vs_file']}"})
-        vs = ratio(jvm, python, "overall_rows_per_s")
-        if vs is not None:
-            rows.append({"target": "jvm_vs_python", "batches": b, "ratio": vs,
-                         "steady_ratio": ratio(jvm, python, "steady_rows_per_s"),
-                         "met": vs >= JVM_TARGETS["jvm_vs_python"],
-                         "what": f"(shmq JVM source -> noop) / (shmq Python source -> noop) overall rows/s; target "
-                                 f">= {JVM_TARGETS['jvm_vs_python']}"})
+        at_least(rows, "jvm_vs_file", b, jvm, file, JVM_TARGETS["jvm_vs_file"],
+                 "(shmq JVM source -> noop) / (parquet files -> noop)")
+        at_least(rows, "jvm_vs_python", b, jvm, python, JVM_TARGETS["jvm_vs_python"],
+                 "(shmq JVM source -> noop) / (shmq Python source -> noop)")
         if jvm.get("start_s") is not None and file.get("start_s") is not None:
             late = jvm["start_s"] - file["start_s"]
             rows.append({"target": "jvm_start", "batches": b, "ratio": late, "met": late <= JVM_TARGETS["jvm_start_s"],
