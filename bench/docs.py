@@ -207,7 +207,7 @@ def streams(doc, path, link):
 def spark(doc, path, link):
     """python -m bench.spark: rows/s per source -> sink and batch count. The one place that reads
     the Spark run's JSON (docs/spark-bench.json)."""
-    labels = {"shmq": "shmq stream", "parquet": "parquet files", "rate": "rate-micro-batch",
+    labels = {"shmq": "shmq stream", "jvm": "shmq stream (JVM source)", "parquet": "parquet files", "rate": "rate-micro-batch",
               "live": "shmq + live producer", "noop": "noop"}
     st = doc["settings"]
     if not doc.get("command"):
