@@ -20,6 +20,8 @@ import logging
 import time
 from collections import deque
 
+import posix_ipc
+
 from ..errors import CommitFailed, MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
 from ..model.checks import check_auto_commit, check_callback, check_poll_interval, check_reset, check_txn
 from ..model.checks import check_group as _group_name
@@ -79,6 +81,11 @@ class Stream:
         if magic != L.STREAM_MAGIC:
             seg.close()
             raise StreamNotFound(f"no stream {name!r} in namespace {namespace!r} (being created)")
+        try:
+            self._ne = open_semaphore(self._base + ".ne")
+        except posix_ipc.ExistentialError:  # deleted as this handle attached
+            seg.close()
+            raise StreamNotFound(f"no stream {name!r} in namespace {namespace!r} (deleted)") from None
         self._seg, self._mm, self._mq = seg, mm, memoryview(mm).cast("Q")
         self.partitions = parts
         self.retention = L.RETENTION_NAMES[retention]
@@ -90,7 +97,6 @@ class Stream:
         self.created_at = created / 1e9
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.STREAM_MUTEX_OFF)))
         self._lockp = self._mutex.ptr
-        self._ne = open_semaphore(self._base + ".ne")
         self._parts = [None] * parts
         self._turn = itertools.count(random.randrange(parts))  # where key-less appends start
         self.groups_table = Groups(self)

@@ -449,3 +449,27 @@ def test_appends_into_a_stream_made_without_reserving_check_the_room_first(broke
     reserved = broker.create_stream("reserved", partitions=1, max_bytes=1 << 20)
     monkeypatch.setattr(segment, "_free_bytes", lambda: 100)
     reserved.append(b"its memory is its own already")  # no check needed, none made
+
+
+def test_a_stream_deleted_as_a_handle_attaches_is_not_found(broker):
+    """Its segment still there, its semaphore already unlinked (a delete between the two):
+    StreamNotFound, and the half-made handle has nothing to close (no error at its
+    collection)."""
+    import gc
+    import sys
+
+    import posix_ipc
+
+    from shmq.engine.stream import Stream, stream_base
+
+    broker.create_stream("s").close()
+    posix_ipc.unlink_semaphore(stream_base(broker.namespace, "s") + ".ne")
+    unraisable, hook = [], sys.unraisablehook
+    sys.unraisablehook = unraisable.append
+    try:
+        with pytest.raises(shmq.StreamNotFound, match="deleted"):
+            Stream(broker.namespace, "s")
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert unraisable == []
