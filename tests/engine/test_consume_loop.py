@@ -18,6 +18,7 @@ from shmq.engine import cpaths, waits
 from shmq.engine import layout as L
 from shmq.engine.segment import destroy_namespace
 from tests._wait import in_thread, wait_for
+from tests.engine.test_model import PurePython
 from tests.engine._clock import set_clock
 
 
@@ -335,18 +336,8 @@ TestLoopModel = LoopModel.TestCase
 TestLoopModel.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 
-class PurePythonLoopModel(LoopModel):
+class PurePythonLoopModel(PurePython, LoopModel):
     """The loop model on the pure-Python paths."""
-
-    def __init__(self):
-        cpaths.set_enabled(False)
-        super().__init__()
-
-    def teardown(self):
-        try:
-            super().teardown()
-        finally:
-            cpaths.set_enabled(True)
 
 
 TestPurePythonLoopModel = PurePythonLoopModel.TestCase
