@@ -1,4 +1,4 @@
-"""Celery's event loop on a local attach (shmq/kombu.py, ``_EventLoop``): kombu's own Hub,
+"""Celery's event loop on a local attach (shmq/kombu_loop.py, ``EventLoop``): kombu's own Hub,
 real queues in shared memory, a producer in another process. (The real ``celery worker``
 runs on it in tests/jobs/test_celery.py.)"""
 
@@ -13,6 +13,7 @@ from kombu import Connection, Consumer, Queue
 from kombu.asynchronous import Hub
 
 import shmq.kombu
+import shmq.kombu_loop
 from tests._wait import wait_for
 from tests.jobs.test_celery import Jobs
 
@@ -132,7 +133,7 @@ def test_each_turn_takes_as_far_as_the_prefetch_allows(broker, make_loop):
 
 
 def test_a_turn_takes_at_most_its_budget_then_turns_again(broker, make_loop):
-    budget = shmq.kombu._EventLoop.BUDGET
+    budget = shmq.kombu_loop.EventLoop.BUDGET
     loop = make_loop()
     put(broker.namespace, *(str(i) for i in range(budget + 6)))
     loop.events.on_tick()
