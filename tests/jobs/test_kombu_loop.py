@@ -15,7 +15,7 @@ from kombu.asynchronous import Hub
 import shmq.kombu
 import shmq.kombu_loop
 from tests._wait import wait_for
-from tests.jobs.test_celery import Jobs
+from tests.jobs.test_celery import Jobs, settled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -193,7 +193,7 @@ def test_worker_on_the_event_loop_retries_after_the_countdown(broker, jobs):
     app.send_task("tests.jobs.celery_app.record", ("first",))
     wait_for(lambda: jobs.count("done") == {"first": 1}, 60, "the first job done")
     app.send_task("tests.jobs.celery_app.flaky", ("f", 1))  # fails once, retried after 0.3 s
-    wait_for(lambda: jobs.count("done")["f"] == 1, 60, "the retried job done")
+    wait_for(lambda: jobs.count("done")["f"] == 1 and settled(broker, 3), 60, "the retried job done")
     jobs.stop(w)
     assert w.returncode == 0, jobs.output()
     assert jobs.count("start") == {"f": 2}
