@@ -1,7 +1,7 @@
 """Builds the optional C hot paths (shmq/engine/_fast.c); the metadata is in pyproject.toml.
 
 ``optional=True``: where it cannot be compiled, shmq installs without it and runs its
-pure-Python paths (``shmq.engine.queue.FAST`` says which).
+pure-Python paths (``shmq.engine.queues.queue.FAST`` says which).
 """
 
 from setuptools import Extension, setup

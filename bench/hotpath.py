@@ -16,7 +16,7 @@ import time
 import uuid
 
 import shmq
-import shmq.engine.queue  # (``import shmq`` loads the engine on first use; main() reads Queue's signature)
+import shmq.engine.queues.queue  # (``import shmq`` loads the engine on first use; main() reads Queue's signature)
 from shmq.engine import cpaths
 
 N = 100_000
@@ -117,8 +117,8 @@ def main():
         impls.append(("C", False))
     else:
         print("(the C hot paths are not built here: pip install -e . with gcc and the Python headers)")
-    autoack = "ack" in shmq.engine.queue.Queue.get.__code__.co_varnames
-    zero_copy = hasattr(shmq.engine.queue.Queue, "reserve")
+    autoack = "ack" in shmq.engine.queues.queue.Queue.get.__code__.co_varnames
+    zero_copy = hasattr(shmq.engine.queues.queue.Queue, "reserve")
     totals = []
     for label, pure in impls:
         put, take = run(pure)

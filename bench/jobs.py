@@ -163,7 +163,7 @@ def one_run(tool, broker, mode, url, args):
         workers.close()
         os.unlink(done.name)
         if broker == "shmq":
-            from shmq.engine.segment import destroy_namespace
+            from shmq.engine.shm.segment import destroy_namespace
             destroy_namespace(ns)
 
 
@@ -212,7 +212,7 @@ def main(argv=None):
         for server, ns in servers.values():
             server.close()
             if ns is not None:
-                from shmq.engine.segment import destroy_namespace
+                from shmq.engine.shm.segment import destroy_namespace
                 destroy_namespace(ns)
     print_table(info, args, rows, skipped)
     if args.json:

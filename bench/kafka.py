@@ -309,7 +309,7 @@ class Systems:
             if server is not None:
                 server.close()
         if self.shmq is not None:
-            from shmq.engine.segment import destroy_namespace
+            from shmq.engine.shm.segment import destroy_namespace
             destroy_namespace(f"bench-{os.getpid()}-kafka")
 
 

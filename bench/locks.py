@@ -15,7 +15,7 @@ import time
 
 import posix_ipc
 
-from shmq.engine.mutex import RobustMutex, init_mutex
+from shmq.engine.shm.mutex import RobustMutex, init_mutex
 
 N = 200_000
 F_OFD_SETLKW = 38  # Linux

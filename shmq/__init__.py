@@ -49,14 +49,14 @@ from .model.records import Record, RecordMetadata, TopicPartition
 # the names of the local engine (and of the producer, which sizes records as it does):
 # the module each is imported from on first use, by __getattr__ below
 _ON_USE = {
-    "destroy_namespace": "engine.segment",
+    "destroy_namespace": "engine.shm.segment",
     "Broker": "engine.broker",
     "default_namespace": "engine.broker",
-    "Queue": "engine.queue",
-    "Delivery": "engine.queue",
-    "Stream": "engine.stream",
-    "Consumer": "engine.stream",
-    "MultiConsumer": "engine.multiconsumer",
+    "Queue": "engine.queues.queue",
+    "Delivery": "engine.queues.queue",
+    "Stream": "engine.streams.stream",
+    "Consumer": "engine.streams.stream",
+    "MultiConsumer": "engine.streams.multiconsumer",
     "Producer": "producer",
 }
 

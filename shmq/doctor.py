@@ -37,10 +37,10 @@ import time
 
 from . import logind
 from .auth import data_root, remove_stale_runtime_file, stale_runtime_files
-from .engine.layout import MAX_PARTITIONS
-from .engine.process import is_alive
-from .engine.registry import CREATING, DELETING, LIVE, Registry, creation_guard, read_header
-from .engine.segment import SHM_DIR, namespace_entries, segment_name, unlink_segment
+from .engine.shm.layout import MAX_PARTITIONS
+from .engine.shm.process import is_alive
+from .engine.shm.registry import CREATING, DELETING, LIVE, Registry, creation_guard, read_header
+from .engine.shm.segment import SHM_DIR, namespace_entries, segment_name, unlink_segment
 from .errors import LockTimeout
 from .server.lock import lock_name, read_holder
 

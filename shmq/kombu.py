@@ -11,7 +11,7 @@ are (a Channel with ``_get`` / ``_put`` / ``_purge`` / ``_size``); a kombu messa
 payload as JSON in one shmq message. What kombu's virtual transports keep per process,
 shmq keeps for every process:
 
-- exchanges and bindings are shmq's own (``engine/exchange.py``): a fanout exchange is a
+- exchanges and bindings are shmq's own (``engine/queues/exchange.py``): a fanout exchange is a
   shmq fanout exchange; direct and topic ones are shmq topic exchanges (a direct binding
   is its exact routing key, which matches only itself);
 - a delivery the worker has not settled stays leased in shmq, not only in the worker's
@@ -50,7 +50,7 @@ from kombu.utils.json import dumps, loads
 import shmq
 from .client.options import DEFAULT_PORT
 from .engine.broker import Broker, default_namespace
-from .engine.exchange import topic_matches
+from .engine.queues.exchange import topic_matches
 from .errors import (BrokerUnavailable, DeliveryExpired, ExchangeNotFound, QueueNotFound,
                      ShmqError)
 from .kombu_loop import EventLoop

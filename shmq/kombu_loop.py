@@ -14,7 +14,7 @@ from collections import deque
 from functools import lru_cache
 from queue import Empty
 
-from .engine import doze
+from .engine.shm import doze
 from .engine.maintenance import ready_hint
 from .errors import QueueNotFound
 

@@ -23,9 +23,9 @@ import time
 from collections import deque
 from concurrent.futures import Future
 
-from .engine.headers import encode_headers
-from .engine.partition import record_size
-from .engine.produce import as_bytes as _bytes
+from .model.headers import encode_headers
+from .engine.streams.partition import record_size
+from .engine.queues.produce import as_bytes as _bytes
 from .errors import ShmqError
 
 __all__ = ["Producer"]

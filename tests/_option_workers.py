@@ -39,7 +39,7 @@ def group_producer(ns, qname, groups, per_group):
 def die_inside_dedup_put(ns, qname, dedup_id):
     """Put with a dedup id, and die (SIGKILL) after the id is remembered, before the
     put's commit: the lock is held by a dead process."""
-    from shmq.engine import dedup
+    from shmq.engine.queues import dedup
 
     remember = dedup.remember
 
@@ -65,7 +65,7 @@ def dedup_putter(ns, qname, ids, log_path):
 def redrive_and_die(ns, dlq, after):
     """Redrive, dying (SIGKILL) after ``after`` messages were put back and before the
     next one's ack from the dead-letter queue."""
-    from shmq.engine import delivery
+    from shmq.engine.queues import delivery
 
     ack = delivery.Delivery.ack
     done = [0]

@@ -144,8 +144,8 @@ def hold_lock(ns, qname, ready_event, half_written):
     if half_written:
         # what a producer killed between writing a record and publishing the tail leaves:
         # a record past the tail and a count bumped ahead of the commit
-        from shmq.engine import layout as L
-        from shmq.engine.layout import I_READY, I_TAIL
+        from shmq.engine.shm import layout as L
+        from shmq.engine.shm.layout import I_READY, I_TAIL
         tail = q._mq[I_TAIL]
         a = q._base + tail % q._cap
         L.REC.pack_into(q._mm, a, L.READY, 64, 8, 0, 0, 999, 0, 0)
@@ -215,7 +215,7 @@ def remote_chaos_consumer(url_file, qname, log_path, stop_event):
 
 def tear_wal_append(ns, qname, ready_event):
     """Take the lock of a wal queue, leave half a log entry, hang until killed."""
-    from shmq import dmsq
+    from shmq.persistence import dmsq
 
     b = shmq.connect(namespace=ns)
     q = b.queue(qname)
@@ -264,7 +264,7 @@ def stream_member(ns, stream, group, out_path, ready_event, stop_event):
 def join_killed_inside(ns, stream, group):
     """Join ``group`` and die (SIGKILL) inside the stream's lock, with the generation and
     the owner-since marks written and the member's slot not yet: what a kill there leaves."""
-    from shmq.engine.groups import Groups
+    from shmq.engine.streams.groups import Groups
 
     real = Groups._rebalance
 
@@ -366,7 +366,7 @@ def stream_publisher(ns, target, staging, txn_hex, first_batch, batches, per_bat
 def publisher_dying_before_the_commit(ns, target, staging, txn_hex, batch):
     """Publish ``batch`` but die inside the partition's lock, after noting the batch in
     the publishers' table and before the append's committing store."""
-    from shmq.engine.partition import Partition
+    from shmq.engine.streams.partition import Partition
 
     note = Partition._txn_note
 

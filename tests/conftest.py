@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import shmq
-from shmq.engine.segment import destroy_namespace, namespace_entries
+from shmq.engine.shm.segment import destroy_namespace, namespace_entries
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from shmq.engine.delivery import QueueStats
+from shmq.engine.queues.delivery import QueueStats
 from tests.test_server_tcp import ServerProcess
 
 

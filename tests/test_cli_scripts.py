@@ -20,7 +20,7 @@ import pytest
 import shmq
 from shmq.auth import default_data_dir
 from shmq.cli import app
-from shmq.engine.segment import namespace_entries
+from shmq.engine.shm.segment import namespace_entries
 from tests._wait import drain, wait_for
 from tests.test_cli import shmq_cli, target  # noqa: F401  (the fixture: local and tcp)
 from tests.test_server_tcp import ServerProcess

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import shmq
 from shmq.cli import app as cli_app, streams as cli_streams
 from shmq.client.remote import RemoteBroker
-from shmq.engine.partitioner import partition_of
+from shmq.engine.streams.partitioner import partition_of
 from tests.test_cli import shmq_cli
 from tests.test_server_tcp import ServerProcess
 

@@ -7,7 +7,7 @@ import pytest
 import shmq
 from shmq.client.core import CONSUME_SLICE_MS, PUT_RETRY_S, BrokerCalls, ClientCore
 from shmq.client.remote import RemoteBroker, RemoteDelivery, RemoteQueue
-from shmq.engine.delivery import QueueStats
+from shmq.engine.queues.delivery import QueueStats
 from shmq.protocol import (EXCEPTIONS, FrameDecoder, MsgType, PushType, Status, encode_error, encode_reply,
                            encode_request)
 

@@ -24,7 +24,7 @@ import pytest
 
 import shmq
 from shmq.client import aio
-from shmq.engine.partitioner import partition_of
+from shmq.engine.streams.partitioner import partition_of
 from shmq.protocol import FrameDecoder, MsgType, Status, encode_error, encode_reply
 
 

@@ -377,7 +377,7 @@ def test_the_remote_classes_take_the_local_work_queue_arguments():
 
     from shmq.client import aio
     from shmq.client.remote import RemoteBroker, RemoteDelivery, RemoteQueue
-    from shmq.engine.delivery import Delivery
+    from shmq.engine.queues.delivery import Delivery
 
     def params(cls, name):
         return [(p.name, p.default) for p in inspect.signature(getattr(cls, name)).parameters.values()]

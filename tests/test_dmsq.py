@@ -1,4 +1,4 @@
-"""The .dmsq snapshot format and the log entry codec (shmq/dmsq.py, docs/FORMAT.md).
+"""The .dmsq snapshot format and the log entry codec (shmq/persistence/dmsq.py, docs/FORMAT.md).
 
 Pure file I/O in a temporary directory: no shared memory, no processes, no sleeps. The
 Hypothesis properties hold the readers to their promise: for any damage they return a
@@ -17,26 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmq import dmsq
-from shmq.dmsq import (
-    ACK,
-    FORMAT_VERSION,
-    MAGIC,
-    PUT,
-    SUFFIX,
-    LogEntry,
-    ReadResult,
-    SnapshotHeader,
-    SnapshotRecord,
-    SnapshotWriter,
-    encode_log_entry,
-    iter_records,
-    quarantine,
-    read_log,
-    read_snapshot,
-    summary,
-    write_snapshot,
-)
+from shmq.persistence import dmsq
+from shmq.persistence.dmsq import (ACK, FORMAT_VERSION, MAGIC, PUT, SUFFIX, LogEntry, ReadResult, SnapshotHeader,
+                                   SnapshotRecord, SnapshotWriter, encode_log_entry, iter_records, quarantine,
+                                   read_log, read_snapshot, summary, write_snapshot)
 from shmq.errors import MessageTooLarge
 
 ALL_BYTES = bytes(range(256))
@@ -366,7 +350,7 @@ def test_version_1_files_are_still_read(snap, monkeypatch):
 
 def test_header_bytes_with_an_extension_block_are_kept_as_they_are(snap):
     """The engine's record extension (0xC1 ..., then the msgpack headers) is stored as given."""
-    from shmq.engine import extension
+    from shmq.engine.queues import extension
 
     hraw = extension.encode(priority=2, expires_ns=1_700_000_100 * 10**9, group="g") + msgpack.packb({"k": "v"})
     write_snapshot(snap, HEADER, [SnapshotRecord(1, 0, 1, hraw, b"body")], fsync=False)

@@ -17,7 +17,7 @@ import pytest
 import shmq
 from shmq import doctor
 from shmq.auth import default_data_dir, run_dir
-from shmq.engine.segment import SHM_DIR, destroy_namespace, namespace_entries, unlink_segment
+from shmq.engine.shm.segment import SHM_DIR, destroy_namespace, namespace_entries, unlink_segment
 from shmq.server.lock import lock_name
 from tests.test_cli import shmq_cli
 
@@ -88,7 +88,7 @@ def test_doctor_reports_brokers_and_orphans_and_clean_removes_exactly_the_orphan
     assert orphans_of_half <= set(namespace_entries(half))
     # a registry whose creator died before publishing it
     _in_a_child_that_dies(f"""
-        from shmq.engine.registry import creation_guard
+        from shmq.engine.shm.registry import creation_guard
         with creation_guard({unborn!r}):
             die()
     """)

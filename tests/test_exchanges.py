@@ -1,4 +1,4 @@
-"""Exchanges (engine/exchange.py): topic matching, routing with exact accounting on both
+"""Exchanges (engine/queues/exchange.py): topic matching, routing with exact accounting on both
 transports, bindings' life, publishers in other processes, and a publisher killed
 mid-publish whose retry with the same dedup id puts the message nowhere twice."""
 
@@ -9,7 +9,7 @@ import signal
 import pytest
 
 import shmq
-from shmq.engine.exchange import topic_matches
+from shmq.engine.queues.exchange import topic_matches
 from tests import _exchange_workers as workers
 from tests._wait import drain as _drain, wait_for as _until
 

@@ -10,7 +10,7 @@ import pytest
 
 import shmq
 from shmq.client import aio
-from shmq.engine.rpc import REPLY_PREFIX
+from shmq.engine.queues.rpc import REPLY_PREFIX
 from tests import _exchange_workers as workers
 
 SPAWN = mp.get_context("spawn")

@@ -14,8 +14,8 @@ import pytest
 
 import shmq
 from shmq import DeliveryExpired, Keepalive
-from shmq.engine import keepalive
-from shmq.engine.delivery import Delivery
+from shmq.model import keepalive
+from shmq.engine.queues.delivery import Delivery
 from tests._wait import wait_for
 
 VIS_S = 1.5  # the queue's visibility timeout

@@ -4,7 +4,8 @@ shared-memory code.
 The rules are the three tables below, written once (docs/DESIGN.md, "Layers", quotes
 them): a module of a package in MAY_IMPORT imports only modules of shmq under the
 prefixes listed for it; a module of a package in MAY_NOT_IMPORT none under those listed;
-EXCEPTIONS names single modules and what they may import besides. "Imports" counts every
+THROUGH names, for a layer, the packages above it that it reaches only through the modules
+listed; EXCEPTIONS names single modules and what they may import besides. "Imports" counts every
 import statement in the file, at module level or in a function: a function-level import
 is a dependency too, only a later one.
 """
@@ -26,12 +27,21 @@ MAY_IMPORT = {
     "shmq.protocol": ("shmq.protocol", "shmq.model", "shmq.errors"),
     # Kafka's wire protocol: sans-IO too, beside the DEADBEEF codec
     "shmq.kafka": ("shmq.kafka", "shmq.model", "shmq.errors"),
+    # persistence's interface to the engine: the on-disk formats, and the write-ahead logs
+    # (which know the record layout of the shared-memory base, nothing of queues or streams)
+    "shmq.persistence.dmsq": ("shmq.errors", "shmq.sharing"),
+    "shmq.persistence.wal": ("shmq.persistence.dmsq", "shmq.engine.shm.layout", "shmq.errors", "shmq.sharing"),
 }
 MAY_NOT_IMPORT = {
     # the TCP clients: a remote process needs no shared memory
     "shmq.client": ("shmq.engine", "shmq.server"),
     # the engine knows nothing of the wire, the clients or the server
     "shmq.engine": ("shmq.protocol", "shmq.client", "shmq.server"),
+}
+THROUGH = {
+    # the engine calls persistence through its small interface only (snapshots, recovery
+    # and the snapshotter stand above the engine and call it)
+    "shmq.engine": {"shmq.persistence": ("shmq.persistence.dmsq", "shmq.persistence.wal")},
 }
 EXCEPTIONS = {
     # the local engine's asyncio face (shmq.aio.connect() with no url): the engine's calls
@@ -87,6 +97,10 @@ def broken_rules(module: str, imported: str) -> str | None:
     for layer, allowed in MAY_IMPORT.items():
         if _under(module, (layer,)) and not _under(imported, allowed):
             return f"{layer} imports only {', '.join(allowed)}"
+    for layer, gates in THROUGH.items():
+        for package, interface in gates.items():
+            if _under(module, (layer,)) and _under(imported, (package,)) and not _under(imported, interface):
+                return f"{layer} reaches {package} only through {', '.join(interface)}"
     for layer, forbidden in MAY_NOT_IMPORT.items():
         if _under(module, (layer,)) and _under(imported, forbidden):
             return f"{layer} imports nothing of {', '.join(forbidden)}"
@@ -103,30 +117,38 @@ def test_no_module_imports_across_the_layers():
                 broken.append(f"{path.relative_to(ROOT.parent)}:{line}: {imported} ({why})")
     assert broken == []
     # the tables name real packages and modules (a rename would leave a rule checking nothing)
-    for name in [*MAY_IMPORT, *MAY_NOT_IMPORT, *EXCEPTIONS]:
+    for name in [*MAY_IMPORT, *MAY_NOT_IMPORT, *THROUGH, *EXCEPTIONS,
+                 *(m for gates in THROUGH.values() for interface in gates.values() for m in interface)]:
         assert name in modules, name
 
 
 def test_the_check_sees_function_level_and_relative_imports():
     source = ("from ..errors import ShmqError\n"
-              "from ..engine import layout\n"
+              "from ..engine.shm import layout\n"
               "def late():\n"
               "    from ..model.records import Record\n"
-              "    import shmq.engine.queue\n")
-    known = {"shmq.errors", "shmq.engine", "shmq.engine.layout", "shmq.model.records", "shmq.engine.queue"}
+              "    import shmq.engine.queues.queue\n")
+    known = {"shmq.errors", "shmq.engine", "shmq.engine.shm", "shmq.engine.shm.layout", "shmq.model.records",
+             "shmq.engine.queues.queue"}
     found = sorted(imports_of("shmq.protocol.forms", source, known))
-    assert found == [(1, "shmq.errors"), (2, "shmq.engine.layout"), (4, "shmq.model.records"), (5, "shmq.engine.queue")]
+    assert found == [(1, "shmq.errors"), (2, "shmq.engine.shm.layout"), (4, "shmq.model.records"),
+                     (5, "shmq.engine.queues.queue")]
     assert [broken_rules("shmq.protocol.forms", m) for _, m in found] == [
         None, "shmq.protocol imports only shmq.protocol, shmq.model, shmq.errors", None,
         "shmq.protocol imports only shmq.protocol, shmq.model, shmq.errors"]
-    assert broken_rules("shmq.client.core", "shmq.engine.rpc") == "shmq.client imports nothing of shmq.engine, shmq.server"
-    assert broken_rules("shmq.client.aio_local", "shmq.engine.rpc") is None
+    assert broken_rules("shmq.client.core", "shmq.engine.queues.rpc") == "shmq.client imports nothing of shmq.engine, shmq.server"
+    assert broken_rules("shmq.client.aio_local", "shmq.engine.queues.rpc") is None
     assert broken_rules("shmq.client.aio_local", "shmq.server.tcp") == (
         "shmq.client imports nothing of shmq.engine, shmq.server")
     assert broken_rules("shmq.model.headers", "shmq.errors") is None
-    assert broken_rules("shmq.model.headers", "shmq.engine.layout") == "shmq.model imports only shmq.model, shmq.errors"
-    assert broken_rules("shmq.engine.queue", "shmq.model.messages") is None
-    assert broken_rules("shmq.engine.queue", "shmq.protocol.forms") == (
+    assert broken_rules("shmq.model.headers", "shmq.engine.shm.layout") == "shmq.model imports only shmq.model, shmq.errors"
+    assert broken_rules("shmq.engine.queues.queue", "shmq.model.messages") is None
+    assert broken_rules("shmq.engine.queues.queue", "shmq.persistence.wal") is None
+    assert broken_rules("shmq.engine.queues.queue", "shmq.persistence.snapshotter") == (
+        "shmq.engine reaches shmq.persistence only through shmq.persistence.dmsq, shmq.persistence.wal")
+    assert broken_rules("shmq.persistence.wal", "shmq.engine.queues.queue") == (
+        "shmq.persistence.wal imports only shmq.persistence.dmsq, shmq.engine.shm.layout, shmq.errors, shmq.sharing")
+    assert broken_rules("shmq.engine.queues.queue", "shmq.protocol.forms") == (
         "shmq.engine imports nothing of shmq.protocol, shmq.client, shmq.server")
     # a package's own relative imports resolve from the package itself
     assert imports_of("shmq.model", "from .checks import MAX_PARTITIONS\n", {"shmq.model.checks"}, True) == [
@@ -217,8 +239,9 @@ def test_a_tcp_client_puts_gets_and_reads_without_shared_memory_code(tcp_server)
 
 
 def test_the_moved_names_are_one_object_in_every_old_home():
-    from shmq.engine import delivery, exchange, keepalive, layout, multiconsumer, produce, rpc, stream, waits
-    from shmq.engine import headers as engine_headers
+    from shmq.engine.queues import delivery, exchange, produce, rpc
+    from shmq.engine.shm import layout, waits
+    from shmq.engine.streams import multiconsumer, stream
     from shmq.model import checks, composite, headers, messages, processing, records
     from shmq.model import keepalive as kept
     from shmq.protocol import forms, requests
@@ -231,13 +254,11 @@ def test_the_moved_names_are_one_object_in_every_old_home():
         (shmq.RecordMetadata, records.RecordMetadata), (stream.RecordMetadata, records.RecordMetadata),
         (shmq.TopicPartition, records.TopicPartition), (multiconsumer.TopicPartition, records.TopicPartition),
         (multiconsumer.Composite, composite.Composite), (stream.check_txn, checks.check_txn),
-        (shmq.Keepalive, kept.Keepalive), (keepalive.Keepalive, kept.Keepalive),
-        (engine_headers.encode_headers, headers.encode_headers), (rpc.reply_headers, headers.reply_headers),
+        (shmq.Keepalive, kept.Keepalive), (rpc.reply_headers, headers.reply_headers),
         (exchange.check_routing_key, checks.check_routing_key), (produce.as_body, messages.as_body),
         (waits.seconds_ns, checks.seconds_ns),
     ]
     assert [a is b for a, b in pairs] == [True] * len(pairs)
     assert (layout.MAX_PARTITIONS, requests.MAX_PARTITIONS, exchange.MAX_KEY_CHARS, rpc.CORRELATION_ID) == (
         256, 256, 255, "x-correlation-id")
-    assert keepalive._live is kept._live  # the old module's state is the one in use
-    assert shmq.Queue.__module__ == "shmq.engine.queue" and shmq.Broker.__module__ == "shmq.engine.broker"
+    assert shmq.Queue.__module__ == "shmq.engine.queues.queue" and shmq.Broker.__module__ == "shmq.engine.broker"

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import shmq
 from shmq.auth import default_data_dir
-from shmq.engine.segment import namespace_entries
+from shmq.engine.shm.segment import namespace_entries
 from shmq.server.metrics import LATENCY_BUCKETS, Metrics, ShmqCollector, parse_address
 from tests.test_server_tcp import ServerProcess
 

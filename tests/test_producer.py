@@ -12,8 +12,8 @@ import pytest
 
 import shmq
 from shmq.client.remote import RemoteBroker
-from shmq.engine.partition import record_size
-from shmq.engine.partitioner import partition_of
+from shmq.engine.streams.partition import record_size
+from shmq.engine.streams.partitioner import partition_of
 from shmq.producer import Producer
 
 SLOW = 60_000  # a linger (ms) no test waits for: only size or flush sends those batches

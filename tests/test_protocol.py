@@ -983,7 +983,7 @@ def test_stats_of_an_older_server_read_with_defaults():
 
 
 def test_peeked_and_consumed_messages_carry_priority_enqueued_at_and_group():
-    from shmq.engine.delivery import Message
+    from shmq.engine.queues.delivery import Message
     from shmq.protocol.forms import message_from_fields, peeked_fields
 
     m = Message(id=3, body=b"b", headers={"k": 1}, attempt=1, priority=2, enqueued_at=1.7e9, group="g", queue="q")

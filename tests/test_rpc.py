@@ -1,4 +1,4 @@
-"""Request/reply (engine/rpc.py, the REQUEST handler): a worker process answers, a
+"""Request/reply (engine/queues/rpc.py, the REQUEST handler): a worker process answers, a
 timeout raises RequestTimeout and leaves no reply queue, a late reply is dropped, and
 the reply queue of a requester killed while it waited is removed (by the next request,
 the housekeeper, or, over TCP, when its connection closes)."""
@@ -11,7 +11,7 @@ import time
 import pytest
 
 import shmq
-from shmq.engine.rpc import REPLY_PREFIX, owner_of, reply_queue_name
+from shmq.engine.queues.rpc import REPLY_PREFIX, owner_of, reply_queue_name
 from shmq.server.housekeeper import Housekeeper
 from tests import _exchange_workers as workers
 from tests._wait import wait_for as _until

@@ -4,7 +4,7 @@ consumer of the queue, is owed no post for it (``waits.serving``). A local produ
 put still rings it: that is what it is for."""
 
 import shmq
-from shmq.engine import layout as L
+from shmq.engine.shm import layout as L
 from tests._wait import in_thread, wait_for
 
 

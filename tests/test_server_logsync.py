@@ -13,9 +13,9 @@ import pytest
 
 import shmq
 from shmq.auth import default_data_dir
-from shmq.engine import layout as L
+from shmq.engine.shm import layout as L
 from shmq.engine.broker import Broker
-from shmq.engine.wal import wal_path
+from shmq.persistence.wal import wal_path
 from shmq.persistence import Snapshotter
 from shmq.persistence import snapshotter as snapshotter_module
 from shmq.server.dirwatch import DirWatch

@@ -13,7 +13,7 @@ import pytest
 
 import shmq
 from shmq.auth import data_root, default_data_dir
-from shmq.engine.segment import namespace_entries
+from shmq.engine.shm.segment import namespace_entries
 from shmq.protocol import MsgType, Status, encode_request
 from shmq.server.lock import lock_name, lock_path
 from tests.test_cli import shmq_cli

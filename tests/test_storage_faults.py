@@ -18,8 +18,8 @@ import time
 import pytest
 
 import shmq
-from shmq.engine import layout as L
-from shmq import dmsq
+from shmq.engine.shm import layout as L
+from shmq.persistence import dmsq
 from shmq.persistence import Snapshotter, recover
 
 

@@ -17,7 +17,7 @@ import pytest
 import shmq
 import shmq.client
 from shmq.client import aio
-from shmq.engine.partitioner import partition_of
+from shmq.engine.streams.partitioner import partition_of
 from shmq.protocol import compression
 from tests.conftest import ThreadedServer
 from tests.test_server_limits import TOKEN, Server
@@ -75,7 +75,7 @@ def test_a_stream_made_without_reserving_holds_only_what_was_appended_locally(an
     a server reserves it all the same (a SIGBUS must never end it)."""
     import os
 
-    from shmq.engine.segment import namespace_entries
+    from shmq.engine.shm.segment import namespace_entries
 
     s = any_broker.create_stream("staging", partitions=2, max_bytes=8 << 20, reserve=False)
     s.append_many([b"x" * 1000] * 100, partition=1)

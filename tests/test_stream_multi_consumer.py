@@ -15,7 +15,7 @@ import pytest
 import shmq
 from shmq import TopicPartition
 from shmq.client import aio
-from shmq.engine import layout as L
+from shmq.engine.shm import layout as L
 from tests._multi_workers import reading_member
 from tests._wait import in_thread, polled, wait_for
 

@@ -17,8 +17,8 @@ import time
 import pytest
 
 import shmq
-from shmq import dmsq
-from shmq.engine import layout as L
+from shmq.persistence import dmsq
+from shmq.engine.shm import layout as L
 from shmq.persistence import Snapshotter, recover
 from tests import _workers as w
 from tests import test_storage_faults as faults

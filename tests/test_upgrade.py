@@ -22,11 +22,11 @@ import msgpack
 import pytest
 
 import shmq
-from shmq import dmsq
+from shmq.persistence import dmsq
 from shmq.auth import default_data_dir
-from shmq.engine import layout as L
-from shmq.engine.partition import partition_segment_name
-from shmq.engine.segment import SHM_DIR, segment_name
+from shmq.engine.shm import layout as L
+from shmq.engine.streams.partition import partition_segment_name
+from shmq.engine.shm.segment import SHM_DIR, segment_name
 from shmq.errors import LayoutMismatch, QueueCorrupted, StreamNotFound
 from tests import test_storage_faults as faults
 

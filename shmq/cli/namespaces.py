@@ -5,7 +5,7 @@ import os
 import click
 
 from ..doctor import diagnose
-from ..engine.segment import check_namespace, destroy_namespace, namespace_entries
+from ..engine.shm.segment import check_namespace, destroy_namespace, namespace_entries
 from ..errors import ShmqError
 from ..server.lock import describe, holder
 from .app import _echo_json, _json_option, _print_table, main

@@ -9,7 +9,7 @@ import time
 import click
 
 from ..engine.broker import default_namespace
-from ..engine.segment import check_namespace
+from ..engine.shm.segment import check_namespace
 from ..errors import ShmqError
 from ..server.lock import holder
 from .app import _echo_json, _json_option, main

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ..engine.layout import MAX_PARTITIONS
+from ..engine.shm.layout import MAX_PARTITIONS
 from ..errors import OffsetOutOfRange, ShmqError
 from ..spark.staging import staged_by_writer
 from .app import (

@@ -19,7 +19,9 @@ import functools
 import time
 from collections import deque
 
-from ..engine import doze, maintenance, rpc
+from ..engine.shm import doze
+from ..engine import maintenance
+from ..engine.queues import rpc
 from ..engine.broker import Broker, default_namespace
 from ..errors import QueueEmpty, QueueFull, RequestTimeout
 from ..model import keepalive

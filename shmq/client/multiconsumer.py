@@ -1,6 +1,6 @@
 """A consumer of several streams (or a pattern) over a connection, written once and
 sans-IO: ``broker.consumer(group, streams=[...])`` / ``(group, pattern=...)``, the local
-``engine.multiconsumer.MultiConsumer``'s methods and errors.
+``engine.streams.multiconsumer.MultiConsumer``'s methods and errors.
 
 Strategy: as locally, it is one group member per stream: the server holds one member
 per stream for the connection (a JOIN each, through ``ConsumerCalls``), and this object

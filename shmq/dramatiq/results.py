@@ -32,7 +32,7 @@ import weakref
 from dramatiq.results import ResultBackend, ResultMissing, ResultTimeout
 from dramatiq.results.backend import DEFAULT_TIMEOUT, Missing
 
-from ..engine.rpc import remove_orphans, reply_queue_name
+from ..engine.queues.rpc import remove_orphans, reply_queue_name
 from ..errors import QueueEmpty, QueueFull, QueueNotFound, ShmqError
 from .broker import open_broker
 

@@ -7,7 +7,7 @@
  *
  * Strategy: these are the pure-Python fast paths of shmq/engine (Queue.put, _take_one,
  * _ack_one, _requeue, _append, _try_reserve / _publish) done with the same loads and stores in
- * the same order, on the same segment layout (shmq/engine/layout.py, through the generated
+ * the same order, on the same segment layout (shmq/engine/shm/layout.py, through the generated
  * _layout.h). They only ever take the uncontended case: anything else -- a busy lock, a dead
  * lock holder, a full ring, a requeued message, housekeeping due -- is handed back to the
  * Python code, which handles every case. The commit stores (the tail of a put, the status word of a take
@@ -399,7 +399,7 @@ static PyTypeObject DeliveryBaseType = {
     .tp_basicsize = sizeof(DeliveryBase),
     .tp_dealloc = (destructor)dlv_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A delivery's fields; shmq.engine.delivery.Delivery adds its methods",
+    .tp_doc = "A delivery's fields; shmq.engine.queues.delivery.Delivery adds its methods",
     .tp_traverse = (traverseproc)dlv_traverse,
     .tp_clear = (inquiry)dlv_clear,
     .tp_members = dlv_members,

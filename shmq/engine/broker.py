@@ -14,36 +14,25 @@ import os
 import time
 import weakref
 
-from . import layout as L
-from .mutex import init_mutex
-from .process import monotonic_offset
-from .registry import CREATING, DELETING, LIVE, Registry
-from .segment import (
-    SHM_DIR,
-    check_namespace,
-    check_queue_name,
-    create_segment,
-    create_semaphore,
-    lane_entries,
-    lane_name,
-    segment_name,
-    share_namespace,
-    unlink_segment,
-    unlink_semaphore,
-)
+from .shm import layout as L
+from .shm.mutex import init_mutex
+from .shm.process import monotonic_offset
+from .shm.registry import CREATING, DELETING, LIVE, Registry
+from .shm.segment import (SHM_DIR, check_namespace, check_queue_name, create_segment, create_semaphore, lane_entries,
+                          lane_name, segment_name, share_namespace, unlink_segment, unlink_semaphore)
 from ..errors import (
     NamespaceNotFound, QueueExists, QueueNotFound, SettingsMismatch, ShmqError, StreamExists, StreamNotFound,
 )
 from ..serializers import SerializerSpec
 from ..serializers import resolve as resolve_serializer
 from ..sharing import check_deletable, resolve_group
-from .partition import partition_segment_name
-from . import deadletter
-from .lanes import MAX_LANES, LanedQueue, attach
-from .queue import Queue
-from .serialized import SerializedQueue
-from .stream import Stream, stream_base
-from .multiconsumer import MultiConsumer
+from .streams.partition import partition_segment_name
+from .queues import deadletter
+from .queues.lanes import MAX_LANES, LanedQueue, attach
+from .queues.queue import Queue
+from .queues.serialized import SerializedQueue
+from .streams.stream import Stream, stream_base
+from .streams.multiconsumer import MultiConsumer
 
 __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS", "MUTABLE_QUEUE_SETTINGS", "FIXED_QUEUE_SETTINGS"]
 
@@ -211,7 +200,7 @@ class Broker:
         ``retry_delay * retry_backoff ** (attempt - 1)`` seconds, at most ``retry_delay_max``.
         ``serializer``: the handle's, as ``queue()`` takes it (the queue stores bytes).
 
-        ``lanes``: K rings with a lock each (``shmq.engine.lanes``), for many producers and
+        ``lanes``: K rings with a lock each (``shmq.engine.queues.lanes``), for many producers and
         consumers on many cores: a producer appends to its own lane, a consumer takes from
         its home lane first, then from the others; order is FIFO per lane (best-effort
         ordering, as SQS standard queues), and ``max_bytes`` is shared out among the lanes.
@@ -604,12 +593,12 @@ class Broker:
             self._clean_stale(reg)
             return sorted(name[1:] for _i, state, name in reg.entries() if state == LIVE and name[0] == _STREAM)
 
-    # ---------------------------------------------------------------- exchanges (engine/exchange.py)
+    # ---------------------------------------------------------------- exchanges (engine/queues/exchange.py)
     def exchange_table(self) -> "Exchanges":
-        """The namespace's exchange table (``engine.exchange.Exchanges``), attached on first use."""
+        """The namespace's exchange table (``engine.queues.exchange.Exchanges``), attached on first use."""
         x = self.__dict__.get("_exchanges")
         if x is None:
-            from .exchange import Exchanges
+            from .queues.exchange import Exchanges
 
             x = self._exchanges = Exchanges(self.namespace)
         return x
@@ -665,12 +654,12 @@ class Broker:
         Exchanges)."""
         return len(self.exchange_table().publish(exchange, body, routing_key, headers, dedup_id, timeout))
 
-    # ---------------------------------------------------------------- request/reply (engine/rpc.py)
+    # ---------------------------------------------------------------- request/reply (engine/queues/rpc.py)
     def request(self, queue: str, body: bytes, headers: dict | None = None, timeout: float | None = None) -> bytes:
         """Put a request into ``queue`` and wait for a worker's ``Delivery.reply``; returns
         the reply's body. RequestTimeout after ``timeout`` seconds (None: wait for ever);
         the reply queue is removed whatever happens."""
-        from . import rpc
+        from .queues import rpc
 
         return rpc.request(self, queue, body, headers, timeout)
 

@@ -56,7 +56,8 @@ serve_own = _fast.serve_own if _fast is not None else None  # the C paths' side 
 
 def set_enabled(enabled: bool) -> None:
     """Use the C paths in this process or not (the benchmark and the tests run both)."""
-    from . import consume, partition, produce, reserve as reserving, settle
+    from .queues import consume, produce, reserve as reserving, settle
+    from .streams import partition
 
     on = enabled and FAST
     produce._fast_put = put if on else None
@@ -75,6 +76,6 @@ def set_enabled(enabled: bool) -> None:
 
 def enabled() -> bool:
     """Whether this process uses the C paths now."""
-    from . import produce
+    from .queues import produce
 
     return produce._fast_put is not None

@@ -1,6 +1,6 @@
 """Record headers between Kafka and shmq: a Kafka header is a str key and bytes (or
 null); a native stream record's headers are a dict of str to str, int, float, bool or
-bytes (``shmq.engine.headers``). docs/KAFKA.md, Headers.
+bytes (``shmq.model.headers``). docs/KAFKA.md, Headers.
 
 Strategy: Kafka -> native keeps every key with its bytes; a key repeated keeps its last
 value (what Kafka's ``Headers.lastHeader`` returns), a null value becomes b"". Native ->

@@ -6,7 +6,7 @@ __all__ = ["MAX_PARTITIONS", "MAX_KEY_CHARS", "seconds_ns", "check_routing_key",
            "check_offset", "check_txn", "check_callback", "check_auto_commit", "check_reset", "check_poll_interval",
            "check_refresh"]
 
-MAX_PARTITIONS = 256  # a stream's partitions are numbered below it (engine/layout.py sizes the groups' words by it)
+MAX_PARTITIONS = 256  # a stream's partitions are numbered below it (engine/shm/layout.py sizes the groups' words by it)
 MAX_KEY_CHARS = 255  # a routing key or a binding pattern (AMQP's short string)
 
 

@@ -1,7 +1,7 @@
 """What a member of a consumer group on several streams is, whichever transport it
 uses: ``Subscription`` (the streams it wants: names or a pattern) and ``Composite`` (its
 arguments checked, its members by stream, the records its iteration holds, the calls
-that need no more than these). ``engine.multiconsumer.MultiConsumer`` and
+that need no more than these). ``engine.streams.multiconsumer.MultiConsumer`` and
 ``client.multiconsumer.MultiConsumerCalls`` build on it."""
 
 import re

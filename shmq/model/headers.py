@@ -14,7 +14,7 @@ __all__ = ["MAX_HEADERS_BYTES", "REPLY_TO", "CORRELATION_ID", "encode_headers", 
            "reply_headers"]
 
 MAX_HEADERS_BYTES = 64 * 1024
-REPLY_TO = "x-reply-to"  # a request's reply queue (engine/rpc.py)
+REPLY_TO = "x-reply-to"  # a request's reply queue (engine/queues/rpc.py)
 CORRELATION_ID = "x-correlation-id"  # a request's id, which its reply carries back
 _VALUE_TYPES = (str, int, float, bool, bytes)
 _EMPTY = b""

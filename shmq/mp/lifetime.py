@@ -3,7 +3,7 @@ created them.
 
 Strategy: a namespace is destroyed when its creator exits, by a multiprocessing
 finalizer on a normal exit (priority -100: after the stdlib has joined the children at
-exit), and by a reaper process (``engine/reaper.py``) whose stdin pipe closes when the
+exit), and by a reaper process (``engine/shm/reaper.py``) whose stdin pipe closes when the
 creator dies, even by SIGKILL. The creator names a namespace to the reaper before the
 namespace exists, so no moment leaves one unreaped.
 """
@@ -14,8 +14,8 @@ import sys
 import threading
 from multiprocessing import util as _mp_util
 
-from ..engine import reaper
-from ..engine.segment import destroy_namespace
+from ..engine.shm import reaper
+from ..engine.shm.segment import destroy_namespace
 
 __all__ = ["Owner", "owner"]
 

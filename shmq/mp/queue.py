@@ -28,8 +28,8 @@ from multiprocessing.reduction import ForkingPickler
 import posix_ipc
 
 from ..engine.broker import Broker
-from ..engine.queue import Queue as _EngineQueue
-from ..engine.segment import MODE, create_segment, destroy_namespace, open_segment, segment_name, unlink_segment
+from ..engine.queues.queue import Queue as _EngineQueue
+from ..engine.shm.segment import MODE, create_segment, destroy_namespace, open_segment, segment_name, unlink_segment
 from ..errors import DeliveryExpired, QueueFull, QueueNotFound
 from .lifetime import owner
 

@@ -3,7 +3,7 @@
 Strategy: shared memory survives any process crash, the broker's included, but not a
 reboot. A snapshot copies a queue's unsettled messages, or each stream partition's
 records (the lock is held only for one copy of the ring), and writes them with
-``shmq.dmsq`` (temp file, fsync, rename, directory fsync), so a crash mid-snapshot leaves
+``shmq.persistence.dmsq`` (temp file, fsync, rename, directory fsync), so a crash mid-snapshot leaves
 the previous file whole. On start, a queue or stream whose segments are still there is
 kept as it is (memory is newer than any file); one whose segments are gone is rebuilt
 from its files. Links never depend on the order of names: the lost queues are all made
@@ -24,18 +24,32 @@ high-water file). A laned queue's snapshot is one file, its lanes' logs are each
 only when shared memory has no table. Layouts: docs/FORMAT.md; the promises:
 docs/DESIGN.md, Persistence.
 
-Modules: ``files`` (a data dir's files, and damaged ones set aside), ``queues`` (a queue's
+Modules: ``dmsq`` (every on-disk format: snapshot files, log entries, the exchanges
+file) and ``wal`` (the write-ahead logs: their names, writing, replay) are the engine's
+interface to persistence, the only two it imports; the rest stand above the engine:
+``files`` (a data dir's files, and damaged ones set aside), ``queues`` (a queue's
 snapshot, restore, rebuild), ``streams`` (a stream's), ``recovery`` (on start),
 ``upgrade`` (before it: an older shmq's memory rebuilt from the files, a newer one's files
 refused), and ``snapshotter`` (the broker's rounds, the logs opened and suspended with the
 data dir).
 """
 
-from .files import is_data_file, remove_data_dir, snapshot_path
-from .queues import restore_file, restore_files, snapshot_queue
-from .recovery import recover, restore_exchanges
-from .snapshotter import Snapshotter
-from .streams import apply_retention, snapshot_stream
+import importlib
 
-__all__ = ["snapshot_path", "snapshot_queue", "snapshot_stream", "apply_retention", "restore_file", "restore_files",
-           "restore_exchanges", "recover", "Snapshotter", "is_data_file", "remove_data_dir"]
+# name -> its module: loaded on first use, so that the engine's ``dmsq`` and ``wal`` load
+# nothing of the engine back (the modules above it import the engine)
+_EXPORTS = {"snapshot_path": "files", "is_data_file": "files", "remove_data_dir": "files",
+            "snapshot_queue": "queues", "restore_file": "queues", "restore_files": "queues",
+            "snapshot_stream": "streams", "apply_retention": "streams",
+            "recover": "recovery", "restore_exchanges": "recovery", "Snapshotter": "snapshotter"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

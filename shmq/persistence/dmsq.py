@@ -36,8 +36,8 @@ from typing import NamedTuple
 
 import msgpack
 
-from .errors import MessageTooLarge
-from .sharing import file_mode
+from ..errors import MessageTooLarge
+from ..sharing import file_mode
 
 __all__ = [
     "fsync_dir",

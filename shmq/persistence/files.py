@@ -5,9 +5,9 @@ import logging
 import os
 import re
 
-from .. import dmsq
+from . import dmsq
 from ..sharing import fit_to_dir
-from ..engine.wal import log_files, parse_wal_name, split_partition_name
+from .wal import log_files, parse_wal_name, split_partition_name
 
 log = logging.getLogger("shmq.persistence")
 

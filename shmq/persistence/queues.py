@@ -8,12 +8,12 @@ import logging
 import os
 import time
 
-from .. import dmsq
+from . import dmsq
 from ..engine import maintenance
 from ..engine.broker import Broker
-from ..engine.queue import Queue
-from ..engine.segment import lane_name
-from ..engine.wal import split_partition_name
+from ..engine.queues.queue import Queue
+from ..engine.shm.segment import lane_name
+from .wal import split_partition_name
 from ..errors import ShmqError
 from .files import lanes_of, read_snapshot_file, set_aside, snapshot_path, wal_files
 

@@ -3,9 +3,9 @@
 import logging
 import os
 
-from .. import dmsq
+from . import dmsq
 from ..engine.broker import Broker
-from ..engine.exchange import _KINDS  # a binding's kind ("q", "s") -> "queue", "stream"
+from ..engine.queues.exchange import _KINDS  # a binding's kind ("q", "s") -> "queue", "stream"
 from ..errors import ShmqError
 from .files import owner_of
 from .queues import recover_queues

@@ -5,10 +5,10 @@ import logging
 import os
 import threading
 
-from .. import dmsq
+from . import dmsq
 from ..engine.broker import Broker
-from ..engine.stream import Stream
-from ..engine.wal import log_files, partition_log_name, wal_path
+from ..engine.streams.stream import Stream
+from .wal import log_files, partition_log_name, wal_path
 from ..errors import LayoutMismatch, QueueNotFound, StreamNotFound
 from .files import lanes_of, owner_of, snapshot_path
 from .queues import snapshot_queue

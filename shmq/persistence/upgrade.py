@@ -14,11 +14,11 @@ one line each, with the version they had).
 import logging
 import os
 
-from .. import dmsq
+from . import dmsq
 from ..auth import default_data_dir
-from ..engine.registry import DELETING, LIVE
-from ..engine.segment import segment_name
-from ..engine.versions import KINDS, Outdated, outdated
+from ..engine.shm.registry import DELETING, LIVE
+from ..engine.shm.segment import segment_name
+from ..engine.shm.versions import KINDS, Outdated, outdated
 from ..errors import ShmqError
 from .files import owner_of
 from .queues import _rebuild_settings

@@ -12,7 +12,7 @@ us suspends the log (generation 0, mode SUSPENDED): appends then fail until the 
 opens a new generation. A stream partition's logs are also its long tail: ``Tail``
 reads records back from them by offset, and a snapshot stream's appenders keep a
 high-water file (``HighWater``) so that no offset is handed out twice across a reboot.
-The entries' bytes are the format's (``shmq.dmsq``; the C paths write the same,
+The entries' bytes are the format's (``shmq.persistence.dmsq``; the C paths write the same,
 docs/FORMAT.md).
 """
 
@@ -20,10 +20,10 @@ import bisect
 import errno
 import os
 
-from .. import dmsq
+from . import dmsq
 from ..errors import ShmqError, StorageError
 from ..sharing import fit_to_dir
-from . import layout as L
+from ..engine.shm import layout as L
 
 __all__ = ["wal_path", "parse_wal_name", "partition_log_name", "split_partition_name", "hwm_path", "log_files",
            "Log", "HighWater", "Tail"]

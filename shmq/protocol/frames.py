@@ -106,13 +106,13 @@ class MsgType(enum.IntEnum):
     SEEK = 0x39  # a member's positions (seek, seek_to_beginning, seek_to_end)
     PAUSE = 0x3A  # a member's paused partitions (pause, resume, paused)
     POLL_MANY = 0x3B  # one poll of several members of this connection (a consumer of several streams)
-    X_CREATE = 0x40  # exchanges (engine/exchange.py)
+    X_CREATE = 0x40  # exchanges (engine/queues/exchange.py)
     X_DELETE = 0x41
     X_LIST = 0x42
     X_BIND = 0x43
     X_UNBIND = 0x44
     X_PUBLISH = 0x45
-    REQUEST = 0x46  # request/reply (engine/rpc.py)
+    REQUEST = 0x46  # request/reply (engine/queues/rpc.py)
 
 
 class PushType(enum.IntEnum):

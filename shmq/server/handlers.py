@@ -28,8 +28,8 @@ import msgpack
 
 from .. import __version__
 from ..engine import maintenance
-from ..engine.waits import serving
-from ..engine.rpc import Call
+from ..engine.shm.waits import serving
+from ..engine.queues.rpc import Call
 from ..errors import (
     MessageTooLarge, QueueEmpty, QueueExists, QueueFull, RequestTimeout, SettingsMismatch, StreamNotFound, Unauthorized,
 )

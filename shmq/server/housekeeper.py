@@ -9,7 +9,7 @@ import logging
 
 from ..engine import maintenance
 from ..engine.broker import Broker
-from ..engine.rpc import remove_orphans
+from ..engine.queues.rpc import remove_orphans
 from ..errors import QueueNotFound, ShmqError
 
 __all__ = ["Housekeeper"]

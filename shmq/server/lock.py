@@ -20,8 +20,8 @@ import json
 import os
 import time
 
-from ..engine.process import current_identity, is_alive
-from ..engine.segment import SHM_DIR, check_namespace
+from ..engine.shm.process import current_identity, is_alive
+from ..engine.shm.segment import SHM_DIR, check_namespace
 from ..errors import ShmqError
 from ..sharing import share_fd
 

@@ -16,10 +16,10 @@ import time
 
 from ..auth import advertise, default_data_dir, server_token, withdraw
 from ..engine.broker import Broker
-from ..engine.segment import destroy_namespace
+from ..engine.shm.segment import destroy_namespace
 from ..persistence import Snapshotter, recover
 from ..persistence.upgrade import check_files, upgrade
-from ..engine.layout import WAL_ALWAYS, WAL_BATCH, WAL_NEVER
+from ..engine.shm.layout import WAL_ALWAYS, WAL_BATCH, WAL_NEVER
 from ..errors import ShmqError
 from ..sharing import resolve_group, share_dir
 from .housekeeper import Housekeeper

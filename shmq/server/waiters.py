@@ -15,7 +15,8 @@ import threading
 import time
 from collections import deque
 
-from ..engine import doze, maintenance
+from ..engine.shm import doze
+from ..engine import maintenance
 from ..errors import ShmqError
 
 __all__ = ["Waiter", "Answering", "Line", "Doorbell", "QueueWaiters", "StreamWaiters", "NOTHING"]

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..engine import cpaths
-from ..engine.headers import decode_headers, encode_headers
-from ..engine.partitioner import partition_of
+from ..model.headers import decode_headers, encode_headers
+from ..engine.streams.partitioner import partition_of
 
 __all__ = ["records_to_batch", "rows_to_batch", "columns_to_batch", "header_map", "SinkError", "route", "chunk",
            "encoded_headers"]

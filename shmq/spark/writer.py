@@ -24,7 +24,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 
 from ..engine import cpaths
 from ..engine.broker import Broker
-from ..engine.segment import check_room
+from ..engine.shm.segment import check_room
 from ..errors import ShmqError, StreamExists, StreamNotFound
 from .options import OPTIONS, SINK, SpecError
 from .staging import staging_name

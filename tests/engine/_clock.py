@@ -1,6 +1,6 @@
 """Test helpers that reach into the engine: its monotonic and wall clocks, moved by hand."""
 
-from shmq.engine import consume, housekeeping, lanes, produce, queue, settle
+from shmq.engine.queues import consume, housekeeping, lanes, produce, queue, settle
 
 CLOCK_MODULES = (queue, produce, consume, settle, lanes)  # every engine module that reads deadlines' clock
 WALL_MODULES = (queue, produce, consume, housekeeping)  # every one that reads the wall clock (TTL, due times)

@@ -12,8 +12,9 @@ import time
 import pytest
 
 import shmq
-from shmq.engine import doze, housekeeping, waits
-from shmq.engine import layout as L
+from shmq.engine.shm import doze, waits
+from shmq.engine.queues import housekeeping
+from shmq.engine.shm import layout as L
 from tests._wait import in_thread, wait_for
 
 SECOND_NS = 10**9

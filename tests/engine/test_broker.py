@@ -6,7 +6,7 @@ import multiprocessing as mp
 import pytest
 
 import shmq
-from shmq.engine.segment import namespace_entries
+from shmq.engine.shm.segment import namespace_entries
 
 
 def _in_child(namespace, conn):

@@ -9,8 +9,8 @@ import pickle
 import pytest
 
 import shmq
-from shmq.engine import waits
-from shmq.engine import layout as L
+from shmq.engine.shm import waits
+from shmq.engine.shm import layout as L
 from tests._wait import wait_for
 
 
@@ -134,7 +134,7 @@ def test_the_general_take_auto_acks_too(impl, broker):
 
 
 def test_a_logged_queue_logs_the_auto_ack(impl, broker, tmp_path):
-    from shmq import dmsq
+    from shmq.persistence import dmsq
 
     q = broker.create_queue("q", durability="wal")
     q.wal.configure(str(tmp_path), L.WAL_BATCH, 2)

@@ -13,10 +13,11 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import shmq
-from shmq import dmsq
-from shmq.engine import cpaths, waits
-from shmq.engine import layout as L
-from shmq.engine.segment import destroy_namespace
+from shmq.persistence import dmsq
+from shmq.engine import cpaths
+from shmq.engine.shm import waits
+from shmq.engine.shm import layout as L
+from shmq.engine.shm.segment import destroy_namespace
 from tests._wait import in_thread, wait_for
 from tests.engine.test_model import PurePython
 from tests.engine._clock import set_clock

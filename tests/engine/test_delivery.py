@@ -9,7 +9,7 @@ import weakref
 import pytest
 
 from shmq.engine import cpaths
-from shmq.engine.delivery import Delivery, _Fields
+from shmq.engine.queues.delivery import Delivery, _Fields
 
 
 

@@ -7,8 +7,8 @@ import os
 import pytest
 
 import shmq
-import shmq.engine.queue as engine
-from shmq.engine import layout as L
+import shmq.engine.queues.queue as engine
+from shmq.engine.shm import layout as L
 from tests.engine._clock import set_clock
 
 
@@ -141,8 +141,8 @@ def test_a_deleted_queue_is_refused_on_every_hot_path(impl, broker):
 
 @pytest.mark.parametrize("mode", [L.WAL_BATCH, L.WAL_ALWAYS])
 def test_the_write_ahead_log_is_the_same_from_either_path(impl, broker, tmp_path, mode):
-    from shmq import dmsq
-    from shmq.engine.headers import decode_headers
+    from shmq.persistence import dmsq
+    from shmq.model.headers import decode_headers
 
     q = broker.create_queue("q", durability="wal")
     q.wal.configure(str(tmp_path), mode, 2)

@@ -1,4 +1,4 @@
-"""Consumer groups (``shmq.engine.groups`` and the ``Consumer`` over it): a Hypothesis state
+"""Consumer groups (``shmq.engine.streams.groups`` and the ``Consumer`` over it): a Hypothesis state
 machine of members joining, leaving, polling and committing against a model of Kafka's
 rules, a member taken for dead that joins again, and a SIGKILL storm of member processes
 with exact accounting. The reproductions of issue 20 run on both transports in
@@ -17,7 +17,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import shmq
-from shmq.engine.segment import destroy_namespace, namespace_entries
+from shmq.engine.shm.segment import destroy_namespace, namespace_entries
 from tests import _workers as w
 from tests._wait import wait_for
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import shmq
-from shmq.engine.layout import I_REPAIRS
+from shmq.engine.shm.layout import I_REPAIRS
 from tests import _workers as w
 
 SPAWN = mp.get_context("spawn")

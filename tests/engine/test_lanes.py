@@ -10,7 +10,7 @@ import pytest
 from hypothesis import settings
 
 import shmq
-from shmq.engine import waits
+from shmq.engine.shm import waits
 from tests import _workers as w
 from tests._wait import in_thread, wait_for
 from tests.engine.test_model import PurePython, QueueModel
@@ -148,7 +148,7 @@ def test_a_sleeping_get_that_cannot_have_lane_0s_lock_back_leaves_no_sleeper(imp
     """A laned get sleeps counted in lane 0 and uncounts itself under its lock; when a live
     process holds that lock past the lock timeout, the get raises, and the sleep is
     uncounted at the handle's next lock hold of lane 0 (it stayed counted for ever)."""
-    from shmq.engine import mutex
+    from shmq.engine.shm import mutex
 
     monkeypatch.setattr(mutex, "LOCK_TIMEOUT_S", 0.3)
     q = broker.create_queue("q", lanes=2)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shmq.engine import layout as L
+from shmq.engine.shm import layout as L
 
 
 def test_record_header_is_48_aligned_bytes():
@@ -90,10 +90,10 @@ def test_the_c_header_is_generated_from_this_layout():
     """_fast.c takes every offset and constant from _layout.h, generated from layout.py
     (as trio keeps its generated code honest): a change of layout without
     ``layout.write_c_header()`` fails here."""
-    path = os.path.join(os.path.dirname(L.__file__), L.C_HEADER)
+    path = L.c_header_path()
     with open(path) as f:
-        assert f.read() == L.c_header(), "stale: run python -c 'from shmq.engine import layout; layout.write_c_header()'"
-    source = open(os.path.join(os.path.dirname(L.__file__), "_fast.c")).read()
+        assert f.read() == L.c_header(), "stale: run python -c 'from shmq.engine.shm import layout; layout.write_c_header()'"
+    source = open(os.path.join(os.path.dirname(path), "_fast.c")).read()
     assert '#include "_layout.h"' in source
     assert not re.search(r"\b(U64|U32)\([a-z]+ \+ \d", source), "a literal offset in _fast.c"
     assert not re.search(r"#define (MUTEX_OFF|HOT_OFF|REC_SIZE|ST_\w+|WALCFG_W|LOG_HEAD)\b", source)

@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 import shmq
 from shmq.engine import cpaths
-from shmq.engine.segment import destroy_namespace, namespace_entries
+from shmq.engine.shm.segment import destroy_namespace, namespace_entries
 from tests.engine._clock import set_clock
 
 VIS = 10.0

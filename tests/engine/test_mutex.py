@@ -17,7 +17,7 @@ import time
 import pytest
 
 import shmq
-from shmq.engine import mutex as _mutex
+from shmq.engine.shm import mutex as _mutex
 from tests import _workers as w
 
 

@@ -1,4 +1,4 @@
-"""Key routing as Kafka's default partitioner (shmq.engine.partitioner): murmur2 on the
+"""Key routing as Kafka's default partitioner (shmq.engine.streams.partitioner): murmur2 on the
 known vectors of Kafka's Java client and of librdkafka, the C twin equal to the Python
 reference, and native appends (local, over TCP, from a pure-Python process) landing in
 the partition kafka-python's partitioner computes for the key."""
@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmq.engine import cpaths
-from shmq.engine import partitioner
-from shmq.engine.partitioner import murmur2, murmur2_python, partition_of
+from shmq.engine.streams import partitioner
+from shmq.engine.streams.partitioner import murmur2, murmur2_python, partition_of
 
 with warnings.catch_warnings():  # kafka-python's import loads its schemas with a deprecated importlib call
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -112,7 +112,7 @@ def test_a_pure_python_process_routes_keys_as_this_one(broker):
     broker.create_stream("mixed", partitions=5).close()
     keys = [b"k%d" % i for i in range(30)]
     code = ("import json, sys, shmq\n"
-            "from shmq.engine import partitioner\n"
+            "from shmq.engine.streams import partitioner\n"
             "assert partitioner.murmur2 is partitioner.murmur2_python\n"
             "b = shmq.connect(namespace=sys.argv[1])\n"
             "s = b.stream('mixed')\n"

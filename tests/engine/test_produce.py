@@ -9,8 +9,8 @@ import signal
 import pytest
 
 import shmq
-from shmq.engine import waits
-from shmq.engine import layout as L
+from shmq.engine.shm import waits
+from shmq.engine.shm import layout as L
 from tests._wait import wait_for
 
 
@@ -119,7 +119,7 @@ def test_a_call_on_the_queue_inside_the_block_raises_instead_of_waiting_for_itse
 
 
 def test_a_logged_queue_logs_a_reserved_message_at_publish(impl, broker, tmp_path):
-    from shmq import dmsq
+    from shmq.persistence import dmsq
 
     q = broker.create_queue("q", durability="wal")
     q.wal.configure(str(tmp_path), L.WAL_BATCH, 2)

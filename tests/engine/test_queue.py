@@ -9,8 +9,10 @@ import time
 import pytest
 
 import shmq
-import shmq.engine.queue as engine
-from shmq.engine import deadletter, maintenance, waits
+import shmq.engine.queues.queue as engine
+from shmq.engine.queues import deadletter
+from shmq.engine import maintenance
+from shmq.engine.shm import waits
 from tests.engine._clock import set_clock
 
 
@@ -644,7 +646,7 @@ def test_an_attach_that_finds_a_semaphore_gone_says_deleted_and_leaves_nothing_o
 
     import posix_ipc
 
-    from shmq.engine.segment import segment_name
+    from shmq.engine.shm.segment import segment_name
 
     broker.create_queue("q")
     name = segment_name(broker.namespace, "q", "q") + gone

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shmq.engine import layout as L
-from shmq.engine import ring
+from shmq.engine.shm import layout as L
+from shmq.engine.shm import ring
 
 BASE = 4096  # where the ring starts in the buffer (a segment's data offset is page-aligned)
 

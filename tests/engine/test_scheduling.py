@@ -2,7 +2,8 @@
 
 import pytest
 
-from shmq.engine import ring, scheduling
+from shmq.engine.shm import ring
+from shmq.engine.queues import scheduling
 from tests._wait import wait_for
 
 

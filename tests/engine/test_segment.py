@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import shmq
-from shmq.engine.segment import destroy_namespace, namespace_entries
+from shmq.engine.shm.segment import destroy_namespace, namespace_entries
 from tests import _workers as w
 
 
@@ -99,7 +99,7 @@ def test_a_stream_made_without_reserving_takes_memory_as_it_is_written(broker):
     the room first (check_room), a clear StorageError instead of SIGBUS."""
     import pytest
 
-    from shmq.engine.segment import check_room
+    from shmq.engine.shm.segment import check_room
     from shmq.errors import StorageError
 
     def used(name):

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmq
-from shmq.engine.headers import encode_headers
-from shmq.engine.stream import partition_of
+from shmq.model.headers import encode_headers
+from shmq.engine.streams.stream import partition_of
 from tests import _workers as w
 
 SPAWN = mp.get_context("spawn")
@@ -93,7 +93,7 @@ def test_a_deleted_stream_is_gone_for_every_handle(broker, namespace):
     with pytest.raises(shmq.StreamNotFound):
         other.append(b"y")
     assert broker.list_streams() == [] and broker.list_queues() == []
-    assert shmq.engine.segment.namespace_entries(namespace) == [f"shmq.{namespace}.registry"]
+    assert shmq.engine.shm.segment.namespace_entries(namespace) == [f"shmq.{namespace}.registry"]
     other.close()
     s.close()
 
@@ -378,7 +378,7 @@ def test_append_columns_refuses_bad_buffers_and_big_records_and_takes_an_empty_c
 
 @pytest.mark.skipif(not shmq.engine.cpaths.FAST, reason="the C paths are not built (or SHMQ_PURE_PYTHON=1)")
 def test_the_c_log_entries_and_key_partitions_are_the_python_ones():
-    from shmq import dmsq
+    from shmq.persistence import dmsq
     from shmq.engine import cpaths
 
     rnd = random.Random(5)
@@ -433,7 +433,7 @@ def test_appends_into_a_stream_made_without_reserving_check_the_room_first(broke
     """A write into a sparse segment that finds /dev/shm full dies of SIGBUS: an append into a
     stream made with reserve=False, local or through a server, fails with StorageError first
     (and the server lives on)."""
-    from shmq.engine import segment
+    from shmq.engine.shm import segment
 
     s = broker.create_stream("sparse", partitions=1, max_bytes=1 << 20, reserve=False)
     s.append(b"fits")
@@ -460,7 +460,7 @@ def test_a_stream_deleted_as_a_handle_attaches_is_not_found(broker):
 
     import posix_ipc
 
-    from shmq.engine.stream import Stream, stream_base
+    from shmq.engine.streams.stream import Stream, stream_base
 
     broker.create_stream("s").close()
     posix_ipc.unlink_semaphore(stream_base(broker.namespace, "s") + ".ne")

@@ -9,8 +9,8 @@ import posix_ipc
 import pytest
 
 import shmq
-from shmq.engine import layout as L
-from shmq.engine import waits
+from shmq.engine.shm import layout as L
+from shmq.engine.shm import waits
 from tests._wait import drain, in_thread, wait_for
 
 

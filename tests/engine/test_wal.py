@@ -10,8 +10,8 @@ import re
 import pytest
 
 import shmq
-from shmq import dmsq
-from shmq.engine import wal
+from shmq.persistence import dmsq
+from shmq.persistence import wal
 from shmq.persistence import Snapshotter
 
 
@@ -169,7 +169,7 @@ def test_a_torn_high_water_write_leaves_the_slot_written_before(tmp_path):
 def _start_generation_and_die(log):
     """What a holder killed inside ``Log.rotate`` leaves: the next generation published,
     its size word still the old generation's."""
-    from shmq.engine import layout as L
+    from shmq.engine.shm import layout as L
 
     gen, mode, ms, directory = log.config()
     raw = directory.encode()
@@ -218,6 +218,6 @@ def test_a_partition_repair_cuts_the_entries_of_an_append_that_never_committed(b
 
 
 def _entries_bytes(offset, value):
-    from shmq.engine.partition import _stream_entry
+    from shmq.engine.streams.partition import _stream_entry
 
     return [_stream_entry(offset, 0, None, b"", value)]

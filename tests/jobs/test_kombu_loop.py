@@ -169,7 +169,7 @@ def test_cancel_and_close_stop_the_doorbells(broker, make_loop):
     loop = make_loop()
     line = wait_for(lambda: (loop.events.on_tick(), next(iter(loop.events.lines.values()), None))[1], 10,
                     "the queue's line")
-    line.wait_from(shmq.engine.doze.stamp(line.handle))  # listening, as after a quiet spell
+    line.wait_from(shmq.engine.shm.doze.stamp(line.handle))  # listening, as after a quiet spell
     bells = lambda: [t for t in threading.enumerate() if t.name == "shmq-doorbell-jobs"]  # noqa: E731
     wait_for(bells, 10, "the doorbell's thread")
     loop.consumer.cancel()
@@ -208,7 +208,7 @@ def test_worker_on_the_event_loop_retries_after_the_countdown(broker, jobs):
 def test_the_workers_doorbell_sleeps_as_a_plain_consumer(broker, make_loop):
     """A server's own puts owe its doorbells no post (``waits.serving``): the worker's
     doorbell is not one of them, so it sleeps as a plain consumer, which every put wakes."""
-    from shmq.engine import layout as L
+    from shmq.engine.shm import layout as L
 
     loop = make_loop()
     loop.run_in_thread()

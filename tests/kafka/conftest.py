@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 import shmq
-from shmq.engine.segment import destroy_namespace, namespace_entries
+from shmq.engine.shm.segment import destroy_namespace, namespace_entries
 from tests.conftest import SESSION_PROCESSES
 
 

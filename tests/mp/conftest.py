@@ -3,7 +3,7 @@ reaper stopped on teardown, and nothing of them may stay in /dev/shm."""
 
 import pytest
 
-from shmq.engine.segment import namespace_entries
+from shmq.engine.shm.segment import namespace_entries
 from shmq.mp.lifetime import owner
 
 

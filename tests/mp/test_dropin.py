@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from shmq import mp
-from shmq.engine.segment import SHM_DIR, namespace_entries
+from shmq.engine.shm.segment import SHM_DIR, namespace_entries
 from shmq.mp import contexts
 
 OURS = {"Queue", "SimpleQueue", "JoinableQueue", "get_context"}

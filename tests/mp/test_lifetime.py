@@ -8,8 +8,8 @@ import signal
 import psutil
 
 from shmq import mp
-from shmq.engine import reaper
-from shmq.engine.segment import SHM_DIR, namespace_entries
+from shmq.engine.shm import reaper
+from shmq.engine.shm.segment import SHM_DIR, namespace_entries
 from tests._wait import wait_for
 from tests.mp import _workers as workers
 

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from shmq import mp
-from shmq.engine.segment import namespace_entries
+from shmq.engine.shm.segment import namespace_entries
 from tests.mp import _workers as workers
 from tests._wait import wait_for
 

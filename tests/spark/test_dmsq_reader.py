@@ -11,8 +11,8 @@ import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import functions as F
 
-from shmq import dmsq
-from shmq.engine.headers import encode_headers
+from shmq.persistence import dmsq
+from shmq.model.headers import encode_headers
 from shmq.persistence import snapshot_queue, snapshot_stream
 from shmq.spark import dmsq_reader
 from shmq.spark.dmsq_reader import QUEUE_SCHEMA, DmsqFile, DmsqReader

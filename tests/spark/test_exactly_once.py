@@ -14,7 +14,7 @@ import sys
 import psutil
 import pytest
 
-from shmq.engine.segment import namespace_entries
+from shmq.engine.shm.segment import namespace_entries
 from shmq.spark.staging import staged_by_writer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -21,7 +21,7 @@ APPENDED_WHILE_READING = 60000  # records appended after the reader started: the
 WRITER = r"""
 import array, os, select, sys, zlib
 import shmq
-from shmq.engine.headers import encode_headers
+from shmq.model.headers import encode_headers
 
 ns, name = sys.argv[1], sys.argv[2]
 broker = shmq.connect(namespace=ns)

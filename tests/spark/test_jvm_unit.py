@@ -12,8 +12,8 @@ import struct
 import msgpack
 import pytest
 
-from shmq.engine import layout as L
-from shmq.engine.headers import encode_headers
+from shmq.engine.shm import layout as L
+from shmq.model.headers import encode_headers
 from shmq.spark.arrow import header_map
 from tests.spark.jvm_harness import SRC, compile_tests, run_java
 

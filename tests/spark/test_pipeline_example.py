@@ -4,7 +4,7 @@ stream -> consumer group, every order counted once, nothing left in /dev/shm."""
 import os
 import sys
 
-from shmq.engine.segment import namespace_entries
+from shmq.engine.shm.segment import namespace_entries
 from tests.spark._session import run_in_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-from shmq.engine.partitioner import partition_of
-from shmq.engine.segment import namespace_entries
+from shmq.engine.streams.partitioner import partition_of
+from shmq.engine.shm.segment import namespace_entries
 from shmq.errors import ShmqError
 from shmq.spark import arrow
 from shmq.spark.options import Options, SpecError

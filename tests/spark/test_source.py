@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
-from shmq.engine.segment import namespace_entries
+from shmq.engine.shm.segment import namespace_entries
 from shmq.spark.options import Options, SpecError
 from shmq.spark.reader import (
     BatchReader, DataLossError, OffsetRange, RangeGroup, StreamReader, duration, group, share, split,

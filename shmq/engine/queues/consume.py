@@ -9,21 +9,21 @@ step acks the delivery handed out last and takes the next, in C one lock hold). 
 import threading
 import time
 
-from .. import dmsq
-from ..errors import DeliveryExpired, LockTimeout, QueueEmpty
-from . import cpaths, deadletter, extension, housekeeping, ring, scheduling, waits
-from . import layout as L
-from .layout import (
-    I_DELETED, I_FRONTIER, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS,
-    I_EXPIRED_TOTAL, I_REQUEUED, I_SPECIAL, I_TAIL,
-)
+from ...persistence import dmsq
+from ...errors import DeliveryExpired, LockTimeout, QueueEmpty
+from .. import cpaths
+from . import deadletter, extension, housekeeping, scheduling
+from ..shm import ring, waits
+from ..shm import layout as L
+from ..shm.layout import (I_DELETED, I_FRONTIER, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS,
+                          I_EXPIRED_TOTAL, I_REQUEUED, I_SPECIAL, I_TAIL)
 from .delivery import Delivery, Message
-from .headers import decode_headers
-from .keepalive import _live as _kept_alive
-from .keepalive import settling as _stop_keepalives
-from .mutex import FOREVER
-from .mutex import trylock as _trylock
-from .mutex import unlock as _unlock
+from ...model.headers import decode_headers
+from ...model.keepalive import _live as _kept_alive
+from ...model.keepalive import settling as _stop_keepalives
+from ..shm.mutex import FOREVER
+from ..shm.mutex import trylock as _trylock
+from ..shm.mutex import unlock as _unlock
 
 __all__ = ["Consuming", "Messages"]
 

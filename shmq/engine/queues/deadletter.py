@@ -9,9 +9,9 @@ message where it was, delayed by ``DLQ_RETRY_DELAY_S``, to try again. ``redrive`
 them back the same way round (put, then ack).
 """
 
-from ..errors import DeliveryExpired, QueueEmpty, QueueFull, QueueNotFound
-from ..model.messages import raw_body
-from . import layout as L
+from ...errors import DeliveryExpired, QueueEmpty, QueueFull, QueueNotFound
+from ...model.messages import raw_body
+from ..shm import layout as L
 
 __all__ = ["DLQ_RETRY_DELAY_S", "dead_letter", "redrive"]
 
@@ -80,7 +80,7 @@ def redrive(dlq, target, to=None, max_messages=None) -> int:
     Returns how many moved. Moving back to the origin is done once per dead letter (a
     dedup id in the target): a redrive killed between the two and run again within the
     target's ``dedup_window`` adds no second copy."""
-    from .headers import encode_headers
+    from ...model.headers import encode_headers
     from . import extension
 
     # later arrivals are not this redrive's: each lane's next id now (ids are per lane)

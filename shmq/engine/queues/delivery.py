@@ -2,11 +2,12 @@
 ``QueueStats``, ``Processing`` and ``raw_body`` live in ``shmq.model`` (every transport
 shares them); they are imported here under their old names."""
 
-from ..model import keepalive
-from ..model.headers import decode_headers
-from ..model.messages import Message, QueueStats, raw_body
-from ..model.processing import Processing
-from . import cpaths, extension
+from ...model import keepalive
+from ...model.headers import decode_headers
+from ...model.messages import Message, QueueStats, raw_body
+from ...model.processing import Processing
+from .. import cpaths
+from . import extension
 
 __all__ = ["Delivery", "Message", "QueueStats", "Processing", "raw_body"]
 

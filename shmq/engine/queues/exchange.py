@@ -29,14 +29,14 @@ import struct
 
 import msgpack
 
-from ..errors import ExchangeExists, ExchangeNotFound, LimitExceeded, QueueNotFound, StreamNotFound
-from ..model.checks import MAX_KEY_CHARS, check_pattern, check_routing_key
-from .mutex import RobustMutex, init_mutex
-from .process import current_identity
+from ...errors import ExchangeExists, ExchangeNotFound, LimitExceeded, QueueNotFound, StreamNotFound
+from ...model.checks import MAX_KEY_CHARS, check_pattern, check_routing_key
+from ..shm.mutex import RobustMutex, init_mutex
+from ..shm.process import current_identity
 from .lanes import attach
-from .registry import Registry
-from .segment import check_queue_name, create_segment, open_segment, segment_name, unlink_segment
-from .stream import Stream
+from ..shm.registry import Registry
+from ..shm.segment import check_queue_name, create_segment, open_segment, segment_name, unlink_segment
+from ..streams.stream import Stream
 
 __all__ = ["Exchanges", "TYPES", "topic_matches", "check_pattern", "check_routing_key", "MAX_KEY_CHARS"]
 

@@ -13,7 +13,7 @@ the record. Plain records have no block and cost nothing.
 
 import hashlib
 
-from . import layout as L
+from ..shm import layout as L
 
 __all__ = ["Ext", "encode", "decode", "split", "flags_of", "expiry", "dedup_hash", "check_group"]
 

@@ -14,10 +14,11 @@ import itertools
 import os
 import time
 
-from . import layout as L
-from . import deadletter, dedup, ring, scheduling, waits
+from ..shm import layout as L
+from . import deadletter, dedup, scheduling
+from ..shm import ring, waits
 from .delivery import Delivery
-from .process import is_alive
+from ..shm.process import is_alive
 
 __all__ = ["LIVENESS_PERIOD_NS", "expire", "dead_letter_spent", "reap_dead", "housekeep", "repair"]
 

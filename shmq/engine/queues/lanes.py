@@ -26,10 +26,10 @@ import weakref
 import zlib
 from functools import partial
 
-from ..errors import LockTimeout, QueueEmpty, QueueFull
-from ..model.messages import QueueStats
-from . import layout as L
-from . import waits
+from ...errors import LockTimeout, QueueEmpty, QueueFull
+from ...model.messages import QueueStats
+from ..shm import layout as L
+from ..shm import waits
 from .consume import Messages, take_capped
 from .queue import Queue
 
@@ -432,7 +432,7 @@ class LanedQueue:
     def _each_lane(self, call, deliveries):
         """``call(lane, its deliveries)`` for each lane; DeliveryExpired (naming every one no
         longer leased) after all lanes were settled."""
-        from ..errors import DeliveryExpired
+        from ...errors import DeliveryExpired
 
         total, expired = 0, None
         for q, ds in self._by_lane(deliveries).items():

@@ -7,17 +7,19 @@ import time
 from collections.abc import Iterable, Sequence
 from functools import partial
 
-from .. import dmsq
-from ..errors import MessageTooLarge, LockTimeout, QueueFull
-from ..model.headers import encode_headers, per_item
-from ..model.messages import as_body, as_bytes
-from . import cpaths, dedup, extension, ring, waits
-from . import layout as L
-from .layout import I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY, I_READY_POS, I_TAIL
+from ...persistence import dmsq
+from ...errors import MessageTooLarge, LockTimeout, QueueFull
+from ...model.headers import encode_headers, per_item
+from ...model.messages import as_body, as_bytes
+from .. import cpaths
+from . import dedup, extension
+from ..shm import ring, waits
+from ..shm import layout as L
+from ..shm.layout import I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY, I_READY_POS, I_TAIL
 from .reserve import Reservation
-from .mutex import FOREVER
-from .mutex import trylock as _trylock
-from .mutex import unlock as _unlock
+from ..shm.mutex import FOREVER
+from ..shm.mutex import trylock as _trylock
+from ..shm.mutex import unlock as _unlock
 
 __all__ = ["Producing", "as_bytes", "as_body", "batch_headers", "batch_items"]
 

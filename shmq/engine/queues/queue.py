@@ -30,28 +30,27 @@ import weakref
 
 import posix_ipc
 
-from .. import dmsq
-from ..errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
-from ..model.messages import QueueStats
-from . import dedup, extension, housekeeping, ring, scheduling, waits
-from . import layout as L
-from .layout import (
-    I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PPOSTED, I_PURGED_TOTAL, I_PWAIT, I_READY,
-    I_READY_POS, I_REQUEUED, I_TAIL,
-)
+from ...persistence import dmsq
+from ...errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
+from ...model.messages import QueueStats
+from . import dedup, extension, housekeeping, scheduling
+from ..shm import ring, waits
+from ..shm import layout as L
+from ..shm.layout import (I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PPOSTED,
+                          I_PURGED_TOTAL, I_PWAIT, I_READY, I_READY_POS, I_REQUEUED, I_TAIL)
 from .consume import Consuming
-from .cpaths import FAST
+from ..cpaths import FAST
 from .delivery import Delivery
-from .mutex import RobustMutex
-from .mutex import lock_slow as _lock_slow
-from .mutex import trylock as _trylock
-from .mutex import unlock as _unlock
-from .process import current_identity, monotonic_offset
+from ..shm.mutex import RobustMutex
+from ..shm.mutex import lock_slow as _lock_slow
+from ..shm.mutex import trylock as _trylock
+from ..shm.mutex import unlock as _unlock
+from ..shm.process import current_identity, monotonic_offset
 from .produce import Producing
-from .segment import lane_name, open_segment, open_semaphore, segment_name
+from ..shm.segment import lane_name, open_segment, open_semaphore, segment_name
 from .settle import Settling
-from .versions import mismatch
-from .wal import Log
+from ..shm.versions import mismatch
+from ...persistence.wal import Log
 
 __all__ = ["Queue", "Delivery", "QueueStats", "FAST"]
 
@@ -103,7 +102,7 @@ class Queue(Producing, Consuming, Settling):
 
     Handles pickle by name: a child process (fork or spawn) re-attaches on unpickling.
     ``lock_timeout``: how long a call with no timeout of its own waits for the queue's
-    lock before LockTimeout (None: ``shmq.engine.mutex.LOCK_TIMEOUT_S``).
+    lock before LockTimeout (None: ``shmq.engine.shm.mutex.LOCK_TIMEOUT_S``).
     """
 
     lock_timeout = None

@@ -20,8 +20,8 @@ import ctypes
 import sys
 import time
 
-from . import cpaths
-from .layout import REC_SIZE
+from .. import cpaths
+from ..shm.layout import REC_SIZE
 
 __all__ = ["Reservation"]
 

@@ -16,9 +16,9 @@ import itertools
 import time
 import uuid
 
-from ..errors import QueueEmpty, QueueNotFound, RequestTimeout
-from ..model.headers import CORRELATION_ID, REPLY_TO, reply_headers
-from .process import current_identity, is_alive
+from ...errors import QueueEmpty, QueueNotFound, RequestTimeout
+from ...model.headers import CORRELATION_ID, REPLY_TO, reply_headers
+from ..shm.process import current_identity, is_alive
 
 __all__ = ["REPLY_TO", "CORRELATION_ID", "REPLY_PREFIX", "Call", "request", "reply", "reply_queue_name",
            "owner_of", "remove_orphans"]

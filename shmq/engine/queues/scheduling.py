@@ -24,8 +24,9 @@ level, O(levels) per message.
 
 import heapq
 
-from . import extension, ring
-from . import layout as L
+from . import extension
+from ..shm import ring
+from ..shm import layout as L
 
 __all__ = ["take", "take_leveled", "peek", "sweep", "ttl_of", "lease_record"]
 
@@ -190,7 +191,7 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
                 dead.append(lease_record(mq, mm, w, pos, lease, until, mq[w] >> 32))
             else:
                 if q._logged:
-                    from .. import dmsq
+                    from ...persistence import dmsq
 
                     q.wal.append(dmsq.encode_ack_entry(mq[w + L.R_MSG_ID], 0))
                 mq[w] = (mq[w] & ~0xFF) | _ACKED

@@ -5,8 +5,8 @@ a queue without one keeps its hot path untouched.
 
 import dataclasses
 
-from ..serializers import Serializer, dump, load
-from ..errors import SerializationError
+from ...serializers import Serializer, dump, load
+from ...errors import SerializationError
 from .consume import _mode
 from .queue import Queue
 

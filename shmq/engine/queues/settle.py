@@ -6,18 +6,17 @@ the lease is still the delivery's (``ring.leased_word``). Part of ``Queue`` (``q
 import time
 from collections.abc import Iterable
 
-from .. import dmsq
-from ..errors import DeliveryExpired
-from ..model.keepalive import _live as _kept_alive
-from ..model.keepalive import settling as _stop_keepalives
-from . import cpaths, deadletter, ring, waits
-from . import layout as L
-from .layout import (
-    I_DEAD_TOTAL, I_DELAYED, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE,
-    I_TAIL,
-)
-from .mutex import trylock as _trylock
-from .mutex import unlock as _unlock
+from ...persistence import dmsq
+from ...errors import DeliveryExpired
+from ...model.keepalive import _live as _kept_alive
+from ...model.keepalive import settling as _stop_keepalives
+from .. import cpaths
+from . import deadletter
+from ..shm import ring, waits
+from ..shm import layout as L
+from ..shm.layout import I_DEAD_TOTAL, I_DELAYED, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE, I_TAIL
+from ..shm.mutex import trylock as _trylock
+from ..shm.mutex import unlock as _unlock
 from .delivery import Delivery
 
 __all__ = ["Settling"]

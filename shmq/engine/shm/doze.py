@@ -18,8 +18,8 @@ import time
 
 from . import layout as L
 from . import waits
-from .lanes import LanedQueue, attach
-from .stream import Stream
+from ..queues.lanes import LanedQueue, attach
+from ..streams.stream import Stream
 
 __all__ = ["twin", "stamp", "doze", "bell", "room_stamp", "doze_room"]
 

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 
-from ..errors import LockTimeout
+from ...errors import LockTimeout
 
 __all__ = ["MUTEX_SIZE", "RobustMutex", "init_mutex", "trylock", "unlock", "lock_slow", "FOREVER",
            "LOCK_TIMEOUT_S", "LOCK_GRACE_S", "acquire"]

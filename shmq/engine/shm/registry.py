@@ -20,7 +20,7 @@ import time
 from .mutex import RobustMutex, init_mutex
 from .process import current_identity, is_alive
 from .segment import SHM_DIR, create_segment, open_segment, segment_name, unlink_segment
-from ..sharing import refused, shared_gid
+from ...sharing import refused, shared_gid
 
 __all__ = ["Registry", "FREE", "CREATING", "LIVE", "DELETING", "read_header", "creation_guard"]
 

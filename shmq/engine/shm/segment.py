@@ -25,8 +25,8 @@ from multiprocessing import shared_memory as _stdlib_shm
 
 import posix_ipc
 
-from ..errors import ShmqError, StorageError
-from ..sharing import share_fd, share_path
+from ...errors import ShmqError, StorageError
+from ...sharing import share_fd, share_path
 
 __all__ = [
     "Segment",

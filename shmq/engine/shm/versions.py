@@ -11,7 +11,7 @@ never read.
 import struct
 from typing import NamedTuple
 
-from ..errors import LayoutMismatch, StreamLayoutMismatch
+from ...errors import LayoutMismatch, StreamLayoutMismatch
 from . import layout as L
 from .segment import open_segment, segment_name
 

@@ -15,8 +15,8 @@ import time
 
 import posix_ipc
 
-from ..model.checks import seconds_ns  # (a timeout checked: the clients check theirs with it too)
-from . import cpaths
+from ...model.checks import seconds_ns  # (a timeout checked: the clients check theirs with it too)
+from .. import cpaths
 from . import layout as L
 from .mutex import FOREVER
 

@@ -26,10 +26,10 @@ commit), never an owner change the marks miss.
 import time
 from contextlib import contextmanager
 
-from ..errors import CommitFailed, ShmqError
-from . import layout as L
-from . import waits
-from .process import current_identity, is_alive
+from ...errors import CommitFailed, ShmqError
+from ..shm import layout as L
+from ..shm import waits
+from ..shm.process import current_identity, is_alive
 
 __all__ = ["Groups", "assign", "owner", "PROXY"]
 

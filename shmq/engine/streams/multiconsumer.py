@@ -14,11 +14,11 @@ the pattern (or a named one made again) is joined, a deleted one let go.
 
 import time
 
-from ..errors import CommitFailed, ShmqError, StreamNotFound
-from ..model.checks import check_offset as _check_offset
-from ..model.composite import Composite, Subscription, check_subscription
-from ..model.records import TopicPartition, as_tp, by_stream
-from . import waits
+from ...errors import CommitFailed, ShmqError, StreamNotFound
+from ...model.checks import check_offset as _check_offset
+from ...model.composite import Composite, Subscription, check_subscription
+from ...model.records import TopicPartition, as_tp, by_stream
+from ..shm import waits
 from .stream import REFRESH_NS, Consumer, Iterating, Stream, log
 from .watch import Armed, StreamsWatch
 

@@ -27,15 +27,15 @@ import os
 import time
 from typing import NamedTuple
 
-from .. import dmsq
-from ..errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
-from . import layout as L
-from . import ring
-from . import cpaths
-from .mutex import RobustMutex, acquire
-from .mutex import unlock as _unlock
-from .segment import check_room, open_segment
-from .wal import HighWater, Log, Tail, log_files, partition_log_name
+from ...persistence import dmsq
+from ...errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
+from ..shm import layout as L
+from ..shm import ring
+from .. import cpaths
+from ..shm.mutex import RobustMutex, acquire
+from ..shm.mutex import unlock as _unlock
+from ..shm.segment import check_room, open_segment
+from ...persistence.wal import HighWater, Log, Tail, log_files, partition_log_name
 
 __all__ = ["Partition", "Image", "partition_segment_name", "record_size", "columns_items", "check_timestamps",
            "chunks_by_time"]

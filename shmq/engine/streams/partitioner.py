@@ -10,7 +10,7 @@ and a test holds the two equal.
 
 import struct
 
-from . import cpaths
+from .. import cpaths
 
 __all__ = ["SEED", "murmur2", "murmur2_python", "partition_of"]
 

@@ -22,24 +22,24 @@ from collections import deque
 
 import posix_ipc
 
-from ..errors import CommitFailed, MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
-from ..model.checks import check_auto_commit, check_callback, check_poll_interval, check_reset, check_txn
-from ..model.checks import check_group as _group_name
-from ..model.checks import check_offset as _check_offset
-from ..model.headers import decode_headers, encode_headers
-from ..model.records import Record, RecordMetadata
-from . import cpaths
-from . import layout as L
+from ...errors import CommitFailed, MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
+from ...model.checks import check_auto_commit, check_callback, check_poll_interval, check_reset, check_txn
+from ...model.checks import check_group as _group_name
+from ...model.checks import check_offset as _check_offset
+from ...model.headers import decode_headers, encode_headers
+from ...model.records import Record, RecordMetadata
+from .. import cpaths
+from ..shm import layout as L
 from . import partition as partition_mod
-from . import waits
+from ..shm import waits
 from .groups import Groups
-from .mutex import RobustMutex, acquire
-from .mutex import unlock as _unlock
+from ..shm.mutex import RobustMutex, acquire
+from ..shm.mutex import unlock as _unlock
 from .partition import Partition, check_timestamps, chunks_by_time
 from .partitioner import partition_of
-from .produce import as_bytes
-from .segment import open_segment, open_semaphore, segment_name
-from .versions import mismatch
+from ..queues.produce import as_bytes
+from ..shm.segment import open_segment, open_semaphore, segment_name
+from ..shm.versions import mismatch
 
 __all__ = ["Stream", "Consumer", "Record", "RecordMetadata", "stream_base", "partition_of", "check_txn"]
 
@@ -368,7 +368,7 @@ class Stream:
 
     def producer(self, linger_ms: float = 5, batch_bytes: int = 64 * 2**10, compression=None):
         """A batching producer of this stream (``shmq.producer.Producer``); close it."""
-        from ..producer import Producer
+        from ...producer import Producer
         return Producer(self, linger_ms=linger_ms, batch_bytes=batch_bytes, compression=compression)
 
     # ------------------------------------------------------------------ read

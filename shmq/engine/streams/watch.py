@@ -17,7 +17,7 @@ no thread: the poll sleeps on that stream itself.
 import threading
 import time
 
-from ..errors import ShmqError
+from ...errors import ShmqError
 from .stream import Stream
 
 __all__ = ["Armed", "StreamsWatch"]

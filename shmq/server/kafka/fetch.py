@@ -21,7 +21,7 @@ from ...kafka.headers import to_kafka
 from ...kafka.messages import response_class
 from ...kafka.records import Record, encode_batch
 from ...kafka import build
-from ...engine.headers import decode_headers
+from ...model.headers import decode_headers
 from ..waiters import Waiter
 
 __all__ = ["fetch"]

@@ -14,7 +14,7 @@ import ipaddress
 import logging
 import uuid
 
-from ...engine.segment import check_queue_name
+from ...engine.shm.segment import check_queue_name
 from ...errors import StreamExists, StreamNotFound
 from ...kafka import ErrorCode
 from ..limits import Limits, sweep

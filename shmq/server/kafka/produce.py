@@ -24,8 +24,8 @@ import logging
 import time
 from collections import OrderedDict, deque
 
-from ...engine.headers import encode_headers
-from ...engine.waits import serving
+from ...model.headers import encode_headers
+from ...engine.shm.waits import serving
 from ...errors import ShmqError, StreamNotFound
 from ...kafka import ErrorCode, KafkaProtocolError
 from ...kafka.codes import code_of

@@ -1,7 +1,7 @@
 package io.shmq.spark.shm;
 
 /**
- * The byte layout of a stream's segments, as shmq/engine/layout.py defines it (the one source:
+ * The byte layout of a stream's segments, as shmq/engine/shm/layout.py defines it (the one source:
  * tests/spark/test_jvm_unit.py fails when a constant here differs from it). Offsets are in bytes.
  */
 public final class Layout {

@@ -1,0 +1,5 @@
+"""Queues: one named queue's operations (``queue``) in the modules that hold them —
+``produce``, ``consume``, ``settle``, ``reserve``, ``delivery``, ``extension`` (a
+record's per-message options), ``scheduling`` (priorities, delays), ``lanes``,
+``deadletter``, ``dedup``, ``housekeeping`` (lapsed leases, due messages), and the
+routing and request/reply on top: ``exchange``, ``rpc``, ``serialized``."""
