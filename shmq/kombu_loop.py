@@ -31,7 +31,7 @@ def _bell_class():
     return type("Bell", (Doorbell,), {"sleep": staticmethod(doze.doze), "__doc__": _bell_class.__doc__})
 
 
-class Line:
+class WatchedQueue:
     """One queue a channel consumes, as a doorbell of shmq's (``server/waiters.py``) rings
     it: ``live`` while the event loop found it empty and wants to hear of data. It is
     the doorbell's loop too: a ring goes to ``wake`` (the event loop's pipe)."""
@@ -73,8 +73,8 @@ class EventLoop:
 
     Strategy: each turn of the loop (``on_tick``) takes from every consumed queue not
     known to be empty, without waiting, as far as its channel's prefetch allows. A queue
-    that stays empty for ``QUIET_S`` gets its ``Line`` armed from a stamp taken before
-    its last try, so its doorbell thread rings — a byte down a pipe the loop polls — for
+    that stays empty for ``QUIET_S`` is armed (its ``WatchedQueue``) from a stamp taken
+    before its last try, so its doorbell thread rings — a byte down a pipe the loop polls — for
     whatever came after. While the worker is busy its own turns (a task's result, an
     ack) find the next messages, and a producer's puts post nobody: a queue emptied by
     each take would otherwise cost a thread's wake-up and a ring per message, in the
@@ -87,7 +87,7 @@ class EventLoop:
     def __init__(self, transport, hub):
         self.transport = transport
         self.hub = hub
-        self.lines = {}  # (channel, kombu queue name) -> Line
+        self.watched = {}  # (channel, kombu queue name) -> WatchedQueue
         self.rung = deque()  # the lines' ``rang``, run on the loop
         self._lock = threading.Lock()  # the pipe's write end against its close
         self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -117,16 +117,16 @@ class EventLoop:
     def _line(self, ch, queue):
         """The line of ``queue`` consumed by ``ch`` (made, or made again for a queue
         attached again); None while there is no such queue."""
-        line = self.lines.get((ch, queue))
+        line = self.watched.get((ch, queue))
         try:
             h = ch._handle(queue)
         except QueueNotFound:
             h = None
         if line is not None and line.handle is not h:
-            self.lines.pop((ch, queue)).stop()
+            self.watched.pop((ch, queue)).stop()
             line = None
         if line is None and h is not None:
-            line = self.lines[(ch, queue)] = Line(self.wake, h)
+            line = self.watched[(ch, queue)] = WatchedQueue(self.wake, h)
         return line
 
     @staticmethod
@@ -171,7 +171,7 @@ class EventLoop:
         """(A timer on the loop.) ``queue`` was empty ``QUIET_S`` ago: one more try, and if
         it finds nothing, the line listens from a stamp taken before it."""
         line.quiet = None
-        if line.live or self.lines.get((ch, queue)) is not line or not ch.qos.can_consume():
+        if line.live or self.watched.get((ch, queue)) is not line or not ch.qos.can_consume():
             return  # (a full prefetch: the settle that frees it turns the loop)
         seen = doze.stamp(line.handle)
         message = self._take(ch, queue, line.handle)
@@ -182,13 +182,13 @@ class EventLoop:
 
     def forget(self, ch, queue=None) -> None:
         """Stop the lines of ``ch`` (of its ``queue`` only, if given)."""
-        for key in [k for k in self.lines if k[0] is ch and queue in (None, k[1])]:
-            self.lines.pop(key).stop()
+        for key in [k for k in self.watched if k[0] is ch and queue in (None, k[1])]:
+            self.watched.pop(key).stop()
 
     def close(self) -> None:
-        for line in self.lines.values():
+        for line in self.watched.values():
             line.stop()
-        self.lines.clear()
+        self.watched.clear()
         self.hub.on_tick.discard(self.on_tick)
         if self._r in self.hub.readers:  # (not once the hub is closed: that would make it a new poller)
             self.hub.remove_reader(self._r)

@@ -151,7 +151,7 @@ def test_a_turn_takes_at_most_its_budget_then_turns_again(broker, make_loop):
 def test_an_idle_loop_hears_puts_from_another_process(broker, make_loop):
     loop = make_loop()
     loop.run_in_thread()
-    line = wait_for(lambda: next(iter(loop.events.lines.values()), None), 10, "the queue's line")
+    line = wait_for(lambda: next(iter(loop.events.watched.values()), None), 10, "the queue's line")
     wait_for(lambda: line.live, 10, "the empty queue's doorbell listening")
     put(broker.namespace, "one")
     wait_for(lambda: len(loop.got) == 1, 30, "the put delivered")
@@ -167,13 +167,13 @@ def test_an_idle_loop_hears_puts_from_another_process(broker, make_loop):
 @pytest.mark.slow
 def test_cancel_and_close_stop_the_doorbells(broker, make_loop):
     loop = make_loop()
-    line = wait_for(lambda: (loop.events.on_tick(), next(iter(loop.events.lines.values()), None))[1], 10,
+    line = wait_for(lambda: (loop.events.on_tick(), next(iter(loop.events.watched.values()), None))[1], 10,
                     "the queue's line")
     line.wait_from(shmq.engine.shm.doze.stamp(line.handle))  # listening, as after a quiet spell
     bells = lambda: [t for t in threading.enumerate() if t.name == "shmq-doorbell-jobs"]  # noqa: E731
     wait_for(bells, 10, "the doorbell's thread")
     loop.consumer.cancel()
-    assert loop.events.lines == {}
+    assert loop.events.watched == {}
     wait_for(lambda: not bells(), 10, "the doorbell's thread gone")
     events, hub, transport = loop.events, loop.hub, loop.conn.transport
     loop.conn.close()
@@ -212,7 +212,7 @@ def test_the_workers_doorbell_sleeps_as_a_plain_consumer(broker, make_loop):
 
     loop = make_loop()
     loop.run_in_thread()
-    line = wait_for(lambda: next(iter(loop.events.lines.values()), None), 10, "the queue's line")
+    line = wait_for(lambda: next(iter(loop.events.watched.values()), None), 10, "the queue's line")
     mq = line.handle._mq
     wait_for(lambda: line.live and mq[L.I_CWAIT] == 1, 10, "the empty queue's doorbell asleep")
     assert mq[L.I_BELLS] == 0
