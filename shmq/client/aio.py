@@ -2,30 +2,33 @@
 
 Strategy: the calls and the connection's state are the sans-IO core's
 (``shmq.client.core``); this module moves their bytes over one stream, many requests
-in flight. Each request waits on a future keyed by its msg id; one reader task feeds
-the core what arrives and wakes the requests it answers, in whatever order the server
-sends them, so a waiting ``get`` never holds back a ``put`` on the same connection.
+in flight. Each request waits on a future keyed by its msg id; the connection's protocol
+(``_Protocol``) feeds the core what arrives, as it arrives, and wakes the requests it
+answers, in whatever order the server sends them, so a waiting ``get`` never holds back
+a ``put`` on the same connection.
 A request whose task is cancelled is forgotten, and what its late reply takes for the
 connection (a CONSUME's messages) the core gives back. When the connection ends (lost,
 closed, or an error with msg id 0 such as too many connections) every waiting request
 raises why; a call after that connects again first, as ``options.ConnectOptions`` say,
 and runs on one connection from start to end, so nothing is ever sent twice. In a
 child of fork() the parent's connection and event loop are not the child's: the first
-call there connects anew in the child's own event loop (``_forked``).
+call there connects anew in the child's own event loop (``_forked``). A plain get, put
+and ack(wait=False) take the fast path the blocking client's take (``remote``).
 """
 
 import asyncio
 import functools
 import os
 
-from ..errors import BrokerUnavailable, ShmqError
+from ..errors import BrokerUnavailable, QueueFull, ShmqError
 from ..model import keepalive
 from ..protocol import MsgType
 from ..tls import describe, note_refused
 from . import forks
 from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
-from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send
+from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
+from .core import slice_ms
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
@@ -53,10 +56,35 @@ async def connect(url: str | None = None, token: str | None = None, *, namespace
     return broker
 
 
+class _Done:
+    """An awaitable that is done at once, with None (what a call that needs no I/O returns)."""
+
+    __slots__ = ()
+
+    def __await__(self):
+        return iter(())
+
+
+_DONE = _Done()
+
+
 class AsyncDelivery(DeliveryCalls):
     """A leased message; ``await d.ack()`` / ``nack()`` / ``reject()`` / ``extend()``."""
 
     __slots__ = ()
+
+    def ack(self, wait: bool = True):
+        if not wait and not self._settled and self._sub is None:
+            q = self._q
+            link = q._broker._link
+            if (link is not None and self._conn is link.core and not self._conn.failed and not q.closed
+                    and link.writer is not None and not link.writer.transport.get_write_buffer_size()):
+                self._settled = True  # the plain case: the ack encoded from the queue's shape, held
+                link.hold(link.core.post_shaped(q._ack_shape, self._tag))
+                return _DONE
+        return DeliveryCalls.ack(self, wait)
+
+    ack.__doc__ = DeliveryCalls.ack.__doc__
 
     def keepalive(self, every: float | None = None) -> "keepalive.Keepalive":
         """Renew the lease in the background, by a task on the running loop, every
@@ -119,6 +147,22 @@ class AsyncQueue(QueueCalls):
     async def __anext__(self) -> AsyncDelivery:
         return await self.get()
 
+    def put(self, body, headers=None, timeout=None, *, priority=0, delay=0.0, ttl=None, group=None, dedup_id=None,
+            wait=True):
+        if wait and self._plain_put(body, headers, timeout, self._options_given(priority, delay, ttl, group, dedup_id)):
+            return self._broker._put_plain(self, body)
+        return QueueCalls.put(self, body, headers, timeout, priority=priority, delay=delay, ttl=ttl, group=group,
+                              dedup_id=dedup_id, wait=wait)
+
+    put.__doc__ = QueueCalls.put.__doc__
+
+    def get(self, timeout=None, visibility_timeout=None, ack=True, copy=True):
+        if self._plain_get(visibility_timeout, ack):
+            return self._broker._get_plain(self, timeout)
+        return QueueCalls.get(self, timeout, visibility_timeout, ack, copy)
+
+    get.__doc__ = QueueCalls.get.__doc__
+
 
 class _AsyncMember:
     """What an asyncio group member adds to its calls: ``async with`` (leaves on exit) and
@@ -156,19 +200,19 @@ class AsyncStream(StreamCalls):
 
 
 class _Link:
-    """One connection: its core, its writer and reader task, the futures of its requests
+    """One connection: its core, its writer, the futures of its requests
     waiting for replies (by msg id) and of its subscriptions waiting for pushes (by id).
 
     Requests nobody waits for (``ack(wait=False)``, ``put(wait=False)``) are not written
     at once: they go with the next request written, or at the loop's next turn, whichever
     comes first (``hold``), so a loop of them costs one write, not one each."""
 
-    __slots__ = ("core", "writer", "reader", "pending", "pushed", "out", "due", "heart")
+    __slots__ = ("core", "writer", "gone", "pending", "pushed", "out", "due", "heart")
 
     def __init__(self, core, writer):
         self.core = core
         self.writer = writer
-        self.reader = None
+        self.gone = None  # a future done once the connection is lost (``_Protocol``)
         self.pending = {}
         self.pushed = {}
         self.out = Outbox()  # posted requests' bytes not written yet
@@ -274,17 +318,20 @@ class AsyncBroker(BrokerCalls):
         connect limit; BrokerUnavailable if the endpoint cannot be reached."""
         limit = self.options.connect_limit
         tls = tls_context(self.url, self.options)  # (tcps:// or ssl=: the handshake is in the connect limit)
+        loop = asyncio.get_running_loop()
+        link = _Link(core, None)
+        link.gone = loop.create_future()
         try:
             async with asyncio.timeout(limit):
-                reader, writer = await asyncio.open_connection(self.host, self.port, ssl=tls,
-                                                               server_hostname=self.host if tls else None)
+                transport, protocol = await loop.create_connection(
+                    lambda: _Protocol(self, link, loop), self.host, self.port, ssl=tls,
+                    server_hostname=self.host if tls else None)
         except TimeoutError:
             raise BrokerUnavailable(f"cannot connect to {self.endpoint}: no answer within {limit:g}s") from None
         except OSError as e:
             raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {describe(e)}") from None
-        link = _Link(core, writer)
+        writer = link.writer = asyncio.StreamWriter(transport, protocol, None, loop)
         core.on_push = functools.partial(self._on_push, link)
-        link.reader = asyncio.create_task(self._read(link, reader))
         try:
             hello = BrokerCalls._hello.__wrapped__(self, "shmq-python-aio", writer.get_extra_info("sockname"),
                                                    writer.get_extra_info("peername"))
@@ -356,7 +403,7 @@ class AsyncBroker(BrokerCalls):
                 link.writer.close()
 
     async def _shut(self, link):
-        """Close ``link``'s stream and wait for its reader task to end."""
+        """Close ``link``'s stream and wait until the connection is gone."""
         if link.writer is None:
             return  # never connected in this process
         if link.heart is not None:
@@ -366,27 +413,10 @@ class AsyncBroker(BrokerCalls):
             await link.writer.wait_closed()
         except OSError:
             pass
-        if link.reader is not None:
-            await asyncio.gather(link.reader, return_exceptions=True)
+        if link.gone is not None:
+            await link.gone
 
     # ---------------------------------------------------------------- transport
-    async def _read(self, link, reader):
-        """Feed the core what arrives until the connection ends; write what the core
-        sends by itself (the give-backs of abandoned requests)."""
-        core = link.core
-        try:
-            while not core.failed:
-                self._wake(link, core.receive_data(await reader.read(65536)))
-                out = core.outgoing()
-                if out and not core.failed:
-                    link.writer.write(out)
-        except Exception as e:  # OSError; anything else must not leave requests waiting either
-            self._wake(link, core.connection_lost(e))
-        finally:
-            link.writer.close()
-            for sid in list(link.pushed):
-                self._on_push(link, sid)
-
     def _on_push(self, link, sid):
         waiter = link.pushed.pop(sid, None)
         if waiter is not None and not waiter.done():
@@ -418,23 +448,62 @@ class AsyncBroker(BrokerCalls):
 
     async def _exchange(self, link, msg_type, payload=None, limit=None) -> dict:
         """Send one request on ``link`` and return its reply's payload (or raise its error)."""
-        core = link.core
-        msg_id, data = core.send(msg_type, payload)  # raises once the connection has ended
-        answered = link.pending[msg_id] = asyncio.get_running_loop().create_future()
+        msg_id, data = link.core.send(msg_type, payload)  # raises once the connection has ended
         if limit is None:
             limit = self.options.reply_limit(msg_type, payload)
+        return await self._answered(link, msg_id, data, msg_type, payload, limit)
+
+    async def _exchange_shaped(self, link, shape, value, limit) -> dict:
+        """``_exchange`` of a request of ``shape`` (``protocol.shapes``) with ``value``."""
+        msg_id, data = link.core.send_shaped(shape, value)  # raises once the connection has ended
+        return await self._answered(link, msg_id, data, shape.msg_type, shape.fixed, limit)
+
+    async def _get_plain(self, q, timeout):
+        """``q.get(timeout)``, a plain one (``QueueCalls._plain_get``): CONSUME of one
+        message, a slice at a time, encoded from the queue's shape."""
+        link = self._link
+        if link is None or link.core.failed:
+            return await QueueCalls.get(q, timeout)  # (connects again first)
+        clock = self._clock
+        until = deadline(timeout, clock)
+        shape, limit_of = q._get_shape, self.options.reply_limit
+        while True:
+            wait = slice_ms(until, clock)
+            reply = await self._exchange_shaped(link, shape, wait, limit_of(MsgType.CONSUME, {"wait_ms": wait}))
+            d = q._taken(reply, until, clock)
+            if d is not None:
+                return d
+
+    async def _put_plain(self, q, body):
+        """``q.put(body)``, a plain one (``QueueCalls._plain_put``): a PRODUCE encoded from
+        the queue's shape; refused for a full queue, the general put retries."""
+        link = self._link
+        if link is not None and not link.core.failed:
+            try:
+                limit = self.options.reply_limit(MsgType.PRODUCE, None)
+                return (await self._exchange_shaped(link, q._put_shape, body, limit))["id"]
+            except QueueFull:
+                pass
+        return await QueueCalls.put(q, body)
+
+    async def _answered(self, link, msg_id, data, msg_type, fields, limit) -> dict:
+        """Write request ``msg_id`` (``data``, a ``msg_type`` with ``fields``) and return its
+        reply's payload (or raise its error), within ``limit`` seconds (None: no limit)."""
+        core = link.core
+        answered = link.pending[msg_id] = asyncio.get_running_loop().create_future()
         try:
-            async with asyncio.timeout(limit):
-                link.write(data)
-                await link.writer.drain()
-                await answered
+            if limit is None:
+                await self._written(link, data, answered)
+            else:
+                async with asyncio.timeout(limit):
+                    await self._written(link, data, answered)
         except TimeoutError:  # this request's limit: a late reply would come to nobody
             self._wake(link, core.timed_out(msg_type, limit))
             link.writer.close()
         except OSError as e:
             self._wake(link, core.connection_lost(e))
         except BaseException:  # cancelled: its caller is gone; what the reply takes is given back
-            core.forget(msg_id, msg_type, payload)
+            core.forget(msg_id, msg_type, fields)
             out = core.outgoing()
             if out:
                 link.writer.write(out)
@@ -442,6 +511,15 @@ class AsyncBroker(BrokerCalls):
         finally:
             link.pending.pop(msg_id, None)
         return core.result(msg_id, msg_type)
+
+    @staticmethod
+    async def _written(link, data, answered) -> None:
+        """Write ``data`` (what is held goes first), wait while the transport's buffer is
+        over its limit, then for ``answered``."""
+        link.write(data)
+        if link.writer.transport.get_write_buffer_size():  # (else drain has nothing to wait for)
+            await link.writer.drain()
+        await answered
 
     async def _request(self, msg_type, payload=None) -> dict:
         """One request, as it is, and its reply's payload (or its error)."""
@@ -476,6 +554,49 @@ class AsyncBroker(BrokerCalls):
             except Exception as e:
                 run.throw(e)
         return run.result
+
+
+class _Protocol(asyncio.StreamReaderProtocol):
+    """A connection's protocol: what arrives goes to the core at once (no reader task in
+    between: a reply wakes its request in the loop turn that read it), with what the core
+    sends by itself (the give-backs of abandoned requests) written after; the end of the
+    connection ends every request waiting on it. It has no StreamReader: the StreamWriter
+    (``_Link.writer``), its drain and the close are asyncio's own."""
+
+    def __init__(self, broker, link, loop):
+        super().__init__(None, loop=loop)
+        self._broker = broker
+        self._link = link
+
+    def data_received(self, data) -> None:
+        link = self._link
+        core = link.core
+        wake = self._broker._wake
+        try:
+            wake(link, core.receive_data(data))
+            out = core.outgoing()
+            if out and not core.failed:
+                link.writer.write(out)
+        except Exception as e:  # anything must end the connection, not leave requests waiting
+            wake(link, core.connection_lost(e))
+        if core.failed and link.writer is not None:
+            link.writer.close()
+
+    def eof_received(self):
+        super().eof_received()
+        self._broker._wake(self._link, self._link.core.receive_data(b""))  # closed by the server
+        return False  # (the transport closes)
+
+    def connection_lost(self, exc) -> None:
+        super().connection_lost(exc)
+        link = self._link
+        core = link.core
+        if not core.failed:
+            self._broker._wake(link, core.receive_data(b"") if exc is None else core.connection_lost(exc))
+        for sid in list(link.pushed):
+            self._broker._on_push(link, sid)
+        if not link.gone.done():
+            link.gone.set_result(None)
 
 
 def _one(step):

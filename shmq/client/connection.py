@@ -16,7 +16,7 @@ import logging
 from collections import deque
 
 from ..errors import BrokerUnavailable, OutcomeUnknown, ProtocolError
-from ..protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, Status, encode_request, error_from_reply
+from ..protocol import REPLY_BIT, Frame, FrameDecoder, MsgType, PushType, Status, encode_request, error_from_reply
 
 __all__ = ["ClientCore", "Outbox", "HELLO_MSG_ID", "MAX_REPLY_BYTES", "PENDING_BYTES"]
 
@@ -93,8 +93,10 @@ class ClientCore:
         self._last_id = 0
         self._waiting = set()  # msg ids sent and not yet answered
         self._unanswered = set()  # msg ids left waiting when the connection ended (``result``)
-        self._replies = {}  # msg id -> its reply frame, until result() takes it
+        self._replies = {}  # msg id -> its reply frame's fields (``next_parts``), until result() takes it
+        self.answered = self._replies.__contains__  # answered(msg_id): its reply is in (a C call, for wait loops)
         self._end = None  # () -> the exception that ended the connection
+        self.failed = False  # whether it has ended (lost, closed, or an error with msg id 0): ``_end`` is set
         self._unwaited = {}  # msg id posted without waiting -> its type if its error is raised later, else False
         self._deferred = None  # the first error of an unwaited request, raised by the next call
         self._pushes = {}  # subscription id -> deque of pushed messages (and its end, an exception)
@@ -108,26 +110,43 @@ class ClientCore:
         self.forked_from = None  # in a child of fork(): the pid of the process whose connection this is
         self.reads = 0  # reads fed in: a heartbeat's sign of life (``heartbeat.Beat``)
 
-    @property
-    def failed(self) -> bool:
-        """Whether the connection has ended (lost, closed, or an error with msg id 0)."""
-        return self._end is not None
-
     def send(self, msg_type: int, payload: dict | None = None, check: bool = True) -> tuple[int, bytes]:
         """A new msg id and the request's bytes; raises why the connection ended, if it has
         (and, with ``check``, the error of an earlier request sent without waiting)."""
+        msg_id, before = self._open(check, msg_type == MsgType.HELLO)
+        data = encode_request(msg_type, msg_id, payload)
+        return msg_id, before + data if before else data
+
+    def send_shaped(self, shape, value) -> tuple[int, bytes]:
+        """``send`` of a request of ``shape`` (``protocol.shapes``) with ``value``: the same
+        checks, bookkeeping and bytes, encoded from the shape's (a get's CONSUME, a put)."""
+        msg_id, before = self._open(True)
+        data = shape.frame(msg_id, value)
+        return msg_id, before + data if before else data
+
+    def post_shaped(self, shape, value) -> bytes:
+        """``post`` of a request of ``shape`` with ``value`` (an ACK sent without waiting;
+        never a PRODUCE, which ``post`` gathers)."""
+        msg_id, before = self._open(False)
+        self._unwaited[msg_id] = shape.msg_type
+        data = shape.frame(msg_id, value)
+        return before + data if before else data
+
+    def _open(self, check: bool, hello: bool = False) -> tuple[int, bytes]:
+        """A new request's msg id, waited for from now, and the bytes to write before it
+        (the puts gathered, now sent: b"" if none); raises why the connection ended, if it
+        has (and, with ``check``, the error of an earlier request sent without waiting)."""
         if self._end is not None:
             raise self._end()
-        if check:
+        if check and self._deferred is not None:
             self.raise_deferred()
         before = self.batched() if self._batch is not None else b""  # the puts gathered go first
-        if msg_type == MsgType.HELLO:  # the first request: no other is in flight to share its id
+        if hello:  # the first request: no other is in flight to share its id
             msg_id = HELLO_MSG_ID
         else:  # 1 .. 2**32-1: msg id 0 speaks for the connection
             msg_id = self._last_id = self._last_id % 0xFFFFFFFF + 1
-        data = encode_request(msg_type, msg_id, payload)
         self._waiting.add(msg_id)
-        return msg_id, before + data if before else data
+        return msg_id, before
 
     def receive_data(self, data) -> list[int]:
         """Take bytes read off the connection (b"" once the server closed it); returns the
@@ -139,33 +158,40 @@ class ClientCore:
         self.reads += 1
         if self._first is not None:
             self._first = (self._first + data)[:40]
-        self._decoder.feed(data)
+        decoder = self._decoder
+        decoder.feed(data)
+        waiting = self._waiting
         done = []
         try:
-            for frame in self._decoder.frames():
+            # a frame's fields as a tuple (type, msg id, payload, status, version): a reply is
+            # kept so, and a Frame made only for an error
+            while (parts := decoder.next_parts()) is not None:
                 self._first = None
-                if frame.msg_id in self._waiting:
-                    self._waiting.discard(frame.msg_id)
-                    if self._unwaited and frame.msg_id in self._unwaited:
-                        if self._unwaited.pop(frame.msg_id):
-                            if frame.status != Status.OK:
-                                self._defer(error_from_reply(frame, self.endpoint), frame)
-                            elif type(frame.payload) is dict and frame.payload.get("refused"):  # gathered puts
-                                _i, status, text = frame.payload["refused"][0]
-                                self._defer(error_from_reply(_ErrorOf(status, {"error": text}), self.endpoint), frame)
+                msg_id = parts[1]
+                if msg_id in waiting:
+                    waiting.discard(msg_id)
+                    if self._unwaited and msg_id in self._unwaited:
+                        if self._unwaited.pop(msg_id):
+                            payload = parts[2]
+                            if parts[3] != Status.OK:
+                                self._defer(error_from_reply(Frame(*parts), self.endpoint), parts[0])
+                            elif type(payload) is dict and payload.get("refused"):  # gathered puts
+                                _i, status, text = payload["refused"][0]
+                                self._defer(error_from_reply(_ErrorOf(status, {"error": text}), self.endpoint),
+                                            parts[0])
                         continue
-                    if self._abandoned and frame.msg_id in self._abandoned:
-                        if frame.status == Status.OK:
-                            self._give_back(*self._abandoned.pop(frame.msg_id), frame.payload)
+                    if self._abandoned and msg_id in self._abandoned:
+                        if parts[3] == Status.OK:
+                            self._give_back(*self._abandoned.pop(msg_id), parts[2])
                         else:
-                            del self._abandoned[frame.msg_id]
+                            del self._abandoned[msg_id]
                         continue
-                    self._replies[frame.msg_id] = frame
-                    done.append(frame.msg_id)
-                elif frame.msg_id == 0 and frame.status != Status.OK:
-                    return done + self._ended(functools.partial(error_from_reply, frame, self.endpoint))
-                elif frame.msg_id == 0 and frame.type == _DELIVER:
-                    self._pushed(frame.payload)
+                    self._replies[msg_id] = parts
+                    done.append(msg_id)
+                elif msg_id == 0 and parts[3] != Status.OK:
+                    return done + self._ended(functools.partial(error_from_reply, Frame(*parts), self.endpoint))
+                elif msg_id == 0 and parts[0] == _DELIVER:
+                    self._pushed(parts[2])
         except ProtocolError as e:  # the server's bytes cannot be read: the connection is over
             text = str(e) if self._first is None else \
                 f"{self.endpoint} is not an shmq server: it answered {self._first!r} ({e})"
@@ -230,9 +256,9 @@ class ClientCore:
         self._unwaited[msg_id] = msg_type
         return data
 
-    def _defer(self, error, frame):
+    def _defer(self, error, reply_type: int):
         _log.warning("%s: a request sent without waiting (%s) failed: %s", self.endpoint,
-                     _type_name(frame.request_type), error)
+                     _type_name(reply_type & 0x7F), error)
         if self._deferred is None:
             self._deferred = error
 
@@ -279,14 +305,14 @@ class ClientCore:
     def result(self, msg_id: int, msg_type: int | None = None) -> dict:
         """The payload of the reply to ``msg_id`` (a ``msg_type`` request), else raises its
         error, or why the connection ended before it was answered."""
-        frame = self._replies.pop(msg_id, None)
-        if frame is None:
+        parts = self._replies.pop(msg_id, None)
+        if parts is None:
             if self._end is None:
                 raise RuntimeError(f"request {msg_id} has no answer yet")  # a transport's bug
             raise self._unanswered_error(msg_id, msg_type)
-        if frame.status != Status.OK:
-            raise error_from_reply(frame, self.endpoint)
-        return frame.payload
+        if parts[3] != Status.OK:
+            raise error_from_reply(Frame(*parts), self.endpoint)
+        return parts[2]
 
     def forget(self, msg_id: int, msg_type: int | None = None, fields: dict | None = None) -> None:
         """The caller of request ``msg_id`` (of ``msg_type``, with ``fields``) went away (a
@@ -294,13 +320,13 @@ class ClientCore:
         later, took for this connection is given back, as nobody will settle or use it:
         the leased messages nacked (ready at once; as after a disconnect, the attempt
         counts), the subscription cancelled, the member gone (``outgoing``)."""
-        frame = self._replies.pop(msg_id, None)
+        parts = self._replies.pop(msg_id, None)
         self._unanswered.discard(msg_id)
         if msg_type not in _GIVEN_BACK:
             self._waiting.discard(msg_id)
-        elif frame is not None:
-            if frame.status == Status.OK:
-                self._give_back(msg_type, fields, frame.payload)
+        elif parts is not None:
+            if parts[3] == Status.OK:
+                self._give_back(msg_type, fields, parts[2])
         elif msg_id in self._waiting:
             self._abandoned[msg_id] = (msg_type, fields)
 
@@ -391,6 +417,7 @@ class ClientCore:
     def _ended(self, error) -> list[int]:
         if self._end is None:  # the first reason is the one every later call hears
             self._end = error
+            self.failed = True
         ended, self._waiting = self._waiting, set()
         self._unanswered |= ended
         unwaited = self._unwaited

@@ -32,6 +32,7 @@ from ..model.processing import Processing
 from ..serializers import dump, load
 from ..serializers import resolve as resolve_serializer
 from ..protocol import MsgType
+from ..protocol.shapes import ack_shape, consume_shape, produce_shape
 from ..protocol.forms import (
     DEFAULT_MAX_BYTES,
     DEFAULT_VISIBILITY_S,
@@ -48,7 +49,7 @@ from ..protocol.forms import (
 from .connection import HELLO_MSG_ID, ClientCore
 from .options import parse_url, split_url
 
-__all__ = ["ClientCore", "Send", "Pause", "Post", "Receive", "Run", "driven", "retry_while_full", "waiting",
+__all__ = ["ClientCore", "Send", "Pause", "Post", "Receive", "Run", "driven", "retry_while_full", "waiting", "slice_ms",
            "BrokerCalls", "QueueCalls", "DeliveryCalls", "parse_url", "CONSUME_SLICE_MS", "PUT_RETRY_S",
            "HELLO_MSG_ID", "resumable", "Resuming"]
 
@@ -187,12 +188,16 @@ def waiting_until(msg_type, fields, done, timeout, clock):
     """``waiting``, until ``done(reply)`` holds or ``timeout`` ends; returns the last reply."""
     until = deadline(timeout, clock)
     while True:
-        wait = CONSUME_SLICE_MS
-        if until is not None:
-            wait = max(0, min(wait, round((until - clock()) * 1000)))
-        reply = yield Send(msg_type, {**fields, "wait_ms": wait})
+        reply = yield Send(msg_type, {**fields, "wait_ms": slice_ms(until, clock)})
         if done(reply) or (until is not None and clock() >= until):
             return reply
+
+
+def slice_ms(until, clock) -> int:
+    """The ``wait_ms`` of a waiting request's next slice, ``until`` a ``deadline``."""
+    if until is None:
+        return CONSUME_SLICE_MS
+    return max(0, min(CONSUME_SLICE_MS, round((until - clock()) * 1000)))
 
 
 def _changing_settings(request: Send):
@@ -365,6 +370,9 @@ class QueueCalls:
         self.name = name
         self.serializer = resolve_serializer(serializer)
         self.closed = False
+        # the frames of a plain get, put and ack(wait=False), made from bytes packed once
+        # (the transports' fast paths: ``plain_get``, ``plain_put``)
+        self._get_shape, self._put_shape, self._ack_shape = consume_shape(name), produce_shape(name), ack_shape(name)
 
     def _drive(self, call):
         if self.closed:
@@ -510,6 +518,38 @@ class QueueCalls:
         what was pushed but not yet handed out is given back, ready again at once."""
         return self._subscription_class(self, prefetch, visibility_timeout)
 
+    def _empty(self) -> QueueEmpty:
+        return QueueEmpty(f"queue {self.name!r} is empty")
+
+    def _plain_get(self, visibility_timeout, ack) -> bool:
+        """Whether a get with these arguments is a plain one, for a transport's fast path
+        (the CONSUME of ``_get_shape``, a slice at a time, and ``_taken`` of its reply):
+        leased, no serializer, this handle open."""
+        return visibility_timeout is None and ack is True and self.serializer is None and not self.closed
+
+    def _taken(self, reply, until, clock):
+        """The delivery of a plain get's CONSUME ``reply``; None: ask again (a slice ended
+        before ``until``); QueueEmpty once it has passed."""
+        messages = reply["messages"]
+        if messages:
+            return self._delivery_class(self, messages[0])
+        if until is not None and clock() >= until:
+            raise self._empty()
+        return None
+
+    def _plain_put(self, body, headers, timeout, options) -> bool:
+        """Whether a blocking put is a plain one, for a transport's fast path (the PRODUCE
+        of ``_put_shape``): a bytes body, no headers, no options (``options``: whether any
+        is given, ``_options_given``), no serializer, this handle open, room waited for for
+        ever."""
+        return (type(body) is bytes and headers is None and timeout is None and not options
+                and self.serializer is None and not self.closed)
+
+    @staticmethod
+    def _options_given(priority, delay, ttl, group, dedup_id) -> bool:
+        """Whether a put was given any option (else it is a plain one, for the fast paths)."""
+        return bool(priority or delay or ttl is not None or group is not None or dedup_id is not None)
+
     def _consume(self, max_messages, timeout, visibility_timeout, max_bytes=None, ack=True):
         """CONSUME until messages come or ``timeout`` ends (see ``waiting``)."""
         # with a serializer, ack=False takes leased, loads, then acks (as the local handle
@@ -518,7 +558,7 @@ class QueueCalls:
         fields = {"queue": self.name, **consume_fields(max_messages, visibility_timeout, max_bytes, not auto)}
         messages = yield from waiting(MsgType.CONSUME, fields, "messages", timeout, self._broker._clock)
         if not messages:
-            raise QueueEmpty(f"queue {self.name!r} is empty")
+            raise self._empty()
         ds = yield from self._deliveries(messages, not auto)
         if not ack and not auto:
             yield Send(MsgType.ACK, {"queue": self.name, "deliveries": [d._tag for d in ds]})

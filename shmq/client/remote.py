@@ -13,7 +13,12 @@ Socket errors and timeouts become BrokerUnavailable naming the endpoint (Outcome
 for a request sent and left unanswered). Handles pickle as their url and name, and
 connect again where they land. A child of fork() never touches its parent's connection
 (``forks``): ``_forked`` closes the child's copy of the socket without a shutdown and
-leaves the handle to connect on its first call there.
+leaves the handle to connect on its first call there. A plain get, put and
+ack(wait=False) — the calls of every message — take a fast path (``_get_plain``,
+``_put_plain``, ``_post_shaped``): their frames made from the queue's shapes
+(``protocol.shapes``), sent and answered without the call machinery, with the same
+bytes, checks and errors; anything else, or a connection to make again, takes the
+general one.
 """
 
 import dataclasses
@@ -25,14 +30,15 @@ import threading
 import time
 import weakref
 
-from ..errors import BrokerUnavailable
+from ..errors import BrokerUnavailable, QueueFull
 from ..tls import describe, note_refused
 from ..protocol import MsgType
 from ..protocol.forms import message_fields
 from . import forks
 from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
-from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, parse_url
+from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
+from .core import parse_url, slice_ms
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
@@ -44,6 +50,9 @@ __all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteSubscription"
 _READ_BYTES = 65536
 _NO_OPTIONS = {}  # a plain put's options (never changed)
 LINGER_S = 0.001  # the longest a request sent without waiting stays unwritten
+# a fast path peeks for a close that came while the connection was idle (``_read_idle``)
+# only when its last read is older than this: within it, the connection is not idle
+HEARD_S = 0.001
 
 
 class RemoteDelivery(DeliveryCalls):
@@ -54,9 +63,17 @@ class RemoteDelivery(DeliveryCalls):
     def ack(self, wait: bool = True):
         if not wait and not self._settled:
             sub = self._sub and self._sub()
-            if sub is not None and sub._keep_ack(self._tag):  # kept for its batch: nothing to send now
-                self._settled = True
-                return None
+            if sub is not None:
+                if sub._keep_ack(self._tag):  # kept for its batch: nothing to send now
+                    self._settled = True
+                    return None
+            else:
+                q = self._q
+                link = q._broker._link
+                if link is not None and self._conn is link.core and not self._conn.failed and not q.closed:
+                    self._settled = True  # the plain case: the ack encoded from the queue's shape
+                    q._broker._post_shaped(link, q._ack_shape, self._tag)
+                    return None
         return DeliveryCalls.ack(self, wait)
 
     ack.__doc__ = DeliveryCalls.ack.__doc__
@@ -126,14 +143,24 @@ class RemoteQueue(_Handle, QueueCalls):
 
     def put(self, body, headers=None, timeout=None, *, priority=0, delay=0.0, ttl=None, group=None, dedup_id=None,
             wait=True):
-        if (wait or self.closed or self.serializer is not None or priority or delay or ttl is not None
-                or group is not None or dedup_id is not None):
-            return QueueCalls.put(self, body, headers, timeout, priority=priority, delay=delay, ttl=ttl, group=group,
-                                  dedup_id=dedup_id, wait=wait)
-        self._broker._posted(self.name, message_fields(body, headers))  # a plain put sent without waiting
-        return None
+        options = self._options_given(priority, delay, ttl, group, dedup_id)
+        if wait:
+            if self._plain_put(body, headers, timeout, options):
+                return self._broker._put_plain(self, body)
+        elif not (self.closed or self.serializer is not None or options):
+            self._broker._posted(self.name, message_fields(body, headers))  # a plain put sent without waiting
+            return None
+        return QueueCalls.put(self, body, headers, timeout, priority=priority, delay=delay, ttl=ttl, group=group,
+                              dedup_id=dedup_id, wait=wait)
 
     put.__doc__ = QueueCalls.put.__doc__
+
+    def get(self, timeout=None, visibility_timeout=None, ack=True, copy=True):
+        if self._plain_get(visibility_timeout, ack):
+            return self._broker._get_plain(self, timeout)
+        return QueueCalls.get(self, timeout, visibility_timeout, ack, copy)
+
+    get.__doc__ = QueueCalls.get.__doc__
 
     def __reduce__(self):
         return (self._reattach, (self._broker.url, self._broker.token, self.name, self.serializer))
@@ -200,14 +227,20 @@ class _Link:
     server, one write back), or for ``LINGER_S`` (the ``flusher`` thread), or until
     ``PENDING_BYTES`` of them gathered."""
 
-    __slots__ = ("sock", "core", "writing", "cond", "reading", "readable", "pending", "flusher")
+    __slots__ = ("sock", "core", "writing", "mutex", "cond", "sleepers", "reading", "heard", "readable", "pending",
+                 "flusher")
 
     def __init__(self, sock, core):
         self.sock = sock  # None: not connected in this process (a child of fork(), ``_forked``)
         self.core = core
         self.writing = threading.Lock()  # held while ``pending`` changes or bytes are written
-        self.cond = threading.Condition(threading.Lock())  # held while the core changes
+        # held while the core changes: ``with mutex`` where nothing waits or is woken (a C
+        # call, where the Condition's ``with`` is two Python ones), ``cond`` otherwise
+        self.mutex = threading.Lock()
+        self.cond = threading.Condition(self.mutex)
+        self.sleepers = 0  # threads in ``cond.wait`` (``_wait``): none, and a read wakes nobody
         self.reading = False  # a thread is in recv (outside the lock)
+        self.heard = 0.0  # time.monotonic() of the last read that brought bytes (``_wait``)
         self.readable = select.poll()  # used under ``cond`` only
         if sock is not None:
             self.readable.register(sock, select.POLLIN)
@@ -371,6 +404,7 @@ class RemoteBroker(BrokerCalls):
     _stream_class = RemoteStream
     _multi_consumer_class = RemoteMultiConsumer
     _sleep = staticmethod(time.sleep)  # a call's pauses, and a reconnect's
+    _link = None  # the connection (a ``_Link``; None until the first is made)
 
     def __init__(self, url: str, token: str | None = None, **options):
         super().__init__(url, token)
@@ -545,14 +579,78 @@ class RemoteBroker(BrokerCalls):
     def _exchange(self, link, msg_type, payload=None, limit=None) -> dict:
         """Send one request on ``link`` and return its reply's payload (or raise its error)."""
         core = link.core
-        with link.cond:
+        with link.mutex:
             msg_id, data = core.send(msg_type, payload)  # raises once the connection has ended
         self._write(link, data, msg_id)
         if limit is None:
             limit = self.options.reply_limit(msg_type, payload)
-        self._wait(link, lambda: core.done(msg_id), limit, msg_type)
-        with link.cond:
+        self._wait(link, core.answered, msg_id, limit, msg_type)
+        with link.mutex:
             return core.result(msg_id, msg_type)
+
+    def _exchange_shaped(self, link, shape, value, limit) -> dict:
+        """``_exchange`` of a request of ``shape`` (``protocol.shapes``) with ``value``."""
+        core = link.core
+        with link.mutex:
+            msg_id, data = core.send_shaped(shape, value)  # raises once the connection has ended
+        self._write(link, data, msg_id)
+        self._wait(link, core.answered, msg_id, limit, shape.msg_type)
+        with link.mutex:
+            return core.result(msg_id, shape.msg_type)
+
+    def _ready_link(self):
+        """The connection a fast path runs on, as ``_drive`` finds it (what came while nobody
+        read taken in, unless it was read within HEARD_S: not idle); None if it has ended:
+        the call takes the general path, which connects again."""
+        link = self._link
+        if link is None:
+            return None
+        if not link.reading and not link.core.failed and time.monotonic() - link.heard > HEARD_S:
+            self._read_idle(link)
+        return None if link.core.failed else link
+
+    def _get_plain(self, q, timeout):
+        """``q.get(timeout)``, a plain one (``QueueCalls._plain_get``): CONSUME of one
+        message, a slice at a time, encoded from the queue's shape."""
+        link = self._ready_link()
+        if link is None:
+            return QueueCalls.get(q, timeout)
+        clock = self._clock
+        until = deadline(timeout, clock)
+        shape, limit_of = q._get_shape, self.options.reply_limit
+        while True:
+            wait = slice_ms(until, clock)
+            reply = self._exchange_shaped(link, shape, wait, limit_of(MsgType.CONSUME, {"wait_ms": wait}))
+            d = q._taken(reply, until, clock)
+            if d is not None:
+                return d
+
+    def _put_plain(self, q, body):
+        """``q.put(body)``, a plain one (``QueueCalls._plain_put``): a PRODUCE encoded from
+        the queue's shape; refused for a full queue, the general put retries."""
+        link = self._ready_link()
+        if link is not None:
+            try:
+                limit = self.options.reply_limit(MsgType.PRODUCE, None)
+                return self._exchange_shaped(link, q._put_shape, body, limit)["id"]
+            except QueueFull:
+                pass
+        return QueueCalls.put(q, body)
+
+    def _post_shaped(self, link, shape, value) -> None:
+        """A request of ``shape`` with ``value`` sent without waiting (a plain
+        ``ack(wait=False)``), held for the next write as ``_post`` holds it; nothing once
+        the connection has ended (the server gave back what it settles)."""
+        core = link.core
+        with link.mutex:
+            if core.failed:
+                return
+            data = core.post_shaped(shape, value)
+        with link.writing:
+            full = link.hold(data)
+        if full:
+            self._read_idle(link)  # (the replies to what was written before must not fill the buffers)
+            self._write(link, b"")
 
     def _posted(self, queue, message) -> None:
         """A plain ``put(wait=False)`` of ``message`` (its wire form) to ``queue``, gathered
@@ -622,20 +720,20 @@ class RemoteBroker(BrokerCalls):
         """Wait until something is pushed for subscription ``step.sid``."""
         core, sid = step.core, step.sid
         if core is link.core:
-            self._wait(link, lambda: core.pushes(sid), None, None)
+            self._wait(link, core.pushes, sid, None, None)
         if not core.pushes(sid):
             raise core.ended_error()
 
-    def _wait(self, link, done, seconds, msg_type) -> None:
-        """Until ``done()`` holds or the connection ends: read for all if no other thread
+    def _wait(self, link, done, arg, seconds, msg_type) -> None:
+        """Until ``done(arg)`` holds or the connection ends: read for all if no other thread
         reads, else wait for the one who does to wake this one. Past ``seconds`` (None:
         never) the connection is dropped (``ClientCore.timed_out``)."""
         core, cond = link.core, link.cond
-        if link.pending or core.gathering:  # what it waits for may need them (a subscription's acks)
+        if link.pending.parts or core.gathering:  # what it waits for may need them (a subscription's acks)
             link.flush()
         until = None if seconds is None else time.monotonic() + seconds
-        with cond:
-            while not done() and not core.failed:
+        with link.mutex:
+            while not done(arg) and not core.failed:
                 left = None
                 if until is not None:
                     left = until - time.monotonic()
@@ -645,7 +743,11 @@ class RemoteBroker(BrokerCalls):
                         cond.notify_all()
                         return
                 if link.reading:
-                    cond.wait(left)
+                    link.sleepers += 1
+                    try:
+                        cond.wait(left)
+                    finally:
+                        link.sleepers -= 1
                     continue
                 link.reading = True
                 cond.release()
@@ -658,10 +760,12 @@ class RemoteBroker(BrokerCalls):
                 finally:
                     cond.acquire()
                     link.reading = False
-                    cond.notify_all()
+                    if link.sleepers:
+                        cond.notify_all()
                 if isinstance(data, OSError):
                     core.connection_lost(data)
                 elif data is not None:
+                    link.heard = time.monotonic()
                     core.receive_data(data)
                 if core.failed:
                     self._shut(link)
