@@ -7,6 +7,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -342,3 +343,34 @@ def test_a_token_goes_only_to_a_live_server_at_an_address_it_bound(home):
     live = auth.advertise(5557, "127.0.0.1", "ns", "tok3")
     assert os.listdir(auth.run_dir()) == [os.path.basename(live)]     # a new server prunes the stale file
     auth.withdraw(live)
+
+
+def test_the_runtime_file_is_written_before_the_port_listens(broker, home):
+    """A client that reaches the port at once (one coming back after a restart) finds the
+    token: the server writes its runtime file before it listens, not after."""
+    code = textwrap.dedent("""
+        import sys
+        from shmq import auth
+        from shmq.cli import main
+        from shmq.server import tcp
+        start = tcp.TcpServer.start
+        async def checked(self):
+            print("runtime file before listening:", len(auth._runtime_files(self.port)), flush=True)
+            return await start(self)
+        tcp.TcpServer.start = checked
+        main(["server", "--namespace", sys.argv[1], "--port", "0", "--no-persist"])
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code, broker.namespace], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        assert proc.stdout.readline() == "runtime file before listening: 1\n"
+        for line in proc.stderr:
+            if "serving namespace" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert os.listdir(auth.run_dir()) == []  # withdrawn at the stop
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

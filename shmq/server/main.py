@@ -158,6 +158,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                 server.unbind()
                 raise
         exporter, snapshotter, syncer, made_ns, made_dir = NO_METRICS, None, None, False, None
+        runtime_file = None
         try:
             if metrics is not None:
                 exporter = Metrics(namespace)
@@ -179,11 +180,15 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                     kafka_listener.on_create = snapshotter.open_wal
                     kafka_listener.state_dir = data_dir  # its producers' sequences, commit metadata: kept there
             _log_persistence(namespace, data_dir, snapshot_interval, fsync)
+            # the token told before the port listens: a client that reaches it (one coming
+            # back after a restart, at once) finds the runtime file there
+            runtime_file = await asyncio.to_thread(advertise, server.port, host, namespace, token)
             await server.start()
             if kafka_listener is not None:
                 await kafka_listener.start()
                 server.streams.join(kafka_listener.streams)  # one loop serves both ports' waiting reads
         except BaseException:
+            withdraw(runtime_file)
             server.unbind()
             if kafka_listener is not None:
                 kafka_listener.unbind()
@@ -194,7 +199,6 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
             raise
         exporter.watch(server)  # its open connections
         keeper = Housekeeper(keeper_broker)
-        runtime_file = await asyncio.to_thread(advertise, server.port, host, namespace, token)
         lock.update(host=host, port=server.port, data_dir=os.path.abspath(data_dir) if data_dir else None,
                     tls=tls is not None, token=token is not None)  # for shmq status
         if kafka_listener is not None:
