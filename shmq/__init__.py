@@ -131,6 +131,7 @@ def connect(url: str | None = None, *, namespace: str | None = None, token: str 
             raise ValueError(f"{', '.join(sorted(options))}: options of tcp:// urls, not of a local attach")
         from .engine.broker import Broker, default_namespace
 
+        _with_engine()
         return Broker(default_namespace() if namespace is None else namespace, create=create)
     if isinstance(url, str) and url.startswith(("tcp://", "tcps://")):
         from .client.remote import RemoteBroker
@@ -151,7 +152,14 @@ def __getattr__(name):
     if home is None:
         raise AttributeError(f"module 'shmq' has no attribute {name!r}")
     value = globals()[name] = getattr(importlib.import_module(f".{home}", __name__), name)
+    _with_engine()
     return value
+
+
+def _with_engine():
+    """With the local engine loaded, what stands above it and plugs into it: the stream
+    producer (``Stream.producer`` builds ``shmq.producer.Producer``, which registers itself)."""
+    importlib.import_module(".producer", __name__)
 
 
 def __dir__():

@@ -161,7 +161,7 @@ def test_stop_and_the_with_block_end_the_renewal(broker):
     d = q.get()
     with d.keepalive(every=0.05) as ka:
         wait_for(lambda: ka.renewals >= 1, what="a renewal")
-    assert not ka.active and keepalive._live == {} and type(d) is Delivery
+    assert not ka.active and keepalive._live == {} and type(d) is q.paths.Delivery and isinstance(d, Delivery)
     ka2 = d.keepalive(every=0.05)
     ka3 = d.keepalive(every=0.05)  # a second one replaces the first
     assert not ka2.active and ka3.active and list(keepalive._live.values()) == [ka3]

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import shmq
 
 ROOT = Path(shmq.__file__).parent
@@ -262,3 +264,139 @@ def test_the_moved_names_are_one_object_in_every_old_home():
     assert (layout.MAX_PARTITIONS, requests.MAX_PARTITIONS, exchange.MAX_KEY_CHARS, rpc.CORRELATION_ID) == (
         256, 256, 255, "x-correlation-id")
     assert shmq.Queue.__module__ == "shmq.engine.queues.queue" and shmq.Broker.__module__ == "shmq.engine.broker"
+
+
+# what the engine may import from the rest of shmq: the layers below it (values and checks, the errors, a shared
+# namespace's group, the serializers of a handle with one) and persistence's interface; nothing above it
+ENGINE_MAY_REACH = ("shmq.model", "shmq.errors", "shmq.sharing", "shmq.serializers", "shmq.persistence.dmsq",
+                    "shmq.persistence.wal")
+
+
+def _import_graph(modules) -> dict[str, dict[str, int]]:
+    """{module: {module of shmq it imports: the line}} for every module of shmq."""
+    graph = {}
+    for name, path in modules.items():
+        edges = graph[name] = {}
+        for line, imported in imports_of(name, path.read_text(), modules, path.name == "__init__.py"):
+            if imported in modules and imported != name:
+                edges.setdefault(imported, line)
+    return graph
+
+
+def _a_circle(graph, starts) -> list[str] | None:
+    """One circle of imports reached from ``starts``, as [a, b, ..., a]; None if there is none."""
+    state = {}  # module -> 1 while on the walk's path, 2 once done
+    for start in sorted(starts):
+        if start in state:
+            continue
+        path, todo = [start], [iter(sorted(graph[start]))]
+        state[start] = 1
+        while todo:
+            nxt = next(todo[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                todo.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                todo.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def test_the_engines_import_plan_has_no_circle_and_nothing_from_above():
+    modules = _modules()
+    graph = _import_graph(modules)
+    engine = [m for m in modules if _under(m, ("shmq.engine",))]
+    circle = _a_circle(graph, engine)
+    assert circle is None, "a circle of imports: " + " -> ".join(
+        f"{a} (line {graph[a][b]})" for a, b in zip(circle, circle[1:])) + f" -> {circle[-1]}"
+    upward = sorted(f"{modules[m].relative_to(ROOT.parent)}:{line}: {imported}" for m in engine
+                    for imported, line in graph[m].items()
+                    if not _under(imported, ("shmq.engine", *ENGINE_MAY_REACH)))
+    assert upward == []
+    assert all(name in modules for name in ENGINE_MAY_REACH)
+
+
+def test_the_circle_check_finds_a_function_level_circle():
+    graph = {"a": {"b": 1}, "b": {"c": 4}, "c": {"a": 9, "d": 2}, "d": {}}
+    assert _a_circle(graph, ["d", "a"]) == ["a", "b", "c", "a"]
+    assert _a_circle({"a": {"b": 1}, "b": {}, "c": {"b": 3}}, ["a", "c"]) is None
+    source = "import os\ndef late():\n    from .queue import Queue\n"
+    assert imports_of("shmq.engine.queues.lanes", source, {"shmq.engine.queues.queue"}) == [
+        (1, "os"), (3, "shmq.engine.queues.queue")]
+
+
+SWITCHED = """
+import array, ctypes, sys
+import shmq
+from shmq.engine import cpaths
+from shmq.engine.queues.delivery import CDelivery, PythonDelivery
+from shmq.engine.streams.partitioner import murmur2_python
+
+def takes(q):
+    # every take path: get, get_many, get(ack=False), get(copy=False), the consume loop's step
+    q.put_many([b"a", b"b", b"c", b"d", b"e", b"f"])
+    got = [q.get(timeout=5), *q.get_many(2, timeout=5), q.get(timeout=5, copy=False)]
+    q.ack_many(got)
+    auto = q.get(timeout=5, ack=False)
+    with q.messages(timeout=0) as loop:
+        stepped = [d for d in loop]
+    with q.reserve(3) as buf:
+        loan = type(buf.obj).__name__
+        buf[:] = b"xyz"
+    last = q.get(timeout=5)
+    last.ack()
+    return [q.paths.kind, sorted({type(d).__name__ for d in got + stepped + [auto, last]}),
+            all(isinstance(d, shmq.Delivery) for d in got + stepped + [auto, last]),
+            any(isinstance(d, cpaths.C.DeliveryBase) for d in got + stepped + [auto, last]), loan, len(stepped)]
+
+def stream(s):
+    s.append_many([b"v1", b"v2"], keys=[b"k1", b"k2"], partition=0)
+    p = s._part(0)
+    cols = p.read_columns(0, 10)
+    return [s.paths.kind, p.paths is s.paths, s._part(1).paths is s.paths, cols is None or cols[0],
+            s.paths.murmur2 is murmur2_python, s.paths.key_partitions is None]
+
+b = shmq.connect(namespace=sys.argv[1])
+q_c = b.create_queue("q")
+laned_c = b.create_queue("laned", lanes=2)
+s_c = b.create_stream("s", partitions=2)
+cpaths.set_enabled(False)
+q_py, laned_py = b.queue("q"), b.queue("laned")
+ser_py = b.queue("q", serializer="json")
+s_py = b.stream("s")
+_out["after"] = {"q": takes(q_py), "laned": [laned_py.paths.kind, {l.paths.kind for l in laned_py._lanes} == {"python"}],
+                 "serialized": ser_py.paths.kind, "stream": stream(s_py)}
+_out["before"] = {"q": takes(q_c), "laned": [laned_c.paths.kind, {l.paths.kind for l in laned_c._lanes} == {"c"}],
+                  "stream": stream(s_c)}
+cpaths.set_enabled(True)
+_out["again"] = b.queue("q").paths.kind
+for h in (q_c, laned_c, s_c, q_py, laned_py, ser_py, s_py):
+    h.close()
+b.delete_queue("q")
+b.delete_queue("laned")
+b.delete_stream("s")
+b.close()
+"""
+
+
+def test_set_enabled_changes_only_the_handles_attached_afterwards(namespace):
+    from shmq.engine import cpaths
+
+    if not cpaths.FAST:
+        pytest.skip("the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
+    out = _loaded_after(SWITCHED, namespace)
+    assert out["after"] == {
+        "q": ["python", ["PythonDelivery"], True, False, "c_char_Array_3", 1],
+        "laned": ["python", True],
+        "serialized": "python",
+        "stream": ["python", True, True, True, True, True],
+    }
+    assert out["before"] == {
+        "q": ["c", ["CDelivery"], True, True, "Loan", 1],
+        "laned": ["c", True],
+        "stream": ["c", True, True, 4, False, False],
+    }
+    assert out["again"] == "c"

@@ -1,5 +1,12 @@
-"""The C hot paths (``_fast.c``: plain put, get and ack; a stream partition's bulk read) when they were built and are
-wanted (``SHMQ_PURE_PYTHON=1`` turns them off); else None each, and the Python paths run.
+"""The seam for C: whether ``_fast.c`` is built and wanted (``SHMQ_PURE_PYTHON=1`` turns
+it off), and the one default the handles take their paths from when they attach.
+
+Strategy: redis-py's ``parser_class``, picked once and handed to each connection. A
+handle binds a paths object when it attaches (``queues/paths.py``'s ``QueuePaths``,
+``streams/paths.py``'s ``PartitionPaths``): the C one, or the Python one, whose entries
+are None ("take the Python path"). ``set_enabled`` (for the tests and the benchmark)
+changes only this module's default, so only handles attached afterwards; nothing here
+rewrites another module, and this module imports nothing of the engine.
 """
 
 import os
@@ -15,32 +22,12 @@ except ImportError as e:  # pragma: no cover - depends on the build
                       "`pip install -e .` in this checkout (gcc and the Python headers), or set "
                       "SHMQ_PURE_PYTHON=1 to choose the Python paths and silence this.", RuntimeWarning, stacklevel=2)
 
-__all__ = ["FAST", "put", "take", "take_many", "take_next", "ack", "ack_many", "put_many", "nack_many", "reserve",
-           "publish", "Loan", "DeliveryBase", "read_columns", "columns_check", "columns_end", "columns_log",
-           "write_columns", "key_partitions", "murmur2", "OWNERDEAD", "FALLBACK", "BUSY", "EMPTY", "SLEEP", "FULL", "W_REGISTER",
-           "EXPIRED", "DELETED", "WAL_MAX_PAYLOAD", "serve_own", "set_enabled", "enabled"]
+__all__ = ["FAST", "C", "OWNERDEAD", "FALLBACK", "BUSY", "EMPTY", "SLEEP", "FULL", "W_REGISTER", "EXPIRED",
+           "DELETED", "WAL_MAX_PAYLOAD", "serve_own", "set_enabled", "enabled"]
 
 FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
-put = _fast.put if FAST else None
-take = _fast.take if FAST else None
-take_many = _fast.take_many if FAST else None  # the plain take repeated under one lock hold
-ack = _fast.ack if FAST else None
-take_next = _fast.take_next if FAST else None  # the consume loop's step: ack the previous, take the next
-ack_many = _fast.ack_many if FAST else None  # the plain ack repeated under one lock hold (no log)
-put_many = _fast.put_many if FAST else None  # a batch appended under one lock hold (no log)
-nack_many = _fast.nack_many if FAST else None  # the immediate requeue repeated under one lock hold
-reserve = _fast.reserve if FAST else None  # a record placed at the tail, the lock kept
-publish = _fast.publish if FAST else None  # its commit, and the unlock
-Loan = _fast.Loan if FAST else None  # a writable window of a mapping that counts its views
-DeliveryBase = _fast.DeliveryBase if FAST else None  # a delivery's fields, built by take / take_many
-read_columns = _fast.read_columns if FAST else None  # a stream partition's records as Arrow buffers
-# and its mirror: records given as Arrow buffers appended to a stream partition (Partition.append_columns)
-columns_check = _fast.columns_check if FAST else None
-columns_end = _fast.columns_end if FAST else None
-columns_log = _fast.columns_log if FAST else None
-write_columns = _fast.write_columns if FAST else None
-key_partitions = _fast.key_partitions if FAST else None  # each record's partition by its key (the Spark sink)
-murmur2 = _fast.murmur2 if FAST else None  # a key's hash, as Kafka's (partitioner.murmur2)
+C = _fast if FAST else None  # the extension whose calls the C paths objects hold (None: no C paths here)
+# what the C calls return (they mean something only where C runs)
 OWNERDEAD = _fast.OWNERDEAD if FAST else None  # the lock was taken from a dead holder: repair, then unlock
 FALLBACK = _fast.FALLBACK if FAST else None  # not a plain case: nothing done, take the Python path
 BUSY = _fast.BUSY if FAST else None  # the lock stayed busy past LOCK_WAIT_NS (a stopped holder?): Python waits on
@@ -53,29 +40,17 @@ DELETED = _fast.DELETED if FAST else None
 WAL_MAX_PAYLOAD = _fast.WAL_MAX_PAYLOAD if FAST else 0  # larger wal puts take the Python fast path
 serve_own = _fast.serve_own if _fast is not None else None  # the C paths' side of ``waits.serving``
 
+_use_c = FAST  # the default: what a handle attached now runs
+
 
 def set_enabled(enabled: bool) -> None:
-    """Use the C paths in this process or not (the benchmark and the tests run both)."""
-    from .queues import consume, produce, reserve as reserving, settle
-    from .streams import partition
-
-    on = enabled and FAST
-    produce._fast_put = put if on else None
-    consume._fast_take = take if on else None
-    consume._fast_take_many = take_many if on else None
-    consume._fast_take_next = take_next if on else None
-    settle._fast_ack = ack if on else None
-    settle._fast_ack_many = ack_many if on else None
-    settle._fast_nack_many = nack_many if on else None
-    produce._fast_put_many = put_many if on else None
-    reserving._fast_reserve = reserve if on else None
-    reserving._fast_publish = publish if on else None
-    reserving._Loan = Loan if on else None
-    partition._fast_columns = write_columns if on else None
+    """Whether handles attached from now on in this process run the C paths (the
+    benchmark and the tests run both); handles already attached keep theirs. Without a
+    C build (or with SHMQ_PURE_PYTHON=1) they run Python's either way."""
+    global _use_c
+    _use_c = bool(enabled) and FAST
 
 
 def enabled() -> bool:
-    """Whether this process uses the C paths now."""
-    from .queues import produce
-
-    return produce._fast_put is not None
+    """Whether a handle attached now runs the C paths."""
+    return _use_c

@@ -7,7 +7,7 @@ cut by target partition into the buffers a stream appends as they are
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..engine import cpaths
+from ..engine.streams import paths as stream_paths
 from ..model.headers import decode_headers, encode_headers
 from ..engine.streams.partitioner import partition_of
 
@@ -111,12 +111,13 @@ def _column(batch, name):
     return None if i < 0 else batch.column(i)
 
 
-def route(batch, partitions: int, own: int, target: str) -> list:
+def route(batch, partitions: int, own: int, target: str, paths=None) -> list:
     """The rows of ``batch`` by the partition they go to, as Kafka's sink places them: the
     ``partition`` column's, else the key's hash (CRC-32, as ``append``), else ``own``:
     [(partition, values, keys or None, headers or None)], the arrays cut from the batch's
     columns (the whole columns, uncopied, when every row goes to one partition).
-    SinkError for a null value or a partition outside the stream's."""
+    SinkError for a null value or a partition outside the stream's. ``paths``: the
+    target's (a local stream's ``paths``; None: those a handle attached now runs)."""
     values = _binary(batch, "value")
     if values.null_count:
         raise SinkError(f"the shmq sink's value column is null in {values.null_count} row(s): a record needs a value")
@@ -128,7 +129,7 @@ def route(batch, partitions: int, own: int, target: str) -> list:
         return [(own, values, keys, headers)] if n else []
     routes = None
     if keys is not None and keys.null_count < n:
-        routes = _key_routes(keys, partitions, own)
+        routes = _key_routes(keys, partitions, own, paths or stream_paths.chosen())
     if parts is not None:
         try:
             parts = parts.cast(pa.int32())
@@ -153,14 +154,15 @@ def route(batch, partitions: int, own: int, target: str) -> list:
     return out
 
 
-def _key_routes(keys, partitions: int, own: int):
-    """Each row's partition by its key (``own`` without one), in C where it is built."""
+def _key_routes(keys, partitions: int, own: int, paths):
+    """Each row's partition by its key (``own`` without one), in C on the C ``paths``."""
     n = len(keys)
-    if cpaths.key_partitions is not None:
+    if paths.key_partitions is not None:
         koffs, kdata, kvalid = _buffers(keys)
-        raw = cpaths.key_partitions(koffs, kdata, kvalid, n, partitions, own)
+        raw = paths.key_partitions(koffs, kdata, kvalid, n, partitions, own)
         return pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(raw)])
-    return pa.array([own if k is None else partition_of(k, partitions) for k in keys.to_pylist()], pa.int32())
+    return pa.array([own if k is None else partition_of(k, partitions, paths.murmur2) for k in keys.to_pylist()],
+                    pa.int32())
 
 
 def _buffers(array):

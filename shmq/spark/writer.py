@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from ..engine import cpaths
 from ..engine.broker import Broker
 from ..engine.shm.segment import check_room
 from ..errors import ShmqError, StreamExists, StreamNotFound
@@ -58,10 +57,10 @@ def _check_columns(schema, target: str) -> None:
             raise SpecError(f"the shmq sink's {name!r} column must be {' or '.join(allowed)}, not {types[name]}")
 
 
-def _ring_bytes(chunk) -> int:
-    """What a chunk takes in a ring (at most, without the C paths)."""
-    if cpaths.columns_check is not None:
-        return cpaths.columns_check([chunk])[1]
+def _ring_bytes(chunk, paths) -> int:
+    """What a chunk takes in a ring (at most, on the Python ``paths``)."""
+    if paths.columns_check is not None:
+        return paths.columns_check([chunk])[1]
     return sum(len(b) for b in chunk[1:] if b is not None) + REC_BYTES * chunk[0]
 
 
@@ -128,7 +127,7 @@ class _Writer:
             n, own = target.partitions, task % target.partitions
             for b in batches:
                 try:
-                    parts = arrow.route(b, n, own, target.name)
+                    parts = arrow.route(b, n, own, target.name, getattr(target, "paths", None))  # (a local one's)
                 except arrow.SinkError as e:
                     raise SpecError(str(e)) from None
                 if parts and staging is None:  # made by the batch's first task with rows; the commit deletes it
@@ -137,7 +136,7 @@ class _Writer:
                 for p, values, keys, headers in parts:
                     if local:
                         chunk = arrow.chunk(values, keys, headers)
-                        check_room(_ring_bytes(chunk), f"staging {chunk[0]} rows into stream {staging.name!r}")
+                        check_room(_ring_bytes(chunk, staging.paths), f"staging {chunk[0]} rows into stream {staging.name!r}")
                         first = staging.append_columns(chunk, p)
                         staged.ranges.setdefault(p, []).append((first, first + len(values)))
                         continue

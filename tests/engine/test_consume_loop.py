@@ -234,9 +234,9 @@ def test_take_next_refuses_a_delivery_of_another_handle(broker):
     q.put_many([b"a", b"b"])
     d = other.get()
     with pytest.raises(TypeError, match="prev must be a delivery of this queue handle"):
-        cpaths.take_next(q, q._segp, q._base, q._cap, max(q._slot, 0), q._vis_ns, 0, 0, 0, q._ring, d, -1, 0)
+        q.paths.take_next(q, q._segp, q._base, q._cap, max(q._slot, 0), q._vis_ns, 0, 0, 0, q._ring, d, -1, 0)
     with pytest.raises(TypeError, match="prev must be a delivery"):
-        cpaths.take_next(q, q._segp, q._base, q._cap, max(q._slot, 0), q._vis_ns, 0, 0, 0, q._ring, b"x", -1, 0)
+        q.paths.take_next(q, q._segp, q._base, q._cap, max(q._slot, 0), q._vis_ns, 0, 0, 0, q._ring, b"x", -1, 0)
     assert _counts(q) == (1, 1, 0)  # nothing changed
     d.ack()
     q.close()

@@ -1,6 +1,7 @@
-"""``Delivery``: its fields live in ``_fast.DeliveryBase`` when the C paths are built (the
-C takes build the object directly), in the pure-Python ``_Fields`` otherwise; either way
-they behave as slots, and the class keeps its methods and properties."""
+"""``Delivery``: a handle on the C paths builds ``CDelivery``, whose fields live in
+``_fast.DeliveryBase`` (the C takes build the object directly), one on the Python paths
+``PythonDelivery``, whose fields are slots; either way they behave as slots, and both are
+``Delivery``s with its methods and properties."""
 
 import gc
 import os
@@ -8,19 +9,20 @@ import weakref
 
 import pytest
 
+import shmq
 from shmq.engine import cpaths
-from shmq.engine.queues.delivery import Delivery, _Fields
+from shmq.engine.queues.delivery import CDelivery, Delivery, PythonDelivery
 
 
-
-
-def test_the_fields_come_from_the_c_base_when_it_is_built():
-    base = Delivery.__mro__[1]
+def test_the_fields_come_from_the_c_base_only_in_the_c_build():
+    assert Delivery.__slots__ == () and Delivery.__mro__ == (Delivery, object)  # methods only, no fields
+    assert PythonDelivery.__mro__ == (PythonDelivery, Delivery, object)
     if os.environ.get("SHMQ_PURE_PYTHON"):
-        assert base is _Fields
+        assert not cpaths.FAST and CDelivery is None
     elif cpaths.FAST:
-        assert base is cpaths.DeliveryBase
-    assert Delivery.__slots__ == ()  # (its instances have no __dict__)
+        assert CDelivery.__mro__ == (CDelivery, cpaths.C.DeliveryBase, Delivery, object)
+        assert CDelivery.__slots__ == ()  # (its instances have no __dict__)
+    assert shmq.Delivery is Delivery
 
 
 def test_a_delivery_from_any_path_has_the_same_fields_and_methods(impl, broker):
@@ -30,7 +32,7 @@ def test_a_delivery_from_any_path_has_the_same_fields_and_methods(impl, broker):
     q.put_many([b"one", b"two", b"three"], headers=[{"k": 1}, None, None])
     got = [q.get(), *q.get_many(1), q.get(copy=False)]
     for d in got:
-        assert type(d) is Delivery
+        assert type(d) is (CDelivery if impl == "fast" else PythonDelivery) and isinstance(d, shmq.Delivery)
         assert (d.queue, d.attempt, d.priority, d.group, d.has_options) == ("q", 1, 0, None, False)
         assert d._raw is None  # until a serializer loads the body
         with pytest.raises(AttributeError):
@@ -46,14 +48,17 @@ def test_a_delivery_from_any_path_has_the_same_fields_and_methods(impl, broker):
     q.close()
 
 
-def test_the_python_constructor_takes_the_same_arguments(broker):
+@pytest.mark.parametrize("build", [pytest.param("c", marks=pytest.mark.skipif(
+    not cpaths.FAST, reason="the C hot paths are off")), "python"])
+def test_the_python_constructor_takes_the_same_arguments(broker, build):
     q = broker.create_queue("q")
-    d = Delivery(q, 0, 7, 2, b"body", None)
+    make = CDelivery if build == "c" else PythonDelivery
+    d = make(q, 0, 7, 2, b"body", None)
     assert (d._q, d._pos, d.id, d.attempt, d.body, d._hraw, d._enq) == (q, 0, 7, 2, b"body", None, 0)
-    d = Delivery(q, 8, 9, 1, b"", b"\x81\xa1k\x01", enq_ns=5)
+    d = make(q, 8, 9, 1, b"", b"\x81\xa1k\x01", enq_ns=5)
     assert (d.headers, d.enqueued_at) == ({"k": 1}, 5e-9)
     with pytest.raises(TypeError):
-        Delivery(q, 0, 1)
+        make(q, 0, 1)
     q.close()
 
 
@@ -72,18 +77,18 @@ def test_set_delivery_class_refuses_a_class_with_fields_of_its_own():
     if not cpaths.FAST:
         pytest.skip("the C hot paths are off")
 
-    class Fat(cpaths.DeliveryBase):
+    class Fat(cpaths.C.DeliveryBase):
         pass  # (a __dict__: on Python 3.12 a managed one, outside the basic size)
 
-    class Weak(cpaths.DeliveryBase):
+    class Weak(cpaths.C.DeliveryBase):
         __slots__ = ("__weakref__",)
 
-    class Slotted(cpaths.DeliveryBase):
+    class Slotted(cpaths.C.DeliveryBase):
         __slots__ = ("extra",)
 
     try:
-        for bad in (Fat, Weak, Slotted, int, "Delivery"):
+        for bad in (Fat, Weak, Slotted, int, "Delivery", PythonDelivery, Delivery):
             with pytest.raises(TypeError, match="__slots__"):
-                cpaths._fast.set_delivery_class(bad)
+                cpaths.C.set_delivery_class(bad)
     finally:  # a class let through would stay installed for every later test of this process
-        cpaths._fast.set_delivery_class(Delivery)
+        cpaths.C.set_delivery_class(CDelivery)

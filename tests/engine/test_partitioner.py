@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from shmq.engine import cpaths
 from shmq.engine.streams import partitioner
+from shmq.engine.streams import paths as stream_paths
 from shmq.engine.streams.partitioner import murmur2, murmur2_python, partition_of
 
 with warnings.catch_warnings():  # kafka-python's import loads its schemas with a deprecated importlib call
@@ -40,8 +41,8 @@ PICKED = [(b"", 17, 0x106E08D9 % 17), (b"23456", 17, 0x058D780F % 17),
           (b"\x00 ", 1000, 742)]
 
 IMPLS = [pytest.param(murmur2_python, id="python"),
-         pytest.param(cpaths.murmur2, id="c", marks=pytest.mark.skipif(cpaths.murmur2 is None,
-                                                                       reason="the C extension is not in use"))]
+         pytest.param(stream_paths.C and stream_paths.C.murmur2, id="c",
+                      marks=pytest.mark.skipif(stream_paths.C is None, reason="the C extension is not in use"))]
 
 
 def _kafka_partition(key: bytes, n: int) -> int:
@@ -63,19 +64,21 @@ def test_partition_of_picks_the_partitions_kafka_clients_pick():
 
 
 def test_the_c_twin_is_chosen_where_it_is_built():
-    assert partitioner.murmur2 is (cpaths.murmur2 or murmur2_python)
+    assert partitioner.murmur2 is (cpaths.C.murmur2 if cpaths.C is not None else murmur2_python)
     assert murmur2 is partitioner.murmur2
+    assert stream_paths.PYTHON.murmur2 is murmur2_python
+    assert stream_paths.C is None or stream_paths.C.murmur2 is cpaths.C.murmur2
 
 
-@pytest.mark.skipif(cpaths.murmur2 is None, reason="the C extension is not in use")
+@pytest.mark.skipif(stream_paths.C is None, reason="the C extension is not in use")
 @settings(max_examples=400, deadline=None)
 @given(st.binary(max_size=300))
 def test_c_and_python_and_kafka_python_agree(key):
-    assert cpaths.murmur2(key) == murmur2_python(key)
+    assert stream_paths.C.murmur2(key) == murmur2_python(key)
     assert murmur2_python(key) & 0xFFFFFFFF == kafka_python_murmur2(key)
 
 
-@pytest.mark.skipif(cpaths.key_partitions is None, reason="the C extension is not in use")
+@pytest.mark.skipif(stream_paths.C is None, reason="the C extension is not in use")
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=60), st.integers(1, 300))
 def test_the_sinks_bulk_routing_in_c_is_partition_of(keys, partitions):
@@ -86,7 +89,7 @@ def test_the_sinks_bulk_routing_in_c_is_partition_of(keys, partitions):
             valid[i >> 3] |= 1 << (i & 7)
         offsets.append(len(data))
     own = partitions // 2
-    raw = cpaths.key_partitions(offsets.tobytes(), bytes(data), bytes(valid), len(keys), partitions, own)
+    raw = stream_paths.C.key_partitions(offsets.tobytes(), bytes(data), bytes(valid), len(keys), partitions, own)
     assert list(array.array("i", raw)) == [own if k is None else partition_of(k, partitions) for k in keys]
 
 

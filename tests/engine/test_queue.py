@@ -526,6 +526,38 @@ def test_queue_handles_pickle_by_name(broker):
     q2.close()
 
 
+def test_the_layer_that_attaches_hands_in_how_to_open_other_queues(broker):
+    """Dead letters and replies reach other queues through the opener ``lanes.attach``
+    hands each handle (a laned queue whole), kept by a pickled handle; a handle attached
+    alone (``Queue(ns, name)``) opens them by their lane 0."""
+    from shmq.engine.queues.lanes import LanedQueue, attach
+
+    broker.create_queue("dlq", lanes=2)
+    broker.create_queue("q", max_deliveries=1, dead_letter_queue="dlq")
+    q = broker.queue("q")
+    again = pickle.loads(pickle.dumps(q))
+    alone = engine.Queue(broker.namespace, "q")
+    assert (q._opener, again._opener, alone._opener) == (attach, attach, None)
+    q.put_many([b"a", b"b"])
+    q.get(timeout=5).reject()
+    alone.get(timeout=5).reject()
+    assert type(q._dead_letter_target()) is LanedQueue and type(alone._dead_letter_target()) is engine.Queue
+    dlq = broker.queue("dlq")
+    got = dlq.get_many(2, timeout=5)
+    assert sorted(d.body for d in got) == [b"a", b"b"] and dlq.stats().dead_letter_depth is None
+    dlq.ack_many(got)
+    # a reply: into the requester's (laned) reply queue, through the delivery's handle's opener
+    q.put(b"question", headers={"x-reply-to": "dlq", "x-correlation-id": "c1"})
+    d = again.get(timeout=5)
+    assert d.reply(b"answer", {"h": 1}) is True
+    d.ack()
+    r = dlq.get(timeout=5)
+    assert (r.body, r.headers) == (b"answer", {"h": 1, "x-correlation-id": "c1"})
+    r.ack()
+    for h in (q, again, alone, dlq):
+        h.close()
+
+
 def test_closed_handle_raises_clearly(broker):
     q = broker.create_queue("q")
     q.close()

@@ -379,7 +379,7 @@ def test_append_columns_refuses_bad_buffers_and_big_records_and_takes_an_empty_c
 @pytest.mark.skipif(not shmq.engine.cpaths.FAST, reason="the C paths are not built (or SHMQ_PURE_PYTHON=1)")
 def test_the_c_log_entries_and_key_partitions_are_the_python_ones():
     from shmq.persistence import dmsq
-    from shmq.engine import cpaths
+    from shmq.engine.streams.paths import C as c_paths
 
     rnd = random.Random(5)
     values, keys, headers = _records(rnd, 50)
@@ -387,14 +387,14 @@ def test_the_c_log_entries_and_key_partitions_are_the_python_ones():
     txn = os.urandom(16)
     want = [dmsq.stream_entry(100 + i, 77, k, encode_headers(h) if h and i < 20 else b"", v)
             for i, (v, k, h) in enumerate(zip(values, keys, headers))]
-    assert cpaths.columns_log(chunks, 100, 77, None, 0) == b"".join(want)
-    assert cpaths.columns_log(chunks, 100, 77, txn, 9) == b"".join(want) + dmsq.publish_entry(149, 77, txn, 9)
-    assert cpaths.columns_log([_chunk([])], 5, 77, txn, 9) == b""  # no records, no note
+    assert c_paths.columns_log(chunks, 100, 77, None, 0) == b"".join(want)
+    assert c_paths.columns_log(chunks, 100, 77, txn, 9) == b"".join(want) + dmsq.publish_entry(149, 77, txn, 9)
+    assert c_paths.columns_log([_chunk([])], 5, 77, txn, 9) == b""  # no records, no note
     _n, _vo, _v, koffs, kdata, kvalid, _ho, _h = chunks[0]
-    raw = cpaths.key_partitions(koffs, kdata, kvalid, 20, 7, 3)
+    raw = c_paths.key_partitions(koffs, kdata, kvalid, 20, 7, 3)
     assert list(array.array("i", raw)) == [3 if k is None else partition_of(k, 7) for k in keys[:20]]
     with pytest.raises(ValueError):
-        cpaths.key_partitions(koffs, kdata, kvalid, 21, 7, 3)
+        c_paths.key_partitions(koffs, kdata, kvalid, 21, 7, 3)
 
 
 def test_publish_in_c_and_in_python_appends_and_logs_the_same(broker, tmp_path, impl):

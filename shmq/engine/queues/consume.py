@@ -43,9 +43,6 @@ _expiry = extension.expiry
 _CONSUMERS = waits.CONSUMERS
 _encode_ack_entry = dmsq.encode_ack_entry
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
-_fast_take = cpaths.take
-_fast_take_many = cpaths.take_many
-_fast_take_next = cpaths.take_next  # the consume loop's step (Messages): ack the previous, take the next
 _F_OWNERDEAD, _F_FALLBACK, _F_BUSY, _F_EMPTY, _F_SLEEP = (cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.BUSY, cpaths.EMPTY,
                                                        cpaths.SLEEP)
 _W_REGISTER = cpaths.W_REGISTER
@@ -92,10 +89,12 @@ class Consuming:
             return d
         if self._held is not None:
             return self._get_capped(1, timeout, visibility_timeout)[0]
-        if _fast_take is not None and visibility_timeout is None and self._slot >= 0 and not self._general:
+        take = self._fast_take  # (the handle's paths': None on the Python paths; a local, as a call of an
+        # instance attribute is not specialized)
+        if take is not None and visibility_timeout is None and self._slot >= 0 and not self._general:
             # the plain case, one C call that builds the delivery (a closed handle has no slot)
-            r = _fast_take(self, self._segp, self._base, self._cap, self._slot, self._vis_ns,
-                           self.max_deliveries or 0, _mono())
+            r = take(self, self._segp, self._base, self._cap, self._slot, self._vis_ns, self.max_deliveries or 0,
+                     _mono())
             if type(r) is not int:
                 return r
             return self._fast_wait(r, 0, timeout, None, None, 0)
@@ -207,9 +206,10 @@ class Consuming:
         slot = self._slot
         if lp is None or slot < 0 or visibility_timeout is not None or self._general:
             return None  # (the C take and the one below leave a queue with special records alone)
-        if _fast_take is not None and not (mode and mode & _AUTOACK and self._logged):  # (a logged ack: Python's)
-            r = _fast_take(self, self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0,
-                           _mono(), mode, self._ring)
+        take = self._fast_take
+        if take is not None and not (mode and mode & _AUTOACK and self._logged):  # (a logged ack: Python's)
+            r = take(self, self._segp, self._base, self._cap, slot, self._vis_ns, self.max_deliveries or 0,
+                     _mono(), mode, self._ring)
             if type(r) is tuple:  # auto-acked, and a producer is owed a post
                 self._nf.release()
                 return r[0]
@@ -264,7 +264,7 @@ class Consuming:
             return None
         if post:
             self._nf.release()
-        return Delivery(self, pos, msg_id, attempt, body, hraw, enq)
+        return self.paths.Delivery(self, pos, msg_id, attempt, body, hraw, enq)
 
     def get_many(self, max_messages: int = 64, timeout: float | None = None, visibility_timeout: float | None = None,
                  max_bytes: int | None = None, ack: bool = True, copy: bool = True) -> list[Delivery]:
@@ -280,13 +280,14 @@ class Consuming:
         mode = 0 if ack is True and copy is True else _mode(ack, copy)
         if self._held is not None and ack:
             return self._get_capped(max_messages, timeout, visibility_timeout, max_bytes, mode)
-        if (_fast_take_many is not None and self._slot >= 0 and not self._general and self._lockp is not None
+        take_many = self.paths.take_many
+        if (take_many is not None and self._slot >= 0 and not self._general and self._lockp is not None
                 and not (mode & _AUTOACK and self._logged)):
             # the plain takes from the frontier, in C under one lock hold; anything else: Python
             vis_ns = self._vis_ns if visibility_timeout is None else _seconds_ns(visibility_timeout,
                                                                                  "visibility_timeout")
-            r = _fast_take_many(self, self._segp, self._base, self._cap, self._slot, vis_ns,
-                                self.max_deliveries or 0, _mono(), max_messages, max_bytes or 0, mode, self._ring)
+            r = take_many(self, self._segp, self._base, self._cap, self._slot, vis_ns,
+                          self.max_deliveries or 0, _mono(), max_messages, max_bytes or 0, mode, self._ring)
             if type(r) is list:
                 return r
             if type(r) is tuple:  # auto-acked
@@ -300,7 +301,7 @@ class Consuming:
         """A take that never waits: a delivery (``maxn`` 0) or a list of up to ``maxn``, or
         None when nothing is ready (a laned queue's look into each of its lanes)."""
         mode = 0 if ack is True and copy is True else _mode(ack, copy)
-        if (_fast_take is not None and self._slot >= 0 and not self._general
+        if (self._fast_take is not None and self._slot >= 0 and not self._general
                 and not (mode & _AUTOACK and self._logged)):
             vis_ns = self._vis_ns if visibility_timeout is None else _seconds_ns(visibility_timeout,
                                                                                  "visibility_timeout")
@@ -358,11 +359,12 @@ class Consuming:
     def _c_take(self, maxn, vis_ns, max_bytes, mode, wait):
         """One C take (``take_many`` of up to ``maxn``; 0: ``take``): what it delivered (a
         producer owed a post for an auto-acked one is posted), or its R_* code."""
+        paths = self.paths  # (the C paths: only a C take's code leads here)
         if maxn:
-            r = _fast_take_many(self, self._segp, self._base, self._cap, self._slot, vis_ns, self.max_deliveries or 0,
+            r = paths.take_many(self, self._segp, self._base, self._cap, self._slot, vis_ns, self.max_deliveries or 0,
                                 _mono(), maxn, max_bytes or 0, mode, self._ring, wait)
         else:
-            r = _fast_take(self, self._segp, self._base, self._cap, self._slot, vis_ns, self.max_deliveries or 0,
+            r = paths.take(self, self._segp, self._base, self._cap, self._slot, vis_ns, self.max_deliveries or 0,
                            _mono(), mode, self._ring, wait)
         if type(r) is tuple:  # auto-acked
             if r[1]:
@@ -540,9 +542,10 @@ class Consuming:
         finally:
             self._release()
         # Deliveries are built outside the lock: the leased bytes are ours until settled.
-        expired = [Delivery(self, *t) for t in dead] if dead else None
+        build = self.paths.Delivery
+        expired = [build(self, *t) for t in dead] if dead else None
         if out:
-            out = [Delivery(self, *t) for t in out]
+            out = [build(self, *t) for t in out]
         if reap:
             housekeeping.reap_dead(self, now)
         housekeeping.dead_letter_spent(self, spent)
@@ -656,7 +659,7 @@ class Messages:
     gets. Either way an ack is made only while the delivery is still leased as it was
     delivered (``ring.leased_word``'s checks), so the application's own settle wins."""
 
-    __slots__ = ("_q", "_timeout", "_vis", "_vis_ns", "_copy", "_mode", "_plain", "_last", "_done")
+    __slots__ = ("_q", "_timeout", "_vis", "_vis_ns", "_copy", "_mode", "_step", "_last", "_done")
 
     def __init__(self, q, timeout, visibility_timeout, copy):
         if timeout is not None:
@@ -667,7 +670,9 @@ class Messages:
         self._timeout = timeout
         self._vis = visibility_timeout
         self._copy = copy
-        self._plain = type(q).get is Consuming.get  # the C step builds plain deliveries only
+        # the C step, where the handle runs the C paths (its paths' take_next) and its get is the plain one
+        # (the C step builds plain deliveries only); None: the Python step
+        self._step = q.paths.take_next if type(q).get is Consuming.get else None
         self._last = None  # the delivery handed out last, acked by the next step
         self._done = False
 
@@ -680,15 +685,16 @@ class Messages:
             return self._take()
         self._last = None
         q = self._q
-        if _fast_take_next is not None and self._plain and q._slot >= 0 and q._held is None and not q._general:
+        take_next = self._step
+        if take_next is not None and q._slot >= 0 and q._held is None and not q._general:
             wal = q.wal.fd if q._logged else _NO_LOG
             if wal is not None:
                 if _kept_alive:  # (a dict: empty unless some keepalive runs in this process)
                     _stop_keepalives((prev,))
                 try:
-                    r = _fast_take_next(q, q._segp, q._base, q._cap, q._slot,
-                                        q._vis_ns if self._vis_ns is None else self._vis_ns, q.max_deliveries or 0,
-                                        _mono(), self._mode, q._ring, prev, wal[1], wal[0])
+                    r = take_next(q, q._segp, q._base, q._cap, q._slot,
+                                  q._vis_ns if self._vis_ns is None else self._vis_ns, q.max_deliveries or 0,
+                                  _mono(), self._mode, q._ring, prev, wal[1], wal[0])
                 except OSError as e:
                     raise q.wal.failed(e) from None
                 if type(r) is tuple:  # the ack freed room a producer waits for

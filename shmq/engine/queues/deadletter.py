@@ -10,8 +10,10 @@ them back the same way round (put, then ack).
 """
 
 from ...errors import DeliveryExpired, QueueEmpty, QueueFull, QueueNotFound
+from ...model.headers import encode_headers
 from ...model.messages import raw_body
 from ..shm import layout as L
+from . import extension
 
 __all__ = ["DLQ_RETRY_DELAY_S", "dead_letter", "redrive"]
 
@@ -80,9 +82,6 @@ def redrive(dlq, target, to=None, max_messages=None) -> int:
     Returns how many moved. Moving back to the origin is done once per dead letter (a
     dedup id in the target): a redrive killed between the two and run again within the
     target's ``dedup_window`` adds no second copy."""
-    from ...model.headers import encode_headers
-    from . import extension
-
     # later arrivals are not this redrive's: each lane's next id now (ids are per lane)
     stop_at = {q: q._mq[L.I_NEXT_ID] for q in getattr(dlq, "_lanes", (dlq,))}
     moved = 0

@@ -1,42 +1,29 @@
-"""What a queue hands out: a ``Delivery`` (one leased message). ``Message``,
-``QueueStats``, ``Processing`` and ``raw_body`` live in ``shmq.model`` (every transport
-shares them); they are imported here under their old names."""
+"""What a queue hands out: a ``Delivery`` (one leased message), in the two builds a
+handle's paths make (``paths.QueuePaths.Delivery``): ``CDelivery``, whose fields are
+``_fast.DeliveryBase``'s (the C takes build it without calling ``__init__``), and
+``PythonDelivery``, whose fields are slots; both are ``Delivery``s, with its methods.
+``Message``, ``QueueStats``, ``Processing`` and ``raw_body`` live in ``shmq.model``
+(every transport shares them); they are imported here under their old names."""
 
+from ...errors import QueueNotFound
 from ...model import keepalive
-from ...model.headers import decode_headers
+from ...model.headers import CORRELATION_ID, decode_headers, reply_headers
 from ...model.messages import Message, QueueStats, raw_body
 from ...model.processing import Processing
 from .. import cpaths
 from . import extension
 
-__all__ = ["Delivery", "Message", "QueueStats", "Processing", "raw_body"]
+__all__ = ["Delivery", "PythonDelivery", "CDelivery", "Message", "QueueStats", "Processing", "raw_body"]
 
 
-class _Fields:
-    """A delivery's fields: the pure-Python twin of ``_fast.DeliveryBase``, which the C
-    takes build without calling ``__init__`` (the base ``Delivery`` has when they are built)."""
-
-    __slots__ = ("id", "body", "attempt", "_q", "_pos", "_hraw", "_enq", "_ext", "_raw")
-
-    def __init__(self, q, pos, msg_id, attempt, body, hraw, enq_ns=0):
-        self._q = q
-        self._pos = pos
-        self.id = msg_id
-        self.attempt = attempt
-        self.body = body
-        self._enq = enq_ns
-        # the record's header bytes (an extension block, then msgpack headers), None when
-        # empty; split and decoded on first use (``_ext`` is None until then)
-        self._hraw = hraw
-        self._ext = self._raw = None
-
-
-class Delivery(cpaths.DeliveryBase or _Fields):
+class Delivery:
     """One delivered message, leased to this process until settled or expired.
 
     Settle it exactly once: ``ack()`` deletes it, ``nack()`` makes it ready again (after
     ``delay`` seconds), ``reject()`` dead-letters it, ``extend()`` keeps the lease longer.
     Each raises :class:`DeliveryExpired` if the lease is no longer this delivery's.
+    (The methods of both builds: the fields, ``id``, ``body``, ``attempt``, ``_q``,
+    ``_pos``, ``_hraw``, ``_enq``, ``_ext`` and ``_raw``, are a subclass's.)
     """
 
     __slots__ = ()
@@ -135,14 +122,52 @@ class Delivery(cpaths.DeliveryBase or _Fields):
 
     def reply(self, body: bytes, headers: dict | None = None) -> bool:
         """Answer a request (``Broker.request``) this delivery carries. False when the
-        requester is gone (its reply queue was removed)."""
-        from .rpc import reply
-
-        return reply(self, body, headers)
+        requester is gone (its reply queue was removed). ValueError if it asked for no
+        reply."""
+        reply_to, corr = reply_headers(self)
+        try:
+            q = self._q._open_queue(reply_to)
+        except QueueNotFound:
+            return False
+        try:
+            q.put_nowait(body, {**(headers or {}), CORRELATION_ID: corr})
+        except QueueNotFound:
+            return False
+        finally:
+            q.close()
+        return True
 
     def __repr__(self):
         return f"<Delivery {self.queue}#{self.id} attempt={self.attempt} {len(raw_body(self))}B>"
 
 
-if cpaths.DeliveryBase is not None:
-    cpaths._fast.set_delivery_class(Delivery)  # what the C takes build
+
+class PythonDelivery(Delivery):
+    """A ``Delivery`` built by the Python paths: the pure-Python twin of ``CDelivery``."""
+
+    __slots__ = ("id", "body", "attempt", "_q", "_pos", "_hraw", "_enq", "_ext", "_raw")
+
+    def __init__(self, q, pos, msg_id, attempt, body, hraw, enq_ns=0):
+        self._q = q
+        self._pos = pos
+        self.id = msg_id
+        self.attempt = attempt
+        self.body = body
+        self._enq = enq_ns
+        # the record's header bytes (an extension block, then msgpack headers), None when
+        # empty; split and decoded on first use (``_ext`` is None until then)
+        self._hraw = hraw
+        self._ext = self._raw = None
+
+
+if cpaths.C is not None:
+    class CDelivery(cpaths.C.DeliveryBase, Delivery):
+        """A ``Delivery`` whose fields live in C (``_fast.DeliveryBase``): what the C takes
+        build, and what the Python paths of a handle on the C paths build (the same
+        ``__init__`` arguments as ``PythonDelivery``'s)."""
+
+        __slots__ = ()
+
+    cpaths.C.set_delivery_class(CDelivery)  # what the C takes build
+else:
+    CDelivery = None

@@ -17,7 +17,6 @@ import time
 from ..shm import layout as L
 from . import deadletter, dedup, scheduling
 from ..shm import ring, waits
-from .delivery import Delivery
 from ..shm.process import is_alive
 
 __all__ = ["LIVENESS_PERIOD_NS", "expire", "dead_letter_spent", "reap_dead", "housekeep", "repair"]
@@ -166,7 +165,7 @@ def housekeep(q, now) -> int:
         q._release()
     dead_letter_spent(q, spent)
     if dead:
-        deadletter.dead_letter(q, [Delivery(q, *t) for t in dead], "expired")
+        deadletter.dead_letter(q, [q.paths.Delivery(q, *t) for t in dead], "expired")
     return woke + reap_dead(q, now)
 
 
@@ -174,7 +173,7 @@ def dead_letter_spent(q, spent) -> None:
     """Dead-letter what ``expire`` (or a dead holder's return) leased to this process
     because it had its last delivery. Not under the lock."""
     if spent:
-        deadletter.dead_letter(q, [Delivery(q, *t) for t in spent], "max-deliveries")
+        deadletter.dead_letter(q, [q.paths.Delivery(q, *t) for t in spent], "max-deliveries")
 
 
 def ttl_due(q, wall) -> bool:

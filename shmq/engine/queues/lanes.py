@@ -26,11 +26,11 @@ import weakref
 import zlib
 from functools import partial
 
-from ...errors import LockTimeout, QueueEmpty, QueueFull
+from ...errors import DeliveryExpired, LockTimeout, QueueEmpty, QueueFull
 from ...model.messages import QueueStats
 from ..shm import layout as L
 from ..shm import waits
-from .consume import Messages, take_capped
+from .consume import LocalConsumer, Messages, take_capped
 from .queue import Queue
 
 __all__ = ["LanedQueue", "attach", "MAX_LANES"]
@@ -44,9 +44,10 @@ _I_SLEEPERS = L.I_LANE_SLEEPERS
 
 def attach(namespace: str, name: str, lane_class=Queue, **extra):
     """A handle on queue ``name``: a ``Queue``, or a ``LanedQueue`` when it has lanes.
-    ``lane_class(namespace, name, lane=, **extra)`` opens one lane (the serialized
-    queue's class, for one)."""
-    first = lane_class(namespace, name, lane=0, **extra)
+    ``lane_class(namespace, name, lane=, opener=, **extra)`` opens one lane (the
+    serialized queue's class, for one); each lane is handed this function to open other
+    queues with (its dead-letter queue, reply queues)."""
+    first = lane_class(namespace, name, lane=0, opener=attach, **extra)
     if first._nlanes <= 1:
         return first
     try:
@@ -98,7 +99,7 @@ class LanedQueue:
         self._lanes = [first]
         try:
             for j in range(1, k):
-                self._lanes.append(lane_class(first.namespace, first.name, lane=j, **self._extra))
+                self._lanes.append(lane_class(first.namespace, first.name, lane=j, opener=first._opener, **self._extra))
         except BaseException:
             for q in self._lanes[1:]:
                 q.close()
@@ -113,7 +114,7 @@ class LanedQueue:
     def __getattr__(self, attr):
         # the queue's settings, as every lane has them: name, namespace, durability, ...
         if attr in ("namespace", "name", "max_message_bytes", "visibility_timeout", "max_deliveries",
-                    "dead_letter_queue", "durability", "created_at", "_levels", "serializer"):
+                    "dead_letter_queue", "durability", "created_at", "_levels", "serializer", "paths"):
             return getattr(self.__dict__["_lanes"][0], attr)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
 
@@ -399,8 +400,6 @@ class LanedQueue:
 
     def consume(self, prefetch: int = 100, visibility_timeout: float | None = None):
         """``Queue.consume`` over every lane."""
-        from .consume import LocalConsumer
-
         if type(prefetch) is not int or prefetch < 1:
             raise ValueError(f"prefetch must be a positive int, not {prefetch!r}")
         if visibility_timeout is not None:
@@ -432,8 +431,6 @@ class LanedQueue:
     def _each_lane(self, call, deliveries):
         """``call(lane, its deliveries)`` for each lane; DeliveryExpired (naming every one no
         longer leased) after all lanes were settled."""
-        from ...errors import DeliveryExpired
-
         total, expired = 0, None
         for q, ds in self._by_lane(deliveries).items():
             try:

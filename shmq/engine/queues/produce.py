@@ -33,8 +33,6 @@ _CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
 _encode_put_entry = dmsq.encode_put_entry
 _write_record = ring.write_record
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
-_fast_put = cpaths.put
-_fast_put_many = cpaths.put_many
 _EMPTY = b""
 _F_OWNERDEAD, _F_FALLBACK, _F_WAL_MAX = cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.WAL_MAX_PAYLOAD
 _F_BUSY, _F_FULL, _F_SLEEP, _W_REGISTER = cpaths.BUSY, cpaths.FULL, cpaths.SLEEP, cpaths.W_REGISTER
@@ -98,13 +96,14 @@ class Producing:
         size = (_REC + 7 + len(hraw) + bl) & -8
         msg_id = post = 0
         now = _wall()
-        if _fast_put is not None and (not self._logged or (self.wal.fd is not None and len(hraw) + bl <= _F_WAL_MAX)):
+        fast_put = self._fast_put  # (the handle's paths': None on the Python paths)
+        if fast_put is not None and (not self._logged or (self.wal.fd is not None and len(hraw) + bl <= _F_WAL_MAX)):
             gen, fd = self.wal.fd if self._logged else (0, -1)
             try:
-                r = _fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
+                r = fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
                 if r == _F_FULL:
                     r, waited, left = self._wait_room_fast(  # (a partial: a lambda here would make put's locals cells)
-                        r, partial(_fast_put, self._segp, self._base, cap, body, hraw, now, fd, gen), size, timeout)
+                        r, partial(fast_put, self._segp, self._base, cap, body, hraw, now, fd, gen), size, timeout)
                     if r <= 0:  # the general append (uncounting a sleep still counted)
                         return self._append(((body, hraw, size),), left, waited=waited)[0]
             except OSError as e:
@@ -165,18 +164,19 @@ class Producing:
         flags = delay_ns = waited = 0  # (waited: a sleep of the C path still counted, uncounted by the append)
         if priority or delay or ttl is not None:
             ext, flags, delay_ns = self._extension(priority, delay, ttl, None, 0)
-        elif _fast_put_many is not None and not self._logged and self._lockp is not None:
+        elif self.paths.put_many is not None and not self._logged and self._lockp is not None:
+            fast_put_many = self.paths.put_many
             # plain bodies (and headers) in C under one lock hold; anything else below
             if type(bodies) is not list:
                 bodies = list(bodies)
             hraws = _EMPTY if headers is None else batch_headers(headers, len(bodies))
             now = _wall()
-            r = _fast_put_many(self._segp, self._base, self._cap, bodies, hraws, self.max_message_bytes, now)
+            r = fast_put_many(self._segp, self._base, self._cap, bodies, hraws, self.max_message_bytes, now)
             if r == _F_FULL:
                 total = sum((_REC + 7 + len(b) + len(h)) & -8
                             for b, h in zip(bodies, [hraws] * len(bodies) if type(hraws) is bytes else hraws))
                 r, waited, timeout = self._wait_room_fast(
-                    r, partial(_fast_put_many, self._segp, self._base, self._cap, bodies, hraws, self.max_message_bytes,
+                    r, partial(fast_put_many, self._segp, self._base, self._cap, bodies, hraws, self.max_message_bytes,
                                now), total, timeout)
             if type(r) is tuple:
                 first, post = r

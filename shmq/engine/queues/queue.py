@@ -19,7 +19,8 @@ Housekeeping (expired leases, delayed requeues, leases of dead processes) is don
 whichever process touches the queue when it is due; ``shmq server`` calls it too.
 The operations live in three parts of ``Queue``: ``produce`` (put), ``consume`` (get)
 and ``settle`` (ack, nack, reject); the plain put, get and ack have twins in C
-(``_fast.c``, through ``cpaths``), tried first where built.
+(``_fast.c``), tried first by a handle attached on the C paths (``paths``: each handle
+binds the paths ``cpaths``' default names when it attaches).
 """
 
 import ctypes
@@ -41,8 +42,9 @@ from ..shm.layout import (I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLIN
 from .consume import Consuming
 from ..cpaths import FAST
 from .delivery import Delivery
-from ..shm.mutex import RobustMutex
+from .paths import chosen as _chosen_paths
 from ..shm.mutex import lock_slow as _lock_slow
+from ..shm.mutex import mark_consistent as _mark_consistent
 from ..shm.mutex import trylock as _trylock
 from ..shm.mutex import unlock as _unlock
 from ..shm.process import current_identity, monotonic_offset
@@ -102,15 +104,18 @@ class Queue(Producing, Consuming, Settling):
 
     Handles pickle by name: a child process (fork or spawn) re-attaches on unpickling.
     ``lock_timeout``: how long a call with no timeout of its own waits for the queue's
-    lock before LockTimeout (None: ``shmq.engine.shm.mutex.LOCK_TIMEOUT_S``).
+    lock before LockTimeout (None: ``shmq.engine.shm.mutex.LOCK_TIMEOUT_S``). ``paths``:
+    the hot paths it runs, bound as it attached (``paths.kind``: "c" or "python").
     """
 
     lock_timeout = None
     _unwaits = ()  # sleeps still counted that a lock timeout kept from being uncounted (``_unwait_later``)
 
-    def __init__(self, namespace: str, name: str, lane: int = 0):
+    def __init__(self, namespace: str, name: str, lane: int = 0, opener=None):
         """``lane``: one lane of a laned queue (``lanes.py``; 0 is the queue's first, the
-        segment every queue has)."""
+        segment every queue has). ``opener(namespace, name)``: a handle on another queue
+        (its dead-letter queue, a reply queue), handed in by the layer that attaches
+        (``lanes.attach``); without one, such a queue is opened by its lane 0."""
         self.namespace = namespace
         self.name = name
         self._slot = -1
@@ -121,7 +126,7 @@ class Queue(Producing, Consuming, Settling):
         except (FileNotFoundError, ValueError):
             raise QueueNotFound(f"no queue {name!r} in namespace {namespace!r}") from None
         try:
-            self._attach(seg)
+            self._attach(seg, opener)
             if self._lane != lane:
                 raise QueueCorrupted(f"segment of lane {lane} of queue {name!r} says it is lane {self._lane}")
         except BaseException:
@@ -129,7 +134,7 @@ class Queue(Producing, Consuming, Settling):
             raise
         _live_queues.add(self)
 
-    def _attach(self, seg):
+    def _attach(self, seg, opener):
         mm = seg._mmap
         if seg.size < L.PROCS_OFF:
             raise QueueNotFound(f"no queue {self.name!r} in namespace {self.namespace!r} (being created)")
@@ -154,18 +159,20 @@ class Queue(Producing, Consuming, Settling):
         self._ring = memoryview(mm)[data_off:data_off + cap].toreadonly()  # what deliveries' views slice
         self._cap = cap
         self._base = data_off
-        self.max_bytes = cap
         self.max_message_bytes = maxmsg
-        self._nslots = slots
-        self.created_at = created / 1e9
-        self.durability = L.DURABILITY_NAMES.get(flags & 0xFF, "memory")
+        # what it was attached to and with, in one attribute (as ``_opts`` below): created_at, durability,
+        # the process slots, and the opener of other queues (``__init__``)
+        self._made = (created / 1e9, L.DURABILITY_NAMES.get(flags & 0xFF, "memory"), slots, opener)
         self._logged = self.durability == "wal"
+        # the hot paths this handle runs, C's or Python's (``paths.QueuePaths``), and the per-message C calls
+        # bound here too, so that put, get and ack read one attribute for them (None: the Python path)
+        paths = self.paths = _chosen_paths()
+        self._fast_put, self._fast_take, self._fast_ack = paths.put, paths.take, paths.ack
         self._read_settings()
         # the write-ahead log (durability "wal"), and this process's descriptor
         self.wal = Log(self, lane_name(self.name, self._lane))
-        # The mutex lives at a fixed address of the mapping, valid until close().
-        self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
-        self._lockp = self._mutex.ptr  # the hot paths lock through this directly
+        # the robust mutex at a fixed address of the mapping, valid until close(): the hot paths lock through it
+        self._lockp = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
         self._segp = self._lockp.value - L.MUTEX_OFF  # the mapping's address, for the C hot paths
         base = segment_name(self.namespace, "q", lane_name(self.name, self._lane))
         try:
@@ -274,13 +281,24 @@ class Queue(Producing, Consuming, Settling):
     _nlanes = property(lambda self: self._opts[8])  # the queue's lanes (``lanes.py``); 1: one ring
     _lane = property(lambda self: self._opts[9])  # which of them this handle's segment is
     _id_step = _nlanes  # how far apart this segment's consecutive message ids are
+    max_bytes = property(lambda self: self._cap, doc="The ring's size in bytes.")
+    created_at = property(lambda self: self._made[0], doc="When the queue was made (seconds since the epoch).")
+    durability = property(lambda self: self._made[1], doc='"memory", "snapshot" or "wal".')
+    _nslots = property(lambda self: self._made[2])  # rows of the process table
+    _opener = property(lambda self: self._made[3])  # opener(namespace, name) of other queues, or None
 
     def __reduce__(self):
-        return (_reattach, (self.namespace, self.name, self._lane))
+        return (_reattach, (self.namespace, self.name, self._lane, self._opener))
 
     def _sibling(self):
         """Another handle on this queue, as this one was opened."""
-        return Queue(self.namespace, self.name, self._lane)
+        return Queue(self.namespace, self.name, self._lane, self._opener)
+
+    def _open_queue(self, name: str):
+        """A handle on queue ``name`` of this namespace (through the opener handed in);
+        QueueNotFound when there is none."""
+        opener = self._opener
+        return Queue(self.namespace, name) if opener is None else opener(self.namespace, name)
 
     @property
     def deleted(self) -> bool:
@@ -363,7 +381,7 @@ class Queue(Producing, Consuming, Settling):
         try:
             self._repair()
         finally:
-            self._mutex.mark_consistent()
+            _mark_consistent(self._lockp)
             _unlock(self._lockp)
 
     def _lock_contended(self, rc, deadline=None, timeout_error=LockTimeout):
@@ -377,7 +395,7 @@ class Queue(Producing, Consuming, Settling):
             try:
                 self._repair()
             finally:
-                self._mutex.mark_consistent()
+                _mark_consistent(self._lockp)
 
     def _closed(self):
         return ShmqError(f"queue handle {self.name!r} is closed")
@@ -438,9 +456,7 @@ class Queue(Producing, Consuming, Settling):
             self._refresh_settings()  # (the name is read under the lock that its writer holds)
             if self.dead_letter_queue is None:  # taken away meanwhile (``update_queue``)
                 raise QueueNotFound(f"queue {self.name!r} has no dead-letter queue")
-            from .lanes import attach  # (lanes.py builds on this module)
-
-            self._dlq = attach(self.namespace, self.dead_letter_queue)
+            self._dlq = self._open_queue(self.dead_letter_queue)
         return self._dlq
 
     def _housekeep(self) -> int:
@@ -661,5 +677,5 @@ class Queue(Producing, Consuming, Settling):
             self._nf.release()
 
 
-def _reattach(namespace, name, lane=0):
-    return Queue(namespace, name, lane)
+def _reattach(namespace, name, lane=0, opener=None):
+    return Queue(namespace, name, lane, opener)

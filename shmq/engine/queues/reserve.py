@@ -13,7 +13,8 @@ reservation (``_fast.Loan``, which counts the views taken of it; on the pure-Pyt
 a ctypes array, whose references say the same), so the end of the block can tell whether
 anything still refers to it (a slice kept, a numpy array made from it) before it
 publishes: once published, nobody may write into the record. The plain case -- room at
-the tail without a pad -- is placed and committed in C (``_fast.reserve`` / ``publish``).
+the tail without a pad -- is placed and committed in C (``_fast.reserve`` / ``publish``)
+by a handle on the C paths (``q.paths``).
 """
 
 import ctypes
@@ -27,20 +28,20 @@ __all__ = ["Reservation"]
 
 _getrefcount = sys.getrefcount
 _wall = time.time_ns
-_fast_reserve, _fast_publish, _Loan = cpaths.reserve, cpaths.publish, cpaths.Loan
 _F_OWNERDEAD = cpaths.OWNERDEAD
 
 
-def _loan(mm, offset, size):
-    """A writable window of ``size`` bytes at ``offset`` of the mapping ``mm``."""
-    if _Loan is not None:
-        return _Loan(mm, offset, size)
+def _loan(loan_class, mm, offset, size):
+    """A writable window of ``size`` bytes at ``offset`` of the mapping ``mm``: a
+    ``loan_class`` (the C paths' ``Loan``), or with None a ctypes array."""
+    if loan_class is not None:
+        return loan_class(mm, offset, size)
     return (ctypes.c_char * size).from_buffer(mm, offset)
 
 
 def _still_seen(loan) -> bool:
     """Whether a view of ``loan`` is alive (its own memoryview released)."""
-    if type(loan) is _Loan:
+    if not isinstance(loan, ctypes.Array):  # (a Loan counts them)
         return loan.exports > 0
     return _getrefcount(loan) > 3  # (the caller's name, our argument, getrefcount's): more is a view
 
@@ -66,8 +67,9 @@ class Reservation:
         if q._lockp is None:
             raise q._closed()
         at = None
-        if _fast_reserve is not None:
-            r = _fast_reserve(q._segp, q._base, q._cap, size, hraw)
+        paths = q.paths
+        if paths.reserve is not None:
+            r = paths.reserve(q._segp, q._base, q._cap, size, hraw)
             if r >= 0:
                 at = r, q._base + r % q._cap
             elif r == _F_OWNERDEAD:
@@ -76,9 +78,9 @@ class Reservation:
             rec = (REC_SIZE + 7 + len(hraw) + size) & -8
             at = q._until_room(q._try_reserve, ((size, hraw, rec),), self._timeout)
         try:  # the lock is held from here
-            loan = _loan(q._mm, at[1] + REC_SIZE + len(hraw), size)
+            loan = _loan(paths.Loan, q._mm, at[1] + REC_SIZE + len(hraw), size)
             raw = memoryview(loan)
-            buf = raw if type(loan) is _Loan else raw.cast("B")
+            buf = raw if paths.Loan is not None else raw.cast("B")
         except BaseException:
             q._release()
             raise
@@ -103,8 +105,9 @@ class Reservation:
                 raise BufferError("a view of the reserved buffer is still alive as the block ends (a slice, or "
                                   "an object made from it): nothing was published; let it go inside the block")
             return False
-        if _fast_publish is not None and not q._logged:
-            r = _fast_publish(q._segp, q._base, q._cap, pos, _wall())
+        publish = q.paths.publish
+        if publish is not None and not q._logged:
+            r = publish(q._segp, q._base, q._cap, pos, _wall())
             if r & 1:
                 q._ne.release()
             self.id = r >> 1

@@ -155,18 +155,5 @@ def reply(delivery, body, headers=None) -> bool:
     """Answer a delivery that asked for a reply (``x-reply-to``): put ``body`` into its
     reply queue with its correlation id. Returns False when the requester has gone (its
     reply queue is deleted: it timed out or died), True otherwise. ValueError if the
-    message asked for no reply."""
-    from .lanes import attach
-
-    reply_to, corr = reply_headers(delivery)
-    try:
-        q = attach(delivery._q.namespace, reply_to)
-    except QueueNotFound:
-        return False
-    try:
-        q.put_nowait(body, {**(headers or {}), CORRELATION_ID: corr})
-    except QueueNotFound:
-        return False
-    finally:
-        q.close()
-    return True
+    message asked for no reply. (``Delivery.reply``: the queue opens the reply queue.)"""
+    return delivery.reply(body, headers)

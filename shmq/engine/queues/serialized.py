@@ -30,12 +30,12 @@ def load_deliveries(ser: Serializer, queue: str, ds: list) -> list:
 class SerializedQueue(Queue):
     """A ``Queue`` whose bodies go through ``serializer`` (``shmq.serializers``)."""
 
-    def __init__(self, namespace: str, name: str, serializer: Serializer, lane: int = 0):
-        super().__init__(namespace, name, lane)
+    def __init__(self, namespace: str, name: str, serializer: Serializer, lane: int = 0, opener=None):
+        super().__init__(namespace, name, lane, opener)
         self.serializer = serializer
 
     def __reduce__(self):
-        return (SerializedQueue, (self.namespace, self.name, self.serializer, self._lane))
+        return (SerializedQueue, (self.namespace, self.name, self.serializer, self._lane, self._opener))
 
     def __repr__(self):
         return f"<shmq.Queue {self.namespace}/{self.name} serializer={self.serializer.name}>"
@@ -69,7 +69,7 @@ class SerializedQueue(Queue):
         return [dataclasses.replace(m, body=load(ser, self.name, m.id, m.body)) for m in Queue.peek(self, max_messages)]
 
     def _sibling(self):
-        return SerializedQueue(self.namespace, self.name, self.serializer, self._lane)
+        return SerializedQueue(self.namespace, self.name, self.serializer, self._lane, self._opener)
 
     def _poll(self, maxn, visibility_timeout=None, max_bytes=None, ack=True, copy=True):
         got = Queue._poll(self, maxn, visibility_timeout, max_bytes, True, copy)

@@ -27,9 +27,6 @@ _R_DEADLINE = L.R_DEADLINE
 _CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
 _encode_ack_entry = dmsq.encode_ack_entry
 _seconds_ns = waits.seconds_ns
-_fast_ack = cpaths.ack
-_fast_ack_many = cpaths.ack_many
-_fast_nack_many = cpaths.nack_many
 _F_OWNERDEAD, _F_EXPIRED, _F_DELETED = cpaths.OWNERDEAD, cpaths.EXPIRED, cpaths.DELETED
 _proc_word, _P_ACKED = L.proc_word, L.P_ACKED
 
@@ -53,10 +50,11 @@ class Settling:
             raise self._closed()
         if self._held is not None:
             self._drop_held((d,))
-        if _fast_ack is not None and self._slot >= 0 and (not self._logged or self.wal.fd is not None):
+        fast_ack = self._fast_ack  # (the handle's paths': None on the Python paths)
+        if fast_ack is not None and self._slot >= 0 and (not self._logged or self.wal.fd is not None):
             gen, fd = self.wal.fd if self._logged else (0, -1)
             try:
-                r = _fast_ack(self._segp, self._base, self._cap, d._pos, d.attempt, d.id, _mono(), fd, gen, self._slot)
+                r = fast_ack(self._segp, self._base, self._cap, d._pos, d.attempt, d.id, _mono(), fd, gen, self._slot)
             except OSError as e:
                 raise self.wal.failed(e) from None
             if r >= 0:
@@ -99,8 +97,9 @@ class Settling:
         leased (the others are acked). Returns how many were acked. (``wait`` is for the
         TCP client's pipelined acks: a local ack is always confirmed.)"""
         ds = self._own(deliveries)
-        if _fast_ack_many is not None and not self._logged and ds and self._lockp is not None:
-            r = self._batch_in_c(_fast_ack_many, ds)
+        fast_ack_many = self.paths.ack_many
+        if fast_ack_many is not None and not self._logged and ds and self._lockp is not None:
+            r = self._batch_in_c(fast_ack_many, ds)
             if r is not None:
                 done, post, bad = r
                 if post:
@@ -165,9 +164,10 @@ class Settling:
 
     def _nack(self, ds, delay):
         """``nack_many``'s requeue of ``ds``: (how many, [those no longer leased])."""
-        if (_fast_nack_many is not None and self._lockp is not None
+        fast_nack_many = self.paths.nack_many
+        if (fast_nack_many is not None and self._lockp is not None
                 and (not self._retry_ns if delay is None else type(delay) in (int, float) and delay == 0)):
-            r = self._batch_in_c(_fast_nack_many, ds)  # at once, in C under one lock hold
+            r = self._batch_in_c(fast_nack_many, ds)  # at once, in C under one lock hold
             if r is not None:
                 done, post, bad = r
                 for _ in range(post):

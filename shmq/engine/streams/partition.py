@@ -31,7 +31,7 @@ from ...persistence import dmsq
 from ...errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
 from ..shm import layout as L
 from ..shm import ring
-from .. import cpaths
+from .paths import chosen as _chosen_paths
 from ..shm.mutex import RobustMutex, acquire
 from ..shm.mutex import unlock as _unlock
 from ..shm.segment import check_room, open_segment
@@ -50,7 +50,6 @@ BLOCK_SLICE_S = 0.005  # how often an appender blocked by retention="block" look
 HWM_MIN_SPAN = 4096  # a high-water mark is raised by at least this many offsets at a time
 _stream_entry = dmsq.stream_entry
 _publish_entry = dmsq.publish_entry
-_fast_columns = cpaths.write_columns  # None: appends of Arrow buffers go through ``append`` (cpaths.set_enabled)
 _NO_TXN = bytes(16)
 
 
@@ -153,9 +152,12 @@ class Partition:
 
     lock_timeout = None  # set by its Stream
 
-    def __init__(self, stream_base: str, index: int, name: str, durability: str = "memory"):
+    def __init__(self, stream_base: str, index: int, name: str, durability: str = "memory", paths=None):
+        """``paths``: the bulk paths it runs (``paths.PartitionPaths``: its stream's; None:
+        those ``cpaths``' default names now)."""
         self.index = index
         self.name = name  # the stream's, for messages
+        self.paths = paths if paths is not None else _chosen_paths()
         try:
             seg = open_segment(partition_segment_name(stream_base, index))
         except (FileNotFoundError, ValueError):
@@ -318,11 +320,12 @@ class Partition:
         ``times`` (one per chunk, ns): each chunk's records are stamped with its time, not
         ``now_ns``. Returns the first offset, or None when there was nothing to append (or
         ``txn`` was in already)."""
-        if _fast_columns is None:
+        paths = self.paths
+        if paths.write_columns is None:  # the Python paths
             items = columns_items(chunks)
             stamps = None if times is None else [t for c, t in zip(chunks, times) for _ in range(c[0])]
             return self.append(items, now_ns, floor, deadline, txn, stamps) if items else None
-        n, total, _biggest = cpaths.columns_check(chunks)
+        n, total, _biggest = paths.columns_check(chunks)
         if not n:
             return None
         cap = self._cap
@@ -333,18 +336,18 @@ class Partition:
         def entries(first):
             out = []
             for i, (cs, t) in enumerate(timed):
-                out.append(cpaths.columns_log(cs, first, t, tid if i == len(timed) - 1 else None, batch))
+                out.append(paths.columns_log(cs, first, t, tid if i == len(timed) - 1 else None, batch))
                 first += sum(c[0] for c in cs)
             return b"".join(out)
 
         def fill(pos, first):
             for cs, t in timed:
-                pos = cpaths.write_columns(self._mm, self._base, cap, L.PART_INDEX_OFF, self._slots, _STRIDE, pos,
+                pos = paths.write_columns(self._mm, self._base, cap, L.PART_INDEX_OFF, self._slots, _STRIDE, pos,
                                            first, t, cs)
                 first += sum(c[0] for c in cs)
             return pos
 
-        return self._append(n, total, now_ns, lambda tail: cpaths.columns_end(chunks, tail, cap), entries, fill,
+        return self._append(n, total, now_ns, lambda tail: paths.columns_end(chunks, tail, cap), entries, fill,
                             floor, deadline, txn)
 
     def _append(self, n, total, now_ns, end_from, entries, fill, floor, deadline, txn):
@@ -684,7 +687,8 @@ class Partition:
         offsets and data of values, keys (with a validity bitmap) and encoded headers, then
         offsets and timestamps in us), or None: no C build, or ``offset`` is on disk only
         (``read`` reads there). The same errors as ``read``."""
-        if cpaths.read_columns is None:
+        read_columns = self.paths.read_columns
+        if read_columns is None:  # the Python paths
             return None
         mq = self._mq
         self._acquire()
@@ -693,11 +697,11 @@ class Partition:
             if offset < earliest:
                 return None
             if offset == end:
-                return cpaths.read_columns(self._mm, self._base, self._cap, 0, 0, 0)
+                return read_columns(self._mm, self._base, self._cap, 0, 0, 0)
             found = self._find(offset)
             if found is None or found[1] != offset:
                 raise self._lost(offset, end if found is None else found[1], end)
-            return cpaths.read_columns(self._mm, self._base, self._cap, found[0], mq[L.PI_TAIL], max_records)
+            return read_columns(self._mm, self._base, self._cap, found[0], mq[L.PI_TAIL], max_records)
         finally:
             self._release()
 

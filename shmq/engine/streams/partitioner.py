@@ -4,8 +4,9 @@ Strategy: one definition for every writer of a stream, native or Kafka (the Java
 client's ``Utils.murmur2`` with seed 0x9747b28c, librdkafka's ``murmur2_random``), so a
 key lands in the same partition whichever client wrote it. ``murmur2`` here is the
 reference, in Python; the C extension's twin (``_fast.murmur2``, also used by the
-sink's bulk routing ``key_partitions``) is chosen once, at import, where it is built,
-and a test holds the two equal.
+sink's bulk routing ``key_partitions``) is a stream handle's when it runs the C paths
+(``paths.PartitionPaths.murmur2``), and ``murmur2`` here where it is built; a test holds
+the two equal.
 """
 
 import struct
@@ -45,11 +46,12 @@ def murmur2_python(data) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-murmur2 = cpaths.murmur2 or murmur2_python  # the same numbers: the C one where it is built
+murmur2 = cpaths.C.murmur2 if cpaths.C is not None else murmur2_python  # the same numbers: C's where built
 
 
-def partition_of(key, partitions: int) -> int:
+def partition_of(key, partitions: int, hash=None) -> int:
     """The partition of ``key`` (bytes-like) among ``partitions``: Kafka's default
     partitioner, ``(murmur2(key) & 0x7fffffff) % partitions`` (stable across processes,
-    versions and clients, unlike ``hash()``)."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
+    versions and clients, unlike ``hash()``). ``hash``: the murmur2 to use (a handle's
+    paths'; None: ``murmur2``)."""
+    return ((hash or murmur2)(key) & 0x7FFFFFFF) % partitions

@@ -28,7 +28,6 @@ from ...model.checks import check_group as _group_name
 from ...model.checks import check_offset as _check_offset
 from ...model.headers import decode_headers, encode_headers
 from ...model.records import Record, RecordMetadata
-from .. import cpaths
 from ..shm import layout as L
 from . import partition as partition_mod
 from ..shm import waits
@@ -36,6 +35,7 @@ from .groups import Groups
 from ..shm.mutex import RobustMutex, acquire
 from ..shm.mutex import unlock as _unlock
 from .partition import Partition, check_timestamps, chunks_by_time
+from .paths import chosen as _chosen_paths
 from .partitioner import partition_of
 from ..queues.produce import as_bytes
 from ..shm.segment import open_segment, open_semaphore, segment_name
@@ -60,6 +60,9 @@ class Stream:
     """A handle on a named stream, attached in this process (``Broker.stream``)."""
 
     lock_timeout = None  # how long a call waits for a lock a live process keeps (None: mutex.LOCK_TIMEOUT_S)
+    # what ``producer`` builds: ``shmq.producer.Producer``, which stands above the engine (it works on either
+    # transport) and registers itself here when loaded (``import shmq``'s loading of the engine loads it)
+    producer_class = None
 
     def __init__(self, namespace: str, name: str):
         self.namespace = namespace
@@ -87,6 +90,7 @@ class Stream:
             seg.close()
             raise StreamNotFound(f"no stream {name!r} in namespace {namespace!r} (deleted)") from None
         self._seg, self._mm, self._mq = seg, mm, memoryview(mm).cast("Q")
+        self.paths = _chosen_paths()  # the bulk paths it and its partitions run (``paths.PartitionPaths``)
         self.partitions = parts
         self.retention = L.RETENTION_NAMES[retention]
         self.durability = L.DURABILITY_NAMES.get(durability, "memory")
@@ -162,7 +166,7 @@ class Stream:
         if part is None:
             if self._lockp is None:
                 raise ShmqError(f"stream handle {self.name!r} is closed")
-            part = self._parts[p] = Partition(self._base, p, self.name, self.durability)
+            part = self._parts[p] = Partition(self._base, p, self.name, self.durability, self.paths)
             part.lock_timeout = self.lock_timeout
         return part
 
@@ -207,7 +211,7 @@ class Stream:
             route = [next(self._turn) % self.partitions] * n
         else:
             sticky = next(self._turn) % self.partitions
-            route = [sticky if k is None else partition_of(k, self.partitions) for k, _h, _v in items]
+            route = [sticky if k is None else partition_of(k, self.partitions, self.paths.murmur2) for k, _h, _v in items]
         now = _wall()
         out = [None] * n
         for p in sorted(set(route)):
@@ -245,9 +249,9 @@ class Stream:
             floor = None
             if self.retention == "block":
                 floor = lambda p=p: self.groups_table.floor(p, self._idle_ns)  # noqa: E731
-            chunks = staging._chunks(ranges[p])
+            chunks = staging._chunks(ranges[p]) if part.paths.write_columns is not None else None
             if chunks is not None:  # in C: the staged records' buffers, appended as they are
-                biggest = cpaths.columns_check(chunks)[2] if chunks else 0
+                biggest = part.paths.columns_check(chunks)[2] if chunks else 0
                 self._check_staged(biggest)
                 out[p] = part.append_columns(chunks, _wall(), floor, txn=(txn_id, batch))
                 continue
@@ -271,7 +275,7 @@ class Stream:
         buffers (``read_columns``), or None where that path is not there (no C build,
         records on disk only): then ``raw_records``. OffsetOutOfRange if any of them is
         not retained."""
-        if cpaths.read_columns is None or partition_mod._fast_columns is None:
+        if self.paths.read_columns is None:
             return None
         out = []
         for p, first, end in spans:
@@ -301,8 +305,8 @@ class Stream:
         times = None
         if timestamps_ns is not None:
             chunks, times = chunks_by_time(chunks[0], check_timestamps(timestamps_ns, chunks[0][0]))
-        if cpaths.columns_check is not None and partition_mod._fast_columns is not None:
-            n, _total, biggest = cpaths.columns_check(chunks)
+        if part.paths.columns_check is not None:
+            n, _total, biggest = part.paths.columns_check(chunks)
         else:
             items = partition_mod.columns_items(chunks)
             n = len(items)
@@ -368,8 +372,11 @@ class Stream:
 
     def producer(self, linger_ms: float = 5, batch_bytes: int = 64 * 2**10, compression=None):
         """A batching producer of this stream (``shmq.producer.Producer``); close it."""
-        from ...producer import Producer
-        return Producer(self, linger_ms=linger_ms, batch_bytes=batch_bytes, compression=compression)
+        make = Stream.producer_class
+        if make is None:
+            raise ShmqError("Stream.producer needs shmq.producer loaded (import shmq.producer, or connect with "
+                            "shmq.connect(), which loads it)")
+        return make(self, linger_ms=linger_ms, batch_bytes=batch_bytes, compression=compression)
 
     # ------------------------------------------------------------------ read
     def offsets(self, p: int) -> tuple[int, int]:
