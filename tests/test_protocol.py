@@ -557,7 +557,7 @@ def test_missing_required_fields():
         (MsgType.PRODUCE, {"queue": "q", "body": b"x", "headers": {"k": [1]}}, "headers", "holds list"),
         (MsgType.PRODUCE, {"queue": "q", "body": b"x", "headers": {"k": None}}, "headers", "holds NoneType"),
         (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": {"body": b"x"}}, "messages", "a list of maps"),
-        (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [b"x"]}, "messages", "item 0 is bytes"),
+        (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [b"x", {"body": b"y"}]}, "messages", "item 0 is bytes"),
         (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [{"body": b"x"}, {}]}, "messages", "item 1 has none"),
         (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [{"body": "x"}]}, "messages", "body is bytes"),
         (MsgType.PRODUCE_BATCH, {"queue": "q", "messages": [{"body": b"", "headers": 3}]}, "messages", "headers are"),

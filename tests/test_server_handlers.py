@@ -167,7 +167,7 @@ def test_error_replies_log_only_bugs(caplog):
 def test_hello_with_and_without_a_token(conn, make_server):
     reply = call(conn, MsgType.HELLO, {"token": "ignored"})
     assert reply == {"server": "shmq", "version": shmq.__version__, "max_frame_bytes": 16 * 2**20,
-                     "compression": compression.CODECS, "produce_each": True}
+                     "compression": compression.CODECS, "produce_each": True, "compact": True}
     guarded = FakeConnection(make_server(token="s3cret"))
     with pytest.raises(Unauthorized, match="wrong or missing token"):
         call(guarded, MsgType.HELLO, {"token": "wrong"})

@@ -27,8 +27,8 @@ from ..tls import describe, note_refused
 from . import forks
 from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
-from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
-from .core import slice_ms
+from .core import BrokerCalls, PlainQueueCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
+from .core import plain_messages, slice_ms
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
@@ -129,7 +129,7 @@ class AsyncSubscription(SubscriptionCalls):
                 pass  # a closed connection released everything already
 
 
-class AsyncQueue(QueueCalls):
+class AsyncQueue(PlainQueueCalls):
     """The Queue API, awaitable; ``async for d in q`` yields deliveries forever."""
 
     _delivery_class = AsyncDelivery
@@ -156,12 +156,21 @@ class AsyncQueue(QueueCalls):
 
     put.__doc__ = QueueCalls.put.__doc__
 
-    def get(self, timeout=None, visibility_timeout=None, ack=True, copy=True):
-        if self._plain_get(visibility_timeout, ack):
-            return self._broker._get_plain(self, timeout)
-        return QueueCalls.get(self, timeout, visibility_timeout, ack, copy)
+    def ack_many(self, deliveries, wait: bool = True):
+        link = self._broker._link
+        if link is not None and not link.core.failed and link.writer is not None:
+            tags = self._plain_tags(deliveries, link.core)
+            if tags is not None:
+                if wait:
+                    return self._broker._ack_many_plain(link, self, tags)
+                if not link.writer.transport.get_write_buffer_size():  # (else the general path waits for room)
+                    link.hold(link.core.post_shaped(self._shapes()[1], tags))
+                    for d in deliveries:
+                        d._settled = True
+                    return _DONE
+        return QueueCalls.ack_many(self, deliveries, wait)
 
-    get.__doc__ = QueueCalls.get.__doc__
+    ack_many.__doc__ = QueueCalls.ack_many.__doc__
 
 
 class _AsyncMember:
@@ -458,21 +467,46 @@ class AsyncBroker(BrokerCalls):
         msg_id, data = link.core.send_shaped(shape, value)  # raises once the connection has ended
         return await self._answered(link, msg_id, data, shape.msg_type, shape.fixed, limit)
 
-    async def _get_plain(self, q, timeout):
+    async def _get_plain(self, q, timeout, most=None):
         """``q.get(timeout)``, a plain one (``QueueCalls._plain_get``): CONSUME of one
-        message, a slice at a time, encoded from the queue's shape."""
+        message, a slice at a time, encoded from the queue's shape; with ``most``,
+        ``q.get_many(most, timeout)``, a plain one (``_plain_get_many``)."""
         link = self._link
-        if link is None or link.core.failed:
-            return await QueueCalls.get(q, timeout)  # (connects again first)
+        if link is None or link.core.failed:  # (connects again first)
+            return await (QueueCalls.get(q, timeout) if most is None else QueueCalls.get_many(q, most, timeout))
         clock = self._clock
         until = deadline(timeout, clock)
-        shape, limit_of = q._get_shape, self.options.reply_limit
+        if most is None:
+            shape, taken = q._get_shape, q._taken
+        else:
+            shape, taken = q._get_many_shape(most, link.core.compact), q._taken_all
+        limit_of = self.options.reply_limit
         while True:
             wait = slice_ms(until, clock)
             reply = await self._exchange_shaped(link, shape, wait, limit_of(MsgType.CONSUME, {"wait_ms": wait}))
-            d = q._taken(reply, until, clock)
+            d = taken(reply, until, clock)
             if d is not None:
                 return d
+
+    async def _put_many_plain(self, q, bodies):
+        """``q.put_many(bodies)``, a plain one (``QueueCalls._plain_put_many``): a
+        PRODUCE_BATCH encoded from the queue's shape; refused for a full queue, the general
+        put_many retries."""
+        link = self._link
+        if link is not None and not link.core.failed:
+            try:
+                limit = self.options.reply_limit(MsgType.PRODUCE_BATCH, None)
+                messages = plain_messages(bodies, link.core)
+                return (await self._exchange_shaped(link, q._shapes()[0], messages, limit))["ids"]
+            except QueueFull:
+                pass
+        return await QueueCalls.put_many(q, bodies)
+
+    async def _ack_many_plain(self, link, q, tags):
+        """``q.ack_many(deliveries)`` of checked ``tags`` (``QueueCalls._plain_tags``) on
+        ``link``: an ACK encoded from the queue's shape."""
+        limit = self.options.reply_limit(MsgType.ACK, None)
+        return (await self._exchange_shaped(link, q._shapes()[1], tags, limit))["acked"]
 
     async def _put_plain(self, q, body):
         """``q.put(body)``, a plain one (``QueueCalls._plain_put``): a PRODUCE encoded from

@@ -105,8 +105,11 @@ class ClientCore:
         self._outbox = []  # requests the core itself sends: the give-backs of abandoned ones
         self._first = b""  # the first bytes read, until a frame is: what a peer that is no shmq server said
         self.on_push = None  # called with a subscription id when a push for it arrives (asyncio)
-        self._batch = None  # puts sent without waiting, gathered: [queue, options, messages, bytes] (``post``)
+        # puts sent without waiting, gathered (``post``): [queue, options, messages, bytes, whether
+        # they are bodies alone]
+        self._batch = None
         self.gathers = False  # whether the server takes PRODUCE_BATCH's ``each`` (``greeted``)
+        self.compact = False  # whether it takes ``rows`` and bodies alone as ``messages`` (``greeted``)
         self.forked_from = None  # in a child of fork(): the pid of the process whose connection this is
         self.reads = 0  # reads fed in: a heartbeat's sign of life (``heartbeat.Beat``)
 
@@ -215,19 +218,24 @@ class ClientCore:
         self._unwaited[msg_id] = msg_type
         return data
 
-    def gather(self, queue: str, message: dict, options: dict) -> bytes:
-        """``post``'s gathering of a PRODUCE of ``message`` (its body and headers) with
-        ``options`` (none of them ``group`` or ``dedup_id``; ``gathers`` true): the bytes
-        to write now (a batch it closed), or b""."""
+    def gather(self, queue: str, message, options: dict) -> bytes:
+        """``post``'s gathering of a PRODUCE of ``message`` (its body and headers; or, to
+        a server that says ``compact``, a bytes body alone) with ``options`` (none of them
+        ``group`` or ``dedup_id``; ``gathers`` true): the bytes to write now (a batch it
+        closed), or b""."""
         batch = self._batch
         out = b""
         if batch is not None and (batch[0] != queue or batch[1] != options):
             out = self.batched()
             batch = None
         if batch is None:
-            batch = self._batch = [queue, options, [], 0]
+            batch = self._batch = [queue, options, [], 0, True]
         batch[2].append(message)
-        batch[3] += len(message["body"]) + 16
+        if type(message) is bytes:
+            batch[3] += len(message) + 16
+        else:
+            batch[3] += len(message["body"]) + 16
+            batch[4] = False  # not bodies alone
         if batch[3] >= BATCH_BYTES or len(batch[2]) >= BATCH_MESSAGES:
             out += self.batched()
         return out
@@ -240,6 +248,7 @@ class ClientCore:
     def greeted(self, server_info: dict) -> None:
         """The HELLO reply came: what the server takes."""
         self.gathers = server_info.get("produce_each") is True
+        self.compact = server_info.get("compact") is True
 
     def batched(self) -> bytes:
         """The bytes of the puts gathered by ``post`` (one PRODUCE_BATCH, or a PRODUCE for
@@ -247,9 +256,12 @@ class ClientCore:
         batch, self._batch = self._batch, None
         if batch is None or self._end is not None:
             return b""
-        queue, options, messages, _ = batch
+        queue, options, messages, _, bodies = batch
+        if not bodies:  # bodies alone go as they are (compact), else every message as a map
+            messages = [{"body": m} if type(m) is bytes else m for m in messages]
         if len(messages) == 1:
-            msg_type, payload = MsgType.PRODUCE, {"queue": queue, **messages[0], **options}
+            m = messages[0]
+            msg_type, payload = MsgType.PRODUCE, {"queue": queue, **({"body": m} if bodies else m), **options}
         else:
             msg_type, payload = MsgType.PRODUCE_BATCH, {"queue": queue, "messages": messages, "each": True, **options}
         msg_id, data = self.send(msg_type, payload, check=False)
@@ -334,7 +346,7 @@ class ClientCore:
         if self._end is not None:
             return  # the server gave back everything of the connection
         if msg_type == MsgType.CONSUME:
-            tags = [m["delivery"] for m in reply.get("messages") or ()]
+            tags = [m[1] if type(m) is list else m["delivery"] for m in reply.get("messages") or ()]
             if tags:
                 self._quietly(MsgType.NACK, {"queue": fields["queue"], "deliveries": tags, "unseen": True})
         elif msg_type == MsgType.SUBSCRIBE:

@@ -37,8 +37,8 @@ from ..protocol.forms import message_fields
 from . import forks
 from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
-from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
-from .core import parse_url, slice_ms
+from .core import BrokerCalls, PlainQueueCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
+from .core import parse_url, plain_messages, slice_ms
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
@@ -131,7 +131,7 @@ class _Handle:
         """Nothing to release: the connection belongs to the broker."""
 
 
-class RemoteQueue(_Handle, QueueCalls):
+class RemoteQueue(_Handle, PlainQueueCalls):
     """A queue reached over TCP: the methods and errors of the local ``Queue``."""
 
     _delivery_class = RemoteDelivery
@@ -148,19 +148,22 @@ class RemoteQueue(_Handle, QueueCalls):
             if self._plain_put(body, headers, timeout, options):
                 return self._broker._put_plain(self, body)
         elif not (self.closed or self.serializer is not None or options):
-            self._broker._posted(self.name, message_fields(body, headers))  # a plain put sent without waiting
+            self._broker._posted(self.name, body, headers)  # a plain put sent without waiting
             return None
         return QueueCalls.put(self, body, headers, timeout, priority=priority, delay=delay, ttl=ttl, group=group,
                               dedup_id=dedup_id, wait=wait)
 
     put.__doc__ = QueueCalls.put.__doc__
 
-    def get(self, timeout=None, visibility_timeout=None, ack=True, copy=True):
-        if self._plain_get(visibility_timeout, ack):
-            return self._broker._get_plain(self, timeout)
-        return QueueCalls.get(self, timeout, visibility_timeout, ack, copy)
+    def ack_many(self, deliveries, wait: bool = True):
+        link = self._broker._ready_link()
+        if link is not None:
+            tags = self._plain_tags(deliveries, link.core)
+            if tags is not None:
+                return self._broker._ack_many_plain(link, self, deliveries, tags, wait)
+        return QueueCalls.ack_many(self, deliveries, wait)
 
-    get.__doc__ = QueueCalls.get.__doc__
+    ack_many.__doc__ = QueueCalls.ack_many.__doc__
 
     def __reduce__(self):
         return (self._reattach, (self._broker.url, self._broker.token, self.name, self.serializer))
@@ -609,19 +612,24 @@ class RemoteBroker(BrokerCalls):
             self._read_idle(link)
         return None if link.core.failed else link
 
-    def _get_plain(self, q, timeout):
+    def _get_plain(self, q, timeout, most=None):
         """``q.get(timeout)``, a plain one (``QueueCalls._plain_get``): CONSUME of one
-        message, a slice at a time, encoded from the queue's shape."""
+        message, a slice at a time, encoded from the queue's shape; with ``most``,
+        ``q.get_many(most, timeout)``, a plain one (``_plain_get_many``)."""
         link = self._ready_link()
         if link is None:
-            return QueueCalls.get(q, timeout)
+            return QueueCalls.get(q, timeout) if most is None else QueueCalls.get_many(q, most, timeout)
         clock = self._clock
         until = deadline(timeout, clock)
-        shape, limit_of = q._get_shape, self.options.reply_limit
+        if most is None:
+            shape, taken = q._get_shape, q._taken
+        else:
+            shape, taken = q._get_many_shape(most, link.core.compact), q._taken_all
+        limit_of = self.options.reply_limit
         while True:
             wait = slice_ms(until, clock)
             reply = self._exchange_shaped(link, shape, wait, limit_of(MsgType.CONSUME, {"wait_ms": wait}))
-            d = q._taken(reply, until, clock)
+            d = taken(reply, until, clock)
             if d is not None:
                 return d
 
@@ -636,6 +644,31 @@ class RemoteBroker(BrokerCalls):
             except QueueFull:
                 pass
         return QueueCalls.put(q, body)
+
+    def _put_many_plain(self, q, bodies):
+        """``q.put_many(bodies)``, a plain one (``QueueCalls._plain_put_many``): a
+        PRODUCE_BATCH encoded from the queue's shape; refused for a full queue, the general
+        put_many retries."""
+        link = self._ready_link()
+        if link is not None:
+            try:
+                limit = self.options.reply_limit(MsgType.PRODUCE_BATCH, None)
+                return self._exchange_shaped(link, q._shapes()[0], plain_messages(bodies, link.core), limit)["ids"]
+            except QueueFull:
+                pass
+        return QueueCalls.put_many(q, bodies)
+
+    def _ack_many_plain(self, link, q, deliveries, tags, wait):
+        """``q.ack_many(deliveries, wait)`` of checked ``tags`` (``QueueCalls._plain_tags``)
+        on ``link``: an ACK encoded from the queue's shape; without ``wait``, held for the
+        next write as a plain ``ack(wait=False)`` is."""
+        shape = q._shapes()[1]
+        if wait:
+            return self._exchange_shaped(link, shape, tags, self.options.reply_limit(MsgType.ACK, None))["acked"]
+        self._post_shaped(link, shape, tags)
+        for d in deliveries:
+            d._settled = True
+        return None
 
     def _post_shaped(self, link, shape, value) -> None:
         """A request of ``shape`` with ``value`` sent without waiting (a plain
@@ -652,14 +685,21 @@ class RemoteBroker(BrokerCalls):
             self._read_idle(link)  # (the replies to what was written before must not fill the buffers)
             self._write(link, b"")
 
-    def _posted(self, queue, message) -> None:
-        """A plain ``put(wait=False)`` of ``message`` (its wire form) to ``queue``, gathered
-        by the core. What ``_drive`` does first (the replies come meanwhile read, a lost
-        connection made again) only when the core wrote something, so a run of them costs
-        no system call each."""
+    def _posted(self, queue, body, headers) -> None:
+        """A plain ``put(wait=False)`` of ``body`` and ``headers`` to ``queue``, gathered
+        by the core (a bytes body alone, to a server that says ``compact``; else its
+        message's wire form). What ``_drive`` does first (the replies come meanwhile read,
+        a lost connection made again) only when the core wrote something, so a run of them
+        costs no system call each."""
         link = self._link
         core = link.core
+        if core.compact and type(body) is bytes and headers is None:
+            message = body
+        else:
+            message = message_fields(body, headers)
         if core.failed or link.sock is None or not core.gathers:
+            if type(message) is bytes:
+                message = {"body": message}
             return self._drive(_one(Post(MsgType.PRODUCE, {"queue": queue, **message})))
         with link.cond:
             data = core.gather(queue, message, _NO_OPTIONS)

@@ -28,6 +28,7 @@ from .core import Post, Receive, Resuming, Send, resumable
 __all__ = ["SubscriptionCalls", "ACK_LINGER_S"]
 
 ACK_LINGER_S = 0.05  # the longest an ack(wait=False) waits at a step for its batch
+_MESSAGE_TYPES = (list, dict)  # a pushed message: a row or a map (else an end, an exception)
 
 
 class SubscriptionCalls(Resuming):
@@ -79,7 +80,8 @@ class SubscriptionCalls(Resuming):
             raise core.ended_error()
         core.raise_deferred()
         if self.id is None:
-            self.id = (yield Send(MsgType.SUBSCRIBE, self._fields))["subscription"]
+            fields = {**self._fields, "rows": True} if core.compact else self._fields  # (rows: forms.ROW_ITEMS)
+            self.id = (yield Send(MsgType.SUBSCRIBE, fields))["subscription"]
             self._buffer = core.pushes(self.id)
         buf = self._buffer
         if self._acks and (not buf or time.monotonic() - self._acks_since > ACK_LINGER_S):
@@ -101,7 +103,8 @@ class SubscriptionCalls(Resuming):
         """The next delivery when it needs no request (one is buffered, no acks are due, no
         earlier error waits to be raised), else None: the transports' fast path."""
         buf = self._buffer
-        if (not buf or self.closed or self._core._deferred is not None or type(buf[0]) is not dict or self._core.failed
+        if (not buf or self.closed or self._core._deferred is not None or type(buf[0]) not in _MESSAGE_TYPES
+                or self._core.failed
                 or self._q.serializer is not None
                 or (self._acks and time.monotonic() - self._acks_since > ACK_LINGER_S)):
             return None

@@ -18,9 +18,9 @@ from .requests import MAX_RECORDS, check_records, normalize_records
 
 __all__ = ["create_fields", "create_args", "QUEUE_OPTIONS", "stats_fields", "stats_from_fields", "message_fields",
            "put_fields", "put_args", "messages_fields", "messages_args", "consume_fields", "consume_args",
-           "delivery_fields", "peeked_fields", "message_from_fields", "ms", "STREAM_INFO", "stream_create_fields",
-           "stream_create_args", "stream_info_fields", "record_fields", "batch_fields", "batch_args",
-           "read_fields", "record_reply", "record_from_fields", "metadata_fields", "metadata_from_fields",
+           "delivery_fields", "delivery_row", "ROW_ITEMS", "peeked_fields", "message_from_fields", "ms", "STREAM_INFO",
+           "stream_create_fields", "stream_create_args", "stream_info_fields", "record_fields", "batch_fields",
+           "batch_args", "read_fields", "record_reply", "record_from_fields", "metadata_fields", "metadata_from_fields",
            "pairs", "from_pairs", "commit_pairs", "stream_stats_fields", "stream_stats_from_fields"]
 
 DEFAULT_MAX_BYTES = 64 * 2**20
@@ -141,6 +141,8 @@ _body_of = itemgetter("body")
 def messages_args(messages) -> tuple:
     """(bodies, headers) for put_many from PRODUCE_BATCH's checked ``messages``: headers
     None when no message has any, else a map or None item by item."""
+    if messages and type(messages[0]) is bytes:  # bodies alone (checked: all of them bins)
+        return messages, None
     bodies = list(map(_body_of, messages))
     if set(map(len, messages)) <= {1}:  # bodies only (the usual batch): no pass in Python
         return bodies, None
@@ -226,6 +228,18 @@ def delivery_fields(d, tag: int) -> dict:
         if (group := d.group) is not None:
             out["group"] = group
     return out
+
+
+# A message as a row (CONSUME's and SUBSCRIBE's ``rows``): these items in this order, the
+# last three only where the message has headers, a priority or a group
+ROW_ITEMS = ("id", "delivery", "body", "attempt", "enqueued_at", "headers", "priority", "group")
+
+
+def delivery_row(d, tag: int) -> list:
+    """The wire form of one leased message as a row (``ROW_ITEMS``); ``tag`` names the lease."""
+    if d.has_options or d.headers:
+        return [d.id, tag, d.body, d.attempt, d.enqueued_at, d.headers, d.priority, d.group]
+    return [d.id, tag, d.body, d.attempt, d.enqueued_at]
 
 
 def peeked_fields(m) -> dict:

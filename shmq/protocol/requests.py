@@ -91,14 +91,19 @@ def _check_deliveries(v):
 
 
 def _check_messages(v):
-    if type(v) is list and set(map(type, v)) <= _DICTS:
+    types = set(map(type, v)) if type(v) is list else None
+    if types == _BYTES:
+        return None  # bodies alone (compact: a server that says so takes them)
+    if types is not None and types <= _DICTS:
         try:
             if set(map(type, map(_body_of, v))) <= _BYTES and set(map(len, v)) <= _ONE:
                 return None  # the common batch: maps of a bin body and nothing else
         except KeyError:
             pass  # one has no body: the walk below says which
     if not isinstance(v, list):
-        return "a list of maps {body: bin, headers?: map}"
+        return "a list of maps {body: bin, headers?: map}, or of bin bodies"
+    if v and all(type(item) is bytes for item in v):
+        return None
     for i, item in enumerate(v):
         if not isinstance(item, dict):
             return f"a list of maps {{body: bin, headers?: map}} (item {i} is {type(item).__name__})"
@@ -112,7 +117,7 @@ def _check_messages(v):
 
 
 def _normalize_messages(v):
-    if set(map(len, v)) <= _ONE:  # bodies only (each has one, checked)
+    if (v and type(v[0]) is bytes) or set(map(len, v)) <= _ONE:  # bodies only (bins, or maps of one, checked)
         return list(v)
     return [m if len(m) == 1 or (len(m) == 2 and "headers" in m) else {k: m[k] for k in ("body", "headers") if k in m}
             for m in v]
@@ -282,6 +287,7 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("visibility_ms", _check_non_negative),
         Field("max_bytes", _check_positive),
         Field("auto_ack", _check_bool),  # settled as taken (get(ack=False)): tag 0, nothing to settle
+        Field("rows", _check_bool),  # the messages as rows (arrays), not maps
     ),
     MsgType.ACK: (_QUEUE, _DELIVERIES),
     MsgType.NACK: (
@@ -297,7 +303,7 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
     MsgType.REDRIVE: (_QUEUE, Field("to", _check_str), Field("max", _check_positive)),
     # prefetch: the server's --max-prefetch caps it (BAD_REQUEST past it)
     MsgType.SUBSCRIBE: (_QUEUE, Field("prefetch", _check_positive, required=True),
-                        Field("visibility_ms", _check_non_negative)),
+                        Field("visibility_ms", _check_non_negative), Field("rows", _check_bool)),
     MsgType.CANCEL: (Field("subscription", _check_positive, required=True),
                      Field("delivered", _check_non_negative, default=0)),
     # streams: the engine checks the ranges of STREAM_CREATE's settings, with its own words

@@ -1,5 +1,6 @@
 """Request shapes: the frames of the common requests (a get's CONSUME, a put's PRODUCE, an
-ACK of one delivery) encoded from bytes made once per queue.
+ACK of one delivery; a get_many's CONSUME of N, a put_many's PRODUCE_BATCH, an ACK of many)
+encoded from bytes made once per queue.
 
 Strategy: a request of one shape differs from the last one only in its msg id and one
 field's value (a PRODUCE's body, an ACK's delivery tag, a CONSUME's ``wait_ms``). A
@@ -19,7 +20,8 @@ import msgpack
 
 from .frames import MAGIC, VERSION, MsgType, _out_of_range, _pack_header
 
-__all__ = ["Shape", "consume_shape", "produce_shape", "ack_shape"]
+__all__ = ["Shape", "consume_shape", "produce_shape", "ack_shape", "consume_many_shape", "produce_batch_shape",
+           "acks_shape"]
 
 _NIL = b"\xc0"  # msgpack's nil: what the varying field is packed as, and cut off
 _packers = threading.local()  # one Packer per thread (a Packer is not shared safely), packing whole values
@@ -80,3 +82,20 @@ def produce_shape(queue: str) -> Shape:
 def ack_shape(queue: str) -> Shape:
     """An ACK of one delivery of ``queue``; the value is its tag."""
     return Shape(MsgType.ACK, {"queue": queue}, "deliveries", in_list=True)
+
+
+def consume_many_shape(queue: str, most: int, rows: bool = False) -> Shape:
+    """A blocking get_many's CONSUME of up to ``most`` messages (``rows``: as rows); the
+    value is ``wait_ms``."""
+    return Shape(MsgType.CONSUME, {"queue": queue, "max": most, "rows": True} if rows else
+                 {"queue": queue, "max": most}, "wait_ms")
+
+
+def produce_batch_shape(queue: str) -> Shape:
+    """A plain put_many's PRODUCE_BATCH to ``queue``; the value is its ``messages``."""
+    return Shape(MsgType.PRODUCE_BATCH, {"queue": queue}, "messages")
+
+
+def acks_shape(queue: str) -> Shape:
+    """An ACK of deliveries of ``queue``; the value is the list of their tags."""
+    return Shape(MsgType.ACK, {"queue": queue}, "deliveries")

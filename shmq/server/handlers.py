@@ -41,6 +41,7 @@ from ..protocol.forms import (
     batch_args,
     consume_args,
     delivery_fields,
+    delivery_row,
     create_args,
     from_pairs,
     messages_args,
@@ -116,7 +117,7 @@ def hello(conn, f):
             raise Unauthorized("wrong or missing token")
         conn.authenticated()
     reply = {"server": "shmq", "version": __version__, "max_frame_bytes": server.max_frame_bytes,
-             "compression": CODECS, "produce_each": True}
+             "compression": CODECS, "produce_each": True, "compact": True}
     if "heartbeat_ms" in f:  # the client wants to hear from the server while it only waits
         reply["heartbeat_ms"] = conn.beat_every(f["heartbeat_ms"])
     return reply
@@ -232,12 +233,13 @@ def consume(conn, f):
     q = server.queue(f["queue"])
     most, vis, max_bytes = consume_args(f)
     budget = _reply_budget(server, most)  # the reply must fit in a frame
-    args = (q, most, vis, budget if max_bytes is None else min(budget, max_bytes), not f.get("auto_ack"))
+    args = (q, most, vis, budget if max_bytes is None else min(budget, max_bytes), not f.get("auto_ack"),
+            f.get("rows", False))
     return _wait_or_answer(conn, f, server.waiters_of, q, _get, _leased, args)
 
 
 def _get(args):
-    q, most, vis, max_bytes, ack = args
+    q, most, vis, max_bytes, ack, _rows = args
     try:
         return q.get_many(most, timeout=0, visibility_timeout=vis, max_bytes=max_bytes, ack=ack)
     except QueueEmpty:
@@ -246,8 +248,8 @@ def _get(args):
 
 def _leased(conn, args, ds):
     if not args[4]:  # auto-ack: settled as taken, nothing leased to the connection (tag 0)
-        return {"messages": [delivery_fields(d, 0) for d in ds]}
-    return {"messages": conn.leases.lease(args[0], ds)}
+        return {"messages": [(delivery_row if args[5] else delivery_fields)(d, 0) for d in ds]}
+    return {"messages": conn.leases.lease(args[0], ds, None, args[5])}
 
 
 def ack(conn, f):
@@ -311,7 +313,8 @@ def subscribe(conn, f):
     (``subscriptions``); the pushes start after this reply."""
     q = conn.server.queue(f["queue"])
     vis = f.get("visibility_ms")
-    return {"subscription": conn.subs.subscribe(q, f["prefetch"], None if vis is None else vis / 1000)}
+    return {"subscription": conn.subs.subscribe(q, f["prefetch"], None if vis is None else vis / 1000,
+                                                f.get("rows", False))}
 
 
 def cancel(conn, f):

@@ -12,11 +12,13 @@ calls (``map``, ``dict.update``) over its items, not a Python loop per message.
 """
 
 import logging
+from collections import deque
 from itertools import count, islice, repeat
 from operator import itemgetter
 
+from ..engine.queues.delivery import plain_columns
 from ..errors import DeliveryExpired, LockTimeout, QueueNotFound, ShmqError, StorageError
-from ..protocol.forms import delivery_fields
+from ..protocol.forms import delivery_fields, delivery_row
 
 __all__ = ["Held", "Leases", "new_tags"]
 
@@ -32,6 +34,16 @@ _tags = count(1)
 def new_tags(n: int) -> list:
     """``n`` new tags of this process."""
     return list(islice(_tags, n))
+
+
+def rows(ds, tags) -> list:
+    """``ds`` as rows (``forms.ROW_ITEMS``), ``tags`` naming their leases: in C passes when
+    none has headers or options (the usual batch), else ``delivery_row`` each."""
+    columns = plain_columns(ds)
+    if columns is None:
+        return list(map(delivery_row, ds, tags))
+    ids, bodies, attempts, times = columns
+    return list(zip(ids, tags, bodies, attempts, times))
 
 
 class Held:
@@ -63,18 +75,21 @@ class Leases(Held):
         super().__init__()
         self.pushed = {}
 
-    def lease(self, q, ds, sub=None) -> list:
-        """The wire form of deliveries ``q`` just leased; they are held from now (for the
-        subscription ``sub``, if they are pushed)."""
+    def lease(self, q, ds, sub=None, as_rows=False) -> list:
+        """The wire form of deliveries ``q`` just leased (maps; ``as_rows``: rows,
+        ``forms.ROW_ITEMS``); they are held from now (for the subscription ``sub``, if
+        they are pushed)."""
         if len(ds) == 1 and sub is None:  # one delivery (a CONSUME of one): no batch to build
             tag = next(_tags)
             self.held[tag] = (q, ds[0])
-            return [delivery_fields(ds[0], tag)]
+            return [(delivery_row if as_rows else delivery_fields)(ds[0], tag)]
         tags = new_tags(len(ds))
         self.held.update(zip(tags, zip(repeat(q), ds)))
         if sub is not None:
             self.pushed.update(dict.fromkeys(tags, sub))
             sub.held(tags)
+        if as_rows:
+            return rows(ds, tags)
         return list(map(delivery_fields, ds, tags))
 
     def unsubscribe(self, tags):
@@ -115,9 +130,7 @@ class Leases(Held):
         return result
 
     def _drop(self, tags):
-        pop = self.held.pop
-        for t in tags:
-            pop(t, None)
+        deque(map(self.held.pop, tags, repeat(None)), 0)  # (one C pass)
         pushed = self.pushed
         if pushed:
             subs = list(map(pushed.pop, tags, repeat(None)))

@@ -18,6 +18,8 @@ a subscription counts as a waiting request for the idle timeout.
 import itertools
 import functools
 import logging
+from collections import deque
+from itertools import repeat
 
 from ..engine import maintenance
 from ..errors import LimitExceeded, LockTimeout, QueueEmpty
@@ -41,14 +43,15 @@ def _take(args):
 class Subscription:
     """One SUBSCRIBE of one connection on one queue handle."""
 
-    __slots__ = ("conn", "id", "q", "prefetch", "vis", "unacked", "pushed", "waiter", "scheduled", "closed")
+    __slots__ = ("conn", "id", "q", "prefetch", "vis", "rows", "unacked", "pushed", "waiter", "scheduled", "closed")
 
-    def __init__(self, conn, sid, q, prefetch, vis):
+    def __init__(self, conn, sid, q, prefetch, vis, rows=False):
         self.conn = conn
         self.id = sid
         self.q = q
         self.prefetch = prefetch
         self.vis = vis  # visibility timeout in seconds, None: the queue's
+        self.rows = rows  # the messages pushed as rows (SUBSCRIBE's ``rows``)
         self.unacked = {}  # tag -> its place in the order of pushes, for the pushed deliveries not yet settled
         self.pushed = 0  # messages pushed so far
         self.waiter = None  # its Waiter while it waits in the queue's line
@@ -95,7 +98,7 @@ class Subscription:
     def push(self, ds):
         """One DELIVER frame of the deliveries ``ds``, held by the connection from now."""
         conn = self.conn
-        messages = conn.leases.lease(self.q, ds, self)
+        messages = conn.leases.lease(self.q, ds, self, self.rows)
         conn.send(encode_frame(Frame(_DELIVER, 0, {"subscription": self.id, "messages": messages})))
 
     def held(self, tags):
@@ -106,9 +109,7 @@ class Subscription:
 
     def settled(self, tags):
         """The client settled pushed deliveries (or they were given back): room for more."""
-        pop = self.unacked.pop
-        for t in tags:
-            pop(t, None)
+        deque(map(self.unacked.pop, tags, repeat(None)), 0)  # (one C pass)
         self.schedule()
 
     def schedule(self):
@@ -195,7 +196,7 @@ class Subscriptions:
     def __len__(self):
         return len(self.open)
 
-    def subscribe(self, q, prefetch, vis) -> int:
+    def subscribe(self, q, prefetch, vis, rows=False) -> int:
         """A new subscription on queue handle ``q``; its first push comes after the reply."""
         limits = self.conn.server.limits
         if prefetch > limits.max_prefetch:
@@ -205,7 +206,7 @@ class Subscriptions:
             raise LimitExceeded(f"too many subscriptions on this connection (the limit is "
                                 f"{limits.max_subscriptions_per_connection}): cancel one first")
         sid = next(self._ids)
-        s = self.open[sid] = Subscription(self.conn, sid, q, prefetch, vis)
+        s = self.open[sid] = Subscription(self.conn, sid, q, prefetch, vis, rows)
         s.schedule()
         return sid
 

@@ -5,6 +5,9 @@ handle's paths make (``paths.QueuePaths.Delivery``): ``CDelivery``, whose fields
 ``Message``, ``QueueStats``, ``Processing`` and ``raw_body`` live in ``shmq.model``
 (every transport shares them); they are imported here under their old names."""
 
+from itertools import repeat
+from operator import attrgetter, truediv
+
 from ...errors import QueueNotFound
 from ...model import keepalive
 from ...model.headers import CORRELATION_ID, decode_headers, reply_headers
@@ -13,7 +16,8 @@ from ...model.processing import Processing
 from .. import cpaths
 from . import extension
 
-__all__ = ["Delivery", "PythonDelivery", "CDelivery", "Message", "QueueStats", "Processing", "raw_body"]
+__all__ = ["Delivery", "PythonDelivery", "CDelivery", "Message", "QueueStats", "Processing", "raw_body",
+           "plain_columns"]
 
 
 class Delivery:
@@ -171,3 +175,15 @@ if cpaths.C is not None:
     cpaths.C.set_delivery_class(CDelivery)  # what the C takes build
 else:
     CDelivery = None
+
+
+_ID, _BODY, _ATTEMPT, _HRAW, _EXT, _ENQ = map(attrgetter, ("id", "body", "attempt", "_hraw", "_ext", "_enq"))
+
+
+def plain_columns(ds):
+    """(ids, bodies, attempts, enqueued_ats) of deliveries ``ds``, each an iterator made in
+    C passes (no Python frame per delivery), when none carries headers or options: the
+    usual batch, which the server turns into wire rows; None when one does."""
+    if any(map(_HRAW, ds)) or any(map(_EXT, ds)):
+        return None
+    return map(_ID, ds), map(_BODY, ds), map(_ATTEMPT, ds), map(truediv, map(_ENQ, ds), repeat(1e9))
