@@ -166,7 +166,7 @@ def test_a_local_rebalance_wakes_a_waiting_tcp_poll(srv, broker):
 
 def test_a_kafka_produce_wakes_a_waiting_tcp_read(servers, broker):
     """The Kafka port's appends owe no post to the server's doorbells (``waits.serving``):
-    the DEADBEEF port's waiting READs are served by the same loop (``Handles.join``)."""
+    the DEADBEEF port's waiting READs are served by the same loop (``AttachedHandles.join``)."""
     import re
 
     from kafka import KafkaProducer

@@ -1,7 +1,7 @@
 """A request waiting in several lines at once: a POLL_MANY (one poll of a connection's
 members on several streams) waits until data comes to any of their streams.
 
-Strategy: ``AnyLine`` stands where a request's ``Line`` stands (``Wait.line``: the
+Strategy: ``AnyLine`` stands where a request's ``WaitingLine`` stands (``Wait.line``: the
 connection calls ``add`` and, as it closes, ``drop``). It lines up a stand-in
 ``Waiter`` in each stream's own line, with the request's ``take``, so each stream's
 doorbell and its loop's appends serve it as they serve a POLL; the stand-ins' answers

@@ -23,7 +23,7 @@ from ..protocol import (HEADER_SIZE, REPLY_BIT, FrameDecoder, MsgType, PushType,
                         encode_reply)
 from ..protocol.requests import check_request
 from ..protocol.status import error_details, reason_of, status_of
-from .handlers import HANDLERS, Later, Wait
+from .handlers import HANDLERS, BlockingAppend, Wait
 from .leases import Leases
 from .members import Members
 from .subscriptions import Subscriptions
@@ -56,7 +56,7 @@ def _status_name(status) -> str:
         return str(status)
 
 
-def _reply_of_later(conn, reply, result):
+def _reply_of_append(conn, reply, result):
     return reply(result)
 
 
@@ -269,8 +269,8 @@ class Connection(asyncio.BufferedProtocol):
                 if type(result) is Wait:
                     self.wait(msg_type, msg_id, result)
                     return
-                if type(result) is Later:
-                    self.later(msg_type, msg_id, result)
+                if type(result) is BlockingAppend:
+                    self.append_when_room(msg_type, msg_id, result)
                     return
         except Unauthorized as e:
             return self.unauthorized(msg_type, msg_id, str(e))
@@ -301,14 +301,14 @@ class Connection(asyncio.BufferedProtocol):
         wait.line.add(w, self.server.loop.time() + wait.wait_ms / 1000)
         self.waiters.add(w)
 
-    def later(self, msg_type, msg_id, later: Later):
+    def append_when_room(self, msg_type, msg_id, append: BlockingAppend):
         """Hand an append that may wait for room to its stream's appender; it counts as a
         waiting request until it is answered."""
         self.check_waiting()
-        w = Waiter(self, None, msg_id, msg_type, None, _reply_of_later, later.reply)
+        w = Waiter(self, None, msg_id, msg_type, None, _reply_of_append, append.reply)
         self.waiters.add(w)
-        name = later.stream.name
-        self.server.appender(later.stream).submit(later.run, lambda result: self.appended(w, name, result))
+        name = append.stream.name
+        self.server.appender(append.stream).submit(append.run, lambda result: self.appended(w, name, result))
 
     def appended(self, w, name, result):
         self.server.streams.notify(name)

@@ -1,6 +1,6 @@
 """One function per request type, in one table: ``HANDLERS[msg_type](conn, fields)``
 returns the reply payload, raises, or (a CONSUME, READ or POLL with nothing there yet)
-returns a ``Wait`` (an append that may wait for room: a ``Later``).
+returns a ``Wait`` (an append that may wait for room: a ``BlockingAppend``).
 
 Strategy: a handler knows nothing of sockets, frames or msg ids. It gets the connection
 it serves and the request's checked fields (``validate_request``), calls only the
@@ -58,7 +58,7 @@ from ..protocol.forms import (
 from .anyline import AnyLine
 from .waiters import NOTHING
 
-__all__ = ["HANDLERS", "Wait", "Later", "RECORD_OVERHEAD", "fill"]
+__all__ = ["HANDLERS", "Wait", "BlockingAppend", "RECORD_OVERHEAD", "fill"]
 
 RECORD_OVERHEAD = 128  # bytes a message or record adds to a reply besides its bytes and headers
 
@@ -79,7 +79,7 @@ class Wait:
 
 
 @dataclass(frozen=True, slots=True)
-class Later:
+class BlockingAppend:
     """An append to a stream with retention="block", which may wait for room: the
     connection hands ``run`` to the stream's appender thread (``appenders``) and answers
     ``reply(what it returned)`` when it is done."""
@@ -353,9 +353,9 @@ def stream_stats(conn, f):
 
 
 def _appended(conn, s, run, reply):
-    """``reply(run())`` of an append, made now, or Later where it may wait for room."""
+    """``reply(run())`` of an append, made now, or a BlockingAppend where it may wait for room."""
     if s.retention == "block":
-        return Later(s, run, reply)
+        return BlockingAppend(s, run, reply)
     with serving():
         result = reply(run())
     conn.server.streams.notify(s.name)
@@ -629,7 +629,7 @@ def x_publish(conn, f):
             except StreamNotFound:
                 continue
             if s.retention == "block":
-                return Later(s, run, lambda done: _published(server, done))
+                return BlockingAppend(s, run, lambda done: _published(server, done))
     with serving():
         done = run()
     return _published(server, done)

@@ -1,6 +1,6 @@
 """The TCP front of ``shmq server`` (``TcpServer``): listening, the registry of
 connections and of cached queue and stream handles with their lines of waiting
-requests (``Handles``), the sweeper of deadlines, and a stop that answers what is in
+requests (``AttachedHandles``), the sweeper of deadlines, and a stop that answers what is in
 flight.
 
 Strategy: one asyncio event loop, one protocol object per connection
@@ -61,8 +61,8 @@ class TcpServer:
         self.budget = Budget(self.limits.max_buffered_bytes)
         self.rview = memoryview(bytearray(READ_CHUNK))  # every connection reads into it, in turn
         self.loop = None
-        self.queues = Handles(self, self._attach_queue, QueueWaiters, QueueNotFound, "queue")
-        self.streams = Handles(self, self._attach_stream, StreamWaiters, StreamNotFound, "stream")
+        self.queues = AttachedHandles(self, self._attach_queue, QueueWaiters, QueueNotFound, "queue")
+        self.streams = AttachedHandles(self, self._attach_stream, StreamWaiters, StreamNotFound, "stream")
         self._appenders = {}  # stream name -> (handle, its Appender) (streams with retention="block")
         self._refused = 0  # connections refused since the cap was last reached
         self._server = None
@@ -213,9 +213,9 @@ async def listen(listener, connection):
     return server
 
 
-class Handles:
+class AttachedHandles:
     """The handles this server keeps attached, of one kind (queues or streams), by name,
-    each with its ``Line`` of waiting requests (``waiters``)."""
+    each with its ``WaitingLine`` of waiting requests (``waiters``)."""
 
     def __init__(self, server, attach, line_class, gone, kind):
         self.server = server
@@ -225,9 +225,9 @@ class Handles:
         self.kind = kind
         self.handles = {}
         self.lines = {}
-        self.peers = [self]  # the Handles of this kind on this loop (the DEADBEEF port's, the Kafka port's)
+        self.peers = [self]  # the AttachedHandles of this kind on this loop (the DEADBEEF port's, the Kafka port's)
 
-    def join(self, other: "Handles") -> None:
+    def join(self, other: "AttachedHandles") -> None:
         """Serve ``other``'s lines too on ``notify``, and it ours: data this loop makes under
         ``waits.serving`` owes a doorbell of either no post, so both must look."""
         self.peers += [h for h in other.peers if h not in self.peers]

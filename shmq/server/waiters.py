@@ -1,11 +1,11 @@
 """The requests waiting for data: one ``Waiter`` per request (a CONSUME, a READ or a
-POLL), one ``Line`` of them per queue or stream.
+POLL), one ``WaitingLine`` of them per queue or stream.
 
 Strategy: a waiting request is a small record in its line plus one loop timer, not a
 coroutine or a thread, so thousands cost little and closing a connection with many
 waiters just marks them done. A waiter carries ``take``: the handler's own attempt,
 made again with the engine's non-blocking public API, which returns what to answer or
-None for "nothing yet". One algorithm (``Line``: timers, the doorbell, answering once)
+None for "nothing yet". One algorithm (``WaitingLine``: timers, the doorbell, answering once)
 with two ways to serve: a queue's line is first come first served and one message
 wakes one waiter (``QueueWaiters``); a stream's readers do not compete, so every one
 of its waiters is tried (``StreamWaiters``).
@@ -19,7 +19,7 @@ from ..engine.shm import doze
 from ..engine import maintenance
 from ..errors import ShmqError
 
-__all__ = ["Waiter", "Answering", "Line", "Doorbell", "QueueWaiters", "StreamWaiters", "NOTHING"]
+__all__ = ["Waiter", "Answering", "WaitingLine", "Doorbell", "QueueWaiters", "StreamWaiters", "NOTHING"]
 
 NOTHING = ()  # what a request that waited in vain is answered with
 
@@ -71,7 +71,7 @@ class Answering:
         raise NotImplementedError
 
 
-class Line(Answering):
+class WaitingLine(Answering):
     """The waiters on one queue or stream (``handle``), in arrival order.
 
     Data made by this server's loop schedules a ``serve`` (``TcpServer.notify``). Data
@@ -155,7 +155,7 @@ class Line(Answering):
 
 
 class Doorbell:
-    """The thread that wakes one ``Line`` for data made outside this loop.
+    """The thread that wakes one ``WaitingLine`` for data made outside this loop.
 
     Strategy: while the line has waiters, the thread sleeps in ``doze.doze`` as a
     registered consumer of the handle, so a local producer's put, a nack, a lease given
@@ -251,7 +251,7 @@ class Doorbell:
         return None
 
 
-class QueueWaiters(Line):
+class QueueWaiters(WaitingLine):
     """The CONSUMEs waiting on one queue, first come first served: ``serve`` hands ready
     messages to the waiters in order and stops at the first that finds the queue empty.
     The hint looks at the queue's ready count — one word, no lock, no syscall."""
@@ -275,7 +275,7 @@ class QueueWaiters(Line):
         return served
 
 
-class StreamWaiters(Line):
+class StreamWaiters(WaitingLine):
     """The READs and POLLs waiting at the end of one stream's partitions. Readers do not
     compete (a record is there for all of them), so ``serve`` tries every waiter; each
     try is one look under a partition's lock."""

@@ -3,7 +3,7 @@ its requests share (with their lines of waiting fetches), the idempotent produce
 state and the group coordinator.
 
 Strategy: like ``tcp.TcpServer``, one protocol object per connection on the server's
-loop; the handles and their lines are ``tcp.Handles`` (a fetch waits on a stream's line
+loop; the handles and their lines are ``tcp.AttachedHandles`` (a fetch waits on a stream's line
 as a DEADBEEF READ does, woken by the doorbell of any append, from any process); the
 server's ``Limits`` (connections, frame and idle timeouts) hold here as on its port,
 with a sweeper of deadlines of its own.
@@ -18,7 +18,7 @@ from ...engine.shm.segment import check_queue_name
 from ...errors import StreamExists, StreamNotFound
 from ...kafka import ErrorCode
 from ..limits import Limits, sweep
-from ..tcp import LOCK_TIMEOUT_S, Handles, listen
+from ..tcp import LOCK_TIMEOUT_S, AttachedHandles, listen
 from ..waiters import StreamWaiters
 from . import groups, state
 from .connection import KafkaConnection
@@ -149,7 +149,7 @@ class KafkaListener:
         """Listen, accepting no connection yet (``start``); ShmqError in one line when the
         address cannot be had."""
         self.loop = asyncio.get_running_loop()
-        self.streams = Handles(self, self._attach, StreamWaiters, StreamNotFound, "stream")
+        self.streams = AttachedHandles(self, self._attach, StreamWaiters, StreamNotFound, "stream")
         self.coordinator = groups.Coordinator(self.broker, self.loop)
         self._server = await listen(self, KafkaConnection)
         return self
