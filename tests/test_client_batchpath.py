@@ -14,7 +14,7 @@ import pytest
 import shmq
 from shmq.client import aio
 from shmq.protocol import FrameDecoder, MsgType, encode_request
-from shmq.protocol.forms import ROW_ITEMS
+from shmq.protocol.payloads import ROW_ITEMS
 from shmq.protocol.shapes import acks_shape, consume_many_shape, produce_batch_shape
 from tests._wait import wait_for
 from tests.test_client_fastpath import _calls_per, _frames, _Writes

@@ -132,10 +132,10 @@ def test_the_check_sees_function_level_and_relative_imports():
               "    import shmq.engine.queues.queue\n")
     known = {"shmq.errors", "shmq.engine", "shmq.engine.shm", "shmq.engine.shm.layout", "shmq.model.records",
              "shmq.engine.queues.queue"}
-    found = sorted(imports_of("shmq.protocol.forms", source, known))
+    found = sorted(imports_of("shmq.protocol.payloads", source, known))
     assert found == [(1, "shmq.errors"), (2, "shmq.engine.shm.layout"), (4, "shmq.model.records"),
                      (5, "shmq.engine.queues.queue")]
-    assert [broken_rules("shmq.protocol.forms", m) for _, m in found] == [
+    assert [broken_rules("shmq.protocol.payloads", m) for _, m in found] == [
         None, "shmq.protocol imports only shmq.protocol, shmq.model, shmq.errors", None,
         "shmq.protocol imports only shmq.protocol, shmq.model, shmq.errors"]
     assert broken_rules("shmq.client.core", "shmq.engine.queues.rpc") == "shmq.client imports nothing of shmq.engine, shmq.server"
@@ -150,7 +150,7 @@ def test_the_check_sees_function_level_and_relative_imports():
         "shmq.engine reaches shmq.persistence only through shmq.persistence.dmsq, shmq.persistence.wal")
     assert broken_rules("shmq.persistence.wal", "shmq.engine.queues.queue") == (
         "shmq.persistence.wal imports only shmq.persistence.dmsq, shmq.engine.shm.layout, shmq.errors, shmq.sharing")
-    assert broken_rules("shmq.engine.queues.queue", "shmq.protocol.forms") == (
+    assert broken_rules("shmq.engine.queues.queue", "shmq.protocol.payloads") == (
         "shmq.engine imports nothing of shmq.protocol, shmq.client, shmq.server")
     # a package's own relative imports resolve from the package itself
     assert imports_of("shmq.model", "from .checks import MAX_PARTITIONS\n", {"shmq.model.checks"}, True) == [
@@ -246,13 +246,13 @@ def test_the_moved_names_are_one_object_in_every_old_home():
     from shmq.engine.streams import multiconsumer, stream
     from shmq.model import checks, composite, headers, messages, processing, records
     from shmq.model import keepalive as kept
-    from shmq.protocol import forms, requests
+    from shmq.protocol import payloads, requests
 
     pairs = [
         (shmq.Message, messages.Message), (delivery.Message, messages.Message),
         (shmq.QueueStats, messages.QueueStats), (delivery.QueueStats, messages.QueueStats),
         (delivery.Processing, processing.Processing), (delivery.raw_body, messages.raw_body),
-        (shmq.Record, records.Record), (stream.Record, records.Record), (forms.Record, records.Record),
+        (shmq.Record, records.Record), (stream.Record, records.Record), (payloads.Record, records.Record),
         (shmq.RecordMetadata, records.RecordMetadata), (stream.RecordMetadata, records.RecordMetadata),
         (shmq.TopicPartition, records.TopicPartition), (multiconsumer.TopicPartition, records.TopicPartition),
         (multiconsumer.Composite, composite.Composite), (stream.check_txn, checks.check_txn),

@@ -931,7 +931,7 @@ def test_compressed_records_round_trip_and_are_bounded_whatever_the_frame_claims
 
 # ------------------------------------------------------------------- work-queue forms (issue 13)
 def test_a_put_s_options_are_left_out_at_their_defaults():
-    from shmq.protocol.forms import put_args, put_fields
+    from shmq.protocol.payloads import put_args, put_fields
 
     assert put_fields() == {} and put_fields(0, 0.0, None, None, None) == {}
     fields = put_fields(priority=2, delay=1.5, ttl=60, group="g", dedup_id=b"id")
@@ -952,7 +952,7 @@ def test_a_put_s_options_are_left_out_at_their_defaults():
 
 
 def test_create_fields_carry_the_options_and_their_nils():
-    from shmq.protocol.forms import create_args, create_fields
+    from shmq.protocol.payloads import create_args, create_fields
 
     fields = create_fields("q", 4096, None, 30, None, None, False, priorities=3, message_ttl=None, priority_aging=None,
                            retry_backoff=2.0)
@@ -970,7 +970,7 @@ def test_create_fields_carry_the_options_and_their_nils():
 
 
 def test_stats_of_an_older_server_read_with_defaults():
-    from shmq.protocol.forms import stats_fields, stats_from_fields
+    from shmq.protocol.payloads import stats_fields, stats_from_fields
 
     old = dict(EXCHANGES[MsgType.STATS][1])
     for key in ("expired_total", "ready_by_priority", "groups_in_flight", "dead_letter_depth"):
@@ -984,7 +984,7 @@ def test_stats_of_an_older_server_read_with_defaults():
 
 def test_peeked_and_consumed_messages_carry_priority_enqueued_at_and_group():
     from shmq.engine.queues.delivery import Message
-    from shmq.protocol.forms import message_from_fields, peeked_fields
+    from shmq.protocol.payloads import message_from_fields, peeked_fields
 
     m = Message(id=3, body=b"b", headers={"k": 1}, attempt=1, priority=2, enqueued_at=1.7e9, group="g", queue="q")
     assert message_from_fields("q", peeked_fields(m)) == m

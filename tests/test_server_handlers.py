@@ -21,7 +21,7 @@ from shmq.errors import DeliveryExpired, ProtocolError, QueueNotFound, StorageEr
 from shmq.persistence import Snapshotter
 from shmq.protocol import REQUEST_FIELDS, FrameDecoder, MsgType, Status, encode_request, validate_request
 from shmq.protocol import compression, error_from_reply
-from shmq.protocol.forms import stats_fields
+from shmq.protocol.payloads import stats_fields
 from shmq.server import handlers
 from shmq.server.connection import error_frame
 from shmq.server.handlers import HANDLERS, Wait

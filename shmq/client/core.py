@@ -35,7 +35,7 @@ from ..serializers import resolve as resolve_serializer
 from ..protocol import MsgType
 from ..protocol.shapes import ack_shape, acks_shape, consume_many_shape, consume_shape, produce_batch_shape
 from ..protocol.shapes import produce_shape
-from ..protocol.forms import (
+from ..protocol.payloads import (
     DEFAULT_MAX_BYTES,
     DEFAULT_VISIBILITY_S,
     consume_fields,
@@ -246,7 +246,7 @@ class DeliveryCalls:
         self._conn = q._broker._core  # the connection holding the lease: the tag means nothing on another
         self._sub = None  # a weak reference to the consume(prefetch) iteration it came from
         self._settled = False  # acked without waiting: settled as far as this side knows
-        if type(m) is list:  # a row (``rows``: forms.ROW_ITEMS)
+        if type(m) is list:  # a row (``rows``: payloads.ROW_ITEMS)
             if len(m) == 5:
                 self.id, self._tag, self.body, self.attempt, self.enqueued_at = m
                 self.headers, self.priority, self.group = {}, 0, None

@@ -20,7 +20,7 @@ from ..model.checks import check_offset
 from ..model.composite import Composite
 from ..model.records import TopicPartition, as_tp, by_stream
 from ..protocol import MsgType
-from ..protocol.forms import commit_pairs, from_pairs, max_records_field, ms, record_from_fields
+from ..protocol.payloads import commit_pairs, from_pairs, max_records_field, ms, record_from_fields
 from .core import CONSUME_SLICE_MS, Pause, Resuming, Send, deadline, driven, resumable
 from .streams import CONSUMER_OPTIONS, ConsumerCalls, StreamCalls
 

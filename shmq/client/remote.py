@@ -33,7 +33,7 @@ import weakref
 from ..errors import BrokerUnavailable, QueueFull
 from ..tls import describe, note_refused
 from ..protocol import MsgType
-from ..protocol.forms import message_fields
+from ..protocol.payloads import message_fields
 from . import forks
 from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat

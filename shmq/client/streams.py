@@ -9,7 +9,7 @@ broker handle's new connection joins again (``_come_back``): the group rebalance
 new member reads from the committed offsets, and on_revoke / on_assign are told as
 for any rebalance; a poll the loss broke returns [] (``core.Resuming``). Without
 reconnecting, its calls raise BrokerUnavailable. Arguments are
-checked with the local engine's words before a byte is sent (``protocol.forms``), the
+checked with the local engine's words before a byte is sent (``protocol.payloads``), the
 server's engine checks the rest, and its errors come back through the one status table,
 so both transports fail alike. A READ
 or POLL that waits at the end waits at the server, in slices (``core.waiting``).
@@ -21,7 +21,7 @@ from collections import deque
 from ..errors import BrokerUnavailable, CommitFailed, ShmqError, StreamNotFound
 from ..model.checks import check_auto_commit, check_callback, check_offset, check_poll_interval, check_txn
 from ..protocol import MsgType
-from ..protocol.forms import (
+from ..protocol.payloads import (
     STREAM_INFO,
     batch_fields,
     check_partition,

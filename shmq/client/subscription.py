@@ -22,7 +22,7 @@ import time
 import weakref
 
 from ..protocol import MsgType
-from ..protocol.forms import ms
+from ..protocol.payloads import ms
 from .core import Post, Receive, Resuming, Send, resumable
 
 __all__ = ["SubscriptionCalls", "ACK_LINGER_S"]
@@ -80,7 +80,7 @@ class SubscriptionCalls(Resuming):
             raise core.ended_error()
         core.raise_deferred()
         if self.id is None:
-            fields = {**self._fields, "rows": True} if core.compact else self._fields  # (rows: forms.ROW_ITEMS)
+            fields = {**self._fields, "rows": True} if core.compact else self._fields  # (rows: payloads.ROW_ITEMS)
             self.id = (yield Send(MsgType.SUBSCRIBE, fields))["subscription"]
             self._buffer = core.pushes(self.id)
         buf = self._buffer

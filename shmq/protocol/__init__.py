@@ -1,6 +1,6 @@
 """The DEADBEEF wire protocol, sans-IO (docs/PROTOCOL.md): ``frames`` (the header,
 encoding, ``FrameDecoder``), ``requests`` (the fields of each request type, checked),
-``status`` (status codes and exceptions, one table), ``forms`` (the wire forms both
+``status`` (status codes and exceptions, one table), ``payloads`` (the payloads both
 sides share). It owns no socket: the server and both clients move the bytes."""
 
 from ..errors import ProtocolError

@@ -1,7 +1,7 @@
-"""Wire forms both sides share: a queue's settings in CREATE, its stats in a STATS
-reply, a message in PRODUCE, a get in CONSUME; a stream's settings, a record to append,
-a record read, where an append went, offsets by partition — each written once, in
-both directions.
+"""The payloads both sides share, as values on the wire: a queue's settings in CREATE,
+its stats in a STATS reply, a message in PRODUCE, a get in CONSUME; a stream's settings,
+a record to append, a record read, where an append went, offsets by partition — each
+written once, in both directions.
 
 Strategy: the client builds its fields with the same checks the local engine makes
 (so bad input fails the same way on both transports, before a byte is sent), and the

@@ -36,7 +36,7 @@ from ..errors import (
 from ..protocol import MsgType
 from ..protocol.compression import CODECS
 from ..protocol.status import reason_of, status_of
-from ..protocol.forms import (
+from ..protocol.payloads import (
     QUEUE_OPTIONS,
     batch_args,
     consume_args,

@@ -18,7 +18,7 @@ from operator import itemgetter
 
 from ..engine.queues.delivery import plain_columns
 from ..errors import DeliveryExpired, LockTimeout, QueueNotFound, ShmqError, StorageError
-from ..protocol.forms import delivery_fields, delivery_row
+from ..protocol.payloads import delivery_fields, delivery_row
 
 __all__ = ["Held", "Leases", "new_tags"]
 
@@ -37,7 +37,7 @@ def new_tags(n: int) -> list:
 
 
 def rows(ds, tags) -> list:
-    """``ds`` as rows (``forms.ROW_ITEMS``), ``tags`` naming their leases: in C passes when
+    """``ds`` as rows (``payloads.ROW_ITEMS``), ``tags`` naming their leases: in C passes when
     none has headers or options (the usual batch), else ``delivery_row`` each."""
     columns = plain_columns(ds)
     if columns is None:
@@ -77,7 +77,7 @@ class Leases(Held):
 
     def lease(self, q, ds, sub=None, as_rows=False) -> list:
         """The wire form of deliveries ``q`` just leased (maps; ``as_rows``: rows,
-        ``forms.ROW_ITEMS``); they are held from now (for the subscription ``sub``, if
+        ``payloads.ROW_ITEMS``); they are held from now (for the subscription ``sub``, if
         they are pushed)."""
         if len(ds) == 1 and sub is None:  # one delivery (a CONSUME of one): no batch to build
             tag = next(_tags)
