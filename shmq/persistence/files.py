@@ -12,7 +12,7 @@ from .wal import log_files, parse_wal_name, split_partition_name
 log = logging.getLogger("shmq.persistence")
 
 HWM_SUFFIX = ".hwm"
-KAFKA_STATE_FILE = "kafka-state.json"  # the Kafka listener's producer sequences and commit metadata (server/kafka/state.py)
+KAFKA_STATE_FILE = "kafka-state.json"  # the Kafka listener's producer sequences and commit metadata (kafka_state.py)
 
 
 def snapshot_path(data_dir: str, name: str) -> str:
