@@ -426,6 +426,26 @@ class FrameDecoder:
                 self._compact()
         return msg_type, msg_id, payload, status, version
 
+    def one_frame(self, data) -> tuple | None:
+        """``feed(data)`` then ``next_parts()`` in one call, for the usual read of a client
+        that waits for its replies: ``data`` is exactly one whole, good frame of up to
+        4 KiB and nothing is buffered. Its parts; else None, nothing taken (a read of
+        any other kind, or a frame that ``next_parts`` would refuse: the caller feeds
+        it, and ``next_parts`` says what is wrong)."""
+        n = len(data)
+        if self._end or self._header is not None or self._skip or self._failed is not None or n < HEADER_SIZE:
+            return None
+        magic, length, msg_type, version, status, msg_id = _unpack_header_from(data)
+        if magic != MAGIC or version != VERSION or n != HEADER_SIZE + length or length > min(self.max_frame_bytes,
+                                                                                               _COPY_BELOW):
+            return None
+        if not length:
+            return msg_type, msg_id, {}, status, version
+        try:
+            return msg_type, msg_id, _decode_payload(data[HEADER_SIZE:], msg_id, msg_type), status, version
+        except ProtocolError:
+            return None
+
     def frames(self) -> Iterator[Frame]:
         """Yield every complete frame buffered so far (raises like next_frame)."""
         while (frame := self.next_frame()) is not None:

@@ -1,6 +1,7 @@
 """Request checks: the fields each request type takes (one table, ``REQUEST_FIELDS``),
 and ``validate_request`` (``check_request`` of a frame's parts), which answers a bad one
-with BAD_REQUEST."""
+with BAD_REQUEST; ``PLAIN_CHECKS``: the same verdict, sooner, for the plain shapes of
+PRODUCE, CONSUME and ACK (the server's fast path)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..model.checks import MAX_PARTITIONS  # a stream's partitions are numbered 
 from .frames import REPLY_BIT, Frame, MsgType, Status, _error
 
 __all__ = ["Field", "REQUEST_FIELDS", "validate_request", "check_request", "check_records", "normalize_records",
-           "MAX_RECORDS"]
+           "MAX_RECORDS", "PLAIN_CHECKS", "check_plain_produce", "check_plain_consume", "check_plain_ack"]
 
 
 def _is_int(v) -> bool:
@@ -471,3 +472,37 @@ def _show(value) -> str:
         return f"a {'list' if isinstance(value, list) else 'map'} of {len(value)}"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+# The plain shapes (``shapes.produce_shape``, ``consume_shape``, ``ack_shape`` and
+# ``acks_shape``: a put with no options, a get of one, an ACK): the server's per-request
+# checks of these shapes alone, each a few C-level tests. One returns the fields exactly
+# as ``check_request`` would (a test holds them equal), or None for anything else —
+# other fields, other types, a bad value — which then goes to ``check_request``, so a bad
+# request gets the same BAD_REQUEST as ever.
+
+def check_plain_produce(payload: dict) -> dict | None:
+    """A PRODUCE of {queue: str, body: bin} and nothing else: its fields; else None."""
+    if len(payload) == 2 and type(payload.get("body")) is bytes and type(payload.get("queue")) is str:
+        return payload
+    return None
+
+
+def check_plain_consume(payload: dict) -> dict | None:
+    """A CONSUME of {queue: str, max: 1, wait_ms: int >= 0} and nothing else: its fields; else None."""
+    if (len(payload) == 3 and type(payload.get("queue")) is str and type(payload.get("max")) is int
+            and payload["max"] == 1 and type(wait := payload.get("wait_ms")) is int and wait >= 0):
+        return payload
+    return None
+
+
+def check_plain_ack(payload: dict) -> dict | None:
+    """An ACK of {queue: str, deliveries: [int, ...]} and nothing else: its fields; else None."""
+    if (len(payload) == 2 and type(payload.get("queue")) is str
+            and type(tags := payload.get("deliveries")) is list and _check_deliveries(tags) is None):
+        return payload
+    return None
+
+
+PLAIN_CHECKS = {MsgType.PRODUCE: check_plain_produce, MsgType.CONSUME: check_plain_consume,
+                MsgType.ACK: check_plain_ack}

@@ -23,7 +23,7 @@ from ..protocol import (HEADER_SIZE, REPLY_BIT, FrameDecoder, MsgType, PushType,
                         encode_reply)
 from ..protocol.requests import check_request
 from ..protocol.status import error_details, reason_of, status_of
-from .handlers import HANDLERS, BlockingAppend, Wait
+from .handlers import HANDLERS, PLAIN, BlockingAppend, Wait
 from .leases import Leases
 from .members import Members
 from .subscriptions import Subscriptions
@@ -62,6 +62,7 @@ def _reply_of_append(conn, reply, result):
 
 _BEAT = encode_reply(PushType.HEARTBEAT, 0)  # a HEARTBEAT push: msg id 0, status 0, {}
 _HELLO, _OK = MsgType.HELLO, Status.OK  # read per request: a module name costs less than an enum's attribute
+_plain_of = PLAIN.get  # request type -> (check, handler) of its plain shape, or None
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -124,16 +125,23 @@ class Connection(asyncio.BufferedProtocol):
             return
         try:
             data = self.server.rview[:nbytes]
-            self.decoder.feed(data)
             bounds = self.bounds
-            ended = bounds.advance(data)
-            if ended and self.reserved:
-                self.server.budget.release(self)  # a reserved read ends where its frame does
+            one, ended = None, 1
+            if not (bounds.got or self.write_paused or self.reserved):  # at a frame's start, taking requests
+                one = self.decoder.one_frame(data)  # the usual read: one whole request, decoded in one call
+            if one is None:
+                self.decoder.feed(data)
+                ended = bounds.advance(data)
+                if ended and self.reserved:
+                    self.server.budget.release(self)  # a reserved read ends where its frame does
             now = self.server.loop.time()
-            self.clocks.received(now, bounds.got, ended)
-            self.process(now)
-            if not self.closing:
-                self.account()
+            if bounds.got:  # a frame still open
+                self.clocks.received(now, bounds.got, ended)
+            else:
+                self.clocks.frame_started = None  # (``received`` of whole frames, a call less)
+            self.process(now, one)
+            if not self.closing and (bounds.got or not self.reading or self.write_paused or self.budget_wait):
+                self.account()  # (else nothing to do: ``account``'s own first test, a call less)
         except Exception:  # a bug must cost this connection, never the server
             log.exception("%s: internal error; closing", self.peer)
             self.shut()
@@ -205,11 +213,12 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 self.transport.pause_reading()
 
-    def process(self, now=None):
+    def process(self, now=None, one=None):
         """Handle the complete frames the decoder holds, while the client reads replies;
         their replies leave together at the end (or every WRITE_BATCH bytes), or with
         those of the ``process`` this one runs within. ``now``: the loop's time, if the
-        caller has it."""
+        caller has it. ``one``: the parts of a read's one frame (``FrameDecoder.one_frame``),
+        which the decoder does not hold: that one alone."""
         if now is None:
             now = self.server.loop.time()
         outer = self.out is None
@@ -217,6 +226,11 @@ class Connection(asyncio.BufferedProtocol):
             self.out = []
         next_parts, handle, clocks = self.decoder.next_parts, self.handle, self.clocks
         try:
+            if one is not None:
+                self.requests += 1
+                clocks.last_active = now
+                handle(one)
+                return
             while not self.closing and not self.write_paused:
                 try:
                     frame = next_parts()
@@ -263,6 +277,14 @@ class Connection(asyncio.BufferedProtocol):
             self.send(encode_error(msg_type & 0x7F, msg_id, Status.BAD_REQUEST, "clients send requests"))
             return Status.BAD_REQUEST
         try:
+            plain = _plain_of(msg_type)
+            if plain is not None and not status and (fields := plain[0](payload)) is not None:
+                result = plain[1](self, msg_id, fields)  # a plain PRODUCE, CONSUME or ACK: its reply frame
+                if type(result) is bytes:
+                    self.send(result)
+                    return _OK
+                self.wait(msg_type, msg_id, result)  # a plain CONSUME that waits
+                return
             fields = check_request(msg_type, msg_id, payload, status)  # first: it refuses unknown types
             result = HANDLERS[msg_type](self, fields)
             if type(result) is not dict:

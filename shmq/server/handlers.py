@@ -10,7 +10,8 @@ non-blocking (``put_nowait``, ``get_many(timeout=0)``, settles, ``read(timeout=0
 ``poll(timeout=0)``), so it holds a lock for microseconds and the loop never waits.
 What a handler uses of ``conn``:
 
-- ``conn.server``: ``broker``, ``queue(name)`` / ``stream(name)`` (cached handles),
+- ``conn.server``: ``broker``, ``queue(name)`` / ``stream(name)`` (cached handles;
+  ``queues``: the queues' ``AttachedHandles``, read by the plain requests' handlers),
   ``forget(name)``, ``notify(name)``, ``waiters_of(q)``, ``streams`` (``forget``,
   ``notify``, ``line_of``), ``on_create``, ``token``, ``max_frame_bytes``, ``stopping``;
 - ``conn.leases``: the deliveries the connection holds (``leases.Leases``);
@@ -33,8 +34,10 @@ from ..engine.queues.rpc import Call
 from ..errors import (
     MessageTooLarge, QueueEmpty, QueueExists, QueueFull, RequestTimeout, SettingsMismatch, StreamNotFound, Unauthorized,
 )
-from ..protocol import MsgType
+from ..protocol import REPLY_BIT, MsgType
 from ..protocol.compression import CODECS
+from ..protocol.requests import PLAIN_CHECKS
+from ..protocol.shapes import Shape
 from ..protocol.status import reason_of, status_of
 from ..protocol.payloads import (
     QUEUE_OPTIONS,
@@ -58,7 +61,7 @@ from ..protocol.payloads import (
 from .anyline import AnyLine
 from .waiters import NOTHING
 
-__all__ = ["HANDLERS", "Wait", "BlockingAppend", "RECORD_OVERHEAD", "fill"]
+__all__ = ["HANDLERS", "PLAIN", "Wait", "BlockingAppend", "RECORD_OVERHEAD", "fill"]
 
 RECORD_OVERHEAD = 128  # bytes a message or record adds to a reply besides its bytes and headers
 
@@ -197,6 +200,16 @@ def produce(conn, f):
     return {"id": msg_id}
 
 
+def plain_produce(conn, msg_id, f):
+    """``produce`` of a plain PRODUCE (``requests.check_plain_produce``): its reply frame."""
+    queues = conn.server.queues  # (``server.queue`` and ``server.notify``, a call less each)
+    q = queues.get(f["queue"])
+    with serving():
+        put_id = q.put(f["body"], None, 0)
+    queues.notify(q.name)
+    return _PRODUCED.frame(msg_id, put_id)
+
+
 def produce_batch(conn, f):
     q = conn.server.queue(f["queue"])
     bodies, headers = messages_args(f["messages"])
@@ -238,6 +251,20 @@ def consume(conn, f):
     return _wait_or_answer(conn, f, server.waiters_of, q, _get, _leased, args)
 
 
+def plain_consume(conn, msg_id, f):
+    """``consume`` of a plain CONSUME (``requests.check_plain_consume``: one message, a
+    lease, maps): its reply frame, or a Wait as ``consume`` makes it."""
+    server = conn.server
+    q = server.queues.get(f["queue"])
+    args = (q, 1, None, _reply_budget(server, 1), True, False)
+    got = _get(args)
+    if got is None:
+        if f["wait_ms"] and not server.stopping:
+            return Wait(server.waiters_of(q), _get, _leased, args, f["wait_ms"])
+        return _CONSUMED.frame(msg_id, [])
+    return _CONSUMED.frame(msg_id, conn.leases.lease(q, got))
+
+
 def _get(args):
     q, most, vis, max_bytes, ack, _rows = args
     try:
@@ -253,9 +280,18 @@ def _leased(conn, args, ds):
 
 
 def ack(conn, f):
-    q = conn.server.queue(f["queue"])
+    return {"acked": _acked(conn, f)}
+
+
+def plain_ack(conn, msg_id, f):
+    """``ack`` of a plain ACK (``requests.check_plain_ack``): its reply frame."""
+    return _ACKED.frame(msg_id, _acked(conn, f))
+
+
+def _acked(conn, f) -> int:
+    q = conn.server.queues.get(f["queue"])
     tags = f["deliveries"]
-    return {"acked": conn.leases.settle(q, tags, q.ack_many) if tags else 0}
+    return conn.leases.settle(q, tags, q.ack_many) if tags else 0
 
 
 def nack(conn, f):
@@ -731,3 +767,16 @@ HANDLERS = {
     MsgType.X_PUBLISH: x_publish,
     MsgType.REQUEST: request,
 }
+
+# The replies of the plain requests, each packed once but for its one value (``shapes.Shape``:
+# a reply's status is 0, as a request's; the bytes are ``encode_reply``'s, a test holds them equal).
+_PRODUCED = Shape(MsgType.PRODUCE | REPLY_BIT, {}, "id")
+_CONSUMED = Shape(MsgType.CONSUME | REPLY_BIT, {}, "messages")
+_ACKED = Shape(MsgType.ACK | REPLY_BIT, {}, "acked")
+
+# request type -> (check, handler) of its plain shape (``requests.PLAIN_CHECKS``): the check
+# returns the fields or None (then ``check_request`` and ``HANDLERS``), the handler returns
+# the reply frame (or a Wait) for ``(conn, msg_id, fields)``
+PLAIN = {MsgType.PRODUCE: (PLAIN_CHECKS[MsgType.PRODUCE], plain_produce),
+         MsgType.CONSUME: (PLAIN_CHECKS[MsgType.CONSUME], plain_consume),
+         MsgType.ACK: (PLAIN_CHECKS[MsgType.ACK], plain_ack)}
