@@ -17,7 +17,7 @@ from shmq.protocol import FrameDecoder, MsgType, encode_request
 from shmq.protocol.payloads import ROW_ITEMS
 from shmq.protocol.shapes import acks_shape, consume_many_shape, produce_batch_shape
 from tests._wait import wait_for
-from tests.test_client_fastpath import _calls_per, _frames, _Writes
+from tests.test_client_fastpath import _calls_per, _noted_writes, _Writes
 
 
 # ---------------------------------------------------------------- shapes
@@ -247,15 +247,7 @@ def test_the_asyncio_batch_fast_paths_send_bodies_and_ask_for_rows(tcp_server, b
     async def main():
         async with await aio.connect(tcp_server.url) as b:
             q = await b.queue("q")
-            writes = []
-            writer = b._link.writer
-            write = writer.write
-
-            def noted(data):
-                writes.append(_frames(data))
-                write(data)
-
-            writer.write = noted
+            writes = _noted_writes(b)
             ids = await q.put_many([b"a", b"b", b"c"])
             ds = await q.get_many(2)
             await q.ack_many(ds, wait=False)

@@ -92,6 +92,19 @@ class _Writes:
         return getattr(self._sock, name)
 
 
+def _noted_writes(b) -> list:
+    """The asyncio connection's writes from now on, each noted as its frames."""
+    writes, writer = [], b._link.writer
+    write = writer.write
+
+    def noted(data):
+        writes.append(_frames(data))
+        write(data)
+
+    writer.write = noted
+    return writes
+
+
 def _frames(data):
     dec = FrameDecoder(1 << 30)
     dec.feed(data)
@@ -234,15 +247,7 @@ def test_the_asyncio_fast_paths_send_what_the_general_path_sends(tcp_server, bro
     async def main():
         async with await aio.connect(tcp_server.url) as b:
             q = await b.queue("q")
-            writes = []
-            writer = b._link.writer
-            write = writer.write
-
-            def noted(data):
-                writes.append(_frames(data))
-                write(data)
-
-            writer.write = noted
+            writes = _noted_writes(b)
             first = await q.put(b"one")
             d = await q.get()
             await d.ack(wait=False)
