@@ -401,6 +401,13 @@ class QueueCalls:
             self._batch_shapes = (produce_batch_shape(self.name), acks_shape(self.name), {})
         return self._batch_shapes
 
+    def _consume_plan(self, most, rows: bool):
+        """(the CONSUME shape, what reads its reply) of a plain get (``most`` None) or
+        get_many of ``most``; ``rows``: the server takes compact forms."""
+        if most is None:
+            return self._get_shape, self._taken
+        return self._get_many_shape(most, rows), self._taken_all
+
     def _get_many_shape(self, most: int, rows: bool):
         """The CONSUME shape of a plain get_many of ``most`` (``rows``: its messages asked
         for as rows, from a server that says ``compact``)."""

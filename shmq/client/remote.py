@@ -621,10 +621,7 @@ class RemoteBroker(BrokerCalls):
             return QueueCalls.get(q, timeout) if most is None else QueueCalls.get_many(q, most, timeout)
         clock = self._clock
         until = deadline(timeout, clock)
-        if most is None:
-            shape, taken = q._get_shape, q._taken
-        else:
-            shape, taken = q._get_many_shape(most, link.core.compact), q._taken_all
+        shape, taken = q._consume_plan(most, link.core.compact)
         limit_of = self.options.reply_limit
         while True:
             wait = slice_ms(until, clock)
