@@ -27,8 +27,9 @@ from ..tls import describe, note_refused
 from . import forks
 from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
-from .core import BrokerCalls, PlainQueueCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
+from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
 from .core import plain_messages, slice_ms
+from .plain import PlainQueueCalls
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
@@ -468,7 +469,7 @@ class AsyncBroker(BrokerCalls):
         return await self._answered(link, msg_id, data, shape.msg_type, shape.fixed, limit)
 
     async def _get_plain(self, q, timeout, most=None):
-        """``q.get(timeout)``, a plain one (``QueueCalls._plain_get``): CONSUME of one
+        """``q.get(timeout)``, a plain one (``PlainQueueCalls._plain_get``): CONSUME of one
         message, a slice at a time, encoded from the queue's shape; with ``most``,
         ``q.get_many(most, timeout)``, a plain one (``_plain_get_many``)."""
         link = self._link
@@ -486,7 +487,7 @@ class AsyncBroker(BrokerCalls):
                 return d
 
     async def _put_many_plain(self, q, bodies):
-        """``q.put_many(bodies)``, a plain one (``QueueCalls._plain_put_many``): a
+        """``q.put_many(bodies)``, a plain one (``PlainQueueCalls._plain_put_many``): a
         PRODUCE_BATCH encoded from the queue's shape; refused for a full queue, the general
         put_many retries."""
         link = self._link
@@ -500,13 +501,13 @@ class AsyncBroker(BrokerCalls):
         return await QueueCalls.put_many(q, bodies)
 
     async def _ack_many_plain(self, link, q, tags):
-        """``q.ack_many(deliveries)`` of checked ``tags`` (``QueueCalls._plain_tags``) on
+        """``q.ack_many(deliveries)`` of checked ``tags`` (``PlainQueueCalls._plain_tags``) on
         ``link``: an ACK encoded from the queue's shape."""
         limit = self.options.reply_limit(MsgType.ACK, None)
         return (await self._exchange_shaped(link, q._shapes()[1], tags, limit))["acked"]
 
     async def _put_plain(self, q, body):
-        """``q.put(body)``, a plain one (``QueueCalls._plain_put``): a PRODUCE encoded from
+        """``q.put(body)``, a plain one (``PlainQueueCalls._plain_put``): a PRODUCE encoded from
         the queue's shape; refused for a full queue, the general put retries."""
         link = self._link
         if link is not None and not link.core.failed:

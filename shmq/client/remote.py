@@ -37,8 +37,9 @@ from ..protocol.payloads import message_fields
 from . import forks
 from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
-from .core import BrokerCalls, PlainQueueCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
+from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
 from .core import parse_url, plain_messages, slice_ms
+from .plain import PlainQueueCalls
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
@@ -613,7 +614,7 @@ class RemoteBroker(BrokerCalls):
         return None if link.core.failed else link
 
     def _get_plain(self, q, timeout, most=None):
-        """``q.get(timeout)``, a plain one (``QueueCalls._plain_get``): CONSUME of one
+        """``q.get(timeout)``, a plain one (``PlainQueueCalls._plain_get``): CONSUME of one
         message, a slice at a time, encoded from the queue's shape; with ``most``,
         ``q.get_many(most, timeout)``, a plain one (``_plain_get_many``)."""
         link = self._ready_link()
@@ -631,7 +632,7 @@ class RemoteBroker(BrokerCalls):
                 return d
 
     def _put_plain(self, q, body):
-        """``q.put(body)``, a plain one (``QueueCalls._plain_put``): a PRODUCE encoded from
+        """``q.put(body)``, a plain one (``PlainQueueCalls._plain_put``): a PRODUCE encoded from
         the queue's shape; refused for a full queue, the general put retries."""
         link = self._ready_link()
         if link is not None:
@@ -643,7 +644,7 @@ class RemoteBroker(BrokerCalls):
         return QueueCalls.put(q, body)
 
     def _put_many_plain(self, q, bodies):
-        """``q.put_many(bodies)``, a plain one (``QueueCalls._plain_put_many``): a
+        """``q.put_many(bodies)``, a plain one (``PlainQueueCalls._plain_put_many``): a
         PRODUCE_BATCH encoded from the queue's shape; refused for a full queue, the general
         put_many retries."""
         link = self._ready_link()
@@ -656,7 +657,7 @@ class RemoteBroker(BrokerCalls):
         return QueueCalls.put_many(q, bodies)
 
     def _ack_many_plain(self, link, q, deliveries, tags, wait):
-        """``q.ack_many(deliveries, wait)`` of checked ``tags`` (``QueueCalls._plain_tags``)
+        """``q.ack_many(deliveries, wait)`` of checked ``tags`` (``PlainQueueCalls._plain_tags``)
         on ``link``: an ACK encoded from the queue's shape; without ``wait``, held for the
         next write as a plain ``ack(wait=False)`` is."""
         shape = q._shapes()[1]
