@@ -22,42 +22,52 @@ import org.slf4j.LoggerFactory;
 
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
 import java.util.Map;
+import java.util.concurrent.ArrayBlockingQueue;
 
 /**
  * One task's reader: the ranges of its Spark partition, range after range, as columnar batches of at most
- * {@link #READ_CHUNK} records made straight from each {@link RecordBlock} (the columns of {@link Schema}). Offsets
- * dropped by retention while it reads fail the task or are skipped with a warning, as failOnDataLoss says.
+ * {@link #READ_CHUNK} records, each batch's columns ({@link Schema}'s) the {@link RecordBlock} it was read into
+ * ({@link BlockColumn}: no copy into vectors). Offsets dropped by retention while it reads fail the task or are
+ * skipped with a warning, as failOnDataLoss says. The block goes back to a small spare pool at close, so the next
+ * task of this executor does not grow an arena anew.
  */
 final class ColumnarReader implements PartitionReader<ColumnarBatch> {
     static final int READ_CHUNK = 10_000;  // records per batch, as the Python source reads
     private static final Logger LOG = LoggerFactory.getLogger("shmq.spark");
+    /** Blocks of finished readers, for the next tasks of this executor (no arena grown anew for each task). */
+    private static final ArrayBlockingQueue<RecordBlock> SPARE =
+            new ArrayBlockingQueue<>(Runtime.getRuntime().availableProcessors());
+    /** A block whose arena grew past this (large records) is not kept for another task. */
+    static final int SPARE_MAX_BYTES = 8 << 20;
 
     private final Target target;
     private final Plan.Range[] ranges;
-    private final RecordBlock block = new RecordBlock();
-    private final WritableColumnVector key, value, offset, timestamp, headers;
+    private final RecordBlock block;
+    private final WritableColumnVector headers;
     private final ConstantColumnVector stream, partition;
     private final ColumnarBatch batch;
     private RecordSource source;
     private int range;
     private long next = -1;
+    private boolean closed;
 
     ColumnarReader(Target target, ShmqInputPartition part) {
         this.target = target;
         this.ranges = part.ranges;
+        RecordBlock spare = SPARE.poll();
+        block = spare != null ? spare : new RecordBlock();
         StructType schema = Schema.of(target.includeHeaders);
-        key = new OnHeapColumnVector(READ_CHUNK, DataTypes.BinaryType);
-        value = new OnHeapColumnVector(READ_CHUNK, DataTypes.BinaryType);
         stream = new ConstantColumnVector(READ_CHUNK, DataTypes.StringType);
         stream.setUtf8String(UTF8String.fromString(target.stream));
         partition = new ConstantColumnVector(READ_CHUNK, DataTypes.IntegerType);
-        offset = new OnHeapColumnVector(READ_CHUNK, DataTypes.LongType);
-        timestamp = new OnHeapColumnVector(READ_CHUNK, DataTypes.TimestampType);
         headers = target.includeHeaders ? new OnHeapColumnVector(READ_CHUNK, schema.fields()[6].dataType()) : null;
-        ColumnVector[] columns = headers == null
-                ? new ColumnVector[]{key, value, stream, partition, offset, timestamp}
-                : new ColumnVector[]{key, value, stream, partition, offset, timestamp, headers};
+        ColumnVector[] columns = {BlockColumn.key(block), BlockColumn.value(block), stream, partition,
+                BlockColumn.offset(block), BlockColumn.timestamp(block), headers};
+        if (headers == null) {
+            columns = Arrays.copyOf(columns, 6);
+        }
         batch = new ColumnarBatch(columns);
     }
 
@@ -116,26 +126,8 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
         return resume;
     }
 
+    /** The batch is the block's records: only the partition, and the headers when asked for, are filled in. */
     private void fill(int p, int n) {
-        key.reset();
-        value.reset();
-        offset.reset();
-        timestamp.reset();
-        byte[] data = block.data;
-        for (int i = 0; i < n; i++) {
-            if (block.keyLen[i] < 0) {
-                key.putNull(i);
-            } else {
-                key.putByteArray(i, data, block.keyStart[i], block.keyLen[i]);
-            }
-            if (block.valueLen[i] < 0) {
-                value.putNull(i);
-            } else {
-                value.putByteArray(i, data, block.valueStart[i], block.valueLen[i]);
-            }
-            timestamp.putLong(i, Math.floorDiv(block.timestampNs[i], 1000L));
-        }
-        offset.putLongs(0, n, block.offset, 0);
         partition.setInt(p);
         if (headers != null) {
             fillHeaders(n);
@@ -161,6 +153,11 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
         }
     }
 
+    /** Blocks kept for the next readers (tests). */
+    static int spares() {
+        return SPARE.size();
+    }
+
     @Override
     public ColumnarBatch get() {
         return batch;
@@ -168,7 +165,15 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
 
     @Override
     public void close() throws IOException {
+        if (closed) {
+            return;
+        }
+        closed = true;
         batch.close();
+        if (block.data.length <= SPARE_MAX_BYTES) {
+            block.clear();
+            SPARE.offer(block);  // dropped when enough are kept
+        }
         if (source != null) {
             source.close();
         }

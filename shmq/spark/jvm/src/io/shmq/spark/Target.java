@@ -41,8 +41,8 @@ public final class Target implements Serializable {
 
     /**
      * The stream's records for {@code who} (the driver, or "partition N" of a task): the namespace's segments
-     * mapped from /dev/shm ({@link ShmStream}) when the query names a namespace, over TCP ({@link TcpStream})
-     * when it names a server's url. Logs which.
+     * mapped from /dev/shm, one mapping for the whole JVM ({@link ShmStream#shared}), when the query names a
+     * namespace, over TCP ({@link TcpStream}) when it names a server's url. Logs which.
      */
     RecordSource open(String who) throws IOException {
         if (url != null) {
@@ -51,7 +51,7 @@ public final class Target implements Serializable {
             return s;
         }
         try {
-            RecordSource s = ShmStream.open(namespace, stream);
+            RecordSource s = ShmStream.shared(namespace, stream);
             LOG.info("shmq source: {} read from shared memory (namespace {})", who, namespace);
             return s;
         } catch (FileNotFoundException e) {

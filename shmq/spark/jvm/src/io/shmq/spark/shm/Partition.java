@@ -14,6 +14,7 @@ import java.nio.channels.FileChannel;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
+import java.util.concurrent.atomic.AtomicLong;
 
 import static io.shmq.spark.shm.Layout.*;
 
@@ -44,9 +45,7 @@ public final class Partition implements Closeable {
     private final long cap;
     private final int base;
     private final long slots;
-    private long retries;
-    private long gapEnd; // where a GAP of the last walk ends (read() only)
-    private boolean gapAtHead; // ... found on the first record at head: dropped by retention
+    private final AtomicLong retries = new AtomicLong();
 
     private Partition(String what, MappedByteBuffer buf, long cap, int base, long slots) {
         this.what = what;
@@ -88,9 +87,14 @@ public final class Partition implements Closeable {
     }
 
     private void checkLive() throws IOException {
-        if (word(PART_DELETED) != 0) {
+        if (deleted()) {
             throw new IOException(what + ": the stream was deleted");
         }
+    }
+
+    /** The stream was deleted (a stream of the same name made since has segments of its own). */
+    public boolean deleted() {
+        return word(PART_DELETED) != 0;
     }
 
     /** The oldest offset in shared memory. */
@@ -114,12 +118,15 @@ public final class Partition implements Closeable {
     }
 
     /** Copies that found their records overwritten and were made again. */
-    public synchronized long retries() {
-        return retries;
+    public long retries() {
+        return retries.get();
     }
 
-    /** RecordSource.read's records of this partition (docs/FORMAT.md: the reader's steps). */
-    public synchronized int read(long from, long until, int maxRecords, RecordBlock out) throws IOException {
+    /**
+     * RecordSource.read's records of this partition (docs/FORMAT.md: the reader's steps). Thread-safe: readers share
+     * one mapping, and each read keeps its state on its own stack and in its own {@code out}.
+     */
+    public int read(long from, long until, int maxRecords, RecordBlock out) throws IOException {
         try {
             return copy(from, until, maxRecords, out);
         } catch (InterruptedException e) {
@@ -137,6 +144,7 @@ public final class Partition implements Closeable {
         if (until == from || maxRecords == 0) {
             return 0;
         }
+        Gap gap = new Gap();
         for (int attempt = 1; ; attempt++) {
             checkLive();
             long next = word(PART_NEXT);
@@ -156,17 +164,17 @@ public final class Partition implements Closeable {
             long start = head;
             if (head < tail) { // else an append is starting a new lap: look again
                 start = locate(from, head, tail, earliest);
-                n = walk(start, head, tail, next, from, until, maxRecords, out);
+                n = walk(start, head, tail, next, from, until, maxRecords, out, gap);
             }
             VarHandle.acquireFence(); // the copy's loads before the check's
             if (head < tail && word(PART_HEAD) <= start) {
                 if (n == GAP) {
                     out.clear();
-                    if (gapAtHead) { // retention dropped from, and earliest was not yet moved when it was read
-                        throw below(from, gapEnd);
+                    if (gap.atHead) { // retention dropped from, and earliest was not yet moved when it was read
+                        throw below(from, gap.end);
                     }
-                    throw new DataLossException(what + ": offsets " + from + ".." + (gapEnd - 1) + " were lost"
-                            + " (a reboot, or a damaged or deleted log file); read on from " + gapEnd, gapEnd);
+                    throw new DataLossException(what + ": offsets " + from + ".." + (gap.end - 1) + " were lost"
+                            + " (a reboot, or a damaged or deleted log file); read on from " + gap.end, gap.end);
                 }
                 if (n == DAMAGED) {
                     out.clear();
@@ -174,7 +182,7 @@ public final class Partition implements Closeable {
                 }
                 return n;
             }
-            retries++;
+            retries.incrementAndGet();
             out.clear();
             if (attempt >= MAX_ATTEMPTS) {
                 throw new IOException(what + ": the records from offset " + from + " changed under " + attempt
@@ -217,10 +225,11 @@ public final class Partition implements Closeable {
 
     /**
      * Copies the records of offsets [from, until) found from {@code pos} before {@code tail}, at most
-     * {@code max}, stopping at a gap in the offsets; their count, GAP (gapEnd says where the offsets
+     * {@code max}, stopping at a gap in the offsets; their count, GAP ({@code gap} says where the offsets
      * go on) or DAMAGED. Speculative: the caller checks afterwards that nothing was overwritten.
      */
-    private int walk(long pos, long head, long tail, long next, long from, long until, int max, RecordBlock out) {
+    private int walk(long pos, long head, long tail, long next, long from, long until, int max, RecordBlock out,
+                     Gap gap) {
         int n = 0;
         long prev = -1;
         boolean first = pos == head;
@@ -245,8 +254,8 @@ public final class Partition implements Closeable {
                 continue;
             }
             if (n == 0 && off != from) {
-                gapEnd = off;
-                gapAtHead = first;
+                gap.end = off;
+                gap.atHead = first;
                 return GAP;
             }
             if ((n > 0 && off != prev + 1) || off >= until) {
@@ -282,11 +291,17 @@ public final class Partition implements Closeable {
             }
         }
         if (n == 0) { // nothing at or after from below the tail: offsets up to the end were lost
-            gapEnd = next;
-            gapAtHead = false;
+            gap.end = next;
+            gap.atHead = false;
             return GAP;
         }
         return n;
+    }
+
+    /** Where a walk's GAP ends, and whether it was found on the first record at head (dropped by retention). */
+    private static final class Gap {
+        long end;
+        boolean atHead;
     }
 
     /** Nothing to release: the mapping goes with the buffer. */
