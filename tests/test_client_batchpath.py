@@ -17,7 +17,7 @@ from shmq.protocol import FrameDecoder, MsgType, encode_request
 from shmq.protocol.payloads import ROW_ITEMS
 from shmq.protocol.shapes import acks_shape, consume_many_shape, produce_batch_shape
 from tests._wait import wait_for
-from tests.test_client_fastpath import _calls_per, _noted_writes, _Writes
+from tests.test_client_fastpath import _calls_per, _noted_writes, _Writes, full_queue
 
 
 # ---------------------------------------------------------------- shapes
@@ -131,12 +131,7 @@ def test_what_is_not_plain_takes_the_general_path_and_fails_alike(tcp_server, br
 
 
 def test_a_fast_put_many_to_a_full_queue_retries_until_there_is_room(tcp_server, broker):
-    local = broker.create_queue("q", max_bytes=4096, max_message_bytes=1024)
-    while True:
-        try:
-            local.put_nowait(b"f" * 1000)
-        except shmq.QueueFull:
-            break
+    local = full_queue(broker)
     full = local.stats().ready
     with shmq.connect(tcp_server.url) as b:
         q = b.queue("q")

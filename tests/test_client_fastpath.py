@@ -92,6 +92,16 @@ class _Writes:
         return getattr(self._sock, name)
 
 
+def full_queue(broker):
+    """A local handle of a new queue "q", filled until a put finds no room."""
+    local = broker.create_queue("q", max_bytes=4096, max_message_bytes=1024)
+    while True:
+        try:
+            local.put_nowait(b"f" * 1000)
+        except shmq.QueueFull:
+            return local
+
+
 def _noted_writes(b) -> list:
     """The asyncio connection's writes from now on, each noted as its frames."""
     writes, writer = [], b._link.writer
@@ -153,12 +163,7 @@ def test_a_fast_get_of_an_empty_queue_raises_queue_empty_and_a_closed_handle_ref
 
 
 def test_a_fast_put_to_a_full_queue_retries_until_there_is_room(tcp_server, broker):
-    local = broker.create_queue("q", max_bytes=4096, max_message_bytes=1024)
-    while True:  # full
-        try:
-            local.put_nowait(b"f" * 1000)
-        except shmq.QueueFull:
-            break
+    local = full_queue(broker)
     held = local.stats().ready
     with shmq.connect(tcp_server.url) as b:
         q = b.queue("q")
@@ -271,12 +276,7 @@ def test_the_asyncio_fast_paths_send_what_the_general_path_sends(tcp_server, bro
 
 
 def test_an_asyncio_fast_put_to_a_full_queue_retries_until_there_is_room(tcp_server, broker):
-    local = broker.create_queue("q", max_bytes=4096, max_message_bytes=1024)
-    while True:
-        try:
-            local.put_nowait(b"f" * 1000)
-        except shmq.QueueFull:
-            break
+    local = full_queue(broker)
 
     async def main():
         async with await aio.connect(tcp_server.url) as b:
