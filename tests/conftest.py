@@ -80,7 +80,7 @@ def no_stray_children():
 class ThreadedServer:
     """A real TCP server (shmq.server.tcp) on a free port, its event loop in a thread."""
 
-    def __init__(self, namespace, token=None, max_frame_bytes=None):
+    def __init__(self, namespace, token=None, max_frame_bytes=None, limits=None):
         import asyncio
         import threading
 
@@ -91,6 +91,8 @@ class ThreadedServer:
         kwargs = {"token": token, "port": 0}
         if max_frame_bytes:
             kwargs["max_frame_bytes"] = max_frame_bytes
+        if limits is not None:
+            kwargs["limits"] = limits
         self.server = TcpServer(self.broker, **kwargs)
         started = threading.Event()
 

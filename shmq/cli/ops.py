@@ -7,6 +7,7 @@ import sys
 import click
 
 from ..auth import command_line_warning
+from ..busypoll import MAX_BUSY_POLL_US
 from ..errors import ShmqError
 from .app import Size, _echo_json, _json_option, _namespace_option, _on_command_line, main
 from .config import config_file_options, given
@@ -35,6 +36,10 @@ from .config import config_file_options, given
                    "[default: 64]")
 @click.option("--max-prefetch", type=click.IntRange(1), default=None,
               help="Largest prefetch a SUBSCRIBE may ask for; more gets BAD_REQUEST. [default: 10000]")
+@click.option("--busy-poll-us", type=click.IntRange(0, MAX_BUSY_POLL_US), default=None,
+              help="Microseconds the server looks for a client's next request without sleeping, after each read "
+                   "(a sleeping CPU's wake-up costs tens of µs on a VM); the window adapts down when nothing comes "
+                   "and ends when the CPU is wanted; 0: never. [default: 100]")
 @click.option("--max-buffered-bytes", type=Size(min=1024), default=None,
               help="Bytes of unfinished big frames held across all connections; beyond, readers wait. "
                    "At least --max-frame-bytes + 16 (a size). [default: 64MiB]")

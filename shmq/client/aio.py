@@ -20,6 +20,7 @@ import asyncio
 import functools
 import os
 
+from ..busypoll import LoopSpin
 from ..errors import BrokerUnavailable, QueueFull, ShmqError
 from ..model import keepalive
 from ..protocol import MsgType
@@ -217,7 +218,7 @@ class _Link:
     at once: they go with the next request written, or at the loop's next turn, whichever
     comes first (``hold``), so a loop of them costs one write, not one each."""
 
-    __slots__ = ("core", "writer", "gone", "pending", "pushed", "out", "due", "heart")
+    __slots__ = ("core", "writer", "gone", "pending", "pushed", "out", "due", "heart", "spin")
 
     def __init__(self, core, writer):
         self.core = core
@@ -228,6 +229,7 @@ class _Link:
         self.out = Outbox()  # posted requests' bytes not written yet
         self.due = False  # a ``flush`` is scheduled
         self.heart = None  # its heartbeat task (``AsyncBroker._beat``)
+        self.spin = LoopSpin(None, 0)  # the loop looks for replies awake a while (``_connect`` sets it)
 
     def hold(self, data) -> None:
         if self.out.hold(data):
@@ -331,6 +333,7 @@ class AsyncBroker(BrokerCalls):
         loop = asyncio.get_running_loop()
         link = _Link(core, None)
         link.gone = loop.create_future()
+        link.spin = LoopSpin(loop, self.options.busy_poll_us, link.pending.__len__)  # while replies are awaited
         try:
             async with asyncio.timeout(limit):
                 transport, protocol = await loop.create_connection(
@@ -551,6 +554,7 @@ class AsyncBroker(BrokerCalls):
         link.write(data)
         if link.writer.transport.get_write_buffer_size():  # (else drain has nothing to wait for)
             await link.writer.drain()
+        link.spin.touch()
         await answered
 
     async def _request(self, msg_type, payload=None) -> dict:

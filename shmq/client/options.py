@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
+from ..busypoll import DEFAULT_BUSY_POLL_US, check_busy_poll_us
 from ..protocol import MsgType
 
 __all__ = ["Endpoint", "split_url", "redacted", "parse_url", "ConnectOptions", "DEFAULT_PORT",
@@ -120,7 +121,10 @@ class ConnectOptions:
     looks at a quiet connection (a PING when nothing was sent; dead when a PING got
     nothing back by the next look); None: no heartbeats. ``ssl``: an ``ssl.SSLContext`` to connect with over
     TLS (a ``tcps://`` url without it: ``shmq.tls.client_context``'s), or True: TLS with
-    that default even for a ``tcp://`` url.
+    that default even for a ``tcp://`` url. ``busy_poll_us``: after sending a request, look
+    for its reply this many microseconds at most without sleeping (``shmq.busypoll``: the
+    window adapts down when replies come late, and the spin yields to any process that
+    wants the CPU); 0: sleep at once.
     """
 
     timeout: float | None = None
@@ -130,6 +134,7 @@ class ConnectOptions:
     backoff: tuple[float, float] = (0.1, 2.0)
     heartbeat: float | None = DEFAULT_HEARTBEAT_S
     ssl: object = None
+    busy_poll_us: int = DEFAULT_BUSY_POLL_US
 
     def __post_init__(self):
         for name in ("timeout", "connect_timeout", "heartbeat"):
@@ -147,6 +152,7 @@ class ConnectOptions:
             raise ValueError(f"backoff must be (first, most) with first <= most, not {self.backoff!r}")
         object.__setattr__(self, "backoff", tuple(self.backoff))
         _check_ssl(self.ssl)
+        check_busy_poll_us(self.busy_poll_us)
 
     @property
     def connect_limit(self) -> float:

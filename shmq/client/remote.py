@@ -30,6 +30,7 @@ import threading
 import time
 import weakref
 
+from ..busypoll import Window, spin_until_readable
 from ..errors import BrokerUnavailable, QueueFull
 from ..tls import describe, note_refused
 from ..protocol import MsgType
@@ -232,9 +233,9 @@ class _Link:
     ``PENDING_BYTES`` of them gathered."""
 
     __slots__ = ("sock", "core", "writing", "mutex", "cond", "sleepers", "reading", "heard", "readable", "pending",
-                 "flusher")
+                 "flusher", "spin")
 
-    def __init__(self, sock, core):
+    def __init__(self, sock, core, busy_poll_us=0):
         self.sock = sock  # None: not connected in this process (a child of fork(), ``_forked``)
         self.core = core
         self.writing = threading.Lock()  # held while ``pending`` changes or bytes are written
@@ -250,6 +251,7 @@ class _Link:
             self.readable.register(sock, select.POLLIN)
         self.pending = Outbox()  # posted requests' bytes not written yet (under ``writing``)
         self.flusher = None  # the thread that writes what is pending after LINGER_S (started on need)
+        self.spin = Window(busy_poll_us)  # how long a read looks for its bytes awake first (``_wait``)
 
     def write(self, data) -> None:
         """Write what is pending, then ``data``, in one system call. ``writing`` held."""
@@ -479,7 +481,7 @@ class RemoteBroker(BrokerCalls):
             raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {e.strerror or e}") from None
         sock = self._secured(sock)
         try:
-            link = _Link(sock, core)
+            link = _Link(sock, core, self.options.busy_poll_us)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             ends = sock.getsockname(), sock.getpeername()
         except OSError as e:
@@ -790,7 +792,10 @@ class RemoteBroker(BrokerCalls):
                 link.reading = True
                 cond.release()
                 try:
+                    awake = spin_until_readable(link.readable, link.spin)  # looked for awake a while first
                     data = link.sock.recv(_READ_BYTES)  # its timeout: options.timeout, to look at the clock
+                    if not awake:
+                        link.spin.came()
                 except TimeoutError:
                     data = None
                 except OSError as e:

@@ -134,6 +134,7 @@ class Connection(asyncio.BufferedProtocol):
                 ended = bounds.advance(data)
                 if ended and self.reserved:
                     self.server.budget.release(self)  # a reserved read ends where its frame does
+            self.server.spin.touch()  # the client's next request may follow its reply: looked for awake
             now = self.server.loop.time()
             if bounds.got:  # a frame still open
                 self.clocks.received(now, bounds.got, ended)

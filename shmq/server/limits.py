@@ -15,6 +15,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
+from ..busypoll import DEFAULT_BUSY_POLL_US, check_busy_poll_us
 from ..protocol import HEADER_SIZE
 from ..protocol.frames import unpack_length
 
@@ -35,6 +36,7 @@ class Limits:
     idle_timeout: float = 300.0
     max_subscriptions_per_connection: int = 64  # SUBSCRIBEs open at once on one connection
     max_prefetch: int = 10_000  # the most un-acked deliveries one SUBSCRIBE may ask pushed
+    busy_poll_us: int = DEFAULT_BUSY_POLL_US  # the longest spin of the loop after a read (shmq.busypoll); 0: none
 
     def __post_init__(self):
         for name in ("max_connections", "max_waiting_per_connection", "max_buffered_bytes",
@@ -46,6 +48,7 @@ class Limits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+        check_busy_poll_us(self.busy_poll_us)
 
     @property
     def sweep_interval(self) -> float:

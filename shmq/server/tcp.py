@@ -19,6 +19,7 @@ import asyncio
 import errno
 import logging
 
+from ..busypoll import LoopSpin
 from ..engine.broker import Broker
 from ..errors import QueueNotFound, ShmqError, StreamNotFound
 from ..protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
@@ -61,6 +62,7 @@ class TcpServer:
         self.budget = Budget(self.limits.max_buffered_bytes)
         self.rview = memoryview(bytearray(READ_CHUNK))  # every connection reads into it, in turn
         self.loop = None
+        self.spin = LoopSpin(None, 0)  # the loop's busy poll after each read: none until ``bind``
         self.queues = AttachedHandles(self, self._attach_queue, QueueWaiters, QueueNotFound, "queue")
         self.streams = AttachedHandles(self, self._attach_stream, StreamWaiters, StreamNotFound, "stream")
         self._appenders = {}  # stream name -> (handle, its Appender) (streams with retention="block")
@@ -79,7 +81,7 @@ class TcpServer:
 
     def notify(self, name):
         """Messages were just made ready by this loop: serve that queue's waiting CONSUMEs
-        once the current request is answered (the poller is for other processes)."""
+        now (the doorbells are for other processes)."""
         self.queues.notify(name)
 
     def waiters_of(self, q):
@@ -126,6 +128,7 @@ class TcpServer:
         """Listen on host:port, accepting no connection yet (``start``). ShmqError in one
         line when the address cannot be had (``port 7878 on 127.0.0.1 is in use``)."""
         self.loop = asyncio.get_running_loop()
+        self.spin = LoopSpin(self.loop, self.limits.busy_poll_us)
         self._server = await listen(self, Connection)
         return self
 
@@ -255,12 +258,14 @@ class AttachedHandles:
             h.close()
 
     def notify(self, name):
-        """Data for ``name`` was just made by this loop: serve its line (and its peers')
-        once the current request is answered."""
+        """Data for ``name`` was just made by this loop: serve its line (and its peers') at
+        once, so that the answers of its waiters leave before the reply of the request that
+        made the data (the consumer waiting at the other end of a ping-pong is the one in a
+        hurry; the producer's reply follows in the same turn)."""
         for handles in self.peers:
             line = handles.lines.get(name)
-            if line is not None:
-                line.schedule()
+            if line is not None and line.live:
+                line.serve()
 
     def line_of(self, h):
         line = self.lines.get(h.name)
