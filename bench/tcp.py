@@ -33,7 +33,7 @@ import shlex
 import sys
 
 from bench import harness, plot, report, tcp_report
-from bench.adapters.shmq_tcp import TLS_ENV
+from bench.adapters.shmq_tcp import BUSY_POLL_ENV, TLS_ENV
 from bench.machine import machine_info
 from bench.plan import (TCP_CASES, TCP_COUNT, TCP_QUICK_SCALE, TCP_SIZES, TCP_TRIPS, TOPOLOGIES, csv, parse_size,
                         pin_cpus, plan_tcp)
@@ -61,6 +61,8 @@ def parse_args(argv):
     p.add_argument("--tls", action="store_true",
                    help="shmq's server over TLS (tcps://, a certificate of the run's own): the cost of TLS, "
                         "beside Redis in plain TCP")
+    p.add_argument("--busy-poll-us", type=int, default=None, metavar="N",
+                   help="shmq's busy polling, the server's and the clients' (0: none; default: theirs, 100)")
     p.add_argument("--json", metavar="PATH", default=None, help="write every run here")
     p.add_argument("--plot", metavar="PATH", default=None,
                    help="draw the plot here (default: beside --json, as .png; '' for none)")
@@ -83,6 +85,8 @@ def run(args, ctx):
     args.cpus = pin_cpus(args.pin)
     if args.tls:
         os.environ[TLS_ENV] = "1"
+    if args.busy_poll_us is not None:
+        os.environ[BUSY_POLL_ENV] = str(args.busy_poll_us)
     load = os.getloadavg()[0]
 
     def jobs(opened):

@@ -7,7 +7,10 @@ process on one connection:
 - ``--role produce``: put ``--batch`` bodies of ``--size`` bytes per request until
   ``--count`` messages are in;
 - ``--role consume``: the queue filled beforehand (locally, not timed), then a
-  subscription with ``--prefetch`` takes and acks every message.
+  subscription with ``--prefetch`` takes and acks every message;
+- ``--role put`` / ``--role get``: one plain request at a time, each waited for:
+  ``q.put(body)``; or, the queue filled beforehand, ``q.get()`` + ``d.ack(wait=False)``
+  (the ack goes with the next get): what one request costs each side.
 
 Two clients each:
 
@@ -19,7 +22,9 @@ Two clients each:
   connection.
 
 Besides msgs/s, the server's CPU time per message (user + system, from /proc around the
-run) says what the server costs. The queue is purged between runs. Each figure is the
+run) says what the server costs, and the client's (its process time) what the client
+costs. ``--busy-poll-us N`` sets the client's spin (``--server-arg=--busy-poll-us=N`` the
+server's): with 0 on both, the figures are each side's work alone, without the spin. The queue is purged between runs. Each figure is the
 median of ``--runs`` runs (after a short warm-up run), with min .. max.
 """
 
@@ -40,15 +45,49 @@ from bench.plan import pin_cpus
 QUEUE = "one"
 
 
-def _produce_client(url, count, args):
+def _connect(url, args):
     import shmq
-    with shmq.connect(url) as b:
+    return shmq.connect(url) if args.busy_poll_us is None else shmq.connect(url, busy_poll_us=args.busy_poll_us)
+
+
+def _timed(fn):
+    """(seconds, the process's CPU seconds) that ``fn()`` took."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _produce_client(url, count, args):
+    with _connect(url, args) as b:
         q = b.queue(QUEUE)
         bodies = [b"x" * args.size] * args.batch
-        t0 = time.perf_counter()
-        for _ in range(count // args.batch):
-            q.put_many(bodies)
-        return time.perf_counter() - t0
+
+        def run():
+            for _ in range(count // args.batch):
+                q.put_many(bodies)
+        return _timed(run)
+
+
+def _put_client(url, count, args):
+    with _connect(url, args) as b:
+        q = b.queue(QUEUE)
+        body = b"x" * args.size
+
+        def run():
+            for _ in range(count):
+                q.put(body)
+        return _timed(run)
+
+
+def _get_client(url, count, args):
+    with _connect(url, args) as b:
+        q = b.queue(QUEUE)
+
+        def run():
+            for _ in range(count):
+                q.get().ack(wait=False)
+            b.ping()  # every ack handled
+        return _timed(run)
 
 
 def _connect_raw(url):
@@ -59,6 +98,11 @@ def _connect_raw(url):
 
 
 def _produce_raw(url, count, args):
+    c0 = time.process_time()
+    return _produce_raw_run(url, count, args), time.process_time() - c0
+
+
+def _produce_raw_run(url, count, args):
     from shmq.protocol import FrameDecoder, MsgType, encode_request
     batch, window = args.batch, args.window
     frames = [encode_request(MsgType.PRODUCE_BATCH, i + 1,
@@ -90,22 +134,27 @@ def _produce_raw(url, count, args):
 
 
 def _consume_client(url, count, args):
-    import shmq
-    with shmq.connect(url) as b:
+    with _connect(url, args) as b:
         q = b.queue(QUEUE)
-        t0 = time.perf_counter()
-        n = 0
-        with q.consume(prefetch=args.prefetch) as it:
-            for d in it:
-                d.ack(wait=False)
-                n += 1
-                if n == count:
-                    break
-        b.ping()  # every ack handled
-        return time.perf_counter() - t0
+
+        def run():
+            n = 0
+            with q.consume(prefetch=args.prefetch) as it:
+                for d in it:
+                    d.ack(wait=False)
+                    n += 1
+                    if n == count:
+                        break
+            b.ping()  # every ack handled
+        return _timed(run)
 
 
 def _consume_raw(url, count, args):
+    c0 = time.process_time()
+    return _consume_raw_run(url, count, args), time.process_time() - c0
+
+
+def _consume_raw_run(url, count, args):
     from shmq.protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, encode_request
     decoder = FrameDecoder(1 << 30)
     deliver = PushType.DELIVER | REPLY_BIT
@@ -136,7 +185,8 @@ def _consume_raw(url, count, args):
 
 
 CLIENTS = {("produce", "client"): _produce_client, ("produce", "raw"): _produce_raw,
-           ("consume", "client"): _consume_client, ("consume", "raw"): _consume_raw}
+           ("consume", "client"): _consume_client, ("consume", "raw"): _consume_raw,
+           ("put", "client"): _put_client, ("get", "client"): _get_client}
 
 
 def _child(fn, args, cpu, out):
@@ -153,17 +203,23 @@ def _cpu(proc) -> float:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.tcp_one", description=__doc__.splitlines()[0])
-    ap.add_argument("--role", choices=("produce", "consume"), default="produce")
+    ap.add_argument("--role", choices=("produce", "consume", "put", "get"), default="produce")
     ap.add_argument("--client", choices=("client", "raw"), default="client")
     ap.add_argument("--count", type=int, default=200_000, help="messages per run")
     ap.add_argument("--batch", type=int, default=1000, help="produce: bodies per request")
     ap.add_argument("--size", type=int, default=1024, help="body bytes")
     ap.add_argument("--window", type=int, default=4, help="raw produce: requests written ahead of their replies")
     ap.add_argument("--prefetch", type=int, default=100, help="consume: un-acked deliveries pushed at most")
+    ap.add_argument("--busy-poll-us", type=int, default=None,
+                    help="the client's busy_poll_us (default: the client's default)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--server-arg", action="append", default=[], help="an option for shmq server (repeatable)")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="let the OS place server and client")
     args = ap.parse_args(argv)
+    if args.role in ("put", "get"):
+        args.batch = 1
+        if args.client == "raw":
+            ap.error(f"--role {args.role} is the client's own")
     import shmq
     from bench.servers import ShmqServer
 
@@ -172,7 +228,7 @@ def main(argv=None):
     cpus = pin_cpus(args.pin)
     ctx = mp.get_context("spawn")
     fn = CLIENTS[args.role, args.client]
-    rates, costs = [], []
+    rates, costs, client_costs = [], [], []
     try:
         sproc = psutil.Process(server.proc.pid)
         if cpus:
@@ -185,37 +241,41 @@ def main(argv=None):
             for run in range(args.runs + 1):  # the first is a warm-up
                 n = args.count if run else min(args.count, 20 * args.batch)
                 n = n // args.batch * args.batch if args.role == "produce" else n
-                if args.role == "consume":
+                if args.role in ("consume", "get"):
                     for i in range(0, n, 1000):
                         q.put_many([b"x" * args.size] * min(1000, n - i))
                 out = ctx.Queue()
                 p = ctx.Process(target=_child, args=(fn, (server.url, n, args), cpus[1] if cpus else None, out))
                 p.start()
                 c0 = _cpu(sproc)
-                seconds = out.get(timeout=120)
+                seconds, client_cpu = out.get(timeout=120)
                 c1 = _cpu(sproc)
                 p.join()
                 s = q.stats()
                 left = (s.ready, s.in_flight)
-                if left != ((n, 0) if args.role == "produce" else (0, 0)):
+                if left != ((n, 0) if args.role in ("produce", "put") else (0, 0)):
                     raise RuntimeError(f"after the run: {left} (ready, in flight) for {n} messages")
                 q.purge()
                 if run:
                     rates.append(n / seconds)
                     costs.append((c1 - c0) / n * 1e6)
+                    client_costs.append(client_cpu / n * 1e6)
             local.delete_queue(QUEUE)
     finally:
         server.close()
         shmq.destroy_namespace(ns)
-    what = (f"put_many of {args.batch} x {args.size} B" if args.role == "produce"
-            else f"consume(prefetch={args.prefetch}) + acks of {args.size} B")
+    what = {"produce": f"put_many of {args.batch} x {args.size} B", "put": f"put of {args.size} B",
+            "get": f"get + ack(wait=False) of {args.size} B",
+            "consume": f"consume(prefetch={args.prefetch}) + acks of {args.size} B"}[args.role]
+    if args.busy_poll_us is not None:
+        what += f", client busy_poll_us={args.busy_poll_us}"
     if args.client == "raw" and args.role == "produce":
         what += f", {args.window} requests in flight"
     print(f"one connection, {args.client} client, {what}; {args.count} messages, median of {args.runs}; "
           f"server {' '.join(args.server_arg) or '(defaults)'}; CPUs {cpus or 'unpinned'}; "
           f"load {os.getloadavg()[0]:.2f}")
     print(f"  {statistics.median(rates):>10,.0f} msgs/s  ({min(rates):,.0f} .. {max(rates):,.0f}); "
-          f"server CPU {statistics.median(costs):.2f} us/msg")
+          f"server CPU {statistics.median(costs):.2f} us/msg, client CPU {statistics.median(client_costs):.2f} us/msg")
     return 0
 
 

@@ -187,7 +187,9 @@ def print_tcp(info, settings, skipped, results, notes, out=None):
     out = out or sys.stdout
     report.print_header(info, settings, skipped, out, title="shmq over TCP against Redis lists (python -m bench.tcp)",
                         versioned=VERSIONED, more=[f"servers : {SERVERS}"
-                                                   + ("; shmq over TLS (--tls)" if getattr(settings, "tls", False) else "")])
+                                                   + ("; shmq over TLS (--tls)" if getattr(settings, "tls", False) else "")
+                                                   + (f"; busy polling {settings.busy_poll_us} µs (--busy-poll-us)"
+                                                      if getattr(settings, "busy_poll_us", None) is not None else "")])
     table = rows(results)
     cells = [HEAD] + [row.cells() for row in table]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEAD))]

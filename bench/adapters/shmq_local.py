@@ -18,9 +18,12 @@ from bench.plan import MAX_MESSAGE_BYTES, queue_bytes
 class ShmqEnd(End):
     """One side of a shmq queue; the spec is (namespace or tcp:// URL, queue name)."""
 
+    connect_options = {}  # a TCP end's keywords for shmq.connect (ShmqTcpEnd)
+
     def __init__(self, spec, role):
         where, name = spec
-        self._broker = shmq.connect(where) if where.startswith(("tcp://", "tcps://")) else shmq.connect(namespace=where)
+        self._broker = (shmq.connect(where, **self.connect_options) if where.startswith(("tcp://", "tcps://"))
+                        else shmq.connect(namespace=where))
         self._q = self._broker.queue(name)
 
     def send(self, body):

@@ -27,6 +27,13 @@ def default_frame_bytes():
 
 
 TLS_ENV = "SHMQ_BENCH_TLS"  # set: the server speaks TLS (bench.tcp --tls)
+BUSY_POLL_ENV = "SHMQ_BENCH_BUSY_POLL_US"  # set: the server's and the clients' busy polling (bench.tcp --busy-poll-us)
+
+
+def busy_poll_options() -> dict:
+    """The clients' ``busy_poll_us`` that bench.tcp --busy-poll-us asks for (none: their default)."""
+    value = os.environ.get(BUSY_POLL_ENV)
+    return {} if value is None else {"busy_poll_us": int(value)}
 
 
 def self_signed(d):
@@ -40,6 +47,10 @@ def self_signed(d):
 
 class ShmqTcpEnd(ShmqEnd):
     """A client end over TCP: every delivery acked, in one exchange with the next get."""
+
+    @property
+    def connect_options(self):
+        return busy_poll_options()
 
     def recv(self):
         d = self._q.get()
@@ -70,6 +81,8 @@ class ShmqTcp(Adapter):
             cert, key = self_signed(self._tls_dir)
             os.environ["SHMQ_TLS_CA"] = cert  # the roles' processes inherit it: clients trust this server
             server_options = (*server_options, "--tls-cert", cert, "--tls-key", key)
+        if os.environ.get(BUSY_POLL_ENV) is not None:  # python -m bench.tcp --busy-poll-us N: both ends
+            server_options = (*server_options, "--busy-poll-us", os.environ[BUSY_POLL_ENV])
         self._server = ShmqServer(self.namespace, *server_options)
         self.url = self._server.url.replace("tcp://", "tcps://") if self._tls_dir else self._server.url
         self.max_frame_bytes = default_frame_bytes()
