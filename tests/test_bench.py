@@ -12,6 +12,7 @@ import io
 import json
 import multiprocessing as mp
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -865,4 +866,24 @@ def test_the_kafka_bench_quick_runs_every_system_and_says_the_targets(tmp_path):
     assert "| system | records/s | p50 produce-to-consume | kafka / system (records/s) |" in lines
     assert sum(line.startswith("target (issue 30): kafka >= ") for line in lines) == 2
     assert _entries_of_run(pid) == []
+    assert _orphaned_bench_servers() <= servers_before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["put", "get"])
+def test_the_one_connection_bench_costs_one_plain_request_on_each_side(role):
+    """``python -m bench.tcp_one --role put|get``: plain requests one at a time, every message
+    accounted for (the bench checks the queue after each run), the server's and the
+    client's CPU per message, busy polling off on both ends; nothing left behind."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    servers_before = _orphaned_bench_servers()
+    pid, code, stdout, stderr = _run(["--role", role, "--size", "64", "--count", "300", "--runs", "1",
+                                      "--busy-poll-us", "0", "--server-arg=--busy-poll-us=0"], env, 120,
+                                     module="bench.tcp_one")
+    assert code == 0, stdout + stderr
+    head, figures = stdout.splitlines()[-2:]
+    what = "put of 64 B" if role == "put" else "get + ack(wait=False) of 64 B"
+    assert head.startswith(f"one connection, client client, {what}, client busy_poll_us=0; 300 messages")
+    assert re.fullmatch(r"\s+[\d,]+ msgs/s  \([\d,]+ \.\. [\d,]+\); server CPU [\d.]+ us/msg, "
+                        r"client CPU [\d.]+ us/msg", figures), figures
     assert _orphaned_bench_servers() <= servers_before
