@@ -95,6 +95,7 @@ class LoopSpin:
     for: what it spun for came)."""
 
     __slots__ = ("loop", "window", "wanted", "began", "until", "running")
+    contended_s = _CONTENDED_S  # a yield longer than this ends the spin
 
     def __init__(self, loop, most_us: int, wanted=None):
         self.loop = loop
@@ -125,7 +126,7 @@ class LoopSpin:
             pass  # what it spun for came
         elif t < until:
             _yield()
-            if _clock() - t <= _CONTENDED_S:
+            if _clock() - t <= self.contended_s:
                 self.loop.call_soon(self._spin)
                 return
             # the CPU is wanted: the spin ends, its window as it was

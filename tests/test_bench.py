@@ -887,3 +887,23 @@ def test_the_one_connection_bench_costs_one_plain_request_on_each_side(role):
     assert re.fullmatch(r"\s+[\d,]+ msgs/s  \([\d,]+ \.\. [\d,]+\); server CPU [\d.]+ us/msg, "
                         r"client CPU [\d.]+ us/msg", figures), figures
     assert _orphaned_bench_servers() <= servers_before
+
+
+@pytest.mark.slow
+def test_the_loopback_bench_measures_a_round_trip_asleep_and_spinning():
+    """``python -m bench.loopback``: each way of waiting, and the zero-cost ping-pong against
+    redis-server (or skipped, saying why); no process left behind."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    servers_before = _orphaned_bench_servers()
+    pid, code, stdout, stderr = _run(["--count", "200", "--runs", "1"], env, 120, module="bench.loopback")
+    if code == 2 and "needs two CPUs" in stderr:
+        pytest.skip(stderr.strip())
+    assert code == 0, stdout + stderr
+    lines = stdout.splitlines()
+    assert lines[0].startswith("loopback TCP, 64 B, plain Python sockets; p50 µs, median of 1 runs of 200")
+    assert [line.rsplit(None, 1)[0].strip() for line in lines[2:7]] == [
+        "both asleep", "echo spinning", "client spinning", "both spinning", "both asleep, on one CPU"]
+    assert all(float(line.rsplit(None, 1)[1]) > 0 for line in lines[2:7])
+    assert lines[7].startswith("ping-pong") and (
+        lines[7].endswith("skipped (redis-server not on PATH)") or float(lines[7].rsplit(None, 1)[1]) > 0)
+    assert _orphaned_bench_servers() <= servers_before
