@@ -48,18 +48,23 @@ def _shmq_produce(url, name, count, body):
             q.put_many([body] * min(BATCH, count - i))
 
 
+def consume_acked(broker, q, count, prefetch):
+    """Take ``count`` messages of ``q`` through ``consume(prefetch=...)``, each acked with
+    ``ack(wait=False)``; returns once the server handled every ack."""
+    with q.consume(prefetch=prefetch) as it:
+        n = 0
+        for d in it:
+            d.ack(wait=False)
+            n += 1
+            if n == count:
+                break
+    broker.ping()  # every ack handled
+
+
 def _shmq_consume(url, name, count):
     import shmq
     with shmq.connect(url) as b:
-        q = b.queue(name)
-        with q.consume(prefetch=PREFETCH) as it:
-            n = 0
-            for d in it:
-                d.ack(wait=False)
-                n += 1
-                if n == count:
-                    break
-        b.ping()  # every ack handled
+        consume_acked(b, b.queue(name), count, PREFETCH)
 
 
 def _rabbit_produce(port, name, count, body):

@@ -41,6 +41,7 @@ import time
 import psutil
 
 from bench.plan import pin_cpus
+from bench.prefetch import consume_acked
 
 QUEUE = "one"
 
@@ -137,16 +138,7 @@ def _consume_client(url, count, args):
     with _connect(url, args) as b:
         q = b.queue(QUEUE)
 
-        def run():
-            n = 0
-            with q.consume(prefetch=args.prefetch) as it:
-                for d in it:
-                    d.ack(wait=False)
-                    n += 1
-                    if n == count:
-                        break
-            b.ping()  # every ack handled
-        return _timed(run)
+        return _timed(lambda: consume_acked(b, q, count, args.prefetch))
 
 
 def _consume_raw(url, count, args):
