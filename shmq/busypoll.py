@@ -6,16 +6,16 @@ Strategy: on a virtual machine, waking a process asleep on another CPU costs som
 than a request's whole processing. A side that expects bytes soon therefore looks for
 them without sleeping for a short window first: the server's loop after each read (the
 client's next request follows its reply), a client after each request (its reply
-follows). Measured on the 2-CPU machine of the benches: one round trip 55 µs with both
-sides asleep, 21 µs with one spinning, 8 µs with both (``bench.tcp`` has the cases).
+follows). Measured on the 2-CPU machine of the benches (``python -m bench.loopback``):
+one round trip 54 µs with both sides asleep, 20-22 µs with one spinning, 8 µs with both.
 
 Two guards keep the spin's cost small. Each pause between looks is a ``sched_yield``:
 another process that wants the CPU gets it, and a yield that took long says one did
-(the CPU is contended), which ends the spin at once. And the window adapts as Linux's
-haltpoll does: doubled after a spin that caught bytes, halved after one that caught
-nothing, between ``most`` and ``most / 32``; so a side whose peer answers late (an idle
-consumer, a client that thinks between requests) soon spins only microseconds. An idle
-server spins not at all: only a read starts a spin.
+(the CPU is contended), which ends the spin at once. And the window adapts much as
+Linux's haltpoll does: halved after a spin that caught nothing (down to ``most / 32``),
+whole again once a sleep proved shorter than ``most``; so a side whose peer answers late
+(an idle consumer, a client that thinks between requests) soon spins only microseconds.
+An idle server spins not at all: only a read starts a spin.
 """
 
 import os
