@@ -1,7 +1,8 @@
 """``shmq doctor``: what shmq keeps on this host, and what of it is orphaned.
 
 It reports the size and free space of /dev/shm (Docker gives a container 64 MB by
-default, and a queue reserves its ``max_bytes`` there when it is created), every
+default; a queue holds there what its messages take, up to its ``max_bytes``, and a
+warning says when what the queues and streams may grow to passes its size), every
 namespace of the current user with its broker (alive or not, from the broker's lock
 file), the entries no one can reach any more, and the data directories with their
 disk space, and whether systemd-logind would remove the user's shared memory at their
@@ -42,11 +43,12 @@ from .engine.shm.process import is_alive
 from .engine.shm.registry import CREATING, DELETING, LIVE, Registry, creation_guard, read_header
 from .engine.shm.segment import SHM_DIR, namespace_entries, segment_name, unlink_segment
 from .errors import LockTimeout
+from .model.units import size_text
 from .server.lock import lock_name, read_holder
 
 __all__ = ["diagnose", "clean", "SMALL_SHM_BYTES"]
 
-SMALL_SHM_BYTES = 256 * 2**20  # below this, /dev/shm holds few default queues (64 MiB each)
+SMALL_SHM_BYTES = 256 * 2**20  # below this, /dev/shm holds few full default queues (64 MiB each)
 LOW_FREE_FRACTION = 0.10
 UNSIZED_AGE_S = 10.0  # a registry still zero-sized after this long: its creator died between open and size
 REGISTRY_WAIT_S = 1.0  # the longest doctor waits for a namespace's registry lock
@@ -98,20 +100,38 @@ def _fs(path) -> dict:
     return {"size": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
 
 
-def shm_report() -> dict:
-    """Size and free space of /dev/shm, with a warning when either is low."""
+def _configured(entries) -> int:
+    """What the queues and stream partitions among ``entries`` ({entry: stat}) may grow to:
+    their segments' sizes (each its header and ``max_bytes`` of ring; only what they hold
+    is allocated)."""
+    return sum(st.st_size for e, st in entries.items()
+               if not e.startswith("sem.") and (".q." in e or (".s." in e and "#" in e)))
+
+
+def shm_report(entries=None) -> dict:
+    """Size and free space of /dev/shm, what this user's queues and streams hold there and
+    may grow to (``entries``: {namespace: {entry: stat}}), with a warning when /dev/shm is
+    small, nearly full, or smaller than what they may grow to."""
     try:
         fs = _fs(SHM_DIR)
     except OSError as e:
         return {"path": SHM_DIR, "size": 0, "free": 0, "warnings": [f"{SHM_DIR} is not usable: {e.strerror or e}"]}
+    every = {e: st for found in (entries or {}).values() for e, st in found.items()}
+    held, configured = sum(_taken(st) for st in every.values()), _configured(every)
     warnings = []
-    if fs["size"] < SMALL_SHM_BYTES:
-        warnings.append(f"{SHM_DIR} is small ({_mib(fs['size'])}; Docker's default is 64 MB): each queue reserves "
-                        f"its max_bytes (64 MiB by default) there when it is created. Enlarge it (docker run "
-                        f"--shm-size=1g) or create smaller queues (--max-bytes)")
+    if configured > fs["size"]:
+        warnings.append(f"the queues and streams here may grow to {_mib(configured)} (their max_bytes), more than "
+                        f"{SHM_DIR}'s {_mib(fs['size'])}: a put that needs room past it gets StorageError (what is "
+                        "stored stays). Enlarge it (docker run --shm-size; Kubernetes: an emptyDir with medium: "
+                        "Memory and a sizeLimit) or give them a smaller max_bytes")
+    elif fs["size"] < SMALL_SHM_BYTES:
+        warnings.append(f"{SHM_DIR} is small ({_mib(fs['size'])}; Docker's default is 64 MB): an empty queue takes "
+                        "about 0.2 MiB, but one holds up to its max_bytes (64 MiB by default) of messages. Enlarge "
+                        "it (docker run --shm-size=1g) for deep queues, or give them a smaller --max-bytes")
     if fs["size"] and fs["free"] < fs["size"] * LOW_FREE_FRACTION:
-        warnings.append(f"{SHM_DIR} is {100 - 100 * fs['free'] // fs['size']}% full: new queues may not fit")
-    return {"path": SHM_DIR, **fs, "warnings": warnings}
+        warnings.append(f"{SHM_DIR} is {100 - 100 * fs['free'] // fs['size']}% full: puts that need more memory "
+                        "may get StorageError")
+    return {"path": SHM_DIR, **fs, "held": held, "configured": configured, "warnings": warnings}
 
 
 # ------------------------------------------------------------------ one namespace
@@ -424,7 +444,7 @@ def diagnose(namespaces=None, remove=False, remove_data_dirs=False) -> dict:
             if not d["exists"] and d["namespace"] and "error" not in d:
                 _remove_data_dir(d)
     return {
-        "shm": shm_report(),
+        "shm": shm_report(entries),
         "logind": logind.check(),  # whether a logout would remove this user's memory (shmq.logind)
         "namespaces": [{k: v for k, v in ns.items() if k != "orphans"} for ns in found],
         "orphans": [o for ns in found for o in ns["orphans"]] + _runtime_orphans(only, remove),
@@ -451,7 +471,9 @@ _REGISTRY_STATES = {"missing": "no registry", "foreign": "another user's registr
 def render(report) -> list[str]:
     """The report as lines of text."""
     shm = report["shm"]
-    lines = [f"{shm['path']}: {_size(shm['size'])}, {_size(shm['free'])} free"]
+    lines = [f"{shm['path']}: {size_text(shm['size'])}, {size_text(shm['free'])} free"
+             + (f"; your queues and streams hold {size_text(shm['held'])}, may grow to {size_text(shm['configured'])}"
+                if shm.get("configured") else "")]
     lines += [f"  warning: {w}" for w in shm["warnings"]]
     if (report.get("logind") or {}).get("warning"):
         lines.append(f"  warning: {report['logind']['warning']}")
@@ -470,7 +492,7 @@ def render(report) -> list[str]:
                 broker = f"broker pid {b['pid']} not running"
             what = f"{len(ns['queues'])} queue(s), {len(ns['streams'])} stream(s)" if ns["registry"] == "ok" \
                 else _REGISTRY_STATES[ns["registry"]]
-            lines.append(f"  {ns['namespace']:<20} {broker}; {what}; {ns['entries']} entries, {_size(ns['bytes'])}")
+            lines.append(f"  {ns['namespace']:<20} {broker}; {what}; {ns['entries']} entries, {size_text(ns['bytes'])}")
             if ns["note"]:
                 lines.append(f"  {'':<20} note: {ns['note']}")
     if report["other_users_entries"]:
@@ -484,10 +506,10 @@ def render(report) -> list[str]:
         verb = "removed" if any("removed" in o for o in orphans) else "found"
         lines.append(f"orphans: {len(orphans)} {verb if verb == 'found' else ''}".rstrip()
                      + (f", {len(removed)} removed" if verb == "removed" else "")
-                     + f" ({_size(sum(o['bytes'] for o in orphans))})")
+                     + f" ({size_text(sum(o['bytes'] for o in orphans))})")
         for o in orphans:
             mark = "" if "removed" not in o else ("  [removed]" if o["removed"] else "  [kept]")
-            lines.append(f"  {o['entry']}  {_size(o['bytes'])}: {o['reason']}{mark}")
+            lines.append(f"  {o['entry']}  {size_text(o['bytes'])}: {o['reason']}{mark}")
         if verb == "found":
             lines.append("  `shmq doctor --clean` removes them")
     lines.append("")
@@ -504,8 +526,8 @@ def render(report) -> list[str]:
             if "removed" in d:
                 mark = "  [removed]" if d["removed"] else (
                     f"  [kept: {', '.join(d['kept'])} not shmq's]" if d.get("kept") else "  [kept]")
-            lines.append(f"  {d['path']}: {d['files']} file(s), {_size(d['bytes'])}{used_by}; disk "
-                         f"{_size(d['disk_free'])} free of {_size(d['disk_size'])}{mark}")
+            lines.append(f"  {d['path']}: {d['files']} file(s), {size_text(d['bytes'])}{used_by}; disk "
+                         f"{size_text(d['disk_free'])} free of {size_text(d['disk_size'])}{mark}")
             if not d["exists"] and d["namespace"] and not d.get("removed"):
                 ns = d["namespace"]
                 lines.append(f"    no namespace {ns} in {SHM_DIR} (destroyed, or a reboot): `shmq server --namespace "
@@ -517,8 +539,3 @@ def render(report) -> list[str]:
     return lines
 
 
-def _size(n) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"

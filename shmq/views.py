@@ -295,16 +295,16 @@ def queue_stats_table(sample: Sample) -> Fitted:
     levels = any(len(s.ready_by_priority) > 1 for s in sample.queues.values())
     expired = any(s.expired_total for s in sample.queues.values())
     t = Fitted("queue", "ready", *(["by priority"] if levels else []), "in flight", "delayed", "oldest",
-               *(["dlq"] if links else []), "used", "max", "put", "acked", "redelivered", "dead-lettered",
-               *(["expired"] if expired else []),
+               *(["dlq"] if links else []), "used", "memory", "max", "put", "acked", "redelivered",
+               "dead-lettered", *(["expired"] if expired else []),
                drop={"max": 1, "redelivered": 2, "expired": 3, "dead-lettered": 4, "acked": 5, "put": 6, "used": 7,
-                     "delayed": 8, "by priority": 9})
+                     "delayed": 8, "by priority": 9, "memory": 10})
     for name, level in _queue_order(sample, natural_key):
         s = sample.queues[name]
         t.add_row(_label(name, level), human_count(s.ready), *([_by_priority(s)] if levels else []),
                   human_count(s.in_flight), human_count(s.delayed), _oldest(s),
                   *([_dlq_cell(sample, name)] if links else []), human_bytes(s.bytes_used),
-                  human_bytes(s.max_bytes), human_count(s.enqueued_total), human_count(s.acked_total),
+                  human_bytes(s.bytes_held), human_bytes(s.max_bytes), human_count(s.enqueued_total), human_count(s.acked_total),
                   human_count(s.redelivered_total), human_count(s.dead_lettered_total),
                   *([human_count(s.expired_total)] if expired else []))
     return t
@@ -329,13 +329,13 @@ def stream_tables(stream_stats, per_partition=False, previous=None, dt=None, sor
 
     out = []
     if per_partition:
-        t = Fitted("stream", "partition", "earliest", "end", "bytes", "max", "appended", "dropped",
-                   drop={"max": 1, "dropped": 2, "appended": 3})
+        t = Fitted("stream", "partition", "earliest", "end", "bytes", "memory", "max", "appended", "dropped",
+                   drop={"max": 1, "dropped": 2, "appended": 3, "memory": 4})
         for name in sorted(streams, key=natural_key):
             for p in streams[name]["partitions"]:
                 t.add_row(name, str(p["partition"]), human_count(p["earliest"]), human_count(p["end"]),
-                          human_bytes(p["bytes"]), human_bytes(p["max_bytes"]), human_count(p["appended_total"]),
-                          human_count(p["dropped_total"]))
+                          human_bytes(p["bytes"]), human_bytes(p.get("bytes_held", 0)), human_bytes(p["max_bytes"]),
+                          human_count(p["appended_total"]), human_count(p["dropped_total"]))
     else:
         def appended(st):
             return sum(p["appended_total"] for p in st["partitions"])
@@ -351,11 +351,12 @@ def stream_tables(stream_stats, per_partition=False, previous=None, dt=None, sor
             rows.sort(key=lambda row: (-held(row[1]), natural_key(row[0])))
         else:
             rows.sort(key=lambda row: natural_key(row[0]))
-        t = Fitted("stream", "partitions", "records", "bytes", "max", *(["append/s"] if rates else []),
-                   "appended", "dropped", drop={"max": 1, "dropped": 2, "appended": 3, "bytes": 4})
+        t = Fitted("stream", "partitions", "records", "bytes", "memory", "max", *(["append/s"] if rates else []),
+                   "appended", "dropped", drop={"max": 1, "dropped": 2, "appended": 3, "memory": 4, "bytes": 5})
         for name, st, r in rows:
             parts = st["partitions"]
             t.add_row(name, str(len(parts)), human_count(held(st)), human_bytes(sum(p["bytes"] for p in parts)),
+                      human_bytes(sum(p.get("bytes_held", 0) for p in parts)),
                       human_bytes(sum(p["max_bytes"] for p in parts)), *([human_rate(r)] if rates else []),
                       human_count(appended(st)), human_count(sum(p["dropped_total"] for p in parts)))
     out.append(t)
@@ -444,13 +445,14 @@ def top_queue_table(before: Sample, now: Sample, sort="depth") -> Fitted:
     }.get(sort)
     keys = natural_key if numeric is None else (lambda n: (-numeric(n), natural_key(n)))
     t = Fitted("queue", "ready", "in flight", "delayed", "oldest", *(["dlq"] if links else []), "put/s", "ack/s",
-               "used", "full", drop={"full": 1, "used": 2, "delayed": 3})
+               "used", "memory", "full", drop={"full": 1, "used": 2, "delayed": 3, "memory": 4})
     for name, level in _queue_order(now, keys):
         s = now.queues[name]
         put, ack = rates[name]
         t.add_row(_label(name, level), human_count(s.ready), human_count(s.in_flight), human_count(s.delayed),
                   _oldest(s), *([_dlq_cell(now, name)] if links else []), human_rate(put), human_rate(ack),
-                  human_bytes(s.bytes_used), f"{100 * s.bytes_used / s.max_bytes:.0f}%" if s.max_bytes else "-")
+                  human_bytes(s.bytes_used), human_bytes(s.bytes_held),
+                  f"{100 * s.bytes_used / s.max_bytes:.0f}%" if s.max_bytes else "-")
     return t
 
 

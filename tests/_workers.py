@@ -67,16 +67,18 @@ def consumer(ns, qname, out_path, batch, done_event):
                 _log(out, d.body.decode())
 
 
-def chaos_producer(ns, qname, tag, log_path, stop_event, with_options=False):
+def chaos_producer(ns, qname, tag, log_path, stop_event, with_options=False, padded=False):
     """Put until told to stop, single and batched; log each body once put returned. With
-    ``with_options``: random priorities (levels 0..2), groups and long TTLs."""
+    ``with_options``: random priorities (levels 0..2), groups and long TTLs; ``padded``:
+    bodies of up to 100 KB (``tag:seq`` and dots), spanning the ring's chunks."""
     rnd = random.Random(os.getpid())
     with shmq.connect(namespace=ns) as b, open(log_path, "a") as log:
         q = b.queue(qname)
         seq = 0
         while not stop_event.is_set():
             n = rnd.choice([1, 1, 5, 20])
-            bodies = [f"{tag}:{i}".encode() for i in range(seq, seq + n)]
+            pad = b"." * rnd.choice([0, 3000, 30_000, 100_000]) if padded else b""
+            bodies = [f"{tag}:{i}".encode() + (pad if n < 5 else pad[:3000]) for i in range(seq, seq + n)]
             options = {}
             if with_options:
                 options = {"priority": rnd.randrange(3), "ttl": rnd.choice([None, 3600.0])}
@@ -90,8 +92,17 @@ def chaos_producer(ns, qname, tag, log_path, stop_event, with_options=False):
             except shmq.QueueFull:
                 continue
             for body in bodies:
-                _log(log, body.decode())
+                _log(log, body.rstrip(b".").decode())
             seq += n
+
+
+def chaos_housekeeper(ns, qname):
+    """Housekeeping rounds back to back (leases, and the memory given back), until killed."""
+    with shmq.connect(namespace=ns) as b:
+        q = b.queue(qname)
+        while True:
+            q._housekeep()
+            time.sleep(0.002)
 
 
 def chaos_consumer(ns, qname, log_path):
@@ -110,16 +121,17 @@ def chaos_consumer(ns, qname, log_path):
                 for d in ds:
                     d.nack()
                 continue
-            for d in ds:
-                _log(log, "try " + d.body.decode())
+            names = [bytes(d.body).rstrip(b".").decode() for d in ds]  # (a padded body's name)
+            for name in names:
+                _log(log, "try " + name)
             if roll < 0.5:
-                for d in ds:
+                for d, name in zip(ds, names):
                     d.ack()
-                    _log(log, "done " + d.body.decode())
+                    _log(log, "done " + name)
             else:
                 q.ack_many(ds)
-                for d in ds:
-                    _log(log, "done " + d.body.decode())
+                for name in names:
+                    _log(log, "done " + name)
 
 
 def hold_leases(ns, qname, n, ready_event, url=None):

@@ -69,16 +69,18 @@ def test_stats_human_units_natural_order_and_the_dlq_next_to_its_source(target, 
     for line in lines[1:lines.index("")] if "" in lines else lines[1:]:
         cells = re.split(r"\s{2,}", line)
         rows[cells[0]] = dict(zip(header, cells))
-    assert header == ["queue", "ready", "in flight", "delayed", "oldest", "dlq", "used", "max", "put", "acked",
-                      "redelivered", "dead-lettered"]
+    assert header == ["queue", "ready", "in flight", "delayed", "oldest", "dlq", "used", "memory", "max", "put",
+                      "acked", "redelivered", "dead-lettered"]
     assert list(rows) == ["q1", "└ dead", "q2", "q10"]  # natural order; the DLQ under its source (both transports)
     assert (rows["q1"]["dlq"], rows["q2"]["dlq"]) == ("3", "-")
     dead = rows["└ dead"]
     assert (dead["ready"], rows["q1"]["ready"], rows["q1"]["dead-lettered"]) == ("3", "1", "3")
     assert re.fullmatch(r"\d+(\.\d)? KiB", rows["q1"]["used"]) and re.fullmatch(r"\d+(\.\d)? KiB", dead["used"])
     assert (rows["q2"]["used"], rows["q2"]["max"], rows["q1"]["max"]) == ("0 B", "1 MiB", "64 MiB")
+    # what each holds of /dev/shm: its header (128 KiB), and for q1 the ring's first chunk (64 KiB) beside it
+    assert (rows["q2"]["memory"], rows["q10"]["memory"], rows["q1"]["memory"]) == ("128 KiB", "128 KiB", "192 KiB")
     assert re.fullmatch(r"\d+(\.\d)?(µs|ms|s)", rows["q1"]["oldest"]) and rows["q2"]["oldest"] == "-"
-    assert max(len(line) for line in lines) < 110  # 165 columns before, for these names
+    assert max(len(line) for line in lines) < 120  # 165 columns before, for these names
     as_json = json.loads(shmq_cli("stats", "--json", *target).stdout)  # unchanged for scripts
     assert sorted(as_json) == ["queues", "streams"] and sorted(as_json["queues"]) == ["dead", "q1", "q10", "q2"]
     assert sorted(as_json["queues"]["q1"]) == sorted(f.name for f in dataclasses.fields(QueueStats))

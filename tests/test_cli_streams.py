@@ -174,13 +174,13 @@ def test_shmq_stats_shows_queues_and_streams(target, broker):
     assert stats["streams"]["events"]["groups"]["billing"]["lag"] == {"0": 0, "1": 3}
     table = [line.split() for line in ok("stats", *target).splitlines() if not line.startswith("dead-letter links")]
     assert table[0][0] == "queue" and table[1][0] == "q"
-    streams = table.index(["stream", "partitions", "records", "bytes", "max", "appended", "dropped"])
-    assert table[streams + 1] == ["events", "2", "4"] + table[streams + 1][3:5] + ["128", "KiB", "4", "0"]
+    streams = table.index(["stream", "partitions", "records", "bytes", "memory", "max", "appended", "dropped"])
+    assert table[streams + 1] == ["events", "2", "4"] + table[streams + 1][3:5] + ["128", "KiB", "128", "KiB", "4", "0"]
     assert table[streams + 2:] == [[], ["stream", "group", "members", "lag"], ["events", "billing", "0", "3"]]
     table = [line.split() for line in ok("stream", "stats", *target).splitlines()]  # a row per partition
-    assert table[0] == ["stream", "partition", "earliest", "end", "bytes", "max", "appended", "dropped"]
-    assert table[1] == ["events", "0", "0", "0", "0", "B", "64", "KiB", "0", "0"]
-    assert table[2][:4] == ["events", "1", "0", "4"] and table[2][6:] == ["64", "KiB", "4", "0"]
+    assert table[0] == ["stream", "partition", "earliest", "end", "bytes", "memory", "max", "appended", "dropped"]
+    assert table[1] == ["events", "0", "0", "0", "0", "B", "64", "KiB", "64", "KiB", "0", "0"]  # (its header)
+    assert table[2][:4] == ["events", "1", "0", "4"] and table[2][6:] == ["64", "KiB", "64", "KiB", "4", "0"]
     assert table[4:] == [["stream", "group", "members", "lag"], ["events", "billing", "0", "3"]]
     only = json.loads(ok("stats", "events", "--json", *target))
     assert (only["queues"], list(only["streams"])) == ({}, ["events"])

@@ -197,7 +197,8 @@ def test_create_list_stats_purge_delete(conn, broker):
     assert list(stats) == [  # the order of the bytes on the wire, as before the table
         "ready", "in_flight", "oldest_ready_age_ms", "bytes_used", "max_bytes", "enqueued_total", "acked_total",
         "redelivered_total", "dead_lettered_total", "consumers_waiting", "producers_waiting", "delayed",
-        "purged_total", "expired_total", "ready_by_priority", "groups_in_flight", "dead_letter_depth", "settings"]
+        "purged_total", "expired_total", "ready_by_priority", "groups_in_flight", "dead_letter_depth", "bytes_held",
+        "settings"]
     assert (stats["ready"], stats["enqueued_total"]) == (2, 2)
     assert call(conn, MsgType.PURGE, {"queue": "q"}) == {"purged": 2}
     assert call(conn, MsgType.DELETE, {"queue": "q"}) == {}

@@ -70,21 +70,6 @@ def test_create_list_delete_and_their_errors(any_broker):
     assert any_broker.list_streams() == ["events"]
 
 
-def test_a_stream_made_without_reserving_holds_only_what_was_appended_locally(any_broker, broker):
-    """reserve=False (the Spark sink's staging stream): locally, the memory appends take;
-    a server reserves it all the same (a SIGBUS must never end it)."""
-    import os
-
-    from shmq.engine.shm.segment import namespace_entries
-
-    s = any_broker.create_stream("staging", partitions=2, max_bytes=8 << 20, reserve=False)
-    s.append_many([b"x" * 1000] * 100, partition=1)
-    held = sum(os.stat(f"/dev/shm/{e}").st_blocks * 512 for e in namespace_entries(broker.namespace)
-               if ".s.staging#" in e)
-    assert [r.value for r in s.read(1, 99)] == [b"x" * 1000]
-    assert held < 1 << 20 if any_broker is broker else held >= 16 << 20
-
-
 def test_keys_choose_a_stable_partition_and_offsets_are_dense(any_broker):
     s = any_broker.create_stream("events", partitions=4, max_bytes=1 << 16)
     metas = [s.append(b"v%d" % i, key=b"user-%d" % (i % 3), headers={"i": i, "raw": b"\x00"}) for i in range(30)]

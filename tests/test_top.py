@@ -162,7 +162,8 @@ def test_top_once_locally_shows_the_numbers_sorted_by_depth_dlq_under_its_source
     text = _top_once(pty_run, ["--namespace", broker.namespace])
     assert text.startswith("shmq top") and f"namespace {broker.namespace}" in text and "sort: depth" in text
     header, rows = _rows(text, "queue")
-    assert header == ["queue", "ready", "in flight", "delayed", "oldest", "dlq", "put/s", "ack/s", "used", "full"]
+    assert header == ["queue", "ready", "in flight", "delayed", "oldest", "dlq", "put/s", "ack/s", "used", "memory",
+                      "full"]
     assert list(rows) == ["jobs10", "jobs2", "└ dead", "busy"]  # by depth; the DLQ under its source
     _check_numbers(rows, links=True)
     _, streams = _rows(text, "stream")

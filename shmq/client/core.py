@@ -736,12 +736,10 @@ class BrokerCalls:
     def create_stream(self, name: str, partitions: int = 4, max_bytes: int = 64 * 2**20,
                       max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
                       retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
-                      durability: str = "snapshot", exist_ok: bool = False, reserve: bool = True):
+                      durability: str = "snapshot", exist_ok: bool = False):
         """Create a stream of ``partitions`` append-only logs and return a handle on it;
         StreamExists if it exists (unless ``exist_ok``: then a handle on that one). The
-        settings are the local ``Broker.create_stream``'s, but for ``reserve``: a server
-        reserves every stream's memory (it would die of a SIGBUS writing into an
-        unreserved one that /dev/shm has no room for), so it is taken and ignored."""
+        settings are the local ``Broker.create_stream``'s."""
         fields = stream_create_fields(
             name, exist_ok, partitions=partitions, max_bytes=max_bytes, max_message_bytes=max_message_bytes,
             retention=retention, retention_bytes=retention_bytes, retention_seconds=retention_seconds,

@@ -50,6 +50,31 @@
 #define PROC_W(seg, slot, field) ((uint64_t *)(seg) + ((PROCS_OFF + (slot) * PROC_SIZE) >> 3) + (field))
 #define U32(p) (*(uint32_t *)(p))
 
+/* ---- memory (shm/memory.py): a queue's ring is allocated chunk by chunk, and a bit of the bitmap
+ * at BITMAP_W says which chunks of the segment are. A record is written only where they are (a
+ * write to a hole that a full /dev/shm cannot fill is a SIGBUS); elsewhere the Python path
+ * allocates first. */
+static inline int allocated(const char *seg, uint64_t lo, uint64_t n) {
+    const uint64_t *bm = (const uint64_t *)seg + BITMAP_W;
+    for (uint64_t c = lo >> CHUNK_SHIFT, last = (lo + n - 1) >> CHUNK_SHIFT; c <= last; c++)
+        if (!(bm[c >> 6] >> (c & 63) & 1)) return 0;
+    return 1;
+}
+
+/* The same for ring positions [pos, end) (end - pos <= cap), across the ring's end. */
+static inline int ring_allocated(const char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t end) {
+    if (end <= pos) return 1;
+    uint64_t off = pos % cap, n = end - pos;
+    if (off + n <= cap) return allocated(seg, base + off, n);
+    return allocated(seg, base + off, cap - off) && allocated(seg, base, n - (cap - off));
+}
+
+/* A put into the empty queue whose tail is this far into its lap (layout.reuse_after), or past
+ * POS_LIMIT, starts the next lap (produce._new_lap, the Python path): the memory just freed. */
+static inline int new_lap_due(uint64_t head, uint64_t tail, uint64_t cap) {
+    return head == tail && (tail % cap >= (cap / 4 < REUSE_MAX ? cap / 4 : REUSE_MAX) || tail >= POS_LIMIT);
+}
+
 /* ---- the lock. A busy lock is waited for here, never handed to Python (whose paths hold the
  * lock 3-10x longer, so the next caller would find it busy too: a convoy). First a short spin
  * that reads the lock word and only tries to take it when it looks free (a critical section here
@@ -286,6 +311,11 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
         unlock(seg);
         PyMem_Free(entry);
         return PyLong_FromLong(wait & W_REGISTER ? R_SLEEP : R_FULL);
+    }
+    if (new_lap_due(h[H_HEAD], tail, cap) || !allocated(seg, base + off, size)) {
+        unlock(seg); /* a new lap, or memory to allocate first: the Python put */
+        PyMem_Free(entry);
+        return PyLong_FromLong(R_FALLBACK);
     }
     char *a = seg + base + off;
     uint64_t msg_id = h[H_NEXT_ID];
@@ -868,14 +898,18 @@ static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t
         uint64_t rem = cap - end % cap;
         end += (size > rem ? rem : 0) + size;
     }
-    if (h[H_DELETED] || (end - head > cap && head == tail)) { /* an empty queue placed badly: Python moves it */
-        unlock(seg);
+    if (h[H_DELETED] || (end - head > cap && head == tail) || new_lap_due(head, tail, cap)) {
+        unlock(seg); /* an empty queue placed badly, or due a new lap: Python moves it */
         return PyLong_FromLong(R_FALLBACK);
     }
     if (end - head > cap) { /* no room now: the caller waits for some (R_FULL, R_SLEEP), as put's */
         if (wait & W_REGISTER) register_sleeper(seg, wait >> 3, H_PWAIT, P_PWAIT);
         unlock(seg);
         return PyLong_FromLong(wait & W_REGISTER ? R_SLEEP : R_FULL);
+    }
+    if (!ring_allocated(seg, base, cap, tail, end)) { /* memory to allocate first: the Python append */
+        unlock(seg);
+        return PyLong_FromLong(R_FALLBACK);
     }
     uint64_t pos = tail, first = h[H_NEXT_ID], id = first, step = ID_STEP(seg);
     for (Py_ssize_t i = 0; i < n; i++, id += step) { /* the records past the tail, then one commit */
@@ -990,7 +1024,8 @@ static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (rc) return PyLong_FromLong(rc);
     uint64_t *h = HOT(seg);
     uint64_t tail = h[H_TAIL], off = tail % cap;
-    if (h[H_DELETED] || size > cap - off || tail + size - h[H_HEAD] > cap) {
+    if (h[H_DELETED] || size > cap - off || tail + size - h[H_HEAD] > cap || new_lap_due(h[H_HEAD], tail, cap) ||
+        !allocated(seg, base + off, size)) {
         unlock(seg);
         return PyLong_FromLong(R_FALLBACK);
     }
@@ -1126,10 +1161,11 @@ static inline int ack_locked(char *seg, uint64_t base, uint64_t cap, uint64_t po
                              uint64_t msg_id, uint64_t now, long wal_fd, uint64_t wal_gen, uint64_t slot) {
     uint64_t *h = HOT(seg);
     uint64_t head = h[H_HEAD];
+    if (pos < head || pos >= h[H_TAIL]) return R_EXPIRED; /* (first: memory outside may have been given back) */
     char *a = seg + base + pos % cap;
     uint64_t w = U64(a);
-    if (pos < head || pos >= h[H_TAIL] || (w & 0xFF) != ST_LEASED || (w >> 32) != attempt ||
-        U64(a + REC_MSG_ID) != msg_id || U64(a + REC_DEADLINE) <= now)
+    if ((w & 0xFF) != ST_LEASED || (w >> 32) != attempt || U64(a + REC_MSG_ID) != msg_id ||
+        U64(a + REC_DEADLINE) <= now)
         return R_EXPIRED;
     if (wal_fd >= 0) { /* logged before the commit below */
         unsigned char entry[LOG_HEAD + 4];

@@ -15,6 +15,7 @@ import time
 import weakref
 
 from .shm import layout as L
+from .shm.memory import Memory, pinned_bytes
 from .shm.mutex import init_mutex
 from .shm.process import monotonic_offset
 from .shm.registry import CREATING, DELETING, LIVE, Registry
@@ -217,6 +218,7 @@ class Broker:
             raise ValueError(f"max_bytes must be at least {_MIN_BYTES} per lane ({_MIN_BYTES * lanes}), "
                              f"not {max_bytes}")
         max_bytes = L.align(max_bytes // lanes)  # each lane's ring
+        _check_ring(max_bytes, " per lane" if lanes > 1 else "")
         if max_message_bytes is None:  # 1 MiB, or as much as one record can hold
             max_message_bytes = min(DEFAULT_MAX_MESSAGE_BYTES, max_bytes - L.REC_SIZE)
         max_message_bytes = _positive_int(max_message_bytes, "max_message_bytes")
@@ -325,8 +327,11 @@ class Broker:
         slots = DEFAULT_PROCESS_SLOTS
         base = segment_name(self.namespace, "q", lane_name(name, lane))
         group = self._registry.group
-        seg = create_segment(base, L.segment_size(capacity, slots), group=group)
+        size = L.segment_size(capacity, slots)
+        pinned = pinned_bytes(L.data_offset(slots), size)  # the header: the ring is taken as it is written
+        seg = create_segment(base, size, reserve=pinned, group=group)
         try:
+            Memory.mark_pinned(seg._mmap, L.MEM_OFF, pinned)
             create_semaphore(base + ".ne", group).close()
             create_semaphore(base + ".nf", group).close()
             mm = seg._mmap
@@ -443,23 +448,20 @@ class Broker:
     def create_stream(self, name: str, partitions: int = 4, max_bytes: int = 64 * 2**20,
                       max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
                       retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
-                      durability: str = "snapshot", exist_ok: bool = False, reserve: bool = True) -> Stream:
+                      durability: str = "snapshot", exist_ok: bool = False) -> Stream:
         """Create a stream of ``partitions`` append-only logs and attach to it. Raises
         StreamExists unless ``exist_ok``: then the existing stream is returned as it is,
         if it has the settings this call asks for (those given other than their
-        defaults; ``reserve`` is not one); StreamExists naming each that differs, if not.
+        defaults); StreamExists naming each that differs, if not.
 
         ``max_bytes``: each partition's ring in shared memory (the hot tail); when it is
         full the oldest records are dropped (``retention="drop"``, Kafka's) or appends
         wait for the slowest group's committed offset (``"block"``; a group with no live
         member for ``group_idle_timeout`` seconds stops holding them back).
-        ``retention_bytes`` / ``retention_seconds`` bound the on-disk tail of a "wal"
-        stream's logs. ``reserve=False``: the partitions' memory is taken as records are
-        written, not at create (and freed with the stream): for short-lived streams such
-        as a Spark sink's staging, made and deleted each micro-batch; whoever appends
-        checks the room first (``segment.check_room``), or dies of a SIGBUS when /dev/shm
-        is full. A TCP server reserves every stream's memory (it takes the argument and
-        ignores it).
+        ``retention_bytes`` / ``retention_seconds`` bound what a partition keeps: its
+        records in memory (housekeeping drops older or more, and gives their memory back)
+        and a "wal" stream's logs on disk. A partition's memory is taken as its records
+        are written and given back as retention drops them (``shm/memory.py``).
         """
         asked = _asked(_STREAM_DEFAULTS, locals())  # before the checks below normalize them
         check_queue_name(name)
@@ -470,6 +472,7 @@ class Broker:
         if max_bytes < _MIN_BYTES:
             raise ValueError(f"max_bytes must be at least {_MIN_BYTES}, not {max_bytes}")
         max_bytes = L.align(max_bytes)
+        _check_ring(max_bytes, " per partition")
         max_message_bytes = min(_positive_int(max_message_bytes, "max_message_bytes"), max_bytes - L.REC_SIZE)
         if retention not in L.RETENTION:
             raise ValueError(f"retention must be 'drop' or 'block', not {retention!r}")
@@ -498,7 +501,7 @@ class Broker:
             self._unlink_stream_files(name)
             try:
                 self._build_stream(name, partitions, max_bytes, max_message_bytes, retention, retention_bytes,
-                                   retention_seconds, group_idle_timeout, durability, reserve)
+                                   retention_seconds, group_idle_timeout, durability)
             except BaseException:
                 self._unlink_stream_files(name)
                 reg.free(index)
@@ -506,15 +509,16 @@ class Broker:
             reg.set_state(index, LIVE, entry)
         return self.stream(name)
 
-    def _build_stream(self, name, partitions, max_bytes, maxmsg, retention, ret_bytes, ret_s, idle_s, durability,
-                      reserve=True):
+    def _build_stream(self, name, partitions, max_bytes, maxmsg, retention, ret_bytes, ret_s, idle_s, durability):
         base = stream_base(self.namespace, name)
         now = time.time_ns()
         group = self._registry.group
         for p in range(partitions):
-            seg = create_segment(partition_segment_name(base, p), L.part_data_offset(max_bytes) + max_bytes, reserve,
-                                 group)
+            size = L.part_data_offset(max_bytes) + max_bytes
+            pinned = pinned_bytes(L.PART_INDEX_OFF, size)  # the header: index and ring are taken as written
+            seg = create_segment(partition_segment_name(base, p), size, reserve=pinned, group=group)
             try:
+                Memory.mark_pinned(seg._mmap, L.PART_MEM_OFF, pinned)
                 L.PART_STATIC.pack_into(seg._mmap, 0, b"\0\0\0\0", L.STREAM_VERSION, 0, max_bytes, maxmsg,
                                         L.index_slots(max_bytes), L.part_data_offset(max_bytes), now)
                 self._init_mutex(seg._mmap, L.PART_MUTEX_OFF)
@@ -679,6 +683,12 @@ _QUEUE_DEFAULTS = _defaults(Broker.create_queue, (
 _STREAM_DEFAULTS = _defaults(Broker.create_stream, (
     "partitions", "max_bytes", "max_message_bytes", "retention", "retention_bytes", "retention_seconds",
     "group_idle_timeout", "durability"))
+
+
+def _check_ring(max_bytes: int, each: str) -> None:
+    """ValueError for a ring larger than one can be (a record's length is a u32)."""
+    if max_bytes > L.MAX_RING_BYTES:
+        raise ValueError(f"max_bytes must be at most {L.MAX_RING_BYTES} (4 GiB - 64 KiB){each}, not {max_bytes}")
 
 
 def _asked(defaults: dict, args: dict) -> dict:

@@ -27,6 +27,7 @@ class QueueStats:
     ready_by_priority: tuple = ()  # ready messages per priority level, level 0 first
     groups_in_flight: int = 0  # message groups with a message leased or delayed
     dead_letter_depth: int | None = None  # ready messages in the dead-letter queue (None: no DLQ)
+    bytes_held: int = 0  # bytes of /dev/shm the queue's segments hold (what the kernel counts)
 
 
 @dataclass(frozen=True, slots=True)

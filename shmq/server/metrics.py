@@ -47,6 +47,8 @@ _QUEUE_GAUGES = (
      "Age of the oldest ready message (0 when none is ready).", "seconds"),
     ("bytes_used", "shmq_queue_used_bytes", "Bytes of the queue's ring in use.", "bytes"),
     ("max_bytes", "shmq_queue_capacity_bytes", "Size of the queue's ring (max_bytes).", "bytes"),
+    ("bytes_held", "shmq_queue_memory_bytes", "Bytes of /dev/shm the queue holds (its header and the ring's "
+     "chunks in use: what the kernel counts).", "bytes"),
     ("consumers_waiting", "shmq_queue_consumers_waiting", "Local consumers asleep in get, waiting for messages.", ""),
     ("producers_waiting", "shmq_queue_producers_waiting", "Local producers asleep in put, waiting for room.", ""),
 )
@@ -274,6 +276,8 @@ class ShmqCollector(Collector):
                                  unit="bytes", **kw)
         capacity = GaugeMetricFamily("shmq_stream_partition_capacity_bytes", "Size of the partition's ring.",
                                      unit="bytes", **kw)
+        held = GaugeMetricFamily("shmq_stream_partition_memory_bytes", "Bytes of /dev/shm the partition holds (its "
+                                 "header and the chunks of its index and ring in use).", unit="bytes", **kw)
         appended = CounterMetricFamily("shmq_stream_partition_appended", "Records appended.", **kw)
         dropped = CounterMetricFamily("shmq_stream_partition_dropped", "Records dropped from the ring (when full, "
                                       "or by delete_records).", **kw)
@@ -298,6 +302,7 @@ class ShmqCollector(Collector):
                 end.add_metric(labels, p["end"])
                 used.add_metric(labels, p["bytes"])
                 capacity.add_metric(labels, p["max_bytes"])
+                held.add_metric(labels, p.get("bytes_held", 0))
                 appended.add_metric(labels, p["appended_total"])
                 dropped.add_metric(labels, p["dropped_total"])
             for group, g in sorted(st["groups"].items()):
@@ -305,4 +310,4 @@ class ShmqCollector(Collector):
                 members.add_metric([name, group], g["members"])
                 for p, n in sorted(g["lag"].items()):
                     part_lag.add_metric([name, group, str(p)], n)
-        return [earliest, end, used, capacity, appended, dropped, lag, part_lag, members]
+        return [earliest, end, used, capacity, held, appended, dropped, lag, part_lag, members]

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from ..engine.broker import Broker
-from ..engine.shm.segment import check_room
 from ..errors import ShmqError, StreamExists, StreamNotFound
 from .options import OPTIONS, SINK, SpecError
 from .staging import staging_name
@@ -32,7 +31,6 @@ __all__ = ["StreamWriter", "BatchWriter"]
 
 log = logging.getLogger("shmq.spark")
 
-REC_BYTES = 56  # a staged record's header in the ring, and its alignment, at most
 REQUEST_BYTES = 8 * 2**20  # the most a task sends in one APPEND_BATCH over TCP (the server takes 16 MiB frames)
 _TYPES = {"value": ("binary", "string"), "key": ("binary", "string"), "partition": ("int", "bigint", "smallint"),
           "headers": ("map<string,string>",)}
@@ -55,13 +53,6 @@ def _check_columns(schema, target: str) -> None:
     for name, allowed in _TYPES.items():
         if name in types and types[name] not in allowed:
             raise SpecError(f"the shmq sink's {name!r} column must be {' or '.join(allowed)}, not {types[name]}")
-
-
-def _ring_bytes(chunk, paths) -> int:
-    """What a chunk takes in a ring (at most, on the Python ``paths``)."""
-    if paths.columns_check is not None:
-        return paths.columns_check([chunk])[1]
-    return sum(len(b) for b in chunk[1:] if b is not None) + REC_BYTES * chunk[0]
 
 
 def _pieces(values, keys, headers) -> list:
@@ -105,7 +96,7 @@ class _Writer:
             return broker.create_stream(
                 name, partitions=target.partitions,
                 max_bytes=self.opts.integer("sinkStagingMaxBytes", target.max_bytes, 4096),
-                max_message_bytes=target.max_message_bytes, durability="memory", exist_ok=True, reserve=False)
+                max_message_bytes=target.max_message_bytes, durability="memory", exist_ok=True)
         except StreamExists:
             return broker.stream(name)
 
@@ -136,7 +127,6 @@ class _Writer:
                 for p, values, keys, headers in parts:
                     if local:
                         chunk = arrow.chunk(values, keys, headers)
-                        check_room(_ring_bytes(chunk, staging.paths), f"staging {chunk[0]} rows into stream {staging.name!r}")
                         first = staging.append_columns(chunk, p)
                         staged.ranges.setdefault(p, []).append((first, first + len(values)))
                         continue

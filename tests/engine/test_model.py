@@ -30,6 +30,8 @@ class Msg:
 
 class QueueModel(RuleBasedStateMachine):
     LANES = 1  # (tests/engine/test_lanes.py runs this machine on a laned queue)
+    CAPACITY, MAX_MESSAGE = CAPACITY, 1500  # (tests/engine/test_memory.py: a ring of several chunks)
+    shm_full = False  # (and there, a /dev/shm that refuses to grow: a put may get StorageError then)
 
     def __init__(self):
         super().__init__()
@@ -37,8 +39,8 @@ class QueueModel(RuleBasedStateMachine):
         self._restore_clock = set_clock(lambda: self.now)
         self.ns = "hyp%d" % id(self)
         self.broker = shmq.connect(namespace=self.ns)
-        self.q = self.broker.create_queue("m", max_bytes=CAPACITY * self.LANES, max_message_bytes=1500,
-                                          visibility_timeout=VIS, lanes=self.LANES)
+        self.q = self.broker.create_queue("m", max_bytes=self.CAPACITY * self.LANES,
+                                          max_message_bytes=self.MAX_MESSAGE, visibility_timeout=VIS, lanes=self.LANES)
         self.msgs = {}
         self.held = []  # deliveries handed out, live or stale
         self.acked = 0
@@ -81,6 +83,9 @@ class QueueModel(RuleBasedStateMachine):
         except shmq.QueueFull:
             assert self._live(), "an empty queue refused a message that fits"
             return
+        except shmq.StorageError:
+            assert self.shm_full
+            return
         self._new_id(msg_id)
         self.msgs[msg_id] = Msg(body)
 
@@ -97,6 +102,9 @@ class QueueModel(RuleBasedStateMachine):
         except shmq.QueueFull:
             assert self._live(), "an empty queue refused a message that fits"
             return
+        except shmq.StorageError:
+            assert self.shm_full and r.id is None
+            return
         except ValueError:
             assert abort and r.id is None
             return
@@ -112,6 +120,9 @@ class QueueModel(RuleBasedStateMachine):
             ids = self.q.put_many(bodies, timeout=0, headers=hs[0] if headers == "one" else hs)
         except shmq.QueueFull:
             assert self._live()
+            return
+        except shmq.StorageError:
+            assert self.shm_full
             return
         assert len(ids) == n
         self._new_ids(ids)

@@ -92,26 +92,3 @@ def test_destroy_namespace_removes_everything(namespace):
     assert destroy_namespace(namespace) == 7  # registry + 2 x (segment + 2 semaphores)
     assert namespace_entries(namespace) == []
 
-
-def test_a_stream_made_without_reserving_takes_memory_as_it_is_written(broker):
-    """reserve=False (a Spark sink's staging stream, made and deleted each batch): its
-    partitions' memory is taken by what is appended, not all at create; a writer checks
-    the room first (check_room), a clear StorageError instead of SIGBUS."""
-    import pytest
-
-    from shmq.engine.shm.segment import check_room
-    from shmq.errors import StorageError
-
-    def used(name):
-        return sum(os.stat(f"/dev/shm/{e}").st_blocks * 512 for e in namespace_entries(broker.namespace)
-                   if f".s.{name}#" in e)
-
-    broker.create_stream("full", partitions=2, max_bytes=8 << 20)
-    s = broker.create_stream("sparse", partitions=2, max_bytes=8 << 20, reserve=False)
-    assert used("full") >= 16 << 20 and used("sparse") < 1 << 20
-    s.append_many([b"x" * 1000] * 1000, partition=0)
-    assert 1 << 20 <= used("sparse") < 3 << 20
-    assert [r.value for r in s.read(0, 998)] == [b"x" * 1000] * 2
-    check_room(4096, "a test")
-    with pytest.raises(StorageError, match="/dev/shm has .* MiB free, too little for staging it \\(.* MiB\\)"):
-        check_room(1 << 60, "staging it")

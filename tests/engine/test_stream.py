@@ -429,28 +429,6 @@ def test_publish_in_c_and_in_python_appends_and_logs_the_same(broker, tmp_path, 
     t.close()
 
 
-def test_appends_into_a_stream_made_without_reserving_check_the_room_first(broker, tcp_server, monkeypatch):
-    """A write into a sparse segment that finds /dev/shm full dies of SIGBUS: an append into a
-    stream made with reserve=False, local or through a server, fails with StorageError first
-    (and the server lives on)."""
-    from shmq.engine.shm import segment
-
-    s = broker.create_stream("sparse", partitions=1, max_bytes=1 << 20, reserve=False)
-    s.append(b"fits")
-    monkeypatch.setattr(segment, "_free_bytes", lambda: 100)  # as if /dev/shm were full
-    with pytest.raises(shmq.StorageError, match="too little for 200 bytes of records"):
-        s.append(b"x" * 150)
-    with shmq.connect(tcp_server.url) as remote:
-        with pytest.raises(shmq.StorageError, match="too little for"):
-            remote.stream("sparse").append(b"x" * 150)
-        monkeypatch.undo()
-        assert remote.stream("sparse").append(b"after").offset == 1  # the server is still there
-    assert [r.value for r in s.read(0, 0)] == [b"fits", b"after"]
-    reserved = broker.create_stream("reserved", partitions=1, max_bytes=1 << 20)
-    monkeypatch.setattr(segment, "_free_bytes", lambda: 100)
-    reserved.append(b"its memory is its own already")  # no check needed, none made
-
-
 def test_a_stream_deleted_as_a_handle_attaches_is_not_found(broker):
     """Its segment still there, its semaphore already unlinked (a delete between the two):
     StreamNotFound, and the half-made handle has nothing to close (no error at its

@@ -15,7 +15,7 @@ from .. import cpaths
 from . import deadletter, extension, housekeeping, scheduling
 from ..shm import ring, waits
 from ..shm import layout as L
-from ..shm.layout import (I_DELETED, I_FRONTIER, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS,
+from ..shm.layout import (I_DELETED, I_FRONTIER, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS,
                           I_EXPIRED_TOTAL, I_REQUEUED, I_SPECIAL, I_TAIL)
 from .delivery import Delivery, Message
 from ...model.headers import decode_headers
@@ -420,6 +420,8 @@ class Consuming:
         if self._lockp is None:
             raise self._closed()
         mq, cap = self._mq, self._cap
+        if not mq[I_HEAD] <= d._pos < mq[I_TAIL]:  # settled and reclaimed: its memory may have been given back
+            raise self._expired(d)
         off = d._pos % cap
         w = (self._base + off) >> 3
         s = mq[w]
@@ -548,6 +550,7 @@ class Consuming:
             out = [build(self, *t) for t in out]
         if reap:
             housekeeping.reap_dead(self, now)
+            housekeeping.return_memory(self)
         housekeeping.dead_letter_spent(self, spent)
         if expired:
             deadletter.dead_letter(self, expired, "expired")

@@ -1,5 +1,6 @@
 """Housekeeping: lapsed leases and due delayed messages made ready, leases of dead
-processes given back, and the repair after a process died holding the lock.
+processes given back, the memory of settled records given back, and the repair after a
+process died holding the lock.
 
 Strategy: no daemon is needed. Whichever process takes the lock when a deadline is due
 (``next_deadline``) or the liveness check is (``next_liveness``, every
@@ -15,11 +16,13 @@ import os
 import time
 
 from ..shm import layout as L
+from ..shm.memory import arc
 from . import deadletter, dedup, scheduling
 from ..shm import ring, waits
 from ..shm.process import is_alive
 
-__all__ = ["LIVENESS_PERIOD_NS", "expire", "dead_letter_spent", "reap_dead", "housekeep", "repair"]
+__all__ = ["LIVENESS_PERIOD_NS", "expire", "dead_letter_spent", "reap_dead", "housekeep", "give_back", "return_memory",
+           "repair"]
 
 _wall = time.time_ns
 LIVENESS_PERIOD_NS = 500_000_000  # how often someone checks that lease holders live
@@ -161,12 +164,38 @@ def housekeep(q, now) -> int:
         wall = _wall()
         if ttl_due(q, wall):
             dead = scheduling.sweep(q, now, wall)
+        give_back(q)
     finally:
         q._release()
     dead_letter_spent(q, spent)
     if dead:
         deadletter.dead_letter(q, [q.paths.Delivery(q, *t) for t in dead], "expired")
     return woke + reap_dead(q, now)
+
+
+def give_back(q) -> int:
+    """Give back the ring's memory where no record lives (``memory.Memory.give_back``): all
+    but head to tail and the room ahead of the next put that the puts since the last round
+    wrote as much of (a busy queue keeps what it keeps using; a drained one keeps nothing).
+    Returns the bytes given back. Lock held."""
+    mq, mem, cap, base = q._mq, q._memory, q._cap, q._base
+    head, tail = mq[L.I_HEAD], mq[L.I_TAIL]
+    mark = mem.word("mark")
+    mem.set_word("mark", tail)
+    ahead = min(cap - (tail - head), tail - mark if tail >= mark else cap)
+    start = tail
+    if head == tail and (tail % cap >= q._reuse or tail >= L.POS_LIMIT):  # the next put starts a lap
+        start = 0 if tail >= L.POS_LIMIT else tail + cap - tail % cap
+    return mem.give_back(arc(base, cap, head, tail) + arc(base, cap, start, start + ahead))
+
+
+def return_memory(q) -> int:
+    """``give_back`` under the lock (a get's liveness round). Takes the lock."""
+    q._acquire()
+    try:
+        return 0 if q._mq[L.I_DELETED] else give_back(q)
+    finally:
+        q._release()
 
 
 def dead_letter_spent(q, spent) -> None:
@@ -198,6 +227,8 @@ def repair(q) -> None:
     lock's previous holder died inside an update. Lock held."""
     mq, mm, cap = q._mq, q._mm, q._cap
     head, tail = mq[L.I_HEAD], mq[L.I_TAIL]
+    if head > tail:  # a death inside a move to a new lap (``Producing._new_lap``): the tail goes to the head
+        tail = head
     ready = inflight = delayed = requeued = ready_run = special = 0
     first_ready = None
     frontier = head

@@ -463,7 +463,7 @@ class LanedQueue:
         total = {f: sum(getattr(s, f) for s in each) for f in (
             "ready", "in_flight", "bytes_used", "max_bytes", "enqueued_total", "acked_total", "redelivered_total",
             "dead_lettered_total", "consumers_waiting", "producers_waiting", "delayed", "purged_total",
-            "expired_total", "groups_in_flight")}
+            "expired_total", "groups_in_flight", "bytes_held")}
         return QueueStats(oldest_ready_age_s=max(s.oldest_ready_age_s for s in each),
                           ready_by_priority=tuple(map(sum, zip(*(s.ready_by_priority for s in each)))),
                           dead_letter_depth=each[0].dead_letter_depth, **total)

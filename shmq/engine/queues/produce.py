@@ -123,13 +123,15 @@ class Producing:
         try:
             if mq[I_DELETED]:
                 raise self._gone()
-            tail = mq[I_TAIL]
+            tail, head = mq[I_TAIL], mq[I_HEAD]
             off = tail % cap
-            if size <= cap - off and tail + size - mq[I_HEAD] <= cap:
+            a = self._base + off
+            if size <= cap - off and tail + size - head <= cap and (tail != head or off < self._reuse) \
+                    and self._memory.covered(a, a + size):
                 msg_id = mq[I_NEXT_ID]
                 if self._logged:  # logged (and fsynced, by policy) before the commit below
                     self.wal.append(_encode_put_entry(msg_id, now, hraw, body))
-                _write_record(self._mm, self._base + off, _READY, size, body, hraw, msg_id, now)
+                _write_record(self._mm, a, _READY, size, body, hraw, msg_id, now)
                 mq[I_TAIL] = tail + size  # commit
                 mq[I_NEXT_ID] = msg_id + self._id_step
                 mq[I_READY] += 1
@@ -337,24 +339,42 @@ class Producing:
         return tail
 
     def _room(self, items, deadline):
-        """Where ``items`` go: the tail, or None when they do not fit now (then registered
-        as a producer waiting for room: the caller sleeps next); QueueFull past
-        ``deadline`` (decided here, under the lock, so no registration outlives a call).
-        Lock held."""
+        """Where ``items`` go: the tail, its memory allocated for them, or None when they do
+        not fit now (then registered as a producer waiting for room: the caller sleeps
+        next); QueueFull past ``deadline`` (decided here, under the lock, so no
+        registration outlives a call); StorageError when /dev/shm cannot hold them. Lock
+        held."""
         mq, cap = self._mq, self._cap
         head, tail = mq[I_HEAD], mq[I_TAIL]
         end = self._placement_end(items, tail)
-        if end - head > cap and head == tail and tail % cap:
-            # empty but badly placed: start the next lap, so any batch <= capacity fits
-            tail = head = tail + cap - tail % cap
-            mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = tail
+        if head == tail and (tail % cap >= self._reuse or tail >= L.POS_LIMIT or (end - head > cap and tail % cap)):
+            # empty: start the next lap, where the memory just freed is (and any batch <= capacity fits)
+            tail = head = self._new_lap(tail)
             end = self._placement_end(items, tail)
         if end - head > cap:
             if deadline is not None and _mono() >= deadline:
                 raise QueueFull(f"queue {self.name!r} is full")
             waits.register(mq, self._my_slot(), _PRODUCERS)
             return None
+        self._memory.ensure_arc(self._base, cap, tail, end)
         return tail
+
+    def _new_lap(self, tail):
+        """Move the empty queue's cursors from ``tail`` to the start of the next lap, or to 0
+        past ``POS_LIMIT`` (every delivery of before is then past the tail: expired).
+        Returns the new tail. Lock held; a death midway leaves head above tail, which the
+        repair settles (``housekeeping.repair``: the tail goes to the head)."""
+        mq, cap = self._mq, self._cap
+        if tail >= L.POS_LIMIT:
+            mq[I_TAIL] = 0  # the tail first: a repair then takes the tail back to the head
+            mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = 0
+            for lv in range(L.MAX_PRIORITIES):
+                mq[L.I_LEVEL_POS + lv] = 0
+            return 0
+        new = tail + (cap - tail % cap) % cap
+        mq[I_HEAD] = new  # the head first: a repair then takes the tail to it
+        mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = new
+        return new
 
     def _try_reserve(self, items, waited, deadline, _options=None):
         """One locked attempt to place ``items``' one record: ((its position, its byte

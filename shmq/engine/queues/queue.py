@@ -37,6 +37,7 @@ from ...model.messages import QueueStats
 from . import dedup, extension, housekeeping, scheduling
 from ..shm import ring, waits
 from ..shm import layout as L
+from ..shm.memory import Memory, pinned_bytes
 from ..shm.layout import (I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PPOSTED,
                           I_PURGED_TOTAL, I_PWAIT, I_READY, I_READY_POS, I_REQUEUED, I_TAIL)
 from .consume import Consuming
@@ -169,6 +170,9 @@ class Queue(Producing, Consuming, Settling):
         paths = self.paths = _chosen_paths()
         self._fast_put, self._fast_take, self._fast_ack = paths.put, paths.take, paths.ack
         self._read_settings()
+        # the ring's memory, taken chunk by chunk before a record is written there (``memory.py``)
+        self._memory = Memory(seg, self._mq, L.MEM_OFF, pinned_bytes(data_off, seg.size), f"queue {self.name!r}")
+        self._reuse = L.reuse_after(cap)
         # the write-ahead log (durability "wal"), and this process's descriptor
         self.wal = Log(self, lane_name(self.name, self._lane))
         # the robust mutex at a fixed address of the mapping, valid until close(): the hot paths lock through it
@@ -541,6 +545,7 @@ class Queue(Producing, Consuming, Settling):
             ready_by_priority=by_level,
             groups_in_flight=groups,
             dead_letter_depth=self._dead_letter_depth(),
+            bytes_held=self._memory.held(),
         )
 
     def _dead_letter_depth(self):
@@ -617,11 +622,12 @@ class Queue(Producing, Consuming, Settling):
             if once and dedup.lookup(mq, self._dedup_off, once, _wall()):
                 return 0
             head, tail = mq[I_HEAD], mq[I_TAIL]
-            if head == tail and tail % cap:
-                tail = head = tail + cap - tail % cap
-                mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = tail
-            if self._placement_end(items, tail) - head > cap:
+            if head == tail and (tail % cap or tail >= L.POS_LIMIT):
+                tail = head = self._new_lap(tail)
+            end = self._placement_end(items, tail)
+            if end - head > cap:
                 raise QueueFull(f"queue {self.name!r} has no room for {len(items)} restored messages")
+            self._memory.ensure_arc(base, cap, tail, end)  # StorageError: nothing written
             pos = tail
             top = 0
             wall, mono = _wall(), _mono()

@@ -32,12 +32,15 @@ __all__ = [
     "DEDUP", "DEDUP_SLOTS", "DEDUP_PROBES", "dedup_offset", "EXT", "EXT_MAGIC", "EXT_VERSION", "FLAG_EXT",
     "FLAG_WALK", "FLAG_TTL", "LEVEL_POS_OFF", "I_LEVEL_POS",
     "MAX_PRIORITIES", "MAX_GROUP_BYTES",
+    "CHUNK_SHIFT", "CHUNK", "MEM_FIELDS", "MEM_SIZE", "BITMAP_BYTES", "MAX_RING_BYTES", "GIVE_BACK_GRACE_NS",
+    "GIVE_BACK_BUDGET", "MEM_OFF", "PART_MEM_OFF", "mem_words", "reuse_after", "POS_LIMIT",
     "align", "record_size", "status_word", "split_status", "skip_gap", "place", "segment_size", "data_offset",
 ]
 
 MAGIC = b"SHMQ"
-LAYOUT_VERSION = 4  # 2: the options block, the extra words, the dedup table, record extensions; 3: lanes, a cache
-# line per process slot with its share of the counters; 4: the control words on a line per side
+LAYOUT_VERSION = 5  # 2: the options block, the extra words, the dedup table, record extensions; 3: lanes, a cache
+# line per process slot with its share of the counters; 4: the control words on a line per side; 5: memory taken
+# chunk by chunk (the memory block and its bitmap), the process table after it
 ALIGN = 8
 
 # --- message states (low byte of the status word) ---------------------------------
@@ -115,8 +118,29 @@ TIMENS_OFF = 784
 # in lane 0 of a laned queue: its gets asleep (counted in cwait too). Puts into the other lanes read
 # it, so it shares a line only with words written rarely (the log's sizes, for a "wal" queue)
 LANE_SLEEPERS_OFF = 792
+# --- memory taken chunk by chunk (``memory.py``) --------------------------------------------------
+# A queue's or partition's segment is sparse: its header is allocated at create, its ring (and a
+# partition's index) a CHUNK at a time, before anything is written there, and given back where
+# nothing lives. The memory block: its words (below), then a bitmap of the segment file's chunks,
+# bit k set when bytes [k * CHUNK, (k + 1) * CHUNK) are allocated (set after the allocation, cleared
+# before the hole is punched, both under the object's lock). Words: ``mark``, the tail at the last
+# give-back round (what was written since says how much room ahead to keep); ``fence`` / ``fence_low``,
+# a partition's head and earliest offset seen at least GIVE_BACK_GRACE_NS ago (no lock-free reader
+# can still be below them), ``cand`` / ``cand_low`` / ``cand_ns``, the next fence and when it was
+# seen; ``grown_total`` / ``given_total`` bytes allocated and given back, ``refused_total`` grows
+# /dev/shm refused, ``rounds`` give-back rounds
+CHUNK_SHIFT = 16
+CHUNK = 1 << CHUNK_SHIFT  # 64 KiB
+MEM_FIELDS = ("mark", "fence", "fence_low", "cand", "cand_low", "cand_ns", "grown_total", "given_total",
+              "refused_total", "rounds")
+MEM_SIZE = 128  # the words, then the bitmap
+BITMAP_BYTES = 8320  # 66560 chunks: a ring of MAX_RING_BYTES and any header or index beside it
+MAX_RING_BYTES = 2**32 - CHUNK  # a ring's most bytes (a record's length, a pad's, is a u32)
+GIVE_BACK_GRACE_NS = 1_000_000_000  # a partition's region behind its head is given back this long after
+GIVE_BACK_BUDGET = 16 * 2**20  # bytes given back per round at most (a punch holds the lock ~0.2 ms a MiB)
+MEM_OFF = 1024  # a queue's memory block, after the level cursors
 WORD = struct.Struct("<q")  # one signed word
-PROCS_OFF = 1024
+PROCS_OFF = MEM_OFF + MEM_SIZE + BITMAP_BYTES  # 9472
 # process slot, one cache line each: pid, start_ms, consumers waiting, producers waiting, and the
 # process's share of the totals every take and ack bumps (acked, redelivered: summed by ``stats``,
 # folded into the queue's own counters when the process is reaped), so the hot paths write a line
@@ -163,6 +187,13 @@ I_LANE_SLEEPERS = LANE_SLEEPERS_OFF >> 3
 I_SPECIAL, I_NEXT_TTL, I_EXPIRED_TOTAL, I_PRODUCER_TURNS, I_CONSUMER_TURNS = range(
     XWORDS_OFF >> 3, (XWORDS_OFF >> 3) + len(XWORD_FIELDS))
 I_LEVEL_POS = LEVEL_POS_OFF >> 3  # + level
+
+
+def mem_words(mem_off: int) -> dict:
+    """Word index of each MEM_FIELDS word of a memory block at ``mem_off``, and of its bitmap ("bitmap")."""
+    out = {f: (mem_off >> 3) + i for i, f in enumerate(MEM_FIELDS)}
+    out["bitmap"] = (mem_off + MEM_SIZE) >> 3
+    return out
 # process slot words: pid, start_ms, consumers waiting, producers waiting, acked, redelivered
 P_CWAIT, P_PWAIT, P_ACKED, P_REDELIVERED, P_BELLS = 2, 3, 4, 5, 6
 # write-ahead log fsync modes (WALCFG); SUSPENDED, with generation 0: the data dir vanished
@@ -172,7 +203,7 @@ assert HOT_OFF >= MUTEX_OFF + 64 and HOT_OFF % 64 == 0  # (the lines of HOT_LINE
 assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= MUTEX_OFF
 assert COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF and WAL_WORDS_OFF + 16 <= TIMENS_OFF < PROCS_OFF
 assert TIMENS_OFF + 8 <= LANE_SLEEPERS_OFF and LANE_SLEEPERS_OFF + 8 <= OPTS_OFF
-assert LEVEL_POS_OFF + 8 * MAX_PRIORITIES <= PROCS_OFF
+assert LEVEL_POS_OFF + 8 * MAX_PRIORITIES <= MEM_OFF and PROCS_OFF % 64 == 0 and MEM_SIZE >= 8 * len(MEM_FIELDS)
 
 # --- record extension ----------------------------------------------------------------------
 # A record whose ``flags`` has FLAG_EXT starts its header bytes with an extension block (then the
@@ -220,6 +251,21 @@ def segment_size(capacity: int, proc_slots: int) -> int:
     return data_offset(proc_slots) + capacity
 
 
+REUSE_MAX = 2**20
+
+
+def reuse_after(capacity: int) -> int:
+    """How far into its lap a queue's tail may be for a put into the empty queue to start
+    the next lap instead (``produce._room``): the memory just freed at the ring's start is
+    written again, still allocated and in the CPU's caches, rather than new memory ahead."""
+    return min(REUSE_MAX, capacity // 4)
+
+
+# positions past this are brought back to 0 when the queue is next empty (a jump to the next lap
+# uses a lap of positions): a delivery of before is then past the tail, and expired
+POS_LIMIT = 2**62
+
+
 def status_word(state: int, holder: int = NO_HOLDER, attempt: int = 0) -> int:
     return state | (holder << 8) | (attempt << 32)
 
@@ -263,6 +309,8 @@ def c_header() -> str:
         "MAX_PRIORITIES": MAX_PRIORITIES, "FLAG_TTL": FLAG_TTL, "NO_HOLDER": NO_HOLDER,
         "PROCS_OFF": PROCS_OFF, "PROC_SIZE": PROC_SIZE, "P_CWAIT": P_CWAIT, "P_PWAIT": P_PWAIT, "P_ACKED": P_ACKED,
         "P_REDELIVERED": P_REDELIVERED, "OPTS_LANES_OFF": OPTS_LANES_OFF,
+        "BITMAP_W": mem_words(MEM_OFF)["bitmap"], "CHUNK_SHIFT": CHUNK_SHIFT, "REUSE_MAX": REUSE_MAX,
+        "POS_LIMIT": f"{POS_LIMIT}ULL",
     }
     defines.update({"REC_" + f.upper(): off for f, off in REC_OFFSETS.items()})
     from ...persistence import dmsq  # the log entry's format (docs/FORMAT.md)
@@ -306,7 +354,8 @@ def write_c_header() -> str:
 # position of every INDEX_STRIDE-th offset.
 STREAM_MAGIC = b"SHMS"
 PART_MAGIC = b"SHMP"
-STREAM_VERSION = 5  # 4: the groups' owner-since words; 5: the members' poll deadlines
+STREAM_VERSION = 6  # 4: the groups' owner-since words; 5: the members' poll deadlines; 6: a partition's memory
+# taken chunk by chunk (its memory block before the index)
 MAX_GROUPS = 64
 MAX_MEMBERS = 64
 NO_OFFSET = 2**64 - 1  # a group's committed offset before its first commit; no log on disk
@@ -341,7 +390,8 @@ PART_WALCFG_OFF = 304
 TXN = struct.Struct("<16sQQQQQ")  # id, batch, end, previous batch, previous end, written_ns
 MAX_TXNS = 32
 PART_TXN_OFF = 512
-PART_INDEX_OFF = PART_TXN_OFF + MAX_TXNS * TXN.size
+PART_MEM_OFF = PART_TXN_OFF + MAX_TXNS * TXN.size  # the partition's memory block (``memory.py``)
+PART_INDEX_OFF = PART_MEM_OFF + MEM_SIZE + BITMAP_BYTES  # 10752
 # stream meta: magic, version, partitions, retention, durability, max_bytes, max_message_bytes,
 # retention_bytes (0: none), retention_ns (0: none), group_idle_ns, created_ns
 STREAM_STATIC = struct.Struct("<4sHHBB6xQQQQQQ")

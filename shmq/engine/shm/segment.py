@@ -9,11 +9,12 @@ tracker hooks no-ops for that one call, so no registration ever happens (there i
 window in which a SIGKILL could leave one behind). Everything is created 0600, or 0660
 with the group of a namespace shared with one (``group=``; shmq/sharing.py).
 
-A new segment's memory is reserved at once (``posix_fallocate``): /dev/shm is a tmpfs
-of limited size (Docker's default is 64 MB), and a sparse segment larger than its free
-space would kill with SIGBUS whichever process first touches a page past the limit —
-a producer, in the middle of a put. Reserving up front turns that into a clear error
-at create time.
+A new segment's memory is reserved at once (``posix_fallocate``), all of it or its first
+bytes: /dev/shm is a tmpfs of limited size (Docker's default is 64 MiB), and a page of a
+sparse segment that it cannot take kills with SIGBUS whichever process first touches it.
+Queues and stream partitions reserve their header only and take the rest chunk by chunk,
+each before it is written (``memory.py``); everything else is reserved whole, so a full
+/dev/shm is a clear error at create time.
 """
 
 import errno
@@ -42,7 +43,8 @@ __all__ = [
     "namespace_entries",
     "destroy_namespace",
     "share_namespace",
-    "check_room",
+    "allocate",
+    "free_bytes",
 ]
 
 MODE = 0o600
@@ -142,47 +144,41 @@ class Segment(_stdlib_shm.SharedMemory):
                 self._fd = -1
 
 
-def create_segment(name: str, size: int, reserve: bool = True, group: int | None = None) -> Segment:
-    """Create a new segment with all its memory reserved (FileExistsError if the name is
-    taken; StorageError, and nothing left behind, if /dev/shm has no room for it).
-    ``reserve=False``: sparse, its memory taken as it is written (a write that finds
-    /dev/shm full dies of SIGBUS): for short-lived segments that rarely fill. ``group``:
-    a gid, for 0660 with that group instead of 0600."""
+def create_segment(name: str, size: int, reserve: bool | int = True, group: int | None = None) -> Segment:
+    """Create a new segment with its memory reserved (FileExistsError if the name is taken;
+    StorageError, and nothing left behind, if /dev/shm has no room for it). ``reserve``:
+    True, all of it; an int, its first that many bytes (the rest sparse: whoever writes
+    there allocates first, as ``memory.Memory`` does). ``group``: a gid, for 0660 with that
+    group instead of 0600."""
     seg = Segment(name, create=True, size=size)
-    if group is not None:
-        try:
-            share_fd(seg._fd, group)
-        except BaseException:
-            seg.close()
-            unlink_segment(name)
-            raise
-    if not reserve:
-        return seg
     try:
-        os.posix_fallocate(seg._fd, 0, size)
-    except OSError as e:
+        if group is not None:
+            share_fd(seg._fd, group)
+        allocate(seg, size if reserve is True else min(reserve, size))
+    except BaseException:
         seg.close()
         unlink_segment(name)
-        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # cannot reserve here: sparse, as before
-            return create_segment(name, size, False, group)
-        if e.errno == errno.ENOSPC:
-            raise StorageError(f"{SHM_DIR} has {_mib(_free_bytes())} free, too little for the "
-                               f"{_mib(size)} segment {name}: free space there, ask for less (max_bytes), "
-                               f"or enlarge {SHM_DIR} (Docker: --shm-size)") from None
         raise
     return seg
 
 
-def check_room(size: int, what: str) -> None:
-    """StorageError unless /dev/shm has ``size`` bytes free now, for ``what``: the check a
-    writer into a sparse segment (``reserve=False``) makes before it writes."""
-    free = _free_bytes()
-    if free < size:
-        raise StorageError(f"{SHM_DIR} has {_mib(free)} free, too little for {what} ({_mib(size)}): free space "
-                           "there, or enlarge it (Docker: --shm-size)")
+def allocate(seg: Segment, n: int) -> None:
+    """Allocate the first ``n`` bytes of ``seg`` now; StorageError naming /dev/shm's free
+    room when it has too little (nothing is taken back: the caller unlinks)."""
+    try:
+        os.posix_fallocate(seg._fd, 0, n)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # cannot reserve here: taken as written
+            return
+        if e.errno == errno.ENOSPC:
+            raise StorageError(f"{SHM_DIR} has {_mib(free_bytes())} free, too little for the "
+                               f"{_mib(n)} segment {seg._name}: free space there, ask for less, "
+                               f"or enlarge {SHM_DIR} (Docker: --shm-size)") from None
+        raise
 
 
-def _free_bytes() -> int:
+def free_bytes() -> int:
+    """Bytes /dev/shm has free now."""
     st = os.statvfs(SHM_DIR)
     return st.f_bavail * st.f_frsize
 

@@ -23,7 +23,6 @@ raises OffsetOutOfRange saying where to read on, never returns other records und
 """
 
 import ctypes
-import os
 import time
 from typing import NamedTuple
 
@@ -34,7 +33,8 @@ from ..shm import ring
 from .paths import chosen as _chosen_paths
 from ..shm.mutex import RobustMutex, acquire
 from ..shm.mutex import unlock as _unlock
-from ..shm.segment import check_room, open_segment
+from ..shm.memory import Memory, arc, pinned_bytes
+from ..shm.segment import open_segment
 from ...persistence.wal import HighWater, Log, Tail, log_files, partition_log_name
 
 __all__ = ["Partition", "Image", "partition_segment_name", "record_size", "columns_items", "check_timestamps",
@@ -48,6 +48,10 @@ _REC_UNPACK = L.REC.unpack_from
 _LOG_GEN_W = L.PART_WALCFG_OFF >> 3  # the generation word of the partition's log config
 BLOCK_SLICE_S = 0.005  # how often an appender blocked by retention="block" looks again
 HWM_MIN_SPAN = 4096  # a high-water mark is raised by at least this many offsets at a time
+GIVE_BACK_PERIOD_NS = 500_000_000  # how often an appender gives memory back (a server does too, every 0.25 s)
+INDEX_AHEAD = L.CHUNK // 8  # index words kept ahead of the end: one chunk of them
+EXPIRE_MAX = 65536  # records retention drops from memory in one round at most
+_wall_ns = time.time_ns
 _stream_entry = dmsq.stream_entry
 _publish_entry = dmsq.publish_entry
 _NO_TXN = bytes(16)
@@ -169,8 +173,10 @@ class Partition:
             raise StreamNotFound(f"stream {name!r}: partition {index} is not ready (being created?)")
         self._seg, self._mm, self._mq = seg, mm, memoryview(mm).cast("Q")
         self._cap, self._base, self._slots, self.max_message_bytes = cap, data_off, slots, maxmsg
-        st = os.fstat(seg._fd)  # a stream made with reserve=False: its memory is taken as it is written
-        self._sparse = st.st_blocks * 512 < st.st_size
+        # the memory of its index and ring, taken chunk by chunk before anything is written there
+        self._memory = Memory(seg, self._mq, L.PART_MEM_OFF, pinned_bytes(L.PART_INDEX_OFF, seg.size),
+                              f"stream {name!r} partition {index}")
+        self._round_due = 0  # (monotonic ns) when an append here next gives memory back
         self._index_w = L.PART_INDEX_OFF >> 3
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.PART_MUTEX_OFF)))
         self._lockp = self._mutex.ptr
@@ -257,13 +263,14 @@ class Partition:
         return min(earliest, disk - 1) if disk else earliest
 
     def stats(self) -> dict:
-        """Earliest (readable), end, bytes held, records appended and dropped."""
+        """Earliest (readable), end, bytes of records, bytes of /dev/shm held, records appended and dropped."""
         mq = self._mq
         self._acquire()
         try:
             return {"partition": self.index, "earliest": self._low(), "end": mq[L.PI_NEXT],
                     "memory_earliest": mq[L.PI_EARLIEST],
                     "bytes": mq[L.PI_TAIL] - mq[L.PI_HEAD], "max_bytes": self._cap,
+                    "bytes_held": self._memory.held(),
                     "appended_total": mq[L.PI_APPENDED], "dropped_total": mq[L.PI_DROPPED]}
         finally:
             self._release()
@@ -358,8 +365,6 @@ class Partition:
         if total > self._cap:
             raise MessageTooLarge(f"{total} bytes of records can never fit in a partition of stream "
                                   f"{self.name!r} (max_bytes={self._cap})")
-        if self._sparse:  # a write that finds /dev/shm full would die of SIGBUS (a server too): say so first
-            check_room(total, f"{total} bytes of records appended to stream {self.name!r}")
         while True:
             limit = None if floor is None else floor()
             self._acquire()
@@ -368,7 +373,10 @@ class Partition:
                     return None
                 room = self._room(end_from, limit)
                 if room is not None:
-                    return self._write(n, now_ns, room, txn, entries, fill)
+                    first = self._write(n, now_ns, room, txn, entries, fill)
+                    if time.monotonic_ns() >= self._round_due:  # memory back every so often with no server too
+                        self.give_back()
+                    return first
             finally:
                 self._release()
             if deadline is not None and time.monotonic_ns() >= deadline:
@@ -383,17 +391,17 @@ class Partition:
 
     def _room(self, end_from, limit):
         """Where the records go and what is dropped for them: (start position, new head,
-        records dropped, the new earliest or None), or None when they cannot fit now (only
+        records dropped, the new earliest or None, the position after them), or None when they cannot fit now (only
         records below ``limit`` may go, when it is given). ``end_from(tail)``: the
         position after them placed from ``tail``. Changes nothing. Lock held."""
         mq, cap, base = self._mq, self._cap, self._base
         head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
         if head == tail and tail % cap:  # empty: start a lap, so any batch <= capacity fits
             start = tail + cap - tail % cap
-            return start, start, 0, None
+            return start, start, 0, None, end_from(start)
         end = end_from(tail)
         if end - head <= cap:
-            return tail, head, 0, None
+            return tail, head, 0, None, end
         dropped, new_head, earliest = 0, head, None
         for pos, w in ring.records(mq, cap, base, head, tail):
             if end - new_head <= cap:
@@ -410,16 +418,18 @@ class Partition:
             new_head = tail
         if new_head == tail:  # everything goes: a new lap, where the batch fits whole
             start = tail + cap - tail % cap if tail % cap else tail
-            return start, start, dropped, None
-        return (tail, new_head, dropped, earliest) if end - new_head <= cap else None
+            return start, start, dropped, None, end_from(start)
+        return (tail, new_head, dropped, earliest, end) if end - new_head <= cap else None
 
     def _write(self, n, now_ns, room, txn, entries, fill) -> int:
-        """Log the ``n`` records (``entries(first)``) or raise the high-water mark, drop
+        """Allocate their memory, log the ``n`` records (``entries(first)``) or raise the high-water mark, drop
         what makes room, write them past the tail (``fill(start, first)``), note the
         publish of ``txn``, publish them with one store. Lock held."""
         mq = self._mq
-        start, new_head, dropped, earliest = room
+        start, new_head, dropped, earliest, end = room
         first = mq[L.PI_NEXT]
+        self._memory.ensure_arc(self._base, self._cap, start, end)  # StorageError: nothing changed
+        self._ensure_index(first, first + n)
         if self._marked and mq[_LOG_GEN_W] and first + n > mq[L.PI_HWM]:
             self._raise_mark(first + n)  # StorageError: nothing changed
         if self._logged:  # logged (and fsynced, by policy) before the commit below
@@ -462,6 +472,92 @@ class Partition:
             offset += 1
             pos += size
         return pos
+
+    def _ensure_index(self, first, end) -> None:
+        """Allocate the index words of offsets [first, end) (every INDEX_STRIDE-th). Lock held."""
+        s0, s1 = -(-first // _STRIDE), -(-end // _STRIDE)
+        if s1 > s0:
+            self._memory.ensure_arc(L.PART_INDEX_OFF, 8 * self._slots, 8 * s0, 8 * s1)
+
+    # ------------------------------------------------------------------ memory given back
+    def give_back(self, now: int | None = None) -> int:
+        """Give back the memory of what retention dropped (``memory.Memory.give_back``):
+        everything below the fence, a head this partition had ``GIVE_BACK_GRACE_NS`` ago
+        (a reader without the lock may still be there until then), bar the room ahead of
+        the tail that the appends since the last round wrote as much of. Returns the bytes
+        given back. Lock held."""
+        mq, mem, cap, base = self._mq, self._memory, self._cap, self._base
+        now = time.monotonic_ns() if now is None else now
+        self._round_due = now + GIVE_BACK_PERIOD_NS
+        head, tail, low, end = mq[L.PI_HEAD], mq[L.PI_TAIL], mq[L.PI_EARLIEST], mq[L.PI_NEXT]
+        seen = mem.word("cand_ns")
+        if not seen or now - seen >= L.GIVE_BACK_GRACE_NS:
+            if seen:
+                mem.set_word("fence", mem.word("cand"))
+                mem.set_word("fence_low", mem.word("cand_low"))
+            mem.set_word("cand", head)
+            mem.set_word("cand_low", low)
+            mem.set_word("cand_ns", now)
+        fence, fence_low = min(mem.word("fence"), head), min(mem.word("fence_low"), low)
+        mark = mem.word("mark")
+        mem.set_word("mark", tail)
+        ahead = min(cap - (tail - head), tail - mark if tail >= mark else cap)
+        start = tail + cap - tail % cap if head == tail and tail % cap else tail  # (an empty one's next lap)
+        keep = arc(base, cap, fence, tail) + arc(base, cap, start, start + ahead)
+        index = 8 * self._slots
+        keep += arc(L.PART_INDEX_OFF, index, 8 * (fence_low // _STRIDE), 8 * (-(-end // _STRIDE) + INDEX_AHEAD))
+        return mem.give_back(keep)
+
+    def housekeep(self, retention_ns: int | None = None, retention_bytes: int | None = None, floor=None,
+                  now: int | None = None) -> tuple[int, int]:
+        """Retention in memory, then its memory back (``give_back``): records whose
+        timestamp is more than ``retention_ns`` old, and the oldest while the ring holds
+        more than ``retention_bytes`` of them, are dropped (with ``floor``, a function
+        giving the lowest offset a group still needs: only those below it, as
+        retention="block" drops). Returns (records dropped, bytes given back)."""
+        limit = None if floor is None else floor()
+        self._acquire()
+        try:
+            dropped = self._expire(retention_ns, retention_bytes, limit, _wall_ns()) \
+                if retention_ns or retention_bytes else 0
+            return dropped, self.give_back(now)
+        finally:
+            self._release()
+
+    def _expire(self, retention_ns, retention_bytes, limit, wall) -> int:
+        """Drop the records retention no longer keeps, at most EXPIRE_MAX a call (the next
+        round goes on). Lock held."""
+        mq, cap, base = self._mq, self._cap, self._base
+        head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
+        cutoff = wall - retention_ns if retention_ns else -1
+        new_head, earliest, n = head, None, 0
+        for pos, w in ring.records(mq, cap, base, head, tail):
+            if mq[w] & 0xFF != _PAD:
+                offset = mq[w + _R_MSG_ID]
+                old = mq[w + _R_ENQ] < cutoff or (retention_bytes and tail - pos > retention_bytes)
+                if not old or n >= EXPIRE_MAX or (limit is not None and offset >= limit):
+                    earliest = offset
+                    break
+                n += 1
+            new_head = pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF)
+        else:
+            new_head = tail
+        if not n:
+            return 0
+        mq[L.PI_BYTES_DROPPED] += new_head - head
+        mq[L.PI_HEAD] = new_head
+        mq[L.PI_EARLIEST] = mq[L.PI_NEXT] if earliest is None else earliest
+        mq[L.PI_DROPPED] += n
+        return n
+
+    def memory(self) -> dict:
+        """What this partition holds of /dev/shm and has taken and given back
+        (``memory.Memory.counters``)."""
+        self._acquire()
+        try:
+            return self._memory.counters()
+        finally:
+            self._release()
 
     # ------------------------------------------------------------------ the publishers' table
     def published(self, txn_id: bytes) -> int:
@@ -633,6 +729,9 @@ class Partition:
             if mq[L.PI_NEXT] or mq[L.PI_TAIL]:
                 raise ShmqError(f"stream {self.name!r}: partition {self.index} is not empty; only a new stream "
                                 "is rebuilt")
+            self._memory.ensure_arc(base, cap, 0, self._placement_end(sizes, 0))
+            if rows:
+                self._ensure_index(rows[0][0], rows[-1][0] + 1)
             pos = 0
             for (offset, ts, key, hraw, value), size in zip(rows, sizes):
                 pos, a = ring.place(mm, base, cap, pos, size)

@@ -354,6 +354,23 @@ class Stream:
             offset = rows[-1][0] + 1
         return out
 
+    def housekeep(self) -> tuple[int, int]:
+        """Each partition's retention in memory and its memory given back
+        (``Partition.housekeep``: records older than ``retention_seconds`` or past
+        ``retention_bytes`` dropped; with retention="block", only those every group has
+        committed). Returns (records dropped, bytes given back). What ``shmq server`` runs
+        every housekeeping round; appends give memory back every so often too."""
+        ret_ns = int(self.retention_seconds * 1e9) if self.retention_seconds else None
+        dropped = given = 0
+        for p in range(self.partitions):
+            floor = None
+            if self.retention == "block":
+                floor = lambda p=p: self.groups_table.floor(p, self._idle_ns)  # noqa: E731
+            d, g = self._part(p).housekeep(ret_ns, self.retention_bytes, floor)
+            dropped += d
+            given += g
+        return dropped, given
+
     def delete_records(self, offsets: dict) -> int:
         """Drop the records below ``{partition: offset}`` now (Kafka's deleteRecords), as
         retention would; returns how many were dropped. A "wal" stream's logs on disk

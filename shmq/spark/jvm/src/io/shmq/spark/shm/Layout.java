@@ -10,7 +10,7 @@ public final class Layout {
 
     /** The stream's meta segment: magic, version, partitions (u16 at 6). */
     public static final int STREAM_MAGIC = 0x534d4853; // b"SHMS" read little-endian
-    public static final int STREAM_VERSION = 5;
+    public static final int STREAM_VERSION = 6;
     public static final int STREAM_PARTITIONS_OFF = 6;
     /** Its durability (u8 at 9): DURABILITY_WAL keeps records in logs on disk past what shared memory holds. */
     public static final int STREAM_DURABILITY_OFF = 9;
@@ -33,7 +33,7 @@ public final class Layout {
     public static final int PART_NEXT = 160;
     public static final int PART_DISK_FIRST = 208;
     /** The sparse offset index: the position of every INDEX_STRIDE-th offset, slot = offset / stride % slots. */
-    public static final int PART_INDEX_OFF = 2304;
+    public static final int PART_INDEX_OFF = 10752;
     public static final int INDEX_STRIDE = 16;
 
     /** A record's 48-byte header. */

@@ -28,6 +28,11 @@ import static io.shmq.spark.shm.Layout.*;
  * speculatively, validating every length it follows, then loads head again: when it is still at
  * or below the first position the copy read, nothing it copied was overwritten; else it copies
  * again, or reports the loss when its offsets are below the new earliest.
+ *
+ * <p>Memory behind the head is given back (punched) only a grace period after the head passed it
+ * (shmq/engine/shm/memory.py), so a copy reads given-back memory only when it stalled that long
+ * after loading head; the copy then faults on a hole (on a full /dev/shm the JVM's SIGBUS becomes an
+ * InternalError), which counts as a copy that was overwritten: the head has moved past it.
  */
 public final class Partition implements Closeable {
     private static final VarHandle WORDS = MethodHandles.byteBufferViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
@@ -163,8 +168,13 @@ public final class Partition implements Closeable {
             int n = DAMAGED;
             long start = head;
             if (head < tail) { // else an append is starting a new lap: look again
-                start = locate(from, head, tail, earliest);
-                n = walk(start, head, tail, next, from, until, maxRecords, out, gap);
+                try {
+                    start = locate(from, head, tail, earliest);
+                    n = walk(start, head, tail, next, from, until, maxRecords, out, gap);
+                } catch (InternalError e) { // a given-back region faulted (memory: a stalled copy): copy again
+                    n = DAMAGED;
+                    start = Long.MIN_VALUE;
+                }
             }
             VarHandle.acquireFence(); // the copy's loads before the check's
             if (head < tail && word(PART_HEAD) <= start) {

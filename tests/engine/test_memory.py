@@ -1,0 +1,287 @@
+"""Memory in proportion to what a queue or stream partition holds (``shm/memory.py``): an
+empty one holds its header only, whatever its ``max_bytes``; memory grows as records are
+written and goes back when they are settled or dropped; a /dev/shm that cannot grow
+refuses the put that needed the room, and nothing stored is lost. Sizes are what the
+kernel counts (st_blocks), not the files' apparent sizes."""
+
+import errno
+import os
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import invariant, rule
+
+import shmq
+from shmq.engine.shm import layout as L
+from shmq.engine.shm import memory
+from shmq.engine.shm.segment import SHM_DIR, namespace_entries
+from tests.engine.test_model import PurePython, QueueModel
+
+MiB = 2**20
+HEADER = 128 * 1024  # a queue's header, in whole chunks (the process table, the dedup table, the bitmap)
+
+
+def held(namespace, part="") -> int:
+    """Bytes of /dev/shm the namespace's entries whose name has ``part`` hold."""
+    return sum(os.stat(f"{SHM_DIR}/{e}").st_blocks * 512 for e in namespace_entries(namespace) if part in e)
+
+
+def drain(q) -> int:
+    n = 0
+    while True:
+        try:
+            ds = q.get_many(1000, timeout=0)
+        except shmq.QueueEmpty:
+            return n
+        q.ack_many(ds)
+        n += len(ds)
+
+
+def rounds_until(q, bound, most=8) -> int:
+    """Housekeeping rounds until the queue holds at most ``bound`` bytes (AssertionError past ``most``)."""
+    for n in range(1, most + 1):
+        q._housekeep()
+        if q.stats().bytes_held <= bound:
+            return n
+    raise AssertionError(f"still {q.stats().bytes_held} bytes after {most} rounds")
+
+
+class FullShm:
+    """/dev/shm as if full once ``fill()`` is called: every chunk a queue or partition asks
+    for is refused with ENOSPC (the C and Python paths, and a server in this process,
+    alike); ``free()`` makes room again."""
+
+    def __init__(self, monkeypatch):
+        self._mp = monkeypatch
+
+    def fill(self):
+        def refuse(fd, offset, length):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        self._mp.setattr(memory, "_fallocate", refuse)
+
+    def free(self):
+        self._mp.undo()
+
+
+@pytest.fixture
+def full_shm(monkeypatch):
+    return FullShm(monkeypatch)
+
+
+# ------------------------------------------------------------------ queues
+def test_an_empty_queue_holds_its_header_whatever_its_max_bytes(broker):
+    for name, max_bytes in (("small", 64 * 1024), ("default", 64 * MiB), ("big", 2 << 30)):
+        q = broker.create_queue(name, max_bytes=max_bytes)
+        assert held(broker.namespace, f".q.{name}") <= HEADER + 8192  # (+ its two semaphores)
+        assert q.stats().bytes_held == HEADER if max_bytes > MiB else q.stats().bytes_held <= HEADER
+        assert q.stats().max_bytes == max_bytes  # the cap keeps its meaning
+        q._housekeep()
+        assert q._memory.held() == q._memory.marked()
+
+
+def test_two_hundred_empty_default_queues_hold_at_most_256_mib(broker):
+    for i in range(200):
+        broker.create_queue(f"q{i}").close()
+    assert held(broker.namespace) <= 256 * MiB
+    assert held(broker.namespace, ".q.") <= 200 * (HEADER + 8192)  # 26 MiB: 12.8 GB before
+
+
+def test_ring_max_bytes_is_bounded(broker):
+    with pytest.raises(ValueError, match="max_bytes must be at most"):
+        broker.create_queue("huge", max_bytes=8 << 30)
+    with pytest.raises(ValueError, match="max_bytes must be at most"):
+        broker.create_stream("huge", max_bytes=8 << 30)
+
+
+def test_memory_grows_with_what_is_stored_and_goes_back_when_settled(broker):
+    q = broker.create_queue("jobs")
+    q.put_many([b"x" * 1000] * 10_000)  # 10.5 MB of records
+    assert 10 * MiB < q.stats().bytes_held < 11 * MiB + HEADER
+    assert drain(q) == 10_000
+    assert rounds_until(q, 8 * MiB) <= 3  # "within a few housekeeping rounds"
+    assert rounds_until(q, HEADER) <= 3  # and, idle, down to its header
+    assert q._memory.held() == q._memory.marked()
+    q.put(b"after")  # and it grows again
+    assert q.get_nowait().body == b"after"
+
+
+def test_a_busy_queue_keeps_the_memory_it_writes_again(broker):
+    """A flow of puts, gets and acks reuses what it wrote (the next lap starts where the
+    memory just freed is, once the queue is empty): nothing is allocated per message, and
+    the housekeeping rounds meanwhile give nothing back that the flow needs."""
+    q = broker.create_queue("flow", max_bytes=16 * MiB)
+    body = b"y" * (256 * 1024)
+    for _ in range(8):
+        q.put(body)
+        q.get_nowait().ack()
+    grown = q._memory.word("grown_total")
+    for i in range(400):  # 100 MiB through a 16 MiB ring
+        q.put(body)
+        q.get_nowait().ack()
+        if i % 50 == 0:
+            q._housekeep()
+    assert q._memory.word("grown_total") == grown
+    assert q.stats().bytes_held <= HEADER + 2 * MiB
+
+
+def test_a_put_dev_shm_cannot_make_room_for_is_refused_and_nothing_is_lost(any_broker, broker, full_shm):
+    """The put that needed a chunk /dev/shm could not give gets StorageError naming /dev/shm
+    and how to enlarge it; what the queue held is intact; puts that fit what it holds go
+    on, and once room is freed every put does (locally, and through a server)."""
+    q = any_broker.create_queue("jobs", max_bytes=8 * MiB)
+    full_shm.fill()
+    stored = []
+    with pytest.raises(shmq.StorageError, match=r"/dev/shm is full: queue 'jobs' could not take .*--shm-size"):
+        for i in range(1000):  # the first chunk was allocated at create (the header's): 4 KiB of ring
+            q.put(b"%d" % i + b"." * 1000)
+            stored.append(i)
+    assert 0 < len(stored) < 10
+    with pytest.raises(shmq.StorageError):
+        q.put_many([b"z" * 1000] * 5)
+    got = [int(d.body.rstrip(b".")) for d in q.get_many(100, timeout=0)]
+    assert got == stored  # intact, in order
+    full_shm.free()
+    q.put_many([b"z" * 1000] * 100)
+    assert len(q.get_many(1000, timeout=1)) == 100
+    if any_broker is broker:
+        assert q._memory.word("refused_total") >= 2
+
+
+def test_reserve_and_restore_allocate_first_too(broker, full_shm):
+    q = broker.create_queue("jobs", max_bytes=8 * MiB)
+    full_shm.fill()
+    with pytest.raises(shmq.StorageError):
+        with q.reserve(100_000) as buf:
+            buf[:] = b"r" * 100_000
+    exported = [(7, 0, 1, b"", b"m" * 200_000)]
+    with pytest.raises(shmq.StorageError):
+        q._import_messages(exported)
+    full_shm.free()
+    assert q._import_messages(exported) == 1
+    assert q.get_nowait().body == b"m" * 200_000
+
+
+# ------------------------------------------------------------------ streams
+def test_an_empty_partition_holds_its_header_and_a_12_partition_stream_costs_what_it_holds(any_broker, broker):
+    any_broker.create_stream("events", partitions=12)
+    parts = [p for p in namespace_entries(broker.namespace) if ".s.events#" in p]
+    assert len(parts) == 12 and all(held(broker.namespace, p) <= MiB for p in parts)
+    assert held(broker.namespace, ".s.events") <= 2 * MiB  # (776 MiB before)
+    s = any_broker.stream("events")
+    s.append_many([b"v" * 1000] * 12_000)  # 12 MB of records, over the 12 partitions
+    total = sum(p["bytes_held"] for p in s.stats()["partitions"])
+    assert 12 * MiB < total < 12 * MiB + 12 * 4 * 64 * 1024
+
+
+def test_a_partition_gives_back_what_retention_drops(broker, monkeypatch):
+    monkeypatch.setattr(L, "GIVE_BACK_GRACE_NS", 0)  # (readers without the lock get a second, normally)
+    s = broker.create_stream("events", partitions=1, max_bytes=32 * MiB)
+    s.append_many([b"v" * 1000] * 20_000, partition=0)
+    part = s._part(0)
+    assert part.stats()["bytes_held"] > 20 * MiB
+    s.delete_records({0: 19_000})
+    for _ in range(4):
+        s.housekeep()
+    assert part.stats()["bytes_held"] < 2 * MiB
+    assert [r.offset for r in s.read(0, 19_000, 5)] == list(range(19_000, 19_005))
+    assert part._memory.held() == part._memory.marked()
+
+
+def test_retention_bytes_and_seconds_drop_from_memory_too(broker, monkeypatch):
+    monkeypatch.setattr(L, "GIVE_BACK_GRACE_NS", 0)
+    by_size = broker.create_stream("sized", partitions=1, retention_bytes=1 * MiB)
+    by_size.append_many([b"s" * 1000] * 5000, partition=0)
+    assert by_size.housekeep()[0] > 3900  # what is past retention_bytes, oldest first
+    earliest, end = by_size.offsets(0)
+    assert end == 5000 and 900 <= end - earliest <= 1000
+    by_age = broker.create_stream("aged", partitions=1, retention_seconds=60)
+    by_age._part(0).append([(None, b"", b"a")] * 10, 0, times=[1] * 5 + [2**62] * 5)  # five of 1970
+    assert by_age.housekeep()[0] == 5 and by_age.offsets(0) == (5, 10)
+    for _ in range(3):
+        dropped, _given = by_size.housekeep()
+    assert dropped == 0 and by_size._part(0).stats()["bytes_held"] < 2 * MiB
+
+
+def test_a_block_stream_keeps_what_a_group_still_needs(broker):
+    s = broker.create_stream("jobs", partitions=1, retention="block", retention_bytes=64 * 1024)
+    c = s.consumer("g")
+    s.append_many([b"b" * 1000] * 500, partition=0)
+    assert s.housekeep()[0] == 0  # the group committed nothing: all are needed
+    c.poll(max_records=200, timeout=1)
+    c.commit()
+    assert s.housekeep()[0] == 200 and s.offsets(0)[0] == 200
+    c.close()
+
+
+def test_an_append_dev_shm_cannot_make_room_for_is_refused_and_nothing_is_lost(any_broker, broker, full_shm):
+    s = any_broker.create_stream("events", partitions=1)
+    full_shm.fill()
+    with pytest.raises(shmq.StorageError, match="/dev/shm is full: stream 'events' partition 0"):
+        for i in range(1000):
+            s.append(b"%d" % i + b"." * 1000, partition=0)
+    n = s.offsets(0)[1]
+    assert [int(r.value.rstrip(b".")) for r in s.read(0, 0, 1000)] == list(range(n))
+    full_shm.free()
+    assert s.append(b"after", partition=0).offset == n
+
+
+# ------------------------------------------------------------------ the state machine
+class MemoryQueueModel(QueueModel):
+    """The queue model (tests/engine/test_model.py) on a ring of several chunks, with
+    messages that span chunks, rounds that give memory back, and a /dev/shm that now and
+    then cannot grow. After every step the segment holds exactly what its bitmap says (so
+    nothing was written, or read, where nothing was allocated), and a queue with nothing
+    in it gives back all but its header."""
+
+    CAPACITY, MAX_MESSAGE = 6 * L.CHUNK, 100_000
+
+    def __init__(self):
+        super().__init__()
+        self._allocate = memory._fallocate
+
+    def teardown(self):
+        memory._fallocate = self._allocate
+        super().teardown()
+
+    @rule(size=st.sampled_from([5000, 40_000, 70_000, 100_000]))
+    def put_large(self, size):
+        QueueModel.put(self, size)
+
+    @rule(n=st.integers(1, 3), size=st.sampled_from([30_000, 90_000]))
+    def put_many_large(self, n, size):
+        QueueModel.put_many(self, n, size, None)
+
+    @rule(full=st.booleans())
+    def shm(self, full):
+        def refuse(fd, offset, length):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        self.shm_full = full
+        memory._fallocate = refuse if full else self._allocate
+
+    @rule()
+    def give_back(self):
+        self._lapse()
+        self.q._housekeep()
+        if not self._live():
+            self.q._housekeep()  # (the room the last round's puts wrote is kept one round)
+            assert self.q.stats().bytes_held == HEADER
+
+    @invariant()
+    def holds_what_its_bitmap_says(self):
+        mem = self.q._memory
+        assert mem.held() == mem.marked()
+
+
+TestMemoryQueueModel = MemoryQueueModel.TestCase
+TestMemoryQueueModel.settings = settings(max_examples=80, stateful_step_count=60, deadline=None)
+
+
+class PurePythonMemoryQueueModel(PurePython, MemoryQueueModel):
+    """The same on the pure-Python paths."""
+
+
+TestPurePythonMemoryQueueModel = PurePythonMemoryQueueModel.TestCase
+TestPurePythonMemoryQueueModel.settings = settings(max_examples=50, stateful_step_count=60, deadline=None)
