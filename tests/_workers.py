@@ -254,6 +254,18 @@ def stream_appender(ns, stream, tag, count, log_path, batch=1):
             i += n
 
 
+def stream_housekeeper(ns, stream):
+    """Retention in memory and memory given back, round after round, with no grace (no
+    reader without the lock here), until killed."""
+    from shmq.engine.shm import layout
+
+    layout.GIVE_BACK_GRACE_NS = 0
+    s = shmq.connect(namespace=ns).stream(stream)
+    while True:
+        s.housekeep()
+        time.sleep(0.001)
+
+
 def stream_member(ns, stream, group, out_path, ready_event, stop_event):
     """A group member that logs every record it polls, commits after each poll, and
     runs until stopped (or killed)."""

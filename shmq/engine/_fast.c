@@ -50,24 +50,9 @@
 #define PROC_W(seg, slot, field) ((uint64_t *)(seg) + ((PROCS_OFF + (slot) * PROC_SIZE) >> 3) + (field))
 #define U32(p) (*(uint32_t *)(p))
 
-/* ---- memory (shm/memory.py): a queue's ring is allocated chunk by chunk, and a bit of the bitmap
- * at BITMAP_W says which chunks of the segment are. A record is written only where they are (a
- * write to a hole that a full /dev/shm cannot fill is a SIGBUS); elsewhere the Python path
- * allocates first. */
-static inline int allocated(const char *seg, uint64_t lo, uint64_t n) {
-    const uint64_t *bm = (const uint64_t *)seg + BITMAP_W;
-    for (uint64_t c = lo >> CHUNK_SHIFT, last = (lo + n - 1) >> CHUNK_SHIFT; c <= last; c++)
-        if (!(bm[c >> 6] >> (c & 63) & 1)) return 0;
-    return 1;
-}
-
-/* The same for ring positions [pos, end) (end - pos <= cap), across the ring's end. */
-static inline int ring_allocated(const char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t end) {
-    if (end <= pos) return 1;
-    uint64_t off = pos % cap, n = end - pos;
-    if (off + n <= cap) return allocated(seg, base + off, n);
-    return allocated(seg, base + off, cap - off) && allocated(seg, base, n - (cap - off));
-}
+/* ---- memory (shm/memory.py): a queue's ring is allocated chunk by chunk, and a record is written
+ * only where it is (a write to a hole that a full /dev/shm cannot fill is a SIGBUS). H_ROOM says how
+ * far from the tail it is: a write that ends past it takes the Python path, which allocates first. */
 
 /* A put into the empty queue whose tail is this far into its lap (layout.reuse_after), or past
  * POS_LIMIT, starts the next lap (produce._new_lap, the Python path): the memory just freed. */
@@ -312,7 +297,7 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyMem_Free(entry);
         return PyLong_FromLong(wait & W_REGISTER ? R_SLEEP : R_FULL);
     }
-    if (new_lap_due(h[H_HEAD], tail, cap) || !allocated(seg, base + off, size)) {
+    if (tail + size > h[H_ROOM] || new_lap_due(h[H_HEAD], tail, cap)) {
         unlock(seg); /* a new lap, or memory to allocate first: the Python put */
         PyMem_Free(entry);
         return PyLong_FromLong(R_FALLBACK);
@@ -907,7 +892,7 @@ static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t
         unlock(seg);
         return PyLong_FromLong(wait & W_REGISTER ? R_SLEEP : R_FULL);
     }
-    if (!ring_allocated(seg, base, cap, tail, end)) { /* memory to allocate first: the Python append */
+    if (end > h[H_ROOM]) { /* memory to allocate first: the Python append */
         unlock(seg);
         return PyLong_FromLong(R_FALLBACK);
     }
@@ -1024,8 +1009,8 @@ static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (rc) return PyLong_FromLong(rc);
     uint64_t *h = HOT(seg);
     uint64_t tail = h[H_TAIL], off = tail % cap;
-    if (h[H_DELETED] || size > cap - off || tail + size - h[H_HEAD] > cap || new_lap_due(h[H_HEAD], tail, cap) ||
-        !allocated(seg, base + off, size)) {
+    if (h[H_DELETED] || size > cap - off || tail + size - h[H_HEAD] > cap || tail + size > h[H_ROOM] ||
+        new_lap_due(h[H_HEAD], tail, cap)) {
         unlock(seg);
         return PyLong_FromLong(R_FALLBACK);
     }

@@ -261,6 +261,36 @@ def test_admin_creates_and_deletes_topics(kafka_server, broker):
         admin.close()
 
 
+def test_a_12_partition_topic_costs_what_it_holds(kafka_server, broker):
+    """A topic an admin client makes with 12 partitions holds 64 KiB of /dev/shm a
+    partition (776 MiB before), and grows with the records produced into it."""
+    import os
+
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    from shmq.engine.shm.segment import namespace_entries
+
+    def held():
+        return sum(os.stat(f"/dev/shm/{e}").st_blocks * 512 for e in namespace_entries(broker.namespace)
+                   if ".s.wide" in e)
+
+    srv = kafka_server()
+    admin = KafkaAdminClient(bootstrap_servers=srv.bootstrap)
+    try:
+        admin.create_topics([NewTopic("wide", num_partitions=12, replication_factor=1)])
+    finally:
+        admin.close()
+    empty = held()
+    assert empty < 2 * 2**20  # the groups' table (396 KiB) and 12 x 64 KiB
+    producer = KafkaProducer(bootstrap_servers=srv.bootstrap, linger_ms=5)
+    for i in range(12_000):
+        producer.send("wide", b"v" * 1000, key=b"%d" % i)
+    producer.flush()
+    producer.close()
+    assert empty + 12 * 2**20 < held() < empty + 16 * 2**20  # 12,000 records of 1 KB
+
+
 def test_list_offsets_earliest_latest_and_by_time(kafka_server, broker):
     from kafka import KafkaConsumer, TopicPartition
 

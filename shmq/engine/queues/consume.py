@@ -33,7 +33,7 @@ _REC = L.REC_SIZE
 _REC_UNPACK = L.REC.unpack_from
 _HOT_UNPACK = L.HOT.unpack_from
 _HOT_OFF = L.HOT_OFF
-assert L.HOT_FIELDS == ("deleted", "tail", "next_id", "pwait", "pposted", "settings_gen", "bells", "_pad7", "head", "frontier",
+assert L.HOT_FIELDS == ("deleted", "tail", "next_id", "pwait", "pposted", "settings_gen", "bells", "room", "head", "frontier",
                         "ready_pos", "requeued", "in_flight", "delayed", "next_deadline", "next_liveness", "ready",
                         "cwait", "cposted"), "the plain take below unpacks the control words in this order"
 _READY, _LEASED, _ACKED, _PAD = L.READY, L.LEASED, L.ACKED, L.PAD

@@ -186,6 +186,8 @@ def give_back(q) -> int:
     start = tail
     if head == tail and (tail % cap >= q._reuse or tail >= L.POS_LIMIT):  # the next put starts a lap
         start = 0 if tail >= L.POS_LIMIT else tail + cap - tail % cap
+    # the put's room shrinks to what is kept before anything is given back (``layout.HOT_LINES``)
+    mq[L.I_ROOM] = min(mq[L.I_ROOM], tail + ahead if start == tail else tail)
     return mem.give_back(arc(base, cap, head, tail) + arc(base, cap, start, start + ahead))
 
 
@@ -268,6 +270,7 @@ def repair(q) -> None:
             pwait += pw
             bells += b
     mq[L.I_TAIL] = tail
+    mq[L.I_ROOM] = tail  # (the next put's allocation finds it again)
     if max_id:  # (a lane's ids stay its own: lane + 1, + lanes, ...)
         mq[L.I_NEXT_ID] = max(mq[L.I_NEXT_ID], max_id + q._id_step)
     mq[L.I_FRONTIER] = frontier

@@ -34,6 +34,7 @@ _encode_put_entry = dmsq.encode_put_entry
 _write_record = ring.write_record
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _EMPTY = b""
+I_ROOM = L.I_ROOM
 _F_OWNERDEAD, _F_FALLBACK, _F_WAL_MAX = cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.WAL_MAX_PAYLOAD
 _F_BUSY, _F_FULL, _F_SLEEP, _W_REGISTER = cpaths.BUSY, cpaths.FULL, cpaths.SLEEP, cpaths.W_REGISTER
 
@@ -126,8 +127,8 @@ class Producing:
             tail, head = mq[I_TAIL], mq[I_HEAD]
             off = tail % cap
             a = self._base + off
-            if size <= cap - off and tail + size - head <= cap and (tail != head or off < self._reuse) \
-                    and self._memory.covered(a, a + size):
+            if size <= cap - off and tail + size - head <= cap and tail + size <= mq[I_ROOM] \
+                    and (tail != head or off < self._reuse):
                 msg_id = mq[I_NEXT_ID]
                 if self._logged:  # logged (and fsynced, by policy) before the commit below
                     self.wal.append(_encode_put_entry(msg_id, now, hraw, body))
@@ -356,7 +357,9 @@ class Producing:
                 raise QueueFull(f"queue {self.name!r} is full")
             waits.register(mq, self._my_slot(), _PRODUCERS)
             return None
-        self._memory.ensure_arc(self._base, cap, tail, end)
+        mem = self._memory
+        mem.ensure_arc(self._base, cap, tail, end)  # (StorageError: nothing written)
+        mq[I_ROOM] = mem.allocated_to(self._base, cap, tail, head + cap)  # the fast paths' one compare
         return tail
 
     def _new_lap(self, tail):
@@ -366,6 +369,7 @@ class Producing:
         repair settles (``housekeeping.repair``: the tail goes to the head)."""
         mq, cap = self._mq, self._cap
         if tail >= L.POS_LIMIT:
+            mq[I_ROOM] = 0  # (nothing known allocated from there yet)
             mq[I_TAIL] = 0  # the tail first: a repair then takes the tail back to the head
             mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = 0
             for lv in range(L.MAX_PRIORITIES):

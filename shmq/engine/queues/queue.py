@@ -162,17 +162,17 @@ class Queue(Producing, Consuming, Settling):
         self._base = data_off
         self.max_message_bytes = maxmsg
         # what it was attached to and with, in one attribute (as ``_opts`` below): created_at, durability,
-        # the process slots, and the opener of other queues (``__init__``)
-        self._made = (created / 1e9, L.DURABILITY_NAMES.get(flags & 0xFF, "memory"), slots, opener)
+        # the process slots, the opener of other queues (``__init__``), and the ring's memory, taken chunk
+        # by chunk before a record is written there (``memory.py``). (A handle has at most 30 attributes:
+        # CPython 3.11 keeps more in a dict of its own, and every attribute read then costs more.)
+        self._made = (created / 1e9, L.DURABILITY_NAMES.get(flags & 0xFF, "memory"), slots, opener,
+                      Memory(seg, self._mq, L.MEM_OFF, pinned_bytes(data_off, seg.size), f"queue {self.name!r}"))
         self._logged = self.durability == "wal"
         # the hot paths this handle runs, C's or Python's (``paths.QueuePaths``), and the per-message C calls
         # bound here too, so that put, get and ack read one attribute for them (None: the Python path)
         paths = self.paths = _chosen_paths()
         self._fast_put, self._fast_take, self._fast_ack = paths.put, paths.take, paths.ack
         self._read_settings()
-        # the ring's memory, taken chunk by chunk before a record is written there (``memory.py``)
-        self._memory = Memory(seg, self._mq, L.MEM_OFF, pinned_bytes(data_off, seg.size), f"queue {self.name!r}")
-        self._reuse = L.reuse_after(cap)
         # the write-ahead log (durability "wal"), and this process's descriptor
         self.wal = Log(self, lane_name(self.name, self._lane))
         # the robust mutex at a fixed address of the mapping, valid until close(): the hot paths lock through it
@@ -290,6 +290,8 @@ class Queue(Producing, Consuming, Settling):
     durability = property(lambda self: self._made[1], doc='"memory", "snapshot" or "wal".')
     _nslots = property(lambda self: self._made[2])  # rows of the process table
     _opener = property(lambda self: self._made[3])  # opener(namespace, name) of other queues, or None
+    _memory = property(lambda self: self._made[4])  # the ring's chunks (``memory.Memory``)
+    _reuse = property(lambda self: L.reuse_after(self._cap))  # how far into a lap an empty queue starts the next
 
     def __reduce__(self):
         return (_reattach, (self.namespace, self.name, self._lane, self._opener))

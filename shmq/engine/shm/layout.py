@@ -28,7 +28,7 @@ __all__ = [
     "P_CWAIT", "P_PWAIT", "P_ACKED", "P_REDELIVERED", "P_BELLS", "OPTS_LANES_OFF", "id_step", "proc_word",
     "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "c_header", "write_c_header",
     "OPTS", "OPTS_FIELDS", "OPTS_OFF", "XWORDS_OFF", "XWORD_FIELDS", "I_SPECIAL", "I_NEXT_TTL", "I_EXPIRED_TOTAL",
-    "I_PRODUCER_TURNS", "I_CONSUMER_TURNS", "LANE_SLEEPERS_OFF", "I_LANE_SLEEPERS", "I_BELLS",
+    "I_PRODUCER_TURNS", "I_CONSUMER_TURNS", "LANE_SLEEPERS_OFF", "I_LANE_SLEEPERS", "I_BELLS", "I_ROOM",
     "DEDUP", "DEDUP_SLOTS", "DEDUP_PROBES", "dedup_offset", "EXT", "EXT_MAGIC", "EXT_VERSION", "FLAG_EXT",
     "FLAG_WALK", "FLAG_TTL", "LEVEL_POS_OFF", "I_LEVEL_POS",
     "MAX_PRIORITIES", "MAX_GROUP_BYTES",
@@ -100,8 +100,10 @@ HOT_OFF = 576
 # producers alone never touch the consumers' line, consumers alone never the producers'.
 # ``bells``: how many of the sleepers counted in cwait are a server's doorbells (``doze.bell``),
 # which a put made by that server's own loop owes no post (``waits.serving``); on the put's line.
+# ``room``: positions from the tail up to it lie in allocated chunks (``memory.py``), so a put that ends
+# at or below it writes no hole: one compare on the put's own line (at or below the tail: look again).
 HOT_LINES = (
-    ("deleted", "tail", "next_id", "pwait", "pposted", "settings_gen", "bells", None),
+    ("deleted", "tail", "next_id", "pwait", "pposted", "settings_gen", "bells", "room"),
     ("head", "frontier", "ready_pos", "requeued", "in_flight", "delayed", "next_deadline", "next_liveness"),
     ("ready", "cwait", "cposted"),  # then the counters, written rarely (the totals are per process)
 )
@@ -178,7 +180,7 @@ I_DELETED, I_HEAD, I_TAIL, I_FRONTIER, I_READY_POS, I_REQUEUED, I_NEXT_ID, I_REA
 I_INFLIGHT, I_DELAYED, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_CWAIT, I_CPOSTED, I_PWAIT, I_PPOSTED = (
     _HOT_W[f] for f in ("in_flight", "delayed", "next_deadline", "next_liveness", "cwait", "cposted", "pwait",
                         "pposted"))
-I_BELLS = _HOT_W["bells"]
+I_BELLS, I_ROOM = _HOT_W["bells"], _HOT_W["room"]
 I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = range(
     COUNTERS_OFF >> 3, (COUNTERS_OFF >> 3) + len(COUNTER_FIELDS))
 I_WAL_SIZE, I_WAL_SYNCED = WAL_WORDS_OFF >> 3, (WAL_WORDS_OFF >> 3) + 1
@@ -309,7 +311,7 @@ def c_header() -> str:
         "MAX_PRIORITIES": MAX_PRIORITIES, "FLAG_TTL": FLAG_TTL, "NO_HOLDER": NO_HOLDER,
         "PROCS_OFF": PROCS_OFF, "PROC_SIZE": PROC_SIZE, "P_CWAIT": P_CWAIT, "P_PWAIT": P_PWAIT, "P_ACKED": P_ACKED,
         "P_REDELIVERED": P_REDELIVERED, "OPTS_LANES_OFF": OPTS_LANES_OFF,
-        "BITMAP_W": mem_words(MEM_OFF)["bitmap"], "CHUNK_SHIFT": CHUNK_SHIFT, "REUSE_MAX": REUSE_MAX,
+        "REUSE_MAX": REUSE_MAX,
         "POS_LIMIT": f"{POS_LIMIT}ULL",
     }
     defines.update({"REC_" + f.upper(): off for f, off in REC_OFFSETS.items()})

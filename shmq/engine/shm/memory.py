@@ -118,8 +118,16 @@ class Memory:
         for a, b in arc(off, size, lo, hi):
             self.ensure(a, b)
 
-    def covers_arc(self, off: int, size: int, lo: int, hi: int) -> bool:
-        return all(self.covered(a, b) for a, b in arc(off, size, lo, hi))
+    def allocated_to(self, off: int, size: int, pos: int, limit: int) -> int:
+        """How far from position ``pos`` of a ring (``arc``) its chunks are allocated without a
+        gap, up to ``limit`` and the end of ``pos``'s lap (a queue's ``room``)."""
+        lap = pos - pos % size
+        a, end = off + pos - lap, off + min(limit, lap + size) - lap
+        mq, bw = self._mq, self._bw
+        c = a >> _SHIFT
+        while c << _SHIFT < end and mq[bw + (c >> 6)] >> (c & 63) & 1:
+            c += 1
+        return pos + max(0, min(c << _SHIFT, end) - a)
 
     def _grow(self, c0: int, c1: int) -> None:
         start = c0 << _SHIFT
