@@ -254,16 +254,17 @@ def stream_appender(ns, stream, tag, count, log_path, batch=1):
             i += n
 
 
-def stream_housekeeper(ns, stream):
+def stream_housekeeper(ns, stream, log_path):
     """Retention in memory and memory given back, round after round, with no grace (no
-    reader without the lock here), until killed."""
+    reader without the lock here), until killed; logs a line a round."""
     from shmq.engine.shm import layout
 
     layout.GIVE_BACK_GRACE_NS = 0
     s = shmq.connect(namespace=ns).stream(stream)
-    while True:
-        s.housekeep()
-        time.sleep(0.001)
+    with open(log_path, "a", buffering=1) as log:
+        while True:
+            _log(log, "%d %d" % s.housekeep())
+            time.sleep(0.001)
 
 
 def stream_member(ns, stream, group, out_path, ready_event, stop_event):

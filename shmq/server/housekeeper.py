@@ -28,61 +28,45 @@ class Housekeeper:
         self._streams = {}
 
     def run_once(self) -> int:
-        """One pass over all queues; returns how many messages became ready again."""
+        """One pass over all queues and streams; returns how many messages became ready again."""
         names = set(self.broker.list_queues())
         for name in remove_orphans(self.broker, sorted(names)):  # reply queues of dead requesters
             names.discard(name)
             log.info("reply queue %s removed: its requester is gone", name)
-        for name in list(self._queues):
-            if name not in names:
-                self._queues.pop(name).close()
-                log.info("queue %s removed", name)
-        total = 0
-        for name in sorted(names):
-            q = self._queues.get(name)
-            try:
-                if q is None:
-                    q = self._queues[name] = self.broker.queue(name)
-                    log.info("queue %s attached", name)
-                returned = maintenance.housekeep(q)
-            except QueueNotFound:
-                stale = self._queues.pop(name, None)
-                if stale is not None:
-                    stale.close()
-                continue
-            except ShmqError as e:
-                log.warning("queue %s: %s", name, e)
-                continue
-            if returned:
-                log.info("queue %s: %d message(s) ready again (expired or dead holder)", name, returned)
-            total += returned
-        self._streams_once()
-        return total
+        returned = self._each("queue", self._queues, names, self.broker.queue, maintenance.housekeep, QueueNotFound)
+        for name, n in returned.items():
+            if n:
+                log.info("queue %s: %d message(s) ready again (expired or dead holder)", name, n)
+        dropped = self._each("stream", self._streams, set(self.broker.list_streams()), self.broker.stream,
+                             lambda s: s.housekeep()[0], StreamNotFound)
+        for name, n in dropped.items():
+            if n:
+                log.info("stream %s: %d record(s) dropped from memory by retention", name, n)
+        return sum(returned.values())
 
-    def _streams_once(self) -> None:
-        """Each stream's retention in memory and its memory given back."""
-        names = set(self.broker.list_streams())
-        for name in list(self._streams):
+    @staticmethod
+    def _each(kind, handles, names, attach, work, gone) -> dict:
+        """``work(handle)`` on each of ``names`` (attached once, kept in ``handles``), what it
+        returned by name; a handle whose object is gone is let go, a ShmqError logged."""
+        for name in list(handles):
             if name not in names:
-                self._streams.pop(name).close()
+                handles.pop(name).close()
+                log.info("%s %s removed", kind, name)
+        out = {}
         for name in sorted(names):
-            s = self._streams.get(name)
+            h = handles.get(name)
             try:
-                if s is None or s.deleted:
-                    if s is not None:
-                        s.close()
-                    s = self._streams[name] = self.broker.stream(name)
-                dropped, _given = s.housekeep()
-            except StreamNotFound:
-                stale = self._streams.pop(name, None)
+                if h is None:
+                    h = handles[name] = attach(name)
+                    log.info("%s %s attached", kind, name)
+                out[name] = work(h)
+            except gone:
+                stale = handles.pop(name, None)
                 if stale is not None:
                     stale.close()
-                continue
             except ShmqError as e:
-                log.warning("stream %s: %s", name, e)
-                continue
-            if dropped:
-                log.info("stream %s: %d record(s) dropped from memory by retention", name, dropped)
+                log.warning("%s %s: %s", kind, name, e)
+        return out
 
     def close(self):
         for h in [*self._queues.values(), *self._streams.values()]:

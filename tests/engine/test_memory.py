@@ -10,7 +10,7 @@ import os
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import shmq
 from shmq.engine.shm import layout as L
@@ -47,6 +47,11 @@ def rounds_until(q, bound, most=8) -> int:
     raise AssertionError(f"still {q.stats().bytes_held} bytes after {most} rounds")
 
 
+def refuse(fd, offset, length):
+    """``posix_fallocate`` on a full /dev/shm."""
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 class FullShm:
     """/dev/shm as if full once ``fill()`` is called: every chunk a queue or partition asks
     for is refused with ENOSPC (the C and Python paths, and a server in this process,
@@ -56,9 +61,6 @@ class FullShm:
         self._mp = monkeypatch
 
     def fill(self):
-        def refuse(fd, offset, length):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
         self._mp.setattr(memory, "_fallocate", refuse)
 
     def free(self):
@@ -255,9 +257,6 @@ class MemoryQueueModel(QueueModel):
 
     @rule(full=st.booleans())
     def shm(self, full):
-        def refuse(fd, offset, length):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
         self.shm_full = full
         memory._fallocate = refuse if full else self._allocate
 
@@ -285,3 +284,87 @@ class PurePythonMemoryQueueModel(PurePython, MemoryQueueModel):
 
 TestPurePythonMemoryQueueModel = PurePythonMemoryQueueModel.TestCase
 TestPurePythonMemoryQueueModel.settings = settings(max_examples=50, stateful_step_count=60, deadline=None)
+
+
+class PartitionMemoryModel(RuleBasedStateMachine):
+    """A partition of a ring of several chunks: appends of every size (wrapping the ring,
+    retention dropping the oldest for room), delete_records, retention by bytes, rounds
+    that give memory back (with no grace: no reader without the lock here) and a /dev/shm
+    that now and then cannot grow. Reads return exactly the records the model kept, and
+    the segment holds exactly what its bitmap says after every step."""
+
+    def __init__(self):
+        super().__init__()
+        self._grace, L.GIVE_BACK_GRACE_NS = L.GIVE_BACK_GRACE_NS, 0
+        self._allocate = memory._fallocate
+        self.ns = "hypm%d" % id(self)
+        self.broker = shmq.connect(namespace=self.ns)
+        self.s = self.broker.create_stream("m", partitions=1, max_bytes=5 * L.CHUNK, max_message_bytes=100_000)
+        self.part = self.s._part(0)
+        self.records = {}  # offset -> value, of those still held
+        self.end = 0
+        self.full = False
+
+    def teardown(self):
+        memory._fallocate = self._allocate
+        L.GIVE_BACK_GRACE_NS = self._grace
+        self.s.close()
+        self.broker.delete_stream("m")
+        self.broker.close()
+        shmq.destroy_namespace(self.ns)
+
+    def _sync_earliest(self):
+        earliest = self.s.offsets(0)[0]
+        assert all(o >= earliest for o in self.records if o >= earliest)
+        self.records = {o: v for o, v in self.records.items() if o >= earliest}
+
+    @rule(n=st.integers(1, 4), size=st.sampled_from([10, 3000, 40_000, 90_000]))
+    def append(self, n, size):
+        values = [bytes([(self.end + i) % 256]) * size for i in range(n)]
+        try:
+            metas = self.s.append_many(values, partition=0)
+        except shmq.StorageError:
+            assert self.full
+            return
+        except shmq.MessageTooLarge:
+            assert n * (size + 48) > 5 * L.CHUNK
+            return
+        assert [m.offset for m in metas] == list(range(self.end, self.end + n))
+        self.records.update(zip(range(self.end, self.end + n), values))
+        self.end += n
+        self._sync_earliest()  # (what retention dropped for room)
+
+    @rule(k=st.integers(0, 6))
+    def delete_records(self, k):
+        cut = min(self.end, self.s.offsets(0)[0] + k)
+        self.s.delete_records({0: cut})
+        self.records = {o: v for o, v in self.records.items() if o >= cut}
+
+    @rule(limit=st.sampled_from([None, 50_000, 200_000]))
+    def housekeep(self, limit):
+        self.part.housekeep(None, limit)
+        self._sync_earliest()
+        if not self.records:
+            self.part.housekeep()
+            assert self.part.stats()["bytes_held"] == L.CHUNK  # its header
+
+    @rule(full=st.booleans())
+    def shm(self, full):
+        self.full = full
+        memory._fallocate = refuse if full else self._allocate
+
+    @rule()
+    def read_all(self):
+        earliest, end = self.s.offsets(0)
+        assert end == self.end
+        got = {r.offset: r.value for r in self.s.read(0, earliest, 1000)} if end > earliest else {}
+        assert got == self.records
+
+    @invariant()
+    def holds_what_its_bitmap_says(self):
+        mem = self.part._memory
+        assert mem.held() == mem.marked()
+
+
+TestPartitionMemoryModel = PartitionMemoryModel.TestCase
+TestPartitionMemoryModel.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)

@@ -35,6 +35,7 @@ _write_record = ring.write_record
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _EMPTY = b""
 I_ROOM = L.I_ROOM
+ROOM_LOOK = 4 << 20  # how far past a write its room is looked for (a chunk's bit each)
 _F_OWNERDEAD, _F_FALLBACK, _F_WAL_MAX = cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.WAL_MAX_PAYLOAD
 _F_BUSY, _F_FULL, _F_SLEEP, _W_REGISTER = cpaths.BUSY, cpaths.FULL, cpaths.SLEEP, cpaths.W_REGISTER
 
@@ -357,9 +358,13 @@ class Producing:
                 raise QueueFull(f"queue {self.name!r} is full")
             waits.register(mq, self._my_slot(), _PRODUCERS)
             return None
-        mem = self._memory
-        mem.ensure_arc(self._base, cap, tail, end)  # (StorageError: nothing written)
-        mq[I_ROOM] = mem.allocated_to(self._base, cap, tail, head + cap)  # the fast paths' one compare
+        if end > mq[I_ROOM]:  # memory to allocate first (StorageError: nothing written), and some ahead
+            mem = self._memory
+            mem.ensure_arc(self._base, cap, tail, end, min(mem.step(), head + cap - end))
+            # the fast paths' one compare: as far as the chunks go, a few MiB at most (a bounded look). Not
+            # bounded by the free space (head + cap): that is checked apart, and a full queue's every put
+            # would come here again
+            mq[I_ROOM] = mem.allocated_to(self._base, cap, tail, end + ROOM_LOOK)
         return tail
 
     def _new_lap(self, tail):

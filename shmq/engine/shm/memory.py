@@ -36,6 +36,7 @@ _SHIFT = L.CHUNK_SHIFT
 CHUNK = L.CHUNK
 _PAGE = mmap.PAGESIZE
 _fallocate = os.posix_fallocate  # (a test makes /dev/shm look full by replacing it)
+GROW_STEP_MAX = 4 << 20  # the most a growing ring allocates ahead of what it needs
 
 
 def arc(off: int, size: int, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -96,10 +97,10 @@ class Memory:
                 return False
         return True
 
-    def ensure(self, lo: int, hi: int) -> None:
+    def ensure(self, lo: int, hi: int, count: bool = True) -> None:
         """Allocate every chunk of segment bytes [lo, hi) not allocated yet. StorageError,
         naming /dev/shm and how to enlarge it, when it cannot grow (what it did allocate
-        stays unmarked: a later round gives it back)."""
+        stays unmarked: a later round gives it back; counted as refused unless ``count`` is false)."""
         if hi <= lo:
             return
         mq, bw = self._mq, self._bw
@@ -111,12 +112,24 @@ class Memory:
             first = c
             while c <= last and not mq[bw + (c >> 6)] >> (c & 63) & 1:
                 c += 1
-            self._grow(first, c)
+            self._grow(first, c, count)
 
-    def ensure_arc(self, off: int, size: int, lo: int, hi: int) -> None:
-        """``ensure`` for positions [lo, hi) of a ring (``arc``)."""
+    def ensure_arc(self, off: int, size: int, lo: int, hi: int, ahead: int = 0) -> None:
+        """``ensure`` for positions [lo, hi) of a ring (``arc``); then, as /dev/shm allows,
+        for ``ahead`` positions more (a ring filling up grows by steps, not chunk by chunk)."""
         for a, b in arc(off, size, lo, hi):
             self.ensure(a, b)
+        if ahead > 0:
+            try:
+                for a, b in arc(off, size, hi, hi + ahead):
+                    self.ensure(a, b, count=False)
+            except StorageError:
+                pass  # (what is needed is there)
+
+    def step(self) -> int:
+        """How far ahead a growing ring allocates: a quarter of what it holds (one chunk at
+        first, GROW_STEP_MAX at most), so a ring that fills grows a few times, not once a chunk."""
+        return min(GROW_STEP_MAX, max(CHUNK, (self.marked() >> 2) & -CHUNK))
 
     def allocated_to(self, off: int, size: int, pos: int, limit: int) -> int:
         """How far from position ``pos`` of a ring (``arc``) its chunks are allocated without a
@@ -129,7 +142,7 @@ class Memory:
             c += 1
         return pos + max(0, min(c << _SHIFT, end) - a)
 
-    def _grow(self, c0: int, c1: int) -> None:
+    def _grow(self, c0: int, c1: int, count: bool = True) -> None:
         start = c0 << _SHIFT
         n = min(c1 << _SHIFT, self._size) - start
         try:
@@ -139,8 +152,10 @@ class Memory:
                 pass
             elif e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
                 raise
-            else:
+            elif count:
                 self._refused(n)
+            else:
+                raise StorageError("/dev/shm is full") from None
         mq, bw = self._mq, self._bw
         for c in range(c0, c1):
             mq[bw + (c >> 6)] |= 1 << (c & 63)
