@@ -100,7 +100,7 @@ def test_ring_max_bytes_is_bounded(broker):
 def test_memory_grows_with_what_is_stored_and_goes_back_when_settled(broker):
     q = broker.create_queue("jobs")
     q.put_many([b"x" * 1000] * 10_000)  # 10.5 MB of records
-    assert 10 * MiB < q.stats().bytes_held < 11 * MiB + HEADER
+    assert 10 * MiB < q.stats().bytes_held < 11 * MiB * 5 // 4 + HEADER  # (and up to a quarter ahead, as it grew)
     assert drain(q) == 10_000
     assert rounds_until(q, 8 * MiB) <= 3  # "within a few housekeeping rounds"
     assert rounds_until(q, HEADER) <= 3  # and, idle, down to its header

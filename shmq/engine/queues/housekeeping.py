@@ -188,7 +188,14 @@ def give_back(q) -> int:
         start = 0 if tail >= L.POS_LIMIT else tail + cap - tail % cap
     # the put's room shrinks to what is kept before anything is given back (``layout.HOT_LINES``)
     mq[L.I_ROOM] = min(mq[L.I_ROOM], tail + ahead if start == tail else tail)
-    return mem.give_back(arc(base, cap, head, tail) + arc(base, cap, start, start + ahead))
+    return mem.give_back(arc(base, cap, head, tail) + arc(base, cap, start, start + ahead),
+                         stamp=None if ahead else (head, tail), alive=lambda slot: _slot_alive(q, slot))
+
+
+def _slot_alive(q, slot) -> bool:
+    """Whether the process in process-table row ``slot`` lives (a claim's owner). Lock held."""
+    pid, start = L.PROC.unpack_from(q._mm, L.PROCS_OFF + slot * L.PROC_SIZE)[:2]
+    return bool(pid) and (pid == os.getpid() or is_alive(pid, start))
 
 
 def return_memory(q) -> int:

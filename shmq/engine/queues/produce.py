@@ -35,7 +35,9 @@ _write_record = ring.write_record
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _EMPTY = b""
 I_ROOM = L.I_ROOM
-ROOM_LOOK = 4 << 20  # how far past a write its room is looked for (a chunk's bit each)
+_GROW_DUE = L.mem_words(L.MEM_OFF)["grow_due"]
+ROOM_LOOK = 8 << 20  # how far past a write its room is looked for (a chunk's bit each)
+GROW_LOCK_NS = 10_000_000  # the longest a put waits for the lock to allocate ahead (then the next does)
 _F_OWNERDEAD, _F_FALLBACK, _F_WAL_MAX = cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.WAL_MAX_PAYLOAD
 _F_BUSY, _F_FULL, _F_SLEEP, _W_REGISTER = cpaths.BUSY, cpaths.FULL, cpaths.SLEEP, cpaths.W_REGISTER
 
@@ -277,7 +279,10 @@ class Producing:
         """Append ``(body, encoded headers, record size)`` items, waiting for room.
         ``options``: (record flags, delay ns, dedup hash) for every item, or None;
         ``waited``: a sleep of a C put this process is still counted for."""
-        return self._until_room(self._try_append, items, timeout, options, waited)
+        ids = self._until_room(self._try_append, items, timeout, options, waited)
+        if self._mq[_GROW_DUE]:
+            self._grow_ahead()
+        return ids
 
     def _wait_room_fast(self, r, again, total, timeout):
         """Where a C put (or put_many) that found no room (FULL) goes on: ``again(wait)`` is
@@ -358,14 +363,55 @@ class Producing:
                 raise QueueFull(f"queue {self.name!r} is full")
             waits.register(mq, self._my_slot(), _PRODUCERS)
             return None
-        if end > mq[I_ROOM]:  # memory to allocate first (StorageError: nothing written), and some ahead
-            mem = self._memory
-            mem.ensure_arc(self._base, cap, tail, end, min(mem.step(), head + cap - end))
-            # the fast paths' one compare: as far as the chunks go, a few MiB at most (a bounded look). Not
-            # bounded by the free space (head + cap): that is checked apart, and a full queue's every put
-            # would come here again
-            mq[I_ROOM] = mem.allocated_to(self._base, cap, tail, end + ROOM_LOOK)
+        if end > mq[I_ROOM]:  # memory to allocate first (StorageError: nothing written)
+            self._memory.ensure_arc(self._base, cap, tail, end)
+            self._set_room(head, tail, end)
         return tail
+
+    def _set_room(self, head, tail, end):
+        """The fast paths' one compare (``room``): as far from ``tail`` as the chunks are
+        allocated (a few MiB at most: a bounded look), not bounded by the free space, which
+        is checked apart (a full queue's every put would come here again). While the queue
+        fills toward the end of its chunks, halfway there, with ``grow_due`` set: the append
+        that comes back allocates the next ones ahead, outside the lock (``_grow_ahead``),
+        before the puts reach them. A queue that reuses what it holds grows nothing. Lock held."""
+        mq, cap = self._mq, self._cap
+        limit = min(end + ROOM_LOOK, tail - tail % cap + cap)
+        room = self._memory.allocated_to(self._base, cap, tail, limit)
+        if room < limit and room < head + cap and room - end < max(L.CHUNK, (end - head) >> 2):
+            mq[_GROW_DUE] = 1
+            room = max(end, (end + room) >> 1)
+        mq[I_ROOM] = room
+
+    def _grow_ahead(self) -> None:
+        """A step of chunks past the room allocated outside the lock (claimed under it first,
+        so no round gives them back meanwhile, then marked), so the puts that follow find
+        their memory there: the other processes of the queue never wait on a producer's
+        allocation. A lock that cannot be had in time leaves it to the next put."""
+        mem, mq, cap, base = self._memory, self._mq, self._cap, self._base
+        try:
+            self._acquire(_mono() + GROW_LOCK_NS)
+        except LockTimeout:
+            return
+        try:
+            tail = mq[I_TAIL]
+            claim = None if mq[I_DELETED] else mem.claim_ahead(base, cap, tail, mq[I_HEAD] + cap, self._my_slot())
+        finally:
+            self._release()
+        if claim is None:
+            return
+        filled = mem.fill_claim(*claim)
+        try:
+            self._acquire()
+        except LockTimeout:  # (the claim stands while this process lives; puts allocate under the lock meanwhile)
+            return
+        try:
+            mem.settle_claim(self._my_slot(), filled)
+            if filled and not mq[I_DELETED]:
+                tail = mq[I_TAIL]
+                self._set_room(mq[I_HEAD], tail, max(tail, min(mq[I_ROOM], tail - tail % cap + cap)))
+        finally:
+            self._release()
 
     def _new_lap(self, tail):
         """Move the empty queue's cursors from ``tail`` to the start of the next lap, or to 0

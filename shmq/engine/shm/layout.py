@@ -130,11 +130,15 @@ LANE_SLEEPERS_OFF = 792
 # a partition's head and earliest offset seen at least GIVE_BACK_GRACE_NS ago (no lock-free reader
 # can still be below them), ``cand`` / ``cand_low`` / ``cand_ns``, the next fence and when it was
 # seen; ``grown_total`` / ``given_total`` bytes allocated and given back, ``refused_total`` grows
-# /dev/shm refused, ``rounds`` give-back rounds
+# /dev/shm refused, ``rounds`` give-back rounds; ``quiet_a`` / ``quiet_b``, the state (+1: 0 is none) in
+# which a round last left nothing to give back, so a round that finds it unchanged does nothing;
+# ``claim_lo`` / ``claim_hi`` / ``claim_owner``, chunks a producer allocates ahead outside the lock (its
+# process slot + 1; 0: none), which no round gives back meanwhile; ``grow_due``, 1 once a put found its
+# room short (the next to see it claims the chunks ahead)
 CHUNK_SHIFT = 16
 CHUNK = 1 << CHUNK_SHIFT  # 64 KiB
 MEM_FIELDS = ("mark", "fence", "fence_low", "cand", "cand_low", "cand_ns", "grown_total", "given_total",
-              "refused_total", "rounds")
+              "refused_total", "rounds", "quiet_a", "quiet_b", "claim_lo", "claim_hi", "claim_owner", "grow_due")
 MEM_SIZE = 128  # the words, then the bitmap
 BITMAP_BYTES = 8320  # 66560 chunks: a ring of MAX_RING_BYTES and any header or index beside it
 MAX_RING_BYTES = 2**32 - CHUNK  # a ring's most bytes (a record's length, a pad's, is a u32)

@@ -97,10 +97,10 @@ class Memory:
                 return False
         return True
 
-    def ensure(self, lo: int, hi: int, count: bool = True) -> None:
+    def ensure(self, lo: int, hi: int) -> None:
         """Allocate every chunk of segment bytes [lo, hi) not allocated yet. StorageError,
         naming /dev/shm and how to enlarge it, when it cannot grow (what it did allocate
-        stays unmarked: a later round gives it back; counted as refused unless ``count`` is false)."""
+        stays unmarked: a later round gives it back)."""
         if hi <= lo:
             return
         mq, bw = self._mq, self._bw
@@ -112,19 +112,60 @@ class Memory:
             first = c
             while c <= last and not mq[bw + (c >> 6)] >> (c & 63) & 1:
                 c += 1
-            self._grow(first, c, count)
+            self._grow(first, c)
 
-    def ensure_arc(self, off: int, size: int, lo: int, hi: int, ahead: int = 0) -> None:
-        """``ensure`` for positions [lo, hi) of a ring (``arc``); then, as /dev/shm allows,
-        for ``ahead`` positions more (a ring filling up grows by steps, not chunk by chunk)."""
+    def ensure_arc(self, off: int, size: int, lo: int, hi: int) -> None:
+        """``ensure`` for positions [lo, hi) of a ring (``arc``)."""
         for a, b in arc(off, size, lo, hi):
             self.ensure(a, b)
-        if ahead > 0:
-            try:
-                for a, b in arc(off, size, hi, hi + ahead):
-                    self.ensure(a, b, count=False)
-            except StorageError:
-                pass  # (what is needed is there)
+
+    # ------------------------------------------------------------------ growing ahead, outside the lock
+    def claim_ahead(self, off: int, size: int, pos: int, limit: int, slot: int):
+        """The chunks a growing ring allocates next, outside the lock: from the first one not
+        allocated at or after ring position ``pos`` (up to ``limit`` and the lap's end), a
+        ``step()`` of them, claimed for process slot ``slot`` so that no round gives them
+        back until ``settle_claim``; (first chunk, end chunk), or None when there is
+        nothing to allocate there or another claim stands. Lock held."""
+        mq, bw, w = self._mq, self._bw, self._w
+        mq[w["grow_due"]] = 0
+        if mq[w["claim_owner"]]:
+            return None
+        lap = pos - pos % size
+        a, end = off + pos - lap, off + min(limit, lap + size) - lap
+        c = a >> _SHIFT
+        while c << _SHIFT < end and mq[bw + (c >> 6)] >> (c & 63) & 1:
+            c += 1
+        if c << _SHIFT >= end:
+            return None
+        c1 = min(c + self.step() // CHUNK, -(-end // CHUNK))
+        mq[w["claim_lo"]], mq[w["claim_hi"]], mq[w["claim_owner"]] = c, c1, slot + 1
+        return c, c1
+
+    def fill_claim(self, c0: int, c1: int) -> bool:
+        """Allocate claimed chunks (without the lock: the claim keeps them); False when
+        /dev/shm cannot (nothing is marked: the put that needs them allocates or refuses)."""
+        start = c0 << _SHIFT
+        try:
+            _fallocate(self._fd, start, min(c1 << _SHIFT, self._size) - start)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
+                return False
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        return True
+
+    def settle_claim(self, slot: int, filled: bool) -> None:
+        """End this slot's claim: its chunks marked allocated when ``filled``. Lock held."""
+        mq, bw, w = self._mq, self._bw, self._w
+        if mq[w["claim_owner"]] != slot + 1:
+            return  # (taken for dead's and dropped by a round: its chunks are not marked)
+        if filled:
+            c0, c1 = mq[w["claim_lo"]], mq[w["claim_hi"]]
+            for c in range(c0, c1):
+                mq[bw + (c >> 6)] |= 1 << (c & 63)
+            mq[w["grown_total"]] += min(c1 << _SHIFT, self._size) - (c0 << _SHIFT)
+            mq[w["quiet_a"]] = 0
+        mq[w["claim_owner"]] = 0
 
     def step(self) -> int:
         """How far ahead a growing ring allocates: a quarter of what it holds (one chunk at
@@ -142,7 +183,7 @@ class Memory:
             c += 1
         return pos + max(0, min(c << _SHIFT, end) - a)
 
-    def _grow(self, c0: int, c1: int, count: bool = True) -> None:
+    def _grow(self, c0: int, c1: int) -> None:
         start = c0 << _SHIFT
         n = min(c1 << _SHIFT, self._size) - start
         try:
@@ -152,14 +193,13 @@ class Memory:
                 pass
             elif e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
                 raise
-            elif count:
-                self._refused(n)
             else:
-                raise StorageError("/dev/shm is full") from None
+                self._refused(n)
         mq, bw = self._mq, self._bw
         for c in range(c0, c1):
             mq[bw + (c >> 6)] |= 1 << (c & 63)
         mq[self._w["grown_total"]] += n
+        mq[self._w["quiet_a"]] = 0  # (the next round looks again)
 
     def _refused(self, n: int):
         self._mq[self._w["refused_total"]] += 1
@@ -170,12 +210,24 @@ class Memory:
             "--shm-size; Kubernetes: an emptyDir with medium: Memory and a sizeLimit)") from None
 
     # ------------------------------------------------------------------ giving back
-    def give_back(self, keep, budget: int = L.GIVE_BACK_BUDGET) -> int:
+    def give_back(self, keep, budget: int = L.GIVE_BACK_BUDGET, stamp=None, alive=None) -> int:
         """Give back the allocated chunks that no range of ``keep`` (segment byte ranges)
         touches, at most ``budget`` bytes of them (the next round goes on); then, when the
         file holds more than its bits say (a kill between a clear and its punch), punch
-        what is not kept and not marked too. Returns the bytes given back."""
-        mq, bw = self._mq, self._bw
+        what is not kept and not marked too. Returns the bytes given back. ``stamp``: two
+        words that decide ``keep`` (the caller's head and tail, say), or None: a round that
+        finds the stamp of one that left nothing to do does nothing (an idle queue's round
+        costs two word reads). The chunks a producer claimed are kept while ``alive(its
+        slot)`` says it lives (without ``alive``, always); a dead one's claim is dropped."""
+        mq, bw, w = self._mq, self._bw, self._w
+        owner = mq[w["claim_owner"]]
+        if owner and alive is not None and not alive(owner - 1):
+            mq[w["claim_owner"]] = owner = 0  # (it died allocating: what it took is unmarked, swept below)
+        if owner:
+            keep = [*keep, (mq[w["claim_lo"]] << _SHIFT, mq[w["claim_hi"]] << _SHIFT)]
+            stamp = None
+        if stamp is not None and mq[w["quiet_a"]] == stamp[0] + 1 and mq[w["quiet_b"]] == stamp[1]:
+            return 0
         kept = sorted((a >> _SHIFT, ((b - 1) >> _SHIFT) + 1) for a, b in keep if b > a)
         mq[self._w["rounds"]] += 1
         runs = []
@@ -200,7 +252,9 @@ class Memory:
         freed = sum(self._punch(c0, c1) for c0, c1 in runs)
         if given < budget and self.held() > (marked - sum(b - a for a, b in runs)) * CHUNK:
             self._sweep(kept)
-        mq[self._w["given_total"]] += freed
+        mq[w["given_total"]] += freed
+        quiet = stamp is not None and given < budget
+        mq[w["quiet_a"]], mq[w["quiet_b"]] = (stamp[0] + 1, stamp[1]) if quiet else (0, 0)
         return freed
 
     def _sweep(self, kept) -> None:

@@ -506,7 +506,7 @@ class Partition:
         keep = arc(base, cap, fence, tail) + arc(base, cap, start, start + ahead)
         index = 8 * self._slots
         keep += arc(L.PART_INDEX_OFF, index, 8 * (fence_low // _STRIDE), 8 * (-(-end // _STRIDE) + INDEX_AHEAD))
-        return mem.give_back(keep)
+        return mem.give_back(keep, stamp=None if ahead or fence != head else (head, tail))
 
     def housekeep(self, retention_ns: int | None = None, retention_bytes: int | None = None, floor=None,
                   now: int | None = None) -> tuple[int, int]:
