@@ -57,19 +57,45 @@ broker.close()
 """
 
 
+# memory given back under the reader (docs/FORMAT.md, "Memory given back"): retention by bytes drops
+# records behind the reader and their chunks are punched at once (no grace), so the reader's copies
+# read holes; its check after the copy (the head moved past what it read) must throw every one away
+HOUSEKEEPER = r"""
+import select, sys
+import shmq
+from shmq.engine.shm import layout
+
+layout.GIVE_BACK_GRACE_NS = 0
+s = shmq.connect(namespace=sys.argv[1]).stream(sys.argv[2])
+given = 0
+while not select.select([sys.stdin], [], [], 0.001)[0]:
+    given += s.housekeep()[1]
+print(given)
+s.close()
+"""
+
+
 @pytest.fixture(scope="module")
 def classes(tmp_path_factory):
     return compile_tests(tmp_path_factory.mktemp("jvm-torn"), "io/shmq/spark/source/*.java")
 
 
-@pytest.mark.parametrize("jvm_flags", [[], ["-Xint"]], ids=["compiled", "interpreted"])
-def test_no_torn_or_stale_record_while_appends_overwrite(classes, broker, jvm_flags):
+@pytest.mark.parametrize("jvm_flags,give_back", [([], False), (["-Xint"], False), ([], True)],
+                         ids=["compiled", "interpreted", "memory-given-back"])
+def test_no_torn_or_stale_record_while_appends_overwrite(classes, broker, jvm_flags, give_back):
     """Compiled, the JIT's code with its own load ordering; interpreted, a reader slow enough that
     appends land in the middle of its copies (a reader that skips the check after the copy fails
-    here)."""
-    s = broker.create_stream("torn", partitions=1, max_bytes=16384, retention="drop", durability="memory")
+    here); with memory given back under the reader as retention drops records, in a ring of
+    several chunks."""
+    if give_back:
+        s = broker.create_stream("torn", partitions=1, max_bytes=6 * 65536, retention_bytes=65536,
+                                 durability="memory")
+    else:
+        s = broker.create_stream("torn", partitions=1, max_bytes=16384, retention="drop", durability="memory")
     writer = subprocess.Popen([sys.executable, "-c", WRITER, broker.namespace, "torn"], cwd=ROOT,
                               stdin=subprocess.PIPE, text=True)
+    keeper = subprocess.Popen([sys.executable, "-c", HOUSEKEEPER, broker.namespace, "torn"], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) if give_back else None
     reader = None
     try:
         wait_for(lambda: s.offsets(0)[0] > 0, 60, "the writer lapping the ring")
@@ -80,6 +106,9 @@ def test_no_torn_or_stale_record_while_appends_overwrite(classes, broker, jvm_fl
         wait_for(lambda: s.offsets(0)[1] >= start + APPENDED_WHILE_READING, 120, "the writer appending")
         writer.stdin.close()  # stop: it appends END, which ends the reader
         assert writer.wait(60) == 0
+        if keeper is not None:
+            given = int(keeper.communicate("stop\n", timeout=60)[0])
+            assert keeper.returncode == 0 and given > 0  # (memory was given back while the reader read)
         out, err = reader.communicate(timeout=120)
         assert reader.returncode == 0, f"the reader found bad records:\n{out}{err}"
         f = out.split()
@@ -89,7 +118,7 @@ def test_no_torn_or_stale_record_while_appends_overwrite(classes, broker, jvm_fl
         # appends overwrote records under the reader: copies made again, or offsets found dropped
         assert int(counts["retries"]) + int(counts["losses"]) > 0, out
     finally:
-        for proc in (writer, reader):
+        for proc in (writer, reader, keeper):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(10)

@@ -12,7 +12,11 @@ give-back round (housekeeping) clears the bits of the chunks outside what must b
 then punches them (``MADV_REMOVE``), and the kernel has their pages back. A bit is set
 after its allocation and cleared before its punch, under the lock: a set bit always
 means allocated, whichever process is killed when; a clear bit over allocated pages (a
-kill in between) costs memory only, and a later round's sweep punches it.
+kill in between) costs memory only, and a later round's sweep punches it. A queue that
+fills allocates the chunks ahead of it outside the lock (so that no other process waits on
+the kernel's page allocation): ``claim_ahead`` names them in the memory block under the
+lock, ``fill_claim`` allocates them without it, ``settle_claim`` marks them under it; no
+round gives back a live claimer's chunks.
 
 What is kept is the caller's to say (``arc``: positions of a ring as segment byte
 ranges): a queue keeps its records, head to tail, and the room ahead of its tail that the
