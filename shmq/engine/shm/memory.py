@@ -93,14 +93,6 @@ class Memory:
             mq.release()
 
     # ------------------------------------------------------------------ growing
-    def covered(self, lo: int, hi: int) -> bool:
-        """Whether every chunk of segment bytes [lo, hi) is allocated."""
-        mq, bw = self._mq, self._bw
-        for c in range(lo >> _SHIFT, ((hi - 1) >> _SHIFT) + 1):
-            if not mq[bw + (c >> 6)] >> (c & 63) & 1:
-                return False
-        return True
-
     def ensure(self, lo: int, hi: int) -> None:
         """Allocate every chunk of segment bytes [lo, hi) not allocated yet. StorageError,
         naming /dev/shm and how to enlarge it, when it cannot grow (what it did allocate
@@ -130,17 +122,16 @@ class Memory:
         ``step()`` of them, claimed for process slot ``slot`` so that no round gives them
         back until ``settle_claim``; (first chunk, end chunk), or None when there is
         nothing to allocate there or another claim stands. Lock held."""
-        mq, bw, w = self._mq, self._bw, self._w
+        mq, w = self._mq, self._w
         mq[w["grow_due"]] = 0
         if mq[w["claim_owner"]]:
             return None
         lap = pos - pos % size
-        a, end = off + pos - lap, off + min(limit, lap + size) - lap
-        c = a >> _SHIFT
-        while c << _SHIFT < end and mq[bw + (c >> 6)] >> (c & 63) & 1:
-            c += 1
-        if c << _SHIFT >= end:
+        limit = min(limit, lap + size)
+        hole = self.allocated_to(off, size, pos, limit)  # (the first position of a chunk not allocated)
+        if hole >= limit:
             return None
+        c, end = (off + hole - lap) >> _SHIFT, off + limit - lap
         c1 = min(c + self.step() // CHUNK, -(-end // CHUNK))
         mq[w["claim_lo"]], mq[w["claim_hi"]], mq[w["claim_owner"]] = c, c1, slot + 1
         return c, c1
@@ -302,10 +293,3 @@ class Memory:
 
     def set_word(self, name: str, value: int) -> None:
         self._mq[self._w[name]] = value
-
-    def counters(self) -> dict:
-        """bytes_held (now), grown_total, given_total (bytes allocated and given back since
-        create), refused_total (grows /dev/shm refused)."""
-        w, mq = self._w, self._mq
-        return {"bytes_held": self.held(), "grown_total": mq[w["grown_total"]], "given_total": mq[w["given_total"]],
-                "refused_total": mq[w["refused_total"]]}

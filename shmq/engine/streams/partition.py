@@ -550,15 +550,6 @@ class Partition:
         mq[L.PI_DROPPED] += n
         return n
 
-    def memory(self) -> dict:
-        """What this partition holds of /dev/shm and has taken and given back
-        (``memory.Memory.counters``)."""
-        self._acquire()
-        try:
-            return self._memory.counters()
-        finally:
-            self._release()
-
     # ------------------------------------------------------------------ the publishers' table
     def published(self, txn_id: bytes) -> int:
         """The newest batch publisher ``txn_id`` published here (``append(txn=...)``), -1
