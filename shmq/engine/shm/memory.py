@@ -57,6 +57,15 @@ def arc(off: int, size: int, lo: int, hi: int) -> list[tuple[int, int]]:
     return [(off + a, off + size), (off, off + b)]
 
 
+def _mark(mq, bw: int, c0: int, c1: int, on: bool = True) -> None:
+    """Set (or clear) the bits of chunks [c0, c1) in the bitmap at word ``bw`` of ``mq``."""
+    for c in range(c0, c1):
+        if on:
+            mq[bw + (c >> 6)] |= 1 << (c & 63)
+        else:
+            mq[bw + (c >> 6)] &= ~(1 << (c & 63)) & 0xFFFFFFFFFFFFFFFF
+
+
 def pinned_bytes(header: int, size: int) -> int:
     """What a new segment of ``size`` bytes whose header takes ``header`` reserves at
     create: the header's chunks, whole (a chunk is marked allocated only whole)."""
@@ -86,9 +95,7 @@ class Memory:
         which the create reserved: ``pinned_bytes``) allocated."""
         mq = memoryview(mm).cast("Q")
         try:
-            bw = L.mem_words(mem_off)["bitmap"]
-            for c in range(-(-pinned // CHUNK)):
-                mq[bw + (c >> 6)] |= 1 << (c & 63)
+            _mark(mq, L.mem_words(mem_off)["bitmap"], 0, -(-pinned // CHUNK))
         finally:
             mq.release()
 
@@ -156,8 +163,7 @@ class Memory:
             return  # (taken for dead's and dropped by a round: its chunks are not marked)
         if filled:
             c0, c1 = mq[w["claim_lo"]], mq[w["claim_hi"]]
-            for c in range(c0, c1):
-                mq[bw + (c >> 6)] |= 1 << (c & 63)
+            _mark(mq, bw, c0, c1)
             mq[w["grown_total"]] += min(c1 << _SHIFT, self._size) - (c0 << _SHIFT)
             mq[w["quiet_a"]] = 0
         mq[w["claim_owner"]] = 0
@@ -190,9 +196,8 @@ class Memory:
                 raise
             else:
                 self._refused(n)
-        mq, bw = self._mq, self._bw
-        for c in range(c0, c1):
-            mq[bw + (c >> 6)] |= 1 << (c & 63)
+        mq = self._mq
+        _mark(mq, self._bw, c0, c1)
         mq[self._w["grown_total"]] += n
         mq[self._w["quiet_a"]] = 0  # (the next round looks again)
 
@@ -242,8 +247,7 @@ class Memory:
                     runs.append([c, c + 1])
                 given += CHUNK
         for c0, c1 in runs:  # cleared first: from here on nothing writes there
-            for c in range(c0, c1):
-                mq[bw + (c >> 6)] &= ~(1 << (c & 63)) & 0xFFFFFFFFFFFFFFFF
+            _mark(mq, bw, c0, c1, on=False)
         freed = sum(self._punch(c0, c1) for c0, c1 in runs)
         if given < budget and self.held() > (marked - sum(b - a for a, b in runs)) * CHUNK:
             self._sweep(kept)
