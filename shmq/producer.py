@@ -23,7 +23,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 
-from .model.headers import encode_headers
+from .model.headers import encode_record_headers
 from .engine.streams.partition import record_size
 from .engine.queues.produce import as_bytes as _bytes
 from .engine.streams.stream import Stream
@@ -96,12 +96,13 @@ class Producer:
         ValueError); ShmqError once the producer is closed. Waits only while
         ``batch_bytes`` of unsent records wait for the sender. Cancelling the future
         before its batch is taken leaves the record out."""
-        value = _bytes(value, "value")  # bytes, or a copy: the caller may reuse its buffer
+        if value is not None:  # (None: a tombstone)
+            value = _bytes(value, "value")  # bytes, or a copy: the caller may reuse its buffer
         if key is not None:
             key = _bytes(key, "key")
-        hraw = encode_headers(headers)  # validates them here, so a bad header fails no batch
+        hraw = encode_record_headers(headers)  # validates them here, so a bad header fails no batch
         if headers is not None:
-            headers = dict(headers)
+            headers = dict(headers) if isinstance(headers, dict) else list(headers)
         size = record_size(key, hraw, value)
         if partition is not None:
             if isinstance(partition, bool) or not isinstance(partition, int):

@@ -93,6 +93,36 @@ def test_append_then_read_by_offset(target, broker):
         "appended 100 record(s) to small: partition 0 offsets 0..99\n"
 
 
+def test_trim_drops_records_below_an_offset(target, broker):
+    ok("stream", "create", "events", "--partitions", "2", *target)
+    with broker.stream("events") as s:
+        s.append_many([b"a%d" % i for i in range(5)], partition=0)
+        s.append_many([b"b%d" % i for i in range(3)], partition=1)
+        assert ok("stream", "trim", "events", "-p", "0", "--before", "2", *target) == \
+            "trimmed stream events: 2 record(s) dropped; earliest offsets 0: 2\n"
+        assert [r.value for r in s.read(0, 2)] == [b"a2", b"a3", b"a4"] and s.offsets(1) == (0, 3)
+        assert ok("stream", "trim", "events", "--before", "99", *target) == \
+            "trimmed stream events: 6 record(s) dropped; earliest offsets 0: 5, 1: 3\n"
+    r = shmq_cli("stream", "trim", "events", "-p", "7", "--before", "1", *target)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "partitions 0..1, not 7" in r.stderr, r.stderr
+    r = shmq_cli("stream", "trim", "nope", "--before", "1", *target)
+    assert r.returncode == 1 and "no stream 'nope'" in r.stderr
+
+
+def test_read_shows_a_tombstone_and_header_pairs(broker):
+    """A tombstone's value is JSON null (an empty line without --json); header pairs are a
+    list of [key, value], a null value null."""
+    with broker.create_stream("events", partitions=1) as s:
+        s.append(None, key=b"k", headers=[("a", b"1"), ("a", "2"), ("n", None)])
+        s.append(b"")
+    target = ["--namespace", broker.namespace]
+    first, second = [json.loads(line) for line in ok("stream", "read", "events", "--json", *target).splitlines()]
+    assert (first["value"], first["value_base64"], first["headers"]) == (None, None, [["a", "MQ=="], ["a", "2"],
+                                                                                         ["n", None]])
+    assert (second["value"], second["value_base64"], second["headers"]) == ("", "", {})
+    assert ok("stream", "read", "events", *target) == "\n\n"
+
+
 def lines_of(pipe):
     """The pipe's lines, as a queue filled by a thread (so a test waits for one with a bound)."""
     lines = queue.Queue()

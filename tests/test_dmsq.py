@@ -556,6 +556,22 @@ def test_a_publish_note_reads_back_and_a_malformed_one_is_damage(tmp_path):
         encode_log_entry(PUT, -7, 1, 99, b"", b"")
 
 
+def test_a_stream_tombstone_is_bit_31_of_attempt_and_old_records_read_as_before(tmp_path):
+    """A null value (a tombstone) sets bit 31 of a stream record's attempt, the body being
+    the key alone; without it (every record written before tombstones) the value is the
+    rest of the body, b"" when empty."""
+    rows = [(1, 7, b"key", b"", None), (2, 7, None, b"", None), (3, 7, b"key", b"", b""), (4, 7, None, b"h", b"v")]
+    path = str(tmp_path / "s.log")
+    write_bytes(path, b"".join(dmsq.stream_entry(*r) for r in rows))
+    got, error, _offset = read_log(path)
+    assert error is None and [e.attempt for e in got] == [dmsq.NULL_VALUE | 4, dmsq.NULL_VALUE, 4, 0]
+    assert [e.body for e in got] == [b"key", b"", b"key", b"v"]
+    assert [dmsq.stream_row(e.msg_id, e.attempt, e.enqueued_ns, e.headers, e.body) for e in got] == rows
+    records = [dmsq.stream_record(*r) for r in rows]
+    assert [dmsq.stream_row(r.msg_id, r.attempt, r.enqueued_ns, r.headers, r.body) for r in records] == rows
+    assert dmsq.stream_row(5, 4, 7, b"", b"keyvalue") == (5, 7, b"key", b"", b"value")  # as before tombstones
+
+
 def test_log_unknown_op_and_foreign_content(tmp_path):
     path = str(tmp_path / "x.log")
     good = encode_log_entry(PUT, 1, 0, 0, b"", b"a")

@@ -301,6 +301,38 @@ def test_a_producer_batches_over_either_transport(any_broker):
     assert sum(s.offsets(p)[1] for p in range(2)) == 50
 
 
+def test_tombstones_and_headers_keep_their_shape(any_broker):
+    """A null value is a tombstone (None, never b""), b"" stays b""; headers come back a
+    dict, or the list of pairs where a key repeats or a value is None, in order — through
+    append, append_many, the producer, read and a group's poll, on either transport (the
+    wire carries nil values and arrays of pairs: a remote record is the local one)."""
+    s = any_broker.create_stream("events", partitions=1, max_bytes=1 << 16)
+    pairs = [("a", b"1"), ("a", b"2"), ("n", None)]
+    s.append(None, key=b"k")
+    s.append(b"", key=b"k", headers=pairs)
+    s.append_many([None, b"v", None], keys=[None, b"k", b"k"],
+                  headers=[[("x", 1), ("y", "s")], {"d": b"\x00"}, [("n", None)]], partition=0)
+    with s.producer(linger_ms=1) as producer:
+        futures = [producer.send(None, key=b"p", headers=pairs), producer.send(b"", headers=[])]
+        producer.flush()
+        assert [f.result(10).offset for f in futures] == [5, 6]
+    want = [(b"k", None, {}), (b"k", b"", pairs), (None, None, {"x": 1, "y": "s"}), (b"k", b"v", {"d": b"\x00"}),
+            (b"k", None, [("n", None)]), (b"p", None, pairs), (None, b"", {})]
+    assert [(r.key, r.value, r.headers) for r in s.read(0, 0, max_records=100)] == want
+    with s.consumer("g") as c:
+        assert [(r.key, r.value, r.headers) for r in c.poll(max_records=100, timeout=5)] == want
+    assert type(s.read(0, 1)[0].headers[0]) is tuple
+    with pytest.raises(TypeError, match="a list of headers holds \\(key, value\\) pairs, not 'ab'"):
+        s.append(b"x", headers=["ab"])
+    with pytest.raises(TypeError, match="header keys must be str, not int"):
+        s.append(b"x", headers=[(1, None)])
+    with pytest.raises(TypeError, match="values must be str, int, float, bool or bytes, not list"):
+        s.append(b"x", headers=[("a", [1]), ("a", None)])
+    with pytest.raises(TypeError, match="values must be str, int, float, bool or bytes, not NoneType"):
+        s.append(b"x", headers={"a": None})  # a dict holds no null value: the list form does
+    assert s.offsets(0) == (0, 7)
+
+
 def test_bad_input_gets_the_same_clear_errors(any_broker):
     s = any_broker.create_stream("events", partitions=2, max_bytes=4096, max_message_bytes=1000)
     with pytest.raises(ValueError, match=r"stream 'events' has partitions 0..1, not 2"):

@@ -205,4 +205,8 @@ def _stop_on_signals():
 
 
 def _jsonable(headers):
-    return {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in headers.items()}
+    """Headers for JSON (bytes in base64): a dict as an object, a stream record's list of
+    pairs as a list of [key, value]."""
+    if isinstance(headers, dict):
+        return {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in headers.items()}
+    return [[k, base64.b64encode(v).decode() if isinstance(v, bytes) else v] for k, v in headers]

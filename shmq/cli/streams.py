@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..engine.shm.layout import MAX_PARTITIONS
-from ..errors import OffsetOutOfRange, ShmqError
+from ..errors import OffsetOutOfRange, SettingsMismatch, ShmqError, StreamNotFound
 from ..spark.staging import staged_by_writer
 from .app import (
     Size, _connect, _echo_json, _echo_names, _json_option, _jsonable, _parse_headers, _print_table, _stop_on_signals,
@@ -69,6 +69,50 @@ def stream_create(name, namespace, url, token, **options):
     click.echo(f"created stream {name} ({partitions} partitions)")
 
 
+@stream_group.command("set")
+@click.argument("name")
+@_target_options
+@click.option("--partitions", type=click.IntRange(1, MAX_PARTITIONS), default=None,
+              help="The new partition count, more than the stream has (records stay where they are; keys hash "
+                   "over the new count from now on).")
+@click.option("--max-message-bytes", type=Size(min=1), default=None, help="Largest record (a size).")
+@click.option("--retention-bytes", type=Size(min=0), default=None, help="Bound of what a partition keeps; 0: none.")
+@click.option("--retention-seconds", type=click.FloatRange(0), default=None,
+              help="Age bound of what a partition keeps; 0: none.")
+@click.option("--timestamp-type", type=click.Choice(["create_time", "log_append_time"]), default=None,
+              help="Kafka producers' timestamps kept, or the time of the append.")
+@click.option("--compression", type=click.Choice(["producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"]),
+              default=None, help="The codec of the batches the Kafka listener serves (producer: as they came).")
+@_json_option
+def stream_set(name, namespace, url, token, as_json, **options):
+    """Change settings of a live stream, or add partitions (docs/STREAMS.md, "Changing a live
+    stream"); the others stay as they are. An unknown stream, fewer or as many partitions, a
+    bad value: one line, exit 2."""
+    settings = {k: v for k, v in options.items() if v is not None}
+    if not settings:
+        raise click.UsageError("nothing to set: give at least one setting (--partitions, --retention-seconds, ...)")
+    for k in ("retention_bytes", "retention_seconds"):
+        if settings.get(k) == 0:
+            settings[k] = None
+    try:
+        with _connect(namespace, url, token) as broker:
+            if not hasattr(broker, "update_stream"):
+                raise ValueError("shmq stream set works on this host's namespace, not over tcp:// (yet)")
+            if "partitions" in settings:
+                with broker.stream(name) as s:
+                    have = s.partitions
+                if settings["partitions"] <= have:
+                    raise ValueError(f"stream {name!r} has {have} partitions: --partitions must be more "
+                                     f"(a stream never shrinks), not {settings['partitions']}")
+            after = broker.update_stream(name, **settings)
+    except (StreamNotFound, SettingsMismatch, ValueError, TypeError) as e:
+        raise click.UsageError(str(e).splitlines()[0]) from None
+    if as_json:
+        _echo_json(after)
+    else:
+        click.echo(f"set {name}: " + ", ".join(f"{k} {after[k]!r}" for k in settings))
+
+
 @stream_group.command("list")
 @_target_options
 @_json_option
@@ -87,6 +131,30 @@ def stream_delete(name, namespace, url, token):
     with _connect(namespace, url, token) as broker:
         broker.delete_stream(name)
     click.echo(f"deleted stream {name}")
+
+
+@stream_group.command("trim")
+@click.argument("name")
+@click.option("--partition", "-p", "partitions", type=click.IntRange(0), multiple=True,
+              help="The partition to trim (repeat for several). [default: every one]")
+@click.option("--before", type=click.IntRange(0), required=True, metavar="OFFSET",
+              help="Drop the records below this offset (past the end: every record).")
+@_target_options
+def stream_trim(name, partitions, before, namespace, url, token):
+    """Drop a stream's records below an offset now, as retention would (Kafka's
+    DeleteRecords): readers below it get OffsetOutOfRange and start at the new earliest.
+    A "wal" stream's logs on disk stay for retention to delete."""
+    try:
+        with _connect(namespace, url, token) as broker:
+            with broker.stream(name) as s:
+                ps = partitions or range(s.partitions)
+                offsets = {p: min(before, s.offsets(p)[1]) for p in ps}
+                dropped = s.delete_records(offsets)
+                starts = {p: s.offsets(p)[0] for p in ps}
+    except (StreamNotFound, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"trimmed stream {name}: {dropped} record(s) dropped; earliest offsets "
+               + ", ".join(f"{p}: {o}" for p, o in starts.items()))
 
 
 @stream_group.command("stats")
@@ -214,14 +282,17 @@ def _tail(s, positions, ends, stopped, strict):
 
 
 def _print_record(r, as_json):
+    """One record: its value as text (a tombstone's, None, as an empty line), or with
+    ``as_json`` one JSON object (a tombstone's value null)."""
     if not as_json:
-        click.echo(r.value.decode("utf-8", "replace"))
+        click.echo("" if r.value is None else r.value.decode("utf-8", "replace"))
         return
     _echo_json({"stream": r.stream, "partition": r.partition, "offset": r.offset, "timestamp": r.timestamp,
                 "key": None if r.key is None else r.key.decode("utf-8", "replace"),
                 "key_base64": None if r.key is None else base64.b64encode(r.key).decode(),
-                "headers": _jsonable(r.headers), "value": r.value.decode("utf-8", "replace"),
-                "value_base64": base64.b64encode(r.value).decode()})
+                "headers": _jsonable(r.headers),
+                "value": None if r.value is None else r.value.decode("utf-8", "replace"),
+                "value_base64": None if r.value is None else base64.b64encode(r.value).decode()})
 
 
 @main.group("group")

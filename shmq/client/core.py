@@ -736,14 +736,17 @@ class BrokerCalls:
     def create_stream(self, name: str, partitions: int = 4, max_bytes: int = 64 * 2**20,
                       max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
                       retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
-                      durability: str = "snapshot", exist_ok: bool = False):
+                      durability: str = "snapshot", exist_ok: bool = False, *, timestamp_type: str = "create_time",
+                      compression: str = "producer", segment_bytes: int | None = None):
         """Create a stream of ``partitions`` append-only logs and return a handle on it;
         StreamExists if it exists (unless ``exist_ok``: then a handle on that one). The
         settings are the local ``Broker.create_stream``'s."""
+        kafka = {k: v for k, v, default in (("timestamp_type", timestamp_type, "create_time"),
+                                            ("compression", compression, "producer")) if v != default}
         fields = stream_create_fields(
             name, exist_ok, partitions=partitions, max_bytes=max_bytes, max_message_bytes=max_message_bytes,
             retention=retention, retention_bytes=retention_bytes, retention_seconds=retention_seconds,
-            group_idle_timeout=group_idle_timeout, durability=durability)
+            group_idle_timeout=group_idle_timeout, durability=durability, segment_bytes=segment_bytes, **kafka)
         return self._stream_class(self, (yield Send(MsgType.STREAM_CREATE, fields)))
 
     @driven

@@ -1259,9 +1259,9 @@ static PyObject *fast_take_next(PyObject *self, PyObject *const *args, Py_ssize_
 /* A stream partition's records as Arrow buffers: from position pos (of the record the
  * caller found, holding the partition's lock) up to tail, at most max_records, stopping at
  * a gap in the offsets. Returns (n, value offsets, values, key offsets, keys, key validity,
- * header offsets, headers, offsets, timestamps in us): int32 offsets, a validity bitmap,
- * int64 columns -- so a bulk reader (the Spark source) makes its columns without a Python
- * object per record. */
+ * header offsets, headers, value validity or None (no null value), offsets, timestamps in
+ * us): int32 offsets, validity bitmaps, int64 columns -- so a bulk reader (the Spark
+ * source) makes its columns without a Python object per record. */
 static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "read_columns(buffer, base, cap, pos, tail, max_records)");
@@ -1279,16 +1279,17 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
         return NULL;
     }
     const char *mem = (const char *)view.buf;
-    Py_ssize_t n = 0;
+    Py_ssize_t n = 0, nulls = 0;
     uint64_t vbytes = 0, kbytes = 0, hbytes = 0, prev = 0, p = pos;
     for (int pass = 0; pass < 2; pass++) {
-        PyObject *out[9] = {NULL};
+        PyObject *out[10] = {NULL};
         char *vo = NULL, *vd = NULL, *ko = NULL, *kd = NULL, *kv = NULL, *ho = NULL, *hd = NULL, *of = NULL,
-             *ts = NULL;
+             *ts = NULL, *vv = NULL;
         if (pass == 1) {
-            Py_ssize_t sizes[9] = {(n + 1) * 4, (Py_ssize_t)vbytes, (n + 1) * 4, (Py_ssize_t)kbytes, (n + 7) / 8,
-                                   (n + 1) * 4, (Py_ssize_t)hbytes, n * 8, n * 8};
-            for (int i = 0; i < 9; i++) {
+            Py_ssize_t sizes[10] = {(n + 1) * 4, (Py_ssize_t)vbytes, (n + 1) * 4, (Py_ssize_t)kbytes, (n + 7) / 8,
+                                    (n + 1) * 4, (Py_ssize_t)hbytes, n * 8, n * 8, (n + 7) / 8};
+            int fields = nulls ? 10 : 9; /* the value validity only where a value is null */
+            for (int i = 0; i < fields; i++) {
                 out[i] = PyBytes_FromStringAndSize(NULL, sizes[i]);
                 if (!out[i]) {
                     for (int j = 0; j < i; j++) Py_DECREF(out[j]);
@@ -1300,6 +1301,13 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
             kd = PyBytes_AS_STRING(out[3]); kv = PyBytes_AS_STRING(out[4]); ho = PyBytes_AS_STRING(out[5]);
             hd = PyBytes_AS_STRING(out[6]); of = PyBytes_AS_STRING(out[7]); ts = PyBytes_AS_STRING(out[8]);
             memset(kv, 0, (n + 7) / 8);
+            if (nulls) {
+                vv = PyBytes_AS_STRING(out[9]);
+                memset(vv, 0, (n + 7) / 8);
+            } else {
+                Py_INCREF(Py_None);
+                out[9] = Py_None;
+            }
             U32(vo) = U32(ko) = U32(ho) = 0;
         }
         Py_ssize_t want = pass == 0 ? max : n, i = 0;
@@ -1318,10 +1326,11 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
                 uint64_t off = U64(a + REC_MSG_ID), klen = U64(a + REC_DEADLINE);
                 uint32_t hl = U32(a + REC_HDR_LEN), bl = U32(a + REC_BODY_LEN);
                 uint32_t kl = klen ? (uint32_t)(klen - 1) : 0;
+                int null = (U32(a + REC_FLAGS) & FLAG_NULL_VALUE) != 0; /* a tombstone (its body is empty) */
                 if (i > 0 && off != prev + 1) break; /* a gap: the next read is told of it */
                 prev = off;
                 if (pass == 0) {
-                    vbytes += bl; kbytes += kl; hbytes += hl - kl;
+                    vbytes += bl; kbytes += kl; hbytes += hl - kl; nulls += null;
                 } else {
                     const char *b = a + REC_SIZE;
                     memcpy(kd + kat, b, kl);
@@ -1329,6 +1338,7 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
                     memcpy(vd + vat, b + hl, bl);
                     kat += kl; hat += hl - kl; vat += bl;
                     if (klen) kv[i >> 3] |= (char)(1 << (i & 7));
+                    if (vv && !null) vv[i >> 3] |= (char)(1 << (i & 7));
                     memcpy(ko + 4 * (i + 1), &kat, 4);
                     memcpy(ho + 4 * (i + 1), &hat, 4);
                     memcpy(vo + 4 * (i + 1), &vat, 4);
@@ -1349,8 +1359,8 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
             }
         } else {
             PyBuffer_Release(&view);
-            return Py_BuildValue("(nNNNNNNNNN)", n, out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7],
-                                 out[8]);
+            return Py_BuildValue("(nNNNNNNNNNN)", n, out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[9],
+                                 out[7], out[8]);
         }
     }
     PyBuffer_Release(&view);
@@ -1360,15 +1370,18 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
 /* ---- a stream partition's bulk append from Arrow buffers: the mirror of read_columns.
  *
  * A chunk is (n, value offsets, values, key offsets, keys, key validity, header offsets,
- * headers[, anything]): Arrow's binary layout with int32 offsets (indexes into their data
- * buffer, not necessarily from 0) -- read_columns' first eight fields, or the buffers of a
- * pyarrow batch's columns. Key offsets None: no keys; key validity None: every key there;
- * header offsets None: no headers (the header bytes are the encoded headers, as stored).
+ * headers[, value validity[, anything]]): Arrow's binary layout with int32 offsets (indexes
+ * into their data buffer, not necessarily from 0) -- read_columns' first nine fields, or the
+ * buffers of a pyarrow batch's columns. Key offsets None: no keys; key validity None: every
+ * key there; header offsets None: no headers (the header bytes are the encoded headers, as
+ * stored); value validity None (or left out): every value there, else a value not there is
+ * a tombstone (stored with FLAG_NULL_VALUE, no bytes).
  * Every buffer is checked before a byte is read from it. The appender (Partition.
  * append_columns) holds the partition's lock around columns_end and write_columns, as the
  * reader does around read_columns; these functions never take it. */
 
-enum { CB_VO, CB_VD, CB_KO, CB_KD, CB_KV, CB_HO, CB_HD, CB_N };
+enum { CB_VO, CB_VD, CB_KO, CB_KD, CB_KV, CB_HO, CB_HD, CB_VV, CB_N };
+#define CB_REQUIRED CB_VV /* the fields a chunk must have; the value validity may be left out */
 
 typedef struct {
     Py_ssize_t n;
@@ -1413,7 +1426,7 @@ static Chunk *chunks_get(PyObject *list, Py_ssize_t *count) {
     if (!cs) return (Chunk *)PyErr_NoMemory();
     for (Py_ssize_t j = 0; j < k; j++) {
         PyObject *t = PyList_GET_ITEM(list, j);
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1 + CB_N) {
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1 + CB_REQUIRED) {
             chunks_free(cs, j);
             PyErr_SetString(PyExc_TypeError, "a chunk is a tuple (n, value offsets, values, key offsets, keys, "
                                              "key validity, header offsets, headers)");
@@ -1426,7 +1439,7 @@ static Chunk *chunks_get(PyObject *list, Py_ssize_t *count) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a chunk's record count is negative");
             return NULL;
         }
-        for (int i = 0; i < CB_N; i++) {
+        for (int i = 0; i < CB_N && 1 + i < PyTuple_GET_SIZE(t); i++) {
             PyObject *o = PyTuple_GET_ITEM(t, 1 + i);
             if (o != Py_None && PyObject_GetBuffer(o, &c->b[i], PyBUF_SIMPLE) < 0) {
                 chunks_free(cs, j + 1);
@@ -1443,6 +1456,8 @@ static Chunk *chunks_get(PyObject *list, Py_ssize_t *count) {
             bad = "key validity";
         else if (c->b[CB_HO].obj && !offsets_ok(&c->b[CB_HO], &c->b[CB_HD], n))
             bad = "header offsets";
+        else if (c->b[CB_VV].obj && c->b[CB_VV].len < (n + 7) / 8)
+            bad = "value validity";
         if (bad) {
             chunks_free(cs, j + 1);
             PyErr_Format(PyExc_ValueError, "chunk %zd: its %s do not fit its %zd records", j, bad, n);
@@ -1453,18 +1468,20 @@ static Chunk *chunks_get(PyObject *list, Py_ssize_t *count) {
     return cs;
 }
 
-/* Record i of a chunk: its key (has_key 0: none), encoded headers and value. */
+/* Record i of a chunk: its key (has_key 0: none), encoded headers and value (has_value 0:
+ * a tombstone, no bytes). */
 typedef struct {
     const char *k, *h, *v;
     uint32_t kl, hl, vl;
-    int has_key;
+    int has_key, has_value;
 } Row;
 
 static inline void row_of(const Chunk *c, Py_ssize_t i, Row *r) {
     const Py_buffer *b = c->b;
     int32_t a = off_at(&b[CB_VO], i);
+    r->has_value = !b[CB_VV].obj || (((const unsigned char *)b[CB_VV].buf)[i >> 3] >> (i & 7)) & 1;
     r->v = (const char *)b[CB_VD].buf + a;
-    r->vl = (uint32_t)(off_at(&b[CB_VO], i + 1) - a);
+    r->vl = r->has_value ? (uint32_t)(off_at(&b[CB_VO], i + 1) - a) : 0;
     r->has_key = b[CB_KO].obj && (!b[CB_KV].obj || (((const unsigned char *)b[CB_KV].buf)[i >> 3] >> (i & 7)) & 1);
     r->kl = 0;
     r->k = NULL;
@@ -1585,7 +1602,8 @@ static PyObject *fast_columns_log(PyObject *self, PyObject *const *args, Py_ssiz
             if (r.hl) memcpy(p, r.h, r.hl);
             if (r.kl) memcpy(p + r.hl, r.k, r.kl);
             memcpy(p + r.hl + r.kl, r.v, r.vl);
-            e += log_entry(e, LOG_PUT, r.hl, (uint64_t)r.kl + r.vl, r.has_key ? (uint64_t)r.kl + 1 : 0, offset, now);
+            uint64_t attempt = (r.has_key ? (uint64_t)r.kl + 1 : 0) | (r.has_value ? 0 : LOG_NULL_VALUE);
+            e += log_entry(e, LOG_PUT, r.hl, (uint64_t)r.kl + r.vl, attempt, offset, now);
         }
     if (txn != Py_None && count) {
         memcpy(e + LOG_HEAD, PyBytes_AS_STRING(txn), 16);
@@ -1639,7 +1657,7 @@ static PyObject *fast_write_columns(PyObject *self, PyObject *const *args, Py_ss
             U32(a + REC_LENGTH) = (uint32_t)size;
             U32(a + REC_BODY_LEN) = r.vl;
             U32(a + REC_HDR_LEN) = r.kl + r.hl;
-            U32(a + REC_FLAGS) = 0;
+            U32(a + REC_FLAGS) = r.has_value ? 0 : FLAG_NULL_VALUE;
             U64(a + REC_MSG_ID) = offset;
             U64(a + REC_ENQ_NS) = now;
             U64(a + REC_DEADLINE) = r.has_key ? (uint64_t)r.kl + 1 : 0; /* a stream record: its key's length + 1 */

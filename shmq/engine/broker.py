@@ -27,7 +27,7 @@ from ..errors import (
 from ..serializers import SerializerSpec
 from ..serializers import resolve as resolve_serializer
 from ..sharing import check_deletable, resolve_group
-from .streams.partition import partition_segment_name
+from .streams.partition import create_partition, partition_segment_name
 from .queues import deadletter
 from .queues.lanes import MAX_LANES, LanedQueue, attach
 from .queues.queue import Queue
@@ -35,7 +35,9 @@ from .queues.serialized import SerializedQueue
 from .streams.stream import Stream, stream_base
 from .streams.multiconsumer import MultiConsumer
 
-__all__ = ["Broker", "DEFAULT_PROCESS_SLOTS", "MUTABLE_QUEUE_SETTINGS", "FIXED_QUEUE_SETTINGS"]
+__all__ = ["Broker", "DEFAULT_PROCESS_SLOTS", "MUTABLE_QUEUE_SETTINGS", "FIXED_QUEUE_SETTINGS",
+           "MUTABLE_STREAM_SETTINGS", "FIXED_STREAM_SETTINGS", "STREAM_SETTINGS", "stream_settings",
+           "check_stream_settings"]
 
 # what ``update_queue`` can change on a live queue: each is a word of its header that the
 # operations read as they go; and what it cannot: the ring's size and record bound, the
@@ -44,6 +46,13 @@ __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS", "MUTABLE_QUEUE_SETTINGS", "FIXED_Q
 MUTABLE_QUEUE_SETTINGS = ("visibility_timeout", "max_deliveries", "dead_letter_queue", "message_ttl", "dedup_window",
                           "retry_delay", "retry_backoff", "retry_delay_max", "priority_aging")
 FIXED_QUEUE_SETTINGS = ("max_bytes", "max_message_bytes", "durability", "priorities", "lanes")
+# what ``update_stream`` can change on a live stream: the words of its header that every handle
+# reads as it goes (``layout.STREAM_LIVE``), and the partition count, which only grows; and what
+# it cannot: a partition's ring, what a full one does, and whether logs exist (docs/STREAMS.md)
+MUTABLE_STREAM_SETTINGS = ("partitions", "max_message_bytes", "retention_bytes", "retention_seconds",
+                           "timestamp_type", "compression", "segment_bytes")
+FIXED_STREAM_SETTINGS = ("max_bytes", "retention", "group_idle_timeout", "durability")
+STREAM_SETTINGS = MUTABLE_STREAM_SETTINGS + FIXED_STREAM_SETTINGS  # what a snapshot keeps, a rebuild creates with
 
 DEFAULT_PROCESS_SLOTS = 256
 DEFAULT_MAX_MESSAGE_BYTES = 2**20
@@ -448,7 +457,8 @@ class Broker:
     def create_stream(self, name: str, partitions: int = 4, max_bytes: int = 64 * 2**20,
                       max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
                       retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
-                      durability: str = "snapshot", exist_ok: bool = False) -> Stream:
+                      durability: str = "snapshot", exist_ok: bool = False, *, timestamp_type: str = "create_time",
+                      compression: str = "producer", segment_bytes: int | None = None) -> Stream:
         """Create a stream of ``partitions`` append-only logs and attach to it. Raises
         StreamExists unless ``exist_ok``: then the existing stream is returned as it is,
         if it has the settings this call asks for (those given other than their
@@ -462,6 +472,14 @@ class Broker:
         records in memory (housekeeping drops older or more, and gives their memory back)
         and a "wal" stream's logs on disk. A partition's memory is taken as its records
         are written and given back as retention drops them (``shm/memory.py``).
+
+        For Kafka clients (docs/KAFKA.md, Topic configs): ``timestamp_type``
+        "create_time" (a record keeps its Kafka producer's timestamp) or "log_append_time"
+        (the listener stamps the time of the append); ``compression``: the codec of the
+        batches the listener serves, "producer" (as their producer sent them),
+        "uncompressed", "gzip", "snappy", "lz4" or "zstd"; ``segment_bytes``: Kafka's
+        segment.bytes, kept and shown, no effect. ``update_stream`` changes these, the
+        retention bounds, ``max_message_bytes`` and the partition count on a live stream.
         """
         asked = _asked(_STREAM_DEFAULTS, locals())  # before the checks below normalize them
         check_queue_name(name)
@@ -473,12 +491,10 @@ class Broker:
             raise ValueError(f"max_bytes must be at least {_MIN_BYTES}, not {max_bytes}")
         max_bytes = L.align(max_bytes)
         _check_ring(max_bytes, " per partition")
-        max_message_bytes = min(_positive_int(max_message_bytes, "max_message_bytes"), max_bytes - L.REC_SIZE)
+        live = _live_settings(max_bytes, max_message_bytes, retention_bytes, retention_seconds, timestamp_type,
+                              compression, segment_bytes)
         if retention not in L.RETENTION:
             raise ValueError(f"retention must be 'drop' or 'block', not {retention!r}")
-        for value, what in ((retention_bytes, "retention_bytes"), (retention_seconds, "retention_seconds")):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-                raise ValueError(f"{what} must be a positive number or None, not {value!r}")
         if isinstance(group_idle_timeout, bool) or not isinstance(group_idle_timeout, (int, float)) \
                 or not 0 < group_idle_timeout < 10**9:
             raise ValueError(f"group_idle_timeout must be > 0 seconds, not {group_idle_timeout!r}")
@@ -493,15 +509,14 @@ class Broker:
                 if not exist_ok:
                     raise StreamExists(f"stream {name!r} already exists in namespace {self.namespace!r}")
                 s = self.stream(name)
-                have = {k: getattr(s, k) for k in _STREAM_DEFAULTS}
+                have = stream_settings(s)
                 bytes_held = L.align(asked["max_bytes"]) if "max_bytes" in asked else have["max_bytes"]
                 return self._as_asked(s, "stream", asked, have, lambda k, v: _stream_as_held(k, v, bytes_held),
                                       StreamExists)
             index = reg.claim(entry, CREATING)
             self._unlink_stream_files(name)
             try:
-                self._build_stream(name, partitions, max_bytes, max_message_bytes, retention, retention_bytes,
-                                   retention_seconds, group_idle_timeout, durability)
+                self._build_stream(name, partitions, max_bytes, retention, group_idle_timeout, durability, live)
             except BaseException:
                 self._unlink_stream_files(name)
                 reg.free(index)
@@ -509,28 +524,54 @@ class Broker:
             reg.set_state(index, LIVE, entry)
         return self.stream(name)
 
-    def _build_stream(self, name, partitions, max_bytes, maxmsg, retention, ret_bytes, ret_s, idle_s, durability):
+    def update_stream(self, name: str, **settings) -> dict:
+        """Change settings of the live stream ``name`` (``create_stream``'s keywords): those
+        of MUTABLE_STREAM_SETTINGS, None taking a bound or ``segment_bytes`` away;
+        ``partitions``, the new total, adds partitions (``Stream.add_partitions``; the
+        count it has is no change, fewer is ValueError: a stream never shrinks). Every
+        handle in every process reads them at its next call (the server's housekeeping
+        round applies new retention bounds). A setting of FIXED_STREAM_SETTINGS given with
+        another value than the stream's raises SettingsMismatch naming each, and nothing
+        changes. Returns the stream's settings. StreamNotFound if there is none."""
+        unknown = sorted(set(settings) - set(_STREAM_DEFAULTS))
+        if unknown:
+            raise TypeError(f"update_stream() got unexpected keyword arguments: {', '.join(unknown)}")
+        s = self.stream(name)
+        try:
+            have = stream_settings(s)
+            fixed = {k: v for k, v in settings.items() if k in FIXED_STREAM_SETTINGS}
+            differ = _differences(fixed, have, lambda k, v: _stream_as_held(k, v, have["max_bytes"]))
+            if differ:
+                raise SettingsMismatch(f"stream {name!r} in namespace {self.namespace!r} cannot change {differ}: "
+                                       "not on a live stream (delete it and create it again)")
+            new = {**have, **{k: v for k, v in settings.items() if k in MUTABLE_STREAM_SETTINGS}}
+            total = _positive_int(new["partitions"], "partitions")
+            if total < have["partitions"]:
+                raise ValueError(f"stream {name!r} has {have['partitions']} partitions: a stream never shrinks "
+                                 f"(asked {total})")
+            if total > L.MAX_PARTITIONS:
+                raise ValueError(f"partitions must be at most {L.MAX_PARTITIONS}, not {total}")
+            s._write_settings(check_stream_settings(new))
+            if total > have["partitions"]:
+                s.add_partitions(total - have["partitions"])
+            return stream_settings(s)
+        finally:
+            s.close()
+
+    def _build_stream(self, name, partitions, max_bytes, retention, idle_s, durability, live):
         base = stream_base(self.namespace, name)
         now = time.time_ns()
         group = self._registry.group
         for p in range(partitions):
-            size = L.part_data_offset(max_bytes) + max_bytes
-            pinned = pinned_bytes(L.PART_INDEX_OFF, size)  # the header: index and ring are taken as written
-            seg = create_segment(partition_segment_name(base, p), size, reserve=pinned, group=group)
-            try:
-                Memory.mark_pinned(seg._mmap, L.PART_MEM_OFF, pinned)
-                L.PART_STATIC.pack_into(seg._mmap, 0, b"\0\0\0\0", L.STREAM_VERSION, 0, max_bytes, maxmsg,
-                                        L.index_slots(max_bytes), L.part_data_offset(max_bytes), now)
-                self._init_mutex(seg._mmap, L.PART_MUTEX_OFF)
-                seg._mmap[0:4] = L.PART_MAGIC
-            finally:
-                seg.close()
+            create_partition(base, p, max_bytes, live["max_message_bytes"], now, group)
         create_semaphore(base + ".ne", group).close()
         seg = create_segment(base, L.STREAM_SIZE, group=group)
         try:
             L.STREAM_STATIC.pack_into(seg._mmap, 0, b"\0\0\0\0", L.STREAM_VERSION, partitions, L.RETENTION[retention],
-                                      L.DURABILITY[durability], max_bytes, maxmsg, int(ret_bytes or 0),
-                                      int((ret_s or 0) * 1e9), int(idle_s * 1e9), now)
+                                      L.DURABILITY[durability], live["timestamp_type"], live["compression"], max_bytes,
+                                      live["max_message_bytes"], live["retention_bytes"], live["retention_ns"],
+                                      int(idle_s * 1e9), now)
+            L.WORD.pack_into(seg._mmap, L.STREAM_SEGMENT_BYTES_OFF, live["segment_bytes"])
             self._init_mutex(seg._mmap, L.STREAM_MUTEX_OFF)
             seg._mmap[0:4] = L.STREAM_MAGIC  # published
         finally:
@@ -680,9 +721,39 @@ _QUEUE_DEFAULTS = _defaults(Broker.create_queue, (
     "max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue", "durability",
     "priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff", "retry_delay_max",
     "priority_aging", "lanes"))
-_STREAM_DEFAULTS = _defaults(Broker.create_stream, (
-    "partitions", "max_bytes", "max_message_bytes", "retention", "retention_bytes", "retention_seconds",
-    "group_idle_timeout", "durability"))
+_STREAM_DEFAULTS = _defaults(Broker.create_stream, STREAM_SETTINGS)
+
+
+def stream_settings(s) -> dict:
+    """A stream's settings (a handle's), as ``create_stream`` takes them."""
+    return {k: getattr(s, k) for k in _STREAM_DEFAULTS}
+
+
+def check_stream_settings(settings: dict) -> dict:
+    """``_live_settings`` of a stream's whole ``settings`` (``stream_settings``' form, changed):
+    ValueError or TypeError as ``update_stream`` would raise them, nothing written."""
+    return _live_settings(settings["max_bytes"], settings["max_message_bytes"], settings["retention_bytes"],
+                          settings["retention_seconds"], settings["timestamp_type"], settings["compression"],
+                          settings["segment_bytes"])
+
+
+def _live_settings(max_bytes, max_message_bytes, retention_bytes, retention_seconds, timestamp_type, compression,
+                   segment_bytes) -> dict:
+    """The stream settings a live stream changes, checked, as its header holds them (``layout.STREAM_LIVE``'s
+    fields but the partition count)."""
+    maxmsg = min(_positive_int(max_message_bytes, "max_message_bytes"), max_bytes - L.REC_SIZE)
+    for value, what in ((retention_bytes, "retention_bytes"), (retention_seconds, "retention_seconds"),
+                        (segment_bytes, "segment_bytes")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not
+                                  0 < value < (2**63 / 1e9 if what == "retention_seconds" else 2**63)):
+            raise ValueError(f"{what} must be a positive number or None, not {value!r}")
+    if timestamp_type not in L.TIMESTAMP_TYPE:
+        raise ValueError(f"timestamp_type must be 'create_time' or 'log_append_time', not {timestamp_type!r}")
+    if compression not in L.COMPRESSION:
+        raise ValueError(f"compression must be one of {', '.join(L.COMPRESSION)}, not {compression!r}")
+    return {"max_message_bytes": maxmsg, "retention_bytes": int(retention_bytes or 0),
+            "retention_ns": int((retention_seconds or 0) * 1e9), "timestamp_type": L.TIMESTAMP_TYPE[timestamp_type],
+            "compression": L.COMPRESSION[compression], "segment_bytes": int(segment_bytes or 0)}
 
 
 def _check_ring(max_bytes: int, each: str) -> None:
@@ -730,7 +801,7 @@ def _stream_as_held(key, value, max_bytes):
         return L.align(value)
     if key == "max_message_bytes":
         return min(value, max_bytes - L.REC_SIZE)
-    if key == "retention_bytes":
+    if key in ("retention_bytes", "segment_bytes"):
         return None if value is None else int(value)
     if key in ("retention_seconds", "group_idle_timeout"):
         return _held_seconds(value)

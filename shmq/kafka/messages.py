@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import functools
 import io
+import logging
 import struct
 import typing
 from pkgutil import resolve_name
@@ -26,6 +27,8 @@ from .frames import frame
 
 __all__ = ["Request", "parse_request", "encode_response", "build", "request_class", "response_class", "api_name",
            "peek"]
+
+log = logging.getLogger("shmq.server.kafka")
 
 _PEEK = struct.Struct(">hhi")
 _HEADERS = {}
@@ -78,7 +81,8 @@ def peek(data: bytes) -> tuple[int, int, int]:
 def parse_request(data: bytes, versions: dict) -> Request:
     """The request in one frame's body. ``versions``: {api key: (min, max)} this side
     answers. KafkaProtocolError (code UNSUPPORTED_VERSION) for a key or version outside
-    them, or one that does not parse; its ``correlation_id`` and ``api_key`` /
+    them, or one that does not parse (bytes after what the version's schema defines are
+    ignored, as Kafka's brokers do: librdkafka's Metadata v9+ writes some); its ``correlation_id`` and ``api_key`` /
     ``api_version`` say what to answer, when they could be read."""
     api_key, version, correlation_id = peek(data)
     low, high = versions.get(api_key, (0, -1))
@@ -97,10 +101,8 @@ def parse_request(data: bytes, versions: dict) -> Request:
                                f"({type(exc).__name__}: {exc})"[:300])
         e.request = (api_key, version, correlation_id)
         raise e from None
-    if used + n != len(data):
-        e = KafkaProtocolError(f"{api_name(api_key)} v{version}: {len(data) - used - n} bytes after the request")
-        e.request = (api_key, version, correlation_id)
-        raise e
+    if used + n < len(data):  # as Kafka's brokers: what the schema defines is read, the rest ignored
+        log.debug("%s v%d: %d bytes after the request, ignored", api_name(api_key), version, len(data) - used - n)
     return Request(api_key, version, correlation_id, header.client_id, header, body)
 
 

@@ -19,7 +19,8 @@ from crc32c import crc32c
 from .codes import ErrorCode, KafkaProtocolError
 from .compression import NONE, compress, decompress
 
-__all__ = ["Batch", "Record", "decode_batches", "encode_batch", "NO_PRODUCER", "TRANSACTIONAL", "CONTROL"]
+__all__ = ["Batch", "Record", "decode_batches", "encode_batch", "NO_PRODUCER", "TRANSACTIONAL", "CONTROL",
+           "LOG_APPEND_TIME"]
 
 _HEAD = struct.Struct(">qiibIhiqqqhii")  # base offset .. record count
 _CRC_FROM = 21  # the attributes' position: the CRC covers the rest
@@ -104,9 +105,8 @@ def decode_batches(data, limit: int) -> list[Batch]:
         body = data[pos + _HEAD.size:end]
         codec = attributes & 0x07
         body = decompress(codec, body, limit) if codec != NONE else bytes(body)
-        ts, deltas, keys, values, headers, plain = _decode_records(body, count, base_ts)
-        servable = plain and not attributes & LOG_APPEND_TIME and last_delta == count - 1 and deltas == list(
-            range(count))
+        ts, deltas, keys, values, headers = _decode_records(body, count, base_ts)
+        servable = not attributes & LOG_APPEND_TIME and last_delta == count - 1 and deltas == list(range(count))
         out.append(Batch(base_offset, attributes, producer_id, producer_epoch, base_sequence, ts, deltas, keys, values,
                          headers, bytes(data[pos:end]) if servable else None))
         pos = end
@@ -137,15 +137,14 @@ def _bytes(buf, pos, end):
 
 
 def _decode_records(buf: bytes, count, base_ts):
-    """The columns of ``count`` records in ``buf``, and whether they map to native
-    records and back unchanged (no null value, no null or repeated header). The hot
-    path: the varints that are mostly one or two bytes (lengths, deltas) are read inline,
-    longer ones by ``_varint`` (a call per field costs a third of the decode)."""
+    """The columns of ``count`` records in ``buf``. The hot path: the varints that are
+    mostly one or two bytes (lengths, deltas) are read inline, longer ones by
+    ``_varint`` (a call per field costs a third of the decode)."""
     n = len(buf)
     if count > n:  # each record takes 7 bytes at least: no list sized by a lie
         raise _corrupt(f"that says {count} records in {n} bytes")
     ts, deltas, keys, values, headers = [], [], [], [], []
-    plain, pos, none = True, 0, ()
+    pos, none = 0, ()
     for i in range(count):
         if pos >= n:
             raise _corrupt("with a varint cut short or too long")
@@ -197,22 +196,18 @@ def _decode_records(buf: bytes, count, base_ts):
             v, pos = buf[pos:pos + vn], pos + vn
         else:
             raise _corrupt(f"with a field of {vn} bytes where {end - pos} are left")
-        if v is None:
-            plain = False
         values.append(v)
         if pos < end and buf[pos] == 0:
             headers.append(none)
             pos += 1
         else:
             pairs, pos = _headers(buf, pos, end)
-            if len({k for k, _v in pairs}) < len(pairs) or any(hv is None for _k, hv in pairs):
-                plain = False
             headers.append(pairs)
         if pos != end:
             raise _corrupt("with a record longer than its fields")
     if pos != n:
         raise _corrupt(f"with {n - pos} bytes after its {count} records")
-    return ts, deltas, keys, values, headers, plain
+    return ts, deltas, keys, values, headers
 
 
 def _headers(buf, pos, end):

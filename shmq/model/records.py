@@ -19,14 +19,16 @@ class RecordMetadata:
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One record read from a stream."""
+    """One record read from a stream: ``value`` None is a tombstone (a null value, not
+    b""); ``headers`` a dict, or a list of (key, value) pairs where a key repeats or a
+    value is None (docs/STREAMS.md, Headers)."""
 
     stream: str
     partition: int
     offset: int
     key: bytes | None
-    value: bytes
-    headers: dict = field(default_factory=dict)
+    value: bytes | None
+    headers: dict | list = field(default_factory=dict)
     timestamp: float = 0.0
 
 

@@ -68,6 +68,7 @@ __all__ = [
     "scan_log",
     "salvage_log",
     "stream_entry",
+    "NULL_VALUE",
     "stream_record",
     "stream_row",
     "publish_entry",
@@ -296,21 +297,28 @@ def encode_ack_entry(msg_id: int, attempt: int) -> bytes:
 
 
 # A stream record in a snapshot or a log entry: msg_id = its offset, enqueued_ns = its
-# timestamp, attempt = the key's length + 1 (0: no key), headers as given, body = the key's
-# bytes followed by the value's (docs/FORMAT.md, "Streams").
+# timestamp, attempt = the key's length + 1 (0: no key), with NULL_VALUE set when the value
+# is null (a tombstone), headers as given, body = the key's bytes followed by the value's
+# (docs/FORMAT.md, "Streams").
+NULL_VALUE = 1 << 31  # in a stream record's attempt: its value is null (the body is the key alone)
+
+
+def _stream_attempt(key, value) -> int:
+    return (0 if key is None else len(key) + 1) | (NULL_VALUE if value is None else 0)
 
 
 def stream_entry(offset: int, timestamp_ns: int, key, headers, value) -> bytes:
-    """The PUT log entry of one stream record (the caller has checked the sizes)."""
-    body = value if key is None else key + value
-    return _log_entry(RECORD_HEAD.pack(_PUT_TAG, len(headers), len(body), 0 if key is None else len(key) + 1,
-                                       offset, timestamp_ns), headers, body)
+    """The PUT log entry of one stream record (the caller has checked the sizes; value
+    None: a tombstone)."""
+    body = (value or b"") if key is None else key + (value or b"")
+    return _log_entry(RECORD_HEAD.pack(_PUT_TAG, len(headers), len(body), _stream_attempt(key, value), offset,
+                                       timestamp_ns), headers, body)
 
 
 def stream_record(offset: int, timestamp_ns: int, key, headers, value) -> SnapshotRecord:
     """The snapshot record of one stream record."""
-    return SnapshotRecord(offset, 0 if key is None else len(key) + 1, timestamp_ns, headers,
-                          value if key is None else key + value)
+    body = (value or b"") if key is None else key + (value or b"")
+    return SnapshotRecord(offset, _stream_attempt(key, value), timestamp_ns, headers, body)
 
 
 _PUBLISH_TAG = LOG_TAG + bytes((PUBLISH,))
@@ -332,12 +340,15 @@ def publish_note(entry) -> tuple[bytes, int, int]:
 
 
 def stream_row(msg_id: int, attempt: int, enqueued_ns: int, headers, body) -> tuple:
-    """A stream record's (offset, timestamp_ns, key or None, headers, value) from the fields
-    of a snapshot record or a log entry. A key length past the body yields no key."""
+    """A stream record's (offset, timestamp_ns, key or None, headers, value or None) from
+    the fields of a snapshot record or a log entry. A key length past the body yields no
+    key."""
+    null = attempt & NULL_VALUE
+    attempt &= ~NULL_VALUE
     if attempt and attempt - 1 <= len(body):
         k = attempt - 1
-        return msg_id, enqueued_ns, bytes(body[:k]), headers, body[k:]
-    return msg_id, enqueued_ns, None, headers, body
+        return msg_id, enqueued_ns, bytes(body[:k]), headers, None if null else body[k:]
+    return msg_id, enqueued_ns, None, headers, None if null else body
 
 
 # ----------------------------------------------------------------------------- writing

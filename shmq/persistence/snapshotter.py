@@ -102,9 +102,15 @@ class Snapshotter:
         self._forget_stale(s)
         if s.durability == "wal":
             snapshot_stream(s, self.data_dir, self.fsync)
+        here = os.path.abspath(self.data_dir)
         for p in range(s.partitions):
             part = s._part(p)
-            part.log.configure(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=self._next_generation(part.log))
+            gen, _mode, _ms, directory = part.log.config()
+            if gen and directory == here:  # (a stream grown since: its other partitions keep their generations)
+                part.log.configure(self.data_dir, self.wal_mode, self.wal_batch_ms)
+                continue
+            part.log.configure(self.data_dir, self.wal_mode, self.wal_batch_ms,
+                               generation=self._next_generation(part.log))
             if s.durability == "wal":
                 firsts = [first for _g, first, _path in part.disk_files() if first is not None]
                 part.set_disk_first(firsts[0] if firsts else None)

@@ -6,7 +6,7 @@ import os
 import time
 
 from . import dmsq
-from ..engine.broker import Broker
+from ..engine.broker import STREAM_SETTINGS, Broker, stream_settings
 from ..engine.streams.stream import Stream
 from .wal import hwm_path, log_files, partition_log_name, split_partition_name
 from .files import owner_of, read_snapshot_file, set_aside, snapshot_path
@@ -15,14 +15,7 @@ from .queues import logs_from, snapshot_digest, upgraded_note
 log = logging.getLogger("shmq.persistence")
 
 
-_STREAM_KEYS = ("partitions", "max_bytes", "max_message_bytes", "retention", "retention_bytes", "retention_seconds",
-                "group_idle_timeout", "durability")
 _ROLL_MIN_BYTES = 4096
-
-
-def stream_settings(s: Stream) -> dict:
-    """A stream's settings, as ``create_stream`` takes them."""
-    return {k: getattr(s, k) for k in _STREAM_KEYS}
 
 
 def _roll(s: Stream) -> tuple[int, int | None]:
@@ -162,7 +155,7 @@ def rebuild_stream(broker: Broker, data_dir: str, name: str, upgraded_from: int 
             log.error("%s: stream %s has no readable snapshot and no log; not rebuilt", data_dir, name)
             return False
         settings = {"durability": "wal", "partitions": max(parts) + 1}  # the rest: the defaults
-    create = {k: settings[k] for k in _STREAM_KEYS if k in settings}
+    create = {k: settings[k] for k in STREAM_SETTINGS if k in settings}  # (an older snapshot: the others' defaults)
     s = broker.create_stream(name, exist_ok=True, **create)
     try:
         if created is not None:

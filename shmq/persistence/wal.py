@@ -445,7 +445,7 @@ class Tail:
 
     def read(self, directory: str, offset: int, max_records: int, stop: int, max_bytes: int | None = None):
         """(rows, resume): up to ``max_records`` records from ``offset`` on, below ``stop``,
-        as (offset, timestamp_ns, key, headers, value). ``rows`` is empty when ``offset``
+        as (offset, timestamp_ns, key, headers, value or None). ``rows`` is empty when ``offset``
         is not on disk; ``resume`` is then the first offset after it that is (None: none
         below ``stop``): the offsets between were lost (a damaged or deleted file). A read
         stops where the files stop running on without a hole."""
@@ -465,9 +465,10 @@ class Tail:
                     break
                 row = dmsq.stream_row(e.msg_id, e.attempt, e.enqueued_ns, e.headers, e.body)
                 if budget is not None:
-                    if rows and len(row[4]) > budget:
+                    size = len(row[4]) if row[4] is not None else 0  # (None: a tombstone)
+                    if rows and size > budget:
                         return rows, None
-                    budget -= len(row[4])
+                    budget -= size
                 rows.append(row)
                 want += 1
                 if len(rows) >= max_records:

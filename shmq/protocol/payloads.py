@@ -10,7 +10,7 @@ server reads them back into the engine's arguments with the functions beside the
 
 from operator import itemgetter
 
-from ..model.headers import encode_headers, per_item
+from ..model.headers import encode_headers, encode_record_headers, per_item, record_headers
 from ..model.messages import Message, QueueStats, as_body
 from ..model.records import Record, RecordMetadata
 from .compression import check_codec, compress, decompress
@@ -294,11 +294,12 @@ def stream_info_fields(s) -> dict:
 
 
 def record_fields(value, key, headers) -> dict:
-    """The wire form of one record to append, checked as the local engine checks it."""
-    r = {"value": _bytes_like(value, "value")}
+    """The wire form of one record to append (value None: a tombstone, nil), checked as
+    the local engine checks it."""
+    r = {"value": None if value is None else _bytes_like(value, "value")}
     if key is not None:
         r["key"] = _bytes_like(key, "key")
-    if headers is not None and encode_headers(headers):  # same TypeError / MessageTooLarge as local
+    if headers is not None and encode_record_headers(headers):  # same TypeError / MessageTooLarge as local
         r["headers"] = headers
     return r
 
@@ -377,7 +378,7 @@ def record_reply(r: Record) -> dict:
 
 
 def record_from_fields(stream: str, m: dict) -> Record:
-    return Record(stream, m["partition"], m["offset"], m.get("key"), m["value"], m.get("headers") or {},
+    return Record(stream, m["partition"], m["offset"], m.get("key"), m["value"], record_headers(m.get("headers")),
                   m["timestamp"])
 
 

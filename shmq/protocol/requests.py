@@ -45,6 +45,11 @@ def _check_bytes(v):
     return None if isinstance(v, bytes) else "bytes (msgpack bin)"
 
 
+@_passes(bytes)
+def _check_value(v):
+    return None if v is None or isinstance(v, bytes) else "bytes (msgpack bin), or nil (a tombstone)"
+
+
 def _check_str_or_bytes(v):
     return None if isinstance(v, (str, bytes)) else "a string or bytes (msgpack bin)"
 
@@ -70,6 +75,20 @@ def _check_headers(v):
             return f"a map with string keys (found key {key!r:.40})"
         if not isinstance(value, _HEADER_VALUE_TYPES):
             return f"a map of str, int, float, bool or bin values (key {key!r:.40} holds {type(value).__name__})"
+    return None
+
+
+def _check_record_headers(v):
+    """A stream record's headers: a map as ``_check_headers``, or an array of [key, value]
+    pairs (a key may repeat, a value may be nil: model/headers.py)."""
+    if not isinstance(v, list):
+        return _check_headers(v)
+    for pair in v:
+        if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str):
+            return f"an array of [string key, value] pairs (found {pair!r:.40})"
+        if pair[1] is not None and not isinstance(pair[1], _HEADER_VALUE_TYPES):
+            return f"an array of pairs of str, int, float, bool, bin or nil values (key {pair[0]!r:.40} holds " \
+                   f"{type(pair[1]).__name__})"
     return None
 
 
@@ -154,8 +173,9 @@ def _check_max_records(v):
 
 
 def check_records(v):
-    """A list of records to append: maps {value: bin, key?: bin, headers?: map}."""
-    form = "a list of maps {value: bin, key?: bin, headers?: map}"
+    """A list of records to append: maps {value: bin or nil, key?: bin, headers?: map or
+    array of pairs}."""
+    form = "a list of maps {value: bin or nil, key?: bin, headers?: map}"
     if not isinstance(v, list):
         return form
     for i, item in enumerate(v):
@@ -163,7 +183,7 @@ def check_records(v):
             return f"{form} (item {i} is {type(item).__name__})"
         if "value" not in item:
             return f"a list of maps with a value (item {i} has none)"
-        for name, check in (("value", _check_bytes), ("key", _check_bytes), ("headers", _check_headers)):
+        for name, check in (("value", _check_value), ("key", _check_bytes), ("headers", _check_record_headers)):
             if name in item and (why := check(item[name])) is not None:
                 return f"a list of maps whose {name} {'are' if name == 'headers' else 'is'} {why} (item {i})"
     return None
@@ -319,6 +339,9 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("group_idle_timeout", _check_number),
         Field("durability", _check_str),
         Field("exist_ok", _check_bool, default=False),
+        Field("timestamp_type", _check_str),
+        Field("compression", _check_str),
+        Field("segment_bytes", _check_int),
     ),
     MsgType.STREAM_DELETE: (_STREAM,),
     MsgType.STREAM_LIST: (),
@@ -326,9 +349,9 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
     MsgType.STREAM_STATS: (_STREAM,),
     MsgType.APPEND: (
         _STREAM,
-        Field("value", _check_bytes, required=True),
+        Field("value", _check_value, required=True),
         Field("key", _check_bytes),
-        Field("headers", _check_headers),
+        Field("headers", _check_record_headers),
         Field("partition", _check_partition),
     ),
     MsgType.APPEND_BATCH: (

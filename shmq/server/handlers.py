@@ -433,7 +433,7 @@ def fill(take, most, budget, per_record) -> list:
 
 def _record_bytes(r) -> int:
     """What a record read takes of a reply's budget."""
-    n = len(r.value) + len(r.key or b"") + RECORD_OVERHEAD
+    n = len(r.value or b"") + len(r.key or b"") + RECORD_OVERHEAD
     return n + len(msgpack.packb(r.headers, use_bin_type=True)) if r.headers else n
 
 

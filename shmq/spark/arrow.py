@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..engine.streams import paths as stream_paths
-from ..model.headers import decode_headers, encode_headers
+from ..model.headers import decode_headers, encode_headers, header_pairs
 from ..engine.streams.partitioner import partition_of
 
 __all__ = ["records_to_batch", "rows_to_batch", "columns_to_batch", "header_map", "SinkError", "route", "chunk",
@@ -18,14 +18,15 @@ _UTC_US = pa.timestamp("us", tz="UTC")
 _HEADERS = pa.map_(pa.string(), pa.string())
 
 
-def header_map(headers: dict) -> list[tuple[str, str]]:
-    """A record's headers as map<string,string> entries: str values as they are, bytes
-    decoded as UTF-8 (invalid bytes replaced), numbers and booleans in their str form."""
+def header_map(headers) -> list[tuple[str, str | None]]:
+    """A record's headers (a dict, or a list of pairs) as map<string,string> entries, in
+    order: str values as they are, bytes decoded as UTF-8 (invalid bytes replaced),
+    numbers and booleans in their str form, None (a null value) as null."""
     out = []
-    for k, v in headers.items():
+    for k, v in header_pairs(headers):
         if isinstance(v, bytes):
             v = v.decode("utf-8", "replace")
-        elif not isinstance(v, str):
+        elif v is not None and not isinstance(v, str):
             v = str(v).lower() if isinstance(v, bool) else str(v)
         out.append((k, v))
     return out
@@ -72,11 +73,11 @@ def rows_to_batch(stream: str, partition: int, rows, include_headers: bool) -> p
 def columns_to_batch(stream: str, partition: int, columns, include_headers: bool) -> pa.RecordBatch:
     """One Arrow batch from ``Stream.read_columns``'s buffers, wrapped, not copied: the
     local source's path when the C build is there."""
-    n, voffs, vals, koffs, keys, kvalid, hoffs, hdrs, offsets, stamps = columns
+    n, voffs, vals, koffs, keys, kvalid, hoffs, hdrs, vvalid, offsets, stamps = columns
     buf = pa.py_buffer
     arrays = [
         pa.Array.from_buffers(pa.binary(), n, [buf(kvalid), buf(koffs), buf(keys)]),
-        pa.Array.from_buffers(pa.binary(), n, [None, buf(voffs), buf(vals)]),
+        pa.Array.from_buffers(pa.binary(), n, [None if vvalid is None else buf(vvalid), buf(voffs), buf(vals)]),
         pa.repeat(pa.scalar(stream, pa.string()), n),
         pa.repeat(pa.scalar(partition, pa.int32()), n),
         pa.Array.from_buffers(pa.int64(), n, [None, buf(offsets)]),

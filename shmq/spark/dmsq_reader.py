@@ -269,10 +269,13 @@ def _headers(raw: bytes, cache: dict, msg_id: int) -> list:
         try:
             headers = extension.split(raw)[1] if raw else raw  # the extension block (priority, ...): not headers
             decoded = msgpack.unpackb(headers, raw=False) if headers else {}
-            if not isinstance(decoded, dict):
+            if isinstance(decoded, list):  # a stream record's (key, value) pairs (model/headers.py)
+                decoded = [(k, v) for k, v in decoded]
+            elif not isinstance(decoded, dict):
                 raise TypeError(f"a {type(decoded).__name__}")
         except Exception as e:  # msgpack raises several kinds; all mean the same here
-            raise _BadHeaders(f"message {msg_id}: headers are not a msgpack map ({type(e).__name__}: {e})") from None
+            raise _BadHeaders(f"message {msg_id}: headers are not a msgpack map or array of pairs "
+                              f"({type(e).__name__}: {e})") from None
         entries = [(k if isinstance(k, str) else str(k), v) for k, v in header_map(decoded)]
         if len(cache) >= BATCH_ROWS:  # many distinct headers: keep the cache small
             cache.clear()

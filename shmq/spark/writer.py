@@ -98,7 +98,11 @@ class _Writer:
                 max_bytes=self.opts.integer("sinkStagingMaxBytes", target.max_bytes, 4096),
                 max_message_bytes=target.max_message_bytes, durability="memory", exist_ok=True)
         except StreamExists:
-            return broker.stream(name)
+            staging = broker.stream(name)
+            short = target.partitions - staging.partitions
+            if short > 0 and hasattr(staging, "add_partitions"):  # the target grew since another task made it
+                staging.add_partitions(short)
+            return staging
 
     def _stage(self, writer_id: str, batches, task: int) -> Staged:
         """Append the task's rows to the staging stream, each Arrow batch in one append per

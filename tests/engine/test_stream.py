@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmq
-from shmq.model.headers import encode_headers
+from shmq.model.headers import encode_record_headers
 from shmq.engine.streams.stream import partition_of
 from tests import _workers as w
 
@@ -273,6 +273,56 @@ def test_publish_skips_what_is_in_reads_nothing_for_it_and_delete_records_trims(
     assert [r.offset for r in st.read(1, 1)] == [1]
 
 
+# ---------------------------------------------------------------------------- tombstones and header lists
+
+PAIRS = [("a", b"1"), ("a", b"2"), ("n", None)]
+
+
+def test_a_null_value_is_a_tombstone_on_every_path_and_across_a_rebuild(broker, tmp_path, impl):
+    """A tombstone (value None) is stored with the null-value flag and read back as None
+    (b"" stays b""), and a list of header pairs as the list: by read, read_raw, a group's
+    poll, the bulk columns and an append of them; its log entry and snapshot record keep it,
+    so a "wal" stream rebuilt from a snapshot and the logs after it has it back."""
+    from shmq.engine.shm import layout as L
+    from shmq.engine.shm import ring
+    from shmq.persistence import Snapshotter, recover
+
+    s = broker.create_stream("events", partitions=1, durability="wal")
+    snap = Snapshotter(broker, str(tmp_path), wal_mode=0)
+    snap.open_stream(s)
+    s.append_many([None, b"", b"v"], keys=[b"k", b"k", None], headers=[None, PAIRS, {"d": 1}], partition=0)
+    snap.run_once()  # the first three in the snapshot, the rest in the log after it
+    s.append(None, headers=[("n", None)], partition=0)
+    s.append(b"", key=b"k", partition=0)
+    want = [(0, b"k", None, {}), (1, b"k", b"", PAIRS), (2, None, b"v", {"d": 1}), (3, None, None, [("n", None)]),
+            (4, b"k", b"", {})]
+    assert [(r.offset, r.key, r.value, r.headers) for r in s.read(0, 0)] == want
+    assert [v for _o, _t, _k, _h, v in s.read_raw(0, 0)] == [None, b"", b"v", None, b""]
+    with s.consumer("g") as c:
+        assert [(r.offset, r.key, r.value, r.headers) for r in c.poll(timeout=5)] == want
+    part = s._part(0)
+    head, tail = part._mq[L.PI_HEAD], part._mq[L.PI_TAIL]
+    copy = ring.copy_used(part._mm, part._base, part._cap, head, tail)
+    assert [fields[4] for _o, fields in ring.copied_records(copy, part._cap, head, tail)] == [
+        L.FLAG_NULL_VALUE, 0, 0, L.FLAG_NULL_VALUE, 0]  # the record's flags
+    cols = s.read_columns(0, 0)
+    if impl == "fast":
+        assert cols[0] == 5 and cols[8] == bytes([0b10110])  # the values' validity: 1, 2 and 4 there
+        assert s.read_columns(0, 1, 2)[8] is None  # none null: no bitmap
+        copy = broker.create_stream("copy", partitions=1)
+        assert copy.append_columns(cols, 0) == 0  # read_columns' fields are a chunk
+        assert [(r.offset, r.key, r.value, r.headers) for r in copy.read(0, 0)] == want
+    else:
+        assert cols is None
+    snap.close()
+    s.close()
+    broker.delete_stream("events")  # a reboot: the files stay
+    assert recover(broker, str(tmp_path)) == ["@events"]
+    s = broker.stream("events")
+    assert [(r.offset, r.key, r.value, r.headers) for r in s.read(0, 0)] == want
+    s.close()
+
+
 # ---------------------------------------------------------------------------- bulk reads in C
 
 @pytest.mark.skipif(not shmq.engine.cpaths.FAST, reason="the C paths are not built (or SHMQ_PURE_PYTHON=1)")
@@ -284,9 +334,10 @@ def test_read_columns_gives_what_read_raw_gives_across_laps_of_the_ring(broker):
     rnd = __import__("random").Random(7)
     for i in range(400):  # laps of a small ring: records wrap, pads at lap ends, the head moves
         n = rnd.randint(1, 5)
-        s.append_many([bytes([i % 256]) * rnd.randint(0, 300) for _ in range(n)],
+        s.append_many([None if rnd.random() < 0.1 else bytes([i % 256]) * rnd.randint(0, 300) for _ in range(n)],
                       keys=[None if rnd.random() < 0.3 else b"k%d" % rnd.randint(0, 9) for _ in range(n)],
-                      headers=[None if rnd.random() < 0.5 else {"i": i, "b": b"\xff"} for _ in range(n)], partition=0)
+                      headers=[rnd.choice((None, {"i": i, "b": b"\xff"}, [("i", i), ("i", None)])) for _ in range(n)],
+                      partition=0)
         earliest, end = s.offsets(0)
         for offset in {earliest, (earliest + end) // 2, end - 1}:
             want = rows_to_batch("events", 0, s.read_raw(0, offset, 7), True)
@@ -310,27 +361,34 @@ def _column(items, pad):
     return offsets.tobytes(), bytes(data)
 
 
+def _validity(items) -> bytes:
+    bits = bytearray((len(items) + 7) // 8)
+    for i, x in enumerate(items):
+        if x is not None:
+            bits[i >> 3] |= 1 << (i & 7)
+    return bytes(bits)
+
+
 def _chunk(values, keys=None, headers=None, pad=0):
     """A chunk for ``append_columns``: (n, value offsets, values, key offsets, keys, key
-    validity, header offsets, headers)."""
+    validity, header offsets, headers), and the values' validity where one is None."""
     voffs, vals = _column(values, pad)
     koffs = kdata = kvalid = hoffs = hdata = None
     if keys is not None:
         koffs, kdata = _column(keys, pad)
-        bits = bytearray((len(keys) + 7) // 8)
-        for i, k in enumerate(keys):
-            if k is not None:
-                bits[i >> 3] |= 1 << (i & 7)
-        kvalid = bytes(bits)
+        kvalid = _validity(keys)
     if headers is not None:
-        hoffs, hdata = _column([encode_headers(h) if h else b"" for h in headers], pad)
-    return (len(values), voffs, vals, koffs, kdata, kvalid, hoffs, hdata)
+        hoffs, hdata = _column([encode_record_headers(h) if h else b"" for h in headers], pad)
+    chunk = (len(values), voffs, vals, koffs, kdata, kvalid, hoffs, hdata)
+    return chunk + (_validity(values),) if None in values else chunk
 
 
 def _records(rnd, n):
-    values = [bytes([rnd.randrange(256)]) * rnd.randint(0, 300) for _ in range(n)]
+    """Values (some None: tombstones), keys, headers (dicts, lists of pairs that a dict
+    cannot hold, none)."""
+    values = [None if rnd.random() < 0.1 else bytes([rnd.randrange(256)]) * rnd.randint(0, 300) for _ in range(n)]
     keys = [None if rnd.random() < 0.3 else b"k%d" % rnd.randint(0, 99) for _ in range(n)]
-    headers = [None if rnd.random() < 0.5 else {"i": i, "b": b"\xff"} for i in range(n)]
+    headers = [rnd.choice((None, {"i": i, "b": b"\xff"}, [("i", i), ("i", None)])) for i in range(n)]
     return values, keys, headers
 
 
@@ -374,6 +432,7 @@ def test_append_columns_refuses_bad_buffers_and_big_records_and_takes_an_empty_c
         "decreasing": (n, array.array("i", [0, 2, 1]).tobytes(), vals, *rest),
         "too few": (3, voffs, vals, *rest),
         "validity": _chunk([b"a"] * 9, [b"k"] * 9)[:5] + (b"\xff",) + (None, None),
+        "value validity": _chunk([b"a"] * 9) + (b"\xff",),  # 9 records: 2 bytes of bits
     }
     for what, chunk in bad.items():
         with pytest.raises(ValueError):
@@ -396,12 +455,12 @@ def test_the_c_log_entries_and_key_partitions_are_the_python_ones():
     values, keys, headers = _records(rnd, 50)
     chunks = [_chunk(values[:20], keys[:20], headers[:20], pad=5), _chunk(values[20:], keys[20:])]
     txn = os.urandom(16)
-    want = [dmsq.stream_entry(100 + i, 77, k, encode_headers(h) if h and i < 20 else b"", v)
+    want = [dmsq.stream_entry(100 + i, 77, k, encode_record_headers(h) if h and i < 20 else b"", v)
             for i, (v, k, h) in enumerate(zip(values, keys, headers))]
     assert c_paths.columns_log(chunks, 100, 77, None, 0) == b"".join(want)
     assert c_paths.columns_log(chunks, 100, 77, txn, 9) == b"".join(want) + dmsq.publish_entry(149, 77, txn, 9)
     assert c_paths.columns_log([_chunk([])], 5, 77, txn, 9) == b""  # no records, no note
-    _n, _vo, _v, koffs, kdata, kvalid, _ho, _h = chunks[0]
+    _n, _vo, _v, koffs, kdata, kvalid, _ho, _h = chunks[0][:8]
     raw = c_paths.key_partitions(koffs, kdata, kvalid, 20, 7, 3)
     assert list(array.array("i", raw)) == [3 if k is None else partition_of(k, 7) for k in keys[:20]]
     with pytest.raises(ValueError):

@@ -21,18 +21,21 @@ def _chunk(values):
 
 
 def test_append_columns_cut_into_runs_of_one_time(broker, impl):
+    """(Tombstones among them: the values' validity bitmap is cut with the keys'.)"""
     s = broker.create_stream("c", partitions=1)
-    values = [b"v%d" % i for i in range(7)]
+    values = [None if i in (2, 5) else b"v%d" % i for i in range(7)]
     keys = [b"k%d" % i if i % 3 else None for i in range(7)]
     voffs = array.array("i", [0])
     for v in values:
-        voffs.append(voffs[-1] + len(v))
+        voffs.append(voffs[-1] + len(v or b""))
     koffs = array.array("i", [0])
     for k in keys:
         koffs.append(koffs[-1] + len(k or b""))
     valid = bytes([sum(1 << i for i, k in enumerate(keys) if k is not None)])
     stamps = [PAST_NS, PAST_NS, PAST_NS + 7, PAST_NS + 7, PAST_NS + 7, PAST_NS + 2, PAST_NS]
-    chunk = (7, voffs, b"".join(values), koffs, b"".join(k or b"" for k in keys), valid, None, None)
+    vvalid = bytes([sum(1 << i for i, v in enumerate(values) if v is not None)])
+    chunk = (7, voffs, b"".join(v or b"" for v in values), koffs, b"".join(k or b"" for k in keys), valid, None, None,
+             vvalid)
     assert s.append_columns(chunk, 0, timestamps_ns=stamps) == 0
     assert [(r.offset, r.key, r.value) for r in s.read(0, 0, 100)] == list(zip(range(7), keys, values))
     assert _stamps(s, 0) == list(enumerate(stamps))

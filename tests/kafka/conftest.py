@@ -28,12 +28,16 @@ class KafkaServer:
 @pytest.fixture
 def kafka_server(broker, servers):
     """``start(*args)``: a server of the test's namespace with a Kafka listener on a free
-    port, no token (``--no-auth``) unless args say otherwise; stopped at the end."""
+    port, no token (``--no-auth``) unless args say otherwise, groups assigned at once
+    (``--kafka-initial-rebalance-delay-ms 0``, as Kafka's own test set-ups) unless args
+    say otherwise; stopped at the end."""
     started = []
 
     def start(*args):
         if "--token-file" not in args:
             args = ("--no-auth", *args)
+        if "--kafka-initial-rebalance-delay-ms" not in args:
+            args = ("--kafka-initial-rebalance-delay-ms", "0", *args)
         srv = KafkaServer(servers(broker.namespace, "--no-persist", "--kafka-port", "0", *args))
         started.append(srv)
         return srv
@@ -54,7 +58,7 @@ def shared_kafka():
     ns = "t" + uuid.uuid4().hex[:12]
     b = shmq.connect(namespace=ns)
     b.create_namespace()
-    proc = ServerProcess(ns, "--no-persist", "--no-auth", "--kafka-port", "0")
+    proc = ServerProcess(ns, "--no-persist", "--no-auth", "--kafka-port", "0", "--kafka-initial-rebalance-delay-ms", "0")
     SESSION_PROCESSES.add(proc.proc.pid)
     srv = KafkaServer(proc)
     srv.broker = b

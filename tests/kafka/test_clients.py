@@ -143,15 +143,36 @@ def test_native_records_read_by_kafka_consumers_exactly(kafka_server, broker):
                               ("n", b"false")]
 
 
-def test_repeated_header_keys_keep_the_last_null_values_are_empty(kafka_server, broker):
+def test_tombstones_and_every_header_keep_their_shape(shared_kafka, names):
+    """librdkafka's tests 0070 and 0073 (a null value is not an empty one) and 0085 (a
+    repeated header key, a null header value): what confluent-kafka produces comes back to
+    it and to kafka-python as it went, and natively as value None and the list of header
+    pairs; a native tombstone and header list go out to them as Kafka's nulls (the fetch
+    encodes those; a producer's batch is served as it came)."""
     from confluent_kafka import Producer
 
-    srv = kafka_server()
-    p = Producer({"bootstrap.servers": srv.bootstrap})
-    p.produce("hdr", key=b"k", value=None, headers=[("a", b"1"), ("a", b"2"), ("z", None)], partition=0)
+    topic, b = names("tomb"), shared_kafka.broker
+    b.create_stream(topic, partitions=1)
+    pairs = [("a", b"1"), ("a", b"2"), ("n", None)]
+    p = Producer({"bootstrap.servers": shared_kafka.bootstrap, "linger.ms": 20})
+    p.produce(topic, key=b"k", value=None, partition=0)
+    p.produce(topic, key=b"k", value=b"", partition=0)
+    p.produce(topic, value=b"v", headers=pairs, partition=0)
     assert p.flush(30) == 0
-    (r,) = broker.stream("hdr").read(0, 0, 10)
-    assert (r.key, r.value, r.headers) == (b"k", b"", {"a": b"2", "z": b""})
+    s = b.stream(topic)
+    s.append(None, key=b"n", headers=pairs, partition=0)
+    s.append(b"", headers={"d": b""}, partition=0)
+    want = [(0, b"k", None, []), (1, b"k", b"", []), (2, None, b"v", pairs), (3, b"n", None, pairs),
+            (4, None, b"", [("d", b"")])]
+    got = _ck_consume(shared_kafka.bootstrap, topic, 5)
+    assert [(m.offset(), m.key(), m.value(), m.headers() or []) for m in got] == want
+    got = _kp_consume(shared_kafka.bootstrap, topic, 5)
+    assert [(m.offset, m.key, m.value, m.headers) for m in got] == want
+    native = s.read(0, 0, 10)
+    assert [(r.offset, r.key, r.value, r.headers) for r in native] == \
+        [(0, b"k", None, {}), (1, b"k", b"", {}), (2, None, b"v", pairs), (3, b"n", None, pairs),
+         (4, None, b"", {"d": b""})]
+    s.close()
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])

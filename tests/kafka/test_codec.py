@@ -136,10 +136,18 @@ def test_snappy_raw_and_gzip_as_other_clients_write_them():
 
 
 def test_headers_both_ways():
-    assert to_native((("a", b"1"), ("a", b"2"), ("n", None))) == {"a": b"2", "n": b""}
+    """Kafka's headers keep their shape: a dict when it can hold them, else every pair in
+    order (a repeated key, a null value), and back to Kafka as they came."""
+    kafka = (("a", b"1"), ("a", b"2"), ("n", None), ("e", b""))
+    assert to_native(kafka) == [("a", b"1"), ("a", b"2"), ("n", None), ("e", b"")]
+    assert to_kafka(to_native(kafka)) == kafka
+    assert to_native((("b", b"2"), ("a", b""))) == {"b": b"2", "a": b""}
+    assert list(to_native((("b", b"2"), ("a", b"")))) == ["b", "a"]  # in order
+    assert to_native((("n", None),)) == [("n", None)]
     assert to_native(()) is None
     assert to_kafka({"s": "é", "b": b"\x00", "i": -3, "f": 0.25, "t": True}) == \
         (("s", "é".encode()), ("b", b"\x00"), ("i", b"-3"), ("f", b"0.25"), ("t", b"true"))
+    assert to_kafka([("a", "x"), ("a", 1), ("n", None)]) == (("a", b"x"), ("a", b"1"), ("n", None))
 
 
 def test_sasl_plain():

@@ -43,7 +43,8 @@ def kafka_port(srv) -> int:
 @pytest.fixture
 def kafka(broker, servers):
     """A ``shmq server`` with its Kafka listener open (no SASL), and its port."""
-    srv = servers(broker.namespace, "--no-persist", "--no-auth", "--kafka-port", "0")
+    srv = servers(broker.namespace, "--no-persist", "--no-auth", "--kafka-port", "0",
+                  "--kafka-initial-rebalance-delay-ms", "0")
     srv.kafka_port = kafka_port(srv)
     yield srv
     assert srv.stop() == 0
@@ -193,17 +194,33 @@ def test_a_member_whose_heartbeats_stop_leaves_after_its_session_timeout(broker,
     s.close()
 
 
-def test_a_static_member_that_comes_back_fences_its_old_self(broker, kafka):
+def test_a_static_member_that_comes_back_fences_its_old_self_and_rebalances_nobody(broker, kafka):
     s = broker.create_stream("ev", partitions=2)
-    with Wire(kafka.kafka_port, "a") as a, Wire(kafka.kafka_port, "a2") as a2:
+    with Wire(kafka.kafka_port, "a") as a, Wire(kafka.kafka_port, "b") as b, Wire(kafka.kafka_port, "a2") as a2:
         r = join(a, instance="pod-1")  # a static member gets its id at once (no MEMBER_ID_REQUIRED)
         old = r.member_id
         assert (r.error_code, r.generation_id) == (E.none, 1)
-        sync(a, 1, old, [(old, b"")])
-        r = join(a2, instance="pod-1")  # the same instance restarted: it takes the place
-        assert (r.error_code, r.generation_id) == (E.none, 2) and r.member_id != old
+        sync(a, 1, old, [(old, assignment({"ev": [0, 1]}))])
+        assert heartbeat(a, 1, old, instance="pod-1") == E.none
+        join(b, instance="pod-2", send_only=True)  # a second member: generation 2, a the leader still
+        assert join(a, old, instance="pod-1").generation_id == 2
+        rb = b.recv()
+        assert (rb.error_code, rb.generation_id) == (E.none, 2)
+        sync(b, 2, rb.member_id, send_only=True)
+        assert sync(a, 2, old, [(old, assignment({"ev": [0]})), (rb.member_id, assignment({"ev": [1]}))]
+                    ).assignment == assignment({"ev": [0]})
+        assert b.recv().assignment == assignment({"ev": [1]})
+        r = join(a2, instance="pod-1")  # pod-1 restarted: it takes its place, in the same generation
+        assert (r.error_code, r.generation_id, r.leader) == (E.none, 2, old) and r.member_id != old
+        assert r.members == ()  # not told to assign: the leader it sees is its old self
+        assert sync(a2, 2, r.member_id).assignment == assignment({"ev": [0]})  # its assignment, as before
+        assert heartbeat(a2, 2, r.member_id, instance="pod-1") == E.none
+        assert heartbeat(b, 2, rb.member_id, instance="pod-2") == E.none  # the other member saw nothing
         assert heartbeat(a, 2, old, instance="pod-1") == E.fenced_instance_id
         assert commit(a, 2, old, {0: 1}) == {0: E.unknown_member_id}
+        assert commit(a2, 2, r.member_id, {0: 1}) == {0: E.none}
+        r3 = join(a, instance="pod-1", protocols=("roundrobin",))  # back with another assignor: a rebalance
+        assert r3.error_code == E.inconsistent_group_protocol  # (the group's members share none)
     s.close()
 
 

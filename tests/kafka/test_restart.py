@@ -38,7 +38,7 @@ def _values(broker):
 def test_sequences_and_commit_metadata_survive_a_clean_restart(broker, servers, tmp_path):
     data = str(tmp_path / "data")
     start = lambda: KafkaServer(servers(broker.namespace, "--data-dir", data, "--no-auth",  # noqa: E731
-                                        "--kafka-port", "0"))
+                                        "--kafka-port", "0", "--kafka-initial-rebalance-delay-ms", "0"))
     srv = start()
     with Wire(srv.port) as w:
         r = w.call(INIT_PRODUCER_ID, 4, transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60),

@@ -124,20 +124,23 @@ def test_fetched_batches_as_producers_sent_them_and_as_encoded(kafka_server, bro
     s = broker.create_stream("kb", partitions=1)
     sent = [Record(i, PAST + 3 * i, b"k" if i % 2 else None, b"value %d" % i, (("h", b"%d" % i),))
             for i in range(6)]
-    odd = [Record(0, PAST, None, None, ()), Record(1, PAST, None, b"x", (("a", b"1"), ("a", b"2")))]
+    odd = [Record(0, PAST, None, None, ()), Record(1, PAST, None, b"x", (("a", b"1"), ("a", b"2"), ("n", None)))]
     first = _marked(encode_batch(sent[:3]))
+    tombstones = _marked(encode_batch(odd))
     second = _marked(encode_batch([Record(i, r.timestamp, r.key, r.value, r.headers) for i, r in enumerate(sent[3:])]))
     with Wire(srv.port) as w:
         assert _produce(w, "kb", [first, second]) == 0
         s.append(b"native", headers={"n": 1})  # offset 6, between the Kafka batches
-        assert _produce(w, "kb", [encode_batch(odd)]) == 7  # a null value, a repeated header: not kept as sent
+        assert _produce(w, "kb", [tombstones]) == 7  # a null value, repeated and null headers: they round-trip
         native_ms = s.read_raw(0, 6, 1)[0][1] // 1_000_000
         want = [(i, PAST + 3 * i, b"k" if i % 2 else None, b"value %d" % i, (("h", b"%d" % i),)) for i in range(6)]
         want += [(6, native_ms, None, b"native", (("n", b"1"),)),
-                 (7, PAST, None, b"", ()), (8, PAST, None, b"x", (("a", b"2"),))]  # as the stream holds them
+                 (7, PAST, None, None, ()), (8, PAST, None, b"x", (("a", b"1"), ("a", b"2"), ("n", None)))]
         whole = _fetch(w, "kb", 0)
         assert _records(whole) == want
         assert whole.startswith(first + _at(second, 3))  # kept as sent (their max timestamps say so)
+        assert whole.endswith(_at(tombstones, 7))
+        assert s.read_raw(0, 7, 2)[0][4] is None  # a tombstone in the stream too
         # from inside a kept batch: the whole batch, as a broker sends it (the client skips below its offset)
         assert _records(_fetch(w, "kb", 4)) == want[3:]
         assert _records(_fetch(w, "kb", 7)) == want[7:]
@@ -166,7 +169,7 @@ def test_the_kept_batches_are_bounded_and_told_apart_by_stream():
     assert kept.find(a, 1, 27) == (None, None)
 
 
-def test_create_topics_answers_create_time(kafka_server, broker):
+def test_create_topics_answers_the_topics_configs(kafka_server, broker):
     srv = kafka_server()
     with Wire(srv.port) as w:
         r = w.call(CREATE_TOPICS, 7, timeout=SECONDS_30, validate_only=False, topics=[
@@ -175,13 +178,20 @@ def test_create_topics_answers_create_time(kafka_server, broker):
         (t,) = r.topics
         assert t.error_code == ErrorCode.none
         assert {c.name: (c.value, c.read_only) for c in t.configs} == {
-            "message.timestamp.type": ("CreateTime", True), "cleanup.policy": ("delete", True)}
+            "message.timestamp.type": ("CreateTime", False), "cleanup.policy": ("delete", True),
+            "compression.type": ("producer", False), "max.message.bytes": ("1048576", False),
+            "retention.bytes": ("-1", False), "retention.ms": ("-1", False), "segment.bytes": ("1073741824", False)}
         r = w.call(CREATE_TOPICS, 7, timeout=SECONDS_30, validate_only=False, topics=[
             {"name": "lat", "num_partitions": 1, "replication_factor": 1, "assignments": [],
              "configs": [{"name": "message.timestamp.type", "value": "LogAppendTime"}]}])
+        assert r.topics[0].error_code == ErrorCode.none
+        assert broker.stream("lat").timestamp_type == "log_append_time"
+        r = w.call(CREATE_TOPICS, 7, timeout=SECONDS_30, validate_only=False, topics=[
+            {"name": "cmp", "num_partitions": 1, "replication_factor": 1, "assignments": [],
+             "configs": [{"name": "cleanup.policy", "value": "compact"}]}])
         assert r.topics[0].error_code == ErrorCode.invalid_config
-        assert "message.timestamp.type=LogAppendTime is not taken here" in r.topics[0].error_message
-        assert broker.list_streams() == ["ct"]
+        assert r.topics[0].error_message == "config cleanup.policy=compact: takes one of delete"
+        assert broker.list_streams() == ["ct", "lat"]
 
 
 def test_list_offsets_max_timestamp_is_the_greatest_not_the_last(kafka_server, broker):
@@ -222,9 +232,10 @@ def test_admin_clients_describe_a_topics_configs(kafka_server, broker):
     admin = AdminClient({"bootstrap.servers": srv.bootstrap})
     (future,) = admin.describe_configs([ConfigResource("topic", "dc")]).values()
     got = {k: (e.value, e.is_read_only, e.is_default) for k, e in future.result(30).items()}
-    assert got == {"cleanup.policy": ("delete", True, True), "message.timestamp.type": ("CreateTime", True, True),
-                   "retention.ms": ("-1", True, True), "retention.bytes": (str(2**20), True, False),
-                   "max.message.bytes": ("4096", True, False)}
+    assert got == {"cleanup.policy": ("delete", True, True), "message.timestamp.type": ("CreateTime", False, True),
+                   "retention.ms": ("-1", False, True), "retention.bytes": (str(2**20), False, False),
+                   "max.message.bytes": ("4096", False, False), "compression.type": ("producer", False, True),
+                   "segment.bytes": ("1073741824", False, True)}
     (missing,) = admin.describe_configs([ConfigResource("topic", "nope")]).values()
     with pytest.raises(Exception, match="UNKNOWN_TOPIC_OR_PART"):
         missing.result(30)

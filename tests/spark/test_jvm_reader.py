@@ -24,12 +24,12 @@ def _fill(broker, name, partitions, values):
             s.append(v, partition=p)
 
 
-@pytest.mark.parametrize("how", ["delete", "destroy"])
+@pytest.mark.parametrize("how", ["delete", "destroy", "grow"])
 def test_one_mapping_per_jvm_until_the_stream_is_replaced(classes, broker, how):
     """Readers of one JVM get one mapping; once the stream is deleted (its segments flagged), or
     its namespace destroyed (the files unlinked, no flag), the next reader maps the stream made
     since under that name, not the old records, and a sweep lets go of a removed stream's
-    mapping."""
+    mapping. A stream grown (``add_partitions``) is mapped again, its new partitions too."""
     ns = broker.namespace + "r"  # a namespace of this test's own: "destroy" destroys it
     owner = shmq.connect(namespace=ns)
     proc = None
@@ -56,11 +56,19 @@ def test_one_mapping_per_jvm_until_the_stream_is_replaced(classes, broker, how):
                 owner = shmq.connect(namespace=ns)
 
         step("first 2: 0/0=a 0/1=c 1/0=b\n")
-        remove()
-        _fill(owner, "ev", 3, [(2, b"x"), (2, b"y")])
+        if how == "grow":
+            with owner.stream("ev") as s:
+                s.add_partitions(1)
+                s.append_many([b"x", b"y"], partition=2)
+        else:
+            remove()
+            _fill(owner, "ev", 3, [(2, b"x"), (2, b"y")])
         go()
-        step("again 3: 2/0=x 2/1=y\n")
-        remove()
+        step("again 3: 0/0=a 0/1=c 1/0=b 2/0=x 2/1=y\n" if how == "grow" else "again 3: 2/0=x 2/1=y\n")
+        if how == "grow":
+            owner.delete_stream("ev")
+        else:
+            remove()
         go()
         assert proc.stdout.readline() == "done\n"
         assert proc.wait(60) == 0, proc.stderr.read()

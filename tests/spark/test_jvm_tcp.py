@@ -73,7 +73,8 @@ def _wire_ns(ns: int) -> int:
 def _line(p, row) -> str:
     """``TcpStreamDump``'s line for a row of ``read_raw`` (offset, ns, key, headers, value)."""
     offset, ns, key, hraw, value = row
-    return f"record {p} {offset} {_wire_ns(ns)} {'-' if key is None else key.hex()} {value.hex()} {hraw.hex()}"
+    return (f"record {p} {offset} {_wire_ns(ns)} {'-' if key is None else key.hex()} "
+            f"{'-' if value is None else value.hex()} {hraw.hex()}")
 
 
 def test_wire_codec_unit(java):
@@ -158,6 +159,7 @@ def _appended(broker, url) -> list[str]:
                      headers=None if i % 3 else {"i": i, "s": "é" * i, "b": b"\x01", "f": i / 3, "t": i == 3},
                      partition=i % 2)
         s.append_many([b"x" * 100] * 5, partition=0)
+        s.append(None, key=b"k", headers=[("a", b"1"), ("a", None)], partition=1)  # a tombstone: a nil value
     return _stored(broker)
 
 
@@ -174,7 +176,8 @@ def _stored(broker) -> list[str]:
 
 def test_reads_what_the_python_client_appended(java, broker, server):
     expected = _appended(broker, server.url)
-    assert sum(x.startswith("record ") for x in expected) == 12 and "offsets 2 0 0" in expected
+    assert sum(x.startswith("record ") for x in expected) == 13 and "offsets 2 0 0" in expected
+    assert any(x.startswith("record 1 3 ") and " 6b - " in x for x in expected)  # the tombstone
     assert _ok(java("TcpStreamDump", server.url, TOKEN, "events")) == expected
     # the token in the url, and in $SHMQ_TOKEN
     url_token = server.url.replace("tcp://", f"tcp://:{TOKEN}@")

@@ -13,7 +13,7 @@ import msgpack
 import pytest
 
 from shmq.engine.shm import layout as L
-from shmq.model.headers import encode_headers
+from shmq.model.headers import decode_headers, encode_record_headers
 from shmq.spark.arrow import header_map
 from tests.spark.jvm_harness import SRC, compile_tests, run_java
 
@@ -41,7 +41,8 @@ def test_layout_constants_are_the_engines():
         "PART_INDEX_OFF": L.PART_INDEX_OFF, "INDEX_STRIDE": L.INDEX_STRIDE,
         "REC_SIZE": L.REC_SIZE, "REC_STATUS": rec["status"], "REC_LENGTH": rec["length"],
         "REC_BODY_LEN": rec["body_len"], "REC_HDR_LEN": rec["hdr_len"], "REC_MSG_ID": rec["msg_id"],
-        "REC_ENQ_NS": rec["enq_ns"], "REC_KEY": rec["deadline"], "PAD": L.PAD,
+        "REC_ENQ_NS": rec["enq_ns"], "REC_KEY": rec["deadline"], "PAD": L.PAD, "REC_FLAGS": rec["flags"],
+        "FLAG_NULL_VALUE": L.FLAG_NULL_VALUE,
     }
     assert java == want
     # the static headers' fields the reader takes, where layout.py's structs put them
@@ -49,7 +50,7 @@ def test_layout_constants_are_the_engines():
     assert (part[4:6], part[8:16], part[24:32], part[32:40]) == (
         L.STREAM_VERSION.to_bytes(2, "little"), (0x1111).to_bytes(8, "little"), (0x2222).to_bytes(8, "little"),
         (0x3333).to_bytes(8, "little"))
-    meta = L.STREAM_STATIC.pack(L.STREAM_MAGIC, L.STREAM_VERSION, 0xABC, 0, 0x7E, 0, 0, 0, 0, 0, 0)
+    meta = L.STREAM_STATIC.pack(L.STREAM_MAGIC, L.STREAM_VERSION, 0xABC, 0, 0x7E, 0, 0, 0, 0, 0, 0, 0, 0)
     assert (meta[4:6], meta[6:8], meta[9]) == (L.STREAM_VERSION.to_bytes(2, "little"), (0xABC).to_bytes(2, "little"),
                                                0x7E)
 
@@ -74,22 +75,26 @@ HEADERS = [
     {f"k{i}": str(i) for i in range(20)},  # a map16
     {f"r{i}": struct.unpack("<d", _RANDOM.randbytes(8))[0] for i in range(300)},  # Python's repr of any double
     {f"u{i}": _RANDOM.uniform(-1e6, 1e6) for i in range(300)},
+    [("a", b"1"), ("a", "2"), ("n", None), ("i", 7)],  # a stream record's pairs: a key repeated, a null value
+    [(f"r{i % 3}", i) for i in range(20)],  # an array16
 ]
-# encodings the Python engine never makes but another msgpack writer may: a float32, a str32, a bin32, a map32
+# encodings the Python engine never makes but another msgpack writer may: a float32, a str32, a bin32, a map32,
+# an array32 of pairs
 OTHER_WRITERS = [b"\x81\xa1f" + msgpack.packb(0.1, use_single_float=True),
                  b"\x82\xa1s\xdb\x00\x00\x00\x03abc\xa1b\xc6\x00\x00\x00\x02hi",
-                 b"\xdf\x00\x00\x00\x01\xa1k\xa1v"]
+                 b"\xdf\x00\x00\x00\x01\xa1k\xa1v",
+                 b"\xdd\x00\x00\x00\x02\x92\xa1k\xa1v\x92\xa1k\xc0"]
 
 
 def _rendered(raw: bytes) -> str:
-    pairs = header_map(msgpack.unpackb(raw, raw=False))
-    return ",".join(k.encode().hex() + "=" + v.encode().hex() for k, v in pairs)
+    pairs = header_map(decode_headers(raw))
+    return ",".join(k.encode().hex() + "=" + ("-" if v is None else v.encode().hex()) for k, v in pairs)
 
 
 def test_headers_decode_as_the_python_source_renders_them(classes, tmp_path):
     """Header bytes the Python engine encodes (and encodings other msgpack writers make) decode to the
     strings the Python source shows; malformed ones are refused (HeadersDump checks those)."""
-    raws = [encode_headers(h) for h in HEADERS] + OTHER_WRITERS
+    raws = [encode_record_headers(h) for h in HEADERS] + OTHER_WRITERS
     fixture = tmp_path / "headers.hex"
     fixture.write_text("".join(r.hex() + "\n" for r in raws))
     out = run_java(classes, "io.shmq.spark.source.HeadersDump", fixture).stdout.splitlines()
@@ -98,7 +103,8 @@ def test_headers_decode_as_the_python_source_renders_them(classes, tmp_path):
 
 def _record_line(p, row) -> str:
     off, ts, key, hraw, value = row
-    return f"{p} {off} {ts} {'-' if key is None else bytes(key).hex()} {bytes(hraw).hex()} {bytes(value).hex()}"
+    return (f"{p} {off} {ts} {'-' if key is None else bytes(key).hex()} {bytes(hraw).hex()} "
+            f"{'-' if value is None else bytes(value).hex()}")
 
 
 def _expected(stream, partitions) -> list[str]:
@@ -125,15 +131,15 @@ def test_reads_a_stream_the_python_engine_wrote(classes, broker):
             n = sizes[i % len(sizes)]
             key = None if i % 3 == 0 else f"k{i}".encode() * (i % 5)
             headers = None if i % 4 == 0 else {"i": i, "s": f"v{i}", "b": bytes([i]), "f": i / 7}
-            s.append_many([bytes([i % 256]) * n], keys=None if key is None else [key],
+            s.append_many([None if i % 20 == 10 else bytes([i % 256]) * n], keys=None if key is None else [key],
                           headers=None if headers is None else [headers], partition=0)
-        s.append_many([b"one", b"two", b"three"], keys=[None, b"", b"k"], headers=[{}, {"h": "v"}, None],
-                      partition=1)
+        s.append_many([b"one", None, b"three"], keys=[None, b"", b"k"], headers=[{}, {"h": "v"}, [("a", None)]],
+                      partition=1)  # a tombstone: a null value, -1 long
         earliest, end = s.offsets(0)
         assert earliest > 0 and end == 60, "partition 0's ring wrapped and dropped its first records"
         columns = s.read_columns(0, earliest, 1000)  # partition 0's records again, written by the C path
         if columns is not None:
-            assert s.append_columns(columns[:8], 1) == 3
+            assert s.append_columns(columns[:9], 1) == 3  # (with the values' validity: tombstones stay)
         copied = s.offsets(1)[1] - 3
         got = run_java(classes, "io.shmq.spark.source.ShmStreamTest", broker.namespace, "events", 7)
         assert got.stdout.splitlines() == _expected(s, 2)

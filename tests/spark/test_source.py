@@ -465,6 +465,9 @@ def test_batch_reads_exact_rows_with_offsets_headers_and_min_partitions(spark, b
     heads = {(r.partition, r.offset): r.headers for r in load(includeHeaders="true").collect()}
     assert heads[0, 0] == {"s": "text", "b": "\ufffd", "n": "3", "t": "true"}
     assert heads[1, 10] == {}
+    s.append(None, key=b"k", headers=[("a", b"1"), ("z", None)], partition=1)  # a tombstone: null value, null header
+    (row,) = load(includeHeaders="true", startingOffsets='{"0": 10, "1": 11}').collect()
+    assert (row.offset, row.key, row.value, row.headers) == (11, b"k", None, {"a": "1", "z": None})
 
 
 def test_the_source_over_tcp_with_a_token(spark, broker, tmp_path, source):

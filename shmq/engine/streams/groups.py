@@ -137,6 +137,23 @@ class Groups:
             self._s._ne.release()
         return gen
 
+    def grown(self, old: int, new: int) -> None:
+        """The stream grows from ``old`` to ``new`` partitions (``Stream.add_partitions``, its
+        lock held): each group's generation moves on and marks the new partitions owned since
+        then, uncommitted, so the members take them at their next poll; the partitions they
+        own stay theirs (an owner is ``p % members``, whatever the count)."""
+        mq = self._s._mq
+        for i in range(L.MAX_GROUPS):
+            used, _n, gen, _seen = self._head(i)
+            if not used:
+                continue
+            for p in range(old, new):
+                mq[self._committed_w(i, p)] = _NO
+                mq[self._since_w(i, p)] = gen + 1
+            self._set_generation(i, gen + 1)
+        for _ in range(waits.owed_posts(mq, waits.READERS, 2**31)):
+            self._s._ne.release()
+
     def _remove(self, i, slots) -> None:
         """Remove the members in ``slots`` (slot numbers), as one membership change."""
         members = self._members(i)
@@ -376,6 +393,30 @@ class Groups:
                 raise ShmqError(f"group {name!r} of stream {s.name!r} has live members: close them first")
             for p, off in offsets.items():
                 self._set_committed(i, p, off)
+        finally:
+            s._release()
+
+    def forget(self, name: str, partitions=None, holder: int = 0) -> bool:
+        """Drop the committed offsets of ``partitions`` (None: the whole group, whose
+        slot is freed) while the group has no live member other than ``holder``
+        (ShmqError otherwise); False if there is no such group (Kafka's DeleteGroups and
+        OffsetDelete)."""
+        s = self._s
+        s._acquire()
+        try:
+            i = self._find(name)
+            if i is None:
+                return False
+            self._reap(i)
+            if any(mid != holder for _m, _p, _s, mid in self._members(i)):
+                raise ShmqError(f"group {name!r} of stream {s.name!r} has live members: close them first")
+            if partitions is None:
+                raw = self._head(i)[1].encode()
+                L.GROUP_HEAD.pack_into(s._mm, self._off(i), 0, len(raw), raw, 0, 0)
+            else:
+                for p in partitions:
+                    self._set_committed(i, p, _NO)
+            return True
         finally:
             s._release()
 

@@ -31,17 +31,17 @@ from ...errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFou
 from ..shm import layout as L
 from ..shm import ring
 from .paths import chosen as _chosen_paths
-from ..shm.mutex import RobustMutex, acquire
+from ..shm.mutex import RobustMutex, acquire, init_mutex
 from ..shm.mutex import unlock as _unlock
 from ..shm.memory import Memory, arc, pinned_bytes
-from ..shm.segment import open_segment
+from ..shm.segment import create_segment, open_segment
 from ...persistence.wal import HighWater, Log, Tail, log_files, partition_log_name
 
-__all__ = ["Partition", "Image", "partition_segment_name", "record_size", "columns_items", "check_timestamps",
-           "chunks_by_time"]
+__all__ = ["Partition", "Image", "partition_segment_name", "create_partition", "record_size", "columns_items",
+           "check_timestamps", "chunks_by_time"]
 
 _REC = L.REC_SIZE
-_READY, _PAD = L.READY, L.PAD
+_READY, _PAD, _NULL = L.READY, L.PAD, L.FLAG_NULL_VALUE
 _R_LENGTH, _R_MSG_ID, _R_ENQ, _R_KEY = L.R_LENGTH, L.R_MSG_ID, L.R_ENQ, L.R_DEADLINE
 _STRIDE = L.INDEX_STRIDE
 _REC_UNPACK = L.REC.unpack_from
@@ -55,6 +55,7 @@ _wall_ns = time.time_ns
 _stream_entry = dmsq.stream_entry
 _publish_entry = dmsq.publish_entry
 _NO_TXN = bytes(16)
+_EMPTY = b""
 
 
 def partition_segment_name(stream_base: str, index: int) -> str:
@@ -63,8 +64,29 @@ def partition_segment_name(stream_base: str, index: int) -> str:
     return f"{stream_base}#{index}"
 
 
+def create_partition(stream_base: str, index: int, max_bytes: int, max_message_bytes: int, created_ns: int,
+                     group: int | None = None) -> None:
+    """Make partition ``index``'s segment, empty, its header published last (its magic);
+    FileExistsError if the name is taken. ``group``: a gid, as ``create_segment`` takes it."""
+    size = L.part_data_offset(max_bytes) + max_bytes
+    pinned = pinned_bytes(L.PART_INDEX_OFF, size)  # the header: index and ring are taken as written
+    seg = create_segment(partition_segment_name(stream_base, index), size, reserve=pinned, group=group)
+    try:
+        mm = seg._mmap
+        Memory.mark_pinned(mm, L.PART_MEM_OFF, pinned)
+        L.PART_STATIC.pack_into(mm, 0, b"\0\0\0\0", L.STREAM_VERSION, 0, max_bytes, max_message_bytes,
+                                L.index_slots(max_bytes), L.part_data_offset(max_bytes), created_ns)
+        anchor = ctypes.c_char.from_buffer(mm, L.PART_MUTEX_OFF)
+        init_mutex(ctypes.addressof(anchor))
+        del anchor
+        mm[0:4] = L.PART_MAGIC
+    finally:
+        seg.close()
+
+
 def record_size(key, hraw, value) -> int:
-    return (_REC + 7 + (len(key) if key is not None else 0) + len(hraw) + len(value)) & -8
+    """The bytes a record (``value`` None: a tombstone) takes in the ring."""
+    return (_REC + 7 + (len(key) if key is not None else 0) + len(hraw) + (len(value) if value is not None else 0)) & -8
 
 
 def _binary(n, offsets, data, valid=None):
@@ -82,17 +104,22 @@ def _binary(n, offsets, data, valid=None):
 
 def columns_items(chunks) -> list:
     """Chunks of Arrow buffers (``Partition.append_columns``) as ``append``'s items:
-    (key or None, encoded headers, value) — the pure-Python twin of the C path."""
+    (key or None, encoded headers, value or None) — the pure-Python twin of the C path."""
     items = []
     for chunk in chunks:
         n, voffs, vals, koffs, keys, kvalid, hoffs, hdrs = chunk[:8]
         if n < 0:
             raise ValueError("a chunk's record count is negative")
-        values = _binary(n, voffs, vals)
+        values = _binary(n, voffs, vals, _value_validity(chunk))
         ks = _binary(n, koffs, keys, kvalid) if koffs is not None else [None] * n
         hs = _binary(n, hoffs, hdrs) if hoffs is not None else [b""] * n
         items += zip(ks, hs, values)
     return items
+
+
+def _value_validity(chunk):
+    """A chunk's value validity bitmap (its ninth field, when it has one), or None: all there."""
+    return chunk[8] if len(chunk) > 8 else None
 
 
 def check_timestamps(timestamps_ns, n: int) -> list:
@@ -112,19 +139,20 @@ def check_timestamps(timestamps_ns, n: int) -> list:
 def chunks_by_time(chunk, stamps) -> tuple[list, list]:
     """One chunk of records (``append_columns``) cut into runs of one timestamp each:
     (chunks, their times), for ``Partition.append_columns(times=...)``. The buffers are
-    shared, not copied (offsets index into their data); a key validity bitmap is cut
-    into new ones."""
+    shared, not copied (offsets index into their data); the validity bitmaps (keys',
+    values') are cut into new ones."""
     n, voffs, vals, koffs, keys, kvalid, hoffs, hdrs = chunk[:8]
+    vvalid = _value_validity(chunk)
     cuts = [i for i in range(1, n) if stamps[i] != stamps[i - 1]]
     if not cuts:
-        return [tuple(chunk[:8])], stamps[:1]
-    bits = bytes(kvalid) if kvalid is not None else None
+        return [(*chunk[:8], vvalid)], stamps[:1]
+    kbits, vbits = (bytes(v) if v is not None else None for v in (kvalid, vvalid))
     views = [None if b is None else memoryview(b).cast("B") for b in (voffs, koffs, hoffs)]
     chunks = []
     for a, b in zip([0, *cuts], [*cuts, n]):
         vo, ko, ho = (None if v is None else v[4 * a:4 * (b + 1)] for v in views)
-        valid = None if bits is None else _bitmap(bits, a, b)
-        chunks.append((b - a, vo, vals, ko, keys, valid, ho, hdrs))
+        kv, vv = (None if bits is None else _bitmap(bits, a, b) for bits in (kbits, vbits))
+        chunks.append((b - a, vo, vals, ko, keys, kv, ho, hdrs, vv))
     return chunks, [stamps[a] for a in [0, *cuts]]
 
 
@@ -298,7 +326,7 @@ class Partition:
 
     # ------------------------------------------------------------------ append
     def append(self, items, now_ns, floor=None, deadline=None, txn=None, times=None) -> int | None:
-        """Append ``(key or None, encoded headers, value)`` items, all or nothing; returns
+        """Append ``(key or None, encoded headers, value or None)`` items, all or nothing; returns
         the first one's offset. Each record is stamped ``now_ns``, or with ``times`` (a
         list as long as ``items``) its own time in ns. With ``floor`` (retention="block":
         a function giving the lowest offset a group still needs), only records below it are dropped for room,
@@ -322,7 +350,7 @@ class Partition:
 
     def append_columns(self, chunks, now_ns, floor=None, deadline=None, txn=None, times=None) -> int | None:
         """``append`` of records given as chunks of Arrow buffers (``_fast.columns_check``
-        says what a chunk is: ``read_columns``' first eight fields are one), written and
+        says what a chunk is: ``read_columns``' first nine fields are one), written and
         logged in C; where the C paths are off, the same records go through ``append``.
         ``times`` (one per chunk, ns): each chunk's records are stamped with its time, not
         ``now_ns``. Returns the first offset, or None when there was nothing to append (or
@@ -464,7 +492,11 @@ class Partition:
         pos = start
         for (key, hraw, value), size, now_ns in zip(items, sizes, stamps):
             pos, a = ring.place(mm, base, cap, pos, size)
-            ring.write_record(mm, a, _READY, size, value, hraw if key is None else key + hraw, offset, now_ns)
+            if value is None:  # a tombstone
+                ring.write_record(mm, a, _READY, size, _EMPTY, hraw if key is None else key + hraw, offset, now_ns,
+                                  _NULL)
+            else:
+                ring.write_record(mm, a, _READY, size, value, hraw if key is None else key + hraw, offset, now_ns)
             if key is not None:
                 mq[(a >> 3) + _R_KEY] = len(key) + 1
             if offset % _STRIDE == 0:
@@ -689,12 +721,12 @@ class Partition:
         finally:
             self._release()
         rows = []
-        for o, (status, _length, bl, hl, _f, off, ts, klen) in ring.copied_records(copy, cap, head, tail):
+        for o, (status, _length, bl, hl, flags, off, ts, klen) in ring.copied_records(copy, cap, head, tail):
             if status & 0xFF != _PAD:
                 b = o + _REC
                 h = b + (klen - 1 if klen else 0)
                 rows.append((off, ts, bytes(copy[b:h]) if klen else None, bytes(copy[h:b + hl]),
-                             bytes(copy[b + hl:b + hl + bl])))
+                             None if flags & _NULL else bytes(copy[b + hl:b + hl + bl])))
         return Image(rows, end, wal_from, epoch, txns)
 
     def restore(self, rows, next_offset: int, hwm_epoch: int = 0, txns=()) -> int:
@@ -726,7 +758,8 @@ class Partition:
             pos = 0
             for (offset, ts, key, hraw, value), size in zip(rows, sizes):
                 pos, a = ring.place(mm, base, cap, pos, size)
-                ring.write_record(mm, a, _READY, size, value, hraw if key is None else key + hraw, offset, ts)
+                ring.write_record(mm, a, _READY, size, _EMPTY if value is None else value,
+                                  hraw if key is None else key + hraw, offset, ts, _NULL if value is None else 0)
                 if key is not None:
                     mq[(a >> 3) + _R_KEY] = len(key) + 1
                 if offset % _STRIDE == 0:
@@ -774,9 +807,10 @@ class Partition:
 
     def read_columns(self, offset: int, max_records: int):
         """``read``'s records from memory as Arrow buffers (``_fast.read_columns``: n, then
-        offsets and data of values, keys (with a validity bitmap) and encoded headers, then
-        offsets and timestamps in us), or None: no C build, or ``offset`` is on disk only
-        (``read`` reads there). The same errors as ``read``."""
+        offsets and data of values, keys (with a validity bitmap) and encoded headers, the
+        values' validity bitmap (None: no null value), then offsets and timestamps in us),
+        or None: no C build, or ``offset`` is on disk only (``read`` reads there). The same
+        errors as ``read``."""
         read_columns = self.paths.read_columns
         if read_columns is None:  # the Python paths
             return None
@@ -797,7 +831,7 @@ class Partition:
 
     def read(self, offset: int, max_records: int, max_bytes: int | None = None) -> list:
         """Up to ``max_records`` records from ``offset`` on, as (offset, timestamp, key,
-        encoded headers, value); [] at the end. Below what memory holds, a "wal"
+        encoded headers, value or None); [] at the end. Below what memory holds, a "wal"
         partition reads its logs on disk. OffsetOutOfRange below the readable range, past
         the end, or inside a gap (offsets lost with a reboot or a damaged file: its
         ``earliest`` says where to read on). With ``max_bytes``, stops before the values
@@ -818,7 +852,7 @@ class Partition:
                 budget = max_bytes
                 for _pos, w in ring.records(mq, cap, base, found[0], mq[L.PI_TAIL]):
                     a = w << 3
-                    status, _length, bl, hl, _f, off, ts, klen = _REC_UNPACK(mm, a)
+                    status, _length, bl, hl, flags, off, ts, klen = _REC_UNPACK(mm, a)
                     if status & 0xFF == _PAD:
                         continue
                     if out and off != out[-1][0] + 1:  # a gap: the next read is told of it
@@ -832,7 +866,7 @@ class Partition:
                         key, h = mm[b:b + klen - 1], mm[b + klen - 1:b + hl]
                     else:
                         key, h = None, mm[b:b + hl]
-                    out.append((off, ts, key, h, mm[b + hl:b + hl + bl]))
+                    out.append((off, ts, key, h, None if flags & _NULL else mm[b + hl:b + hl + bl]))
                     if len(out) >= max_records:
                         break
                 return out

@@ -15,8 +15,10 @@ semaphore; an append posts it only when someone waits.
 
 import ctypes
 import itertools
+import os
 import random
 import logging
+import threading
 import time
 from collections import deque
 
@@ -26,7 +28,7 @@ from ...errors import CommitFailed, MessageTooLarge, OffsetOutOfRange, ShmqError
 from ...model.checks import check_auto_commit, check_callback, check_poll_interval, check_reset, check_txn
 from ...model.checks import check_group as _group_name
 from ...model.checks import check_offset as _check_offset
-from ...model.headers import decode_headers, encode_headers
+from ...model.headers import decode_headers, encode_record_headers
 from ...model.records import Record, RecordMetadata
 from ..shm import layout as L
 from . import partition as partition_mod
@@ -34,11 +36,11 @@ from ..shm import waits
 from .groups import Groups
 from ..shm.mutex import RobustMutex, acquire
 from ..shm.mutex import unlock as _unlock
-from .partition import Partition, check_timestamps, chunks_by_time
+from .partition import Partition, check_timestamps, chunks_by_time, create_partition, partition_segment_name
 from .paths import chosen as _chosen_paths
 from .partitioner import partition_of
 from ..queues.produce import as_bytes
-from ..shm.segment import open_segment, open_semaphore, segment_name
+from ..shm.segment import open_segment, open_semaphore, segment_name, unlink_segment
 from ..shm.versions import mismatch
 
 __all__ = ["Stream", "Consumer", "Record", "RecordMetadata", "stream_base", "partition_of", "check_txn"]
@@ -50,6 +52,12 @@ _wall = time.time_ns
 REFRESH_NS = 500_000_000  # how often a consumer checks that the other members of its group live
 WAIT_SLICE_S = 0.05  # longest sleep of a reader waiting at the end before it looks again
 _READERS = waits.READERS
+_GROWING = threading.Lock()  # a handle's list of partitions growing to a new count (``_part``)
+
+
+def _payload(key, hraw, value) -> int:
+    """A record's bytes of key, headers and value (None: a tombstone's), as max_message_bytes counts them."""
+    return len(hraw) + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
 
 
 def stream_base(namespace: str, name: str) -> str:
@@ -76,8 +84,8 @@ class Stream:
         if seg.size < L.STREAM_SIZE:
             seg.close()
             raise StreamNotFound(f"no stream {name!r} in namespace {namespace!r} (being created)")
-        (magic, version, parts, retention, durability, max_bytes, maxmsg, ret_bytes, ret_ns, idle_ns,
-         created) = L.STREAM_STATIC.unpack_from(mm, 0)
+        (magic, version, parts, retention, durability, _ts_type, _compression, max_bytes, _maxmsg, _ret_bytes,
+         _ret_ns, idle_ns, created) = L.STREAM_STATIC.unpack_from(mm, 0)
         if magic == L.STREAM_MAGIC and version != L.STREAM_VERSION:  # another shmq's memory
             seg.close()
             raise mismatch("stream", name, namespace, version)
@@ -91,11 +99,10 @@ class Stream:
             raise StreamNotFound(f"no stream {name!r} in namespace {namespace!r} (deleted)") from None
         self._seg, self._mm, self._mq = seg, mm, memoryview(mm).cast("Q")
         self.paths = _chosen_paths()  # the bulk paths it and its partitions run (``paths.PartitionPaths``)
-        self.partitions = parts
+        self._final = None  # the live settings as they were at close (``_live``)
         self.retention = L.RETENTION_NAMES[retention]
         self.durability = L.DURABILITY_NAMES.get(durability, "memory")
-        self.max_bytes, self.max_message_bytes = max_bytes, maxmsg
-        self.retention_bytes, self.retention_seconds = ret_bytes or None, (ret_ns / 1e9) or None
+        self.max_bytes = max_bytes
         self.group_idle_timeout = idle_ns / 1e9
         self._idle_ns = idle_ns
         self.created_at = created / 1e9
@@ -125,6 +132,7 @@ class Stream:
         """Detach in this process; the stream stays."""
         if self._lockp is None:
             return
+        self._final = {f: self._live(f) for f in L.STREAM_LIVE}
         self._lockp = None
         for p in self._parts:
             if p is not None:
@@ -143,6 +151,101 @@ class Stream:
     def deleted(self) -> bool:
         return self._lockp is None or bool(self._mq[L.SI_DELETED])
 
+    # ------------------------------------------------------------------ settings that change on a live stream
+    def _live(self, field: str) -> int:
+        """A field of ``layout.STREAM_LIVE``, read now from the meta segment (one load): every
+        handle sees a change (``Broker.update_stream``, ``add_partitions``) at its next call."""
+        if self._final is not None:
+            return self._final[field]
+        w, shift, mask = L.STREAM_LIVE[field]
+        return self._mq[w] >> shift & mask
+
+    @property
+    def partitions(self) -> int:
+        return self._live("partitions")
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self._live("max_message_bytes")
+
+    @property
+    def retention_bytes(self) -> int | None:
+        return self._live("retention_bytes") or None
+
+    @property
+    def retention_seconds(self) -> float | None:
+        return self._live("retention_ns") / 1e9 or None
+
+    @property
+    def timestamp_type(self) -> str:
+        """"create_time" (a record's own timestamp: a Kafka producer's) or "log_append_time"."""
+        return L.TIMESTAMP_TYPE_NAMES.get(self._live("timestamp_type"), "create_time")
+
+    @property
+    def compression(self) -> str:
+        """The codec of the batches the Kafka listener serves: "producer" (as they came), or one."""
+        return L.COMPRESSION_NAMES.get(self._live("compression"), "producer")
+
+    @property
+    def segment_bytes(self) -> int | None:
+        return self._live("segment_bytes") or None
+
+    def _write_settings(self, values: dict) -> None:
+        """Store checked values of STREAM_LIVE's fields (as the header holds them), each by
+        one store of its word, under the stream's lock (``Broker.update_stream``)."""
+        self._acquire()
+        try:
+            self._store(values)
+        finally:
+            self._release()
+
+    def _store(self, values: dict) -> None:
+        mq = self._mq
+        for field, value in values.items():
+            w, shift, mask = L.STREAM_LIVE[field]
+            mq[w] = mq[w] & ~(mask << shift) | (value & mask) << shift
+
+    def add_partitions(self, n: int) -> int:
+        """Add ``n`` partitions (Kafka's CreatePartitions, which names the new total);
+        returns the new count. Records appended stay where they are; keyed appends go on
+        by the hash over the new count, as Kafka's do (a key's records before and after
+        may be in two partitions). Every handle, in every process, sees the new count at
+        its next call; each group's members get the new partitions at their next poll.
+        ValueError past MAX_PARTITIONS; StorageError (nothing added) when /dev/shm has no
+        room for them. The new partitions are made first, then the count is published by
+        one store under the stream's lock: a crash in between leaves segments no count
+        names, which the next growth or the stream's delete removes."""
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"n must be an int, not {type(n).__name__}")
+        if n < 1:
+            raise ValueError(f"n must be positive (partitions to add), not {n}")
+        self._acquire()
+        try:
+            old = self.partitions
+            if old + n > L.MAX_PARTITIONS:
+                raise ValueError(f"stream {self.name!r} has {old} partitions: {n} more would pass the most, "
+                                 f"{L.MAX_PARTITIONS}")
+            now, group, names = _wall(), self._shared_with(), [partition_segment_name(self._base, p)
+                                                                  for p in range(old, old + n)]
+            try:
+                for p, name in zip(range(old, old + n), names):
+                    unlink_segment(name)  # a crash's leftover: never counted
+                    create_partition(self._base, p, self.max_bytes, self.max_message_bytes, now, group)
+            except BaseException:  # (none counted: none stays)
+                for name in names:
+                    unlink_segment(name)
+                raise
+            self.groups_table.grown(old, old + n)
+            self._store({"partitions": old + n})  # the commit
+        finally:
+            self._release()
+        return old + n
+
+    def _shared_with(self) -> int | None:
+        """The gid the meta segment is shared with (0660), which its new segments take too; None: 0600."""
+        st = os.fstat(self._seg._fd)
+        return st.st_gid if st.st_mode & 0o060 else None
+
     # ------------------------------------------------------------------ locking (meta)
     def _acquire(self):
         lp = self._lockp
@@ -160,9 +263,14 @@ class Stream:
     def _part(self, p) -> Partition:
         if isinstance(p, bool) or not isinstance(p, int):
             raise TypeError(f"partition must be an int, not {type(p).__name__}")
-        if not 0 <= p < self.partitions:
-            raise ValueError(f"stream {self.name!r} has partitions 0..{self.partitions - 1}, not {p}")
-        part = self._parts[p]
+        parts = self._parts
+        if not 0 <= p < len(parts):
+            n = self.partitions  # grown since (``add_partitions``)?
+            if not 0 <= p < n:
+                raise ValueError(f"stream {self.name!r} has partitions 0..{n - 1}, not {p}")
+            with _GROWING:  # (threads sharing the handle: the list grows to the count, never past it)
+                parts.extend([None] * (n - len(parts)))
+        part = parts[p]
         if part is None:
             if self._lockp is None:
                 raise ShmqError(f"stream handle {self.name!r} is closed")
@@ -171,20 +279,22 @@ class Stream:
         return part
 
     # ------------------------------------------------------------------ append
-    def _item(self, value, key, headers):
-        value = as_bytes(value, "value")
+    def _item(self, value, key, headers, maxmsg):
+        if value is not None:  # (None: a tombstone)
+            value = as_bytes(value, "value")
         if key is not None:
             key = as_bytes(key, "key")
-        hraw = b"" if headers is None else encode_headers(headers)
-        n = len(value) + len(hraw) + (len(key) if key is not None else 0)
-        if n > self.max_message_bytes:
+        hraw = b"" if headers is None else encode_record_headers(headers)
+        n = _payload(key, hraw, value)
+        if n > maxmsg:
             raise MessageTooLarge(f"record of {n} bytes (key, headers and value); stream {self.name!r} takes "
-                                  f"at most {self.max_message_bytes}")
+                                  f"at most {maxmsg}")
         return key, hraw, value
 
     def append(self, value, key=None, headers=None, partition=None) -> RecordMetadata:
-        """Append one record; returns where it went. Blocks only with retention="block"
-        while the slowest group has not committed enough."""
+        """Append one record (``value`` None: a tombstone, a null value; ``headers`` a dict,
+        or a list of (key, value) pairs: docs/STREAMS.md); returns where it went. Blocks
+        only with retention="block" while the slowest group has not committed enough."""
         return self.append_many([value], keys=None if key is None else [key],
                                 headers=None if headers is None else [headers], partition=partition)[0]
 
@@ -201,7 +311,8 @@ class Stream:
         hdrs = [None] * n if headers is None else list(headers)
         if len(keys) != n or len(hdrs) != n:
             raise ValueError(f"keys and headers must be as many as values ({n})")
-        items = [self._item(v, k, h) for v, k, h in zip(values, keys, hdrs)]
+        maxmsg = self.max_message_bytes
+        items = [self._item(v, k, h, maxmsg) for v, k, h in zip(values, keys, hdrs)]
         if not items:
             return []
         if partition is not None:
@@ -210,8 +321,9 @@ class Stream:
         elif all(k is None for k, _h, _v in items):
             route = [next(self._turn) % self.partitions] * n
         else:
-            sticky = next(self._turn) % self.partitions
-            route = [sticky if k is None else partition_of(k, self.partitions, self.paths.murmur2) for k, _h, _v in items]
+            count = self.partitions  # one count for the whole call
+            sticky = next(self._turn) % count
+            route = [sticky if k is None else partition_of(k, count, self.paths.murmur2) for k, _h, _v in items]
         now = _wall()
         out = [None] * n
         for p in sorted(set(route)):
@@ -259,8 +371,7 @@ class Stream:
             for sp, first, end in ranges[p]:
                 items += staging.raw_records(sp, first, end)
             if staging.max_message_bytes > self.max_message_bytes:  # else each fit when it was staged
-                self._check_staged(max((len(v) + len(h) + (len(k) if k is not None else 0) for k, h, v in items),
-                                       default=0))
+                self._check_staged(max((_payload(k, h, v) for k, h, v in items), default=0))
             out[p] = part.append(items, _wall(), floor, txn=(txn_id, batch)) if items else None
         self._wake_readers()
         return out
@@ -294,8 +405,9 @@ class Stream:
     def append_columns(self, columns, partition: int, timestamps_ns=None) -> int | None:
         """Append records given as Arrow buffers to ``partition``, all or nothing: one
         chunk, (n, value offsets, values, key offsets, keys, key validity, header offsets,
-        encoded headers) as ``read_columns`` gives them (None for no keys, all keys
-        valid, no headers); int32 offsets into their data. Written and logged in C
+        encoded headers[, value validity]) as ``read_columns`` gives them (None for no
+        keys, all keys valid, no headers, no null value); int32 offsets into their data;
+        a value not valid is a tombstone (a null value). Written and logged in C
         (``Partition.append_columns``). ``timestamps_ns``: each record's own timestamp
         (UTC epoch ns, as a Kafka producer's CreateTime) instead of the time of the
         append. Returns the first record's offset, None if there were none. Local handles
@@ -310,7 +422,7 @@ class Stream:
         else:
             items = partition_mod.columns_items(chunks)
             n = len(items)
-            biggest = max((len(v) + len(h) + (len(k) if k is not None else 0) for k, h, v in items), default=0)
+            biggest = max((_payload(k, h, v) for k, h, v in items), default=0)
         if biggest > self.max_message_bytes:
             raise MessageTooLarge(f"record of {biggest} bytes (key, headers and value); stream {self.name!r} takes "
                                   f"at most {self.max_message_bytes}")
@@ -330,7 +442,7 @@ class Stream:
 
     def read_raw(self, p: int, offset: int, max_records: int = 1000) -> list:
         """``read`` without waiting, the records as they are stored: (offset, timestamp in
-        ns, key or None, encoded headers, value) — for bulk readers that convert them
+        ns, key or None, encoded headers, value or None) — for bulk readers that convert them
         themselves (the Spark source builds Arrow columns from them). Local handles only."""
         return self._part(p).read(offset, max_records)
 

@@ -2,13 +2,13 @@
 offset set to where they were appended), so a Fetch of those offsets sends them again
 instead of encoding the records anew.
 
-Strategy: a batch whose records map to native records and back unchanged (no null
-value, no null or repeated header key, offsets in order: ``Batch.raw``) is the very
-bytes a Kafka broker stores and serves: its CRC covers neither the base offset nor the
-leader epoch, the two fields set here, and its timestamps are the records' own (the
-topics are CreateTime). So a Fetch walks the partition from its offset: a kept batch
-that holds it goes out as it is; records without one are read from the stream and
-encoded (``fetch``). As a broker does, a kept batch goes out whole, starting before the
+Strategy: a batch whose offsets run in order (``Batch.raw``; its records map to native
+records and back unchanged: null values, null and repeated headers included) is the
+very bytes a Kafka broker stores and serves: its CRC covers neither the base offset nor the
+leader epoch, the two fields set here, and its timestamps are the records' own (a
+CreateTime topic's; ``servable`` says which topics serve kept batches). So a Fetch
+walks the partition from its offset: a kept batch that holds it goes out as it is;
+records without one are read from the stream and encoded (``fetch``). As a broker does, a kept batch goes out whole, starting before the
 fetch offset if the batch does: clients skip the records below it. The records stay
 the stream's (retention, trims and offsets are checked on the stream first); this only
 saves the encoding. Memory is bounded (``max_bytes``, the oldest batches go first); a
@@ -20,10 +20,30 @@ import bisect
 import struct
 from collections import deque
 
-__all__ = ["Batches"]
+from ...kafka.compression import CODECS
+
+__all__ = ["Batches", "served_codec", "servable"]
 
 MAX_BYTES = 64 * 2**20  # the listener's kept batches at most
 _BASE, _EPOCH = struct.Struct(">q"), struct.Struct(">i")  # a batch's base offset (at 0), leader epoch (at 12)
+
+
+def served_codec(s) -> int | None:
+    """The codec ``s``'s batches go out in (its ``compression``, Kafka's compression.type):
+    None for "producer" (a kept batch as it came, records encoded anew uncompressed)."""
+    name = s.compression
+    return None if name == "producer" else CODECS["none" if name == "uncompressed" else name]
+
+
+def servable(s, codec: int) -> bool:
+    """Whether a batch of ``codec`` goes out to ``s``'s consumers as its producer sent it:
+    not for a topic with LogAppendTime (its batches say the append time, stamped anew),
+    nor in another codec than the topic's compression.type. Storage is codec-agnostic
+    (records are stored decompressed): the others are encoded anew at each Fetch."""
+    if s.timestamp_type == "log_append_time":
+        return False
+    want = served_codec(s)
+    return want is None or want == codec
 
 
 class _Kept:

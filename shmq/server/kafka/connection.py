@@ -18,11 +18,11 @@ error frame for either: the connection just closes, with the reason in the log.
 import asyncio
 import logging
 
-from ...kafka import ErrorCode, FrameDecoder, KafkaProtocolError, build, encode_response, parse_request
+from ...kafka import ErrorCode, FrameDecoder, KafkaProtocolError, build, encode_response, frame, parse_request
 from ...kafka.messages import api_name, response_class
 from ...logs import peer_text
 from ..limits import PRE_AUTH_MAX_FRAME_BYTES, Clocks
-from .handlers import API_VERSIONS, PRE_AUTH, api_versions_data
+from .handlers import API_VERSIONS, PRE_AUTH, api_versions_data, check_plain
 
 __all__ = ["KafkaConnection"]
 
@@ -33,7 +33,8 @@ log = logging.getLogger("shmq.server")
 
 class KafkaConnection(asyncio.Protocol):
     """The per-connection context a handler gets (``ctx``): ``server`` (the listener),
-    ``client_id``, ``peer``, ``authed``, ``mechanism`` (after a SaslHandshake)."""
+    ``client_id``, ``peer``, ``authed``, ``mechanism`` (after a SaslHandshake), ``raw_sasl``
+    (after a SaslHandshake v0, till its token came)."""
 
     def __init__(self, server):
         self.server = server
@@ -42,6 +43,7 @@ class KafkaConnection(asyncio.Protocol):
         self.client_id = None
         self.authed = server.token is None
         self.mechanism = None
+        self.raw_sasl = False  # after a SaslHandshake v0: the next frame is a raw SASL token
         self.decoder = FrameDecoder(server.max_frame_bytes if self.authed else PRE_AUTH_MAX_FRAME_BYTES)
         self.closing = False
         self.close_after = None  # a reason: close once the response in hand is written
@@ -167,6 +169,9 @@ class KafkaConnection(asyncio.Protocol):
     async def handle(self, body: bytes):
         """Answer one request frame (or close, saying why)."""
         self.requests += 1
+        if self.raw_sasl:  # (also where no token is wanted: the client sends one all the same)
+            self._raw_token(body)
+            return
         try:
             req = parse_request(body, self.server.versions)
         except KafkaProtocolError as e:
@@ -180,6 +185,15 @@ class KafkaConnection(asyncio.Protocol):
         response = await self.server.handlers[req.api_key](self, req.header, req.body)
         if response is not None:  # None: Produce with acks=0 (no response)
             self.write(encode_response(req.correlation_id, response))
+
+    def _raw_token(self, body: bytes):
+        """The SASL/PLAIN token after a SaslHandshake v0, in a frame with no request header:
+        answered with an empty frame, or (Kafka has no error to send here) a close."""
+        self.raw_sasl = False
+        if check_plain(self, body):
+            self.write(frame(b""))
+        else:
+            self.close_after = "SASL authentication failed (a raw token after SaslHandshake v0)"
 
     def _refuse(self, e: KafkaProtocolError):
         """A request this listener does not take: answered where Kafka answers it."""

@@ -7,9 +7,11 @@ holds fewer than ``min_bytes`` bytes and the client will wait, the fetch lines u
 line (``waiters.StreamWaiters``) of each stream it reads, whose doorbell rings for an
 append from anyone; each ring reads again, and the first read that holds enough, or the
 deadline, answers. A partition's records go out as the batches their Kafka producers
-sent, where the listener kept them (``batches.Batches``), else encoded from the stream,
-uncompressed; a record's timestamp is its stored one in ms (a Kafka producer's, or the
-time a native append made it).
+sent, where the listener kept them and the topic's configs allow (``batches.servable``),
+else encoded from the stream, in the topic's compression.type (uncompressed for
+"producer"); a record's timestamp is its stored one in ms (a Kafka producer's, or the
+time a native append made it); a tombstone's value is null, and headers go out as stored,
+every one in order (``kafka.headers.to_kafka``).
 """
 
 import asyncio
@@ -19,10 +21,11 @@ from ...kafka import ErrorCode
 from ...kafka.codes import code_of
 from ...kafka.headers import to_kafka
 from ...kafka.messages import response_class
-from ...kafka.records import Record, encode_batch
+from ...kafka.records import LOG_APPEND_TIME, Record, encode_batch
 from ...kafka import build
 from ...model.headers import decode_headers
 from ..waiters import Waiter
+from .batches import served_codec, servable
 
 __all__ = ["fetch"]
 
@@ -42,12 +45,13 @@ def _read(s, p, offset, stop, budget, first):
         for off, ts, key, hraw, value in rows:
             if off >= stop:
                 return out, used
-            size = len(value) + len(hraw) + (len(key) if key is not None else 0) + 16
+            size = (len(value) if value is not None else 0) + len(hraw) + (len(key) if key is not None else 0) + 16
             if used + size > budget and not (first and not out):
                 return out, used
             used += size
             headers = to_kafka(decode_headers(hraw)) if hraw else ()
-            out.append(Record(off, ts // 1_000_000, None if key is None else bytes(key), bytes(value), headers))
+            out.append(Record(off, ts // 1_000_000, None if key is None else bytes(key),
+                              None if value is None else bytes(value), headers))
         offset = rows[-1][0] + 1
         if len(rows) < CHUNK:
             return out, used
@@ -56,11 +60,15 @@ def _read(s, p, offset, stop, budget, first):
 
 def _batches(server, s, p, offset, end, budget, first) -> tuple[list, int]:
     """The record batches of partition ``p`` from ``offset`` to ``end`` within
-    ``budget``: kept ones as the producer sent them, the others encoded from the stream;
-    (the batches' bytes, their size)."""
+    ``budget``: kept ones as the producer sent them (``batches.servable``), the others
+    encoded from the stream, in the topic's codec, and for a LogAppendTime topic one batch
+    per append time, marked so; (the batches' bytes, their size)."""
     out, used = [], 0
+    codec, log_append = served_codec(s) or 0, s.timestamp_type == "log_append_time"
     while offset < end and used < budget:
         raw, after = server.batches.find(s, p, offset)
+        if raw is not None and not servable(s, raw[22] & 0x07):  # (the attributes' low byte: the codec)
+            raw = None  # read and encoded anew, up to the kept batch's end
         if raw is not None:
             if used + len(raw) > budget and not (first and not out):
                 break
@@ -71,7 +79,14 @@ def _batches(server, s, p, offset, end, budget, first) -> tuple[list, int]:
         records, n = _read(s, p, offset, end if after is None else min(after, end), budget - used, first and not out)
         if not records:
             break
-        out.append(encode_batch(records))
+        if log_append:  # a batch's records share its time (its max timestamp, as clients read it)
+            start = 0
+            for i in range(1, len(records) + 1):
+                if i == len(records) or records[i].timestamp != records[start].timestamp:
+                    out.append(encode_batch(records[start:i], codec, attributes=LOG_APPEND_TIME))
+                    start = i
+        else:
+            out.append(encode_batch(records, codec))
         used += n
         offset = records[-1].offset + 1
     return out, used

@@ -1,7 +1,8 @@
 """The APIs of the Kafka listener and the versions it answers (``VERSIONS``,
-``HANDLERS``; the group APIs come from ``groups``), and the small handlers: ApiVersions,
-Metadata, ListOffsets, InitProducerId, CreateTopics, DeleteTopics, DescribeConfigs,
-SaslHandshake, SaslAuthenticate. Produce and Fetch have modules of their own.
+``HANDLERS``; the group APIs come from ``groups``, the topic configs' and partitions'
+from ``configs``), and the small handlers: ApiVersions, Metadata, ListOffsets,
+InitProducerId, DeleteTopics, SaslHandshake, SaslAuthenticate. Produce and Fetch have
+modules of their own.
 
 Strategy: a handler is ``async def handler(ctx, header, request) -> response``; it
 describes its answer once as a dict and ``shmq.kafka.build`` makes the negotiated
@@ -14,7 +15,7 @@ import asyncio
 import hmac
 import logging
 
-from ...errors import ShmqError, StreamExists, StreamNotFound
+from ...errors import ShmqError, StreamNotFound
 from ...kafka import ErrorCode, KafkaProtocolError, build
 from ...kafka.codes import code_of
 from ...kafka.messages import response_class
@@ -22,19 +23,19 @@ from ...kafka.sasl import MECHANISMS, parse_plain
 from .fetch import fetch
 from .produce import produce
 
-__all__ = ["HANDLERS", "VERSIONS", "api_versions_data", "respond", "PRE_AUTH", "API_VERSIONS"]
+__all__ = ["HANDLERS", "VERSIONS", "api_versions_data", "respond", "PRE_AUTH", "API_VERSIONS", "check_plain"]
 
 log = logging.getLogger("shmq.server")
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
-SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 17, 18, 19, 20, 22, 36
-DESCRIBE_CONFIGS = 32
+SASL_HANDSHAKE, API_VERSIONS, DELETE_TOPICS, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 17, 18, 20, 22, 36
+DELETE_RECORDS, DESCRIBE_CLUSTER = 21, 60
 PRE_AUTH = frozenset((API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
 
 VERSIONS = {
-    PRODUCE: (0, 11), FETCH: (4, 12), LIST_OFFSETS: (1, 9), METADATA: (0, 12), SASL_HANDSHAKE: (1, 1),
-    API_VERSIONS: (0, 3), CREATE_TOPICS: (2, 7), DELETE_TOPICS: (1, 5), INIT_PRODUCER_ID: (0, 5),
-    SASL_AUTHENTICATE: (0, 2), DESCRIBE_CONFIGS: (1, 4),
+    PRODUCE: (0, 11), FETCH: (4, 12), LIST_OFFSETS: (1, 9), METADATA: (0, 12), SASL_HANDSHAKE: (0, 1),
+    API_VERSIONS: (0, 3), DELETE_TOPICS: (1, 5), INIT_PRODUCER_ID: (0, 5),
+    SASL_AUTHENTICATE: (0, 2), DELETE_RECORDS: (0, 2), DESCRIBE_CLUSTER: (0, 1),
 }
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 MAX_PRODUCER_EPOCH = 32767
@@ -91,109 +92,6 @@ async def metadata(ctx, header, request):
         "brokers": [{"node_id": server.node_id, "host": server.advertised_host,
                      "port": server.advertised_port or server.port}],
         "cluster_id": server.cluster_id, "controller_id": server.node_id, "topics": topics})
-
-
-_CONFIGS = {"retention.bytes": "retention_bytes", "retention.ms": "retention_seconds",
-            "max.message.bytes": "max_message_bytes"}
-
-
-# configs every topic has, whatever CreateTopics said: (name, value)
-FIXED_CONFIGS = (("cleanup.policy", "delete"), ("message.timestamp.type", "CreateTime"))
-DYNAMIC_TOPIC_CONFIG, DEFAULT_CONFIG = 1, 5  # a config's source, as Kafka names them
-TOPIC, BROKER = 2, 4  # DescribeConfigs' resource types
-_TYPES = {"cleanup.policy": 7, "message.timestamp.type": 2, "retention.ms": 5, "retention.bytes": 5,
-          "max.message.bytes": 3}  # Kafka's config types: LIST, STRING, LONG, LONG, INT
-
-
-def _settings(configs) -> dict:
-    """CreateTopics' configs as create_stream's settings; KafkaProtocolError (INVALID_CONFIG)
-    for one shmq has no equal of."""
-    out = {}
-    for c in configs or ():
-        if (c.name, c.value) in FIXED_CONFIGS:
-            continue
-        key = _CONFIGS.get(c.name)
-        try:
-            value = int(c.value)
-        except (TypeError, ValueError):
-            key = None
-        if key is None or value < 0:
-            raise KafkaProtocolError(f"config {c.name}={c.value} is not taken here (only "
-                                     f"{', '.join(f'{k}={v}' for k, v in FIXED_CONFIGS)}, {', '.join(_CONFIGS)})",
-                                     ErrorCode.invalid_config)
-        out[key] = value / 1000 if key == "retention_seconds" else value
-    return out
-
-
-async def create_topics(ctx, header, request):
-    server, out = ctx.server, []
-    for t in request.topics:
-        n = len(t.assignments) if t.assignments else t.num_partitions
-        if n == -1:
-            n = server.auto_create_partitions
-        entry = {"name": t.name, "num_partitions": n, "replication_factor": 1, "error_code": ErrorCode.none,
-                 "configs": [{"name": k, "value": v, "read_only": True, "config_source": DEFAULT_CONFIG,
-                              "is_sensitive": False} for k, v in FIXED_CONFIGS]}
-        try:
-            if t.replication_factor not in (-1, 1):
-                raise KafkaProtocolError(f"replication factor {t.replication_factor}: a single node has 1",
-                                         ErrorCode.invalid_replication_factor)
-            if n < 1:
-                raise KafkaProtocolError(f"{n} partitions", ErrorCode.invalid_partitions)
-            settings = _settings(t.configs)
-            if request.validate_only:
-                if t.name in server.broker.list_streams():
-                    raise StreamExists(f"topic {t.name!r} exists")
-            else:
-                server.create_topic(t.name, n, **settings)
-                log.info("topic %s created with %d partition(s)", t.name, n,
-                         extra={"event": "kafka_topic_created", "topic": t.name, "partitions": n})
-                s, _code = server.topic(t.name)
-                if s is not None:
-                    entry["topic_id"] = server.topic_id(s)
-        except (ShmqError, ValueError, TypeError) as e:
-            code = ErrorCode.invalid_topic_exception if isinstance(e, (ValueError, TypeError)) else code_of(e)
-            entry.update(error_code=code, error_message=str(e), num_partitions=-1, replication_factor=-1, configs=[])
-        out.append(entry)
-    return respond(header, {"topics": out})
-
-
-def topic_configs(s) -> list[tuple[str, str, int]]:
-    """A stream's settings as Kafka's topic configs: (name, value, source)."""
-    out = [(k, v, DEFAULT_CONFIG) for k, v in FIXED_CONFIGS]
-    secs, size = s.retention_seconds, s.retention_bytes
-    out += [("retention.ms", str(round(secs * 1000)) if secs else "-1", _source(secs)),
-            ("retention.bytes", str(size) if size else "-1", _source(size)),
-            ("max.message.bytes", str(s.max_message_bytes), DYNAMIC_TOPIC_CONFIG)]
-    return out
-
-
-def _source(value) -> int:
-    return DYNAMIC_TOPIC_CONFIG if value else DEFAULT_CONFIG
-
-
-async def describe_configs(ctx, header, request):
-    """A topic's configs (``topic_configs``, read-only: no AlterConfigs); a broker has
-    none to tell; other resources are refused."""
-    results = []
-    for r in request.resources:
-        entry = {"error_code": ErrorCode.none, "resource_type": r.resource_type, "resource_name": r.resource_name,
-                 "configs": []}
-        if r.resource_type == TOPIC:
-            s, code = ctx.server.topic(r.resource_name)
-            if s is None:
-                entry.update(error_code=code, error_message=f"no topic {r.resource_name!r}")
-            else:
-                wanted = None if r.configuration_keys is None else set(r.configuration_keys)
-                entry["configs"] = [{"name": k, "value": v, "read_only": True, "config_source": src,
-                                     "is_default": src == DEFAULT_CONFIG, "is_sensitive": False,
-                                     "config_type": _TYPES[k]}
-                                    for k, v, src in topic_configs(s) if wanted is None or k in wanted]
-        elif r.resource_type != BROKER:
-            entry.update(error_code=ErrorCode.invalid_request,
-                         error_message=f"resource type {r.resource_type}: only topics (2) and brokers (4)")
-        results.append(entry)
-    return respond(header, {"results": results})
 
 
 async def delete_topics(ctx, header, request):
@@ -275,6 +173,48 @@ async def list_offsets(ctx, header, request):
     return respond(header, {"topics": topics})
 
 
+async def delete_records(ctx, header, request):
+    """Each partition's start offset moved up to the offset named (-1: its end), the
+    records below dropped as retention drops them (``Stream.delete_records``)."""
+    topics = []
+    for t in request.topics:
+        s, code = ctx.server.topic(t.name)
+        parts = []
+        for rp in t.partitions:
+            entry = {"partition_index": rp.partition_index, "error_code": code, "low_watermark": -1}
+            if s is not None:
+                try:
+                    if not 0 <= rp.partition_index < s.partitions:
+                        raise StreamNotFound(f"no partition {rp.partition_index}")
+                    earliest, end = s.offsets(rp.partition_index)
+                    to = end if rp.offset == -1 else rp.offset
+                    if not 0 <= to <= end:
+                        raise KafkaProtocolError(f"offset {rp.offset}: -1 or 0..{end}", ErrorCode.offset_out_of_range)
+                    if to > earliest:
+                        s.delete_records({rp.partition_index: to})
+                        log.info("topic %s partition %d: records below %d deleted", t.name, rp.partition_index, to,
+                                 extra={"event": "kafka_records_deleted", "topic": t.name,
+                                        "partition": rp.partition_index, "offset": to})
+                    entry.update(error_code=ErrorCode.none, low_watermark=s.offsets(rp.partition_index)[0])
+                except (ShmqError, ValueError) as e:
+                    entry["error_code"] = code_of(e)
+            parts.append(entry)
+        topics.append({"name": t.name, "partitions": parts})
+    return respond(header, {"topics": topics})
+
+
+async def describe_cluster(ctx, header, request):
+    server = ctx.server
+    if getattr(request, "endpoint_type", 1) != 1:
+        return respond(header, {"error_code": ErrorCode.unsupported_endpoint_type, "endpoint_type":
+                                request.endpoint_type, "error_message": "only brokers (endpoint type 1)",
+                                "cluster_id": server.cluster_id, "controller_id": -1})
+    return respond(header, {"error_code": ErrorCode.none, "endpoint_type": 1, "cluster_id": server.cluster_id,
+                            "controller_id": server.node_id, "cluster_authorized_operations": -2147483648,
+                            "brokers": [{"broker_id": server.node_id, "host": server.advertised_host,
+                                         "port": server.advertised_port or server.port, "rack": None}]})
+
+
 # ---------------------------------------------------------------------------- producers, SASL
 async def init_producer_id(ctx, header, request):
     if request.transactional_id is not None:
@@ -285,36 +225,51 @@ async def init_producer_id(ctx, header, request):
 
 
 async def sasl_handshake(ctx, header, request):
+    """v1: SaslAuthenticate requests follow; v0 (older clients: librdkafka 2.0's kcat) the
+    raw SASL tokens, each in a frame of its own (``KafkaConnection``)."""
     if request.mechanism not in MECHANISMS:
+        log.warning("%s: SASL mechanism %r refused (this listener takes %s)", ctx.peer, request.mechanism,
+                    ", ".join(MECHANISMS), extra={"event": "kafka_sasl_refused", "peer": ctx.peer,
+                                                  "mechanism": request.mechanism})
         return respond(header, {"error_code": ErrorCode.unsupported_sasl_mechanism, "mechanisms": MECHANISMS})
     ctx.mechanism = request.mechanism
+    ctx.raw_sasl = header.request_api_version == 0
     return respond(header, {"error_code": ErrorCode.none, "mechanisms": MECHANISMS})
 
 
-async def sasl_authenticate(ctx, header, request):
-    if ctx.mechanism is None:
-        ctx.close_after = "SaslAuthenticate without a SaslHandshake first"
-        return respond(header, {"error_code": ErrorCode.illegal_sasl_state,
-                                "error_message": "SaslHandshake first", "auth_bytes": b""})
+def check_plain(ctx, message: bytes) -> bool:
+    """Whether the SASL/PLAIN ``message`` carries the server's token (a refusal logged);
+    the connection is authenticated if so."""
     token = ctx.server.token
     try:
-        user, password = parse_plain(request.auth_bytes)
+        user, password = parse_plain(message)
         ok = token is None or hmac.compare_digest(password.encode(), token.encode())
     except KafkaProtocolError:
         user, ok = None, False
     if not ok:
         log.warning("%s: SASL/PLAIN refused (user %r): a wrong token", ctx.peer, user,
                     extra={"event": "token_refused", "peer": ctx.peer, "listener": "kafka"})
+        return False
+    ctx.authenticated()
+    return True
+
+
+async def sasl_authenticate(ctx, header, request):
+    if ctx.mechanism is None or ctx.raw_sasl:
+        ctx.close_after = "SaslAuthenticate without a SaslHandshake v1 first"
+        return respond(header, {"error_code": ErrorCode.illegal_sasl_state,
+                                "error_message": "SaslHandshake first", "auth_bytes": b""})
+    if not check_plain(ctx, request.auth_bytes):
         ctx.close_after = "SASL authentication failed"
         return respond(header, {"error_code": ErrorCode.sasl_authentication_failed,
                                 "error_message": "Authentication failed: invalid credentials (the password is "
                                                  "the shmq server's token)", "auth_bytes": b""})
-    ctx.authenticated()
     return respond(header, {"error_code": ErrorCode.none, "auth_bytes": b"", "session_lifetime": 0})
 
 
 HANDLERS = {
     PRODUCE: produce, FETCH: fetch, LIST_OFFSETS: list_offsets, METADATA: metadata, SASL_HANDSHAKE: sasl_handshake,
-    API_VERSIONS: api_versions, CREATE_TOPICS: create_topics, DELETE_TOPICS: delete_topics,
-    INIT_PRODUCER_ID: init_producer_id, SASL_AUTHENTICATE: sasl_authenticate, DESCRIBE_CONFIGS: describe_configs,
+    API_VERSIONS: api_versions, DELETE_TOPICS: delete_topics,
+    INIT_PRODUCER_ID: init_producer_id, SASL_AUTHENTICATE: sasl_authenticate,
+    DELETE_RECORDS: delete_records, DESCRIBE_CLUSTER: describe_cluster,
 }

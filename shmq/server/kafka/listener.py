@@ -20,7 +20,7 @@ from ...kafka import ErrorCode
 from ..limits import Limits, sweep
 from ..tcp import LOCK_TIMEOUT_S, AttachedHandles, listen
 from ..waiters import StreamWaiters
-from . import groups, state
+from . import configs, coordinator, groups, state
 from .connection import KafkaConnection
 from .handlers import HANDLERS, VERSIONS
 from .batches import Batches
@@ -51,7 +51,8 @@ class KafkaListener:
     ``advertised_host`` / ``advertised_port``: the address Metadata names (default: the
     bound one, ``advertised``). ``auto_create``: a Metadata or Produce naming an unknown topic creates it with
     ``auto_create_partitions`` partitions, as Kafka's ``auto.create.topics.enable``.
-    ``limits``: the server's (``max_connections``, ``frame_timeout``, ``idle_timeout``
+    ``initial_rebalance_delay_ms``: Kafka's ``group.initial.rebalance.delay.ms``
+    (``coordinator.Coordinator``). ``limits``: the server's (``max_connections``, ``frame_timeout``, ``idle_timeout``
     apply to this port on its own).
     """
 
@@ -59,7 +60,7 @@ class KafkaListener:
 
     def __init__(self, broker, host="127.0.0.1", port=9092, token=None, max_frame_bytes=16 * 2**20,
                  advertised_host=None, advertised_port=None, auto_create=True, auto_create_partitions=1,
-                 limits: Limits | None = None, on_create=None, tls=None):
+                 limits: Limits | None = None, on_create=None, tls=None, initial_rebalance_delay_ms=3000):
         if auto_create_partitions < 1:
             raise ValueError(f"auto_create_partitions must be at least 1, not {auto_create_partitions}")
         self.broker = broker
@@ -71,12 +72,13 @@ class KafkaListener:
         self.max_frame_bytes = max_frame_bytes
         self.auto_create = auto_create
         self.auto_create_partitions = auto_create_partitions
+        self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.limits = limits if limits is not None else Limits()
         self.on_create = on_create  # called with each stream this listener creates
         self.state_dir = None  # the server's data dir: producers' sequences and commit metadata kept there (state)
         self.tls = tls  # an ssl.SSLContext: Kafka's SSL (SASL_SSL with a token); None: PLAINTEXT (SASL_PLAINTEXT)
-        self.versions = {**VERSIONS, **groups.VERSIONS}
-        self.handlers = {**HANDLERS, **groups.HANDLERS}
+        self.versions = {**VERSIONS, **groups.VERSIONS, **configs.VERSIONS}
+        self.handlers = {**HANDLERS, **groups.HANDLERS, **configs.HANDLERS}
         self.sequences = Sequences()
         self.batches = Batches()  # producers' batches as they came, for the fetches of their offsets
         self.connections = set()
@@ -150,7 +152,7 @@ class KafkaListener:
         address cannot be had."""
         self.loop = asyncio.get_running_loop()
         self.streams = AttachedHandles(self, self._attach, StreamWaiters, StreamNotFound, "stream")
-        self.coordinator = groups.Coordinator(self.broker, self.loop)
+        self.coordinator = coordinator.Coordinator(self.broker, self.loop, self.initial_rebalance_delay_ms)
         self._server = await listen(self, KafkaConnection)
         return self
 

@@ -3,13 +3,15 @@ idempotent producers (``Sequences``), so a retried batch is appended once.
 
 Strategy: a partition's batches are appended as one chunk of columns (values, keys,
 encoded headers: ``Stream.append_columns``, written in C; all or nothing), each record
-with the timestamp its producer gave it (the topics are Kafka's CreateTime), on the
-loop, or on a thread for a stream with retention="block" (its append may wait for the
-slowest group). A batch whose records come back unchanged is kept as it came
-(``batches.Batches``) for the fetches of its offsets. An idempotent batch (producer id
->= 0) is checked against the last sequence this listener appended for that producer,
-epoch and partition, as a Kafka broker does: the next one is appended; one of the last
-five batches again (a retry after a lost response) is answered with the offset it got
+with the timestamp its producer gave it (CreateTime), or the time of the append (a topic
+with message.timestamp.type LogAppendTime, which Produce answers), on the loop, or on a
+thread for a stream with retention="block" (its append may wait for the slowest group).
+A batch whose records come back unchanged is kept as it came (``batches.Batches``) for
+the fetches of its offsets, where the topic serves it so (``batches.servable``: its
+compression.type and timestamp type). An idempotent batch (producer id >= 0) is
+checked against the last sequence this listener appended for that producer, epoch and
+partition, as a Kafka broker does: the next one is appended; one of the last five
+batches again (a retry after a lost response) is answered with the offset it got
 the first time, appending nothing; a gap is OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch
 is INVALID_PRODUCER_EPOCH. The state lives in the listener's memory, kept over a clean
 restart of a server with a data dir (``state``); otherwise a restart forgets it (the
@@ -24,7 +26,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 
-from ...model.headers import encode_headers
+from ...model.headers import encode_record_headers
 from ...engine.shm.waits import serving
 from ...errors import ShmqError, StreamNotFound
 from ...kafka import ErrorCode, KafkaProtocolError
@@ -33,6 +35,7 @@ from ...kafka.headers import to_native
 from ...kafka.messages import response_class
 from ...kafka.records import CONTROL, NO_PRODUCER, TRANSACTIONAL, decode_batches
 from ...kafka import build
+from .batches import servable
 
 __all__ = ["produce", "Sequences"]
 
@@ -183,6 +186,10 @@ async def _append(server, s, pd, entry):
                 entry.update(error_code=ErrorCode.none, base_offset=seen, log_start_offset=s.offsets(p)[0])
                 return
         chunk, stamps = columns(batches)
+        now = None
+        if s.timestamp_type == "log_append_time":  # (message.timestamp.type) the records take the time of the append
+            now = time.time_ns()
+            stamps = [now] * len(stamps)
         if s.retention == "block":  # may wait for the slowest group: not on the loop
             offset = await asyncio.to_thread(s.append_columns, chunk, p, stamps)
         else:
@@ -191,10 +198,11 @@ async def _append(server, s, pd, entry):
         server.notify(s.name)
         if idem:
             server.sequences.record(key, epoch, first, last, offset)
-        entry.update(error_code=ErrorCode.none, base_offset=offset, log_start_offset=s.offsets(p)[0])
+        entry.update(error_code=ErrorCode.none, base_offset=offset, log_start_offset=s.offsets(p)[0],
+                     log_append_time=-1 if now is None else now // 1_000_000)
         at = offset
         for b in batches:
-            if b.raw is not None:
+            if b.raw is not None and servable(s, b.attributes & 0x07):
                 server.batches.put(s, p, at, b.raw, b.count)
             at += b.count
     except (ShmqError, ValueError, TypeError, OverflowError) as e:
@@ -204,9 +212,10 @@ async def _append(server, s, pd, entry):
 
 def columns(batches) -> tuple[tuple, list]:
     """The records of ``batches`` as one chunk of ``Stream.append_columns`` (a null value
-    is b"", Kafka headers the native encoded ones), and their timestamps in ns (a record
-    without one, -1, takes the time of the append). KafkaProtocolError
-    (INVALID_TIMESTAMP) for a timestamp past what ns since the epoch hold in 63 bits."""
+    a tombstone, in the values' validity bitmap; Kafka headers the native encoded ones,
+    every one in order), and their timestamps in ns (a record without one, -1, takes the
+    time of the append). KafkaProtocolError (INVALID_TIMESTAMP) for a timestamp past what
+    ns since the epoch hold in 63 bits."""
     if len(batches) == 1:
         b = batches[0]
         values, keys, headers, ms = b.values, b.keys, b.headers, b.timestamps
@@ -214,31 +223,31 @@ def columns(batches) -> tuple[tuple, list]:
         values, keys, headers, ms = ([x for b in batches for x in getattr(b, f)]
                                      for f in ("values", "keys", "headers", "timestamps"))
     n = len(values)
-    if None in values:
-        values = [b"" if v is None else v for v in values]
-    vdata, voffs = _binary(values)
+    vdata, voffs, vvalid = _binary(values)
     koffs = kdata = kvalid = None
-    nulls = keys.count(None)
-    if nulls < n:
-        kdata, koffs = _binary([b"" if k is None else k for k in keys] if nulls else keys)
-        if nulls:
-            bits = bytearray((n + 7) // 8)
-            for i, k in enumerate(keys):
-                if k is not None:
-                    bits[i >> 3] |= 1 << (i & 7)
-            kvalid = bytes(bits)
+    if keys.count(None) < n:
+        kdata, koffs, kvalid = _binary(keys)
     hoffs = hdata = None
     if headers.count(()) < n:
-        hdata, hoffs = _binary([encode_headers(to_native(h)) if h else b"" for h in headers])
+        hdata, hoffs, _ = _binary([encode_record_headers(to_native(h)) if h else b"" for h in headers])
     if min(ms) < 0:
         now = time.time_ns() // 1_000_000
         ms = [now if t < 0 else t for t in ms]
     if max(ms) > MAX_TIMESTAMP_MS:
         raise KafkaProtocolError(f"a record timestamp of {max(ms)} ms: at most {MAX_TIMESTAMP_MS}",
                                  ErrorCode.invalid_timestamp)
-    return (n, voffs, vdata, koffs, kdata, kvalid, hoffs, hdata), [t * 1_000_000 for t in ms]
+    return (n, voffs, vdata, koffs, kdata, kvalid, hoffs, hdata, vvalid), [t * 1_000_000 for t in ms]
 
 
-def _binary(items) -> tuple[bytes, array.array]:
-    """An Arrow binary column of ``items``: (data, int32 offsets)."""
-    return b"".join(items), array.array("i", itertools.accumulate(map(len, items), initial=0))
+def _binary(items) -> tuple[bytes, array.array, bytes | None]:
+    """An Arrow binary column of ``items`` (None: null): (data, int32 offsets, validity
+    bitmap, None when no item is null)."""
+    valid = None
+    if None in items:
+        bits = bytearray((len(items) + 7) // 8)
+        for i, x in enumerate(items):
+            if x is not None:
+                bits[i >> 3] |= 1 << (i & 7)
+        valid = bytes(bits)
+        items = [b"" if x is None else x for x in items]
+    return b"".join(items), array.array("i", itertools.accumulate(map(len, items), initial=0)), valid

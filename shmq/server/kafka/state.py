@@ -1,6 +1,6 @@
 """What the Kafka listener holds in memory that outlives a clean restart of a server that
 persists (``--data-dir``): the idempotent producers' sequence numbers (``Sequences``) and
-the metadata of the Kafka groups' committed offsets (``groups.Coordinator``).
+the metadata of the Kafka groups' committed offsets (``coordinator.Coordinator``).
 
 Strategy: both are written to one file of the data dir, ``kafka-state.json`` (0600; its
 format is ``persistence/kafka_state.py``'s), when the listener stops, after its last

@@ -23,6 +23,7 @@ import org.slf4j.LoggerFactory;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
+import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ArrayBlockingQueue;
 
@@ -141,13 +142,18 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
         WritableColumnVector values = headers.getChild(1);
         int at = 0;
         for (int i = 0; i < n; i++) {
-            Map<String, String> map = Headers.decode(block.data, block.headersStart[i], block.headersLen[i]);
-            keys.reserve(at + map.size());
-            values.reserve(at + map.size());
-            headers.putArray(i, at, map.size());
-            for (Map.Entry<String, String> e : map.entrySet()) {
+            List<Map.Entry<String, String>> pairs = Headers.decode(block.data, block.headersStart[i],
+                    block.headersLen[i]);
+            keys.reserve(at + pairs.size());
+            values.reserve(at + pairs.size());
+            headers.putArray(i, at, pairs.size());
+            for (Map.Entry<String, String> e : pairs) {
                 keys.putByteArray(at, e.getKey().getBytes(StandardCharsets.UTF_8));
-                values.putByteArray(at, e.getValue().getBytes(StandardCharsets.UTF_8));
+                if (e.getValue() == null) { // a null header value
+                    values.putNull(at);
+                } else {
+                    values.putByteArray(at, e.getValue().getBytes(StandardCharsets.UTF_8));
+                }
                 at++;
             }
         }

@@ -8,9 +8,9 @@ public final class Layout {
     private Layout() {
     }
 
-    /** The stream's meta segment: magic, version, partitions (u16 at 6). */
+    /** The stream's meta segment: magic, version, partitions (u16 at 6; it grows on a live stream: read at open). */
     public static final int STREAM_MAGIC = 0x534d4853; // b"SHMS" read little-endian
-    public static final int STREAM_VERSION = 6;
+    public static final int STREAM_VERSION = 7;
     public static final int STREAM_PARTITIONS_OFF = 6;
     /** Its durability (u8 at 9): DURABILITY_WAL keeps records in logs on disk past what shared memory holds. */
     public static final int STREAM_DURABILITY_OFF = 9;
@@ -42,10 +42,13 @@ public final class Layout {
     public static final int REC_LENGTH = 8;
     public static final int REC_BODY_LEN = 12;
     public static final int REC_HDR_LEN = 16;
+    public static final int REC_FLAGS = 20;
     public static final int REC_MSG_ID = 24;
     public static final int REC_ENQ_NS = 32;
     /** In a stream record: the key's length + 1, 0 for no key; the key precedes the headers. */
     public static final int REC_KEY = 40;
+    /** In a stream record's flags: its value is null (a tombstone, its value bytes none). */
+    public static final int FLAG_NULL_VALUE = 0x1;
     /** Status (low byte) of a filler record to the end of the lap. */
     public static final int PAD = 4;
 }

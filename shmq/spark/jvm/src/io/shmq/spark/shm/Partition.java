@@ -292,7 +292,7 @@ public final class Partition implements Closeable {
             out.headersStart[n] = d + k;
             out.headersLen[n] = (int) hl - k;
             out.valueStart[n] = d + (int) hl;
-            out.valueLen[n] = (int) bl;
+            out.valueLen[n] = (buf.getInt(a + REC_FLAGS) & FLAG_NULL_VALUE) != 0 ? -1 : (int) bl; // -1: a tombstone
             out.dataLen = d + payload;
             out.count = ++n;
             prev = off;

@@ -2,22 +2,28 @@ package io.shmq.spark.source;
 
 import java.math.BigDecimal;
 import java.nio.charset.StandardCharsets;
-import java.util.LinkedHashMap;
+import java.util.AbstractMap;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Map;
 
 /**
- * Decodes a record's stored headers (a msgpack map of str keys) into String to String as the
+ * Decodes a record's stored headers (a msgpack map of str keys, or a stream record's array of
+ * [key, value] pairs: a key repeated, a nil value) into String to String pairs, in order, as the
  * Python source renders them (shmq/spark/arrow.py, header_map): str values as they are, bytes as
  * UTF-8 with bad bytes replaced, booleans "true"/"false", integers in decimal, floats as Python's
- * repr writes them.
+ * repr writes them, nil as null.
  */
 public final class Headers {
     private Headers() {
     }
 
-    /** Decodes {@code len} bytes at {@code start}; len 0 gives an empty map. IllegalArgumentException if malformed. */
-    public static Map<String, String> decode(byte[] data, int start, int len) {
-        Map<String, String> out = new LinkedHashMap<>();
+    /**
+     * Decodes {@code len} bytes at {@code start} into (key, value or null) pairs; len 0 gives none.
+     * IllegalArgumentException if malformed.
+     */
+    public static List<Map.Entry<String, String>> decode(byte[] data, int start, int len) {
+        List<Map.Entry<String, String>> out = new ArrayList<>();
         if (len == 0) {
             return out;
         }
@@ -27,21 +33,28 @@ public final class Headers {
         Reader r = new Reader(data, start, start + len);
         int b = r.u8();
         long n;
+        boolean pairs = false;
         if ((b & 0xF0) == 0x80) {
             n = b & 0x0F;
         } else if (b == 0xDE) {
             n = r.uint(2);
         } else if (b == 0xDF) {
             n = r.uint(4);
+        } else if ((b & 0xF0) == 0x90 || b == 0xDC || b == 0xDD) { // an array of [key, value] pairs
+            n = (b & 0xF0) == 0x90 ? b & 0x0F : r.uint(b == 0xDC ? 2 : 4);
+            pairs = true;
         } else {
             throw r.bad("not a map (0x" + Integer.toHexString(b) + ")");
         }
         for (long i = 0; i < n; i++) {
+            if (pairs && r.u8() != 0x92) {
+                throw r.bad("an array item that is not a [key, value] pair");
+            }
             String key = r.value(true);
-            out.put(key, r.value(false));
+            out.add(new AbstractMap.SimpleImmutableEntry<>(key, r.value(false)));
         }
         if (r.pos != r.end) {
-            throw r.bad((r.end - r.pos) + " bytes after the map");
+            throw r.bad((r.end - r.pos) + " bytes after the " + (pairs ? "array" : "map"));
         }
         return out;
     }
@@ -89,7 +102,7 @@ public final class Headers {
             return s;
         }
 
-        /** The next value rendered as the Python source does; {@code key}: it must be a str. */
+        /** The next value rendered as the Python source does (nil: null); {@code key}: it must be a str. */
         String value(boolean key) {
             int b = u8();
             if ((b & 0xE0) == 0xA0) {
@@ -113,7 +126,7 @@ public final class Headers {
                 case 0xC3:
                     return "true";
                 case 0xC0:
-                    return "None";
+                    return null;
                 case 0xC4:
                 case 0xC5:
                 case 0xC6:

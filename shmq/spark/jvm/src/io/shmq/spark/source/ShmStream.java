@@ -102,9 +102,10 @@ public final class ShmStream implements RecordSource {
     }
 
     /**
-     * The mapped segments are not the stream's any more: deleted (any partition's flag: deletion sets them all), or
-     * no longer the files of their names (a destroyed namespace's are unlinked without the flag). A mapped file's
-     * inode stays in use while mapped, so a file made since under its name has another.
+     * The mapped segments are not the stream's any more: deleted (any partition's flag: deletion sets them all), no
+     * longer the files of their names (a destroyed namespace's are unlinked without the flag), or fewer than its
+     * partitions (it grew since: add_partitions, Kafka's CreatePartitions). A mapped file's inode stays in use while
+     * mapped, so a file made since under its name has another.
      */
     boolean stale() {
         for (Partition p : parts) {
@@ -117,6 +118,9 @@ public final class ShmStream implements RecordSource {
                 if (!Objects.equals(fileKeys[i], fileKey(files[i], null))) {
                     return true;
                 }
+            }
+            if ((staticHeader(files[0], name).getShort(Layout.STREAM_PARTITIONS_OFF) & 0xFFFF) != parts.length) {
+                return true;  // grown: the partition count is published last, once the new partitions exist
             }
         } catch (IOException e) {
             return true;  // gone: the next open says so

@@ -134,6 +134,10 @@ public final class StreamMessages {
                     ts = r.number();
                     break;
                 case R_VALUE:
+                    if (r.nil()) {
+                        valueLen = -1; // a tombstone
+                        break;
+                    }
                     valueLen = r.bin();
                     valueAt = dataLen;
                     System.arraycopy(src, r.binStart(), data, dataLen, valueLen);

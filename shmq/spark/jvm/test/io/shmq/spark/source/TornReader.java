@@ -3,6 +3,7 @@ package io.shmq.spark.source;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
+import java.util.HashMap;
 import java.util.Map;
 import java.util.zip.CRC32;
 
@@ -87,7 +88,10 @@ public final class TornReader {
             return "torn: its CRC does not match";
         }
         String key = new String(b.data, b.keyStart[i], b.keyLen[i], StandardCharsets.US_ASCII);
-        Map<String, String> h = Headers.decode(b.data, b.headersStart[i], b.headersLen[i]);
+        Map<String, String> h = new HashMap<>();
+        for (Map.Entry<String, String> e : Headers.decode(b.data, b.headersStart[i], b.headersLen[i])) {
+            h.put(e.getKey(), e.getValue());
+        }
         if (own != offset || !key.equals(Long.toString(offset)) || !Long.toString(offset).equals(h.get("o"))) {
             return "stale: it holds offset " + own + " (key " + key + ", header " + h.get("o") + ")";
         }

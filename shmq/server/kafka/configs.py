@@ -1,0 +1,351 @@
+"""Topic configs and partitions on the Kafka listener: CreateTopics (with its configs),
+DescribeConfigs, AlterConfigs, IncrementalAlterConfigs and CreatePartitions (``VERSIONS``,
+``HANDLERS``, merged into the listener's beside ``handlers``' and ``groups``').
+
+Strategy: a topic's configs are its stream's settings (``Broker.create_stream``,
+``update_stream``), read from the stream's header at each request, so a change made
+natively (``shmq stream set``) shows here and one made here reaches every process. One
+table, ``CONFIGS``, says for each config Kafka names the stream setting it is, how its
+value reads and shows, its default and Kafka's type; a config not in it, or a value it
+does not take, is refused with INVALID_CONFIG naming it, never kept. A resource's
+changes are checked whole before any is made (``update_stream``: all or nothing).
+"""
+
+import asyncio
+import logging
+from typing import Callable, NamedTuple
+
+from ...engine.broker import check_stream_settings, stream_settings
+from ...errors import SettingsMismatch, ShmqError, StreamExists
+from ...kafka import ErrorCode, KafkaProtocolError, build
+from ...kafka.codes import code_of
+from ...kafka.messages import response_class
+
+__all__ = ["HANDLERS", "VERSIONS", "CONFIGS", "topic_configs"]
+
+log = logging.getLogger("shmq.server")
+
+CREATE_TOPICS, DESCRIBE_CONFIGS, ALTER_CONFIGS, CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS = 19, 32, 33, 37, 44
+VERSIONS = {CREATE_TOPICS: (2, 7), DESCRIBE_CONFIGS: (1, 4), ALTER_CONFIGS: (0, 2), CREATE_PARTITIONS: (0, 3),
+            INCREMENTAL_ALTER_CONFIGS: (0, 1)}
+TOPIC, BROKER = 2, 4  # resource types
+DYNAMIC_TOPIC_CONFIG, DEFAULT_CONFIG = 1, 5  # a config's source, as Kafka names them
+STRING, INT, LONG, LIST = 2, 3, 5, 7  # Kafka's config types
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # IncrementalAlterConfigs' operations
+KAFKA_SEGMENT_BYTES = 1 << 30  # Kafka's default segment.bytes, shown for a stream that has none
+
+
+def _ms(value: str) -> float | None:
+    ms = int(value)
+    if ms == -1:
+        return None
+    if ms <= 0:
+        raise ValueError("-1 (none) or a positive number of ms")
+    return ms / 1000
+
+
+def _bytes_or_none(value: str) -> int | None:
+    n = int(value)
+    if n == -1:
+        return None
+    if n <= 0:
+        raise ValueError("-1 (none) or a positive number of bytes")
+    return n
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n <= 0:
+        raise ValueError("a positive number of bytes")
+    return n
+
+
+def _one_of(names: dict) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if value not in names:
+            raise ValueError(f"one of {', '.join(names)}")
+        return names[value]
+    return parse
+
+
+_TIMESTAMP_TYPES = {"CreateTime": "create_time", "LogAppendTime": "log_append_time"}
+_COMPRESSIONS = {c: c for c in ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")}
+
+
+class Config(NamedTuple):
+    """A topic config: the stream setting it is (None: none, a fixed value), its value
+    read (str -> setting; ValueError saying what it takes) and shown (setting -> str),
+    the stream's default, Kafka's type, and what it does here (DescribeConfigs'
+    documentation)."""
+
+    setting: str | None
+    parse: Callable
+    show: Callable
+    default: object
+    type: int
+    doc: str
+
+
+CONFIGS = {
+    "cleanup.policy": Config(None, _one_of({"delete": "delete"}), str, "delete", LIST,
+                             "delete only: records go by retention (no compaction)"),
+    "compression.type": Config("compression", _one_of(_COMPRESSIONS), str, "producer", STRING,
+                               "the codec of the batches Fetch answers; producer: as they were sent"),
+    "max.message.bytes": Config("max_message_bytes", _positive, str, 2**20, INT,
+                                "the largest record: key, headers and value"),
+    "message.timestamp.type": Config("timestamp_type", _one_of(_TIMESTAMP_TYPES),
+                                     {v: k for k, v in _TIMESTAMP_TYPES.items()}.get, "create_time", STRING,
+                                     "CreateTime: the producer's timestamp; LogAppendTime: the time of the append"),
+    "retention.bytes": Config("retention_bytes", _bytes_or_none, lambda v: "-1" if v is None else str(v), None, LONG,
+                              "the most bytes a partition keeps (-1: no bound)"),
+    "retention.ms": Config("retention_seconds", _ms, lambda v: "-1" if v is None else str(round(v * 1000)), None,
+                           LONG, "how long a partition keeps a record (-1: no bound)"),
+    "segment.bytes": Config("segment_bytes", _positive, lambda v: str(KAFKA_SEGMENT_BYTES if v is None else v),
+                            None, INT, "kept and shown; no effect (a partition is one ring and its logs)"),
+}
+
+
+def _refused(name: str, value, why: str) -> KafkaProtocolError:
+    return KafkaProtocolError(f"config {name}={value}: {why}", ErrorCode.invalid_config)
+
+
+def _config(name: str, value) -> Config:
+    """The config ``name``; KafkaProtocolError (INVALID_CONFIG) naming it if it is none of ours."""
+    c = CONFIGS.get(name)
+    if c is None:
+        raise _refused(name, value, f"not taken here (the topic configs are {', '.join(CONFIGS)})")
+    return c
+
+
+def _setting(name: str, value) -> tuple[str | None, object]:
+    """(stream setting, value) of config ``name`` set to ``value`` (a str); KafkaProtocolError
+    (INVALID_CONFIG) naming it for a config or a value not taken here."""
+    c = _config(name, value)
+    if value is None:
+        raise _refused(name, value, "a value is wanted")
+    try:
+        return c.setting, c.parse(value)
+    except ValueError as e:
+        why = str(e) if "invalid literal" not in str(e) else "not a number"
+        raise _refused(name, value, f"takes {why}") from None
+
+
+def settings_of(configs) -> dict:
+    """CreateTopics' (or AlterConfigs') ``configs`` as ``create_stream``'s settings."""
+    out = {}
+    for c in configs or ():
+        key, value = _setting(c.name, c.value)
+        if key is not None:
+            out[key] = value
+    return out
+
+
+def _defaults() -> dict:
+    return {c.setting: c.default for c in CONFIGS.values() if c.setting is not None}
+
+
+def topic_configs(settings: dict) -> list[tuple[str, str, int, bool]]:
+    """A stream's ``settings`` (``stream_settings``) as Kafka's topic configs: (name,
+    value, source, read-only)."""
+    out = []
+    for name, c in sorted(CONFIGS.items()):
+        value = c.default if c.setting is None else settings.get(c.setting, c.default)
+        out.append((name, c.show(value), DEFAULT_CONFIG if value == c.default else DYNAMIC_TOPIC_CONFIG,
+                    c.setting is None))
+    return out
+
+
+def _respond(header, data: dict):
+    return build(response_class(header.request_api_key, header.request_api_version), data)
+
+
+class _NoTopic(Exception):
+    """No topic of that name: ``code`` answers it."""
+
+    def __init__(self, code, name):
+        super().__init__(f"no topic {name!r}")
+        self.code = code
+
+
+def _settings(server, name) -> dict:
+    """The settings of topic ``name``'s stream, read now (``stream_settings``); _NoTopic."""
+    s, code = server.topic(name)
+    if s is None:
+        raise _NoTopic(code, name)
+    return stream_settings(s)
+
+
+def _error(e: BaseException) -> tuple[ErrorCode, str]:
+    """The code and message that answer a resource's or a topic's failure."""
+    if isinstance(e, _NoTopic):
+        return e.code, str(e)
+    if isinstance(e, (ValueError, TypeError, SettingsMismatch)):
+        return ErrorCode.invalid_config, str(e)
+    return code_of(e), str(e)
+
+
+# ---------------------------------------------------------------------------- CreateTopics
+async def create_topics(ctx, header, request):
+    server, out = ctx.server, []
+    for t in request.topics:
+        n = len(t.assignments) if t.assignments else t.num_partitions
+        if n == -1:
+            n = server.auto_create_partitions
+        entry = {"name": t.name, "num_partitions": n, "replication_factor": 1, "error_code": ErrorCode.none}
+        try:
+            if t.replication_factor not in (-1, 1):
+                raise KafkaProtocolError(f"replication factor {t.replication_factor}: a single node has 1",
+                                         ErrorCode.invalid_replication_factor)
+            if n < 1:
+                raise KafkaProtocolError(f"{n} partitions", ErrorCode.invalid_partitions)
+            settings = settings_of(t.configs)
+            if request.validate_only:
+                if t.name in server.broker.list_streams():
+                    raise StreamExists(f"topic {t.name!r} exists")
+                held = {**_defaults(), **settings}
+            else:
+                server.create_topic(t.name, n, **settings)
+                log.info("topic %s created with %d partition(s)", t.name, n,
+                         extra={"event": "kafka_topic_created", "topic": t.name, "partitions": n})
+                s, _code = server.topic(t.name)
+                if s is not None:
+                    entry["topic_id"] = server.topic_id(s)
+                held = _settings(server, t.name)
+            entry["configs"] = [{"name": k, "value": v, "read_only": ro, "config_source": src, "is_sensitive": False}
+                                for k, v, src, ro in topic_configs(held)]
+        except (ShmqError, ValueError, TypeError, _NoTopic) as e:
+            code = ErrorCode.invalid_topic_exception if isinstance(e, (ValueError, TypeError)) else code_of(e)
+            entry.update(error_code=code, error_message=str(e), num_partitions=-1, replication_factor=-1, configs=[])
+        out.append(entry)
+    return _respond(header, {"topics": out})
+
+
+# ---------------------------------------------------------------------------- DescribeConfigs
+async def describe_configs(ctx, header, request):
+    """A topic's configs (``topic_configs``); a broker has none to tell; other resources
+    are refused."""
+    results = []
+    docs = getattr(request, "include_documentation", False)
+    for r in request.resources:
+        entry = {"error_code": ErrorCode.none, "resource_type": r.resource_type, "resource_name": r.resource_name,
+                 "configs": []}
+        if r.resource_type == TOPIC:
+            try:
+                held = _settings(ctx.server, r.resource_name)
+            except _NoTopic as e:
+                entry.update(error_code=e.code, error_message=str(e))
+            else:
+                wanted = None if r.configuration_keys is None else set(r.configuration_keys)
+                entry["configs"] = [{"name": k, "value": v, "read_only": ro, "config_source": src,
+                                     "is_default": src == DEFAULT_CONFIG, "is_sensitive": False,
+                                     "config_type": CONFIGS[k].type, "documentation": CONFIGS[k].doc if docs else None}
+                                    for k, v, src, ro in topic_configs(held) if wanted is None or k in wanted]
+        elif r.resource_type != BROKER:
+            entry.update(error_code=ErrorCode.invalid_request,
+                         error_message=f"resource type {r.resource_type}: only topics (2) and brokers (4)")
+        results.append(entry)
+    return _respond(header, {"results": results})
+
+
+# ---------------------------------------------------------------------------- AlterConfigs
+def _alter(server, r, changes: Callable[[dict], dict], validate_only: bool) -> dict:
+    """One resource of an AlterConfigs or IncrementalAlterConfigs: its new settings
+    (``changes(held)``) made, all or none (none with ``validate_only``); its response."""
+    entry = {"error_code": ErrorCode.none, "error_message": None, "resource_type": r.resource_type,
+             "resource_name": r.resource_name}
+    try:
+        if r.resource_type != TOPIC:
+            raise KafkaProtocolError(f"resource type {r.resource_type}: only topics (2) have configs to change",
+                                     ErrorCode.invalid_request)
+        held = _settings(server, r.resource_name)
+        new = changes(held)
+        if not validate_only:
+            server.broker.update_stream(r.resource_name, **new)
+            log.info("topic %s: configs changed (%s)", r.resource_name,
+                     ", ".join(f"{k} {v!r}" for k, v in new.items() if held.get(k) != v) or "none",
+                     extra={"event": "kafka_topic_configs_changed", "topic": r.resource_name})
+        else:
+            check_stream_settings({**held, **new})  # the checks update_stream makes, nothing written
+    except (ShmqError, ValueError, TypeError, _NoTopic) as e:
+        code, message = _error(e)
+        entry.update(error_code=code, error_message=message)
+    return entry
+
+
+async def alter_configs(ctx, header, request):
+    """The configs named set, every other one back to its default (AlterConfigs replaces
+    a resource's whole set, as Kafka's does)."""
+    def changes(r):
+        return lambda held: {**_defaults(), **settings_of(r.configs)}
+
+    return _respond(header, {"responses": [_alter(ctx.server, r, changes(r), request.validate_only)
+                                           for r in request.resources]})
+
+
+def _incremental(configs) -> Callable[[dict], dict]:
+    def changes(held: dict) -> dict:
+        out = {}
+        for c in configs:
+            op = c.config_operation
+            if op == SET:
+                key, value = _setting(c.name, c.value)
+            elif op == DELETE:
+                spec = _config(c.name, c.value)
+                key, value = spec.setting, spec.default
+            elif op == APPEND and c.name == "cleanup.policy" and c.value == "delete":
+                continue  # delete it is already
+            elif op in (APPEND, SUBTRACT):
+                what = "not a list" if _config(c.name, c.value).type != LIST else "delete, always"
+                raise _refused(c.name, c.value, f"{'APPEND' if op == APPEND else 'SUBTRACT'} is not taken "
+                                                f"({c.name} is {what})")
+            else:
+                raise KafkaProtocolError(f"config operation {c.config_operation}: 0 SET, 1 DELETE, 2 APPEND, "
+                                         "3 SUBTRACT", ErrorCode.invalid_request)
+            if key is not None:
+                out[key] = value
+        return out
+    return changes
+
+
+async def incremental_alter_configs(ctx, header, request):
+    """SET a config, DELETE it (back to its default); APPEND and SUBTRACT only where a
+    list config makes them mean something (cleanup.policy: APPEND delete)."""
+    return _respond(header, {"responses": [_alter(ctx.server, r, _incremental(r.configs), request.validate_only)
+                                           for r in request.resources]})
+
+
+# ---------------------------------------------------------------------------- CreatePartitions
+async def create_partitions(ctx, header, request):
+    """Each topic grown to ``count`` partitions (its new total, more than it has:
+    ``Stream.add_partitions``); a durable stream's new partitions are opened for the data
+    dir at once, as a new topic's are."""
+    server, results = ctx.server, []
+    for t in request.topics:
+        entry = {"name": t.name, "error_code": ErrorCode.none, "error_message": None}
+        try:
+            s, code = server.topic(t.name)
+            if s is None:
+                raise _NoTopic(code, t.name)
+            have = s.partitions
+            if t.count <= have:
+                raise KafkaProtocolError(f"topic {t.name!r} has {have} partitions: the count asked ({t.count}) "
+                                         "must be more", ErrorCode.invalid_partitions)
+            if t.assignments is not None and any(list(a.broker_ids) != [server.node_id] for a in t.assignments):
+                raise KafkaProtocolError(f"replica assignments: a single node, broker {server.node_id}",
+                                         ErrorCode.invalid_replica_assignment)
+            if not request.validate_only:
+                s.add_partitions(t.count - have)
+                log.info("topic %s: %d partition(s) now", t.name, t.count,
+                         extra={"event": "kafka_partitions_created", "topic": t.name, "partitions": t.count})
+                if server.on_create is not None:  # a durable stream's new partitions log their first append
+                    await asyncio.to_thread(server.on_create, s)  # (it may write a snapshot: off the loop)
+        except (ShmqError, ValueError, TypeError, _NoTopic) as e:
+            code, message = _error(e)
+            entry.update(error_code=ErrorCode.invalid_partitions if isinstance(e, ValueError) else code,
+                         error_message=message)
+        results.append(entry)
+    return _respond(header, {"results": results})
+
+
+HANDLERS = {CREATE_TOPICS: create_topics, DESCRIBE_CONFIGS: describe_configs, ALTER_CONFIGS: alter_configs,
+            CREATE_PARTITIONS: create_partitions, INCREMENTAL_ALTER_CONFIGS: incremental_alter_configs}
