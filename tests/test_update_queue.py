@@ -4,14 +4,12 @@ SettingsMismatch, on both transports; the change outlives a server restart."""
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 import shmq
 from shmq import QueueNotFound, SettingsMismatch
+from tests._observer import observers
 from tests.test_cli import shmq_cli, target  # noqa: F401  (the fixture: local and tcp)
 from tests.test_server_tcp import ServerProcess, rebooted
 
@@ -38,39 +36,7 @@ for line in sys.stdin:
 """
 
 
-class Observer:
-    def __init__(self, namespace, queue):
-        self.proc = subprocess.Popen([sys.executable, "-c", OBSERVER, namespace, queue], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONPATH": os.getcwd()})
-        assert self.proc.stdout.readline().strip() == "attached"
-
-    def ask(self, cmd):
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, "the observer ended"
-        return line.strip()
-
-    def close(self):
-        self.proc.stdin.close()
-        assert self.proc.wait(30) == 0
-        self.proc.stdout.close()
-
-
-@pytest.fixture
-def observer(broker):
-    made = []
-
-    def start(queue):
-        made.append(Observer(broker.namespace, queue))
-        return made[-1]
-
-    yield start
-    for o in made:
-        if o.proc.poll() is None:
-            o.proc.kill()
-            o.proc.wait(30)
+observer = observers(OBSERVER)
 
 
 def test_every_mutable_setting_reaches_another_process(broker, observer):

@@ -7,9 +7,6 @@ rebuild from the data dir; a new retention bound holds at the housekeeper's next
 import array
 import itertools
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -23,6 +20,7 @@ from shmq.engine.streams.partition import create_partition
 from shmq.engine.streams.partitioner import partition_of
 from shmq.persistence import Snapshotter, recover
 from shmq.server.housekeeper import Housekeeper
+from tests._observer import observers
 from tests.test_cli import shmq_cli
 
 # another process attached to the stream before the change: runs the commands it reads, says what it saw
@@ -52,38 +50,12 @@ for line in sys.stdin:
 """
 
 
-class Observer:
-    def __init__(self, namespace, stream):
-        self.proc = subprocess.Popen([sys.executable, "-c", OBSERVER, namespace, stream], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
-        assert self.proc.stdout.readline().strip() == "attached"
-
-    def ask(self, cmd):
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, "the observer ended"
-        return json.loads(line)
-
-    def close(self):
-        self.proc.stdin.close()
-        assert self.proc.wait(30) == 0
-        self.proc.stdout.close()
+observer = observers(OBSERVER)
 
 
-@pytest.fixture
-def observer(broker):
-    made = []
-
-    def start(stream):
-        made.append(Observer(broker.namespace, stream))
-        return made[-1]
-
-    yield start
-    for o in made:
-        if o.proc.poll() is None:
-            o.proc.kill()
-            o.proc.wait(30)
+def asked(observer, cmd):
+    """The observer's JSON answer to ``cmd``."""
+    return json.loads(observer.ask(cmd))
 
 
 def _chunk(values):
@@ -96,14 +68,14 @@ def test_another_process_sees_the_new_partitions_hashes_keys_over_them_and_its_c
                                                                                                   observer):
     s = broker.create_stream("events", partitions=2, max_bytes=1 << 16)
     other = observer("events")
-    assert other.ask("join") == [0, 1]
+    assert asked(other, "join") == [0, 1]
     assert s.add_partitions(3) == 5
-    assert s.partitions == 5 and other.ask("settings")["partitions"] == 5
+    assert s.partitions == 5 and asked(other, "settings")["partitions"] == 5
     keys = ["key-%d" % i for i in range(40)]
-    placed = other.ask("append " + " ".join(keys))
+    placed = asked(other, "append " + " ".join(keys))
     assert placed == [partition_of(k.encode(), 5) for k in keys] and max(placed) >= 2  # murmur2 over 5
-    assert other.ask("assignment") == [0, 1, 2, 3, 4]  # its group's only member: every partition, the new ones too
-    got = other.ask("poll 40")
+    assert asked(other, "assignment") == [0, 1, 2, 3, 4]  # its group's only member: every partition, the new ones too
+    got = asked(other, "poll 40")
     assert sorted(got) == sorted([p, k] for p, k in zip(placed, keys))
     assert [s.offsets(p)[1] for p in range(5)] == [placed.count(p) for p in range(5)]
     assert s.committed("g") == {}  # nothing committed: the new partitions start with none
@@ -184,12 +156,12 @@ def test_a_growth_that_fails_half_way_adds_nothing_and_leaves_nothing(broker, mo
 def test_mutable_settings_reach_another_process_and_fixed_ones_are_refused(broker, observer):
     s = broker.create_stream("events", partitions=1, max_bytes=1 << 16)
     other = observer("events")
-    before = other.ask("settings")
+    before = asked(other, "settings")
     changed = {"max_message_bytes": 1000, "retention_bytes": 30000, "retention_seconds": 60.0,
                "timestamp_type": "log_append_time", "compression": "zstd", "segment_bytes": 4096}
     after = broker.update_stream("events", **changed)
     assert after == {**before, **changed}
-    assert other.ask("settings") == after
+    assert asked(other, "settings") == after
     assert (s.max_message_bytes, s.retention_seconds, s.compression) == (1000, 60.0, "zstd")  # this process: at once
     with pytest.raises(shmq.MessageTooLarge, match="takes at most 1000"):
         s.append(b"x" * 1001)
@@ -205,7 +177,7 @@ def test_mutable_settings_reach_another_process_and_fixed_ones_are_refused(broke
             broker.update_stream("events", **bad)
     with pytest.raises(TypeError, match="unexpected keyword arguments: color"):
         broker.update_stream("events", color="red")
-    assert other.ask("settings")["retention_seconds"] is None  # nothing the refusals asked was made
+    assert asked(other, "settings")["retention_seconds"] is None  # nothing the refusals asked was made
     other.close()
     s.close()
 

@@ -155,6 +155,15 @@ def _echo_json(value):
     click.echo(json.dumps(value, sort_keys=True))
 
 
+def _echo_set(name, settings, after, as_json):
+    """What ``queue set`` / ``stream set`` set: the settings given, as they are now
+    (``--json``: every setting)."""
+    if as_json:
+        _echo_json(after)
+    else:
+        click.echo(f"set {name}: " + ", ".join(f"{k} {after[k]!r}" for k in settings))
+
+
 def _echo_names(names, as_json, none=None):
     """One name a line (``--json``: a list). With none to list, ``none`` (if given) says
     so on stderr, as a note: standard output stays a list of names."""

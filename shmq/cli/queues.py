@@ -11,8 +11,8 @@ import click
 
 from ..errors import MessageTooLarge, QueueEmpty, QueueNotFound, SettingsMismatch, ShmqError
 from .app import (
-    EXIT_EMPTY, Size, _connect, _echo_json, _echo_names, _json_option, _jsonable, _on_command_line, _parse_headers,
-    _stop_on_signals, _target_options, main,
+    EXIT_EMPTY, Size, _connect, _echo_json, _echo_names, _echo_set, _json_option, _jsonable, _on_command_line,
+    _parse_headers, _stop_on_signals, _target_options, main,
 )
 from .framing import TERMINATORS, Batches
 from .streams import _streams_stats
@@ -120,10 +120,7 @@ def queue_set(name, namespace, url, token, as_json, **options):
             after = broker.update_queue(name, **settings)
     except (QueueNotFound, SettingsMismatch, ValueError, TypeError) as e:
         raise click.UsageError(str(e).splitlines()[0]) from None
-    if as_json:
-        _echo_json(after)
-    else:
-        click.echo(f"set {name}: " + ", ".join(f"{k} {after[k]!r}" for k in settings))
+    _echo_set(name, settings, after, as_json)
 
 
 @main.command()

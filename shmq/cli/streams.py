@@ -10,8 +10,8 @@ from ..engine.shm.layout import MAX_PARTITIONS
 from ..errors import OffsetOutOfRange, SettingsMismatch, ShmqError, StreamNotFound
 from ..spark.staging import staged_by_writer
 from .app import (
-    Size, _connect, _echo_json, _echo_names, _json_option, _jsonable, _parse_headers, _print_table, _stop_on_signals,
-    _target_options, main,
+    Size, _connect, _echo_json, _echo_names, _echo_set, _json_option, _jsonable, _parse_headers, _print_table,
+    _stop_on_signals, _target_options, main,
 )
 
 
@@ -107,10 +107,7 @@ def stream_set(name, namespace, url, token, as_json, **options):
             after = broker.update_stream(name, **settings)
     except (StreamNotFound, SettingsMismatch, ValueError, TypeError) as e:
         raise click.UsageError(str(e).splitlines()[0]) from None
-    if as_json:
-        _echo_json(after)
-    else:
-        click.echo(f"set {name}: " + ", ".join(f"{k} {after[k]!r}" for k in settings))
+    _echo_set(name, settings, after, as_json)
 
 
 @stream_group.command("list")

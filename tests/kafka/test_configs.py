@@ -12,6 +12,7 @@ import pytest
 from shmq.kafka.compression import LZ4, NONE
 from shmq.kafka.records import LOG_APPEND_TIME, Record, decode_batches, encode_batch
 from tests.kafka.groups_wire import Wire, fetch_records, produce
+from tests.kafka.test_clients import _ck_consume
 
 pytestmark = pytest.mark.slow
 
@@ -43,20 +44,7 @@ def _alter(admin, topic, configs):
 
 
 def _consume(srv, topic, partition, n):
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": srv.bootstrap, "group.id": "unused", "enable.auto.commit": False})
-    try:
-        c.assign([TopicPartition(topic, partition, 0)])
-        out, deadline = [], time.monotonic() + 30
-        while len(out) < n and time.monotonic() < deadline:
-            m = c.poll(1.0)
-            if m is not None:
-                assert m.error() is None, m.error()
-                out.append(m)
-        return out
-    finally:
-        c.close()
+    return _ck_consume(srv.bootstrap, topic, n, partition)
 
 
 def test_confluent_admin_adds_partitions_a_producer_writes_there_a_consumer_reads_it(shared_kafka, names):

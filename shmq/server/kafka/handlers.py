@@ -149,58 +149,58 @@ def _list_offset(s, p, ts) -> tuple[int, int]:
     return _scan(s, p, ts)
 
 
-async def list_offsets(ctx, header, request):
-    server, topics = ctx.server, []
-    for t in request.topics:
+async def _per_partition(server, topics, entry, act) -> list:
+    """[{name, partitions}] of a request's ``topics``: for each partition asked, ``entry(rp)``
+    (its answer's fields if nothing is done: the topic's error code set) updated by
+    ``await act(stream, rp, entry)`` for a partition the topic has; an engine error there
+    becomes the partition's error code."""
+    out = []
+    for t in topics:
         s, code = server.topic(t.name)
         parts = []
         for rp in t.partitions:
-            entry = {"partition_index": rp.partition_index, "error_code": code, "offset": -1, "timestamp": -1,
-                     "leader_epoch": 0}
+            e = {"partition_index": rp.partition_index, "error_code": code, **entry(rp)}
             if s is not None:
                 try:
                     if not 0 <= rp.partition_index < s.partitions:
                         raise StreamNotFound(f"no partition {rp.partition_index}")
-                    if rp.timestamp in (LATEST, EARLIEST):
-                        entry["offset"], entry["timestamp"] = _list_offset(s, rp.partition_index, rp.timestamp)
-                    else:  # a walk of the records: off the loop
-                        entry["offset"], entry["timestamp"] = await asyncio.to_thread(
-                            _list_offset, s, rp.partition_index, rp.timestamp)
-                except (ShmqError, ValueError) as e:
-                    entry["error_code"] = code_of(e)
-            parts.append(entry)
-        topics.append({"name": t.name, "partitions": parts})
-    return respond(header, {"topics": topics})
+                    await act(s, rp, e)
+                except (ShmqError, ValueError) as exc:
+                    e["error_code"] = code_of(exc)
+            parts.append(e)
+        out.append({"name": t.name, "partitions": parts})
+    return out
+
+
+async def list_offsets(ctx, header, request):
+    async def act(s, rp, entry):
+        if rp.timestamp in (LATEST, EARLIEST):
+            entry["offset"], entry["timestamp"] = _list_offset(s, rp.partition_index, rp.timestamp)
+        else:  # a walk of the records: off the loop
+            entry["offset"], entry["timestamp"] = await asyncio.to_thread(
+                _list_offset, s, rp.partition_index, rp.timestamp)
+
+    return respond(header, {"topics": await _per_partition(
+        ctx.server, request.topics, lambda rp: {"offset": -1, "timestamp": -1, "leader_epoch": 0}, act)})
 
 
 async def delete_records(ctx, header, request):
     """Each partition's start offset moved up to the offset named (-1: its end), the
     records below dropped as retention drops them (``Stream.delete_records``)."""
-    topics = []
-    for t in request.topics:
-        s, code = ctx.server.topic(t.name)
-        parts = []
-        for rp in t.partitions:
-            entry = {"partition_index": rp.partition_index, "error_code": code, "low_watermark": -1}
-            if s is not None:
-                try:
-                    if not 0 <= rp.partition_index < s.partitions:
-                        raise StreamNotFound(f"no partition {rp.partition_index}")
-                    earliest, end = s.offsets(rp.partition_index)
-                    to = end if rp.offset == -1 else rp.offset
-                    if not 0 <= to <= end:
-                        raise KafkaProtocolError(f"offset {rp.offset}: -1 or 0..{end}", ErrorCode.offset_out_of_range)
-                    if to > earliest:
-                        s.delete_records({rp.partition_index: to})
-                        log.info("topic %s partition %d: records below %d deleted", t.name, rp.partition_index, to,
-                                 extra={"event": "kafka_records_deleted", "topic": t.name,
-                                        "partition": rp.partition_index, "offset": to})
-                    entry.update(error_code=ErrorCode.none, low_watermark=s.offsets(rp.partition_index)[0])
-                except (ShmqError, ValueError) as e:
-                    entry["error_code"] = code_of(e)
-            parts.append(entry)
-        topics.append({"name": t.name, "partitions": parts})
-    return respond(header, {"topics": topics})
+    async def act(s, rp, entry):
+        p = rp.partition_index
+        earliest, end = s.offsets(p)
+        to = end if rp.offset == -1 else rp.offset
+        if not 0 <= to <= end:
+            raise KafkaProtocolError(f"offset {rp.offset}: -1 or 0..{end}", ErrorCode.offset_out_of_range)
+        if to > earliest:
+            s.delete_records({p: to})
+            log.info("topic %s partition %d: records below %d deleted", s.name, p, to,
+                     extra={"event": "kafka_records_deleted", "topic": s.name, "partition": p, "offset": to})
+        entry.update(error_code=ErrorCode.none, low_watermark=s.offsets(p)[0])
+
+    return respond(header, {"topics": await _per_partition(ctx.server, request.topics,
+                                                           lambda rp: {"low_watermark": -1}, act)})
 
 
 async def describe_cluster(ctx, header, request):
