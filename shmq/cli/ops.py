@@ -71,6 +71,9 @@ from .config import config_file_options, given
                    "(127.0.0.1 for a wildcard address) and the bound port]")
 @click.option("--kafka-auto-create-partitions", type=click.IntRange(1), default=1, show_default=True,
               help="Partitions of a topic made because a Kafka client named it.")
+@click.option("--kafka-topic-max-bytes", type=Size(min=4096), default="64MiB", show_default=True,
+              help="The memory ring of each partition of a topic the Kafka listener makes (auto-created or by "
+                   "CreateTopics): what it holds before retention drops the oldest; taken as written.")
 @click.option("--kafka-initial-rebalance-delay-ms", type=click.IntRange(0), default=3000, show_default=True,
               help="How long a Kafka group with no members waits after its first JoinGroup before it assigns, "
                    "so that members starting together are assigned once (Kafka's "
@@ -97,7 +100,8 @@ from .config import config_file_options, given
               help="One line per event, with its fields: TIME shmq LEVEL message k=v..., or a JSON object.")
 def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, data_dir, no_persist,
            snapshot_interval, fsync, log_level, log_format, metrics, loop, kafka_port, kafka_host,
-           kafka_advertised_host, kafka_auto_create_partitions, kafka_initial_rebalance_delay_ms, no_kafka_auto_create,
+           kafka_advertised_host, kafka_auto_create_partitions, kafka_topic_max_bytes, kafka_initial_rebalance_delay_ms,
+           no_kafka_auto_create,
            **limits):
     """Run the broker: serve TCP clients, hold the namespace's registry, do housekeeping.
 
@@ -140,9 +144,10 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
         kafka = {"host": kafka_host or host, "port": kafka_port, "advertised_host": adv_host,
                  "advertised_port": adv_port,
                  "auto_create": not no_kafka_auto_create, "auto_create_partitions": kafka_auto_create_partitions,
-                 "initial_rebalance_delay_ms": kafka_initial_rebalance_delay_ms}
+                 "initial_rebalance_delay_ms": kafka_initial_rebalance_delay_ms,
+                 "topic_max_bytes": kafka_topic_max_bytes}
     elif kafka_host or kafka_advertised_host or no_kafka_auto_create or given("kafka_auto_create_partitions") \
-            or given("kafka_initial_rebalance_delay_ms"):
+            or given("kafka_initial_rebalance_delay_ms") or given("kafka_topic_max_bytes"):
         raise click.UsageError("the --kafka-* options need --kafka-port")
     if token is not None and not _on_command_line("token") and (token_file or no_auth):
         token = None  # --token-file and --no-auth win over $SHMQ_TOKEN

@@ -521,3 +521,12 @@ def test_a_stream_deleted_as_a_handle_attaches_is_not_found(broker):
     finally:
         sys.unraisablehook = hook
     assert unraisable == []
+
+
+def test_read_raw_stops_at_a_byte_bound_the_first_record_always_comes(broker):
+    s = broker.create_stream("big", partitions=1, max_bytes=1 << 22)
+    s.append_many([b"x" * 100_000] * 20, partition=0)
+    assert [r[0] for r in s.read_raw(0, 0, 500, max_bytes=1)] == [0]  # bigger than the bound: it alone
+    assert [r[0] for r in s.read_raw(0, 3, 500, max_bytes=250_000)] == [3, 4]
+    assert len(s.read_raw(0, 0, 500)) == 20
+    s.close()

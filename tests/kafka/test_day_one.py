@@ -166,3 +166,14 @@ def test_aiokafka_and_confluent_kafka_log_in_with_the_token(sasl_server, broker)
                          "sasl.mechanisms": "PLAIN", "sasl.username": "me", "sasl.password": TOKEN})
     assert "ai" in admin.list_topics(timeout=20).topics  # librdkafka 2.16's full listing, logged in
     assert [r.value for r in broker.stream("ai").read(0, 0, 10)] == [b"v"]
+
+
+def test_the_topics_the_listener_makes_take_its_ring_size(kafka_server, broker):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    srv = kafka_server("--kafka-topic-max-bytes", "1MiB", "--kafka-auto-create-partitions", "2")
+    admin = AdminClient({"bootstrap.servers": srv.bootstrap})
+    admin.create_topics([NewTopic("made", 3)])["made"].result(30)
+    assert "auto" in admin.list_topics("auto", timeout=20).topics  # auto-created by the Metadata
+    with broker.stream("made") as made, broker.stream("auto") as auto:
+        assert (made.partitions, made.max_bytes, auto.partitions, auto.max_bytes) == (3, 2**20, 2, 2**20)

@@ -440,11 +440,12 @@ class Stream:
         txn_id = check_txn(txn_id)
         return {p: self._part(p).published(txn_id) for p in range(self.partitions)}
 
-    def read_raw(self, p: int, offset: int, max_records: int = 1000) -> list:
+    def read_raw(self, p: int, offset: int, max_records: int = 1000, max_bytes: int | None = None) -> list:
         """``read`` without waiting, the records as they are stored: (offset, timestamp in
         ns, key or None, encoded headers, value or None) — for bulk readers that convert them
-        themselves (the Spark source builds Arrow columns from them). Local handles only."""
-        return self._part(p).read(offset, max_records)
+        themselves (the Spark source builds Arrow columns from them). With ``max_bytes``,
+        stops before the values pass it (the first record always comes). Local handles only."""
+        return self._part(p).read(offset, max_records, max_bytes)
 
     def read_columns(self, p: int, offset: int, max_records: int = 1000):
         """``read`` without waiting, as Arrow buffers built in C (``Partition.read_columns``),

@@ -39,7 +39,8 @@ def _read(s, p, offset, stop, budget, first):
     whatever its size)."""
     out, used = [], 0
     while offset < stop:
-        rows = s.read_raw(p, offset, min(CHUNK, stop - offset))
+        # (a byte bound too: a fetch of big records copies what it sends, not CHUNK of them)
+        rows = s.read_raw(p, offset, min(CHUNK, stop - offset), max(budget - used, 1))
         if not rows:
             return out, used
         for off, ts, key, hraw, value in rows:

@@ -49,18 +49,21 @@ class KafkaListener:
 
     ``token``: SASL/PLAIN with it as the password is wanted first (None: open).
     ``advertised_host`` / ``advertised_port``: the address Metadata names (default: the
-    bound one, ``advertised``). ``auto_create``: a Metadata or Produce naming an unknown topic creates it with
-    ``auto_create_partitions`` partitions, as Kafka's ``auto.create.topics.enable``.
-    ``initial_rebalance_delay_ms``: Kafka's ``group.initial.rebalance.delay.ms``
-    (``coordinator.Coordinator``). ``limits``: the server's (``max_connections``, ``frame_timeout``, ``idle_timeout``
-    apply to this port on its own).
+    bound one, ``advertised``). ``auto_create``: a Metadata or Produce naming an unknown
+    topic creates it with ``auto_create_partitions`` partitions, as Kafka's
+    ``auto.create.topics.enable``. ``topic_max_bytes``: the ring of each partition of a
+    topic it makes. ``initial_rebalance_delay_ms``: Kafka's
+    ``group.initial.rebalance.delay.ms`` (``coordinator.Coordinator``). ``limits``: the
+    server's (``max_connections``, ``frame_timeout``, ``idle_timeout`` apply to this port
+    on its own).
     """
 
     node_id = 0
 
     def __init__(self, broker, host="127.0.0.1", port=9092, token=None, max_frame_bytes=16 * 2**20,
                  advertised_host=None, advertised_port=None, auto_create=True, auto_create_partitions=1,
-                 limits: Limits | None = None, on_create=None, tls=None, initial_rebalance_delay_ms=3000):
+                 limits: Limits | None = None, on_create=None, tls=None, initial_rebalance_delay_ms=3000,
+                 topic_max_bytes=64 * 2**20):
         if auto_create_partitions < 1:
             raise ValueError(f"auto_create_partitions must be at least 1, not {auto_create_partitions}")
         self.broker = broker
@@ -73,6 +76,7 @@ class KafkaListener:
         self.auto_create = auto_create
         self.auto_create_partitions = auto_create_partitions
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
+        self.topic_max_bytes = topic_max_bytes
         self.limits = limits if limits is not None else Limits()
         self.on_create = on_create  # called with each stream this listener creates
         self.state_dir = None  # the server's data dir: producers' sequences and commit metadata kept there (state)
@@ -115,7 +119,7 @@ class KafkaListener:
             return None, ErrorCode.unknown_topic_or_partition
 
     def create_topic(self, name, partitions, **settings):
-        s = self.broker.create_stream(name, partitions=partitions, **settings)
+        s = self.broker.create_stream(name, partitions=partitions, **{"max_bytes": self.topic_max_bytes, **settings})
         try:
             if self.on_create is not None:
                 self.on_create(s)  # a wal stream's logs are open before the first append
