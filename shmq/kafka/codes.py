@@ -10,7 +10,7 @@ from kio.schema.errors import ErrorCode
 from ..errors import (LockTimeout, MessageTooLarge, OffsetOutOfRange, ShmqError, StorageError, StreamExists,
                       StreamNotFound)
 
-__all__ = ["ErrorCode", "KafkaProtocolError", "code_of"]
+__all__ = ["ErrorCode", "KafkaProtocolError", "code_of", "authorized_operations"]
 
 
 class KafkaProtocolError(ShmqError):
@@ -42,3 +42,15 @@ def code_of(e: BaseException) -> ErrorCode:
         if isinstance(e, cls):
             return e.code if code is None else code
     return ErrorCode.unknown_server_error
+
+
+# Kafka's ACL operations (AclOperation) that each kind of resource has: with no ACLs, one
+# who holds the token may do all of them, and a request that asks is told so
+_OPERATIONS = {"cluster": (5, 7, 8, 9, 10, 11, 12), "topic": (3, 4, 5, 6, 7, 8, 10, 11), "group": (3, 6, 8)}
+NOT_ASKED = -2**31  # an authorized-operations field not asked for (INT32_MIN)
+
+
+def authorized_operations(resource: str, asked: bool) -> int:
+    """The authorized-operations bit field of a response: every operation ``resource``
+    ("cluster", "topic", "group") has, where the request ``asked``."""
+    return sum(1 << op for op in _OPERATIONS[resource]) if asked else NOT_ASKED

@@ -124,7 +124,13 @@ def test_delete_records_and_describe_cluster(kafka_server, broker):
     cluster = admin.describe_cluster(request_timeout=30).result(30)
     assert cluster.cluster_id == f"shmq-{broker.namespace}"
     assert [(n.id, n.host, n.port) for n in cluster.nodes] == [(0, "127.0.0.1", srv.port)]
-    assert cluster.controller.id == 0
+    assert cluster.controller.id == 0 and cluster.authorized_operations is None  # not asked
+    from confluent_kafka.admin import AclOperation
+
+    asked = admin.describe_cluster(request_timeout=30, include_authorized_operations=True).result(30)
+    assert set(asked.authorized_operations) == {  # no ACLs: who holds the token may do all of them
+        AclOperation.ALTER, AclOperation.ALTER_CONFIGS, AclOperation.CLUSTER_ACTION, AclOperation.CREATE,
+        AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS, AclOperation.IDEMPOTENT_WRITE}
     s.close()
 
 

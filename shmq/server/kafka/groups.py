@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from ...kafka import ErrorCode as E
 from ...kafka import build
+from ...kafka.codes import authorized_operations
 from ...kafka.messages import response_class
 from .coordinator import GroupError
 
@@ -118,8 +119,8 @@ async def offset_fetch(ctx, header, request):
 async def describe_groups(ctx, header, request):
     c = ctx.server.coordinator
     native = c.native_groups()
-    return _respond(request, groups=[{"group_id": gid,
-                                      "authorized_operations": -2147483648, **c.describe(gid, native)}
+    ops = authorized_operations("group", getattr(request, "include_authorized_operations", False))
+    return _respond(request, groups=[{"group_id": gid, "authorized_operations": ops, **c.describe(gid, native)}
                                      for gid in request.groups])
 
 

@@ -17,7 +17,7 @@ import logging
 
 from ...errors import ShmqError, StreamNotFound
 from ...kafka import ErrorCode, KafkaProtocolError, build
-from ...kafka.codes import code_of
+from ...kafka.codes import authorized_operations, code_of
 from ...kafka.messages import response_class
 from ...kafka.sasl import MECHANISMS, parse_plain
 from .fetch import fetch
@@ -62,11 +62,11 @@ def _partitions(server, s) -> list:
              "replica_nodes": [server.node_id], "isr_nodes": [server.node_id]} for p in range(s.partitions)]
 
 
-def _topic_entry(server, name, s, code):
+def _topic_entry(server, name, s, code, ops):
     if s is None:
         return {"error_code": code, "name": name, "topic_id": None, "partitions": []}
     return {"error_code": ErrorCode.none, "name": name, "topic_id": server.topic_id(s),
-            "partitions": _partitions(server, s)}
+            "partitions": _partitions(server, s), "topic_authorized_operations": ops}
 
 
 async def metadata(ctx, header, request):
@@ -75,23 +75,26 @@ async def metadata(ctx, header, request):
     if header.request_api_version == 0 and names == []:  # v0: empty means all
         names = None
     create = getattr(request, "allow_auto_topic_creation", True)
+    ops = authorized_operations("topic", getattr(request, "include_topic_authorized_operations", False))
     topics = []
     if names is None:
         for name in server.broker.list_streams():
             s, code = server.topic(name)
             if s is not None:
-                topics.append(_topic_entry(server, name, s, code))
+                topics.append(_topic_entry(server, name, s, code, ops))
     else:
         for name in names:
             if name is None:  # asked by topic id: ids are not looked up
                 topics.append({"error_code": ErrorCode.unknown_topic_id, "name": None, "partitions": []})
                 continue
             s, code = server.topic(name, create=create)
-            topics.append(_topic_entry(server, name, s, code))
+            topics.append(_topic_entry(server, name, s, code, ops))
     return respond(header, {
         "brokers": [{"node_id": server.node_id, "host": server.advertised_host,
                      "port": server.advertised_port or server.port}],
-        "cluster_id": server.cluster_id, "controller_id": server.node_id, "topics": topics})
+        "cluster_id": server.cluster_id, "controller_id": server.node_id, "topics": topics,
+        "cluster_authorized_operations": authorized_operations(  # (v8-10: librdkafka's DescribeCluster)
+            "cluster", getattr(request, "include_cluster_authorized_operations", False))})
 
 
 async def delete_topics(ctx, header, request):
@@ -210,7 +213,8 @@ async def describe_cluster(ctx, header, request):
                                 request.endpoint_type, "error_message": "only brokers (endpoint type 1)",
                                 "cluster_id": server.cluster_id, "controller_id": -1})
     return respond(header, {"error_code": ErrorCode.none, "endpoint_type": 1, "cluster_id": server.cluster_id,
-                            "controller_id": server.node_id, "cluster_authorized_operations": -2147483648,
+                            "controller_id": server.node_id, "cluster_authorized_operations": authorized_operations(
+                                "cluster", request.include_cluster_authorized_operations),
                             "brokers": [{"broker_id": server.node_id, "host": server.advertised_host,
                                          "port": server.advertised_port or server.port, "rack": None}]})
 
