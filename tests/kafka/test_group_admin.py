@@ -186,3 +186,40 @@ def test_a_restarted_static_consumer_gets_its_partitions_back_and_the_other_sees
     finally:
         i1.close()
         i2.close()
+
+
+def test_a_commits_leader_epoch_comes_back_with_its_offset(kafka_server, broker):
+    from tests.kafka.groups_wire import COMMIT, FETCH
+
+    srv = kafka_server()
+    s = broker.create_stream("ev", partitions=2)
+
+    def fetched(w):
+        r = w.call(FETCH, 9, groups=[{"group_id": "g", "topics": [{"name": "ev", "partition_indexes": [0, 1]}]}],
+                   require_stable=False)
+        return {p.partition_index: (p.committed_offset, p.committed_leader_epoch, p.metadata)
+                for t in r.groups[0].topics for p in t.partitions}
+
+    with Wire(srv.port) as w:
+        r = w.call(COMMIT, 9, group_id="g", generation_id_or_member_epoch=-1, member_id="", topics=[
+            {"name": "ev", "partitions": [{"partition_index": 0, "committed_offset": 10, "committed_leader_epoch": 5,
+                                           "committed_metadata": "m"},
+                                          {"partition_index": 1, "committed_offset": 20,
+                                           "committed_leader_epoch": -1, "committed_metadata": None}]}])
+        assert [p.error_code for p in r.topics[0].partitions] == [E.none, E.none]
+        assert fetched(w) == {0: (10, 5, "m"), 1: (20, -1, "")}
+        s.reset("g", {0: 11})  # a native move: what came with the old offset goes
+        assert fetched(w) == {0: (11, -1, ""), 1: (20, -1, "")}
+    s.close()
+
+
+def test_commit_metadata_rows_of_an_older_server_are_taken_back():
+    from shmq.server.kafka.coordinator import Coordinator
+
+    c = Coordinator(None, None)
+    assert c.restore_metadata([["g", "t", 0, 3, "old"], ["g", "t", 1, 4, "", 7]]) == 2
+    assert (c._meta_of("g", "t", 0, 3), c._meta_of("g", "t", 1, 4), c._meta_of("g", "t", 1, 5)) == (
+        ("old", -1), ("", 7), ("", -1))
+    assert c.export_metadata() == [["g", "t", 0, 3, "old", -1], ["g", "t", 1, 4, "", 7]]
+    with pytest.raises(ValueError):
+        c.restore_metadata([["g", "t", 0, 3, "m", "epoch"]])

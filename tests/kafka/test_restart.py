@@ -52,7 +52,7 @@ def test_sequences_and_commit_metadata_survive_a_clean_restart(broker, servers, 
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path) as f:
         kept = json.load(f)
-    assert (len(kept["sequences"]), kept["metadata"]) == (1, [["g", "ev", 0, 3, "kept over restarts"]])
+    assert (len(kept["sequences"]), kept["metadata"]) == (1, [["g", "ev", 0, 3, "kept over restarts", -1]])
 
     srv = start()
     assert "1 producer partition(s), 1 commit metadata" in "".join(x for x in srv.proc.log if "taken back" in x)

@@ -107,7 +107,8 @@ class Coordinator:
         self.initial_delay_ms = initial_delay_ms  # Kafka's group.initial.rebalance.delay.ms
         self.groups: dict[str, Group] = {}
         self._streams: dict[str, Any] = {}  # attached stream handles, by name
-        self._metadata: dict[tuple, tuple] = {}  # (group, topic, partition) -> (offset, commit metadata)
+        # (group, topic, partition) -> (offset, commit metadata, leader epoch): what came with the offset
+        self._metadata: dict[tuple, tuple] = {}
 
     def close(self) -> None:
         """Stop: answer what waits with COORDINATOR_NOT_AVAILABLE, give back the stand-ins."""
@@ -501,8 +502,8 @@ class Coordinator:
     # ------------------------------------------------------------------ offsets
     def commit(self, group_id: str, generation: int, member_id: str, instance_id: str | None,
                topics: dict) -> dict:
-        """OffsetCommit of {topic: [(partition, offset, metadata)]}: {topic: [(partition,
-        error code)]}. A member commits in its generation; generation -1 without a member
+        """OffsetCommit of {topic: [(partition, offset, metadata, leader epoch)]}: {topic:
+        [(partition, error code)]}. A member commits in its generation; generation -1 without a member
         is a manual commit, for a group with no Kafka member."""
         g = self.groups.get(group_id)
         try:
@@ -519,7 +520,7 @@ class Coordinator:
                     raise GroupError(E.rebalance_in_progress)
                 self._touch(g, m)
         except GroupError as e:
-            return {t: [(p, e.code) for p, _o, _m in parts] for t, parts in topics.items()}
+            return {t: [(p, e.code) for p, *_ in parts] for t, parts in topics.items()}
         return {t: self._store(g, group_id, t, parts) for t, parts in topics.items()}
 
     def _store(self, g: Group | None, group_id: str, topic: str, parts: list) -> list:
@@ -527,9 +528,9 @@ class Coordinator:
         try:
             s = self.stream(topic)
         except StreamNotFound:
-            return [(p, E.unknown_topic_or_partition) for p, _o, _m in parts]
+            return [(p, E.unknown_topic_or_partition) for p, *_ in parts]
         codes, offsets = {}, {}
-        for p, offset, meta in parts:
+        for p, offset, meta, _epoch in parts:
             if not 0 <= p < s.partitions:
                 codes[p] = E.unknown_topic_or_partition
             elif offset < 0:
@@ -546,20 +547,20 @@ class Coordinator:
                     holder = g.proxies.get(topic, 0)
                 s.groups_table.set_offsets(group_id, offsets, holder)
             except GroupError:
-                return [(p, codes.get(p, E.unknown_member_id)) for p, _o, _m in parts]
+                return [(p, codes.get(p, E.unknown_member_id)) for p, *_ in parts]
             except StreamNotFound:
-                return [(p, E.unknown_topic_or_partition) for p, _o, _m in parts]
+                return [(p, E.unknown_topic_or_partition) for p, *_ in parts]
             except ShmqError as e:  # native members, or no room for another group
                 log.warning("Kafka group %s: commit refused: %s", group_id, e)
-                return [(p, codes.get(p, E.unknown_member_id)) for p, _o, _m in parts]
-            for p, offset, meta in parts:
+                return [(p, codes.get(p, E.unknown_member_id)) for p, *_ in parts]
+            for p, offset, meta, epoch in parts:
                 if p in offsets:
-                    self._metadata[(group_id, topic, p)] = (offset, meta or "")
-        return [(p, codes.get(p, E.none)) for p, _o, _m in parts]
+                    self._metadata[(group_id, topic, p)] = (offset, meta or "", epoch)
+        return [(p, codes.get(p, E.none)) for p, *_ in parts]
 
     def fetch(self, group_id: str, topics: list | None) -> dict:
         """OffsetFetch of [(topic, [partition])] or None (every topic the group has offsets
-        in): {topic: [(partition, offset or -1, metadata)]}."""
+        in): {topic: [(partition, offset or -1, metadata, leader epoch or -1)]}."""
         out = {}
         if topics is None:
             for name in self.broker.list_streams():
@@ -570,7 +571,7 @@ class Coordinator:
             for name, partitions in topics:
                 committed = self._committed(name, group_id)
                 out[name] = [(p, committed.get(p, -1)) for p in partitions]
-        return {t: [(p, o, self._meta_of(group_id, t, p, o)) for p, o in parts] for t, parts in out.items()}
+        return {t: [(p, o, *self._meta_of(group_id, t, p, o)) for p, o in parts] for t, parts in out.items()}
 
     def _committed(self, topic: str, group_id: str) -> dict:
         try:
@@ -579,26 +580,27 @@ class Coordinator:
             return {}
 
     def export_metadata(self) -> list:
-        """The commit metadata held, as JSON-able rows [group, topic, partition, offset,
-        metadata] (``state.keep``)."""
-        return [[g, t, p, o, m] for (g, t, p), (o, m) in self._metadata.items() if m]
+        """The commit metadata and leader epochs held, as JSON-able rows [group, topic,
+        partition, offset, metadata, leader epoch] (``state.keep``)."""
+        return [[g, t, p, o, m, e] for (g, t, p), (o, m, e) in self._metadata.items() if m or e >= 0]
 
     def restore_metadata(self, rows) -> int:
-        """Take back ``export_metadata``'s rows; returns how many. ValueError for rows
-        not of that shape."""
-        for g, t, p, o, m in rows:
+        """Take back ``export_metadata``'s rows (an older server's have no leader epoch);
+        returns how many. ValueError for rows not of that shape."""
+        for g, t, p, o, m, *rest in rows:
+            e = rest[0] if rest else -1
             if not (isinstance(g, str) and isinstance(t, str) and isinstance(m, str) and type(p) is int
-                    and type(o) is int):
+                    and type(o) is int and type(e) is int and len(rest) <= 1):
                 raise ValueError(f"a commit metadata row {[g, t, p, o]!r}")
-            self._metadata[(g, t, p)] = (o, m)
+            self._metadata[(g, t, p)] = (o, m, e)
         return len(rows)
 
-    def _meta_of(self, group_id, topic, p, offset) -> str:
-        """The metadata committed with ``offset``, if it is still the committed one (held in
-        memory, kept over a clean restart where the server persists: ``state``; a native
-        commit forgets it)."""
+    def _meta_of(self, group_id, topic, p, offset) -> tuple[str, int]:
+        """(metadata, leader epoch) committed with ``offset``, if it is still the committed
+        one, else ("", -1) (held in memory, kept over a clean restart where the server
+        persists: ``state``; a native commit forgets them)."""
         kept = self._metadata.get((group_id, topic, p))
-        return kept[1] if kept is not None and kept[0] == offset else ""
+        return kept[1:] if kept is not None and kept[0] == offset else ("", -1)
 
     # ------------------------------------------------------------------ admin
     def native_groups(self) -> dict:

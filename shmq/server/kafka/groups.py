@@ -93,8 +93,8 @@ async def leave_group(ctx, header, request):
 
 
 async def offset_commit(ctx, header, request):
-    topics = {t.name: [(p.partition_index, p.committed_offset, p.committed_metadata) for p in t.partitions]
-              for t in request.topics}
+    topics = {t.name: [(p.partition_index, p.committed_offset, p.committed_metadata,
+                        getattr(p, "committed_leader_epoch", -1)) for p in t.partitions] for t in request.topics}
     got = ctx.server.coordinator.commit(request.group_id, request.generation_id_or_member_epoch, request.member_id,
                                         getattr(request, "group_instance_id", None), topics)
     return _respond(request, topics=[{"name": t, "partitions": [{"partition_index": p, "error_code": code}
@@ -103,8 +103,8 @@ async def offset_commit(ctx, header, request):
 
 def _fetched(coordinator, group_id, topics) -> list:
     wanted = None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]
-    return [{"name": t, "partitions": [{"partition_index": p, "committed_offset": o, "committed_leader_epoch": -1,
-                                        "metadata": meta, "error_code": E.none} for p, o, meta in parts]}
+    return [{"name": t, "partitions": [{"partition_index": p, "committed_offset": o, "committed_leader_epoch": epoch,
+                                        "metadata": meta, "error_code": E.none} for p, o, meta, epoch in parts]}
             for t, parts in coordinator.fetch(group_id, wanted).items()]
 
 
