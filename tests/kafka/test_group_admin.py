@@ -20,7 +20,7 @@ DELETE_GROUPS, OFFSET_DELETE, DELETE_RECORDS, DESCRIBE_CLUSTER = 42, 47, 21, 60
 
 
 def test_members_starting_together_are_assigned_once(kafka_server, broker):
-    srv = kafka_server("--kafka-initial-rebalance-delay-ms", "1500")
+    srv = kafka_server("--kafka-initial-rebalance-delay-ms", "3000")  # (Kafka's default)
     broker.create_stream("ev", partitions=2)
     with Wire(srv.port, "a") as a, Wire(srv.port, "b") as b:
         t0 = time.monotonic()
@@ -30,7 +30,7 @@ def test_members_starting_together_are_assigned_once(kafka_server, broker):
         waited = time.monotonic() - t0
         assert (ra.error_code, rb.error_code, ra.generation_id, rb.generation_id) == (E.none, E.none, 1, 1)
         assert sorted(m.member_id for m in ra.members) == sorted([ra.member_id, rb.member_id])
-        assert waited >= 1.4, waited
+        assert waited >= 2.9, waited
         sync(b, 1, rb.member_id, send_only=True)
         sync(a, 1, ra.member_id, [(ra.member_id, assignment({"ev": [0]})), (rb.member_id, assignment({"ev": [1]}))])
         assert b.recv().assignment == assignment({"ev": [1]})
@@ -39,8 +39,8 @@ def test_members_starting_together_are_assigned_once(kafka_server, broker):
         assert a.call(13, 5, group_id="g", members=[{"member_id": rb.member_id}]).members[0].error_code == E.none
         assert heartbeat(a, 1, ra.member_id) == E.rebalance_in_progress
         assert join(a, ra.member_id, instance="pod-a").generation_id == 2
-        assert time.monotonic() - t0 < 1.0
-    srv.proc.wait_for_line(lambda x: "first members joining; assigning in 1500 ms" in x)
+        assert time.monotonic() - t0 < 2.0  # (well under the delay)
+    srv.proc.wait_for_line(lambda x: "first members joining; assigning in 3000 ms" in x)
 
 
 def test_an_answer_nobody_waits_for_logs_no_error(kafka_server, broker):

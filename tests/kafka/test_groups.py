@@ -411,6 +411,9 @@ def test_a_group_rebalances_on_join_leave_and_sigkill_and_delivers_each_record_o
             assert again[0] == committed_before.get(p, 0)
     producer.close()
     s.close()
+    assert kafka.stop() == 0  # and the server said nothing an operator alerts on (no unread answer's ERROR)
+    errors = [x for x in kafka.log + kafka.later if " ERROR " in x]
+    assert not errors, errors
 
 
 def test_kafka_commits_are_the_shmq_groups_offsets_and_native_ones_are_kafkas(broker, kafka):
