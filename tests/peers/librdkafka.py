@@ -148,6 +148,9 @@ def run(src: str, number: str, scenario: str, sasl: bool, timeout: float, workdi
         found.update({name: status for name, status in _ROW.findall(out) if status not in ("RUNNING", "NOT STARTED")})
     finally:
         srv.stop()
+    if os.environ.get("RDK_OUTPUT"):  # the whole output of the program, for a person to read
+        with open(os.environ["RDK_OUTPUT"], "a") as f:
+            f.write(out)
     return found, time.monotonic() - t0, out[-4000:]
 
 
@@ -165,7 +168,8 @@ def main(argv=None) -> int:
         for number, tests in entries(a.src).items():
             if wanted and number not in wanted:
                 continue
-            remote = [(name, scenarios) for name, flags, scenarios in tests if "TEST_F_LOCAL" not in flags]
+            remote = [(name, scenarios) for name, flags, scenarios in tests  # (manual ones: run by hand only)
+                      if "TEST_F_LOCAL" not in flags and "TEST_F_MANUAL" not in flags]
             for scenario in sorted({sc for _n, scs in remote for sc in scs if sc in ("default", "noautocreate")}):
                 found, secs, tail = run(a.src, number, scenario, a.sasl, a.timeout, workdir)
                 for name, status in found.items():
