@@ -167,9 +167,12 @@ def test_a_restarted_static_consumer_gets_its_partitions_back_and_the_other_sees
         c.poll(0.1)
         return c.assignment()
 
+    def both_one():  # (each polled every round: a consumer not polled never takes its assignment)
+        return [len(assigned(i1)), len(assigned(i2))] == [1, 1]
+
     i1, i2 = consumer("i1"), consumer("i2")
     try:
-        wait_for(lambda: len(assigned(i1)) == 1 and len(assigned(i2)) == 1, 60, "both assigned one partition")
+        wait_for(both_one, 60, "both assigned one partition")
         before = list(events["i1"])
         mine = sorted(p.partition for p in i2.assignment())
         i2.close()  # a static member's close sends no LeaveGroup: its session holds its place

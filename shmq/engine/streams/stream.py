@@ -285,7 +285,8 @@ class Stream:
         if key is not None:
             key = as_bytes(key, "key")
         hraw = b"" if headers is None else encode_record_headers(headers)
-        n = _payload(key, hraw, value)
+        # (``_payload``, inline: this runs per record)
+        n = len(hraw) + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
         if n > maxmsg:
             raise MessageTooLarge(f"record of {n} bytes (key, headers and value); stream {self.name!r} takes "
                                   f"at most {maxmsg}")
