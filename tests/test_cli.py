@@ -77,8 +77,11 @@ def test_stats_human_units_natural_order_and_the_dlq_next_to_its_source(target, 
     assert (dead["ready"], rows["q1"]["ready"], rows["q1"]["dead-lettered"]) == ("3", "1", "3")
     assert re.fullmatch(r"\d+(\.\d)? KiB", rows["q1"]["used"]) and re.fullmatch(r"\d+(\.\d)? KiB", dead["used"])
     assert (rows["q2"]["used"], rows["q2"]["max"], rows["q1"]["max"]) == ("0 B", "1 MiB", "64 MiB")
-    # what each holds of /dev/shm: its header (128 KiB), and for q1 the ring's first chunk (64 KiB) beside it
-    assert (rows["q2"]["memory"], rows["q10"]["memory"], rows["q1"]["memory"]) == ("128 KiB", "128 KiB", "192 KiB")
+    # what each holds of /dev/shm: its header (128 KiB), and for q1 the ring's first chunk (64 KiB) beside it,
+    # and the chunk its puts claimed ahead until a housekeeping round gives it back (a loaded machine's stats
+    # may come before that round)
+    assert (rows["q2"]["memory"], rows["q10"]["memory"]) == ("128 KiB", "128 KiB")
+    assert rows["q1"]["memory"] in ("192 KiB", "256 KiB"), rows["q1"]
     assert re.fullmatch(r"\d+(\.\d)?(µs|ms|s)", rows["q1"]["oldest"]) and rows["q2"]["oldest"] == "-"
     assert max(len(line) for line in lines) < 120  # 165 columns before, for these names
     as_json = json.loads(shmq_cli("stats", "--json", *target).stdout)  # unchanged for scripts
