@@ -55,7 +55,7 @@ _ON_USE = {
     "Queue": "engine.queues.queue",
     "Delivery": "engine.queues.queue",
     "Stream": "engine.streams.stream",
-    "Consumer": "engine.streams.stream",
+    "Consumer": "engine.streams.consumer",
     "MultiConsumer": "engine.streams.multiconsumer",
     "Producer": "producer",
 }

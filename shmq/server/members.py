@@ -13,7 +13,7 @@ server leaves them all at once.
 
 import logging
 
-from ..engine.streams.stream import Consumer
+from ..engine.streams.consumer import Consumer
 from ..errors import ShmqError
 from .leases import Held
 

@@ -19,7 +19,8 @@ from ...model.checks import check_offset as _check_offset
 from ...model.composite import Composite, Subscription, check_subscription
 from ...model.records import TopicPartition, as_tp, by_stream
 from ..shm import waits
-from .stream import REFRESH_NS, Consumer, Iterating, Stream, log
+from .consumer import REFRESH_NS, Consumer, Iterating, log
+from .stream import Stream
 from .watch import Armed, StreamsWatch
 
 __all__ = ["TopicPartition", "MultiConsumer", "Composite", "Subscription", "check_subscription", "by_stream"]
