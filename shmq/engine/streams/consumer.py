@@ -11,7 +11,6 @@ is fenced by.
 
 import logging
 import time
-import typing
 from collections import deque
 
 from ...errors import CommitFailed, OffsetOutOfRange, ShmqError, StreamNotFound
@@ -20,9 +19,6 @@ from ...model.checks import check_group as _group_name
 from ...model.checks import check_offset as _check_offset
 from ...model.records import Record
 from ..shm import waits
-
-if typing.TYPE_CHECKING:
-    from .stream import Stream
 
 __all__ = ["Consumer", "Iterating", "REFRESH_NS"]
 
@@ -65,9 +61,10 @@ class Consumer(Iterating):
     ``commit()`` commits them while their new owner has committed nothing), optional
     auto-commit every ``auto_commit_interval`` seconds (off by default: docs/STREAMS.md
     says why), ``max_poll_interval`` (a member that does not poll for that long is taken
-    out of the group; its next poll joins again), and ``for record in consumer``."""
+    out of the group; its next poll joins again), and ``for record in consumer``. ``stream``: the
+    ``Stream`` handle it reads (``Stream.consumer`` makes one)."""
 
-    def __init__(self, stream: "Stream", group: str, auto_offset_reset: str = "earliest", *, on_assign=None,
+    def __init__(self, stream, group: str, auto_offset_reset: str = "earliest", *, on_assign=None,
                  on_revoke=None, auto_commit: bool = False, auto_commit_interval: float = 5.0,
                  max_poll_interval: float | None = 300.0):
         self.stream = stream
