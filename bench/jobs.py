@@ -5,8 +5,10 @@ For each tool (Dramatiq, Celery) and each broker (``shmq``: local attach; ``shmq
 own), the real worker command (``dramatiq bench.job_apps``, ``celery -A bench.job_apps
 worker``) runs a pool of the same size; this process, the one producer, enqueues
 ``--jobs`` no-op jobs (from a process of its own), and the figure is jobs/s from the
-first enqueue to the last job's done mark (bench/job_apps.py). Two modes: ``plain`` and ``retry`` (one job in ten
-raises on its first try and is retried). Every figure is the median of ``--runs`` runs,
+first enqueue to the last job's done mark (bench/job_apps.py). Modes: ``plain``, ``retry`` (one job in ten
+raises on its first try and is retried) and, for Celery, ``chord`` (the jobs as chords of 10 parts, the
+results in a backend of the broker's kind: shmq's keyed store, or Redis; a chord's body marks its 10
+parts done). Every figure is the median of ``--runs`` runs,
 shown beside Redis's as shmq / Redis (issue 29's target: at least 2x, local attach).
 ``--json`` writes every run. A broker or tool that cannot run here is skipped, saying why.
 """
@@ -32,7 +34,8 @@ from bench.servers import RedisServer, ShmqServer
 PROG = "python -m bench.jobs"
 TOOLS = ("dramatiq", "celery")
 BROKERS = ("shmq", "shmq-tcp", "redis")
-MODES = ("plain", "retry")
+MODES = ("plain", "retry", "chord")
+CHORD_PARTS = 10
 TARGET = 2.0  # shmq (local attach) / Redis, jobs per second
 READY = {"dramatiq": b"is ready for action", "celery": b"ready."}
 START_TIMEOUT = 60.0
@@ -120,9 +123,15 @@ def produce(tool, env, count, started):
     os.environ.update(env)
     import bench.job_apps as apps
     started.put(time.monotonic())
-    send = apps.job.send if tool == "dramatiq" else apps.job.delay
-    for n in range(count):
-        send(n)
+    if apps.CHORD:
+        from celery import chord
+
+        for first in range(0, count, apps.CHORD):
+            chord(apps.part.s(n) for n in range(first, min(first + apps.CHORD, count)))(apps.chord_done.s())
+    else:
+        send = apps.job.send if tool == "dramatiq" else apps.job.delay
+        for n in range(count):
+            send(n)
     if tool == "dramatiq":
         apps.job.broker.close()
     else:
@@ -136,6 +145,7 @@ def one_run(tool, broker, mode, url, args):
     done.close()
     env = dict(os.environ, BENCH_JOBS_TOOL=tool, BENCH_JOBS_BROKER=broker, BENCH_JOBS_URL=url or "",
                BENCH_JOBS_DONE=done.name, BENCH_JOBS_FAIL_EVERY="10" if mode == "retry" else "0",
+               BENCH_JOBS_CHORD=str(CHORD_PARTS) if mode == "chord" else "0",
                SHMQ_NAMESPACE=ns if broker == "shmq" else os.environ.get("SHMQ_NAMESPACE", ns))
     workers = Workers(tool, env, args)
     ctx = mp.get_context("spawn")
@@ -195,6 +205,8 @@ def main(argv=None):
                 elif broker == "redis":
                     url = f"redis://127.0.0.1:{servers[broker][0].port}/0"
                 for mode in args.modes:
+                    if mode == "chord" and tool != "celery":
+                        continue  # (Dramatiq has no chords)
                     rates, error = [], None
                     for _ in range(args.runs):
                         try:
@@ -233,6 +245,8 @@ def print_table(info, args, rows, skipped):
     by = {(r["tool"], r["broker"], r["mode"]): r["median"] for r in rows}
     for tool in args.tools:
         for mode in args.modes:
+            if (tool, "shmq", mode) not in by and all((tool, b, mode) not in by for b in args.brokers):
+                continue
             figures = [by.get((tool, b, mode)) for b in args.brokers]
             shmq, redis = by.get((tool, "shmq", mode)), by.get((tool, "redis", mode))
             ratio = f"{shmq / redis:.2f}x" if shmq and redis else "-"

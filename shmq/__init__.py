@@ -41,6 +41,7 @@ from .errors import (
     StreamExists,
     StreamNotFound,
     Unauthorized,
+    WrongType,
 )
 from .model.keepalive import Keepalive
 from .model.messages import Message, QueueStats
@@ -57,6 +58,7 @@ _ON_USE = {
     "Stream": "engine.streams.stream",
     "Consumer": "engine.streams.consumer",
     "MultiConsumer": "engine.streams.multiconsumer",
+    "Store": "engine.store",
     "Producer": "producer",
 }
 
@@ -98,6 +100,8 @@ __all__ = [
     "ExchangeExists",
     "RequestTimeout",
     "SerializationError",
+    "WrongType",
+    "Store",
     "Stream",
     "Record",
     "RecordMetadata",
@@ -144,10 +148,8 @@ def connect(url: str | None = None, *, namespace: str | None = None, token: str 
 
 
 def __getattr__(name):
-    if name == "aio":  # the asyncio client, imported on first use: ``import shmq`` does not load asyncio
-        from .client import aio
-
-        return aio
+    if name == "aio":  # the asyncio client (shmq/aio.py), imported on first use: ``import shmq`` loads no asyncio
+        return importlib.import_module(".aio", __name__)
     home = _ON_USE.get(name)
     if home is None:
         raise AttributeError(f"module 'shmq' has no attribute {name!r}")

@@ -221,6 +221,8 @@ def _examine(namespace, entries, now, remove=False) -> dict:
                 owned = _owned(namespace, live) | {segment_name(namespace, "registry").lstrip("/"),
                                                      segment_name(namespace, "exchanges").lstrip("/"),
                                                      lock_name(namespace)}
+                stores = segment_name(namespace, "kv", "").lstrip("/")  # keyed stores: their files are them
+                owned |= {e for e in entries if e.startswith(stores)}
                 half = {}
                 for i, st, name in used:
                     if st in (CREATING, DELETING):

@@ -35,6 +35,7 @@ __all__ = [
     "ExchangeNotFound",
     "ExchangeExists",
     "RequestTimeout",
+    "WrongType",
 ]
 
 
@@ -204,3 +205,9 @@ class StreamLayoutMismatch(LayoutMismatch, StreamNotFound):
     """A stream's LayoutMismatch. It is also a StreamNotFound, as such a stream was taken
     before: a delete goes on, what looks streams over passes it by, and over TCP it travels
     as StreamNotFound's status, with this message."""
+
+
+class WrongType(ShmqError, TypeError):
+    """A keyed store's key holds another kind than the call works on: a set where a
+    value is read or counted, a value where a set is, or (``incr``) a value that is not
+    an integer. Nothing changed: use another key, or delete this one first."""

@@ -7,7 +7,9 @@ names it and carries its fields::
                                          "requests": 12, "reason": "eof"})
 
 ``--log-format json`` writes one JSON object per line: ``time``, ``level``, ``logger``,
-``message``, then the fields (``event`` and the rest; a traceback as ``exc``).
+``message``, then the fields (``event`` and the rest; a traceback as ``exc``). Every line
+has an ``event``: one that names none (a library's record, asyncio's, a Python warning)
+gets ``log``, and its ``logger`` says whose it is.
 ``--log-format text`` writes ``TIME shmq LEVEL message k=v k=v``: the same fields,
 logfmt-style (a value with spaces or quotes is JSON-quoted), so a line stays one line.
 """
@@ -17,9 +19,10 @@ import json
 import logging
 import sys
 
-__all__ = ["JsonFormatter", "TextFormatter", "configure", "peer_text", "FORMATS"]
+__all__ = ["JsonFormatter", "TextFormatter", "configure", "peer_text", "FORMATS", "PLAIN_EVENT"]
 
 FORMATS = ("text", "json")
+PLAIN_EVENT = "log"  # the event of a line that names none of its own
 
 # every attribute a LogRecord has of its own: whatever else it carries came in ``extra``
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
@@ -64,7 +67,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for k, v in _fields(record).items():
+        fields = _fields(record)
+        out["event"] = fields.pop("event", None) or PLAIN_EVENT
+        for k, v in fields.items():
             out.setdefault(k, v)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
@@ -83,6 +88,7 @@ def configure(level: str = "info", fmt: str = "text", stream=None) -> None:
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    logging.captureWarnings(True)  # a Python warning is a line of the log too, not text beside it
 
 
 def peer_text(peer) -> str:

@@ -10,10 +10,12 @@ same certificates from the same settings, and every certificate error reads alik
 
 import functools
 import os
+import pwd
 import re
 import ssl
 
-__all__ = ["server_context", "client_context", "describe", "note_refused", "CA_ENV", "CERT_ENV", "KEY_ENV"]
+__all__ = ["server_context", "client_context", "describe", "note_refused", "readable_key_warning", "CA_ENV",
+           "CERT_ENV", "KEY_ENV"]
 
 CA_ENV, CERT_ENV, KEY_ENV = "SHMQ_TLS_CA", "SHMQ_TLS_CERT", "SHMQ_TLS_KEY"
 
@@ -34,11 +36,35 @@ def _reason(e: Exception) -> str:
     return text[:1].lower() + text[1:]
 
 
-def describe(e: Exception) -> str:
-    """What a failed TLS connection or handshake says after ``cannot connect to HOST:PORT: ``."""
+# OpenSSL's X509_V_ERR_ codes for a certificate no trusted CA signed (unable to get the
+# issuer's certificate, locally or at all; self-signed; self-signed in the chain; unable to
+# verify the leaf's signature), and for one made out to another name or address
+_UNKNOWN_ISSUER = frozenset({2, 18, 19, 20, 21})
+_OTHER_NAME = frozenset({62, 64})
+
+
+def describe(e: Exception, given=None) -> str:
+    """What a failed TLS connection or handshake says after ``cannot connect to HOST:PORT: ``;
+    a certificate the client does not trust, with the way out. ``given``: the client's
+    ``ssl=`` (None or True: the context came from ``$SHMQ_TLS_CA`` or the system's CAs)."""
     if isinstance(e, ssl.SSLError):
-        return f"TLS {_reason(e)}"
+        return f"TLS {_reason(e)}{_way_out(e, given)}"
     return (e.strerror if isinstance(e, OSError) else None) or str(e)
+
+
+def _way_out(e: ssl.SSLError, given) -> str:
+    code = getattr(e, "verify_code", None)
+    if code in _OTHER_NAME:
+        return " (connect by a name or address the server's certificate holds: its subjectAltName)"
+    if code not in _UNKNOWN_ISSUER:
+        return ""
+    if isinstance(given, ssl.SSLContext):
+        return (" (the ssl= context trusts no CA that signed the server's certificate: give it the CA that did, "
+                "ssl.create_default_context(cafile=CA))")
+    ca = os.environ.get(CA_ENV)
+    who = f"${CA_ENV} {ca} did not sign" if ca else "none of the system's CAs signed"
+    return (f" ({who} the server's certificate: set ${CA_ENV} to the CA file that did, or give ssl= a context "
+            "that trusts it)")
 
 
 def note_refused(e: BaseException, tls: bool) -> None:
@@ -54,6 +80,31 @@ def note_refused(e: BaseException, tls: bool) -> None:
                   f"no client certificate its CA signed; give one: ${CERT_ENV}, or ssl=)",)
     else:
         e.args = (f"{e.args[0]} (at the HELLO: a server with --tls-cert closes plain connections; use tcps://)",)
+
+
+def readable_key_warning(cert: str, key: str | None = None) -> str | None:
+    """The warning for a server's private key (``key``, else the ``cert`` file it is in)
+    that every user of this host can read, naming the command that closes it; else None."""
+    path = key or cert
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not st.st_mode & 0o004:
+        return None
+    named = f"--tls-key {path}" if key else f"--tls-cert {path} (it holds the private key)"
+    fix = f"chmod 600 {path}"
+    if st.st_uid != os.geteuid():  # not ours: 0600 would lock this server out of it
+        fix = f"chown {_user_name(os.geteuid())} {path} && {fix}"
+    return (f"{named} has mode {st.st_mode & 0o777:04o}: every user of this host can read the server's private key; "
+            f"run {fix}")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _loaded(what: str, load, *args) -> None:

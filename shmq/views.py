@@ -290,11 +290,14 @@ def _by_priority(s) -> str:
 def queue_stats_table(sample: Sample) -> Fitted:
     """``shmq stats``: every queue's counters, DLQs under their sources, in natural order.
     Columns shown only where they say something: ready by priority (a queue with
-    priority levels), expired (a message dropped for its TTL)."""
+    priority levels), consumers (a queue with consumers registered), expired (a message
+    dropped for its TTL)."""
     links = sample.links_known
     levels = any(len(s.ready_by_priority) > 1 for s in sample.queues.values())
     expired = any(s.expired_total for s in sample.queues.values())
-    t = Fitted("queue", "ready", *(["by priority"] if levels else []), "in flight", "delayed", "oldest",
+    consumers = any(s.consumers for s in sample.queues.values())
+    t = Fitted("queue", "ready", *(["by priority"] if levels else []), *(["consumers"] if consumers else []),
+               "in flight", "delayed", "oldest",
                *(["dlq"] if links else []), "used", "memory", "max", "put", "acked", "redelivered",
                "dead-lettered", *(["expired"] if expired else []),
                drop={"max": 1, "redelivered": 2, "expired": 3, "dead-lettered": 4, "acked": 5, "put": 6, "used": 7,
@@ -302,7 +305,7 @@ def queue_stats_table(sample: Sample) -> Fitted:
     for name, level in _queue_order(sample, natural_key):
         s = sample.queues[name]
         t.add_row(_label(name, level), human_count(s.ready), *([_by_priority(s)] if levels else []),
-                  human_count(s.in_flight), human_count(s.delayed), _oldest(s),
+                  *([human_count(s.consumers)] if consumers else []), human_count(s.in_flight), human_count(s.delayed), _oldest(s),
                   *([_dlq_cell(sample, name)] if links else []), human_bytes(s.bytes_used),
                   human_bytes(s.bytes_held), human_bytes(s.max_bytes), human_count(s.enqueued_total), human_count(s.acked_total),
                   human_count(s.redelivered_total), human_count(s.dead_lettered_total),

@@ -46,6 +46,8 @@ def broker(namespace):
             b.delete_queue(name)
         for name in b.list_streams():
             b.delete_stream(name)
+        for name in b.list_stores():
+            b.delete_store(name)
         # the registry and the exchange table are the namespace's own, until it is destroyed
         left = [e for e in namespace_entries(namespace)
                 if e not in (f"shmq.{namespace}.registry", f"shmq.{namespace}.exchanges")]

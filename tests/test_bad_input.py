@@ -150,3 +150,58 @@ def test_bad_work_queue_fields_get_an_error_reply(tcp_server, broker, msg_type, 
             remote._request(MsgType[msg_type], payload)  # the raw request (the transport's)
         remote.ping()  # the connection goes on
     assert q.stats().enqueued_total == 0 and broker.list_queues() == ["q"]
+
+
+# ---------------------------------------------------------------- keyed-store requests over the wire
+@pytest.mark.parametrize("msg_type, payload, error, match", [
+    ("KV_OPEN", {"store": "a/b"}, ValueError, "^invalid queue name 'a/b'"),
+    ("KV_OPEN", {}, ValueError, "^KV_OPEN: missing required field 'store'$"),
+    ("KV_DROP", {"store": ""}, ValueError, "^invalid queue name ''"),
+    ("KV_SET", {"store": "s", "key": "", "value": b"x"}, ValueError, "^a key must be 1-1024 characters, not 0$"),
+    ("KV_SET", {"store": "s", "key": "k" * 1025, "value": b"x"}, ValueError, "not 1025$"),
+    ("KV_SET", {"store": "s", "key": "k", "value": "text"}, ValueError, "^KV_SET: field 'value' must be bytes"),
+    ("KV_SET", {"store": "s", "key": "k", "value": b"x", "ttl": -1}, ValueError, r"^ttl must be > 0 seconds"),
+    ("KV_SET", {"store": "s", "key": "k", "value": b"x", "ttl": 0}, ValueError, r"^ttl must be > 0 seconds"),
+    ("KV_GET", {"store": "s", "key": "k", "wait_ms": -5}, ValueError, "^KV_GET: field 'wait_ms'"),
+    ("KV_GET", {"store": "s", "key": "set"}, shmq.WrongType, "^key 'set' holds a set, not a value$"),
+    ("KV_GET_MANY", {"store": "s", "keys": [1]}, ValueError, "^KV_GET_MANY: field 'keys' must be a list"),
+    ("KV_GET_MANY", {"store": "s", "keys": [""]}, ValueError, "^a key must be 1-1024 characters"),
+    ("KV_INCR", {"store": "s", "key": "v"}, shmq.WrongType, "^key 'v' holds b'text', not an integer$"),
+    ("KV_INCR", {"store": "s", "key": "n", "by": 2**63}, ValueError, "^by must fit in 64 bits"),
+    ("KV_INCR", {"store": "s", "key": "n", "by": True}, ValueError, "^KV_INCR: field 'by' must be an integer"),
+    ("KV_ADD", {"store": "s", "key": "v", "member": "m"}, shmq.WrongType, "^key 'v' holds a value, not a set$"),
+    ("KV_ADD", {"store": "s", "key": "c", "member": ""}, ValueError, "^a member must be 1-1024 characters"),
+    ("KV_EXPIRE", {"store": "s", "key": "v", "ttl": float("nan")}, ValueError, "^ttl must be > 0 seconds"),
+    ("KV_EXPIRE", {"store": "s", "key": "v", "ttl": 1e300}, ValueError, "^ttl must be > 0 seconds"),
+    ("KV_KEYS", {"store": "s", "prefix": "x" * 2000}, ValueError, "^a prefix must be 1-1024 characters"),
+])
+def test_bad_store_requests_get_an_error_reply(tcp_server, broker, msg_type, payload, error, match):
+    from shmq.protocol import MsgType
+
+    kv = broker.store("s")
+    kv.set("v", b"text")
+    kv.add("set", "m")
+    with shmq.connect(tcp_server.url) as remote:
+        with pytest.raises(error, match=match):
+            remote._request(MsgType[msg_type], payload)  # the raw request (the transport's)
+        remote.ping()  # the connection goes on
+        assert remote.store("s").get_many(["v", "n", "c"]) == [b"text", None, None]
+    assert broker.list_stores() == ["s"] and kv.keys() == ["set", "v"]
+
+
+def test_a_store_reply_too_big_for_a_frame_is_an_error_reply(broker):
+    from tests.conftest import ThreadedServer
+
+    srv = ThreadedServer(broker.namespace, max_frame_bytes=64 * 1024)
+    try:
+        kv = broker.store()
+        kv.set("big", b"x" * 100_000)  # made locally: more than the server's frames hold
+        with shmq.connect(srv.url) as remote:
+            rkv = remote.store()
+            with pytest.raises(shmq.MessageTooLarge, match="the value of key 'big' takes 100000 bytes"):
+                rkv.get("big")
+            with pytest.raises(shmq.MessageTooLarge, match="more than a reply of this server holds"):
+                rkv.get_many(["big"])
+            assert rkv.set("small", b"y") and rkv.get("small") == b"y"
+    finally:
+        srv.stop()

@@ -164,6 +164,29 @@ def test_purge_and_stats(any_broker):
     d.ack()
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_purge_with_delayed_drops_the_delayed_messages_too(any_broker, lanes):
+    """purge() keeps the delayed messages; purge(delayed=True) drops them as well (put with a
+    delay, or nacked with one), never the leased ones."""
+    q = any_broker.create_queue("q", lanes=lanes)
+    q.put_many([b"a", b"b"])
+    q.put_many([b"later1", b"later2"], delay=3600)
+    d, back = q.get_nowait(), q.get_nowait()
+    back.nack(delay=3600)  # waiting out a retry delay: delayed too
+    q.put(b"c")
+    assert q.purge() == 1
+    s = q.stats()
+    assert (s.ready, s.delayed, s.in_flight) == (0, 3, 1)
+    assert q.purge(delayed=True) == 3
+    s = q.stats()
+    assert (s.ready, s.delayed, s.in_flight, s.purged_total) == (0, 0, 1, 4)
+    d.ack()
+    s = q.stats()
+    assert (s.ready, s.delayed, s.in_flight, s.bytes_used) == (0, 0, 0, 0)
+    q.put(b"after")
+    assert q.get_nowait().body == b"after"
+
+
 # ---------------------------------------------------------------- work-queue options (issue 13)
 def test_priorities_are_served_highest_first(any_broker):
     q = any_broker.create_queue("q", priorities=3, priority_aging=None)

@@ -3,6 +3,8 @@ has the settings the create asks for (those given other than their defaults); el
 refuses, naming each setting that differs with both values, as RabbitMQ refuses a
 queue_declare with other arguments. On both transports, and from the command line."""
 
+import json
+
 import pytest
 
 import shmq
@@ -62,7 +64,8 @@ def test_exist_ok_refuses_a_stream_of_other_settings_naming_each_with_both_value
 
 def test_the_command_line_refuses_other_settings_in_one_line(target, broker):  # noqa: F811
     assert shmq_cli("create", "jobs", "--max-deliveries", "5", *target).returncode == 0
-    assert shmq_cli("create", "jobs", "--exist-ok", "--max-deliveries", "5", *target).stdout == "created jobs\n"
+    assert shmq_cli("create", "jobs", "--exist-ok", "--max-deliveries", "5", *target).stdout == (
+        "queue jobs exists (settings match)\n")
     r = shmq_cli("create", "jobs", "--exist-ok", "--visibility-timeout", "60", "--max-deliveries", "3", *target)
     assert (r.returncode, r.stdout, r.stderr) == (
         1, "", f"shmq: error: queue 'jobs' exists in namespace '{broker.namespace}' with other settings: "
@@ -72,3 +75,24 @@ def test_the_command_line_refuses_other_settings_in_one_line(target, broker):  #
     assert (r.returncode, r.stdout, r.stderr) == (
         1, "", f"shmq: error: stream 'events' exists in namespace '{broker.namespace}' with other settings: "
                "partitions 3 (asked 2)\n")
+
+
+def test_the_command_line_says_whether_exist_ok_created_or_found(target, broker):  # noqa: F811
+    """--exist-ok on a queue or stream that is there says it exists, not that it was made;
+    --json says which in ``created``."""
+    assert shmq_cli("create", "jobs", "--exist-ok", *target).stdout == "created jobs\n"
+    r = shmq_cli("create", "jobs", "--exist-ok", *target)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "queue jobs exists (settings match)\n", "")
+    r = shmq_cli("create", "jobs", "--exist-ok", "--json", *target)
+    assert (r.returncode, json.loads(r.stdout)) == (0, {"queue": "jobs", "created": False})
+    r = shmq_cli("create", "other", "--json", *target)
+    assert (r.returncode, json.loads(r.stdout)) == (0, {"queue": "other", "created": True})
+    r = shmq_cli("create", "jobs", *target)  # without --exist-ok: refused, as before
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == f"shmq: error: queue 'jobs' already exists in namespace '{broker.namespace}'\n"
+    assert shmq_cli("stream", "create", "events", "--exist-ok", "--partitions", "2", *target).stdout == (
+        "created stream events (2 partitions)\n")
+    r = shmq_cli("stream", "create", "events", "--exist-ok", *target)
+    assert (r.returncode, r.stdout) == (0, "stream events (2 partitions) exists (settings match)\n")
+    r = shmq_cli("stream", "create", "events", "--exist-ok", "--json", *target)
+    assert json.loads(r.stdout) == {"stream": "events", "created": False, "partitions": 2}

@@ -292,3 +292,49 @@ def test_a_server_with_an_unknown_group_refuses_to_start(namespace, tmp_path):
     assert (r.returncode, r.stderr.splitlines()) == (
         1, ["shmq: error: no group 'no-such-group-x' on this host (see getent group)"])
     assert namespace_entries(namespace) == [] and not (tmp_path / "data").exists()  # nothing made
+
+
+def test_two_members_share_a_keyed_store(namespace, users):
+    """A store's db file and its -wal and -shm (which SQLite makes, and removes at the last
+    close) stay usable by both members, whichever of them opens first or last."""
+    ok(run_as(users, ALICE, "from shmq.cli import main; main()", "namespace", "create", namespace, "--group", GROUP))
+    code = """
+        import sys, shmq
+        with shmq.connect(namespace=sys.argv[1], create=False) as b:
+            kv = b.store("results")
+            kv.set(sys.argv[2], b"v")
+            print(kv.incr("n"), kv.add("who", sys.argv[2]), sorted(kv.keys()))
+    """
+    assert ok(run_as(users, ALICE, code, namespace, "alice")) == ["1 1 ['alice', 'n', 'who']"]
+    assert ok(run_as(users, BOB, code, namespace, "bob")) == ["2 2 ['alice', 'bob', 'n', 'who']"]
+    held = subprocess.Popen([RUNUSER, "-u", ALICE, "--", users.python, "-c", textwrap.dedent("""
+        import sys, shmq
+        b = shmq.connect(namespace=sys.argv[1], create=False)
+        kv = b.store("results")
+        print(kv.get("n").decode(), flush=True)
+        print(kv.get("done", timeout=60))
+    """), namespace], env=users.env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout.readline() == "2\n"  # Alice holds it open: Bob writes under her -wal and -shm
+        assert ok(run_as(users, BOB, code, namespace, "bob2")) == ["3 3 ['alice', 'bob', 'bob2', 'n', 'who']"]
+        ok(run_as(users, BOB, """
+            import sys, shmq
+            with shmq.connect(namespace=sys.argv[1], create=False) as b:
+                b.store("results").set("done", b"yes")
+        """, namespace))
+        out, err = held.communicate(timeout=60)
+        assert (held.returncode, out) == (0, "b'yes'\n"), err
+    finally:
+        if held.poll() is None:
+            held.kill()
+            held.wait()
+    r = run_as(users, EVE, """
+        import sys, shmq
+        try:
+            shmq.connect(namespace=sys.argv[1]).store("results").get("n")
+        except shmq.Unauthorized as e:
+            print("refused")
+    """, namespace)
+    assert ok(r) == ["refused"]
+    files = shm(namespace, *(e for e in namespace_entries(namespace) if ".kv." in e))
+    assert files and all(m[1:] == (0o660, GROUP) for m in owners_modes(files).values()), owners_modes(files)

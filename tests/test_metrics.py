@@ -216,7 +216,8 @@ def test_metrics_port_in_use_is_one_line_and_makes_nothing(namespace):
         port = taken.getsockname()[1]
         r = _server_cli(namespace, "--metrics", f"127.0.0.1:{port}")
     assert r.returncode == 1
-    assert r.stderr == f"shmq: error: port {port} on 127.0.0.1 is in use\n"  # as the TCP port's: no INFO line before
+    assert r.stderr == (f"shmq: error: port {port} on 127.0.0.1 is in use (--metrics): choose another port, or stop "
+                        "what listens on it\n")  # as the TCP port's: no INFO line before
     assert namespace_entries(namespace) == [] and not os.path.exists(default_data_dir(namespace))
 
 

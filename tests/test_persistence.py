@@ -151,6 +151,63 @@ def test_cli_snapshot_inspect_restore(broker, tmp_path):
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+def test_restore_into_a_queue_that_holds_messages_needs_replace_or_append(broker, tmp_path):
+    """The issue's case: a queue of 95 messages snapshotted, 3 consumed and 3 more put.
+    A plain restore would add the file's 95 again (92 ids delivered twice): refused, the
+    queue unchanged. --append adds only the 3 consumed since; --replace empties it first
+    (the message in flight stays, and is not restored twice)."""
+    ns = ["--namespace", broker.namespace]
+    q = broker.create_queue("orders")
+    q.put_many([b"order %d" % i for i in range(95)])
+    assert shmq_cli("snapshot", "orders", "--data-dir", str(tmp_path), *ns).returncode == 0
+    path = str(tmp_path / "orders.dmsq")
+    q.ack_many(q.get_many(3, timeout=0))  # ids 1..3 done
+    q.put_many([b"new 1", b"new 2", b"new 3"])  # ids 96..98
+    r = shmq_cli("restore", path, *ns)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == ("shmq: error: queue 'orders' holds 95 message(s): restoring would add the file's messages to "
+                        "them (delivered twice where they are the same); give --replace (empty it first, then "
+                        "restore) or --append (restore only the ids it does not hold)\n")
+    assert q.stats().ready == 95
+    r = shmq_cli("restore", path, "--append", "--replace", *ns)
+    assert (r.returncode, r.stderr.split(";")[0]) == (
+        2, "shmq: error: --replace and --append exclude each other: give one")
+    r = shmq_cli("restore", path, "--append", *ns)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, "restored 3 message(s) into orders (appended: skipped 92 already in it)\n", "")
+    ids = [m.id for m in q.peek(200)]
+    assert sorted(ids) == list(range(1, 99)) and len(ids) == 98  # each id once
+    held = q.get_nowait()  # id 4, in flight
+    q.put(b"newer")
+    r = shmq_cli("restore", path, "--replace", *ns)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, "restored 94 message(s) into orders (replaced 98 it held; skipped 1 in flight there)\n", "")
+    ids = sorted(m.id for m in q.peek(200))
+    assert ids == [i for i in range(1, 96) if i != held.id]  # the file's, the one in flight left to its consumer
+    held.ack()
+    s = q.stats()
+    assert (s.ready, s.in_flight, s.delayed) == (94, 0, 0)
+    assert shmq_cli("restore", path, "--into", "empty", *ns).stdout == "restored 95 message(s) into empty\n"
+    broker.queue("empty").purge()
+    assert shmq_cli("restore", path, "--into", "empty", *ns).returncode == 0  # empty again: no flag needed
+
+
+def test_restore_file_refuses_a_queue_that_holds_messages_unless_told(broker, tmp_path):
+    from shmq.persistence.queues import QueuesNotEmpty
+
+    q = broker.create_queue("q")
+    q.put_many([b"a", b"b"])
+    path, _n = snapshot_queue(q, str(tmp_path))
+    with pytest.raises(QueuesNotEmpty, match=r"^queue 'q' holds 2 message\(s\): restoring would add") as e:
+        restore_file(broker, path)
+    assert e.value.held == {"q": 2}
+    assert restore_file(broker, path, mode="append") == ("q", 0, None)
+    assert restore_file(broker, path, mode="replace") == ("q", 2, None)
+    assert [m.body for m in q.peek(10)] == [b"a", b"b"]
+    with pytest.raises(ValueError, match="mode must be one of replace, append or None, not 'merge'"):
+        restore_file(broker, path, mode="merge")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("durability", ["memory", "snapshot", "wal"])
 def test_sigkill_the_broker_under_load_loses_nothing(broker, tmp_path, durability):

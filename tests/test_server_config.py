@@ -67,8 +67,11 @@ def test_shmq_config_names_the_file_and_print_config_loads_back(tmp_path):
 
 
 @pytest.mark.parametrize("text, error", [
-    ("prot = 7878\n", r"config file \S+: unknown key 'prot' \(the keys are the command's options: "
-                      r"host, port, namespace\.\.\.\)"),
+    ("prot = 7878\n", r"config file \S+: unknown key 'prot': did you mean 'port'\? \(the keys are the command's "
+                      r"options: host, port, namespace\.\.\.\)"),
+    ("max_conections = 1\n", r"config file \S+: unknown key 'max_conections': did you mean 'max_connections'\? "),
+    ("kafka-prot = 9092\n", r"config file \S+: unknown key 'kafka-prot': did you mean 'kafka-port'\? "),
+    ("zzz = 1\n", r"config file \S+: unknown key 'zzz' \(the keys are the command's options: "),
     ('port = "x"\n', r"config file \S+: key 'port': 'x' is not a valid integer range"),
     ("port = 70000\n", r"config file \S+: key 'port': 70000 is not in the range 0<=x<=65535"),
     ("no-persist = 1\n", r"config file \S+: key 'no-persist': takes true or false"),
@@ -78,7 +81,7 @@ def test_shmq_config_names_the_file_and_print_config_loads_back(tmp_path):
     ("[server]\nport = 1\n", r"config file \S+: unknown key 'server'"),
     ("port = 1\nport=2\n", r"config file \S+: not TOML: "),
     ("port = 1\n'port' = 2\n", r"config file \S+: not TOML: "),
-    ("port = 1\nPORT = 2\n", r"config file \S+: unknown key 'PORT'"),
+    ("port = 1\nPORT = 2\n", r"config file \S+: unknown key 'PORT': did you mean 'port'\?"),
     ("max-prefetch = 1\nmax_prefetch = 2\n", r"config file \S+: key 'max_prefetch' given twice"),
 ])
 def test_a_bad_file_is_one_line_naming_the_file_and_the_key_exit_2(tmp_path, namespace, text, error):

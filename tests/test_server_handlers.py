@@ -186,7 +186,8 @@ def test_create_list_stats_purge_delete(conn, broker):
         "max_bytes": 1 << 20, "max_message_bytes": broker.queue("q").max_message_bytes, "visibility_timeout": 1.5,
         "max_deliveries": 3, "dead_letter_queue": None, "durability": "memory", "priorities": 1,
         "priority_aging": 60.0, "message_ttl": None, "dedup_window": 300.0, "retry_delay": 0.0, "retry_backoff": 1.0,
-        "retry_delay_max": None, "lanes": 1}  # the work-queue options: the engine's defaults; one lane
+        "retry_delay_max": None, "lanes": 1, "auto_delete": False, "expires": None}  # the work-queue options:
+    # the engine's defaults; one lane
     with pytest.raises(shmq.QueueExists):
         call(conn, MsgType.CREATE, {"queue": "q"})
     assert call(conn, MsgType.CREATE, {"queue": "q", "exist_ok": True}) == {}
@@ -198,7 +199,7 @@ def test_create_list_stats_purge_delete(conn, broker):
         "ready", "in_flight", "oldest_ready_age_ms", "bytes_used", "max_bytes", "enqueued_total", "acked_total",
         "redelivered_total", "dead_lettered_total", "consumers_waiting", "producers_waiting", "delayed",
         "purged_total", "expired_total", "ready_by_priority", "groups_in_flight", "dead_letter_depth", "bytes_held",
-        "settings"]
+        "consumers", "settings"]
     assert (stats["ready"], stats["enqueued_total"]) == (2, 2)
     assert call(conn, MsgType.PURGE, {"queue": "q"}) == {"purged": 2}
     assert call(conn, MsgType.DELETE, {"queue": "q"}) == {}

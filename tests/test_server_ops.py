@@ -98,6 +98,30 @@ def test_json_log_lines_carry_each_event_and_its_fields(namespace, servers):
     assert every[-1]["event"] == "server_stopped"
 
 
+def test_every_json_line_of_a_session_names_its_event(namespace, servers):
+    """Before: asyncio's own lines, the metrics line, the stop line and any plain call had
+    no ``event``. A session: start (asyncio at debug speaks), requests, a bad one, a stop."""
+    srv = servers(namespace, "--log-format", "json", "--log-level", "debug", "--loop", "asyncio", "--no-persist",
+                  "--metrics", "127.0.0.1:0")
+    with shmq.connect(srv.url) as remote:
+        q = remote.create_queue("q")
+        q.put(b"x")
+        q.get(timeout=5).ack()
+    s = _sock(srv.port)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # not a frame: BAD_FRAME, and a warning line
+    assert _read_frames(s)[0].status == Status.BAD_FRAME and _closed(s)
+    s.close()
+    _event(srv, "protocol_error")
+    assert srv.stop() == 0
+    every = _events(srv.log) + _events(srv.later)  # every line one JSON object
+    assert [e for e in every if not e.get("event")] == []
+    by_event = {e["event"]: e for e in every}
+    assert {"server_started", "metrics_started", "protocol_error", "server_stopping", "server_stopped"} <= \
+        by_event.keys()
+    plain = [e for e in every if e["logger"] == "asyncio"]  # a library's line names no event: "log"
+    assert plain and {e["event"] for e in plain} == {"log"}
+
+
 def test_a_server_in_a_terminal_says_nothing_per_connection(namespace, servers):
     """The default level: connections opened and closed by their clients are debug lines."""
     srv = servers(namespace, "--no-persist")
@@ -109,17 +133,33 @@ def test_a_server_in_a_terminal_says_nothing_per_connection(namespace, servers):
     assert [line for line in srv.log + srv.later if "connection" in line] == []
 
 
-@pytest.mark.parametrize("which", ["--port", "--metrics"])
-def test_a_port_in_use_is_one_line_and_the_start_makes_nothing(namespace, which):
+@pytest.mark.parametrize("which", ["--port", "--metrics", "--kafka-port"])
+def test_a_port_in_use_is_one_line_naming_its_option_and_the_start_makes_nothing(namespace, which):
     """Before: INFO lines, then ``[Errno 98] error while attempting to bind``, and the
-    namespace's registry left behind."""
+    namespace's registry left behind; then a line that did not say which option chose the port."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         code, err = _run_server(namespace, which, str(port))
-    assert (code, err) == (1, f"shmq: error: port {port} on 127.0.0.1 is in use\n")
+    assert (code, err) == (1, f"shmq: error: port {port} on 127.0.0.1 is in use ({which}): choose another port, "
+                              "or stop what listens on it\n")
     assert namespace_entries(namespace) == [] and not os.path.exists(default_data_dir(namespace))
+
+
+@pytest.mark.parametrize("key", ["port", "kafka-port", "metrics"])
+def test_a_port_in_use_that_a_config_file_chose_names_the_files_key(namespace, key, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "shmq.toml"
+        value = f'"127.0.0.1:{port}"' if key == "metrics" else port
+        config.write_text(f"{key} = {value}\n" + ("port = 0\n" if key != "port" else ""))
+        r = shmq_cli("server", "--namespace", namespace, "--no-persist", "--config", str(config))
+    assert (r.returncode, r.stderr) == (1, f"shmq: error: port {port} on 127.0.0.1 is in use (key {key!r} of config "
+                                           f"file {config}): choose another port, or stop what listens on it\n")
+    assert namespace_entries(namespace) == []
 
 
 def test_a_server_makes_its_namespace_at_start(namespace, servers):

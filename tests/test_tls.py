@@ -26,6 +26,8 @@ from shmq.errors import BrokerUnavailable
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
 _VERIFY_FAILED = r"cannot connect to 127\.0\.0\.1:\d+: TLS certificate verify failed: unable to get local issuer"
+_SET_THE_CA = (r" the server's certificate: set \$SHMQ_TLS_CA to the CA file that did, or give ssl= a context that "
+               r"trusts it\)$")
 
 
 def _openssl(*args, cwd):
@@ -158,23 +160,65 @@ def test_asyncio_client_puts_and_gets_over_tls(tls_server):
     assert asyncio.run(main()) == b"x" * 70_000
 
 
-def test_a_wrong_ca_is_refused_in_one_line(tls_server, monkeypatch, certs):
+def test_a_wrong_ca_is_refused_in_one_line_that_says_how_to_trust_the_right_one(tls_server, monkeypatch, certs):
+    """Before: ``certificate verify failed: unable to get local issuer certificate``, and
+    not a word of $SHMQ_TLS_CA or ssl=."""
     srv = tls_server()
     monkeypatch.setenv("SHMQ_TLS_CA", certs.other_ca)
-    with pytest.raises(BrokerUnavailable, match=_VERIFY_FAILED + r" certificate$"):
+    wrong_ca = (_VERIFY_FAILED + r" certificate \(\$SHMQ_TLS_CA " + re.escape(certs.other_ca) + " did not sign"
+                + _SET_THE_CA)
+    with pytest.raises(BrokerUnavailable, match=wrong_ca):
         shmq.connect(srv.tls_url)
-    with pytest.raises(BrokerUnavailable, match=_VERIFY_FAILED + r" certificate$"):
+    with pytest.raises(BrokerUnavailable, match=wrong_ca):
         asyncio.run(shmq.aio.connect(srv.tls_url))
     monkeypatch.setenv("SHMQ_TLS_CA", certs.dir + "/missing.pem")
     with pytest.raises(ValueError, match=r"^\$SHMQ_TLS_CA \S+/missing\.pem: no CA certificate \(no such file or "
                                          r"directory\)$"):
         shmq.connect(srv.tls_url)
     monkeypatch.delenv("SHMQ_TLS_CA")  # the system's CAs do not know ours either
-    with pytest.raises(BrokerUnavailable, match=_VERIFY_FAILED):
+    with pytest.raises(BrokerUnavailable, match=_VERIFY_FAILED + r" certificate \(none of the system's CAs signed"
+                                                + _SET_THE_CA):
         shmq.connect(srv.tls_url)
+    with pytest.raises(BrokerUnavailable, match=_VERIFY_FAILED + r" certificate \(the ssl= context trusts no CA "
+                                                r"that signed the server's certificate: give it the CA that did, "
+                                                r"ssl\.create_default_context\(cafile=CA\)\)$"):
+        shmq.connect(srv.tls_url, ssl=_context(certs.other_ca))
     with shmq.connect(srv.tls_url.replace("127.0.0.1", "localhost"), ssl=_context(certs.ca)) as b:
         b.ping()  # the right CA, by name (the certificate's DNS:localhost)
     assert srv.proc.poll() is None
+
+
+def test_a_certificate_made_out_to_another_name_says_to_connect_by_its_name(broker, servers, tls_env):
+    _signed(tls_env.dir, "elsewhere", "ca", "subjectAltName=DNS:elsewhere.invalid\nextendedKeyUsage=serverAuth\n")
+    srv = servers(broker.namespace, "--no-persist", "--tls-cert", os.path.join(tls_env.dir, "elsewhere.pem"),
+                  "--tls-key", os.path.join(tls_env.dir, "elsewhere.key"))
+    with pytest.raises(BrokerUnavailable, match=r"cannot connect to 127\.0\.0\.1:\d+: TLS certificate verify failed: "
+                                                r"IP address mismatch.* \(connect by a name or address the server's "
+                                                r"certificate holds: its subjectAltName\)$"):
+        shmq.connect(f"tcps://127.0.0.1:{srv.port}")
+    assert srv.stop() == 0
+
+
+@pytest.mark.parametrize("separate", [True, False], ids=["tls-key", "key-in-the-cert-file"])
+def test_a_private_key_every_user_can_read_is_a_warning_naming_the_chmod(broker, servers, certs, tmp_path, separate):
+    """Before: accepted without a word."""
+    key = tmp_path / "server.key"
+    if separate:
+        key.write_bytes(open(certs.key, "rb").read())
+        args, named = ["--tls-cert", certs.cert, "--tls-key", str(key)], f"--tls-key {key}"
+    else:  # one file holds both: the key's mode is the certificate file's
+        key.write_bytes(open(certs.cert, "rb").read() + open(certs.key, "rb").read())
+        args, named = ["--tls-cert", str(key)], f"--tls-cert {key} (it holds the private key)"
+    os.chmod(key, 0o644)
+    srv = servers(broker.namespace, "--no-persist", *args)
+    warned = [line for line in srv.log if " WARNING " in line]
+    assert [line.split(" WARNING ", 1)[1] for line in warned] == [
+        f"{named} has mode 0644: every user of this host can read the server's private key; run chmod 600 {key}\n"]
+    assert srv.stop() == 0
+    os.chmod(key, 0o640)  # group-readable: a group of the owner's choosing (Debian's ssl-cert), no warning
+    srv = servers(broker.namespace, "--no-persist", *args)
+    assert [line for line in srv.log if " WARNING " in line] == []
+    assert srv.stop() == 0
 
 
 def test_plain_tcp_to_a_tls_port_fails_cleanly_and_the_server_serves_on(tls_server, tcp_server):
@@ -323,7 +367,8 @@ def test_the_cli_with_a_tcps_url(tls_server, certs):
     assert (r.returncode, r.stdout.strip()) == (0, "hello"), r.stderr
     r = _cli("list", "--url", srv.tls_url, env={"SHMQ_TLS_CA": certs.other_ca})
     assert r.returncode == 1
-    assert re.fullmatch(r"shmq: error: " + _VERIFY_FAILED + r" certificate\n", r.stderr)
+    assert re.fullmatch(r"shmq: error: " + _VERIFY_FAILED + r" certificate \(\$SHMQ_TLS_CA " + re.escape(certs.other_ca)
+                        + " did not sign" + _SET_THE_CA[:-1] + r"\n", r.stderr)
 
 
 def test_kafka_clients_over_sasl_ssl_and_ssl(broker, servers, tls_env, tmp_path):

@@ -219,3 +219,17 @@ def _jsonable(headers):
     if isinstance(headers, dict):
         return {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in headers.items()}
     return [[k, base64.b64encode(v).decode() if isinstance(v, bytes) else v] for k, v in headers]
+
+
+def _created(create, exist_ok, exists) -> bool:
+    """Whether ``create(exist_ok)`` made the queue or stream: it is tried without exist_ok
+    first, so that one found there (``exists``) is told apart; then, with --exist-ok, taken
+    if its settings are those asked (``exists`` naming each that differs, if not)."""
+    try:
+        create(False)
+    except exists:
+        if not exist_ok:
+            raise
+        create(True)
+        return False
+    return True

@@ -8,6 +8,7 @@ file, then the defaults). An option added to the command later is a key of the f
 once. ``--print-config`` prints the settings a start would use, as a file that loads back.
 """
 
+import difflib
 import functools
 import json
 import os
@@ -15,10 +16,11 @@ import tomllib
 
 import click
 
-__all__ = ["config_file_options", "load", "to_toml", "given", "CONFIG_ENV"]
+__all__ = ["config_file_options", "load", "to_toml", "given", "origin", "CONFIG_ENV"]
 
 CONFIG_ENV = "SHMQ_CONFIG"
 _PRINT = "shmq.print_config"
+_FILE = "shmq.config_file"  # ctx.meta: the --config file read, for ``origin``
 _OWN = ("config", "print_config", "help")  # parameters that are not settings
 _HIDDEN = ("token",)  # printed as a comment, never in clear
 
@@ -75,8 +77,8 @@ def load(path: str, command: click.Command, ctx: click.Context) -> dict:
     for key, value in data.items():
         p = known.get(key.replace("-", "_"))
         if p is None:
-            raise click.UsageError(f"{where}: unknown key {key!r} (the keys are the command's options: "
-                                   f"{_example(known)})")
+            raise click.UsageError(f"{where}: unknown key {key!r}{_did_you_mean(key, known)} (the keys are the "
+                                   f"command's options: {_example(known)})")
         if p.name in out:
             raise click.UsageError(f"{where}: key {key!r} given twice (as dashes and as underscores)")
         why = _kind_error(p, value)
@@ -93,6 +95,15 @@ def load(path: str, command: click.Command, ctx: click.Context) -> dict:
     return out
 
 
+def _did_you_mean(key: str, known) -> str:
+    """``: did you mean 'port'?`` for a misspelt key, in the key's own spelling (dashes or
+    underscores); else nothing."""
+    sep = "_" if "_" in key and "-" not in key else "-"
+    names = {name.replace("_", sep) for name in known}
+    close = difflib.get_close_matches(key.lower().replace("_" if sep == "-" else "-", sep), names, n=1)
+    return f": did you mean {close[0]!r}?" if close else ""
+
+
 def _example(known) -> str:
     names = list(dict.fromkeys(p.name.replace("_", "-") for p in known.values()))
     return ", ".join(names[:3]) + ("..." if len(names) > 3 else "")
@@ -105,9 +116,26 @@ def given(name: str) -> bool:
     return source not in (None, click.core.ParameterSource.DEFAULT)
 
 
+def origin(name: str) -> str:
+    """What set the current command's option ``name``, in words for a message: ``--port``,
+    ``$SHMQ_LOOP``, ``key 'port' of config file FILE``, ``the default of --port``."""
+    ctx = click.get_current_context()
+    p = next(p for p in ctx.command.params if p.name == name)
+    flag = next((o for o in p.opts if o.startswith("--")), p.name)
+    source = ctx.get_parameter_source(name)
+    if source == click.core.ParameterSource.DEFAULT_MAP:
+        return f"key {flag[2:]!r} of config file {ctx.meta.get(_FILE)}"
+    if source == click.core.ParameterSource.ENVIRONMENT:
+        return f"${p.envvar}"
+    if source == click.core.ParameterSource.DEFAULT:
+        return f"the default of {flag}"
+    return flag
+
+
 def _use_file(ctx, _param, path):
     if path:
         ctx.default_map = {**(ctx.default_map or {}), **load(path, ctx.command, ctx)}
+        ctx.meta[_FILE] = path
 
 
 def _ask_print(ctx, _param, value):

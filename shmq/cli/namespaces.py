@@ -58,7 +58,7 @@ def namespace_create(name, group):
 @click.argument("name")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def namespace_destroy(name, yes):
-    """Delete the namespace NAME: every queue and stream in it, with their messages, its
+    """Delete the namespace NAME: every queue, stream and keyed store in it, with what they hold, its
     registry, and its default data dir (so no server brings it back). A data dir given
     to its server with --data-dir is not touched: remove it yourself. Refused while its
     broker runs (stop it first)."""
@@ -73,8 +73,8 @@ def namespace_destroy(name, yes):
     if broker is not None and broker["alive"]:
         raise ShmqError(f"namespace {name!r} has a running broker, {describe(broker)}: stop it first")
     if not yes:
-        click.confirm(f"Destroy namespace {name!r}: every queue and stream in it, their messages, and its data dir "
-                      f"{data_dir}?", abort=True)
+        click.confirm(f"Destroy namespace {name!r}: every queue, stream and store in it, what they hold, and its "
+                      f"data dir {data_dir}?", abort=True)
     n = destroy_namespace(name)
     removed, kept = remove_data_dir(data_dir)
     said = [f"destroyed namespace {name} ({n} entries removed"]

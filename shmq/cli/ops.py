@@ -10,7 +10,7 @@ from ..auth import command_line_warning
 from ..busypoll import MAX_BUSY_POLL_US
 from ..errors import ShmqError
 from .app import Size, _echo_json, _json_option, _namespace_option, _on_command_line, main
-from .config import config_file_options, given
+from .config import config_file_options, given, origin
 
 
 @main.command()
@@ -133,7 +133,8 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     group = limits.pop("group")  # --group: the namespace shared with a Unix group (shmq/sharing.py)
-    tls = _tls_context(limits.pop("tls_cert"), limits.pop("tls_key"), limits.pop("tls_client_ca"))
+    tls_files = limits.pop("tls_cert"), limits.pop("tls_key")
+    tls = _tls_context(*tls_files, limits.pop("tls_client_ca"))
     limits = Limits(**{k: v for k, v in limits.items() if v is not None})  # the options left out: defaults
     kafka = None
     if kafka_port is not None:
@@ -152,10 +153,25 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
     if token is not None and not _on_command_line("token") and (token_file or no_auth):
         token = None  # --token-file and --no-auth win over $SHMQ_TOKEN
     if token is not None and _on_command_line("token"):
-        logging.getLogger("shmq.server").warning(command_line_warning(os.getpid()))
+        logging.getLogger("shmq.server").warning(command_line_warning(os.getpid()),
+                                                 extra={"event": "token_on_command_line"})
+    if tls is not None:
+        _warn_readable_key(tls_files)
+    port_settings = {name: origin(name) for name in ("port", "kafka_port", "metrics")}  # for a port in use
     loops.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
                     snapshot_interval=snapshot_interval, fsync=fsync, token_file=token_file, no_auth=no_auth,
-                    limits=limits, metrics=metrics, kafka=kafka, group=group, tls=tls), loop)
+                    limits=limits, metrics=metrics, kafka=kafka, group=group, tls=tls,
+                    port_settings=port_settings), loop)
+
+
+def _warn_readable_key(tls_files):
+    """A private key other users can read is accepted, with a warning that says how to
+    close it (event ``tls_key_readable``)."""
+    from ..tls import readable_key_warning
+
+    line = readable_key_warning(*tls_files)
+    if line is not None:
+        logging.getLogger("shmq.server").warning(line, extra={"event": "tls_key_readable"})
 
 
 def _tls_context(cert, key, client_ca):

@@ -9,10 +9,10 @@ import time
 
 import click
 
-from ..errors import MessageTooLarge, QueueEmpty, QueueNotFound, SettingsMismatch, ShmqError
+from ..errors import MessageTooLarge, QueueEmpty, QueueExists, QueueNotFound, SettingsMismatch, ShmqError
 from .app import (
-    EXIT_EMPTY, Size, _connect, _echo_json, _echo_names, _echo_set, _json_option, _jsonable, _on_command_line,
-    _parse_headers, _stop_on_signals, _target_options, main,
+    EXIT_EMPTY, Size, _connect, _created, _echo_json, _echo_names, _echo_set, _json_option, _jsonable,
+    _on_command_line, _parse_headers, _stop_on_signals, _target_options, main,
 )
 from .framing import TERMINATORS, Batches
 from .streams import _streams_stats
@@ -60,18 +60,28 @@ def list_(namespace, url, token, as_json):
 @click.option("--lanes", type=click.IntRange(1), default=None,
               help="Rings with a lock each, for many producers and consumers on many cores; FIFO per lane. "
                    "[default: 1]")
+@click.option("--auto-delete", is_flag=True, default=None,
+              help="Delete the queue when its last consumer goes (one that never had a consumer stays).")
+@click.option("--expires", type=click.FloatRange(0, min_open=True), default=None,
+              help="Seconds without a consumer, a declare or a get after which the queue is deleted. [default: never]")
+@_json_option
 def create(name, namespace, url, token, max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
-           dead_letter_queue, exist_ok, durability, **options):
-    """Create a queue."""
+           dead_letter_queue, exist_ok, durability, as_json, **options):
+    """Create a queue. With --exist-ok a queue of that name is taken as it is if it has the
+    settings given (it says "exists", not "created"), else refused naming each that differs."""
     kwargs = {} if durability == "snapshot" else {"durability": durability}
     kwargs.update((k, v) for k, v in options.items() if v is not None)  # the others: the broker's defaults
     if kwargs.get("priority_aging") == 0:
         kwargs["priority_aging"] = None  # strict
+    kwargs.update(max_bytes=max_bytes, max_message_bytes=max_message_bytes, visibility_timeout=visibility_timeout,
+                  max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue)
     with _connect(namespace, url, token, create=True) as broker:
-        broker.create_queue(name, max_bytes=max_bytes, max_message_bytes=max_message_bytes,
-                            visibility_timeout=visibility_timeout, max_deliveries=max_deliveries,
-                            dead_letter_queue=dead_letter_queue, exist_ok=exist_ok, **kwargs).close()
-    click.echo(f"created {name}")
+        created = _created(lambda ok: broker.create_queue(name, exist_ok=ok, **kwargs).close(), exist_ok, QueueExists)
+    if as_json:
+        _echo_json({"queue": name, "created": created})
+    else:
+        click.echo(f"created {name}" if created else f"queue {name} exists (settings match)")
+
 
 
 @main.group("queue")
@@ -79,7 +89,7 @@ def queue_group():
     """A queue's settings."""
 
 
-_NONE_IF_ZERO = ("max_deliveries", "message_ttl", "retry_delay_max", "priority_aging")  # 0 here: none
+_NONE_IF_ZERO = ("max_deliveries", "message_ttl", "retry_delay_max", "priority_aging", "expires")  # 0 here: none
 
 
 @queue_group.command("set")
@@ -95,6 +105,8 @@ _NONE_IF_ZERO = ("max_deliveries", "message_ttl", "retry_delay_max", "priority_a
 @click.option("--retry-delay-max", type=float, default=None, help="Most seconds of a retry delay; 0: no bound.")
 @click.option("--priority-aging", type=float, default=None,
               help="Seconds after which a waiting message is served as one level higher; 0: strict priorities.")
+@click.option("--expires", type=float, default=None,
+              help="Seconds without a consumer, a declare or a get after which the queue is deleted; 0: never.")
 @click.option("--max-bytes", type=Size(min=4096), default=None, help="Cannot change: accepted when it is the queue's.")
 @click.option("--max-message-bytes", type=Size(min=1), default=None,
               help="Cannot change: accepted when it is the queue's.")
@@ -136,10 +148,12 @@ def delete(name, namespace, url, token):
 @main.command()
 @click.argument("name")
 @_target_options
-def purge(name, namespace, url, token):
-    """Drop every ready message of a queue."""
+@click.option("--delayed", is_flag=True, help="Drop the delayed messages (not due yet) too.")
+def purge(name, namespace, url, token, delayed):
+    """Drop every ready message of a queue (with --delayed, the delayed ones too); the
+    messages in flight stay with their consumers."""
     with _connect(namespace, url, token) as broker:
-        n = broker.queue(name).purge()
+        n = broker.queue(name).purge(delayed=delayed)
     click.echo(f"purged {n} message(s) from {name}")
 
 

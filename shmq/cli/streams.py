@@ -7,10 +7,10 @@ import sys
 import click
 
 from ..engine.shm.layout import MAX_PARTITIONS
-from ..errors import OffsetOutOfRange, SettingsMismatch, ShmqError, StreamNotFound
+from ..errors import OffsetOutOfRange, SettingsMismatch, ShmqError, StreamExists, StreamNotFound
 from ..spark.staging import staged_by_writer
 from .app import (
-    Size, _connect, _echo_json, _echo_names, _echo_set, _json_option, _jsonable, _parse_headers, _print_table,
+    Size, _connect, _created, _echo_json, _echo_names, _echo_set, _json_option, _jsonable, _parse_headers, _print_table,
     _stop_on_signals, _target_options, main,
 )
 
@@ -62,11 +62,23 @@ def stream_group():
 @click.option("--durability", type=click.Choice(["memory", "snapshot", "wal"]), default="snapshot",
               show_default=True)
 @click.option("--exist-ok", is_flag=True, help="Succeed if the stream exists.")
-def stream_create(name, namespace, url, token, **options):
-    """Create a stream."""
-    with _connect(namespace, url, token, create=True) as broker, broker.create_stream(name, **options) as s:
-        partitions = s.partitions
-    click.echo(f"created stream {name} ({partitions} partitions)")
+@_json_option
+def stream_create(name, namespace, url, token, exist_ok, as_json, **options):
+    """Create a stream. With --exist-ok a stream of that name is taken as it is if it has
+    the settings given (it says "exists", not "created"), else refused naming each that differs."""
+    partitions = []
+
+    def create(ok):
+        with broker.create_stream(name, exist_ok=ok, **options) as s:
+            partitions.append(s.partitions)
+
+    with _connect(namespace, url, token, create=True) as broker:
+        created = _created(create, exist_ok, StreamExists)
+    if as_json:
+        _echo_json({"stream": name, "created": created, "partitions": partitions[-1]})
+    else:
+        click.echo(f"{'created stream' if created else 'stream'} {name} ({partitions[-1]} partitions)"
+                   + ("" if created else " exists (settings match)"))
 
 
 @stream_group.command("set")

@@ -34,10 +34,11 @@ from .plain import PlainQueueCalls
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
+from .stores import StoreCalls
 from .subscription import SubscriptionCalls
 
 __all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery", "AsyncSubscription", "AsyncStream",
-           "AsyncConsumer", "AsyncMultiConsumer"]
+           "AsyncConsumer", "AsyncMultiConsumer", "AsyncStore"]
 
 
 async def connect(url: str | None = None, token: str | None = None, *, namespace: str | None = None,
@@ -210,6 +211,13 @@ class AsyncStream(StreamCalls):
     _consumer_class = AsyncConsumer
 
 
+class AsyncStore(StoreCalls):
+    """The keyed store API (the local ``Store``'s), awaitable."""
+
+    def close(self) -> None:
+        """Nothing to release: the connection belongs to the broker."""
+
+
 class _Link:
     """One connection: its core, its writer, the futures of its requests
     waiting for replies (by msg id) and of its subscriptions waiting for pushes (by id).
@@ -272,6 +280,7 @@ class AsyncBroker(BrokerCalls):
 
     _queue_class = AsyncQueue
     _stream_class = AsyncStream
+    _store_class = AsyncStore
     _multi_consumer_class = AsyncMultiConsumer
 
     def __init__(self, url, token=None, **options):
@@ -342,7 +351,7 @@ class AsyncBroker(BrokerCalls):
         except TimeoutError:
             raise BrokerUnavailable(f"cannot connect to {self.endpoint}: no answer within {limit:g}s") from None
         except OSError as e:
-            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {describe(e)}") from None
+            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {describe(e, self.options.ssl)}") from None
         writer = link.writer = asyncio.StreamWriter(transport, protocol, None, loop)
         core.on_push = functools.partial(self._on_push, link)
         try:

@@ -25,13 +25,13 @@ from ..engine.queues import rpc
 from ..engine.broker import Broker, default_namespace
 from ..errors import QueueEmpty, QueueFull, RequestTimeout
 from ..model import keepalive
-from ..model.checks import seconds_ns
+from ..model.checks import check_wait, seconds_ns
 from ..model.processing import Processing
 from ..server.waiters import Doorbell
 from .core import Pause, Run, retry_while_full
 
 __all__ = ["connect", "LocalAsyncBroker", "LocalAsyncQueue", "LocalAsyncDelivery", "LocalAsyncSubscription",
-           "LocalAsyncStream", "LocalAsyncConsumer", "LocalAsyncMultiConsumer"]
+           "LocalAsyncStream", "LocalAsyncConsumer", "LocalAsyncMultiConsumer", "LocalAsyncStore"]
 
 WAIT_SLICE_S = 1.0  # a waiting call tries again at least this often (a missed ring costs a slice)
 _FIELDS = ("id", "body", "headers", "attempt", "queue", "priority", "group", "enqueued_at")  # a delivery's
@@ -317,6 +317,8 @@ class LocalAsyncQueue:
     stats = _at_once("stats")
     settings = _at_once("settings")
     purge = _at_once("purge")
+    add_consumer = _at_once("add_consumer")
+    remove_consumer = _at_once("remove_consumer")
 
     # ---------------------------------------------------------------- settles
     async def ack_many(self, deliveries, wait: bool = True) -> int:
@@ -423,6 +425,58 @@ class LocalAsyncStream:
 
 
 
+class LocalAsyncStore:
+    """The keyed store API of the asyncio client on a local store (``engine.store.Store``):
+    each call the store's own, on the loop (a few microseconds); a ``get`` that waits
+    looks at the store's stamp between pauses on the loop (as the store's own wait does)."""
+
+    def __init__(self, handle):
+        self._h = handle
+        self.name = handle.name
+
+    def __repr__(self):
+        return f"<shmq.LocalAsyncStore {self._h.namespace}/{self.name}>"
+
+    def close(self) -> None:
+        self._h.close()
+
+    async def get(self, key: str, timeout: float = 0.0):
+        """The value of ``key`` or None; ``timeout`` > 0: wait up to that long for it (the
+        store's own wait, on the loop: a watch of its -wal read as a socket, and pauses)."""
+        from ..engine import walwatch
+        from ..engine.store import POLL_MAX_S, POLL_MIN_S, WATCHED_S
+
+        value = self._h.get(key)
+        if value is not None or not check_wait(timeout):
+            return value
+        loop, rang = asyncio.get_running_loop(), asyncio.Event()
+        bell = walwatch.watch(self._h.path + "-wal")  # before the first look: whatever comes after rings
+        if bell is not None:
+            loop.add_reader(bell.fd, lambda: (bell.drain(), rang.set()))
+        until, pause, seen = time.monotonic() + timeout, POLL_MIN_S, None
+        try:
+            while True:
+                stamp = self._h.stamp()
+                if stamp != seen:
+                    seen = stamp
+                    value = self._h.get(key)
+                    if value is not None:
+                        return value
+                left = until - time.monotonic()
+                if left <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(rang.wait(), min(pause, left))
+                    rang.clear()
+                    pause = POLL_MIN_S  # (the index may say the commit is done a moment after the ring)
+                except asyncio.TimeoutError:
+                    pause = min(pause * 2, WATCHED_S if bell is not None else POLL_MAX_S)
+        finally:
+            if bell is not None:
+                loop.remove_reader(bell.fd)
+                bell.close()
+
+
 class LocalAsyncBroker:
     """The asyncio client's broker API on a local namespace: create_queue, queue,
     list_queues, delete_queue, update_queue, declare_queue, redrive, the streams
@@ -495,6 +549,10 @@ class LocalAsyncBroker:
         c = self._h.consumer(group, streams, pattern, auto_offset_reset, **options)
         return LocalAsyncMultiConsumer(self, c, c.subscription)
 
+    # ---------------------------------------------------------------- keyed stores
+    async def store(self, name: str = "default") -> LocalAsyncStore:
+        return LocalAsyncStore(self._h.store(name))
+
     # ---------------------------------------------------------------- exchanges, request/reply
     async def publish(self, exchange: str, body, routing_key: str = "", headers=None, dedup_id=None,
                       timeout=None) -> int:
@@ -552,4 +610,6 @@ _delegate(LocalAsyncStream, ("append", "append_many", "offsets", "publish", "pub
                              "committed", "lag", "reset", "stats"))
 _delegate(LocalAsyncBroker, ("list_queues", "update_queue", "delete_queue", "redrive", "list_streams",
                              "delete_stream", "create_exchange", "delete_exchange", "list_exchanges", "exchange_info",
-                             "bind", "unbind", "ping"))
+                             "bind", "unbind", "ping", "list_stores", "delete_store"))
+_delegate(LocalAsyncStore, ("set", "get_many", "delete", "incr", "add", "members", "expire", "ttl", "keys", "clear",
+                            "sweep"))

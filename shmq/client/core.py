@@ -225,7 +225,7 @@ def _changing_settings(request: Send):
 
 _SETTING_KEYS = ("max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue",
                  "durability", "priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff",
-                 "retry_delay_max", "priority_aging", "lanes")
+                 "retry_delay_max", "priority_aging", "lanes", "auto_delete", "expires")
 
 
 # ---------------------------------------------------------------- the API, once
@@ -606,9 +606,22 @@ class QueueCalls:
         return (yield Send(MsgType.STATS, {"queue": self.name})).get("settings", {})
 
     @driven
-    def purge(self):
-        """Drop every ready message (leased and delayed ones stay); how many were dropped."""
-        return (yield Send(MsgType.PURGE, {"queue": self.name}))["purged"]
+    def purge(self, delayed: bool = False):
+        """Drop every ready message, and with ``delayed`` every delayed one too (leased ones
+        stay); how many were dropped. (A server older than ``delayed`` keeps the delayed ones.)"""
+        return (yield Send(MsgType.PURGE, {"queue": self.name, **({"delayed": True} if delayed else {})}))["purged"]
+
+    @driven
+    def add_consumer(self):
+        """Register one more consumer of the queue, this connection's (given back when the
+        connection closes, the client killed too); returns the queue's count."""
+        return (yield Send(MsgType.CONSUMER_ADD, {"queue": self.name}))["consumers"]
+
+    @driven
+    def remove_consumer(self):
+        """Unregister one of this connection's consumers; returns the count left. An
+        ``auto_delete`` queue left with none is deleted. ValueError if it has none."""
+        return (yield Send(MsgType.CONSUMER_REMOVE, {"queue": self.name}))["consumers"]
 
 
 class BrokerCalls:
@@ -616,6 +629,7 @@ class BrokerCalls:
 
     _queue_class = QueueCalls  # the transport's
     _stream_class = None  # the transport's (a ``streams.StreamCalls``)
+    _store_class = None  # the transport's (a ``stores.StoreCalls``)
     _clock = staticmethod(time.monotonic)  # the deadlines' clock
 
     def __init__(self, url: str, token: str | None = None):
@@ -646,6 +660,13 @@ class BrokerCalls:
             raise refused(self.endpoint, source, e) from None
 
     @driven
+    def _backup(self, dest: str):
+        """BACKUP: the server copies what it holds durably into the new directory ``dest``
+        of its host (``shmq backup``); its summary. An admin request of the server, not a
+        Broker method: a local namespace has no server to ask."""
+        return (yield Send(MsgType.BACKUP, {"dest": dest}))
+
+    @driven
     def queue(self, name: str, serializer=None):
         """A handle on the queue ``name``; QueueNotFound if there is none. ``serializer``:
         as the local ``Broker.queue`` takes it."""
@@ -658,7 +679,7 @@ class BrokerCalls:
                      visibility_timeout=DEFAULT_VISIBILITY_S, max_deliveries=None, dead_letter_queue=None,
                      exist_ok=False, durability=None, priorities=1, message_ttl=None, dedup_window=300.0,
                      retry_delay=0.0, retry_backoff=1.0, retry_delay_max=None, priority_aging=60.0, serializer=None,
-                     lanes=1):
+                     lanes=1, auto_delete=False, expires=None):
         """Create the queue ``name`` and return a handle on it; QueueExists if it exists
         (unless ``exist_ok``). The work-queue options are the local ``create_queue``'s."""
         resolve_serializer(serializer)
@@ -666,7 +687,9 @@ class BrokerCalls:
             name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries, dead_letter_queue, exist_ok,
             durability, priorities=priorities, message_ttl=message_ttl, dedup_window=dedup_window,
             retry_delay=retry_delay, retry_backoff=retry_backoff, retry_delay_max=retry_delay_max,
-            priority_aging=priority_aging, **({"lanes": lanes} if lanes != 1 else {})))
+            priority_aging=priority_aging, **({"lanes": lanes} if lanes != 1 else {}),
+            **({"auto_delete": auto_delete} if auto_delete is not False else {}),
+            **({"expires": expires} if expires is not None else {})))
         return self._queue_class(self, name, serializer)
 
     @driven
@@ -822,3 +845,20 @@ class BrokerCalls:
         if timeout is not None:
             fields["timeout_ms"] = ms(timeout, "timeout")
         return (yield Send(MsgType.REQUEST, fields))["body"]
+
+    # ------------------------------------------------------------ keyed stores (stores.py)
+    @driven
+    def store(self, name: str = "default"):
+        """A handle on the keyed store ``name``, made on first use (as the local ``Broker.store``)."""
+        yield Send(MsgType.KV_OPEN, {"store": name})
+        return self._store_class(self, name)
+
+    @driven
+    def list_stores(self):
+        """The names of the keyed stores, sorted."""
+        return (yield Send(MsgType.KV_LIST, {}))["stores"]
+
+    @driven
+    def delete_store(self, name: str):
+        """Delete the keyed store ``name`` and its keys; False if there was none."""
+        return (yield Send(MsgType.KV_DROP, {"store": name}))["deleted"]

@@ -44,10 +44,11 @@ from .plain import PlainQueueCalls
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
+from .stores import StoreCalls
 from .subscription import SubscriptionCalls
 
 __all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteSubscription", "RemoteStream", "RemoteConsumer",
-           "RemoteMultiConsumer", "parse_url"]
+           "RemoteMultiConsumer", "RemoteStore", "parse_url"]
 
 _READ_BYTES = 65536
 _NO_OPTIONS = {}  # a plain put's options (never changed)
@@ -220,6 +221,14 @@ class RemoteStream(_Handle, StreamCalls):
         from ..producer import Producer
         return Producer(self, linger_ms=linger_ms, batch_bytes=batch_bytes, compression=compression)
 
+
+
+class RemoteStore(_Handle, StoreCalls):
+    """A keyed store reached over TCP: the methods and errors of the local ``Store``."""
+
+    @staticmethod
+    def _reattach(url, token, name):
+        return RemoteBroker(url, token).store(name)
 
 
 class _Link:
@@ -408,6 +417,7 @@ class RemoteBroker(BrokerCalls):
 
     _queue_class = RemoteQueue
     _stream_class = RemoteStream
+    _store_class = RemoteStore
     _multi_consumer_class = RemoteMultiConsumer
     _sleep = staticmethod(time.sleep)  # a call's pauses, and a reconnect's
     _link = None  # the connection (a ``_Link``; None until the first is made)
@@ -508,7 +518,7 @@ class RemoteBroker(BrokerCalls):
             return sock if ctx is None else ctx.wrap_socket(sock, server_hostname=self.host)
         except OSError as e:
             sock.close()
-            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {describe(e)}") from None
+            raise BrokerUnavailable(f"cannot connect to {self.endpoint}: {describe(e, self.options.ssl)}") from None
         except BaseException:
             sock.close()
             raise

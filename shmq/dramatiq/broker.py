@@ -39,9 +39,9 @@ from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
 from dramatiq.errors import ActorNotFound, ConnectionClosed, QueueJoinTimeout, QueueNotFound
 from dramatiq.message import Message
-from dramatiq.results import Results
 
 from ..errors import BrokerUnavailable, DeliveryExpired, QueueEmpty, ShmqError
+from ..errors import QueueNotFound as NoSuchQueue
 
 __all__ = ["ShmqBroker", "DEAD_LETTER_SUFFIX", "PRIORITY_OPTION", "open_broker"]
 
@@ -158,7 +158,6 @@ class ShmqBroker(dramatiq.Broker):
         queue_name = q_name(message.queue_name)
         if queue_name != message.queue_name:
             message = message.copy(queue_name=queue_name)
-        message = self._with_reply_to(message)
         self.emit_before("enqueue", message, delay)
         self._ensure(queue_name)
         with _translated():
@@ -174,39 +173,17 @@ class ShmqBroker(dramatiq.Broker):
             level = actor.options.get(PRIORITY_OPTION, 0) if actor is not None else 0
         return level
 
-    def _with_reply_to(self, message):
-        """Where a ShmqResultBackend's result goes: this process's reply queue, named in
-        the message (and the pipeline's next messages) when it stores results."""
-        backend = self._shmq_results()
-        if backend is None or backend.REPLY_TO in message.options:
-            return message
-        if "pipe_target" not in message.options and not self._stores_results(message):
-            return message
-        return message.copy(options=backend.tagged(message.options))
-
-    def _shmq_results(self):
-        from .results import ShmqResultBackend
-
-        for m in self.middleware:
-            if isinstance(m, Results) and isinstance(m.backend, ShmqResultBackend):
-                return m.backend
-        return None
-
-    def _stores_results(self, message) -> bool:
-        for m in self.middleware:
-            if isinstance(m, Results):
-                try:
-                    actor = self.get_actor(message.actor_name)
-                except ActorNotFound:
-                    return False
-                return bool(message.options.get("store_results", actor.options.get("store_results", m.store_results)))
-        return False
-
     def flush(self, queue_name: str) -> None:
-        """Drop the queue's ready messages (delayed and leased ones stay: shmq's purge)."""
+        """Drop the messages of the queue and of its dead-letter queue that are ready or
+        delayed (not due yet: ``purge(delayed=True)``), as Dramatiq's Redis and RabbitMQ
+        brokers empty their delay and dead-letter queues too. Messages in flight stay
+        with the workers that hold them (acked, or delivered again if their worker dies)."""
         self._ensure(queue_name)
         with _translated():
-            self._producers[queue_name].purge()
+            self._producers[queue_name].purge(delayed=True)
+            if self.dead_letters:
+                with self.client.queue(queue_name + DEAD_LETTER_SUFFIX) as dlq:
+                    dlq.purge(delayed=True)
 
     def flush_all(self) -> None:
         for name in self.queues:
@@ -214,17 +191,31 @@ class ShmqBroker(dramatiq.Broker):
 
     def join(self, queue_name: str, *, interval: int = 100, timeout: int | None = None) -> None:
         """Wait until the queue has no message ready, delayed or in flight (tests);
-        QueueJoinTimeout after ``timeout`` ms."""
-        self._ensure(queue_name)
-        deadline = None if timeout is None else time.monotonic() + timeout / 1000
-        while True:
+        QueueJoinTimeout after ``timeout`` ms. A queue neither declared to this broker nor
+        in shmq raises Dramatiq's QueueNotFound, as its StubBroker does (nothing is
+        created); one declared but never used is empty."""
+        q, attached = self._producers.get(queue_name), None
+        if q is None:
             with _translated():
-                s = self._producers[queue_name].stats()
-            if s.ready + s.delayed + s.in_flight == 0:
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                raise QueueJoinTimeout(queue_name)
-            time.sleep(interval / 1000)
+                try:
+                    q = attached = self.client.queue(queue_name)
+                except NoSuchQueue:
+                    if queue_name in self.queues:
+                        return
+                    raise QueueNotFound(queue_name) from None
+        deadline = None if timeout is None else time.monotonic() + timeout / 1000
+        try:
+            while True:
+                with _translated():
+                    s = q.stats()
+                if s.ready + s.delayed + s.in_flight == 0:
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise QueueJoinTimeout(queue_name)
+                time.sleep(interval / 1000)
+        finally:
+            if attached is not None:
+                attached.close()
 
     def close(self) -> None:
         with self._lock:

@@ -511,13 +511,19 @@ static int take_prologue(char *seg, uint64_t slot, uint64_t now, int wait) {
     return take_checks(seg, slot, now, wait);
 }
 
-/* take_prologue's checks once the lock is held (and the sleep undone) */
+/* take_prologue's checks once the lock is held (and the sleep undone); a queue that expires is
+ * used now (``lifetime.used``: its last-used word stored once it is a quarter of expires old) */
 static inline int take_checks(char *seg, uint64_t slot, uint64_t now, int wait) {
-    uint64_t *h = HOT(seg);
+    uint64_t *h = HOT(seg), *w = (uint64_t *)seg;
     if (h[H_REQUEUED] || h[H_DELETED] || now >= h[H_NEXT_DEADLINE] || now >= h[H_NEXT_LIVENESS] ||
-        ((uint64_t *)seg)[SPECIAL_W]) { /* requeued or special records, housekeeping due: the general take */
+        w[SPECIAL_W]) { /* requeued or special records, housekeeping due: the general take */
         unlock(seg);
         return R_FALLBACK;
+    }
+    uint64_t stale = w[LIFETIME_W] >> LIFE_EXPIRES_SHIFT; /* expires, ms (0: never) */
+    if (stale) { /* as layout.life_renew_ns */
+        stale = stale * 250000 < LIFE_RENEW_NS ? stale * 250000 : LIFE_RENEW_NS;
+        if (now - w[LAST_USED_W] >= stale) w[LAST_USED_W] = now;
     }
     if (h[H_FRONTIER] >= h[H_TAIL]) {
         if (wait & W_REGISTER) register_sleeper(seg, slot, H_CWAIT, P_CWAIT);

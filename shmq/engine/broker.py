@@ -28,7 +28,7 @@ from ..serializers import SerializerSpec
 from ..serializers import resolve as resolve_serializer
 from ..sharing import check_deletable, resolve_group
 from .streams.partition import create_partition, partition_segment_name
-from .queues import deadletter
+from .queues import deadletter, lifetime
 from .queues.lanes import MAX_LANES, LanedQueue, attach
 from .queues.queue import Queue
 from .queues.serialized import SerializedQueue
@@ -44,8 +44,8 @@ __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS", "MUTABLE_QUEUE_SETTINGS", "FIXED_Q
 # priority levels and the lanes are the layout of its memory, the durability whether a log
 # exists (docs/QUEUES.md, "Changing a live queue")
 MUTABLE_QUEUE_SETTINGS = ("visibility_timeout", "max_deliveries", "dead_letter_queue", "message_ttl", "dedup_window",
-                          "retry_delay", "retry_backoff", "retry_delay_max", "priority_aging")
-FIXED_QUEUE_SETTINGS = ("max_bytes", "max_message_bytes", "durability", "priorities", "lanes")
+                          "retry_delay", "retry_backoff", "retry_delay_max", "priority_aging", "expires")
+FIXED_QUEUE_SETTINGS = ("max_bytes", "max_message_bytes", "durability", "priorities", "lanes", "auto_delete")
 # what ``update_stream`` can change on a live stream: the words of its header that every handle
 # reads as it goes (``layout.STREAM_LIVE``), and the partition count, which only grows; and what
 # it cannot: a partition's ring, what a full one does, and whether logs exist (docs/STREAMS.md)
@@ -55,6 +55,7 @@ FIXED_STREAM_SETTINGS = ("max_bytes", "retention", "group_idle_timeout", "durabi
 STREAM_SETTINGS = MUTABLE_STREAM_SETTINGS + FIXED_STREAM_SETTINGS  # what a snapshot keeps, a rebuild creates with
 
 DEFAULT_PROCESS_SLOTS = 256
+LIFETIME_SWEEP_NS = 1_000_000_000  # a local create or declare sweeps unused queues (``lifetime``) at most this often
 DEFAULT_MAX_MESSAGE_BYTES = 2**20
 _MIN_BYTES = 4096
 _DURABILITY_MODES = ("memory", "snapshot", "wal")
@@ -144,6 +145,8 @@ class Broker:
         """Close this broker and every queue handle it returned. Queues stay."""
         for q in list(self._queues):
             q.close()
+        for kv in list(self.__dict__.get("_stores", ())):
+            kv.close()
         self._closed = True
         x = self.__dict__.pop("_exchanges", None)
         if x is not None:
@@ -189,6 +192,8 @@ class Broker:
         priority_aging: float | None = 60.0,
         serializer: SerializerSpec = None,
         lanes: int = 1,
+        auto_delete: bool = False,
+        expires: float | None = None,
     ) -> Queue:
         """Create a queue and attach to it. Raises QueueExists unless ``exist_ok``:
         then the existing queue is returned as it is, if it has the settings this call
@@ -215,6 +220,13 @@ class Broker:
         its home lane first, then from the others; order is FIFO per lane (best-effort
         ordering, as SQS standard queues), and ``max_bytes`` is shared out among the lanes.
         1 (the default): one ring, strict FIFO.
+
+        Lifetime (RabbitMQ's, ``shmq.engine.queues.lifetime``): ``auto_delete`` -- the queue
+        is deleted, with its exchange bindings, when its last consumer (``add_consumer``)
+        goes: unregistered, or its process dead, or its TCP connection closed; one that never
+        had a consumer stays. ``expires`` seconds: deleted when it has had no consumer and no
+        declare or take for that long (x-expires; whole ms), by ``shmq server``'s
+        housekeeping or, without one, by a create or declare of a queue in the namespace.
         """
         asked = _asked(_QUEUE_DEFAULTS, locals())  # before the checks below normalize them
         check_queue_name(name)
@@ -245,6 +257,8 @@ class Broker:
         opts = _options(priorities, message_ttl, dedup_window, retry_delay, retry_backoff, retry_delay_max,
                         priority_aging)
         _check_dead_letter_name(name, dead_letter_queue)
+        life = _lifetime(auto_delete, expires)
+        self._sweep_unused()
         if dead_letter_queue is not None and self._reg() is None:  # (a create that fails makes no namespace)
             raise QueueNotFound(f"dead-letter queue {dead_letter_queue!r} does not exist: create it first")
         reg = self._reg(make=True)
@@ -257,8 +271,10 @@ class Broker:
                 q = self.queue(name, serializer=serializer)
                 have = q.settings()
                 lanes_held = asked.get("lanes", have["lanes"])
-                return self._as_asked(q, "queue", asked, have, lambda k, v: _queue_as_held(k, v, lanes_held),
-                                      QueueExists)
+                q = self._as_asked(q, "queue", asked, have, lambda k, v: _queue_as_held(k, v, lanes_held),
+                                   QueueExists)
+                lifetime.renew(q)  # a declare: its expiry counts from now
+                return q
             if dead_letter_queue is not None and reg.find(dead_letter_queue)[1] != LIVE:
                 raise QueueNotFound(f"dead-letter queue {dead_letter_queue!r} does not exist: create it first")
             index = reg.claim(name, CREATING)
@@ -266,7 +282,7 @@ class Broker:
             try:
                 for lane in range(lanes):
                     self._build(name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries,
-                                dead_letter_queue, durability, opts, lanes, lane)
+                                dead_letter_queue, durability, opts, lanes, lane, life if lane == 0 else 0)
             except BaseException:
                 self._unlink_queue_files(name)
                 reg.free(index)
@@ -297,6 +313,7 @@ class Broker:
                                        "not on a live queue (delete it and create it again)")
             new = {**have, **{k: v for k, v in settings.items() if k in MUTABLE_QUEUE_SETTINGS}}
             _check_visibility(new["visibility_timeout"])
+            expires_ms = _lifetime(have["auto_delete"], new["expires"]) >> L.LIFE_EXPIRES_SHIFT
             maxdel = None if new["max_deliveries"] is None else _positive_int(new["max_deliveries"], "max_deliveries")
             dlq = new["dead_letter_queue"]
             _check_dead_letter_name(name, dlq)
@@ -309,7 +326,7 @@ class Broker:
                     raise QueueNotFound(f"dead-letter queue {dlq!r} does not exist: create it first")
                 for lane in getattr(q, "_lanes", (q,)):
                     lane._write_settings(int(new["visibility_timeout"] * 1e9), maxdel, dlq, aging_ms, ttl, window,
-                                         retry, backoff, retry_max)
+                                         retry, backoff, retry_max, expires_ms if lane._lane == 0 else None)
             return q.settings()
         finally:
             q.close()
@@ -332,7 +349,7 @@ class Broker:
         return self.queue(name, serializer=serializer)
 
     def _build(self, name, capacity, max_message_bytes, visibility_timeout, max_deliveries, dlq, durability, opts,
-               lanes=1, lane=0):
+               lanes=1, lane=0, life=0):
         slots = DEFAULT_PROCESS_SLOTS
         base = segment_name(self.namespace, "q", lane_name(name, lane))
         group = self._registry.group
@@ -353,6 +370,8 @@ class Broker:
             L.WORD.pack_into(mm, L.TIMENS_OFF, monotonic_offset())
             L.OPTS.pack_into(mm, L.OPTS_OFF, *opts, lanes if lanes > 1 else 0, lane)
             L.WORD.pack_into(mm, L.I_NEXT_TTL << 3, -1)  # NEVER
+            L.WORD.pack_into(mm, L.LIFETIME_OFF, life)  # (lane 0's: auto_delete, expires)
+            L.WORD.pack_into(mm, L.I_LAST_USED << 3, time.monotonic_ns())
             hot = dict.fromkeys(L.HOT_FIELDS, 0)
             hot.update(next_id=lane + 1, next_deadline=L.NEVER)  # lane j's ids: j + 1, j + 1 + lanes, ...
             L.HOT.pack_into(mm, L.HOT_OFF, *hot.values())
@@ -385,28 +404,71 @@ class Broker:
                 reg.free(index)
 
     def delete_queue(self, name: str) -> None:
-        """Delete a queue and every message in it. Handles elsewhere get QueueNotFound."""
+        """Delete a queue and every message in it, and its exchange bindings. Handles
+        elsewhere get QueueNotFound."""
         check_queue_name(name)
+        if not self._delete(name):
+            raise QueueNotFound(f"no queue {name!r} in namespace {self.namespace!r}")
+
+    def _delete(self, name: str, unused: bool = False):
+        """Delete queue ``name`` and drop its bindings; True if it was there. ``unused``: only
+        if it is to go now (``lifetime.condemn``: its last consumer went, or it expired), and
+        then why it went, or None."""
         reg = self._reg()
         if reg is None:
-            raise QueueNotFound(f"no queue {name!r} in namespace {self.namespace!r}")
+            return None
+        why = True
         with reg:
             self._clean_stale(reg)
             index, state = reg.find(name)
             if state != LIVE:
-                raise QueueNotFound(f"no queue {name!r} in namespace {self.namespace!r}")
+                return None
             if reg.group is not None:
                 check_deletable(f"queue {name!r}", _shm_path(segment_name(self.namespace, "q", name)))
-            reg.set_state(index, DELETING, name)
             try:
                 q = attach(self.namespace, name)
             except QueueNotFound:
-                pass
-            else:
-                q._mark_deleted()
-                q.close()
+                q = None
+            try:
+                if unused:  # checked and marked under the queue's lock: a consumer that comes first keeps it
+                    why = None if q is None else lifetime.condemn(q, lambda: reg.set_state(index, DELETING, name))
+                    if why is None:
+                        return None
+                else:
+                    reg.set_state(index, DELETING, name)
+                if q is not None:
+                    q._mark_deleted()
+            finally:
+                if q is not None:
+                    q.close()
             self._unlink_queue_files(name)
             reg.free(index)
+        try:
+            self.exchange_table().drop_target("q", name)
+        except ShmqError:  # (the table's lock held past its timeout: a publish drops them as it finds them)
+            pass
+        return why
+
+    def _sweep_unused(self) -> None:
+        """Delete the namespace's unused queues (``lifetime.sweep``), at most once every
+        LIFETIME_SWEEP_NS by this broker: the local housekeeping of queue lifetimes, run by
+        creates and declares (``shmq server`` sweeps every housekeeping round)."""
+        now = time.monotonic_ns()
+        if now < self.__dict__.get("_swept", 0) or self._reg() is None:
+            return
+        self._swept = now + LIFETIME_SWEEP_NS
+        handles = []
+        try:
+            for name in self.list_queues():
+                if lifetime.has_lifetime(self.namespace, name):  # (read from its file: most queues have none)
+                    try:
+                        handles.append(attach(self.namespace, name))
+                    except ShmqError:
+                        continue
+            lifetime.sweep(handles, lambda n: self._delete(n, unused=True))
+        finally:
+            for h in handles:
+                h.close()
 
     def list_queues(self) -> list[str]:
         """Names of the namespace's queues, sorted."""
@@ -699,6 +761,35 @@ class Broker:
         Exchanges)."""
         return len(self.exchange_table().publish(exchange, body, routing_key, headers, dedup_id, timeout))
 
+    # ---------------------------------------------------------------- keyed stores (engine/store.py)
+    def store(self, name: str = "default") -> "Store":
+        """The keyed store ``name`` (``shmq.engine.store.Store``: values, counters and sets
+        under str keys, with expiry), made on first use (its name as a queue's). A store
+        is a create: it makes the namespace if it has none. Closed with this broker."""
+        from .store import Store
+
+        check_queue_name(name)
+        group = self._reg(make=True).group
+        kv = Store(self.namespace, name, group)
+        stores = self.__dict__.setdefault("_stores", weakref.WeakSet())
+        stores.add(kv)
+        return kv
+
+    def list_stores(self) -> list[str]:
+        """Names of the namespace's keyed stores, sorted."""
+        from .store import store_names
+
+        return store_names(self.namespace)
+
+    def delete_store(self, name: str) -> bool:
+        """Delete the keyed store ``name`` and every key in it; False if there was none.
+        Handles elsewhere find it empty (a new store) at their next call."""
+        from .store import unlink_store
+
+        check_queue_name(name)
+        reg = self._reg()
+        return unlink_store(self.namespace, name, shared=reg is not None and reg.group is not None)
+
     # ---------------------------------------------------------------- request/reply (engine/queues/rpc.py)
     def request(self, queue: str, body: bytes, headers: dict | None = None, timeout: float | None = None) -> bytes:
         """Put a request into ``queue`` and wait for a worker's ``Delivery.reply``; returns
@@ -720,7 +811,7 @@ def _defaults(method, settings) -> dict:
 _QUEUE_DEFAULTS = _defaults(Broker.create_queue, (
     "max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue", "durability",
     "priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff", "retry_delay_max",
-    "priority_aging", "lanes"))
+    "priority_aging", "lanes", "auto_delete", "expires"))
 _STREAM_DEFAULTS = _defaults(Broker.create_stream, STREAM_SETTINGS)
 
 
@@ -792,7 +883,33 @@ def _queue_as_held(key, value, lanes):
         return _held_seconds(value)
     if key == "retry_backoff":
         return float(value)
+    if key == "expires":  # whole milliseconds, at least one
+        return None if value is None else (_lifetime(False, value) >> L.LIFE_EXPIRES_SHIFT) / 1000
     return value
+
+
+def _lifetime(auto_delete, expires) -> int:
+    """Lane 0's lifetime word (``layout.LIFETIME_OFF``) for ``auto_delete`` and ``expires``
+    (seconds, or None: never), checked."""
+    if not isinstance(auto_delete, bool):
+        raise TypeError(f"auto_delete must be a bool, not {type(auto_delete).__name__}")
+    expires_ms = 0 if expires is None else -(-_seconds(expires, "expires", allow_zero=False) // 1_000_000)
+    return (L.LIFE_AUTO_DELETE if auto_delete else 0) | expires_ms << L.LIFE_EXPIRES_SHIFT
+
+
+def _delete_unused(namespace: str, name: str) -> str | None:
+    """``lifetime``'s deleter: queue ``name`` deleted, with its bindings, if it is unused now."""
+    try:
+        b = Broker(namespace, create=False)
+    except NamespaceNotFound:
+        return None
+    try:
+        return b._delete(name, unused=True)
+    finally:
+        b.close()
+
+
+lifetime.set_deleter(_delete_unused)
 
 
 def _stream_as_held(key, value, max_bytes):

@@ -3,13 +3,21 @@ kept off the public ``Queue``: housekeeping, a waiter's readiness probe, giving 
 pushed deliveries unseen, and moving a queue's messages out and in.
 """
 
-__all__ = ["housekeep", "ready_hint", "release_many", "export_messages", "import_messages"]
+from .queues import lifetime
+
+__all__ = ["housekeep", "sweep_unused", "ready_hint", "release_many", "export_messages", "import_messages"]
 
 
 def housekeep(q) -> int:
     """Expire lapsed leases, requeue due delays, reclaim dead processes' leases; how many
     messages came back."""
     return q._housekeep()
+
+
+def sweep_unused(broker, handles) -> list:
+    """Delete the queues among ``handles`` (attached by ``broker``'s namespace) whose last
+    consumer went or that expired (``lifetime``), with their bindings; (name, why) of each."""
+    return lifetime.sweep(handles, lambda name: broker._delete(name, unused=True))
 
 
 def ready_hint(q) -> bool:
@@ -27,6 +35,7 @@ def export_messages(q, rotate_wal: bool = False) -> list:
     return q._export_messages(rotate_wal=rotate_wal)
 
 
-def import_messages(q, messages, once: int = 0) -> int:
-    """Append exported messages (``export_messages``' tuples), keeping their ids."""
-    return q._import_messages(messages, once=once)
+def import_messages(q, messages, once: int = 0, skip_present: bool = False) -> int:
+    """Append exported messages (``export_messages``' tuples), keeping their ids; how many
+    were appended (``skip_present``: not those whose id the queue holds)."""
+    return q._import_messages(messages, once=once, skip_present=skip_present)

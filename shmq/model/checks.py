@@ -4,7 +4,8 @@ anything is sent or changed."""
 
 __all__ = ["MAX_PARTITIONS", "MAX_KEY_CHARS", "seconds_ns", "check_routing_key", "check_pattern", "check_group",
            "check_offset", "check_txn", "check_callback", "check_auto_commit", "check_reset", "check_poll_interval",
-           "check_refresh"]
+           "check_refresh", "MAX_STORE_KEY_CHARS", "check_store_key", "check_store_value", "check_ttl", "check_incr",
+           "check_wait"]
 
 MAX_PARTITIONS = 256  # a stream's partitions are numbered below it (engine/shm/layout.py sizes the groups' words by it)
 MAX_KEY_CHARS = 255  # a routing key or a binding pattern (AMQP's short string)
@@ -97,3 +98,57 @@ def check_refresh(value) -> int:
     if not ns:
         raise ValueError(f"refresh_interval must be > 0, not {value!r}")
     return ns
+
+
+# ---------------------------------------------------------------- keyed stores (engine/store.py)
+MAX_STORE_KEY_CHARS = 1024  # a store's key or set member: 1..1024 characters
+
+
+def check_store_key(key, what="key") -> str:
+    """A store's key (or set member, or key prefix: ``what``) checked: a str of
+    1..MAX_STORE_KEY_CHARS characters, encodable as UTF-8."""
+    if not isinstance(key, str):
+        raise TypeError(f"a {what} must be a str, not {type(key).__name__}")
+    if not 1 <= len(key) <= MAX_STORE_KEY_CHARS:
+        raise ValueError(f"a {what} must be 1-{MAX_STORE_KEY_CHARS} characters, not {len(key)}")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"a {what} must be encodable as UTF-8 (no lone surrogates): {key!r:.60}") from None
+    return key
+
+
+def check_store_value(value) -> bytes:
+    """A store's value checked: bytes (a bytearray or memoryview copied)."""
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if not isinstance(value, bytes):
+        raise TypeError(f"a value must be bytes, not {type(value).__name__}")
+    return value
+
+
+def check_ttl(ttl, none_ok=True) -> float | None:
+    """A store key's ttl checked: seconds > 0 (at most 1e9), or None (no expiry) where ``none_ok``."""
+    if ttl is None and none_ok:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise TypeError(f"ttl must be a number of seconds{' or None' if none_ok else ''}, not {type(ttl).__name__}")
+    if not 0 < ttl <= 1e9:  # (NaN fails too)
+        raise ValueError(f"ttl must be > 0 seconds (at most 1e9), not {ttl!r}")
+    return float(ttl)
+
+
+def check_incr(by) -> int:
+    """An incr's step checked: an int of 64 bits."""
+    if isinstance(by, bool) or not isinstance(by, int):
+        raise TypeError(f"by must be an int, not {type(by).__name__}")
+    if not -2**63 <= by < 2**63:
+        raise ValueError(f"by must fit in 64 bits, not {by}")
+    return by
+
+
+def check_wait(timeout) -> float:
+    """A waiting read's timeout checked: seconds >= 0 (at most 1e9)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= 1e9:
+        raise ValueError(f"timeout must be seconds >= 0, not {timeout!r}")
+    return float(timeout)

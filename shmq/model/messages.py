@@ -28,6 +28,7 @@ class QueueStats:
     groups_in_flight: int = 0  # message groups with a message leased or delayed
     dead_letter_depth: int | None = None  # ready messages in the dead-letter queue (None: no DLQ)
     bytes_held: int = 0  # bytes of /dev/shm the queue's segments hold (what the kernel counts)
+    consumers: int = 0  # consumers registered (``add_consumer``), every process's and connection's
 
 
 @dataclass(frozen=True, slots=True)

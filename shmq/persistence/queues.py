@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import time
+from typing import NamedTuple
 
 from . import dmsq
 from ..engine import maintenance
@@ -14,7 +15,7 @@ from ..engine.broker import Broker
 from ..engine.queues.queue import Queue
 from ..engine.shm.segment import lane_name
 from .wal import split_partition_name
-from ..errors import ShmqError
+from ..errors import LayoutMismatch, ShmqError
 from .files import lanes_of, read_snapshot_file, set_aside, snapshot_path, wal_files
 
 log = logging.getLogger("shmq.persistence")
@@ -65,10 +66,11 @@ def snapshot_queue(q: Queue, data_dir: str, fsync: bool = True, written: dict | 
     return path, len(messages)
 
 
-# the settings a snapshot keeps that ``create_queue`` takes back (format version 2 adds the work-queue options)
+# the settings a snapshot keeps that ``create_queue`` takes back (format version 2 adds the work-queue options;
+# auto_delete and expires came later, in the same open map)
 _CREATE_KEYS = ("max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue",
                 "durability", "priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff",
-                "retry_delay_max", "priority_aging", "lanes")
+                "retry_delay_max", "priority_aging", "lanes", "auto_delete", "expires")
 
 
 def _create_settings(settings: dict) -> dict:
@@ -152,14 +154,69 @@ def _queue_snapshot_header(path: str):
     return header, None
 
 
-def restore_files(broker: Broker, paths, into: str | None = None):
+RESTORE_MODES = ("replace", "append")
+
+
+class Restored(NamedTuple):
+    """What ``restore_files`` did with one file: the queue it filled ("" if none), the
+    messages restored, the one-line error that stopped the file's replay (or None), and,
+    into a queue that held messages, ``replaced`` (mode "replace": the ready and delayed
+    messages it held, dropped first) and ``skipped`` (the file's messages not restored
+    because the queue held their ids: in flight, with "replace"; any, with "append")."""
+
+    queue: str
+    messages: int
+    error: str | None
+    replaced: int = 0
+    skipped: int = 0
+
+
+class QueuesNotEmpty(ValueError):
+    """A restore into queues that hold messages, with no mode that says what to do with
+    them: nothing was changed. ``held``: {queue: messages it holds}."""
+
+    def __init__(self, held: dict):
+        self.held = held
+        said = ", ".join(f"{name!r} holds {n} message(s)" for name, n in sorted(held.items()))
+        super().__init__(f"queue {said}: restoring would add the file's messages to them (delivered twice where "
+                         "they are the same): restore with mode='replace' (emptied first) or mode='append' (the "
+                         "ids it holds skipped)")
+
+
+def _held(broker: Broker, names) -> dict:
+    """{queue: messages it holds, ready, in flight or delayed} of the queues of ``names``
+    that are there and hold some (one an older shmq's layout holds: ``upgrade``'s)."""
+    held = {}
+    for name in sorted(set(names) & set(broker.list_queues())):
+        try:
+            q = broker.queue(name)
+        except LayoutMismatch:
+            continue
+        try:
+            s = q.stats()
+        finally:
+            q.close()
+        if s.ready + s.in_flight + s.delayed:
+            held[name] = s.ready + s.in_flight + s.delayed
+    return held
+
+
+def restore_files(broker: Broker, paths, into: str | None = None, mode: str | None = None):
     """Load .dmsq files into queues, as ``restore_file`` does each, in two steps: every
     queue is made first (``create_queues``: each linked to its dead-letter queue when
     that is one of them or there already), then filled. ``into`` only with one file.
-    Returns ([(queue, messages, error)] in the order of ``paths``, [(queue, dead-letter
-    queue)] of the links dropped because the dead-letter queue is nowhere). A file that
-    is no queue's snapshot restores nothing: ``("", 0, why)``. A queue of ``paths`` that an
-    older shmq's layout holds is removed and made again from its file (``upgrade``)."""
+    Returns ([``Restored``] in the order of ``paths``, [(queue, dead-letter queue)] of the
+    links dropped because the dead-letter queue is nowhere). A file that is no queue's
+    snapshot restores nothing: ``Restored("", 0, why)``. A queue of ``paths`` that an
+    older shmq's layout holds is removed and made again from its file (``upgrade``).
+
+    A queue that holds messages (ready, in flight or delayed) is filled only as ``mode``
+    says: "replace" drops its ready and delayed messages first (those in flight stay with
+    their consumers, and a file's message of the same id is not restored again), "append"
+    restores only the messages whose ids it does not hold. Without a mode, QueuesNotEmpty
+    naming each such queue, before anything is changed."""
+    if mode is not None and mode not in RESTORE_MODES:
+        raise ValueError(f"mode must be one of {', '.join(RESTORE_MODES)} or None, not {mode!r}")
     paths = list(paths)
     if into is not None and len(paths) != 1:
         raise ValueError(f"into={into!r} names one queue: give one file, not {len(paths)}")
@@ -169,6 +226,9 @@ def restore_files(broker: Broker, paths, into: str | None = None):
         if header is not None:
             names[path] = into or header.queue
             wanted.setdefault(names[path], _create_settings(header.settings))
+    held = _held(broker, wanted)
+    if held and mode is None:
+        raise QueuesNotEmpty(held)
     from .upgrade import upgrade_queues  # (it reads snapshots with this module's helpers)
 
     for name, was in upgrade_queues(broker, wanted).items():  # an older shmq's memory: made again, from the file
@@ -177,34 +237,42 @@ def restore_files(broker: Broker, paths, into: str | None = None):
                     extra={"event": "queue_upgraded", "queue": name, "upgraded_from": was})
     unlinked = create_queues(broker, wanted)
     results = []
+    emptied = set()
     for path in paths:
         if path not in names:
-            results.append(("", 0, refused[path]))
+            results.append(Restored("", 0, refused[path]))
             continue
         result = dmsq.read_snapshot(path)
-        q = broker.queue(names[path])
+        name, replaced = names[path], 0
+        q = broker.queue(name)
         try:
+            if mode == "replace" and name in held and name not in emptied:  # (two files into one queue: once)
+                replaced = q.purge(delayed=True)
+                emptied.add(name)
             n = maintenance.import_messages(
-                q, ((r.msg_id, r.attempt, r.enqueued_ns, r.headers, r.body) for r in result.records))
+                q, ((r.msg_id, r.attempt, r.enqueued_ns, r.headers, r.body) for r in result.records),
+                skip_present=name in held)
         finally:
             q.close()
-        results.append((names[path], n, result.error))
+        results.append(Restored(name, n, result.error, replaced, len(result.records) - n))
     return results, unlinked
 
 
-def restore_file(broker: Broker, path: str, into: str | None = None) -> tuple[str, int, str | None]:
+def restore_file(broker: Broker, path: str, into: str | None = None,
+                 mode: str | None = None) -> tuple[str, int, str | None]:
     """Load a .dmsq file into queue ``into`` (default: the queue it was taken from),
     creating it with the file's settings if needed. Returns (queue, messages, error):
     ``error`` is the one-line description of damage that stopped the replay (the
     records before it are restored), or None. A file that is no queue's snapshot (a
     stream partition's: streams are rebuilt by ``recover``) loads nothing: ("", 0, why).
     A dead-letter queue that is not there is left out, with a warning logged
-    (``restore_files`` restores a queue and its dead-letter queue together)."""
-    (result,), unlinked = restore_files(broker, [path], into)
+    (``restore_files`` restores a queue and its dead-letter queue together). A queue that
+    holds messages: as ``mode`` says (``restore_files``; None: QueuesNotEmpty)."""
+    (result,), unlinked = restore_files(broker, [path], into, mode)
     for name, dlq in unlinked:
         log.warning("%s", dropped_link(name, dlq, "restore both with restore_files, or create it first"),
                     extra={"event": "link_dropped", "queue": name, "dead_letter_queue": dlq})
-    return result
+    return tuple(result[:3])
 
 
 def logs_from(data_dir, name, wal_from):

@@ -36,20 +36,13 @@ def snapshot_stream(s: Stream, data_dir: str, fsync: bool = True, written: dict 
     partition's log moves to a new generation when the current one is full (``_roll``).
     ``written``: as for ``snapshot_queue`` (a "snapshot" stream's partitions, which begin
     a high-water epoch each time, are always written). Returns (files, records)."""
-    groups = {g: s.committed(g) for g in s.groups()}  # before the copies: no commit is past their end
+    groups = committed_offsets(s)  # before the copies: no commit is past their end
     settings = stream_settings(s)
     roll_bytes, roll_ns = _roll(s)
     records = 0
     for p in range(s.partitions):
         image = s._part(p).export(roll_bytes, roll_ns)
-        extra = {"stream": s.name, "partition": p, "next_offset": image.next_offset,
-                 "committed": {g: c.get(p) for g, c in groups.items()}}
-        if image.wal_from is not None:
-            extra["wal_from"] = image.wal_from
-        if image.hwm_epoch is not None:
-            extra["hwm_epoch"] = image.hwm_epoch
-        if image.txns:
-            extra["published"] = [[tid.hex(), batch, end] for tid, batch, end in image.txns]
+        extra = partition_extra(s, p, image, groups)
         name = partition_log_name(s.name, p)
         path = snapshot_path(data_dir, name)
         records += len(image.rows)
@@ -67,6 +60,27 @@ def snapshot_stream(s: Stream, data_dir: str, fsync: bool = True, written: dict 
         if digest is not None:
             written[path] = digest
     return s.partitions, records
+
+
+def committed_offsets(s: Stream) -> dict:
+    """{group: {partition: offset}} of ``s``'s groups: read before a snapshot's copies of
+    the partitions, so that no committed offset it keeps is past the records it keeps."""
+    return {g: s.committed(g) for g in s.groups()}
+
+
+def partition_extra(s: Stream, p: int, image, groups: dict) -> dict:
+    """What a partition's snapshot keeps besides the stream's settings (docs/FORMAT.md,
+    Streams): its index, next offset, groups' committed offsets (``committed_offsets``),
+    first log generation not covered ("wal"), high-water epoch ("snapshot"), publishers."""
+    extra = {"stream": s.name, "partition": p, "next_offset": image.next_offset,
+             "committed": {g: c.get(p) for g, c in groups.items()}}
+    if image.wal_from is not None:
+        extra["wal_from"] = image.wal_from
+    if image.hwm_epoch is not None:
+        extra["hwm_epoch"] = image.hwm_epoch
+    if image.txns:
+        extra["published"] = [[tid.hex(), batch, end] for tid, batch, end in image.txns]
+    return extra
 
 
 def apply_retention(s: Stream, now_ns: int | None = None) -> int:

@@ -71,6 +71,9 @@ class MsgType(enum.IntEnum):
     STATS = 0x05
     PURGE = 0x06
     PING = 0x07
+    CONSUMER_ADD = 0x08  # a queue's consumer count (engine/queues/lifetime.py): one more of this connection
+    CONSUMER_REMOVE = 0x09  # ... one of this connection's fewer
+    BACKUP = 0x0A  # the server copies what it holds durably into a new directory of its host (``shmq backup``)
     PRODUCE = 0x10
     PRODUCE_BATCH = 0x11
     CONSUME = 0x12
@@ -113,6 +116,21 @@ class MsgType(enum.IntEnum):
     X_UNBIND = 0x44
     X_PUBLISH = 0x45
     REQUEST = 0x46  # request/reply (engine/queues/rpc.py)
+    KV_OPEN = 0x60  # keyed stores (engine/store.py): a store made if absent
+    KV_LIST = 0x61
+    KV_DROP = 0x62  # delete_store
+    KV_SET = 0x63
+    KV_GET = 0x64
+    KV_GET_MANY = 0x65
+    KV_DELETE = 0x66
+    KV_INCR = 0x67
+    KV_ADD = 0x68
+    KV_MEMBERS = 0x69
+    KV_EXPIRE = 0x6A
+    KV_TTL = 0x6B
+    KV_KEYS = 0x6C
+    KV_CLEAR = 0x6D
+    KV_SWEEP = 0x6E
 
 
 class PushType(enum.IntEnum):
@@ -147,6 +165,7 @@ class Status(enum.IntEnum):
     EXCHANGE_NOT_FOUND = 64
     EXCHANGE_EXISTS = 65
     REQUEST_TIMEOUT = 66
+    WRONG_TYPE = 67  # a keyed store's key holds another kind (WrongType)
 
 
 # ---------------------------------------------------------------------------- header

@@ -28,11 +28,11 @@ DEFAULT_VISIBILITY_S = 30.0
 _STATS_MS = {"oldest_ready_age_s": "oldest_ready_age_ms"}  # seconds on the Python side, ms on the wire
 # fields an older server's STATS reply lacks, and what they read as
 _STATS_ADDED = {"consumers_waiting": 0, "producers_waiting": 0, "delayed": 0, "purged_total": 0, "expired_total": 0,
-                "groups_in_flight": 0, "dead_letter_depth": None, "bytes_held": 0}
+                "groups_in_flight": 0, "dead_letter_depth": None, "bytes_held": 0, "consumers": 0}
 # the work-queue options of ``create_queue`` (CREATE carries them as they are: the engine checks them)
 QUEUE_OPTIONS = ("priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff", "retry_delay_max",
-                 "priority_aging", "lanes")
-_SECONDS_OPTIONS = ("message_ttl", "dedup_window", "retry_delay", "retry_delay_max", "priority_aging")
+                 "priority_aging", "lanes", "auto_delete", "expires")
+_SECONDS_OPTIONS = ("message_ttl", "dedup_window", "retry_delay", "retry_delay_max", "priority_aging", "expires")
 
 
 def ms(seconds, what) -> int:

@@ -261,6 +261,10 @@ _PARTITION = Field("partition", _check_partition, required=True)
 _MAX_RECORDS = Field("max", _check_max_records, default=1000)
 _WAIT_MS = Field("wait_ms", _check_non_negative, default=0)
 _EXCHANGE = Field("exchange", _check_str, required=True)
+_STORE = Field("store", _check_str, required=True)
+_KEY = Field("key", _check_str, required=True)
+_KEYS = Field("keys", _check_names, required=True)
+_TTL = Field("ttl", _check_number_or_nil)
 # a put's options (PRODUCE and PRODUCE_BATCH); the engine checks the priority's range
 _PUT_OPTIONS = (Field("priority", _check_int), Field("delay_ms", _check_non_negative),
                 Field("ttl_ms", _check_non_negative))
@@ -286,6 +290,8 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("retry_delay_max", _check_number_or_nil),
         Field("priority_aging", _check_number_or_nil),
         Field("lanes", _check_int),
+        Field("auto_delete", _check_bool),
+        Field("expires", _check_number_or_nil),
         # a live queue's settings (``declare_queue``: create it or change them; ``update_queue``: change
         # them): only the settings given are sent, and ``clear`` names those set to none
         Field("declare", _check_bool),
@@ -293,9 +299,12 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("clear", _check_names),
     ),
     MsgType.DELETE: (_QUEUE,),
+    MsgType.CONSUMER_ADD: (_QUEUE,),
+    MsgType.CONSUMER_REMOVE: (_QUEUE,),
     MsgType.LIST: (),
     MsgType.STATS: (_QUEUE,),
-    MsgType.PURGE: (_QUEUE,),
+    MsgType.BACKUP: (Field("dest", _check_str, required=True),),  # an absolute path on the server's host
+    MsgType.PURGE: (_QUEUE, Field("delayed", _check_bool)),  # delayed: the delayed messages too (absent: false)
     MsgType.PING: (),
     MsgType.PRODUCE: (_QUEUE, Field("body", _check_bytes, required=True), Field("headers", _check_headers),
                       *_PUT_OPTIONS, Field("group", _check_str), Field("dedup_id", _check_str_or_bytes)),
@@ -403,6 +412,23 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
                         Field("headers", _check_headers), Field("dedup_id", _check_str)),
     MsgType.REQUEST: (_QUEUE, Field("body", _check_bytes, required=True), Field("headers", _check_headers),
                       Field("timeout_ms", _check_non_negative)),
+    # keyed stores: the engine checks names, keys, members and ttls (seconds > 0, nil: none), in its words
+    MsgType.KV_OPEN: (_STORE,),
+    MsgType.KV_LIST: (),
+    MsgType.KV_DROP: (_STORE,),
+    MsgType.KV_SET: (_STORE, _KEY, Field("value", _check_bytes, required=True), _TTL,
+                     Field("only_new", _check_bool, default=False)),
+    MsgType.KV_GET: (_STORE, _KEY, _WAIT_MS),
+    MsgType.KV_GET_MANY: (_STORE, _KEYS),
+    MsgType.KV_DELETE: (_STORE, _KEYS),
+    MsgType.KV_INCR: (_STORE, _KEY, Field("by", _check_int, default=1), _TTL),
+    MsgType.KV_ADD: (_STORE, _KEY, Field("member", _check_str, required=True), _TTL),
+    MsgType.KV_MEMBERS: (_STORE, _KEY),
+    MsgType.KV_EXPIRE: (_STORE, _KEY, Field("ttl", _check_number_or_nil, required=True)),
+    MsgType.KV_TTL: (_STORE, _KEY),
+    MsgType.KV_KEYS: (_STORE, Field("prefix", _check_str, default="")),
+    MsgType.KV_CLEAR: (_STORE,),
+    MsgType.KV_SWEEP: (_STORE,),
 }
 
 

@@ -29,6 +29,7 @@ from ..errors import (
     StreamExists,
     StreamNotFound,
     Unauthorized,
+    WrongType,
 )
 from .frames import Frame, Status
 
@@ -42,6 +43,7 @@ STATUS_EXCEPTIONS = (
     (Status.EXCHANGE_NOT_FOUND, ExchangeNotFound),
     (Status.EXCHANGE_EXISTS, ExchangeExists),
     (Status.REQUEST_TIMEOUT, RequestTimeout),
+    (Status.WRONG_TYPE, WrongType),  # (before BAD_REQUEST's TypeError: it is one)
     (Status.STORAGE, StorageError),
     (Status.LOCK_TIMEOUT, LockTimeout),
     (Status.LIMIT_EXCEEDED, LimitExceeded),

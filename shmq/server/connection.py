@@ -23,7 +23,7 @@ from ..protocol import (HEADER_SIZE, REPLY_BIT, FrameDecoder, MsgType, PushType,
                         encode_reply)
 from ..protocol.requests import check_request
 from ..protocol.status import error_details, reason_of, status_of
-from .handlers import HANDLERS, PLAIN, BlockingAppend, Wait
+from .handlers import HANDLERS, PLAIN, BlockingAppend, OffLoop, Wait, give_back_consumers
 from .leases import Leases
 from .members import Members
 from .subscriptions import Subscriptions
@@ -80,6 +80,7 @@ class Connection(asyncio.BufferedProtocol):
         self.leases = Leases()  # the deliveries it holds
         self.members = Members()  # the group members it holds
         self.calls = set()  # its waiting REQUESTs' rpc.Calls: their reply queues go when it closes
+        self.consumers = {}  # queue name -> (its created_at, consumers this connection registered): given back
         self.subs = Subscriptions(self)  # its SUBSCRIBEs: deliveries pushed to it
         self.waiters = set()  # its waiting CONSUMEs, READs and POLLs
         self.reserved = 0  # budget bytes held for the open frame
@@ -295,6 +296,9 @@ class Connection(asyncio.BufferedProtocol):
                 if type(result) is BlockingAppend:
                     self.append_when_room(msg_type, msg_id, result)
                     return
+                if type(result) is OffLoop:
+                    self.off_loop(msg_type, msg_id, result)
+                    return
         except Unauthorized as e:
             return self.unauthorized(msg_type, msg_id, str(e))
         except Exception as e:  # every error becomes an error reply; the server lives on
@@ -332,6 +336,19 @@ class Connection(asyncio.BufferedProtocol):
         self.waiters.add(w)
         name = append.stream.name
         self.server.appender(append.stream).submit(append.run, lambda result: self.appended(w, name, result))
+
+    def off_loop(self, msg_type, msg_id, job: OffLoop):
+        """Run a long request in a thread of the loop's executor; it counts as a waiting
+        request until it is answered (a connection closed meanwhile gets no answer)."""
+        self.check_waiting()
+        w = Waiter(self, None, msg_id, msg_type, None, _reply_of_append, job.reply)
+        self.waiters.add(w)
+        self.server.loop.run_in_executor(None, job.run).add_done_callback(lambda done: self.ran(w, done))
+
+    def ran(self, w, done):
+        if not w.done and not done.cancelled():
+            w.done = True
+            self.answer(w, done.exception() or done.result())
 
     def appended(self, w, name, result):
         self.server.streams.notify(name)
@@ -439,6 +456,7 @@ class Connection(asyncio.BufferedProtocol):
             except ShmqError as e:
                 log.warning("%s: cannot delete reply queue %s: %s", self.peer, call.reply_queue, e)
         self.calls.clear()
+        give_back_consumers(self)  # (an auto-delete queue left with none goes)
         self.server.budget.forget(self)
 
     def linger(self):

@@ -13,7 +13,8 @@ What a handler uses of ``conn``:
 - ``conn.server``: ``broker``, ``queue(name)`` / ``stream(name)`` (cached handles;
   ``queues``: the queues' ``AttachedHandles``, read by the plain requests' handlers),
   ``forget(name)``, ``notify(name)``, ``waiters_of(q)``, ``streams`` (``forget``,
-  ``notify``, ``line_of``), ``on_create``, ``token``, ``max_frame_bytes``, ``stopping``;
+  ``notify``, ``line_of``), ``stores`` (``get``, ``line_of``, ``wrote``: server/stores.py),
+  ``on_create``, ``token``, ``max_frame_bytes``, ``stopping``;
 - ``conn.leases``: the deliveries the connection holds (``leases.Leases``);
 - ``conn.members``: the group members it holds (``members.Members``);
 - ``conn.authenticated()``: after a HELLO with the right token.
@@ -32,7 +33,8 @@ from ..engine import maintenance
 from ..engine.shm.waits import serving
 from ..engine.queues.rpc import Call
 from ..errors import (
-    MessageTooLarge, QueueEmpty, QueueExists, QueueFull, RequestTimeout, SettingsMismatch, StreamNotFound, Unauthorized,
+    MessageTooLarge, QueueEmpty, QueueExists, QueueFull, QueueNotFound, RequestTimeout, SettingsMismatch, ShmqError,
+    StreamNotFound, Unauthorized,
 )
 from ..protocol import REPLY_BIT, MsgType
 from ..protocol.compression import CODECS
@@ -61,7 +63,7 @@ from ..protocol.payloads import (
 from .anyline import AnyLine
 from .waiters import NOTHING
 
-__all__ = ["HANDLERS", "PLAIN", "Wait", "BlockingAppend", "RECORD_OVERHEAD", "fill"]
+__all__ = ["HANDLERS", "PLAIN", "Wait", "BlockingAppend", "OffLoop", "RECORD_OVERHEAD", "fill", "give_back_consumers"]
 
 RECORD_OVERHEAD = 128  # bytes a message or record adds to a reply besides its bytes and headers
 
@@ -79,6 +81,16 @@ class Wait:
     reply: Callable
     args: tuple
     wait_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffLoop:
+    """A request that takes long (a BACKUP): the connection runs ``run`` in a thread of
+    the loop's executor and answers ``reply(what it returned)`` when it is done; the loop
+    serves everyone meanwhile."""
+
+    run: Callable
+    reply: Callable
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +142,18 @@ def ping(conn, f):
     return {}
 
 
+def backup(conn, f):
+    """BACKUP: every durable queue and stream, the exchanges and the Kafka listener's
+    commit metadata copied into the new directory ``dest`` (server/backup.py), in a thread."""
+    from .backup import start  # (it loads persistence: only a server asked for a backup needs it)
+
+    return OffLoop(start(conn.server, f["dest"]), _backed_up)
+
+
+def _backed_up(summary):
+    return summary
+
+
 def list_queues(conn, f):
     return {"queues": conn.server.broker.list_queues()}
 
@@ -160,7 +184,7 @@ def create(conn, f):
 
 # a live queue's settings as CREATE's fields carry them (``declare``, ``update``); ``clear``: set to none
 _SETTINGS = ("max_bytes", "max_message_bytes", "max_deliveries", "dead_letter_queue", "durability", *QUEUE_OPTIONS)
-_CLEARABLE = ("max_deliveries", "dead_letter_queue", "message_ttl", "retry_delay_max", "priority_aging")
+_CLEARABLE = ("max_deliveries", "dead_letter_queue", "message_ttl", "retry_delay_max", "priority_aging", "expires")
 
 
 def _given_settings(f) -> dict:
@@ -181,13 +205,60 @@ def delete(conn, f):
     return {}
 
 
+def consumer_add(conn, f):
+    """CONSUMER_ADD: one more consumer of the queue, this connection's (``Queue.add_consumer``
+    by the server's process, counted per connection and given back when it closes)."""
+    q = conn.server.queue(f["queue"])
+    n = q.add_consumer()
+    made, held = conn.consumers.get(q.name, (q.created_at, 0))
+    conn.consumers[q.name] = (q.created_at, (held if made == q.created_at else 0) + 1)  # (a queue made again: anew)
+    return {"consumers": n}
+
+
+def consumer_remove(conn, f):
+    """CONSUMER_REMOVE: one of this connection's consumers of the queue fewer; an auto-delete
+    queue left with none is deleted."""
+    q = conn.server.queue(f["queue"])
+    made, held = conn.consumers.get(q.name, (None, 0))
+    if not held or made != q.created_at:
+        raise ValueError(f"queue {q.name!r}: this connection has no consumer of it registered (CONSUMER_ADD)")
+    if held > 1:
+        conn.consumers[q.name] = (made, held - 1)
+    else:
+        del conn.consumers[q.name]
+    n = q.remove_consumer()
+    if q.deleted:
+        conn.server.forget(q.name)
+    return {"consumers": n}
+
+
+def give_back_consumers(conn):
+    """The connection closed (or was killed): its consumers go, and an auto-delete queue
+    that this leaves with none is deleted."""
+    for name, (made, held) in conn.consumers.items():
+        try:
+            q = conn.server.queue(name)
+            if q.created_at != made:
+                continue  # that queue was deleted, and its counts with it
+            for _ in range(held):
+                q.remove_consumer()
+            if q.deleted:
+                conn.server.forget(name)
+        except QueueNotFound:
+            continue
+        except (ShmqError, ValueError) as e:
+            logging.getLogger("shmq.server").warning("%s: consumers of queue %s not given back: %s",
+                                                     getattr(conn, "peer", None), name, e)
+    conn.consumers.clear()
+
+
 def stats(conn, f):
     q = conn.server.queue(f["queue"])
     return {**stats_fields(q.stats()), "settings": q.settings()}
 
 
 def purge(conn, f):
-    return {"purged": conn.server.queue(f["queue"]).purge()}
+    return {"purged": conn.server.queue(f["queue"]).purge(delayed=f.get("delayed", False))}
 
 
 def produce(conn, f):
@@ -715,6 +786,105 @@ def _end_call(conn, call):
     call.close()
 
 
+# ---------------------------------------------------------------- keyed stores (engine/store.py, server/stores.py)
+def _store(conn, f):
+    return conn.server.stores.get(f["store"])
+
+
+def _fits(conn, size: int, what: str) -> None:
+    """MessageTooLarge unless a reply of about ``size`` bytes fits in a frame of this server."""
+    most = conn.server.max_frame_bytes - 1024
+    if size > most:
+        raise MessageTooLarge(f"{what} takes {size} bytes, more than a reply of this server holds ({most}; "
+                              "--max-frame-bytes): ask for less at a time")
+
+
+def _kv_wrote(conn, f, result):
+    conn.server.stores.wrote(f["store"])  # its waiting GETs look now
+    return result
+
+
+def kv_open(conn, f):
+    _store(conn, f)
+    return {}
+
+
+def kv_list(conn, f):
+    return {"stores": conn.server.broker.list_stores()}
+
+
+def kv_drop(conn, f):
+    return {"deleted": conn.server.broker.delete_store(f["store"])}
+
+
+def kv_set(conn, f):
+    return _kv_wrote(conn, f, {"set": _store(conn, f).set(f["key"], f["value"], f.get("ttl"), f["only_new"])})
+
+
+def kv_get(conn, f):
+    """GET: the value, or (``wait_ms``) a wait in the store's line for the key to be there."""
+    kv = _store(conn, f)
+    return _wait_or_answer(conn, f, conn.server.stores.line_of, kv, _kv_take, _kv_got, (kv, f["key"]))
+
+
+def _kv_take(args):
+    kv, key = args
+    return kv.get(key)
+
+
+def _kv_got(conn, args, got):
+    if got is NOTHING:
+        return {"value": None}
+    _fits(conn, len(got), f"the value of key {args[1]!r:.80}")
+    return {"value": got}
+
+
+def kv_get_many(conn, f):
+    values = _store(conn, f).get_many(f["keys"])
+    _fits(conn, sum(8 + len(v or b"") for v in values), f"the values of {len(values)} keys")
+    return {"values": values}
+
+
+def kv_delete(conn, f):
+    return {"deleted": _store(conn, f).delete(*f["keys"])}
+
+
+def kv_incr(conn, f):
+    return _kv_wrote(conn, f, {"value": _store(conn, f).incr(f["key"], f["by"], f.get("ttl"))})
+
+
+def kv_add(conn, f):
+    return _kv_wrote(conn, f, {"size": _store(conn, f).add(f["key"], f["member"], f.get("ttl"))})
+
+
+def kv_members(conn, f):
+    members = sorted(_store(conn, f).members(f["key"]))
+    _fits(conn, sum(8 + len(m.encode()) for m in members), f"the {len(members)} members of key {f['key']!r:.80}")
+    return {"members": members}
+
+
+def kv_expire(conn, f):
+    return {"found": _store(conn, f).expire(f["key"], f["ttl"])}
+
+
+def kv_ttl(conn, f):
+    return {"ttl": _store(conn, f).ttl(f["key"])}
+
+
+def kv_keys(conn, f):
+    keys = _store(conn, f).keys(f["prefix"])
+    _fits(conn, sum(8 + len(k.encode()) for k in keys), f"{len(keys)} keys")
+    return {"keys": keys}
+
+
+def kv_clear(conn, f):
+    return {"cleared": _store(conn, f).clear()}
+
+
+def kv_sweep(conn, f):
+    return {"swept": _store(conn, f).sweep()}
+
+
 # request type -> its handler: every type of protocol.requests.REQUEST_FIELDS
 HANDLERS = {
     MsgType.HELLO: hello,
@@ -724,6 +894,9 @@ HANDLERS = {
     MsgType.STATS: stats,
     MsgType.PURGE: purge,
     MsgType.PING: ping,
+    MsgType.BACKUP: backup,
+    MsgType.CONSUMER_ADD: consumer_add,
+    MsgType.CONSUMER_REMOVE: consumer_remove,
     MsgType.PRODUCE: produce,
     MsgType.PRODUCE_BATCH: produce_batch,
     MsgType.CONSUME: consume,
@@ -766,6 +939,21 @@ HANDLERS = {
     MsgType.X_UNBIND: x_unbind,
     MsgType.X_PUBLISH: x_publish,
     MsgType.REQUEST: request,
+    MsgType.KV_OPEN: kv_open,
+    MsgType.KV_LIST: kv_list,
+    MsgType.KV_DROP: kv_drop,
+    MsgType.KV_SET: kv_set,
+    MsgType.KV_GET: kv_get,
+    MsgType.KV_GET_MANY: kv_get_many,
+    MsgType.KV_DELETE: kv_delete,
+    MsgType.KV_INCR: kv_incr,
+    MsgType.KV_ADD: kv_add,
+    MsgType.KV_MEMBERS: kv_members,
+    MsgType.KV_EXPIRE: kv_expire,
+    MsgType.KV_TTL: kv_ttl,
+    MsgType.KV_KEYS: kv_keys,
+    MsgType.KV_CLEAR: kv_clear,
+    MsgType.KV_SWEEP: kv_sweep,
 }
 
 # The replies of the plain requests, each packed once but for its one value (``shapes.Shape``:

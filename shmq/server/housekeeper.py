@@ -19,13 +19,14 @@ log = logging.getLogger("shmq.server")
 
 
 class Housekeeper:
-    """Attaches to every queue and stream of ``broker``'s namespace and calls
-    ``Queue._housekeep`` and ``Stream.housekeep`` on each."""
+    """Attaches to every queue, stream and keyed store of ``broker``'s namespace and calls
+    ``Queue._housekeep``, ``Stream.housekeep`` and ``Store.sweep`` on each."""
 
     def __init__(self, broker: Broker):
         self.broker = broker
         self._queues = {}
         self._streams = {}
+        self._stores = {}
 
     def run_once(self) -> int:
         """One pass over all queues and streams; returns how many messages became ready again."""
@@ -33,6 +34,11 @@ class Housekeeper:
         for name in remove_orphans(self.broker, sorted(names)):  # reply queues of dead requesters
             names.discard(name)
             log.info("reply queue %s removed: its requester is gone", name)
+        for name, why in maintenance.sweep_unused(self.broker, [self._queues[n] for n in sorted(names)
+                                                                if n in self._queues]):  # (lifetime.py)
+            names.discard(name)
+            log.info("queue %s deleted: %s", name, "its last consumer went" if why == "auto-delete" else
+                     "unused for its expires")
         returned = self._each("queue", self._queues, names, self.broker.queue, maintenance.housekeep, QueueNotFound)
         for name, n in returned.items():
             if n:
@@ -42,7 +48,17 @@ class Housekeeper:
         for name, n in dropped.items():
             if n:
                 log.info("stream %s: %d record(s) dropped from memory by retention", name, n)
+        swept = self._each("store", self._stores, set(self.broker.list_stores()), self._attach_store,
+                           lambda kv: kv.sweep(), FileNotFoundError)  # (engine/store.py: expired keys)
+        for name, n in swept.items():
+            if n:
+                log.info("store %s: %d expired key(s) removed", name, n)
         return sum(returned.values())
+
+    def _attach_store(self, name):
+        from ..engine.store import Store
+
+        return Store(self.broker.namespace, name, create=False)  # (a store deleted meanwhile stays deleted)
 
     @staticmethod
     def _each(kind, handles, names, attach, work, gone) -> dict:
@@ -69,7 +85,8 @@ class Housekeeper:
         return out
 
     def close(self):
-        for h in [*self._queues.values(), *self._streams.values()]:
+        for h in [*self._queues.values(), *self._streams.values(), *self._stores.values()]:
             h.close()
         self._queues.clear()
         self._streams.clear()
+        self._stores.clear()

@@ -111,7 +111,8 @@ def _kafka_listener():
 
 async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_bytes=16 * 2**20, ready=None,
                 data_dir=None, snapshot_interval=1.0, fsync="batch:2",
-                token_file=None, no_auth=False, limits=None, metrics=None, kafka=None, group=None, tls=None):
+                token_file=None, no_auth=False, limits=None, metrics=None, kafka=None, group=None, tls=None,
+                port_settings=None):
     """Serve until SIGINT/SIGTERM. ``ready`` (an optional callable) gets the bound port.
 
     With ``data_dir``: queues lost with shared memory (a reboot) are rebuilt from their
@@ -136,6 +137,9 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
 
     ``group`` (a group name or gid, one of this user's): the namespace, its lock file and
     the data dir are shared with that group, 0660 / 2770 (shmq/sharing.py).
+
+    ``port_settings``: what chose each address, by ``port``, ``kafka_port``, ``metrics``
+    (a config file's key, say), for the one line a port in use is; default the options.
     """
     gid = None if group is None else resolve_group(group)
     token, auth_note = server_token(token, token_file, no_auth)
@@ -147,13 +151,17 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
     with BrokerLock(namespace, gid) as lock, Broker(namespace) as broker, Broker(namespace) as keeper_broker, \
             Broker(namespace) as snap_broker:  # the lock first: one broker per namespace, else a one-line refusal
         # the addresses next: a port in use is one line before anything is made (no data dir, no namespace)
-        server = await TcpServer(broker, host, port, token, max_frame_bytes, limits=limits, tls=tls).bind()
+        named = port_settings or {}
+        server = TcpServer(broker, host, port, token, max_frame_bytes, limits=limits, tls=tls)
+        server.port_setting = named.get("port", server.port_setting)
+        await server.bind()
         kafka_listener = None
         if kafka is not None:
             try:
-                kafka_listener = await _kafka_listener()(broker, token=token, max_frame_bytes=max_frame_bytes,
-                                                     limits=server.limits, tls=tls,
-                                                     **{"host": host, **kafka}).bind()
+                kafka_listener = _kafka_listener()(broker, token=token, max_frame_bytes=max_frame_bytes,
+                                                   limits=server.limits, tls=tls, **{"host": host, **kafka})
+                kafka_listener.port_setting = named.get("kafka_port", kafka_listener.port_setting)
+                await kafka_listener.bind()
             except BaseException:
                 server.unbind()
                 raise
@@ -162,8 +170,9 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         try:
             if metrics is not None:
                 exporter = Metrics(namespace)
-                mhost, mport = metrics[0], exporter.start(*metrics)
-                log.info("metrics on http://%s:%d/metrics", f"[{mhost}]" if ":" in mhost else mhost, mport)
+                mhost, mport = metrics[0], exporter.start(*metrics, named.get("metrics", "--metrics"))
+                log.info("metrics on http://%s:%d/metrics", f"[{mhost}]" if ":" in mhost else mhost, mport,
+                         extra={"event": "metrics_started", "host": mhost, "port": mport})
             server.metrics = exporter
             made_ns = broker.create_namespace(gid)  # a server makes its namespace (only it, of the commands that run)
             if data_dir is None:
@@ -187,6 +196,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
             if kafka_listener is not None:
                 await kafka_listener.start()
                 server.streams.join(kafka_listener.streams)  # one loop serves both ports' waiting reads
+                server.kafka_listener = kafka_listener  # a BACKUP keeps its commit metadata (server/backup.py)
         except BaseException:
             withdraw(runtime_file)
             server.unbind()
@@ -230,7 +240,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         notify(STOPPING="1", STATUS="stopping: answering what is in flight")
         for p in periodic:
             p.stop()
-        log.info("stopping: answering what is in flight")
+        log.info("stopping: answering what is in flight", extra={"event": "server_stopping"})
         withdraw(runtime_file)
         if kafka_listener is not None:
             await kafka_listener.stop()

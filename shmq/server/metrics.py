@@ -136,9 +136,10 @@ class Metrics:
         """Count ``server``'s (a TcpServer's) open connections too."""
         self.server = server
 
-    def start(self, host: str, port: int) -> int:
+    def start(self, host: str, port: int, setting: str = "--metrics") -> int:
         """Serve /metrics on ``host:port`` (0: any free) in a thread; returns the port.
-        ShmqError, in one line, when the address cannot be bound (``tcp.listen_error``)."""
+        ShmqError, in one line naming ``setting`` (what chose the address), when it cannot
+        be bound (``tcp.listen_error``)."""
         from .tcp import listen_error
 
         registry = CollectorRegistry(auto_describe=False)
@@ -148,7 +149,7 @@ class Metrics:
             self._httpd, self._thread = start_http_server(port, host, registry=registry)
         except OSError as e:
             self.collector.close()
-            raise listen_error(e, host, port) from None
+            raise listen_error(e, host, port, setting) from None
         return self._httpd.server_port
 
     def close(self):

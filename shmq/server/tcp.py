@@ -27,6 +27,7 @@ from .appenders import Appender
 from .connection import READ_CHUNK, Connection
 from .limits import PRE_AUTH_MAX_FRAME_BYTES, SMALL_FRAME_BYTES, Budget, Limits, sweep
 from .metrics import NO_METRICS
+from .stores import StoreHandles
 from .waiters import NOTHING, QueueWaiters, StreamWaiters
 
 __all__ = ["TcpServer", "listen_error", "tls_options", "Limits", "SMALL_FRAME_BYTES", "PRE_AUTH_MAX_FRAME_BYTES",
@@ -40,6 +41,8 @@ TLS_SHUTDOWN_S = 1.0  # a TLS connection being closed waits this long for the cl
 
 class TcpServer:
     """Serves one namespace over TCP until ``stop``, within ``limits``."""
+
+    port_setting = "--port"  # what chose the port, for a port in use (``listen_error``); a config file's key
 
     def __init__(self, broker: Broker, host="127.0.0.1", port=7878, token=None,
                  max_frame_bytes=DEFAULT_MAX_FRAME_BYTES, on_create=None, limits: Limits | None = None,
@@ -65,6 +68,7 @@ class TcpServer:
         self.spin = LoopSpin(None, 0)  # the loop's busy poll after each read: none until ``bind``
         self.queues = AttachedHandles(self, self._attach_queue, QueueWaiters, QueueNotFound, "queue")
         self.streams = AttachedHandles(self, self._attach_stream, StreamWaiters, StreamNotFound, "stream")
+        self.stores = StoreHandles(self)  # keyed stores, with their waiting GETs
         self._appenders = {}  # stream name -> (handle, its Appender) (streams with retention="block")
         self._refused = 0  # connections refused since the cap was last reached
         self._server = None
@@ -154,7 +158,7 @@ class TcpServer:
             self._server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
-        for handles in (self.queues, self.streams):
+        for handles in (self.queues, self.streams, self.stores):
             handles.answer_all()
         if self.connections:
             self._all_gone = self.loop.create_future()
@@ -172,6 +176,7 @@ class TcpServer:
         self._appenders.clear()
         for handles in (self.queues, self.streams):
             handles.forget_all()
+        self.stores.close()
 
     def _attach_queue(self, name):
         q = self.broker.queue(name)
@@ -194,12 +199,15 @@ def tls_options(tls, limits: Limits) -> dict:
     return {"ssl": tls, "ssl_handshake_timeout": limits.frame_timeout, "ssl_shutdown_timeout": TLS_SHUTDOWN_S}
 
 
-def listen_error(e: OSError, host: str, port: int) -> ShmqError:
-    """What to say when ``host:port`` cannot be listened on (the TCP front's and /metrics')."""
+def listen_error(e: OSError, host: str, port: int, setting: str | None = None) -> ShmqError:
+    """What to say when ``host:port`` cannot be listened on (the TCP front's, the Kafka
+    port's, /metrics'); ``setting``: what chose the port (``--port``, a config file's key),
+    named with the way out."""
     where = f"[{host}]" if ":" in str(host) else host
+    by = f" ({setting})" if setting else ""
     if e.errno == errno.EADDRINUSE:
-        return ShmqError(f"port {port} on {where} is in use")
-    return ShmqError(f"cannot listen on {where}:{port}: {e.strerror or e}")
+        return ShmqError(f"port {port} on {where} is in use{by}: choose another port, or stop what listens on it")
+    return ShmqError(f"cannot listen on {where}:{port}{by}: {e.strerror or e}")
 
 
 async def listen(listener, connection):
@@ -211,7 +219,7 @@ async def listen(listener, connection):
             lambda: connection(listener), listener.host, listener.port, backlog=1024, start_serving=False,
             **tls_options(listener.tls, listener.limits))
     except OSError as e:
-        raise listen_error(e, listener.host, listener.port) from None
+        raise listen_error(e, listener.host, listener.port, listener.port_setting) from None
     listener.port = server.sockets[0].getsockname()[1]
     return server
 

@@ -2,7 +2,7 @@
 
 Set by the environment: ``JOBS_BROKER`` (a ``shmq://`` url), ``JOBS_BACKEND`` (e.g.
 ``rpc://``; none by default), ``JOBS_VT`` (the queues' visibility timeout, seconds) and
-``JOBS_LOG``: a file each task appends one line to per event (``EVENT JOB PID TIME QUEUE``),
+``JOBS_RESULT_EXPIRES`` (seconds), ``JOBS_LOG``: a file each task appends one line to per event (``EVENT JOB PID TIME QUEUE``),
 written with O_APPEND in one write, so lines of concurrent processes never mix.
 """
 
@@ -25,6 +25,7 @@ app.conf.update(
     task_default_priority=0,
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
+    result_expires=int(os.environ.get("JOBS_RESULT_EXPIRES", 86400)),
     task_routes={"tests.jobs.celery_app.alpha": {"queue": "alpha"}, "tests.jobs.celery_app.beta": {"queue": "beta"}},
 )
 
@@ -101,3 +102,36 @@ def flaky(self, job, fail_times):
     if self.request.retries < fail_times:
         raise self.retry(countdown=0.3)
     note("done", job)
+
+
+@app.task(bind=True)
+def reject_then_succeed(self, job):
+    """Celery's integration task of that name: its first delivery rejects itself with
+    requeue; the delivery that says redelivered is done."""
+    redelivered = bool(self.request.delivery_info.get("redelivered"))
+    note("start", job, str(redelivered))
+    if not redelivered:
+        from celery.exceptions import Reject
+
+        raise Reject(requeue=True)
+    note("done", job)
+
+
+@app.task
+def part(x):
+    """A chord's part: ``x`` squared. Part ``$JOBS_KILL_PART`` SIGKILLs its process at its first run."""
+    note("part", str(x))
+    if str(x) == os.environ.get("JOBS_KILL_PART"):
+        try:
+            os.close(os.open(os.environ["JOBS_LOG"] + ".killed", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return x * x
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x * x
+
+
+@app.task
+def total(values):
+    """A chord's body: the sum of its parts' results, each run noted."""
+    note("chord", str(sum(values)))
+    return sum(values)

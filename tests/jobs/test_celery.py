@@ -1,4 +1,4 @@
-"""Celery on shmq (shmq/kombu.py): the real ``celery worker`` command in subprocesses.
+"""Celery on shmq (shmq/kombu/): the real ``celery worker`` command in subprocesses.
 
 Every test runs its workers on its own namespace (or a ``shmq server`` of it) and counts
 what the tasks did in an append-only log (tests/jobs/celery_app.py): every job done at
@@ -50,10 +50,10 @@ class Jobs:
                         broker_transport_options={"visibility_timeout": float(self.env.get("JOBS_VT", "30"))})
         return app
 
-    def worker(self, *args, pool="prefork", concurrency=2):
+    def worker(self, *args, pool="prefork", concurrency=2, name=None):
         out = open(self.tmp / f"worker{len(self.workers)}.out", "w")
         p = subprocess.Popen([sys.executable, "-m", "celery", "-A", APP, "worker", "-l", "warning",
-                              "-P", pool, "-c", str(concurrency), "-n", f"w{len(self.workers)}@%h",
+                              "-P", pool, "-c", str(concurrency), "-n", name or f"w{len(self.workers)}@%h",
                               "--without-gossip", "--without-mingle", "--without-heartbeat", *args],
                              cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
@@ -129,6 +129,10 @@ def settled(broker, acked, name="celery"):
 
 
 def queue_ready(broker, name):
+    """Ready and delayed messages of queue ``name`` (0 while it does not exist: a dead-letter
+    queue is made at its first dead letter)."""
+    if name not in broker.list_queues():
+        return 0
     s = broker.queue(name).stats()
     return s.ready + s.delayed
 
@@ -147,8 +151,8 @@ def test_every_job_done_exactly_once(broker, jobs, pool):
     assert len({e[2] for e in jobs.events("done")}) >= 1
     s = broker.queue("celery").stats()
     assert (s.ready, s.in_flight, s.redelivered_total, s.acked_total) == (0, 0, 0, 40)
-    # the worker's pidbox queue went with it: only the task queue and its dead-letter queue are left
-    assert broker.list_queues() == ["celery", "celery.dlq"]
+    # the worker's pidbox queue went with it, and no dead letter made a dead-letter queue
+    assert broker.list_queues() == ["celery"]
     app.close()
 
 
@@ -297,7 +301,7 @@ def test_rpc_results_routing_to_two_queues_inspect_and_purge(broker, make_jobs):
     jobs.stop(w)
     assert w.returncode == 0, jobs.output()
     # reply queues (rpc://, inspect's) and the worker's pidbox queue are gone
-    assert broker.list_queues() == ["alpha", "alpha.dlq", "beta", "beta.dlq", "celery", "celery.dlq"]
+    assert broker.list_queues() == ["alpha", "beta", "celery"]
 
 
 def test_urls_and_the_dotted_path(broker):
@@ -317,3 +321,47 @@ def test_urls_and_the_dotted_path(broker):
             m.ack()
     assert shmq.kombu.shmq_name("celery@host.celery.pidbox").startswith("celery_host.celery.pidbox-")
     assert broker.queue("plain").stats().acked_total == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["local", "tcp"])
+def test_rolling_restart_two_workers_of_one_name(broker, make_jobs, tcp_server, transport):
+    """Two workers named alike share their pidbox queue (an auto-delete queue): stopping
+    one leaves it to the other, which goes on answering ``celery inspect ping`` and
+    running tasks (the queue goes with its last consumer, not with any one of them)."""
+    url = f"shmq://127.0.0.1:{tcp_server.port}" if transport == "tcp" else None
+    jobs = make_jobs(broker_url=url)
+    app = jobs.app()
+    first, second = (jobs.worker(concurrency=1, name="same@%h") for _ in range(2))
+    wait_for(lambda: len(pidbox := [q for q in broker.list_queues() if ".pidbox" in q]) == 1
+             and broker.queue(pidbox[0]).stats().consumers == 2, 60, "both workers consuming the pidbox queue")
+    jobs.stop(first)
+    assert first.returncode == 0, jobs.output(0)
+    ping = jobs.celery("inspect", "ping", "-t", "10")
+    assert ping.returncode == 0 and "pong" in ping.stdout, ping.stdout + ping.stderr + jobs.output(1)
+    app.send_task("tests.jobs.celery_app.record", ("after",))
+    wait_for(lambda: jobs.count("done") == {"after": 1} and settled(broker, 1), 60, "a task run by the other worker")
+    assert second.poll() is None, jobs.output(1)
+    assert "Unrecoverable" not in jobs.output(1)
+    pidbox = [q for q in broker.list_queues() if ".pidbox" in q]
+    assert len(pidbox) == 1 and broker.queue(pidbox[0]).stats().consumers == 1
+    jobs.stop(second)
+    assert second.returncode == 0, jobs.output(1)
+    # the pidbox queue went with its last consumer; inspect's reply queue with its own
+    wait_for(lambda: broker.list_queues() == ["celery"], 30, "the pidbox queue gone")
+    app.close()
+
+
+@pytest.mark.slow
+def test_a_task_rejected_with_requeue_runs_again_as_redelivered(broker, jobs):
+    """Celery's ``test_reject_with_requeue_redelivers_and_succeeds``: the task reads
+    ``delivery_info["redelivered"]`` (as ``worker_deduplicate_successful_tasks`` does)."""
+    app = jobs.app()
+    app.send_task("tests.jobs.celery_app.reject_then_succeed", ("r",))
+    w = jobs.worker(concurrency=1)
+    wait_for(lambda: jobs.count("done") == {"r": 1} and settled(broker, 1), 60, "the task done on its second delivery")
+    jobs.stop(w)
+    assert [(e[1], e[4]) for e in jobs.events("start")] == [("r", "False"), ("r", "True")]
+    s = broker.queue("celery").stats()
+    assert (s.ready, s.in_flight, s.acked_total, s.redelivered_total) == (0, 0, 1, 1)
+    app.close()

@@ -21,7 +21,10 @@ from dramatiq.results import ResultFailure, ResultMissing, Results
 
 import shmq
 from shmq.dramatiq import ShmqBroker, ShmqResultBackend
+from shmq.dramatiq.results import STORE
 from tests._wait import wait_for
+
+ROOT = str(Path(__file__).resolve().parents[2])
 
 REPO = Path(__file__).resolve().parents[2]
 QUEUE = "jobs"
@@ -274,7 +277,7 @@ def urls(request, namespace):
         srv.stop()
 
 
-def test_results_come_back_to_the_sender_and_expire(urls):
+def test_results_are_read_from_any_process_and_expire(urls):
     url, ns = urls
     broker = ShmqBroker(url, namespace=ns)
     backend = ShmqResultBackend(url, namespace=ns)
@@ -291,6 +294,15 @@ def test_results_come_back_to_the_sender_and_expire(urls):
         m = add.send(2, 3)
         assert m.get_result(backend=backend, block=True, timeout=20000) == 5
         assert m.get_result(backend=backend) == 5  # asked again: the same
+        late = add.message(20, 22)
+        # another process, which did not send it, waits for the result: it wakes as it is stored
+        reader = subprocess.Popen([sys.executable, "-c", (
+            "import sys; from dramatiq.message import Message; from shmq.dramatiq import ShmqResultBackend; "
+            "b = ShmqResultBackend(sys.argv[1] or None, namespace=sys.argv[2] or None); "
+            "print(Message.decode(sys.argv[3].encode()).get_result(backend=b, block=True, timeout=60000))"),
+            url or "", ns or "", late.encode().decode()], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        broker.enqueue(late)
+        assert reader.communicate(timeout=90)[0].strip() == "42" and reader.returncode == 0
         pipe = dramatiq.pipeline([add.message(1, 2), add.message(10)], broker=broker)
         pipe.run()
         assert pipe.get_result(block=True, timeout=20000) == 13  # (the broker's backend)
@@ -306,11 +318,10 @@ def test_results_come_back_to_the_sender_and_expire(urls):
         w.stop()
         backend.close()
         client = broker.client
-        replies = [q for q in client.list_queues() if q.startswith(("_rpc.", "_dramatiq."))]
         for name in client.list_queues():
             client.delete_queue(name)
+        client.delete_store(STORE)
         broker.close()
-    assert len(replies) == 0  # close() deleted the sender's reply queue
 
 
 def _missing(message, backend) -> bool:
@@ -359,6 +370,37 @@ def test_consumer_prefetch_requeue_and_bad_bodies(namespace, producer):
     c.close()  # gives back what it still holds
     s = q.stats()
     assert (s.ready, s.in_flight, s.dead_letter_depth) == (2, 0, 2)
+    q.close()
+
+
+def test_join_of_an_unknown_queue_raises_and_creates_nothing(namespace, producer):
+    with pytest.raises(dramatiq.errors.QueueNotFound):
+        producer.join("nowhere", timeout=100)
+    producer.declare_queue(QUEUE)
+    producer.join(QUEUE, timeout=100)  # declared, never used: empty
+    with shmq.connect(namespace=namespace) as b:
+        assert b.list_queues() == []  # neither NAME nor NAME.dlq made
+
+
+def test_flush_drops_ready_and_delayed_messages_and_dead_letters_not_those_in_flight(namespace, producer):
+    producer.declare_queue(QUEUE)
+    send(producer, "work", "dead")
+    send(producer, "work", "held")
+    send(producer, "work", "later", delay=3_600_000)
+    c = producer.consume(QUEUE, prefetch=1, timeout=1000)
+    dead = next(c)
+    c.nack(dead)  # into jobs.dlq
+    held = next(c)
+    send(producer, "work", "ready")
+    q = producer.client.queue(QUEUE)
+    s = q.stats()
+    assert (s.ready, s.delayed, s.in_flight, s.dead_letter_depth) == (1, 1, 1, 1)
+    producer.flush_all()
+    s = q.stats()
+    assert (s.ready, s.delayed, s.in_flight, s.dead_letter_depth) == (0, 0, 1, 0)
+    c.ack(held)
+    producer.join(QUEUE, timeout=1000)
+    c.close()
     q.close()
 
 

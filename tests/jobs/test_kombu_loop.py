@@ -1,6 +1,7 @@
-"""Celery's event loop on a local attach (shmq/kombu_loop.py, ``EventLoop``): kombu's own Hub,
-real queues in shared memory, a producer in another process. (The real ``celery worker``
-runs on it in tests/jobs/test_celery.py.)"""
+"""Celery's event loop (shmq/kombu/loop.py, ``EventLoop``) on a local attach and over TCP:
+kombu's own Hub, real queues in shared memory (through a ``shmq server`` for TCP), a
+producer in another process. (The real ``celery worker`` runs on it in
+tests/jobs/test_celery.py, and here.)"""
 
 import os
 import select
@@ -13,8 +14,9 @@ from kombu import Connection, Consumer, Queue
 from kombu.asynchronous import Hub
 
 import shmq.kombu
-import shmq.kombu_loop
+import shmq.kombu.loop
 from tests._wait import wait_for
+from tests.conftest import ThreadedServer
 from tests.jobs.test_celery import Jobs, settled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,8 +26,9 @@ class Loop:
     """A kombu Connection registered with a Hub of its own, and one consumer of queue
     "jobs" whose callback keeps every message (acked by the test, on the loop's thread)."""
 
-    def __init__(self, namespace, prefetch=None):
-        self.conn = Connection(f"shmq:///{namespace}")
+    def __init__(self, url, prefetch=None):
+        self.url = url
+        self.conn = Connection(url)
         self.hub = Hub()
         self.conn.transport.register_with_event_loop(self.conn.connection, self.hub)
         self.events = self.conn.transport._loop
@@ -68,12 +71,25 @@ class Loop:
         self.hub.close()
 
 
+@pytest.fixture(params=["local", "tcp"])
+def url(request, broker):
+    """The kombu url of the test's namespace: a local attach, or a TCP server of it."""
+    if request.param == "local":
+        yield f"shmq:///{broker.namespace}"
+        return
+    srv = ThreadedServer(broker.namespace)
+    try:
+        yield f"shmq://127.0.0.1:{srv.port}"
+    finally:
+        srv.stop()
+
+
 @pytest.fixture
-def make_loop(broker):
+def make_loop(url):
     made = []
 
     def make(**options):
-        made.append(Loop(broker.namespace, **options))
+        made.append(Loop(url, **options))
         return made[-1]
 
     yield make
@@ -90,30 +106,33 @@ def jobs(broker, tmp_path):
     j.close()
 
 
-def put(namespace, *payloads):
+def put(url, *payloads):
     """Publish ``payloads`` to queue "jobs" through kombu, from a process of its own."""
     subprocess.run([sys.executable, "-c", "import sys, shmq.kombu; from kombu import Connection\n"
-                    f"with Connection('shmq:///{namespace}') as c:\n"
+                    "with Connection(sys.argv[1]) as c:\n"
                     "    q = c.SimpleQueue('jobs')\n"
-                    "    for p in sys.argv[1:]: q.put(p)\n", *payloads], cwd=ROOT, check=True, timeout=60)
+                    "    for p in sys.argv[2:]: q.put(p)\n", url, *payloads], cwd=ROOT, check=True, timeout=60)
 
 
-def test_local_attach_runs_the_event_loop_tcp_the_synchronous_one(namespace):
-    local = Connection(f"shmq:///{namespace}").transport
-    tcp = Connection("shmq://127.0.0.1:7878").transport
-    assert local.implements.asynchronous is True  # Celery's worker runs asynloop and AsynPool
-    assert tcp.implements.asynchronous is False  # kombu's drain_events
+def test_both_transports_run_the_event_loop(broker, url):
+    """Celery's worker runs asynloop and AsynPool on a local attach and over TCP alike."""
+    conn = Connection(url)
+    transport = conn.transport
+    assert transport.implements.asynchronous is True
     hub = Hub()
     try:
-        tcp.register_with_event_loop(None, hub)
-        assert tcp._loop is None and not hub.readers and not hub.on_tick
+        transport.register_with_event_loop(conn.connection, hub)
+        loop = transport._loop
+        assert loop.remote is url.startswith("shmq://127.0.0.1")
+        assert loop._r in hub.readers and loop.on_tick in hub.on_tick
     finally:
+        conn.close()
         hub.close()
 
 
 def test_each_turn_takes_as_far_as_the_prefetch_allows(broker, make_loop):
     loop = make_loop(prefetch=2)
-    put(broker.namespace, *"abcde")
+    put(loop.url, *"abcde")
     loop.events.on_tick()
     assert loop.payloads() == ["a", "b"]
     loop.events.on_tick()
@@ -133,9 +152,9 @@ def test_each_turn_takes_as_far_as_the_prefetch_allows(broker, make_loop):
 
 
 def test_a_turn_takes_at_most_its_budget_then_turns_again(broker, make_loop):
-    budget = shmq.kombu_loop.EventLoop.BUDGET
+    budget = shmq.kombu.loop.EventLoop.BUDGET
     loop = make_loop()
-    put(broker.namespace, *(str(i) for i in range(budget + 6)))
+    put(loop.url, *(str(i) for i in range(budget + 6)))
     loop.events.on_tick()
     assert loop.payloads() == [str(i) for i in range(budget)]
     assert select.select([loop.events._r], [], [], 0)[0]  # woken: the loop turns again at once
@@ -152,11 +171,11 @@ def test_an_idle_loop_hears_puts_from_another_process(broker, make_loop):
     loop = make_loop()
     loop.run_in_thread()
     line = wait_for(lambda: next(iter(loop.events.watched.values()), None), 10, "the queue's line")
-    wait_for(lambda: line.live, 10, "the empty queue's doorbell listening")
-    put(broker.namespace, "one")
+    wait_for(lambda: line.live, 10, "the empty queue's line listening")
+    put(loop.url, "one")
     wait_for(lambda: len(loop.got) == 1, 30, "the put delivered")
-    wait_for(lambda: line.live, 10, "the doorbell listening again")
-    put(broker.namespace, "two", "three")
+    wait_for(lambda: line.live, 10, "the line listening again")
+    put(loop.url, "two", "three")
     wait_for(lambda: len(loop.got) == 3, 30, "the puts delivered")
     loop.close()
     assert loop.payloads() == ["one", "two", "three"]
@@ -169,8 +188,9 @@ def test_cancel_and_close_stop_the_doorbells(broker, make_loop):
     loop = make_loop()
     line = wait_for(lambda: (loop.events.on_tick(), next(iter(loop.events.watched.values()), None))[1], 10,
                     "the queue's line")
-    line.wait_from(shmq.engine.shm.doze.stamp(line.handle))  # listening, as after a quiet spell
-    bells = lambda: [t for t in threading.enumerate() if t.name == "shmq-doorbell-jobs"]  # noqa: E731
+    line.wait_from(line.stamp())  # listening, as after a quiet spell
+    name = "shmq-watch-jobs" if loop.events.remote else "shmq-doorbell-jobs"
+    bells = lambda: [t for t in threading.enumerate() if t.name == name]  # noqa: E731
     wait_for(bells, 10, "the doorbell's thread")
     loop.consumer.cancel()
     assert loop.events.watched == {}
@@ -205,17 +225,82 @@ def test_worker_on_the_event_loop_retries_after_the_countdown(broker, jobs):
     app.close()
 
 
-def test_the_workers_doorbell_sleeps_as_a_plain_consumer(broker, make_loop):
+def test_the_workers_doorbell_sleeps_as_a_plain_consumer(broker):
     """A server's own puts owe its doorbells no post (``waits.serving``): the worker's
     doorbell is not one of them, so it sleeps as a plain consumer, which every put wakes."""
     from shmq.engine.shm import layout as L
 
-    loop = make_loop()
-    loop.run_in_thread()
-    line = wait_for(lambda: next(iter(loop.events.watched.values()), None), 10, "the queue's line")
-    mq = line.handle._mq
-    wait_for(lambda: line.live and mq[L.I_CWAIT] == 1, 10, "the empty queue's doorbell asleep")
-    assert mq[L.I_BELLS] == 0
-    put(broker.namespace, "one")
-    wait_for(lambda: len(loop.got) == 1, 30, "the put delivered")
-    loop.close()
+    loop = Loop(f"shmq:///{broker.namespace}")
+    try:
+        loop.run_in_thread()
+        line = wait_for(lambda: next(iter(loop.events.watched.values()), None), 10, "the queue's line")
+        mq = line.handle._mq
+        wait_for(lambda: line.live and mq[L.I_CWAIT] == 1, 10, "the empty queue's doorbell asleep")
+        assert mq[L.I_BELLS] == 0
+        put(loop.url, "one")
+        wait_for(lambda: len(loop.got) == 1, 30, "the put delivered")
+    finally:
+        loop.close()
+
+
+@pytest.mark.slow
+def test_worker_over_tcp_idles_without_spinning_and_answers_at_once(broker, tcp_server, tmp_path):
+    """The real ``celery worker`` over TCP on the event loop: idle, its main process spends
+    next to no CPU (its lines wait at the server, nothing polls); a task sent to it then
+    starts within a bound."""
+    import time
+
+    import psutil
+
+    jobs = Jobs(broker.namespace, tmp_path, broker_url=f"shmq://127.0.0.1:{tcp_server.port}")
+    try:
+        app = jobs.app()
+        w = jobs.worker(concurrency=1)
+        app.send_task("tests.jobs.celery_app.record", ("first",))
+        wait_for(lambda: jobs.count("done") == {"first": 1} and settled(broker, 1), 60, "the first job done")
+        cpu = psutil.Process(w.pid).cpu_percent(interval=2.0)  # (a measurement over 2 s, not a wait)
+        assert cpu < 5, f"an idle worker's main process used {cpu}% of a core"
+        latencies = []
+        for i in range(5):
+            sent = time.time()
+            app.send_task("tests.jobs.celery_app.record", (f"l{i}",))
+            wait_for(lambda: jobs.count("done")[f"l{i}"] == 1, 30, f"job l{i} done")  # noqa: B023
+            latencies.append(float(next(e for e in jobs.events("done") if e[1] == f"l{i}")[3]) - sent)
+        assert sorted(latencies)[2] < 0.1, latencies
+        jobs.stop(w)
+        assert w.returncode == 0, jobs.output()
+        s = broker.queue("celery").stats()
+        assert (s.ready, s.in_flight, s.acked_total, s.redelivered_total) == (0, 0, 6, 0)
+        app.close()
+    finally:
+        jobs.close()
+
+
+@pytest.mark.slow
+def test_worker_over_tcp_comes_back_after_its_server_restarts(broker, servers, tmp_path):
+    """The line's get that loses its connection raises it on the loop (a connection error to
+    kombu): Celery's consumer connects again, declares its queues, and goes on."""
+    from shmq.auth import default_token_file, read_token
+
+    srv = servers(broker.namespace, "--no-persist")
+    port = srv.port
+    jobs = Jobs(broker.namespace, tmp_path, broker_url=f"shmq://:{read_token(default_token_file())}@127.0.0.1:{port}")
+    try:
+        app = jobs.app()
+        w = jobs.worker(concurrency=1)
+        app.send_task("tests.jobs.celery_app.record", ("before",))
+        wait_for(lambda: jobs.count("done") == {"before": 1} and settled(broker, 1), 60, "the first job done")
+        srv.proc.kill()
+        srv.proc.wait(30)
+        srv = servers(broker.namespace, "--no-persist", "--port", str(port))
+        app.send_task("tests.jobs.celery_app.record", ("after",))
+        wait_for(lambda: jobs.count("done")["after"] == 1 and settled(broker, 2), 60, "the job sent after the restart")
+        assert w.poll() is None, jobs.output()
+        jobs.stop(w)
+        assert w.returncode == 0, jobs.output()
+        assert jobs.count("done") == {"before": 1, "after": 1}
+        app.close()
+    finally:
+        jobs.close()
+        srv.proc.terminate()
+        srv.proc.wait(30)

@@ -203,6 +203,8 @@ def test_a_static_member_that_comes_back_fences_its_old_self_and_rebalances_nobo
         sync(a, 1, old, [(old, assignment({"ev": [0, 1]}))])
         assert heartbeat(a, 1, old, instance="pod-1") == E.none
         join(b, instance="pod-2", send_only=True)  # a second member: generation 2, a the leader still
+        wait_for(lambda: describe(a2).group_state == "PreparingRebalance", timeout=30,
+                 what="b's join to start the rebalance (before a joins again)")
         assert join(a, old, instance="pod-1").generation_id == 2
         rb = b.recv()
         assert (rb.error_code, rb.generation_id) == (E.none, 2)

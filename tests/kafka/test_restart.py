@@ -73,6 +73,42 @@ def test_sequences_and_commit_metadata_survive_a_clean_restart(broker, servers, 
     assert srv.stop() == 0
 
 
+def test_a_backup_keeps_the_commit_metadata_and_no_sequences(broker, servers, tmp_path):
+    """``shmq backup`` asks the server, which adds its listener's commit metadata; a server
+    started from the backup serves the topic, the group's offset and its metadata, and
+    takes no producer sequences (they could be older than the records: a new epoch)."""
+    import uuid
+
+    from shmq.engine.shm.segment import destroy_namespace
+    from tests.test_cli import shmq_cli
+
+    srv = KafkaServer(servers(broker.namespace, "--data-dir", str(tmp_path / "data"), "--no-auth", "--kafka-port",
+                              "0", "--kafka-initial-rebalance-delay-ms", "0"))
+    with Wire(srv.port) as w:
+        r = w.call(INIT_PRODUCER_ID, 4, transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60),
+                   producer_id=-1, producer_epoch=-1)
+        pid, epoch = r.producer_id, r.producer_epoch
+        assert _produce(w, _batch(pid, epoch, 0, 5)) == (E.none, 0)
+        assert commit(w, -1, "", {0: 3}, topic="ev", metadata="kept in the backup") == {0: E.none}
+    dest = tmp_path / "backup"
+    r = shmq_cli("backup", str(dest), "--namespace", broker.namespace, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["kafka_state"] is True, r.stderr
+    with open(dest / "kafka-state.json") as f:
+        kept = json.load(f)
+    assert (kept["sequences"], kept["metadata"]) == ([], [["g", "ev", 0, 3, "kept in the backup", -1]])
+    assert srv.stop() == 0
+    other = "t" + uuid.uuid4().hex[:12]
+    try:
+        srv = KafkaServer(servers(other, "--data-dir", str(dest), "--no-auth", "--kafka-port", "0",
+                                  "--kafka-initial-rebalance-delay-ms", "0"))
+        with Wire(srv.port) as w:
+            assert fetch(w, topic="ev", partitions=(0,)) == {0: (3, "kept in the backup")}
+            assert _produce(w, _batch(pid, epoch, 5, 1))[0] == E.unknown_producer_id  # a new epoch, as after a crash
+        assert srv.stop() == 0
+    finally:
+        destroy_namespace(other)
+
+
 def test_a_damaged_state_file_is_set_aside(broker, servers, tmp_path):
     data = tmp_path / "data"
     data.mkdir()

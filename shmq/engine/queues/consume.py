@@ -12,7 +12,7 @@ import time
 from ...persistence import dmsq
 from ...errors import DeliveryExpired, LockTimeout, QueueEmpty
 from .. import cpaths
-from . import deadletter, extension, housekeeping, scheduling
+from . import deadletter, extension, housekeeping, lifetime, scheduling
 from ..shm import ring, waits
 from ..shm import layout as L
 from ..shm.layout import (I_DELETED, I_FRONTIER, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS,
@@ -47,6 +47,7 @@ _F_OWNERDEAD, _F_FALLBACK, _F_BUSY, _F_EMPTY, _F_SLEEP = (cpaths.OWNERDEAD, cpat
                                                        cpaths.SLEEP)
 _W_REGISTER = cpaths.W_REGISTER
 _proc_word, _P_ACKED, _P_REDELIVERED = L.proc_word, L.P_ACKED, L.P_REDELIVERED
+_I_LIFE, _LIFE_SHIFT = L.I_LIFETIME, L.LIFE_EXPIRES_SHIFT
 # a take's mode (bits, as _fast.c's): settled as taken (get(ack=False)); the body a view (copy=False)
 _AUTOACK, _VIEW = 1, 2
 _AUTOACK_LEASE_NS = 60 * 10**9  # the general take's lease of an auto-acked message, acked in the same call
@@ -227,6 +228,8 @@ class Consuming:
              next_liveness, ready, _cw, _cp) = _HOT_UNPACK(mm, _HOT_OFF)
             now = _mono()
             off = pos % cap
+            if mq[_I_LIFE] >> _LIFE_SHIFT:  # a queue that expires is used now (as lifetime.used)
+                lifetime.used(mq, now)
             if (pos < tail and not requeued and not deleted and cap - off >= _REC
                     and now < next_deadline and now < next_liveness and not mq[I_SPECIAL]):
                 a = self._base + off
@@ -449,6 +452,7 @@ class Consuming:
             if mq[I_DELETED]:
                 raise self._gone()
             now = _mono()
+            lifetime.used(mq, now)  # (a queue that expires: used now)
             if now >= mq[I_NEXT_DEADLINE]:
                 housekeeping.expire(self, now, spent)
             if now >= mq[I_NEXT_LIVENESS]:

@@ -273,6 +273,22 @@ class Exchanges:
 
         return self._change(change)
 
+    def drop_target(self, kind: str, target: str) -> int:
+        """Drop every binding of ``target`` (kind "q" or "s"), in every exchange: it was
+        deleted. Returns how many went; the table is locked only when it has some."""
+        if not any(b[0] == kind and b[1] == target for x in self.table().values() for b in x["bindings"]):
+            return 0
+
+        def change(table):
+            dropped = 0
+            for x in table.values():
+                keep = [b for b in x["bindings"] if not (b[0] == kind and b[1] == target)]
+                dropped += len(x["bindings"]) - len(keep)
+                x["bindings"] = keep
+            return dropped, bool(dropped)
+
+        return self._change(change)
+
     def restore(self, table: dict) -> None:
         """Put back exchanges a snapshot saved (``table()``'s form); those here stay."""
         def change(current):

@@ -1,6 +1,6 @@
-"""Housekeeping: lapsed leases and due delayed messages made ready, leases of dead
-processes given back, the memory of settled records given back, and the repair after a
-process died holding the lock.
+"""Housekeeping: lapsed leases and due delayed messages made ready, leases (and consumers:
+``lifetime``) of dead processes given back, the memory of settled records given back, and
+the repair after a process died holding the lock.
 
 Strategy: no daemon is needed. Whichever process takes the lock when a deadline is due
 (``next_deadline``) or the liveness check is (``next_liveness``, every
@@ -17,7 +17,7 @@ import time
 
 from ..shm import layout as L
 from ..shm.memory import arc
-from . import deadletter, dedup, scheduling
+from . import deadletter, dedup, lifetime, scheduling
 from ..shm import ring, waits
 from ..shm.process import is_alive
 
@@ -123,12 +123,12 @@ def reap_dead(q, now) -> int:
             suspects.append((i, pid, start))
     if not suspects:
         return 0
-    returned = 0
+    returned = gone = 0
     spent = []
     q._acquire()
     try:
         for i, pid, start in suspects:
-            p, s, cw, pw, acked, redelivered, bells = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+            p, s, cw, pw, acked, redelivered, bells, consumers = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
             if (p, s) != (pid, start):
                 continue  # reused meanwhile
             returned += _release_holder(q, i, now, spent)
@@ -138,13 +138,16 @@ def reap_dead(q, now) -> int:
             mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]  # (a laned queue's sleepers, in its lane 0: lanes.py)
             mq[L.I_ACKED_TOTAL] += acked  # its share of the totals stays counted
             mq[L.I_REDELIVERED_TOTAL] += redelivered
-            L.PROC.pack_into(mm, L.PROCS_OFF + i * L.PROC_SIZE, 0, 0, 0, 0, 0, 0, 0)
+            gone += consumers  # its consumers go with it (``lifetime.py``)
+            L.PROC.pack_into(mm, L.PROCS_OFF + i * L.PROC_SIZE, 0, 0, 0, 0, 0, 0, 0, 0)
         posts = waits.owed_posts(mq, waits.CONSUMERS, returned) if returned else 0
     finally:
         q._release()
     for _ in range(posts):
         q._ne.release()
     dead_letter_spent(q, spent)
+    if gone and lifetime.unused(q, now) is not None:  # (without the lock: the deleter looks again under it)
+        lifetime.delete_unused(q)
     return returned
 
 
@@ -271,7 +274,7 @@ def repair(q) -> None:
                 next_deadline = min(next_deadline, deadline)
     cwait = pwait = bells = 0
     for i in range(q._nslots):
-        pid, _s, cw, pw, _a, _r, b = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+        pid, _s, cw, pw, _a, _r, b, _c = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
         if pid:
             cwait += cw
             pwait += pw

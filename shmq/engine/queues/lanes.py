@@ -454,8 +454,8 @@ class LanedQueue:
         return self._each_lane(lambda q, ds: q._release_many(ds), deliveries)
 
     # ------------------------------------------------------------------ admin
-    def purge(self) -> int:
-        return sum(q.purge() for q in self._lanes)
+    def purge(self, delayed: bool = False) -> int:
+        return sum(q.purge(delayed) for q in self._lanes)
 
     def stats(self) -> QueueStats:
         """The lanes' counters added up (each lane's a consistent snapshot of its own)."""
@@ -466,10 +466,18 @@ class LanedQueue:
             "expired_total", "groups_in_flight", "bytes_held")}
         return QueueStats(oldest_ready_age_s=max(s.oldest_ready_age_s for s in each),
                           ready_by_priority=tuple(map(sum, zip(*(s.ready_by_priority for s in each)))),
-                          dead_letter_depth=each[0].dead_letter_depth, **total)
+                          dead_letter_depth=each[0].dead_letter_depth, consumers=each[0].consumers, **total)
 
     def _housekeep(self) -> int:
         return sum(q._housekeep() for q in self._lanes)
+
+    def add_consumer(self) -> int:
+        """As ``Queue.add_consumer``: counted in lane 0."""
+        return self._lanes[0].add_consumer()
+
+    def remove_consumer(self) -> int:
+        """As ``Queue.remove_consumer``: counted in lane 0."""
+        return self._lanes[0].remove_consumer()
 
     def _ready_hint(self) -> bool:
         return any(q._ready_hint() for q in self._lanes)
@@ -481,8 +489,9 @@ class LanedQueue:
         out.sort(key=lambda m: (m[2], m[0]))  # oldest first, across the lanes
         return out
 
-    def _import_messages(self, messages, once: int = 0) -> int:
-        """Each message into the lane its id says ((id - 1) % lanes), all or nothing per lane."""
+    def _import_messages(self, messages, once: int = 0, skip_present: bool = False) -> int:
+        """Each message into the lane its id says ((id - 1) % lanes), all or nothing per lane
+        (``skip_present``: as a lane's, in the lane the id says)."""
         by_lane = {}
         for m in messages:
             by_lane.setdefault((m[0] - 1) % self._nlanes, []).append(m)
@@ -495,8 +504,9 @@ class LanedQueue:
             return n
         n = 0
         for j, ms in sorted(by_lane.items()):
-            n += self._lanes[j]._import_messages(ms)
-            self._woken(self._lanes[j], len(ms))
+            got = self._lanes[j]._import_messages(ms, skip_present=skip_present)
+            self._woken(self._lanes[j], got)
+            n += got
         return n
 
     @property

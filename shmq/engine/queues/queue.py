@@ -34,7 +34,7 @@ import posix_ipc
 from ...persistence import dmsq
 from ...errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
 from ...model.messages import QueueStats
-from . import dedup, extension, housekeeping, scheduling
+from . import dedup, extension, housekeeping, lifetime, scheduling
 from ..shm import ring, waits
 from ..shm import layout as L
 from ..shm.memory import Memory, pinned_bytes
@@ -215,9 +215,10 @@ class Queue(Producing, Consuming, Settling):
         # one attribute for the options (the properties below): CPython 3.11 keeps an
         # instance's attributes in a shared-keys table, and the hot paths' attribute
         # loads are fast, only while a class's instances have at most 30 of them
-        # (and the settings' generation they were read at: ``_settings_due``)
+        # (and the settings' generation they were read at: ``_settings_due``; then the lifetime word: ``lifetime``)
         self._opts = (levels or 1, aging_ms * 1_000_000, ttl_ns, window_ns, retry_ns, backoff or 1.0, retry_max_ns,
-                      L.dedup_offset(self._nslots), lanes or 1, lane, self._mq[_W_SETTINGS_GEN])
+                      L.dedup_offset(self._nslots), lanes or 1, lane, self._mq[_W_SETTINGS_GEN],
+                      self._mq[L.I_LIFETIME])
         # never the plain FIFO take: the leveled take (levels), or a check of every expiry (a queue TTL)
         self._general = (levels or 1) > 1 or bool(ttl_ns)
 
@@ -241,9 +242,11 @@ class Queue(Producing, Consuming, Settling):
         if self._lockp is not None and self._mq[_W_SETTINGS_GEN] != self._opts[10]:
             self._refresh_settings()
 
-    def _write_settings(self, vis_ns, maxdel, dlq, aging_ms, ttl_ns, window_ns, retry_ns, backoff, retry_max_ns):
+    def _write_settings(self, vis_ns, maxdel, dlq, aging_ms, ttl_ns, window_ns, retry_ns, backoff, retry_max_ns,
+                        expires_ms=None):
         """Store changed settings in the header (``Broker.update_queue``): each word one
-        aligned store, the dead-letter queue's name under the lock as every reader of it."""
+        aligned store, the dead-letter queue's name under the lock as every reader of it.
+        ``expires_ms``: lane 0's (``lifetime.set_expires``: a declare renews it too)."""
         mq, mm = self._mq, self._mm
         raw = (dlq or "").encode()
         self._acquire()
@@ -261,6 +264,8 @@ class Queue(Producing, Consuming, Settling):
             mq[_W_BACKOFF] = _F64_AS_U64.unpack(_F64.pack(backoff))[0]
             if ttl_ns and ttl_ns != old_ttl:
                 mq[L.I_NEXT_TTL] = 0  # the next take or housekeeping looks for expired messages
+            if expires_ms is not None:
+                lifetime.set_expires(self, expires_ms)
             mq[_W_SETTINGS_GEN] += 1
             for q in list(_live_queues):  # this process's handles on the queue see them at once
                 if (q is self or q._lockp is not None and q._lane == self._lane and q.name == self.name
@@ -428,7 +433,7 @@ class Queue(Producing, Consuming, Settling):
                 free = i
         if free < 0:
             raise ShmqError(f"queue {self.name!r}: all {self._nslots} process slots are taken")
-        L.PROC.pack_into(mm, L.PROCS_OFF + free * L.PROC_SIZE, pid, start, 0, 0, 0, 0, 0)
+        L.PROC.pack_into(mm, L.PROCS_OFF + free * L.PROC_SIZE, pid, start, 0, 0, 0, 0, 0, 0)
         self._slot = free
         return free
 
@@ -470,19 +475,41 @@ class Queue(Producing, Consuming, Settling):
         of dead processes. Returns how many messages became ready again."""
         return housekeeping.housekeep(self, _mono())
 
+    # ------------------------------------------------------------------ consumers (``lifetime``)
+    def add_consumer(self) -> int:
+        """Register this process as a consumer of the queue (RabbitMQ's basic.consume); returns
+        the queue's consumer count, every process's. A process that dies gives its consumers
+        back when housekeeping reaps it. QueueNotFound if the queue was deleted."""
+        return lifetime.add_consumer(self)
+
+    def remove_consumer(self) -> int:
+        """Unregister one consumer of this process; returns the count left, every process's.
+        An ``auto_delete`` queue that this leaves with none is deleted, with its bindings.
+        ValueError if this process has none registered."""
+        return lifetime.remove_consumer(self)
+
     # ------------------------------------------------------------------ admin
-    def purge(self) -> int:
-        """Drop every ready message (leased and delayed ones stay). Returns how many."""
+    def purge(self, delayed: bool = False) -> int:
+        """Drop every ready message; with ``delayed``, every delayed one too (those put
+        with a delay, or waiting out a retry delay, not due yet). Leased ones stay with
+        their consumers. Returns how many were dropped."""
         mq, cap, base = self._mq, self._cap, self._base
         self._acquire()
         try:
             if mq[I_DELETED]:
                 raise self._gone()
-            start, tail = mq[I_READY_POS] if mq[I_REQUEUED] else mq[I_FRONTIER], mq[I_TAIL]
-            ready = [(pos, w) for pos, w in ring.records(mq, cap, base, start, tail) if mq[w] & 0xFF == _READY]
+            tail = mq[I_TAIL]
+            if delayed:  # delayed records lie anywhere behind the frontier: the whole ring is walked
+                ready = [(pos, w) for pos, w in ring.records(mq, cap, base, mq[I_HEAD], tail)
+                         if mq[w] & 0xFF in (_READY, _DELAYED)]
+            else:
+                start = mq[I_READY_POS] if mq[I_REQUEUED] else mq[I_FRONTIER]
+                ready = [(pos, w) for pos, w in ring.records(mq, cap, base, start, tail) if mq[w] & 0xFF == _READY]
             if self._logged and ready:  # log the drops first
                 self.wal.append(b"".join(_encode_ack_entry(mq[w + _R_MSG_ID], 0) for _pos, w in ready))
             for _pos, w in ready:
+                if mq[w] & 0xFF == _DELAYED:
+                    mq[L.I_DELAYED] -= 1
                 mq[w] = (mq[w] & ~0xFF) | _ACKED
             n = len(ready)
             mq[I_READY] = 0
@@ -548,6 +575,7 @@ class Queue(Producing, Consuming, Settling):
             groups_in_flight=groups,
             dead_letter_depth=self._dead_letter_depth(),
             bytes_held=self._memory.held(),
+            consumers=lifetime.consumers(self),
         )
 
     def _dead_letter_depth(self):
@@ -575,7 +603,7 @@ class Queue(Producing, Consuming, Settling):
             "message_ttl": self._ttl_ns / 1e9 if self._ttl_ns else None,
             "dedup_window": self._dedup_window_ns / 1e9, "retry_delay": self._retry_ns / 1e9,
             "retry_backoff": self._backoff, "retry_delay_max": self._retry_max_ns / 1e9 if self._retry_max_ns else None,
-            "lanes": self._nlanes,
+            "lanes": self._nlanes, **lifetime.settings(self),
         }
 
     def _export_messages(self, rotate_wal: bool = False) -> list[tuple[int, int, int, bytes, bytes]]:
@@ -605,13 +633,16 @@ class Queue(Producing, Consuming, Settling):
                 out.append((msg_id, status >> 32, enq, bytes(copy[b:b + hl]), bytes(copy[b + hl:b + hl + bl])))
         return out
 
-    def _import_messages(self, messages, once: int = 0) -> int:
+    def _import_messages(self, messages, once: int = 0, skip_present: bool = False) -> int:
         """Append messages keeping their (id, attempt, enqueued_ns, headers, body) — for
-        restoring a snapshot. All or nothing; QueueFull if they do not fit now.
+        restoring a snapshot. All or nothing; QueueFull if they do not fit now. Returns
+        how many were appended.
 
         ``once``: a dedup hash (``extension.dedup_hash``): if the table knows it, nothing
         is appended (returns 0); else it is remembered with the append, under the same
-        repair rule as a put's (a token past the next id, taken by the commit)."""
+        repair rule as a put's (a token past the next id, taken by the commit).
+        ``skip_present``: a message whose id the queue holds (ready, leased or delayed),
+        seen under the same lock hold as the append, is not appended."""
         items = [(body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8, msg_id, attempt, enq)
                  for msg_id, attempt, enq, hraw, body in messages]
         if not items:
@@ -623,6 +654,12 @@ class Queue(Producing, Consuming, Settling):
                 raise self._gone()
             if once and dedup.lookup(mq, self._dedup_off, once, _wall()):
                 return 0
+            if skip_present:
+                held = {mq[w + _R_MSG_ID] for _pos, w in ring.records(mq, cap, base, mq[I_HEAD], mq[I_TAIL])
+                        if mq[w] & 0xFF in (_READY, _LEASED, _DELAYED)}
+                items = [item for item in items if item[3] not in held]
+                if not items:
+                    return 0
             head, tail = mq[I_HEAD], mq[I_TAIL]
             if head == tail and (tail % cap or tail >= L.POS_LIMIT):
                 tail = head = self._new_lap(tail)

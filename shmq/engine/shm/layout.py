@@ -25,10 +25,12 @@ __all__ = [
     "STATIC", "STATIC_OFF", "MUTEX_OFF", "HOT", "HOT_OFF", "HOT_FIELDS", "COUNTERS", "COUNTERS_OFF",
     "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE", "WALCFG", "WALCFG_OFF", "WAL_WORDS_OFF", "TIMENS_OFF", "WORD",
     "REC_FIELDS", "REC_OFFSETS", "field_offsets", "R_STATUS", "R_LENGTH", "R_MSG_ID", "R_ENQ", "R_DEADLINE",
-    "P_CWAIT", "P_PWAIT", "P_ACKED", "P_REDELIVERED", "P_BELLS", "OPTS_LANES_OFF", "id_step", "proc_word",
+    "P_CWAIT", "P_PWAIT", "P_ACKED", "P_REDELIVERED", "P_BELLS", "P_CONSUMERS", "OPTS_LANES_OFF", "id_step", "proc_word",
     "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "c_header", "write_c_header",
     "OPTS", "OPTS_FIELDS", "OPTS_OFF", "XWORDS_OFF", "XWORD_FIELDS", "I_SPECIAL", "I_NEXT_TTL", "I_EXPIRED_TOTAL",
     "I_PRODUCER_TURNS", "I_CONSUMER_TURNS", "LANE_SLEEPERS_OFF", "I_LANE_SLEEPERS", "I_BELLS", "I_ROOM",
+    "LIFETIME_OFF", "I_LIFETIME", "I_LAST_USED", "LIFE_AUTO_DELETE", "LIFE_HAD_CONSUMER", "LIFE_EXPIRES_SHIFT",
+    "LIFE_RENEW_NS", "life_renew_ns",
     "DEDUP", "DEDUP_SLOTS", "DEDUP_PROBES", "dedup_offset", "EXT", "EXT_MAGIC", "EXT_VERSION", "FLAG_EXT",
     "FLAG_WALK", "FLAG_TTL", "LEVEL_POS_OFF", "I_LEVEL_POS",
     "MAX_PRIORITIES", "MAX_GROUP_BYTES",
@@ -92,6 +94,21 @@ STATIC_OFF = 0
 # generation (0: no log yet), fsync mode (0 never, 1 always, 2 batch), batch ms, directory
 WALCFG = struct.Struct("<QIIH150s")
 WALCFG_OFF = 328
+# a queue's lifetime (``queues/lifetime.py``), in two words after the log config that segments of
+# before held zero (zero: none of it, so no layout version was needed): ``lifetime``, flags in the low
+# byte (LIFE_AUTO_DELETE: deleted when its last consumer goes, fixed at creation; LIFE_HAD_CONSUMER: it
+# had one) and ``expires`` in ms above them (0: never); ``last_used``, the monotonic ns of its last
+# declare, consumer change or take, from which ``expires`` counts. A take stores it only when it is a
+# quarter of ``expires`` (LIFE_RENEW_NS at most) old, so a queue counts as unused only that much later
+LIFETIME_OFF = 496
+LIFE_AUTO_DELETE, LIFE_HAD_CONSUMER = 1, 2
+LIFE_EXPIRES_SHIFT = 8
+LIFE_RENEW_NS = 1_000_000_000
+
+
+def life_renew_ns(expires_ms: int) -> int:
+    """How stale a queue's ``last_used`` may be before a take stores it again."""
+    return min(LIFE_RENEW_NS, expires_ms * 250_000)
 MUTEX_OFF = 512
 HOT_OFF = 576
 # the control words, a cache line for each side (issue 21): what puts write, what takes and acks
@@ -150,8 +167,9 @@ PROCS_OFF = MEM_OFF + MEM_SIZE + BITMAP_BYTES  # 9472
 # process slot, one cache line each: pid, start_ms, consumers waiting, producers waiting, and the
 # process's share of the totals every take and ack bumps (acked, redelivered: summed by ``stats``,
 # folded into the queue's own counters when the process is reaped), so the hot paths write a line
-# of their own process, never one that bounces between cores; then its doorbells asleep (of cwait)
-PROC = struct.Struct("<QQQQQQQ8x")
+# of their own process, never one that bounces between cores; then its doorbells asleep (of cwait);
+# then how many consumers it registered (``lifetime.py``: reaped with it when it dies)
+PROC = struct.Struct("<QQQQQQQQ")
 PROC_SIZE = PROC.size
 # the work-queue options (``create_queue``; fixed at creation): priority levels, priority aging (ms;
 # 0: strict), message_ttl (0: none), dedup_window, retry_delay, retry_backoff (a float),
@@ -193,6 +211,7 @@ I_LANE_SLEEPERS = LANE_SLEEPERS_OFF >> 3
 I_SPECIAL, I_NEXT_TTL, I_EXPIRED_TOTAL, I_PRODUCER_TURNS, I_CONSUMER_TURNS = range(
     XWORDS_OFF >> 3, (XWORDS_OFF >> 3) + len(XWORD_FIELDS))
 I_LEVEL_POS = LEVEL_POS_OFF >> 3  # + level
+I_LIFETIME, I_LAST_USED = LIFETIME_OFF >> 3, (LIFETIME_OFF >> 3) + 1
 
 
 def mem_words(mem_off: int) -> dict:
@@ -200,13 +219,13 @@ def mem_words(mem_off: int) -> dict:
     out = {f: (mem_off >> 3) + i for i, f in enumerate(MEM_FIELDS)}
     out["bitmap"] = (mem_off + MEM_SIZE) >> 3
     return out
-# process slot words: pid, start_ms, consumers waiting, producers waiting, acked, redelivered
-P_CWAIT, P_PWAIT, P_ACKED, P_REDELIVERED, P_BELLS = 2, 3, 4, 5, 6
+# process slot words: pid, start_ms, consumers waiting, producers waiting, acked, redelivered, bells, consumers
+P_CWAIT, P_PWAIT, P_ACKED, P_REDELIVERED, P_BELLS, P_CONSUMERS = 2, 3, 4, 5, 6, 7
 # write-ahead log fsync modes (WALCFG); SUSPENDED, with generation 0: the data dir vanished
 WAL_NEVER, WAL_ALWAYS, WAL_BATCH, WAL_SUSPENDED = 0, 1, 2, 3
 
 assert HOT_OFF >= MUTEX_OFF + 64 and HOT_OFF % 64 == 0  # (the lines of HOT_LINES are cache lines)
-assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= MUTEX_OFF
+assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= LIFETIME_OFF and LIFETIME_OFF + 16 <= MUTEX_OFF
 assert COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF and WAL_WORDS_OFF + 16 <= TIMENS_OFF < PROCS_OFF
 assert TIMENS_OFF + 8 <= LANE_SLEEPERS_OFF and LANE_SLEEPERS_OFF + 8 <= OPTS_OFF
 assert LEVEL_POS_OFF + 8 * MAX_PRIORITIES <= MEM_OFF and PROCS_OFF % 64 == 0 and MEM_SIZE >= 8 * len(MEM_FIELDS)
@@ -316,6 +335,8 @@ def c_header() -> str:
         "PROCS_OFF": PROCS_OFF, "PROC_SIZE": PROC_SIZE, "P_CWAIT": P_CWAIT, "P_PWAIT": P_PWAIT, "P_ACKED": P_ACKED,
         "P_REDELIVERED": P_REDELIVERED, "OPTS_LANES_OFF": OPTS_LANES_OFF,
         "REUSE_MAX": REUSE_MAX, "FLAG_NULL_VALUE": FLAG_NULL_VALUE,
+        "LIFETIME_W": I_LIFETIME, "LAST_USED_W": I_LAST_USED, "LIFE_EXPIRES_SHIFT": LIFE_EXPIRES_SHIFT,
+        "LIFE_RENEW_NS": f"{LIFE_RENEW_NS}ULL",
         "POS_LIMIT": f"{POS_LIMIT}ULL",
     }
     defines.update({"REC_" + f.upper(): off for f, off in REC_OFFSETS.items()})

@@ -170,13 +170,15 @@ class Image(NamedTuple):
     (offset, timestamp_ns, key, headers, value), the offset the next append gets, the
     first log generation the records do not cover ("wal"; else None), the high-water
     epoch this snapshot begins ("snapshot", once a broker configured it; else None), and
-    the publishers' table (``Partition.published``)."""
+    the publishers' table (``Partition.published``); for a backup of a "wal" partition,
+    the bytes its log generation ``wal_from`` held at the copy."""
 
     rows: list
     next_offset: int
     wal_from: int | None
     hwm_epoch: int | None
     txns: list = []  # the publishers' table: (id, batch, end offset), consistent with rows
+    log_size: int | None = None  # (backup) log ``wal_from``'s bytes up to the copy: the rest came after it
 
 
 class Partition:
@@ -694,18 +696,25 @@ class Partition:
             self._release()
 
     # ------------------------------------------------------------------ snapshots and rebuilds
-    def export(self, roll_bytes: int | None = None, roll_ns: int | None = None) -> Image:
+    def export(self, roll_bytes: int | None = None, roll_ns: int | None = None, backup: bool = False) -> Image:
         """Every record in memory, for a snapshot. The lock is held only to copy the used
         part of the ring and, in the same critical section, to begin a new high-water
         epoch ("snapshot"), or ("wal") to start a new log generation when the current one
         holds ``roll_bytes`` or began ``roll_ns`` ago: older generations hold nothing
-        past the copy, and whole files are what retention deletes."""
+        past the copy, and whole files are what retention deletes.
+
+        ``backup``: a copy for elsewhere that changes nothing here (no new epoch, no new
+        generation); a "wal" partition's image says how far its current log went at the
+        copy (``log_size``), so the log up to there and the copy agree."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
-        wal_from = epoch = None
+        wal_from = epoch = log_size = None
         self._acquire()
         try:
             head, tail, end = mq[L.PI_HEAD], mq[L.PI_TAIL], mq[L.PI_NEXT]
-            if self._logged and mq[_LOG_GEN_W]:
+            if backup:
+                if self._logged and mq[_LOG_GEN_W]:
+                    wal_from, log_size = mq[_LOG_GEN_W], self.log.size()
+            elif self._logged and mq[_LOG_GEN_W]:
                 now, size = time.time_ns(), self.log.size()
                 began = mq[L.PI_WAL_ROLLED] or now
                 mq[L.PI_WAL_ROLLED] = began
@@ -727,7 +736,7 @@ class Partition:
                 h = b + (klen - 1 if klen else 0)
                 rows.append((off, ts, bytes(copy[b:h]) if klen else None, bytes(copy[h:b + hl]),
                              None if flags & _NULL else bytes(copy[b + hl:b + hl + bl])))
-        return Image(rows, end, wal_from, epoch, txns)
+        return Image(rows, end, wal_from, epoch, txns, log_size)
 
     def restore(self, rows, next_offset: int, hwm_epoch: int = 0, txns=()) -> int:
         """Fill this empty partition of a stream being rebuilt: ``rows`` are (offset,

@@ -59,6 +59,7 @@ class KafkaListener:
     """
 
     node_id = 0
+    port_setting = "--kafka-port"  # what chose the port, for a port in use (``tcp.listen_error``)
 
     def __init__(self, broker, host="127.0.0.1", port=9092, token=None, max_frame_bytes=16 * 2**20,
                  advertised_host=None, advertised_port=None, auto_create=True, auto_create_partitions=1,

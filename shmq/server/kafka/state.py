@@ -19,7 +19,7 @@ import logging
 from ...errors import ShmqError
 from ...persistence.kafka_state import read_state, remove_state, set_aside_state, state_path, write_state
 
-__all__ = ["keep", "restore"]
+__all__ = ["keep", "restore", "for_backup"]
 
 log = logging.getLogger("shmq.server")
 
@@ -38,6 +38,16 @@ def keep(listener, data_dir: str) -> None:
              len(state["sequences"]), len(state["metadata"]),
              extra={"event": "kafka_state_kept", "path": path, "sequences": len(state["sequences"]),
                     "metadata": len(state["metadata"])})
+
+
+def for_backup(listener) -> dict:
+    """The state a backup keeps (``persistence.backup``; on the loop): the commit metadata,
+    which a restore takes back only while its offset is still the committed one, and no
+    producer sequences: taken while producers append, they could be older than the
+    records copied, which a start must never take (above), so the producers of a server
+    started from a backup begin new epochs, as after a crash."""
+    return {"sequences": [],
+            "metadata": listener.coordinator.export_metadata() if listener.coordinator is not None else []}
 
 
 def restore(listener, data_dir: str) -> None:
