@@ -452,7 +452,8 @@ class Consuming:
             if mq[I_DELETED]:
                 raise self._gone()
             now = _mono()
-            lifetime.used(mq, now)  # (a queue that expires: used now)
+            if mq[_I_LIFE] >> _LIFE_SHIFT:  # a queue that expires is used now
+                lifetime.used(mq, now)
             if now >= mq[I_NEXT_DEADLINE]:
                 housekeeping.expire(self, now, spent)
             if now >= mq[I_NEXT_LIVENESS]:
