@@ -9,7 +9,7 @@ import pytest
 
 from shmq.celery.results import STORE
 from tests._wait import wait_for
-from tests.jobs.test_celery import ROOT, make_jobs  # noqa: F401  (the fixture)
+from tests.jobs.test_celery import ROOT, make_jobs  # noqa: F401  (the fixture: Jobs of real workers)
 
 pytestmark = pytest.mark.slow
 

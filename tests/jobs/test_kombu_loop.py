@@ -16,7 +16,6 @@ from kombu.asynchronous import Hub
 import shmq.kombu
 import shmq.kombu.loop
 from tests._wait import wait_for
-from tests.conftest import ThreadedServer
 from tests.jobs.test_celery import Jobs, settled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,19 +68,6 @@ class Loop:
             assert not self.thread.is_alive()
         self.conn.close()
         self.hub.close()
-
-
-@pytest.fixture(params=["local", "tcp"])
-def url(request, broker):
-    """The kombu url of the test's namespace: a local attach, or a TCP server of it."""
-    if request.param == "local":
-        yield f"shmq:///{broker.namespace}"
-        return
-    srv = ThreadedServer(broker.namespace)
-    try:
-        yield f"shmq://127.0.0.1:{srv.port}"
-    finally:
-        srv.stop()
 
 
 @pytest.fixture

@@ -15,22 +15,8 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 import shmq.kombu  # noqa: F401  registers the transport
 from tests._wait import wait_for
-from tests.conftest import ThreadedServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(params=["local", "tcp"])
-def url(request, broker):
-    """The kombu url of the test's namespace: a local attach, or a TCP server of it."""
-    if request.param == "local":
-        yield f"shmq:///{broker.namespace}"
-        return
-    srv = ThreadedServer(broker.namespace)
-    try:
-        yield f"shmq://127.0.0.1:{srv.port}"
-    finally:
-        srv.stop()
 
 
 def test_queue_arguments_become_the_queues_settings(broker, url):
