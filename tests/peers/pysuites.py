@@ -245,10 +245,11 @@ def run_pytest(root: str, paths: list[str], options: list[str], env: dict, deadl
                                     start_new_session=True)
             hung = _watch(proc, jsonl, deadline + HARD_GRACE)
             _killpg(proc)
+            lines = _read_jsonl(jsonl)
+            if os.path.exists(jsonl):
+                os.unlink(jsonl)
             if STOP.is_set():
                 break
-            lines = _read_jsonl(jsonl)
-            os.unlink(jsonl) if os.path.exists(jsonl) else None
             for line in lines:
                 if "collected" in line and collected is None:
                     collected = line["collected"]
