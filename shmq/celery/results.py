@@ -116,7 +116,19 @@ class ShmqBackend(KeyValueStoreBackend):
         if value:  # (0: no expiry asked; the key keeps what it has)
             self.store.expire(bytes_to_str(key), value)
 
+    def set_chord_size(self, group_id, chord_size):
+        """The number of parts chord ``group_id`` waits for, counted by Celery through
+        nested groups and chains (a part's own ``chord_size`` counts the header's top level
+        only). Celery calls it as it sends the header's last task: parts sent before may have
+        counted already, so their count stays."""
+        self.store.set(bytes_to_str(self.get_key_for_group(group_id, ".s")), str(chord_size).encode(),
+                       ttl=self.chord_expires or None)
+
     def on_chord_part_return(self, request, state, result, **kwargs):
+        if request.group and request.chord:
+            size = self.store.get(bytes_to_str(self.get_key_for_group(request.group, ".s")))
+            if size is not None:  # the size Celery counted at the chord's apply (``set_chord_size``)
+                request.chord = dict(request.chord, chord_size=int(size))
         self._part.id = request.id
         try:
             return super().on_chord_part_return(request, state, result, **kwargs)

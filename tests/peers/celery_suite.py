@@ -22,10 +22,10 @@ as upstream runs it). ``--worker process`` sets ``NO_WORKER=1`` (the suite then 
 none) and runs a real ``celery worker -P prefork`` process of its own with the session
 app's settings (``peer_worker.py``, written beside the suite; ``--concurrency``, default 1
 as the suite's), and loads ``peer_noworker.py`` before Celery's plugin: under NO_WORKER its
-``celery_session_worker`` yields nothing, which pytest 8.4+ turns into an error. Eleven
-tests of test_tasks.py read the worker's state in their own process (``worker_state``,
-signal receivers, ``caplog``) and fail with any broker that way: compare with Redis run
-the same way. pytest-rerunfailures is not used: ``@flaky`` tests run once.
+``celery_session_worker`` yields nothing, which pytest 8.4+ turns into an error. Fourteen
+tests (eleven of test_tasks.py, three stamping ones of test_canvas.py) read the worker's
+state or signals in their own process (``worker_state``, ``task_received`` receivers) and
+fail with any broker that way: compare with Redis run the same way. pytest-rerunfailures is not used: ``@flaky`` tests run once.
 
 Targets, each on brokers of its own: ``shmq-local`` (``shmq:///NS``, a fresh namespace),
 ``shmq-tcp`` (a ``shmq server`` on a free port with a token), ``redis``. A

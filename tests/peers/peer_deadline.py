@@ -6,8 +6,8 @@ written as it ends. Not a test module of shmq's.
   its own ``@pytest.mark.timeout(N)`` if that is less (pytest-timeout's mark, which the
   suites carry; pytest-timeout itself need not be installed). Past it, SIGALRM fails the
   test where it stands, with every thread's stack in the failure; if that does not end
-  it (a wait in C that retries), faulthandler ends the process 30 s later and the runner
-  goes on in a new one.
+  it (a wait in C that does not give way to signal handlers), faulthandler ends the
+  process 30 s later and the runner goes on in a new one.
 - ``--peer-results FILE``: JSON lines: the tests collected, each test's start, and each
   report (phase, outcome, one-line reason, the traceback of a failure).
 - ``$PEER_IMPORTS``: modules to import first (``shmq.kombu`` registers kombu's transport).
@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 
 import pytest
@@ -28,6 +29,7 @@ HARD_AFTER = 30.0
 _STDERR = os.fdopen(os.dup(2), "w")  # (taken before pytest captures fd 2: faulthandler's dump must be seen)
 _out = None
 _limit = None
+_hard_at = None  # time.monotonic() at which faulthandler ends the process (None: no test under way)
 
 for _name in filter(None, os.environ.get("PEER_IMPORTS", "").split(",")):
     importlib.import_module(_name)
@@ -69,7 +71,7 @@ def _on_alarm(signum, frame):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    global _limit
+    global _limit, _hard_at
     _write({"start": item.nodeid})
     limit = item.config.getoption("--peer-deadline") or None
     mark = item.get_closest_marker("timeout")
@@ -78,7 +80,7 @@ def pytest_runtest_protocol(item, nextitem):
         if own:
             limit = min(limit, float(own)) if limit else float(own)
     if limit:
-        _limit = limit
+        _limit, _hard_at = limit, time.monotonic() + limit + HARD_AFTER
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, limit)
         faulthandler.dump_traceback_later(limit + HARD_AFTER, exit=True, file=_STDERR)
@@ -86,8 +88,17 @@ def pytest_runtest_protocol(item, nextitem):
         yield
     finally:
         if limit:
+            _hard_at = None
             signal.setitimer(signal.ITIMER_REAL, 0)
             faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_exception_interact(node, call, report):
+    """pytest's own faulthandler plugin cancels every pending dump when a phase fails:
+    the test's teardown (a fixture that waits on the worker) is bounded still."""
+    if _hard_at is not None:
+        faulthandler.dump_traceback_later(max(1.0, _hard_at - time.monotonic()), exit=True, file=_STDERR)
 
 
 def _reason(report) -> str:
