@@ -233,31 +233,18 @@ def main(argv=None) -> int:
            "backend": a.backend, "started": time.strftime("%Y-%m-%d %H:%M"), "targets": {}}
     print(f"celery {out['celery']} integration suite ({', '.join(a.files)}), shmq {revision}, "
           f"{a.worker} worker, backend {a.backend}; work dir {workdir}", flush=True)
-    try:
-        def done(target, result):
-            out["targets"][target] = result
-            pysuites.report(f"{target} (broker {result['broker']}, backend {result['backend']})", result)
-            for name, f in result["files"].items():
-                print(f"    {name}: " + " ".join(f"{k}={v}" for k, v in f["counts"].items()) +
-                      f" ({f['seconds']:.0f} s)", flush=True)
-            if a.out:
-                pysuites.write_out(a.out, out)
 
-        try:
-            pysuites.run_targets(targets, a.jobs, lambda t: run(t, a, root, workdir), done)
-        except KeyboardInterrupt:
-            print("interrupted: the targets' servers stopped, their namespaces destroyed", flush=True)
-            return 130
-    finally:
+    def done(target, result):
+        out["targets"][target] = result
+        pysuites.report(f"{target} (broker {result['broker']}, backend {result['backend']})", result)
+        for name, f in result["files"].items():
+            print(f"    {name}: " + " ".join(f"{k}={v}" for k, v in f["counts"].items()) +
+                  f" ({f['seconds']:.0f} s)", flush=True)
         if a.out:
             pysuites.write_out(a.out, out)
-        if a.keep:
-            print(f"work dir kept: {workdir}")
-        else:
-            import shutil
 
-            shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+    return pysuites.run_and_close(
+        targets, a.jobs, lambda t: run(t, a, root, workdir), done, a.out, out, a.keep, workdir)
 
 
 if __name__ == "__main__":

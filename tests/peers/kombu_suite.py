@@ -230,28 +230,15 @@ def main(argv=None) -> int:
     out = {"kombu": version("kombu"), "shmq": revision, "started": time.strftime("%Y-%m-%d %H:%M"),
            "targets": {}}
     print(f"kombu {out['kombu']} integration suite, shmq {out['shmq']}; work dir {workdir}", flush=True)
-    try:
-        def done(target, result):
-            out["targets"][target] = result
-            pysuites.report(target, result)
-            if a.out:
-                pysuites.write_out(a.out, out)
 
-        try:
-            pysuites.run_targets(targets, a.jobs, lambda t: run(t, root, a.deadline, extra, workdir), done)
-        except KeyboardInterrupt:
-            print("interrupted: the targets' servers stopped, their namespaces destroyed", flush=True)
-            return 130
-    finally:
+    def done(target, result):
+        out["targets"][target] = result
+        pysuites.report(target, result)
         if a.out:
             pysuites.write_out(a.out, out)
-        if a.keep:
-            print(f"work dir kept: {workdir}")
-        else:
-            import shutil
 
-            shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+    return pysuites.run_and_close(
+        targets, a.jobs, lambda t: run(t, root, a.deadline, extra, workdir), done, a.out, out, a.keep, workdir)
 
 
 if __name__ == "__main__":

@@ -429,3 +429,25 @@ def run_targets(targets: list[str], jobs: int, run_one, on_done) -> None:
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def run_and_close(targets: list[str], jobs: int, run_one, on_done, out_path, out: dict, keep: bool,
+                  workdir: str) -> int:
+    """``run_targets``, then the outcomes written to ``out_path`` (if any) and the work dir
+    removed (unless ``keep``); 130 when interrupted (the targets' servers are stopped)."""
+    try:
+        try:
+            run_targets(targets, jobs, run_one, on_done)
+        except KeyboardInterrupt:
+            print("interrupted: the targets' servers stopped, their namespaces destroyed", flush=True)
+            return 130
+    finally:
+        if out_path:
+            write_out(out_path, out)
+        if keep:
+            print(f"work dir kept: {workdir}")
+        else:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
