@@ -74,7 +74,7 @@ def main(argv=None, prog="python -m bench", **defaults):
                                               args.run_timeout, args.cpus)
             extra["streams"] = report.stream_doc(*stream_part)
         if args.json:
-            report.write_json(args.json, info, args, skipped, results, notes, dur if args.durability else None,
+            report.write_json(args.json, "matrix", info, args, skipped, results, notes, dur if args.durability else None,
                               extra)
         publish(info, args, skipped, results, notes, dur, args.plot, stream_part)
         if args.json:

@@ -92,7 +92,7 @@ def main(argv=None):
         skipped, results, notes = run_contention(args, mp.get_context("spawn"))
         info = dict(machine_info(), load=(load, os.getloadavg()[0]))
         if args.json:
-            report.write_json(args.json, info, args, skipped, results, notes,
+            report.write_json(args.json, "queues", info, args, skipped, results, notes,
                               extra={"contention": {"seconds": args.seconds, "fill": args.fill}})
         scaling.print_contention(info, args, skipped, results, notes, args.seconds)
         if args.json:

@@ -11,7 +11,9 @@ generated blocks::
 This module rewrites every block from its file; KIND names the view (``KINDS``). Each
 block opens with its run's date, command and machine, and compares only figures of that
 run. The test suite runs ``check`` against the saved runs, so a page that disagrees with
-its JSON fails it. The Spark run's fields are read in one place (``spark``).
+its JSON fails it, and so does a page that shows a run older than the code it measured
+(``outdated``: each run's JSON keeps its code stamp, ``bench/provenance.py``). The Spark
+run's fields are read in one place (``spark``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 import re
 import sys
 
-from bench import report, scaling, tcp_report
+from bench import provenance, report, scaling, tcp_report
 from bench.adapters import REGISTRY, STREAM_REGISTRY, acks
 from bench.harness import CaseResult
 from bench.machine import SYSTEM_VERSIONS, VERSIONED
@@ -238,8 +240,83 @@ def tcp(doc, path, link):
     return lines + [""] + _skip_systems(doc)
 
 
+def jobs(doc, path, link):
+    """python -m bench.jobs: jobs/s per tool, mode and broker, with shmq (local) / Redis and issue 29's target."""
+    from bench.jobs import BROKERS, TARGET
+
+    by = {(r["tool"], r["broker"], r["mode"]): r for r in doc["rows"]}
+    brokers = [b for b in BROKERS if any(k[1] == b for k in by)]
+    names = {"shmq": "shmq (local)", "shmq-tcp": "shmq (TCP)", "redis": "Redis"}
+    rows = []
+    for tool, mode in dict.fromkeys((t, m) for t, _, m in by):
+        cells = [by.get((tool, b, mode)) for b in brokers]
+        shmq, redis = (by.get((tool, b, mode), {}).get("median") for b in ("shmq", "redis"))
+        ratio = shmq / redis if shmq and redis else None
+        target = "-" if ratio is None or mode == "chord" else f">= {TARGET:g}x: {'met' if ratio >= TARGET else 'missed'}"
+        rows.append([tool.capitalize(), mode] + [("error" if c["error"] else f"{c['median']:,.0f}/s") if c else "-"
+                                                 for c in cells] + [f"{ratio:.2f}x" if ratio else "-", target])
+    lines = [run_line(doc, path, link, doc.get("runs"), ("celery", "kombu", "dramatiq")), ""]
+    lines += _table(["tool", "mode"] + [names[b] for b in brokers] + ["shmq local / Redis", "target (issue 29)"],
+                    rows, "ll" + "r" * (len(brokers) + 1) + "l") + [""]
+    lines.append(f"{doc['jobs']:,} no-op jobs per run; {doc['processes']} worker processes ({doc['threads']} threads "
+                 "each for Dramatiq, prefork for Celery).")
+    return lines + [""] + _skip_systems(doc)
+
+
+def kafka(doc, path, link):
+    """python -m bench.kafka: records/s and p50 produce-to-consume per system, with issue 30's targets."""
+    from bench.kafka import TARGETS
+
+    names = {"kafka": "Kafka clients via the listener", "shmq-tcp": "shmq's TCP client", "redis-streams": "Redis Streams"}
+    by = {r["system"]: r for r in doc["rows"] if r["error"] is None}
+    lead = by.get("kafka", {}).get("records_per_s")
+    goals = {peer: least for system, peer, least in TARGETS if system == "kafka"}
+    rows = []
+    for r in doc["rows"]:
+        name = names.get(r["system"], r["system"])
+        if r["error"] is not None:
+            rows.append([name, "error", "", "", ""])
+            continue
+        ratio = lead / r["records_per_s"] if lead and r["system"] != "kafka" else None
+        goal = goals.get(r["system"])
+        verdict = f">= {goal:g}x: {'met' if ratio >= goal else 'missed'}" if goal and ratio else ""
+        rows.append([name, f"{r['records_per_s']:,.0f}", f"{r['p50_us'] / 1000:,.2f} ms",
+                     f"{ratio:.2f}x" if ratio else "-", verdict])
+    lines = [run_line(doc, path, link, doc.get("runs"), ("confluent-kafka",)), ""]
+    lines += _table(["system", "records/s", "p50 produce-to-consume", "Kafka path / system", "target (issue 30)"],
+                    rows, "lrrrl") + [""]
+    lines.append(f"{doc['records']:,} records of {doc['size']} B per run, one partition, one producer and one group "
+                 "consumer process.")
+    return lines + [""] + _skip_systems(doc)
+
+
+def memory(doc, path, link):
+    """python -m bench.memory: what one queue and one stream partition hold, empty, full and drained."""
+    names = {"shmq": "shmq", "redis": "Redis", "rabbitmq": "RabbitMQ"}
+    kinds = {"queue": {"redis": "a list", "rabbitmq": "a classic queue", "shmq": "a queue"},
+             "partition": {"redis": "a stream", "shmq": "a stream partition"}}
+
+    def kib(v):
+        return "" if v is None else f"{v / 1024:,.1f} KiB"
+
+    rows = [[f"{names.get(r['system'], r['system'])}, {kinds[r['what']].get(r['system'], r['what'])}", "error", "", ""]
+            if r["error"] else [f"{names.get(r['system'], r['system'])}, {kinds[r['what']].get(r['system'], r['what'])}",
+                                kib(r["empty"]), kib(r["held"]), kib(r.get("drained"))] for r in doc["rows"]]
+    payload = doc["count"] * doc["size"] / 1024
+    peers = {r["system"] for r in doc["rows"]}
+    versions = [v for system, v in (("redis", "redis-server"), ("rabbitmq", "rabbitmq-server")) if system in peers]
+    lines = [run_line(doc, path, link, None, versions), ""]
+    lines += _table(["one queue or partition", "empty", f"holding {doc['count']:,} x {doc['size']:,} B",
+                     "after they are consumed"], rows) + [""]
+    lines.append(f"empty: the mean of {doc['empty']} (Redis: each holding one 64 B message, as an empty key does not "
+                 f"exist); the payload held is {payload:,.0f} KiB. A stream partition keeps its records after they "
+                 "are read (retention drops them).")
+    return lines + [""] + _skip_systems(doc)
+
+
 KINDS = {"scale": scale, "scale-summary": scale_summary, "contention": contention, "matrix": matrix, "rtt": rtt,
-         "durability": durability, "streams": streams, "spark": spark, "tcp": tcp}
+         "durability": durability, "streams": streams, "spark": spark, "tcp": tcp, "jobs": jobs, "kafka": kafka,
+         "memory": memory}
 
 
 # ---------------------------------------------------------------- pages
@@ -278,6 +355,27 @@ def pages(root=ROOT):
     return ["README.md", *sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "docs", "*.md")))]
 
 
+def outdated(names=None, root=ROOT, code_root=provenance.ROOT):
+    """One line per block (of the pages ``names``, default ``pages``) whose run is older than
+    the code it measures (``provenance.changed``): what moved since, by file."""
+    out = []
+    for page in names or pages(root):
+        with open(os.path.join(root, page)) as fh:
+            text = fh.read()
+        for m in BLOCK.finditer(text):
+            full = os.path.join(root, m["file"])
+            if not os.path.exists(full):
+                continue
+            with open(full) as fh:
+                doc = json.load(fh)
+            moved = provenance.changed(doc.get("code"), code_root)
+            if moved:
+                shown = ", ".join(moved[:6]) + (f" and {len(moved) - 6} more" if len(moved) > 6 else "")
+                out.append(f"{page}: {m['kind']} {m['file']} (run of {(doc.get('date') or 'no date')[:10]}) is older "
+                           f"than the code it measures: {shown}")
+    return out
+
+
 def stale(names=None, root=ROOT):
     """[(page, regenerated text)] of the pages (``names``, paths from ``root``; default ``pages``)
     whose blocks differ from their saved runs."""
@@ -294,14 +392,18 @@ def stale(names=None, root=ROOT):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.docs", description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the pages that are stale")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 naming the pages that are stale or show a run older than its code")
     p.add_argument("pages", nargs="*", help="default: README.md and docs/*.md")
     args = p.parse_args(argv)
     try:
         changed = stale(args.pages)
+        old = outdated(args.pages) if args.check else []
     except (BlockError, OSError, KeyError, ValueError) as exc:
         print(f"bench.docs: error: {exc}", file=sys.stderr)
         return 2
+    for line in old:
+        print(f"{line} (run its command again)")
     for page, text in changed:
         if args.check:
             print(f"{page}: stale (python -m bench.docs rewrites it from its saved runs)")
@@ -309,7 +411,7 @@ def main(argv=None):
             with open(os.path.join(ROOT, page), "w") as fh:
                 fh.write(text)
             print(f"rewrote {page}")
-    return 1 if changed and args.check else 0
+    return 1 if (changed or old) and args.check else 0
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ import tempfile
 import time
 import uuid
 
-from bench.machine import machine_info
+from bench import provenance
+from bench.machine import dist_versions, machine_info
 from bench.servers import RedisServer, ShmqServer
 
 PROG = "python -m bench.jobs"
@@ -180,7 +181,7 @@ def one_run(tool, broker, mode, url, args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    info = machine_info()
+    info = dict(machine_info(), **dist_versions("celery", "kombu", "dramatiq"), load=(os.getloadavg()[0], None))
     rows, skipped = [], {}
     servers = {}
     try:
@@ -227,9 +228,10 @@ def main(argv=None):
                 from shmq.engine.shm.segment import destroy_namespace
                 destroy_namespace(ns)
     print_table(info, args, rows, skipped)
+    info["load"] = (info["load"][0], os.getloadavg()[0])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": info, "command": shlex.join([*PROG.split(), *argv]), "jobs": args.jobs,
+            json.dump({**provenance.run_header("jobs", shlex.join([*PROG.split(), *argv])), "machine": info, "jobs": args.jobs, "runs": args.runs,
                        "processes": args.processes, "threads": args.threads, "rows": rows, "skipped": skipped},
                       f, indent=1)
         print(f"wrote {args.json}")

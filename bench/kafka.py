@@ -46,7 +46,8 @@ import struct
 import sys
 import time
 
-from bench.machine import machine_info
+from bench import provenance
+from bench.machine import dist_versions, machine_info
 from bench.servers import RedisServer, ShmqServer
 
 PROG = "python -m bench.kafka"
@@ -316,7 +317,7 @@ class Systems:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    info = dict(machine_info(), load=os.getloadavg()[0])
+    info = dict(machine_info(), **dist_versions("confluent-kafka"), load=(os.getloadavg()[0], None))
     ctx = mp.get_context("spawn")
     rows = []
     systems = Systems(args.systems)
@@ -344,10 +345,11 @@ def main(argv=None):
                                       if error is None else f"failed: {error}"), flush=True)
     finally:
         systems.close()
+    info["load"] = (info["load"][0], os.getloadavg()[0])
     targets = print_table(info, args, rows, systems.skipped)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": info, "command": shlex.join([*PROG.split(), *argv]), "records": args.records,
+            json.dump({**provenance.run_header("kafka", shlex.join([*PROG.split(), *argv])), "machine": info, "records": args.records,
                        "size": SIZE, "batch": args.batch, "runs": args.runs, "rows": rows, "targets": targets,
                        "skipped": systems.skipped}, f, indent=1)
         print(f"wrote {args.json}")

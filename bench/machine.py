@@ -109,6 +109,11 @@ def _rabbitmq_version():
     return os.path.basename(found[-1]).removeprefix("rabbitmq_server-") if found else None
 
 
+def dist_versions(*names):
+    """{name: the installed distribution's version, or None}: the packages a bench adds to its machine's facts."""
+    return {name: _dist_version(name) for name in names}
+
+
 def machine_info():
     """CPU, cores, OS, Python and package versions (the JSON's "machine")."""
     return {

@@ -9,12 +9,12 @@ summary) and the durability rows.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
 from dataclasses import asdict
 
+from bench import provenance
 from bench.adapters import REGISTRY, STREAM_REGISTRY, acks
 from bench.harness import CaseResult
 from bench.machine import STREAM_VERSIONED, VERSIONED
@@ -239,12 +239,12 @@ def report(info, args, skipped, results, notes, out=sys.stdout):
         print(f"note: {note}", file=out)
 
 
-def write_json(path, info, args, skipped, results, notes, durability=None, extra=None):
+def write_json(path, measures, info, args, skipped, results, notes, durability=None, extra=None):
     """All raw runs and summaries as JSON (with the durability rows, when given, and ``extra``'s keys),
-    dated, with the command that ran it (``args.command``, when the front end set it)."""
+    dated, with the command that ran it (``args.command``, when the front end set it) and the
+    code it measured (``provenance.MEASURES[measures]``)."""
     doc = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": getattr(args, "command", None),
+        **provenance.run_header(measures, getattr(args, "command", None)),
         "machine": info,
         "settings": {"runs": args.runs, "quick": args.quick, "batch": BATCH, "warmup": WARMUP,
                      "start_method": "spawn", "queue_bytes": QUEUE_BYTES, "run_timeout": args.run_timeout,

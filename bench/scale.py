@@ -134,7 +134,7 @@ def main(argv=None):
         skipped, results, notes = run_scale(args, mp.get_context("spawn"))
         info = dict(machine_info(), load=(load, os.getloadavg()[0]))
         if args.json:
-            report.write_json(args.json, info, args, skipped, results, notes)
+            report.write_json(args.json, "queues", info, args, skipped, results, notes)
         publish(info, args, skipped, results, notes, args.plot)
         if args.json:
             print(f"wrote {args.json}")

@@ -41,6 +41,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shlex
 import shutil
 import statistics
 import sys
@@ -50,6 +51,7 @@ import time
 import zlib
 from datetime import datetime
 
+from bench import provenance
 from bench.machine import machine_info
 
 PARTITIONS = 4
@@ -993,7 +995,8 @@ def main(argv=None) -> int:
                 "total_s": time.perf_counter() - t_all}
     out_cases = [{"source": s, "sink": k, "batches": b, "summary": summarize(runs), "runs": runs}
                  for (s, k, b), runs in cases.items()]
-    doc = {"machine": dict(machine_info(), **_versions(), load=(load, os.getloadavg()[0])),
+    doc = {**provenance.run_header("spark", shlex.join(["python", "-m", "bench.spark", *(sys.argv[1:] if argv is None else argv)])),
+           "machine": dict(machine_info(), **_versions(), load=(load, os.getloadavg()[0])),
            "settings": settings, "setup": bench.setup, "warmup": warmup, "cases": out_cases,
            "targets": targets(out_cases), "notes": notes}
     if args.json:

@@ -73,7 +73,7 @@ def main(argv=None):
                                               args.quick, args.run_timeout, args.cpus)
         info = dict(machine_info(), load=(load, os.getloadavg()[0]))
         if args.json:
-            report.write_json(args.json, info, args, {}, [], [],
+            report.write_json(args.json, "streams", info, args, {}, [], [],
                               extra={"streams": report.stream_doc(skipped, results, notes)})
         report.print_streams(info, args, skipped, results, notes)
         if args.json:

@@ -127,7 +127,7 @@ def main(argv=None):
             targets = [{"case": row.case, "size": row.size, "flow": row.flow, "figure": row.figure,
                         "target": list(row.target), "ratio": row.ratio, "verdict": verdict}
                        for row, verdict in tcp_report.targets(tcp_report.rows(results))]
-            report.write_json(args.json, info, args, skipped, results, notes,
+            report.write_json(args.json, "tcp", info, args, skipped, results, notes,
                               extra={"tcp": dict(settings, targets=targets)})
         publish(info, args, skipped, results, notes, args.plot)
         if args.json:

@@ -907,3 +907,25 @@ def test_the_loopback_bench_measures_a_round_trip_asleep_and_spinning():
     assert lines[7].startswith("ping-pong") and (
         lines[7].endswith("skipped (redis-server not on PATH)") or float(lines[7].rsplit(None, 1)[1]) > 0)
     assert _orphaned_bench_servers() <= servers_before
+
+
+def test_the_memory_bench_measures_a_queue_and_a_partition_empty_full_and_drained(tmp_path):
+    """``python -m bench.memory``: shmq's queue and partition (and Redis's, where it is here),
+    each empty, holding the messages and drained, the JSON with its code stamp; nothing
+    left in /dev/shm."""
+    out_json = tmp_path / "memory.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = ["--systems", "shmq,redis", "--count", "3000", "--empty", "10", "--json", str(out_json)]
+    pid, code, stdout, stderr = _run(argv, env, 180, module="bench.memory")
+    assert code == 0, stdout + stderr
+    doc = json.loads(out_json.read_text())
+    assert doc["command"] == "python -m bench.memory " + " ".join(argv)
+    assert doc["code"]["measures"] == "memory" and "shmq/engine/_fast.c" in doc["code"]["files"]
+    rows = {(r["what"], r["system"]): r for r in doc["rows"]}
+    queue, part = rows["queue", "shmq"], rows["partition", "shmq"]
+    payload = 3000 * 1024
+    assert queue["empty"] <= 256 * 1024 and part["empty"] <= 256 * 1024  # kilobytes, not its max_bytes
+    assert payload <= queue["held"] <= 2 * payload and payload <= part["held"] <= 2 * payload
+    assert queue["drained"] <= 256 * 1024  # given back
+    assert ("queue", "redis") in rows or "redis" in doc["skipped"]
+    assert _entries_of_run(pid) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import docs
+from bench import docs, provenance, scaling
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,8 +38,10 @@ def test_a_figure_changed_in_a_saved_run_makes_every_page_that_shows_it_stale(tm
     path.write_text(json.dumps(doc))
     stale = dict(docs.stale(root=root))
     assert sorted(stale) == ["docs/OPERATIONS.md", "docs/PERFORMANCE.md"]
+    snapshot = doc["durability"][1]["msgs_per_s"]
     for page, text in stale.items():
-        assert "| memory | 123 k | 1.00x |" in text and "| snapshot | 323 k | 2.62x |" in text
+        assert "| memory | 123 k | 1.00x |" in text
+        assert f"| snapshot | {scaling.si(snapshot)} | {snapshot / 123_456:.2f}x |" in text  # the ratio follows
         (root / page).write_text(text)
     assert docs.stale(root=root) == []  # rewritten, they match
 
@@ -51,7 +53,8 @@ def test_a_block_opens_with_its_runs_date_command_and_machine(tmp_path):
     (_, text), = docs.stale(["page.md"], root=root)
     lines = text.splitlines()
     assert lines[0] == "prose" and lines[-1] == "more prose"
-    assert lines[2].startswith("*2026-11-21, `python -m bench --runs 3`: AMD EPYC, 2 logical CPUs, ")
+    doc = json.loads((root / "docs" / "bench.json").read_text())
+    assert lines[2].startswith(f"*{doc['date'][:10]}, `{doc['command']}`: {doc['machine']['cpu']}, ")
     assert "each figure the median of 3 runs" in lines[2] and "[`docs/bench.json`](docs/bench.json)" in lines[2]
     assert "Versions: shmq 0.1.0 (C hot paths), faster-fifo 1.5.2," in lines[2]
 
@@ -116,7 +119,7 @@ def test_the_spark_view_reads_the_spark_runs_fields():
     lines = docs.spark(doc, "docs/spark-bench.json", "spark-bench.json")
     assert lines[2:4] == ["| source → sink | batches | overall rows/s | steady rows/s |", "|---|---:|---:|---:|"]
     assert len([ln for ln in lines if ln.startswith("| ") and "→" in ln]) == len(doc["cases"]) + 1
-    assert "pyspark " in lines[0] and "`python -m bench.spark`" in lines[0]
+    assert "pyspark " in lines[0] and f"`{doc['command']}`" in lines[0] and lines[0].startswith(f"*{doc['date'][:10]}")
 
 
 def test_a_tcp_run_renders_shmq_over_redis_with_the_issues_targets():
@@ -147,3 +150,64 @@ def test_a_tcp_run_renders_shmq_over_redis_with_the_issues_targets():
     assert lines[9] == "Targets of issue 28 (64 B): 1 of 2 met; not met: pipelined put 1->0 msgs/s."
     assert lines[11].startswith("- shmq / redis: shmq's median over Redis's in the same run; for a latency")
     assert docs.KINDS["tcp"] is docs.tcp
+
+
+def test_every_table_is_a_run_of_the_current_code():
+    """Each block's run keeps a stamp of the code it measured (bench/provenance.py); a run
+    older than a change to that code (or than the layouts) fails here: run its command again."""
+    old = docs.outdated()
+    assert old == [], "\n".join(old)
+
+
+def test_a_run_older_than_its_code_is_found(tmp_path):
+    root = _copy(tmp_path)
+    path = root / "docs" / "tcp.json"
+    doc = json.loads(path.read_text())
+    edited = "shmq/engine/queues/consume.py"
+    doc["code"]["files"][edited] = "0" * 16  # as if the run had measured another consume.py
+    path.write_text(json.dumps(doc))
+    old = docs.outdated(["docs/PERFORMANCE.md"], root=root)
+    assert len(old) == 1 and old[0].startswith("docs/PERFORMANCE.md: tcp docs/tcp.json (run of ")
+    assert old[0].endswith(f"is older than the code it measures: {edited}")
+    assert docs.main(["--check"]) == 0  # the repository's own pages: untouched
+    del doc["code"]
+    path.write_text(json.dumps(doc))
+    assert "no code stamp" in docs.outdated(["docs/PERFORMANCE.md"], root=root)[0]
+    doc["code"] = provenance.stamp("tcp")
+    doc["code"]["layouts"]["queue"] -= 1
+    path.write_text(json.dumps(doc))
+    assert docs.outdated(["docs/PERFORMANCE.md"], root=root)[0].endswith(
+        f"measures: queue layout {doc['code']['layouts']['queue']} -> {doc['code']['layouts']['queue'] + 1}")
+
+
+def test_a_stamp_follows_code_not_comments_or_docstrings(tmp_path, monkeypatch):
+    monkeypatch.setitem(provenance.MEASURES, "toy", ["src/*.py", "src/*.c"])
+    src = tmp_path / "src"
+    src.mkdir()
+    py, c = src / "hot.py", src / "hot.c"
+    py.write_text('"""The hot path."""\n\ndef put(x):\n    """Put x."""\n    return x + 1  # one\n')
+    c.write_text("/* the C path */\nint put(int x) { return x + 1; } // one\n")
+    code = provenance.stamp("toy", root=str(tmp_path))
+    assert sorted(code["files"]) == ["src/hot.c", "src/hot.py"]
+    py.write_text('"""The hot path, said again."""\n\n\ndef put(x):\n    # a comment\n    return x + 1\n')
+    c.write_text("/* the C path,\n   said again */\nint put(int x)\n{\n    return x + 1;\n}\n")
+    assert provenance.changed(code, root=str(tmp_path)) == []  # the same code
+    py.write_text('"""The hot path."""\n\ndef put(x):\n    return x + 2\n')
+    c.write_text("int put(int x) { return x + 2; }\n")
+    (src / "new.py").write_text("X = 1\n")
+    assert provenance.changed(code, root=str(tmp_path)) == ["src/new.py (new)", "src/hot.c", "src/hot.py"]
+    with pytest.raises(KeyError, match="unknown run 'nothing'"):
+        provenance.stamp("nothing")
+
+
+@pytest.mark.parametrize("kind, head", [
+    ("jobs", "| tool | mode | shmq (local) | shmq (TCP) | Redis | shmq local / Redis | target (issue 29) |"),
+    ("kafka", "| system | records/s | p50 produce-to-consume | Kafka path / system | target (issue 30) |"),
+    ("memory", "| one queue or partition | empty | holding 10,000 x 1,024 B | after they are consumed |"),
+])
+def test_the_jobs_kafka_and_memory_views_render_their_saved_runs(kind, head):
+    path = ROOT / "docs" / f"{kind}.json"
+    doc = json.loads(path.read_text())
+    lines = docs.KINDS[kind](doc, f"docs/{kind}.json", f"{kind}.json")
+    assert lines[0].startswith(f"*{doc['date'][:10]}, `{doc['command']}`: ") and lines[2] == head
+    assert len([ln for ln in lines if ln.startswith("| ")]) == len(doc["rows"]) + 1 or kind == "jobs"

@@ -139,7 +139,9 @@ class ShmqBackend(KeyValueStoreBackend):
 
     def wait_for(self, task_id, timeout=None, interval=0.5, no_ack=True, on_interval=None):
         """The task's meta once it is ready: the store's waiting read wakes as it is
-        written; while it is there but not ready (STARTED, RETRY), naps up to 0.1 s."""
+        written; while it is there but not ready (STARTED, RETRY), naps up to 0.1 s.
+        ``on_interval`` runs after every read (``AsyncResult.get`` re-raises a failed
+        parent's error there)."""
         self._ensure_not_eager()
         key = bytes_to_str(self.get_key_for_task(task_id))
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -147,13 +149,13 @@ class ShmqBackend(KeyValueStoreBackend):
         while True:
             left = interval if deadline is None else min(interval, deadline - time.monotonic())
             raw = self.store.get(key, timeout=max(left, 0))
+            if on_interval:  # (after the read, ready or not, as Celery's async backends: a
+                on_interval()  # parent that failed first raises its own error, not the ChordError)
             if raw is not None:
                 meta = self.decode_result(raw)
                 if meta["status"] in states.READY_STATES:
                     self._cache[task_id] = meta
                     return meta
-            if on_interval:
-                on_interval()
             if deadline is not None and time.monotonic() >= deadline:
                 raise CeleryTimeout("The operation timed out.")
             if raw is not None:  # there, not ready: the waiting read would not wait

@@ -131,6 +131,12 @@ def part(x):
 
 
 @app.task
+def boom(x):
+    """A chord's part that fails: ValueError naming ``x``."""
+    raise ValueError(f"part {x} failed")
+
+
+@app.task
 def total(values):
     """A chord's body: the sum of its parts' results, each run noted."""
     note("chord", str(sum(values)))

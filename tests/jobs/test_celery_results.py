@@ -72,6 +72,24 @@ def test_results_expire(broker, make_jobs, results):
     store.close()
 
 
+def test_a_failed_part_raises_its_own_error_at_the_chords_get(broker, make_jobs, results):
+    """As with Redis's backend: the chord's ``get()`` raises the failed part's exception
+    (its parent's), not the ChordError stored as the body's result; the body never runs."""
+    url = f"shmq:///{broker.namespace}"
+    jobs = make_jobs(broker_url=url, JOBS_BACKEND=url)
+    jobs.worker()
+    app = _app(jobs, url)
+    from celery import chord
+    from celery.exceptions import ChordError
+
+    c = chord((app.signature("tests.jobs.celery_app.part", (1,)), app.signature("tests.jobs.celery_app.boom", (2,))),
+              app.signature("tests.jobs.celery_app.total")).apply_async()
+    with pytest.raises(ValueError, match="part 2 failed"):
+        c.get(timeout=60)
+    assert isinstance(app.AsyncResult(c.id).get(timeout=10, propagate=False), ChordError)  # the body's own result
+    assert jobs.count("chord") == {}
+
+
 def test_a_chord_part_whose_process_is_killed_runs_again_and_the_chord_fires_once(broker, make_jobs, results):
     url = f"shmq:///{broker.namespace}"
     jobs = make_jobs(broker_url=url, JOBS_BACKEND=url, JOBS_KILL_PART="3")
