@@ -6,8 +6,8 @@ path patterns from the repository's root), and its stamp keeps a digest of each 
 files as the run found them, and the layout versions of queues and streams. A file's
 digest is of its code, not its text: a Python module's syntax tree without docstrings,
 a C, header or Java file without comments and with its whitespace collapsed; so a
-comment or a docstring does not age a run, and any change the interpreter or the
-compiler sees does. ``changed(stamp)`` lists the files that differ from the tree now
+comment or a docstring (or a Python that adds an empty field to its trees) does not age
+a run, and any change the interpreter or the compiler sees does. ``changed(stamp)`` lists the files that differ from the tree now
 (added, removed or edited), and a layout version that moved; ``bench.docs --check``
 and tests/test_performance_page.py fail a page that shows such a run.
 """
@@ -54,8 +54,20 @@ def _code(path: str) -> bytes:
             if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
                     and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
                 body[:1] = [] if len(body) > 1 else [ast.Pass()]  # a docstring
-        return ast.dump(tree).encode()
+        return _canonical(tree).encode()
     return b" ".join(_C_COMMENT.sub(b" ", raw).split())
+
+
+def _canonical(node) -> str:
+    """A syntax tree as text, leaving out empty and None fields, so that fields a newer
+    Python adds empty (``type_params`` in 3.12) leave a digest as it was."""
+    if isinstance(node, ast.AST):
+        fields = ", ".join(f"{name}={_canonical(value)}" for name, value in ast.iter_fields(node)
+                           if value is not None and value != [])
+        return f"{type(node).__name__}({fields})"
+    if isinstance(node, list):
+        return "[" + ", ".join(_canonical(item) for item in node) + "]"
+    return repr(node)
 
 
 def files(what: str, root: str = ROOT) -> list[str]:

@@ -2,6 +2,7 @@
 per figure), each block opens with its run, and a page whose blocks disagree with their
 JSON is found stale."""
 
+import ast
 import json
 import shutil
 from pathlib import Path
@@ -198,6 +199,9 @@ def test_a_stamp_follows_code_not_comments_or_docstrings(tmp_path, monkeypatch):
     assert provenance.changed(code, root=str(tmp_path)) == ["src/new.py (new)", "src/hot.c", "src/hot.py"]
     with pytest.raises(KeyError, match="unknown run 'nothing'"):
         provenance.stamp("nothing")
+    tree = provenance._canonical(ast.parse("def put(x):\n    return x\n"))
+    assert "decorator_list" not in tree and "type_params" not in tree and "returns" not in tree  # empty: left out
+    assert tree.startswith("Module(body=[FunctionDef(name='put', args=arguments(args=[arg(arg='x')])")
 
 
 @pytest.mark.parametrize("kind, head", [
