@@ -1,12 +1,15 @@
 """What many tests need: waiting on a real condition with a bound, draining a queue,
-polling a stream consumer for a number of records, a call in a thread."""
+polling a stream consumer for a number of records, a call in a thread, an alarm whose
+handler raises."""
 
+import contextlib
+import signal
 import threading
 import time
 
 import shmq
 
-__all__ = ["wait_for", "drain", "polled", "in_thread"]
+__all__ = ["wait_for", "drain", "polled", "in_thread", "Alarm", "alarm_in"]
 
 
 def wait_for(cond, timeout=10.0, what="the condition"):
@@ -56,3 +59,23 @@ def in_thread(call):
     t = threading.Thread(target=run)
     t.start()
     return t, out
+
+
+class Alarm(Exception):
+    """What ``alarm_in``'s SIGALRM handler raises."""
+
+
+@contextlib.contextmanager
+def alarm_in(seconds):
+    """SIGALRM after ``seconds``, its handler raising Alarm (as a signal-based timeout's or
+    Celery's soft time limit's does); the old handler back after."""
+    def ring(signum, frame):
+        raise Alarm("the alarm rang")
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

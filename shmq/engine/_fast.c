@@ -21,6 +21,8 @@
 #include <structmember.h>
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -1766,6 +1768,125 @@ static PyObject *fast_key_partitions(PyObject *self, PyObject *const *args, Py_s
     return out;
 }
 
+/* ---------------------------------------------------------------- a queue's or stream's doorbell semaphore */
+
+/* posix_ipc's acquire runs the Python signal handlers when its wait is interrupted and then
+ * raises SignalError in place of what a handler raised (all but KeyboardInterrupt): an alarm's
+ * TimeoutError, Celery's SoftTimeLimitExceeded, lost inside a blocking get. This one lets a
+ * handler's exception through, as time.sleep does. */
+typedef struct {
+    PyObject_HEAD
+    sem_t *sem;
+    PyObject *name;
+} Sem;
+
+static void sem_dealloc(Sem *self) {
+    if (self->sem) sem_close(self->sem);
+    Py_XDECREF(self->name);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *sem_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *name;
+    if (!PyArg_ParseTuple(args, "U:Sem", &name)) return NULL;
+    const char *cname = PyUnicode_AsUTF8(name);
+    if (!cname) return NULL;
+    sem_t *sem = sem_open(cname, 0);
+    if (sem == SEM_FAILED) return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, name);
+    Sem *self = (Sem *)type->tp_alloc(type, 0);
+    if (!self) {
+        sem_close(sem);
+        return NULL;
+    }
+    self->sem = sem;
+    Py_INCREF(name);
+    self->name = name;
+    return (PyObject *)self;
+}
+
+static int sem_check(Sem *self) {
+    if (self->sem) return 0;
+    PyErr_Format(PyExc_ValueError, "semaphore %U is closed", self->name);
+    return -1;
+}
+
+/* wait(timeout_ns) -> True when taken, False when the time passed or a signal's handlers ran
+ * and returned; what a handler raises, raises here. */
+static PyObject *sem_wait_ns(Sem *self, PyObject *arg) {
+    long long ns = PyLong_AsLongLong(arg);
+    if (ns == -1 && PyErr_Occurred()) return NULL;
+    if (sem_check(self)) return NULL;
+    if (ns < 0) ns = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t until = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec + (uint64_t)ns;
+    ts.tv_sec = (time_t)(until / 1000000000ULL);
+    ts.tv_nsec = (long)(until % 1000000000ULL);
+    int rc, err;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sem_clockwait(self->sem, CLOCK_MONOTONIC, &ts);
+    err = errno;
+    Py_END_ALLOW_THREADS
+    if (rc == 0) Py_RETURN_TRUE;
+    if (err == EINTR) {
+        if (PyErr_CheckSignals() < 0) return NULL;
+        Py_RETURN_FALSE;
+    }
+    if (err == ETIMEDOUT) Py_RETURN_FALSE;
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+static PyObject *sem_release(Sem *self, PyObject *Py_UNUSED(ignored)) {
+    if (sem_check(self)) return NULL;
+    if (sem_post(self->sem) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *sem_close_(Sem *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->sem) {
+        sem_close(self->sem);
+        self->sem = NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *sem_value(Sem *self, void *Py_UNUSED(closure)) {
+    int v;
+    if (sem_check(self)) return NULL;
+    if (sem_getvalue(self->sem, &v) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromLong(v);
+}
+
+static PyMethodDef sem_methods[] = {
+    {"wait", (PyCFunction)sem_wait_ns, METH_O, "wait(timeout_ns) -> bool: take one, or False once the time passed"},
+    {"release", (PyCFunction)sem_release, METH_NOARGS, "post one"},
+    {"close", (PyCFunction)sem_close_, METH_NOARGS, "close this process's handle (the name stays)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef sem_members[] = {
+    {"name", T_OBJECT, offsetof(Sem, name), READONLY, "the semaphore's name"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef sem_getset[] = {
+    {"value", (getter)sem_value, NULL, "the semaphore's count now", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SemType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmq.engine._fast.Sem",
+    .tp_basicsize = sizeof(Sem),
+    .tp_dealloc = (destructor)sem_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Sem(name): an existing named semaphore, waited on with signal handlers' exceptions let through",
+    .tp_methods = sem_methods,
+    .tp_members = sem_members,
+    .tp_getset = sem_getset,
+    .tp_new = sem_new,
+};
+
 static PyMethodDef methods[] = {
     {"put", (PyCFunction)(void (*)(void))fast_put, METH_FASTCALL, "the put fast path"},
     {"take", (PyCFunction)(void (*)(void))fast_take, METH_FASTCALL, "the get fast path"},
@@ -1801,7 +1922,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "shmq.engine._fast", 
 
 PyMODINIT_FUNC PyInit__fast(void) {
     crc_init();
-    if (PyType_Ready(&LoanType) < 0 || PyType_Ready(&DeliveryBaseType) < 0) return NULL;
+    if (PyType_Ready(&LoanType) < 0 || PyType_Ready(&DeliveryBaseType) < 0 || PyType_Ready(&SemType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&LoanType);
@@ -1813,6 +1934,12 @@ PyMODINIT_FUNC PyInit__fast(void) {
     Py_INCREF(&DeliveryBaseType);
     if (PyModule_AddObject(m, "DeliveryBase", (PyObject *)&DeliveryBaseType) < 0) {
         Py_DECREF(&DeliveryBaseType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&SemType);
+    if (PyModule_AddObject(m, "Sem", (PyObject *)&SemType) < 0) {
+        Py_DECREF(&SemType);
         Py_DECREF(m);
         return NULL;
     }

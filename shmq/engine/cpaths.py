@@ -23,7 +23,7 @@ except ImportError as e:  # pragma: no cover - depends on the build
                       "SHMQ_PURE_PYTHON=1 to choose the Python paths and silence this.", RuntimeWarning, stacklevel=2)
 
 __all__ = ["FAST", "C", "OWNERDEAD", "FALLBACK", "BUSY", "EMPTY", "SLEEP", "FULL", "W_REGISTER", "EXPIRED",
-           "DELETED", "WAL_MAX_PAYLOAD", "serve_own", "set_enabled", "enabled"]
+           "DELETED", "WAL_MAX_PAYLOAD", "serve_own", "Sem", "set_enabled", "enabled"]
 
 FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
 C = _fast if FAST else None  # the extension whose calls the C paths objects hold (None: no C paths here)
@@ -39,6 +39,8 @@ EXPIRED = _fast.EXPIRED if FAST else None
 DELETED = _fast.DELETED if FAST else None
 WAL_MAX_PAYLOAD = _fast.WAL_MAX_PAYLOAD if FAST else 0  # larger wal puts take the Python fast path
 serve_own = _fast.serve_own if _fast is not None else None  # the C paths' side of ``waits.serving``
+# a doorbell semaphore whose wait lets a signal handler's exception through (posix_ipc's loses it)
+Sem = _fast.Sem if FAST else None
 
 _use_c = FAST  # the default: what a handle attached now runs
 

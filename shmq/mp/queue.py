@@ -29,7 +29,8 @@ import posix_ipc
 
 from ..engine.broker import Broker
 from ..engine.queues.queue import Queue as _EngineQueue
-from ..engine.shm.segment import MODE, create_segment, destroy_namespace, open_segment, segment_name, unlink_segment
+from ..engine.shm.segment import (MODE, create_segment, destroy_namespace, open_segment, open_semaphore, segment_name,
+                                  unlink_segment)
 from ..errors import DeliveryExpired, QueueFull, QueueNotFound
 from .lifetime import owner
 
@@ -39,6 +40,7 @@ INLINE_MAX = 64 * 2**10  # a larger pickle (or out-of-band buffer) goes to a seg
 RING_BYTES = 4 * 2**20  # the ring of an unbounded queue (~75,000 ints: 56-byte records)
 MIN_RING_BYTES = 256 * 2**10
 JOIN_SLICE_S = 0.1  # a join re-reads the unfinished count at least this often
+FOREVER_SLICE_S = 60.0  # a wait with no deadline sleeps this long at most before it sleeps again
 SEM_VALUE_MAX = posix_ipc.SEMAPHORE_VALUE_MAX
 
 _now = time.monotonic
@@ -85,10 +87,10 @@ class _Shared:
         self._closed = False
         try:
             self._q = _EngineQueue(ns, "q")
-            self._slots = posix_ipc.Semaphore(segment_name(ns, "slots")) if maxsize else None
+            self._slots = open_semaphore(segment_name(ns, "slots")) if maxsize else None
             if self._joinable:
-                self._unfinished = posix_ipc.Semaphore(segment_name(ns, "unfinished"))
-                self._idle = posix_ipc.Semaphore(segment_name(ns, "idle"))
+                self._unfinished = open_semaphore(segment_name(ns, "unfinished"))
+                self._idle = open_semaphore(segment_name(ns, "idle"))
         except (QueueNotFound, posix_ipc.ExistentialError):
             raise QueueNotFound(f"{type(self).__name__} {ns} is gone: the process that created it "
                                 f"(pid {creator}) has exited") from None
@@ -388,15 +390,14 @@ def _remaining(deadline):
 
 
 def _acquire(sem, deadline) -> bool:
-    """Take one unit of ``sem`` before ``deadline``; False when it passed."""
+    """Take one unit of ``sem`` before ``deadline`` (None: no deadline); False when it
+    passed. What a signal handler raises meanwhile raises here (``open_semaphore``'s wait)."""
     while True:
-        try:
-            sem.acquire(_remaining(deadline))
+        left = _remaining(deadline)
+        if sem.wait(int((FOREVER_SLICE_S if left is None else left) * 1e9)):
             return True
-        except posix_ipc.BusyError:
+        if deadline is not None and _now() >= deadline:
             return False
-        except posix_ipc.SignalError:  # a handler ran (a raising one, like SIGINT's, raises here)
-            continue
 
 
 def _new_semaphore(ns, what, value):

@@ -4,14 +4,16 @@ at most one per sleeper not yet posted, and a sleeper that took a post gives it 
 import contextlib
 import multiprocessing as mp
 import threading
+import time
 
-import posix_ipc
 import pytest
 
 import shmq
+from shmq.engine import cpaths
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import waits
-from tests._wait import drain, in_thread, wait_for
+from shmq.engine.shm.segment import create_semaphore, open_semaphore, unlink_semaphore
+from tests._wait import Alarm, alarm_in, drain, in_thread, wait_for
 
 
 def _words():
@@ -47,15 +49,44 @@ def test_a_woken_sleeper_takes_its_post_back_and_the_last_one_clears_them():
 
 
 def test_a_sleep_slice_ends_by_the_deadline_or_the_queues_next_deadline(namespace):
-    sem = posix_ipc.Semaphore(f"/shmq.{namespace}.test", posix_ipc.O_CREX, 0o600, 0)
+    name = f"/shmq.{namespace}.test"
+    create_semaphore(name).close()
+    sem = open_semaphore(name)
     try:
         assert waits.sleep_slice(sem, 0, 0) == 1  # the deadline is now: no wait
         assert waits.sleep_slice(sem, None, 0, next_due=0) == 1  # housekeeping is due: at once too
         sem.release()
         assert waits.sleep_slice(sem, None, 0) == 2  # a post ends it
     finally:
-        sem.unlink()
+        unlink_semaphore(name)
         sem.close()
+
+
+@pytest.mark.skipif(cpaths.Sem is None, reason="posix_ipc's wait (the pure-Python build) loses a handler's exception")
+def test_a_signal_handlers_exception_ends_a_blocking_wait_and_leaves_no_sleeper(broker):
+    """An alarm's exception (Celery's soft time limit, a signal-based timeout) raises out of
+    a blocking get, a put into a full queue and a stream's poll at once, not when the
+    wait's timeout passes; the waiter is uncounted."""
+    q = broker.create_queue("q", max_bytes=4096)
+    consumer = broker.create_stream("s", partitions=1).consumer("g")
+    try:
+        for wait in (lambda: q.get(timeout=30), lambda: consumer.poll(timeout=30), "fill",
+                     lambda: q.put(b"x" * 500, timeout=30)):
+            if wait == "fill":
+                while True:
+                    try:
+                        q.put_nowait(b"x" * 500)
+                    except shmq.QueueFull:
+                        break
+                continue
+            started = time.monotonic()
+            with pytest.raises(Alarm), alarm_in(0.1):
+                wait()
+            assert time.monotonic() - started < 10  # the alarm ended it, not the 30 s
+        assert (q._mq[L.I_CWAIT], q._mq[L.I_PWAIT]) == (0, 0)
+    finally:
+        consumer.close()
+
 
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), "1", True])

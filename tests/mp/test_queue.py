@@ -7,13 +7,15 @@ import pickle
 import queue
 import signal
 import threading
+import time
 
 import pytest
 
 from shmq import mp
+from shmq.engine import cpaths
 from shmq.engine.shm.segment import namespace_entries
 from tests.mp import _workers as workers
-from tests._wait import wait_for
+from tests._wait import Alarm, alarm_in, wait_for
 
 FORK = multiprocessing.get_context("fork")
 METHODS = ["fork", "spawn"]
@@ -352,3 +354,19 @@ def test_bad_arguments():
     with pytest.raises(TypeError):
         q.put(1, timeout=[1])
     assert q.qsize() == 0
+
+
+@pytest.mark.skipif(cpaths.Sem is None, reason="posix_ipc's wait (the pure-Python build) loses a handler's exception")
+def test_a_signal_handlers_exception_ends_a_blocking_put_or_get():
+    """As the stdlib's queues: what a signal handler raises (a signal-based timeout) ends a
+    blocked put or get at once; the queue is as it was."""
+    q = mp.Queue(1)
+    q.put(1)
+    for wait in (lambda: q.put(2, timeout=30), lambda: (q.get(timeout=10), q.get(timeout=30))):
+        started = time.monotonic()
+        with pytest.raises(Alarm), alarm_in(0.1):
+            wait()
+        assert time.monotonic() - started < 10
+    q.put(3, timeout=10)
+    assert q.get(timeout=10) == 3 and q.empty()
+    q.close()

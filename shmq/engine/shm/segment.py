@@ -28,6 +28,7 @@ import posix_ipc
 
 from ...errors import ShmqError, StorageError
 from ...sharing import share_fd, share_path
+from .. import cpaths
 
 __all__ = [
     "Segment",
@@ -217,8 +218,39 @@ def create_semaphore(name: str, group: int | None = None) -> posix_ipc.Semaphore
     return sem
 
 
-def open_semaphore(name: str) -> posix_ipc.Semaphore:
-    return posix_ipc.Semaphore(name)
+class PySem:
+    """posix_ipc's semaphore with the C one's ``wait`` (the pure-Python build's doorbell).
+    Where a signal interrupts its wait, posix_ipc runs the handlers and raises SignalError
+    in place of what one raised (KeyboardInterrupt aside): that exception is lost here."""
+
+    __slots__ = ("_sem", "name", "release", "close")
+
+    def __init__(self, name: str):
+        self._sem = posix_ipc.Semaphore(name)
+        self.name, self.release, self.close = self._sem.name, self._sem.release, self._sem.close
+
+    @property
+    def value(self) -> int:
+        return self._sem.value
+
+    def wait(self, timeout_ns: int) -> bool:
+        try:
+            self._sem.acquire(max(timeout_ns, 0) / 1e9)
+            return True
+        except (posix_ipc.BusyError, posix_ipc.SignalError):
+            return False
+
+
+def open_semaphore(name: str):
+    """An existing semaphore: ``wait(timeout_ns)``, ``release()``, ``close()``. The C one
+    (``cpaths.Sem``) where built: its wait lets a signal handler's exception through.
+    posix_ipc.ExistentialError if there is none by that name, from either."""
+    if cpaths.Sem is None:
+        return PySem(name)
+    try:
+        return cpaths.Sem(name if name.startswith("/") else "/" + name)
+    except FileNotFoundError:
+        raise posix_ipc.ExistentialError(f"no semaphore {name!r}") from None
 
 
 def unlink_semaphore(name: str) -> bool:

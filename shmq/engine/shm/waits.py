@@ -13,8 +13,6 @@ import os
 import threading
 import time
 
-import posix_ipc
-
 from ...model.checks import seconds_ns  # (a timeout checked: the clients check theirs with it too)
 from .. import cpaths
 from . import layout as L
@@ -139,13 +137,7 @@ def sleep_slice(sem, deadline, now, next_due=L.NEVER, slice_s=WAIT_SLICE_S) -> i
         slice_ns = min(slice_ns, deadline - now)
     if next_due != L.NEVER:
         slice_ns = min(slice_ns, max(next_due - now, 0) + 1_000_000)
-    try:
-        sem.acquire(max(slice_ns, 0) / 1e9)
-        return 2
-    except posix_ipc.BusyError:
-        return 1
-    except posix_ipc.SignalError:
-        return 1
+    return 2 if sem.wait(max(slice_ns, 0)) else 1  # (a signal handler's exception raises here)
 
 
 def lock_deadline(timeout) -> int:
