@@ -267,7 +267,8 @@ def kafka(doc, path, link):
     """python -m bench.kafka: records/s and p50 produce-to-consume per system, with issue 30's targets."""
     from bench.kafka import TARGETS
 
-    names = {"kafka": "Kafka clients via the listener", "shmq-tcp": "shmq's TCP client", "redis-streams": "Redis Streams"}
+    names = {"kafka": "Kafka clients via the listener", "shmq-tcp": "shmq's TCP client", "redis-streams": "Redis Streams",
+             "kafka-txn": f"the same, transactions of {doc.get('txn_size', 100)} (read_committed)"}
     by = {r["system"]: r for r in doc["rows"] if r["error"] is None}
     lead = by.get("kafka", {}).get("records_per_s")
     goals = {peer: least for system, peer, least in TARGETS if system == "kafka"}

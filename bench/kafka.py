@@ -9,6 +9,10 @@ process in a group, both on loopback:
   (``linger.ms`` 5) into ``shmq server --kafka-port``, and a confluent-kafka consumer
   that subscribes with a group, takes up to 500 records a call (``consume``) and commits
   each call's (asynchronously, as Kafka applications that commit per batch do);
+- ``kafka-txn``: the same through Kafka's transactions: a transactional producer
+  (``transactional.id``) committing every ``--txn-size`` records (100) as one transaction,
+  and a read_committed consumer, which gets each transaction's records once it is
+  committed; against ``kafka`` in the same run, what exactly-once costs;
 - ``shmq-tcp``: shmq's own client over ``tcp://`` to the same server, batched: a
   producer that appends ``--batch`` records per ``append_many``, a group consumer that
   polls up to 500 and commits each poll;
@@ -51,7 +55,7 @@ from bench.machine import dist_versions, machine_info
 from bench.servers import RedisServer, ShmqServer
 
 PROG = "python -m bench.kafka"
-SYSTEMS = ("kafka", "shmq-tcp", "redis-streams")
+SYSTEMS = ("kafka", "kafka-txn", "shmq-tcp", "redis-streams")
 SIZE = 100  # bytes per record
 CLOCK = struct.Struct(">q")
 PAD = b"x" * (SIZE - CLOCK.size)
@@ -66,6 +70,7 @@ def parse_args(argv):
     p.add_argument("--records", type=int, default=None, help="records per run (default 100000; 3000 with --quick)")
     p.add_argument("--runs", type=int, default=None, help="runs per system (default 3; 1 with --quick)")
     p.add_argument("--batch", type=int, default=100, help="records per append_many / per Redis pipeline (default 100)")
+    p.add_argument("--txn-size", type=int, default=100, help="records per transaction of kafka-txn (default 100)")
     p.add_argument("--run-timeout", type=float, default=120.0, help="seconds allowed per run (default 120)")
     p.add_argument("--quick", action="store_true", help="a smoke test: few records, one run")
     p.add_argument("--json", metavar="PATH", default=None, help="write every run here")
@@ -76,8 +81,8 @@ def parse_args(argv):
         p.error(f"--systems: {', '.join(bad) or 'nothing'} not in {', '.join(SYSTEMS)}")
     args.records = args.records or (3000 if args.quick else 100_000)
     args.runs = args.runs or (1 if args.quick else 3)
-    if min(args.records, args.runs, args.batch) < 1 or args.run_timeout <= 0:
-        p.error("--records, --runs, --batch and --run-timeout must be positive")
+    if min(args.records, args.runs, args.batch, args.txn_size) < 1 or args.run_timeout <= 0:
+        p.error("--records, --runs, --batch, --txn-size and --run-timeout must be positive")
     return args
 
 
@@ -102,6 +107,25 @@ def produce_kafka(where, topic, n, batch):
         raise RuntimeError("confluent-kafka: records not delivered within 60s")
 
 
+def produce_kafka_txn(where, topic, n, batch):
+    """A transaction of ``batch`` (``--txn-size``) records at a time, each committed."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": where["bootstrap"], "transactional.id": f"{topic}-txn"})
+    p.init_transactions(60)
+    for start in range(0, n, batch):
+        p.begin_transaction()
+        for _ in range(min(batch, n - start)):
+            while True:
+                try:
+                    p.produce(topic, record())
+                    break
+                except BufferError:
+                    p.poll(0.01)
+            p.poll(0)
+        p.commit_transaction(60)
+
+
 def produce_shmq(where, topic, n, batch):
     import shmq
 
@@ -124,11 +148,11 @@ def produce_redis(where, topic, n, batch):
 
 
 # ---------------------------------------------------------------------- consumers (one process each)
-def consume_kafka(where, topic, group, n, ready):
+def consume_kafka(where, topic, group, n, ready, isolation="read_uncommitted"):
     from confluent_kafka import Consumer
 
     c = Consumer({"bootstrap.servers": where["bootstrap"], "group.id": group, "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})
+                  "enable.auto.commit": False, "isolation.level": isolation})
     c.subscribe([topic])
     while not c.assignment():
         c.poll(0.05)
@@ -204,8 +228,14 @@ def _take(batches, n):
     return n / ((now - first) / 1e9), statistics.median(latencies) / 1e3
 
 
-PRODUCERS = {"kafka": produce_kafka, "shmq-tcp": produce_shmq, "redis-streams": produce_redis}
-CONSUMERS = {"kafka": consume_kafka, "shmq-tcp": consume_shmq, "redis-streams": consume_redis}
+def consume_kafka_txn(where, topic, group, n, ready):
+    return consume_kafka(where, topic, group, n, ready, "read_committed")
+
+
+PRODUCERS = {"kafka": produce_kafka, "kafka-txn": produce_kafka_txn, "shmq-tcp": produce_shmq,
+             "redis-streams": produce_redis}
+CONSUMERS = {"kafka": consume_kafka, "kafka-txn": consume_kafka_txn, "shmq-tcp": consume_shmq,
+             "redis-streams": consume_redis}
 
 
 def _consumer_main(system, where, topic, group, n, ready, out):
@@ -234,7 +264,8 @@ def one_run(ctx, system, where, topic, args):
     try:
         if not ready.wait(READY_TIMEOUT):
             raise RuntimeError(f"the consumer was not in its group within {READY_TIMEOUT:.0f}s")
-        producer = ctx.Process(target=_producer_main, args=(system, where, topic, args.records, args.batch, pout))
+        batch = args.txn_size if system == "kafka-txn" else args.batch
+        producer = ctx.Process(target=_producer_main, args=(system, where, topic, args.records, batch, pout))
         producer.start()
         status, got = out.get(timeout=args.run_timeout)
         if status != "ok":
@@ -260,20 +291,20 @@ class Systems:
         self.shmq = self.redis = None
         self.skipped, self.where = {}, {}
         wanted = set(systems)
-        for system, module in (("kafka", "confluent_kafka"), ("redis-streams", "redis")):
+        for system, module in (("kafka", "confluent_kafka"), ("kafka-txn", "confluent_kafka"), ("redis-streams", "redis")):
             if system in wanted:
                 try:
                     __import__(module)
                 except ImportError:
                     self.skipped[system] = f"{module} is not installed"
-        if wanted & {"kafka", "shmq-tcp"} - set(self.skipped):
+        if wanted & {"kafka", "kafka-txn", "shmq-tcp"} - set(self.skipped):
             try:
                 self.shmq = ShmqServer(f"bench-{os.getpid()}-kafka", "--no-auth", "--kafka-port", "0")
                 bootstrap = re.search(r"kafka listener on (\S+):(\d+)", self.shmq.output())
-                self.where["kafka"] = {"bootstrap": f"{bootstrap.group(1)}:{bootstrap.group(2)}"}
+                self.where["kafka"] = self.where["kafka-txn"] = {"bootstrap": f"{bootstrap.group(1)}:{bootstrap.group(2)}"}
                 self.where["shmq-tcp"] = {"url": self.shmq.url}
             except (OSError, RuntimeError) as exc:
-                for system in ("kafka", "shmq-tcp"):
+                for system in ("kafka", "kafka-txn", "shmq-tcp"):
                     self.skipped.setdefault(system, f"cannot start shmq server: {exc}")
         if "redis-streams" in wanted and "redis-streams" not in self.skipped:
             try:
@@ -350,7 +381,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**provenance.run_header("kafka", shlex.join([*PROG.split(), *argv])), "machine": info, "records": args.records,
-                       "size": SIZE, "batch": args.batch, "runs": args.runs, "rows": rows, "targets": targets,
+                       "size": SIZE, "batch": args.batch, "txn_size": args.txn_size, "runs": args.runs, "rows": rows, "targets": targets,
                        "skipped": systems.skipped}, f, indent=1)
         print(f"wrote {args.json}")
     return 0 if all(r["error"] is None for r in rows) else 1
@@ -371,6 +402,9 @@ def print_table(info, args, rows, skipped):
         ratio = f"{kafka / r['records_per_s']:.2f}x" if kafka and r["system"] != "kafka" else "-"
         print(f"| {r['system']} | {r['records_per_s']:,.0f} | {r['p50_us'] / 1000:,.2f} ms | {ratio} |")
     out = []
+    txn = by.get("kafka-txn", {}).get("records_per_s")
+    if kafka and txn:
+        print(f"transactions of {args.txn_size}: kafka-txn / kafka = {txn / kafka:.2f}x in records/s")
     for system, peer, least in TARGETS:
         mine, theirs = by.get(system, {}).get("records_per_s"), by.get(peer, {}).get("records_per_s")
         ratio = mine / theirs if mine and theirs else None

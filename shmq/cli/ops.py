@@ -78,6 +78,9 @@ from .config import config_file_options, given, origin
               help="How long a Kafka group with no members waits after its first JoinGroup before it assigns, "
                    "so that members starting together are assigned once (Kafka's "
                    "group.initial.rebalance.delay.ms; 0: at once).")
+@click.option("--kafka-max-replication-factor", type=click.IntRange(1), default=1, show_default=True,
+              help="CreateTopics takes a replication factor up to this, each topic still one copy on this node "
+                   "(set-ups written for a cluster of that many brokers, such as librdkafka's test suite).")
 @click.option("--no-kafka-auto-create", is_flag=True, help="Kafka clients name only topics that exist (or create "
               "them with CreateTopics).")
 @click.option("--loop", "loop", envvar="SHMQ_LOOP", default="auto", show_default=True,
@@ -101,7 +104,7 @@ from .config import config_file_options, given, origin
 def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, data_dir, no_persist,
            snapshot_interval, fsync, log_level, log_format, metrics, loop, kafka_port, kafka_host,
            kafka_advertised_host, kafka_auto_create_partitions, kafka_topic_max_bytes, kafka_initial_rebalance_delay_ms,
-           no_kafka_auto_create,
+           kafka_max_replication_factor, no_kafka_auto_create,
            **limits):
     """Run the broker: serve TCP clients, hold the namespace's registry, do housekeeping.
 
@@ -146,9 +149,10 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
                  "advertised_port": adv_port,
                  "auto_create": not no_kafka_auto_create, "auto_create_partitions": kafka_auto_create_partitions,
                  "initial_rebalance_delay_ms": kafka_initial_rebalance_delay_ms,
-                 "topic_max_bytes": kafka_topic_max_bytes}
+                 "topic_max_bytes": kafka_topic_max_bytes, "max_replication_factor": kafka_max_replication_factor}
     elif kafka_host or kafka_advertised_host or no_kafka_auto_create or given("kafka_auto_create_partitions") \
-            or given("kafka_initial_rebalance_delay_ms") or given("kafka_topic_max_bytes"):
+            or given("kafka_initial_rebalance_delay_ms") or given("kafka_topic_max_bytes") \
+            or given("kafka_max_replication_factor"):
         raise click.UsageError("the --kafka-* options need --kafka-port")
     if token is not None and not _on_command_line("token") and (token_file or no_auth):
         token = None  # --token-file and --no-auth win over $SHMQ_TOKEN

@@ -13,6 +13,7 @@ log = logging.getLogger("shmq.persistence")
 
 HWM_SUFFIX = ".hwm"
 KAFKA_STATE_FILE = "kafka-state.json"  # the Kafka listener's producer sequences and commit metadata (kafka_state.py)
+KAFKA_TXNS_FILE = "kafka-txns.log"  # the Kafka listener's transactions (kafka_txns.py)
 
 
 def snapshot_path(data_dir: str, name: str) -> str:
@@ -53,8 +54,9 @@ def is_data_file(entry: str) -> bool:
     """Whether a data-dir entry is one of shmq's files: a snapshot, a log, a high-water
     file, the exchange table, the Kafka listener's state, or one of those set aside
     (``.corrupt``, ``.damaged``) or half-written (``.tmp``)."""
-    if entry == KAFKA_STATE_FILE or re.fullmatch(re.escape(KAFKA_STATE_FILE) + r"\.(damaged|\d+\.tmp)", entry):
-        return True
+    for name in (KAFKA_STATE_FILE, KAFKA_TXNS_FILE):
+        if entry == name or re.fullmatch(re.escape(name) + r"\.(damaged|\d+\.tmp)", entry):
+            return True
     stem = entry
     if stem.endswith(dmsq.TMP_SUFFIX):
         stem = stem[:-len(dmsq.TMP_SUFFIX)]

@@ -108,8 +108,10 @@ def test_find_coordinator_names_the_listener(broker, kafka):
             ("g", 0, "127.0.0.1", kafka.kafka_port, E.none), ("h", 0, "127.0.0.1", kafka.kafka_port, E.none)]
         r = w.call(FIND, 3, key="g", key_type=0)
         assert (r.error_code, r.node_id, r.port) == (E.none, 0, kafka.kafka_port)
-        r = w.call(FIND, 3, key="txn", key_type=1)  # transactions: no coordinator here, and it says so
-        assert r.error_code == E.invalid_request and "key type 0" in r.error_message
+        r = w.call(FIND, 3, key="txn", key_type=1)  # a transactional id's: here too
+        assert (r.error_code, r.node_id, r.port) == (E.none, 0, kafka.kafka_port)
+        r = w.call(FIND, 3, key="x", key_type=2)  # (a share group's: not here, and it says so)
+        assert r.error_code == E.invalid_request and "key type 2: 0 (a group) or 1" in r.error_message
 
 
 def test_join_sync_heartbeat_leave_and_the_fence_of_a_stale_generation(broker, kafka):

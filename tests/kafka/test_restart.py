@@ -123,6 +123,7 @@ def test_a_damaged_state_file_is_set_aside(broker, servers, tmp_path):
 def test_the_state_files_are_shmqs_for_namespace_destroy(tmp_path):
     from shmq.persistence.files import remove_data_dir
 
-    for name in ("kafka-state.json", "kafka-state.json.damaged", "kafka-state.json.4242.tmp", "notes.json"):
+    for name in ("kafka-state.json", "kafka-state.json.damaged", "kafka-state.json.4242.tmp", "notes.json",
+                 "kafka-txns.log", "kafka-txns.log.damaged", "kafka-txns.log.77.tmp", "kafka-txns.logs"):
         (tmp_path / name).write_text("{}")
-    assert remove_data_dir(str(tmp_path)) == (3, ["notes.json"])
+    assert remove_data_dir(str(tmp_path)) == (6, ["kafka-txns.logs", "notes.json"])

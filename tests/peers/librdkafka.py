@@ -58,6 +58,7 @@ class Server:
         args = [sys.executable, "-m", "shmq", "server", "--namespace", self.namespace, "--no-persist", "--port", "0",
                 "--kafka-port", "0", "--log-level", "info",
                 "--kafka-auto-create-partitions", "4",  # the suite's clusters: num.partitions=4 (scenarios/)
+                "--kafka-max-replication-factor", "3",  # and replication_factor=3: one copy here all the same
                 "--kafka-topic-max-bytes", "1GiB"]  # and 1 GiB segments: 0041 keeps 510 MB in one partition
         if not auto_create:
             args.append("--no-kafka-auto-create")

@@ -193,8 +193,9 @@ async def create_topics(ctx, header, request):
             n = server.auto_create_partitions
         entry = {"name": t.name, "num_partitions": n, "replication_factor": 1, "error_code": ErrorCode.none}
         try:
-            if t.replication_factor not in (-1, 1):
-                raise KafkaProtocolError(f"replication factor {t.replication_factor}: a single node has 1",
+            if t.replication_factor != -1 and not 1 <= t.replication_factor <= server.max_replication_factor:
+                raise KafkaProtocolError(f"replication factor {t.replication_factor}: a single node has 1 (a server "
+                                         f"with --kafka-max-replication-factor takes up to that)",
                                          ErrorCode.invalid_replication_factor)
             if n < 1:
                 raise KafkaProtocolError(f"{n} partitions", ErrorCode.invalid_partitions)

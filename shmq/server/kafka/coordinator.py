@@ -523,6 +523,25 @@ class Coordinator:
             return {t: [(p, e.code) for p, *_ in parts] for t, parts in topics.items()}
         return {t: self._store(g, group_id, t, parts) for t, parts in topics.items()}
 
+    def check_member(self, group_id: str, generation: int, member_id: str, instance_id: str | None) -> None:
+        """A transactional commit's member (TxnOffsetCommit, KIP-447): GroupError unless it
+        is one of the group's in its generation; a commit without one (generation -1, no
+        member id) passes, as a manual commit does."""
+        g = self.groups.get(group_id)
+        if not member_id and generation < 0:
+            return
+        if g is None or g.state == EMPTY and not g.members:
+            raise GroupError(E.illegal_generation if g is None else E.unknown_member_id)
+        self._member(g, member_id, instance_id)
+        if generation != g.generation:
+            raise GroupError(E.illegal_generation)
+
+    def store_committed(self, group_id: str, topics: dict) -> dict:
+        """The offsets a committed transaction carried, {topic: [(partition, offset,
+        metadata, leader epoch)]}, made the group's: {topic: [(partition, code)]}."""
+        g = self.groups.get(group_id)
+        return {t: self._store(g, group_id, t, parts) for t, parts in topics.items()}
+
     def _store(self, g: Group | None, group_id: str, topic: str, parts: list) -> list:
         """Write one topic's committed offsets into its stream's group, all or nothing."""
         try:

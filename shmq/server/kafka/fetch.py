@@ -21,15 +21,18 @@ from ...kafka import ErrorCode
 from ...kafka.codes import code_of
 from ...kafka.headers import to_kafka
 from ...kafka.messages import response_class
-from ...kafka.records import LOG_APPEND_TIME, Record, encode_batch
+from ...kafka.compression import NONE
+from ...kafka.records import CONTROL, LOG_APPEND_TIME, TRANSACTIONAL, Record, encode_batch, last_offset
 from ...kafka import build
 from ...model.headers import decode_headers
 from ..waiters import Waiter
 from .batches import served_codec, servable
+from .txnindex import DATA
 
 __all__ = ["fetch"]
 
 CHUNK = 500  # records read at a time while a budget lasts
+READ_COMMITTED = 1  # a Fetch's isolation level: records of committed transactions only
 FETCH_MSG_TYPE = 1  # what the waiters' lines call a Kafka Fetch (for their logs only)
 
 
@@ -59,11 +62,46 @@ def _read(s, p, offset, stop, budget, first):
     return out, used
 
 
-def _batches(server, s, p, offset, end, budget, first) -> tuple[list, int]:
+def _encode(records, codec, log_append, txns, out) -> None:
+    """``records`` as batches into ``out``: one per transactional span (``txns``' spans:
+    a producer's records, marked transactional with its id and epoch, or a marker, as a
+    control batch), the rest in batches of their own; a LogAppendTime topic's one per
+    append time."""
+    if txns is not None:
+        spans = txns.spans_in(records[0].offset, records[-1].offset + 1)
+        if spans:
+            i = 0
+            for first, end, pid, epoch, kind in spans:
+                j = i
+                while j < len(records) and records[j].offset < first:
+                    j += 1
+                if j > i:
+                    _encode(records[i:j], codec, log_append, None, out)
+                i = j
+                while j < len(records) and records[j].offset < end:
+                    j += 1
+                if j > i:
+                    out.append(encode_batch(records[i:j], codec if kind == DATA else NONE, pid, epoch,
+                                            attributes=TRANSACTIONAL | (0 if kind == DATA else CONTROL)))
+                i = j
+            if i < len(records):
+                _encode(records[i:], codec, log_append, None, out)
+            return
+    if log_append:  # a batch's records share its time (its max timestamp, as clients read it)
+        start = 0
+        for i in range(1, len(records) + 1):
+            if i == len(records) or records[i].timestamp != records[start].timestamp:
+                out.append(encode_batch(records[start:i], codec, attributes=LOG_APPEND_TIME))
+                start = i
+    else:
+        out.append(encode_batch(records, codec))
+
+
+def _batches(server, s, p, offset, end, budget, first, txns=None) -> tuple[list, int]:
     """The record batches of partition ``p`` from ``offset`` to ``end`` within
     ``budget``: kept ones as the producer sent them (``batches.servable``), the others
-    encoded from the stream, in the topic's codec, and for a LogAppendTime topic one batch
-    per append time, marked so; (the batches' bytes, their size)."""
+    encoded from the stream (``_encode``), in the topic's codec; (the batches' bytes,
+    their size). ``txns``: the partition's transactions (``TxnIndex``), or None."""
     out, used = [], 0
     codec, log_append = served_codec(s) or 0, s.timestamp_type == "log_append_time"
     while offset < end and used < budget:
@@ -80,22 +118,19 @@ def _batches(server, s, p, offset, end, budget, first) -> tuple[list, int]:
         records, n = _read(s, p, offset, end if after is None else min(after, end), budget - used, first and not out)
         if not records:
             break
-        if log_append:  # a batch's records share its time (its max timestamp, as clients read it)
-            start = 0
-            for i in range(1, len(records) + 1):
-                if i == len(records) or records[i].timestamp != records[start].timestamp:
-                    out.append(encode_batch(records[start:i], codec, attributes=LOG_APPEND_TIME))
-                    start = i
-        else:
-            out.append(encode_batch(records, codec))
+        _encode(records, codec, log_append, txns, out)
         used += n
         offset = records[-1].offset + 1
     return out, used
 
 
 def _read_all(server, request):
-    """(the response's topics, the bytes of records in them)."""
+    """(the response's topics, the bytes of records in them). A read_committed fetch
+    (isolation level 1) reads up to the last stable offset, and is told of the aborted
+    transactions in what it got."""
     total, budget, topics = 0, request.max_bytes if request.max_bytes > 0 else 2**31, []
+    committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+    index = server.txns.index
     for t in request.topics:
         s, code = server.topic(t.topic)
         parts = []
@@ -110,14 +145,23 @@ def _read_all(server, request):
                     entry["error_code"] = ErrorCode.unknown_topic_or_partition
                     continue
                 earliest, end = s.offsets(rp.partition)
-                entry.update(high_watermark=end, last_stable_offset=end, log_start_offset=earliest)
+                txns = index.get(s, rp.partition)
+                stable = end if txns is None else txns.stable(end)
+                entry.update(high_watermark=end, last_stable_offset=stable, log_start_offset=earliest)
+                if committed:
+                    entry["aborted_transactions"] = []
                 if rp.fetch_offset < earliest or rp.fetch_offset > end:
                     entry["error_code"] = ErrorCode.offset_out_of_range
                     continue
-                if rp.fetch_offset == end:
+                upto = stable if committed else end
+                if rp.fetch_offset >= upto:
                     continue
-                batches, used = _batches(server, s, rp.partition, rp.fetch_offset, end,
-                                         min(rp.partition_max_bytes, budget), first=total == 0)
+                batches, used = _batches(server, s, rp.partition, rp.fetch_offset, upto,
+                                         min(rp.partition_max_bytes, budget), first=total == 0, txns=txns)
+                if batches and committed and txns is not None:
+                    entry["aborted_transactions"] = [
+                        {"producer_id": pid, "first_offset": first} for pid, first in
+                        txns.aborted_between(rp.fetch_offset, last_offset(batches[-1]) + 1)]
                 if batches:
                     entry["records"] = batches[0] if len(batches) == 1 else b"".join(batches)
                     total += used

@@ -35,10 +35,10 @@ async def find_coordinator(ctx, header, request):
     where = {"node_id": srv.node_id, "host": srv.advertised_host, "port": srv.port}
 
     def one(key_type):
-        if key_type == 0:
+        if key_type in (0, 1):  # a group's coordinator, a transactional id's
             return where
         return {"node_id": -1, "host": "", "port": -1, "error_code": E.invalid_request,
-                "error_message": "shmq's Kafka listener coordinates consumer groups (key type 0) only"}
+                "error_message": f"key type {key_type}: 0 (a group) or 1 (a transactional id)"}
 
     if _version(request) >= 4:
         return _respond(request, coordinators=[{"key": k, **one(request.key_type)} for k in request.coordinator_keys])
@@ -101,19 +101,26 @@ async def offset_commit(ctx, header, request):
                                                                 for p, code in parts]} for t, parts in got.items()])
 
 
-def _fetched(coordinator, group_id, topics) -> list:
+def _fetched(server, group_id, topics, stable) -> list:
+    """OffsetFetch's topics; ``stable`` (require_stable, KIP-447): a partition whose offset
+    an open transaction holds answers UNSTABLE_OFFSET_COMMIT (the client asks again)."""
     wanted = None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]
-    return [{"name": t, "partitions": [{"partition_index": p, "committed_offset": o, "committed_leader_epoch": epoch,
-                                        "metadata": meta, "error_code": E.none} for p, o, meta, epoch in parts]}
-            for t, parts in coordinator.fetch(group_id, wanted).items()]
+    pending = server.txns.pending(group_id) if stable else ()
+    return [{"name": t, "partitions": [
+        {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1, "metadata": "",
+         "error_code": E.unstable_offset_commit} if (t, p) in pending else
+        {"partition_index": p, "committed_offset": o, "committed_leader_epoch": epoch, "metadata": meta,
+         "error_code": E.none} for p, o, meta, epoch in parts]}
+            for t, parts in server.coordinator.fetch(group_id, wanted).items()]
 
 
 async def offset_fetch(ctx, header, request):
-    c = ctx.server.coordinator
+    srv = ctx.server
+    stable = getattr(request, "require_stable", False)
     if _version(request) >= 8:
-        return _respond(request, groups=[{"group_id": g.group_id, "topics": _fetched(c, g.group_id, g.topics),
+        return _respond(request, groups=[{"group_id": g.group_id, "topics": _fetched(srv, g.group_id, g.topics, stable),
                                           "error_code": E.none} for g in request.groups])
-    return _respond(request, topics=_fetched(c, request.group_id, request.topics))
+    return _respond(request, topics=_fetched(srv, request.group_id, request.topics, stable))
 
 
 async def describe_groups(ctx, header, request):

@@ -22,6 +22,7 @@ from ...kafka.messages import response_class
 from ...kafka.sasl import MECHANISMS, parse_plain
 from .fetch import fetch
 from .produce import produce
+from .txns import init_transactional
 
 __all__ = ["HANDLERS", "VERSIONS", "api_versions_data", "respond", "PRE_AUTH", "API_VERSIONS", "check_plain"]
 
@@ -176,8 +177,14 @@ async def _per_partition(server, topics, entry, act) -> list:
 
 
 async def list_offsets(ctx, header, request):
+    committed = getattr(request, "isolation_level", 0) == 1  # read_committed: the latest is the last stable offset
+
     async def act(s, rp, entry):
-        if rp.timestamp in (LATEST, EARLIEST):
+        if rp.timestamp == LATEST and committed:
+            txns = ctx.server.txns.index.get(s, rp.partition_index)
+            end = s.offsets(rp.partition_index)[1]
+            entry["offset"], entry["timestamp"] = (end if txns is None else txns.stable(end)), -1
+        elif rp.timestamp in (LATEST, EARLIEST):
             entry["offset"], entry["timestamp"] = _list_offset(s, rp.partition_index, rp.timestamp)
         else:  # a walk of the records: off the loop
             entry["offset"], entry["timestamp"] = await asyncio.to_thread(
@@ -222,8 +229,7 @@ async def describe_cluster(ctx, header, request):
 # ---------------------------------------------------------------------------- producers, SASL
 async def init_producer_id(ctx, header, request):
     if request.transactional_id is not None:
-        return respond(header, {"error_code": ErrorCode.transactional_id_authorization_failed,
-                                "producer_id": -1, "producer_epoch": -1})
+        return await init_transactional(ctx, header, request)
     pid, epoch = ctx.server.sequences.init(getattr(request, "producer_id", -1), getattr(request, "producer_epoch", -1))
     return respond(header, {"error_code": ErrorCode.none, "producer_id": pid, "producer_epoch": epoch})
 

@@ -20,11 +20,12 @@ from ...kafka import ErrorCode
 from ..limits import Limits, sweep
 from ..tcp import LOCK_TIMEOUT_S, AttachedHandles, listen
 from ..waiters import StreamWaiters
-from . import configs, coordinator, groups, state
+from . import configs, coordinator, groups, state, txns
 from .connection import KafkaConnection
 from .handlers import HANDLERS, VERSIONS
 from .batches import Batches
 from .produce import Sequences
+from .transactions import Transactions
 
 __all__ = ["KafkaListener", "advertised"]
 
@@ -52,7 +53,8 @@ class KafkaListener:
     bound one, ``advertised``). ``auto_create``: a Metadata or Produce naming an unknown
     topic creates it with ``auto_create_partitions`` partitions, as Kafka's
     ``auto.create.topics.enable``. ``topic_max_bytes``: the ring of each partition of a
-    topic it makes. ``initial_rebalance_delay_ms``: Kafka's
+    topic it makes. ``max_replication_factor``: the most a CreateTopics may ask for (each
+    topic is one copy on this node whatever it asks). ``initial_rebalance_delay_ms``: Kafka's
     ``group.initial.rebalance.delay.ms`` (``coordinator.Coordinator``). ``limits``: the
     server's (``max_connections``, ``frame_timeout``, ``idle_timeout`` apply to this port
     on its own).
@@ -64,7 +66,7 @@ class KafkaListener:
     def __init__(self, broker, host="127.0.0.1", port=9092, token=None, max_frame_bytes=16 * 2**20,
                  advertised_host=None, advertised_port=None, auto_create=True, auto_create_partitions=1,
                  limits: Limits | None = None, on_create=None, tls=None, initial_rebalance_delay_ms=3000,
-                 topic_max_bytes=64 * 2**20):
+                 topic_max_bytes=64 * 2**20, max_replication_factor=1):
         if auto_create_partitions < 1:
             raise ValueError(f"auto_create_partitions must be at least 1, not {auto_create_partitions}")
         self.broker = broker
@@ -78,13 +80,15 @@ class KafkaListener:
         self.auto_create_partitions = auto_create_partitions
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.topic_max_bytes = topic_max_bytes
+        self.max_replication_factor = max_replication_factor  # CreateTopics takes up to this (one copy all the same)
         self.limits = limits if limits is not None else Limits()
         self.on_create = on_create  # called with each stream this listener creates
         self.state_dir = None  # the server's data dir: producers' sequences and commit metadata kept there (state)
         self.tls = tls  # an ssl.SSLContext: Kafka's SSL (SASL_SSL with a token); None: PLAINTEXT (SASL_PLAINTEXT)
-        self.versions = {**VERSIONS, **groups.VERSIONS, **configs.VERSIONS}
-        self.handlers = {**HANDLERS, **groups.HANDLERS, **configs.HANDLERS}
+        self.versions = {**VERSIONS, **groups.VERSIONS, **configs.VERSIONS, **txns.VERSIONS}
+        self.handlers = {**HANDLERS, **groups.HANDLERS, **configs.HANDLERS, **txns.HANDLERS}
         self.sequences = Sequences()
+        self.txns = Transactions(self)  # the transaction coordinator (journaled in the data dir)
         self.batches = Batches()  # producers' batches as they came, for the fetches of their offsets
         self.connections = set()
         self.cluster_id = f"shmq-{broker.namespace}"
@@ -130,6 +134,7 @@ class KafkaListener:
     def delete_topic(self, name):
         self.streams.forget(name)
         self.broker.delete_stream(name)
+        self.txns.forget(name)
 
     def topic_id(self, s) -> uuid.UUID:
         """A stream's topic id: the same while it lives, another once made again."""
@@ -166,6 +171,7 @@ class KafkaListener:
             await self.bind()
         if self.state_dir is not None:
             state.restore(self, self.state_dir)
+        await self.txns.start(self.state_dir)
         await self._server.start_serving()
         self._sweeper = self.loop.create_task(self._sweep())
         return self
@@ -186,6 +192,7 @@ class KafkaListener:
             self.streams.answer_all()
         for conn in list(self.connections):
             conn.close("the server stops")
+        self.txns.stop()
         if self.state_dir is not None and self.coordinator is not None:
             state.keep(self, self.state_dir)
         if self.coordinator is not None:

@@ -134,8 +134,6 @@ async def produce(ctx, header, request):
     refuse = None
     if acks not in (-1, 0, 1):
         refuse = (ErrorCode.invalid_required_acks, f"acks={acks}: -1, 0 or 1")
-    elif request.transactional_id is not None:
-        refuse = (ErrorCode.transactional_id_authorization_failed, "transactions are not supported")
     responses = []
     for t in request.topic_data:
         s, code = (None, refuse[0]) if refuse else server.topic(t.name, create=True)
@@ -146,7 +144,7 @@ async def produce(ctx, header, request):
             if refuse:
                 entry["error_message"] = refuse[1]
             elif s is not None:
-                await _append(server, s, pd, entry)
+                await _append(server, s, pd, entry, request.transactional_id)
             parts.append(entry)
         responses.append({"name": t.name, "partition_responses": parts})
     if acks == 0:
@@ -154,8 +152,9 @@ async def produce(ctx, header, request):
     return build(response_class(header.request_api_key, header.request_api_version), {"responses": responses})
 
 
-async def _append(server, s, pd, entry):
-    """Append one partition's batches; the outcome into ``entry``."""
+async def _append(server, s, pd, entry, tid):
+    """Append one partition's batches (``tid``: the Produce's transactional id, or None);
+    the outcome into ``entry``."""
     p = pd.index
     try:
         if not 0 <= p < s.partitions:
@@ -165,9 +164,15 @@ async def _append(server, s, pd, entry):
             raise KafkaProtocolError("a Produce without a record batch", ErrorCode.invalid_record)
         if not all(b.count for b in batches):
             raise KafkaProtocolError("a record batch without records", ErrorCode.invalid_record)
-        if any(b.attributes & (TRANSACTIONAL | CONTROL) for b in batches):
-            raise KafkaProtocolError("transactional batches are not supported",
-                                     ErrorCode.transactional_id_authorization_failed)
+        if any(b.attributes & CONTROL for b in batches):
+            raise KafkaProtocolError("a control batch from a producer (only a transaction coordinator writes "
+                                     "markers)", ErrorCode.invalid_record)
+        txn = bool(batches[0].attributes & TRANSACTIONAL)
+        if any(bool(b.attributes & TRANSACTIONAL) != txn for b in batches):
+            raise KafkaProtocolError("transactional and plain batches in one partition's records",
+                                     ErrorCode.invalid_record)
+        if txn:
+            server.txns.producing(tid, batches[0].producer_id, batches[0].producer_epoch, s, p)
         idem = batches[0].producer_id != NO_PRODUCER
         key = first = last = epoch = None
         if idem:
@@ -198,6 +203,9 @@ async def _append(server, s, pd, entry):
         server.notify(s.name)
         if idem:
             server.sequences.record(key, epoch, first, last, offset)
+        if txn:
+            server.txns.produced(batches[0].producer_id, batches[0].producer_epoch, s, p, offset,
+                                 sum(b.count for b in batches))
         entry.update(error_code=ErrorCode.none, base_offset=offset, log_start_offset=s.offsets(p)[0],
                      log_append_time=-1 if now is None else now // 1_000_000)
         at = offset

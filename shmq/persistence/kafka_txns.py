@@ -1,0 +1,108 @@
+"""The Kafka listener's transaction journal, ``kafka-txns.log`` (0600) in the data dir: one
+JSON array per line, each an event of the transaction coordinator
+(``server/kafka/transactions.py`` says which), appended as it happens, so a server killed
+at any point finds every transaction it knew of, and where it stood, at its next start.
+
+Strategy: an event is one ``write`` of one whole line to a file opened for appending, before
+the coordinator answers the request that made it: a process killed after the write leaves
+it in the page cache, which the next start reads; a process killed during the write leaves
+at most a torn last line, which a read drops (it was never answered). Each start, and each
+time the file outgrows ``COMPACT_BYTES``, the coordinator writes what it holds as a new
+file of fewer events and renames it over the old one (temp file, fsync, rename).
+"""
+
+import json
+import os
+
+from .files import KAFKA_TXNS_FILE
+
+__all__ = ["VERSION", "journal_path", "Journal", "read_journal", "set_aside_journal"]
+
+VERSION = 1
+COMPACT_BYTES = 16 * 2**20  # a journal past this is written anew, of what still matters
+
+
+def journal_path(data_dir: str) -> str:
+    return os.path.join(data_dir, KAFKA_TXNS_FILE)
+
+
+def _line(event) -> bytes:
+    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
+
+
+def read_journal(data_dir: str) -> list | None:
+    """The events in ``data_dir``'s journal, in order (None: no file); a torn last line is
+    dropped. OSError when it cannot be read, ValueError when it is not a journal of this
+    version."""
+    try:
+        with open(journal_path(data_dir), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    lines = raw.split(b"\n")
+    if lines and not raw.endswith(b"\n"):
+        lines.pop()  # torn: its request was never answered
+    events = [json.loads(x) for x in lines if x]
+    if not events or events[0] != ["version", VERSION]:
+        raise ValueError(f"the first line is {events[0] if events else None!r}, not {['version', VERSION]!r}")
+    for e in events:
+        if not isinstance(e, list) or not e or not isinstance(e[0], str):
+            raise ValueError(f"an event {e!r:.80}")
+    return events[1:]
+
+
+def set_aside_journal(data_dir: str) -> str:
+    """Move a damaged journal aside (``.damaged``); returns where it went."""
+    path = journal_path(data_dir)
+    aside = f"{path}.damaged"
+    os.replace(path, aside)
+    return aside
+
+
+class Journal:
+    """The journal of ``data_dir``, written anew with ``events`` (atomically), then open for
+    appending. OSError as it comes."""
+
+    def __init__(self, data_dir: str, events):
+        self.path = journal_path(data_dir)
+        self.fd = -1
+        self.bytes = 0
+        self.rewrite(events)
+
+    def rewrite(self, events) -> None:
+        """Replace the file by one of ``events``, and append to that one from now on."""
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        data = b"".join(map(_line, [["version", VERSION], *events]))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self.close()
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+        self.bytes = len(data)
+
+    def write(self, event) -> None:
+        """Append one event (a list of JSON values), in one write."""
+        line = _line(event)
+        os.write(self.fd, line)
+        self.bytes += len(line)
+
+    @property
+    def due(self) -> bool:
+        """Whether the file has grown past ``COMPACT_BYTES``."""
+        return self.bytes > COMPACT_BYTES
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,492 @@
+"""``Transactions``: the Kafka listener's transaction coordinator (KIP-98) for every
+``transactional.id``: producer ids and epochs that fence a zombie, the partitions and
+groups a transaction takes in, its offsets pending until it ends, the markers that end it
+in each partition, and the timeouts that abort it.
+
+Strategy: one coordinator on the listener's loop, as Kafka's is one per transactional id;
+its state machine is Kafka's, without the waits a cluster needs: an EndTxn writes the
+markers (a record at an offset of each partition, which the Fetch sends as a control
+batch) and applies the group offsets before it answers, so a transaction is never seen
+"preparing". What a Fetch needs of the partitions is ``TxnIndex``'s. With a data dir
+every event goes to the journal (``persistence/kafka_txns.py``) before the answer, so a
+server killed at any point starts with every transaction it knew: one decided (EndTxn
+answered or not) is completed, one still open is aborted, its producer fenced; never
+half-visible. Without a data dir the state lives as long as the server.
+"""
+
+import asyncio
+import datetime
+import logging
+import time
+
+from ...engine.shm.waits import serving
+from ...errors import ShmqError
+from ...kafka import ErrorCode as E
+from ...kafka import KafkaProtocolError
+from ...kafka.records import CONTROL, TRANSACTIONAL, Record, encode_batch, marker
+from ...persistence.kafka_txns import Journal, read_journal, set_aside_journal, journal_path
+from .txnindex import DATA, TxnIndex, PartitionTxns
+
+__all__ = ["Transactions", "TxnError", "MAX_TIMEOUT_MS"]
+
+log = logging.getLogger("shmq.server")
+
+MAX_TIMEOUT_MS = 900_000  # Kafka's transaction.max.timeout.ms
+MAX_EPOCH = 32767
+SWEEP_S = 1.0  # how often open transactions are checked against their timeout
+EMPTY, ONGOING, PREPARE_COMMIT, PREPARE_ABORT, COMPLETE_COMMIT, COMPLETE_ABORT = (
+    "Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort")
+
+
+def _ms_time(ms: int) -> datetime.datetime:
+    """A time in ms as kio's non-null datetime fields take it (-1, Kafka's none, included)."""
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+
+
+class TxnError(Exception):
+    """A transactional request refused with Kafka's ``code``."""
+
+    def __init__(self, code: E, message: str = ""):
+        super().__init__(message or code.name)
+        self.code = code
+
+
+class Txn:
+    """One transactional id's state."""
+
+    __slots__ = ("tid", "pid", "epoch", "timeout_ms", "state", "started", "partitions", "groups", "offsets",
+                 "marked")
+
+    def __init__(self, tid, pid, epoch, timeout_ms):
+        self.tid, self.pid, self.epoch, self.timeout_ms = tid, pid, epoch, timeout_ms
+        self.state = EMPTY
+        self.started = 0.0  # wall clock s of its first partition or group
+        self.partitions = {}  # (stream, created, partition) -> first offset (at or below its first record)
+        self.groups = set()
+        self.offsets = {}  # group -> {(topic, partition): (offset, metadata, leader epoch)}
+        self.marked = set()  # partitions whose marker is written (while it ends)
+
+    def row(self) -> list:
+        return ["txn", self.tid, self.pid, self.epoch, self.timeout_ms, self.state, self.started]
+
+
+class Transactions:
+    """The transaction coordinator of ``listener`` (its streams, groups and kept batches)."""
+
+    def __init__(self, listener):
+        self.listener = listener
+        self.txns: dict[str, Txn] = {}
+        self.by_pid: dict[int, Txn] = {}
+        self.index = TxnIndex()
+        self.journal = None
+        self.data_dir = None  # where the journal goes (None: no data dir, or it cannot be written)
+        self._sweeper = None
+
+    # ------------------------------------------------------------------ life
+    async def start(self, data_dir: str | None) -> None:
+        """Take back the journal of ``data_dir`` (completing or aborting what it left),
+        keep one from now on, and time out open transactions."""
+        if data_dir is not None:
+            events = None
+            try:
+                events = read_journal(data_dir)
+            except OSError as e:
+                log.warning("cannot read %s: %s; Kafka transactions start afresh", journal_path(data_dir),
+                            e.strerror or e)
+            except (ValueError, TypeError) as e:
+                aside = set_aside_journal(data_dir)
+                log.warning("%s is not a transaction journal this server wrote (%s): moved to %s", journal_path(data_dir),
+                            e, aside)
+            self.data_dir = data_dir
+            if events:
+                self._replay(events)
+                self._open_journal()
+            await self._settle_replayed()
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self.journal is not None:
+            try:
+                self.journal.rewrite(self._rows())
+            except OSError as e:
+                log.warning("cannot write %s: %s", self.journal.path, e.strerror or e)
+            self.journal.close()
+            self.journal = None
+
+    def _open_journal(self) -> None:
+        """The journal written anew with what is held (made at the first event: a server
+        whose clients never use transactions has none)."""
+        try:
+            self.journal = Journal(self.data_dir, self._rows())
+        except OSError as e:
+            log.warning("Kafka transactions are not journaled: cannot write %s: %s", journal_path(self.data_dir),
+                        e.strerror or e)
+            self.data_dir = None
+
+    def _note(self, event) -> None:
+        """``event`` happened (what is held says so already): into the journal."""
+        if self.journal is not None:
+            self.journal.write(event)
+        elif self.data_dir is not None:
+            self._open_journal()
+
+    def _rows(self) -> list:
+        """The journal's events that make what is held now."""
+        rows = []
+        for t in self.txns.values():
+            rows.append(t.row())
+            rows += [["add", t.tid, *key, first] for key, first in t.partitions.items()]
+            rows += [["group", t.tid, g] for g in sorted(t.groups)]
+            for g, offs in t.offsets.items():
+                rows.append(["offsets", t.tid, g, [[tp, p, *v] for (tp, p), v in offs.items()]])
+        for key, part in self.index.parts.items():
+            if part:
+                rows.append(["part", *key, part.export()])
+        return rows
+
+    def _replay(self, events) -> None:
+        for e in events:
+            try:
+                self._apply(e)
+            except (ValueError, TypeError, KeyError, IndexError) as exc:
+                log.warning("a transaction journal event %r is not understood (%s): skipped", e, exc)
+
+    def _apply(self, e) -> None:
+        kind = e[0]
+        if kind == "txn":
+            _k, tid, pid, epoch, timeout_ms, state, started = e
+            t = self.txns.get(tid)
+            if t is None or t.pid != pid:
+                if t is not None:
+                    self.by_pid.pop(t.pid, None)
+                t = self.txns[tid] = Txn(tid, pid, epoch, timeout_ms)
+                self.by_pid[pid] = t
+            t.epoch, t.timeout_ms, t.state, t.started = epoch, timeout_ms, state, started
+            if state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT):
+                t.partitions, t.groups, t.offsets, t.marked = {}, set(), {}, set()
+        elif kind == "add":
+            _k, tid, name, created, p, first = e
+            t = self.txns[tid]
+            t.partitions.setdefault((name, created, p), first)
+            self.index.of((name, created, p)).begin(t.pid, first)
+        elif kind == "group":
+            self.txns[e[1]].groups.add(e[2])
+        elif kind == "offsets":
+            _k, tid, group, rows = e
+            offs = self.txns[tid].offsets.setdefault(group, {})
+            for tp, p, offset, meta, epoch in rows:
+                offs[(tp, p)] = (offset, meta, epoch)
+        elif kind == "batch":
+            _k, pid, epoch, name, created, p, first, count = e
+            self.index.of((name, created, p)).appended(pid, epoch, first, count)
+        elif kind == "marker":
+            _k, pid, epoch, name, created, p, offset, commit = e
+            self.index.of((name, created, p)).ended(pid, epoch, offset, commit)
+            t = self.by_pid.get(pid)
+            if t is not None:
+                t.marked.add((name, created, p))
+        elif kind == "part":
+            _k, name, created, p, row = e
+            self.index.parts[(name, created, p)] = PartitionTxns.restore(row, 2**63)
+        else:
+            raise ValueError(f"no event {kind!r}")
+
+    async def _settle_replayed(self) -> None:
+        """What the journal left mid-way: a decided transaction completed, an open one
+        aborted (its producer fenced: the epoch moves on)."""
+        for t in list(self.txns.values()):
+            if t.state == ONGOING:
+                log.info("Kafka transaction %r (producer %d) was open when the server stopped: aborted", t.tid, t.pid,
+                         extra={"event": "kafka_txn_aborted", "transactional_id": t.tid, "reason": "restart"})
+                await self._end(t, False, bump=True)
+            elif t.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                await self._end(t, t.state == PREPARE_COMMIT, bump=False)
+        for key, part in self.index.parts.items():  # a stream made again, or rebuilt shorter: what is not there goes
+            s = self._stream(key)
+            if s is None:
+                part.spans, part.firsts, part.aborted, part.open = [], [], [], {}
+            else:
+                end = s.offsets(key[2])[1]
+                self.index.parts[key] = PartitionTxns.restore(part.export(), end)
+
+    # ------------------------------------------------------------------ checks
+    def _txn(self, tid: str, pid: int, epoch: int, fenced: E) -> Txn:
+        t = self.txns.get(tid)
+        if t is None or t.pid != pid:
+            raise TxnError(E.invalid_producer_id_mapping,
+                           f"transactional id {tid!r} has no producer {pid}")
+        if epoch != t.epoch:
+            raise TxnError(fenced, f"transactional id {tid!r}: epoch {epoch} is not the current {t.epoch} "
+                                   "(another producer took the id over)")
+        if t.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            raise TxnError(E.concurrent_transactions)
+        return t
+
+    def _begin(self, t: Txn) -> None:
+        if t.state != ONGOING:
+            t.state, t.started = ONGOING, time.time()
+            t.partitions, t.groups, t.offsets, t.marked = {}, set(), {}, set()
+            self._note(t.row())
+
+    def _stream(self, key):
+        name, created, p = key
+        s, _code = self.listener.topic(name)
+        if s is None or s.created_at != created or not 0 <= p < s.partitions:
+            return None
+        return s
+
+    # ------------------------------------------------------------------ APIs
+    async def init(self, tid: str, timeout_ms: int, pid: int, epoch: int, fenced: E) -> tuple[int, int]:
+        """InitProducerId with a transactional id: (producer id, epoch). An open
+        transaction of the id is aborted first; the epoch moves on, fencing whoever held
+        it (KIP-360: a producer naming its id and epoch gets the next one)."""
+        if not tid:
+            raise TxnError(E.invalid_request, "an empty transactional id")
+        if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
+            raise TxnError(E.invalid_transaction_timeout,
+                           f"transaction.timeout.ms {timeout_ms}: 1 to {MAX_TIMEOUT_MS}")
+        t = self.txns.get(tid)
+        if t is not None and pid >= 0 and (pid != t.pid or epoch != t.epoch):
+            raise TxnError(fenced if pid == t.pid else E.invalid_producer_id_mapping,
+                           f"transactional id {tid!r} is held by producer {t.pid} at epoch {t.epoch}")
+        if t is not None and t.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            raise TxnError(E.concurrent_transactions)
+        if t is not None and t.state == ONGOING:
+            log.info("Kafka transaction %r (producer %d, epoch %d) aborted: the id was initialized again", tid, t.pid,
+                     t.epoch, extra={"event": "kafka_txn_aborted", "transactional_id": tid, "reason": "fenced"})
+            await self._end(t, False, bump=False)
+        if t is None or t.epoch + 1 > MAX_EPOCH:
+            new_pid, _ = self.listener.sequences.init(-1, -1)
+            if t is not None:
+                self.by_pid.pop(t.pid, None)
+            t = self.txns[tid] = Txn(tid, new_pid, 0, timeout_ms)
+            self.by_pid[new_pid] = t
+        else:
+            t.epoch += 1
+        t.timeout_ms, t.state = timeout_ms, EMPTY
+        self._note(t.row())
+        return t.pid, t.epoch
+
+    def add_partitions(self, tid: str, pid: int, epoch: int, topics: dict, fenced: E) -> dict:
+        """AddPartitionsToTxn of {topic: [partition]}: {topic: [(partition, code)]}, all or
+        none (a partition that is not there fails the rest with OPERATION_NOT_ATTEMPTED)."""
+        try:
+            t = self._txn(tid, pid, epoch, fenced)
+        except TxnError as e:
+            return {name: [(p, e.code) for p in parts] for name, parts in topics.items()}
+        bad, found = {}, []
+        for name, parts in topics.items():
+            s, code = self.listener.topic(name)
+            for p in parts:
+                if s is None or not 0 <= p < s.partitions:
+                    bad[(name, p)] = code if s is None else E.unknown_topic_or_partition
+                else:
+                    found.append((s, name, p))
+        if bad:
+            return {name: [(p, bad.get((name, p), E.operation_not_attempted)) for p in parts]
+                    for name, parts in topics.items()}
+        self._begin(t)
+        for s, name, p in found:
+            key = (name, s.created_at, p)
+            if key not in t.partitions:
+                first = s.offsets(p)[1]
+                t.partitions[key] = first
+                self.index.of(key).begin(t.pid, first)
+                self._note(["add", tid, *key, first])
+        return {name: [(p, E.none) for p in parts] for name, parts in topics.items()}
+
+    def add_offsets(self, tid: str, pid: int, epoch: int, group: str, fenced: E) -> None:
+        """AddOffsetsToTxn: ``group``'s offsets will be committed with the transaction."""
+        t = self._txn(tid, pid, epoch, fenced)
+        if not group:
+            raise TxnError(E.invalid_group_id)
+        self._begin(t)
+        if group not in t.groups:
+            t.groups.add(group)
+            self._note(["group", tid, group])
+
+    def commit_offsets(self, tid: str, group: str, pid: int, epoch: int, member: tuple, topics: dict,
+                       fenced: E) -> dict:
+        """TxnOffsetCommit of {topic: [(partition, offset, metadata, leader epoch)]}:
+        {topic: [(partition, code)]}. The offsets wait for the transaction's end; a
+        member of a Kafka group commits in its generation (KIP-447: a zombie of an old
+        one is fenced)."""
+        try:
+            t = self._txn(tid, pid, epoch, fenced)
+            if t.state != ONGOING or group not in t.groups:
+                raise TxnError(E.invalid_txn_state, f"AddOffsetsToTxn of group {group!r} first")
+            self.listener.coordinator.check_member(group, *member)
+        except TxnError as e:
+            return {name: [(p, e.code) for p, *_ in parts] for name, parts in topics.items()}
+        except Exception as e:  # GroupError: its code
+            code = getattr(e, "code", E.unknown_server_error)
+            return {name: [(p, code) for p, *_ in parts] for name, parts in topics.items()}
+        out, rows = {}, []
+        offs = t.offsets.setdefault(group, {})
+        for name, parts in topics.items():
+            res = out[name] = []
+            s, _code = self.listener.topic(name)
+            for p, offset, meta, lepoch in parts:
+                if s is None or not 0 <= p < s.partitions:  # (a group's offsets are kept in its stream)
+                    res.append((p, E.unknown_topic_or_partition))
+                    continue
+                if offset < 0:
+                    res.append((p, E.invalid_commit_offset_size))
+                    continue
+                offs[(name, p)] = (offset, meta or "", lepoch)
+                rows.append([name, p, offset, meta or "", lepoch])
+                res.append((p, E.none))
+        if rows:
+            self._note(["offsets", tid, group, rows])
+        return out
+
+    async def end(self, tid: str, pid: int, epoch: int, commit: bool, fenced: E) -> None:
+        """EndTxn: the transaction committed (its records visible to read_committed
+        consumers, its offsets the group's) or aborted. Done when it returns; a retry of
+        the same end is answered as done."""
+        t = self._txn(tid, pid, epoch, fenced)
+        if t.state == (COMPLETE_COMMIT if commit else COMPLETE_ABORT):
+            return
+        if t.state != ONGOING:
+            if not commit and t.state == EMPTY:  # nothing to abort (a client aborting an empty transaction)
+                return
+            raise TxnError(E.invalid_txn_state, f"transactional id {tid!r} is {t.state}: no transaction to "
+                                                f"{'commit' if commit else 'abort'}")
+        await self._end(t, commit, bump=False)
+
+    async def _end(self, t: Txn, commit: bool, bump: bool) -> None:
+        """Write the markers, apply or drop the offsets, complete; ``bump``: the epoch moves
+        on (a timeout or a restart aborts: the producer that held it is fenced)."""
+        t.state = PREPARE_COMMIT if commit else PREPARE_ABORT
+        self._note(t.row())
+        for key in list(t.partitions):
+            if key not in t.marked:
+                await self._marker(t, key, commit)
+                t.marked.add(key)
+        if commit:
+            for group, offs in t.offsets.items():
+                topics = {}
+                for (name, p), (offset, meta, lepoch) in offs.items():
+                    topics.setdefault(name, []).append((p, offset, meta, lepoch))
+                self.listener.coordinator.store_committed(group, topics)
+        if bump:
+            if t.epoch + 1 > MAX_EPOCH:
+                self.by_pid.pop(t.pid, None)
+                t.pid, _ = self.listener.sequences.init(-1, -1)
+                t.epoch = 0
+                self.by_pid[t.pid] = t
+            else:
+                t.epoch += 1
+        t.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
+        t.partitions, t.groups, t.offsets, t.marked = {}, set(), {}, set()
+        self._note(t.row())
+        if self.journal is not None and self.journal.due:
+            try:
+                self.journal.rewrite(self._rows())
+            except OSError as e:
+                log.warning("cannot write %s anew: %s", self.journal.path, e.strerror or e)
+
+    async def _marker(self, t: Txn, key: tuple, commit: bool) -> None:
+        """``t``'s marker in one partition (a partition gone with its stream has none)."""
+        s = self._stream(key)
+        part = self.index.of(key)
+        if s is None:
+            part.open.pop(t.pid, None)
+            return
+        k, v = marker(commit)
+        p = key[2]
+        try:
+            if s.retention == "block":  # may wait for the slowest group: not on the loop
+                offset = (await asyncio.to_thread(s.append, v, k, None, p)).offset
+            else:
+                with serving():
+                    offset = s.append(v, key=k, partition=p).offset
+        except ShmqError as e:  # the records stay out of reach of read_committed consumers, as if still open
+            log.warning("Kafka transaction %r: the %s marker of %s partition %d cannot be written: %s", t.tid,
+                        "COMMIT" if commit else "ABORT", key[0], p, e)
+            raise TxnError(E.kafka_storage_error, str(e)) from None
+        part.ended(t.pid, t.epoch, offset, commit)
+        self._note(["marker", t.pid, t.epoch, *key, offset, commit])
+        now = time.time_ns() // 1_000_000
+        self.listener.batches.put(s, p, offset, encode_batch(
+            [Record(offset, now, k, v)], producer_id=t.pid, producer_epoch=t.epoch,
+            attributes=TRANSACTIONAL | CONTROL), 1)
+        self.listener.notify(key[0])
+
+    # ------------------------------------------------------------------ produce, fetch
+    def producing(self, tid: str | None, pid: int, epoch: int, s, p: int) -> None:
+        """Before a transactional batch is appended: KafkaProtocolError unless ``pid`` at
+        ``epoch`` has an open transaction that took this partition in."""
+        t = self.by_pid.get(pid)
+        if t is None or (tid is not None and t.tid != tid):
+            raise KafkaProtocolError(f"producer {pid} has no transaction here", E.invalid_producer_id_mapping)
+        if epoch != t.epoch:
+            raise KafkaProtocolError(f"producer {pid}: epoch {epoch} is not the current {t.epoch}",
+                                     E.invalid_producer_epoch)
+        if t.state != ONGOING or (s.name, s.created_at, p) not in t.partitions:
+            raise KafkaProtocolError(f"producer {pid}'s transaction has not added {s.name!r} partition {p} "
+                                     "(AddPartitionsToTxn first)", E.invalid_txn_state)
+
+    def produced(self, pid: int, epoch: int, s, p: int, first: int, count: int) -> None:
+        """A transactional batch was appended at ``first``."""
+        key = (s.name, s.created_at, p)
+        part = self.index.of(key)
+        part.appended(pid, epoch, first, count, DATA)
+        self._note(["batch", pid, epoch, *key, first, count])
+        t = self.by_pid.get(pid)
+        if t is None or t.epoch != epoch or t.state != ONGOING or key not in t.partitions:
+            # ended while the batch waited for room (retention="block"): it is aborted at once
+            part.begin(pid, first)
+            k, v = marker(False)
+            offset = s.append(v, key=k, partition=p).offset
+            part.ended(pid, epoch, offset, False)
+            self._note(["marker", pid, epoch, *key, offset, False])
+
+    def pending(self, group: str) -> set:
+        """(topic, partition) of ``group`` with offsets an open transaction holds."""
+        out = set()
+        for t in self.txns.values():
+            if t.state != COMPLETE_COMMIT and group in t.offsets:
+                out.update(t.offsets[group])
+        return out
+
+    def forget(self, name: str) -> None:
+        """A topic was deleted."""
+        self.index.forget(name)
+
+    # ------------------------------------------------------------------ timeouts
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = time.time()
+            for t in list(self.txns.values()):
+                if t.state == ONGOING and now - t.started > t.timeout_ms / 1000:
+                    log.info("Kafka transaction %r (producer %d, epoch %d) aborted: open past its timeout of %d ms",
+                             t.tid, t.pid, t.epoch, t.timeout_ms,
+                             extra={"event": "kafka_txn_aborted", "transactional_id": t.tid, "reason": "timeout"})
+                    try:
+                        await self._end(t, False, bump=True)
+                    except TxnError:
+                        pass
+            for key, part in list(self.index.parts.items()):
+                if part.spans and not part.open:
+                    s = self._stream(key)
+                    if s is None:
+                        del self.index.parts[key]
+                    else:
+                        part.trim(s.offsets(key[2])[0])
+
+    def describe(self, tid: str) -> dict | None:
+        t = self.txns.get(tid)
+        if t is None:
+            return None
+        topics = {}
+        for name, _created, p in t.partitions:
+            topics.setdefault(name, []).append(p)
+        return {"transactional_id": tid, "transaction_state": t.state, "transaction_timeout": t.timeout_ms,
+                "transaction_start_time": _ms_time(int(t.started * 1000) if t.started else -1),
+                "producer_id": t.pid, "producer_epoch": t.epoch,
+                "topics": [{"topic": n, "partitions": sorted(ps)} for n, ps in topics.items()]}

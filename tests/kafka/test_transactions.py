@@ -1,0 +1,365 @@
+"""Kafka transactions (KIP-98) through the listener: a transactional producer's records
+seen by read_committed consumers only once committed, aborted ones never, the last
+stable offset; a zombie fenced; offsets committed in the transaction; a timeout that
+aborts; the protocol's refusals at the wire; consume-transform-produce exactly once
+through SIGKILLs of the loop; and a server killed or restarted with a data dir, which
+never leaves a transaction half-visible."""
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from kio.schema.errors import ErrorCode as E
+
+from shmq.kafka.records import CONTROL, TRANSACTIONAL, Record, decode_batches, encode_batch
+from tests._wait import wait_for
+from tests.kafka.conftest import KafkaServer
+from tests.kafka.groups_wire import Wire, fetch_records
+
+FIND, INIT, ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_COMMIT, OFFSET_FETCH = 10, 22, 24, 25, 26, 28, 9
+LIST_OFFSETS, DESCRIBE_TXNS, LIST_TXNS = 2, 65, 66
+MINUTE = datetime.timedelta(seconds=60)
+
+
+def producer(bootstrap, tid, **conf):
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 1, **conf})
+    p.init_transactions(30)
+    return p
+
+
+def read_all(bootstrap, topic, isolation, partition=0):
+    """[(offset, value)] of a partition from its start to its end (the last stable offset
+    for read_committed), read by a confluent-kafka consumer."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "isolation.level": isolation,
+                  "enable.partition.eof": True, "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic, partition, 0)])
+        got = []
+        deadline = time.monotonic() + 30
+        while True:
+            assert time.monotonic() < deadline, f"no end of {topic} within 30 s: {got}"
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is not None:
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                return got
+            got.append((m.offset(), m.value()))
+    finally:
+        c.close()
+
+
+def test_read_committed_sees_committed_records_only(kafka_server):
+    srv = kafka_server()
+    p = producer(srv.bootstrap, "t1")
+    p.begin_transaction()
+    for i in range(10):
+        p.produce("ev", value=b"c%d" % i, partition=0)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    for i in range(5):
+        p.produce("ev", value=b"a%d" % i, partition=0)
+    p.flush(30)
+    p.abort_transaction(30)
+    p.begin_transaction()
+    for i in range(3):
+        p.produce("ev", value=b"d%d" % i, partition=0)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.produce("ev", value=b"open", partition=0)
+    p.flush(30)
+    # offsets: c 0-9, COMMIT 10, a 11-15, ABORT 16, d 17-19, COMMIT 20, open 21
+    committed = read_all(srv.bootstrap, "ev", "read_committed")
+    assert committed == [(i, b"c%d" % i) for i in range(10)] + [(17 + i, b"d%d" % i) for i in range(3)]
+    everything = read_all(srv.bootstrap, "ev", "read_uncommitted")
+    assert [v for _o, v in everything] == [b"c%d" % i for i in range(10)] + [b"a%d" % i for i in range(5)] + [
+        b"d%d" % i for i in range(3)] + [b"open"]
+    c = Consumer({"bootstrap.servers": srv.bootstrap, "group.id": "w", "isolation.level": "read_committed"})
+    assert c.get_watermark_offsets(TopicPartition("ev", 0), timeout=10, cached=False) == (0, 21)
+    c.close()
+    with Wire(srv.port) as w:  # ListOffsets: the latest for read_committed is the last stable offset
+        for level, want in ((1, 21), (0, 22)):
+            r = w.call(LIST_OFFSETS, 5, replica_id=-1, isolation_level=level, topics=[
+                {"name": "ev", "partitions": [{"partition_index": 0, "timestamp": -1, "current_leader_epoch": -1}]}])
+            assert r.topics[0].partitions[0].offset == want
+    p.commit_transaction(30)
+    assert read_all(srv.bootstrap, "ev", "read_committed")[-1] == (21, b"open")
+
+
+def test_the_fetch_says_what_was_aborted_as_kafka_does(kafka_server):
+    srv = kafka_server()
+    p = producer(srv.bootstrap, "t1")
+    p.begin_transaction()
+    p.produce("ev", value=b"a", partition=0)
+    p.produce("ev", value=b"b", partition=0)
+    p.flush(30)
+    p.abort_transaction(30)
+    pid = None
+    with Wire(srv.port) as w:
+        r = w.call(1, 12, cluster_id=None, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=0,
+                   max_bytes=2**20, isolation_level=1, session_id=0, session_epoch=-1, topics=[
+                       {"topic": "ev", "partitions": [
+                           {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 2**20,
+                            "current_leader_epoch": -1, "log_start_offset": -1, "last_fetched_epoch": -1}]}],
+                   forgotten_topics_data=[], rack_id="")
+        part = r.responses[0].partitions[0]
+        batches = decode_batches(part.records, 2**20)
+        assert [b.attributes & (TRANSACTIONAL | CONTROL) for b in batches] == [TRANSACTIONAL,
+                                                                              TRANSACTIONAL | CONTROL]
+        pid = batches[0].producer_id
+        assert batches[1].producer_id == pid and batches[1].keys == [b"\0\0\0\0"]  # ABORT
+        assert [(a.producer_id, a.first_offset) for a in part.aborted_transactions] == [(pid, 0)]
+        assert (part.high_watermark, part.last_stable_offset) == (3, 3)
+        plain = fetch_records(w, "ev", 0)  # read_uncommitted: no list
+        assert plain.aborted_transactions is None
+
+
+def test_a_zombie_producer_is_fenced_and_its_transaction_aborted(kafka_server):
+    srv = kafka_server()
+    old = producer(srv.bootstrap, "shared")
+    old.begin_transaction()
+    old.produce("ev", value=b"zombie", partition=0)
+    old.flush(30)
+    new = producer(srv.bootstrap, "shared")  # the same id: the old epoch is fenced, its transaction aborted
+    new.begin_transaction()
+    new.produce("ev", value=b"live", partition=0)
+    new.commit_transaction(30)
+    with pytest.raises(KafkaException) as e:
+        old.commit_transaction(30)
+    assert e.value.args[0].fatal() or e.value.args[0].code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                                                                 KafkaError.INVALID_PRODUCER_EPOCH)
+    assert [v for _o, v in read_all(srv.bootstrap, "ev", "read_committed")] == [b"live"]
+
+
+def test_offsets_commit_with_the_transaction_and_not_before(kafka_server, broker):
+    srv = kafka_server()
+    broker.create_stream("ev", partitions=1)
+    p = producer(srv.bootstrap, "t1")
+    c = Consumer({"bootstrap.servers": srv.bootstrap, "group.id": "g1", "enable.auto.commit": False})
+    meta = c.consumer_group_metadata()
+    for abort in (True, False):
+        p.begin_transaction()
+        p.produce("out", value=b"x", partition=0)
+        p.send_offsets_to_transaction([TopicPartition("ev", 0, 42)], meta, 30)
+        with Wire(srv.port) as w:  # open: a stable fetch is told to ask again, a plain one sees the old
+            for stable, want in ((True, (-1, E.unstable_offset_commit)), (False, (-1, E.none))):
+                r = w.call(OFFSET_FETCH, 7, group_id="g1", topics=[{"name": "ev", "partition_indexes": [0]}],
+                           require_stable=stable)
+                got = r.topics[0].partitions[0]
+                assert (got.committed_offset, got.error_code) == want
+        if abort:
+            p.abort_transaction(30)
+            assert c.committed([TopicPartition("ev", 0)], timeout=10)[0].offset < 0
+        else:
+            p.commit_transaction(30)
+            assert c.committed([TopicPartition("ev", 0)], timeout=10)[0].offset == 42
+    c.close()
+
+
+def test_a_transaction_open_past_its_timeout_is_aborted(kafka_server):
+    srv = kafka_server()
+    p = producer(srv.bootstrap, "slow", **{"transaction.timeout.ms": 1000})
+    p.begin_transaction()
+    p.produce("ev", value=b"late", partition=0)
+    p.flush(30)
+    with Wire(srv.port) as w:
+        def state():
+            r = w.call(DESCRIBE_TXNS, 0, transactional_ids=["slow"])
+            return r.transaction_states[0].transaction_state == "CompleteAbort"
+        wait_for(state, 30, "the server aborting the transaction past its timeout")
+    with pytest.raises(KafkaException):
+        p.commit_transaction(30)
+    assert read_all(srv.bootstrap, "ev", "read_committed") == []
+    assert srv.stop() == 0
+    assert "open past its timeout of 1000 ms" in "".join(srv.proc.later)
+
+
+# ------------------------------------------------------------------------------------ the wire
+def _batch(pid, epoch, first, n, txn=True, control=False):
+    attrs = (TRANSACTIONAL if txn else 0) | (CONTROL if control else 0)
+    return encode_batch([Record(i, 1_600_000_000_000, None, b"r%d" % i, ()) for i in range(n)],
+                        producer_id=pid, producer_epoch=epoch, base_sequence=first, attributes=attrs)
+
+
+def _produce(w, tid, batch):
+    r = w.call(0, 9, transactional_id=tid, acks=-1, timeout=MINUTE, topic_data=[
+        {"name": "ev", "partition_data": [{"index": 0, "records": batch}]}])
+    return r.responses[0].partition_responses[0].error_code
+
+
+def test_the_protocol_refusals_at_the_wire(kafka_server, broker):
+    srv = kafka_server()
+    broker.create_stream("ev", partitions=1)
+    with Wire(srv.port) as w:
+        r = w.call(FIND, 3, key="t", key_type=1)
+        assert (r.error_code, r.port) == (E.none, srv.port)
+        assert w.call(FIND, 3, key="t", key_type=2).error_code == E.invalid_request
+        r = w.call(INIT, 4, transactional_id="t", transaction_timeout=datetime.timedelta(hours=1), producer_id=-1,
+                   producer_epoch=-1)
+        assert r.error_code == E.invalid_transaction_timeout
+        r = w.call(INIT, 4, transactional_id="t", transaction_timeout=MINUTE, producer_id=-1, producer_epoch=-1)
+        pid, epoch = r.producer_id, r.producer_epoch
+        assert r.error_code == E.none and epoch == 0
+        # a transactional batch before AddPartitionsToTxn; a control batch from a producer
+        assert _produce(w, "t", _batch(pid, epoch, 0, 2)) == E.invalid_txn_state
+        assert _produce(w, "t", _batch(pid, epoch, 0, 1, control=True)) == E.invalid_record
+        r = w.call(ADD_PARTITIONS, 3, v3_and_below_transactional_id="t", v3_and_below_producer_id=pid,
+                   v3_and_below_producer_epoch=epoch, v3_and_below_topics=[
+                       {"name": "ev", "partitions": [0]}, {"name": "nope", "partitions": [0]}])
+        codes = {t.name: [x.partition_error_code for x in t.results_by_partition] for t in r.results_by_topic_v3_and_below}
+        assert codes == {"ev": [E.operation_not_attempted], "nope": [E.unknown_topic_or_partition]}
+        r = w.call(ADD_PARTITIONS, 3, v3_and_below_transactional_id="t", v3_and_below_producer_id=pid,
+                   v3_and_below_producer_epoch=epoch, v3_and_below_topics=[{"name": "ev", "partitions": [0]}])
+        assert r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == E.none
+        assert _produce(w, "t", _batch(pid, epoch + 1, 0, 2)) == E.invalid_producer_epoch
+        assert _produce(w, "t", _batch(pid, epoch, 0, 2)) == E.none
+        # TxnOffsetCommit before AddOffsetsToTxn; an EndTxn of an id or producer it does not know; a stale epoch
+        r = w.call(TXN_COMMIT, 3, transactional_id="t", group_id="g", producer_id=pid, producer_epoch=epoch,
+                   generation_id=-1, member_id="", group_instance_id=None, topics=[
+                       {"name": "ev", "partitions": [{"partition_index": 0, "committed_offset": 1,
+                                                      "committed_leader_epoch": -1, "committed_metadata": None}]}])
+        assert r.topics[0].partitions[0].error_code == E.invalid_txn_state
+        for tid, p_id, ep, code in (("nobody", pid, epoch, E.invalid_producer_id_mapping),
+                                    ("t", pid + 1, epoch, E.invalid_producer_id_mapping),
+                                    ("t", pid, epoch - 1, E.producer_fenced)):
+            r = w.call(END_TXN, 3, transactional_id=tid, producer_id=p_id, producer_epoch=ep, committed=True)
+            assert r.error_code == code
+        assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
+                      committed=True).error_code == E.none
+        # a retried EndTxn is answered as done; the other end of the same transaction is refused
+        assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
+                      committed=True).error_code == E.none
+        assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
+                      committed=False).error_code == E.invalid_txn_state
+        r = w.call(LIST_TXNS, 0, state_filters=["CompleteCommit", "Bogus"], producer_id_filters=[])
+        assert [(t.transactional_id, t.producer_id) for t in r.transaction_states] == [("t", pid)]
+        assert r.unknown_state_filters == ("Bogus",)
+        assert w.call(DESCRIBE_TXNS, 0, transactional_ids=["nobody"]).transaction_states[0].error_code == \
+            E.transactional_id_not_found
+    s = broker.stream("ev")
+    assert [r.value for r in s.read(0, 0, 10)][:2] == [b"r0", b"r1"]  # and the marker after them
+    assert s.offsets(0) == (0, 3)
+    s.close()
+
+
+# ------------------------------------------------------------------------------------ exactly once
+class Worker:
+    """``txn_worker`` in a process of its own, and what it said."""
+
+    def __init__(self, port, n):
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.kafka.txn_worker", str(port), "in", "out", "g",
+                                      "ctp", str(n)], stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": os.getcwd()})
+        self.said = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.said.append(json.loads(line))
+
+    def committed(self) -> int:
+        return max([x["committed"] for x in list(self.said) if "committed" in x], default=-1)
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self._reader.join(10)
+
+
+def test_consume_transform_produce_exactly_once_through_sigkills(kafka_server):
+    srv = kafka_server()
+    n = 300
+    p = Producer({"bootstrap.servers": srv.bootstrap, "linger.ms": 5})
+    for i in range(n):
+        p.produce("in", value=b"%d" % i, partition=0)
+    assert p.flush(30) == 0
+    workers = []
+    try:
+        for stop_at in (40, 110, 190):  # each worker SIGKILLed mid-run, at a point it does not choose
+            w = Worker(srv.port, n)
+            workers.append(w)
+            wait_for(lambda: w.committed() >= stop_at or w.proc.poll() is not None, 120,
+                     f"the worker committing past {stop_at}")
+            assert w.proc.poll() is None, w.said
+            w.kill()
+        last = Worker(srv.port, n)
+        workers.append(last)
+        assert last.proc.wait(180) == 0, last.said
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.kill()
+    out = [v for _o, v in read_all(srv.bootstrap, "out", "read_committed")]
+    assert sorted(out, key=lambda v: int(v[4:])) == [b"out-%d" % i for i in range(n)]  # each exactly once
+    assert out == sorted(out, key=lambda v: int(v[4:]))  # and in order
+    everything = read_all(srv.bootstrap, "out", "read_uncommitted")
+    assert len(everything) >= n  # (an aborted transaction's records are there, for read_uncommitted)
+
+
+# ------------------------------------------------------------------------------------ restarts
+def _init(w, tid, timeout=MINUTE):
+    r = w.call(INIT, 4, transactional_id=tid, transaction_timeout=timeout, producer_id=-1, producer_epoch=-1)
+    assert r.error_code == E.none
+    return r.producer_id, r.producer_epoch
+
+
+def _open(w, tid, pid, epoch, seq, values):
+    r = w.call(ADD_PARTITIONS, 3, v3_and_below_transactional_id=tid, v3_and_below_producer_id=pid,
+               v3_and_below_producer_epoch=epoch, v3_and_below_topics=[{"name": "ev", "partitions": [0]}])
+    assert r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == E.none
+    batch = encode_batch([Record(i, 1_600_000_000_000, None, v, ()) for i, v in enumerate(values)],
+                         producer_id=pid, producer_epoch=epoch, base_sequence=seq, attributes=TRANSACTIONAL)
+    assert _produce(w, tid, batch) == E.none
+
+
+def _committed_values(port):
+    return [v for _o, v in read_all(f"127.0.0.1:{port}", "ev", "read_committed")]
+
+
+@pytest.mark.parametrize("how", ["sigkill", "clean"])
+def test_a_restart_never_leaves_a_transaction_half_visible(broker, servers, tmp_path, how):
+    data = str(tmp_path / "data")
+    start = lambda: KafkaServer(servers(broker.namespace, "--data-dir", data, "--no-auth",  # noqa: E731
+                                        "--kafka-port", "0", "--kafka-initial-rebalance-delay-ms", "0"))
+    broker.create_stream("ev", partitions=1)
+    srv = start()
+    with Wire(srv.port) as w:
+        pid, epoch = _init(w, "done")
+        _open(w, "done", pid, epoch, 0, [b"kept1", b"kept2"])
+        assert w.call(END_TXN, 3, transactional_id="done", producer_id=pid, producer_epoch=epoch,
+                      committed=True).error_code == E.none
+        _open(w, "done", pid, epoch, 2, [b"dropped"])
+        assert w.call(END_TXN, 3, transactional_id="done", producer_id=pid, producer_epoch=epoch,
+                      committed=False).error_code == E.none
+        opid, oepoch = _init(w, "open")
+        _open(w, "open", opid, oepoch, 0, [b"never"])
+    assert _committed_values(srv.port) == [b"kept1", b"kept2"]
+    if how == "sigkill":
+        srv.proc.proc.kill()
+        srv.proc.proc.wait(10)
+    else:
+        assert srv.stop() == 0
+    assert os.stat(os.path.join(data, "kafka-txns.log")).st_mode & 0o777 == 0o600
+    srv = start()
+    assert _committed_values(srv.port) == [b"kept1", b"kept2"]  # the open one aborted, the aborted one still so
+    with Wire(srv.port) as w:
+        r = w.call(DESCRIBE_TXNS, 0, transactional_ids=["done", "open"])
+        states = {t.transactional_id: (t.transaction_state, t.producer_id, t.producer_epoch)
+                  for t in r.transaction_states}
+        assert states == {"done": ("CompleteAbort", pid, epoch), "open": ("CompleteAbort", opid, oepoch + 1)}
+        # the producer that held "open" is fenced; a new one of the id goes on from the next epoch
+        r = w.call(END_TXN, 3, transactional_id="open", producer_id=opid, producer_epoch=oepoch, committed=True)
+        assert r.error_code == E.producer_fenced
+        assert _init(w, "open") == (opid, oepoch + 2)
+        assert _init(w, "done") == (pid, epoch + 1)
+    assert srv.stop() == 0
+    assert f"Kafka transaction 'open' (producer {opid}) was open when the server stopped: aborted" in "".join(
+        srv.proc.log + srv.proc.later)
