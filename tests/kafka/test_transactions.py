@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from kio.schema.errors import ErrorCode as E
 
-from shmq.kafka.records import CONTROL, TRANSACTIONAL, Record, decode_batches, encode_batch
+from shmq.kafka.records import CONTROL, LOG_APPEND_TIME, TRANSACTIONAL, Record, decode_batches, encode_batch
 from tests._wait import wait_for
 from tests.kafka.conftest import KafkaServer
 from tests.kafka.groups_wire import Wire, fetch_records
@@ -93,8 +93,14 @@ def test_read_committed_sees_committed_records_only(kafka_server):
     assert read_all(srv.bootstrap, "ev", "read_committed")[-1] == (21, b"open")
 
 
-def test_the_fetch_says_what_was_aborted_as_kafka_does(kafka_server):
+@pytest.mark.parametrize("settings", [{}, {"compression": "gzip"}, {"timestamp_type": "log_append_time"}],
+                         ids=["as-sent", "encoded-anew", "log-append-time"])
+def test_the_fetch_says_what_was_aborted_as_kafka_does(kafka_server, broker, settings):
+    """The batches as the producer sent them, or encoded anew from the stream (a topic
+    whose compression.type or timestamp type differs): the same transactional attributes,
+    producer id and control batch either way."""
     srv = kafka_server()
+    broker.create_stream("ev", partitions=1, **settings).close()
     p = producer(srv.bootstrap, "t1")
     p.begin_transaction()
     p.produce("ev", value=b"a", partition=0)
@@ -113,6 +119,11 @@ def test_the_fetch_says_what_was_aborted_as_kafka_does(kafka_server):
         batches = decode_batches(part.records, 2**20)
         assert [b.attributes & (TRANSACTIONAL | CONTROL) for b in batches] == [TRANSACTIONAL,
                                                                               TRANSACTIONAL | CONTROL]
+        assert [v for b in batches[:1] for v in b.values] == [b"a", b"b"]
+        if "compression" in settings:  # encoded anew, in the topic's codec
+            assert batches[0].attributes & 0x07 == 1
+        if "timestamp_type" in settings:
+            assert batches[0].attributes & LOG_APPEND_TIME
         pid = batches[0].producer_id
         assert batches[1].producer_id == pid and batches[1].keys == [b"\0\0\0\0"]  # ABORT
         assert [(a.producer_id, a.first_offset) for a in part.aborted_transactions] == [(pid, 0)]
@@ -363,3 +374,69 @@ def test_a_restart_never_leaves_a_transaction_half_visible(broker, servers, tmp_
     assert srv.stop() == 0
     assert f"Kafka transaction 'open' (producer {opid}) was open when the server stopped: aborted" in "".join(
         srv.proc.log + srv.proc.later)
+
+
+# ------------------------------------------------------------------------------------ other clients
+def test_kafka_python_transactions(kafka_server):
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition as TP
+
+    srv = kafka_server()
+    p = KafkaProducer(bootstrap_servers=srv.bootstrap, transactional_id="kp")
+    p.init_transactions()
+    for commit in (True, False, True):
+        p.begin_transaction()
+        for i in range(3):
+            p.send("ev", value=b"%s%d" % (b"c" if commit else b"a", i), partition=0)
+        p.flush()
+        p.commit_transaction() if commit else p.abort_transaction()
+    p.close()
+    c = KafkaConsumer(bootstrap_servers=srv.bootstrap, isolation_level="read_committed", enable_auto_commit=False,
+                      consumer_timeout_ms=3000)
+    c.assign([TP("ev", 0)])
+    c.seek_to_beginning()
+    got = [m.value for m in c]
+    c.close()
+    assert got == [b"c0", b"c1", b"c2", b"c0", b"c1", b"c2"]
+
+
+def test_aiokafka_transactions_with_offsets(kafka_server, broker):
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition as TP
+
+    srv = kafka_server()
+    broker.create_stream("in", partitions=1).close()
+
+    async def run():
+        p = AIOKafkaProducer(bootstrap_servers=srv.bootstrap, transactional_id="ak")
+        await p.start()
+        try:
+            for commit in (False, True):
+                try:
+                    async with p.transaction():
+                        await p.send_and_wait("ev", b"committed" if commit else b"aborted", partition=0)
+                        await p.send_offsets_to_transaction({TP("in", 0): 5 if commit else 9}, "ag")
+                        if not commit:
+                            raise RuntimeError("abort it")
+                except RuntimeError:
+                    pass
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(bootstrap_servers=srv.bootstrap, isolation_level="read_committed",
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+        await c.start()
+        try:
+            c.assign([TP("ev", 0)])
+            got = await c.getmany(timeout_ms=3000)
+            values = [m.value for msgs in got.values() for m in msgs]
+        finally:
+            await c.stop()
+        g = AIOKafkaConsumer(bootstrap_servers=srv.bootstrap, group_id="ag", enable_auto_commit=False)
+        await g.start()
+        try:
+            committed = await g.committed(TP("in", 0))
+        finally:
+            await g.stop()
+        return values, committed
+
+    assert asyncio.run(run()) == ([b"committed"], 5)

@@ -67,34 +67,41 @@ def _encode(records, codec, log_append, txns, out) -> None:
     a producer's records, marked transactional with its id and epoch, or a marker, as a
     control batch), the rest in batches of their own; a LogAppendTime topic's one per
     append time."""
-    if txns is not None:
-        spans = txns.spans_in(records[0].offset, records[-1].offset + 1)
-        if spans:
-            i = 0
-            for first, end, pid, epoch, kind in spans:
-                j = i
-                while j < len(records) and records[j].offset < first:
-                    j += 1
-                if j > i:
-                    _encode(records[i:j], codec, log_append, None, out)
-                i = j
-                while j < len(records) and records[j].offset < end:
-                    j += 1
-                if j > i:
-                    out.append(encode_batch(records[i:j], codec if kind == DATA else NONE, pid, epoch,
-                                            attributes=TRANSACTIONAL | (0 if kind == DATA else CONTROL)))
-                i = j
-            if i < len(records):
-                _encode(records[i:], codec, log_append, None, out)
-            return
+    if txns is None:
+        _plain(records, codec, log_append, out)
+        return
+    spans = txns.spans_in(records[0].offset, records[-1].offset + 1)
+    i = 0
+    for first, end, pid, epoch, kind in spans:
+        j = i
+        while j < len(records) and records[j].offset < first:
+            j += 1
+        if j > i:
+            _plain(records[i:j], codec, log_append, out)
+        i = j
+        while j < len(records) and records[j].offset < end:
+            j += 1
+        if j > i:
+            if kind == DATA:
+                _plain(records[i:j], codec, log_append, out, TRANSACTIONAL, pid, epoch)
+            else:
+                out.append(encode_batch(records[i:j], NONE, pid, epoch, attributes=TRANSACTIONAL | CONTROL))
+        i = j
+    if i < len(records):
+        _plain(records[i:], codec, log_append, out)
+
+
+def _plain(records, codec, log_append, out, attributes=0, pid=-1, epoch=-1) -> None:
+    """``records`` as one batch (a LogAppendTime topic's: one per append time) into ``out``."""
     if log_append:  # a batch's records share its time (its max timestamp, as clients read it)
         start = 0
         for i in range(1, len(records) + 1):
             if i == len(records) or records[i].timestamp != records[start].timestamp:
-                out.append(encode_batch(records[start:i], codec, attributes=LOG_APPEND_TIME))
+                out.append(encode_batch(records[start:i], codec, pid, epoch,
+                                        attributes=attributes | LOG_APPEND_TIME))
                 start = i
     else:
-        out.append(encode_batch(records, codec))
+        out.append(encode_batch(records, codec, pid, epoch, attributes=attributes))
 
 
 def _batches(server, s, p, offset, end, budget, first, txns=None) -> tuple[list, int]:
