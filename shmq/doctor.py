@@ -43,6 +43,7 @@ from .engine.shm.process import is_alive
 from .engine.shm.registry import CREATING, DELETING, LIVE, Registry, creation_guard, read_header
 from .engine.shm.segment import SHM_DIR, namespace_entries, segment_name, unlink_segment
 from .errors import LockTimeout
+from .persistence.kafka_txns import RUNTIME_ENTRY
 from .model.units import size_text
 from .server.lock import lock_name, read_holder
 
@@ -220,6 +221,7 @@ def _examine(namespace, entries, now, remove=False) -> dict:
                 ns["streams"] = sorted(n[1:] for n in live if n.startswith(_STREAM))
                 owned = _owned(namespace, live) | {segment_name(namespace, "registry").lstrip("/"),
                                                      segment_name(namespace, "exchanges").lstrip("/"),
+                                                     segment_name(namespace, RUNTIME_ENTRY).lstrip("/"),
                                                      lock_name(namespace)}
                 stores = segment_name(namespace, "kv", "").lstrip("/")  # keyed stores: their files are them
                 owned |= {e for e in entries if e.startswith(stores)}

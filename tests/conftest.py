@@ -14,6 +14,7 @@ import pytest
 
 import shmq
 from shmq.engine.shm.segment import destroy_namespace, namespace_entries
+from shmq.persistence.kafka_txns import RUNTIME_ENTRY
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -50,7 +51,8 @@ def broker(namespace):
             b.delete_store(name)
         # the registry and the exchange table are the namespace's own, until it is destroyed
         left = [e for e in namespace_entries(namespace)
-                if e not in (f"shmq.{namespace}.registry", f"shmq.{namespace}.exchanges")]
+                if e not in (f"shmq.{namespace}.registry", f"shmq.{namespace}.exchanges",
+                             f"shmq.{namespace}.{RUNTIME_ENTRY}")]  # (the Kafka listener's journal, no data dir)
     finally:
         b.close()
         destroy_namespace(namespace)

@@ -1,7 +1,9 @@
-"""The Kafka listener's transaction journal, ``kafka-txns.log`` (0600) in the data dir: one
-JSON array per line, each an event of the transaction coordinator
-(``server/kafka/transactions.py`` says which), appended as it happens, so a server killed
-at any point finds every transaction it knew of, and where it stood, at its next start.
+"""The Kafka listener's transaction journal, ``kafka-txns.log`` (0600) in the data dir (a
+server without one keeps it beside the namespace's shared memory, whose streams it speaks
+of: ``/dev/shm/shmq.NS.kafka-txns``): one JSON array per line, each an event of the
+transaction coordinator (``server/kafka/transactions.py`` says which), appended as it
+happens, so a server killed at any point finds every transaction it knew of, and where it
+stood, at its next start.
 
 Strategy: an event is one ``write`` of one whole line to a file opened for appending, before
 the coordinator answers the request that made it: a process killed after the write leaves
@@ -14,28 +16,39 @@ file of fewer events and renames it over the old one (temp file, fsync, rename).
 import json
 import os
 
+from ..engine.shm.segment import SHM_DIR, segment_name
 from .files import KAFKA_TXNS_FILE
 
-__all__ = ["VERSION", "journal_path", "Journal", "read_journal", "set_aside_journal"]
+__all__ = ["VERSION", "RUNTIME_ENTRY", "journal_path", "runtime_journal_path", "Journal", "read_journal",
+           "set_aside_journal"]
 
 VERSION = 1
 COMPACT_BYTES = 16 * 2**20  # a journal past this is written anew, of what still matters
+
+
+RUNTIME_ENTRY = "kafka-txns"  # /dev/shm/shmq.NS.kafka-txns: the journal of a server without a data dir
 
 
 def journal_path(data_dir: str) -> str:
     return os.path.join(data_dir, KAFKA_TXNS_FILE)
 
 
+def runtime_journal_path(namespace: str) -> str:
+    """The journal of a server of ``namespace`` without a data dir: one of the namespace's
+    entries in /dev/shm, gone with its shared memory (a reboot, ``namespace destroy``)."""
+    return os.path.join(SHM_DIR, segment_name(namespace, RUNTIME_ENTRY).lstrip("/"))
+
+
 def _line(event) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode() + b"\n"
 
 
-def read_journal(data_dir: str) -> list | None:
-    """The events in ``data_dir``'s journal, in order (None: no file); a torn last line is
+def read_journal(path: str) -> list | None:
+    """The events in the journal at ``path``, in order (None: no file); a torn last line is
     dropped. OSError when it cannot be read, ValueError when it is not a journal of this
     version."""
     try:
-        with open(journal_path(data_dir), "rb") as f:
+        with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
         return None
@@ -51,20 +64,19 @@ def read_journal(data_dir: str) -> list | None:
     return events[1:]
 
 
-def set_aside_journal(data_dir: str) -> str:
+def set_aside_journal(path: str) -> str:
     """Move a damaged journal aside (``.damaged``); returns where it went."""
-    path = journal_path(data_dir)
     aside = f"{path}.damaged"
     os.replace(path, aside)
     return aside
 
 
 class Journal:
-    """The journal of ``data_dir``, written anew with ``events`` (atomically), then open for
+    """The journal at ``path``, written anew with ``events`` (atomically), then open for
     appending. OSError as it comes."""
 
-    def __init__(self, data_dir: str, events):
-        self.path = journal_path(data_dir)
+    def __init__(self, path: str, events):
+        self.path = path
         self.fd = -1
         self.bytes = 0
         self.rewrite(events)

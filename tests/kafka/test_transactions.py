@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from kio.schema.errors import ErrorCode as E
 
 from shmq.kafka.records import CONTROL, LOG_APPEND_TIME, TRANSACTIONAL, Record, decode_batches, encode_batch
+from shmq.persistence.kafka_txns import runtime_journal_path
 from tests._wait import wait_for
 from tests.kafka.conftest import KafkaServer
 from tests.kafka.groups_wire import Wire, fetch_records
@@ -335,10 +336,15 @@ def _committed_values(port):
     return [v for _o, v in read_all(f"127.0.0.1:{port}", "ev", "read_committed")]
 
 
-@pytest.mark.parametrize("how", ["sigkill", "clean"])
+@pytest.mark.parametrize("how", ["sigkill", "clean", "sigkill-no-data-dir"])
 def test_a_restart_never_leaves_a_transaction_half_visible(broker, servers, tmp_path, how):
+    """With a data dir the journal is there; without, beside the namespace's shared memory
+    (the streams it speaks of live there too)."""
     data = str(tmp_path / "data")
-    start = lambda: KafkaServer(servers(broker.namespace, "--data-dir", data, "--no-auth",  # noqa: E731
+    where = ("--no-persist",) if how.endswith("no-data-dir") else ("--data-dir", data)
+    journal = runtime_journal_path(broker.namespace) if how.endswith("no-data-dir") else \
+        os.path.join(data, "kafka-txns.log")
+    start = lambda: KafkaServer(servers(broker.namespace, *where, "--no-auth",  # noqa: E731
                                         "--kafka-port", "0", "--kafka-initial-rebalance-delay-ms", "0"))
     broker.create_stream("ev", partitions=1)
     srv = start()
@@ -353,12 +359,12 @@ def test_a_restart_never_leaves_a_transaction_half_visible(broker, servers, tmp_
         opid, oepoch = _init(w, "open")
         _open(w, "open", opid, oepoch, 0, [b"never"])
     assert _committed_values(srv.port) == [b"kept1", b"kept2"]
-    if how == "sigkill":
+    if how.startswith("sigkill"):
         srv.proc.proc.kill()
         srv.proc.proc.wait(10)
     else:
         assert srv.stop() == 0
-    assert os.stat(os.path.join(data, "kafka-txns.log")).st_mode & 0o777 == 0o600
+    assert os.stat(journal).st_mode & 0o777 == 0o600
     srv = start()
     assert _committed_values(srv.port) == [b"kept1", b"kept2"]  # the open one aborted, the aborted one still so
     with Wire(srv.port) as w:

@@ -19,18 +19,18 @@ from tests.kafka.conftest import KafkaServer
 
 
 def test_the_journal_appends_whole_lines_and_drops_a_torn_one(tmp_path):
-    j = Journal(str(tmp_path), [["txn", "t", 1, 0, 60000, "Empty", 0]])
+    path = str(tmp_path / "kafka-txns.log")
+    j = Journal(path, [["txn", "t", 1, 0, 60000, "Empty", 0]])
     j.write(["add", "t", "ev", 1.5, 0, 7])
-    path = j.path
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert read_journal(str(tmp_path)) == [["txn", "t", 1, 0, 60000, "Empty", 0], ["add", "t", "ev", 1.5, 0, 7]]
+    assert read_journal(path) == [["txn", "t", 1, 0, 60000, "Empty", 0], ["add", "t", "ev", 1.5, 0, 7]]
     with open(path, "ab") as f:  # a process killed in the middle of a write
         f.write(b'["batch", 1, 0, "ev"')
-    assert read_journal(str(tmp_path))[-1] == ["add", "t", "ev", 1.5, 0, 7]
+    assert read_journal(path)[-1] == ["add", "t", "ev", 1.5, 0, 7]
     j.rewrite([["txn", "t", 1, 1, 60000, "CompleteAbort", 5]])
     j.write(["group", "t", "g"])
     j.close()
-    assert read_journal(str(tmp_path)) == [["txn", "t", 1, 1, 60000, "CompleteAbort", 5], ["group", "t", "g"]]
+    assert read_journal(path) == [["txn", "t", 1, 1, 60000, "CompleteAbort", 5], ["group", "t", "g"]]
     assert sorted(os.listdir(tmp_path)) == ["kafka-txns.log"]  # no temp file left
 
 
@@ -38,11 +38,11 @@ def test_the_journal_appends_whole_lines_and_drops_a_torn_one(tmp_path):
 def test_a_journal_not_of_this_version_or_shape_is_refused(tmp_path, text):
     (tmp_path / "kafka-txns.log").write_text(text)
     with pytest.raises(ValueError):
-        read_journal(str(tmp_path))
+        read_journal(str(tmp_path / "kafka-txns.log"))
 
 
 def test_no_journal_reads_as_none(tmp_path):
-    assert read_journal(str(tmp_path)) is None
+    assert read_journal(str(tmp_path / "kafka-txns.log")) is None
 
 
 def test_a_server_sets_a_damaged_journal_aside(broker, servers, tmp_path):

@@ -24,7 +24,7 @@ from ...errors import ShmqError
 from ...kafka import ErrorCode as E
 from ...kafka import KafkaProtocolError
 from ...kafka.records import CONTROL, TRANSACTIONAL, Record, encode_batch, marker
-from ...persistence.kafka_txns import Journal, read_journal, set_aside_journal, journal_path
+from ...persistence.kafka_txns import Journal, journal_path, read_journal, runtime_journal_path, set_aside_journal
 from .txnindex import DATA, TxnIndex, PartitionTxns
 
 __all__ = ["Transactions", "TxnError", "MAX_TIMEOUT_MS"]
@@ -79,29 +79,28 @@ class Transactions:
         self.by_pid: dict[int, Txn] = {}
         self.index = TxnIndex()
         self.journal = None
-        self.data_dir = None  # where the journal goes (None: no data dir, or it cannot be written)
+        self.path = None  # where the journal goes (None: not started, or it cannot be written)
         self._sweeper = None
 
     # ------------------------------------------------------------------ life
     async def start(self, data_dir: str | None) -> None:
-        """Take back the journal of ``data_dir`` (completing or aborting what it left),
-        keep one from now on, and time out open transactions."""
-        if data_dir is not None:
-            events = None
-            try:
-                events = read_journal(data_dir)
-            except OSError as e:
-                log.warning("cannot read %s: %s; Kafka transactions start afresh", journal_path(data_dir),
-                            e.strerror or e)
-            except (ValueError, TypeError) as e:
-                aside = set_aside_journal(data_dir)
-                log.warning("%s is not a transaction journal this server wrote (%s): moved to %s", journal_path(data_dir),
-                            e, aside)
-            self.data_dir = data_dir
-            if events:
-                self._replay(events)
-                self._open_journal()
-            await self._settle_replayed()
+        """Take back the journal (in ``data_dir``, or with no data dir beside the
+        namespace's shared memory), completing or aborting what it left; keep one from
+        now on; time out open transactions."""
+        path = journal_path(data_dir) if data_dir is not None else runtime_journal_path(self.listener.broker.namespace)
+        events = None
+        try:
+            events = read_journal(path)
+        except OSError as e:
+            log.warning("cannot read %s: %s; Kafka transactions start afresh", path, e.strerror or e)
+        except (ValueError, TypeError) as e:
+            aside = set_aside_journal(path)
+            log.warning("%s is not a transaction journal this server wrote (%s): moved to %s", path, e, aside)
+        self.path = path
+        if events:
+            self._replay(events)
+            self._open_journal()
+        await self._settle_replayed()
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
     def stop(self) -> None:
@@ -120,17 +119,16 @@ class Transactions:
         """The journal written anew with what is held (made at the first event: a server
         whose clients never use transactions has none)."""
         try:
-            self.journal = Journal(self.data_dir, self._rows())
+            self.journal = Journal(self.path, self._rows())
         except OSError as e:
-            log.warning("Kafka transactions are not journaled: cannot write %s: %s", journal_path(self.data_dir),
-                        e.strerror or e)
-            self.data_dir = None
+            log.warning("Kafka transactions are not journaled: cannot write %s: %s", self.path, e.strerror or e)
+            self.path = None
 
     def _note(self, event) -> None:
         """``event`` happened (what is held says so already): into the journal."""
         if self.journal is not None:
             self.journal.write(event)
-        elif self.data_dir is not None:
+        elif self.path is not None:
             self._open_journal()
 
     def _rows(self) -> list:
