@@ -175,4 +175,5 @@ def backup(dest, namespace, url, token, as_json):
                f"{done['queues']} queue(s) with {done['messages']} message(s), {done['streams']} stream(s) with "
                f"{done['partitions']} partition(s), {done['records']} record(s) and {done['log_files']} log file(s), "
                f"{done['exchanges']} exchange(s)" + (", the Kafka listener's commit metadata" if done["kafka_state"]
-                                                      else ""))
+                                                      else "")
+               + (f" and its transactions ({done['kafka_txns']} journal event(s))" if done.get("kafka_txns") else ""))

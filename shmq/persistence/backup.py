@@ -30,6 +30,7 @@ from ..engine.broker import Broker, stream_settings
 from ..errors import LayoutMismatch, QueueNotFound, ShmqError, StreamNotFound
 from .files import snapshot_path
 from .kafka_state import write_state
+from .kafka_txns import Journal, journal_path
 from .streams import committed_offsets, partition_extra
 from .wal import log_files, partition_log_name
 
@@ -39,12 +40,15 @@ PARTIAL_SUFFIX = ".partial"  # where a backup is written until it is whole
 _CHUNK = 1 << 20
 
 
-def backup(broker: Broker, dest: str, kafka_state: dict | None = None) -> dict:
+def backup(broker: Broker, dest: str, kafka_state: dict | None = None, kafka_txns=None) -> dict:
     """Copy every queue and stream of ``broker``'s namespace whose durability is not
     "memory", and its exchanges, into the new directory ``dest`` (its parent must exist;
     ``dest`` must not), and ``kafka_state`` (the listener's, ``kafka_state.py``'s form)
-    if given. Returns what it wrote: {"dest", "queues", "messages", "streams",
-    "partitions", "records", "log_files", "exchanges", "kafka_state", "bytes",
+    if given, and the events of its transaction journal that ``kafka_txns()`` gives once
+    the streams are copied (``kafka_txns.py``: every transaction the copied records
+    belong to is in them; a server started on the copy completes or aborts them).
+    Returns what it wrote: {"dest", "queues", "messages", "streams",
+    "partitions", "records", "log_files", "exchanges", "kafka_state", "kafka_txns", "bytes",
     "skipped"} (``skipped``: queues and streams an older shmq's layout holds, which this
     one cannot read). ShmqError naming the path when ``dest`` or ``dest.partial`` exists
     or cannot be made; nothing is left behind on an error."""
@@ -60,7 +64,8 @@ def backup(broker: Broker, dest: str, kafka_state: dict | None = None) -> dict:
         raise ShmqError(f"cannot make {staging}: {e.strerror or e}") from None
     try:
         done = {"dest": dest, "queues": 0, "messages": 0, "streams": 0, "partitions": 0, "records": 0,
-                "log_files": 0, "exchanges": 0, "kafka_state": kafka_state is not None, "skipped": []}
+                "log_files": 0, "exchanges": 0, "kafka_state": kafka_state is not None, "kafka_txns": 0,
+                "skipped": []}
         _queues(broker, staging, done)
         _streams(broker, staging, done)
         table = broker.exchange_table().table()
@@ -69,6 +74,10 @@ def backup(broker: Broker, dest: str, kafka_state: dict | None = None) -> dict:
             done["exchanges"] = len(table)
         if kafka_state is not None:
             write_state(staging, kafka_state)
+        rows = kafka_txns() if kafka_txns is not None else None
+        if rows:
+            Journal(journal_path(staging), rows).close()
+            done["kafka_txns"] = len(rows)
         done["bytes"] = sum(os.path.getsize(os.path.join(staging, f)) for f in os.listdir(staging))
         _fsync_dir(staging)
         os.rename(staging, dest)  # (rename(2) refuses a non-empty dest made meanwhile; an empty one is replaced)

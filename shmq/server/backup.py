@@ -1,5 +1,5 @@
 """BACKUP (``shmq backup``): the server copies every durable queue and stream, the
-exchanges and its Kafka listener's commit metadata into a new directory of its host
+exchanges and its Kafka listener's commit metadata and transactions into a new directory of its host
 (``persistence.backup``, which says what the copy promises).
 
 Strategy: what only the loop may read (the Kafka listener's state) is taken on the loop,
@@ -8,6 +8,7 @@ when the request comes; the copy itself runs in a thread of the loop's executor
 meanwhile, the writers whose messages are being copied included. One backup at a time.
 """
 
+import asyncio
 import os
 import threading
 
@@ -16,6 +17,7 @@ from ..persistence.backup import backup
 
 __all__ = ["start"]
 
+TXNS_WAIT_S = 30.0  # the loop answers at once; a bound all the same
 _ONE = threading.Lock()  # a second BACKUP waits for the first (two copies at once only halve the disk's speed)
 
 
@@ -28,15 +30,22 @@ def start(server, dest: str):
         raise ValueError(f"dest {dest!r} is not an absolute path: a backup goes into a directory of the server's "
                          "host, named from its root")
     listener = getattr(server, "kafka_listener", None)
-    kafka = None
+    kafka = txns = None
     if listener is not None:
         from .kafka.state import for_backup
 
         kafka = for_backup(listener)
+        loop = asyncio.get_running_loop()
+
+        async def rows():
+            return listener.txns.rows()
+
+        def txns():  # the transactions, taken on the loop once the streams are copied (persistence.backup)
+            return asyncio.run_coroutine_threadsafe(rows(), loop).result(TXNS_WAIT_S)
     namespace = server.broker.namespace
 
     def run():
         with _ONE, Broker(namespace) as broker:
-            return backup(broker, dest, kafka)
+            return backup(broker, dest, kafka, txns)
 
     return run

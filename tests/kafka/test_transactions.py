@@ -446,3 +446,76 @@ def test_aiokafka_transactions_with_offsets(kafka_server, broker):
         return values, committed
 
     assert asyncio.run(run()) == ([b"committed"], 5)
+
+
+def test_a_backup_carries_the_transactions_of_its_records(broker, servers, tmp_path):
+    """``shmq backup`` takes the journal's events once the streams are copied: a server
+    started on the backup serves the same committed records, an aborted transaction stays
+    aborted, and one open during the backup is aborted there (its producer fenced)."""
+    import uuid
+
+    from shmq.engine.shm.segment import destroy_namespace
+    from tests.test_cli import shmq_cli
+
+    broker.create_stream("ev", partitions=1, durability="snapshot").close()
+    srv = KafkaServer(servers(broker.namespace, "--data-dir", str(tmp_path / "data"), "--no-auth", "--kafka-port",
+                              "0", "--kafka-initial-rebalance-delay-ms", "0"))
+    with Wire(srv.port) as w:
+        pid, epoch = _init(w, "t")
+        _open(w, "t", pid, epoch, 0, [b"kept"])
+        assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
+                      committed=True).error_code == E.none
+        _open(w, "t", pid, epoch, 1, [b"aborted"])
+        assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
+                      committed=False).error_code == E.none
+        opid, oepoch = _init(w, "o")
+        _open(w, "o", opid, oepoch, 0, [b"open"])
+        dest = tmp_path / "backup"
+        r = shmq_cli("backup", str(dest), "--namespace", broker.namespace, "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["kafka_txns"] > 0, r.stderr
+        assert "kafka-txns.log" in os.listdir(dest)
+    assert srv.stop() == 0
+    other = "t" + uuid.uuid4().hex[:12]
+    try:
+        srv = KafkaServer(servers(other, "--data-dir", str(dest), "--no-auth", "--kafka-port", "0",
+                                  "--kafka-initial-rebalance-delay-ms", "0"))
+        assert _committed_values(srv.port) == [b"kept"]
+        assert [v for _o, v in read_all(srv.bootstrap, "ev", "read_uncommitted")] == [b"kept", b"aborted", b"open"]
+        with Wire(srv.port) as w:
+            r = w.call(END_TXN, 3, transactional_id="o", producer_id=opid, producer_epoch=oepoch, committed=True)
+            assert r.error_code == E.producer_fenced
+        assert srv.stop() == 0
+    finally:
+        destroy_namespace(other)
+
+
+def test_an_abort_whose_marker_a_rebuilt_stream_lost_is_aborted_again(broker, servers, tmp_path):
+    """A journal that knows more than the stream holds (a stream rebuilt from an older
+    snapshot): an aborted transaction whose marker is past the stream's end gets a marker
+    again, so its records stay out of read_committed; a transaction open there that no
+    producer holds any more is aborted."""
+    from shmq.persistence.kafka_txns import Journal, journal_path
+
+    data = tmp_path / "data"
+    data.mkdir()
+    s = broker.create_stream("ev", partitions=1)
+    s.append_many([b"x0", b"x1", b"y0"], partition=0)
+    key = ["ev", s.created_at, 0]
+    s.close()
+    Journal(journal_path(str(data)), [
+        ["txn", "t", 7, 0, 60000, "CompleteAbort", 1.0],
+        ["part", *key, {"spans": [[0, 2, 7, 0, 0], [2, 3, 8, 0, 0]], "open": [[8, 2]], "aborted": [[9, 0, 7]]}],
+    ]).close()
+    srv = KafkaServer(servers(broker.namespace, "--data-dir", str(data), "--no-auth", "--kafka-port", "0"))
+    assert _committed_values(srv.port) == []
+    assert [v for _o, v in read_all(srv.bootstrap, "ev", "read_uncommitted")] == [b"x0", b"x1", b"y0"]
+    with Wire(srv.port) as w:
+        part = w.call(1, 12, cluster_id=None, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=0,
+                      max_bytes=2**20, isolation_level=1, session_id=0, session_epoch=-1, topics=[
+                          {"topic": "ev", "partitions": [
+                              {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 2**20,
+                               "current_leader_epoch": -1, "log_start_offset": -1, "last_fetched_epoch": -1}]}],
+                      forgotten_topics_data=[], rack_id="").responses[0].partitions[0]
+        assert sorted((a.producer_id, a.first_offset) for a in part.aborted_transactions) == [(7, 0), (8, 2)]
+        assert (part.high_watermark, part.last_stable_offset) == (5, 5)
+    assert srv.stop() == 0

@@ -109,7 +109,7 @@ class Transactions:
             self._sweeper = None
         if self.journal is not None:
             try:
-                self.journal.rewrite(self._rows())
+                self.journal.rewrite(self.rows())
             except OSError as e:
                 log.warning("cannot write %s: %s", self.journal.path, e.strerror or e)
             self.journal.close()
@@ -119,7 +119,7 @@ class Transactions:
         """The journal written anew with what is held (made at the first event: a server
         whose clients never use transactions has none)."""
         try:
-            self.journal = Journal(self.path, self._rows())
+            self.journal = Journal(self.path, self.rows())
         except OSError as e:
             log.warning("Kafka transactions are not journaled: cannot write %s: %s", self.path, e.strerror or e)
             self.path = None
@@ -131,7 +131,7 @@ class Transactions:
         elif self.path is not None:
             self._open_journal()
 
-    def _rows(self) -> list:
+    def rows(self) -> list:
         """The journal's events that make what is held now."""
         rows = []
         for t in self.txns.values():
@@ -194,7 +194,20 @@ class Transactions:
 
     async def _settle_replayed(self) -> None:
         """What the journal left mid-way: a decided transaction completed, an open one
-        aborted (its producer fenced: the epoch moves on)."""
+        aborted (its producer fenced: the epoch moves on). A partition rebuilt shorter
+        than the journal knew (from a backup, or an older snapshot after a reboot) keeps
+        what it holds; an aborted transaction whose marker it lost is aborted again, at
+        its end, as is any transaction open there that no producer holds any more."""
+        for key, part in list(self.index.parts.items()):
+            s = self._stream(key)
+            if s is None:  # its stream was deleted, or made again
+                del self.index.parts[key]
+                continue
+            end = s.offsets(key[2])[1]
+            lost = [(first, pid) for m, first, pid in part.aborted if m >= end and first < end]
+            part = self.index.parts[key] = PartitionTxns.restore(part.export(), end)
+            for first, pid in lost:
+                part.open.setdefault(pid, first)
         for t in list(self.txns.values()):
             if t.state == ONGOING:
                 log.info("Kafka transaction %r (producer %d) was open when the server stopped: aborted", t.tid, t.pid,
@@ -202,13 +215,13 @@ class Transactions:
                 await self._end(t, False, bump=True)
             elif t.state in (PREPARE_COMMIT, PREPARE_ABORT):
                 await self._end(t, t.state == PREPARE_COMMIT, bump=False)
-        for key, part in self.index.parts.items():  # a stream made again, or rebuilt shorter: what is not there goes
-            s = self._stream(key)
-            if s is None:
-                part.spans, part.firsts, part.aborted, part.open = [], [], [], {}
-            else:
-                end = s.offsets(key[2])[1]
-                self.index.parts[key] = PartitionTxns.restore(part.export(), end)
+        for key, part in list(self.index.parts.items()):
+            for pid in list(part.open):
+                t = self.by_pid.get(pid)
+                log.info("%s partition %d: producer %d's transaction there has no end: aborted", key[0], key[2], pid,
+                         extra={"event": "kafka_txn_aborted", "topic": key[0], "partition": key[2],
+                                "reason": "restart"})
+                await self._write_marker(key, pid, t.epoch if t is not None else 0, False, "")
 
     # ------------------------------------------------------------------ checks
     def _txn(self, tid: str, pid: int, epoch: int, fenced: E) -> Txn:
@@ -383,16 +396,21 @@ class Transactions:
         self._note(t.row())
         if self.journal is not None and self.journal.due:
             try:
-                self.journal.rewrite(self._rows())
+                self.journal.rewrite(self.rows())
             except OSError as e:
                 log.warning("cannot write %s anew: %s", self.journal.path, e.strerror or e)
 
     async def _marker(self, t: Txn, key: tuple, commit: bool) -> None:
-        """``t``'s marker in one partition (a partition gone with its stream has none)."""
+        """``t``'s marker in one partition."""
+        await self._write_marker(key, t.pid, t.epoch, commit, t.tid)
+
+    async def _write_marker(self, key: tuple, pid: int, epoch: int, commit: bool, tid: str) -> None:
+        """Producer ``pid``'s COMMIT or ABORT marker in one partition (a partition gone with
+        its stream has none)."""
         s = self._stream(key)
         part = self.index.of(key)
         if s is None:
-            part.open.pop(t.pid, None)
+            part.open.pop(pid, None)
             return
         k, v = marker(commit)
         p = key[2]
@@ -403,14 +421,14 @@ class Transactions:
                 with serving():
                     offset = s.append(v, key=k, partition=p).offset
         except ShmqError as e:  # the records stay out of reach of read_committed consumers, as if still open
-            log.warning("Kafka transaction %r: the %s marker of %s partition %d cannot be written: %s", t.tid,
+            log.warning("Kafka transaction %r: the %s marker of %s partition %d cannot be written: %s", tid,
                         "COMMIT" if commit else "ABORT", key[0], p, e)
             raise TxnError(E.kafka_storage_error, str(e)) from None
-        part.ended(t.pid, t.epoch, offset, commit)
-        self._note(["marker", t.pid, t.epoch, *key, offset, commit])
+        part.ended(pid, epoch, offset, commit)
+        self._note(["marker", pid, epoch, *key, offset, commit])
         now = time.time_ns() // 1_000_000
         self.listener.batches.put(s, p, offset, encode_batch(
-            [Record(offset, now, k, v)], producer_id=t.pid, producer_epoch=t.epoch,
+            [Record(offset, now, k, v)], producer_id=pid, producer_epoch=epoch,
             attributes=TRANSACTIONAL | CONTROL), 1)
         self.listener.notify(key[0])
 

@@ -99,7 +99,7 @@ class PartitionTxns:
             if first < end and all(type(x) is int for x in (first, stop, pid, epoch, kind)):
                 t.firsts.append(first)
                 t.spans.append((first, min(stop, end), pid, epoch, kind))
-        t.open = {int(p): int(f) for p, f in row["open"]}
+        t.open = {int(p): min(int(f), end) for p, f in row["open"]}
         t.aborted = sorted((int(m), int(f), int(p)) for m, f, p in row["aborted"] if m < end)
         return t
 
