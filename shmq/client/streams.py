@@ -339,6 +339,13 @@ class StreamCalls:
         return reply["earliest"], reply["end"]
 
     @driven
+    def stable(self, p: int):
+        """Partition ``p``'s last stable offset: readers read below it (the end, unless a
+        transaction is open there; an older server, which has none, answers the end)."""
+        reply = yield Send(MsgType.OFFSETS, {"stream": self.name, "partition": check_partition(self, p)})
+        return reply.get("stable", reply["end"])
+
+    @driven
     def read(self, p: int, offset: int, max_records: int = 1000, timeout: float = 0.0):
         """Records of partition ``p`` from ``offset`` on; at the end, waits up to ``timeout``
         seconds and returns [] if nothing came. OffsetOutOfRange (with ``earliest`` and

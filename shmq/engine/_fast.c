@@ -1266,18 +1266,21 @@ static PyObject *fast_take_next(PyObject *self, PyObject *const *args, Py_ssize_
 
 /* A stream partition's records as Arrow buffers: from position pos (of the record the
  * caller found, holding the partition's lock) up to tail, at most max_records, stopping at
- * a gap in the offsets. Returns (n, value offsets, values, key offsets, keys, key validity,
- * header offsets, headers, value validity or None (no null value), offsets, timestamps in
- * us): int32 offsets, validity bitmaps, int64 columns -- so a bulk reader (the Spark
+ * a gap in the offsets and at offset stop (the last stable offset); a transaction's marker
+ * and an aborted transaction's records are passed over. Returns (n, value offsets, values,
+ * key offsets, keys, key validity, header offsets, headers, value validity or None (no null
+ * value), offsets, timestamps in us, the offset after the last record looked at, 0 if
+ * none): int32 offsets, validity bitmaps, int64 columns -- so a bulk reader (the Spark
  * source) makes its columns without a Python object per record. */
 static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "read_columns(buffer, base, cap, pos, tail, max_records)");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "read_columns(buffer, base, cap, pos, tail, max_records, stop)");
         return NULL;
     }
     uint64_t base = PyLong_AsUnsignedLongLong(args[1]), cap = PyLong_AsUnsignedLongLong(args[2]);
     uint64_t pos = PyLong_AsUnsignedLongLong(args[3]), tail = PyLong_AsUnsignedLongLong(args[4]);
     Py_ssize_t max = PyLong_AsSsize_t(args[5]);
+    uint64_t stop = PyLong_AsUnsignedLongLong(args[6]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -1288,7 +1291,7 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
     }
     const char *mem = (const char *)view.buf;
     Py_ssize_t n = 0, nulls = 0;
-    uint64_t vbytes = 0, kbytes = 0, hbytes = 0, prev = 0, p = pos;
+    uint64_t vbytes = 0, kbytes = 0, hbytes = 0, prev = 0, p = pos, next = 0;
     for (int pass = 0; pass < 2; pass++) {
         PyObject *out[10] = {NULL};
         char *vo = NULL, *vd = NULL, *ko = NULL, *kd = NULL, *kv = NULL, *ho = NULL, *hd = NULL, *of = NULL,
@@ -1320,8 +1323,9 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
         }
         Py_ssize_t want = pass == 0 ? max : n, i = 0;
         uint32_t vat = 0, kat = 0, hat = 0;
+        Py_ssize_t looked = 0; /* records looked at (passed over or taken): the first pass takes max of them */
         p = pos;
-        while (p < tail && i < want) {
+        while (p < tail && i < want && (pass == 1 || looked < max)) {
             uint64_t rem = cap - p % cap;
             if (rem < REC_SIZE) { /* too little of the lap left for a record: the next lap */
                 p += rem;
@@ -1334,9 +1338,16 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
                 uint64_t off = U64(a + REC_MSG_ID), klen = U64(a + REC_DEADLINE);
                 uint32_t hl = U32(a + REC_HDR_LEN), bl = U32(a + REC_BODY_LEN);
                 uint32_t kl = klen ? (uint32_t)(klen - 1) : 0;
-                int null = (U32(a + REC_FLAGS) & FLAG_NULL_VALUE) != 0; /* a tombstone (its body is empty) */
-                if (i > 0 && off != prev + 1) break; /* a gap: the next read is told of it */
+                uint32_t flags = U32(a + REC_FLAGS);
+                int null = (flags & FLAG_NULL_VALUE) != 0; /* a tombstone (its body is empty) */
+                if (looked && off != prev + 1) break; /* a gap: the next read is told of it */
+                if (off >= stop) break; /* an open transaction's, or after one */
                 prev = off;
+                looked++;
+                if (flags & (FLAG_CONTROL | FLAG_ABORTED)) { /* a marker, an aborted record: passed over */
+                    p += length;
+                    continue;
+                }
                 if (pass == 0) {
                     vbytes += bl; kbytes += kl; hbytes += hl - kl; nulls += null;
                 } else {
@@ -1360,6 +1371,7 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
         }
         if (pass == 0) {
             n = i;
+            next = looked ? prev + 1 : 0;
             if (vbytes > INT32_MAX || kbytes > INT32_MAX || hbytes > INT32_MAX) {
                 PyBuffer_Release(&view);
                 PyErr_SetString(PyExc_ValueError, "read_columns: more than 2 GiB in one call: ask for fewer records");
@@ -1367,8 +1379,8 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
             }
         } else {
             PyBuffer_Release(&view);
-            return Py_BuildValue("(nNNNNNNNNNN)", n, out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[9],
-                                 out[7], out[8]);
+            return Py_BuildValue("(nNNNNNNNNNNK)", n, out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[9],
+                                 out[7], out[8], (unsigned long long)next);
         }
     }
     PyBuffer_Release(&view);

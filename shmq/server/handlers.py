@@ -542,8 +542,9 @@ def read(conn, f):
 
 
 def offsets(conn, f):
-    earliest, end = conn.server.stream(f["stream"]).offsets(f["partition"])
-    return {"earliest": earliest, "end": end}
+    s = conn.server.stream(f["stream"])
+    earliest, end = s.offsets(f["partition"])
+    return {"earliest": earliest, "end": end, "stable": s.stable(f["partition"])}
 
 
 def publish(conn, f):

@@ -73,7 +73,7 @@ def rows_to_batch(stream: str, partition: int, rows, include_headers: bool) -> p
 def columns_to_batch(stream: str, partition: int, columns, include_headers: bool) -> pa.RecordBatch:
     """One Arrow batch from ``Stream.read_columns``'s buffers, wrapped, not copied: the
     local source's path when the C build is there."""
-    n, voffs, vals, koffs, keys, kvalid, hoffs, hdrs, vvalid, offsets, stamps = columns
+    n, voffs, vals, koffs, keys, kvalid, hoffs, hdrs, vvalid, offsets, stamps = columns[:11]  # (then where to read on)
     buf = pa.py_buffer
     arrays = [
         pa.Array.from_buffers(pa.binary(), n, [buf(kvalid), buf(koffs), buf(keys)]),

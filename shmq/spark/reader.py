@@ -181,8 +181,9 @@ class _Source:
 
     @staticmethod
     def _positions(stream) -> dict:
-        """{partition: (earliest retained offset, end)} now."""
-        return {p: stream.offsets(p) for p in range(stream.partitions)}
+        """{partition: (earliest retained offset, end)} now; the end a reader's: the last
+        stable offset (below an open transaction's records)."""
+        return {p: (stream.offsets(p)[0], stream.stable(p)) for p in range(stream.partitions)}
 
     def _resolve(self, spec, positions: dict, name: str, missing: int) -> dict:
         """``startingOffsets`` / ``endingOffsets`` as {partition: offset}: earliest,
@@ -251,28 +252,39 @@ class _Source:
 
         columns, raw = getattr(stream, "read_columns", None), getattr(stream, "read_raw", None)
         offset = r.start
-        while offset < r.end:
+        while offset < r.end:  # (a range ends at most at the last stable offset: docs/STREAMS.md, Transactions)
             n = min(READ_CHUNK, r.end - offset)
             try:
                 built = columns(r.partition, offset, n) if columns else None
-                if built is not None and built[0]:
-                    yield arrow.columns_to_batch(stream.name, r.partition, built, self._headers)
-                    offset += built[0]
+                if built is not None and (built[0] or built[11] > offset):
+                    if built[0]:
+                        yield arrow.columns_to_batch(stream.name, r.partition, built, self._headers)
+                    offset = built[11]  # (past markers and aborted records too)
                     continue
-                rows = raw(r.partition, offset, n) if raw else stream.read(r.partition, offset, max_records=n)
+                if raw:
+                    rows = raw(r.partition, offset, n, visible=True)
+                    after = rows.next
+                else:  # remote: a READ passes over what a reader does not see
+                    rows = stream.read(r.partition, offset, max_records=n)
+                    after = rows[-1].offset + 1 if rows else offset
             except OffsetOutOfRange as e:
                 offset = self._skip(r, offset, e)
                 continue
-            if not rows:
+            if raw:
+                rows = [x for x in rows if x[0] < r.end]
+            else:
+                rows = [x for x in rows if x.offset < r.end]
+                if not rows and stream.offsets(r.partition)[1] >= r.end:
+                    after = r.end  # nothing a reader sees is left in the range
+            if not rows and after <= offset:
                 raise ShmqError(f"stream {self._stream_name()!r} partition {r.partition} ends before offset "
                                 f"{offset}: was it deleted and created again?")
-            rows = rows[:r.end - offset]
-            if raw:
-                yield arrow.rows_to_batch(stream.name, r.partition, rows, self._headers)
-                offset = rows[-1][0] + 1
-            else:
-                yield arrow.records_to_batch(rows, self._headers)
-                offset = rows[-1].offset + 1
+            if rows:
+                if raw:
+                    yield arrow.rows_to_batch(stream.name, r.partition, rows, self._headers)
+                else:
+                    yield arrow.records_to_batch(rows, self._headers)
+            offset = after
 
     def _skip(self, r: OffsetRange, offset: int, e: OffsetOutOfRange) -> int:
         """Where to read on after OffsetOutOfRange at ``offset``: DataLossError with

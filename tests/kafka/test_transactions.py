@@ -519,3 +519,47 @@ def test_an_abort_whose_marker_a_rebuilt_stream_lost_is_aborted_again(broker, se
         assert sorted((a.producer_id, a.first_offset) for a in part.aborted_transactions) == [(7, 0), (8, 2)]
         assert (part.high_watermark, part.last_stable_offset) == (5, 5)
     assert srv.stop() == 0
+
+
+# ------------------------------------------------------------------------------------ native readers
+def test_native_readers_see_what_a_read_committed_consumer_sees(kafka_server, broker):
+    """A Kafka producer's transactions, read natively: Stream.read, a group consumer (local and
+    over TCP), read_columns (the Spark source's C path) give the committed records only, never a
+    marker; an open transaction holds every reader at its first offset until it ends; a member
+    that read to the end has no lag (its position is past the last marker)."""
+    import shmq
+    from tests._wait import polled
+
+    srv = kafka_server()
+    s = broker.create_stream("ev", partitions=1)
+    p = producer(srv.bootstrap, "t1")
+    for values, commit in (([b"c0", b"c1"], True), ([b"a0", b"a1", b"a2"], False), ([b"d0"], True)):
+        p.begin_transaction()
+        for v in values:
+            p.produce("ev", value=v, partition=0)
+        p.flush(30)
+        p.commit_transaction(30) if commit else p.abort_transaction(30)
+    p.begin_transaction()
+    p.produce("ev", value=b"open", partition=0)
+    p.flush(30)
+    want = [b"c0", b"c1", b"d0"]
+    assert [v for _o, v in read_all(srv.bootstrap, "ev", "read_committed")] == want
+    assert [r.value for r in s.read(0, 0, 100)] == want
+    end = s.offsets(0)[1]
+    assert s.stable(0) == end - 1  # "open"'s offset
+    cols = s.read_columns(0, 0, 100)
+    if cols is not None:
+        assert cols[0] == 3 and cols[11] == end - 1
+    with shmq.connect(srv.proc.url) as remote:
+        rs = remote.stream("ev")
+        assert [r.value for r in rs.read(0, 0, 100)] == want and rs.stable(0) == end - 1
+        with rs.consumer("rg") as rc:
+            assert [r.value for r in polled(rc, 3)] == want
+    with s.consumer("g") as c:
+        assert [r.value for r in polled(c, 3)] == want
+        assert c.poll(timeout=0.2) == []  # held at the open transaction
+        p.commit_transaction(30)
+        assert [r.value for r in polled(c, 1)] == [b"open"]
+        c.commit()
+        assert s.lag("g") == {0: 0}
+    s.close()

@@ -42,7 +42,8 @@ def test_layout_constants_are_the_engines():
         "REC_SIZE": L.REC_SIZE, "REC_STATUS": rec["status"], "REC_LENGTH": rec["length"],
         "REC_BODY_LEN": rec["body_len"], "REC_HDR_LEN": rec["hdr_len"], "REC_MSG_ID": rec["msg_id"],
         "REC_ENQ_NS": rec["enq_ns"], "REC_KEY": rec["deadline"], "PAD": L.PAD, "REC_FLAGS": rec["flags"],
-        "FLAG_NULL_VALUE": L.FLAG_NULL_VALUE,
+        "FLAG_NULL_VALUE": L.FLAG_NULL_VALUE, "FLAG_CONTROL": L.FLAG_CONTROL, "FLAG_ABORTED": L.FLAG_ABORTED,
+        "PART_STABLE": L.PART_STABLE_OFF,
     }
     assert java == want
     # the static headers' fields the reader takes, where layout.py's structs put them
@@ -177,5 +178,27 @@ def test_read_bench_runs(classes, broker):
         s.append_many([b"v" * 100] * 1000, partition=0)
         out = run_java(classes, "io.shmq.spark.source.ReadBench", broker.namespace, "bench", 64, 2).stdout
         assert re.fullmatch(r"records/s \d+ values MB/s \d+ retries 0\n", out), out
+    finally:
+        s.close()
+
+
+def test_a_reader_passes_over_markers_and_aborted_records_and_stops_at_the_stable_offset(classes, broker):
+    """The JVM source reads what the Python readers read of a partition with transactions in it
+    (their markers, an aborted one's records, an open one's: docs/STREAMS.md, Transactions)."""
+    s = broker.create_stream("txns", partitions=1, durability="memory")
+    try:
+        s.append_many([b"a", b"b"], partition=0)  # 0, 1
+        s.append_many([b"x", b"y"], partition=0)  # 2, 3: aborted
+        s.append_marker(0, b"\0\0\0\0", b"\0\0\0\0\0\0")  # 4
+        s.append_many([b"c"], partition=0)  # 5
+        s.append_marker(0, b"\0\0\0\1", b"\0\0\0\0\0\0")  # 6
+        assert s.hide(0, [(2, 4)], L.FLAG_ABORTED) == 2
+        s.set_stable(0, 7)
+        s.append_many([b"open"], partition=0)  # 7: a transaction still open
+        want = [(r.offset, r.value.hex()) for r in s.read(0, 0, 100)]
+        assert want == [(0, b"a".hex()), (1, b"b".hex()), (5, b"c".hex())] and s.stable(0) == 7
+        for batch in (1, 2, 100):
+            out = run_java(classes, "io.shmq.spark.source.VisibleDump", broker.namespace, "txns", 0, batch)
+            assert out.stdout.splitlines() == ["latest 7", *(f"{o} {v}" for o, v in want), "next 7"]
     finally:
         s.close()

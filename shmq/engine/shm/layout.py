@@ -334,7 +334,8 @@ def c_header() -> str:
         "MAX_PRIORITIES": MAX_PRIORITIES, "FLAG_TTL": FLAG_TTL, "NO_HOLDER": NO_HOLDER,
         "PROCS_OFF": PROCS_OFF, "PROC_SIZE": PROC_SIZE, "P_CWAIT": P_CWAIT, "P_PWAIT": P_PWAIT, "P_ACKED": P_ACKED,
         "P_REDELIVERED": P_REDELIVERED, "OPTS_LANES_OFF": OPTS_LANES_OFF,
-        "REUSE_MAX": REUSE_MAX, "FLAG_NULL_VALUE": FLAG_NULL_VALUE,
+        "REUSE_MAX": REUSE_MAX, "FLAG_NULL_VALUE": FLAG_NULL_VALUE, "FLAG_CONTROL": FLAG_CONTROL,
+        "FLAG_ABORTED": FLAG_ABORTED,
         "LIFETIME_W": I_LIFETIME, "LAST_USED_W": I_LAST_USED, "LIFE_EXPIRES_SHIFT": LIFE_EXPIRES_SHIFT,
         "LIFE_RENEW_NS": f"{LIFE_RENEW_NS}ULL",
         "POS_LIMIT": f"{POS_LIMIT}ULL",
@@ -382,6 +383,10 @@ def write_c_header() -> str:
 # a tombstone, whose body is then empty). Offsets are found through a sparse index: the
 # position of every INDEX_STRIDE-th offset.
 FLAG_NULL_VALUE = 0x1  # a stream record's flags (0 before tombstones: such records read as they did)
+# a transaction's marker (Kafka's control record: the transaction coordinator writes it), and a
+# record of a transaction that aborted (set in place): a reader of records skips both
+FLAG_CONTROL = 0x2
+FLAG_ABORTED = 0x4
 STREAM_MAGIC = b"SHMS"
 PART_MAGIC = b"SHMP"
 STREAM_VERSION = 7  # 4: the groups' owner-since words; 5: the members' poll deadlines; 6: a partition's memory
@@ -427,6 +432,11 @@ PART_WALCFG_OFF = 304
 # records never committed), and when it was written (the oldest entry makes room)
 TXN = struct.Struct("<16sQQQQQ")  # id, batch, end, previous batch, previous end, written_ns
 MAX_TXNS = 32
+# 0 while no transaction is open in the partition, else 1 + the first offset of the oldest
+# open one (the last stable offset: a reader of records reads nothing at or past it); the
+# transaction coordinator writes it (zero in an older segment: none open)
+PART_STABLE_OFF = 472
+PI_STABLE = PART_STABLE_OFF >> 3
 PART_TXN_OFF = 512
 PART_MEM_OFF = PART_TXN_OFF + MAX_TXNS * TXN.size  # the partition's memory block (``memory.py``)
 PART_INDEX_OFF = PART_MEM_OFF + MEM_SIZE + BITMAP_BYTES  # 10752
@@ -468,7 +478,8 @@ GROUP_SIZE = align(GROUP_DEADLINE_OFF + MAX_MEMBERS * 8, 64)
 STREAM_SIZE = GROUPS_OFF + MAX_GROUPS * GROUP_SIZE
 
 assert PART_STATIC.size <= PART_MUTEX_OFF and PART_CTL_OFF + 8 * len(PART_FIELDS) <= PART_WAL_WORDS_OFF
-assert PART_WAL_WORDS_OFF + 16 <= PART_WALCFG_OFF and PART_WALCFG_OFF + WALCFG.size <= PART_TXN_OFF
+assert PART_WAL_WORDS_OFF + 16 <= PART_WALCFG_OFF and PART_WALCFG_OFF + WALCFG.size <= PART_STABLE_OFF
+assert PART_STABLE_OFF + 8 <= PART_TXN_OFF
 assert PART_INDEX_OFF % 64 == 0
 assert STREAM_SEGMENT_BYTES_OFF + 8 <= STREAM_MUTEX_OFF and STREAM_CTL_OFF + 8 * len(STREAM_FIELDS) <= GROUPS_OFF
 assert GROUP_COMMITTED_OFF % 8 == 0 and GROUP_SIZE % 8 == 0

@@ -227,7 +227,7 @@ class Consumer(Iterating):
     def seek_to_end(self, *partitions) -> None:
         """Read these partitions (default: all owned) from their end: only what comes next."""
         ps = self._owned_of(partitions or self._owned)
-        self._move({p: self.stream.offsets(p)[1] for p in ps})
+        self._move({p: self.stream.stable(p) for p in ps})  # (the last stable offset: an open transaction's records come)
 
     def _move(self, positions: dict) -> None:
         if self._buffer:
@@ -280,7 +280,7 @@ class Consumer(Iterating):
             if out or _mono() >= deadline:
                 return out
             positions = {p: o for p, o in self._positions.items() if p not in self._paused}
-            s._wait(deadline, lambda: any(s.offsets(p)[1] > o for p, o in positions.items()))
+            s._wait(deadline, lambda: any(s.stable(p) > o for p, o in positions.items()))
 
     def _read_round(self, max_records) -> list[Record]:
         """One pass over the owned partitions not paused, taking turns, without waiting."""
@@ -291,22 +291,25 @@ class Consumer(Iterating):
             rows = self._read(p, max_records - len(out))
             if rows:
                 out += [s._record(p, row) for row in rows]
-                self._positions[p] = rows[-1][0] + 1
+            if rows.next > self._positions[p]:  # (past markers and aborted records too)
+                self._positions[p] = rows.next
             if len(out) >= max_records:
                 break
         self._turn += 1
         return out
 
     def _read(self, p, n):
+        """A reader's records of ``p`` from this member's position (``Partition.read``'s
+        ``Rows``: committed transactions' records only, ``next`` where to read on)."""
         try:
-            return self.stream._part(p).read(self._positions[p], n)
+            return self.stream._part(p).read(self._positions[p], n, visible=True)
         except OffsetOutOfRange as e:
             if self.auto_offset_reset == "none" or self._positions[p] > e.end:
                 raise
             log.warning("stream %s partition %d: group %s skips offsets %d..%d, dropped by retention or lost",
                         self.stream.name, p, self.group, self._positions[p], e.earliest - 1)
             self._positions[p] = e.earliest
-            return self.stream._part(p).read(e.earliest, n)
+            return self.stream._part(p).read(e.earliest, n, visible=True)
 
     def commit(self, offsets: dict | None = None) -> None:
         """Commit ``{partition: next offset to read}`` (default: where this member is in

@@ -37,12 +37,14 @@ from ..shm.memory import Memory, arc, pinned_bytes
 from ..shm.segment import create_segment, open_segment
 from ...persistence.wal import HighWater, Log, Tail, log_files, partition_log_name
 
-__all__ = ["Partition", "Image", "partition_segment_name", "create_partition", "record_size", "columns_items",
-           "check_timestamps", "chunks_by_time"]
+__all__ = ["Partition", "Image", "Rows", "partition_segment_name", "create_partition", "record_size",
+           "columns_items", "check_timestamps", "chunks_by_time"]
 
 _REC = L.REC_SIZE
 _READY, _PAD, _NULL = L.READY, L.PAD, L.FLAG_NULL_VALUE
+_HIDDEN = L.FLAG_CONTROL | L.FLAG_ABORTED  # what a reader of records passes over
 _R_LENGTH, _R_MSG_ID, _R_ENQ, _R_KEY = L.R_LENGTH, L.R_MSG_ID, L.R_ENQ, L.R_DEADLINE
+_R_FLAGS = L.REC_OFFSETS["flags"]  # (a byte offset in the record: a u32)
 _STRIDE = L.INDEX_STRIDE
 _REC_UNPACK = L.REC.unpack_from
 _LOG_GEN_W = L.PART_WALCFG_OFF >> 3  # the generation word of the partition's log config
@@ -56,6 +58,13 @@ _stream_entry = dmsq.stream_entry
 _publish_entry = dmsq.publish_entry
 _NO_TXN = bytes(16)
 _EMPTY = b""
+
+
+class Rows(list):
+    """A reader's records (``Partition.read(visible=True)``), and ``next``: the offset to
+    read on from, past the markers and aborted records passed over after the last one."""
+
+    __slots__ = ("next",)
 
 
 def partition_segment_name(stream_base: str, index: int) -> str:
@@ -288,6 +297,57 @@ class Partition:
         finally:
             self._release()
 
+    def stable(self) -> int:
+        """The last stable offset: a reader of records reads below it (the first offset of
+        the oldest transaction open here; the end when none is)."""
+        self._acquire()
+        try:
+            return self._stable()
+        finally:
+            self._release()
+
+    def _stable(self):
+        mq = self._mq
+        return min(mq[L.PI_STABLE] - 1, mq[L.PI_NEXT]) if mq[L.PI_STABLE] else mq[L.PI_NEXT]
+
+    def set_stable(self, offset: int | None) -> None:
+        """The transaction coordinator's: readers read below ``offset`` (None: no
+        transaction is open here)."""
+        self._acquire()
+        try:
+            self._mq[L.PI_STABLE] = 0 if offset is None else offset + 1
+        finally:
+            self._release()
+
+    def hide(self, spans, flag: int) -> int:
+        """Set ``flag`` (FLAG_ABORTED: an aborted transaction's records; FLAG_CONTROL: its
+        marker) on the records of ``[first, end)`` spans still in memory: readers of records
+        pass over them. Returns how many it set."""
+        mq, cap, base = self._mq, self._cap, self._base
+        done = 0
+        self._acquire()
+        try:
+            tail = mq[L.PI_TAIL]
+            for first, end in spans:
+                if end <= mq[L.PI_EARLIEST] or first >= mq[L.PI_NEXT]:
+                    continue
+                found = self._find(max(first, mq[L.PI_EARLIEST]))
+                if found is None:
+                    continue
+                for _pos, w in ring.records(mq, cap, base, found[0], tail):
+                    if mq[w] & 0xFF == _PAD:
+                        continue
+                    if mq[w + _R_MSG_ID] >= end:
+                        break
+                    fw = (w << 3) + _R_FLAGS
+                    flags = int.from_bytes(self._mm[fw:fw + 4], "little")
+                    if not flags & flag:
+                        self._mm[fw:fw + 4] = (flags | flag).to_bytes(4, "little")
+                        done += 1
+        finally:
+            self._release()
+        return done
+
     def _low(self):
         earliest, disk = self._mq[L.PI_EARLIEST], self._mq[L.PI_DISK_FIRST]
         return min(earliest, disk - 1) if disk else earliest
@@ -327,7 +387,7 @@ class Partition:
             f"a damaged or deleted log file); read on from {resume}", resume, end)
 
     # ------------------------------------------------------------------ append
-    def append(self, items, now_ns, floor=None, deadline=None, txn=None, times=None) -> int | None:
+    def append(self, items, now_ns, floor=None, deadline=None, txn=None, times=None, flags=0) -> int | None:
         """Append ``(key or None, encoded headers, value or None)`` items, all or nothing; returns
         the first one's offset. Each record is stamped ``now_ns``, or with ``times`` (a
         list as long as ``items``) its own time in ns. With ``floor`` (retention="block":
@@ -335,8 +395,9 @@ class Partition:
         and the append waits (until ``deadline``, monotonic ns, then ShmqError) for more.
         With ``txn`` = (publisher id: 16 bytes, batch: int), the append is a publish of
         that batch, done at most once: None, appending nothing, when the publisher's
-        table says this batch (or a later one) is in already. StorageError (nothing
-        appended) when the log or the high-water file cannot be written."""
+        table says this batch (or a later one) is in already. ``flags``: set on each record
+        (FLAG_CONTROL: a transaction's marker, which the coordinator appends). StorageError
+        (nothing appended) when the log or the high-water file cannot be written."""
         sizes = [record_size(k, h, v) for k, h, v in items]
         stamps = [now_ns] * len(items) if times is None else times
 
@@ -347,7 +408,7 @@ class Partition:
             return b"".join(out)
 
         return self._append(len(items), sum(sizes), now_ns, lambda tail: self._placement_end(sizes, tail), entries,
-                            lambda start, first: self._fill(items, sizes, stamps, start, first),
+                            lambda start, first: self._fill(items, sizes, stamps, start, first, flags),
                             floor, deadline, txn)
 
     def append_columns(self, chunks, now_ns, floor=None, deadline=None, txn=None, times=None) -> int | None:
@@ -485,7 +546,7 @@ class Partition:
         mq[L.PI_APPENDED] += n
         return first
 
-    def _fill(self, items, sizes, stamps, start, offset) -> int:
+    def _fill(self, items, sizes, stamps, start, offset, flags=0) -> int:
         """Write ``items`` from ring position ``start`` on, offsets from ``offset``, each
         stamped with its time in ``stamps`` (ns), and index them; the position after the
         last. Lock held, room made."""
@@ -496,9 +557,10 @@ class Partition:
             pos, a = ring.place(mm, base, cap, pos, size)
             if value is None:  # a tombstone
                 ring.write_record(mm, a, _READY, size, _EMPTY, hraw if key is None else key + hraw, offset, now_ns,
-                                  _NULL)
+                                  _NULL | flags)
             else:
-                ring.write_record(mm, a, _READY, size, value, hraw if key is None else key + hraw, offset, now_ns)
+                ring.write_record(mm, a, _READY, size, value, hraw if key is None else key + hraw, offset, now_ns,
+                                  flags)
             if key is not None:
                 mq[(a >> 3) + _R_KEY] = len(key) + 1
             if offset % _STRIDE == 0:
@@ -815,11 +877,11 @@ class Partition:
         return earliest, end
 
     def read_columns(self, offset: int, max_records: int):
-        """``read``'s records from memory as Arrow buffers (``_fast.read_columns``: n, then
-        offsets and data of values, keys (with a validity bitmap) and encoded headers, the
-        values' validity bitmap (None: no null value), then offsets and timestamps in us),
-        or None: no C build, or ``offset`` is on disk only (``read`` reads there). The same
-        errors as ``read``."""
+        """A reader's records (``read(visible=True)``'s) from memory as Arrow buffers
+        (``_fast.read_columns``: n, then offsets and data of values, keys (with a validity
+        bitmap) and encoded headers, the values' validity bitmap (None: no null value), then
+        offsets and timestamps in us, and the offset to read on from), or None: no C build,
+        or ``offset`` is on disk only (``read`` reads there). The same errors as ``read``."""
         read_columns = self.paths.read_columns
         if read_columns is None:  # the Python paths
             return None
@@ -830,27 +892,34 @@ class Partition:
             if offset < earliest:
                 return None
             if offset == end:
-                return read_columns(self._mm, self._base, self._cap, 0, 0, 0)
+                return read_columns(self._mm, self._base, self._cap, 0, 0, 0, 0)[:11] + (offset,)
             found = self._find(offset)
             if found is None or found[1] != offset:
                 raise self._lost(offset, end if found is None else found[1], end)
-            return read_columns(self._mm, self._base, self._cap, found[0], mq[L.PI_TAIL], max_records)
+            cols = read_columns(self._mm, self._base, self._cap, found[0], mq[L.PI_TAIL], max_records, self._stable())
+            return cols if cols[11] else cols[:11] + (offset,)
         finally:
             self._release()
 
-    def read(self, offset: int, max_records: int, max_bytes: int | None = None) -> list:
+    def read(self, offset: int, max_records: int, max_bytes: int | None = None, visible: bool = False) -> list:
         """Up to ``max_records`` records from ``offset`` on, as (offset, timestamp, key,
         encoded headers, value or None); [] at the end. Below what memory holds, a "wal"
         partition reads its logs on disk. OffsetOutOfRange below the readable range, past
         the end, or inside a gap (offsets lost with a reboot or a damaged file: its
         ``earliest`` says where to read on). With ``max_bytes``, stops before the values
-        would exceed it (the first record is always returned)."""
+        would exceed it (the first record is always returned). Every record as stored
+        (the Kafka listener's, a copy's), or with ``visible`` a reader's: below the last
+        stable offset, transactions' markers and aborted records passed over (they count
+        in ``max_records``), as ``Rows`` (``next``: where to read on)."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
-        out = []
+        out = Rows() if visible else []
         self._acquire()
         try:
             earliest, end = self._in_range(offset)
-            if offset == end:
+            stop = self._stable() if visible else end
+            if visible:
+                out.next = offset
+            if offset >= stop:
                 return out
             if offset < earliest:  # on disk only: read there, without the lock
                 directory = self.log.config()[3]
@@ -858,14 +927,20 @@ class Partition:
                 found = self._find(offset)
                 if found is None or found[1] != offset:
                     raise self._lost(offset, end if found is None else found[1], end)
-                budget = max_bytes
+                budget, last, looked = max_bytes, offset - 1, 0
                 for _pos, w in ring.records(mq, cap, base, found[0], mq[L.PI_TAIL]):
                     a = w << 3
                     status, _length, bl, hl, flags, off, ts, klen = _REC_UNPACK(mm, a)
                     if status & 0xFF == _PAD:
                         continue
-                    if out and off != out[-1][0] + 1:  # a gap: the next read is told of it
+                    if looked and off != last + 1 or off >= stop:  # a gap (the next read is told of it), an open transaction
                         break
+                    if visible and flags & _HIDDEN:
+                        last, looked = off, looked + 1
+                        out.next = off + 1
+                        if looked >= max_records:
+                            break
+                        continue
                     if budget is not None:
                         if out and bl > budget:
                             break
@@ -876,7 +951,10 @@ class Partition:
                     else:
                         key, h = None, mm[b:b + hl]
                     out.append((off, ts, key, h, None if flags & _NULL else mm[b + hl:b + hl + bl]))
-                    if len(out) >= max_records:
+                    last, looked = off, looked + 1
+                    if visible:
+                        out.next = off + 1
+                    if looked >= max_records:
                         break
                 return out
         finally:
@@ -884,9 +962,16 @@ class Partition:
         rows, resume = self._tail.read(directory, offset, max_records, earliest, max_bytes)
         if not rows:
             raise self._lost(offset, earliest if resume is None else resume, end)
-        if len(rows) < max_records and max_bytes is None and rows[-1][0] + 1 == earliest:
+        if visible:  # (on disk: the records below the last stable offset, as logged)
+            out.extend(r for r in rows if r[0] < stop)
+            out.next = out[-1][0] + 1 if out else offset
+            rows = out
+        if len(rows) < max_records and max_bytes is None and rows and rows[-1][0] + 1 == earliest:
             try:  # and on into memory
-                rows += self.read(earliest, max_records - len(rows))
+                more = self.read(earliest, max_records - len(rows), visible=visible)
+                rows += more
+                if visible:
+                    rows.next = max(rows.next, more.next)
             except OffsetOutOfRange:  # retention moved on meanwhile: the next read goes to disk
                 pass
         return rows

@@ -398,7 +398,7 @@ class Stream:
                     raise OffsetOutOfRange(f"stream {self.name!r} partition {p}: offsets {offset}..{end - 1} are "
                                            "not retained", *self._part(p).offsets())
                 out.append(cols)
-                offset += cols[0]
+                offset = cols[11]
         return out
 
     def append_columns(self, columns, partition: int, timestamps_ns=None) -> int | None:
@@ -439,17 +439,52 @@ class Stream:
         txn_id = check_txn(txn_id)
         return {p: self._part(p).published(txn_id) for p in range(self.partitions)}
 
-    def read_raw(self, p: int, offset: int, max_records: int = 1000, max_bytes: int | None = None) -> list:
+    def read_raw(self, p: int, offset: int, max_records: int = 1000, max_bytes: int | None = None,
+                 visible: bool = False) -> list:
         """``read`` without waiting, the records as they are stored: (offset, timestamp in
         ns, key or None, encoded headers, value or None) — for bulk readers that convert them
         themselves (the Spark source builds Arrow columns from them). With ``max_bytes``,
-        stops before the values pass it (the first record always comes). Local handles only."""
-        return self._part(p).read(offset, max_records, max_bytes)
+        stops before the values pass it (the first record always comes). Every record, or
+        with ``visible`` those a reader sees (``Partition.read``: ``Rows``, with ``next``).
+        Local handles only."""
+        return self._part(p).read(offset, max_records, max_bytes, visible)
+
+    def stable(self, p: int) -> int:
+        """Partition ``p``'s last stable offset: readers read below it (the end, unless a
+        transaction is open there: docs/STREAMS.md, Transactions)."""
+        return self._part(p).stable()
+
+    def append_marker(self, p: int, key: bytes, value: bytes) -> int:
+        """A transaction's marker (the coordinator's: ``server/kafka/transactions.py``) at
+        the end of partition ``p``: a record readers pass over; returns its offset. Local
+        handles only."""
+        self._check_p(p)
+        floor = None
+        if self.retention == "block":
+            floor = lambda: self.groups_table.floor(p, self._idle_ns)  # noqa: E731
+        first = self._part(p).append([(key, b"", value)], _wall(), floor, flags=L.FLAG_CONTROL)
+        self._wake_readers()
+        return first
+
+    def hide(self, p: int, spans, flag: int) -> int:
+        """Partition ``p``'s records of ``[first, end)`` spans marked ``flag``
+        (``Partition.hide``: the coordinator's). Local handles only."""
+        self._check_p(p)
+        n = self._part(p).hide(spans, flag)
+        self._wake_readers()
+        return n
+
+    def set_stable(self, p: int, offset: int | None) -> None:
+        """The coordinator's: partition ``p``'s readers read below ``offset`` (None: no
+        transaction is open there). Local handles only."""
+        self._check_p(p)
+        self._part(p).set_stable(offset)
+        self._wake_readers()
 
     def read_columns(self, p: int, offset: int, max_records: int = 1000):
-        """``read`` without waiting, as Arrow buffers built in C (``Partition.read_columns``),
-        or None where that path is not there (no C build; records only on disk): then
-        ``read_raw``. Local handles only."""
+        """``read`` without waiting, as Arrow buffers built in C (``Partition.read_columns``:
+        the last field says where to read on), or None where that path is not there (no C
+        build; records only on disk): then ``read_raw(visible=True)``. Local handles only."""
         return self._part(p).read_columns(offset, max_records)
 
     def raw_records(self, p: int, first: int, end: int) -> list:
@@ -516,10 +551,11 @@ class Stream:
 
     def read(self, p: int, offset: int, max_records: int = 1000, timeout: float = 0.0) -> list[Record]:
         """Records of partition ``p`` from ``offset`` on, the same every time while they
-        are retained (in memory, or for "wal" in a log on disk). At the end, waits up to
-        ``timeout`` seconds and returns [] if nothing came; OffsetOutOfRange below the
-        retained range, past the end, or in a gap of lost offsets (its ``earliest`` says
-        where to read on)."""
+        are retained (in memory, or for "wal" in a log on disk): those of committed
+        transactions only, below the last stable offset, no marker (docs/STREAMS.md,
+        Transactions). At the end, waits up to ``timeout`` seconds and returns [] if
+        nothing came; OffsetOutOfRange below the retained range, past the end, or in a gap
+        of lost offsets (its ``earliest`` says where to read on)."""
         if isinstance(offset, bool) or not isinstance(offset, int):
             raise TypeError(f"offset must be an int, not {type(offset).__name__}")
         if offset < 0:
@@ -529,10 +565,13 @@ class Stream:
         part = self._part(p)
         deadline = _mono() + waits.seconds_ns(timeout, "timeout")
         while True:
-            rows = part.read(offset, max_records)
+            rows = part.read(offset, max_records, visible=True)
             if rows or _mono() >= deadline:
                 return [self._record(p, row) for row in rows]
-            self._wait(deadline, lambda: part.offsets()[1] > offset)
+            if rows.next > offset:  # past markers and aborted records: on from there
+                offset = rows.next
+                continue
+            self._wait(deadline, lambda: part.stable() > offset)
 
     def _record(self, p, row) -> Record:
         off, ts, key, hraw, value = row

@@ -37,7 +37,7 @@ class Armed:
 
     def ready(self, s: Stream) -> bool:
         return (s.groups_table.generation(self.group) != self.generation
-                or any(s.offsets(p)[1] > o for p, o in self.positions.items()))
+                or any(s.stable(p) > o for p, o in self.positions.items()))
 
 
 class StreamsWatch:

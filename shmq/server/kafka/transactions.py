@@ -20,6 +20,7 @@ import logging
 import time
 
 from ...engine.shm.waits import serving
+from ...engine.shm.layout import FLAG_ABORTED, FLAG_CONTROL
 from ...errors import ShmqError
 from ...kafka import ErrorCode as E
 from ...kafka import KafkaProtocolError
@@ -222,6 +223,7 @@ class Transactions:
                          extra={"event": "kafka_txn_aborted", "topic": key[0], "partition": key[2],
                                 "reason": "restart"})
                 await self._write_marker(key, pid, t.epoch if t is not None else 0, False, "")
+        self._reveal()
 
     # ------------------------------------------------------------------ checks
     def _txn(self, tid: str, pid: int, epoch: int, fenced: E) -> Txn:
@@ -305,7 +307,9 @@ class Transactions:
             if key not in t.partitions:
                 first = s.offsets(p)[1]
                 t.partitions[key] = first
-                self.index.of(key).begin(t.pid, first)
+                part = self.index.of(key)
+                part.begin(t.pid, first)
+                s.set_stable(p, min(part.open.values()))  # native readers stop below it too
                 self._note(["add", tid, *key, first])
         return {name: [(p, E.none) for p in parts] for name, parts in topics.items()}
 
@@ -400,6 +404,33 @@ class Transactions:
             except OSError as e:
                 log.warning("cannot write %s anew: %s", self.journal.path, e.strerror or e)
 
+    @staticmethod
+    def _show(s, p: int, part: PartitionTxns, pid: int, commit: bool) -> None:
+        """Before ``pid``'s marker: native readers (``Partition.read(visible=True)``) pass
+        over its records if it aborted, and read up to the next open transaction's."""
+        if not commit:
+            first = part.open.get(pid, 0)
+            s.hide(p, [(f, e) for f, e, spid, _ep, kind in part.spans if spid == pid and kind == DATA and e > first],
+                   FLAG_ABORTED)
+        rest = [f for other, f in part.open.items() if other != pid]
+        s.set_stable(p, min(rest) if rest else None)
+
+    def _reveal(self) -> None:
+        """What native readers must pass over, set again on the records (a reboot rebuilt
+        them from logs and snapshots, which keep no such flag): every marker, every
+        aborted transaction's records, and each partition's last stable offset."""
+        for key, part in self.index.parts.items():
+            s = self._stream(key)
+            if s is None:
+                continue
+            p = key[2]
+            markers = [(f, e) for f, e, _pid, _ep, kind in part.spans if kind != DATA]
+            aborted = [(f, e) for m, first, pid in part.aborted for f, e, spid, _ep, kind in part.spans
+                       if spid == pid and kind == DATA and first <= f < m]
+            s.hide(p, markers, FLAG_CONTROL)
+            s.hide(p, aborted, FLAG_ABORTED)
+            s.set_stable(p, min(part.open.values()) if part.open else None)
+
     async def _marker(self, t: Txn, key: tuple, commit: bool) -> None:
         """``t``'s marker in one partition."""
         await self._write_marker(key, t.pid, t.epoch, commit, t.tid)
@@ -415,11 +446,12 @@ class Transactions:
         k, v = marker(commit)
         p = key[2]
         try:
+            self._show(s, p, part, pid, commit)
             if s.retention == "block":  # may wait for the slowest group: not on the loop
-                offset = (await asyncio.to_thread(s.append, v, k, None, p)).offset
+                offset = await asyncio.to_thread(s.append_marker, p, k, v)
             else:
                 with serving():
-                    offset = s.append(v, key=k, partition=p).offset
+                    offset = s.append_marker(p, k, v)
         except ShmqError as e:  # the records stay out of reach of read_committed consumers, as if still open
             log.warning("Kafka transaction %r: the %s marker of %s partition %d cannot be written: %s", tid,
                         "COMMIT" if commit else "ABORT", key[0], p, e)
@@ -457,7 +489,8 @@ class Transactions:
             # ended while the batch waited for room (retention="block"): it is aborted at once
             part.begin(pid, first)
             k, v = marker(False)
-            offset = s.append(v, key=k, partition=p).offset
+            self._show(s, p, part, pid, False)
+            offset = s.append_marker(p, k, v)
             part.ended(pid, epoch, offset, False)
             self._note(["marker", pid, epoch, *key, offset, False])
 

@@ -100,12 +100,15 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
                         + "stream's logs on disk, which the JVM source does not read: read them with "
                         + "format('shmq_python')", e);
             }
-            if (got == 0) {
+            if (got == 0 && block.next <= next) {
                 throw new IllegalStateException("stream " + SourceOptions.repr(target.stream) + " partition "
                         + r.partition + " ends before offset " + next + ": was it deleted and created again?");
             }
+            next = block.next; // (past a transaction's marker and an aborted one's records too)
+            if (got == 0) {
+                continue;
+            }
             fill(r.partition, got);
-            next = block.offset[got - 1] + 1;
             return true;
         }
         return false;

@@ -32,6 +32,8 @@ public final class Layout {
     public static final int PART_EARLIEST = 152;
     public static final int PART_NEXT = 160;
     public static final int PART_DISK_FIRST = 208;
+    /** 0 while no transaction is open in the partition, else 1 + the last stable offset: readers read below it. */
+    public static final int PART_STABLE = 472;
     /** The sparse offset index: the position of every INDEX_STRIDE-th offset, slot = offset / stride % slots. */
     public static final int PART_INDEX_OFF = 10752;
     public static final int INDEX_STRIDE = 16;
@@ -49,6 +51,9 @@ public final class Layout {
     public static final int REC_KEY = 40;
     /** In a stream record's flags: its value is null (a tombstone, its value bytes none). */
     public static final int FLAG_NULL_VALUE = 0x1;
+    /** In a stream record's flags: a transaction's marker, and a record of a transaction that aborted (readers pass over both). */
+    public static final int FLAG_CONTROL = 0x2;
+    public static final int FLAG_ABORTED = 0x4;
     /** Status (low byte) of a filler record to the end of the lap. */
     public static final int PAD = 4;
 }

@@ -116,10 +116,12 @@ public final class Partition implements Closeable {
         return disk != 0 ? Math.min(earliest, disk - 1) : earliest;
     }
 
-    /** The offset the next append gets. */
+    /** The last stable offset: the offset the next append gets, unless a transaction is open (its first offset). */
     public long latest() throws IOException {
         checkLive();
-        return word(PART_NEXT);
+        long stable = word(PART_STABLE);
+        long next = word(PART_NEXT);
+        return stable != 0 ? Math.min(stable - 1, next) : next;
     }
 
     /** Copies that found their records overwritten and were made again. */
@@ -142,6 +144,7 @@ public final class Partition implements Closeable {
 
     private int copy(long from, long until, int maxRecords, RecordBlock out) throws IOException, InterruptedException {
         out.clear();
+        out.next = from;
         if (from < 0 || until < from || maxRecords < 0) {
             throw new IllegalArgumentException(what + ": cannot read offsets [" + from + ", " + until + ") x "
                     + maxRecords);
@@ -241,6 +244,7 @@ public final class Partition implements Closeable {
     private int walk(long pos, long head, long tail, long next, long from, long until, int max, RecordBlock out,
                      Gap gap) {
         int n = 0;
+        int looked = 0; // records looked at: those copied, and markers and aborted records passed over
         long prev = -1;
         boolean first = pos == head;
         while (pos < tail) {
@@ -263,13 +267,21 @@ public final class Partition implements Closeable {
                 first = false;
                 continue;
             }
-            if (n == 0 && off != from) {
+            if (looked == 0 && off != from) {
                 gap.end = off;
                 gap.atHead = first;
                 return GAP;
             }
-            if ((n > 0 && off != prev + 1) || off >= until) {
+            if ((looked > 0 && off != prev + 1) || off >= until) {
                 break; // a gap after the first record: the next read is told of it
+            }
+            if ((buf.getInt(a + REC_FLAGS) & (FLAG_CONTROL | FLAG_ABORTED)) != 0) {
+                prev = off; // a transaction's marker, an aborted transaction's record: passed over
+                out.next = off + 1;
+                if (++looked >= max) {
+                    break;
+                }
+                continue;
             }
             long hl = buf.getInt(a + REC_HDR_LEN) & 0xFFFFFFFFL;
             long bl = buf.getInt(a + REC_BODY_LEN) & 0xFFFFFFFFL;
@@ -295,12 +307,13 @@ public final class Partition implements Closeable {
             out.valueLen[n] = (buf.getInt(a + REC_FLAGS) & FLAG_NULL_VALUE) != 0 ? -1 : (int) bl; // -1: a tombstone
             out.dataLen = d + payload;
             out.count = ++n;
+            out.next = off + 1;
             prev = off;
-            if (n >= max) {
+            if (++looked >= max) {
                 break;
             }
         }
-        if (n == 0) { // nothing at or after from below the tail: offsets up to the end were lost
+        if (looked == 0) { // nothing at or after from below the tail: offsets up to the end were lost
             gap.end = next;
             gap.atHead = false;
             return GAP;

@@ -5,6 +5,8 @@ import java.util.Arrays;
 /** A batch of records as flat arrays (no object per record). Keys, values and raw headers live in one arena. */
 public final class RecordBlock {
     public int count;
+    /** Where to read on: after the last record looked at (a transaction's marker, an aborted one's records passed over). */
+    public long next;
     /** Bytes of {@link #data} in use. */
     public int dataLen;
     public long[] offset = new long[0];

@@ -92,22 +92,16 @@ public final class TcpStream implements RecordSource {
                 throw new IOException("stream '" + stream + "' partition " + partition + " ends at " + e.end()
                         + ", before offset " + next + ": was it deleted and created again?", e);
             }
-            int first = out.count, firstData = out.dataLen;
             int n = StreamMessages.records(reply, until, maxRecords - out.count, out);
-            if (n == 0) {
-                break; // at the end of the partition
-            }
-            if (out.offset[first] != next) { // records below it are gone
-                long firstAvailable = out.offset[first];
-                out.count = first;
-                out.dataLen = firstData;
-                if (first > 0) {
-                    break;
+            if (n == 0) { // the server passed over markers and aborted records up to the last stable offset, or the end
+                if (offsets(partition)[1] >= until) {
+                    next = until;
                 }
-                throw lost(partition, next, firstAvailable, until);
+                break;
             }
-            next = out.offset[out.count - 1] + 1;
+            next = out.offset[out.count - 1] + 1; // (records between are a transaction's marker or aborted ones)
         }
+        out.next = next;
         return out.count;
     }
 

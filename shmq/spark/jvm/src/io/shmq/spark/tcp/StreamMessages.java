@@ -16,8 +16,9 @@ public final class StreamMessages {
     public static final int MAX_READ = 100_000;
 
     private static final byte[][] REPLY_KEYS = utf8("records", "error", "earliest", "end", "partitions",
-            "max_frame_bytes");
-    private static final int K_RECORDS = 0, K_ERROR = 1, K_EARLIEST = 2, K_END = 3, K_PARTITIONS = 4, K_MAX_FRAME = 5;
+            "max_frame_bytes", "stable");
+    private static final int K_RECORDS = 0, K_ERROR = 1, K_EARLIEST = 2, K_END = 3, K_PARTITIONS = 4, K_MAX_FRAME = 5,
+            K_STABLE = 6;
     private static final byte[][] RECORD_KEYS = utf8("offset", "value", "key", "headers", "timestamp");
     private static final int R_OFFSET = 0, R_VALUE = 1, R_KEY = 2, R_HEADERS = 3, R_TIMESTAMP = 4;
 
@@ -87,7 +88,8 @@ public final class StreamMessages {
         if (earliest < 0 || end < earliest) {
             throw new ProtocolException("OFFSETS reply without valid 'earliest' and 'end' (" + earliest + ", " + end + ")");
         }
-        return new long[] {earliest, end};
+        long stable = intField(f, K_STABLE, end); // (an older server has no transactions: the end)
+        return new long[] {earliest, Math.min(stable, end)};
     }
 
     /**

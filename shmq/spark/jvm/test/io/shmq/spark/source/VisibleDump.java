@@ -1,0 +1,30 @@
+package io.shmq.spark.source;
+
+/**
+ * What a reader sees of a stream partition the Python engine wrote with transactions in it: args
+ * namespace, stream, partition, records per read. Prints "latest L" (the last stable offset), then
+ * the offset and value (hex) of each record read from the earliest on, by reads that go on from
+ * {@code RecordBlock.next} (past markers and aborted records), then "next N" where the reads ended.
+ */
+public final class VisibleDump {
+    public static void main(String[] args) throws Exception {
+        String ns = args[0], name = args[1];
+        int p = Integer.parseInt(args[2]), batch = Integer.parseInt(args[3]);
+        try (ShmStream s = ShmStream.open(ns, name)) {
+            RecordBlock out = new RecordBlock();
+            long from = s.earliest(p), end = s.latest(p);
+            System.out.println("latest " + end);
+            while (from < end) {
+                int got = s.read(p, from, end, batch, out);
+                if (got == 0 && out.next <= from) {
+                    throw new IllegalStateException("no progress at " + from);
+                }
+                for (int i = 0; i < got; i++) {
+                    System.out.println(out.offset[i] + " " + SourceCheck.hex(out.data, out.valueStart[i], out.valueLen[i]));
+                }
+                from = out.next;
+            }
+            System.out.println("next " + from);
+        }
+    }
+}
