@@ -302,7 +302,7 @@ class Consumer(Iterating):
         """A reader's records of ``p`` from this member's position (``Partition.read``'s
         ``Rows``: committed transactions' records only, ``next`` where to read on)."""
         try:
-            return self.stream._part(p).read(self._positions[p], n, visible=True)
+            return self.stream._part(p).read(self._positions[p], n, None, True)  # (visible)
         except OffsetOutOfRange as e:
             if self.auto_offset_reset == "none" or self._positions[p] > e.end:
                 raise

@@ -43,6 +43,7 @@ __all__ = ["Partition", "Image", "Rows", "partition_segment_name", "create_parti
 _REC = L.REC_SIZE
 _READY, _PAD, _NULL = L.READY, L.PAD, L.FLAG_NULL_VALUE
 _HIDDEN = L.FLAG_CONTROL | L.FLAG_ABORTED  # what a reader of records passes over
+_PI_STABLE = L.PI_STABLE
 _R_LENGTH, _R_MSG_ID, _R_ENQ, _R_KEY = L.R_LENGTH, L.R_MSG_ID, L.R_ENQ, L.R_DEADLINE
 _R_FLAGS = L.REC_OFFSETS["flags"]  # (a byte offset in the record: a u32)
 _STRIDE = L.INDEX_STRIDE
@@ -916,9 +917,12 @@ class Partition:
         self._acquire()
         try:
             earliest, end = self._in_range(offset)
-            stop = self._stable() if visible else end
+            stop = end
             if visible:
                 out.next = offset
+                st = mq[_PI_STABLE]
+                if st and st - 1 < end:
+                    stop = st - 1
             if offset >= stop:
                 return out
             if offset < earliest:  # on disk only: read there, without the lock
@@ -933,11 +937,10 @@ class Partition:
                     status, _length, bl, hl, flags, off, ts, klen = _REC_UNPACK(mm, a)
                     if status & 0xFF == _PAD:
                         continue
-                    if looked and off != last + 1 or off >= stop:  # a gap (the next read is told of it), an open transaction
+                    if off != last + 1 or off >= stop:  # a gap (the next read is told of it); a transaction open
                         break
                     if visible and flags & _HIDDEN:
                         last, looked = off, looked + 1
-                        out.next = off + 1
                         if looked >= max_records:
                             break
                         continue
@@ -952,10 +955,10 @@ class Partition:
                         key, h = None, mm[b:b + hl]
                     out.append((off, ts, key, h, None if flags & _NULL else mm[b + hl:b + hl + bl]))
                     last, looked = off, looked + 1
-                    if visible:
-                        out.next = off + 1
                     if looked >= max_records:
                         break
+                if visible and looked:
+                    out.next = last + 1
                 return out
         finally:
             self._release()

@@ -565,7 +565,7 @@ class Stream:
         part = self._part(p)
         deadline = _mono() + waits.seconds_ns(timeout, "timeout")
         while True:
-            rows = part.read(offset, max_records, visible=True)
+            rows = part.read(offset, max_records, None, True)  # (visible)
             if rows or _mono() >= deadline:
                 return [self._record(p, row) for row in rows]
             if rows.next > offset:  # past markers and aborted records: on from there
