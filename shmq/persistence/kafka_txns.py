@@ -8,9 +8,11 @@ stood, at its next start.
 Strategy: an event is one ``write`` of one whole line to a file opened for appending, before
 the coordinator answers the request that made it: a process killed after the write leaves
 it in the page cache, which the next start reads; a process killed during the write leaves
-at most a torn last line, which a read drops (it was never answered). Each start, and each
-time the file outgrows ``COMPACT_BYTES``, the coordinator writes what it holds as a new
-file of fewer events and renames it over the old one (temp file, fsync, rename).
+at most a torn last line, which a read drops (it was never answered). A server with a data
+dir fsyncs it as its logs (``--fsync``: each event before its answer, within the batch's
+milliseconds, or never). Each start, and each time the file outgrows ``COMPACT_BYTES``,
+the coordinator writes what it holds as a new file of fewer events and renames it over the
+old one (temp file, fsync, rename).
 """
 
 import json
@@ -79,6 +81,7 @@ class Journal:
         self.path = path
         self.fd = -1
         self.bytes = 0
+        self.unsynced = False  # written since the last fsync
         self.rewrite(events)
 
     def rewrite(self, events) -> None:
@@ -108,6 +111,13 @@ class Journal:
         line = _line(event)
         os.write(self.fd, line)
         self.bytes += len(line)
+        self.unsynced = True
+
+    def sync(self) -> None:
+        """fsync what was written (OSError as it comes)."""
+        if self.fd >= 0 and self.unsynced:
+            self.unsynced = False
+            os.fsync(self.fd)
 
     @property
     def due(self) -> bool:

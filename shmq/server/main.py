@@ -188,6 +188,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                 if kafka_listener is not None:
                     kafka_listener.on_create = snapshotter.open_wal
                     kafka_listener.state_dir = data_dir  # its producers' sequences, commit metadata: kept there
+                    kafka_listener.txns.fsync = (mode, ms)  # its transaction journal: synced as the logs are
             _log_persistence(namespace, data_dir, snapshot_interval, fsync)
             # the token told before the port listens: a client that reaches it (one coming
             # back after a restart, at once) finds the runtime file there

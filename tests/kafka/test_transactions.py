@@ -563,3 +563,50 @@ def test_native_readers_see_what_a_read_committed_consumer_sees(kafka_server, br
         c.commit()
         assert s.lag("g") == {0: 0}
     s.close()
+
+
+def test_a_power_loss_keeps_the_journal_with_fsync_always(namespace, servers, tmp_path):
+    """On a filesystem that forgets what was not fsynced (tests/lazyfs.py): with ``--fsync
+    always`` every journal event is synced before its answer, so after a power loss and a
+    reboot a committed transaction is still committed and an aborted one still aborted,
+    its "wal" stream's records and markers rebuilt from the logs."""
+    from shmq.engine.shm.segment import destroy_namespace
+    from tests.lazyfs import Mount, Unavailable
+
+    try:
+        fs = Mount(str(tmp_path / "data"), journal=str(tmp_path / "journal"))
+    except Unavailable as e:
+        pytest.skip(f"FUSE cannot be mounted here: {e}")
+    try:
+        start = lambda: KafkaServer(servers(namespace, "--data-dir", fs.path, "--fsync", "always",  # noqa: E731
+                                            "--no-auth", "--kafka-port", "0"))
+        srv = start()
+        with shmq_remote(srv) as remote:
+            remote.create_stream("ev", partitions=1, durability="wal").close()
+        with Wire(srv.port) as w:
+            pid, epoch = _init(w, "t")
+            _open(w, "t", pid, epoch, 0, [b"kept"])
+            assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
+                          committed=True).error_code == E.none
+            _open(w, "t", pid, epoch, 1, [b"dropped"])
+            assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
+                          committed=False).error_code == E.none
+        fs.power_off()
+        srv.proc.proc.kill()
+        srv.proc.proc.wait(10)
+        destroy_namespace(namespace)  # the reboot: shared memory gone
+        fs.power_on()
+        srv = start()
+        assert _committed_values(srv.port) == [b"kept"]
+        assert [v for _o, v in read_all(srv.bootstrap, "ev", "read_uncommitted")] == [b"kept", b"dropped"]
+        with shmq_remote(srv) as remote:  # and native readers, the flags set again from the journal
+            assert [r.value for r in remote.stream("ev").read(0, 0, 10)] == [b"kept"]
+        assert srv.stop() == 0
+    finally:
+        fs.unmount()
+
+
+def shmq_remote(srv):
+    import shmq
+
+    return shmq.connect(srv.proc.url)

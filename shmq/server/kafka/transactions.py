@@ -20,7 +20,7 @@ import logging
 import time
 
 from ...engine.shm.waits import serving
-from ...engine.shm.layout import FLAG_ABORTED, FLAG_CONTROL
+from ...engine.shm.layout import FLAG_ABORTED, FLAG_CONTROL, WAL_ALWAYS, WAL_BATCH, WAL_NEVER
 from ...errors import ShmqError
 from ...kafka import ErrorCode as E
 from ...kafka import KafkaProtocolError
@@ -81,6 +81,8 @@ class Transactions:
         self.index = TxnIndex()
         self.journal = None
         self.path = None  # where the journal goes (None: not started, or it cannot be written)
+        self.fsync = (WAL_NEVER, 0)  # a server with a data dir sets its --fsync policy (main.serve)
+        self._sync_due = None
         self._sweeper = None
 
     # ------------------------------------------------------------------ life
@@ -108,6 +110,9 @@ class Transactions:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        if self._sync_due is not None:
+            self._sync_due.cancel()
+            self._sync_due = None
         if self.journal is not None:
             try:
                 self.journal.rewrite(self.rows())
@@ -126,11 +131,28 @@ class Transactions:
             self.path = None
 
     def _note(self, event) -> None:
-        """``event`` happened (what is held says so already): into the journal."""
+        """``event`` happened (what is held says so already): into the journal, synced by
+        the server's ``--fsync`` policy (``fsync``: the logs' mode and batch ms)."""
         if self.journal is not None:
             self.journal.write(event)
         elif self.path is not None:
-            self._open_journal()
+            self._open_journal()  # (written anew and fsynced)
+            return
+        else:
+            return
+        mode, ms = self.fsync
+        if mode == WAL_ALWAYS:
+            self._sync()
+        elif mode == WAL_BATCH and self._sync_due is None:
+            self._sync_due = asyncio.get_running_loop().call_later(ms / 1000, self._sync)
+
+    def _sync(self) -> None:
+        self._sync_due = None
+        if self.journal is not None:
+            try:
+                self.journal.sync()
+            except OSError as e:
+                log.warning("cannot fsync %s: %s", self.journal.path, e.strerror or e)
 
     def rows(self) -> list:
         """The journal's events that make what is held now."""
