@@ -137,11 +137,23 @@ def test_stream_metrics_equal_offsets_and_lag(broker, metered):
         earliest, end = s.offsets(p)
         assert _get(samples, "shmq_stream_partition_earliest_offset", **part) == earliest == 0
         assert _get(samples, "shmq_stream_partition_end_offset", **part) == end == (3, 3)[p]
+        assert _get(samples, "shmq_stream_partition_stable_offset", **part) == end  # no transaction open
         assert _get(samples, "shmq_stream_partition_used_bytes", **part) == s.stats()["partitions"][p]["bytes"] > 0
         assert _get(samples, "shmq_stream_partition_appended_total", **part) == end
         assert _get(samples, "shmq_stream_group_partition_lag", stream="events", group="billing",
                     partition=str(p)) == lag[p]
     assert _get(samples, "shmq_stream_group_lag", stream="events", group="billing") == sum(lag.values()) == 3
+
+
+def test_the_stable_offset_stops_at_an_open_transaction(broker, metered):
+    s = broker.create_stream("events", partitions=1)
+    s.append_many([b"a", b"b"], partition=0)
+    s.set_stable(0, 1)  # (the transaction coordinator's: one opened at offset 1)
+    samples = _scrape(metered.metrics_port)
+    part = {"stream": "events", "partition": "0"}
+    assert (_get(samples, "shmq_stream_partition_stable_offset", **part),
+            _get(samples, "shmq_stream_partition_end_offset", **part)) == (1, 2)
+    s.close()
 
 
 def test_request_counts_errors_and_latency(broker, metered):

@@ -273,6 +273,8 @@ class ShmqCollector(Collector):
         kw = {"labels": ["stream", "partition"]}
         earliest = GaugeMetricFamily("shmq_stream_partition_earliest_offset", "Earliest readable offset.", **kw)
         end = GaugeMetricFamily("shmq_stream_partition_end_offset", "The offset the next append gets.", **kw)
+        stable = GaugeMetricFamily("shmq_stream_partition_stable_offset", "The last stable offset: readers read below "
+                                   "it (the end, unless a transaction is open in the partition).", **kw)
         used = GaugeMetricFamily("shmq_stream_partition_used_bytes", "Bytes of the partition's ring in use.",
                                  unit="bytes", **kw)
         capacity = GaugeMetricFamily("shmq_stream_partition_capacity_bytes", "Size of the partition's ring.",
@@ -301,6 +303,7 @@ class ShmqCollector(Collector):
                 labels = [name, str(p["partition"])]
                 earliest.add_metric(labels, p["earliest"])
                 end.add_metric(labels, p["end"])
+                stable.add_metric(labels, p.get("stable", p["end"]))
                 used.add_metric(labels, p["bytes"])
                 capacity.add_metric(labels, p["max_bytes"])
                 held.add_metric(labels, p.get("bytes_held", 0))
@@ -311,4 +314,4 @@ class ShmqCollector(Collector):
                 members.add_metric([name, group], g["members"])
                 for p, n in sorted(g["lag"].items()):
                     part_lag.add_metric([name, group, str(p)], n)
-        return [earliest, end, used, capacity, held, appended, dropped, lag, part_lag, members]
+        return [earliest, end, stable, used, capacity, held, appended, dropped, lag, part_lag, members]

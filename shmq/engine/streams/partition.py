@@ -354,12 +354,13 @@ class Partition:
         return min(earliest, disk - 1) if disk else earliest
 
     def stats(self) -> dict:
-        """Earliest (readable), end, bytes of records, bytes of /dev/shm held, records appended and dropped."""
+        """Earliest (readable), end, the last stable offset, bytes of records, bytes of /dev/shm held, records
+        appended and dropped."""
         mq = self._mq
         self._acquire()
         try:
             return {"partition": self.index, "earliest": self._low(), "end": mq[L.PI_NEXT],
-                    "memory_earliest": mq[L.PI_EARLIEST],
+                    "stable": self._stable(), "memory_earliest": mq[L.PI_EARLIEST],
                     "bytes": mq[L.PI_TAIL] - mq[L.PI_HEAD], "max_bytes": self._cap,
                     "bytes_held": self._memory.held(),
                     "appended_total": mq[L.PI_APPENDED], "dropped_total": mq[L.PI_DROPPED]}
