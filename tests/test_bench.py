@@ -841,9 +841,10 @@ def test_the_spark_pages_figures_are_the_saved_runs():
 
 @pytest.mark.slow
 def test_the_kafka_bench_quick_runs_every_system_and_says_the_targets(tmp_path):
-    """``python -m bench.kafka --quick``: confluent-kafka through the Kafka listener, shmq's
-    own TCP client and Redis Streams (or Redis skipped, saying why), each a rate and a
-    latency, the issue's two targets with a verdict, the JSON; nothing left in /dev/shm,
+    """``python -m bench.kafka --quick``: confluent-kafka through the Kafka listener (plain,
+    and transactional with a read_committed consumer), shmq's own TCP client and Redis
+    Streams (or Redis skipped, saying why), each a rate and a latency, the issue's two
+    targets with a verdict, the transactions' ratio, the JSON; nothing left in /dev/shm,
     no server left running."""
     out_json = tmp_path / "kafka.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -853,10 +854,10 @@ def test_the_kafka_bench_quick_runs_every_system_and_says_the_targets(tmp_path):
     assert code == 0, stdout + stderr
     doc = json.loads(out_json.read_text())
     assert doc["command"] == "python -m bench.kafka " + " ".join(argv)
-    assert (doc["records"], doc["size"], doc["runs"]) == (500, 100, 1)
+    assert (doc["records"], doc["size"], doc["runs"], doc["txn_size"]) == (500, 100, 1, 100)
     systems = [r["system"] for r in doc["rows"]]
-    assert systems == ["kafka", "shmq-tcp", "redis-streams"] or (
-        systems == ["kafka", "shmq-tcp"] and "redis-streams" in doc["skipped"])
+    assert systems == ["kafka", "kafka-txn", "shmq-tcp", "redis-streams"] or (
+        systems == ["kafka", "kafka-txn", "shmq-tcp"] and "redis-streams" in doc["skipped"])
     for r in doc["rows"]:
         assert r["error"] is None and len(r["runs"]) == 1 and r["records_per_s"] > 0 and r["p50_us"] > 0, r
     assert [(t["system"], t["peer"], t["at_least"]) for t in doc["targets"]] == [
@@ -865,6 +866,7 @@ def test_the_kafka_bench_quick_runs_every_system_and_says_the_targets(tmp_path):
     lines = stdout.splitlines()
     assert "| system | records/s | p50 produce-to-consume | kafka / system (records/s) |" in lines
     assert sum(line.startswith("target (issue 30): kafka >= ") for line in lines) == 2
+    assert sum(line.startswith("transactions of 100: kafka-txn / kafka = ") for line in lines) == 1
     assert _entries_of_run(pid) == []
     assert _orphaned_bench_servers() <= servers_before
 

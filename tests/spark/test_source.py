@@ -244,6 +244,39 @@ def test_read_yields_arrow_batches_of_the_range_only(broker):
     assert list(reader_of(broker).read(OffsetRange(0, 5, 5))) == []
 
 
+@pytest.mark.parametrize("where", ["local", "local-python-paths", "tcp"])
+def test_a_range_with_transactions_gives_the_committed_records(broker, where):
+    """A range over a transaction's marker, an aborted one's records and up to an open one's
+    first offset (docs/STREAMS.md, Transactions): the committed records, on each read path
+    (the C columns, the Python rows, READ over TCP); planning ends at the last stable offset."""
+    from shmq.engine import cpaths
+    from shmq.engine.shm import layout as L
+
+    s = broker.create_stream("events", partitions=1)
+    s.append_many([b"a", b"x", b"y"], partition=0)  # 0, 1-2 aborted
+    s.hide(0, [(1, 3)], L.FLAG_ABORTED)
+    s.append_marker(0, b"\0\0\0\0", b"\0\0\0\0\0\0")  # 3
+    s.append_many([b"b"], partition=0)  # 4
+    s.append_marker(0, b"\0\0\0\1", b"\0\0\0\0\0\0")  # 5
+    s.set_stable(0, 6)
+    s.append_many([b"open"], partition=0)  # 6
+    srv = ThreadedServer(broker.namespace) if where == "tcp" else None
+    cpaths.set_enabled(where != "local-python-paths")
+    try:
+        opts = {"stream": "events", **({"url": srv.url} if srv else {"namespace": broker.namespace})}
+        reader = BatchReader(Options(opts), None)
+        assert reader._positions(s) == {0: (0, 6)}  # planned up to the last stable offset
+        for r in (OffsetRange(0, 0, 6), OffsetRange(0, 1, 4), OffsetRange(0, 2, 6)):
+            got = [(o, v) for b in reader.read(r) for o, v in zip(b.column("offset").to_pylist(),
+                                                                   b.column("value").to_pylist())]
+            assert got == [(o, v) for o, v in ((0, b"a"), (4, b"b")) if r.start <= o < r.end], r
+    finally:
+        cpaths.set_enabled(True)
+        if srv is not None:
+            srv.stop()
+        s.close()
+
+
 def test_lost_offsets_fail_the_plan_and_the_read_or_are_skipped_with_a_warning(broker, caplog):
     s = broker.create_stream("small", partitions=1, max_bytes=4096)
     pad_fill(s, 0, 60)
