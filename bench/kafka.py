@@ -291,7 +291,8 @@ class Systems:
         self.shmq = self.redis = None
         self.skipped, self.where = {}, {}
         wanted = set(systems)
-        for system, module in (("kafka", "confluent_kafka"), ("kafka-txn", "confluent_kafka"), ("redis-streams", "redis")):
+        for system, module in (("kafka", "confluent_kafka"), ("kafka-txn", "confluent_kafka"),
+                               ("redis-streams", "redis")):
             if system in wanted:
                 try:
                     __import__(module)
@@ -301,7 +302,8 @@ class Systems:
             try:
                 self.shmq = ShmqServer(f"bench-{os.getpid()}-kafka", "--no-auth", "--kafka-port", "0")
                 bootstrap = re.search(r"kafka listener on (\S+):(\d+)", self.shmq.output())
-                self.where["kafka"] = self.where["kafka-txn"] = {"bootstrap": f"{bootstrap.group(1)}:{bootstrap.group(2)}"}
+                bootstrap = {"bootstrap": f"{bootstrap.group(1)}:{bootstrap.group(2)}"}
+                self.where["kafka"] = self.where["kafka-txn"] = bootstrap
                 self.where["shmq-tcp"] = {"url": self.shmq.url}
             except (OSError, RuntimeError) as exc:
                 for system in ("kafka", "kafka-txn", "shmq-tcp"):
@@ -380,9 +382,9 @@ def main(argv=None):
     targets = print_table(info, args, rows, systems.skipped)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**provenance.run_header("kafka", shlex.join([*PROG.split(), *argv])), "machine": info, "records": args.records,
-                       "size": SIZE, "batch": args.batch, "txn_size": args.txn_size, "runs": args.runs, "rows": rows, "targets": targets,
-                       "skipped": systems.skipped}, f, indent=1)
+            json.dump({**provenance.run_header("kafka", shlex.join([*PROG.split(), *argv])), "machine": info,
+                       "records": args.records, "size": SIZE, "batch": args.batch, "txn_size": args.txn_size,
+                       "runs": args.runs, "rows": rows, "targets": targets, "skipped": systems.skipped}, f, indent=1)
         print(f"wrote {args.json}")
     return 0 if all(r["error"] is None for r in rows) else 1
 

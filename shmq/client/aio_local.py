@@ -606,8 +606,8 @@ def _delegate(cls, names) -> None:
 
 _delegate(LocalAsyncConsumer, ("assignment", "position", "seek", "seek_to_beginning", "seek_to_end", "pause",
                                "resume", "paused"))
-_delegate(LocalAsyncStream, ("append", "append_many", "offsets", "stable", "publish", "published", "delete_records", "groups",
-                             "committed", "lag", "reset", "stats"))
+_delegate(LocalAsyncStream, ("append", "append_many", "offsets", "stable", "publish", "published", "delete_records",
+                             "groups", "committed", "lag", "reset", "stats"))
 _delegate(LocalAsyncBroker, ("list_queues", "update_queue", "delete_queue", "redrive", "list_streams",
                              "delete_stream", "create_exchange", "delete_exchange", "list_exchanges", "exchange_info",
                              "bind", "unbind", "ping", "list_stores", "delete_store"))

@@ -225,7 +225,8 @@ def test_the_protocol_refusals_at_the_wire(kafka_server, broker):
         r = w.call(ADD_PARTITIONS, 3, v3_and_below_transactional_id="t", v3_and_below_producer_id=pid,
                    v3_and_below_producer_epoch=epoch, v3_and_below_topics=[
                        {"name": "ev", "partitions": [0]}, {"name": "nope", "partitions": [0]}])
-        codes = {t.name: [x.partition_error_code for x in t.results_by_partition] for t in r.results_by_topic_v3_and_below}
+        codes = {t.name: [x.partition_error_code for x in t.results_by_partition]
+                 for t in r.results_by_topic_v3_and_below}
         assert codes == {"ev": [E.operation_not_attempted], "nope": [E.unknown_topic_or_partition]}
         r = w.call(ADD_PARTITIONS, 3, v3_and_below_transactional_id="t", v3_and_below_producer_id=pid,
                    v3_and_below_producer_epoch=epoch, v3_and_below_topics=[{"name": "ev", "partitions": [0]}])

@@ -227,7 +227,7 @@ class Consumer(Iterating):
     def seek_to_end(self, *partitions) -> None:
         """Read these partitions (default: all owned) from their end: only what comes next."""
         ps = self._owned_of(partitions or self._owned)
-        self._move({p: self.stream.stable(p) for p in ps})  # (the last stable offset: an open transaction's records come)
+        self._move({p: self.stream.stable(p) for p in ps})  # (the last stable offset: an open transaction's come)
 
     def _move(self, positions: dict) -> None:
         if self._buffer:

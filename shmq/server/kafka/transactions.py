@@ -94,8 +94,9 @@ class Transactions:
         events = None
         try:
             events = read_journal(path)
-        except OSError as e:
-            log.warning("cannot read %s: %s; Kafka transactions start afresh", path, e.strerror or e)
+        except OSError as e:  # (not written over: it may be read again once the cause is fixed)
+            log.warning("cannot read %s: %s; Kafka transactions are not journaled", path, e.strerror or e)
+            path = None
         except (ValueError, TypeError) as e:
             aside = set_aside_journal(path)
             log.warning("%s is not a transaction journal this server wrote (%s): moved to %s", path, e, aside)
@@ -134,7 +135,12 @@ class Transactions:
         """``event`` happened (what is held says so already): into the journal, synced by
         the server's ``--fsync`` policy (``fsync``: the logs' mode and batch ms)."""
         if self.journal is not None:
-            self.journal.write(event)
+            try:
+                self.journal.write(event)
+            except OSError as e:  # (a full disk): said, and the coordinator goes on in memory
+                log.warning("a Kafka transaction event is not journaled: cannot write %s: %s", self.journal.path,
+                            e.strerror or e)
+                return
         elif self.path is not None:
             self._open_journal()  # (written anew and fsynced)
             return
