@@ -194,11 +194,15 @@ class Transactions:
             t.epoch, t.timeout_ms, t.state, t.started = epoch, timeout_ms, state, started
             if state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT):
                 t.partitions, t.groups, t.offsets, t.marked = {}, set(), {}, set()
-        elif kind == "add":
+        elif kind in ("add", "begin"):  # (a partition taken in; its first record's place, when it came)
             _k, tid, name, created, p, first = e
             t = self.txns[tid]
-            t.partitions.setdefault((name, created, p), first)
-            self.index.of((name, created, p)).begin(t.pid, first)
+            key = (name, created, p)
+            if first is None:
+                t.partitions.setdefault(key, None)
+            else:
+                t.partitions[key] = first
+                self.index.of(key).begin(t.pid, first)
         elif kind == "group":
             self.txns[e[1]].groups.add(e[2])
         elif kind == "offsets":
@@ -332,13 +336,9 @@ class Transactions:
         self._begin(t)
         for s, name, p in found:
             key = (name, s.created_at, p)
-            if key not in t.partitions:
-                first = s.offsets(p)[1]
-                t.partitions[key] = first
-                part = self.index.of(key)
-                part.begin(t.pid, first)
-                s.set_stable(p, min(part.open.values()))  # native readers stop below it too
-                self._note(["add", tid, *key, first])
+            if key not in t.partitions:  # (it holds readers back from its first record on: ``producing``)
+                t.partitions[key] = None
+                self._note(["add", tid, *key, None])
         return {name: [(p, E.none) for p in parts] for name, parts in topics.items()}
 
     def add_offsets(self, tid: str, pid: int, epoch: int, group: str, fenced: E) -> None:
@@ -436,8 +436,8 @@ class Transactions:
     def _show(s, p: int, part: PartitionTxns, pid: int, commit: bool) -> None:
         """Before ``pid``'s marker: native readers (``Partition.read(visible=True)``) pass
         over its records if it aborted, and read up to the next open transaction's."""
-        if not commit:
-            first = part.open.get(pid, 0)
+        first = part.open.get(pid)
+        if not commit and first is not None:  # (none: the transaction wrote nothing here)
             s.hide(p, [(f, e) for f, e, spid, _ep, kind in part.spans if spid == pid and kind == DATA and e > first],
                    FLAG_ABORTED)
         rest = [f for other, f in part.open.items() if other != pid]
@@ -502,9 +502,17 @@ class Transactions:
         if epoch != t.epoch:
             raise KafkaProtocolError(f"producer {pid}: epoch {epoch} is not the current {t.epoch}",
                                      E.invalid_producer_epoch)
-        if t.state != ONGOING or (s.name, s.created_at, p) not in t.partitions:
+        key = (s.name, s.created_at, p)
+        if t.state != ONGOING or key not in t.partitions:
             raise KafkaProtocolError(f"producer {pid}'s transaction has not added {s.name!r} partition {p} "
                                      "(AddPartitionsToTxn first)", E.invalid_txn_state)
+        if t.partitions[key] is None:  # its first records here: readers stop where they will go, before they do
+            first = s.offsets(p)[1]
+            t.partitions[key] = first
+            part = self.index.of(key)
+            part.begin(t.pid, first)
+            s.set_stable(p, min(part.open.values()))
+            self._note(["begin", t.tid, *key, first])
 
     def produced(self, pid: int, epoch: int, s, p: int, first: int, count: int) -> None:
         """A transactional batch was appended at ``first``."""

@@ -10,10 +10,11 @@ the last stable offset (the first offset of the oldest open transaction: a read_
 consumer stops below it), the aborted transactions a fetched range overlaps (Kafka's list:
 producer id and first offset, the client drops that producer's transactional records
 from there to its ABORT marker), and, for records encoded anew, which batch each one was
-in (``spans``). An open transaction's first offset is where the partition ended when the
-producer added it (AddPartitionsToTxn): at or below its first record, never above, so the
-stable offset is never past a record of it. What retention dropped is forgotten
-(``trim``).
+in (``spans``). An open transaction's first offset is where the partition ended just
+before its first records there were appended (the coordinator notes it first): at or below
+its first record, never above, so the stable offset is never past a record of it, and a
+transaction that took a partition in without writing there yet holds no reader back. What
+retention dropped is forgotten (``trim``).
 """
 
 import bisect
