@@ -611,3 +611,42 @@ def shmq_remote(srv):
     import shmq
 
     return shmq.connect(srv.proc.url)
+
+
+def test_exactly_once_through_sigkills_of_the_server(broker, servers, tmp_path):
+    """The consume-transform-produce loop while the server is SIGKILLed under it, twice, at
+    points neither chooses: each restart on the data dir completes or aborts the transaction
+    in flight (its producer fenced, so the loop starts again from the group's offset), and a
+    read_committed reader, Kafka's or native, finds each input's result exactly once."""
+    n = 200
+    data = str(tmp_path / "data")
+    start = lambda: KafkaServer(servers(broker.namespace, "--data-dir", data, "--no-auth",  # noqa: E731
+                                        "--kafka-port", "0", "--kafka-initial-rebalance-delay-ms", "0"))
+    srv = start()
+    p = Producer({"bootstrap.servers": srv.bootstrap, "linger.ms": 5})
+    for i in range(n):
+        p.produce("in", value=b"%d" % i, partition=0)
+    assert p.flush(30) == 0
+    workers = []
+    try:
+        for stop_at in (50, 120):
+            w = Worker(srv.port, n)
+            workers.append(w)
+            wait_for(lambda: w.committed() >= stop_at or w.proc.poll() is not None, 120,
+                     f"the worker committing past {stop_at}")
+            assert w.proc.poll() is None, w.said
+            srv.proc.proc.kill()  # the server, in the middle of whatever the loop was doing
+            srv.proc.proc.wait(10)
+            w.kill()
+            srv = start()
+        last = Worker(srv.port, n)
+        workers.append(last)
+        assert last.proc.wait(180) == 0, last.said
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.kill()
+    out = [v for _o, v in read_all(srv.bootstrap, "out", "read_committed")]
+    assert out == [b"out-%d" % i for i in range(n)]  # each exactly once, in order
+    assert [r.value for r in broker.stream("out").read(0, 0, 10_000)] == out
+    assert srv.stop() == 0
