@@ -16,6 +16,26 @@ KAFKA_STATE_FILE = "kafka-state.json"  # the Kafka listener's producer sequences
 KAFKA_TXNS_FILE = "kafka-txns.log"  # the Kafka listener's transactions (kafka_txns.py)
 
 
+def write_atomically(path: str, data: bytes) -> None:
+    """``path`` made of ``data`` (0600) or left as it was: a temp file beside it, fsynced,
+    renamed over it. OSError as it comes, with no temp file left."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def snapshot_path(data_dir: str, name: str) -> str:
     return os.path.join(data_dir, name + dmsq.SUFFIX)
 

@@ -5,7 +5,7 @@ kept and taken back, is the listener's (``server/kafka/state.py``)."""
 import json
 import os
 
-from .files import KAFKA_STATE_FILE
+from .files import KAFKA_STATE_FILE, write_atomically
 
 __all__ = ["VERSION", "state_path", "write_state", "read_state", "set_aside_state", "remove_state"]
 
@@ -20,20 +20,7 @@ def write_state(data_dir: str, state: dict) -> str:
     """``state`` (JSON values) written with this format's version, atomically (temp file,
     fsync, rename); returns the path. OSError as it comes, with no temp file left."""
     path = state_path(data_dir)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": VERSION, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomically(path, json.dumps({"version": VERSION, **state}).encode())
     return path
 
 

@@ -19,7 +19,7 @@ import json
 import os
 
 from ..engine.shm.segment import SHM_DIR, segment_name
-from .files import KAFKA_TXNS_FILE
+from .files import KAFKA_TXNS_FILE, write_atomically
 
 __all__ = ["VERSION", "RUNTIME_ENTRY", "journal_path", "runtime_journal_path", "Journal", "read_journal",
            "set_aside_journal"]
@@ -86,22 +86,8 @@ class Journal:
 
     def rewrite(self, events) -> None:
         """Replace the file by one of ``events``, and append to that one from now on."""
-        tmp = f"{self.path}.{os.getpid()}.tmp"
         data = b"".join(map(_line, [["version", VERSION], *events]))
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomically(self.path, data)
         self.close()
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
         self.bytes = len(data)

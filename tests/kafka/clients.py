@@ -17,7 +17,42 @@ asked for by metadata; the others come from the coordinator (REBALANCE_IN_PROGRE
 which keeps ``need_rejoin()`` true until the join is done.
 """
 
-__all__ = ["kafka_python_subscribed"]
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+__all__ = ["kafka_python_subscribed", "Talker"]
+
+
+class Talker:
+    """``python -m MODULE ARGS`` in a process of its own, and what it said: one JSON object
+    a line on its stdout, gathered by a thread (``said``)."""
+
+    def __init__(self, module, *args):
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], stdout=subprocess.PIPE,
+                                     text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        self.said = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.said.append(json.loads(line))
+
+    def stop(self) -> int:
+        """SIGTERM, and its exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(60)
+        self._reader.join(10)
+        return rc
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(30)
+        self._reader.join(10)
 
 
 def kafka_python_subscribed(topics, listener=None, **config):

@@ -116,13 +116,13 @@ def produce(w: Wire, topic: str, records: bytes, acks: int = 1):
     return r.responses[0].partition_responses[0]
 
 
-def fetch_records(w: Wire, topic: str, offset: int, max_bytes: int = 2**20):
-    """A Fetch v12 of partition 0 of ``topic`` from ``offset``, not waiting: the
-    partition's response."""
+def fetch_records(w: Wire, topic: str, offset: int, max_bytes: int = 2**20, isolation: int = 0, partition: int = 0):
+    """A Fetch v12 of ``partition`` of ``topic`` from ``offset``, not waiting (``isolation``
+    1: read_committed): the partition's response."""
     r = w.call(1, 12, cluster_id=None, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=0,
-               max_bytes=max_bytes, isolation_level=0, session_id=0, session_epoch=-1, topics=[
+               max_bytes=max_bytes, isolation_level=isolation, session_id=0, session_epoch=-1, topics=[
                    {"topic": topic, "partitions": [
-                       {"partition": 0, "fetch_offset": offset, "partition_max_bytes": max_bytes,
+                       {"partition": partition, "fetch_offset": offset, "partition_max_bytes": max_bytes,
                         "current_leader_epoch": -1, "log_start_offset": -1, "last_fetched_epoch": -1}]}],
                forgotten_topics_data=[], rack_id="")
     return r.responses[0].partitions[0]

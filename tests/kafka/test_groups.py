@@ -10,7 +10,6 @@ joins, leaves and is SIGKILLed, with exact accounting of what was delivered.
 import collections
 import datetime
 import json
-import os
 import re
 import signal
 import subprocess
@@ -22,7 +21,7 @@ import pytest
 from shmq.errors import ShmqError
 from shmq.kafka import ErrorCode as E
 from tests._wait import wait_for
-from tests.kafka.clients import kafka_python_subscribed
+from tests.kafka.clients import Talker, kafka_python_subscribed
 from tests.kafka.groups_wire import (COMMIT, DESCRIBE, FETCH, FIND, HEARTBEAT, JOIN, LEAVE, LIST, SYNC, Wire,
                                      assignment, subscription)
 
@@ -276,19 +275,11 @@ def test_native_and_kafka_members_never_share_a_group(broker, kafka):
 
 
 # ------------------------------------------------------------------------------------ real clients
-class Member:
+class Member(Talker):
     """A Kafka consumer in a process of its own (``groups_member``), and what it said."""
 
     def __init__(self, lib, port, group="g", topic="ev"):
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.kafka.groups_member", lib, str(port), topic, group],
-                                     stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
-        self.said = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.said.append(json.loads(line))
+        super().__init__("tests.kafka.groups_member", lib, port, topic, group)
 
     def assigned(self) -> list | None:
         return next((x["assigned"] for x in reversed(self.said) if "assigned" in x), None)
@@ -298,17 +289,6 @@ class Member:
 
     def commits(self) -> list:
         return [{int(p): o for p, o in x["committed"].items()} for x in list(self.said) if "committed" in x]
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(60)
-        self._reader.join(10)
-        return rc
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait(10)
-        self._reader.join(10)
 
 
 @pytest.fixture

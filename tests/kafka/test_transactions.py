@@ -8,10 +8,6 @@ never leaves a transaction half-visible."""
 import datetime
 import json
 import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
@@ -21,6 +17,7 @@ from kio.schema.errors import ErrorCode as E
 from shmq.kafka.records import CONTROL, LOG_APPEND_TIME, TRANSACTIONAL, Record, decode_batches, encode_batch
 from shmq.persistence.kafka_txns import runtime_journal_path
 from tests._wait import wait_for
+from tests.kafka.clients import Talker
 from tests.kafka.conftest import KafkaServer
 from tests.kafka.groups_wire import Wire, fetch_records
 
@@ -110,13 +107,7 @@ def test_the_fetch_says_what_was_aborted_as_kafka_does(kafka_server, broker, set
     p.abort_transaction(30)
     pid = None
     with Wire(srv.port) as w:
-        r = w.call(1, 12, cluster_id=None, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=0,
-                   max_bytes=2**20, isolation_level=1, session_id=0, session_epoch=-1, topics=[
-                       {"topic": "ev", "partitions": [
-                           {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 2**20,
-                            "current_leader_epoch": -1, "log_start_offset": -1, "last_fetched_epoch": -1}]}],
-                   forgotten_topics_data=[], rack_id="")
-        part = r.responses[0].partitions[0]
+        part = fetch_records(w, "ev", 0, isolation=1)
         batches = decode_batches(part.records, 2**20)
         assert [b.attributes & (TRANSACTIONAL | CONTROL) for b in batches] == [TRANSACTIONAL,
                                                                               TRANSACTIONAL | CONTROL]
@@ -263,53 +254,50 @@ def test_the_protocol_refusals_at_the_wire(kafka_server, broker):
 
 
 # ------------------------------------------------------------------------------------ exactly once
-class Worker:
+class Worker(Talker):
     """``txn_worker`` in a process of its own, and what it said."""
 
     def __init__(self, port, n):
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.kafka.txn_worker", str(port), "in", "out", "g",
-                                      "ctp", str(n)], stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONPATH": os.getcwd()})
-        self.said = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.said.append(json.loads(line))
+        super().__init__("tests.kafka.txn_worker", port, "in", "out", "g", "ctp", n)
 
     def committed(self) -> int:
         return max([x["committed"] for x in list(self.said) if "committed" in x], default=-1)
 
-    def kill(self):
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-        self._reader.join(10)
 
-
-def test_consume_transform_produce_exactly_once_through_sigkills(kafka_server):
-    srv = kafka_server()
-    n = 300
-    p = Producer({"bootstrap.servers": srv.bootstrap, "linger.ms": 5})
-    for i in range(n):
-        p.produce("in", value=b"%d" % i, partition=0)
-    assert p.flush(30) == 0
+def _exactly_once(port, n, stop_ats, between):
+    """Workers over ``n`` inputs: one per point of ``stop_ats``, SIGKILLed (with ``between()``
+    first, which gives the port to go on with) once it committed past it, then one to the end."""
     workers = []
     try:
-        for stop_at in (40, 110, 190):  # each worker SIGKILLed mid-run, at a point it does not choose
-            w = Worker(srv.port, n)
+        for stop_at in stop_ats:
+            w = Worker(port, n)
             workers.append(w)
             wait_for(lambda: w.committed() >= stop_at or w.proc.poll() is not None, 120,
                      f"the worker committing past {stop_at}")
             assert w.proc.poll() is None, w.said
+            port = between()
             w.kill()
-        last = Worker(srv.port, n)
+        last = Worker(port, n)
         workers.append(last)
         assert last.proc.wait(180) == 0, last.said
     finally:
         for w in workers:
             if w.proc.poll() is None:
                 w.kill()
+
+
+def _inputs(bootstrap, n):
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(n):
+        p.produce("in", value=b"%d" % i, partition=0)
+    assert p.flush(30) == 0
+
+
+def test_consume_transform_produce_exactly_once_through_sigkills(kafka_server):
+    srv = kafka_server()
+    n = 300
+    _inputs(srv.bootstrap, n)
+    _exactly_once(srv.port, n, (40, 110, 190), lambda: srv.port)  # each worker SIGKILLed at a point it does not choose
     out = [v for _o, v in read_all(srv.bootstrap, "out", "read_committed")]
     assert sorted(out, key=lambda v: int(v[4:])) == [b"out-%d" % i for i in range(n)]  # each exactly once
     assert out == sorted(out, key=lambda v: int(v[4:]))  # and in order
@@ -331,6 +319,22 @@ def _open(w, tid, pid, epoch, seq, values):
     batch = encode_batch([Record(i, 1_600_000_000_000, None, v, ()) for i, v in enumerate(values)],
                          producer_id=pid, producer_epoch=epoch, base_sequence=seq, attributes=TRANSACTIONAL)
     assert _produce(w, tid, batch) == E.none
+
+
+def _end(w, tid, pid, epoch, commit):
+    r = w.call(END_TXN, 3, transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=commit)
+    assert r.error_code == E.none
+
+
+def _kept_then_dropped(w, tid, kept, dropped):
+    """Producer ``tid``'s transaction of ``kept`` committed, then one of ``dropped`` aborted;
+    (its producer id, epoch)."""
+    pid, epoch = _init(w, tid)
+    _open(w, tid, pid, epoch, 0, [kept])
+    _end(w, tid, pid, epoch, True)
+    _open(w, tid, pid, epoch, 1, [dropped])
+    _end(w, tid, pid, epoch, False)
+    return pid, epoch
 
 
 def _committed_values(port):
@@ -462,13 +466,7 @@ def test_a_backup_carries_the_transactions_of_its_records(broker, servers, tmp_p
     srv = KafkaServer(servers(broker.namespace, "--data-dir", str(tmp_path / "data"), "--no-auth", "--kafka-port",
                               "0", "--kafka-initial-rebalance-delay-ms", "0"))
     with Wire(srv.port) as w:
-        pid, epoch = _init(w, "t")
-        _open(w, "t", pid, epoch, 0, [b"kept"])
-        assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
-                      committed=True).error_code == E.none
-        _open(w, "t", pid, epoch, 1, [b"aborted"])
-        assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
-                      committed=False).error_code == E.none
+        pid, epoch = _kept_then_dropped(w, "t", b"kept", b"aborted")
         opid, oepoch = _init(w, "o")
         _open(w, "o", opid, oepoch, 0, [b"open"])
         dest = tmp_path / "backup"
@@ -511,12 +509,7 @@ def test_an_abort_whose_marker_a_rebuilt_stream_lost_is_aborted_again(broker, se
     assert _committed_values(srv.port) == []
     assert [v for _o, v in read_all(srv.bootstrap, "ev", "read_uncommitted")] == [b"x0", b"x1", b"y0"]
     with Wire(srv.port) as w:
-        part = w.call(1, 12, cluster_id=None, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=0,
-                      max_bytes=2**20, isolation_level=1, session_id=0, session_epoch=-1, topics=[
-                          {"topic": "ev", "partitions": [
-                              {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 2**20,
-                               "current_leader_epoch": -1, "log_start_offset": -1, "last_fetched_epoch": -1}]}],
-                      forgotten_topics_data=[], rack_id="").responses[0].partitions[0]
+        part = fetch_records(w, "ev", 0, isolation=1)
         assert sorted((a.producer_id, a.first_offset) for a in part.aborted_transactions) == [(7, 0), (8, 2)]
         assert (part.high_watermark, part.last_stable_offset) == (5, 5)
     assert srv.stop() == 0
@@ -585,13 +578,7 @@ def test_a_power_loss_keeps_the_journal_with_fsync_always(namespace, servers, tm
         with shmq_remote(srv) as remote:
             remote.create_stream("ev", partitions=1, durability="wal").close()
         with Wire(srv.port) as w:
-            pid, epoch = _init(w, "t")
-            _open(w, "t", pid, epoch, 0, [b"kept"])
-            assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
-                          committed=True).error_code == E.none
-            _open(w, "t", pid, epoch, 1, [b"dropped"])
-            assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
-                          committed=False).error_code == E.none
+            pid, epoch = _kept_then_dropped(w, "t", b"kept", b"dropped")
         fs.power_off()
         srv.proc.proc.kill()
         srv.proc.proc.wait(10)
@@ -622,30 +609,17 @@ def test_exactly_once_through_sigkills_of_the_server(broker, servers, tmp_path):
     data = str(tmp_path / "data")
     start = lambda: KafkaServer(servers(broker.namespace, "--data-dir", data, "--no-auth",  # noqa: E731
                                         "--kafka-port", "0", "--kafka-initial-rebalance-delay-ms", "0"))
-    srv = start()
-    p = Producer({"bootstrap.servers": srv.bootstrap, "linger.ms": 5})
-    for i in range(n):
-        p.produce("in", value=b"%d" % i, partition=0)
-    assert p.flush(30) == 0
-    workers = []
-    try:
-        for stop_at in (50, 120):
-            w = Worker(srv.port, n)
-            workers.append(w)
-            wait_for(lambda: w.committed() >= stop_at or w.proc.poll() is not None, 120,
-                     f"the worker committing past {stop_at}")
-            assert w.proc.poll() is None, w.said
-            srv.proc.proc.kill()  # the server, in the middle of whatever the loop was doing
-            srv.proc.proc.wait(10)
-            w.kill()
-            srv = start()
-        last = Worker(srv.port, n)
-        workers.append(last)
-        assert last.proc.wait(180) == 0, last.said
-    finally:
-        for w in workers:
-            if w.proc.poll() is None:
-                w.kill()
+    servers_ = [start()]
+    _inputs(servers_[0].bootstrap, n)
+
+    def kill_the_server():  # in the middle of whatever the loop was doing
+        servers_[-1].proc.proc.kill()
+        servers_[-1].proc.proc.wait(10)
+        servers_.append(start())
+        return servers_[-1].port
+
+    _exactly_once(servers_[0].port, n, (50, 120), kill_the_server)
+    srv = servers_[-1]
     out = [v for _o, v in read_all(srv.bootstrap, "out", "read_committed")]
     assert out == [b"out-%d" % i for i in range(n)]  # each exactly once, in order
     assert [r.value for r in broker.stream("out").read(0, 0, 10_000)] == out

@@ -15,21 +15,11 @@ from kio.schema.errors import ErrorCode as E
 
 import shmq
 from shmq.kafka.records import CONTROL, TRANSACTIONAL, Record, decode_batches, encode_batch
-from tests.kafka.groups_wire import Wire
+from tests.kafka.groups_wire import Wire, fetch_records
 
 MINUTE = datetime.timedelta(seconds=60)
 PARTS = 2
 IDS = ("a", "b")
-
-
-def _fetch(w, topic, p, isolation):
-    r = w.call(1, 12, cluster_id=None, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=0,
-               max_bytes=2**24, isolation_level=isolation, session_id=0, session_epoch=-1, topics=[
-                   {"topic": topic, "partitions": [
-                       {"partition": p, "fetch_offset": 0, "partition_max_bytes": 2**24,
-                        "current_leader_epoch": -1, "log_start_offset": -1, "last_fetched_epoch": -1}]}],
-               forgotten_topics_data=[], rack_id="")
-    return r.responses[0].partitions[0]
 
 
 def _client_view(part) -> list:
@@ -90,7 +80,8 @@ class Coordinator(RuleBasedStateMachine):
         t = data.draw(st.sampled_from(sorted(self.producers)))
         pid, epoch, seqs, added, _open = self.producers[t]
         r = self.w.call(24, 3, v3_and_below_transactional_id=self.txn_ids[t], v3_and_below_producer_id=pid,
-                        v3_and_below_producer_epoch=epoch, v3_and_below_topics=[{"name": self.topic, "partitions": [p]}])
+                        v3_and_below_producer_epoch=epoch,
+                        v3_and_below_topics=[{"name": self.topic, "partitions": [p]}])
         assert r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == E.none
         added.add(p)
         self.producers[t] = (pid, epoch, seqs, added, True)
@@ -149,10 +140,10 @@ class Coordinator(RuleBasedStateMachine):
             first_open = min((o for o, (_v, s) in enumerate(recs) if s == "open"), default=len(recs))
             committed = [(o, v) for o, (v, s) in enumerate(recs[:first_open]) if s == "visible"]
             stored = [v for v, s in recs if s != "marker"]
-            part = _fetch(self.w, self.topic, p, 1)
+            part = fetch_records(self.w, self.topic, 0, 2**24, 1, p)
             assert (part.high_watermark, part.last_stable_offset) == (len(recs), first_open)
             assert _client_view(part) == committed
-            raw = _fetch(self.w, self.topic, p, 0)
+            raw = fetch_records(self.w, self.topic, 0, 2**24, 0, p)
             assert [r.value for b in decode_batches(raw.records or b"", 2**24) if not b.attributes & CONTROL
                     for r in b.records] == stored
             assert [(r.offset, r.value) for r in self.stream.read(p, 0, 10_000)] == committed
