@@ -20,7 +20,7 @@ from .codes import ErrorCode, KafkaProtocolError
 from .compression import NONE, compress, decompress
 
 __all__ = ["Batch", "Record", "decode_batches", "encode_batch", "NO_PRODUCER", "TRANSACTIONAL", "CONTROL",
-           "LOG_APPEND_TIME", "ABORT", "COMMIT", "marker", "marker_type", "last_offset"]
+           "LOG_APPEND_TIME", "ABORT", "COMMIT", "marker", "last_offset"]
 
 _HEAD = struct.Struct(">qiibIhiqqqhii")  # base offset .. record count
 _CRC_FROM = 21  # the attributes' position: the CRC covers the rest
@@ -283,14 +283,6 @@ def encode_batch(records, codec: int = NONE, producer_id: int = NO_PRODUCER, pro
 def marker(commit: bool) -> tuple[bytes, bytes]:
     """(key, value) of the record of a COMMIT or ABORT marker."""
     return _CONTROL_KEY.pack(0, COMMIT if commit else ABORT), _MARKER_VALUE.pack(0, 0)
-
-
-def marker_type(key) -> int | None:
-    """ABORT or COMMIT for a marker record's key, None for any other key."""
-    if key is None or len(key) != _CONTROL_KEY.size:
-        return None
-    version, kind = _CONTROL_KEY.unpack(bytes(key))
-    return kind if version == 0 and kind in (ABORT, COMMIT) else None
 
 
 def last_offset(raw) -> int:
