@@ -315,9 +315,25 @@ def memory(doc, path, link):
     return lines + [""] + _skip_systems(doc)
 
 
+def compaction(doc, path, link):
+    """python -m bench.compaction: appends to a compacted stream while it is compacted, against a stream that is not."""
+    cases = {"delete": "not compacted (retention drops)", "housekeeping": "compacted by `shmq server`",
+             "continuous": "compacted again and again by another process"}
+    rows = [[cases.get(r["case"], r["case"]), str(r["batch"]), f"{r['records_per_s'] / 1000:,.0f} k",
+             f"{r['ratio']:.2f}x" if r.get("ratio") else "-", f"{r['p50_us']:.1f}", f"{r['p99_us']:.1f}",
+             f"{r['max_us'] / 1000:.1f}", f"{r['compactions']:.0f}", f"{r['compacted_bytes'] / 2**20:,.0f}"]
+            for r in doc["rows"]]
+    lines = [run_line(doc, path, link, doc.get("runs")), ""]
+    lines += _table(["appends to one partition", "records a call", "records/s", "vs not compacted", "call p50 µs",
+                     "call p99 µs", "longest call ms", "runs", "MiB taken back"], rows) + [""]
+    lines.append(f"{doc['keys']:,} keys, values of {doc['size']} B, {doc['seconds']:g} s a run, a ring of "
+                 f"{doc['max_bytes'] / 2**20:g} MiB; runs and MiB: during one run.")
+    return lines + [""]
+
+
 KINDS = {"scale": scale, "scale-summary": scale_summary, "contention": contention, "matrix": matrix, "rtt": rtt,
          "durability": durability, "streams": streams, "spark": spark, "tcp": tcp, "jobs": jobs, "kafka": kafka,
-         "memory": memory}
+         "memory": memory, "compaction": compaction}
 
 
 # ---------------------------------------------------------------- pages

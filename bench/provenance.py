@@ -38,6 +38,7 @@ MEASURES = {
     "jobs": [*_ENGINE, *_WIRE, "shmq/kombu/*.py", "shmq/celery/*.py", "shmq/dramatiq/*.py", "bench/job_apps.py"],
     "kafka": [*_ENGINE, *_WIRE, "shmq/kafka/*.py", "shmq/server/kafka/*.py"],
     "memory": [*_ENGINE, "bench/memory.py"],
+    "compaction": [*_ENGINE, "shmq/server/housekeeper.py", "bench/compaction.py"],
 }
 
 _C_COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*", re.S)

@@ -332,13 +332,15 @@ def stream_tables(stream_stats, per_partition=False, previous=None, dt=None, sor
 
     out = []
     if per_partition:
+        compacted = any(streams[n].get("compact") for n in streams)
         t = Fitted("stream", "partition", "earliest", "end", "bytes", "memory", "max", "appended", "dropped",
-                   drop={"max": 1, "dropped": 2, "appended": 3, "memory": 4})
+                   *(["dirty"] if compacted else []), drop={"max": 1, "dropped": 2, "appended": 3, "memory": 4})
         for name in sorted(streams, key=natural_key):
             for p in streams[name]["partitions"]:
+                dirty = [f"{100 * p['dirty_ratio']:.0f}%" if "dirty_ratio" in p else "-"] if compacted else []
                 t.add_row(name, str(p["partition"]), human_count(p["earliest"]), human_count(p["end"]),
                           human_bytes(p["bytes"]), human_bytes(p.get("bytes_held", 0)), human_bytes(p["max_bytes"]),
-                          human_count(p["appended_total"]), human_count(p["dropped_total"]))
+                          human_count(p["appended_total"]), human_count(p["dropped_total"]), *dirty)
     else:
         def appended(st):
             return sum(p["appended_total"] for p in st["partitions"])

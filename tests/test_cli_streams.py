@@ -18,6 +18,7 @@ import shmq
 from shmq.cli import app as cli_app, streams as cli_streams
 from shmq.client.remote import RemoteBroker
 from shmq.engine.streams.partitioner import partition_of
+from tests._wait import wait_for
 from tests.test_cli import shmq_cli
 from tests.test_server_tcp import ServerProcess
 
@@ -61,6 +62,34 @@ def test_create_takes_every_option_and_list_stats_delete(target, broker):
     assert stats["events"]["groups"] == {} and stats["events"]["retention"] == "block"
     assert ok("stream", "delete", "events", *target) == "deleted stream events\n"
     assert ok("stream", "list", *target) == ""
+
+
+def test_a_compacted_stream_is_created_shows_its_dirty_ratio_and_is_compacted(target, broker):
+    out = ok("stream", "create", "kv", "--partitions", "1", "--compact", "--delete-retention-seconds", "60",
+             *target)
+    assert out == "created stream kv (1 partitions)\n"
+    with broker.stream("kv") as s:
+        assert (s.compact, s.delete_retention_seconds) == (True, 60.0)
+        for i in range(4):
+            s.append(b"v%d" % i, key=b"k", partition=0)
+        def stats():
+            return json.loads(ok("stream", "stats", "kv", "--json", *target))["kv"]
+
+        if target[0] == "--namespace":  # no server: nothing compacts it but this test
+            assert stats()["compact"] is True and stats()["partitions"][0]["dirty_ratio"] == 1.0
+            table = ok("stream", "stats", "kv", *target).splitlines()
+            assert table[0].split()[-1] == "dirty" and table[1].split()[-1] == "100%"
+            s.compact_now()
+        else:  # the server's housekeeping compacts it (all of it is dirty: past the default ratio, 0.5)
+            wait_for(lambda: stats()["partitions"][0]["compactions_total"] == 1, what="the server's compaction")
+        assert stats()["compact"] is True
+        assert ok("stream", "stats", "kv", *target).splitlines()[1].split()[-1] == "0%"
+        assert [r.offset for r in s.read(0, 0)] == [3]
+        assert ok("stream", "read", "kv", *target) == "v3\n"
+    if target[0] == "--namespace":  # (``stream set`` is local: update_stream)
+        assert ok("stream", "set", "kv", "--no-compact", "--min-cleanable-dirty-ratio", "0.2", *target) == \
+            "set kv: compact False, min_cleanable_dirty_ratio 0.2\n"
+        assert "dirty" not in ok("stream", "stats", "kv", *target)
 
 
 def test_append_then_read_by_offset(target, broker):
@@ -249,6 +278,8 @@ def test_errors_are_one_line_without_traceback(target, broker, args, message):
     (["--retention-bytes", "0"], "Invalid value for '--retention-bytes': '0' is less than the least allowed, 1 bytes"),
     (["--retention-seconds", "0"], "Invalid value for '--retention-seconds': 0.0 is not in the range x>0"),
     (["--group-idle-timeout", "-1"], "Invalid value for '--group-idle-timeout': -1.0 is not in the range x>0"),
+    (["--delete-retention-seconds", "-1"],
+     "Invalid value for '--delete-retention-seconds': -1.0 is not in the range x>=0"),
 ])
 def test_stream_create_values_out_of_range_are_usage_errors(broker, args, message):
     r = shmq_cli("stream", "create", "events", *args, "--namespace", broker.namespace)

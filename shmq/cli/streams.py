@@ -61,6 +61,10 @@ def stream_group():
               help="Seconds after which a group without live members stops holding back --retention block.")
 @click.option("--durability", type=click.Choice(["memory", "snapshot", "wal"]), default="snapshot",
               show_default=True)
+@click.option("--compact", is_flag=True, help="Keep the latest record of each key (Kafka's cleanup.policy=compact; "
+                                               "docs/STREAMS.md, Compacted streams).")
+@click.option("--delete-retention-seconds", type=click.FloatRange(0), default=86400.0, show_default=True,
+              help="How long a compacted stream keeps a tombstone (a record with a null value).")
 @click.option("--exist-ok", is_flag=True, help="Succeed if the stream exists.")
 @_json_option
 def stream_create(name, namespace, url, token, exist_ok, as_json, **options):
@@ -95,6 +99,11 @@ def stream_create(name, namespace, url, token, exist_ok, as_json, **options):
               help="Kafka producers' timestamps kept, or the time of the append.")
 @click.option("--compression", type=click.Choice(["producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"]),
               default=None, help="The codec of the batches the Kafka listener serves (producer: as they came).")
+@click.option("--compact/--no-compact", default=None, help="Keep the latest record of each key, or stop compacting.")
+@click.option("--delete-retention-seconds", type=click.FloatRange(0), default=None,
+              help="How long a compacted stream keeps a tombstone.")
+@click.option("--min-cleanable-dirty-ratio", type=click.FloatRange(0, 1), default=None,
+              help="Compact a partition once this share of what it holds was appended since its last compaction.")
 @_json_option
 def stream_set(name, namespace, url, token, as_json, **options):
     """Change settings of a live stream, or add partitions (docs/STREAMS.md, "Changing a live

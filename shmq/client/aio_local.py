@@ -27,6 +27,7 @@ from ..errors import QueueEmpty, QueueFull, RequestTimeout
 from ..model import keepalive
 from ..model.checks import check_wait, seconds_ns
 from ..model.processing import Processing
+from ..protocol.payloads import STREAM_INFO
 from ..server.waiters import Doorbell
 from .core import Pause, Run, retry_while_full
 
@@ -35,8 +36,6 @@ __all__ = ["connect", "LocalAsyncBroker", "LocalAsyncQueue", "LocalAsyncDelivery
 
 WAIT_SLICE_S = 1.0  # a waiting call tries again at least this often (a missed ring costs a slice)
 _FIELDS = ("id", "body", "headers", "attempt", "queue", "priority", "group", "enqueued_at")  # a delivery's
-_STREAM_FIELDS = ("partitions", "retention", "durability", "max_bytes", "max_message_bytes", "retention_bytes",
-                  "retention_seconds", "group_idle_timeout", "created_at")
 
 
 async def connect(namespace: str | None = None, create: bool = True, token: str | None = None,
@@ -406,7 +405,7 @@ class LocalAsyncStream:
         self._broker = broker
         self._h = handle
         self.name = handle.name
-        for name in _STREAM_FIELDS:
+        for name in STREAM_INFO:  # (the settings a remote handle has)
             setattr(self, name, getattr(handle, name))
 
     def __repr__(self):

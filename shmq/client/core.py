@@ -760,12 +760,19 @@ class BrokerCalls:
                       max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
                       retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
                       durability: str = "snapshot", exist_ok: bool = False, *, timestamp_type: str = "create_time",
-                      compression: str = "producer", segment_bytes: int | None = None):
+                      compression: str = "producer", segment_bytes: int | None = None, compact: bool = False,
+                      delete_retention_seconds: float = 86400.0, min_cleanable_dirty_ratio: float = 0.5,
+                      max_compaction_lag_seconds: float | None = None):
         """Create a stream of ``partitions`` append-only logs and return a handle on it;
         StreamExists if it exists (unless ``exist_ok``: then a handle on that one). The
         settings are the local ``Broker.create_stream``'s."""
         kafka = {k: v for k, v, default in (("timestamp_type", timestamp_type, "create_time"),
-                                            ("compression", compression, "producer")) if v != default}
+                                            ("compression", compression, "producer"), ("compact", compact, False),
+                                            ("delete_retention_seconds", delete_retention_seconds, 86400.0),
+                                            ("min_cleanable_dirty_ratio", min_cleanable_dirty_ratio, 0.5))
+                 if v != default}
+        if max_compaction_lag_seconds is not None:
+            kafka["max_compaction_lag_seconds"] = max_compaction_lag_seconds
         fields = stream_create_fields(
             name, exist_ok, partitions=partitions, max_bytes=max_bytes, max_message_bytes=max_message_bytes,
             retention=retention, retention_bytes=retention_bytes, retention_seconds=retention_seconds,

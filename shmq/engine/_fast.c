@@ -1273,14 +1273,15 @@ static PyObject *fast_take_next(PyObject *self, PyObject *const *args, Py_ssize_
  * none): int32 offsets, validity bitmaps, int64 columns -- so a bulk reader (the Spark
  * source) makes its columns without a Python object per record. */
 static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "read_columns(buffer, base, cap, pos, tail, max_records, stop)");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "read_columns(buffer, base, cap, pos, tail, max_records, stop, clean)");
         return NULL;
     }
     uint64_t base = PyLong_AsUnsignedLongLong(args[1]), cap = PyLong_AsUnsignedLongLong(args[2]);
     uint64_t pos = PyLong_AsUnsignedLongLong(args[3]), tail = PyLong_AsUnsignedLongLong(args[4]);
     Py_ssize_t max = PyLong_AsSsize_t(args[5]);
     uint64_t stop = PyLong_AsUnsignedLongLong(args[6]);
+    long long clean = PyLong_AsLongLong(args[7]); /* a gap up to this offset is a compaction's (-1: none) */
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -1340,7 +1341,7 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
                 uint32_t kl = klen ? (uint32_t)(klen - 1) : 0;
                 uint32_t flags = U32(a + REC_FLAGS);
                 int null = (flags & FLAG_NULL_VALUE) != 0; /* a tombstone (its body is empty) */
-                if (looked && off != prev + 1) break; /* a gap: the next read is told of it */
+                if (looked && off != prev + 1 && (long long)off > clean) break; /* a gap: the next read is told */
                 if (off >= stop) break; /* an open transaction's, or after one */
                 prev = off;
                 looked++;
@@ -1385,6 +1386,125 @@ static PyObject *fast_read_columns(PyObject *self, PyObject *const *args, Py_ssi
     }
     PyBuffer_Release(&view);
     Py_RETURN_NONE; /* not reached */
+}
+
+/* ---- a compaction's scan (streams/compaction.py ``_plan``, its Python twin): the records of a
+ * copy of a partition's ring from ``head`` to ``stop`` (``ring.copy_used``: positions from head,
+ * across the ring's end), walked as the ring is; returns (kept, removed): ``kept`` packed int64
+ * triples (the record's place in the copy, its length, its offset) in order, of the records that
+ * stay; with ``compact`` 0 every record but the pads stays. With it: a record of a key
+ * (neither a marker nor aborted) stays only if it is the key's latest, and a tombstone only while
+ * ``wall_ns`` - its time <= ``delete_ns``; an aborted record goes; a record without a key and a
+ * marker stay. A length that walks out of the copy (torn: the caller copied it while it moved)
+ * raises ValueError. */
+static PyObject *fast_compact_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "compact_scan(copy, cap, head, stop, wall_ns, delete_ns, compact)");
+        return NULL;
+    }
+    uint64_t cap = PyLong_AsUnsignedLongLong(args[1]), head = PyLong_AsUnsignedLongLong(args[2]);
+    uint64_t stop = PyLong_AsUnsignedLongLong(args[3]);
+    long long wall = PyLong_AsLongLong(args[4]), delete_ns = PyLong_AsLongLong(args[5]);
+    int compact = PyObject_IsTrue(args[6]);
+    if (PyErr_Occurred() || compact < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const char *mem = (const char *)view.buf;
+    if (cap < REC_SIZE || stop < head || stop - head > (uint64_t)view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "compact_scan: the run is outside the copy");
+        return NULL;
+    }
+    Py_ssize_t n = 0, room = 1024;
+    int64_t *recs = PyMem_Malloc(room * 4 * sizeof(int64_t)); /* o, length, offset, key object or 0 */
+    PyObject *latest = compact ? PyDict_New() : NULL, *kept = NULL, *result = NULL, *index = NULL;
+    Py_ssize_t removed = 0, k = 0;
+    if (!recs || (compact && !latest)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (uint64_t p = head; p < stop;) {
+        uint64_t rem = cap - p % cap;
+        if (rem < REC_SIZE) { /* an implicit pad: the next lap */
+            p += rem;
+            continue;
+        }
+        const char *a = mem + (p - head);
+        uint32_t length = U32(a + REC_LENGTH);
+        if (length < REC_SIZE || length % 8 || p - head + length > stop - head) {
+            PyErr_SetString(PyExc_ValueError, "compact_scan: a torn record (the copy moved under it)");
+            goto done;
+        }
+        if ((U64(a + REC_STATUS) & 0xFF) != ST_PAD) {
+            if (n == room) {
+                int64_t *more = PyMem_Realloc(recs, 2 * room * 4 * sizeof(int64_t));
+                if (!more) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                recs = more;
+                room *= 2;
+            }
+            int64_t *r = recs + 4 * n;
+            uint32_t flags = U32(a + REC_FLAGS);
+            uint64_t klen = U64(a + REC_DEADLINE);
+            r[0] = (int64_t)(p - head); r[1] = length; r[2] = (int64_t)U64(a + REC_MSG_ID); r[3] = 0;
+            n++;
+            if (compact && klen && !(flags & FLAG_CONTROL)) {
+                if (klen - 1 > length - REC_SIZE) {
+                    PyErr_SetString(PyExc_ValueError, "compact_scan: a torn record (the copy moved under it)");
+                    goto done;
+                }
+                PyObject *key = PyBytes_FromStringAndSize(a + REC_SIZE, (Py_ssize_t)(klen - 1));
+                if (!key) goto done;
+                r[3] = (int64_t)(intptr_t)key; /* (released at the end) */
+                if (!(flags & FLAG_ABORTED)) { /* an aborted record is no key's latest: it goes */
+                    index = PyLong_FromSsize_t(n - 1);
+                    if (!index || PyDict_SetItem(latest, key, index) < 0) goto done;
+                    Py_CLEAR(index);
+                }
+            }
+        }
+        p += length;
+    }
+    kept = PyBytes_FromStringAndSize(NULL, n * 3 * (Py_ssize_t)sizeof(int64_t));
+    if (!kept) goto done;
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(kept);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t *r = recs + 4 * i;
+        int goes = 0;
+        if (compact) {
+            const char *a = mem + r[0];
+            uint32_t flags = U32(a + REC_FLAGS);
+            if (flags & FLAG_ABORTED) {
+                goes = 1;
+            } else if (r[3]) {
+                PyObject *at = PyDict_GetItemWithError(latest, (PyObject *)(intptr_t)r[3]);
+                if (!at && PyErr_Occurred()) goto done;
+                goes = !at || PyLong_AsSsize_t(at) != i ||
+                       ((flags & FLAG_NULL_VALUE) && wall - (long long)U64(a + REC_ENQ_NS) > delete_ns);
+            }
+        }
+        if (goes) {
+            removed++;
+        } else {
+            memcpy(out + 3 * k, r, 3 * sizeof(int64_t));
+            k++;
+        }
+    }
+    if (_PyBytes_Resize(&kept, k * 3 * (Py_ssize_t)sizeof(int64_t)) < 0) goto done;
+    result = Py_BuildValue("(Nn)", kept, removed);
+    kept = NULL;
+done:
+    if (recs) {
+        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF((PyObject *)(intptr_t)recs[4 * i + 3]);
+        PyMem_Free(recs);
+    }
+    Py_XDECREF(index);
+    Py_XDECREF(latest);
+    Py_XDECREF(kept);
+    PyBuffer_Release(&view);
+    return result;
 }
 
 /* ---- a stream partition's bulk append from Arrow buffers: the mirror of read_columns.
@@ -1914,6 +2034,8 @@ static PyMethodDef methods[] = {
     {"publish", (PyCFunction)(void (*)(void))fast_publish, METH_FASTCALL, "a reserved record's commit (unlocks)"},
     {"read_columns", (PyCFunction)(void (*)(void))fast_read_columns, METH_FASTCALL,
      "a stream partition's records as Arrow buffers"},
+    {"compact_scan", (PyCFunction)(void (*)(void))fast_compact_scan, METH_FASTCALL,
+     "a compaction's scan of a copied partition run: the records that stay"},
     {"columns_check", (PyCFunction)fast_columns_check, METH_O, "check chunks of Arrow buffers: records, bytes, largest"},
     {"columns_end", (PyCFunction)(void (*)(void))fast_columns_end, METH_FASTCALL,
      "the ring position after chunks appended at a position"},

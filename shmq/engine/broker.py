@@ -32,7 +32,8 @@ from .queues import deadletter, lifetime
 from .queues.lanes import MAX_LANES, LanedQueue, attach
 from .queues.queue import Queue
 from .queues.serialized import SerializedQueue
-from .streams.stream import Stream, stream_base
+from .streams.compaction import DEFAULT_DELETE_RETENTION_S, DEFAULT_DIRTY_RATIO
+from .streams.stream import Stream, store_live, stream_base
 from .streams.multiconsumer import MultiConsumer
 
 __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS", "MUTABLE_QUEUE_SETTINGS", "FIXED_QUEUE_SETTINGS",
@@ -50,7 +51,8 @@ FIXED_QUEUE_SETTINGS = ("max_bytes", "max_message_bytes", "durability", "priorit
 # reads as it goes (``layout.STREAM_LIVE``), and the partition count, which only grows; and what
 # it cannot: a partition's ring, what a full one does, and whether logs exist (docs/STREAMS.md)
 MUTABLE_STREAM_SETTINGS = ("partitions", "max_message_bytes", "retention_bytes", "retention_seconds",
-                           "timestamp_type", "compression", "segment_bytes")
+                           "timestamp_type", "compression", "segment_bytes", "compact", "delete_retention_seconds",
+                           "min_cleanable_dirty_ratio", "max_compaction_lag_seconds")
 FIXED_STREAM_SETTINGS = ("max_bytes", "retention", "group_idle_timeout", "durability")
 STREAM_SETTINGS = MUTABLE_STREAM_SETTINGS + FIXED_STREAM_SETTINGS  # what a snapshot keeps, a rebuild creates with
 
@@ -59,6 +61,7 @@ LIFETIME_SWEEP_NS = 1_000_000_000  # a local create or declare sweeps unused que
 DEFAULT_MAX_MESSAGE_BYTES = 2**20
 _MIN_BYTES = 4096
 _DURABILITY_MODES = ("memory", "snapshot", "wal")
+_COMPACTION_WORDS = ("compact", "delete_retention_ns", "dirty_ratio_ppm", "max_compaction_lag_ns")
 _STREAM = "@"  # a stream's registry entry is "@NAME": no queue name starts with "@"
 
 
@@ -520,7 +523,10 @@ class Broker:
                       max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
                       retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
                       durability: str = "snapshot", exist_ok: bool = False, *, timestamp_type: str = "create_time",
-                      compression: str = "producer", segment_bytes: int | None = None) -> Stream:
+                      compression: str = "producer", segment_bytes: int | None = None, compact: bool = False,
+                      delete_retention_seconds: float = DEFAULT_DELETE_RETENTION_S,
+                      min_cleanable_dirty_ratio: float = DEFAULT_DIRTY_RATIO,
+                      max_compaction_lag_seconds: float | None = None) -> Stream:
         """Create a stream of ``partitions`` append-only logs and attach to it. Raises
         StreamExists unless ``exist_ok``: then the existing stream is returned as it is,
         if it has the settings this call asks for (those given other than their
@@ -542,6 +548,14 @@ class Broker:
         "uncompressed", "gzip", "snappy", "lz4" or "zstd"; ``segment_bytes``: Kafka's
         segment.bytes, kept and shown, no effect. ``update_stream`` changes these, the
         retention bounds, ``max_message_bytes`` and the partition count on a live stream.
+
+        ``compact`` (Kafka's cleanup.policy=compact; with a retention bound, compact,delete):
+        the server's housekeeping keeps the latest record of each key and takes back the
+        older ones (docs/STREAMS.md, Compacted streams); a tombstone (a None value) stays
+        ``delete_retention_seconds``, then its key is gone; a partition is compacted once
+        the bytes appended since its last compaction are ``min_cleanable_dirty_ratio`` of
+        what it holds, or a record has waited ``max_compaction_lag_seconds``. Offsets never
+        change: a read of an offset compaction took goes on at the next record.
         """
         asked = _asked(_STREAM_DEFAULTS, locals())  # before the checks below normalize them
         check_queue_name(name)
@@ -554,7 +568,8 @@ class Broker:
         max_bytes = L.align(max_bytes)
         _check_ring(max_bytes, " per partition")
         live = _live_settings(max_bytes, max_message_bytes, retention_bytes, retention_seconds, timestamp_type,
-                              compression, segment_bytes)
+                              compression, segment_bytes, compact, delete_retention_seconds, min_cleanable_dirty_ratio,
+                              max_compaction_lag_seconds)
         if retention not in L.RETENTION:
             raise ValueError(f"retention must be 'drop' or 'block', not {retention!r}")
         if isinstance(group_idle_timeout, bool) or not isinstance(group_idle_timeout, (int, float)) \
@@ -633,7 +648,7 @@ class Broker:
                                       L.DURABILITY[durability], live["timestamp_type"], live["compression"], max_bytes,
                                       live["max_message_bytes"], live["retention_bytes"], live["retention_ns"],
                                       int(idle_s * 1e9), now)
-            L.WORD.pack_into(seg._mmap, L.STREAM_SEGMENT_BYTES_OFF, live["segment_bytes"])
+            store_live(seg._mmap, {f: live[f] for f in _COMPACTION_WORDS + ("segment_bytes",)})
             self._init_mutex(seg._mmap, L.STREAM_MUTEX_OFF)
             seg._mmap[0:4] = L.STREAM_MAGIC  # published
         finally:
@@ -825,11 +840,13 @@ def check_stream_settings(settings: dict) -> dict:
     ValueError or TypeError as ``update_stream`` would raise them, nothing written."""
     return _live_settings(settings["max_bytes"], settings["max_message_bytes"], settings["retention_bytes"],
                           settings["retention_seconds"], settings["timestamp_type"], settings["compression"],
-                          settings["segment_bytes"])
+                          settings["segment_bytes"], settings["compact"], settings["delete_retention_seconds"],
+                          settings["min_cleanable_dirty_ratio"], settings["max_compaction_lag_seconds"])
 
 
 def _live_settings(max_bytes, max_message_bytes, retention_bytes, retention_seconds, timestamp_type, compression,
-                   segment_bytes) -> dict:
+                   segment_bytes, compact=False, delete_retention_seconds=DEFAULT_DELETE_RETENTION_S,
+                   min_cleanable_dirty_ratio=DEFAULT_DIRTY_RATIO, max_compaction_lag_seconds=None) -> dict:
     """The stream settings a live stream changes, checked, as its header holds them (``layout.STREAM_LIVE``'s
     fields but the partition count)."""
     maxmsg = min(_positive_int(max_message_bytes, "max_message_bytes"), max_bytes - L.REC_SIZE)
@@ -842,9 +859,19 @@ def _live_settings(max_bytes, max_message_bytes, retention_bytes, retention_seco
         raise ValueError(f"timestamp_type must be 'create_time' or 'log_append_time', not {timestamp_type!r}")
     if compression not in L.COMPRESSION:
         raise ValueError(f"compression must be one of {', '.join(L.COMPRESSION)}, not {compression!r}")
+    if not isinstance(compact, bool):
+        raise TypeError(f"compact must be True or False, not {compact!r}")
+    delete_ns = _seconds(delete_retention_seconds, "delete_retention_seconds")
+    if isinstance(min_cleanable_dirty_ratio, bool) or not isinstance(min_cleanable_dirty_ratio, (int, float)) \
+            or not 0 <= min_cleanable_dirty_ratio <= 1:
+        raise ValueError(f"min_cleanable_dirty_ratio must be a number from 0 to 1, not {min_cleanable_dirty_ratio!r}")
+    lag_ns = 0 if max_compaction_lag_seconds is None else \
+        _seconds(max_compaction_lag_seconds, "max_compaction_lag_seconds", allow_zero=False)
     return {"max_message_bytes": maxmsg, "retention_bytes": int(retention_bytes or 0),
             "retention_ns": int((retention_seconds or 0) * 1e9), "timestamp_type": L.TIMESTAMP_TYPE[timestamp_type],
-            "compression": L.COMPRESSION[compression], "segment_bytes": int(segment_bytes or 0)}
+            "compression": L.COMPRESSION[compression], "segment_bytes": int(segment_bytes or 0),
+            "compact": int(compact), "delete_retention_ns": delete_ns + 1,
+            "dirty_ratio_ppm": round(min_cleanable_dirty_ratio * 1e6) + 1, "max_compaction_lag_ns": lag_ns}
 
 
 def _check_ring(max_bytes: int, each: str) -> None:
@@ -920,8 +947,10 @@ def _stream_as_held(key, value, max_bytes):
         return min(value, max_bytes - L.REC_SIZE)
     if key in ("retention_bytes", "segment_bytes"):
         return None if value is None else int(value)
-    if key in ("retention_seconds", "group_idle_timeout"):
-        return _held_seconds(value)
+    if key in ("retention_seconds", "group_idle_timeout", "delete_retention_seconds", "max_compaction_lag_seconds"):
+        return None if value is None else _held_seconds(value)
+    if key == "min_cleanable_dirty_ratio":
+        return round(value * 1e6) / 1e6
     return value
 
 

@@ -191,7 +191,7 @@ def rebuild_stream(broker: Broker, data_dir: str, name: str, upgraded_from: int 
                     end = max(end, mark[1])                # have been handed out that no file holds
                     epoch = max(epoch, mark[0])
             table = sorted(((t, b, e, ns) for t, (b, e, ns) in published.items()), key=lambda x: x[3])
-            total += s._part(p).restore([rows[o] for o in sorted(rows)], end, epoch, table)
+            total += s._part(p).restore([rows[o] for o in sorted(rows)], end, epoch, table, compacted=s.compact)
             for group, offset in st.get("committed", {}).items():
                 offsets = committed.setdefault(group, {})
                 if offset is not None:

@@ -267,7 +267,7 @@ def message_from_fields(queue: str, m: dict):
 # ---------------------------------------------------------------- streams
 # a stream's settings, as STREAM_CREATE and STREAM_INFO replies give them (and a handle has them)
 STREAM_INFO = ("partitions", "max_bytes", "max_message_bytes", "retention", "retention_bytes", "retention_seconds",
-               "group_idle_timeout", "durability", "created_at")
+               "group_idle_timeout", "durability", "created_at", "compact")
 _STREAM_INTS = ("partitions", "max_bytes", "max_message_bytes")  # the engine's TypeError for anything else
 
 

@@ -3,10 +3,12 @@
 Strategy: housekeeping never depends on this loop — any process using a queue does
 the due work itself — but a broker that runs it keeps leases of dead consumers and
 delayed messages moving, and memory going back, even while no client is calling ``get``
-or appending.
+or appending. A compacted stream's partitions are looked at more often (``tick``), so
+that a run starts before fast appenders fill half a ring and must compact themselves.
 """
 
 import logging
+import time
 
 from ..engine import maintenance
 from ..engine.broker import Broker
@@ -18,15 +20,54 @@ __all__ = ["Housekeeper"]
 log = logging.getLogger("shmq.server")
 
 
+ROUND_S = 0.25  # the whole round's period
+TICK_S = 0.05  # how often compacted streams are looked at (``tick``)
+
+
+def _compact(s) -> None:
+    """A compacted stream's partitions that ask for a run (``Stream.compact_now``) compacted."""
+    if s.compact:
+        records, taken = s.compact_now(force=False)
+        if records:
+            log.debug("stream %s: compaction took %d record(s), %d bytes back", s.name, records, taken,
+                      extra={"event": "stream_compacted", "stream": s.name, "records": records, "bytes": taken})
+
+
+def _stream_round(s) -> int:
+    """A stream's round: retention and memory back, then its compaction (``_compact``).
+    Returns the records retention dropped."""
+    dropped = s.housekeep()[0]
+    _compact(s)
+    return dropped
+
+
 class Housekeeper:
     """Attaches to every queue, stream and keyed store of ``broker``'s namespace and calls
-    ``Queue._housekeep``, ``Stream.housekeep`` and ``Store.sweep`` on each."""
+    ``Queue._housekeep``, ``Stream.housekeep`` (and a compacted stream's ``compact_now``)
+    and ``Store.sweep`` on each."""
 
     def __init__(self, broker: Broker):
         self.broker = broker
         self._queues = {}
         self._streams = {}
         self._stores = {}
+        self._round_due = 0.0
+
+    def tick(self) -> None:
+        """What a server runs every TICK_S: the whole round (``run_once``) every ROUND_S,
+        and between rounds the compaction of the compacted streams it has attached."""
+        now = time.monotonic()
+        if now >= self._round_due:
+            self._round_due = now + ROUND_S
+            self.run_once()
+            return
+        for name, s in list(self._streams.items()):
+            try:
+                _compact(s)
+            except StreamNotFound:
+                self._streams.pop(name).close()
+            except ShmqError as e:
+                log.warning("stream %s: %s", name, e)
 
     def run_once(self) -> int:
         """One pass over all queues and streams; returns how many messages became ready again."""
@@ -44,7 +85,7 @@ class Housekeeper:
             if n:
                 log.info("queue %s: %d message(s) ready again (expired or dead holder)", name, n)
         dropped = self._each("stream", self._streams, set(self.broker.list_streams()), self.broker.stream,
-                             lambda s: s.housekeep()[0], StreamNotFound)
+                             _stream_round, StreamNotFound)
         for name, n in dropped.items():
             if n:
                 log.info("stream %s: %d record(s) dropped from memory by retention", name, n)

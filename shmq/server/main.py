@@ -22,7 +22,8 @@ from ..persistence.upgrade import check_files, upgrade
 from ..engine.shm.layout import WAL_ALWAYS, WAL_BATCH, WAL_NEVER
 from ..errors import ShmqError
 from ..sharing import resolve_group, share_dir
-from .housekeeper import Housekeeper
+from .housekeeper import ROUND_S as HOUSEKEEPING_INTERVAL_S
+from .housekeeper import TICK_S, Housekeeper
 from .lock import BrokerLock
 from .logsync import LogSyncer
 from .loops import loop_name
@@ -33,7 +34,6 @@ from .tcp import TcpServer
 
 __all__ = ["serve", "parse_fsync", "HOUSEKEEPING_INTERVAL_S"]
 
-HOUSEKEEPING_INTERVAL_S = 0.25
 
 log = logging.getLogger("shmq.server")
 
@@ -230,7 +230,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
             ready(server.port)
         notify(READY="1", STATUS=f"serving namespace {namespace} on {host}:{server.port}")  # Type=notify
 
-        periodic = [Periodic(HOUSEKEEPING_INTERVAL_S, keeper.run_once, "housekeeping").start()]
+        periodic = [Periodic(TICK_S, keeper.tick, "housekeeping").start()]
         if snapshotter is not None:
             # the snapshot runs end with a last snapshot after the stop
             def snapshot_round():  # at info the last one, after the stop

@@ -284,6 +284,12 @@ class ShmqCollector(Collector):
         appended = CounterMetricFamily("shmq_stream_partition_appended", "Records appended.", **kw)
         dropped = CounterMetricFamily("shmq_stream_partition_dropped", "Records dropped from the ring (when full, "
                                       "or by delete_records).", **kw)
+        compactions = CounterMetricFamily("shmq_stream_partition_compactions", "Compaction runs that took records "
+                                          "back (a compacted stream's).", **kw)
+        compacted = CounterMetricFamily("shmq_stream_partition_compacted_bytes", "Bytes of the ring compaction took "
+                                        "back.", unit="bytes", **kw)
+        dirty = GaugeMetricFamily("shmq_stream_partition_dirty_ratio", "A compacted stream's bytes appended since "
+                                  "its last compaction over all it holds.", **kw)
         kw = {"labels": ["stream", "group"]}
         lag = GaugeMetricFamily("shmq_stream_group_lag", "Records between the group's committed offsets and the "
                                 "ends, over all partitions.", **kw)
@@ -309,9 +315,14 @@ class ShmqCollector(Collector):
                 held.add_metric(labels, p.get("bytes_held", 0))
                 appended.add_metric(labels, p["appended_total"])
                 dropped.add_metric(labels, p["dropped_total"])
+                compactions.add_metric(labels, p.get("compactions_total", 0))
+                compacted.add_metric(labels, p.get("compacted_bytes_total", 0))
+                if "dirty_ratio" in p:
+                    dirty.add_metric(labels, p["dirty_ratio"])
             for group, g in sorted(st["groups"].items()):
                 lag.add_metric([name, group], sum(g["lag"].values()))
                 members.add_metric([name, group], g["members"])
                 for p, n in sorted(g["lag"].items()):
                     part_lag.add_metric([name, group, str(p)], n)
-        return [earliest, end, stable, used, capacity, held, appended, dropped, lag, part_lag, members]
+        return [earliest, end, stable, used, capacity, held, appended, dropped, compactions, compacted, dirty, lag,
+                part_lag, members]

@@ -17,6 +17,13 @@ from tests.kafka.test_clients import _ck_consume
 pytestmark = pytest.mark.slow
 
 PAST = 1_600_000_000_000  # 2020-09-13, in ms: no clock gives this by chance
+# what DescribeConfigs shows of a topic made with no configs
+KAFKA_DEFAULTS = {"cleanup.policy": "delete", "compression.type": "producer", "delete.retention.ms": "86400000",
+                  "file.delete.delay.ms": "60000", "max.compaction.lag.ms": "9223372036854775807",
+                  "max.message.bytes": "1048576", "message.timestamp.type": "CreateTime",
+                  "min.cleanable.dirty.ratio": "0.5", "min.compaction.lag.ms": "0", "retention.bytes": "-1",
+                  "retention.ms": "-1", "segment.bytes": "1073741824", "segment.ms": "604800000"}
+TAKEN_NOT_KEPT = {"file.delete.delay.ms", "min.compaction.lag.ms", "segment.ms"}  # read-only: no stream setting
 
 
 def _admin(srv):
@@ -81,9 +88,7 @@ def test_describe_alter_and_incremental_alter_round_trip(shared_kafka, names):
     s = shared_kafka.broker.create_stream(topic, partitions=1)
     admin = _admin(shared_kafka)
     before = _configs(admin, topic)
-    assert before == {"cleanup.policy": "delete", "compression.type": "producer", "max.message.bytes": "1048576",
-                      "message.timestamp.type": "CreateTime", "retention.bytes": "-1", "retention.ms": "-1",
-                      "segment.bytes": "1073741824"}
+    assert before == KAFKA_DEFAULTS
 
     def incremental(*entries):
         (f,) = admin.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=list(
@@ -119,7 +124,7 @@ def test_an_unknown_config_or_value_is_refused_naming_it_and_nothing_changes(sha
     admin = _admin(shared_kafka)
     for configs, why in (({"retention.ms": "1000", "min.insync.replicas": "2"},
                           "config min.insync.replicas=2: not taken here (the topic configs are cleanup.policy, "),
-                         ({"cleanup.policy": "compact"}, "config cleanup.policy=compact: takes one of delete"),
+                         ({"cleanup.policy": "compact,forever"}, "config cleanup.policy=compact,forever: takes compact, delete or both"),
                          ({"retention.ms": "soon"}, "config retention.ms=soon: takes not a number")):
         with pytest.raises(KafkaException, match="INVALID_CONFIG") as e:
             _alter(admin, topic, configs).result(30)

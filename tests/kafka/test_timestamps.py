@@ -14,6 +14,7 @@ from kio.schema.errors import ErrorCode
 from shmq.kafka.records import Record, decode_batches, encode_batch
 from shmq.server.kafka.batches import Batches
 from tests.kafka.groups_wire import Wire, fetch_records, produce
+from tests.kafka.test_configs import KAFKA_DEFAULTS, TAKEN_NOT_KEPT
 
 PAST = 1_600_000_000_000  # 2020-09-13, in ms: no clock gives this by chance
 STAMPS = [PAST + 5_000, PAST, PAST + 10_000, PAST + 2_000, PAST + 2_000]  # not in offset order
@@ -178,9 +179,7 @@ def test_create_topics_answers_the_topics_configs(kafka_server, broker):
         (t,) = r.topics
         assert t.error_code == ErrorCode.none
         assert {c.name: (c.value, c.read_only) for c in t.configs} == {
-            "message.timestamp.type": ("CreateTime", False), "cleanup.policy": ("delete", True),
-            "compression.type": ("producer", False), "max.message.bytes": ("1048576", False),
-            "retention.bytes": ("-1", False), "retention.ms": ("-1", False), "segment.bytes": ("1073741824", False)}
+            name: (value, name in TAKEN_NOT_KEPT) for name, value in KAFKA_DEFAULTS.items()}
         r = w.call(CREATE_TOPICS, 7, timeout=SECONDS_30, validate_only=False, topics=[
             {"name": "lat", "num_partitions": 1, "replication_factor": 1, "assignments": [],
              "configs": [{"name": "message.timestamp.type", "value": "LogAppendTime"}]}])
@@ -188,9 +187,9 @@ def test_create_topics_answers_the_topics_configs(kafka_server, broker):
         assert broker.stream("lat").timestamp_type == "log_append_time"
         r = w.call(CREATE_TOPICS, 7, timeout=SECONDS_30, validate_only=False, topics=[
             {"name": "cmp", "num_partitions": 1, "replication_factor": 1, "assignments": [],
-             "configs": [{"name": "cleanup.policy", "value": "compact"}]}])
+             "configs": [{"name": "cleanup.policy", "value": "compact,forever"}]}])
         assert r.topics[0].error_code == ErrorCode.invalid_config
-        assert r.topics[0].error_message == "config cleanup.policy=compact: takes one of delete"
+        assert r.topics[0].error_message == "config cleanup.policy=compact,forever: takes compact, delete or both (compact,delete)"
         assert broker.list_streams() == ["ct", "lat"]
 
 
@@ -232,10 +231,8 @@ def test_admin_clients_describe_a_topics_configs(kafka_server, broker):
     admin = AdminClient({"bootstrap.servers": srv.bootstrap})
     (future,) = admin.describe_configs([ConfigResource("topic", "dc")]).values()
     got = {k: (e.value, e.is_read_only, e.is_default) for k, e in future.result(30).items()}
-    assert got == {"cleanup.policy": ("delete", True, True), "message.timestamp.type": ("CreateTime", False, True),
-                   "retention.ms": ("-1", False, True), "retention.bytes": (str(2**20), False, False),
-                   "max.message.bytes": ("4096", False, False), "compression.type": ("producer", False, True),
-                   "segment.bytes": ("1073741824", False, True)}
+    assert got == {**{name: (value, name in TAKEN_NOT_KEPT, True) for name, value in KAFKA_DEFAULTS.items()},
+                   "retention.bytes": (str(2**20), False, False), "max.message.bytes": ("4096", False, False)}
     (missing,) = admin.describe_configs([ConfigResource("topic", "nope")]).values()
     with pytest.raises(Exception, match="UNKNOWN_TOPIC_OR_PART"):
         missing.result(30)

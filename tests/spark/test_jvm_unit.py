@@ -43,7 +43,7 @@ def test_layout_constants_are_the_engines():
         "REC_BODY_LEN": rec["body_len"], "REC_HDR_LEN": rec["hdr_len"], "REC_MSG_ID": rec["msg_id"],
         "REC_ENQ_NS": rec["enq_ns"], "REC_KEY": rec["deadline"], "PAD": L.PAD, "REC_FLAGS": rec["flags"],
         "FLAG_NULL_VALUE": L.FLAG_NULL_VALUE, "FLAG_CONTROL": L.FLAG_CONTROL, "FLAG_ABORTED": L.FLAG_ABORTED,
-        "PART_STABLE": L.PART_STABLE_OFF,
+        "PART_STABLE": L.PART_STABLE_OFF, "PART_CLEANED": L.PI_CLEANED * 8, "PART_COMPACT_LOW": L.PI_COMPACT_LOW * 8,
     }
     assert java == want
     # the static headers' fields the reader takes, where layout.py's structs put them
@@ -200,5 +200,24 @@ def test_a_reader_passes_over_markers_and_aborted_records_and_stops_at_the_stabl
         for batch in (1, 2, 100):
             out = run_java(classes, "io.shmq.spark.source.VisibleDump", broker.namespace, "txns", 0, batch)
             assert out.stdout.splitlines() == ["latest 7", *(f"{o} {v}" for o, v in want), "next 7"]
+    finally:
+        s.close()
+
+
+def test_a_reader_of_a_compacted_partition_reads_on_across_its_gaps(classes, broker):
+    """The JVM source reads a compacted partition as the Python readers do: offsets compaction
+    took are passed over, from below earliest too (docs/STREAMS.md, Compacted streams)."""
+    s = broker.create_stream("c", partitions=1, durability="memory", compact=True)
+    try:
+        for i in range(40):
+            s.append(b"%d" % i, key=b"a%d" % (i % 3) if i < 30 else b"b%d" % (i % 5), partition=0)
+        s.compact_now()
+        want = [(r.offset, r.value.hex()) for r in s.read(0, 0, 100)]
+        assert [o for o, _v in want] == [27, 28, 29, 35, 36, 37, 38, 39]
+        for batch in (1, 2, 100):
+            for start in (0, 27, 30):
+                out = run_java(classes, "io.shmq.spark.source.VisibleDump", broker.namespace, "c", 0, batch, start)
+                assert out.stdout.splitlines() == ["latest 40", *(f"{o} {v}" for o, v in want if o >= start),
+                                                   "next 40"], (batch, start)
     finally:
         s.close()

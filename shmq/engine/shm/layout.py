@@ -437,6 +437,16 @@ MAX_TXNS = 32
 # transaction coordinator writes it (zero in an older segment: none open)
 PART_STABLE_OFF = 472
 PI_STABLE = PART_STABLE_OFF >> 3
+# a compacted stream's partition (``compaction.compact``; zero in an older segment: never compacted):
+# cleaned, 1 + the offset compaction has run up to (below it an offset with no record was compacted
+# away, not lost: a read there goes on at the next record); compact_low, 1 + the earliest offset
+# before the compactions since retention last dropped records (a read in [compact_low - 1, earliest)
+# goes on at earliest; a drop by retention sets it to 0); compactions, the runs that took records
+# back; bytes_compacted, the ring bytes they took back
+PART_CLEAN_OFF = 480
+PART_CLEAN_FIELDS = ("cleaned", "compact_low", "compactions", "bytes_compacted")
+(PI_CLEANED, PI_COMPACT_LOW, PI_COMPACTIONS, PI_BYTES_COMPACTED) = range(
+    PART_CLEAN_OFF >> 3, (PART_CLEAN_OFF >> 3) + len(PART_CLEAN_FIELDS))
 PART_TXN_OFF = 512
 PART_MEM_OFF = PART_TXN_OFF + MAX_TXNS * TXN.size  # the partition's memory block (``memory.py``)
 PART_INDEX_OFF = PART_MEM_OFF + MEM_SIZE + BITMAP_BYTES  # 10752
@@ -450,6 +460,10 @@ STREAM_STATIC_FIELDS = ("magic", "version", "partitions", "retention", "durabili
 _STREAM_OFFSETS = field_offsets(STREAM_STATIC, STREAM_STATIC_FIELDS)
 STREAM_CREATED_OFF = _STREAM_OFFSETS["created_ns"]  # a rebuilt stream keeps its own
 STREAM_SEGMENT_BYTES_OFF = STREAM_STATIC.size
+# compaction (Kafka's cleanup.policy=compact): compact (1: the latest record of each key is kept), then
+# 1 + delete_retention_ns (how long a tombstone stays), 1 + the min cleanable dirty ratio in millionths
+# (0 in either: the default), max_compaction_lag_ns (0: none)
+STREAM_COMPACT_OFF = STREAM_SEGMENT_BYTES_OFF + 8
 # What a live stream's handles read afresh (``Stream._live``; ``Broker.update_stream``, ``Stream.add_partitions``
 # change them): field -> (word, shift, mask).
 # Each is read by one aligned load of the word that holds it, and written under the stream's lock by one store of
@@ -458,7 +472,9 @@ STREAM_LIVE = {f: (off >> 3, (off & 7) * 8, (1 << 8 * size) - 1) for f, off, siz
     *((f, _STREAM_OFFSETS[f], struct.calcsize(c)) for f, c in (
         ("partitions", "H"), ("timestamp_type", "B"), ("compression", "B"), ("max_message_bytes", "Q"),
         ("retention_bytes", "Q"), ("retention_ns", "Q"))),
-    ("segment_bytes", STREAM_SEGMENT_BYTES_OFF, 8))}
+    ("segment_bytes", STREAM_SEGMENT_BYTES_OFF, 8), ("compact", STREAM_COMPACT_OFF, 1),
+    ("delete_retention_ns", STREAM_COMPACT_OFF + 8, 8), ("dirty_ratio_ppm", STREAM_COMPACT_OFF + 16, 8),
+    ("max_compaction_lag_ns", STREAM_COMPACT_OFF + 24, 8))}
 STREAM_MUTEX_OFF = 128
 STREAM_CTL_OFF = 192
 STREAM_FIELDS = ("deleted", "cwait", "cposted", "next_member", "bells")  # bells: of cwait, a server's doorbells
@@ -479,9 +495,9 @@ STREAM_SIZE = GROUPS_OFF + MAX_GROUPS * GROUP_SIZE
 
 assert PART_STATIC.size <= PART_MUTEX_OFF and PART_CTL_OFF + 8 * len(PART_FIELDS) <= PART_WAL_WORDS_OFF
 assert PART_WAL_WORDS_OFF + 16 <= PART_WALCFG_OFF and PART_WALCFG_OFF + WALCFG.size <= PART_STABLE_OFF
-assert PART_STABLE_OFF + 8 <= PART_TXN_OFF
+assert PART_STABLE_OFF + 8 <= PART_CLEAN_OFF and PART_CLEAN_OFF + 8 * len(PART_CLEAN_FIELDS) <= PART_TXN_OFF
 assert PART_INDEX_OFF % 64 == 0
-assert STREAM_SEGMENT_BYTES_OFF + 8 <= STREAM_MUTEX_OFF and STREAM_CTL_OFF + 8 * len(STREAM_FIELDS) <= GROUPS_OFF
+assert STREAM_COMPACT_OFF + 32 <= STREAM_MUTEX_OFF and STREAM_CTL_OFF + 8 * len(STREAM_FIELDS) <= GROUPS_OFF
 assert GROUP_COMMITTED_OFF % 8 == 0 and GROUP_SIZE % 8 == 0
 
 

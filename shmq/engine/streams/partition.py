@@ -195,7 +195,7 @@ class Partition:
     """A handle on partition ``index`` of a stream, attached in this process."""
 
     lock_timeout = None  # set by its Stream
-
+    make_room = None  # set by its Stream: called (no lock held) before an append fills past half the ring
     def __init__(self, stream_base: str, index: int, name: str, durability: str = "memory", paths=None):
         """``paths``: the bulk paths it runs (``paths.PartitionPaths``: its stream's; None:
         those ``cpaths``' default names now)."""
@@ -273,9 +273,13 @@ class Partition:
                 break
             if mq[w] & 0xFF == _PAD:
                 continue
-            last = mq[w + _R_MSG_ID]
+            off = mq[w + _R_MSG_ID]
+            if last is not None and off <= last:  # a compaction's image, published up to its head's store
+                head, first = pos, None
+            last = off
             if first is None:
                 first = last
+        mq[L.PI_HEAD] = head
         mq[L.PI_TAIL] = tail
         nxt = mq[L.PI_NEXT]  # never lowered: offsets past a gap stay handed out
         if last is not None:
@@ -363,20 +367,23 @@ class Partition:
                     "stable": self._stable(), "memory_earliest": mq[L.PI_EARLIEST],
                     "bytes": mq[L.PI_TAIL] - mq[L.PI_HEAD], "max_bytes": self._cap,
                     "bytes_held": self._memory.held(),
-                    "appended_total": mq[L.PI_APPENDED], "dropped_total": mq[L.PI_DROPPED]}
+                    "appended_total": mq[L.PI_APPENDED], "dropped_total": mq[L.PI_DROPPED],
+                    "compactions_total": mq[L.PI_COMPACTIONS], "compacted_bytes_total": mq[L.PI_BYTES_COMPACTED]}
         finally:
             self._release()
 
     def _find(self, offset):
         """(position, offset) of the first record at or after ``offset`` (earliest <=
-        offset < next), or None: it is past the last record. Lock held."""
+        offset < next), or None: it is past the last record. An index word holds the
+        position of its anchor's record, or after a compaction of the first record at or
+        after its anchor within its stride. Lock held."""
         mq, cap, base = self._mq, self._cap, self._base
         head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
         start = head
         anchor = offset - offset % _STRIDE
         if anchor >= mq[L.PI_EARLIEST]:
             pos = mq[self._index_w + (anchor // _STRIDE) % self._slots]
-            if head <= pos < tail and mq[((base + pos % cap) >> 3) + _R_MSG_ID] == anchor:
+            if head <= pos < tail and anchor <= mq[((base + pos % cap) >> 3) + _R_MSG_ID] <= offset:
                 start = pos
         for pos, w in ring.records(mq, cap, base, start, tail):
             if mq[w] & 0xFF != _PAD and mq[w + _R_MSG_ID] >= offset:
@@ -458,6 +465,7 @@ class Partition:
         if total > self._cap:
             raise MessageTooLarge(f"{total} bytes of records can never fit in a partition of stream "
                                   f"{self.name!r} (max_bytes={self._cap})")
+        asked = self.make_room is None
         while True:
             limit = None if floor is None else floor()
             self._acquire()
@@ -465,13 +473,17 @@ class Partition:
                 if txn is not None and self._txn_batch(txn[0]) >= txn[1]:
                     return None
                 room = self._room(end_from, limit)
-                if room is not None:
+                if room is not None and (asked or (not room[2] and 2 * (room[4] - room[1]) <= self._cap)):
                     first = self._write(n, now_ns, room, txn, entries, fill)
                     if time.monotonic_ns() >= self._round_due:  # memory back every so often with no server too
                         self.give_back()
                     return first
             finally:
                 self._release()
+            if room is not None:  # past half the ring, or records to drop: a compacted stream compacts first
+                asked = True
+                self.make_room()
+                continue
             if deadline is not None and time.monotonic_ns() >= deadline:
                 raise ShmqError(f"stream {self.name!r}: partition {self.index} is full and retention='block' "
                                 "waits for the slowest group to commit")
@@ -531,6 +543,8 @@ class Partition:
                 mq[L.PI_DISK_FIRST] = first + 1
         head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
         if new_head != head:  # (a crash from here on: _repair recomputes earliest)
+            if dropped:
+                mq[L.PI_COMPACT_LOW] = 0
             mq[L.PI_BYTES_DROPPED] += min(new_head, tail) - head
             mq[L.PI_HEAD] = new_head
             mq[L.PI_DROPPED] += dropped
@@ -642,6 +656,7 @@ class Partition:
             new_head = tail
         if not n:
             return 0
+        mq[L.PI_COMPACT_LOW] = 0
         mq[L.PI_BYTES_DROPPED] += new_head - head
         mq[L.PI_HEAD] = new_head
         mq[L.PI_EARLIEST] = mq[L.PI_NEXT] if earliest is None else earliest
@@ -718,6 +733,7 @@ class Partition:
             new_head, earliest = (tail, end) if found is None else found
             n = sum(1 for _pos, w in ring.records(mq, self._cap, self._base, head, new_head)
                     if mq[w] & 0xFF != _PAD)
+            mq[L.PI_COMPACT_LOW] = 0
             mq[L.PI_BYTES_DROPPED] += new_head - head
             mq[L.PI_HEAD] = new_head
             mq[L.PI_EARLIEST] = earliest
@@ -802,14 +818,15 @@ class Partition:
                              None if flags & _NULL else bytes(copy[b + hl:b + hl + bl])))
         return Image(rows, end, wal_from, epoch, txns, log_size)
 
-    def restore(self, rows, next_offset: int, hwm_epoch: int = 0, txns=()) -> int:
+    def restore(self, rows, next_offset: int, hwm_epoch: int = 0, txns=(), compacted: bool = False) -> int:
         """Fill this empty partition of a stream being rebuilt: ``rows`` are (offset,
         timestamp_ns, key, headers, value) in ascending offsets (gaps allowed), the next
         append gets ``next_offset`` (at least past the last row), ``txns`` the publishers'
         table as exported, (id, batch, end), or with the time each was written, (id,
         batch, end, ns), oldest first (when more than the table holds, the newest stay).
-        The newest rows that fit are kept, the oldest dropped as retention would. Returns
-        how many were kept."""
+        The newest rows that fit are kept, the oldest dropped as retention would.
+        ``compacted``: the rows are a compacted stream's, whose gaps compaction made (a
+        read there goes on at the next row). Returns how many were kept."""
         rows = list(rows)
         sizes = [record_size(k, h, v) for _o, _t, k, h, v in rows]
         keep, total = len(rows), 0
@@ -845,6 +862,9 @@ class Partition:
             mq[L.PI_HWM_EPOCH] = hwm_epoch
             mq[L.PI_HWM_BASE] = next_offset
             mq[L.PI_DROPPED] = keep
+            if compacted and rows:  # (below the first row: compacted, as far as a reader can tell)
+                mq[L.PI_CLEANED] = rows[-1][0] + 1
+                mq[L.PI_COMPACT_LOW] = 1
             for txn_id, batch, end, *ns in txns:
                 self._txn_note(txn_id, batch, end, ns[0] if ns else 0)
         finally:
@@ -870,13 +890,17 @@ class Partition:
 
     # ------------------------------------------------------------------ read
     def _in_range(self, offset):
-        """(earliest in memory, end) when ``offset`` can be read (in memory or on disk),
-        else OffsetOutOfRange. Lock held."""
-        earliest, end, low = self._mq[L.PI_EARLIEST], self._mq[L.PI_NEXT], self._low()
+        """(where to read from, earliest in memory, end) when ``offset`` can be read (in
+        memory or on disk; below earliest where compaction took every record, from
+        earliest), else OffsetOutOfRange. Lock held."""
+        mq = self._mq
+        earliest, end, low = mq[L.PI_EARLIEST], mq[L.PI_NEXT], self._low()
+        if offset < low and 0 < mq[L.PI_COMPACT_LOW] <= offset + 1:
+            return earliest, earliest, end
         if offset < low or offset > end:
             raise OffsetOutOfRange(f"stream {self.name!r} partition {self.index}: offset {offset} is outside "
                                    f"[{low}, {end}]", low, end)
-        return earliest, end
+        return offset, earliest, end
 
     def read_columns(self, offset: int, max_records: int):
         """A reader's records (``read(visible=True)``'s) from memory as Arrow buffers
@@ -890,16 +914,19 @@ class Partition:
         mq = self._mq
         self._acquire()
         try:
-            earliest, end = self._in_range(offset)
+            offset, earliest, end = self._in_range(offset)
             if offset < earliest:
                 return None
-            if offset == end:
-                return read_columns(self._mm, self._base, self._cap, 0, 0, 0, 0)[:11] + (offset,)
-            found = self._find(offset)
+            clean = mq[L.PI_CLEANED] - 1
+            found = self._find(offset) if offset < end else None
             if found is None or found[1] != offset:
-                raise self._lost(offset, end if found is None else found[1], end)
-            cols = read_columns(self._mm, self._base, self._cap, found[0], mq[L.PI_TAIL], max_records, self._stable())
-            return cols if cols[11] else cols[:11] + (offset,)
+                if found is None and (offset == end or end <= clean):  # at the end, or only compacted offsets left
+                    return read_columns(self._mm, self._base, self._cap, 0, 0, 0, 0, -1)[:11] + (end,)
+                if found is None or found[1] > clean:
+                    raise self._lost(offset, end if found is None else found[1], end)
+            stop = self._stable()
+            cols = read_columns(self._mm, self._base, self._cap, found[0], mq[L.PI_TAIL], max_records, stop, clean)
+            return cols if cols[11] else cols[:11] + (max(offset, min(found[1], stop)),)
         finally:
             self._release()
 
@@ -917,7 +944,7 @@ class Partition:
         out = Rows() if visible else []
         self._acquire()
         try:
-            earliest, end = self._in_range(offset)
+            offset, earliest, end = self._in_range(offset)
             stop = end
             if visible:
                 out.next = offset
@@ -929,17 +956,23 @@ class Partition:
             if offset < earliest:  # on disk only: read there, without the lock
                 directory = self.log.config()[3]
             else:
+                clean = mq[L.PI_CLEANED] - 1  # (-1: never compacted) a gap up to it is compaction's
                 found = self._find(offset)
                 if found is None or found[1] != offset:
-                    raise self._lost(offset, end if found is None else found[1], end)
+                    if found is None and stop <= clean:  # only compacted offsets left below the stop
+                        if visible:
+                            out.next = stop
+                        return out
+                    if found is None or found[1] > clean:
+                        raise self._lost(offset, end if found is None else found[1], end)
                 budget, last, looked = max_bytes, offset - 1, 0
                 for _pos, w in ring.records(mq, cap, base, found[0], mq[L.PI_TAIL]):
                     a = w << 3
                     status, _length, bl, hl, flags, off, ts, klen = _REC_UNPACK(mm, a)
                     if status & 0xFF == _PAD:
                         continue
-                    if off != last + 1 or off >= stop:  # a gap (the next read is told of it); a transaction open
-                        break
+                    if (off != last + 1 and off > clean) or off >= stop:  # a gap (the next read is told of it); a
+                        break  # transaction open
                     if visible and flags & _HIDDEN:
                         last, looked = off, looked + 1
                         if looked >= max_records:
@@ -958,8 +991,8 @@ class Partition:
                     last, looked = off, looked + 1
                     if looked >= max_records:
                         break
-                if visible and looked:
-                    out.next = last + 1
+                if visible:  # (nothing looked at: past a compacted gap, up to the stop)
+                    out.next = last + 1 if looked else max(offset, min(found[1], stop))
                 return out
         finally:
             self._release()

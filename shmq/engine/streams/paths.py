@@ -8,7 +8,8 @@ from .partitioner import murmur2_python
 
 __all__ = ["PartitionPaths", "C", "PYTHON", "chosen"]
 
-_CALLS = ("read_columns", "write_columns", "columns_check", "columns_end", "columns_log", "key_partitions")
+_CALLS = ("read_columns", "write_columns", "columns_check", "columns_end", "columns_log", "key_partitions",
+          "compact_scan")
 
 
 class PartitionPaths:
@@ -16,7 +17,7 @@ class PartitionPaths:
     ``read_columns`` (a partition's records as Arrow buffers), ``write_columns`` and the
     calls of its append (``columns_check``, ``columns_end``, ``columns_log``),
     ``key_partitions`` (each record's partition by its key: the Spark sink's routing);
-    and ``murmur2``, the key hash itself (the C one, or ``partitioner.murmur2_python``:
+    ``compact_scan`` (what a compaction keeps: ``compaction._scan``'s twin); and ``murmur2``, the key hash itself (the C one, or ``partitioner.murmur2_python``:
     the same numbers)."""
 
     __slots__ = ("kind", "murmur2", *_CALLS)

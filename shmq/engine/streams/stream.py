@@ -32,6 +32,8 @@ from ...model.records import Record, RecordMetadata
 from ..shm import layout as L
 from . import partition as partition_mod
 from ..shm import waits
+from . import compaction
+from .compaction import DEFAULT_DELETE_RETENTION_S, DEFAULT_DIRTY_RATIO
 from .groups import Groups
 from ..shm.mutex import RobustMutex, acquire
 from ..shm.mutex import unlock as _unlock
@@ -56,6 +58,19 @@ _GROWING = threading.Lock()  # a handle's list of partitions growing to a new co
 def _payload(key, hraw, value) -> int:
     """A record's bytes of key, headers and value (None: a tombstone's), as max_message_bytes counts them."""
     return len(hraw) + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
+
+
+def store_live(mem, values: dict) -> None:
+    """Store ``values`` of ``layout.STREAM_LIVE``'s fields in a stream's meta segment
+    (``mem``: its mmap or its words), each by one store of its word."""
+    mq = mem if isinstance(mem, memoryview) and mem.format == "Q" else memoryview(mem).cast("Q")
+    try:
+        for field, value in values.items():
+            w, shift, mask = L.STREAM_LIVE[field]
+            mq[w] = mq[w] & ~(mask << shift) | (value & mask) << shift
+    finally:
+        if mq is not mem:
+            mq.release()
 
 
 def stream_base(namespace: str, name: str) -> str:
@@ -188,6 +203,26 @@ class Stream:
     def segment_bytes(self) -> int | None:
         return self._live("segment_bytes") or None
 
+    @property
+    def compact(self) -> bool:
+        """Whether housekeeping compacts it (``compaction``: the latest record of each key stays)."""
+        return bool(self._live("compact"))
+
+    @property
+    def delete_retention_seconds(self) -> float:
+        """How long a tombstone stays in a compacted stream."""
+        held = self._live("delete_retention_ns")
+        return (held - 1) / 1e9 if held else DEFAULT_DELETE_RETENTION_S
+
+    @property
+    def min_cleanable_dirty_ratio(self) -> float:
+        held = self._live("dirty_ratio_ppm")
+        return (held - 1) / 1e6 if held else DEFAULT_DIRTY_RATIO
+
+    @property
+    def max_compaction_lag_seconds(self) -> float | None:
+        return self._live("max_compaction_lag_ns") / 1e9 or None
+
     def _write_settings(self, values: dict) -> None:
         """Store checked values of STREAM_LIVE's fields (as the header holds them), each by
         one store of its word, under the stream's lock (``Broker.update_stream``)."""
@@ -198,10 +233,7 @@ class Stream:
             self._release()
 
     def _store(self, values: dict) -> None:
-        mq = self._mq
-        for field, value in values.items():
-            w, shift, mask = L.STREAM_LIVE[field]
-            mq[w] = mq[w] & ~(mask << shift) | (value & mask) << shift
+        store_live(self._mq, values)
 
     def add_partitions(self, n: int) -> int:
         """Add ``n`` partitions (Kafka's CreatePartitions, which names the new total);
@@ -274,7 +306,16 @@ class Stream:
                 raise ShmqError(f"stream handle {self.name!r} is closed")
             part = self._parts[p] = Partition(self._base, p, self.name, self.durability, self.paths)
             part.lock_timeout = self.lock_timeout
+            part.make_room = lambda part=part: self._make_room(part)
         return part
+
+    def _make_room(self, part) -> None:
+        """An append would fill ``part`` past half its ring, or drop records for room: a
+        compacted stream's partition is compacted first, by the appender (appends wait for
+        it rather than lose a key's latest record), when a quarter of the ring is dirty
+        (a run needs room past the tail: half the ring is there for it)."""
+        if self._live("compact") and 4 * compaction.dirty(part)[0] >= part._cap:
+            compaction.compact(part, int(self.delete_retention_seconds * 1e9))
 
     # ------------------------------------------------------------------ append
     def _item(self, value, key, headers, maxmsg):
@@ -518,6 +559,29 @@ class Stream:
             given += g
         return dropped, given
 
+    def compact_now(self, partitions=None, force: bool = True) -> tuple[int, int]:
+        """Compact ``partitions`` (all by default) now (``compaction.compact``), or with
+        ``force=False`` those whose dirty ratio or max lag asks for it (what housekeeping
+        runs for a compacted stream). Returns (records taken back, ring bytes taken back).
+        Runs whether or not the stream is ``compact``."""
+        now = time.monotonic_ns()
+        delete_ns = int(self.delete_retention_seconds * 1e9)
+        ratio, lag = self.min_cleanable_dirty_ratio, int((self.max_compaction_lag_seconds or 0) * 1e9)
+        records = taken = 0
+        for p in range(self.partitions) if partitions is None else partitions:
+            part = self._part(self._check_p(p))
+            if force or compaction.due(part, now, ratio, lag):
+                done = compaction.compact(part, delete_ns)
+                if done is not None:
+                    records += done.records
+                    taken += done.bytes
+        return records, taken
+
+    def dirty_ratio(self, p: int) -> float:
+        """Partition ``p``'s bytes appended since its last compaction over all it holds (0: empty)."""
+        d, total = compaction.dirty(self._part(self._check_p(p)))
+        return d / total if total else 0.0
+
     def delete_records(self, offsets: dict) -> int:
         """Drop the records below ``{partition: offset}`` now (Kafka's deleteRecords), as
         retention would; returns how many were dropped. A "wal" stream's logs on disk
@@ -641,9 +705,14 @@ class Stream:
         return p
 
     def stats(self) -> dict:
-        """Per partition: earliest, end, bytes; per group: members and lag."""
+        """Per partition: earliest, end, bytes (a compacted stream's: its dirty ratio); per
+        group: members and lag."""
         parts = [self._part(p).stats() for p in range(self.partitions)]
+        compact = self.compact
+        if compact:
+            for st in parts:
+                st["dirty_ratio"] = self.dirty_ratio(st["partition"])
         groups = {g: {"members": self.groups_table.members(g), "lag": self.lag(g), "committed": self.committed(g)}
                   for g in self.groups()}
         return {"stream": self.name, "partitions": parts, "groups": groups, "retention": self.retention,
-                "durability": self.durability}
+                "durability": self.durability, "compact": compact}

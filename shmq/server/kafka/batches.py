@@ -38,9 +38,11 @@ def served_codec(s) -> int | None:
 def servable(s, codec: int) -> bool:
     """Whether a batch of ``codec`` goes out to ``s``'s consumers as its producer sent it:
     not for a topic with LogAppendTime (its batches say the append time, stamped anew),
-    nor in another codec than the topic's compression.type. Storage is codec-agnostic
-    (records are stored decompressed): the others are encoded anew at each Fetch."""
-    if s.timestamp_type == "log_append_time":
+    nor for a compacted one (a kept batch may hold records compaction took: the stream's
+    reads skip them), nor in another codec than the topic's compression.type. Storage is
+    codec-agnostic (records are stored decompressed): the others are encoded anew at each
+    Fetch."""
+    if s.timestamp_type == "log_append_time" or s.compact:
         return False
     want = served_codec(s)
     return want is None or want == codec

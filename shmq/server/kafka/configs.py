@@ -7,8 +7,10 @@ Strategy: a topic's configs are its stream's settings (``Broker.create_stream``,
 natively (``shmq stream set``) shows here and one made here reaches every process. One
 table, ``CONFIGS``, says for each config Kafka names the stream setting it is, how its
 value reads and shows, its default and Kafka's type; a config not in it, or a value it
-does not take, is refused with INVALID_CONFIG naming it, never kept. A resource's
-changes are checked whole before any is made (``update_stream``: all or nothing).
+does not take, is refused with INVALID_CONFIG naming it, never kept; the few Kafka
+configs that mean nothing here (segment.ms, file.delete.delay.ms) are taken, checked
+and not kept, as their documentation says. A resource's changes are checked whole
+before any is made (``update_stream``: all or nothing).
 """
 
 import asyncio
@@ -30,9 +32,11 @@ VERSIONS = {CREATE_TOPICS: (2, 7), DESCRIBE_CONFIGS: (1, 4), ALTER_CONFIGS: (0, 
             INCREMENTAL_ALTER_CONFIGS: (0, 1)}
 TOPIC, BROKER = 2, 4  # resource types
 DYNAMIC_TOPIC_CONFIG, DEFAULT_CONFIG = 1, 5  # a config's source, as Kafka names them
-STRING, INT, LONG, LIST = 2, 3, 5, 7  # Kafka's config types
+STRING, INT, LONG, DOUBLE, LIST = 2, 3, 5, 6, 7  # Kafka's config types
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # IncrementalAlterConfigs' operations
 KAFKA_SEGMENT_BYTES = 1 << 30  # Kafka's default segment.bytes, shown for a stream that has none
+LONG_MAX = 2**63 - 1  # Kafka's max.compaction.lag.ms default: no bound
+MAX_MS = 10**12  # the longest time a stream setting holds (1e9 s)
 
 
 def _ms(value: str) -> float | None:
@@ -60,6 +64,65 @@ def _positive(value: str) -> int:
     return n
 
 
+def _ms_from_zero(value: str) -> float:
+    ms = int(value)
+    if not 0 <= ms <= MAX_MS:
+        raise ValueError(f"a number of ms from 0 to {MAX_MS}")
+    return ms / 1000
+
+
+def _lag(value: str) -> float | None:
+    ms = int(value)
+    if ms == LONG_MAX:
+        return None
+    if not 1 <= ms <= MAX_MS:
+        raise ValueError(f"a number of ms from 1 to {MAX_MS}, or {LONG_MAX} (none)")
+    return ms / 1000
+
+
+def _show_ms(seconds: float | None, none: str = "-1") -> str:
+    return none if seconds is None else str(round(seconds * 1000))
+
+
+def _ratio(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = -1.0
+    if not 0 <= x <= 1:
+        raise ValueError("a number from 0 to 1")
+    return x
+
+
+def _policy_words(value: str) -> set:
+    words = {w.strip() for w in value.split(",")}
+    if not words <= {"compact", "delete"}:
+        raise ValueError("compact, delete or both (compact,delete)")
+    return words
+
+
+def _policy(value: str) -> bool:
+    """cleanup.policy's value as the setting ``compact`` (delete is the retention bounds,
+    there either way)."""
+    return "compact" in _policy_words(value)
+
+
+def _show_policy(compact: bool, retention_seconds, retention_bytes) -> str:
+    if not compact:
+        return "delete"
+    return "compact" if retention_seconds is None and retention_bytes is None else "compact,delete"
+
+
+def _taken(check: Callable[[int], bool], what: str) -> Callable[[str], int]:
+    """A config taken, checked and not kept (no stream setting)."""
+    def parse(value: str) -> int:
+        n = int(value)
+        if not check(n):
+            raise ValueError(what)
+        return n
+    return parse
+
+
 def _one_of(names: dict) -> Callable[[str], str]:
     def parse(value: str) -> str:
         if value not in names:
@@ -74,9 +137,9 @@ _COMPRESSIONS = {c: c for c in ("producer", "uncompressed", "gzip", "snappy", "l
 
 class Config(NamedTuple):
     """A topic config: the stream setting it is (None: none, a fixed value), its value
-    read (str -> setting; ValueError saying what it takes) and shown (setting -> str),
-    the stream's default, Kafka's type, and what it does here (DescribeConfigs'
-    documentation)."""
+    read (str -> setting; ValueError saying what it takes) and shown (setting, then the
+    settings named by ``reads`` -> str), the stream's default, Kafka's type, what it does
+    here (DescribeConfigs' documentation), and the other settings its shown value reads."""
 
     setting: str | None
     parse: Callable
@@ -84,24 +147,41 @@ class Config(NamedTuple):
     default: object
     type: int
     doc: str
+    reads: tuple = ()
 
 
 CONFIGS = {
-    "cleanup.policy": Config(None, _one_of({"delete": "delete"}), str, "delete", LIST,
-                             "delete only: records go by retention (no compaction)"),
+    "cleanup.policy": Config("compact", _policy, _show_policy, False, LIST,
+                             "delete: records go by retention.ms and retention.bytes; compact: the latest record of "
+                             "each key stays, the older ones go (retention still drops records where a bound is set: "
+                             "shown compact,delete)", ("retention_seconds", "retention_bytes")),
     "compression.type": Config("compression", _one_of(_COMPRESSIONS), str, "producer", STRING,
                                "the codec of the batches Fetch answers; producer: as they were sent"),
+    "delete.retention.ms": Config("delete_retention_seconds", _ms_from_zero, _show_ms, 86400.0, LONG,
+                                  "how long a tombstone stays in a compacted topic (by its timestamp)"),
+    "file.delete.delay.ms": Config(None, _taken(lambda n: n >= 0, "a number of ms from 0"), str, 60000, LONG,
+                                   "taken, not kept: no effect here (a partition has no files to delete)"),
+    "max.compaction.lag.ms": Config("max_compaction_lag_seconds", _lag, lambda v: _show_ms(v, str(LONG_MAX)), None,
+                                    LONG, "the longest a record waits before its partition is compacted "
+                                    f"({LONG_MAX}: no bound)"),
     "max.message.bytes": Config("max_message_bytes", _positive, str, 2**20, INT,
                                 "the largest record: key, headers and value"),
     "message.timestamp.type": Config("timestamp_type", _one_of(_TIMESTAMP_TYPES),
                                      {v: k for k, v in _TIMESTAMP_TYPES.items()}.get, "create_time", STRING,
                                      "CreateTime: the producer's timestamp; LogAppendTime: the time of the append"),
+    "min.cleanable.dirty.ratio": Config("min_cleanable_dirty_ratio", _ratio, str, 0.5, DOUBLE,
+                                        "a compacted partition is compacted once the bytes appended since its last "
+                                        "compaction are this share of what it holds"),
+    "min.compaction.lag.ms": Config(None, _taken(lambda n: n == 0, "0 only (a record can be compacted at once here)"),
+                                    str, 0, LONG, "0 only: a record can be compacted at once"),
     "retention.bytes": Config("retention_bytes", _bytes_or_none, lambda v: "-1" if v is None else str(v), None, LONG,
                               "the most bytes a partition keeps (-1: no bound)"),
-    "retention.ms": Config("retention_seconds", _ms, lambda v: "-1" if v is None else str(round(v * 1000)), None,
-                           LONG, "how long a partition keeps a record (-1: no bound)"),
+    "retention.ms": Config("retention_seconds", _ms, _show_ms, None, LONG,
+                           "how long a partition keeps a record (-1: no bound)"),
     "segment.bytes": Config("segment_bytes", _positive, lambda v: str(KAFKA_SEGMENT_BYTES if v is None else v),
                             None, INT, "kept and shown; no effect (a partition is one ring and its logs)"),
+    "segment.ms": Config(None, _taken(lambda n: n >= 1, "a positive number of ms"), str, 604800000, LONG,
+                         "taken, not kept: no effect here (a partition is one ring and its logs; no segments roll)"),
 }
 
 
@@ -150,8 +230,8 @@ def topic_configs(settings: dict) -> list[tuple[str, str, int, bool]]:
     out = []
     for name, c in sorted(CONFIGS.items()):
         value = c.default if c.setting is None else settings.get(c.setting, c.default)
-        out.append((name, c.show(value), DEFAULT_CONFIG if value == c.default else DYNAMIC_TOPIC_CONFIG,
-                    c.setting is None))
+        out.append((name, c.show(value, *(settings.get(k) for k in c.reads)),
+                    DEFAULT_CONFIG if value == c.default else DYNAMIC_TOPIC_CONFIG, c.setting is None))
     return out
 
 
@@ -283,6 +363,28 @@ async def alter_configs(ctx, header, request):
                                            for r in request.resources]})
 
 
+def _policy_change(op: int, value, now: dict) -> bool:
+    """cleanup.policy's ``compact`` after APPEND or SUBTRACT of ``value`` (a list) where
+    ``now`` holds the settings so far. Delete cannot be taken away: it is the retention
+    bounds, which stay (SUBTRACT delete is refused where the topic shows delete, nothing
+    where it does not)."""
+    name = "cleanup.policy"
+    if value is None:
+        raise _refused(name, value, "a value is wanted")
+    try:
+        words = _policy_words(value)
+    except ValueError as e:
+        raise _refused(name, value, f"takes {e}") from None
+    compact = now["compact"]
+    if op == SUBTRACT and "delete" in words and "delete" in _show_policy(compact, now["retention_seconds"],
+                                                                          now["retention_bytes"]):
+        raise _refused(name, value, "SUBTRACT delete is not taken: delete is what retention.ms and retention.bytes "
+                                    "do, and a topic is delete unless it is compact with neither set (-1)")
+    if "compact" in words:
+        compact = op == APPEND
+    return compact
+
+
 def _incremental(configs) -> Callable[[dict], dict]:
     def changes(held: dict) -> dict:
         out = {}
@@ -293,12 +395,12 @@ def _incremental(configs) -> Callable[[dict], dict]:
             elif op == DELETE:
                 spec = _config(c.name, c.value)
                 key, value = spec.setting, spec.default
-            elif op == APPEND and c.name == "cleanup.policy" and c.value == "delete":
-                continue  # delete it is already
+            elif op in (APPEND, SUBTRACT) and c.name == "cleanup.policy":
+                key, value = "compact", _policy_change(op, c.value, {**held, **out})
             elif op in (APPEND, SUBTRACT):
-                what = "not a list" if _config(c.name, c.value).type != LIST else "delete, always"
+                _config(c.name, c.value)
                 raise _refused(c.name, c.value, f"{'APPEND' if op == APPEND else 'SUBTRACT'} is not taken "
-                                                f"({c.name} is {what})")
+                                                f"({c.name} is not a list)")
             else:
                 raise KafkaProtocolError(f"config operation {c.config_operation}: 0 SET, 1 DELETE, 2 APPEND, "
                                          "3 SUBTRACT", ErrorCode.invalid_request)
@@ -309,8 +411,8 @@ def _incremental(configs) -> Callable[[dict], dict]:
 
 
 async def incremental_alter_configs(ctx, header, request):
-    """SET a config, DELETE it (back to its default); APPEND and SUBTRACT only where a
-    list config makes them mean something (cleanup.policy: APPEND delete)."""
+    """SET a config, DELETE it (back to its default); APPEND and SUBTRACT of the list
+    config cleanup.policy (``_policy_change``), refused for the others."""
     return _respond(header, {"responses": [_alter(ctx.server, r, _incremental(r.configs), request.validate_only)
                                            for r in request.resources]})
 

@@ -124,6 +124,9 @@ def _batches(server, s, p, offset, end, budget, first, txns=None) -> tuple[list,
             continue
         records, n = _read(s, p, offset, end if after is None else min(after, end), budget - used, first and not out)
         if not records:
+            if after is not None and after < end:  # a kept batch's records all compacted away: on past it
+                offset = after
+                continue
             break
         _encode(records, codec, log_append, txns, out)
         used += n

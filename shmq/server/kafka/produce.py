@@ -6,6 +6,9 @@ encoded headers: ``Stream.append_columns``, written in C; all or nothing), each 
 with the timestamp its producer gave it (CreateTime), or the time of the append (a topic
 with message.timestamp.type LogAppendTime, which Produce answers), on the loop, or on a
 thread for a stream with retention="block" (its append may wait for the slowest group).
+A compacted topic (``Stream.compact``) refuses a record without a key, as Kafka does
+(INVALID_RECORD, the batch index of each: ``_keyless``), appending none of the
+partition's records.
 A batch whose records come back unchanged is kept as it came (``batches.Batches``) for
 the fetches of its offsets, where the topic serves it so (``batches.servable``: its
 compression.type and timestamp type). An idempotent batch (producer id >= 0) is
@@ -171,6 +174,8 @@ async def _append(server, s, pd, entry, tid):
         if any(bool(b.attributes & TRANSACTIONAL) != txn for b in batches):
             raise KafkaProtocolError("transactional and plain batches in one partition's records",
                                      ErrorCode.invalid_record)
+        if s.compact and _keyless(s, p, batches, entry):
+            return
         if txn:
             server.txns.producing(tid, batches[0].producer_id, batches[0].producer_epoch, s, p)
         idem = batches[0].producer_id != NO_PRODUCER
@@ -216,6 +221,23 @@ async def _append(server, s, pd, entry, tid):
     except (ShmqError, ValueError, TypeError, OverflowError) as e:
         entry.update(error_code=code_of(e) if isinstance(e, ShmqError) else ErrorCode.invalid_record,
                      error_message=str(e)[:500])
+
+
+def _keyless(s, p, batches, entry) -> bool:
+    """Whether a compacted topic refuses ``batches``, as Kafka's broker does: the first
+    batch with a record without a key answers INVALID_RECORD, with the index in that
+    batch of each such record (``record_errors``, Produce v8+), into ``entry``; nothing
+    is appended."""
+    for b in batches:
+        missing = [i for i, k in enumerate(b.keys) if k is None]
+        if missing:
+            why = f"Compacted topic cannot accept message without key in topic partition {s.name}-{p}."
+            entry.update(error_code=ErrorCode.invalid_record,
+                         error_message=f"{why} ({len(missing)} of a batch's {b.count} records have none: none of "
+                                       "this partition's records was appended)",
+                         record_errors=[{"batch_index": i, "batch_index_error_message": why} for i in missing])
+            return True
+    return False
 
 
 def columns(batches) -> tuple[tuple, list]:

@@ -34,6 +34,10 @@ public final class Layout {
     public static final int PART_DISK_FIRST = 208;
     /** 0 while no transaction is open in the partition, else 1 + the last stable offset: readers read below it. */
     public static final int PART_STABLE = 472;
+    /** A compacted partition: 1 + the offset compaction has run up to (a gap below it is compaction's, not a loss). */
+    public static final int PART_CLEANED = 480;
+    /** 1 + the earliest offset before the compactions since retention last dropped: below earliest from it, read on at earliest. */
+    public static final int PART_COMPACT_LOW = 488;
     /** The sparse offset index: the position of every INDEX_STRIDE-th offset, slot = offset / stride % slots. */
     public static final int PART_INDEX_OFF = 10752;
     public static final int INDEX_STRIDE = 16;

@@ -159,7 +159,13 @@ public final class Partition implements Closeable {
             long tail = word(PART_TAIL);
             long head = word(PART_HEAD);
             long earliest = word(PART_EARLIEST);
-            if (from < earliest) {
+            long clean = word(PART_CLEANED) - 1; // -1: never compacted; a gap up to it is compaction's
+            long compactLow = word(PART_COMPACT_LOW);
+            long at = from;
+            if (at < earliest && compactLow != 0 && at >= compactLow - 1 && word(PART_DISK_FIRST) == 0) {
+                at = earliest; // compaction took every record from there to earliest: read on at earliest
+            }
+            if (at < earliest) {
                 throw below(from, earliest);
             }
             if (from >= next) {
@@ -172,8 +178,8 @@ public final class Partition implements Closeable {
             long start = head;
             if (head < tail) { // else an append is starting a new lap: look again
                 try {
-                    start = locate(from, head, tail, earliest);
-                    n = walk(start, head, tail, next, from, until, maxRecords, out, gap);
+                    start = locate(at, head, tail, earliest);
+                    n = walk(start, head, tail, next, at, until, maxRecords, out, gap, clean);
                 } catch (InternalError e) { // a given-back region faulted (memory: a stalled copy): copy again
                     n = DAMAGED;
                     start = Long.MIN_VALUE;
@@ -219,14 +225,16 @@ public final class Partition implements Closeable {
                 + " were dropped by retention; the earliest is " + earliest, earliest);
     }
 
-    /** The position of the index's record at or before {@code from}, when it holds, else head. */
+    /** The position of the index's record at or before {@code from} (its stride's first), when it holds, else head. */
     private long locate(long from, long head, long tail, long earliest) {
         long anchor = from - from % INDEX_STRIDE;
         if (anchor >= earliest) {
             long pos = buf.getLong(PART_INDEX_OFF + 8 * (int) ((anchor / INDEX_STRIDE) % slots));
-            if (head <= pos && pos < tail && (pos & 7) == 0 && pos % cap <= cap - REC_SIZE
-                    && buf.getLong(at(pos) + REC_MSG_ID) == anchor) {
-                return pos;
+            if (head <= pos && pos < tail && (pos & 7) == 0 && pos % cap <= cap - REC_SIZE) {
+                long off = buf.getLong(at(pos) + REC_MSG_ID); // its anchor's, or after a compaction the first after it
+                if (anchor <= off && off <= from) {
+                    return pos;
+                }
             }
         }
         return head;
@@ -238,11 +246,12 @@ public final class Partition implements Closeable {
 
     /**
      * Copies the records of offsets [from, until) found from {@code pos} before {@code tail}, at most
-     * {@code max}, stopping at a gap in the offsets; their count, GAP ({@code gap} says where the offsets
-     * go on) or DAMAGED. Speculative: the caller checks afterwards that nothing was overwritten.
+     * {@code max}, stopping at a gap in the offsets (but a compaction's, up to {@code clean}); their count,
+     * GAP ({@code gap} says where the offsets go on) or DAMAGED. Speculative: the caller checks afterwards
+     * that nothing was overwritten.
      */
     private int walk(long pos, long head, long tail, long next, long from, long until, int max, RecordBlock out,
-                     Gap gap) {
+                     Gap gap, long clean) {
         int n = 0;
         int looked = 0; // records looked at: those copied, and markers and aborted records passed over
         long prev = -1;
@@ -267,12 +276,12 @@ public final class Partition implements Closeable {
                 first = false;
                 continue;
             }
-            if (looked == 0 && off != from) {
+            if (looked == 0 && off != from && off > clean) {
                 gap.end = off;
                 gap.atHead = first;
                 return GAP;
             }
-            if ((looked > 0 && off != prev + 1) || off >= until) {
+            if ((looked > 0 && off != prev + 1 && off > clean) || off >= until) {
                 break; // a gap after the first record: the next read is told of it
             }
             if ((buf.getInt(a + REC_FLAGS) & (FLAG_CONTROL | FLAG_ABORTED)) != 0) {
@@ -314,6 +323,10 @@ public final class Partition implements Closeable {
             }
         }
         if (looked == 0) { // nothing at or after from below the tail: offsets up to the end were lost
+            if (next <= clean) { // or compacted away
+                out.next = next;
+                return 0;
+            }
             gap.end = next;
             gap.atHead = false;
             return GAP;

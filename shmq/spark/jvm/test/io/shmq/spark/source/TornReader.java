@@ -62,6 +62,7 @@ public final class TornReader {
                 if (n > 0) {
                     pos = Math.max(pos, out.offset[n - 1] + 1);
                 }
+                pos = Math.max(pos, out.next); // (past markers and aborted records, and compaction's gaps)
                 lastEarliest = s.earliest(0);
             }
             System.out.println("verified " + verified + " torn " + torn + " stale " + stale + " retries " + s.retries()

@@ -2,8 +2,9 @@ package io.shmq.spark.source;
 
 /**
  * What a reader sees of a stream partition the Python engine wrote with transactions in it: args
- * namespace, stream, partition, records per read. Prints "latest L" (the last stable offset), then
- * the offset and value (hex) of each record read from the earliest on, by reads that go on from
+ * namespace, stream, partition, records per read[, the offset to read from]. Prints "latest L" (the last
+ * stable offset), then the offset and value (hex) of each record read from the earliest (or that offset) on,
+ * by reads that go on from
  * {@code RecordBlock.next} (past markers and aborted records), then "next N" where the reads ended.
  */
 public final class VisibleDump {
@@ -12,7 +13,7 @@ public final class VisibleDump {
         int p = Integer.parseInt(args[2]), batch = Integer.parseInt(args[3]);
         try (ShmStream s = ShmStream.open(ns, name)) {
             RecordBlock out = new RecordBlock();
-            long from = s.earliest(p), end = s.latest(p);
+            long from = args.length > 4 ? Long.parseLong(args[4]) : s.earliest(p), end = s.latest(p);
             System.out.println("latest " + end);
             while (from < end) {
                 int got = s.read(p, from, end, batch, out);
