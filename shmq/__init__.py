@@ -25,6 +25,7 @@ from .errors import (
     NamespaceNotFound,
     OffsetOutOfRange,
     OutcomeUnknown,
+    ProducerFenced,
     ProtocolError,
     QueueCorrupted,
     LayoutMismatch,
@@ -40,6 +41,7 @@ from .errors import (
     StorageError,
     StreamExists,
     StreamNotFound,
+    TransactionError,
     Unauthorized,
     WrongType,
 )
@@ -96,6 +98,8 @@ __all__ = [
     "StreamExists",
     "OffsetOutOfRange",
     "CommitFailed",
+    "TransactionError",
+    "ProducerFenced",
     "ExchangeNotFound",
     "ExchangeExists",
     "RequestTimeout",
@@ -160,8 +164,19 @@ def __getattr__(name):
 
 def _with_engine():
     """With the local engine loaded, what stands above it and plugs into it: the stream
-    producer (``Stream.producer`` builds ``shmq.producer.Producer``, which registers itself)."""
+    producer (``Stream.producer`` builds ``shmq.producer.Producer``, which registers itself)
+    and the transactional producer (``Broker.transactional``: ``shmq.transactional``)."""
     importlib.import_module(".producer", __name__)
+    from .engine.broker import Broker
+
+    if Broker.transactional_class is None:  # (shmq.transactional loads the TCP client: only when asked for)
+        Broker.transactional_class = _transactional
+
+
+def _transactional(broker, transactional_id, timeout=60.0):
+    from .transactional import local
+
+    return local(broker, transactional_id, timeout)
 
 
 def __dir__():

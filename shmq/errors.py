@@ -32,6 +32,8 @@ __all__ = [
     "StreamExists",
     "OffsetOutOfRange",
     "CommitFailed",
+    "TransactionError",
+    "ProducerFenced",
     "ExchangeNotFound",
     "ExchangeExists",
     "RequestTimeout",
@@ -178,6 +180,18 @@ class CommitFailed(ShmqError):
     consumer's, or went to another member (and perhaps came back) since the consumer
     last polled; the message says which. Poll again: partitions it kept go on from its
     position; the owner of those it lost reads them from the last commit."""
+
+
+class TransactionError(ShmqError):
+    """A transaction cannot go on: its state does not take this call (a commit with none
+    begun), the coordinator aborted it (past its timeout), or its records cannot be
+    written; the message says which. Abort it, and begin again."""
+
+
+class ProducerFenced(TransactionError):
+    """Another producer initialized this transactional id since this one did (or this
+    one's transaction ran past its timeout and was aborted): this producer can do no
+    more. Close it; a new one takes the id over."""
 
 
 class ExchangeNotFound(ShmqError, LookupError):

@@ -17,6 +17,7 @@ and ack(wait=False) take the fast path the blocking client's take (``remote``).
 """
 
 import asyncio
+import contextlib
 import functools
 import os
 
@@ -35,6 +36,7 @@ from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
 from .stores import StoreCalls
+from .transactions import TransactionalCalls
 from .subscription import SubscriptionCalls
 
 __all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery", "AsyncSubscription", "AsyncStream",
@@ -211,6 +213,28 @@ class AsyncStream(StreamCalls):
     _consumer_class = AsyncConsumer
 
 
+class AsyncTransactional(TransactionalCalls):
+    """A transactional producer over asyncio (``await broker.transactional(...)``);
+    ``async with p.transaction():`` commits at the end of the block, or aborts if it
+    raises."""
+
+    @contextlib.asynccontextmanager
+    async def transaction(self):
+        self.begin()
+        try:
+            yield self
+        except BaseException:
+            await self.abort()
+            raise
+        await self.commit()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()
+
+
 class AsyncStore(StoreCalls):
     """The keyed store API (the local ``Store``'s), awaitable."""
 
@@ -281,6 +305,7 @@ class AsyncBroker(BrokerCalls):
     _queue_class = AsyncQueue
     _stream_class = AsyncStream
     _store_class = AsyncStore
+    _transactional_class = AsyncTransactional
     _multi_consumer_class = AsyncMultiConsumer
 
     def __init__(self, url, token=None, **options):

@@ -350,6 +350,19 @@ class LocalAsyncConsumer:
         if stream is not None:
             self.stream = stream
 
+    def membership(self) -> tuple:
+        """(group, member id, generation, owned partitions): what a transaction's commit of
+        its offsets is fenced by (``Consumer.membership``)."""
+        return self._h.membership()
+
+    def positions(self) -> dict:
+        """{partition: next offset} of each owned partition, not past a record the
+        iteration holds (what a transaction commits for it by default)."""
+        out = self._h.positions()
+        for r in self._buffer:
+            out[r.partition] = min(out.get(r.partition, r.offset), r.offset)
+        return out
+
     async def poll(self, max_records: int = 500, timeout: float = 1.0) -> list:
         """Records of the owned partitions, waiting up to ``timeout`` seconds for the first
         (records the iteration holds come first)."""
@@ -547,6 +560,14 @@ class LocalAsyncBroker:
                        **options) -> LocalAsyncMultiConsumer:
         c = self._h.consumer(group, streams, pattern, auto_offset_reset, **options)
         return LocalAsyncMultiConsumer(self, c, c.subscription)
+
+    # ---------------------------------------------------------------- transactions
+    async def transactional(self, transactional_id: str, timeout: float = 60.0):
+        """A transactional producer (``Broker.transactional``), on a connection of its own to
+        the namespace's server; ``await p.aclose()`` (or ``async with``) closes it."""
+        from ..transactional import local_async  # (above the engine and the clients)
+
+        return await local_async(self.namespace, transactional_id, timeout)
 
     # ---------------------------------------------------------------- keyed stores
     async def store(self, name: str = "default") -> LocalAsyncStore:

@@ -630,6 +630,7 @@ class BrokerCalls:
     _queue_class = QueueCalls  # the transport's
     _stream_class = None  # the transport's (a ``streams.StreamCalls``)
     _store_class = None  # the transport's (a ``stores.StoreCalls``)
+    _transactional_class = None  # the transport's (a ``transactions.TransactionalCalls``)
     _clock = staticmethod(time.monotonic)  # the deadlines' clock
 
     def __init__(self, url: str, token: str | None = None):
@@ -748,6 +749,16 @@ class BrokerCalls:
     def ping(self):
         """One round trip to the server."""
         yield Send(MsgType.PING, {})
+
+    # ------------------------------------------------------------ transactions
+    @driven
+    def transactional(self, transactional_id: str, timeout: float = 60.0):
+        """A transactional producer of ``transactional_id`` (``transactions.TransactionalCalls``:
+        a transaction over appends to several streams and native groups' offsets, seen by
+        every reader only once committed), the id taken from whoever held it."""
+        t = self._transactional_class(self, transactional_id, timeout)
+        yield from t._init_steps()
+        return t
 
     # ------------------------------------------------------------ streams
     @driven

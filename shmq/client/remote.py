@@ -21,6 +21,7 @@ bytes, checks and errors; anything else, or a connection to make again, takes th
 general one.
 """
 
+import contextlib
 import dataclasses
 import functools
 import select
@@ -45,6 +46,7 @@ from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
 from .stores import StoreCalls
+from .transactions import TransactionalCalls
 from .subscription import SubscriptionCalls
 
 __all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteSubscription", "RemoteStream", "RemoteConsumer",
@@ -221,6 +223,27 @@ class RemoteStream(_Handle, StreamCalls):
         from ..producer import Producer
         return Producer(self, linger_ms=linger_ms, batch_bytes=batch_bytes, compression=compression)
 
+
+
+class RemoteTransactional(TransactionalCalls):
+    """A transactional producer over TCP (``broker.transactional``); ``with p.transaction():``
+    commits at the end of the block, or aborts if it raises."""
+
+    @contextlib.contextmanager
+    def transaction(self):
+        self.begin()
+        try:
+            yield self
+        except BaseException:
+            self.abort()
+            raise
+        self.commit()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 class RemoteStore(_Handle, StoreCalls):
@@ -418,6 +441,7 @@ class RemoteBroker(BrokerCalls):
     _queue_class = RemoteQueue
     _stream_class = RemoteStream
     _store_class = RemoteStore
+    _transactional_class = RemoteTransactional
     _multi_consumer_class = RemoteMultiConsumer
     _sleep = staticmethod(time.sleep)  # a call's pauses, and a reconnect's
     _link = None  # the connection (a ``_Link``; None until the first is made)

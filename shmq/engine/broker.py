@@ -68,6 +68,8 @@ _STREAM = "@"  # a stream's registry entry is "@NAME": no queue name starts with
 class Broker:
     """Local access to a namespace's queues (``shmq.connect()``)."""
 
+    transactional_class = None  # what ``transactional`` builds (``shmq.transactional``: the engine knows no wire)
+
     def __init__(self, namespace: str = "shmq", create: bool = True):
         """Attach to ``namespace``; nothing is made by attaching. ``create=True``: a
         namespace that does not exist yet is made by this handle's first create_queue,
@@ -514,6 +516,18 @@ class Broker:
             h.close()
             raise error(f"{kind} {h.name!r} exists in namespace {self.namespace!r} with other settings: {differ}")
         return h
+
+    def transactional(self, transactional_id: str, timeout: float = 60.0):
+        """A transactional producer of ``transactional_id``: a transaction over appends to
+        several streams and groups' offsets, seen by every reader only once committed
+        (docs/STREAMS.md, Transactions). The coordinator is the namespace's server: the
+        producer talks to it over a connection of its own (``shmq.transactional``); a
+        namespace with no server running gets ShmqError."""
+        make = Broker.transactional_class
+        if make is None:
+            raise ShmqError("Broker.transactional needs shmq.transactional loaded (import shmq.transactional, or "
+                            "connect with shmq.connect(), which loads it)")
+        return make(self, transactional_id, timeout)
 
     def stream(self, name: str) -> Stream:
         """Attach to an existing stream; raises StreamNotFound."""

@@ -2,13 +2,14 @@
 share: each raises TypeError / ValueError in the words both transports use, before
 anything is sent or changed."""
 
-__all__ = ["MAX_PARTITIONS", "MAX_KEY_CHARS", "seconds_ns", "check_routing_key", "check_pattern", "check_group",
-           "check_offset", "check_txn", "check_callback", "check_auto_commit", "check_reset", "check_poll_interval",
-           "check_refresh", "MAX_STORE_KEY_CHARS", "check_store_key", "check_store_value", "check_ttl", "check_incr",
-           "check_wait"]
+__all__ = ["MAX_PARTITIONS", "MAX_KEY_CHARS", "MAX_TXN_TIMEOUT_MS", "seconds_ns", "check_routing_key", "check_pattern",
+           "check_group", "check_offset", "check_txn", "check_callback", "check_auto_commit", "check_reset",
+           "check_poll_interval", "check_refresh", "MAX_STORE_KEY_CHARS", "check_store_key", "check_store_value",
+           "check_ttl", "check_incr", "check_wait"]
 
 MAX_PARTITIONS = 256  # a stream's partitions are numbered below it (engine/shm/layout.py sizes the groups' words by it)
 MAX_KEY_CHARS = 255  # a routing key or a binding pattern (AMQP's short string)
+MAX_TXN_TIMEOUT_MS = 900_000  # the longest a transaction may stay open (Kafka's transaction.max.timeout.ms)
 
 
 def seconds_ns(value, what) -> int:

@@ -1,7 +1,8 @@
-"""The Kafka listener's transaction journal, ``kafka-txns.log`` (0600) in the data dir (a
-server without one keeps it beside the namespace's shared memory, whose streams it speaks
-of: ``/dev/shm/shmq.NS.kafka-txns``): one JSON array per line, each an event of the
-transaction coordinator (``server/kafka/transactions.py`` says which), appended as it
+"""The transaction coordinator's journal (of Kafka producers' transactions and native
+ones'; the name is from when only Kafka's had them), ``kafka-txns.log`` (0600) in the data
+dir (a server without one keeps it beside the namespace's shared memory, whose streams it
+speaks of: ``/dev/shm/shmq.NS.kafka-txns``): one JSON array per line, each an event of the
+transaction coordinator (``server/transactions/coordinator.py`` says which), appended as it
 happens, so a server killed at any point finds every transaction it knew of, and where it
 stood, at its next start.
 

@@ -109,6 +109,9 @@ class MsgType(enum.IntEnum):
     SEEK = 0x39  # a member's positions (seek, seek_to_beginning, seek_to_end)
     PAUSE = 0x3A  # a member's paused partitions (pause, resume, paused)
     POLL_MANY = 0x3B  # one poll of several members of this connection (a consumer of several streams)
+    TXN_INIT = 0x3C  # transactions (server/transactions): a transactional id's producer id and epoch
+    TXN_OFFSETS = 0x3D  # a native group member's offsets held in the transaction
+    TXN_END = 0x3E  # commit or abort
     X_CREATE = 0x40  # exchanges (engine/queues/exchange.py)
     X_DELETE = 0x41
     X_LIST = 0x42
@@ -162,6 +165,8 @@ class Status(enum.IntEnum):
     STREAM_EXISTS = 15
     OFFSET_OUT_OF_RANGE = 16
     COMMIT_FAILED = 17
+    PRODUCER_FENCED = 18  # another producer took the transactional id over (ProducerFenced)
+    TRANSACTION = 19  # a transaction cannot go on (TransactionError)
     EXCHANGE_NOT_FOUND = 64
     EXCHANGE_EXISTS = 65
     REQUEST_TIMEOUT = 66

@@ -241,6 +241,13 @@ def _check_txn(v):
     return None if isinstance(v, bytes) and len(v) == 16 else "16 bytes (msgpack bin)"
 
 
+def _check_transaction(v):
+    form = "[transactional id (a string), producer id >= 0, epoch >= 0]"
+    if not isinstance(v, list) or len(v) != 3 or not isinstance(v[0], str):
+        return form
+    return None if all(_check_non_negative(x) is None for x in v[1:]) else form
+
+
 @dataclass(frozen=True, slots=True)
 class Field:
     """One request field: ``check(value)`` returns None, or what the value should be."""
@@ -261,6 +268,10 @@ _PARTITION = Field("partition", _check_partition, required=True)
 _MAX_RECORDS = Field("max", _check_max_records, default=1000)
 _WAIT_MS = Field("wait_ms", _check_non_negative, default=0)
 _EXCHANGE = Field("exchange", _check_str, required=True)
+_TXN_ID = Field("transactional_id", _check_str, required=True)
+_TXN_FIELDS = (_TXN_ID, Field("producer_id", _check_non_negative, required=True),
+               Field("epoch", _check_non_negative, required=True))
+_IN_TXN = Field("txn", _check_transaction)  # an append in a transaction: [transactional id, producer id, epoch]
 _STORE = Field("store", _check_str, required=True)
 _KEY = Field("key", _check_str, required=True)
 _KEYS = Field("keys", _check_names, required=True)
@@ -366,6 +377,7 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("key", _check_bytes),
         Field("headers", _check_record_headers),
         Field("partition", _check_partition),
+        _IN_TXN,
     ),
     MsgType.APPEND_BATCH: (
         _STREAM,
@@ -373,8 +385,16 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
         Field("compression", _check_str),
         Field("data", _check_bytes),
         Field("partition", _check_partition),
+        _IN_TXN,
     ),
     MsgType.READ: (_STREAM, _PARTITION, Field("offset", _check_non_negative, required=True), _MAX_RECORDS, _WAIT_MS),
+    # transactions: the producer's id and epoch from TXN_INIT; a TXN_OFFSETS names a member of
+    # this connection (member), or a local one (group, member_id, generation, owned)
+    MsgType.TXN_INIT: (_TXN_ID, Field("timeout_ms", _check_positive, default=60_000)),
+    MsgType.TXN_OFFSETS: (*_TXN_FIELDS, _STREAM, Field("member", _check_positive), Field("group", _check_str),
+                          Field("member_id", _check_non_negative), Field("generation", _check_non_negative),
+                          Field("owned", _check_partitions), Field("offsets", _check_offsets)),
+    MsgType.TXN_END: (*_TXN_FIELDS, Field("commit", _check_bool, required=True)),
     MsgType.OFFSETS: (_STREAM, _PARTITION),
     MsgType.PUBLISH: (
         _STREAM,

@@ -18,6 +18,7 @@ from ..errors import (
     LockTimeout,
     MessageTooLarge,
     OffsetOutOfRange,
+    ProducerFenced,
     ProtocolError,
     QueueEmpty,
     QueueExists,
@@ -28,6 +29,7 @@ from ..errors import (
     StorageError,
     StreamExists,
     StreamNotFound,
+    TransactionError,
     Unauthorized,
     WrongType,
 )
@@ -40,6 +42,8 @@ STATUS_EXCEPTIONS = (
     (Status.STREAM_EXISTS, StreamExists),
     (Status.OFFSET_OUT_OF_RANGE, OffsetOutOfRange, ("earliest", "end")),
     (Status.COMMIT_FAILED, CommitFailed),
+    (Status.PRODUCER_FENCED, ProducerFenced),  # (before TRANSACTION: it is a TransactionError)
+    (Status.TRANSACTION, TransactionError),
     (Status.EXCHANGE_NOT_FOUND, ExchangeNotFound),
     (Status.EXCHANGE_EXISTS, ExchangeExists),
     (Status.REQUEST_TIMEOUT, RequestTimeout),

@@ -1,5 +1,5 @@
 """BACKUP (``shmq backup``): the server copies every durable queue and stream, the
-exchanges and its Kafka listener's commit metadata and transactions into a new directory of its host
+exchanges, its Kafka listener's commit metadata and its transactions into a new directory of its host
 (``persistence.backup``, which says what the copy promises).
 
 Strategy: what only the loop may read (the Kafka listener's state) is taken on the loop,
@@ -24,7 +24,8 @@ _ONE = threading.Lock()  # a second BACKUP waits for the first (two copies at on
 def start(server, dest: str):
     """On the loop: check ``dest`` (absolute: a path on the server's host, which a client
     elsewhere cannot make absolute for it) and take the Kafka listener's state
-    (``server.kafka_listener``, if it has one); returns the copy, to run in a thread, whose
+    (``server.kafka_listener``, if it has one) and the transactions' (``server.txns``);
+    returns the copy, to run in a thread, whose
     result is ``persistence.backup.backup``'s summary."""
     if not os.path.isabs(dest):
         raise ValueError(f"dest {dest!r} is not an absolute path: a backup goes into a directory of the server's "
@@ -35,10 +36,12 @@ def start(server, dest: str):
         from .kafka.state import for_backup
 
         kafka = for_backup(listener)
+    coordinator = getattr(server, "txns", None)
+    if coordinator is not None:
         loop = asyncio.get_running_loop()
 
         async def rows():
-            return listener.txns.rows()
+            return coordinator.rows()
 
         def txns():  # the transactions, taken on the loop once the streams are copied (persistence.backup)
             return asyncio.run_coroutine_threadsafe(rows(), loop).result(TXNS_WAIT_S)

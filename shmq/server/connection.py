@@ -23,7 +23,7 @@ from ..protocol import (HEADER_SIZE, REPLY_BIT, FrameDecoder, MsgType, PushType,
                         encode_reply)
 from ..protocol.requests import check_request
 from ..protocol.status import error_details, reason_of, status_of
-from .handlers import HANDLERS, PLAIN, BlockingAppend, OffLoop, Wait, give_back_consumers
+from .handlers import HANDLERS, PLAIN, BlockingAppend, OffLoop, OnLoop, Wait, give_back_consumers
 from .leases import Leases
 from .members import Members
 from .subscriptions import Subscriptions
@@ -299,6 +299,9 @@ class Connection(asyncio.BufferedProtocol):
                 if type(result) is OffLoop:
                     self.off_loop(msg_type, msg_id, result)
                     return
+                if type(result) is OnLoop:
+                    self.on_loop(msg_type, msg_id, result)
+                    return
         except Unauthorized as e:
             return self.unauthorized(msg_type, msg_id, str(e))
         except Exception as e:  # every error becomes an error reply; the server lives on
@@ -344,6 +347,15 @@ class Connection(asyncio.BufferedProtocol):
         w = Waiter(self, None, msg_id, msg_type, None, _reply_of_append, job.reply)
         self.waiters.add(w)
         self.server.loop.run_in_executor(None, job.run).add_done_callback(lambda done: self.ran(w, done))
+
+    def on_loop(self, msg_type, msg_id, job: OnLoop):
+        """Run a request's coroutine as a task of the loop; it counts as a waiting request
+        until it is answered (a connection closed meanwhile gets no answer; the task runs
+        on to its end)."""
+        self.check_waiting()
+        w = Waiter(self, None, msg_id, msg_type, None, _reply_of_append, job.reply)
+        self.waiters.add(w)
+        self.server.loop.create_task(job.coro).add_done_callback(lambda done: self.ran(w, done))
 
     def ran(self, w, done):
         if not w.done and not done.cancelled():

@@ -60,10 +60,12 @@ from ..protocol.payloads import (
     stream_info_fields,
     stream_stats_fields,
 )
+from . import txns
 from .anyline import AnyLine
 from .waiters import NOTHING
 
-__all__ = ["HANDLERS", "PLAIN", "Wait", "BlockingAppend", "OffLoop", "RECORD_OVERHEAD", "fill", "give_back_consumers"]
+__all__ = ["HANDLERS", "PLAIN", "Wait", "BlockingAppend", "OffLoop", "OnLoop", "RECORD_OVERHEAD", "fill",
+           "give_back_consumers"]
 
 RECORD_OVERHEAD = 128  # bytes a message or record adds to a reply besides its bytes and headers
 
@@ -90,6 +92,16 @@ class OffLoop:
     serves everyone meanwhile."""
 
     run: Callable
+    reply: Callable
+
+
+@dataclass(frozen=True, slots=True)
+class OnLoop:
+    """A request answered once a coroutine on the loop is done (a transaction's end, whose
+    markers may wait for room): the connection runs ``coro`` as a task and answers
+    ``reply(what it returned)``; the loop serves everyone meanwhile."""
+
+    coro: object
     reply: Callable
 
 
@@ -471,16 +483,29 @@ def _appended(conn, s, run, reply):
 
 def append(conn, f):
     s = conn.server.stream(f["stream"])
+    if "txn" in f:  # (server/txns.py)
+        return txns.append_in(conn, s, f["txn"], [f["value"]], [f.get("key")], [f.get("headers")],
+                              f.get("partition"), lambda ms: _one_appended(ms[0]))
     return _appended(conn, s, lambda: s.append(f["value"], key=f.get("key"), headers=f.get("headers"),
-                                               partition=f.get("partition")),
-                     lambda m: {"partition": m.partition, "offset": m.offset, "timestamp": m.timestamp})
+                                               partition=f.get("partition")), _one_appended)
+
+
+def _one_appended(m):
+    return {"partition": m.partition, "offset": m.offset, "timestamp": m.timestamp}
 
 
 def append_batch(conn, f):
     s = conn.server.stream(f["stream"])
     values, keys, headers = batch_args(f, conn.server.max_frame_bytes)
+    if "txn" in f:
+        return txns.append_in(conn, s, f["txn"], values, keys or [None] * len(values), headers, f.get("partition"),
+                              _batch_appended)
     return _appended(conn, s, lambda: s.append_many(values, keys=keys, headers=headers, partition=f.get("partition")),
-                     lambda metas: {"records": [metadata_fields(m) for m in metas]})
+                     _batch_appended)
+
+
+def _batch_appended(metas):
+    return {"records": [metadata_fields(m) for m in metas]}
 
 
 def fill(take, most, budget, per_record) -> list:
@@ -933,6 +958,9 @@ HANDLERS = {
     MsgType.COMMITTED: committed,
     MsgType.LAG: lag,
     MsgType.RESET: reset,
+    MsgType.TXN_INIT: txns.txn_init,
+    MsgType.TXN_OFFSETS: txns.txn_offsets,
+    MsgType.TXN_END: txns.txn_end,
     MsgType.X_CREATE: x_create,
     MsgType.X_DELETE: x_delete,
     MsgType.X_LIST: x_list,

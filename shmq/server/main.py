@@ -31,6 +31,7 @@ from .metrics import NO_METRICS, Metrics
 from .notify import notify
 from .periodic import Periodic
 from .tcp import TcpServer
+from .transactions import Transactions
 
 __all__ = ["serve", "parse_fsync", "HOUSEKEEPING_INTERVAL_S"]
 
@@ -155,11 +156,14 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         server = TcpServer(broker, host, port, token, max_frame_bytes, limits=limits, tls=tls)
         server.port_setting = named.get("port", server.port_setting)
         await server.bind()
+        txns = server.txns = Transactions(broker, server.streams)  # the transaction coordinator: every port's
         kafka_listener = None
         if kafka is not None:
             try:
                 kafka_listener = _kafka_listener()(broker, token=token, max_frame_bytes=max_frame_bytes,
-                                                   limits=server.limits, tls=tls, **{"host": host, **kafka})
+                                                   limits=server.limits, tls=tls, transactions=txns,
+                                                   **{"host": host, **kafka})
+                txns.kafka = kafka_listener
                 kafka_listener.port_setting = named.get("kafka_port", kafka_listener.port_setting)
                 await kafka_listener.bind()
             except BaseException:
@@ -185,14 +189,15 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                 if mode == WAL_BATCH:  # rounds only while logs are written (logsync.py)
                     syncer = LogSyncer(snapshotter, ms).start()
                 server.on_create = snapshotter.open_wal
+                txns.fsync = (mode, ms)  # the transaction journal: synced as the logs are
                 if kafka_listener is not None:
                     kafka_listener.on_create = snapshotter.open_wal
                     kafka_listener.state_dir = data_dir  # its producers' sequences, commit metadata: kept there
-                    kafka_listener.txns.fsync = (mode, ms)  # its transaction journal: synced as the logs are
             _log_persistence(namespace, data_dir, snapshot_interval, fsync)
             # the token told before the port listens: a client that reaches it (one coming
             # back after a restart, at once) finds the runtime file there
             runtime_file = await asyncio.to_thread(advertise, server.port, host, namespace, token)
+            await txns.start(data_dir)  # what its journal left completed or aborted, before any request
             await server.start()
             if kafka_listener is not None:
                 await kafka_listener.start()
@@ -246,6 +251,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         if kafka_listener is not None:
             await kafka_listener.stop()
         await server.stop()
+        txns.stop()
         await asyncio.to_thread(exporter.close)
         if syncer is not None:
             await asyncio.to_thread(syncer.stop)  # with a last round

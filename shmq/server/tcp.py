@@ -69,6 +69,7 @@ class TcpServer:
         self.queues = AttachedHandles(self, self._attach_queue, QueueWaiters, QueueNotFound, "queue")
         self.streams = AttachedHandles(self, self._attach_stream, StreamWaiters, StreamNotFound, "stream")
         self.stores = StoreHandles(self)  # keyed stores, with their waiting GETs
+        self.txns = None  # the transaction coordinator (``server/transactions``), which ``main.serve`` sets
         self._appenders = {}  # stream name -> (handle, its Appender) (streams with retention="block")
         self._refused = 0  # connections refused since the cap was last reached
         self._server = None

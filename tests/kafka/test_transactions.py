@@ -383,7 +383,7 @@ def test_a_restart_never_leaves_a_transaction_half_visible(broker, servers, tmp_
         assert _init(w, "open") == (opid, oepoch + 2)
         assert _init(w, "done") == (pid, epoch + 1)
     assert srv.stop() == 0
-    assert f"Kafka transaction 'open' (producer {opid}) was open when the server stopped: aborted" in "".join(
+    assert f"transaction 'open' (producer {opid}) was open when the server stopped: aborted" in "".join(
         srv.proc.log + srv.proc.later)
 
 

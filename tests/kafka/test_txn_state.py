@@ -1,6 +1,6 @@
 """The transaction coordinator's parts without a server: the journal file
 (``persistence/kafka_txns.py``: written whole or not at all, a torn last line dropped, a
-damaged one refused) and a partition's transaction index (``server/kafka/txnindex.py``:
+damaged one refused) and a partition's transaction index (``server/transactions/index.py``:
 the last stable offset, the aborted transactions a range overlaps, the spans a fetch
 encodes), against a model in a Hypothesis state machine; and a server that finds a
 damaged journal."""
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from shmq.persistence.kafka_txns import Journal, read_journal
-from shmq.server.kafka.txnindex import ABORT_MARKER, COMMIT_MARKER, DATA, PartitionTxns
+from shmq.server.transactions.index import ABORT_MARKER, COMMIT_MARKER, DATA, PartitionTxns
 from tests.kafka.conftest import KafkaServer
 
 

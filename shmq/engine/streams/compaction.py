@@ -110,7 +110,7 @@ def compact(part, delete_retention_ns: int, now_ns: int | None = None) -> Compac
     an older record of a key, an expired tombstone and an aborted transaction's record go.
     Returns what it took back, or None: nothing to take, no room past the tail for the
     image, or retention moved the head meanwhile (the next run tries again)."""
-    mm, mq, cap, base = part._mm, part._mq, part._cap, part._base
+    mq = part._mq
     wall = time.time_ns() if now_ns is None else now_ns
     part._compacted_ns = time.monotonic_ns()
     part._acquire()
@@ -244,7 +244,7 @@ def _publish(part, head, stop, upto, run, removed) -> Compacted | None:
     while there are more than CATCH_UP bytes of them below the stable offset (at most
     CATCH_UP_ROUNDS times), so the lock is held for the copy into place of what stays and
     of the last few appended (and of an open transaction's: ``hide`` may flag them)."""
-    mq, cap = part._mq, part._cap
+    mq = part._mq
     at, rounds = stop, 0  # the run holds the records of [head, at)'s that stay, and all of [stop, at)
     while True:
         part._acquire()

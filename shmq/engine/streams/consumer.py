@@ -202,6 +202,18 @@ class Consumer(Iterating):
             return self._lost[p][0]
         raise KeyError(self._not_owned(p))
 
+    def positions(self) -> dict:
+        """{partition: the next offset this member reads} of each partition it owns (what
+        ``commit()`` commits)."""
+        return {p: self.position(p) for p in self._owned}
+
+    def membership(self) -> tuple[str, int, int, list]:
+        """(group, member id, generation, owned partitions) as this member last saw them:
+        what a commit of its offsets is fenced by (a transaction's too:
+        ``Transactional.commit_offsets``)."""
+        self._check_open()
+        return self.group, self._member, self._gen, list(self._owned)
+
     def _not_owned(self, p) -> str:
         return (f"partition {p!r} of stream {self.stream.name!r} is not assigned to this member of group "
                 f"{self.group!r} (it owns {self._owned})")

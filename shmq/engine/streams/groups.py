@@ -350,6 +350,23 @@ class Groups:
             return None
         return f"{moved}: {'; '.join(why)}; nothing committed: poll() takes the new assignment"
 
+    def check(self, name: str, member_id: int, generation: int, owned, partitions) -> None:
+        """CommitFailed where ``commit`` of ``partitions`` by this member would be refused
+        now (a transaction's native offsets, held until it ends: ``server/transactions``);
+        nothing stored."""
+        s = self._s
+        s._acquire()
+        try:
+            i = self._find(name)
+            if i is None:
+                raise CommitFailed(f"group {name!r} of stream {s.name!r} does not exist")
+            refusal = self._refusal(i, f"group {name!r} of stream {s.name!r}", member_id, generation,
+                                    self._head(i)[2], set(owned), set(partitions))
+            if refusal:
+                raise CommitFailed(refusal)
+        finally:
+            s._release()
+
     def names(self) -> list[str]:
         s = self._s
         s._acquire()

@@ -355,15 +355,7 @@ class Stream:
         items = [self._item(v, k, h, maxmsg) for v, k, h in zip(values, keys, hdrs)]
         if not items:
             return []
-        if partition is not None:
-            self._part(partition)
-            route = [partition] * n
-        elif all(k is None for k, _h, _v in items):
-            route = [next(self._turn) % self.partitions] * n
-        else:
-            count = self.partitions  # one count for the whole call
-            sticky = next(self._turn) % count
-            route = [sticky if k is None else partition_of(k, count, self.paths.murmur2) for k, _h, _v in items]
+        route = self.route([k for k, _h, _v in items], partition)
         now = _wall()
         out = [None] * n
         for p in sorted(set(route)):
@@ -376,6 +368,20 @@ class Stream:
                 out[i] = RecordMetadata(p, first + j, now / 1e9)
         self._wake_readers()
         return out
+
+    def route(self, keys, partition=None) -> list:
+        """The partition of each record of a batch whose keys are ``keys``, as
+        ``append_many`` places them: all in ``partition`` if given; a batch without keys in
+        one partition, the next in turn; else each key's (``partition_of``: Kafka's
+        murmur2), a record without one in the batch's sticky partition."""
+        if partition is not None:
+            self._part(partition)
+            return [partition] * len(keys)
+        if all(k is None for k in keys):
+            return [next(self._turn) % self.partitions] * len(keys)
+        count = self.partitions  # one count for the whole call
+        sticky = next(self._turn) % count
+        return [sticky if k is None else partition_of(k, count, self.paths.murmur2) for k in keys]
 
     def publish(self, staging, ranges: dict, txn_id: bytes, batch: int) -> dict:
         """Append records staged in the stream ``staging`` (a handle or a name) to this one, exactly once per
@@ -496,7 +502,7 @@ class Stream:
         return self._part(p).stable()
 
     def append_marker(self, p: int, key: bytes, value: bytes) -> int:
-        """A transaction's marker (the coordinator's: ``server/kafka/transactions.py``) at
+        """A transaction's marker (the coordinator's: ``server/transactions``) at
         the end of partition ``p``: a record readers pass over; returns its offset. Local
         handles only."""
         self._check_p(p)

@@ -27,7 +27,7 @@ from ...kafka import build
 from ...model.headers import decode_headers
 from ..waiters import Waiter
 from .batches import served_codec, servable
-from .txnindex import DATA
+from ..transactions.index import DATA
 
 __all__ = ["fetch"]
 

@@ -25,7 +25,6 @@ from .connection import KafkaConnection
 from .handlers import HANDLERS, VERSIONS
 from .batches import Batches
 from .produce import Sequences
-from .transactions import Transactions
 
 __all__ = ["KafkaListener", "advertised"]
 
@@ -55,9 +54,11 @@ class KafkaListener:
     ``auto.create.topics.enable``. ``topic_max_bytes``: the ring of each partition of a
     topic it makes. ``max_replication_factor``: the most a CreateTopics may ask for (each
     topic is one copy on this node whatever it asks). ``initial_rebalance_delay_ms``: Kafka's
-    ``group.initial.rebalance.delay.ms`` (``coordinator.Coordinator``). ``limits``: the
-    server's (``max_connections``, ``frame_timeout``, ``idle_timeout`` apply to this port
-    on its own).
+    ``group.initial.rebalance.delay.ms`` (``coordinator.Coordinator``). ``transactions``:
+    the server's transaction coordinator (``server/transactions``), which its
+    transactional producers use and whose producer ids its idempotent ones share.
+    ``limits``: the server's (``max_connections``, ``frame_timeout``, ``idle_timeout``
+    apply to this port on its own).
     """
 
     node_id = 0
@@ -66,7 +67,7 @@ class KafkaListener:
     def __init__(self, broker, host="127.0.0.1", port=9092, token=None, max_frame_bytes=16 * 2**20,
                  advertised_host=None, advertised_port=None, auto_create=True, auto_create_partitions=1,
                  limits: Limits | None = None, on_create=None, tls=None, initial_rebalance_delay_ms=3000,
-                 topic_max_bytes=64 * 2**20, max_replication_factor=1):
+                 topic_max_bytes=64 * 2**20, max_replication_factor=1, transactions=None):
         if auto_create_partitions < 1:
             raise ValueError(f"auto_create_partitions must be at least 1, not {auto_create_partitions}")
         self.broker = broker
@@ -87,8 +88,8 @@ class KafkaListener:
         self.tls = tls  # an ssl.SSLContext: Kafka's SSL (SASL_SSL with a token); None: PLAINTEXT (SASL_PLAINTEXT)
         self.versions = {**VERSIONS, **groups.VERSIONS, **configs.VERSIONS, **txns.VERSIONS}
         self.handlers = {**HANDLERS, **groups.HANDLERS, **configs.HANDLERS, **txns.HANDLERS}
-        self.sequences = Sequences()
-        self.txns = Transactions(self)  # the transaction coordinator (journaled in the data dir)
+        self.txns = transactions  # the server's transaction coordinator (``server/transactions``)
+        self.sequences = Sequences(transactions.ids)
         self.batches = Batches()  # producers' batches as they came, for the fetches of their offsets
         self.connections = set()
         self.cluster_id = f"shmq-{broker.namespace}"
@@ -171,7 +172,6 @@ class KafkaListener:
             await self.bind()
         if self.state_dir is not None:
             state.restore(self, self.state_dir)
-        await self.txns.start(self.state_dir)
         await self._server.start_serving()
         self._sweeper = self.loop.create_task(self._sweep())
         return self
@@ -192,7 +192,6 @@ class KafkaListener:
             self.streams.answer_all()
         for conn in list(self.connections):
             conn.close("the server stops")
-        self.txns.stop()
         if self.state_dir is not None and self.coordinator is not None:
             state.keep(self, self.state_dir)
         if self.coordinator is not None:

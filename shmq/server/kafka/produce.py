@@ -38,6 +38,7 @@ from ...kafka.headers import to_native
 from ...kafka.messages import response_class
 from ...kafka.records import CONTROL, NO_PRODUCER, TRANSACTIONAL, decode_batches
 from ...kafka import build
+from ..transactions.state import ProducerIds
 from .batches import servable
 
 __all__ = ["produce", "Sequences"]
@@ -63,8 +64,9 @@ class Sequences:
     """Producer ids handed out, and per (producer id, stream, partition) the sequence
     numbers appended."""
 
-    def __init__(self):
-        self._next = int(time.time() * 1000) << 10  # above any id a previous run of this listener gave
+    def __init__(self, ids=None):
+        # the server's producer ids, shared with its transaction coordinator (None: ids of its own)
+        self.ids = ids if ids is not None else ProducerIds()
         self._parts = OrderedDict()
 
     def init(self, producer_id: int, epoch: int) -> tuple[int, int]:
@@ -72,8 +74,7 @@ class Sequences:
         epoch) the same id at the next epoch."""
         if producer_id >= 0 and 0 <= epoch < MAX_EPOCH:
             return producer_id, epoch + 1
-        self._next += 1
-        return self._next, 0
+        return self.ids.next(), 0
 
     def check(self, key, epoch: int, first: int, last: int):
         """Before appending a batch of sequences first..last: None (append it), the
@@ -115,7 +116,7 @@ class Sequences:
             st = self._parts[(pid, name, created, p)] = _State(epoch)
             st.last = last
             st.recent.extend((int(f), int(la), int(o)) for f, la, o in recent)
-            self._next = max(self._next, pid)
+            self.ids.above(pid)
             n += 1
         return n
 

@@ -1,5 +1,5 @@
 """The transaction APIs of the Kafka listener (``HANDLERS``, ``VERSIONS``): each reads its
-request, asks the listener's ``transactions.Transactions`` and describes the answer
+request, asks the server's transaction coordinator (``server/transactions``) and describes the answer
 (InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn,
 TxnOffsetCommit, EndTxn, DescribeTransactions, ListTransactions)."""
 
@@ -10,7 +10,7 @@ from typing import Any, Callable
 from ...kafka import ErrorCode as E
 from ...kafka import build
 from ...kafka.messages import response_class
-from .transactions import TxnError, _ms_time
+from ..transactions.state import TxnError, ms_time
 
 __all__ = ["HANDLERS", "VERSIONS", "init_transactional"]
 
@@ -93,7 +93,7 @@ async def describe_transactions(ctx, header, request):
         d = ctx.server.txns.describe(tid)
         out.append({"error_code": E.none, **d} if d is not None else
                    {"error_code": E.transactional_id_not_found, "transactional_id": tid, "transaction_state": "",
-                    "transaction_timeout": 0, "transaction_start_time": _ms_time(0), "producer_id": 0,
+                    "transaction_timeout": 0, "transaction_start_time": ms_time(0), "producer_id": 0,
                     "producer_epoch": 0})  # (Kafka's: the fields' defaults)
     return _respond(request, transaction_states=out)
 

@@ -1,81 +1,57 @@
-"""``Transactions``: the Kafka listener's transaction coordinator (KIP-98) for every
-``transactional.id``: producer ids and epochs that fence a zombie, the partitions and
-groups a transaction takes in, its offsets pending until it ends, the markers that end it
-in each partition, and the timeouts that abort it.
+"""``Transactions``: the server's transaction coordinator (Kafka's KIP-98, for Kafka
+producers with a ``transactional.id`` and for native ones: ``client/transactions.py``):
+producer ids and epochs that fence a zombie, the partitions and groups a transaction
+takes in, its offsets pending until it ends, the markers that end it in each partition,
+and the timeouts that abort it.
 
-Strategy: one coordinator on the listener's loop, as Kafka's is one per transactional id;
-its state machine is Kafka's, without the waits a cluster needs: an EndTxn writes the
-markers (a record at an offset of each partition, which the Fetch sends as a control
+Strategy: one coordinator on the server's loop, as Kafka's is one per transactional id;
+its state machine is Kafka's, without the waits a cluster needs: an end writes the
+markers (a record at an offset of each partition, which a Kafka Fetch sends as a control
 batch) and applies the group offsets before it answers, so a transaction is never seen
-"preparing". What a Fetch needs of the partitions is ``TxnIndex``'s. With a data dir
-every event goes to the journal (``persistence/kafka_txns.py``) before the answer, so a
-server killed at any point starts with every transaction it knew: one decided (EndTxn
-answered or not) is completed, one still open is aborted, its producer fenced; never
-half-visible. Without a data dir the state lives as long as the server.
+"preparing". What a Fetch needs of the partitions is ``TxnIndex``'s. Every event goes to
+the journal (``persistence/kafka_txns.py``) before the answer, so a server killed at any
+point starts with every transaction it knew: one decided (its end answered or not) is
+completed, one still open is aborted, its producer fenced; never half-visible. A native
+group's offsets in a transaction are committed at its end, fenced as the member's own
+commit is (``Groups.commit``): a member that lost a partition since makes the transaction
+abort (CommitFailed), so its records are never seen without its offsets. Errors carry
+Kafka's codes (``TxnError``); the DEADBEEF front turns them into shmq's exceptions.
 """
 
 import asyncio
-import datetime
 import logging
 import time
 
+from ...engine.shm.segment import check_queue_name
 from ...engine.shm.waits import serving
 from ...engine.shm.layout import FLAG_ABORTED, FLAG_CONTROL, WAL_ALWAYS, WAL_BATCH, WAL_NEVER
-from ...errors import ShmqError
+from ...errors import CommitFailed, ShmqError, StreamNotFound
 from ...kafka import ErrorCode as E
 from ...kafka import KafkaProtocolError
 from ...kafka.records import CONTROL, TRANSACTIONAL, Record, encode_batch, marker
 from ...persistence.kafka_txns import Journal, journal_path, read_journal, runtime_journal_path, set_aside_journal
-from .txnindex import DATA, TxnIndex, PartitionTxns
+from . import native
+from .index import DATA, TxnIndex, PartitionTxns
+from .state import (COMPLETE_ABORT, COMPLETE_COMMIT, EMPTY, MAX_EPOCH, MAX_TIMEOUT_MS, ONGOING, PREPARE_ABORT,
+                    PREPARE_COMMIT, ProducerIds, Txn, TxnError, ms_time)
 
-__all__ = ["Transactions", "TxnError", "MAX_TIMEOUT_MS"]
+__all__ = ["Transactions", "TxnError", "ProducerIds", "MAX_TIMEOUT_MS"]
 
 log = logging.getLogger("shmq.server")
 
-MAX_TIMEOUT_MS = 900_000  # Kafka's transaction.max.timeout.ms
-MAX_EPOCH = 32767
 SWEEP_S = 1.0  # how often open transactions are checked against their timeout
-EMPTY, ONGOING, PREPARE_COMMIT, PREPARE_ABORT, COMPLETE_COMMIT, COMPLETE_ABORT = (
-    "Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort")
-
-
-def _ms_time(ms: int) -> datetime.datetime:
-    """A time in ms as kio's non-null datetime fields take it (-1, Kafka's none, included)."""
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
-
-
-class TxnError(Exception):
-    """A transactional request refused with Kafka's ``code``."""
-
-    def __init__(self, code: E, message: str = ""):
-        super().__init__(message or code.name)
-        self.code = code
-
-
-class Txn:
-    """One transactional id's state."""
-
-    __slots__ = ("tid", "pid", "epoch", "timeout_ms", "state", "started", "partitions", "groups", "offsets",
-                 "marked")
-
-    def __init__(self, tid, pid, epoch, timeout_ms):
-        self.tid, self.pid, self.epoch, self.timeout_ms = tid, pid, epoch, timeout_ms
-        self.state = EMPTY
-        self.started = 0.0  # wall clock s of its first partition or group
-        self.partitions = {}  # (stream, created, partition) -> first offset (at or below its first record)
-        self.groups = set()
-        self.offsets = {}  # group -> {(topic, partition): (offset, metadata, leader epoch)}
-        self.marked = set()  # partitions whose marker is written (while it ends)
-
-    def row(self) -> list:
-        return ["txn", self.tid, self.pid, self.epoch, self.timeout_ms, self.state, self.started]
 
 
 class Transactions:
-    """The transaction coordinator of ``listener`` (its streams, groups and kept batches)."""
+    """The transaction coordinator of ``broker``'s namespace, with the server's stream
+    handles (``streams``: ``tcp.AttachedHandles``); ``kafka``: the Kafka listener, when
+    the server has one (its groups' offsets, its kept batches)."""
 
-    def __init__(self, listener):
-        self.listener = listener
+    def __init__(self, broker, streams, ids: ProducerIds | None = None):
+        self.broker = broker
+        self.streams = streams
+        self.ids = ids if ids is not None else ProducerIds()
+        self.kafka = None
         self.txns: dict[str, Txn] = {}
         self.by_pid: dict[int, Txn] = {}
         self.index = TxnIndex()
@@ -90,12 +66,12 @@ class Transactions:
         """Take back the journal (in ``data_dir``, or with no data dir beside the
         namespace's shared memory), completing or aborting what it left; keep one from
         now on; time out open transactions."""
-        path = journal_path(data_dir) if data_dir is not None else runtime_journal_path(self.listener.broker.namespace)
+        path = journal_path(data_dir) if data_dir is not None else runtime_journal_path(self.broker.namespace)
         events = None
         try:
             events = read_journal(path)
         except OSError as e:  # (not written over: it may be read again once the cause is fixed)
-            log.warning("cannot read %s: %s; Kafka transactions are not journaled", path, e.strerror or e)
+            log.warning("cannot read %s: %s; transactions are not journaled", path, e.strerror or e)
             path = None
         except (ValueError, TypeError) as e:
             aside = set_aside_journal(path)
@@ -128,7 +104,7 @@ class Transactions:
         try:
             self.journal = Journal(self.path, self.rows())
         except OSError as e:
-            log.warning("Kafka transactions are not journaled: cannot write %s: %s", self.path, e.strerror or e)
+            log.warning("transactions are not journaled: cannot write %s: %s", self.path, e.strerror or e)
             self.path = None
 
     def _note(self, event) -> None:
@@ -138,7 +114,7 @@ class Transactions:
             try:
                 self.journal.write(event)
             except OSError as e:  # (a full disk): said, and the coordinator goes on in memory
-                log.warning("a Kafka transaction event is not journaled: cannot write %s: %s", self.journal.path,
+                log.warning("a transaction event is not journaled: cannot write %s: %s", self.journal.path,
                             e.strerror or e)
                 return
         elif self.path is not None:
@@ -169,6 +145,8 @@ class Transactions:
             rows += [["group", t.tid, g] for g in sorted(t.groups)]
             for g, offs in t.offsets.items():
                 rows.append(["offsets", t.tid, g, [[tp, p, *v] for (tp, p), v in offs.items()]])
+            for (g, name), (member, gen, owned, offs) in t.native.items():
+                rows.append(["noffsets", t.tid, g, name, member, gen, owned, [[p, o] for p, o in offs.items()]])
         for key, part in self.index.parts.items():
             if part:
                 rows.append(["part", *key, part.export()])
@@ -191,9 +169,10 @@ class Transactions:
                     self.by_pid.pop(t.pid, None)
                 t = self.txns[tid] = Txn(tid, pid, epoch, timeout_ms)
                 self.by_pid[pid] = t
+                self.ids.above(pid)
             t.epoch, t.timeout_ms, t.state, t.started = epoch, timeout_ms, state, started
             if state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT):
-                t.partitions, t.groups, t.offsets, t.marked = {}, set(), {}, set()
+                t.clear()
         elif kind in ("add", "begin"):  # (a partition taken in; its first record's place, when it came)
             _k, tid, name, created, p, first = e
             t = self.txns[tid]
@@ -210,6 +189,9 @@ class Transactions:
             offs = self.txns[tid].offsets.setdefault(group, {})
             for tp, p, offset, meta, epoch in rows:
                 offs[(tp, p)] = (offset, meta, epoch)
+        elif kind == "noffsets":
+            _k, tid, group, name, member, gen, owned, rows = e
+            native.hold(self.txns[tid], group, name, member, gen, owned, {p: o for p, o in rows})
         elif kind == "batch":
             _k, pid, epoch, name, created, p, first, count = e
             self.index.of((name, created, p)).appended(pid, epoch, first, count)
@@ -243,11 +225,15 @@ class Transactions:
                 part.open.setdefault(pid, first)
         for t in list(self.txns.values()):
             if t.state == ONGOING:
-                log.info("Kafka transaction %r (producer %d) was open when the server stopped: aborted", t.tid, t.pid,
+                log.info("transaction %r (producer %d) was open when the server stopped: aborted", t.tid, t.pid,
                          extra={"event": "kafka_txn_aborted", "transactional_id": t.tid, "reason": "restart"})
                 await self._end(t, False, bump=True)
             elif t.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                await self._end(t, t.state == PREPARE_COMMIT, bump=False)
+                try:
+                    await self._end(t, t.state == PREPARE_COMMIT, bump=False, replayed=True)
+                except CommitFailed as e:
+                    log.info("transaction %r (producer %d) aborted at the restart: %s", t.tid, t.pid, e,
+                             extra={"event": "kafka_txn_aborted", "transactional_id": t.tid, "reason": "restart"})
         for key, part in list(self.index.parts.items()):
             for pid in list(part.open):
                 t = self.by_pid.get(pid)
@@ -273,12 +259,23 @@ class Transactions:
     def _begin(self, t: Txn) -> None:
         if t.state != ONGOING:
             t.state, t.started = ONGOING, time.time()
-            t.partitions, t.groups, t.offsets, t.marked = {}, set(), {}, set()
+            t.clear()
             self._note(t.row())
+
+    def topic(self, name: str):
+        """(stream handle or None, Kafka's code) of stream ``name``."""
+        try:
+            check_queue_name(name)
+        except (ValueError, TypeError):
+            return None, E.invalid_topic_exception
+        try:
+            return self.streams.get(name), E.none
+        except StreamNotFound:
+            return None, E.unknown_topic_or_partition
 
     def _stream(self, key):
         name, created, p = key
-        s, _code = self.listener.topic(name)
+        s, _code = self.topic(name)
         if s is None or s.created_at != created or not 0 <= p < s.partitions:
             return None
         return s
@@ -300,11 +297,11 @@ class Transactions:
         if t is not None and t.state in (PREPARE_COMMIT, PREPARE_ABORT):
             raise TxnError(E.concurrent_transactions)
         if t is not None and t.state == ONGOING:
-            log.info("Kafka transaction %r (producer %d, epoch %d) aborted: the id was initialized again", tid, t.pid,
+            log.info("transaction %r (producer %d, epoch %d) aborted: the id was initialized again", tid, t.pid,
                      t.epoch, extra={"event": "kafka_txn_aborted", "transactional_id": tid, "reason": "fenced"})
             await self._end(t, False, bump=False)
         if t is None or t.epoch + 1 > MAX_EPOCH:
-            new_pid, _ = self.listener.sequences.init(-1, -1)
+            new_pid = self.ids.next()
             if t is not None:
                 self.by_pid.pop(t.pid, None)
             t = self.txns[tid] = Txn(tid, new_pid, 0, timeout_ms)
@@ -324,7 +321,7 @@ class Transactions:
             return {name: [(p, e.code) for p in parts] for name, parts in topics.items()}
         bad, found = {}, []
         for name, parts in topics.items():
-            s, code = self.listener.topic(name)
+            s, code = self.topic(name)
             for p in parts:
                 if s is None or not 0 <= p < s.partitions:
                     bad[(name, p)] = code if s is None else E.unknown_topic_or_partition
@@ -361,7 +358,9 @@ class Transactions:
             t = self._txn(tid, pid, epoch, fenced)
             if t.state != ONGOING or group not in t.groups:
                 raise TxnError(E.invalid_txn_state, f"AddOffsetsToTxn of group {group!r} first")
-            self.listener.coordinator.check_member(group, *member)
+            if self.kafka is None:  # (a server without the listener has no Kafka group)
+                raise TxnError(E.coordinator_not_available, "no Kafka listener on this server")
+            self.kafka.coordinator.check_member(group, *member)
         except TxnError as e:
             return {name: [(p, e.code) for p, *_ in parts] for name, parts in topics.items()}
         except Exception as e:  # GroupError: its code
@@ -371,7 +370,7 @@ class Transactions:
         offs = t.offsets.setdefault(group, {})
         for name, parts in topics.items():
             res = out[name] = []
-            s, _code = self.listener.topic(name)
+            s, _code = self.topic(name)
             for p, offset, meta, lepoch in parts:
                 if s is None or not 0 <= p < s.partitions:  # (a group's offsets are kept in its stream)
                     res.append((p, E.unknown_topic_or_partition))
@@ -400,37 +399,91 @@ class Transactions:
                                                 f"{'commit' if commit else 'abort'}")
         await self._end(t, commit, bump=False)
 
-    async def _end(self, t: Txn, commit: bool, bump: bool) -> None:
-        """Write the markers, apply or drop the offsets, complete; ``bump``: the epoch moves
-        on (a timeout or a restart aborts: the producer that held it is fenced)."""
+    async def _end(self, t: Txn, commit: bool, bump: bool, replayed: bool = False) -> None:
+        """Commit a native group's offsets (fenced: ``native.commit``), write the markers,
+        apply or drop the Kafka groups' offsets, complete; ``bump``: the epoch moves on (a
+        timeout or a restart aborts: the producer that held it is fenced). A commit whose
+        native offsets are refused aborts instead, and raises that CommitFailed once done.
+        ``replayed``: a commit the journal left prepared, whose native offsets are taken
+        as committed if the groups hold them (``native.held``), else it aborts."""
         t.state = PREPARE_COMMIT if commit else PREPARE_ABORT
         self._note(t.row())
+        refused = None
+        if commit and t.native:
+            if replayed:
+                if not native.held(t, self.topic):
+                    refused = CommitFailed(f"transaction {t.tid!r}: its groups' offsets were not committed when the "
+                                           "server stopped")
+            else:
+                refused = native.commit(t, self.topic)
+            if refused is not None:
+                commit, t.state = False, PREPARE_ABORT
+                self._note(t.row())
         for key in list(t.partitions):
             if key not in t.marked:
                 await self._marker(t, key, commit)
                 t.marked.add(key)
         if commit:
             for group, offs in t.offsets.items():
-                topics = {}
-                for (name, p), (offset, meta, lepoch) in offs.items():
-                    topics.setdefault(name, []).append((p, offset, meta, lepoch))
-                self.listener.coordinator.store_committed(group, topics)
+                self._store_kafka_offsets(group, offs)
         if bump:
             if t.epoch + 1 > MAX_EPOCH:
                 self.by_pid.pop(t.pid, None)
-                t.pid, _ = self.listener.sequences.init(-1, -1)
-                t.epoch = 0
+                t.pid, t.epoch = self.ids.next(), 0
                 self.by_pid[t.pid] = t
             else:
                 t.epoch += 1
         t.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
-        t.partitions, t.groups, t.offsets, t.marked = {}, set(), {}, set()
+        t.clear()
         self._note(t.row())
         if self.journal is not None and self.journal.due:
             try:
                 self.journal.rewrite(self.rows())
             except OSError as e:
                 log.warning("cannot write %s anew: %s", self.journal.path, e.strerror or e)
+        if refused is not None:
+            raise refused
+
+    def _store_kafka_offsets(self, group: str, offs: dict) -> None:
+        """A committed transaction's Kafka group offsets made the group's (through the
+        listener's group coordinator; a server started without it stores them in the
+        streams' groups, which then have no Kafka member)."""
+        topics = {}
+        for (name, p), (offset, meta, lepoch) in offs.items():
+            topics.setdefault(name, []).append((p, offset, meta, lepoch))
+        if self.kafka is not None:
+            self.kafka.coordinator.store_committed(group, topics)
+            return
+        for name, parts in topics.items():
+            s, _code = self.topic(name)
+            try:
+                if s is None:
+                    raise StreamNotFound(f"no stream {name!r}")
+                s.groups_table.set_offsets(group, {p: offset for p, offset, *_rest in parts})
+            except ShmqError as e:
+                log.warning("Kafka group %s: the offsets of a committed transaction in %s are not stored: %s",
+                            group, name, e)
+
+    # ------------------------------------------------------------------ native groups
+    def commit_native_offsets(self, tid: str, pid: int, epoch: int, group: str, stream: str, member: int,
+                              generation: int, owned, offsets: dict, fenced: E) -> None:
+        """A native group member's offsets ({partition: next offset}) held in the
+        transaction, committed at its end as the member's own commit would be: CommitFailed
+        now if the member does not own them (``Groups.check``), and at the end if it lost
+        one since (the transaction then aborts)."""
+        t = self._txn(tid, pid, epoch, fenced)
+        s, code = self.topic(stream)
+        if s is None:
+            raise TxnError(code, f"no stream {stream!r}")
+        for p, offset in offsets.items():
+            if not 0 <= p < s.partitions or offset < 0:
+                raise TxnError(E.unknown_topic_or_partition if offset >= 0 else E.invalid_commit_offset_size,
+                               f"stream {stream!r}: no partition {p}, or offset {offset} below 0")
+        s.groups_table.check(group, member, generation, owned, offsets)
+        self._begin(t)
+        native.hold(t, group, stream, member, generation, owned, offsets)
+        self._note(["noffsets", tid, group, stream, member, generation, sorted(owned),
+                    [[p, o] for p, o in offsets.items()]])
 
     @staticmethod
     def _show(s, p: int, part: PartitionTxns, pid: int, commit: bool) -> None:
@@ -481,16 +534,17 @@ class Transactions:
                 with serving():
                     offset = s.append_marker(p, k, v)
         except ShmqError as e:  # the records stay out of reach of read_committed consumers, as if still open
-            log.warning("Kafka transaction %r: the %s marker of %s partition %d cannot be written: %s", tid,
+            log.warning("transaction %r: the %s marker of %s partition %d cannot be written: %s", tid,
                         "COMMIT" if commit else "ABORT", key[0], p, e)
             raise TxnError(E.kafka_storage_error, str(e)) from None
         part.ended(pid, epoch, offset, commit)
         self._note(["marker", pid, epoch, *key, offset, commit])
         now = time.time_ns() // 1_000_000
-        self.listener.batches.put(s, p, offset, encode_batch(
-            [Record(offset, now, k, v)], producer_id=pid, producer_epoch=epoch,
-            attributes=TRANSACTIONAL | CONTROL), 1)
-        self.listener.notify(key[0])
+        if self.kafka is not None:  # (kept as the batch a Fetch sends)
+            self.kafka.batches.put(s, p, offset, encode_batch(
+                [Record(offset, now, k, v)], producer_id=pid, producer_epoch=epoch,
+                attributes=TRANSACTIONAL | CONTROL), 1)
+        self.streams.notify(key[0])
 
     # ------------------------------------------------------------------ produce, fetch
     def producing(self, tid: str | None, pid: int, epoch: int, s, p: int) -> None:
@@ -514,6 +568,20 @@ class Transactions:
             s.set_stable(p, min(part.open.values()))
             self._note(["begin", t.tid, *key, first])
 
+    def adding(self, tid: str, pid: int, epoch: int, s, p: int, fenced: E) -> None:
+        """Before a native transactional append to partition ``p`` of ``s``: the partition
+        taken in (AddPartitionsToTxn's), readers held back from where the records go
+        (``producing``); TxnError with Kafka's code otherwise."""
+        self._txn(tid, pid, epoch, fenced)  # (a refusal says why)
+        (code,) = (c for _p, c in self.add_partitions(tid, pid, epoch, {s.name: [p]}, fenced)[s.name])
+        if code != E.none:
+            raise TxnError(code, f"transactional id {tid!r}: stream {s.name!r} partition {p} cannot be added "
+                                 f"({code.name})")
+        try:
+            self.producing(tid, pid, epoch, s, p)
+        except KafkaProtocolError as e:
+            raise TxnError(e.code, str(e)) from None
+
     def produced(self, pid: int, epoch: int, s, p: int, first: int, count: int) -> None:
         """A transactional batch was appended at ``first``."""
         key = (s.name, s.created_at, p)
@@ -536,6 +604,9 @@ class Transactions:
         for t in self.txns.values():
             if t.state != COMPLETE_COMMIT and group in t.offsets:
                 out.update(t.offsets[group])
+            for (g, name), held in t.native.items():
+                if g == group:
+                    out.update((name, p) for p in held[3])
         return out
 
     def forget(self, name: str) -> None:
@@ -549,12 +620,12 @@ class Transactions:
             now = time.time()
             for t in list(self.txns.values()):
                 if t.state == ONGOING and now - t.started > t.timeout_ms / 1000:
-                    log.info("Kafka transaction %r (producer %d, epoch %d) aborted: open past its timeout of %d ms",
+                    log.info("transaction %r (producer %d, epoch %d) aborted: open past its timeout of %d ms",
                              t.tid, t.pid, t.epoch, t.timeout_ms,
                              extra={"event": "kafka_txn_aborted", "transactional_id": t.tid, "reason": "timeout"})
                     try:
                         await self._end(t, False, bump=True)
-                    except TxnError:
+                    except (TxnError, ShmqError):
                         pass
             for key, part in list(self.index.parts.items()):
                 if part.spans and not part.open:
@@ -572,6 +643,6 @@ class Transactions:
         for name, _created, p in t.partitions:
             topics.setdefault(name, []).append(p)
         return {"transactional_id": tid, "transaction_state": t.state, "transaction_timeout": t.timeout_ms,
-                "transaction_start_time": _ms_time(int(t.started * 1000) if t.started else -1),
+                "transaction_start_time": ms_time(int(t.started * 1000) if t.started else -1),
                 "producer_id": t.pid, "producer_epoch": t.epoch,
                 "topics": [{"topic": n, "partitions": sorted(ps)} for n, ps in topics.items()]}

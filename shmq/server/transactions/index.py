@@ -1,8 +1,8 @@
-"""``TxnIndex``: what the Kafka listener knows of the transactions in each partition it
-serves: which offsets are a transactional producer's records and which are markers, the
+"""``TxnIndex``: what the transaction coordinator knows of the transactions in each
+partition: which offsets are a transactional producer's records and which are markers, the
 transactions still open, and those that ended in an abort.
 
-Strategy: a partition's records stay plain stream records; the listener keeps beside
+Strategy: a partition's records stay plain stream records; the coordinator keeps beside
 them, per (stream, creation time, partition), the spans a transactional Produce appended
 (``[first, end)``, producer id and epoch) and each marker's offset, as a Kafka broker's
 batch headers and transaction index say. From that come the three facts a Fetch needs:
