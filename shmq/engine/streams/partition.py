@@ -196,6 +196,7 @@ class Partition:
 
     lock_timeout = None  # set by its Stream
     make_room = None  # set by its Stream: called (no lock held) before an append fills past half the ring
+    compacted = None  # set by its Stream: whether it is compacted now (one word read: make_room only then)
     def __init__(self, stream_base: str, index: int, name: str, durability: str = "memory", paths=None):
         """``paths``: the bulk paths it runs (``paths.PartitionPaths``: its stream's; None:
         those ``cpaths``' default names now)."""
@@ -473,7 +474,8 @@ class Partition:
                 if txn is not None and self._txn_batch(txn[0]) >= txn[1]:
                     return None
                 room = self._room(end_from, limit)
-                if room is not None and (asked or (not room[2] and 2 * (room[4] - room[1]) <= self._cap)):
+                if room is not None and (asked or (not room[2] and 2 * (room[4] - room[1]) <= self._cap)
+                                         or not self.compacted()):  # (past half the ring: only then asked)
                     first = self._write(n, now_ns, room, txn, entries, fill)
                     if time.monotonic_ns() >= self._round_due:  # memory back every so often with no server too
                         self.give_back()

@@ -307,6 +307,7 @@ class Stream:
             part = self._parts[p] = Partition(self._base, p, self.name, self.durability, self.paths)
             part.lock_timeout = self.lock_timeout
             part.make_room = lambda part=part: self._make_room(part)
+            part.compacted = lambda: self._live("compact")
         return part
 
     def _make_room(self, part) -> None:
@@ -355,7 +356,11 @@ class Stream:
         items = [self._item(v, k, h, maxmsg) for v, k, h in zip(values, keys, hdrs)]
         if not items:
             return []
-        route = self.route([k for k, _h, _v in items], partition)
+        if partition is not None:  # (``route``'s first case, without its list of keys: the plain append's)
+            self._part(partition)
+            route = [partition] * n
+        else:
+            route = self.route([k for k, _h, _v in items])
         now = _wall()
         out = [None] * n
         for p in sorted(set(route)):
