@@ -208,6 +208,8 @@ def test_a_stamp_follows_code_not_comments_or_docstrings(tmp_path, monkeypatch):
     ("jobs", "| tool | mode | shmq (local) | shmq (TCP) | Redis | shmq local / Redis | target (issue 29) |"),
     ("kafka", "| system | records/s | p50 produce-to-consume | Kafka path / system | target (issue 30) |"),
     ("memory", "| one queue or partition | empty | holding 10,000 x 1,024 B | after they are consumed |"),
+    ("compaction", "| appends to one partition | records a call | records/s | vs not compacted | call p50 µs | call p99 µs "
+                   "| longest call ms | runs | MiB taken back |"),
 ])
 def test_the_jobs_kafka_and_memory_views_render_their_saved_runs(kind, head):
     path = ROOT / "docs" / f"{kind}.json"
