@@ -1,14 +1,13 @@
 """Native transactions (``broker.transactional``: client/transactions.py, server/txns.py,
 server/transactions): a transaction over appends to several streams and a group's offsets,
-through a real ``shmq server``; readers of every kind (local, TCP, a Kafka read_committed
-consumer) see its records once it commits and never if it aborts; fencing, timeouts,
+through a real ``shmq server``; readers (local, TCP; a Kafka read_committed consumer:
+tests/kafka/test_transactions.py) see its records once it commits and never if it aborts; fencing, timeouts,
 offsets fenced by the member's ownership, the server's restart and SIGKILL, and a
 consume-transform-produce loop exactly once through SIGKILLs of its processes."""
 
 import asyncio
 import json
 import os
-import time
 
 import pytest
 
@@ -17,8 +16,7 @@ import shmq.aio
 from shmq.engine.streams.partitioner import partition_of
 from shmq.persistence.kafka_txns import journal_path
 from tests._wait import wait_for
-from tests.kafka.clients import Talker
-from tests.kafka.conftest import kafka_server as kafka_server  # noqa: F401 - the fixture, for this module too
+from tests.kafka.clients import Talker, through_sigkills
 
 pytestmark = pytest.mark.slow
 
@@ -219,43 +217,6 @@ def test_a_remote_members_offsets_go_with_the_transaction(broker, server):
                         p.commit_offsets(foreign)
 
 
-def test_a_kafka_read_committed_consumer_sees_what_a_native_reader_sees(broker, kafka_server):
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    srv = kafka_server()
-    c = broker.create_stream("c", partitions=1)
-    with shmq.connect(srv.proc.url) as remote:
-        p = remote.transactional("both")
-        for values, commit in (([b"a1", b"a2"], True), ([b"gone"], False), ([b"b1"], True)):
-            p.begin()
-            p.append_many("c", values, partition=0)
-            p.commit() if commit else p.abort()
-        c.append(b"plain", partition=0)
-
-    def read(isolation):
-        k = Consumer({"bootstrap.servers": srv.bootstrap, "group.id": "r", "isolation.level": isolation,
-                      "enable.partition.eof": True, "enable.auto.commit": False})
-        try:
-            k.assign([TopicPartition("c", 0, OFFSET_BEGINNING)])
-            got, deadline = [], time.monotonic() + 30
-            while time.monotonic() < deadline:
-                m = k.poll(0.5)
-                if m is None:
-                    continue
-                if m.error() is not None:
-                    assert m.error().code() == KafkaError._PARTITION_EOF
-                    return got
-                got.append((m.offset(), m.value()))
-            raise AssertionError(f"no end within 30 s: {got}")
-        finally:
-            k.close()
-
-    native = [(r.offset, r.value) for r in c.read(0, 0)]
-    assert native == [(0, b"a1"), (1, b"a2"), (5, b"b1"), (7, b"plain")]  # (markers at 2, 4 and 6)
-    assert read("read_committed") == native
-    assert [v for _o, v in read("read_uncommitted")] == [b"a1", b"a2", b"gone", b"b1", b"plain"]
-
-
 def test_the_asyncio_clients_take_part_too(broker, server):
     c = broker.create_stream("c", partitions=1)
 
@@ -384,22 +345,7 @@ def test_consume_transform_produce_exactly_once_through_sigkills(broker, servers
     src, out = broker.create_stream("in", partitions=1), broker.create_stream("out", partitions=1)
     src.append_many([b"%d" % i for i in range(n)], partition=0)
     srv = servers(broker.namespace, "--no-persist", "--no-auth")
-    workers = []
-    try:
-        for stop_at in (40, 110, 190):
-            w = Worker(broker.namespace, n)
-            workers.append(w)
-            wait_for(lambda: w.committed() >= stop_at or w.proc.poll() is not None, 120,
-                     f"the worker committing past {stop_at}")
-            assert w.proc.poll() is None, w.said
-            w.kill()
-        last = Worker(broker.namespace, n)
-        workers.append(last)
-        assert last.proc.wait(180) == 0, last.said
-    finally:
-        for w in workers:
-            if w.proc.poll() is None:
-                w.kill()
+    through_sigkills(lambda: Worker(broker.namespace, n), (40, 110, 190))
     got = _values(out)
     assert got == [b"out-%d" % i for i in range(n)]  # each exactly once, in order
     assert src.committed("g") == {0: n}

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 __all__ = ["kafka_python_subscribed", "Talker"]
 
@@ -64,3 +65,55 @@ def kafka_python_subscribed(topics, listener=None, **config):
     c.subscribe(topics, listener=listener)
     c.topics()  # a blocking metadata fetch: the coordinator's snapshot of the subscription is whole
     return c
+
+
+def read_all(bootstrap, topic, isolation, partition=0, keys=False):
+    """[(offset, value)] (with ``keys``: [(offset, key, value)]) of a partition from its
+    earliest offset to its end (the last stable offset for read_committed), read by a
+    confluent-kafka consumer."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "isolation.level": isolation,
+                  "enable.partition.eof": True, "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        got = []
+        deadline = time.monotonic() + 30
+        while True:
+            assert time.monotonic() < deadline, f"no end of {topic} within 30 s: {got}"
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is not None:
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                return got
+            got.append((m.offset(), m.key(), m.value()) if keys else (m.offset(), m.value()))
+    finally:
+        c.close()
+
+
+def through_sigkills(make, stop_ats, between=None):
+    """Exactly-once workers (``make()``: a ``Talker`` with ``committed()``, the offset it
+    last committed), one per point of ``stop_ats``, each SIGKILLed (with ``between()``
+    first, if given) once it committed past that point, which it does not choose; then one
+    to the end, which must exit 0."""
+    from tests._wait import wait_for
+
+    workers = []
+    try:
+        for stop_at in stop_ats:
+            w = make()
+            workers.append(w)
+            wait_for(lambda: w.committed() >= stop_at or w.proc.poll() is not None, 120,
+                     f"the worker committing past {stop_at}")
+            assert w.proc.poll() is None, w.said
+            if between is not None:
+                between()
+            w.kill()
+        last = make()
+        workers.append(last)
+        assert last.proc.wait(180) == 0, last.said
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.kill()

@@ -11,12 +11,13 @@ import time
 import warnings
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, NewTopic
 from kio.schema.errors import ErrorCode
 
 from shmq.kafka.records import Record, decode_batches, encode_batch
 from tests._wait import wait_for
+from tests.kafka.clients import read_all
 from tests.kafka.groups_wire import Wire, fetch_records, produce
 from tests.kafka.test_configs import KAFKA_DEFAULTS, TAKEN_NOT_KEPT
 
@@ -74,24 +75,8 @@ def _compacted(s, p=0, timeout=10.0):
 
 
 def _read(srv, topic, isolation="read_uncommitted") -> list:
-    """(offset, key, value) of partition 0 from its earliest offset to its end (the last
-    stable offset for read_committed)."""
-    c = Consumer({"bootstrap.servers": srv.bootstrap, "group.id": "reader", "isolation.level": isolation,
-                  "enable.partition.eof": True, "enable.auto.commit": False})
-    try:
-        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        got, deadline = [], time.monotonic() + 30
-        while True:
-            assert time.monotonic() < deadline, f"no end of {topic} within 30 s: {got}"
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            if m.error() is not None:
-                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                return got
-            got.append((m.offset(), m.key(), m.value()))
-    finally:
-        c.close()
+    """(offset, key, value) of partition 0 from its earliest offset to its end."""
+    return read_all(srv.bootstrap, topic, isolation, keys=True)
 
 
 def _latest(rows, tombstones: bool) -> list:

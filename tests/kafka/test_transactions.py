@@ -8,16 +8,16 @@ never leaves a transaction half-visible."""
 import datetime
 import json
 import os
-import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from kio.schema.errors import ErrorCode as E
 
+import shmq
 from shmq.kafka.records import CONTROL, LOG_APPEND_TIME, TRANSACTIONAL, Record, decode_batches, encode_batch
 from shmq.persistence.kafka_txns import runtime_journal_path
 from tests._wait import wait_for
-from tests.kafka.clients import Talker
+from tests.kafka.clients import Talker, read_all, through_sigkills
 from tests.kafka.conftest import KafkaServer
 from tests.kafka.groups_wire import Wire, fetch_records
 
@@ -30,28 +30,6 @@ def producer(bootstrap, tid, **conf):
     p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 1, **conf})
     p.init_transactions(30)
     return p
-
-
-def read_all(bootstrap, topic, isolation, partition=0):
-    """[(offset, value)] of a partition from its start to its end (the last stable offset
-    for read_committed), read by a confluent-kafka consumer."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "isolation.level": isolation,
-                  "enable.partition.eof": True, "enable.auto.commit": False})
-    try:
-        c.assign([TopicPartition(topic, partition, 0)])
-        got = []
-        deadline = time.monotonic() + 30
-        while True:
-            assert time.monotonic() < deadline, f"no end of {topic} within 30 s: {got}"
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            if m.error() is not None:
-                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                return got
-            got.append((m.offset(), m.value()))
-    finally:
-        c.close()
 
 
 def test_read_committed_sees_committed_records_only(kafka_server):
@@ -265,25 +243,14 @@ class Worker(Talker):
 
 
 def _exactly_once(port, n, stop_ats, between):
-    """Workers over ``n`` inputs: one per point of ``stop_ats``, SIGKILLed (with ``between()``
-    first, which gives the port to go on with) once it committed past it, then one to the end."""
-    workers = []
-    try:
-        for stop_at in stop_ats:
-            w = Worker(port, n)
-            workers.append(w)
-            wait_for(lambda: w.committed() >= stop_at or w.proc.poll() is not None, 120,
-                     f"the worker committing past {stop_at}")
-            assert w.proc.poll() is None, w.said
-            port = between()
-            w.kill()
-        last = Worker(port, n)
-        workers.append(last)
-        assert last.proc.wait(180) == 0, last.said
-    finally:
-        for w in workers:
-            if w.proc.poll() is None:
-                w.kill()
+    """Workers over ``n`` inputs through SIGKILLs (``clients.through_sigkills``), each told
+    the port that ``between()`` last gave."""
+    where = [port]
+
+    def next_port():
+        where[0] = between()
+
+    through_sigkills(lambda: Worker(where[0], n), stop_ats, next_port)
 
 
 def _inputs(bootstrap, n):
@@ -624,3 +591,23 @@ def test_exactly_once_through_sigkills_of_the_server(broker, servers, tmp_path):
     assert out == [b"out-%d" % i for i in range(n)]  # each exactly once, in order
     assert [r.value for r in broker.stream("out").read(0, 0, 10_000)] == out
     assert srv.stop() == 0
+
+
+def test_a_native_transaction_is_read_by_a_read_committed_consumer_as_natively(broker, kafka_server):
+    """A native producer's transactions (``broker.transactional``: the server's coordinator,
+    as a Kafka producer's) read the same by a read_committed Kafka consumer and a native reader."""
+    srv = kafka_server()
+    c = broker.create_stream("c", partitions=1)
+    with shmq.connect(srv.proc.url) as remote:
+        p = remote.transactional("both")
+        for values, commit in (([b"a1", b"a2"], True), ([b"gone"], False), ([b"b1"], True)):
+            p.begin()
+            p.append_many("c", values, partition=0)
+            p.commit() if commit else p.abort()
+        c.append(b"plain", partition=0)
+
+    native = [(r.offset, r.value) for r in c.read(0, 0)]
+    assert native == [(0, b"a1"), (1, b"a2"), (5, b"b1"), (7, b"plain")]  # (markers at 2, 4 and 6)
+    assert read_all(srv.bootstrap, "c", "read_committed") == native
+    assert [v for _o, v in read_all(srv.bootstrap, "c", "read_uncommitted")] == [b"a1", b"a2", b"gone", b"b1",
+                                                                               b"plain"]
