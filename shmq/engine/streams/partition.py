@@ -196,7 +196,7 @@ class Partition:
 
     lock_timeout = None  # set by its Stream
     make_room = None  # set by its Stream: called (no lock held) before an append fills past half the ring
-    compacted = None  # set by its Stream: whether it is compacted now (one word read: make_room only then)
+    compact_word = None  # set by its Stream: (its words, the word, shift and mask) of its setting ``compact``
     def __init__(self, stream_base: str, index: int, name: str, durability: str = "memory", paths=None):
         """``paths``: the bulk paths it runs (``paths.PartitionPaths``: its stream's; None:
         those ``cpaths``' default names now)."""
@@ -466,7 +466,8 @@ class Partition:
         if total > self._cap:
             raise MessageTooLarge(f"{total} bytes of records can never fit in a partition of stream "
                                   f"{self.name!r} (max_bytes={self._cap})")
-        asked = self.make_room is None
+        cw = self.compact_word  # (read as appends go: a stream made compact later compacts from then on)
+        asked = cw is None
         while True:
             limit = None if floor is None else floor()
             self._acquire()
@@ -475,7 +476,7 @@ class Partition:
                     return None
                 room = self._room(end_from, limit)
                 if room is not None and (asked or (not room[2] and 2 * (room[4] - room[1]) <= self._cap)
-                                         or not self.compacted()):  # (past half the ring: only then asked)
+                                         or not cw[0][cw[1]] >> cw[2] & cw[3]):  # past half the ring: compacted?
                     first = self._write(n, now_ns, room, txn, entries, fill)
                     if time.monotonic_ns() >= self._round_due:  # memory back every so often with no server too
                         self.give_back()

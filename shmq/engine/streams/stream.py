@@ -307,7 +307,7 @@ class Stream:
             part = self._parts[p] = Partition(self._base, p, self.name, self.durability, self.paths)
             part.lock_timeout = self.lock_timeout
             part.make_room = lambda part=part: self._make_room(part)
-            part.compacted = lambda: self._live("compact")
+            part.compact_word = (self._mq, *L.STREAM_LIVE["compact"])
         return part
 
     def _make_room(self, part) -> None:
