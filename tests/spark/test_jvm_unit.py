@@ -198,8 +198,31 @@ def test_a_reader_passes_over_markers_and_aborted_records_and_stops_at_the_stabl
         want = [(r.offset, r.value.hex()) for r in s.read(0, 0, 100)]
         assert want == [(0, b"a".hex()), (1, b"b".hex()), (5, b"c".hex())] and s.stable(0) == 7
         for batch in (1, 2, 100):
-            out = run_java(classes, "io.shmq.spark.source.VisibleDump", broker.namespace, "txns", 0, batch)
-            assert out.stdout.splitlines() == ["latest 7", *(f"{o} {v}" for o, v in want), "next 7"]
+            for until in ((), (0, "unbounded")):  # (a read asked past the stable offset stops there too)
+                out = run_java(classes, "io.shmq.spark.source.VisibleDump", broker.namespace, "txns", 0, batch, *until)
+                assert out.stdout.splitlines() == ["latest 7", *(f"{o} {v}" for o, v in want), "next 7"]
+    finally:
+        s.close()
+
+
+def test_a_read_stops_at_the_next_offset_it_loaded(classes, broker):
+    """An appender stores tail, then next_offset (docs/FORMAT.md, the reader's steps): between
+    the two, records at or past next_offset already lie below tail. A read asked for everything
+    (until Long.MAX_VALUE) stops at the next_offset it loaded, so its next read never starts
+    past the end (it did: "offset N is past the end", under TornReader)."""
+    s = broker.create_stream("between", partitions=1, durability="memory")
+    try:
+        s.append_many([b"r%d" % i for i in range(5)], partition=0)
+        mq = s._part(0)._mq
+        mq[L.PI_NEXT] = 3  # the appender of offsets 3 and 4 stored tail, not yet next_offset
+        try:
+            for batch in (1, 2, 100):
+                out = run_java(classes, "io.shmq.spark.source.VisibleDump", broker.namespace, "between", 0, batch,
+                               0, "unbounded")
+                assert out.stdout.splitlines() == ["latest 3", *(f"{o} {(b'r%d' % o).hex()}" for o in range(3)),
+                                                   "next 3"], batch
+        finally:
+            mq[L.PI_NEXT] = 5
     finally:
         s.close()
 

@@ -156,6 +156,7 @@ public final class Partition implements Closeable {
         for (int attempt = 1; ; attempt++) {
             checkLive();
             long next = word(PART_NEXT);
+            long stable = word(PART_STABLE);
             long tail = word(PART_TAIL);
             long head = word(PART_HEAD);
             long earliest = word(PART_EARLIEST);
@@ -174,12 +175,17 @@ public final class Partition implements Closeable {
                 }
                 throw new IOException(what + ": offset " + from + " is past the end (" + next + ")");
             }
+            // records at or past the loaded next_offset may lie below tail already (stored first): not yet
+            long stop = Math.min(until, stable != 0 ? Math.min(stable - 1, next) : next);
+            if (from >= stop) {
+                return 0;
+            }
             int n = DAMAGED;
             long start = head;
             if (head < tail) { // else an append is starting a new lap: look again
                 try {
                     start = locate(at, head, tail, earliest);
-                    n = walk(start, head, tail, next, at, until, maxRecords, out, gap, clean);
+                    n = walk(start, head, tail, next, at, stop, maxRecords, out, gap, clean);
                 } catch (InternalError e) { // a given-back region faulted (memory: a stalled copy): copy again
                     n = DAMAGED;
                     start = Long.MIN_VALUE;
