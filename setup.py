@@ -1,4 +1,5 @@
-"""Builds the optional C hot paths (shmq/engine/_fast.c); the metadata is in pyproject.toml.
+"""Builds the optional C hot paths (shmq/engine/_fast.c, shmq/kafka/_records.c); the metadata is in
+pyproject.toml.
 
 ``optional=True``: where it cannot be compiled, shmq installs without it and runs its
 pure-Python paths (``shmq.engine.queues.queue.FAST`` says which).
@@ -7,4 +8,6 @@ pure-Python paths (``shmq.engine.queues.queue.FAST`` says which).
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("shmq.engine._fast", ["shmq/engine/_fast.c"], depends=["shmq/engine/_layout.h"],
-                             optional=True, extra_compile_args=["-O2"])])
+                             optional=True, extra_compile_args=["-O2"]),
+                   Extension("shmq.kafka._records", ["shmq/kafka/_records.c"], optional=True,
+                             extra_compile_args=["-O2"])])

@@ -36,7 +36,7 @@ MEASURES = {
     "streams": [*_ENGINE, *_WIRE, "bench/adapters/shmq_stream.py"],
     "spark": [*_ENGINE, "shmq/spark/**/*.py", "shmq/spark/jvm/src/**/*.java", "bench/spark.py"],
     "jobs": [*_ENGINE, *_WIRE, "shmq/kombu/*.py", "shmq/celery/*.py", "shmq/dramatiq/*.py", "bench/job_apps.py"],
-    "kafka": [*_ENGINE, *_WIRE, "shmq/kafka/*.py", "shmq/server/kafka/*.py"],
+    "kafka": [*_ENGINE, *_WIRE, "shmq/kafka/*.py", "shmq/kafka/*.c", "shmq/server/kafka/*.py"],
     "memory": [*_ENGINE, "bench/memory.py"],
     "compaction": [*_ENGINE, "shmq/server/housekeeper.py", "bench/compaction.py"],
 }

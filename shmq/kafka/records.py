@@ -8,9 +8,13 @@ attributes on; the records part may be compressed (``compression``). Decoding ch
 every length against what is there and bounds what decompression may produce, so any
 bytes give batches or KafkaProtocolError (code CORRUPT_MESSAGE), nothing else.
 (kio has a record codec too, but it keeps timestamps to the second and knows no
-compression.)
+compression.) The records of a batch are read and written in C (``_records.c``) where it
+is built and the C paths are wanted (``SHMQ_PURE_PYTHON``, as the engine's ``cpaths``
+reads it), else by ``_decode_records_py`` and ``_encode_records_py``, their twins: each
+pair agrees on every input (tests/kafka/test_codec.py).
 """
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -21,6 +25,13 @@ from .compression import NONE, compress, decompress
 
 __all__ = ["Batch", "Record", "decode_batches", "encode_batch", "NO_PRODUCER", "TRANSACTIONAL", "CONTROL",
            "LOG_APPEND_TIME", "ABORT", "COMMIT", "marker", "last_offset"]
+
+try:
+    from . import _records as _c
+except ImportError:  # pragma: no cover - depends on the build
+    _c = None
+if os.environ.get("SHMQ_PURE_PYTHON", "") not in ("", "0"):
+    _c = None
 
 _HEAD = struct.Struct(">qiibIhiqqqhii")  # base offset .. record count
 _CRC_FROM = 21  # the attributes' position: the CRC covers the rest
@@ -143,9 +154,20 @@ def _bytes(buf, pos, end):
 
 
 def _decode_records(buf: bytes, count, base_ts):
-    """The columns of ``count`` records in ``buf``. The hot path: the varints that are
-    mostly one or two bytes (lengths, deltas) are read inline, longer ones by
-    ``_varint`` (a call per field costs a third of the decode)."""
+    """The columns of ``count`` records in ``buf`` (timestamps, offset deltas, keys,
+    values, headers), read in C where it is built, else by ``_decode_records_py``."""
+    if _c is None:
+        return _decode_records_py(buf, count, base_ts)
+    try:
+        return _c.decode_records(buf, count, base_ts)
+    except ValueError as e:
+        raise _corrupt(str(e)) from None
+
+
+def _decode_records_py(buf: bytes, count, base_ts):
+    """``_decode_records`` in Python. The varints that are mostly one or two bytes
+    (lengths, deltas) are read inline, longer ones by ``_varint`` (a call per field
+    costs a third of the decode)."""
     n = len(buf)
     if count > n:  # each record takes 7 bytes at least: no list sized by a lie
         raise _corrupt(f"that says {count} records in {n} bytes")
@@ -249,19 +271,16 @@ def _put_bytes(b, out):
     out += b
 
 
-def encode_batch(records, codec: int = NONE, producer_id: int = NO_PRODUCER, producer_epoch: int = -1,
-                 base_sequence: int = -1, attributes: int = 0) -> bytes:
-    """One batch of ``records`` (``Record``s, offsets ascending), compressed with ``codec``."""
-    first, last = records[0], records[-1]
-    base_ts = first.timestamp
-    max_ts = max(r.timestamp for r in records)
+def _encode_records_py(records, base_offset, base_ts) -> bytearray:
+    """The records part of a batch of ``records`` (uncompressed): in C where it is built
+    (``_records.encode_records``, its twin), else here."""
     body = bytearray()
     rec = bytearray()
     for r in records:
         rec.clear()
         rec.append(0)
         _zigzag(r.timestamp - base_ts, rec)
-        _zigzag(r.offset - first.offset, rec)
+        _zigzag(r.offset - base_offset, rec)
         _put_bytes(r.key, rec)
         _put_bytes(r.value, rec)
         _zigzag(len(r.headers), rec)
@@ -270,6 +289,16 @@ def encode_batch(records, codec: int = NONE, producer_id: int = NO_PRODUCER, pro
             _put_bytes(hv, rec)
         _zigzag(len(rec), body)
         body += rec
+    return body
+
+
+def encode_batch(records, codec: int = NONE, producer_id: int = NO_PRODUCER, producer_epoch: int = -1,
+                 base_sequence: int = -1, attributes: int = 0) -> bytes:
+    """One batch of ``records`` (``Record``s, offsets ascending), compressed with ``codec``."""
+    first, last = records[0], records[-1]
+    base_ts = first.timestamp
+    max_ts = max(r.timestamp for r in records)
+    body = (_encode_records_py if _c is None else _c.encode_records)(records, first.offset, base_ts)
     payload = compress(codec, bytes(body)) if codec != NONE else body
     head = _HEAD.pack(first.offset, _HEAD.size - _LENGTH_AFTER + len(payload), 0, 2, 0,
                       attributes | codec, last.offset - first.offset, base_ts, max_ts, producer_id,

@@ -15,6 +15,7 @@ from kio.serial import entity_writer
 from shmq.kafka import ErrorCode, FrameDecoder, KafkaProtocolError, frame, parse_request
 from shmq.kafka.compression import CODECS, compress, decompress
 from shmq.kafka.headers import to_kafka, to_native
+from shmq.kafka import records as records_module
 from shmq.kafka.records import Record, decode_batches, encode_batch
 from shmq.kafka.sasl import parse_plain
 from shmq.server.kafka.handlers import VERSIONS
@@ -230,3 +231,121 @@ def test_any_bytes_parse_or_raise_kafka_protocol_error(data):
             parse()
         except KafkaProtocolError:
             pass
+
+
+# ---------------------------------------------------------------------------- the records' C twin
+def _records_part(records) -> tuple[bytes, int, int]:
+    """(the records part, count, base timestamp) of an uncompressed batch of ``records``."""
+    data = encode_batch(records)
+    count, base_ts = struct.unpack_from(">i", data, 57)[0], struct.unpack_from(">q", data, 27)[0]
+    return data[61:], count, base_ts
+
+
+def _decoded(decode, buf, count, base_ts):
+    """What ``decode`` (a twin) makes of the records: the columns, or the error's words."""
+    try:
+        return decode(buf, count, base_ts)
+    except KafkaProtocolError as e:
+        assert e.code == ErrorCode.corrupt_message
+        return str(e)
+
+
+def _both(buf, count, base_ts):
+    """The Python twin's and the C one's outcome (ValueError's words: records.py makes them
+    KafkaProtocolError with "a record batch " before them)."""
+    py = _decoded(records_module._decode_records_py, buf, count, base_ts)
+    try:
+        c = records_module._c.decode_records(buf, count, base_ts)
+    except ValueError as e:
+        c = f"a record batch {e}"
+    return py, c
+
+
+_needs_c = pytest.mark.skipif(records_module._c is None, reason="the records' C twin is not built "
+                                                                 "(or SHMQ_PURE_PYTHON is set)")
+_VARINT_EDGES = st.sampled_from([0, 1, -1, 63, 64, -64, -65, 8191, 8192, 2**31 - 1, -2**31, 2**61, -2**61])
+_FIELD = st.one_of(st.none(), st.binary(max_size=300))
+
+
+@_needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_VARINT_EDGES | st.integers(-2**40, 2**40), _FIELD, _FIELD,
+                          st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=20)), max_size=3)),
+                min_size=1, max_size=30), st.integers(0, 2**40))
+def test_the_c_records_twin_reads_what_the_python_one_reads(rows, base):
+    """Records of every shape (no key, empty key, tombstones, headers with None values,
+    timestamps far from the base, lengths of one, two and more varint bytes) decode alike."""
+    records = [Record(i, base + dt, k, v, tuple(h)) for i, (dt, k, v, h) in enumerate(rows)]
+    buf, count, base_ts = _records_part(records)
+    py, c = _both(buf, count, base_ts)
+    assert not isinstance(py, str) and py == c
+    assert [list(x) for x in c] == [[r.timestamp for r in records], list(range(len(records))),
+                                    [r.key for r in records], [r.value for r in records],
+                                    [r.headers for r in records]]
+
+
+def _varint_bytes(n: int) -> bytes:
+    """A zigzag varint of any size (long ones: what a client that lies sends)."""
+    z, out = (n << 1) ^ (n >> 127) if n < 0 else n << 1, bytearray()
+    z &= (1 << 140) - 1
+    while True:
+        out.append((z & 0x7F) | (0x80 if z >> 7 else 0))
+        z >>= 7
+        if not z:
+            return bytes(out)
+
+
+_LONG_VARINTS = st.sampled_from([2**62, -2**62 - 1, 2**63, -2**63 - 1, 2**68, 2**69 - 1, -2**69, 2**69, 2**70])
+
+
+@_needs_c
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(
+    st.binary(max_size=200).map(lambda b: (b, None)),
+    st.tuples(st.sampled_from([RECORDS[:3], RECORDS[10:12], RECORDS]),
+              st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
+              st.integers(0, 9)).map(lambda t: (_mutate(_records_part(t[0])[0], t[1]), len(t[0]) + t[2] - 4)),
+    st.lists((st.integers(-2**75, 2**75) | _LONG_VARINTS).map(_varint_bytes), max_size=12).map(lambda vs: (b"".join(vs), None))),
+    st.integers(0, 40), st.integers(-2**63, 2**63 - 1))
+def test_the_c_records_twin_fails_as_the_python_one_on_any_bytes(case, count, base_ts):
+    """Random bytes, mutated records, counts that lie and varints of up to 11 bytes (past
+    64 bits): the same columns or the same error's words, and never a crash."""
+    buf, said = case
+    n = max(said, 0) if said is not None else count
+    py, c = _both(buf, n, base_ts)
+    assert py == c
+
+
+_HEADER_KEYS = st.text(max_size=8)  # (UTF-8 of any code point: surrogates refused by both twins alike)
+
+
+@_needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_VARINT_EDGES | st.integers(-2**40, 2**40), _FIELD, _FIELD,
+                          st.lists(st.tuples(_HEADER_KEYS, st.none() | st.binary(max_size=20)), max_size=3)),
+                min_size=1, max_size=30), st.integers(0, 2**40), st.integers(0, 2**40))
+def test_the_c_records_twin_writes_what_the_python_one_writes(rows, base, first):
+    """encode_batch's records part, byte for byte, for records of every shape; and read back."""
+    records = [Record(first + i * 3, base + dt, k, v, tuple(h)) for i, (dt, k, v, h) in enumerate(rows)]
+
+    def written(encode):
+        try:
+            return bytes(encode(records, first, records[0].timestamp))
+        except UnicodeEncodeError as e:  # a lone surrogate in a header key
+            return type(e)
+
+    c = written(records_module._c.encode_records)
+    assert c == written(records_module._encode_records_py)
+    if type(c) is bytes:
+        (b,) = decode_batches(encode_batch(records), 2**20)
+        assert b.records == records
+
+
+@_needs_c
+@pytest.mark.parametrize("bad", [[object()], [Record(0, 0, "str key", b"v")], [Record(0, 0, None, b"v", ((1, b""),))],
+                                 [Record(0, 0, None, b"v", (("k", 5),))], [Record(2**63 - 1, 0, None, b"v")], None])
+def test_the_c_records_twin_refuses_what_is_not_records(bad):
+    """Not a Record, a key that is not bytes, a header that is not (str, bytes): a TypeError
+    (or OverflowError), never a crash or a batch."""
+    with pytest.raises((TypeError, AttributeError, OverflowError)):
+        records_module._c.encode_records(bad, -1 if bad and type(bad[0]) is Record and bad[0].offset else 0, 0)

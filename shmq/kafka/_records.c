@@ -1,0 +1,406 @@
+/* Kafka record batches' records in C: the twins of records.py's _decode_records_py and
+ * _encode_records_py.
+ *
+ * encode_records(records, base_offset, base_ts) -> bytes: the records part of a batch
+ * (uncompressed) of `records`, Record values (offset, timestamp, key, value, headers),
+ * byte for byte the Python twin's.
+ *
+ * decode_records(buf, count, base_ts) -> (timestamps, offset deltas, keys, values, headers),
+ * five lists of one entry per record, equal to the Python twin's for every input: a key or
+ * value is bytes or None, headers () or a tuple of (str, bytes or None) pairs. Anything
+ * that is not `count` well-formed records filling `buf` raises ValueError with the words
+ * the Python twin gives KafkaProtocolError (records.py adds "a record batch " and the code).
+ * A varint is Kafka's zigzag varint of up to 10 bytes, read in 128 bits as Python's twin
+ * reads it in its unbounded ints, so a long one's value (and its error's words) agree. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef __int128 i128;
+
+typedef struct {
+    const unsigned char *b;
+    Py_ssize_t pos;
+} Cursor;
+
+/* Nonzero where a ValueError with `why` is set. */
+static int corrupt(const char *why) {
+    PyErr_SetString(PyExc_ValueError, why);
+    return -1;
+}
+
+/* The decimal form of v into out (at least 48 bytes). */
+static const char *i128_str(i128 v, char *out) {
+    char tmp[48];
+    int n = 0, neg = v < 0;
+    unsigned __int128 u = neg ? -(unsigned __int128)v : (unsigned __int128)v;
+    do {
+        tmp[n++] = (char)('0' + (int)(u % 10));
+        u /= 10;
+    } while (u);
+    int k = 0;
+    if (neg)
+        out[k++] = '-';
+    while (n)
+        out[k++] = tmp[--n];
+    out[k] = 0;
+    return out;
+}
+
+/* A zigzag varint at c->pos, before end: as records.py's _varint. */
+static int varint(Cursor *c, Py_ssize_t end, i128 *out) {
+    unsigned __int128 n = 0;
+    int shift = 0;
+    for (;;) {
+        if (c->pos >= end || shift > 63)
+            return corrupt("with a varint cut short or too long");
+        unsigned char b = c->b[c->pos++];
+        n |= (unsigned __int128)(b & 0x7F) << shift;
+        if (!(b & 0x80)) {
+            *out = (i128)(n >> 1) ^ -(i128)(n & 1);
+            return 0;
+        }
+        shift += 7;
+    }
+}
+
+static PyObject *long_of(i128 v) {
+    if (v >= INT64_MIN && v <= INT64_MAX)
+        return PyLong_FromLongLong((long long)v);
+    char s[48];
+    return PyLong_FromString(i128_str(v, s), NULL, 10);
+}
+
+/* A length-prefixed field (-1: None) at c->pos, before end: a new reference, or NULL. */
+static PyObject *field(Cursor *c, Py_ssize_t end) {
+    i128 n;
+    if (varint(c, end, &n) < 0)
+        return NULL;
+    if (n == -1)
+        Py_RETURN_NONE;
+    if (n < 0 || n > end - c->pos) {
+        char a[48], b[48];
+        PyErr_Format(PyExc_ValueError, "with a field of %s bytes where %s are left", i128_str(n, a),
+                     i128_str(end - c->pos, b));
+        return NULL;
+    }
+    PyObject *o = PyBytes_FromStringAndSize((const char *)c->b + c->pos, (Py_ssize_t)n);
+    c->pos += (Py_ssize_t)n;
+    return o;
+}
+
+/* A record's headers at c->pos (not its single 0 byte): a tuple of (str, bytes or None). */
+static PyObject *headers(Cursor *c, Py_ssize_t end) {
+    i128 nh;
+    if (varint(c, end, &nh) < 0)
+        return NULL;
+    if (nh < 0 || nh > end - c->pos) {
+        char a[48];
+        PyErr_Format(PyExc_ValueError, "with a record of %s headers", i128_str(nh, a));
+        return NULL;
+    }
+    PyObject *pairs = PyList_New(0);
+    if (!pairs)
+        return NULL;
+    for (Py_ssize_t h = 0; h < (Py_ssize_t)nh; h++) {
+        PyObject *hk = field(c, end);
+        if (!hk)
+            goto fail;
+        PyObject *hv = field(c, end);
+        if (!hv) {
+            Py_DECREF(hk);
+            goto fail;
+        }
+        if (hk == Py_None) {
+            Py_DECREF(hk);
+            Py_DECREF(hv);
+            corrupt("with a header without a key");
+            goto fail;
+        }
+        PyObject *key = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(hk), PyBytes_GET_SIZE(hk), "strict");
+        Py_DECREF(hk);
+        if (!key) {
+            Py_DECREF(hv);
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                goto fail;
+            PyErr_Clear();
+            corrupt("with a header key that is not UTF-8");
+            goto fail;
+        }
+        PyObject *pair = PyTuple_Pack(2, key, hv);
+        Py_DECREF(key);
+        Py_DECREF(hv);
+        if (!pair || PyList_Append(pairs, pair) < 0) {
+            Py_XDECREF(pair);
+            goto fail;
+        }
+        Py_DECREF(pair);
+    }
+    PyObject *t = PyList_AsTuple(pairs);
+    Py_DECREF(pairs);
+    return t;
+fail:
+    Py_DECREF(pairs);
+    return NULL;
+}
+
+static PyObject *decode_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "decode_records(buf: bytes, count: int, base_ts: int)");
+        return NULL;
+    }
+    Py_ssize_t count = PyLong_AsSsize_t(args[1]);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    long long base_ts = PyLong_AsLongLong(args[2]);
+    if (base_ts == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    if (count < 0)
+        return PyErr_Format(PyExc_ValueError, "that says %zd records", count);
+    if (count > n) /* each record takes 7 bytes at least: no list sized by a lie */
+        return PyErr_Format(PyExc_ValueError, "that says %zd records in %zd bytes", count, n);
+    Cursor c = {(const unsigned char *)PyBytes_AS_STRING(args[0]), 0};
+    PyObject *cols[5] = {NULL, NULL, NULL, NULL, NULL};
+    PyObject *empty = PyTuple_New(0);
+    if (!empty)
+        return NULL;
+    for (int i = 0; i < 5; i++)
+        if (!(cols[i] = PyList_New(count)))
+            goto fail;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        i128 length, t, d;
+        if (varint(&c, n, &length) < 0)
+            goto fail;
+        if (length < 6 || length > n - c.pos) {
+            char a[48];
+            PyErr_Format(PyExc_ValueError, "with a record of %s bytes where %zd are left", i128_str(length, a),
+                         n - c.pos);
+            goto fail;
+        }
+        Py_ssize_t end = c.pos + (Py_ssize_t)length;
+        c.pos++; /* the attributes (unused) */
+        if (varint(&c, end, &t) < 0 || varint(&c, end, &d) < 0)
+            goto fail;
+        PyObject *o = long_of((i128)base_ts + t);
+        if (!o)
+            goto fail;
+        PyList_SET_ITEM(cols[0], i, o);
+        if (!(o = long_of(d)))
+            goto fail;
+        PyList_SET_ITEM(cols[1], i, o);
+        if (c.pos < end && c.b[c.pos] == 1) { /* a null key: mostly */
+            c.pos++;
+            Py_INCREF(Py_None);
+            o = Py_None;
+        } else if (!(o = field(&c, end))) {
+            goto fail;
+        }
+        PyList_SET_ITEM(cols[2], i, o);
+        if (!(o = field(&c, end)))
+            goto fail;
+        PyList_SET_ITEM(cols[3], i, o);
+        if (c.pos < end && c.b[c.pos] == 0) {
+            c.pos++;
+            Py_INCREF(empty);
+            o = empty;
+        } else if (!(o = headers(&c, end))) {
+            goto fail;
+        }
+        PyList_SET_ITEM(cols[4], i, o);
+        if (c.pos != end) {
+            corrupt("with a record longer than its fields");
+            goto fail;
+        }
+    }
+    if (c.pos != n) {
+        PyErr_Format(PyExc_ValueError, "with %zd bytes after its %zd records", n - c.pos, count);
+        goto fail;
+    }
+    Py_DECREF(empty);
+    return Py_BuildValue("(NNNNN)", cols[0], cols[1], cols[2], cols[3], cols[4]);
+fail:
+    Py_DECREF(empty);
+    for (int i = 0; i < 5; i++)
+        Py_XDECREF(cols[i]); /* (a list's unset items are NULL: list_dealloc skips them) */
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ encoding */
+typedef struct {
+    unsigned char *b;
+    Py_ssize_t len, cap;
+} Out;
+
+static int out_room(Out *o, Py_ssize_t more) {
+    if (o->len + more <= o->cap)
+        return 0;
+    Py_ssize_t cap = o->cap ? o->cap : 256;
+    while (cap < o->len + more)
+        cap *= 2;
+    unsigned char *b = PyMem_Realloc(o->b, cap);
+    if (!b) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->b = b;
+    o->cap = cap;
+    return 0;
+}
+
+static int put_zigzag(Out *o, int64_t n) {
+    if (out_room(o, 10) < 0)
+        return -1;
+    uint64_t z = ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
+    while (z & ~(uint64_t)0x7F) {
+        o->b[o->len++] = (unsigned char)((z & 0x7F) | 0x80);
+        z >>= 7;
+    }
+    o->b[o->len++] = (unsigned char)z;
+    return 0;
+}
+
+/* bytes (any buffer) with its zigzag length, or None as -1 */
+static int put_field(Out *o, PyObject *v) {
+    if (v == Py_None) {
+        if (out_room(o, 1) < 0)
+            return -1;
+        o->b[o->len++] = 1;
+        return 0;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(v, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    int rc = -1;
+    if (put_zigzag(o, (int64_t)view.len) == 0 && out_room(o, view.len) == 0) {
+        memcpy(o->b + o->len, view.buf, view.len);
+        o->len += view.len;
+        rc = 0;
+    }
+    PyBuffer_Release(&view);
+    return rc;
+}
+
+static int64_t attr_i64(PyObject *r, PyObject *name, int *err) {
+    PyObject *v = PyObject_GetAttr(r, name);
+    if (!v) {
+        *err = 1;
+        return 0;
+    }
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred())
+        *err = 1;
+    return x;
+}
+
+static PyObject *s_offset, *s_timestamp, *s_key, *s_value, *s_headers;
+
+/* one record (its attributes byte on) into rec */
+static int put_record(Out *rec, PyObject *r, int64_t base_offset, int64_t base_ts) {
+    int err = 0;
+    int64_t off = attr_i64(r, s_offset, &err), ts = attr_i64(r, s_timestamp, &err);
+    if (err)
+        return -1;
+    int64_t dt, doff;
+    if (__builtin_sub_overflow(ts, base_ts, &dt) || __builtin_sub_overflow(off, base_offset, &doff)) {
+        PyErr_SetString(PyExc_OverflowError, "a record's timestamp or offset delta past 64 bits");
+        return -1;
+    }
+    if (out_room(rec, 1) < 0)
+        return -1;
+    rec->b[rec->len++] = 0;
+    if (put_zigzag(rec, dt) < 0 || put_zigzag(rec, doff) < 0)
+        return -1;
+    PyObject *v = PyObject_GetAttr(r, s_key);
+    if (!v)
+        return -1;
+    int rc = put_field(rec, v);
+    Py_DECREF(v);
+    if (rc < 0 || !(v = PyObject_GetAttr(r, s_value)))
+        return -1;
+    rc = put_field(rec, v);
+    Py_DECREF(v);
+    if (rc < 0 || !(v = PyObject_GetAttr(r, s_headers)))
+        return -1;
+    PyObject *hs = PySequence_Fast(v, "a record's headers must be a sequence of (key, value) pairs");
+    Py_DECREF(v);
+    if (!hs)
+        return -1;
+    Py_ssize_t nh = PySequence_Fast_GET_SIZE(hs);
+    rc = put_zigzag(rec, (int64_t)nh);
+    for (Py_ssize_t h = 0; rc == 0 && h < nh; h++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(hs, h);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))) {
+            PyErr_SetString(PyExc_TypeError, "a record's header must be a (str, bytes or None) pair");
+            rc = -1;
+            break;
+        }
+        PyObject *hk = PyUnicode_AsUTF8String(PyTuple_GET_ITEM(pair, 0));
+        if (!hk) {
+            rc = -1;
+            break;
+        }
+        rc = put_field(rec, hk);
+        Py_DECREF(hk);
+        if (rc == 0)
+            rc = put_field(rec, PyTuple_GET_ITEM(pair, 1));
+    }
+    Py_DECREF(hs);
+    return rc;
+}
+
+static PyObject *encode_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode_records(records, base_offset: int, base_ts: int)");
+        return NULL;
+    }
+    long long base_offset = PyLong_AsLongLong(args[1]), base_ts;
+    if (base_offset == -1 && PyErr_Occurred())
+        return NULL;
+    base_ts = PyLong_AsLongLong(args[2]);
+    if (base_ts == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *records = PySequence_Fast(args[0], "records must be a sequence");
+    if (!records)
+        return NULL;
+    Out body = {NULL, 0, 0}, rec = {NULL, 0, 0};
+    PyObject *result = NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(records);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rec.len = 0;
+        if (put_record(&rec, PySequence_Fast_GET_ITEM(records, i), base_offset, base_ts) < 0)
+            goto done;
+        if (put_zigzag(&body, (int64_t)rec.len) < 0 || out_room(&body, rec.len) < 0)
+            goto done;
+        memcpy(body.b + body.len, rec.b, rec.len);
+        body.len += rec.len;
+    }
+    result = PyBytes_FromStringAndSize((const char *)body.b, body.len);
+done:
+    PyMem_Free(body.b);
+    PyMem_Free(rec.b);
+    Py_DECREF(records);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"encode_records", (PyCFunction)(void (*)(void))encode_records, METH_FASTCALL,
+     "encode_records(records, base_offset, base_ts) -> the records part of a batch"},
+    {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL,
+     "decode_records(buf, count, base_ts) -> (timestamps, offset deltas, keys, values, headers)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_records", "Kafka record batches' records in C", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__records(void) {
+    if (!(s_offset = PyUnicode_InternFromString("offset")) || !(s_timestamp = PyUnicode_InternFromString("timestamp"))
+        || !(s_key = PyUnicode_InternFromString("key")) || !(s_value = PyUnicode_InternFromString("value"))
+        || !(s_headers = PyUnicode_InternFromString("headers")))
+        return NULL;
+    return PyModule_Create(&module);
+}
