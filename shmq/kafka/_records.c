@@ -5,6 +5,12 @@
  * (uncompressed) of `records`, Record values (offset, timestamp, key, value, headers),
  * byte for byte the Python twin's.
  *
+ * headers_column(headers, most) -> (data, int32 offsets as bytes) or None: Kafka headers of
+ * each record ((str, bytes or None) pairs, () for none) as a binary column of native record
+ * headers, each the msgpack bytes headers.py's native_column_py writes: a map when the keys
+ * are unique and no value is null, else an array of [key, value] pairs. None where any
+ * record's would pass `most` bytes or holds something else: the Python twin says why.
+ *
  * decode_records(buf, count, base_ts) -> (timestamps, offset deltas, keys, values, headers),
  * five lists of one entry per record, equal to the Python twin's for every input: a key or
  * value is bytes or None, headers () or a tuple of (str, bytes or None) pairs. Anything
@@ -386,7 +392,146 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ native headers */
+static int put_raw(Out *o, const void *p, Py_ssize_t n) {
+    if (out_room(o, n) < 0)
+        return -1;
+    memcpy(o->b + o->len, p, n);
+    o->len += n;
+    return 0;
+}
+
+/* a msgpack length head: `small` (fix form, under `fix`) or the 8/16/32-bit codes */
+static int put_head(Out *o, Py_ssize_t n, int fix, unsigned char small, int c8, unsigned char c16, unsigned char c32) {
+    unsigned char h[5];
+    Py_ssize_t k;
+    if (n < fix) {
+        h[0] = (unsigned char)(small | n);
+        k = 1;
+    } else if (c8 >= 0 && n < 256) {
+        h[0] = (unsigned char)c8;
+        h[1] = (unsigned char)n;
+        k = 2;
+    } else if (n < 65536) {
+        h[0] = c16;
+        h[1] = (unsigned char)(n >> 8);
+        h[2] = (unsigned char)n;
+        k = 3;
+    } else {
+        h[0] = c32;
+        h[1] = (unsigned char)(n >> 24);
+        h[2] = (unsigned char)(n >> 16);
+        h[3] = (unsigned char)(n >> 8);
+        h[4] = (unsigned char)n;
+        k = 5;
+    }
+    return put_raw(o, h, k);
+}
+
+/* 1: written; 0: not a (str, bytes or None) pair (nothing else said); -1: an error set */
+static int put_pair(Out *o, PyObject *pair, int as_array) {
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2)
+        return 0;
+    PyObject *k = PyTuple_GET_ITEM(pair, 0), *v = PyTuple_GET_ITEM(pair, 1);
+    if (!PyUnicode_CheckExact(k) || (v != Py_None && !PyBytes_CheckExact(v)))
+        return 0;
+    Py_ssize_t kn;
+    const char *ks = PyUnicode_AsUTF8AndSize(k, &kn);
+    if (!ks) {
+        PyErr_Clear(); /* (a lone surrogate: the twin says so) */
+        return 0;
+    }
+    if (as_array && put_head(o, 2, 16, 0x90, -1, 0xdc, 0xdd) < 0)
+        return -1;
+    if (put_head(o, kn, 32, 0xa0, 0xd9, 0xda, 0xdb) < 0 || put_raw(o, ks, kn) < 0)
+        return -1;
+    if (v == Py_None) {
+        unsigned char nil = 0xc0;
+        return put_raw(o, &nil, 1) < 0 ? -1 : 1;
+    }
+    Py_ssize_t vn = PyBytes_GET_SIZE(v);
+    if (put_head(o, vn, 0, 0, 0xc4, 0xc5, 0xc6) < 0 || put_raw(o, PyBytes_AS_STRING(v), vn) < 0)
+        return -1;
+    return 1;
+}
+
+/* whether the pairs' keys are unique and no value is None (the map form) */
+static int map_form(PyObject *hs, Py_ssize_t nh) {
+    for (Py_ssize_t i = 0; i < nh; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(hs, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || PyTuple_GET_ITEM(pair, 1) == Py_None)
+            return 0;
+    }
+    if (nh < 2)
+        return 1;
+    PyObject *keys = PySet_New(NULL);
+    if (!keys)
+        return -1;
+    for (Py_ssize_t i = 0; i < nh; i++)
+        if (PySet_Add(keys, PyTuple_GET_ITEM(PyTuple_GET_ITEM(hs, i), 0)) < 0) {
+            Py_DECREF(keys);
+            PyErr_Clear(); /* (an unhashable key: not ours; the twin says so) */
+            return 0;
+        }
+    int unique = PySet_GET_SIZE(keys) == nh;
+    Py_DECREF(keys);
+    return unique;
+}
+
+static PyObject *headers_column(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "headers_column(headers: list, most: int)");
+        return NULL;
+    }
+    Py_ssize_t most = PyLong_AsSsize_t(args[1]);
+    if (most == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *list = args[0];
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    Out data = {NULL, 0, 0}, offs = {NULL, 0, 0};
+    PyObject *result = NULL;
+    int32_t at = 0;
+    if (put_raw(&offs, &at, 4) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *hs = PyList_GET_ITEM(list, i);
+        if (!PyTuple_Check(hs))
+            goto fallback;
+        Py_ssize_t nh = PyTuple_GET_SIZE(hs), before = data.len;
+        if (nh) {
+            int as_map = map_form(hs, nh);
+            if (as_map < 0)
+                goto done;
+            if (as_map ? put_head(&data, nh, 16, 0x80, -1, 0xde, 0xdf) < 0 : put_head(&data, nh, 16, 0x90, -1, 0xdc, 0xdd) < 0)
+                goto done;
+            for (Py_ssize_t h = 0; h < nh; h++) {
+                int rc = put_pair(&data, PyTuple_GET_ITEM(hs, h), !as_map);
+                if (rc < 0)
+                    goto done;
+                if (rc == 0)
+                    goto fallback;
+            }
+            if (data.len - before > most || data.len > INT32_MAX)
+                goto fallback;
+        }
+        at = (int32_t)data.len;
+        if (put_raw(&offs, &at, 4) < 0)
+            goto done;
+    }
+    result = Py_BuildValue("(y#y#)", (const char *)(data.b ? (char *)data.b : ""), data.len,
+                           (const char *)offs.b, offs.len);
+    goto done;
+fallback:
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(data.b);
+    PyMem_Free(offs.b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"headers_column", (PyCFunction)(void (*)(void))headers_column, METH_FASTCALL,
+     "headers_column(headers, most) -> (data, int32 offsets) of native record headers, or None"},
     {"encode_records", (PyCFunction)(void (*)(void))encode_records, METH_FASTCALL,
      "encode_records(records, base_offset, base_ts) -> the records part of a batch"},
     {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL,

@@ -7,12 +7,17 @@ Strategy: Kafka -> native keeps every header in order: a dict when the keys are 
 and no value is null, else the list of pairs (``from_pairs``, the one rule). Native ->
 Kafka writes every pair in order: bytes as they are, None as null, str as UTF-8, bool as
 ``true`` / ``false``, int and float in decimal (``repr``). Kafka's headers thus come back
-as they went.
+as they went. A Produce's headers become their column in C (``_records.headers_column``)
+where it is built, else by ``native_column_py``, its twin.
 """
 
-from ..model.headers import from_pairs, header_pairs
+import array
+import itertools
 
-__all__ = ["to_native", "to_kafka"]
+from ..model.headers import MAX_HEADERS_BYTES, encode_record_headers, from_pairs, header_pairs
+from .records import _c
+
+__all__ = ["to_native", "to_kafka", "native_column"]
 
 
 def to_native(headers) -> dict | list | None:
@@ -36,3 +41,22 @@ def to_kafka(headers) -> tuple:
     """A native record's headers (a dict, or a list of pairs) as Kafka's (key, bytes or
     None) pairs, in their order."""
     return tuple((k, _as_bytes(v)) for k, v in header_pairs(headers))
+
+
+def native_column(headers: list) -> tuple[bytes, array.array]:
+    """Each record's Kafka headers (``()`` for none) as a binary column of native encoded
+    headers (``encode_record_headers(to_native(h))``): (data, int32 offsets). In C where
+    it is built; the Python twin for what C leaves to it (headers over MAX_HEADERS_BYTES:
+    MessageTooLarge)."""
+    got = None if _c is None else _c.headers_column(headers, MAX_HEADERS_BYTES)
+    if got is None:
+        return native_column_py(headers)
+    offsets = array.array("i")
+    offsets.frombytes(got[1])
+    return got[0], offsets
+
+
+def native_column_py(headers: list) -> tuple[bytes, array.array]:
+    """``native_column`` in Python."""
+    items = [encode_record_headers(to_native(h)) if h else b"" for h in headers]
+    return b"".join(items), array.array("i", itertools.accumulate(map(len, items), initial=0))

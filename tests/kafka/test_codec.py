@@ -6,7 +6,7 @@ import io
 import struct
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.request_header.v2.header import RequestHeader
@@ -15,6 +15,7 @@ from kio.serial import entity_writer
 from shmq.kafka import ErrorCode, FrameDecoder, KafkaProtocolError, frame, parse_request
 from shmq.kafka.compression import CODECS, compress, decompress
 from shmq.kafka.headers import to_kafka, to_native
+from shmq.model.headers import encode_record_headers
 from shmq.kafka import records as records_module
 from shmq.kafka.records import Record, decode_batches, encode_batch
 from shmq.kafka.sasl import parse_plain
@@ -349,3 +350,42 @@ def test_the_c_records_twin_refuses_what_is_not_records(bad):
     (or OverflowError), never a crash or a batch."""
     with pytest.raises((TypeError, AttributeError, OverflowError)):
         records_module._c.encode_records(bad, -1 if bad and type(bad[0]) is Record and bad[0].offset else 0, 0)
+
+
+def _native_column(column, headers):
+    """``column``'s (data, offsets), or the type of what it raised."""
+    try:
+        data, offsets = column(headers)
+        return data, offsets.tolist()
+    except Exception as e:  # noqa: BLE001 - the twins must fail alike
+        return type(e)
+
+
+_HEADER_VALUE = st.one_of(st.none(), st.binary(max_size=40),
+                          st.sampled_from([255, 256, 65535, 65536, 70000]).map(lambda n: b"v" * n))
+_HEADER_KEY = st.one_of(st.text(max_size=6), st.sampled_from(["k", "a"]), st.sampled_from([31, 32, 255, 256, 300])
+                        .map(lambda n: "é" * (n // 2) + "x" * (n % 2)))
+
+
+@_needs_c
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.just(()), st.lists(st.tuples(_HEADER_KEY, _HEADER_VALUE), min_size=1, max_size=20)
+                          .map(tuple)), min_size=1, max_size=12))
+@example([tuple((f"k{i}", b"v") for i in range(20)), (), tuple((f"k{i % 3}", b"v") for i in range(18))])  # 16 on
+def test_the_c_headers_column_is_the_python_ones(headers):
+    """A Produce's headers as the native column (map or array form, repeated keys, null
+    values, str8/16 keys, bin8/16/32 values, 16 headers and more, over the 64 KiB limit):
+    C's bytes and offsets, or the Python twin's error where C leaves it to Python."""
+    from shmq.kafka.headers import native_column, native_column_py
+
+    got = _native_column(native_column, headers)
+    assert got == _native_column(native_column_py, headers)
+    if type(got) is tuple:
+        assert records_module._c.headers_column(headers, 2**16) is not None or any(
+            len(encode_record_headers(to_native(h))) > 2**16 for h in headers if h)
+
+
+@_needs_c
+@pytest.mark.parametrize("bad", [[None], [(("k", "str value"),)], [((b"k", b"v"),)], [(("k", b"v", 1),)], [[]]])
+def test_the_c_headers_column_leaves_what_is_not_kafka_headers_to_python(bad):
+    assert records_module._c.headers_column(bad, 2**16) is None

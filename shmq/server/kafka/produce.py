@@ -29,12 +29,11 @@ import logging
 import time
 from collections import OrderedDict, deque
 
-from ...model.headers import encode_record_headers
 from ...engine.shm.waits import serving
 from ...errors import ShmqError, StreamNotFound
 from ...kafka import ErrorCode, KafkaProtocolError
 from ...kafka.codes import code_of
-from ...kafka.headers import to_native
+from ...kafka.headers import native_column
 from ...kafka.messages import response_class
 from ...kafka.records import CONTROL, NO_PRODUCER, TRANSACTIONAL, decode_batches
 from ...kafka import build
@@ -260,7 +259,7 @@ def columns(batches) -> tuple[tuple, list]:
         kdata, koffs, kvalid = _binary(keys)
     hoffs = hdata = None
     if headers.count(()) < n:
-        hdata, hoffs, _ = _binary([encode_record_headers(to_native(h)) if h else b"" for h in headers])
+        hdata, hoffs = native_column(headers)
     if min(ms) < 0:
         now = time.time_ns() // 1_000_000
         ms = [now if t < 0 else t for t in ms]
