@@ -36,6 +36,9 @@ READ_COMMITTED = 1  # a Fetch's isolation level: records of committed transactio
 FETCH_MSG_TYPE = 1  # what the waiters' lines call a Kafka Fetch (for their logs only)
 
 
+_record = tuple.__new__  # a Record made without its __new__'s Python frame (a third of the cost)
+
+
 def _read(s, p, offset, stop, budget, first):
     """(records, bytes) of partition ``p`` from ``offset`` up to ``stop`` within
     ``budget`` bytes of values, keys and headers (the first record of the response
@@ -54,8 +57,7 @@ def _read(s, p, offset, stop, budget, first):
                 return out, used
             used += size
             headers = to_kafka(decode_headers(hraw)) if hraw else ()
-            out.append(Record(off, ts // 1_000_000, None if key is None else bytes(key),
-                              None if value is None else bytes(value), headers))
+            out.append(_record(Record, (off, ts // 1_000_000, key, value, headers)))  # (rows hold bytes)
         offset = rows[-1][0] + 1
         if len(rows) < CHUNK:
             return out, used
