@@ -11,6 +11,12 @@
  * are unique and no value is null, else an array of [key, value] pairs. None where any
  * record's would pass `most` bytes or holds something else: the Python twin says why.
  *
+ * kafka_headers(raw) -> tuple or None: a native record's encoded headers (msgpack: a map of str
+ * to values, or an array of [str, value] pairs) as Kafka's (str, bytes or None) pairs, in
+ * order, as headers.py's to_kafka(decode_headers(raw)) makes them, where every value is
+ * null, bin or str; None for anything else (an int, float or bool value, repeated map keys,
+ * bytes that are not one such map or array): the Python twin then says what it is.
+ *
  * decode_records(buf, count, base_ts) -> (timestamps, offset deltas, keys, values, headers),
  * five lists of one entry per record, equal to the Python twin's for every input: a key or
  * value is bytes or None, headers () or a tuple of (str, bytes or None) pairs. Anything
@@ -529,7 +535,141 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ native headers, read */
+/* a msgpack length of the kind whose codes are given (fix: its mask and its fix code's
+ * range), at c->pos before end; -1: not one */
+static Py_ssize_t get_len(Cursor *c, Py_ssize_t end, unsigned char fixlo, unsigned char fixhi, int c8, int c16,
+                          int c32) {
+    if (c->pos >= end)
+        return -1;
+    unsigned char t = c->b[c->pos];
+    const unsigned char *p = c->b + c->pos + 1;
+    if (t >= fixlo && t <= fixhi) {
+        c->pos += 1;
+        return t - fixlo;
+    }
+    if (c8 >= 0 && t == c8 && end - c->pos >= 2) {
+        c->pos += 2;
+        return p[0];
+    }
+    if (t == c16 && end - c->pos >= 3) {
+        c->pos += 3;
+        return (Py_ssize_t)p[0] << 8 | p[1];
+    }
+    if (t == c32 && end - c->pos >= 5) {
+        c->pos += 5;
+        return (Py_ssize_t)((uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]);
+    }
+    return -1;
+}
+
+/* a str at c->pos: a new str, or NULL with nothing set (not a good str) */
+static PyObject *get_str(Cursor *c, Py_ssize_t end) {
+    Py_ssize_t n = get_len(c, end, 0xa0, 0xbf, 0xd9, 0xda, 0xdb);
+    if (n < 0 || n > end - c->pos)
+        return NULL;
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)c->b + c->pos, n, "strict");
+    if (!s) {
+        PyErr_Clear();
+        return NULL;
+    }
+    c->pos += n;
+    return s;
+}
+
+/* a value at c->pos as Kafka's: None, bytes (bin as is, str as its UTF-8); NULL with nothing
+ * set for any other value */
+static PyObject *get_value(Cursor *c, Py_ssize_t end) {
+    if (c->pos >= end)
+        return NULL;
+    if (c->b[c->pos] == 0xc0) {
+        c->pos++;
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t at = c->pos;
+    Py_ssize_t n = get_len(c, end, 1, 0, 0xc4, 0xc5, 0xc6); /* (no fix form for bin) */
+    if (n >= 0) {
+        if (n > end - c->pos)
+            return NULL;
+        PyObject *b = PyBytes_FromStringAndSize((const char *)c->b + c->pos, n);
+        c->pos += n;
+        return b;
+    }
+    c->pos = at;
+    PyObject *s = get_str(c, end);
+    if (!s)
+        return NULL;
+    Py_ssize_t sn;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &sn);
+    PyObject *b = u ? PyBytes_FromStringAndSize(u, sn) : NULL;
+    Py_DECREF(s);
+    if (!b)
+        PyErr_Clear();
+    return b;
+}
+
+static PyObject *kafka_headers(PyObject *self, PyObject *arg) {
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "kafka_headers(raw: bytes)");
+        return NULL;
+    }
+    Py_ssize_t end = PyBytes_GET_SIZE(arg);
+    Cursor c = {(const unsigned char *)PyBytes_AS_STRING(arg), 0};
+    if (!end)
+        return PyTuple_New(0);
+    int as_map = 1;
+    Py_ssize_t nh = get_len(&c, end, 0x80, 0x8f, -1, 0xde, 0xdf);
+    if (nh < 0) {
+        as_map = 0;
+        nh = get_len(&c, end, 0x90, 0x9f, -1, 0xdc, 0xdd);
+    }
+    if (nh < 0 || nh > end - c.pos) /* (a pair takes 2 bytes at least: no tuple sized by a lie) */
+        Py_RETURN_NONE;
+    PyObject *out = PyTuple_New(nh), *keys = NULL;
+    if (!out)
+        return NULL;
+    if (as_map && nh > 1 && !(keys = PySet_New(NULL)))
+        goto fail;
+    for (Py_ssize_t i = 0; i < nh; i++) {
+        if (!as_map && get_len(&c, end, 0x90, 0x9f, -1, 0xdc, 0xdd) != 2)
+            goto other;
+        PyObject *k = get_str(&c, end);
+        if (!k)
+            goto other;
+        if (keys && (PySet_Contains(keys, k) != 0 || PySet_Add(keys, k) < 0)) {
+            Py_DECREF(k);
+            PyErr_Clear();
+            goto other; /* (a key twice in a map: msgpack's dict keeps one) */
+        }
+        PyObject *v = get_value(&c, end);
+        if (!v) {
+            Py_DECREF(k);
+            goto other;
+        }
+        PyObject *pair = PyTuple_Pack(2, k, v);
+        Py_DECREF(k);
+        Py_DECREF(v);
+        if (!pair)
+            goto fail;
+        PyTuple_SET_ITEM(out, i, pair);
+    }
+    if (c.pos != end)
+        goto other;
+    Py_XDECREF(keys);
+    return out;
+other:
+    Py_XDECREF(keys);
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(keys);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"kafka_headers", (PyCFunction)kafka_headers, METH_O,
+     "kafka_headers(raw) -> a native record's headers as Kafka's pairs, or None (the Python twin's)"},
     {"headers_column", (PyCFunction)(void (*)(void))headers_column, METH_FASTCALL,
      "headers_column(headers, most) -> (data, int32 offsets) of native record headers, or None"},
     {"encode_records", (PyCFunction)(void (*)(void))encode_records, METH_FASTCALL,

@@ -8,16 +8,17 @@ and no value is null, else the list of pairs (``from_pairs``, the one rule). Nat
 Kafka writes every pair in order: bytes as they are, None as null, str as UTF-8, bool as
 ``true`` / ``false``, int and float in decimal (``repr``). Kafka's headers thus come back
 as they went. A Produce's headers become their column in C (``_records.headers_column``)
-where it is built, else by ``native_column_py``, its twin.
+where it is built, else by ``native_column_py``, its twin; a Fetch's stored headers become
+Kafka's in C (``_records.kafka_headers``) where their values are null, bytes or str.
 """
 
 import array
 import itertools
 
-from ..model.headers import MAX_HEADERS_BYTES, encode_record_headers, from_pairs, header_pairs
+from ..model.headers import MAX_HEADERS_BYTES, decode_headers, encode_record_headers, from_pairs, header_pairs
 from .records import _c
 
-__all__ = ["to_native", "to_kafka", "native_column"]
+__all__ = ["to_native", "to_kafka", "native_column", "stored_to_kafka"]
 
 
 def to_native(headers) -> dict | list | None:
@@ -60,3 +61,11 @@ def native_column_py(headers: list) -> tuple[bytes, array.array]:
     """``native_column`` in Python."""
     items = [encode_record_headers(to_native(h)) if h else b"" for h in headers]
     return b"".join(items), array.array("i", itertools.accumulate(map(len, items), initial=0))
+
+
+def stored_to_kafka(raw: bytes) -> tuple:
+    """A stored record's encoded headers (non-empty) as Kafka's pairs:
+    ``to_kafka(decode_headers(raw))``, in C where it is built and every value is null,
+    bytes or str."""
+    got = None if _c is None or type(raw) is not bytes else _c.kafka_headers(raw)
+    return to_kafka(decode_headers(raw)) if got is None else got

@@ -5,6 +5,7 @@ import gzip
 import io
 import struct
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -15,7 +16,7 @@ from kio.serial import entity_writer
 from shmq.kafka import ErrorCode, FrameDecoder, KafkaProtocolError, frame, parse_request
 from shmq.kafka.compression import CODECS, compress, decompress
 from shmq.kafka.headers import to_kafka, to_native
-from shmq.model.headers import encode_record_headers
+from shmq.model.headers import decode_headers, encode_record_headers, header_pairs
 from shmq.kafka import records as records_module
 from shmq.kafka.records import Record, decode_batches, encode_batch
 from shmq.kafka.sasl import parse_plain
@@ -389,3 +390,47 @@ def test_the_c_headers_column_is_the_python_ones(headers):
 @pytest.mark.parametrize("bad", [[None], [(("k", "str value"),)], [((b"k", b"v"),)], [(("k", b"v", 1),)], [[]]])
 def test_the_c_headers_column_leaves_what_is_not_kafka_headers_to_python(bad):
     assert records_module._c.headers_column(bad, 2**16) is None
+
+
+def _stored_as_kafka(raw):
+    """What the Python twin makes of stored headers ``raw``, or the type of what it raised."""
+    try:
+        return to_kafka(decode_headers(raw))
+    except Exception as e:  # noqa: BLE001 - the C twin must then leave it to Python
+        return type(e)
+
+
+_NATIVE_VALUE = st.one_of(st.none(), st.binary(max_size=20), st.text(max_size=20), st.integers(-2**63, 2**63),
+                          st.booleans(), st.floats(allow_nan=False),
+                          st.sampled_from([300, 5000]).map(lambda n: b"v" * n))  # (stored: 64 KiB in all)
+
+
+@_needs_c
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(
+    st.dictionaries(_HEADER_KEY, _NATIVE_VALUE.filter(lambda v: v is not None), min_size=1, max_size=20)
+    .map(lambda h: (encode_record_headers(h), True)),
+    st.lists(st.tuples(_HEADER_KEY, _NATIVE_VALUE), min_size=1, max_size=20)
+    .map(lambda h: (encode_record_headers(h), True)),
+    st.binary(min_size=1, max_size=60).map(lambda b: (b, False)),
+    st.tuples(st.lists(st.tuples(_HEADER_KEY, st.none() | st.binary(max_size=9)), min_size=1, max_size=5)
+              .map(encode_record_headers), st.lists(st.tuples(st.integers(0, 99), st.integers(0, 255)), max_size=3))
+    .map(lambda t: (_mutate(t[0], t[1]), False))))
+@example((bytes([0x82, 0xa1, 0x6b, 0xc4, 1, 0x31, 0xa1, 0x6b, 0xc4, 1, 0x32]), False))  # a key twice in a map
+@example((bytes([0x91, 0x92, 0xa1, 0x6b, 0xc0]) + b"\0", False))  # bytes after the headers
+@example((msgpack.packb({"k": b"v" * 70000, "s": "x" * 70000}, use_bin_type=True), False))  # bin32, str32
+def test_the_c_stored_headers_twin_reads_what_the_python_one_reads(case):
+    """Stored headers (maps, pair lists with nulls and repeated keys, values of every native
+    type, random and mutated bytes) as Kafka's pairs: C's equal the Python twin's, or C
+    leaves them to it (ints, floats and bools are written by ``repr``; anything it would
+    refuse). Headers a native append stored whose values are null, bytes or str, C reads."""
+    from shmq.kafka.headers import stored_to_kafka
+
+    raw, stored = case
+    c = records_module._c.kafka_headers(raw)
+    want = _stored_as_kafka(raw)
+    if c is not None:
+        assert c == want
+    assert _stored_as_kafka(raw) == (stored_to_kafka(raw) if type(want) is tuple else want)
+    if stored and all(v is None or type(v) in (bytes, str) for _k, v in header_pairs(decode_headers(raw))):
+        assert c is not None  # (what C reads, it reads itself)

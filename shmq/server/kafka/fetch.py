@@ -11,7 +11,7 @@ sent, where the listener kept them and the topic's configs allow (``batches.serv
 else encoded from the stream, in the topic's compression.type (uncompressed for
 "producer"); a record's timestamp is its stored one in ms (a Kafka producer's, or the
 time a native append made it); a tombstone's value is null, and headers go out as stored,
-every one in order (``kafka.headers.to_kafka``).
+every one in order (``kafka.headers.stored_to_kafka``).
 """
 
 import asyncio
@@ -19,12 +19,11 @@ import asyncio
 from ...errors import OffsetOutOfRange, ShmqError
 from ...kafka import ErrorCode
 from ...kafka.codes import code_of
-from ...kafka.headers import to_kafka
+from ...kafka.headers import stored_to_kafka
 from ...kafka.messages import response_class
 from ...kafka.compression import NONE
 from ...kafka.records import CONTROL, LOG_APPEND_TIME, TRANSACTIONAL, Record, encode_batch, last_offset
 from ...kafka import build
-from ...model.headers import decode_headers
 from ..waiters import Waiter
 from .batches import served_codec, servable
 from ..transactions.index import DATA
@@ -56,7 +55,7 @@ def _read(s, p, offset, stop, budget, first):
             if used + size > budget and not (first and not out):
                 return out, used
             used += size
-            headers = to_kafka(decode_headers(hraw)) if hraw else ()
+            headers = stored_to_kafka(hraw) if hraw else ()
             out.append(_record(Record, (off, ts // 1_000_000, key, value, headers)))  # (rows hold bytes)
         offset = rows[-1][0] + 1
         if len(rows) < CHUNK:
