@@ -135,7 +135,9 @@ def test_a_lapsed_lease_wakes_a_waiting_tcp_get_when_it_lapses(srv, broker):
         got = rq.get(timeout=5)
         lapsed = time.monotonic() - leased
     assert got.body == b"x" and got.attempt == 2
-    assert 0.2 <= lapsed < 0.2 + 0.03, lapsed
+    # a lapse nothing rings for is found by the line's next look, up to a doze slice (0.5 s)
+    # later; 0.1 s leaves a busy 2-core VM's scheduler room (it took 0.23 s once after the -n 2 run)
+    assert 0.2 <= lapsed < 0.2 + 0.1, lapsed
 
 
 def test_a_local_rebalance_wakes_a_waiting_tcp_poll(srv, broker):

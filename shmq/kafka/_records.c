@@ -1,5 +1,6 @@
-/* Kafka record batches' records in C: the twins of records.py's _decode_records_py and
- * _encode_records_py.
+/* Kafka record batches' records in C, each function the twin of a Python one that stays as
+ * the fallback (records.py's _decode_records_py and _encode_records_py, headers.py's
+ * native_column_py and to_kafka(decode_headers(...))), held equal by tests/kafka/test_codec.py.
  *
  * encode_records(records, base_offset, base_ts) -> bytes: the records part of a batch
  * (uncompressed) of `records`, Record values (offset, timestamp, key, value, headers),
@@ -30,6 +31,7 @@
 #include <stdint.h>
 #include <string.h>
 
+/* ------------------------------------------------------------------ decoding */
 typedef __int128 i128;
 
 typedef struct {
