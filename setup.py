@@ -1,5 +1,5 @@
-"""Builds the optional C hot paths (shmq/engine/_fast.c, shmq/kafka/_records.c); the metadata is in
-pyproject.toml.
+"""Builds the optional C hot paths (shmq/engine/_fast.c, the server's plain requests shmq/server/_plain.c,
+shmq/kafka/_records.c); the metadata is in pyproject.toml.
 
 ``optional=True``: where it cannot be compiled, shmq installs without it and runs its
 pure-Python paths (``shmq.engine.queues.queue.FAST`` says which).
@@ -7,7 +7,10 @@ pure-Python paths (``shmq.engine.queues.queue.FAST`` says which).
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("shmq.engine._fast", ["shmq/engine/_fast.c"], depends=["shmq/engine/_layout.h"],
+setup(ext_modules=[Extension("shmq.engine._fast", ["shmq/engine/_fast.c"], depends=["shmq/engine/_layout.h", "shmq/engine/_fast_api.h"],
                              optional=True, extra_compile_args=["-O2"]),
+                   Extension("shmq.server._plain", ["shmq/server/_plain.c"],
+                             depends=["shmq/engine/_fast_api.h", "shmq/protocol/_wire.h"], optional=True,
+                             extra_compile_args=["-O2"]),
                    Extension("shmq.kafka._records", ["shmq/kafka/_records.c"], optional=True,
                              extra_compile_args=["-O2"])])

@@ -110,9 +110,11 @@ def _private_uses(path):
         if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
             if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 found.append((node.lineno, ast.unparse(node)))
-        elif isinstance(node, ast.ImportFrom):
+        elif isinstance(node, ast.ImportFrom):  # (the folder's own C extension, ``from . import _x`` of _x.c, is its own)
+            own = node.level == 1 and not node.module
             found += [(node.lineno, f"from {'.' * node.level}{node.module or ''} import {a.name}") for a in node.names
-                      if a.name.startswith("_") and not a.name.startswith("__")]
+                      if a.name.startswith("_") and not a.name.startswith("__")
+                      and not (own and (path.parent / f"{a.name}.c").exists())]
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr")
               and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
               and str(node.args[1].value).startswith("_")):

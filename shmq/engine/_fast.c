@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "_layout.h" /* generated from layout.py; tests/test_layout.py fails while it is stale */
+#include "_fast_api.h" /* these paths as C calls for the other extensions (the capsule _C_API) */
 
 #define WAL_MAX_PAYLOAD 4096 /* larger entries take the Python path (zlib's faster CRC) */
 
@@ -165,14 +166,14 @@ static inline void unregister_sleeper(char *seg, uint64_t slot, int wi, int pi, 
 
 /* Commit one written record by storing the tail (lock held; released here): msg_id << 1 |
  * 1 if a sleeping consumer is owed a post, as put and publish return it. */
-static PyObject *publish_one(char *seg, uint64_t tail, uint64_t msg_id) {
+static uint64_t publish_one(char *seg, uint64_t tail, uint64_t msg_id) {
     uint64_t *h = HOT(seg);
     __atomic_store_n(&h[H_TAIL], tail, __ATOMIC_RELEASE); /* commit */
     h[H_NEXT_ID] = msg_id + ID_STEP(seg);
     h[H_READY] += 1;
     uint64_t post = owe_consumers(h, 1);
     unlock(seg);
-    return PyLong_FromUnsignedLongLong(msg_id << 1 | post);
+    return msg_id << 1 | post;
 }
 
 /* ---- write-ahead log entries (docs/FORMAT.md): head "WAL"+op, hdr_len, body_len, attempt,
@@ -247,6 +248,70 @@ static int parse_u64s(PyObject *const *args, Py_ssize_t n, uint64_t *out) {
     return 0;
 }
 
+/* The put (fast_put's work, the body and headers as pointers): msg_id << 1 | 1 if a consumer
+ * must be woken, or R_*; R_OSERROR with errno set when the log's write failed. */
+static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body, uint64_t bl, const char *hraw,
+                        uint64_t hl, uint64_t enq, long wal_fd, uint64_t wal_gen, uint64_t wait) {
+    uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
+    unsigned char *entry = NULL;
+    if (wal_fd >= 0) {
+        if (hl + bl > WAL_MAX_PAYLOAD) return R_FALLBACK;
+        entry = PyMem_Malloc(LOG_HEAD + hl + bl + 4);
+        if (!entry) return R_FALLBACK; /* (the Python path raises the MemoryError) */
+        memcpy(entry + LOG_HEAD, hraw, hl);
+        memcpy(entry + LOG_HEAD + hl, body, bl);
+    }
+
+    int rc = lock(seg);
+    if (rc) {
+        PyMem_Free(entry);
+        return rc;
+    }
+    uint64_t *h = HOT(seg);
+    if (wait >> 1 & 3) unregister_sleeper(seg, wait >> 3, H_PWAIT, H_PPOSTED, P_PWAIT, (int)(wait >> 1 & 3));
+    uint64_t tail = h[H_TAIL], off = tail % cap;
+    if (h[H_DELETED] || size > cap - off || (entry && !wal_usable(seg, wal_gen))) {
+        unlock(seg); /* a pad to place first, a log the caller's descriptor is not for: the Python put */
+        PyMem_Free(entry);
+        return R_FALLBACK;
+    }
+    if (tail + size - h[H_HEAD] > cap) { /* no room now: the caller waits for some (R_FULL, R_SLEEP) */
+        if (wait & W_REGISTER) register_sleeper(seg, wait >> 3, H_PWAIT, P_PWAIT);
+        unlock(seg);
+        PyMem_Free(entry);
+        return wait & W_REGISTER ? R_SLEEP : R_FULL;
+    }
+    if (tail + size > h[H_ROOM] || new_lap_due(h[H_HEAD], tail, cap)) {
+        unlock(seg); /* a new lap, or memory to allocate first: the Python put */
+        PyMem_Free(entry);
+        return R_FALLBACK;
+    }
+    char *a = seg + base + off;
+    uint64_t msg_id = h[H_NEXT_ID];
+    if (entry) { /* logged before the commit below */
+        size_t n = log_entry(entry, LOG_PUT, hl, bl, 0, msg_id, enq);
+        if (wal_write(seg, (int)wal_fd, entry, n) < 0) {
+            int err = errno;
+            unlock(seg);
+            PyMem_Free(entry);
+            errno = err;
+            return R_OSERROR;
+        }
+        PyMem_Free(entry);
+    }
+    U64(a + REC_STATUS) = ST_READY;
+    U32(a + REC_LENGTH) = (uint32_t)size;
+    U32(a + REC_BODY_LEN) = (uint32_t)bl;
+    U32(a + REC_HDR_LEN) = (uint32_t)hl;
+    U32(a + REC_FLAGS) = 0;
+    U64(a + REC_MSG_ID) = msg_id;
+    U64(a + REC_ENQ_NS) = enq;
+    U64(a + REC_DEADLINE) = 0;
+    if (hl) memcpy(a + REC_SIZE, hraw, hl);
+    memcpy(a + REC_SIZE + hl, body, bl);
+    return (int64_t)publish_one(seg, tail + size, msg_id);
+}
+
 /* put(seg, base, cap, body, hraw, enq_ns, wal_fd, wal_gen[, wait])
  *   -> msg_id << 1 | (1 if a consumer must be woken), or R_*: R_FULL when there is no room
  *   now (R_SLEEP: and the caller counted as a producer waiting for room; ``wait``: W_REGISTER)
@@ -266,78 +331,18 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (!PyBytes_CheckExact(args[3]) || !PyBytes_CheckExact(args[4])) return PyLong_FromLong(R_FALLBACK);
     enq = PyLong_AsUnsignedLongLong(args[5]);
     if (enq == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    char *seg = (char *)(uintptr_t)v[0];
-    uint64_t base = v[1], cap = v[2];
-    const char *body = PyBytes_AS_STRING(args[3]), *hraw = PyBytes_AS_STRING(args[4]);
-    uint64_t bl = (uint64_t)PyBytes_GET_SIZE(args[3]), hl = (uint64_t)PyBytes_GET_SIZE(args[4]);
-    uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
-    unsigned char *entry = NULL;
-    if (wal_fd >= 0) {
-        if (hl + bl > WAL_MAX_PAYLOAD) return PyLong_FromLong(R_FALLBACK);
-        entry = PyMem_Malloc(LOG_HEAD + hl + bl + 4);
-        if (!entry) return PyErr_NoMemory();
-        memcpy(entry + LOG_HEAD, hraw, hl);
-        memcpy(entry + LOG_HEAD + hl, body, bl);
-    }
-
-    int rc = lock(seg);
-    if (rc) {
-        PyMem_Free(entry);
-        return PyLong_FromLong(rc);
-    }
-    uint64_t *h = HOT(seg);
-    if (wait >> 1 & 3) unregister_sleeper(seg, wait >> 3, H_PWAIT, H_PPOSTED, P_PWAIT, (int)(wait >> 1 & 3));
-    uint64_t tail = h[H_TAIL], off = tail % cap;
-    if (h[H_DELETED] || size > cap - off || (entry && !wal_usable(seg, wal_gen))) {
-        unlock(seg); /* a pad to place first, a log the caller's descriptor is not for: the Python put */
-        PyMem_Free(entry);
-        return PyLong_FromLong(R_FALLBACK);
-    }
-    if (tail + size - h[H_HEAD] > cap) { /* no room now: the caller waits for some (R_FULL, R_SLEEP) */
-        if (wait & W_REGISTER) register_sleeper(seg, wait >> 3, H_PWAIT, P_PWAIT);
-        unlock(seg);
-        PyMem_Free(entry);
-        return PyLong_FromLong(wait & W_REGISTER ? R_SLEEP : R_FULL);
-    }
-    if (tail + size > h[H_ROOM] || new_lap_due(h[H_HEAD], tail, cap)) {
-        unlock(seg); /* a new lap, or memory to allocate first: the Python put */
-        PyMem_Free(entry);
-        return PyLong_FromLong(R_FALLBACK);
-    }
-    char *a = seg + base + off;
-    uint64_t msg_id = h[H_NEXT_ID];
-    if (entry) { /* logged before the commit below */
-        size_t n = log_entry(entry, LOG_PUT, hl, bl, 0, msg_id, enq);
-        if (wal_write(seg, (int)wal_fd, entry, n) < 0) {
-            int err = errno;
-            unlock(seg);
-            PyMem_Free(entry);
-            errno = err;
-            return PyErr_SetFromErrno(PyExc_OSError);
-        }
-        PyMem_Free(entry);
-    }
-    U64(a + REC_STATUS) = ST_READY;
-    U32(a + REC_LENGTH) = (uint32_t)size;
-    U32(a + REC_BODY_LEN) = (uint32_t)bl;
-    U32(a + REC_HDR_LEN) = (uint32_t)hl;
-    U32(a + REC_FLAGS) = 0;
-    U64(a + REC_MSG_ID) = msg_id;
-    U64(a + REC_ENQ_NS) = enq;
-    U64(a + REC_DEADLINE) = 0;
-    if (hl) memcpy(a + REC_SIZE, hraw, hl);
-    memcpy(a + REC_SIZE + hl, body, bl);
-    return publish_one(seg, tail + size, msg_id);
+    int64_t r = put_core((char *)(uintptr_t)v[0], v[1], v[2], PyBytes_AS_STRING(args[3]),
+                         (uint64_t)PyBytes_GET_SIZE(args[3]), PyBytes_AS_STRING(args[4]),
+                         (uint64_t)PyBytes_GET_SIZE(args[4]), enq, wal_fd, wal_gen, wait);
+    if (r == R_OSERROR) return PyErr_SetFromErrno(PyExc_OSError);
+    return r < 0 ? PyLong_FromLong((long)r) : PyLong_FromUnsignedLongLong((uint64_t)r);
 }
 
 /* ---- deliveries: DeliveryBase holds a delivery's fields (the Python Delivery subclasses it
  * with its methods and properties), so a take builds the object itself: no tuple, no Python
  * __init__. Its members are the slots the pure-Python twin has (delivery.py); unset ones raise
  * AttributeError, as unset slots do, except _ext and _raw, which read None until set. */
-typedef struct {
-    PyObject_HEAD
-    PyObject *id, *body, *attempt, *q, *pos, *hraw, *enq, *ext, *raw;
-} DeliveryBase;
+typedef ShmqDeliveryFields DeliveryBase; /* (_fast_api.h: the other extensions read its fields too) */
 
 static PyTypeObject *delivery_class; /* the Python Delivery (set_delivery_class), a subclass */
 
@@ -616,6 +621,10 @@ static inline PyObject *take_locked(PyObject *q, char *seg, uint64_t base, uint6
  *   the first message is always taken). mode and wait as take's; with M_AUTOACK: ([...], 1 if a
  *   producer must be woken). Leased records become Deliveries after the unlock (their bytes
  *   are ours until settled), auto-acked ones before their commit. */
+static PyObject *take_many_core(PyObject *q, char *seg, uint64_t base, uint64_t cap, uint64_t slot,
+                                uint64_t vis_ns, uint64_t maxdel, uint64_t now, uint64_t maxn, uint64_t budget,
+                                int mode, PyObject *ring, int wait);
+
 static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[11] = {0};
     if ((nargs != 12 && nargs != 13) || !delivery_class) {
@@ -623,11 +632,14 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     if (parse_u64s(args + 1, 10, v) < 0 || (nargs == 13 && parse_u64s(args + 12, 1, v + 10) < 0)) return NULL;
-    PyObject *q = args[0], *ring = args[11];
-    char *seg = (char *)(uintptr_t)v[0];
-    uint64_t base = v[1], cap = v[2], slot = v[3], vis_ns = v[4], maxdel = v[5], now = v[6], maxn = v[7],
-             budget = v[8];
-    int mode = (int)v[9];
+    return take_many_core(args[0], (char *)(uintptr_t)v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8],
+                          (int)v[9], args[11], (int)v[10]);
+}
+
+/* take_many's work (the arguments as C values; ``ring`` may be NULL without M_VIEW) */
+static PyObject *take_many_core(PyObject *q, char *seg, uint64_t base, uint64_t cap, uint64_t slot,
+                                uint64_t vis_ns, uint64_t maxdel, uint64_t now, uint64_t maxn, uint64_t budget,
+                                int mode, PyObject *ring, int wait) {
     if (maxn < 1) maxn = 1;
     int autoack = mode & M_AUTOACK;
     PyObject *out = PyList_New(0);
@@ -641,7 +653,7 @@ static PyObject *fast_take_many(PyObject *self, PyObject *const *args, Py_ssize_
         }
         if (maxn > 4096) maxn = 4096;
     }
-    int rc = take_prologue(seg, slot, now, (int)v[10]);
+    int rc = take_prologue(seg, slot, now, wait);
     if (rc) {
         Py_DECREF(out);
         PyMem_Free(taken_at);
@@ -768,30 +780,14 @@ static uint64_t *settle_args(PyObject *const *args, Py_ssize_t nargs, const char
 /* ack_many(seg, base, cap, [pos, attempt, msg_id, ...], now, slot)
  *   -> (acked, 1 if a producer must be woken else 0, [indices of those no longer leased]), or R_*:
  *   the plain ack repeated under one lock hold, for a queue with no log (the Python path logs) */
-static PyObject *fast_ack_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[4], now;
-    Py_ssize_t k;
-    uint64_t *d = settle_args(args, nargs, "ack_many", v, &now, &k);
-    if (!d) return NULL;
-    char *seg = (char *)(uintptr_t)v[0];
-    uint64_t base = v[1], cap = v[2], slot = v[3];
-    Py_ssize_t *bad = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(k ? k : 1));
-    if (!bad) {
-        PyMem_Free(d);
-        return PyErr_NoMemory();
-    }
+static int ack_many_core(char *seg, uint64_t base, uint64_t cap, const uint64_t *d, Py_ssize_t k, uint64_t now,
+                         uint64_t slot, uint64_t *acked, int *post_out, Py_ssize_t *bad, Py_ssize_t *nbad_out) {
     int rc = lock(seg);
-    if (rc) {
-        PyMem_Free(d);
-        PyMem_Free(bad);
-        return PyLong_FromLong(rc);
-    }
+    if (rc) return rc;
     uint64_t *h = HOT(seg);
     if (h[H_DELETED]) {
         unlock(seg);
-        PyMem_Free(d);
-        PyMem_Free(bad);
-        return PyLong_FromLong(R_DELETED);
+        return R_DELETED;
     }
     uint64_t head = h[H_HEAD], tail = h[H_TAIL], done = 0;
     Py_ssize_t nbad = 0;
@@ -816,7 +812,29 @@ static PyObject *fast_ack_many(PyObject *self, PyObject *const *args, Py_ssize_t
         post = owe_producer(h);
     }
     unlock(seg);
+    *acked = done;
+    *post_out = post;
+    *nbad_out = nbad;
+    return 0;
+}
+
+static PyObject *fast_ack_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[4], now, done;
+    Py_ssize_t k, nbad;
+    int post;
+    uint64_t *d = settle_args(args, nargs, "ack_many", v, &now, &k);
+    if (!d) return NULL;
+    Py_ssize_t *bad = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(k ? k : 1));
+    if (!bad) {
+        PyMem_Free(d);
+        return PyErr_NoMemory();
+    }
+    int rc = ack_many_core((char *)(uintptr_t)v[0], v[1], v[2], d, k, now, v[3], &done, &post, bad, &nbad);
     PyMem_Free(d);
+    if (rc) {
+        PyMem_Free(bad);
+        return PyLong_FromLong(rc);
+    }
     PyObject *badlist = PyList_New(nbad);
     if (!badlist) {
         PyMem_Free(bad);
@@ -858,6 +876,12 @@ static uint64_t placed(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uin
  *   when there is no room now, as put's. R_FALLBACK, nothing done, for anything else: a body
  *   that is not bytes or is too large, an empty queue placed badly (or a batch larger than
  *   the ring), a deleted queue, an empty batch. No log: the Python append logs. */
+static int put_many_core(char *seg, uint64_t base, uint64_t cap, Py_ssize_t n, const char *const *bodies,
+                         const uint64_t *bls, const char *const *hraws, const uint64_t *hls, uint64_t wait,
+                         uint64_t enq, uint64_t *first_out, uint64_t *posts_out);
+
+#define BATCH_ON_STACK 64 /* a batch up to this many items needs no allocation for its pointers */
+
 static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[3], maxmsg, enq, wait = 0;
     if ((nargs != 7 && nargs != 8) || !PyList_CheckExact(args[3])) {
@@ -867,8 +891,6 @@ static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t
     if (parse_u64s(args, 3, v) < 0 || parse_u64s(args + 5, 1, &maxmsg) < 0 || parse_u64s(args + 6, 1, &enq) < 0 ||
         (nargs == 8 && parse_u64s(args + 7, 1, &wait) < 0))
         return NULL;
-    char *seg = (char *)(uintptr_t)v[0];
-    uint64_t base = v[1], cap = v[2];
     PyObject *bodies = args[3], *hraws = args[4];
     Py_ssize_t n = PyList_GET_SIZE(bodies);
     int one = PyBytes_CheckExact(hraws);
@@ -879,35 +901,65 @@ static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t
         if (!PyBytes_CheckExact(b) || !PyBytes_CheckExact(hr) || (uint64_t)PyBytes_GET_SIZE(b) > maxmsg)
             return PyLong_FromLong(R_FALLBACK);
     }
-    int rc = lock(seg);
+    const char *bp_stack[BATCH_ON_STACK], *hp_stack[BATCH_ON_STACK];
+    uint64_t bl_stack[BATCH_ON_STACK], hl_stack[BATCH_ON_STACK];
+    const char **bp = bp_stack, **hp = hp_stack;
+    uint64_t *bl = bl_stack, *hl = hl_stack;
+    void *heap = NULL;
+    if (n > BATCH_ON_STACK) {
+        heap = PyMem_Malloc((size_t)n * (2 * sizeof(char *) + 2 * sizeof(uint64_t)));
+        if (!heap) return PyErr_NoMemory();
+        bp = (const char **)heap;
+        hp = bp + n;
+        bl = (uint64_t *)(hp + n);
+        hl = bl + n;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(bodies, i), *hr = one ? hraws : PyList_GET_ITEM(hraws, i);
+        bp[i] = PyBytes_AS_STRING(b);
+        bl[i] = (uint64_t)PyBytes_GET_SIZE(b);
+        hp[i] = PyBytes_AS_STRING(hr);
+        hl[i] = (uint64_t)PyBytes_GET_SIZE(hr);
+    }
+    uint64_t first, posts;
+    int rc = put_many_core((char *)(uintptr_t)v[0], v[1], v[2], n, bp, bl, hp, hl, wait, enq, &first, &posts);
+    PyMem_Free(heap);
     if (rc) return PyLong_FromLong(rc);
+    return Py_BuildValue("(KK)", (unsigned long long)first, (unsigned long long)posts);
+}
+
+/* put_many's work: n records (bodies[i] of bls[i] bytes, headers hraws[i] of hls[i]; hraws NULL: none),
+ * checked by the caller (bytes, sizes), appended under one lock hold: 0 with the first msg id and
+ * the consumer posts owed, or R_* */
+static int put_many_core(char *seg, uint64_t base, uint64_t cap, Py_ssize_t n, const char *const *bodies,
+                         const uint64_t *bls, const char *const *hraws, const uint64_t *hls, uint64_t wait,
+                         uint64_t enq, uint64_t *first_out, uint64_t *posts_out) {
+    int rc = lock(seg);
+    if (rc) return rc;
     uint64_t *h = HOT(seg);
     if (wait >> 1 & 3) unregister_sleeper(seg, wait >> 3, H_PWAIT, H_PPOSTED, P_PWAIT, (int)(wait >> 1 & 3));
     uint64_t head = h[H_HEAD], tail = h[H_TAIL], end = tail;
     for (Py_ssize_t i = 0; i < n && end - head <= cap; i++) { /* where the tail would be */
-        PyObject *hr = one ? hraws : PyList_GET_ITEM(hraws, i);
-        uint64_t size = (REC_SIZE + 7 + PyBytes_GET_SIZE(hr) + PyBytes_GET_SIZE(PyList_GET_ITEM(bodies, i))) &
-                        ~(uint64_t)7;
+        uint64_t size = (REC_SIZE + 7 + (hraws ? hls[i] : 0) + bls[i]) & ~(uint64_t)7;
         uint64_t rem = cap - end % cap;
         end += (size > rem ? rem : 0) + size;
     }
     if (h[H_DELETED] || (end - head > cap && head == tail) || new_lap_due(head, tail, cap)) {
         unlock(seg); /* an empty queue placed badly, or due a new lap: Python moves it */
-        return PyLong_FromLong(R_FALLBACK);
+        return R_FALLBACK;
     }
     if (end - head > cap) { /* no room now: the caller waits for some (R_FULL, R_SLEEP), as put's */
         if (wait & W_REGISTER) register_sleeper(seg, wait >> 3, H_PWAIT, P_PWAIT);
         unlock(seg);
-        return PyLong_FromLong(wait & W_REGISTER ? R_SLEEP : R_FULL);
+        return wait & W_REGISTER ? R_SLEEP : R_FULL;
     }
     if (end > h[H_ROOM]) { /* memory to allocate first: the Python append */
         unlock(seg);
-        return PyLong_FromLong(R_FALLBACK);
+        return R_FALLBACK;
     }
     uint64_t pos = tail, first = h[H_NEXT_ID], id = first, step = ID_STEP(seg);
     for (Py_ssize_t i = 0; i < n; i++, id += step) { /* the records past the tail, then one commit */
-        PyObject *b = PyList_GET_ITEM(bodies, i), *hr = one ? hraws : PyList_GET_ITEM(hraws, i);
-        uint64_t bl = (uint64_t)PyBytes_GET_SIZE(b), hl = (uint64_t)PyBytes_GET_SIZE(hr);
+        uint64_t bl = bls[i], hl = hraws ? hls[i] : 0;
         uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
         pos = placed(seg, base, cap, pos, size);
         char *a = seg + base + pos % cap;
@@ -919,16 +971,17 @@ static PyObject *fast_put_many(PyObject *self, PyObject *const *args, Py_ssize_t
         U64(a + REC_MSG_ID) = id;
         U64(a + REC_ENQ_NS) = enq;
         U64(a + REC_DEADLINE) = 0;
-        if (hl) memcpy(a + REC_SIZE, PyBytes_AS_STRING(hr), hl);
-        memcpy(a + REC_SIZE + hl, PyBytes_AS_STRING(b), bl);
+        if (hl) memcpy(a + REC_SIZE, hraws[i], hl);
+        memcpy(a + REC_SIZE + hl, bodies[i], bl);
         pos += size;
     }
     __atomic_store_n(&h[H_TAIL], pos, __ATOMIC_RELEASE); /* commit */
     h[H_NEXT_ID] = id;
     h[H_READY] += (uint64_t)n;
-    uint64_t post = owe_consumers(h, (uint64_t)n);
+    *posts_out = owe_consumers(h, (uint64_t)n);
+    *first_out = first;
     unlock(seg);
-    return Py_BuildValue("(KK)", (unsigned long long)first, (unsigned long long)post);
+    return 0;
 }
 
 /* nack_many(seg, base, cap, [pos, attempt, msg_id, ...], now, slot)
@@ -1050,7 +1103,7 @@ static PyObject *fast_publish(PyObject *self, PyObject *const *args, Py_ssize_t 
     char *a = seg + base + pos % cap;
     uint64_t msg_id = U64(a + REC_MSG_ID);
     U64(a + REC_ENQ_NS) = enq;
-    return publish_one(seg, pos + U32(a + REC_LENGTH), msg_id);
+    return PyLong_FromUnsignedLongLong(publish_one(seg, pos + U32(a + REC_LENGTH), msg_id));
 }
 
 /* A Loan: a writable buffer of ``size`` bytes at ``offset`` of ``owner``'s buffer (a queue's
@@ -1175,6 +1228,21 @@ static inline int ack_locked(char *seg, uint64_t base, uint64_t cap, uint64_t po
 /* ack(seg, base, cap, pos, attempt, msg_id, now, wal_fd, wal_gen, slot)
  *   -> 1 if a producer must be woken, else 0; or R_*
  * wal_fd < 0: no log; else the ACK entry is appended to it before the commit */
+static int ack_core(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t attempt, uint64_t msg_id,
+                    uint64_t now, long wal_fd, uint64_t wal_gen, uint64_t slot) {
+    int rc = lock(seg);
+    if (rc) return rc;
+    if (HOT(seg)[H_DELETED]) {
+        unlock(seg);
+        return R_DELETED;
+    }
+    rc = ack_locked(seg, base, cap, pos, attempt, msg_id, now, wal_fd, wal_gen, slot);
+    int err = errno;
+    unlock(seg);
+    errno = err; /* (R_OSERROR: why the log's write failed) */
+    return rc;
+}
+
 static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[7], slot;
     if (nargs != 10) {
@@ -1186,23 +1254,8 @@ static PyObject *fast_ack(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (wal_fd == -1 && PyErr_Occurred()) return NULL;
     uint64_t wal_gen = PyLong_AsUnsignedLongLong(args[8]);
     if (wal_gen == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    char *seg = (char *)(uintptr_t)v[0];
-    uint64_t base = v[1], cap = v[2], pos = v[3], attempt = v[4], msg_id = v[5], now = v[6];
-
-    int rc = lock(seg);
-    if (rc) return PyLong_FromLong(rc);
-    if (HOT(seg)[H_DELETED]) {
-        unlock(seg);
-        return PyLong_FromLong(R_DELETED);
-    }
-    rc = ack_locked(seg, base, cap, pos, attempt, msg_id, now, wal_fd, wal_gen, slot);
-    if (rc == R_OSERROR) {
-        int err = errno;
-        unlock(seg);
-        errno = err;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    unlock(seg);
+    int rc = ack_core((char *)(uintptr_t)v[0], v[1], v[2], v[3], v[4], v[5], v[6], wal_fd, wal_gen, slot);
+    if (rc == R_OSERROR) return PyErr_SetFromErrno(PyExc_OSError);
     return PyLong_FromLong(rc);
 }
 
@@ -2019,6 +2072,52 @@ static PyTypeObject SemType = {
     .tp_new = sem_new,
 };
 
+/* ---- the C API (_fast_api.h): these paths for the other extensions of this process */
+static int64_t api_put(char *seg, uint64_t base, uint64_t cap, const char *body, uint64_t bl, const char *hraw,
+                       uint64_t hl, uint64_t enq, long wal_fd, uint64_t wal_gen) {
+    return put_core(seg, base, cap, body, bl, hraw, hl, enq, wal_fd, wal_gen, 0);
+}
+
+static int api_put_many(char *seg, uint64_t base, uint64_t cap, Py_ssize_t n, const char *const *bodies,
+                        const uint64_t *lengths, uint64_t max_message_bytes, uint64_t enq, uint64_t *first,
+                        uint64_t *posts) {
+    if (!n) return R_FALLBACK;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (lengths[i] > max_message_bytes) return R_FALLBACK;
+    return put_many_core(seg, base, cap, n, bodies, lengths, NULL, NULL, 0, enq, first, posts);
+}
+
+static PyObject *api_take_many(PyObject *q, char *seg, uint64_t base, uint64_t cap, uint64_t slot, uint64_t vis_ns,
+                               uint64_t max_deliveries, uint64_t now, uint64_t max_messages, uint64_t max_bytes) {
+    if (!delivery_class) return PyLong_FromLong(R_FALLBACK);
+    return take_many_core(q, seg, base, cap, slot, vis_ns, max_deliveries, now, max_messages, max_bytes, 0, NULL, 0);
+}
+
+static int api_serve_own(int on) {
+    int was = serving;
+    serving = on;
+    return was;
+}
+
+static ShmqFastAPI fast_api = {
+    .version = SHMQ_FAST_API_VERSION,
+    .r_busy = R_BUSY,
+    .r_ownerdead = R_OWNERDEAD,
+    .r_fallback = R_FALLBACK,
+    .r_expired = R_EXPIRED,
+    .r_deleted = R_DELETED,
+    .r_empty = R_EMPTY,
+    .r_full = R_FULL,
+    .r_oserror = R_OSERROR,
+    .put = api_put,
+    .put_many = api_put_many,
+    .take_many = api_take_many,
+    .ack = ack_core,
+    .ack_many = ack_many_core,
+    .serve_own = api_serve_own,
+    .delivery_base = &DeliveryBaseType,
+};
+
 static PyMethodDef methods[] = {
     {"put", (PyCFunction)(void (*)(void))fast_put, METH_FASTCALL, "the put fast path"},
     {"take", (PyCFunction)(void (*)(void))fast_take, METH_FASTCALL, "the get fast path"},
@@ -2074,6 +2173,12 @@ PyMODINIT_FUNC PyInit__fast(void) {
     Py_INCREF(&SemType);
     if (PyModule_AddObject(m, "Sem", (PyObject *)&SemType) < 0) {
         Py_DECREF(&SemType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *api = PyCapsule_New(&fast_api, SHMQ_FAST_API_CAPSULE, NULL);
+    if (!api || PyModule_AddObject(m, "_C_API", api) < 0) {
+        Py_XDECREF(api);
         Py_DECREF(m);
         return NULL;
     }

@@ -28,7 +28,7 @@ import time
 
 from ..errors import DeliveryExpired, QueueNotFound
 
-__all__ = ["Keepalive", "settling"]
+__all__ = ["Keepalive", "settling", "live"]
 
 _log = logging.getLogger("shmq")
 _mono = time.monotonic
@@ -40,6 +40,12 @@ _lock = threading.Lock()  # guards _live and the renewer
 _live = {}  # id(delivery) -> its Keepalive (the Keepalive holds the delivery: the id stays unique)
 _renewer = None  # this process's _Renewer, once started
 _kept_classes = {}  # a delivery class -> its subclass whose settles stop the keepalive
+
+
+def live() -> dict:
+    """The deliveries kept alive in this process now (by id; empty: none): a settle of one must
+    stop its keepalive, so the server's plain acks in C leave them to the Python path."""
+    return _live
 
 
 class Keepalive:

@@ -104,6 +104,7 @@ class Connection(asyncio.BufferedProtocol):
         # each request's hook, chosen once (the server's metrics are set before it accepts): dispatch itself
         # with metrics off
         self.handle = server.metrics.timing(self.dispatch)
+        self.plain = server.plain if self.authed else None  # the plain requests in C (``server.plain``), once authed
 
     # ------------------------------------------------------------------ transport events
     def connection_made(self, transport):
@@ -127,10 +128,24 @@ class Connection(asyncio.BufferedProtocol):
         try:
             data = self.server.rview[:nbytes]
             bounds = self.bounds
-            one, ended = None, 1
+            one, ended, replies = None, 1, None
             if not (bounds.got or self.write_paused or self.reserved):  # at a frame's start, taking requests
-                one = self.decoder.one_frame(data)  # the usual read: one whole request, decoded in one call
-            if one is None:
+                plain = self.plain
+                if plain is not None and not self.decoder.buffered:
+                    # the plain frames first, in C (server/plain.py); what it leaves, from the first frame
+                    # it does not serve, goes on below as a read of its own
+                    served = plain.serve(data, self.leases, self.decoder.max_frame_bytes)
+                    if served is not None:
+                        used, replies, count, touched = served
+                        self.requests += count
+                        if touched:  # the gets waiting on those queues first (``AttachedHandles.notify``)
+                            notify = self.server.queues.notify
+                            for name in dict.fromkeys(touched):
+                                notify(name)
+                        data = data[used:] if used < nbytes else None
+                if data is not None:
+                    one = self.decoder.one_frame(data)  # the usual read: one whole request, decoded in one call
+            if one is None and data is not None:
                 self.decoder.feed(data)
                 ended = bounds.advance(data)
                 if ended and self.reserved:
@@ -141,7 +156,12 @@ class Connection(asyncio.BufferedProtocol):
                 self.clocks.received(now, bounds.got, ended)
             else:
                 self.clocks.frame_started = None  # (``received`` of whole frames, a call less)
-            self.process(now, one)
+            if data is None:  # every request of the read served in C
+                self.clocks.last_active = now
+                if not self.eof_sent and not self.transport.is_closing():
+                    self.transport.write(replies)
+            else:
+                self.process(now, one, replies)
             if not self.closing and (bounds.got or not self.reading or self.write_paused or self.budget_wait):
                 self.account()  # (else nothing to do: ``account``'s own first test, a call less)
         except Exception:  # a bug must cost this connection, never the server
@@ -215,17 +235,20 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 self.transport.pause_reading()
 
-    def process(self, now=None, one=None):
+    def process(self, now=None, one=None, replies=None):
         """Handle the complete frames the decoder holds, while the client reads replies;
         their replies leave together at the end (or every WRITE_BATCH bytes), or with
         those of the ``process`` this one runs within. ``now``: the loop's time, if the
         caller has it. ``one``: the parts of a read's one frame (``FrameDecoder.one_frame``),
-        which the decoder does not hold: that one alone."""
+        which the decoder does not hold: that one alone. ``replies``: the replies of the
+        read's first frames (served in C), which leave first."""
         if now is None:
             now = self.server.loop.time()
         outer = self.out is None
         if outer:
             self.out = []
+        if replies:
+            self.send(replies)
         next_parts, handle, clocks = self.decoder.next_parts, self.handle, self.clocks
         try:
             if one is not None:
@@ -323,6 +346,7 @@ class Connection(asyncio.BufferedProtocol):
         """A HELLO with the right token: every request and ``max_frame_bytes`` from now."""
         self.authed = True
         self.decoder.max_frame_bytes = self.server.max_frame_bytes
+        self.plain = self.server.plain
 
     def wait(self, msg_type, msg_id, wait: Wait):
         """Put a request in its line, up to the per-connection limit (then LIMIT_EXCEEDED)."""

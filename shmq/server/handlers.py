@@ -348,6 +348,12 @@ def plain_consume(conn, msg_id, f):
     return _CONSUMED.frame(msg_id, conn.leases.lease(q, got))
 
 
+def consumed_frame(leases, msg_id, q, ds, rows) -> bytes:
+    """The reply frame of a CONSUME (``rows``: as rows) that leased ``ds`` of ``q`` to the
+    connection of ``leases``: what the C plain path hands back for messages with headers."""
+    return _CONSUMED.frame(msg_id, leases.lease(q, ds, None, rows))
+
+
 def _get(args):
     q, most, vis, max_bytes, ack, _rows = args
     try:

@@ -20,7 +20,7 @@ from ..engine.queues.delivery import plain_columns
 from ..errors import DeliveryExpired, LockTimeout, QueueNotFound, ShmqError, StorageError
 from ..protocol.payloads import delivery_fields, delivery_row
 
-__all__ = ["Held", "Leases", "new_tags"]
+__all__ = ["Held", "Leases", "new_tags", "tag_counter"]
 
 log = logging.getLogger("shmq.server")
 
@@ -34,6 +34,11 @@ _tags = count(1)
 def new_tags(n: int) -> list:
     """``n`` new tags of this process."""
     return list(islice(_tags, n))
+
+
+def tag_counter():
+    """The count the tags come from (the plain requests in C take theirs from it too)."""
+    return _tags
 
 
 def rows(ds, tags) -> list:

@@ -120,8 +120,11 @@ class Metrics:
         request waits), counted and timed under the request's type."""
         t0 = perf_counter()
         status = dispatch(frame)
-        seconds = perf_counter() - t0
-        t = frame[0]  # its type (frame: FrameDecoder.next_parts)
+        return self.count(frame[0], perf_counter() - t0, status)  # (frame[0]: its type, FrameDecoder.next_parts)
+
+    def count(self, t, seconds, status):
+        """A request of type ``t`` answered in ``seconds`` with ``status`` (None: it waits),
+        counted (the plain requests served in C call this one too)."""
         h = self.latency.get(t)
         if h is None:
             h = self.latency[t] = [0] * len(_LE) + [0.0]

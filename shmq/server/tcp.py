@@ -27,6 +27,7 @@ from .appenders import Appender
 from .connection import READ_CHUNK, Connection
 from .limits import PRE_AUTH_MAX_FRAME_BYTES, SMALL_FRAME_BYTES, Budget, Limits, sweep
 from .metrics import NO_METRICS
+from .plain import plain_server
 from .stores import StoreHandles
 from .waiters import NOTHING, QueueWaiters, StreamWaiters
 
@@ -70,6 +71,7 @@ class TcpServer:
         self.streams = AttachedHandles(self, self._attach_stream, StreamWaiters, StreamNotFound, "stream")
         self.stores = StoreHandles(self)  # keyed stores, with their waiting GETs
         self.txns = None  # the transaction coordinator (``server/transactions``), which ``main.serve`` sets
+        self.plain = None  # the plain requests in C (``plain.plain_server``): set by ``bind``
         self._appenders = {}  # stream name -> (handle, its Appender) (streams with retention="block")
         self._refused = 0  # connections refused since the cap was last reached
         self._server = None
@@ -134,6 +136,7 @@ class TcpServer:
         line when the address cannot be had (``port 7878 on 127.0.0.1 is in use``)."""
         self.loop = asyncio.get_running_loop()
         self.spin = LoopSpin(self.loop, self.limits.busy_poll_us)
+        self.plain = plain_server(self)
         self._server = await listen(self, Connection)
         return self
 
@@ -175,6 +178,8 @@ class TcpServer:
         for _s, a in self._appenders.values():
             a.close()
         self._appenders.clear()
+        if self.plain is not None:
+            self.plain.forget()
         for handles in (self.queues, self.streams):
             handles.forget_all()
         self.stores.close()
