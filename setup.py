@@ -1,5 +1,5 @@
 """Builds the optional C hot paths (shmq/engine/_fast.c, the server's plain requests shmq/server/_plain.c,
-shmq/kafka/_records.c); the metadata is in pyproject.toml.
+the clients' shmq/protocol/_wire.c, shmq/kafka/_records.c); the metadata is in pyproject.toml.
 
 ``optional=True``: where it cannot be compiled, shmq installs without it and runs its
 pure-Python paths (``shmq.engine.queues.queue.FAST`` says which).
@@ -12,5 +12,7 @@ setup(ext_modules=[Extension("shmq.engine._fast", ["shmq/engine/_fast.c"], depen
                    Extension("shmq.server._plain", ["shmq/server/_plain.c"],
                              depends=["shmq/engine/_fast_api.h", "shmq/protocol/_wire.h"], optional=True,
                              extra_compile_args=["-O2"]),
+                   Extension("shmq.protocol._wire", ["shmq/protocol/_wire.c"], depends=["shmq/protocol/_wire.h"],
+                             optional=True, extra_compile_args=["-O2"]),
                    Extension("shmq.kafka._records", ["shmq/kafka/_records.c"], optional=True,
                              extra_compile_args=["-O2"])])

@@ -31,7 +31,7 @@ from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
 from .core import plain_messages, slice_ms
-from .plain import PlainQueueCalls
+from .plain import RAW_REPLIES, PlainQueueCalls
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
@@ -500,9 +500,10 @@ class AsyncBroker(BrokerCalls):
             limit = self.options.reply_limit(msg_type, payload)
         return await self._answered(link, msg_id, data, msg_type, payload, limit)
 
-    async def _exchange_shaped(self, link, shape, value, limit) -> dict:
-        """``_exchange`` of a request of ``shape`` (``protocol.shapes``) with ``value``."""
-        msg_id, data = link.core.send_shaped(shape, value)  # raises once the connection has ended
+    async def _exchange_shaped(self, link, shape, value, limit, raw=False) -> dict:
+        """``_exchange`` of a request of ``shape`` (``protocol.shapes``) with ``value``
+        (``raw``: its reply's payload as its bytes, ``ClientCore.send_shaped``)."""
+        msg_id, data = link.core.send_shaped(shape, value, raw)  # raises once the connection has ended
         return await self._answered(link, msg_id, data, shape.msg_type, shape.fixed, limit)
 
     async def _get_plain(self, q, timeout, most=None):
@@ -518,7 +519,8 @@ class AsyncBroker(BrokerCalls):
         limit_of = self.options.reply_limit
         while True:
             wait = slice_ms(until, clock)
-            reply = await self._exchange_shaped(link, shape, wait, limit_of(MsgType.CONSUME, {"wait_ms": wait}))
+            reply = await self._exchange_shaped(link, shape, wait, limit_of(MsgType.CONSUME, {"wait_ms": wait}),
+                                                RAW_REPLIES)
             d = taken(reply, until, clock)
             if d is not None:
                 return d

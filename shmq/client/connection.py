@@ -17,6 +17,8 @@ from collections import deque
 
 from ..errors import BrokerUnavailable, OutcomeUnknown, ProtocolError
 from ..protocol import REPLY_BIT, Frame, FrameDecoder, MsgType, PushType, Status, encode_request, error_from_reply
+from ..protocol.cwire import replies as _c_replies
+from ..protocol.frames import UNPACK, decode_payload, unpackb
 
 __all__ = ["ClientCore", "Outbox", "HELLO_MSG_ID", "MAX_REPLY_BYTES", "PENDING_BYTES"]
 
@@ -94,6 +96,7 @@ class ClientCore:
         self._waiting = set()  # msg ids sent and not yet answered
         self._unanswered = set()  # msg ids left waiting when the connection ended (``result``)
         self._replies = {}  # msg id -> its reply frame's fields (``next_parts``), until result() takes it
+        self._raw = set()  # msg ids whose OK reply's payload is kept as bytes (``send_shaped(raw=True)``)
         self.answered = self._replies.__contains__  # answered(msg_id): its reply is in (a C call, for wait loops)
         self._end = None  # () -> the exception that ended the connection
         self.failed = False  # whether it has ended (lost, closed, or an error with msg id 0): ``_end`` is set
@@ -120,12 +123,25 @@ class ClientCore:
         data = encode_request(msg_type, msg_id, payload)
         return msg_id, before + data if before else data
 
-    def send_shaped(self, shape, value) -> tuple[int, bytes]:
+    def send_shaped(self, shape, value, raw: bool = False) -> tuple[int, bytes]:
         """``send`` of a request of ``shape`` (``protocol.shapes``) with ``value``: the same
-        checks, bookkeeping and bytes, encoded from the shape's (a get's CONSUME, a put)."""
+        checks, bookkeeping and bytes, encoded from the shape's (a get's CONSUME, a put).
+        ``raw``: its reply's payload, if OK, is kept as its bytes (``result`` gives them:
+        the caller reads them, or ``decode`` does)."""
         msg_id, before = self._open(True)
         data = shape.frame(msg_id, value)
+        if raw:
+            self._raw.add(msg_id)
         return msg_id, before + data if before else data
+
+    def decode(self, payload) -> dict:
+        """A payload ``result`` gave as bytes (``send_shaped(raw=True)``), decoded; bytes that
+        are no payload end the connection, as ``receive_data`` ends it (ProtocolError)."""
+        try:
+            return decode_payload(payload)
+        except ProtocolError as e:
+            self._ended(functools.partial(ProtocolError, str(e), e.status, e.msg_id, e.fatal))
+            raise
 
     def post_shaped(self, shape, value) -> bytes:
         """``post`` of a request of ``shape`` with ``value`` (an ACK sent without waiting;
@@ -162,17 +178,28 @@ class ClientCore:
         if self._first is not None:
             self._first = (self._first + data)[:40]
         decoder = self._decoder
-        decoder.feed(data)
         waiting = self._waiting
         done = []
+        if _c_replies is not None and not decoder.buffered:  # the replies at its start taken in C (``cwire``)
+            used, done = _c_replies(data, decoder.max_frame_bytes, waiting, self._unwaited, self._abandoned, self._raw,
+                                    self._replies, unpackb, UNPACK)
+            if used:
+                self._first = None
+                if used == len(data):
+                    return done
+                data = memoryview(data)[used:]
+        decoder.feed(data)
         try:
             # a frame's fields as a tuple (type, msg id, payload, status, version): a reply is
             # kept so, and a Frame made only for an error
-            while (parts := decoder.next_parts()) is not None:
+            raw = self._raw
+            while (parts := decoder.next_parts(raw)) is not None:
                 self._first = None
                 msg_id = parts[1]
                 if msg_id in waiting:
                     waiting.discard(msg_id)
+                    if raw:
+                        raw.discard(msg_id)
                     if self._unwaited and msg_id in self._unwaited:
                         if self._unwaited.pop(msg_id):
                             payload = parts[2]
@@ -334,6 +361,9 @@ class ClientCore:
         counts), the subscription cancelled, the member gone (``outgoing``)."""
         parts = self._replies.pop(msg_id, None)
         self._unanswered.discard(msg_id)
+        self._raw.discard(msg_id)
+        if parts is not None and type(parts[2]) is bytes:  # (kept raw: read now)
+            parts = (parts[0], parts[1], decode_payload(parts[2]), *parts[3:])
         if msg_type not in _GIVEN_BACK:
             self._waiting.discard(msg_id)
         elif parts is not None:
@@ -431,6 +461,7 @@ class ClientCore:
             self._end = error
             self.failed = True
         ended, self._waiting = self._waiting, set()
+        self._raw.clear()
         self._unanswered |= ended
         unwaited = self._unwaited
         puts = sum(1 for i in ended if unwaited.get(i) in _PUTS)

@@ -32,6 +32,7 @@ from ..model.processing import Processing
 from ..serializers import dump, load
 from ..serializers import resolve as resolve_serializer
 from ..protocol import MsgType
+from ..protocol.shapes import Leased
 from ..protocol.payloads import (
     DEFAULT_MAX_BYTES,
     DEFAULT_VISIBILITY_S,
@@ -229,12 +230,15 @@ _SETTING_KEYS = ("max_bytes", "max_message_bytes", "visibility_timeout", "max_de
 
 
 # ---------------------------------------------------------------- the API, once
-class DeliveryCalls:
+class DeliveryCalls(object if Leased is None else Leased):
     """A message leased to this connection, as a CONSUME reply tells it; the tag names the
-    lease on this connection only. Settle it like a local ``Delivery``."""
+    lease on this connection only. Settle it like a local ``Delivery``. Its fields live in
+    the C codec's ``Leased`` where it is built (which then makes plain ones straight from
+    the reply's bytes, ``shapes.leased``), else in these slots."""
 
-    __slots__ = ("id", "body", "headers", "attempt", "priority", "enqueued_at", "group", "_q", "_tag", "_sub",
-                 "_settled", "_raw", "_conn")
+    __slots__ = () if Leased is not None else (
+        "id", "body", "headers", "attempt", "priority", "enqueued_at", "group", "_q", "_tag", "_sub", "_settled", "_raw",
+        "_conn")
 
     def __init__(self, q, m):
         self._q = q

@@ -9,11 +9,15 @@ broker drives them (``_get_plain``, ``_put_plain``, ``_put_many_plain``).
 from operator import attrgetter
 
 from ..model import keepalive
-from ..protocol.shapes import ack_shape, acks_shape, consume_many_shape, consume_shape, produce_batch_shape
+from ..protocol.shapes import ack_shape, acks_shape, consume_many_shape, consume_shape, leased, produce_batch_shape
 from ..protocol.shapes import produce_shape
 from .core import QueueCalls
 
-__all__ = ["PlainQueueCalls"]
+__all__ = ["PlainQueueCalls", "RAW_REPLIES"]
+
+# whether a plain get's CONSUME reply is read by the C codec straight into deliveries (``shapes.leased``):
+# its payload then comes as its bytes (``ClientCore.send_shaped(raw=True)``)
+RAW_REPLIES = leased is not None
 
 _BYTES = {bytes}
 _q_attr, _conn_attr, _tag_attr = attrgetter("_q"), attrgetter("_conn"), attrgetter("_tag")
@@ -61,9 +65,19 @@ class PlainQueueCalls(QueueCalls):
         return visibility_timeout is None and ack is True and self.serializer is None and not self.closed
 
     def _taken(self, reply, until, clock):
-        """The delivery of a plain get's CONSUME ``reply``; None: ask again (a slice ended
-        before ``until``); QueueEmpty once it has passed."""
-        messages = reply["messages"]
+        """The delivery of a plain get's CONSUME ``reply`` (its payload, or its bytes:
+        ``RAW_REPLIES``); None: ask again (a slice ended before ``until``); QueueEmpty once
+        it has passed."""
+        if type(reply) is bytes:
+            ds = self._leased(reply)
+            if type(ds) is list:
+                if ds:
+                    return ds[0]
+                messages = ()
+            else:
+                messages = ds["messages"]
+        else:
+            messages = reply["messages"]
         if messages:
             return self._delivery_class(self, messages[0])
         if until is not None and clock() >= until:
@@ -72,12 +86,24 @@ class PlainQueueCalls(QueueCalls):
 
     def _taken_all(self, reply, until, clock):
         """``_taken`` of a plain get_many: the deliveries, or None (ask again)."""
-        messages = reply["messages"]
-        if messages:
-            return list(map(self._delivery_class, [self] * len(messages), messages))
+        messages = reply if type(reply) is not bytes else self._leased(reply)
+        if type(messages) is list:  # read by the C codec
+            if messages:
+                return messages
+        else:
+            messages = messages["messages"]
+            if messages:
+                return list(map(self._delivery_class, [self] * len(messages), messages))
         if until is not None and clock() >= until:
             raise self._empty()
         return None
+
+    def _leased(self, payload):
+        """A plain CONSUME reply's bytes as this handle's deliveries (the C codec), or, where
+        it does not read them whole (headers, older fields), the payload decoded."""
+        core = self._broker._core
+        ds = leased(payload, self._delivery_class, self, core)
+        return ds if ds is not None else core.decode(payload)
 
     def _plain_get_many(self, most, visibility_timeout, max_bytes, ack) -> bool:
         """Whether a get_many is a plain one, for a transport's fast path (the CONSUME of

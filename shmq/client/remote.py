@@ -41,7 +41,7 @@ from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
 from .core import parse_url, plain_messages, slice_ms
-from .plain import PlainQueueCalls
+from .plain import RAW_REPLIES, PlainQueueCalls
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
@@ -628,11 +628,12 @@ class RemoteBroker(BrokerCalls):
         with link.mutex:
             return core.result(msg_id, msg_type)
 
-    def _exchange_shaped(self, link, shape, value, limit) -> dict:
-        """``_exchange`` of a request of ``shape`` (``protocol.shapes``) with ``value``."""
+    def _exchange_shaped(self, link, shape, value, limit, raw=False) -> dict:
+        """``_exchange`` of a request of ``shape`` (``protocol.shapes``) with ``value``
+        (``raw``: its reply's payload as its bytes, ``ClientCore.send_shaped``)."""
         core = link.core
         with link.mutex:
-            msg_id, data = core.send_shaped(shape, value)  # raises once the connection has ended
+            msg_id, data = core.send_shaped(shape, value, raw)  # raises once the connection has ended
         self._write(link, data, msg_id)
         self._wait(link, core.answered, msg_id, limit, shape.msg_type)
         with link.mutex:
@@ -662,7 +663,7 @@ class RemoteBroker(BrokerCalls):
         limit_of = self.options.reply_limit
         while True:
             wait = slice_ms(until, clock)
-            reply = self._exchange_shaped(link, shape, wait, limit_of(MsgType.CONSUME, {"wait_ms": wait}))
+            reply = self._exchange_shaped(link, shape, wait, limit_of(MsgType.CONSUME, {"wait_ms": wait}), RAW_REPLIES)
             d = taken(reply, until, clock)
             if d is not None:
                 return d

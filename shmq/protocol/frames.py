@@ -52,6 +52,7 @@ __all__ = [
     "encode_reply",
     "encode_error",
     "FrameDecoder",
+    "decode_payload",
 ]
 
 MAGIC = 0xDEADBEEF
@@ -309,6 +310,9 @@ def _error(message: str, status: int, msg_id: int = 0, fatal: bool = False, msg_
 # str, TypeError for unhashable map keys, OverflowError / RecursionError for extremes.
 _DECODE_ERRORS = (ValueError, TypeError, OverflowError, RecursionError, msgpack.UnpackException)
 _COPY_BELOW = 4096  # a payload up to this size is decoded from a copy, a bigger one from a view of the buffer
+# how a payload is decoded: msgpack.unpackb(data, **UNPACK), a map with str keys expected (``_decode_payload``)
+UNPACK = {"raw": False, "strict_map_key": True, "use_list": True}
+unpackb = msgpack.unpackb
 
 
 def _decode_payload(data, msg_id: int, msg_type: int) -> dict:
@@ -316,7 +320,7 @@ def _decode_payload(data, msg_id: int, msg_type: int) -> dict:
     if not data:
         return {}
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+        obj = unpackb(data, **UNPACK)
     except _DECODE_ERRORS as exc:
         raise _error(f"malformed msgpack payload: {exc}", Status.BAD_REQUEST, msg_id, False, msg_type) from None
     if type(obj) is not dict:  # msgpack makes plain dicts
@@ -333,6 +337,12 @@ def _decode_payload(data, msg_id: int, msg_type: int) -> dict:
                 msg_type,
             )
     return obj
+
+
+def decode_payload(data, msg_id: int = 0, msg_type: int = 0) -> dict:
+    """A frame's payload bytes (one kept raw by ``next_parts``) as the decoder decodes them:
+    a dict with str keys, or ProtocolError (BAD_REQUEST)."""
+    return _decode_payload(data, msg_id, msg_type)
 
 
 class FrameDecoder:
@@ -406,10 +416,13 @@ class FrameDecoder:
         parts = self.next_parts()
         return None if parts is None else Frame(*parts)
 
-    def next_parts(self) -> tuple | None:
+    def next_parts(self, raw=None) -> tuple | None:
         """``next_frame``'s fields as a plain tuple, (type, msg_id, payload, status,
         version), for a caller that unpacks them at once (the server, per request: a
-        Frame costs more to make than the rest of a PING's decoding)."""
+        Frame costs more to make than the rest of a PING's decoding). ``raw``: msg ids
+        whose payload, if their status is OK, comes as its bytes, not decoded (a client's
+        plain CONSUME, whose reply the C codec reads itself: ``decode_payload`` reads it
+        otherwise)."""
         if self._failed is not None:
             raise self._failed
         if self._skip:
@@ -434,7 +447,10 @@ class FrameDecoder:
         self._header = None
         pos = self._pos = start + length
         try:
-            if length > _COPY_BELOW:
+            if raw and not status and msg_id in raw:
+                with memoryview(buf)[start:pos] as view:
+                    payload = bytes(view)
+            elif length > _COPY_BELOW:
                 with memoryview(buf)[start:pos] as view:  # msgpack reads a big payload in place
                     payload = _decode_payload(view, msg_id, msg_type)
             elif length:
