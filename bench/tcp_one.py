@@ -10,7 +10,11 @@ process on one connection:
   subscription with ``--prefetch`` takes and acks every message;
 - ``--role put`` / ``--role get``: one plain request at a time, each waited for:
   ``q.put(body)``; or, the queue filled beforehand, ``q.get()`` + ``d.ack(wait=False)``
-  (the ack goes with the next get): what one request costs each side.
+  (the ack goes with the next get): what one request costs each side. With ``--client
+  raw``, the same plain frames (a PRODUCE of one; a CONSUME of one and the ACK of the last
+  one's delivery) written ``--window`` at a time ahead of their replies: the server never
+  waits for the client, so its CPU per request is its own work on them, without its spins
+  and wake-ups.
 
 Two clients each:
 
@@ -134,6 +138,58 @@ def _produce_raw_run(url, count, args):
         return time.perf_counter() - t0
 
 
+def _plain_raw(url, count, args):
+    c0 = time.process_time()
+    return _plain_raw_run(url, count, args), time.process_time() - c0
+
+
+def _plain_raw_run(url, count, args):
+    """--role put|get --client raw: plain PRODUCEs, or CONSUMEs of one each with the ACK of the
+    delivery before, ``--window`` requests written ahead of their replies."""
+    from shmq.protocol import FrameDecoder, MsgType, encode_request
+    from shmq.protocol.shapes import ack_shape, consume_shape, produce_shape
+    put, window = args.role == "put", args.window
+    pshape, cshape, ashape = produce_shape(QUEUE), consume_shape(QUEUE), ack_shape(QUEUE)
+    body = b"x" * args.size
+    decoder = FrameDecoder(1 << 30)
+    with _connect_raw(url) as s:
+        t0 = time.perf_counter()
+        msg_id, sent, done, tag = 0, 0, 0, None
+
+        def request():
+            nonlocal msg_id
+            msg_id += 1
+            return pshape.frame(msg_id, body) if put else cshape.frame(msg_id, 0)
+        s.sendall(b"".join(request() for _ in range(min(window, count))))
+        sent = min(window, count)
+        while done < count:
+            data = s.recv(1 << 20)
+            if not data:
+                raise RuntimeError("the server closed the connection")
+            decoder.feed(data)
+            out = []
+            for f in decoder.frames():
+                if f.status:
+                    raise RuntimeError(f"error reply: {f.payload}")
+                if f.type & 0x7F == MsgType.ACK:
+                    continue
+                done += 1
+                if not put:
+                    (m,) = f.payload["messages"]
+                    msg_id += 1
+                    out.append(ashape.frame(msg_id, m["delivery"]))
+                if sent < count:
+                    out.append(request())
+                    sent += 1
+            if out:
+                s.sendall(b"".join(out))
+        elapsed = time.perf_counter() - t0
+        s.sendall(encode_request(MsgType.PING, msg_id + 1))  # every ack handled before the queue is looked at
+        while not any(f.type & 0x7F == MsgType.PING for f in decoder.frames()):
+            decoder.feed(s.recv(1 << 20))
+        return elapsed
+
+
 def _consume_client(url, count, args):
     with _connect(url, args) as b:
         q = b.queue(QUEUE)
@@ -178,7 +234,8 @@ def _consume_raw_run(url, count, args):
 
 CLIENTS = {("produce", "client"): _produce_client, ("produce", "raw"): _produce_raw,
            ("consume", "client"): _consume_client, ("consume", "raw"): _consume_raw,
-           ("put", "client"): _put_client, ("get", "client"): _get_client}
+           ("put", "client"): _put_client, ("get", "client"): _get_client, ("put", "raw"): _plain_raw,
+           ("get", "raw"): _plain_raw}
 
 
 def _child(fn, args, cpu, out):
@@ -210,8 +267,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.role in ("put", "get"):
         args.batch = 1
-        if args.client == "raw":
-            ap.error(f"--role {args.role} is the client's own")
     import shmq
     from bench.servers import ShmqServer
 
@@ -261,7 +316,7 @@ def main(argv=None):
             "consume": f"consume(prefetch={args.prefetch}) + acks of {args.size} B"}[args.role]
     if args.busy_poll_us is not None:
         what += f", client busy_poll_us={args.busy_poll_us}"
-    if args.client == "raw" and args.role == "produce":
+    if args.client == "raw" and args.role in ("produce", "put", "get"):
         what += f", {args.window} requests in flight"
     print(f"one connection, {args.client} client, {what}; {args.count} messages, median of {args.runs}; "
           f"server {' '.join(args.server_arg) or '(defaults)'}; CPUs {cpus or 'unpinned'}; "

@@ -239,3 +239,37 @@ def test_a_read_leaves_the_connection_as_the_python_loop_does(monkeypatch, event
                     done += core.receive_data(chunk)
         cores.append((done, _state(core)))
     assert cores[0] == cores[1]
+
+
+# ---------------------------------------------------------------- a plain ack_many's tags
+class _Queue:
+    """What ``PlainQueueCalls._plain_tags`` reads of its handle."""
+
+    _delivery_class = RemoteDelivery
+    closed = False
+    _plain_tags = None  # (set below: the method under test)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 1), st.integers(0, 1)), max_size=6), st.booleans())
+def test_a_plain_ack_manys_tags_are_pythons(monkeypatch, shape, a_tuple):
+    """Deliveries of another class, handle or connection, or not a list: None, as Python's
+    passes say; else the same tags."""
+    from shmq.client import plain
+
+    class Other(RemoteDelivery):
+        __slots__ = ()
+
+    cores, handles = [ClientCore("a"), ClientCore("b")], [_Queue(), _Queue()]
+    for h in handles:
+        h._broker = SimpleNamespace(_core=cores[0])
+    ds = []
+    for i, (other_class, h, c) in enumerate(shape):
+        cls = Other if other_class else RemoteDelivery
+        (d,) = cwire.leased(msgpack.packb({"messages": [[i + 1, 100 + i, b"x", 1, 1.0]]}), cls, handles[h], cores[c])
+        ds.append(d)
+    value = tuple(ds) if a_tuple else ds
+    got = plain.PlainQueueCalls._plain_tags(handles[0], value, cores[0])
+    monkeypatch.setattr(plain, "_c_tags", None)
+    want = plain.PlainQueueCalls._plain_tags(handles[0], value, cores[0])
+    assert got == want

@@ -10,6 +10,7 @@ from operator import attrgetter
 
 from ..model import keepalive
 from ..protocol.shapes import ack_shape, acks_shape, consume_many_shape, consume_shape, leased, produce_batch_shape
+from ..protocol.cwire import tags as _c_tags
 from ..protocol.shapes import produce_shape
 from .core import QueueCalls
 
@@ -120,10 +121,16 @@ class PlainQueueCalls(QueueCalls):
                 and self.serializer is None and not self.closed and set(map(type, bodies)) == _BYTES)
 
     def _plain_tags(self, deliveries, core):
-        """The tags of ``deliveries`` for a transport's fast ack_many, checked in C passes:
-        a non-empty list of this handle's own deliveries (``_delivery_class``) leased on
-        ``core``, the connection in use, and this handle open; else None (the general
-        ack_many checks each and says which is wrong)."""
+        """The tags of ``deliveries`` for a transport's fast ack_many, checked in C passes
+        (in one, ``cwire.tags``, where the codec's C half is built): a non-empty list of
+        this handle's own deliveries (``_delivery_class``) leased on ``core``, the
+        connection in use, and this handle open; else None (the general ack_many checks
+        each and says which is wrong)."""
+        if _c_tags is not None:
+            tags = None if self.closed else _c_tags(deliveries, self._delivery_class, self, core)
+            if tags is not None:
+                keepalive.settling(deliveries)
+            return tags
         if (type(deliveries) is not list or not deliveries or self.closed
                 or set(map(type, deliveries)) != {self._delivery_class} or set(map(_q_attr, deliveries)) != {self}
                 or set(map(_conn_attr, deliveries)) != {core}):

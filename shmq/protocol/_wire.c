@@ -293,6 +293,34 @@ fail:
     return NULL;
 }
 
+/* tags(deliveries, cls, q, conn) -> [tag, ...] or None: the tags of a plain ack_many's deliveries, a
+ * non-empty list of instances of exactly ``cls`` (a Leased subclass) of handle ``q`` leased on
+ * connection ``conn``; None for anything else (the general ack_many says what is wrong). The twin of
+ * PlainQueueCalls._plain_tags' C-level passes, in one. */
+static PyObject *wire_tags(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "tags(deliveries, cls, q, conn)");
+        return NULL;
+    }
+    PyObject *ds = args[0], *cls = args[1], *q = args[2], *conn = args[3];
+    if (!PyList_CheckExact(ds) || !PyList_GET_SIZE(ds) || !PyType_Check(cls) ||
+        !PyType_IsSubtype((PyTypeObject *)cls, &LeasedType))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(ds);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Leased *d = (Leased *)PyList_GET_ITEM(ds, i);
+        if ((PyObject *)Py_TYPE(d) != cls || d->q != q || d->conn != conn || !d->tag) Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *tag = ((Leased *)PyList_GET_ITEM(ds, i))->tag;
+        Py_INCREF(tag);
+        PyList_SET_ITEM(out, i, tag);
+    }
+    return out;
+}
+
 /* ---- replies: a client's read of reply frames */
 
 /* replies(data, max_frame_bytes, waiting, unwaited, abandoned, raw, replies, unpackb, kwargs)
@@ -416,6 +444,8 @@ static PyMethodDef methods[] = {
     {"replies", (PyCFunction)(void (*)(void))wire_replies, METH_FASTCALL,
      "replies(data, max_frame_bytes, waiting, unwaited, abandoned, raw, replies, unpackb, kwargs) -> (bytes used, "
      "msg ids answered): the reply frames at the start of a client's read, taken in"},
+    {"tags", (PyCFunction)(void (*)(void))wire_tags, METH_FASTCALL,
+     "tags(deliveries, cls, q, conn) -> [tag, ...] or None: a plain ack_many's tags"},
     {"leased", (PyCFunction)(void (*)(void))wire_leased, METH_FASTCALL,
      "leased(payload, cls, q, conn) -> [delivery, ...] or None: a CONSUME reply's plain messages as deliveries"},
     {NULL, NULL, 0, NULL},

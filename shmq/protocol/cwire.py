@@ -5,7 +5,8 @@ its calls, or None each where it is not built, whose callers then take the Pytho
 - ``Leased``: the base class whose fields a client's delivery keeps, and ``leased(payload, cls, q,
   conn)``: a CONSUME reply's bytes read straight into such deliveries, or None;
 - ``replies(...)``: the reply frames at the start of a client's read taken in
-  (``ClientCore.receive_data``), as far as it is sure of them.
+  (``ClientCore.receive_data``), as far as it is sure of them;
+- ``tags(deliveries, cls, q, conn)``: a plain ack_many's tags (``PlainQueueCalls._plain_tags``), or None.
 """
 
 import os
@@ -17,10 +18,11 @@ try:
 except ImportError:  # pragma: no cover - depends on the build
     _wire = None
 
-__all__ = ["BUILT", "frame", "Leased", "leased", "replies"]
+__all__ = ["BUILT", "frame", "Leased", "leased", "replies", "tags"]
 
 BUILT = _wire is not None
 frame = _wire.frame if BUILT else None
 Leased = _wire.Leased if BUILT else None
 leased = _wire.leased if BUILT else None
 replies = _wire.replies if BUILT else None
+tags = _wire.tags if BUILT else None
