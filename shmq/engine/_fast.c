@@ -575,9 +575,23 @@ static PyObject *fast_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
 static inline PyObject *take_locked(PyObject *q, char *seg, uint64_t base, uint64_t cap, uint64_t slot,
                                     uint64_t vis_ns, uint64_t maxdel, uint64_t now, int mode, PyObject *ring) {
     uint64_t *h = HOT(seg);
-    uint64_t pos = h[H_FRONTIER], off = pos % cap, next_deadline = h[H_NEXT_DEADLINE];
+    uint64_t pos = h[H_FRONTIER], tail = h[H_TAIL], next_deadline = h[H_NEXT_DEADLINE];
+    while (pos < tail) { /* pads at the frontier (a lap's end, an early wrap's) are passed over, as take_many does */
+        uint64_t o = pos % cap;
+        if (cap - o < REC_SIZE) {
+            pos += cap - o;
+            continue;
+        }
+        if ((U64(seg + base + o) & 0xFF) != ST_PAD) break;
+        pos += U32(seg + base + o + REC_LENGTH);
+    }
+    if (pos >= tail) {
+        unlock(seg);
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    uint64_t off = pos % cap;
     char *a = seg + base + off;
-    uint64_t status = cap - off >= REC_SIZE ? U64(a) : 0, attempt = (status >> 32) + 1;
+    uint64_t status = U64(a), attempt = (status >> 32) + 1;
     if ((status & 0xFF) != ST_READY || (maxdel && attempt > maxdel) || U32(a + REC_FLAGS)) {
         unlock(seg); /* an implicit pad, a pad, a priority level or an extension block: the general take */
         return PyLong_FromLong(R_FALLBACK);

@@ -110,6 +110,24 @@ def test_acks_at_the_head_free_room_for_a_full_queue(impl, broker):
     q.close()
 
 
+def test_the_c_get_passes_over_a_pad_at_the_frontier(impl, broker, monkeypatch):
+    """A record at the start of a lap, after the pad of the last one's end, is taken by the C
+    get itself, as get_many's loop takes it (the general take is not asked)."""
+    q = _registered(broker.create_queue("q", max_bytes=4096))
+    general = []
+    if impl == "fast":
+        take = type(q)._get
+        monkeypatch.setattr(type(q), "_get", lambda self, *a, **k: general.append(1) or take(self, *a, **k))
+    q.put(b"first")  # one record always held: no put finds the queue empty (a new lap, no pad)
+    for i in range(40):  # 48 + 200 bytes a record: a pad at the end of every lap
+        q.put(bytes([i]) * 200)
+        d = q.get()
+        assert d.body == (b"first" if i == 0 else bytes([i - 1]) * 200)
+        d.ack()
+    assert general == [] and q.stats().ready == 1
+    q.close()
+
+
 def test_max_deliveries_hands_the_last_attempt_to_the_dead_letter_path(impl, broker, clock):
     broker.create_queue("dlq")
     q = _registered(broker.create_queue("q", visibility_timeout=1, max_deliveries=2, dead_letter_queue="dlq"))
