@@ -331,9 +331,32 @@ def compaction(doc, path, link):
     return lines + [""]
 
 
+def arrays(doc, path, link):
+    """python -m bench.arrays: loaders feeding a trainer numpy arrays, shmq's three ways against the peers."""
+    names = {"shmq": "shmq, `put_array` / `array(copy=True)`", "shmq-zc": "shmq, `reserve` / `get(copy=False)` by hand",
+             "shmq-arrays": "shmq, `put_array` / `array()` where it lies", "mpqueue": "`multiprocessing.Queue`",
+             "shared-memory": "`multiprocessing.shared_memory` by hand", "iceoryx2": "iceoryx2"}
+
+    def size(n):
+        return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+    rows = [[size(r["size"]), f"{r['pairs']}->1", names.get(r["system"], r["system"]), f"{r['arrays_per_s']:,.0f}",
+             f"{r['gb_per_s']:.2f}", f"{r['vs_mpqueue']:.2f}x" if r.get("vs_mpqueue") else "-",
+             f"{r['vs_iceoryx2']:.2f}x" if r.get("vs_iceoryx2") else "-"] for r in doc["rows"]]
+    lines = [run_line(doc, path, link, doc.get("runs"), ("iceoryx2", "numpy")), ""]
+    lines += _table(["float32 array", "loaders -> trainer", "system", "arrays/s", "GB/s", "vs multiprocessing.Queue",
+                     "vs iceoryx2"], rows, "lllrrrr") + [""]
+    lines.append("The trainer reads every element of each array (`x.sum()`); at most 16 arrays in flight in every "
+                 "system; iceoryx2 1 -> 1 only (publish-subscribe hands every subscriber every sample).")
+    skipped = doc.get("skipped") or {}
+    if skipped:
+        lines.append("Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + ".")
+    return lines + [""]
+
+
 KINDS = {"scale": scale, "scale-summary": scale_summary, "contention": contention, "matrix": matrix, "rtt": rtt,
          "durability": durability, "streams": streams, "spark": spark, "tcp": tcp, "jobs": jobs, "kafka": kafka,
-         "memory": memory, "compaction": compaction}
+         "memory": memory, "compaction": compaction, "arrays": arrays}
 
 
 # ---------------------------------------------------------------- pages

@@ -23,10 +23,11 @@ import re
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # the engine: queues, streams, shared memory, the C paths; what every bench measures
-_ENGINE = ["shmq/engine/**/*.py", "shmq/engine/_fast.c", "shmq/engine/_layout.h", "shmq/model/*.py",
+_ENGINE = ["shmq/engine/**/*.py", "shmq/engine/_fast.c", "shmq/engine/*.h", "shmq/model/*.py",
            "shmq/errors.py", "shmq/serializers.py", "shmq/__init__.py"]
-# the TCP path: the server, the clients, the wire
-_WIRE = ["shmq/server/*.py", "shmq/client/*.py", "shmq/protocol/*.py", "shmq/auth.py", "shmq/busypoll.py"]
+# the TCP path: the server, the clients, the wire (their C halves included)
+_WIRE = ["shmq/server/*.py", "shmq/server/*.c", "shmq/client/*.py", "shmq/protocol/*.py", "shmq/protocol/*.c",
+         "shmq/protocol/*.h", "shmq/auth.py", "shmq/busypoll.py"]
 
 # a run's key -> what it measures: shmq's code and the bench's own shmq adapters
 MEASURES = {
@@ -39,6 +40,7 @@ MEASURES = {
     "kafka": [*_ENGINE, *_WIRE, "shmq/kafka/*.py", "shmq/kafka/*.c", "shmq/server/kafka/*.py"],
     "memory": [*_ENGINE, "bench/memory.py"],
     "compaction": [*_ENGINE, "shmq/server/housekeeper.py", "bench/compaction.py"],
+    "arrays": [*_ENGINE, "bench/arrays.py"],
 }
 
 _C_COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*", re.S)

@@ -19,6 +19,7 @@ import functools
 import time
 from collections import deque
 
+from ..model import arrays
 from ..engine.shm import doze
 from ..engine import maintenance
 from ..engine.queues import rpc
@@ -279,6 +280,11 @@ class LocalAsyncQueue:
         """Put one message (``options``: priority, delay, ttl, group, dedup_id); a full queue
         is waited for up to ``timeout`` seconds (None: for ever), then QueueFull."""
         return await self._room(functools.partial(self._h.put, body, headers, 0, **options), timeout)
+
+    async def put_array(self, a, headers=None, timeout=None, **options) -> int:
+        """``Queue.put_array``: the array's bytes copied once into the queue, its layout in a header."""
+        body, headers = arrays.to_message(a, headers)
+        return await self.put(body, headers, timeout, **options)
 
     async def put_many(self, bodies, timeout=None, **options) -> list[int]:
         """Put a batch, all or none; a full queue is waited for as ``put``'s."""

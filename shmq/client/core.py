@@ -23,7 +23,7 @@ from ..auth import client_token, refused
 from ..errors import BrokerUnavailable, ProtocolError, QueueEmpty, QueueExists, QueueFull, QueueNotFound, Unauthorized
 from ..errors import SettingsMismatch
 from ..errors import DeliveryExpired, SerializationError, ShmqError
-from ..model import keepalive
+from ..model import arrays, keepalive
 from ..model.checks import check_pattern, check_routing_key
 from ..model.headers import CORRELATION_ID
 from ..model.headers import reply_headers as rpc_reply_headers
@@ -266,6 +266,12 @@ class DeliveryCalls(object if Leased is None else Leased):
     def queue(self) -> str:
         return self._q.name
 
+    def array(self, copy: bool = False):
+        """The numpy array ``put_array`` sent: over TCP a read-only view of the body this
+        client received (a copy already: it outlives the delivery), or with ``copy`` a
+        writable array of its own. TypeError for a message sent otherwise."""
+        return arrays.from_body(arrays.meta_of(self.headers), raw_body(self), copy)
+
     def __repr__(self):
         return f"<{type(self).__name__} {self.queue}#{self.id} attempt={self.attempt} {len(raw_body(self))}B>"
 
@@ -452,6 +458,13 @@ class QueueCalls:
             return None
         request = Send(MsgType.PRODUCE, {"queue": self.name, **message, **options})
         return (yield from retry_while_full(request, timeout, self._broker._clock))["id"]
+
+    def put_array(self, a, headers=None, timeout=None, **options):
+        """Put numpy array ``a`` (``Queue.put_array``'s message: its bytes, and its dtype,
+        shape and strides in a header; over TCP its bytes are sent as a copy). Returns what
+        ``put`` returns (the asyncio client's: an awaitable)."""
+        body, headers = arrays.to_message(a, headers)
+        return self.put(body, headers, timeout, **options)
 
     @driven
     def put_nowait(self, body, headers=None, *, priority=0, delay=0.0, ttl=None, group=None, dedup_id=None):

@@ -328,12 +328,22 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
     uint64_t wal_gen = PyLong_AsUnsignedLongLong(args[7]);
     if (wal_gen == (uint64_t)-1 && PyErr_Occurred()) return NULL;
     if (parse_u64s(args, 3, v) < 0) return NULL;
-    if (!PyBytes_CheckExact(args[3]) || !PyBytes_CheckExact(args[4])) return PyLong_FromLong(R_FALLBACK);
+    if (!PyBytes_CheckExact(args[4])) return PyLong_FromLong(R_FALLBACK);
     enq = PyLong_AsUnsignedLongLong(args[5]);
     if (enq == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    int64_t r = put_core((char *)(uintptr_t)v[0], v[1], v[2], PyBytes_AS_STRING(args[3]),
-                         (uint64_t)PyBytes_GET_SIZE(args[3]), PyBytes_AS_STRING(args[4]),
-                         (uint64_t)PyBytes_GET_SIZE(args[4]), enq, wal_fd, wal_gen, wait);
+    Py_buffer body = {0}; /* a body of bytes, or any one-piece buffer (a numpy array's memory): copied once, here */
+    if (PyBytes_CheckExact(args[3])) {
+        body.buf = PyBytes_AS_STRING(args[3]);
+        body.len = PyBytes_GET_SIZE(args[3]);
+    } else if (PyObject_GetBuffer(args[3], &body, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    int64_t r = put_core((char *)(uintptr_t)v[0], v[1], v[2], body.buf, (uint64_t)body.len,
+                         PyBytes_AS_STRING(args[4]), (uint64_t)PyBytes_GET_SIZE(args[4]), enq, wal_fd, wal_gen, wait);
+    int err = errno;
+    if (body.obj) PyBuffer_Release(&body);
+    errno = err;
     if (r == R_OSERROR) return PyErr_SetFromErrno(PyExc_OSError);
     return r < 0 ? PyLong_FromLong((long)r) : PyLong_FromUnsignedLongLong((uint64_t)r);
 }
@@ -1120,24 +1130,28 @@ static PyObject *fast_publish(PyObject *self, PyObject *const *args, Py_ssize_t 
     return PyLong_FromUnsignedLongLong(publish_one(seg, pos + U32(a + REC_LENGTH), msg_id));
 }
 
-/* A Loan: a writable buffer of ``size`` bytes at ``offset`` of ``owner``'s buffer (a queue's
- * mapping, kept exported while the loan lives, so it is never unmapped under it), which
- * counts the buffers taken from it: ``exports`` is 0 once every view of it is gone. */
+/* A Loan: a writable (or, with ``readonly``, read-only) buffer of ``size`` bytes at ``offset`` of
+ * ``owner``'s buffer (a queue's mapping, kept exported while the loan lives, so it is never
+ * unmapped under it), which counts the buffers taken from it: ``exports`` is 0 once every view
+ * of it is gone (an object that lets go of the export but keeps the loan, as numpy's arrays do,
+ * holds a reference instead). */
 typedef struct {
     PyObject_HEAD
     Py_buffer owner;
     char *ptr;
     Py_ssize_t len, exports;
+    int readonly;
 } Loan;
 
 static PyObject *loan_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *owner;
     Py_ssize_t offset, size;
+    int readonly = 0;
     if (kw && PyDict_GET_SIZE(kw)) {
-        PyErr_SetString(PyExc_TypeError, "Loan(owner, offset, size)");
+        PyErr_SetString(PyExc_TypeError, "Loan(owner, offset, size[, readonly])");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "Onn", &owner, &offset, &size)) return NULL;
+    if (!PyArg_ParseTuple(args, "Onn|p", &owner, &offset, &size, &readonly)) return NULL;
     Loan *self = (Loan *)type->tp_alloc(type, 0);
     if (!self) return NULL;
     if (PyObject_GetBuffer(owner, &self->owner, PyBUF_WRITABLE) < 0) {
@@ -1152,6 +1166,7 @@ static PyObject *loan_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     }
     self->ptr = (char *)self->owner.buf + offset;
     self->len = size;
+    self->readonly = readonly;
     return (PyObject *)self;
 }
 
@@ -1161,7 +1176,7 @@ static void loan_dealloc(Loan *self) {
 }
 
 static int loan_getbuffer(Loan *self, Py_buffer *view, int flags) {
-    if (PyBuffer_FillInfo(view, (PyObject *)self, self->ptr, self->len, 0, flags) < 0) return -1;
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->ptr, self->len, self->readonly, flags) < 0) return -1;
     self->exports++;
     return 0;
 }

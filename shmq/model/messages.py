@@ -3,7 +3,7 @@
 
 from dataclasses import dataclass
 
-__all__ = ["Message", "QueueStats", "as_bytes", "as_body", "raw_body"]
+__all__ = ["Message", "QueueStats", "as_bytes", "as_buffer", "as_body", "raw_body"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +46,37 @@ class Message:
 
 
 def as_bytes(value, what="message body"):
-    """``value`` as bytes (bytes-like accepted); TypeError naming ``what`` otherwise."""
+    """``value`` as bytes (any object with the buffer protocol: bytearray, memoryview,
+    array.array, a numpy array, its bytes as they lie); TypeError naming ``what`` otherwise."""
     if type(value) is bytes:
         return value
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}")
+    try:
+        view = memoryview(value)
+    except TypeError:
+        raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}") from None
+    with view:
+        return view.tobytes()
+
+
+def as_buffer(value, what="message body"):
+    """``value`` as bytes, or as a flat byte view of its own memory where that is one piece (a
+    C-contiguous bytearray, memoryview, array or numpy array: the queue then copies it once,
+    into its memory); TypeError naming ``what`` for what has no buffer."""
+    if type(value) is bytes:
+        return value
+    try:
+        view = memoryview(value)
+    except TypeError:
+        raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}") from None
+    if view.c_contiguous:
+        if view.format == "B" and view.ndim == 1:
+            return view
+        try:
+            return view.cast("B")
+        except (TypeError, ValueError):  # (a format cast cannot take: its bytes, copied)
+            pass
+    with view:
+        return view.tobytes()
 
 
 def as_body(value):

@@ -6,6 +6,7 @@ step acks the delivery handed out last and takes the next, in C one lock hold). 
 ``Queue`` (``queue.py``).
 """
 
+import ctypes
 import threading
 import time
 
@@ -20,6 +21,8 @@ from ..shm.layout import (I_DELETED, I_FRONTIER, I_HEAD, I_INFLIGHT, I_NEXT_DEAD
 from .delivery import Delivery, Message
 from ...model.headers import decode_headers
 from ...model.keepalive import _live as _kept_alive
+from . import views
+from .views import _viewed as _array_views
 from ...model.keepalive import settling as _stop_keepalives
 from ..shm.mutex import FOREVER
 from ..shm.mutex import trylock as _trylock
@@ -420,6 +423,11 @@ class Consuming:
         """``d``'s body in the ring, read-only, while ``d`` holds its lease (read without
         the lock: only its holder settles a lease, and a lapsed one keeps its bytes until
         it is taken again); DeliveryExpired once it is settled or taken again."""
+        b, bl = self._body_at(d)
+        return self._ring[b:b + bl]
+
+    def _body_at(self, d) -> tuple[int, int]:
+        """(ring offset, length) of ``d``'s body, checked as ``_view_of`` checks it."""
         if self._lockp is None:
             raise self._closed()
         mq, cap = self._mq, self._cap
@@ -431,8 +439,15 @@ class Consuming:
         if s & 0xFF != _LEASED or s >> 32 != d.attempt or mq[w + _R_MSG_ID] != d.id:
             raise self._expired(d)
         _s, _length, bl, hl, _f, _id, _e, _d = _REC_UNPACK(self._mm, self._base + off)
-        b = off + _REC + hl
-        return self._ring[b:b + bl]
+        return off + _REC + hl, bl
+
+    def _loan_of(self, d):
+        """``d``'s body in the ring as an object of its own whose references say who still reads
+        it (``views``): a read-only ``Loan`` on the C paths, a ctypes array on Python's."""
+        b, bl = self._body_at(d)
+        if self.paths.Loan is not None:
+            return self.paths.Loan(self._mm, self._base + b, bl, True)
+        return (ctypes.c_char * bl).from_buffer(self._mm, self._base + b)
 
     def _take(self, maxn, vis_ns, waited, register, max_bytes=None, deadline=None):
         """One locked attempt to lease up to ``maxn`` ready messages. With ``register``,
@@ -699,6 +714,12 @@ class Messages:
             if wal is not None:
                 if _kept_alive:  # (a dict: empty unless some keepalive runs in this process)
                     _stop_keepalives((prev,))
+                if _array_views:  # (an array on its body: let go of first, or BufferError)
+                    try:
+                        views.release((prev,))
+                    except BufferError:
+                        self._last = prev  # (still the loop's: settled by its next step, once let go)
+                        raise
                 try:
                     r = take_next(q, q._segp, q._base, q._cap, q._slot,
                                   q._vis_ns if self._vis_ns is None else self._vis_ns, q.max_deliveries or 0,
@@ -722,7 +743,11 @@ class Messages:
                 if r == _F_OWNERDEAD:
                     q._repair_held_lock()
                 # else the general take's case, or a busy lock: below (an ack made already is not made twice)
-        self._ack(prev)
+        try:
+            self._ack(prev)
+        except BufferError:  # (an array on its body still alive: still the loop's, acked by a later step)
+            self._last = prev
+            raise
         return self._take()
 
     def _take(self):

@@ -14,7 +14,7 @@ from ...model.headers import CORRELATION_ID, decode_headers, reply_headers
 from ...model.messages import Message, QueueStats, raw_body
 from ...model.processing import Processing
 from .. import cpaths
-from . import extension
+from . import extension, views
 
 __all__ = ["Delivery", "PythonDelivery", "CDelivery", "Message", "QueueStats", "Processing", "raw_body",
            "plain_columns"]
@@ -71,6 +71,16 @@ class Delivery:
         if type(b) is memoryview:
             return b
         return self._q._view_of(self)
+
+    def array(self, copy: bool = False):
+        """The numpy array ``put_array`` sent, as a read-only view of the body where it lies
+        in the queue's memory: no copy. It is valid until the delivery is settled, and the
+        settle (``ack``, ``nack``, ``reject``) raises BufferError, settling nothing, while the
+        array (or anything made from it) is still alive: let it go first, or take ``copy=True``
+        (an array of its own, which outlives the delivery). A lease that lapses while the
+        array is used ends its validity too (``keepalive()`` keeps it). TypeError for a
+        message sent otherwise; DeliveryExpired once it is no longer leased."""
+        return views.array_of(self, self.headers, copy)
 
     @property
     def enqueued_at(self) -> float:

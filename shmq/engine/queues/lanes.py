@@ -26,6 +26,7 @@ import weakref
 import zlib
 from functools import partial
 
+from ...model import arrays
 from ...errors import DeliveryExpired, LockTimeout, QueueEmpty, QueueFull
 from ...model.messages import QueueStats
 from ..shm import layout as L
@@ -235,6 +236,11 @@ class LanedQueue:
 
     def put_nowait(self, body, headers=None) -> int:
         return self.put(body, headers, 0)
+
+    def put_array(self, a, headers=None, timeout=None, **options) -> int:
+        """``Queue.put_array`` (the array into a lane as ``put`` puts a body)."""
+        body, headers = arrays.to_message(a, headers)
+        return self.put(body, headers, timeout, **options)
 
     def put_many(self, bodies, timeout=None, priority=0, delay=0.0, ttl=None, headers=None, wait=True) -> list[int]:
         """All of them into one lane, all or nothing (the own lane, or another with room)."""

@@ -9,8 +9,9 @@ from functools import partial
 
 from ...persistence import dmsq
 from ...errors import MessageTooLarge, LockTimeout, QueueFull
+from ...model import arrays
 from ...model.headers import encode_headers, per_item
-from ...model.messages import as_body, as_bytes
+from ...model.messages import as_body, as_buffer, as_bytes
 from .. import cpaths
 from . import dedup, extension
 from ..shm import ring, waits
@@ -84,8 +85,8 @@ class Producing:
         """
         if priority or delay or ttl is not None or group is not None or dedup_id is not None:
             return self._put_with(body, headers, timeout, priority, delay, ttl, group, dedup_id)
-        if type(body) is not bytes:
-            body = as_bytes(body)
+        if type(body) is not bytes:  # any buffer in one piece is copied once, into the ring (a view of it here)
+            body = as_buffer(body)
         hraw = b"" if headers is None else encode_headers(headers)
         bl = len(body)
         if bl > self.max_message_bytes:
@@ -148,6 +149,14 @@ class Producing:
                 self._ne.release()
             return msg_id
         return self._append(((body, hraw, size),), timeout)[0]
+
+    def put_array(self, a, headers: dict | None = None, timeout: float | None = None, **options) -> int:
+        """Put numpy array ``a``: its bytes, copied once into the queue (a C- or Fortran-
+        contiguous array as it lies; another as a C-ordered copy first), its dtype, shape
+        and strides in a header (``model.arrays``), so ``d.array()`` gives it back where it
+        lies. ``headers``, ``timeout`` and the options as ``put``'s."""
+        body, headers = arrays.to_message(a, headers)
+        return self.put(body, headers, timeout, **options)
 
     def flush(self) -> None:
         """Nothing to wait for: a local put is confirmed when it returns (``wait`` is for

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from ...persistence import dmsq
 from ...errors import DeliveryExpired
 from ...model.keepalive import _live as _kept_alive
+from . import views
+from .views import _viewed as _array_views
 from ...model.keepalive import settling as _stop_keepalives
 from .. import cpaths
 from . import deadletter
@@ -48,6 +50,8 @@ class Settling:
         lp = self._lockp
         if lp is None:
             raise self._closed()
+        if _array_views:  # (an array on its body: let go of first, or BufferError)
+            views.release((d,))
         if self._held is not None:
             self._drop_held((d,))
         fast_ack = self._fast_ack  # (the handle's paths': None on the Python paths)
@@ -249,6 +253,8 @@ class Settling:
             self._drop_held(deliveries)
         if _kept_alive:  # (a dict: empty unless some keepalive runs in this process)
             _stop_keepalives(deliveries)
+        if _array_views:  # (arrays on their bodies: let go of first, or BufferError)
+            views.release(deliveries)
         return deliveries
 
     def _raise_expired(self, expired):
