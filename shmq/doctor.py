@@ -36,6 +36,8 @@ import os
 import re
 import time
 
+import psutil
+
 from . import logind
 from .auth import data_root, remove_stale_runtime_file, stale_runtime_files
 from .engine.shm.layout import MAX_PARTITIONS
@@ -58,6 +60,24 @@ _STREAM = "@"
 
 
 # ------------------------------------------------------------------ /dev/shm
+
+# a task's spool of the Spark JVM sink (io.shmq.spark.sink.SinkWrite): shmq.NS.spark-spool.PID.TXN.BATCH.PART.TASK,
+# its driver's while that driver (PID) lives, which publishes and deletes it
+_SPOOL_GONE = "a spool of the Spark JVM sink whose driver is gone (nothing publishes it)"
+
+
+def _spool_pid(namespace: str, entry: str) -> int | None:
+    prefix = f"shmq.{namespace}.spark-spool."
+    if not entry.startswith(prefix):
+        return None
+    pid = entry[len(prefix):].split(".", 1)[0]
+    return int(pid) if pid.isdigit() else None
+
+
+def _live_spool(namespace: str, entry: str) -> bool:
+    pid = _spool_pid(namespace, entry)
+    return pid is not None and psutil.pid_exists(pid)
+
 def _namespace_of(entry: str) -> str | None:
     """The namespace of a /dev/shm entry named like shmq's (``shmq.NS...``,
     ``sem.shmq.NS...``), else None."""
@@ -225,6 +245,7 @@ def _examine(namespace, entries, now, remove=False) -> dict:
                                                      lock_name(namespace)}
                 stores = segment_name(namespace, "kv", "").lstrip("/")  # keyed stores: their files are them
                 owned |= {e for e in entries if e.startswith(stores)}
+                owned |= {e for e in entries if _live_spool(namespace, e)}
                 half = {}
                 for i, st, name in used:
                     if st in (CREATING, DELETING):
@@ -235,6 +256,7 @@ def _examine(namespace, entries, now, remove=False) -> dict:
                     if entry in owned:
                         continue
                     reason = next((why for name, why in half.values() if entry in _files_of(namespace, name)),
+                                  _SPOOL_GONE if _spool_pid(namespace, entry) else
                                   "no queue or stream of its namespace's registry owns it")
                     orphan(entry, reason)
                 if remove:

@@ -200,3 +200,28 @@ def test_doctor_names_a_killed_servers_runtime_file_and_the_data_dirs_of_gone_na
     finally:
         for ns in (gone, live):
             shutil.rmtree(default_data_dir(ns), ignore_errors=True)
+
+
+def test_a_spark_spool_is_its_live_drivers_and_an_orphan_once_that_driver_is_gone(make_namespace):
+    """The JVM sink's task spools (io.shmq.spark.sink): a live driver's are no orphans (``--clean``
+    must never take one from under its commit); a gone driver's are, and are named so."""
+    ns = make_namespace()
+    with shmq.connect(namespace=ns) as b:
+        b.create_namespace()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    mine = f"shmq.{ns}.spark-spool.{os.getpid()}.9f0c2b1a-0000-4000-8000-000000000000.3.0.7"
+    lost = f"shmq.{ns}.spark-spool.{dead.pid}.9f0c2b1a-0000-4000-8000-000000000000.3.0.8"
+    for name in (mine, lost):
+        with open(os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_WRONLY, 0o600), "wb") as f:
+            f.write(b"rows")
+    try:
+        found = {o["entry"]: o for o in json.loads(_doctor("--namespace", ns, "--json"))["orphans"]}
+        assert set(found) == {lost} and "Spark JVM sink whose driver is gone" in found[lost]["reason"]
+        cleaned = json.loads(_doctor("--namespace", ns, "--clean", "--json"))
+        assert [o["entry"] for o in cleaned["orphans"] if o["removed"]] == [lost]
+        assert os.path.exists(os.path.join(SHM_DIR, mine))
+    finally:
+        for name in (mine, lost):
+            if os.path.exists(os.path.join(SHM_DIR, name)):
+                os.unlink(os.path.join(SHM_DIR, name))

@@ -27,16 +27,19 @@ __all__ = ["register", "local_session", "jar"]
 def register(spark) -> None:
     """Register the data sources "shmq" and "dmsq" in the session ``spark``, the Python
     "shmq" also as "shmq_python" (where the JVM connector's jar is on Spark's class path,
-    "shmq" is its JVM source, which hands the sink on to "shmq_python"); first make sure
-    its Python workers can import shmq: a local session where nothing chose their
-    Python (``PYSPARK_PYTHON``, ``spark.pyspark.python``) gets this interpreter, and one
-    whose chosen Python cannot import shmq is refused (SpecError, one line saying how)."""
+    "shmq" is its JVM source and sink); first make sure its Python workers can import
+    shmq: a local session where nothing chose their Python (``PYSPARK_PYTHON``,
+    ``spark.pyspark.python``) gets this interpreter, and one whose chosen Python cannot
+    import shmq is refused (SpecError, one line saying how). That Python is also the JVM
+    sink's publisher's (``spark.shmq.python``)."""
     from .datasource import ShmqDataSource
     from .dmsq_reader import DmsqDataSource
     from .python_source import ShmqPythonDataSource
     from .session import worker_python
 
-    worker_python(spark)
+    python = worker_python(spark)
+    if python is not None:
+        spark.conf.set("spark.shmq.python", python)
     spark.dataSource.register(ShmqPythonDataSource)
     spark.dataSource.register(DmsqDataSource)
     try:

@@ -1,7 +1,7 @@
 """One SparkSession for the Spark tests (local[2], quiet; its scratch files under the
 session's temporary directory; the JVM connector's jar on its class path where there is a
-JDK), skipped, saying why, without pyspark or Java; and ``source``, which runs a test on
-both sources: "shmq_python" (the Python source) and "shmq" (the JVM source)."""
+JDK), skipped, saying why, without pyspark or Java; and ``source`` and ``sink``, which run a
+test on both sources or sinks: "shmq_python" (Python's) and "shmq" (the JVM's)."""
 
 import pytest
 
@@ -47,6 +47,15 @@ def jvm(spark):
 @pytest.fixture(params=["python", "jvm"])
 def source(request):
     """The format name of the source under test: each test that takes it runs on both."""
+    if request.param == "python":
+        return "shmq_python"
+    return request.getfixturevalue("jvm")
+
+
+@pytest.fixture(params=["python", "jvm"])
+def sink(request):
+    """The format name of the sink under test: "shmq_python" (the Python sink) and "shmq" (the
+    JVM sink, io.shmq.spark.sink): each test that takes it runs on both."""
     if request.param == "python":
         return "shmq_python"
     return request.getfixturevalue("jvm")

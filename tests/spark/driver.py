@@ -1,8 +1,9 @@
 """A Spark driver for the fault tests, run as its own process (and session):
 ``python -m tests.spark.driver CONFIG_JSON``. Runs one availableNow query from a shmq
-stream into a shmq stream through the fault-injecting sink (tests.spark.faults) and the
-fault-injecting Python source, or the source that CONFIG's "source_format" names ("shmq":
-the JVM source), then prints {"id": query id} on its last line."""
+stream into a shmq stream through the fault-injecting sink (tests.spark.faults), or the JVM
+sink ("sink_format": "shmq", its faults through the environment), and the fault-injecting
+Python source, or the source that CONFIG's "source_format" names ("shmq": the JVM source),
+then prints {"id": query id} on its last line."""
 
 import json
 import os
@@ -11,6 +12,11 @@ import sys
 
 def main(cfg):
     os.environ["SHMQ_NAMESPACE"] = cfg["namespace"]
+    sink_format = cfg.get("sink_format", "shmq_faulty")
+    if sink_format == "shmq" and cfg.get("fault"):  # the JVM sink's faults: through its JVM's environment (Faults)
+        os.environ["SHMQ_SPARK_SINK_FAULT"] = cfg["fault"]
+        os.environ["SHMQ_SPARK_SINK_FAULT_CMD"] = (f"{sys.executable} -c 'from tests.spark.faults import "
+                                                    "kill_session; kill_session()'")
     from shmq.spark import local_session
     from tests.spark.faults import FaultyShmq
 
@@ -24,9 +30,11 @@ def main(cfg):
     if cfg.get("source_format", "shmq_faulty") == "shmq_faulty":  # the fault-injecting Python source
         src = src.option("plans", cfg["plans"]).option("fault", cfg.get("fault", ""))
     src = src.load()
-    q = (src.select("key", "value").writeStream.format("shmq_faulty").option("stream", cfg["sink"])
-         .option("namespace", cfg["namespace"]).option("fault", cfg.get("fault", ""))
-         .option("checkpointLocation", cfg["checkpoint"]).trigger(availableNow=True).start())
+    w = (src.select("key", "value").writeStream.format(sink_format).option("stream", cfg["sink"])
+         .option("namespace", cfg["namespace"]).option("checkpointLocation", cfg["checkpoint"]))
+    if sink_format == "shmq_faulty":
+        w = w.option("fault", cfg.get("fault", ""))
+    q = w.trigger(availableNow=True).start()
     q.awaitTermination(cfg["timeout"])
     if q.exception() is not None:
         raise SystemExit(f"query failed: {q.exception()}")

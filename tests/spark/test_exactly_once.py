@@ -2,7 +2,7 @@
 SIGKILLed at three points: while it plans a batch, while a batch's tasks run (rows
 staged, nothing published), and after the sink published a batch but before Spark wrote
 its commit log; with the Python source and with the JVM one (whose runs the sink alone
-kills). Each driver runs in its own process session; every process of that session is
+kills), and with the JVM source and the JVM sink (its faults: io.shmq.spark.sink.Faults). Each driver runs in its own process session; every process of that session is
 gone before the test goes on."""
 
 import json
@@ -74,9 +74,10 @@ FAULTS = {"shmq_faulty": ["plan:2", "write:3", "commit:4", ""], "shmq": ["write:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source", ["shmq_faulty", "shmq"], ids=["python", "jvm"])
+@pytest.mark.parametrize("source, sink", [("shmq_faulty", "shmq_faulty"), ("shmq", "shmq_faulty"), ("shmq", "shmq")],
+                         ids=["python", "jvm-source", "jvm-source-and-sink"])
 def test_sigkill_of_the_driver_at_three_points_replays_the_same_ranges_and_sinks_each_record_once(
-        broker, tmp_path, source):
+        broker, tmp_path, source, sink):
     if source == "shmq":
         from shmq.spark.jar import javac
 
@@ -89,7 +90,8 @@ def test_sigkill_of_the_driver_at_three_points_replays_the_same_ranges_and_sinks
     segments = set(namespace_entries(broker.namespace))
     ck = str(tmp_path / "checkpoint")
     base = {"namespace": broker.namespace, "source": "in", "sink": "out", "checkpoint": ck,
-            "scratch": str(tmp_path / "scratch"), "max_records": 500, "timeout": 240, "source_format": source}
+            "scratch": str(tmp_path / "scratch"), "max_records": 500, "timeout": 240, "source_format": source,
+            "sink_format": sink}
     # batches of 500 of 3000 records: 0..5; kill while planning batch 2, while batch 3's tasks
     # run, after batch 4 was published; the last run finishes
     faults = FAULTS[source]

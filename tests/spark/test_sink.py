@@ -23,11 +23,11 @@ def everything(s):
     return {p: [(r.key, r.value, r.headers) for r in s.read(p, 0, max_records=100_000)] for p in range(s.partitions)}
 
 
-def test_a_batch_write_places_rows_by_partition_key_or_task_and_leaves_no_staging(spark, broker):
+def test_a_batch_write_places_rows_by_partition_key_or_task_and_leaves_no_staging(spark, broker, sink):
     out = broker.create_stream("out", partitions=3)
     rows = [("k%d" % i, b"v%d" % i, {"n": str(i)}, None) for i in range(30)] + [(None, b"p1", None, 1)]
     df = spark.createDataFrame(rows, "key string, value binary, headers map<string,string>, partition int")
-    df.write.format("shmq").option("stream", "out").option("namespace", broker.namespace).mode("append").save()
+    df.write.format(sink).option("stream", "out").option("namespace", broker.namespace).mode("append").save()
     got = everything(out)
     for i in range(30):
         p = partition_of(b"k%d" % i, 3)
@@ -37,7 +37,7 @@ def test_a_batch_write_places_rows_by_partition_key_or_task_and_leaves_no_stagin
     assert broker.list_streams() == ["out"]  # the job's staging stream is gone
 
 
-def test_a_streaming_query_into_a_stream_keeps_per_key_order_and_reclaims_its_staging(spark, broker, tmp_path):
+def test_a_streaming_query_into_a_stream_keeps_per_key_order_and_reclaims_its_staging(spark, broker, sink, tmp_path):
     src = broker.create_stream("in", partitions=2)
     out = broker.create_stream("out", partitions=2)
     for seq in range(100):
@@ -45,7 +45,7 @@ def test_a_streaming_query_into_a_stream_keeps_per_key_order_and_reclaims_its_st
     q = (spark.readStream.format("shmq").option("stream", "in").option("namespace", broker.namespace)
          .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", 150).load()
          .selectExpr("key", "cast(value as string) as value")
-         .writeStream.format("shmq").option("stream", "out").option("namespace", broker.namespace)
+         .writeStream.format(sink).option("stream", "out").option("namespace", broker.namespace)
          .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
     assert q.awaitTermination(QUERY_TIMEOUT)
     by_key = {}
@@ -57,41 +57,41 @@ def test_a_streaming_query_into_a_stream_keeps_per_key_order_and_reclaims_its_st
     assert broker.list_streams() == ["in", "out"]
 
 
-def test_over_tcp_the_sink_publishes_inside_the_server(spark, broker, tmp_path):
+def test_over_tcp_the_sink_publishes_inside_the_server(spark, broker, sink, tmp_path):
     out = broker.create_stream("out", partitions=1)
     srv = ThreadedServer(broker.namespace)
     try:
         df = spark.createDataFrame([(b"x%d" % i,) for i in range(20)], "value binary")
-        df.write.format("shmq").option("stream", "out").option("url", srv.url).mode("append").save()
+        df.write.format(sink).option("stream", "out").option("url", srv.url).mode("append").save()
     finally:
         srv.stop()
     assert [v for _k, v, _h in everything(out)[0]] == [b"x%d" % i for i in range(20)]
 
 
-def test_a_queue_sink_puts_each_row(spark, broker):
+def test_a_queue_sink_puts_each_row(spark, broker, sink):
     q = broker.create_queue("jobs")
-    spark.createDataFrame([("j%d" % i,) for i in range(10)], "value string").write.format("shmq") \
+    spark.createDataFrame([("j%d" % i,) for i in range(10)], "value string").write.format(sink) \
         .option("queue", "jobs").option("namespace", broker.namespace).mode("append").save()
     assert sorted(d.body for d in q.get_many(20)) == sorted(b"j%d" % i for i in range(10))
 
 
-def test_clear_errors_for_a_missing_stream_or_columns(spark, broker):
+def test_clear_errors_for_a_missing_stream_or_columns(spark, broker, sink):
     df = spark.createDataFrame([("v",)], "value string")
     with pytest.raises(Exception, match="writes to an existing stream: create stream 'nowhere' first"):
-        df.write.format("shmq").option("stream", "nowhere").option("namespace", broker.namespace) \
+        df.write.format(sink).option("stream", "nowhere").option("namespace", broker.namespace) \
             .mode("append").save()
     broker.create_stream("out", partitions=1)
     with pytest.raises(Exception, match="needs a 'value' column"):
-        spark.createDataFrame([("v",)], "body string").write.format("shmq").option("stream", "out") \
+        spark.createDataFrame([("v",)], "body string").write.format(sink).option("stream", "out") \
             .option("namespace", broker.namespace).mode("append").save()
     with pytest.raises(Exception, match="'key' column must be binary or string, not int"):
-        spark.createDataFrame([(1, "v")], "key int, value string").write.format("shmq").option("stream", "out") \
+        spark.createDataFrame([(1, "v")], "key int, value string").write.format(sink).option("stream", "out") \
             .option("namespace", broker.namespace).mode("append").save()
     with pytest.raises(Exception, match="the shmq sink has no option startingoffsets \\(an option of the shmq "
                                         "streaming source and the shmq batch source\\); its options are stream, "
                                         "queue, namespace, url, token, sinkStagingMaxBytes, checkpointLocation, "
                                         "queryName"):
-        df.write.format("shmq").option("stream", "out").option("namespace", broker.namespace) \
+        df.write.format(sink).option("stream", "out").option("namespace", broker.namespace) \
             .option("startingOffsets", "earliest").mode("append").save()
 
 
@@ -154,11 +154,11 @@ def test_a_replayed_commit_appends_nothing_and_finishes_a_partial_publish(broker
         StreamWriter(Options({"stream": "out", "namespace": broker.namespace}), schema, True)
 
 
-def test_a_namespace_that_does_not_exist_is_named_not_made(spark, broker):
+def test_a_namespace_that_does_not_exist_is_named_not_made(spark, broker, sink):
     ns = broker.namespace + "x"
     df = spark.createDataFrame([("v",)], "value string")
     with pytest.raises(Exception, match=f"there is no shmq namespace '{ns}' on this host"):
-        df.write.format("shmq").option("stream", "out").option("namespace", ns).mode("append").save()
+        df.write.format(sink).option("stream", "out").option("namespace", ns).mode("append").save()
     with pytest.raises(Exception, match=f"there is no shmq namespace '{ns}' on this host"):
         spark.read.format("shmq").option("stream", "events").option("namespace", ns).load().collect()
     assert namespace_entries(ns) == []

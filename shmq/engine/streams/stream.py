@@ -427,6 +427,32 @@ class Stream:
         self._wake_readers()
         return out
 
+    def publish_columns(self, chunks: dict, txn_id: bytes, batch: int) -> dict:
+        """``publish`` of records given as chunks of Arrow buffers (``append_columns``' chunks)
+        instead of ranges of a staging stream: ``chunks`` maps a partition to its chunks,
+        appended in that order, all or nothing per partition, exactly once per (publisher
+        ``txn_id``, ``batch``): a partition that has this batch already is skipped (a publish
+        cut short is finished by calling it again). Returns {partition: first offset, or
+        None}. Local handles only (the JVM sink's publisher, ``shmq.spark.publisher``)."""
+        txn_id = check_txn(txn_id, batch)
+        out = {}
+        for p in sorted(chunks):
+            part = self._part(p)
+            if part.published(txn_id) >= batch:
+                out[p] = None
+                continue
+            cs = [tuple(c) for c in chunks[p]]
+            if part.paths.columns_check is not None:
+                self._check_staged(part.paths.columns_check(cs)[2] if cs else 0)
+            else:
+                self._check_staged(max((_payload(k, h, v) for k, h, v in partition_mod.columns_items(cs)), default=0))
+            floor = None
+            if self.retention == "block":
+                floor = lambda p=p: self.groups_table.floor(p, self._idle_ns)  # noqa: E731
+            out[p] = part.append_columns(cs, _wall(), floor, txn=(txn_id, batch))
+        self._wake_readers()
+        return out
+
     def _check_staged(self, biggest: int) -> None:
         if biggest > self.max_message_bytes:
             raise MessageTooLarge(f"a staged record of {biggest} bytes; stream {self.name!r} takes at most "

@@ -21,8 +21,9 @@ import java.util.Map;
 import java.util.Set;
 
 /**
- * A shmq stream as a Spark table: read here (batch and micro-batch), written through the Python sink, and a queue
- * source or subscribePattern read through the Python source ({@link PythonSource}), saying so in the log.
+ * A shmq stream as a Spark table: read here (batch and micro-batch), written here (the JVM sink,
+ * {@link io.shmq.spark.sink.SinkWrite}), and a queue source or subscribePattern read through the Python source
+ * ({@link PythonSource}), saying so in the log.
  */
 final class ShmqTable implements SupportsRead, SupportsWrite {
     private static final Logger LOG = LoggerFactory.getLogger("shmq.spark");
@@ -93,8 +94,14 @@ final class ShmqTable implements SupportsRead, SupportsWrite {
         }
     }
 
+    /** The sink in the JVM ({@link io.shmq.spark.sink.SinkWrite}); the Python sink with spark.shmq.jvmSink=false. */
     @Override
     public WriteBuilder newWriteBuilder(LogicalWriteInfo info) {
-        return PythonSource.writer(schema, partitioning, properties).newWriteBuilder(info);
+        String jvm = org.apache.spark.sql.classic.SparkSession.active().conf().get("spark.shmq.jvmSink", "true");
+        if (jvm.equalsIgnoreCase("false")) {
+            LOG.info("shmq sink: written by the Python sink (spark.shmq.jvmSink=false)");
+            return PythonSource.writer(schema, partitioning, properties).newWriteBuilder(info);
+        }
+        return new io.shmq.spark.sink.SinkWrite(info);
     }
 }
