@@ -102,6 +102,18 @@ def _connect_raw(url):
     return s
 
 
+def _frames_of_a_read(s, decoder):
+    """The frames one read of socket ``s`` completes; RuntimeError for a close or an error reply."""
+    data = s.recv(1 << 20)
+    if not data:
+        raise RuntimeError("the server closed the connection")
+    decoder.feed(data)
+    for f in decoder.frames():
+        if f.status:
+            raise RuntimeError(f"error reply: {f.payload}")
+        yield f
+
+
 def _produce_raw(url, count, args):
     c0 = time.process_time()
     return _produce_raw_run(url, count, args), time.process_time() - c0
@@ -121,14 +133,8 @@ def _produce_raw_run(url, count, args):
         s.sendall(b"".join(frames[:sent]))
         done = 0
         while done < requests:
-            data = s.recv(1 << 20)
-            if not data:
-                raise RuntimeError("the server closed the connection")
-            decoder.feed(data)
             n = 0
-            for f in decoder.frames():
-                if f.status:
-                    raise RuntimeError(f"error reply: {f.payload}")
+            for _f in _frames_of_a_read(s, decoder):
                 n += 1
             done += n
             more = min(n, requests - sent)
@@ -163,14 +169,8 @@ def _plain_raw_run(url, count, args):
         s.sendall(b"".join(request() for _ in range(min(window, count))))
         sent = min(window, count)
         while done < count:
-            data = s.recv(1 << 20)
-            if not data:
-                raise RuntimeError("the server closed the connection")
-            decoder.feed(data)
             out = []
-            for f in decoder.frames():
-                if f.status:
-                    raise RuntimeError(f"error reply: {f.payload}")
+            for f in _frames_of_a_read(s, decoder):
                 if f.type & 0x7F == MsgType.ACK:
                     continue
                 done += 1
@@ -211,14 +211,8 @@ def _consume_raw_run(url, count, args):
         s.sendall(encode_request(MsgType.SUBSCRIBE, 1, {"queue": QUEUE, "prefetch": args.prefetch}))
         acked, msg_id = 0, 1
         while acked < count:
-            data = s.recv(1 << 20)
-            if not data:
-                raise RuntimeError("the server closed the connection")
-            decoder.feed(data)
             acks = []
-            for f in decoder.frames():
-                if f.status:
-                    raise RuntimeError(f"error reply: {f.payload}")
+            for f in _frames_of_a_read(s, decoder):
                 if f.type == deliver:
                     msg_id += 1
                     tags = [m["delivery"] for m in f.payload["messages"]]

@@ -170,6 +170,11 @@ class LocalAsyncDelivery:
     def __repr__(self):
         return repr(self._d)
 
+    def array(self, copy: bool = False):
+        """The local ``Delivery.array``: a read-only view where the body lies (its settle
+        raises BufferError while the array lives), or with ``copy`` an array of its own."""
+        return self._d.array(copy)
+
     async def ack(self, wait: bool = True) -> None:
         """Done with it (``wait``: the TCP client's; a local ack is always confirmed)."""
         self._d.ack()

@@ -45,16 +45,19 @@ class Message:
     queue: str
 
 
+def _view(value, what) -> memoryview:
+    try:
+        return memoryview(value)
+    except TypeError:
+        raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}") from None
+
+
 def as_bytes(value, what="message body"):
     """``value`` as bytes (any object with the buffer protocol: bytearray, memoryview,
     array.array, a numpy array, its bytes as they lie); TypeError naming ``what`` otherwise."""
     if type(value) is bytes:
         return value
-    try:
-        view = memoryview(value)
-    except TypeError:
-        raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}") from None
-    with view:
+    with _view(value, what) as view:
         return view.tobytes()
 
 
@@ -64,10 +67,7 @@ def as_buffer(value, what="message body"):
     into its memory); TypeError naming ``what`` for what has no buffer."""
     if type(value) is bytes:
         return value
-    try:
-        view = memoryview(value)
-    except TypeError:
-        raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}") from None
+    view = _view(value, what)
     if view.c_contiguous:
         if view.format == "B" and view.ndim == 1:
             return view

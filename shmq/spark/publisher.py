@@ -141,26 +141,14 @@ def _publish_over_tcp(opts, broker, target, txn_id: bytes, batch: int, spools) -
 
 def _put(opts: Options, spools) -> dict:
     """The spools' rows put into the target queue (at least once: a put again after a crash puts again)."""
-    import pyarrow as pa
+    from .writer import put_rows
 
     rows = 0
     with opts.connect() as broker:
         q = broker.queue(opts.queue)
         for path, _task in spools:
             for b in _batches(path):
-                i = b.schema.get_field_index("value")
-                values = b.column(i)
-                if values.null_count:
-                    raise SpecError(f"the shmq sink's value column is null in {values.null_count} row(s): a message "
-                                    "needs a body")
-                values = (values if values.type == pa.binary() else values.cast(pa.binary())).to_pylist()
-                rows += len(values)
-                h = b.schema.get_field_index("headers")
-                if h < 0:
-                    q.put_many(values, timeout=None)
-                    continue
-                for v, hs in zip(values, b.column(h).to_pylist()):
-                    q.put(v, headers=dict(hs) if hs else None, timeout=None)
+                rows += put_rows(q, b)
     return {"rows": rows}
 
 

@@ -27,7 +27,7 @@ from ..errors import ShmqError, StreamExists, StreamNotFound
 from .options import OPTIONS, SINK, SpecError
 from .staging import staging_name
 
-__all__ = ["StreamWriter", "BatchWriter"]
+__all__ = ["StreamWriter", "BatchWriter", "put_rows"]
 
 log = logging.getLogger("shmq.spark")
 
@@ -115,7 +115,7 @@ class _Writer:
             if self.opts.queue is not None:
                 q = broker.queue(self.opts.queue)
                 for b in batches:
-                    self._put(q, b)
+                    put_rows(q, b)
                 return staged
             target = broker.stream(self.opts.stream)
             staging = None
@@ -141,19 +141,6 @@ class _Writer:
                         first = staging.append_many(v.to_pylist(), keys=k, headers=h, partition=p)[0].offset
                         staged.ranges.setdefault(p, []).append((first, first + size))
             return staged
-
-    @staticmethod
-    def _put(q, batch):
-        import pyarrow as pa
-
-        values = batch.column(batch.schema.get_field_index("value"))
-        values = (values if values.type == pa.binary() else values.cast(pa.binary())).to_pylist()
-        i = batch.schema.get_field_index("headers")
-        if i < 0:
-            q.put_many(values, timeout=None)
-            return
-        for v, h in zip(values, batch.column(i).to_pylist()):
-            q.put(v, headers=dict(h) if h else None, timeout=None)
 
     def _publish(self, messages, writer_id: str, txn_id: bytes, batch: int) -> None:
         """Publish what the tasks staged, exactly once per (``txn_id``, ``batch``), then
@@ -182,6 +169,25 @@ class _Writer:
             finally:
                 staging.close()
             _drop(broker, name)
+
+
+def put_rows(q, batch) -> int:
+    """Put an Arrow batch's rows into queue ``q`` (its value column the bodies, its headers
+    column their headers): the queue sink's, Python's tasks and the JVM sink's publisher
+    alike. Returns how many."""
+    import pyarrow as pa
+
+    values = batch.column(batch.schema.get_field_index("value"))
+    if values.null_count:
+        raise SpecError(f"the shmq sink's value column is null in {values.null_count} row(s): a message needs a body")
+    values = (values if values.type == pa.binary() else values.cast(pa.binary())).to_pylist()
+    i = batch.schema.get_field_index("headers")
+    if i < 0:
+        q.put_many(values, timeout=None)
+        return len(values)
+    for v, h in zip(values, batch.column(i).to_pylist()):
+        q.put(v, headers=dict(h) if h else None, timeout=None)
+    return len(values)
 
 
 def _drop(broker, name: str) -> None:
