@@ -231,7 +231,7 @@ def spark(doc, path, link):
 
 def tcp(doc, path, link):
     """python -m bench.tcp: shmq over TCP against Redis, a row per case and figure, with shmq / Redis and
-    issue 28's targets."""
+    issue 44's targets."""
     table = tcp_report.rows(_results(doc))
     lines = [run_line(doc, path, link, doc["settings"]["runs"]), ""] + tcp_report.markdown(table) + [""]
     summary = tcp_report.target_summary(table)
@@ -264,7 +264,7 @@ def jobs(doc, path, link):
 
 
 def kafka(doc, path, link):
-    """python -m bench.kafka: records/s and p50 produce-to-consume per system, with issue 30's targets."""
+    """python -m bench.kafka: records/s and p50 produce-to-consume per system, with issue 44's targets."""
     from bench.kafka import TARGETS
 
     names = {"kafka": "Kafka clients via the listener", "shmq-tcp": "shmq's TCP client", "redis-streams": "Redis Streams",
@@ -284,7 +284,7 @@ def kafka(doc, path, link):
         rows.append([name, f"{r['records_per_s']:,.0f}", f"{r['p50_us'] / 1000:,.2f} ms",
                      f"{ratio:.2f}x" if ratio else "-", verdict])
     lines = [run_line(doc, path, link, doc.get("runs"), ("confluent-kafka",)), ""]
-    lines += _table(["system", "records/s", "p50 produce-to-consume", "Kafka path / system", "target (issue 30)"],
+    lines += _table(["system", "records/s", "p50 produce-to-consume", "Kafka path / system", "target (issue 44)"],
                     rows, "lrrrl") + [""]
     lines.append(f"{doc['records']:,} records of {doc['size']} B per run, one partition, one producer and one group "
                  "consumer process.")

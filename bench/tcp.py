@@ -17,7 +17,7 @@ barrier, each process with its own connection. The cases (``--cases``, plan.TCP_
 
 the last three at each ``--sizes`` (64 B and 1 KiB) and each P of ``--pairs`` (1 and 4).
 Every figure is the median of ``--runs`` runs, shown with shmq / Redis (for a latency
-below 1x means shmq is faster, for a rate above 1x does) and issue 28's target where it
+below 1x means shmq is faster, for a rate above 1x does) and issue 44's target where it
 sets one. Prints the table, writes every run as JSON (``--json``) and draws the plot
 beside it (``--plot``). ``--quick`` is a smoke test; ``--report JSON`` prints a saved
 run again and redraws it. Redis is skipped, saying why, where redis-server or redis-py

@@ -39,7 +39,7 @@ def test_the_rest_of_a_frame_made_room_for_lands_in_that_room():
     for i in range(60_000, len(frame), 50_000):
         dec.feed(frame[i : i + 50_000])
         assert dec._buf is room  # copied in once: never moved to a bigger buffer
-    assert len(room) == len(frame) - 16  # exactly the frame (its header is parsed already)
+    assert len(room) == len(frame)  # exactly the frame (its header held with it, until it is whole)
     (got,) = list(dec.frames())
     assert got.msg_id == 1 and len(got.payload["messages"]) == 1000
     assert len(dec._buf) == 0  # a big buffer goes once drained: an idle connection holds little
@@ -90,3 +90,47 @@ def test_payloads_small_and_big_decode_alike_around_the_copy_threshold():
             dec.feed(data[i : i + step])
             out.extend(dec.frames())
         assert out == expected
+
+
+@HYPOTHESIS_STRUCTURED
+@given(frame_list=st.lists(frames, min_size=1, max_size=6), cuts=st.lists(st.integers(0, 10_000), max_size=20),
+       takes=st.lists(st.integers(0, 3), max_size=20))
+def test_offer_hands_on_whole_frames_from_a_frames_start(frame_list, cuts, takes):
+    """``offer`` gives ``take`` the held bytes from a frame's start, however they came and
+    whatever ``next_parts`` already looked at; the whole frames ``take`` says it took are
+    consumed, and the decoder goes on with the rest as if they had never come."""
+    encoded = [encode_frame(f) for f in frame_list]
+    dec, out, i = FrameDecoder(), [], 0  # i: frames taken or decoded so far
+
+    def take(view, k):
+        held = bytes(view)
+        assert b"".join(encoded[i:]).startswith(held)  # from a frame's start: the next one's
+        n, whole = 0, 0
+        while whole < k and i + whole < len(encoded) and n + len(encoded[i + whole]) <= len(held):
+            n += len(encoded[i + whole])
+            whole += 1
+        return (n, whole) if whole else None
+
+    for j, chunk in enumerate(chunked(b"".join(encoded), cuts)):
+        dec.feed(chunk)
+        took = dec.offer(take, takes[j] if j < len(takes) else 1)
+        if took is not None:
+            out.extend(frame_list[i : i + took[1]])
+            i += took[1]
+        for f in dec.frames():
+            out.append(f)
+            i += 1
+    assert out == frame_list and dec.buffered == 0
+
+
+def test_offer_calls_nothing_without_a_header_or_after_a_failure():
+    calls = []
+    dec = FrameDecoder(max_frame_bytes=100)
+    dec.feed(encode_request(MsgType.PING, 1)[:10])
+    assert dec.offer(lambda view: calls.append(bytes(view))) is None and calls == []
+    dec.feed(encode_request(MsgType.PRODUCE, 2, {"queue": "q", "body": b"x" * 200})[:20])
+    try:
+        list(dec.frames())
+    except Exception:
+        pass
+    assert dec.offer(lambda view: calls.append(bytes(view))) is None and calls == []

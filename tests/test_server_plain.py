@@ -196,10 +196,15 @@ def encode(side, op) -> bytes:
     return encode_request(MsgType.PING, side.msg_id())
 
 
-def run(pair, reads):
-    for read in reads:
+def run(pair, reads, cuts=()):
+    """Each read's requests on both sides; ``cuts``: where a read's bytes are split into
+    reads of their own (a fraction of its length each), frames arriving in pieces."""
+    for i, read in enumerate(reads):
         for side in pair:
-            side.read(b"".join(encode(side, op) for op in read))
+            data = b"".join(encode(side, op) for op in read)
+            at = sorted({int(f * len(data)) for f in cuts[i % len(cuts)]} - {0}) if cuts else []
+            for a, b in zip([0, *at], [*at, len(data)]):
+                side.read(data[a:b])
         c, py = (side.replies() for side in pair)
         assert c == py, read
         assert pair[0].state() == pair[1].state(), read
@@ -212,6 +217,44 @@ def test_the_c_path_answers_as_the_python_path(sides, reads):
     pair = sides()
     run(pair, reads)
     event(f"served in C: {'some' if pair[0].served else 'none'}")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(ops, min_size=1, max_size=5), min_size=1, max_size=8),
+       st.lists(st.lists(st.floats(0, 1, exclude_max=True), max_size=3), min_size=1, max_size=4))
+def test_frames_in_pieces_get_the_python_paths_answers(sides, reads, cuts):
+    """The same, each read's bytes cut into several reads: the frames a later read completes
+    are offered to C from the decoder's bytes (``FrameDecoder.offer``)."""
+    pair = sides()
+    run(pair, reads, cuts)
+    event(f"served in C: {'some' if pair[0].served else 'none'}")
+
+
+def test_a_big_batch_in_pieces_is_served_in_c(sides):
+    """A PRODUCE_BATCH of 64 bodies, a CONSUME of them and their ACK, each in pieces: no
+    Python dispatch, the queue holds exactly them and then nothing. (A ring's next chunk of
+    memory is Python's to map: the batch fits the chunk the warm-up round maps.)"""
+    c, _py = sides()
+    dispatched = []
+    hook = c.conn.handle
+    c.conn.handle = lambda frame: dispatched.append(frame[0]) or hook(frame)
+    bodies = [bytes([i]) * 100 for i in range(64)]
+    for _ in range(2):  # (the warm-up round, then the one looked at)
+        dispatched.clear()
+        c.served = 0
+        for data in (encode_request(MsgType.PRODUCE_BATCH, 1, {"queue": "q", "messages": bodies}),
+                     consume_many_shape("q", 64, True).frame(2, 0)):
+            third = len(data) // 3
+            for a, b in ((0, third), (third, 2 * third), (2 * third, len(data))):
+                c.read(data[a:b])
+        got = c.replies()
+        assert [r[2] for r in got] == [Status.OK, Status.OK] and [m[2] for m in got[1][3]["messages"]] == bodies
+        data, c.tags = encode_request(MsgType.ACK, 3, {"queue": "q", "deliveries": c.tags}), []
+        c.read(data[:7])
+        c.read(data[7:])
+        assert c.replies()[0][3] == {"acked": 64}
+        assert c.broker.queue("q").stats().ready == 0 and len(c.conn.leases) == 0
+    assert dispatched == [] and c.served == 3
 
 
 def test_the_c_path_serves_what_the_clients_send(sides):

@@ -361,14 +361,13 @@ class FrameDecoder:
         self._buf = bytearray()
         self._pos = 0  # start of the unconsumed bytes in _buf
         self._end = 0  # end of the received bytes in _buf
-        self._header: tuple | None = None  # header fields of the frame whose payload is awaited
         self._skip = 0  # payload bytes of a rejected frame still to discard as they arrive
         self._failed: ProtocolError | None = None  # set by a fatal error; raised again
 
     @property
     def buffered(self) -> int:
         """Bytes received and held, not yet returned as a frame."""
-        return self._end - self._pos + (HEADER_SIZE if self._header is not None else 0)
+        return self._end - self._pos
 
     def feed(self, data) -> None:
         """Append received bytes; any chunking is fine."""
@@ -428,23 +427,17 @@ class FrameDecoder:
         if self._skip:
             return None  # feed drops the rest of the rejected frame; the buffer is empty
         buf = self._buf
-        header = self._header
         start = self._pos
         end = self._end
-        if header is None:
-            if end - start < HEADER_SIZE:
-                return None
-            header = _unpack_header_from(buf, start)  # the whole header in one call
-            magic, length, _t, version, _s, _i = header
-            if magic != MAGIC or length > self.max_frame_bytes or version != VERSION:
-                self._check_header(Header._make(header))  # raises; consumes a rejected frame
-            start += HEADER_SIZE
-            self._pos = start
-            self._header = header
-        _m, length, msg_type, version, status, msg_id = header
-        if end - start < length:
+        if end - start < HEADER_SIZE:
             return None
-        self._header = None
+        header = _unpack_header_from(buf, start)  # the whole header in one call
+        magic, length, msg_type, version, status, msg_id = header
+        if magic != MAGIC or length > self.max_frame_bytes or version != VERSION:
+            self._check_header(Header._make(header))  # raises; consumes a rejected frame
+        start += HEADER_SIZE
+        if end - start < length:
+            return None  # a frame not whole yet stays as it came, its header too (``offer`` hands it on whole)
         pos = self._pos = start + length
         try:
             if raw and not status and msg_id in raw:
@@ -473,7 +466,7 @@ class FrameDecoder:
         any other kind, or a frame that ``next_parts`` would refuse: the caller feeds
         it, and ``next_parts`` says what is wrong)."""
         n = len(data)
-        if self._end or self._header is not None or self._skip or self._failed is not None or n < HEADER_SIZE:
+        if self._end or self._skip or self._failed is not None or n < HEADER_SIZE:
             return None
         magic, length, msg_type, version, status, msg_id = _unpack_header_from(data)
         if magic != MAGIC or version != VERSION or n != HEADER_SIZE + length or length > min(self.max_frame_bytes,
@@ -485,6 +478,22 @@ class FrameDecoder:
             return msg_type, msg_id, _decode_payload(data[HEADER_SIZE:], msg_id, msg_type), status, version
         except ProtocolError:
             return None
+
+    def offer(self, take, *args):
+        """Offer the held bytes, from a frame's start, to ``take(view, *args)``, which
+        returns None (nothing taken) or a tuple whose first item is how many bytes it took
+        (whole frames): those are consumed. ``take``'s result; None when it was not called
+        (less than a header held, bytes being skipped, a failure). The
+        server's plain requests in C get this way the frames a read completed, that came
+        in more than one read."""
+        if self._skip or self._failed is not None or self._end - self._pos < HEADER_SIZE:
+            return None
+        with memoryview(self._buf)[self._pos : self._end] as view:
+            took = take(view, *args)
+        if took is not None and took[0]:
+            self._pos += took[0]
+            self._compact()
+        return took
 
     def frames(self) -> Iterator[Frame]:
         """Yield every complete frame buffered so far (raises like next_frame)."""
@@ -525,7 +534,6 @@ class FrameDecoder:
         self._failed = err
         self._buf = bytearray()
         self._pos = self._end = 0
-        self._header = None
         raise err
 
     def _compact(self) -> None:

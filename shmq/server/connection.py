@@ -95,6 +95,7 @@ class Connection(asyncio.BufferedProtocol):
         self._abort = None
         self.opened = server.loop.time()
         self.requests = 0  # frames handled (for the log line of its close)
+        self.served_bytes = 0  # bytes of the last read that ``served`` took (the plain requests in C)
         self.close_reason = None  # why it closed, for that line
         self.said_slow = False  # "slow_client" logged once (it does not read its replies)
         self.out = None  # while ``process`` runs: the replies to write together (``send``, ``flush``)
@@ -129,19 +130,15 @@ class Connection(asyncio.BufferedProtocol):
             data = self.server.rview[:nbytes]
             bounds = self.bounds
             one, ended, replies = None, 1, None
+            plain = self.plain
             if not (bounds.got or self.write_paused or self.reserved):  # at a frame's start, taking requests
-                plain = self.plain
                 if plain is not None and not self.decoder.buffered:
                     # the plain frames first, in C (server/plain.py); what it leaves, from the first frame
                     # it does not serve, goes on below as a read of its own
-                    served = plain.serve(data, self.leases, self.decoder.max_frame_bytes)
-                    if served is not None:
-                        used, replies, count, touched = served
-                        self.requests += count
-                        if touched:  # the gets waiting on those queues first (``AttachedHandles.notify``)
-                            notify = self.server.queues.notify
-                            for name in dict.fromkeys(touched):
-                                notify(name)
+                    replies = self.served(plain.serve(data, self.leases, self.decoder.max_frame_bytes))
+                    plain = None  # (offered)
+                    if replies is not None:
+                        used = self.served_bytes
                         data = data[used:] if used < nbytes else None
                 if data is not None:
                     one = self.decoder.one_frame(data)  # the usual read: one whole request, decoded in one call
@@ -150,6 +147,10 @@ class Connection(asyncio.BufferedProtocol):
                 ended = bounds.advance(data)
                 if ended and self.reserved:
                     self.server.budget.release(self)  # a reserved read ends where its frame does
+                if ended and plain is not None and not self.write_paused:
+                    # frames that came in more than one read (a big batch): the plain ones among the first
+                    # in C too, from the decoder's bytes
+                    replies = self.served(self.decoder.offer(plain.serve, self.leases, self.decoder.max_frame_bytes))
             self.server.spin.touch()  # the client's next request may follow its reply: looked for awake
             now = self.server.loop.time()
             if bounds.got:  # a frame still open
@@ -167,6 +168,20 @@ class Connection(asyncio.BufferedProtocol):
         except Exception:  # a bug must cost this connection, never the server
             log.exception("%s: internal error; closing", self.peer)
             self.shut()
+
+    def served(self, served):
+        """The replies of what ``server.plain`` served (``Plain.serve``'s result, None:
+        nothing), its requests counted and the gets waiting on the queues it put to
+        answered first (``AttachedHandles.notify``); ``served_bytes`` the bytes it took."""
+        if served is None:
+            return None
+        self.served_bytes, replies, count, touched = served
+        self.requests += count
+        if touched:
+            notify = self.server.queues.notify
+            for name in dict.fromkeys(touched):
+                notify(name)
+        return replies
 
     def eof_received(self):
         if not self.closing:
