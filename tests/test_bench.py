@@ -612,7 +612,7 @@ def test_the_tcp_bench_runs_every_case_against_redis_in_one_run(tmp_path, capsys
     lines = stdout.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("case "))
     assert lines[head].split() == ["case", "size", "P->C", "figure", "shmq-tcp", "redis", "shmq", "/", "redis",
-                                   "target", "(issue", "28)"]
+                                   "target", "(issue", "44)"]
     rows = [line for line in lines[head + 2:] if line.strip()][:10]
     assert [line[:13].strip() for line in rows] == ["ping-pong"] * 3 + ["one put"] * 3 + [
         "per message", "batched (64)", "pipelined put", "shmq / redis:"]
