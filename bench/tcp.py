@@ -19,9 +19,10 @@ the last three at each ``--sizes`` (64 B and 1 KiB) and each P of ``--pairs`` (1
 Every figure is the median of ``--runs`` runs, shown with shmq / Redis (for a latency
 below 1x means shmq is faster, for a rate above 1x does) and issue 44's target where it
 sets one. Prints the table, writes every run as JSON (``--json``) and draws the plot
-beside it (``--plot``). ``--quick`` is a smoke test; ``--report JSON`` prints a saved
-run again and redraws it. Redis is skipped, saying why, where redis-server or redis-py
-is missing.
+beside it (``--plot``). ``--load N`` runs both systems beside N CPU-bound processes
+(``bench.load``): issue 44's targets under load. ``--quick`` is a smoke test; ``--report
+JSON`` prints a saved run again and redraws it. Redis is skipped, saying why, where
+redis-server or redis-py is missing.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import sys
 
 from bench import harness, plot, report, tcp_report
 from bench.adapters.shmq_tcp import BUSY_POLL_ENV, TLS_ENV
+from bench.load import hogs
 from bench.machine import machine_info
 from bench.plan import (TCP_CASES, TCP_COUNT, TCP_QUICK_SCALE, TCP_SIZES, TCP_TRIPS, TOPOLOGIES, csv, parse_size,
                         pin_cpus, plan_tcp)
@@ -63,6 +65,9 @@ def parse_args(argv):
                         "beside Redis in plain TCP")
     p.add_argument("--busy-poll-us", type=int, default=None, metavar="N",
                    help="shmq's busy polling, the server's and the clients' (0: none; default: theirs, 100)")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="N CPU-bound processes running beside every case of both systems (bench.load): "
+                        "the figures under load (default 0)")
     p.add_argument("--json", metavar="PATH", default=None, help="write every run here")
     p.add_argument("--plot", metavar="PATH", default=None,
                    help="draw the plot here (default: beside --json, as .png; '' for none)")
@@ -74,6 +79,8 @@ def parse_args(argv):
     args.trips = args.trips or max(1, TCP_TRIPS // scale)
     if min([args.runs, args.count, args.trips, *args.sizes, *args.pairs]) < 1 or args.run_timeout <= 0:
         p.error("--runs, --count, --trips, --sizes, --pairs and --run-timeout must be positive")
+    if not 0 <= args.load <= 64:
+        p.error("--load must be 0 to 64 processes")
     if args.plot is None:
         source = args.report or args.json
         args.plot = os.path.splitext(source)[0] + ".png" if source else ""
@@ -93,7 +100,8 @@ def run(args, ctx):
         return plan_tcp(list(opened), args.cases, args.sizes, args.pairs, args.count, args.trips, args.runs,
                         args.run_timeout, args.cpus)
 
-    skipped, results, notes = harness.run_systems(tcp_report.SYSTEMS, jobs, ctx, args.run_timeout)
+    with hogs(args.load):
+        skipped, results, notes = harness.run_systems(tcp_report.SYSTEMS, jobs, ctx, args.run_timeout)
     return dict(machine_info(), load=(load, os.getloadavg()[0])), skipped, results, notes
 
 
@@ -123,7 +131,7 @@ def main(argv=None):
         args.command = shlex.join([*PROG.split(), *argv])
         info, skipped, results, notes = run(args, mp.get_context("spawn"))
         if args.json:
-            settings = {k: getattr(args, k) for k in ("cases", "sizes", "pairs", "count", "trips")}
+            settings = {k: getattr(args, k) for k in ("cases", "sizes", "pairs", "count", "trips", "load")}
             targets = [{"case": row.case, "size": row.size, "flow": row.flow, "figure": row.figure,
                         "target": list(row.target), "ratio": row.ratio, "verdict": verdict}
                        for row, verdict in tcp_report.targets(tcp_report.rows(results))]

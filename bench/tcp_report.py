@@ -190,7 +190,9 @@ def print_tcp(info, settings, skipped, results, notes, out=None):
                         versioned=VERSIONED, more=[f"servers : {SERVERS}"
                                                    + ("; shmq over TLS (--tls)" if getattr(settings, "tls", False) else "")
                                                    + (f"; busy polling {settings.busy_poll_us} µs (--busy-poll-us)"
-                                                      if getattr(settings, "busy_poll_us", None) is not None else "")])
+                                                      if getattr(settings, "busy_poll_us", None) is not None else "")
+                                                   + (f"; under load: {settings.load} CPU-bound processes beside every case (--load)"
+                                                      if getattr(settings, "load", 0) else "")])
     table = rows(results)
     cells = [HEAD] + [row.cells() for row in table]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEAD))]

@@ -9,13 +9,19 @@ client's next request follows its reply), a client after each request (its reply
 follows). Measured on the 2-CPU machine of the benches (``python -m bench.loopback``):
 one round trip 54 µs with both sides asleep, 20-22 µs with one spinning, 8 µs with both.
 
-Two guards keep the spin's cost small. Each pause between looks is a ``sched_yield``:
+Three guards keep the spin's cost small. Each pause between looks is a ``sched_yield``:
 another process that wants the CPU gets it, and a yield that took long says one did
-(the CPU is contended), which ends the spin at once. And the window adapts much as
-Linux's haltpoll does: halved after a spin that caught nothing (down to ``most / 32``),
-whole again once a sleep proved shorter than ``most``; so a side whose peer answers late
-(an idle consumer, a client that thinks between requests) soon spins only microseconds.
-An idle server spins not at all: only a read starts a spin.
+(the CPU is contended), which ends the spin at once. A yield that took a scheduler's
+slice (``_PREEMPTED_S``: a CPU-bound process ran meanwhile, the host is loaded) turns
+spinning off for a pause, 50 ms, doubled up to 5 s while the next spin is preempted
+again soon after it (a rare long yield on a quiet host costs one pause of 50 ms). On a
+loaded host a spinner's CPU time counts against it: Linux's scheduler (EEVDF) no longer
+runs it at once when its bytes come, and each request waited a whole slice (``python
+-m bench.tcp --load 2``: a ping-pong's p50 4 ms spinning, 0.2 ms asleep). And the
+window adapts much as Linux's haltpoll does: halved after a spin that caught nothing
+(down to ``most / 32``), whole again once a sleep proved shorter than ``most``; so a
+side whose peer answers late (an idle consumer, a client that thinks between requests)
+soon spins only microseconds. An idle server spins not at all: only a read starts a spin.
 """
 
 import os
@@ -27,6 +33,8 @@ __all__ = ["Window", "LoopSpin", "spin_until_readable", "DEFAULT_BUSY_POLL_US", 
 DEFAULT_BUSY_POLL_US = 100  # the longest spin, server and clients alike (0: never spin)
 MAX_BUSY_POLL_US = 10_000
 _CONTENDED_S = 20e-6  # a yield that took this long: another process ran, the CPU is wanted
+_PREEMPTED_S = 500e-6  # one that took this long: a CPU-bound one ran a slice; spinning pauses
+PAUSE_FIRST_S, PAUSE_MOST_S = 0.05, 5.0  # the pause, doubled while preemptions recur
 
 _clock = time.perf_counter
 _yield = os.sched_yield
@@ -43,15 +51,28 @@ class Window:
     """How long the next spin may last (``now``, seconds), between ``most`` and
     ``most / 32``: halved by a spin that caught nothing (``missed``); back to ``most``
     when what it waited for came within ``most`` after all (``came``: a longer spin
-    would have caught it), as Linux's haltpoll grows its poll after a short sleep."""
+    would have caught it), as Linux's haltpoll grows its poll after a short sleep. No
+    spin at all before ``off_until`` (``preempted``: the host is loaded)."""
 
-    __slots__ = ("most", "least", "now", "missed_at")
+    __slots__ = ("most", "least", "now", "missed_at", "off_until", "pause")
 
     def __init__(self, most_us: int):
         self.most = check_busy_poll_us(most_us) / 1e6
         self.least = self.most / 32
         self.now = self.most
         self.missed_at = None  # when the last spin began, if it caught nothing (``came`` looks)
+        self.off_until = 0.0  # (``_clock``) no spin before this: the last pause's end
+        self.pause = PAUSE_FIRST_S  # the last pause's length
+
+    def preempted(self, now: float) -> None:
+        """A yield gave the CPU away for a slice (at ``now``): no spin for a pause, twice
+        the last (up to ``PAUSE_MOST_S``) when this came within the last's length after
+        it ended, else ``PAUSE_FIRST_S``."""
+        if now - self.off_until > self.pause:
+            self.pause = PAUSE_FIRST_S  # the first in a while
+        else:
+            self.pause = min(self.pause * 2, PAUSE_MOST_S)
+        self.off_until = now + self.pause
 
     def missed(self, began: float) -> None:
         self.now = max(self.least, self.now / 2)
@@ -72,8 +93,10 @@ def spin_until_readable(poller, window: Window) -> bool:
     once its read returns), or the CPU is wanted; sleep on it."""
     if not window.most:
         return False
-    poll = poller.poll
     began = _clock()
+    if began < window.off_until:
+        return False
+    poll = poller.poll
     end = began + window.now
     while not poll(0):
         t = _clock()
@@ -81,7 +104,10 @@ def spin_until_readable(poller, window: Window) -> bool:
             window.missed(began)
             return False
         _yield()
-        if _clock() - t > _CONTENDED_S:
+        took = _clock() - t
+        if took > _CONTENDED_S:
+            if took > _PREEMPTED_S:
+                window.preempted(t + took)
             return False
     return True
 
@@ -96,6 +122,7 @@ class LoopSpin:
 
     __slots__ = ("loop", "window", "wanted", "began", "until", "running")
     contended_s = _CONTENDED_S  # a yield longer than this ends the spin
+    preempted_s = _PREEMPTED_S  # and one longer than this pauses spinning (``Window.preempted``)
 
     def __init__(self, loop, most_us: int, wanted=None):
         self.loop = loop
@@ -112,6 +139,8 @@ class LoopSpin:
             return
         self.until = None
         if not self.running:
+            if window.off_until and _clock() < window.off_until:
+                return  # (the host is loaded: no spin for now)
             self.running = True
             window.came()  # (a spin that missed: did this come soon after all?)
             self.loop.call_soon(self._spin)
@@ -126,9 +155,12 @@ class LoopSpin:
             pass  # what it spun for came
         elif t < until:
             _yield()
-            if _clock() - t <= self.contended_s:
+            took = _clock() - t
+            if took <= self.contended_s:
                 self.loop.call_soon(self._spin)
                 return
+            if took > self.preempted_s:
+                self.window.preempted(t + took)
             # the CPU is wanted: the spin ends, its window as it was
         else:
             self.window.missed(self.began)

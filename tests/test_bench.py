@@ -22,13 +22,14 @@ import psutil
 import pytest
 
 import shmq
-from bench import (adapters, contention, contention_roles, harness, produce_roles, report, scale, scaling, tcp,
-                   tcp_report)
+from bench import (adapters, contention, contention_roles, harness, load, produce_roles, report, scale, scaling,
+                   tcp, tcp_report)
 from bench.adapters.shmq_local import ShmqLanes
 from bench.harness import CaseFailed, CaseResult
 from bench.plan import ContentionJob, Job, ProduceJob, StreamJob, plan_tcp
 from bench.plan import queue_bytes as plan_queue_bytes
 from bench.roles import consume_polled, consume_shared
+from tests._wait import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -931,3 +932,18 @@ def test_the_memory_bench_measures_a_queue_and_a_partition_empty_full_and_draine
     assert queue["drained"] <= 256 * 1024  # given back
     assert ("queue", "redis") in rows or "redis" in doc["skipped"]
     assert _entries_of_run(pid) == []
+
+
+def test_a_run_under_load_keeps_its_hogs_busy_while_it_lasts_and_leaves_none():
+    with load.hogs(2) as pids:
+        procs = [psutil.Process(pid) for pid in pids]
+        assert len(procs) == 2
+        wait_for(lambda: all(p.cpu_times().user > 0.05 for p in procs), what="both hogs burning CPU")
+    assert not any(p.is_running() for p in procs)
+
+
+def test_the_tcp_bench_refuses_a_load_out_of_range_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        tcp.parse_args(["--load", "-1"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "python -m bench.tcp: error: --load must be 0 to 64 processes"

@@ -10,7 +10,8 @@ import time
 import pytest
 
 import shmq
-from shmq.busypoll import LoopSpin, Window, check_busy_poll_us, spin_until_readable
+from shmq import busypoll
+from shmq.busypoll import PAUSE_FIRST_S, PAUSE_MOST_S, LoopSpin, Window, check_busy_poll_us, spin_until_readable
 from shmq.client.options import ConnectOptions
 from shmq.server.limits import Limits
 from tests._wait import wait_for
@@ -41,6 +42,49 @@ def test_the_window_halves_after_each_miss_down_to_a_32nd_and_comes_back_after_a
     assert w.now == pytest.approx(160e-6)
     w.came()  # nothing missed since: nothing to learn
     assert w.now == pytest.approx(160e-6)
+
+
+def test_a_preemption_pauses_spinning_doubling_while_it_recurs_and_a_rare_one_costs_one_first_pause():
+    w = Window(100)
+    w.preempted(100.0)
+    assert (w.off_until, w.pause) == (100.0 + PAUSE_FIRST_S, PAUSE_FIRST_S)
+    pauses = []
+    for _ in range(10):  # each preempted again just after its pause ended: a loaded host
+        w.preempted(w.off_until + 0.001)
+        pauses.append(w.pause)
+    assert pauses == [min(PAUSE_FIRST_S * 2 ** k, PAUSE_MOST_S) for k in range(1, 11)]
+    assert pauses[-1] == PAUSE_MOST_S
+    w.preempted(w.off_until + PAUSE_MOST_S + 1.0)  # long after the last pause: the first in a while
+    assert w.pause == PAUSE_FIRST_S
+
+
+class _Poller:
+    """A poller that counts its looks and is never readable."""
+
+    def __init__(self):
+        self.looks = 0
+
+    def poll(self, timeout):
+        self.looks += 1
+        return []
+
+
+def test_no_spin_while_paused_and_a_yield_that_took_a_slice_pauses_it(monkeypatch):
+    w, poller = Window(10_000), _Poller()
+    w.off_until = time.perf_counter() + 60.0  # paused
+    assert spin_until_readable(poller, w) is False and poller.looks == 0  # not one look: the caller sleeps
+    w = Window(10_000)
+
+    def a_slice_elsewhere():  # the yield gave the CPU to a CPU-bound process for a slice
+        end = time.perf_counter() + 2 * busypoll._PREEMPTED_S
+        while time.perf_counter() < end:
+            pass
+
+    monkeypatch.setattr(busypoll, "_yield", a_slice_elsewhere)
+    began = time.perf_counter()
+    assert spin_until_readable(poller, w) is False and poller.looks == 1
+    assert w.off_until > began + PAUSE_FIRST_S * 0.99 and w.now == w.most  # paused; its window as it was
+    assert spin_until_readable(poller, w) is False and poller.looks == 1
 
 
 @pytest.mark.parametrize("value", [-1, 10_001, 1.5, "100", True, None])
@@ -168,6 +212,31 @@ def test_a_spin_ends_at_its_first_yield_when_the_cpu_is_wanted_its_window_as_it_
 
         loop.run_until_complete(main())
         assert not spin.running and spin.turns == 1 and spin.window.now == spin.window.most
+    finally:
+        loop.close()
+
+
+class _PreemptedSpin(_CountingSpin):
+    __slots__ = ()
+    contended_s = preempted_s = -1.0  # every yield gave the CPU away for a slice: the host is loaded
+
+
+def test_a_loop_spin_preempted_pauses_and_a_touch_meanwhile_starts_none():
+    loop = asyncio.new_event_loop()
+    try:
+        spin = _PreemptedSpin(loop, 5_000)
+
+        async def main():
+            spin.touch()
+            began = loop.time()
+            while spin.running and loop.time() - began < 5:
+                await asyncio.sleep(0.001)
+            spin.touch()  # paused: no spin
+            return spin.running
+
+        assert loop.run_until_complete(main()) is False
+        assert spin.turns == 1 and spin.window.off_until > time.perf_counter()
+        assert spin.window.now == spin.window.most
     finally:
         loop.close()
 
