@@ -260,6 +260,7 @@ def test_dirwatch_names_the_files_written_and_says_when_the_directory_goes(tmp_p
 
 
 # ---------------------------------------------------------------- an idle server
+@pytest.mark.timing  # a CPU bound: a neighbour's load (under -n) inflates what it measures
 @pytest.mark.parametrize("fsync", [None, "batch:1", "always", "never"])
 def test_an_idle_server_uses_under_one_percent_of_a_core(namespace, servers, fsync):
     """Persistence on (the default data dir), wal and snapshot queues and a wal stream
