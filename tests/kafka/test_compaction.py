@@ -202,8 +202,10 @@ def test_a_record_without_a_key_is_refused_and_nothing_is_appended(shared_kafka,
         assert old.responses[0].partition_responses[0].error_code == ErrorCode.invalid_record
     assert s.offsets(0) == (0, 0)
     reports = []
-    p = Producer({"bootstrap.servers": shared_kafka.bootstrap, "linger.ms": 50})
-    for i in range(6):  # one batch: the keyless ones fail INVALID_RECORD, the others beside them too
+    # one batch: a linger longer than the test, so that only the flush sends (a loaded machine once paused the
+    # loop past a 50 ms linger, and the first records went in a batch of their own)
+    p = Producer({"bootstrap.servers": shared_kafka.bootstrap, "linger.ms": 60_000})
+    for i in range(6):  # the keyless ones fail INVALID_RECORD, the others beside them too
         p.produce(topic, value=b"v%d" % i, key=None if i in (2, 4) else b"k%d" % i, partition=0,
                   on_delivery=lambda err, m: reports.append((m.value(), None if err is None else err.code())))
     p.flush(30)
