@@ -15,7 +15,7 @@ from kio.schema.errors import ErrorCode as E
 
 import shmq
 from shmq.kafka.records import CONTROL, LOG_APPEND_TIME, TRANSACTIONAL, Record, decode_batches, encode_batch
-from shmq.persistence.kafka_txns import runtime_journal_path
+from shmq.persistence.kafka_txns import journal_path, runtime_journal_path
 from tests._wait import wait_for
 from tests.kafka.clients import Talker, read_all, through_sigkills
 from tests.kafka.conftest import KafkaServer
@@ -567,6 +567,27 @@ def shmq_remote(srv):
     return shmq.connect(srv.proc.url)
 
 
+def _what_the_servers_said(servers_, data, out, n) -> str:
+    """What a failure of the exactly-once test needs to be understood (it failed once, at a
+    rate too low to catch by hand): the results found twice or missing, every server's log
+    lines about transactions and groups, and the journal as the last server left it."""
+    seen, twice = set(), []
+    for v in out:
+        if v in seen:
+            twice.append(v)
+        seen.add(v)
+    lines = [f"results found twice: {twice}; missing: {sorted({b'out-%d' % i for i in range(n)} - seen)}"]
+    for i, srv in enumerate(servers_):
+        said = list(srv.proc.log) + list(getattr(srv.proc, "later", []))
+        lines += [f"server {i}: {x.rstrip()}" for x in said if "txn" in x or "transaction" in x or "group" in x]
+    try:
+        with open(journal_path(data)) as f:
+            lines += ["journal: " + x.rstrip() for x in f.readlines()[-60:]]
+    except OSError as e:
+        lines.append(f"journal: {e}")
+    return "\n".join(lines)
+
+
 def test_exactly_once_through_sigkills_of_the_server(broker, servers, tmp_path):
     """The consume-transform-produce loop while the server is SIGKILLed under it, twice, at
     points neither chooses: each restart on the data dir completes or aborts the transaction
@@ -588,7 +609,8 @@ def test_exactly_once_through_sigkills_of_the_server(broker, servers, tmp_path):
     _exactly_once(servers_[0].port, n, (50, 120), kill_the_server)
     srv = servers_[-1]
     out = [v for _o, v in read_all(srv.bootstrap, "out", "read_committed")]
-    assert out == [b"out-%d" % i for i in range(n)]  # each exactly once, in order
+    expected = [b"out-%d" % i for i in range(n)]  # each exactly once, in order
+    assert out == expected, _what_the_servers_said(servers_, data, out, n)
     assert [r.value for r in broker.stream("out").read(0, 0, 10_000)] == out
     assert srv.stop() == 0
 
