@@ -144,6 +144,25 @@ def test_offsets_commit_with_the_transaction_and_not_before(kafka_server, broker
     c.close()
 
 
+def test_offsets_a_committed_transaction_cannot_store_are_said_in_the_servers_log(kafka_server, broker):
+    """The records of a transaction whose group offsets cannot be stored at its end (their
+    topic deleted meanwhile) are committed all the same, as Kafka's are; the offsets left
+    behind are a warning in the server's log, never dropped silently."""
+    srv = kafka_server()
+    broker.create_stream("gone", partitions=1)
+    p = producer(srv.bootstrap, "t-gone")
+    c = Consumer({"bootstrap.servers": srv.bootstrap, "group.id": "g-gone", "enable.auto.commit": False})
+    p.begin_transaction()
+    p.produce("out", value=b"x", partition=0)
+    p.send_offsets_to_transaction([TopicPartition("gone", 0, 7)], c.consumer_group_metadata(), 30)
+    broker.delete_stream("gone")
+    p.commit_transaction(30)
+    assert [v for _o, v in read_all(srv.bootstrap, "out", "read_committed")] == [b"x"]
+    line = srv.proc.wait_for_line(lambda x: "offsets of a committed transaction" in x)
+    assert "Kafka group g-gone" in line and "in gone are not stored: partition 0: unknown_topic_or_partition" in line
+    c.close()
+
+
 def test_a_transaction_open_past_its_timeout_is_aborted(kafka_server):
     srv = kafka_server()
     p = producer(srv.bootstrap, "slow", **{"transaction.timeout.ms": 1000})

@@ -452,7 +452,11 @@ class Transactions:
         for (name, p), (offset, meta, lepoch) in offs.items():
             topics.setdefault(name, []).append((p, offset, meta, lepoch))
         if self.kafka is not None:
-            self.kafka.coordinator.store_committed(group, topics)
+            for name, codes in self.kafka.coordinator.store_committed(group, topics).items():
+                refused = [(p, code.name) for p, code in codes if code != E.none]
+                if refused:  # (the records are committed: said, never dropped silently)
+                    log.warning("Kafka group %s: the offsets of a committed transaction in %s are not stored: %s",
+                                group, name, ", ".join(f"partition {p}: {why}" for p, why in refused))
             return
         for name, parts in topics.items():
             s, _code = self.topic(name)
