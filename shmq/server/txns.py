@@ -120,6 +120,8 @@ def append_in(conn, s, txn, values, keys, headers, partition, reply):
     except TxnError as e:
         raise _shmq_error(e) from None
 
+    intents = {p: coord.appending(pid, epoch, s, p, [values[i] for i in idx]) for p, idx in parts.items()}
+
     def run():
         """(each record's metadata, or None where its partition's append failed; the error)."""
         out = [None] * len(values)
@@ -137,7 +139,9 @@ def append_in(conn, s, txn, values, keys, headers, partition, reply):
         out, error = result
         for p, idx in parts.items():
             if out[idx[0]] is not None:
-                coord.produced(pid, epoch, s, p, out[idx[0]].offset, len(idx))
+                coord.produced(pid, epoch, s, p, out[idx[0]].offset, len(idx), intents[p])
+            else:
+                coord.not_appended(intents[p])
         if error is not None:
             raise error
         return reply(out)

@@ -200,17 +200,26 @@ async def _append(server, s, pd, entry, tid):
         if s.timestamp_type == "log_append_time":  # (message.timestamp.type) the records take the time of the append
             now = time.time_ns()
             stamps = [now] * len(stamps)
-        if s.retention == "block":  # may wait for the slowest group: not on the loop
-            offset = await asyncio.to_thread(s.append_columns, chunk, p, stamps)
-        else:
-            with serving():  # (this loop serves the fetches: ``notify``, no post to its doorbells)
-                offset = s.append_columns(chunk, p, timestamps_ns=stamps)
+        intent = None
+        if txn:  # (journaled first: a server killed before its note finds these records again)
+            intent = server.txns.appending(batches[0].producer_id, batches[0].producer_epoch, s, p,
+                                           [v for b in batches for v in b.values])
+        try:
+            if s.retention == "block":  # may wait for the slowest group: not on the loop
+                offset = await asyncio.to_thread(s.append_columns, chunk, p, stamps)
+            else:
+                with serving():  # (this loop serves the fetches: ``notify``, no post to its doorbells)
+                    offset = s.append_columns(chunk, p, timestamps_ns=stamps)
+        except BaseException:
+            if intent is not None:
+                server.txns.not_appended(intent)
+            raise
         server.notify(s.name)
         if idem:
             server.sequences.record(key, epoch, first, last, offset)
         if txn:
             server.txns.produced(batches[0].producer_id, batches[0].producer_epoch, s, p, offset,
-                                 sum(b.count for b in batches))
+                                 sum(b.count for b in batches), intent)
         entry.update(error_code=ErrorCode.none, base_offset=offset, log_start_offset=s.offsets(p)[0],
                      log_append_time=-1 if now is None else now // 1_000_000)
         at = offset

@@ -32,6 +32,7 @@ from ...kafka.records import CONTROL, TRANSACTIONAL, Record, encode_batch, marke
 from ...persistence.kafka_txns import Journal, journal_path, read_journal, runtime_journal_path, set_aside_journal
 from . import native
 from .index import DATA, TxnIndex, PartitionTxns
+from .intents import DATA as APPENDING, MARK as MARKING, Intents, digest, locate
 from .state import (COMPLETE_ABORT, COMPLETE_COMMIT, EMPTY, MAX_EPOCH, MAX_TIMEOUT_MS, ONGOING, PREPARE_ABORT,
                     PREPARE_COMMIT, ProducerIds, Txn, TxnError, ms_time)
 
@@ -55,6 +56,7 @@ class Transactions:
         self.txns: dict[str, Txn] = {}
         self.by_pid: dict[int, Txn] = {}
         self.index = TxnIndex()
+        self.intents = Intents()  # appends begun and not yet noted (``intents.py``)
         self.journal = None
         self.path = None  # where the journal goes (None: not started, or it cannot be written)
         self.fsync = (WAL_NEVER, 0)  # a server with a data dir sets its --fsync policy (main.serve)
@@ -150,7 +152,7 @@ class Transactions:
         for key, part in self.index.parts.items():
             if part:
                 rows.append(["part", *key, part.export()])
-        return rows
+        return rows + self.intents.rows()
 
     def _replay(self, events) -> None:
         for e in events:
@@ -195,15 +197,23 @@ class Transactions:
         elif kind == "batch":
             _k, pid, epoch, name, created, p, first, count = e
             self.index.of((name, created, p)).appended(pid, epoch, first, count)
+            self.intents.done(APPENDING, pid, (name, created, p), count)
         elif kind == "marker":
             _k, pid, epoch, name, created, p, offset, commit = e
             self.index.of((name, created, p)).ended(pid, epoch, offset, commit)
+            self.intents.done(MARKING, pid, (name, created, p), commit)
             t = self.by_pid.get(pid)
             if t is not None:
                 t.marked.add((name, created, p))
         elif kind == "part":
             _k, name, created, p, row = e
             self.index.parts[(name, created, p)] = PartitionTxns.restore(row, 2**63)
+        elif kind in (APPENDING, MARKING):
+            _k, pid, epoch, name, created, p, after, *what = e
+            if not (type(pid) is int and type(epoch) is int and type(after) is int and len(what) == (
+                    2 if kind == APPENDING else 1)):
+                raise ValueError(f"an intent {e!r:.80}")
+            self.intents.add(list(e))
         else:
             raise ValueError(f"no event {kind!r}")
 
@@ -223,6 +233,7 @@ class Transactions:
             part = self.index.parts[key] = PartitionTxns.restore(part.export(), end)
             for first, pid in lost:
                 part.open.setdefault(pid, first)
+        self._find_intents()
         for t in list(self.txns.values()):
             if t.state == ONGOING:
                 log.info("transaction %r (producer %d) was open when the server stopped: aborted", t.tid, t.pid,
@@ -242,6 +253,37 @@ class Transactions:
                                 "reason": "restart"})
                 await self._write_marker(key, pid, t.epoch if t is not None else 0, False, "")
         self._reveal()
+
+    def _find_intents(self) -> None:
+        """The appends the journal began and never noted, found in their partitions and
+        noted now (``intents.locate``), before any transaction is ended: records a
+        server killed between an append and its note left are their producer's, and a
+        marker is a marker, never a plain record."""
+        for key, held in list(self.intents.by_key.items()):
+            s = self._stream(key)
+            for e in list(held):
+                self.intents.drop(e)
+                if s is None:
+                    continue
+                part = self.index.of(key)
+                at = locate(s, key[2], part.spans, e)
+                _k, pid, epoch, *_key, _after, what = e[:8]
+                if at is None:
+                    continue
+                log.info("%s partition %d: producer %d's %s at offset %d, appended as the server stopped, is "
+                         "its transaction's", key[0], key[2], pid, "batch" if e[0] == APPENDING else "marker", at,
+                         extra={"event": "kafka_txn_append_found", "topic": key[0], "partition": key[2],
+                                "producer_id": pid, "offset": at})
+                if e[0] == APPENDING:
+                    part.begin(pid, at)
+                    part.appended(pid, epoch, at, what)
+                    self._note(["batch", pid, epoch, *key, at, what])
+                else:
+                    part.ended(pid, epoch, at, what)
+                    self._note(["marker", pid, epoch, *key, at, what])
+                    t = self.by_pid.get(pid)
+                    if t is not None and t.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                        t.marked.add(key)
 
     # ------------------------------------------------------------------ checks
     def _txn(self, tid: str, pid: int, epoch: int, fenced: E) -> Txn:
@@ -530,17 +572,22 @@ class Transactions:
             return
         k, v = marker(commit)
         p = key[2]
+        intent = None
         try:
             self._show(s, p, part, pid, commit)
+            intent = self._intend([MARKING, pid, epoch, *key, s.offsets(p)[1], commit])
             if s.retention == "block":  # may wait for the slowest group: not on the loop
                 offset = await asyncio.to_thread(s.append_marker, p, k, v)
             else:
                 with serving():
                     offset = s.append_marker(p, k, v)
         except ShmqError as e:  # the records stay out of reach of read_committed consumers, as if still open
+            if intent is not None:
+                self.intents.drop(intent)
             log.warning("transaction %r: the %s marker of %s partition %d cannot be written: %s", tid,
                         "COMMIT" if commit else "ABORT", key[0], p, e)
             raise TxnError(E.kafka_storage_error, str(e)) from None
+        self.intents.drop(intent)
         part.ended(pid, epoch, offset, commit)
         self._note(["marker", pid, epoch, *key, offset, commit])
         now = time.time_ns() // 1_000_000
@@ -586,11 +633,29 @@ class Transactions:
         except KafkaProtocolError as e:
             raise TxnError(e.code, str(e)) from None
 
-    def produced(self, pid: int, epoch: int, s, p: int, first: int, count: int) -> None:
-        """A transactional batch was appended at ``first``."""
+    def appending(self, pid: int, epoch: int, s, p: int, values) -> list:
+        """Before a transactional batch of ``values`` is appended to partition ``p`` (once
+        ``producing`` let it): its intent journaled (``intents.py``), which ``produced``
+        takes once it is appended, ``not_appended`` if the append failed."""
+        return self._intend([APPENDING, pid, epoch, s.name, s.created_at, p, s.offsets(p)[1], len(values),
+                             digest(values)])
+
+    def not_appended(self, intent: list) -> None:
+        """``appending``'s batch was not appended (an append is all or nothing)."""
+        self.intents.drop(intent)
+
+    def _intend(self, event: list) -> list:
+        self.intents.add(event)
+        self._note(event)
+        return event
+
+    def produced(self, pid: int, epoch: int, s, p: int, first: int, count: int, intent: list | None = None) -> None:
+        """A transactional batch was appended at ``first`` (``intent``: ``appending``'s)."""
         key = (s.name, s.created_at, p)
         part = self.index.of(key)
         part.appended(pid, epoch, first, count, DATA)
+        if intent is not None:
+            self.intents.drop(intent)
         self._note(["batch", pid, epoch, *key, first, count])
         t = self.by_pid.get(pid)
         if t is None or t.epoch != epoch or t.state != ONGOING or key not in t.partitions:
@@ -598,7 +663,11 @@ class Transactions:
             part.begin(pid, first)
             k, v = marker(False)
             self._show(s, p, part, pid, False)
-            offset = s.append_marker(p, k, v)
+            intent = self._intend([MARKING, pid, epoch, *key, s.offsets(p)[1], False])
+            try:
+                offset = s.append_marker(p, k, v)
+            finally:
+                self.intents.drop(intent)
             part.ended(pid, epoch, offset, False)
             self._note(["marker", pid, epoch, *key, offset, False])
 
