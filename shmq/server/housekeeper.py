@@ -53,21 +53,30 @@ class Housekeeper:
         self._stores = {}
         self._round_due = 0.0
 
-    def tick(self) -> None:
+    def tick(self) -> float | None:
         """What a server runs every TICK_S: the whole round (``run_once``) every ROUND_S,
-        and between rounds the compaction of the compacted streams it has attached."""
+        and between rounds the compaction of the compacted streams it has attached.
+        Returns None while it has one (the next tick is due), else the seconds to the next
+        round (``periodic.Periodic`` sleeps that long: an idle server wakes for rounds only)."""
         now = time.monotonic()
         if now >= self._round_due:
             self._round_due = now + ROUND_S
             self.run_once()
-            return
-        for name, s in list(self._streams.items()):
+        else:
+            for name, s in list(self._streams.items()):
+                try:
+                    _compact(s)
+                except StreamNotFound:
+                    self._streams.pop(name).close()
+                except ShmqError as e:
+                    log.warning("stream %s: %s", name, e)
+        for s in self._streams.values():
             try:
-                _compact(s)
-            except StreamNotFound:
-                self._streams.pop(name).close()
-            except ShmqError as e:
-                log.warning("stream %s: %s", name, e)
+                if s.compact:
+                    return None
+            except ShmqError:  # (gone: the next round lets it go)
+                return None
+        return max(self._round_due - time.monotonic(), 0.0)
 
     def run_once(self) -> int:
         """One pass over all queues and streams; returns how many messages became ready again."""

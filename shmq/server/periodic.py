@@ -19,8 +19,9 @@ log = logging.getLogger("shmq.server")
 class Periodic:
     """Run ``work`` every ``seconds``, start to start (a run begins ``seconds`` after the
     previous one began, at once if that one took longer), so a power loss costs at most
-    one interval plus one run. The first run is at once, or after one interval unless
-    ``first``. A failure is logged and the runs go on. ``stop()`` asks for the end;
+    one interval plus one run; a ``work`` that returns a number of seconds is next run
+    that long after it began, if that is later (nothing to do before). The first run is
+    at once, or after one interval unless ``first``. A failure is logged and the runs go on. ``stop()`` asks for the end;
     ``join()`` waits for it: the last run begins after the stop (a run the stop came
     during is followed by one more), so it sees every write answered before the stop."""
 
@@ -46,14 +47,17 @@ class Periodic:
         due = time.monotonic()
         first = self._first
         while True:
+            began, later = time.monotonic(), None
             if first or self._stop.is_set():
                 last = self._stop.is_set()
                 try:
-                    self.work()
+                    later = self.work()
                 except Exception:
                     log.exception("%s failed; trying again in %.2fs", self.what, self.seconds)
                 if last:
                     return
             first = True
             due = max(due + self.seconds, time.monotonic())
+            if later is not None:
+                due = max(due, began + later)
             self._stop.wait(due - time.monotonic())
