@@ -402,6 +402,49 @@ def _hammer_k(namespace, tag, n, go):
             kv.add("members", f"{tag}-{i}")
 
 
+def test_a_write_between_a_waiting_gets_first_try_and_its_line_is_not_missed(broker, wake):
+    """(server/stores.py) A server's GET found nothing, another process's write landed,
+    then the GET joined its store's line (whose watch, made then, rings for nothing
+    after): the line's first look tries it all the same. Before, the line took the
+    store's stamp as it joined, which held that write, and the GET waited out its whole
+    timeout (a full suite's TCP get waited its server's 5 s once)."""
+    import asyncio
+
+    from shmq.engine.store import Store
+    from shmq.server.stores import StoreWaiters
+    from shmq.server.waiters import Waiter
+
+    handle = broker.store("line")
+    writer = Store(broker.namespace, "line", create=False)  # (another connection: another process's writes)
+    answers = []
+
+    class Conn:
+        def answer(self, w, result):
+            answers.append((time.monotonic(), result))
+
+    loop = asyncio.new_event_loop()
+    try:
+        line = StoreWaiters(loop, handle)
+        w = Waiter(Conn(), line, 1, 0, lambda _args: handle.get("k"), None, None)
+        assert w.take(None) is None  # the GET's first try
+        writer.set("k", b"v")  # then the write, before the GET waits
+
+        async def waiting():
+            started = time.monotonic()
+            line.add(w, loop.time() + 5)
+            while not answers and time.monotonic() - started < 5:
+                await asyncio.sleep(0.005)
+            return started
+
+        started = loop.run_until_complete(waiting())
+    finally:
+        loop.close()
+        writer.close()
+    assert [r for _t, r in answers] == [b"v"]
+    assert answers[0][0] - started < 1.0  # its first look, not its deadline
+    assert not line.waiters and line.bell is None and line.timer is None  # retired: nothing left watching
+
+
 # ------------------------------------------------------------------ over TCP, and asyncio
 def test_tcp_waiting_get_woken_by_a_local_process(broker, tcp_server, wake):
     go = _FORK.Event()

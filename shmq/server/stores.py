@@ -41,10 +41,9 @@ class StoreWaiters(Answering):
         """Line ``w`` up until ``deadline`` (loop time); the looks start again from the shortest pause."""
         self.waiters.add(w)
         w.timer = self.loop.call_at(deadline, self.finish, w, NOTHING)
-        if self.bell is None:
-            self._watch()
-        if self.seen is None:
-            self.seen = self._stamp()
+        if self.bell is None:  # (a write after the GET's first try and before the watch rang nothing, and a
+            self._watch()  # stamp read now would hold it: the first look tries every waiter whatever it finds)
+            self.seen = None
         self._again(POLL_MIN_S)
 
     def _watch(self):
