@@ -21,7 +21,8 @@ class Periodic:
     previous one began, at once if that one took longer), so a power loss costs at most
     one interval plus one run; a ``work`` that returns a number of seconds is next run
     that long after it began, if that is later (nothing to do before). The first run is
-    at once, or after one interval unless ``first``. A failure is logged and the runs go on. ``stop()`` asks for the end;
+    at once, or after one interval unless ``first``. A failure is logged and the runs go
+    on. ``stop()`` asks for the end;
     ``join()`` waits for it: the last run begins after the stop (a run the stop came
     during is followed by one more), so it sees every write answered before the stop."""
 

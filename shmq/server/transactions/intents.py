@@ -89,10 +89,11 @@ def locate(s, p: int, spans: list, event: list) -> int | None:
             if not rows:
                 return None
             for off, _ts, key, _h, value in rows:
-                if run and off != run[-1][0] + 1 or any(f <= off < e for f, e in claimed):
-                    run = []  # (a gap, or another's records)
-                    if any(f <= off < e for f, e in claimed):
-                        continue
+                if any(f <= off < e for f, e in claimed):  # another's records
+                    run = []
+                    continue
+                if run and off != run[-1][0] + 1:  # a gap
+                    run = []
                 run.append((off, key, value))
                 if len(run) > count:
                     del run[0]
