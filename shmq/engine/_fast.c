@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "_layout.h" /* generated from layout.py; tests/test_layout.py fails while it is stale */
@@ -43,6 +44,7 @@
 #define R_SLEEP (-7)     /* take: the same, and the caller counted as a sleeper (W_REGISTER); put: see R_FULL */
 #define R_FULL (-8)      /* put: no room now (lock released); R_SLEEP: and the caller counted as waiting for it */
 #define R_OSERROR (-9)   /* internal: a log write failed (errno set); raised as OSError */
+#define R_UNFINISHED (-10) /* internal: a fill copied, its lock busy or taken from a dead holder: Python ends it */
 
 #define HOT(seg) ((uint64_t *)(seg) + HOT_W)
 /* how far apart this segment's consecutive message ids are: its queue's lanes (0 or 1: one ring) */
@@ -62,6 +64,18 @@
 static inline int new_lap_due(uint64_t head, uint64_t tail, uint64_t cap) {
     return head == tail && (tail % cap >= (cap / 4 < REUSE_MAX ? cap / 4 : REUSE_MAX) || tail >= POS_LIMIT);
 }
+
+/* A record of ``size`` bytes appended at ``end`` starts the next lap now (ring.early_wrap: past its window,
+ * in the head's lap, room at the lap's start before the head): the Python append places it. */
+static inline int early_wrap_due(uint64_t head, uint64_t end, uint64_t size, uint64_t cap) {
+    if (size < LARGE) return 0;
+    uint64_t w = WINDOW_RECORDS * size > WINDOW_MIN ? WINDOW_RECORDS * size : WINDOW_MIN;
+    return 2 * w <= cap && end != head && end % cap >= w && head / cap == end / cap && size + REC_SIZE <= head % cap;
+}
+
+/* An early wrap's pad lies ahead of the head (layout.WRAP_OFF): a full ring may be a spill's to take, or
+ * past the head's lap already (ring.fits): the Python append decides. */
+#define WRAPPED(seg, head) (U64((seg) + WRAP_OFF) && U64((seg) + WRAP_OFF) >= (head))
 
 /* ---- the lock. A busy lock is waited for here, never handed to Python (whose paths hold the
  * lock 3-10x longer, so the next caller would find it busy too: a convoy). First a short spin
@@ -163,6 +177,55 @@ static inline void unregister_sleeper(char *seg, uint64_t slot, int wi, int pi, 
  * caller's process slot from bit 3 on (take has its own argument). Every result but R_BUSY and
  * R_OWNERDEAD took the lock, so the sleep was uncounted. */
 #define W_REGISTER 1
+/* put's wait: copy the body with the lock let go (a fill: layout.FILL_OFF), the record FILLING and held by
+ * the caller's slot (bits 3+) meanwhile; the caller's handle is on an unlogged queue */
+#define W_FILL (1ULL << 62)
+#define FILL(seg) U64((seg) + FILL_OFF)
+_Static_assert(sizeof(pthread_mutex_t) <= FILL_OFF - MUTEX_OFF, "the fill word must follow the mutex");
+
+/* The first record past ``tail`` is a fill whose holder may be dead (ring.suspect_fill: its process is gone,
+ * or it was put longer than FILL_STALE_NS before ``now``, wall ns), which the Python append looks at. */
+static int suspect_fill(char *seg, uint64_t base, uint64_t cap, uint64_t tail, uint64_t now) {
+    uint64_t rem = cap - tail % cap;
+    if (rem < REC_SIZE) tail += rem;
+    char *a = seg + base + tail % cap;
+    uint64_t s = U64(a);
+    if ((s & 0xFF) != ST_FILLING) return 0;
+    if (now > U64(a + REC_ENQ_NS) + FILL_STALE_NS) return 1;
+    uint64_t pid = *PROC_W(seg, (s >> 8) & 0xFFFF, 0);
+    int err = errno, gone = pid && pid < 1u << 31 && kill((pid_t)pid, 0) < 0 && errno == ESRCH;
+    errno = err;
+    return gone;
+}
+
+static int advance_head(char *seg, uint64_t base, uint64_t cap);
+
+/* Move the tail over the records past it that are done (READY, or a PAD: abandoned) up to the first
+ * one still FILLING, the fill word back to 0 once none is left (ring.commit_fills, lock held): how many
+ * became ready (counted in ready; the caller owes their posts). */
+static uint64_t commit_fills(char *seg, uint64_t base, uint64_t cap) {
+    uint64_t *h = HOT(seg);
+    uint64_t fill = FILL(seg), tail = h[H_TAIL], start = tail, n = 0;
+    while (tail < fill) {
+        uint64_t rem = cap - tail % cap;
+        if (rem < REC_SIZE) { /* an implicit pad at the lap's end */
+            tail += rem;
+            continue;
+        }
+        char *a = seg + base + tail % cap;
+        uint64_t st = U64(a) & 0xFF;
+        if (st == ST_FILLING) break;
+        n += st == ST_READY;
+        tail += U32(a + REC_LENGTH);
+    }
+    if (tail != start) {
+        __atomic_store_n(&h[H_TAIL], tail, __ATOMIC_RELEASE); /* commit */
+        h[H_READY] += n;
+        if (h[H_HEAD] == start) advance_head(seg, base, cap); /* (an empty queue: a PAD first is reclaimed now) */
+    }
+    if (fill && tail >= fill) FILL(seg) = 0;
+    return n;
+}
 
 /* Commit one written record by storing the tail (lock held; released here): msg_id << 1 |
  * 1 if a sleeping consumer is owed a post, as put and publish return it. */
@@ -251,7 +314,7 @@ static int parse_u64s(PyObject *const *args, Py_ssize_t n, uint64_t *out) {
 /* The put (fast_put's work, the body and headers as pointers): msg_id << 1 | 1 if a consumer
  * must be woken, or R_*; R_OSERROR with errno set when the log's write failed. */
 static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body, uint64_t bl, const char *hraw,
-                        uint64_t hl, uint64_t enq, long wal_fd, uint64_t wal_gen, uint64_t wait) {
+                        uint64_t hl, uint64_t enq, long wal_fd, uint64_t wal_gen, uint64_t wait, uint64_t *unfinished) {
     uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
     unsigned char *entry = NULL;
     if (wal_fd >= 0) {
@@ -267,22 +330,27 @@ static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body
         PyMem_Free(entry);
         return rc;
     }
-    uint64_t *h = HOT(seg);
-    if (wait >> 1 & 3) unregister_sleeper(seg, wait >> 3, H_PWAIT, H_PPOSTED, P_PWAIT, (int)(wait >> 1 & 3));
-    uint64_t tail = h[H_TAIL], off = tail % cap;
-    if (h[H_DELETED] || size > cap - off || (entry && !wal_usable(seg, wal_gen))) {
-        unlock(seg); /* a pad to place first, a log the caller's descriptor is not for: the Python put */
+    uint64_t *h = HOT(seg), slot = (wait & ~W_FILL) >> 3;
+    if (wait >> 1 & 3) unregister_sleeper(seg, slot, H_PWAIT, H_PPOSTED, P_PWAIT, (int)(wait >> 1 & 3));
+    uint64_t tail = h[H_TAIL], fill = FILL(seg), end = fill > tail ? fill : tail, off = end % cap;
+    if (h[H_DELETED] || size > cap - off || (entry && (end != tail || !wal_usable(seg, wal_gen))) ||
+        (end != tail && suspect_fill(seg, base, cap, tail, enq))) {
+        unlock(seg); /* a pad to place first, a log (not past fills, nor one the caller's descriptor is not for), a
+                      * fill whose holder may be dead */
         PyMem_Free(entry);
         return R_FALLBACK;
     }
-    if (tail + size - h[H_HEAD] > cap) { /* no room now: the caller waits for some (R_FULL, R_SLEEP) */
-        if (wait & W_REGISTER) register_sleeper(seg, wait >> 3, H_PWAIT, P_PWAIT);
+    uint64_t head = h[H_HEAD];
+    int wrapped = WRAPPED(seg, head);
+    if (end + size - head > cap && !wrapped) { /* no room now: the caller waits for some (R_FULL, R_SLEEP) */
+        if (wait & W_REGISTER) register_sleeper(seg, slot, H_PWAIT, P_PWAIT);
         unlock(seg);
         PyMem_Free(entry);
         return wait & W_REGISTER ? R_SLEEP : R_FULL;
     }
-    if (tail + size > h[H_ROOM] || new_lap_due(h[H_HEAD], tail, cap)) {
-        unlock(seg); /* a new lap, or memory to allocate first: the Python put */
+    if (end + size - head > cap - (wrapped ? REC_SIZE : 0) || end + size > h[H_ROOM] ||
+        (end == tail && new_lap_due(head, tail, cap)) || early_wrap_due(head, end, size, cap)) {
+        unlock(seg); /* a new lap, an early wrap or a spill, or memory to allocate first: the Python put */
         PyMem_Free(entry);
         return R_FALLBACK;
     }
@@ -299,7 +367,8 @@ static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body
         }
         PyMem_Free(entry);
     }
-    U64(a + REC_STATUS) = ST_READY;
+    int filling = (wait & W_FILL) && !entry;
+    U64(a + REC_STATUS) = filling ? ST_FILLING | slot << 8 : ST_READY;
     U32(a + REC_LENGTH) = (uint32_t)size;
     U32(a + REC_BODY_LEN) = (uint32_t)bl;
     U32(a + REC_HDR_LEN) = (uint32_t)hl;
@@ -308,13 +377,35 @@ static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body
     U64(a + REC_ENQ_NS) = enq;
     U64(a + REC_DEADLINE) = 0;
     if (hl) memcpy(a + REC_SIZE, hraw, hl);
-    memcpy(a + REC_SIZE + hl, body, bl);
-    return (int64_t)publish_one(seg, tail + size, msg_id);
+    if (!filling && end == tail) { /* the plain put: written and committed under one hold */
+        memcpy(a + REC_SIZE + hl, body, bl);
+        return (int64_t)publish_one(seg, tail + size, msg_id);
+    }
+    h[H_NEXT_ID] = msg_id + ID_STEP(seg);
+    FILL(seg) = end + size; /* placed: past the tail, after the fills before it */
+    if (filling) { /* the body copied with the lock (and the GIL) let go, then the record done, the tail moved on */
+        unlock(seg);
+        Py_BEGIN_ALLOW_THREADS
+        memcpy(a + REC_SIZE + hl, body, bl);
+        Py_END_ALLOW_THREADS
+        if ((rc = lock(seg))) { /* busy, or taken from a dead holder (held then): Python waits or repairs, then ends it */
+            *unfinished = end << 1 | (rc == R_OWNERDEAD);
+            return R_UNFINISHED;
+        }
+        __atomic_store_n((uint64_t *)a, ST_READY, __ATOMIC_RELEASE);
+    } else { /* after fills not yet done: written whole, seen once they are */
+        memcpy(a + REC_SIZE + hl, body, bl);
+    }
+    uint64_t post = owe_consumers(h, commit_fills(seg, base, cap));
+    unlock(seg);
+    return (int64_t)(msg_id << 1 | post);
 }
 
 /* put(seg, base, cap, body, hraw, enq_ns, wal_fd, wal_gen[, wait])
  *   -> msg_id << 1 | (1 if a consumer must be woken), or R_*: R_FULL when there is no room
- *   now (R_SLEEP: and the caller counted as a producer waiting for room; ``wait``: W_REGISTER)
+ *   now (R_SLEEP: and the caller counted as a producer waiting for room; ``wait``: W_REGISTER);
+ *   with W_FILL in ``wait``, (position << 1 | 1 if the lock is held, taken from a dead holder,) when the
+ *   copied fill's lock was not had at once (Python ends the fill)
  * wal_fd < 0: no log; else the PUT entry is appended to it before the commit */
 static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[3], enq, wait = 0;
@@ -339,12 +430,15 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_Clear();
         return PyLong_FromLong(R_FALLBACK);
     }
+    uint64_t unfinished = 0;
     int64_t r = put_core((char *)(uintptr_t)v[0], v[1], v[2], body.buf, (uint64_t)body.len,
-                         PyBytes_AS_STRING(args[4]), (uint64_t)PyBytes_GET_SIZE(args[4]), enq, wal_fd, wal_gen, wait);
+                         PyBytes_AS_STRING(args[4]), (uint64_t)PyBytes_GET_SIZE(args[4]), enq, wal_fd, wal_gen, wait,
+                         &unfinished);
     int err = errno;
     if (body.obj) PyBuffer_Release(&body);
     errno = err;
     if (r == R_OSERROR) return PyErr_SetFromErrno(PyExc_OSError);
+    if (r == R_UNFINISHED) return Py_BuildValue("(K)", (unsigned long long)unfinished);
     return r < 0 ? PyLong_FromLong((long)r) : PyLong_FromUnsignedLongLong((uint64_t)r);
 }
 
@@ -968,8 +1062,12 @@ static int put_many_core(char *seg, uint64_t base, uint64_t cap, Py_ssize_t n, c
         uint64_t rem = cap - end % cap;
         end += (size > rem ? rem : 0) + size;
     }
-    if (h[H_DELETED] || (end - head > cap && head == tail) || new_lap_due(head, tail, cap)) {
-        unlock(seg); /* an empty queue placed badly, or due a new lap: Python moves it */
+    if (h[H_DELETED] || (end - head > cap && head == tail) || new_lap_due(head, tail, cap) || FILL(seg) > tail) {
+        unlock(seg); /* an empty queue placed badly, or due a new lap: Python moves it; fills: Python goes after them */
+        return R_FALLBACK;
+    }
+    if (end - head > cap - REC_SIZE && WRAPPED(seg, head)) {
+        unlock(seg); /* past an early wrap: Python's */
         return R_FALLBACK;
     }
     if (end - head > cap) { /* no room now: the caller waits for some (R_FULL, R_SLEEP), as put's */
@@ -1076,58 +1174,72 @@ static PyObject *fast_nack_many(PyObject *self, PyObject *const *args, Py_ssize_
     return Py_BuildValue("(KKN)", (unsigned long long)done, (unsigned long long)post, badlist);
 }
 
-/* reserve(seg, base, cap, size, hraw) -> the position of a record of ``size`` body bytes
- *   placed past the tail, its header and headers written, its body and put time not: the
- *   lock stays held (``publish`` commits it and lets go; the caller unlocks to abandon it).
- *   Or R_*, the lock not held: R_FALLBACK when it does not fit now or needs a pad. */
+/* reserve(seg, base, cap, size, hraw, slot) -> the position of a record of ``size`` body bytes
+ *   claimed as a fill (FILLING, held by ``slot``) past the tail and any fills before it, its
+ *   header and headers written, its body and put time not; the lock is let go (``publish`` ends
+ *   the fill). Or R_*, nothing done: R_FALLBACK when it does not fit now or needs a pad. */
 static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[4];
-    if (nargs != 5 || !PyBytes_CheckExact(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "reserve takes 5 arguments, the last bytes");
+    uint64_t v[4], slot;
+    if (nargs != 6 || !PyBytes_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "reserve takes 6 arguments, the fifth bytes");
         return NULL;
     }
-    if (parse_u64s(args, 4, v) < 0) return NULL;
+    if (parse_u64s(args, 4, v) < 0 || parse_u64s(args + 5, 1, &slot) < 0) return NULL;
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2], bl = v[3], hl = (uint64_t)PyBytes_GET_SIZE(args[4]);
     uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
     int rc = lock(seg);
     if (rc) return PyLong_FromLong(rc);
     uint64_t *h = HOT(seg);
-    uint64_t tail = h[H_TAIL], off = tail % cap;
-    if (h[H_DELETED] || size > cap - off || tail + size - h[H_HEAD] > cap || tail + size > h[H_ROOM] ||
-        new_lap_due(h[H_HEAD], tail, cap)) {
+    uint64_t tail = h[H_TAIL], fill = FILL(seg), end = fill > tail ? fill : tail, off = end % cap;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+    if (h[H_DELETED] || size > cap - off || end + size - h[H_HEAD] > cap - (WRAPPED(seg, h[H_HEAD]) ? REC_SIZE : 0) ||
+        (end != tail && suspect_fill(seg, base, cap, tail, now)) ||
+        end + size > h[H_ROOM] ||
+        (end == tail && new_lap_due(h[H_HEAD], tail, cap)) || early_wrap_due(h[H_HEAD], end, size, cap)) {
         unlock(seg);
         return PyLong_FromLong(R_FALLBACK);
     }
     char *a = seg + base + off;
-    U64(a + REC_STATUS) = ST_READY;
+    U64(a + REC_STATUS) = ST_FILLING | slot << 8;
     U32(a + REC_LENGTH) = (uint32_t)size;
     U32(a + REC_BODY_LEN) = (uint32_t)bl;
     U32(a + REC_HDR_LEN) = (uint32_t)hl;
     U32(a + REC_FLAGS) = 0;
     U64(a + REC_MSG_ID) = h[H_NEXT_ID];
-    U64(a + REC_ENQ_NS) = 0;
+    U64(a + REC_ENQ_NS) = now; /* (the claim's time until its publish: ring.suspect_fill) */
     U64(a + REC_DEADLINE) = 0;
     if (hl) memcpy(a + REC_SIZE, PyBytes_AS_STRING(args[4]), hl);
-    return PyLong_FromUnsignedLongLong(tail); /* (held) */
+    h[H_NEXT_ID] += ID_STEP(seg);
+    FILL(seg) = end + size;
+    unlock(seg);
+    return PyLong_FromUnsignedLongLong(end);
 }
 
-/* publish(seg, base, cap, pos, enq_ns) -> msg_id << 1 | (1 if a consumer must be woken): the
- *   commit of the record ``reserve`` (or the Python placement) left at ``pos``, lock held; the
- *   lock is released. No log: a logged queue publishes through Python. */
+/* publish(seg, base, cap, pos, enq_ns) -> msg_id << 1 | (1 if a consumer must be woken): the end
+ *   of the fill ``reserve`` (or the Python claim) left at ``pos``, the tail moved over it and the
+ *   done records after it; or R_BUSY / R_OWNERDEAD, the lock not taken or held (Python waits, or
+ *   repairs, then ends it). Takes and lets go of the lock. */
 static PyObject *fast_publish(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[5];
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "publish takes 5 arguments");
         return NULL;
     }
-    if (parse_u64s(args, 5, v) < 0) return NULL; /* (the caller unlocks on an error) */
+    if (parse_u64s(args, 5, v) < 0) return NULL;
     char *seg = (char *)(uintptr_t)v[0];
     uint64_t base = v[1], cap = v[2], pos = v[3], enq = v[4];
+    int rc = lock(seg);
+    if (rc) return PyLong_FromLong(rc);
     char *a = seg + base + pos % cap;
     uint64_t msg_id = U64(a + REC_MSG_ID);
     U64(a + REC_ENQ_NS) = enq;
-    return PyLong_FromUnsignedLongLong(publish_one(seg, pos + U32(a + REC_LENGTH), msg_id));
+    __atomic_store_n((uint64_t *)a, ST_READY, __ATOMIC_RELEASE);
+    uint64_t post = owe_consumers(HOT(seg), commit_fills(seg, base, cap));
+    unlock(seg);
+    return PyLong_FromUnsignedLongLong(msg_id << 1 | post);
 }
 
 /* A Loan: a writable (or, with ``readonly``, read-only) buffer of ``size`` bytes at ``offset`` of
@@ -2104,7 +2216,8 @@ static PyTypeObject SemType = {
 /* ---- the C API (_fast_api.h): these paths for the other extensions of this process */
 static int64_t api_put(char *seg, uint64_t base, uint64_t cap, const char *body, uint64_t bl, const char *hraw,
                        uint64_t hl, uint64_t enq, long wal_fd, uint64_t wal_gen) {
-    return put_core(seg, base, cap, body, bl, hraw, hl, enq, wal_fd, wal_gen, 0);
+    uint64_t unfinished; /* (no fill without W_FILL) */
+    return put_core(seg, base, cap, body, bl, hraw, hl, enq, wal_fd, wal_gen, 0, &unfinished);
 }
 
 static int api_put_many(char *seg, uint64_t base, uint64_t cap, Py_ssize_t n, const char *const *bodies,
@@ -2158,8 +2271,8 @@ static PyMethodDef methods[] = {
     {"set_delivery_class", (PyCFunction)fast_set_delivery_class, METH_O, "the class takes build"},
     {"put_many", (PyCFunction)(void (*)(void))fast_put_many, METH_FASTCALL, "the put_many fast path"},
     {"nack_many", (PyCFunction)(void (*)(void))fast_nack_many, METH_FASTCALL, "the nack_many fast path"},
-    {"reserve", (PyCFunction)(void (*)(void))fast_reserve, METH_FASTCALL, "the reserve fast path (lock kept)"},
-    {"publish", (PyCFunction)(void (*)(void))fast_publish, METH_FASTCALL, "a reserved record's commit (unlocks)"},
+    {"reserve", (PyCFunction)(void (*)(void))fast_reserve, METH_FASTCALL, "a reservation claimed as a fill (lock let go)"},
+    {"publish", (PyCFunction)(void (*)(void))fast_publish, METH_FASTCALL, "a fill's end (takes the lock)"},
     {"read_columns", (PyCFunction)(void (*)(void))fast_read_columns, METH_FASTCALL,
      "a stream partition's records as Arrow buffers"},
     {"compact_scan", (PyCFunction)(void (*)(void))fast_compact_scan, METH_FASTCALL,
@@ -2220,7 +2333,9 @@ PyMODINIT_FUNC PyInit__fast(void) {
         PyModule_AddIntConstant(m, "FALLBACK", R_FALLBACK) || PyModule_AddIntConstant(m, "EXPIRED", R_EXPIRED) ||
         PyModule_AddIntConstant(m, "DELETED", R_DELETED) || PyModule_AddIntConstant(m, "EMPTY", R_EMPTY) ||
         PyModule_AddIntConstant(m, "SLEEP", R_SLEEP) || PyModule_AddIntConstant(m, "FULL", R_FULL) || PyModule_AddIntConstant(m, "W_REGISTER", W_REGISTER) ||
-        PyModule_AddIntConstant(m, "WAL_MAX_PAYLOAD", WAL_MAX_PAYLOAD)) {
+        PyModule_AddIntConstant(m, "WAL_MAX_PAYLOAD", WAL_MAX_PAYLOAD) ||
+        PyModule_AddIntConstant(m, "FILLING", ST_FILLING) ||
+        PyModule_AddObject(m, "W_FILL", PyLong_FromUnsignedLongLong(W_FILL))) {
         Py_DECREF(m);
         return NULL;
     }

@@ -22,7 +22,7 @@ except ImportError as e:  # pragma: no cover - depends on the build
                       "`pip install -e .` in this checkout (gcc and the Python headers), or set "
                       "SHMQ_PURE_PYTHON=1 to choose the Python paths and silence this.", RuntimeWarning, stacklevel=2)
 
-__all__ = ["FAST", "C", "OWNERDEAD", "FALLBACK", "BUSY", "EMPTY", "SLEEP", "FULL", "W_REGISTER", "EXPIRED",
+__all__ = ["FAST", "C", "OWNERDEAD", "FALLBACK", "BUSY", "EMPTY", "SLEEP", "FULL", "W_REGISTER", "W_FILL", "EXPIRED",
            "DELETED", "WAL_MAX_PAYLOAD", "serve_own", "Sem", "set_enabled", "enabled"]
 
 FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
@@ -35,6 +35,7 @@ EMPTY = _fast.EMPTY if FAST else None  # a take found nothing ready and nothing 
 SLEEP = _fast.SLEEP if FAST else None  # ... and counted the caller as a sleeper (W_REGISTER): sleep, then take again
 FULL = _fast.FULL if FAST else None  # a put found no room now (SLEEP: and counted the caller as waiting for some)
 W_REGISTER = _fast.W_REGISTER if FAST else 0  # a take's wait bit: count the caller as a sleeper when it finds nothing
+W_FILL = _fast.W_FILL if FAST else 0  # a put's wait bit: copy the body with the lock let go (layout.FILL_OFF)
 EXPIRED = _fast.EXPIRED if FAST else None
 DELETED = _fast.DELETED if FAST else None
 WAL_MAX_PAYLOAD = _fast.WAL_MAX_PAYLOAD if FAST else 0  # larger wal puts take the Python fast path

@@ -104,8 +104,9 @@ def test_reserve_waits_for_room_and_places_records_round_the_ring(impl, broker):
     q.close()
 
 
-def test_a_call_on_the_queue_inside_the_block_raises_instead_of_waiting_for_itself(impl, broker):
-    q = broker.create_queue("q")
+def test_a_call_on_a_logged_queue_inside_the_block_raises_instead_of_waiting_for_itself(impl, broker, tmp_path):
+    q = broker.create_queue("q", durability="wal")
+    q.wal.configure(str(tmp_path), L.WAL_BATCH, 2)
     other = broker.queue("q")  # another handle on the same queue: the same lock
     with q.reserve(3) as buf:
         buf[:] = b"abc"
@@ -116,6 +117,45 @@ def test_a_call_on_the_queue_inside_the_block_raises_instead_of_waiting_for_itse
     assert [d.body for d in q.get_many(10, timeout=0)] == [b"abc"]
     q.close()
     other.close()
+
+
+def test_the_block_runs_with_the_lock_let_go_and_what_is_put_meanwhile_comes_after(impl, broker):
+    """A reservation is a fill (``layout.FILL_OFF``): other calls go on while its block
+    runs, a put meanwhile is placed after it, and nothing past it is seen until it is
+    published: then both, in order."""
+    q = broker.create_queue("q")
+    other = broker.queue("q")
+    q.put(b"first")
+    with q.reserve(3) as buf:
+        assert q._mq[L.I_FILL] > q._mq[L.I_TAIL]
+        assert other.get(timeout=0).body == b"first"  # (no lock held: the get goes on)
+        other.put(b"after")  # placed past the reservation, not yet seen
+        with pytest.raises(shmq.QueueEmpty):
+            other.get(timeout=0)
+        assert q.stats().ready == 0
+        buf[:] = b"abc"
+    assert [d.body for d in other.get_many(10, timeout=0)] == [b"abc", b"after"]
+    assert (q._mq[L.I_FILL], q.stats().enqueued_total) == (0, 3)
+    q.close()
+    other.close()
+
+
+def test_an_abandoned_reservation_leaves_no_id_when_nothing_follows_it_else_a_pad_whose_id_is_not_counted(impl,
+                                                                                                          broker):
+    q = broker.create_queue("q")
+    with pytest.raises(KeyError):
+        with q.reserve(8):
+            raise KeyError
+    assert (q.put(b"a"), q._mq[L.I_VOIDED], q.stats().enqueued_total) == (1, 0, 1)  # taken back whole
+    with pytest.raises(KeyError):
+        with q.reserve(8):
+            q.put(b"b")  # placed after it: its id stays taken
+            raise KeyError
+    assert q.put(b"c") == 4
+    assert [d.body for d in q.get_many(10, timeout=0)] == [b"a", b"b", b"c"]
+    s = q.stats()
+    assert (q._mq[L.I_VOIDED], s.enqueued_total, s.bytes_used) == (1, 3, s.bytes_used)
+    q.close()
 
 
 def test_a_logged_queue_logs_a_reserved_message_at_publish(impl, broker, tmp_path):
@@ -160,11 +200,13 @@ def test_a_process_killed_inside_the_block_publishes_nothing(impl, broker):
             child.kill()
             child.join()
     assert child.exitcode == -signal.SIGKILL
-    assert q.put(b"after") == 2  # the next locker repairs; the id the child held was never used
+    # the next put finds the fill of a process that is gone and takes it back whole (nothing was placed
+    # after it): the id the child held is the put's
+    assert q.put(b"after") == 2
     assert [d.body for d in q.get_many(10, timeout=0, ack=False)] == [b"before", b"after"]
     s = q.stats()
     assert (s.ready, s.enqueued_total, s.bytes_used) == (0, 2, 0)
-    assert q._mq[L.I_REPAIRS] == 1
+    assert (q._mq[L.I_REPAIRS], q._mq[L.I_VOIDED], q._mq[L.I_FILL]) == (0, 0, 0)  # (it held no lock)
     with q.reserve(10) as buf:  # and reserving works again
         buf[:] = b"0123456789"
     assert q.get(timeout=0).body == b"0123456789"

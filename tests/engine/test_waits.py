@@ -118,26 +118,29 @@ REC = 512  # what a record of BODY bytes takes: eight fill the 4 KiB ring
 BODY = REC - L.REC_SIZE
 
 
-def _reserve_on_cue(ns, name, up, cue, inside, go):
-    """Attach, say so; on ``cue`` reserve BODY bytes of ``name`` (from then on this live
-    process holds the queue's lock), say so, and publish once told to ``go``."""
+def _lock_on_cue(ns, name, up, cue, inside, go):
+    """Attach, say so; on ``cue`` take the queue's lock and append a record of BODY bytes
+    past the tail (from then on this live process holds the lock), say so, and publish it
+    once told to ``go``."""
     with shmq.connect(namespace=ns) as b:
         q = b.queue(name)
         up.set()
         assert cue.wait(60)
-        with q.reserve(BODY) as buf:
-            buf[:] = b"r" * BODY
-            inside.set()
-            assert go.wait(60)
+        rec = (L.REC_SIZE + 7 + BODY) & -8
+        pos, a = q._until_room(q._try_reserve, ((BODY, b"", rec),), None)  # (the lock kept)
+        q._mm[a + L.REC_SIZE:a + L.REC_SIZE + BODY] = b"r" * BODY
+        inside.set()
+        assert go.wait(60)
+        q._publish(pos, a)
 
 
 @contextlib.contextmanager
 def _lock_holder(broker):
-    """A process that takes the queue's lock when cued (``_reserve_on_cue``); yields its
+    """A process that takes the queue's lock when cued (``_lock_on_cue``); yields its
     (up, cue, inside, go) events and the process, which publishes and ends on ``go``."""
     ctx = mp.get_context("spawn")
     events = [ctx.Event() for _ in range(4)]
-    p = ctx.Process(target=_reserve_on_cue, args=(broker.namespace, "q", *events))
+    p = ctx.Process(target=_lock_on_cue, args=(broker.namespace, "q", *events))
     p.start()
     try:
         assert events[0].wait(60), "the holder never attached"
@@ -167,8 +170,8 @@ def test_a_put_woken_for_room_into_a_lock_held_by_another_process_waits_for_it(i
                                                                                timeout):
     """Issue 27: a put_many asleep on a full queue, its sleep over, found the lock held by a
     live process past the C path's own wait (100 ms); the Python append it went on with was
-    handed headers=None (TypeError), and its sleep stayed counted. Here a reserve in another
-    process holds the lock until the put waits for it in Python (``_lock_contended``)."""
+    handed headers=None (TypeError), and its sleep stayed counted. Here another process
+    holds the lock (``_lock_on_cue``) until the put waits for it in Python (``_lock_contended``)."""
     q, fill = _full_but_one_record(broker)
     bodies = [b"a" * BODY, b"b" * BODY] if many else [b"c" * (2 * REC - L.REC_SIZE)]  # 1 KiB either way
     in_python = threading.Event()

@@ -21,15 +21,15 @@ from . import deadletter, dedup, lifetime, scheduling
 from ..shm import ring, waits
 from ..shm.process import is_alive
 
-__all__ = ["LIVENESS_PERIOD_NS", "expire", "dead_letter_spent", "reap_dead", "housekeep", "give_back", "return_memory",
-           "repair"]
+__all__ = ["LIVENESS_PERIOD_NS", "expire", "dead_letter_spent", "reap_dead", "end_dead_fills", "housekeep",
+           "give_back", "return_memory", "repair"]
 
 _wall = time.time_ns
 LIVENESS_PERIOD_NS = 500_000_000  # how often someone checks that lease holders live
 MOVE_LEASE_NS = 60 * 10**9  # the lease of a message taken only to be dead-lettered (in the same call)
 
 _REC = L.REC_SIZE
-_READY, _LEASED, _PAD, _DELAYED = L.READY, L.LEASED, L.PAD, L.DELAYED
+_READY, _LEASED, _PAD, _DELAYED, _FILLING = L.READY, L.LEASED, L.PAD, L.DELAYED, L.FILLING
 _R_DEADLINE = L.R_DEADLINE
 _R_FLAGS = 2  # the word whose high half is a record's flags
 
@@ -131,7 +131,7 @@ def reap_dead(q, now) -> int:
             p, s, cw, pw, acked, redelivered, bells, consumers = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
             if (p, s) != (pid, start):
                 continue  # reused meanwhile
-            returned += _release_holder(q, i, now, spent)
+            returned += _release_holder(q, i, now, spent) + end_dead_fills(q, i)
             mq[L.I_CWAIT] -= cw
             mq[L.I_PWAIT] -= pw
             mq[L.I_BELLS] -= bells
@@ -149,6 +149,27 @@ def reap_dead(q, now) -> int:
     if gone and lifetime.unused(q, now) is not None:  # (without the lock: the deleter looks again under it)
         lifetime.delete_unused(q)
     return returned
+
+
+def end_dead_fills(q, slot=None) -> int:
+    """The fills (``layout.FILL_OFF``) of process ``slot``, which died, or with None of every
+    holder that does not live, become PADs, and the tail moves over what is done after them
+    (``ring.commit_fills``). Lock held. Returns how many became ready (the caller owes their
+    posts)."""
+    mq = q._mq
+    fill, tail = mq[L.I_FILL], mq[L.I_TAIL]
+    if fill <= tail:
+        return 0
+    dead = []
+    for pos, w in ring.records(mq, q._cap, q._base, tail, fill):
+        s = mq[w]
+        if s & 0xFF == _FILLING:
+            holder = (s >> 8) & 0xFFFF
+            if holder == slot if slot is not None else not _slot_alive(q, holder):
+                dead.append((pos, w))
+    for pos, w in reversed(dead):  # (the last first: taken back whole when nothing follows it)
+        ring.void_fill(mq, w, pos)
+    return ring.commit_fills(mq, q._cap, q._base)
 
 
 def housekeep(q, now) -> int:
@@ -182,7 +203,7 @@ def give_back(q) -> int:
     wrote as much of (a busy queue keeps what it keeps using; a drained one keeps nothing).
     Returns the bytes given back. Lock held."""
     mq, mem, cap, base = q._mq, q._memory, q._cap, q._base
-    head, tail = mq[L.I_HEAD], mq[L.I_TAIL]
+    head, tail = mq[L.I_HEAD], ring.append_end(mq)  # (the records still being filled are kept too)
     mark = mem.word("mark")
     mem.set_word("mark", tail)
     ahead = min(cap - (tail - head), tail - mark if tail >= mark else cap)
@@ -232,6 +253,28 @@ def ttl_due(q, wall) -> bool:
         if mq[w] & 0xFF == _READY:
             return mq[w + L.R_ENQ] + q._ttl_ns <= wall
     return False
+
+
+def _repair_fills(q, tail) -> None:
+    """``repair``'s part past the tail: the records placed there before a death (each whole
+    before the fill word covered it: a bad one says the word is stale) kept, those of dead
+    holders made PADs, and the tail moved over what is done (``end_dead_fills``)."""
+    mq, mm, cap = q._mq, q._mm, q._cap
+    fill = mq[L.I_FILL]
+    if fill <= tail:
+        mq[L.I_FILL] = 0
+        return
+    end = tail
+    for pos, w in ring.records(mq, cap, q._base, tail, fill):
+        length = mq[w + L.R_LENGTH] & 0xFFFFFFFF
+        if length < _REC or length % 8 or pos % cap + length > cap or pos + length > fill or \
+                mq[w] & 0xFF not in (_READY, _PAD, _FILLING):
+            break
+        end = pos + length
+    else:
+        end = fill
+    mq[L.I_FILL] = end if end > tail else 0
+    end_dead_fills(q)  # (what it commits counts in ready: the sleepers' slices find it)
 
 
 def repair(q) -> None:
@@ -302,6 +345,7 @@ def repair(q) -> None:
         mq[L.I_LEVEL_POS + lv] = head  # lower bounds, found again by the next takes
     mq[L.I_NEXT_TTL] = 0  # the next take or housekeeping looks for expired messages
     dedup.forget_uncommitted(mq, q._dedup_off, mq[L.I_NEXT_ID])
+    _repair_fills(q, tail)
     ring.advance_head(mq, cap, q._base)
     if q._logged:
         q.wal.repair()

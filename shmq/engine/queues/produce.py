@@ -13,7 +13,7 @@ from ...model import arrays
 from ...model.headers import encode_headers, per_item
 from ...model.messages import as_body, as_buffer, as_bytes
 from .. import cpaths
-from . import dedup, extension
+from . import dedup, extension, housekeeping
 from ..shm import ring, waits
 from ..shm import layout as L
 from ..shm.layout import I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY, I_READY_POS, I_TAIL
@@ -41,6 +41,13 @@ ROOM_LOOK = 8 << 20  # how far past a write its room is looked for (a chunk's bi
 GROW_LOCK_NS = 10_000_000  # the longest a put waits for the lock to allocate ahead (then the next does)
 _F_OWNERDEAD, _F_FALLBACK, _F_WAL_MAX = cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.WAL_MAX_PAYLOAD
 _F_BUSY, _F_FULL, _F_SLEEP, _W_REGISTER = cpaths.BUSY, cpaths.FULL, cpaths.SLEEP, cpaths.W_REGISTER
+_W_FILL, _FILL_MIN, _I_FILL, _FILLING, _PAD = cpaths.W_FILL, L.FILL_MIN, L.I_FILL, L.FILLING, L.PAD
+_I_WRAP, SPILL_WAIT_NS = L.I_WRAP, L.SPILL_WAIT_NS
+FILL_PAUSES_S = (0.00005, 0.0002, 0.001, 0.005)  # an append's sleeps while fills it may not follow are under way
+
+
+class _FillsPending(Exception):
+    """An append that may not go after the fills under way (``Producing._room``): it waits."""
 
 
 def batch_headers(headers, n: int):
@@ -105,10 +112,20 @@ class Producing:
         if fast_put is not None and (not self._logged or (self.wal.fd is not None and len(hraw) + bl <= _F_WAL_MAX)):
             gen, fd = self.wal.fd if self._logged else (0, -1)
             try:
-                r = fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
+                if bl < _FILL_MIN or self._logged:
+                    bits = 0
+                    r = fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
+                else:  # a fill: the body copied with the lock let go (``layout.FILL_OFF``)
+                    bits = self._fill_bits()
+                    r = fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen, bits)
+                    if type(r) is tuple:  # copied, the lock then busy (or taken from a dead holder)
+                        return self._end_copied_fill(r[0])
                 if r == _F_FULL:
                     r, waited, left = self._wait_room_fast(  # (a partial: a lambda here would make put's locals cells)
-                        r, partial(fast_put, self._segp, self._base, cap, body, hraw, now, fd, gen), size, timeout)
+                        r, partial(fast_put, self._segp, self._base, cap, body, hraw, now, fd, gen), size, timeout,
+                        bits)
+                    if type(r) is tuple:
+                        return self._end_copied_fill(r[0])
                     if r <= 0:  # the general append (uncounting a sleep still counted)
                         return self._append(((body, hraw, size),), left, waited=waited)[0]
             except OSError as e:
@@ -132,7 +149,7 @@ class Producing:
             off = tail % cap
             a = self._base + off
             if size <= cap - off and tail + size - head <= cap and tail + size <= mq[I_ROOM] \
-                    and (tail != head or off < self._reuse):
+                    and (tail != head or off < self._reuse) and mq[_I_FILL] <= tail and bl < _FILL_MIN:
                 msg_id = mq[I_NEXT_ID]
                 if self._logged:  # logged (and fsynced, by policy) before the commit below
                     self.wal.append(_encode_put_entry(msg_id, now, hraw, body))
@@ -267,10 +284,11 @@ class Producing:
         block exits normally (its id is then the reservation's ``id``), and nothing is
         when it raises, or when the process dies inside it.
 
-        Waits for room as ``put`` does (QueueFull after ``timeout``), then holds the
-        queue's lock while the block runs: every other caller of the queue waits for it,
-        so fill and leave (a call on this queue from inside the block raises
-        RuntimeError). ``buf`` is released as the block ends (a later use raises
+        Waits for room as ``put`` does (QueueFull after ``timeout``); the block runs with
+        the queue's lock let go, so other callers go on, and what is put meanwhile is seen
+        after this message, once it is published (a logged queue holds its lock while the
+        block runs: a call on it from inside the block raises RuntimeError). ``buf`` is
+        released as the block ends (a later use raises
         ValueError); a buffer still exported from it then (a numpy array made from it)
         publishes nothing and raises BufferError. MessageTooLarge when ``size`` exceeds
         ``max_message_bytes``.
@@ -287,18 +305,84 @@ class Producing:
     def _append(self, items, timeout, options=None, waited=0):
         """Append ``(body, encoded headers, record size)`` items, waiting for room.
         ``options``: (record flags, delay ns, dedup hash) for every item, or None;
-        ``waited``: a sleep of a C put this process is still counted for."""
-        ids = self._until_room(self._try_append, items, timeout, options, waited)
+        ``waited``: a sleep of a C put this process is still counted for. One plain item
+        of ``FILL_MIN`` body bytes or more on an unlogged queue is a fill: its body copied
+        with the lock let go (``layout.FILL_OFF``)."""
+        if options is None and len(items) == 1 and len(items[0][0]) >= _FILL_MIN and not self._logged:
+            body, hraw, size = items[0]
+            pos, a = self._until_room(self._try_reserve, ((len(body), hraw, size),), timeout, True, waited)
+            at = a + _REC + len(hraw)
+            try:
+                self._mm[at:at + len(body)] = body
+            except BaseException:
+                self._finish_fill(pos, abandon=True)
+                raise
+            ids = [self._finish_fill(pos)]
+        else:
+            ids = self._until_room(self._try_append, items, timeout, options, waited)
         if self._mq[_GROW_DUE]:
             self._grow_ahead()
         return ids
 
-    def _wait_room_fast(self, r, again, total, timeout):
+    def _fill_slot(self) -> int:
+        """This process's slot, registered first (once): a fill's record names its holder,
+        so that a dead one's is found."""
+        slot = self._slot
+        if slot < 0:
+            self._acquire()
+            try:
+                slot = self._my_slot()
+            finally:
+                self._release()
+        return slot
+
+    def _fill_bits(self) -> int:
+        """A C put's ``wait`` bits for a fill: ``W_FILL`` and this process's slot."""
+        return _W_FILL | self._fill_slot() << 3
+
+    def _end_copied_fill(self, r) -> int:
+        """A C fill's end after its copy (``r``: its position << 1, | 1 when the C call holds
+        the lock, taken from a dead holder: repaired first)."""
+        if r & 1:
+            self._repair_held_lock()
+        return self._finish_fill(r >> 1)
+
+    def _finish_fill(self, pos, abandon=False) -> int:
+        """End this process's fill at ``pos``: its record done (READY; a PAD with
+        ``abandon``), the tail moved over it and the done records after it, their
+        consumers woken. Waits for the lock however long it takes (the record is this
+        process's to end). Returns its message id."""
+        mq, cap, base = self._mq, self._cap, self._base
+        w = (base + pos % cap) >> 3
+        while True:
+            try:
+                self._acquire()
+                break
+            except LockTimeout:  # (a holder stopped a while: SIGSTOP, a debugger)
+                continue
+        post = 0
+        try:
+            msg_id = mq[w + L.R_MSG_ID]
+            if mq[w] & 0xFF == _FILLING:
+                if abandon:
+                    ring.void_fill(mq, w, pos)
+                else:
+                    mq[w + L.R_ENQ] = _wall()
+                    mq[w] = _READY
+                post = waits.owed_posts(mq, _CONSUMERS, ring.commit_fills(mq, cap, base))
+        finally:
+            self._release()
+        for _ in range(post):
+            self._ne.release()
+        return msg_id
+
+    def _wait_room_fast(self, r, again, total, timeout, bits=0):
         """Where a C put (or put_many) that found no room (FULL) goes on: ``again(wait)`` is
         that call made again, told to count this process as a producer waiting for room
         when there is still none (SLEEP), then a sleep on not_full, then the call again,
         which uncounts it first: every lock hold stays in C, as a waiting get's
-        (``Consuming._fast_wait``). QueueFull past ``timeout``; MessageTooLarge for records
+        (``Consuming._fast_wait``); ``bits`` go with each call's (``W_FILL``). QueueFull past
+        ``timeout``; MessageTooLarge for records
         (``total`` bytes) that can never fit. Returns (what ``again`` returned: a success,
         or FALLBACK / BUSY / DELETED, for the general append; the sleep still counted then;
         the seconds left)."""
@@ -322,7 +406,8 @@ class Producing:
             if self._slot < 0:  # not in the process table yet (or closed): the general append registers it
                 r = _F_FALLBACK
                 continue
-            r = again(self._slot << 3 | waited << 1 | (_W_REGISTER if deadline is None or _mono() < deadline else 0))
+            r = again(bits | self._slot << 3 | waited << 1 |
+                      (_W_REGISTER if deadline is None or _mono() < deadline else 0))
             if type(r) is int and r != _F_BUSY and r != _F_OWNERDEAD:
                 waited = 0  # the call had the lock: it uncounted the sleep
 
@@ -336,16 +421,47 @@ class Producing:
             raise MessageTooLarge(
                 f"{total} bytes of records can never fit in queue {self.name!r} (max_bytes={self._cap})"
             )
+        pause = 0
+        # a producer that caught up with the head in a ring's window waits for it a while before it spills
+        # (``layout.SPILL_WAIT_NS``), unless its timeout is shorter
+        spill_at = _mono() + SPILL_WAIT_NS
+        self._may_spill = deadline is not None and deadline <= spill_at
         while True:
+            if not self._may_spill and _mono() >= spill_at:
+                self._may_spill = True
             try:
                 ids, post = attempt(items, waited, deadline, options)
             except LockTimeout as e:
                 raise QueueFull(str(e)) from None
+            except _FillsPending:  # (the attempt uncounted the sleep)
+                waited = 0
+                pause = self._await_fills(deadline, pause)
+                continue
             for _ in range(post):
                 self._ne.release()
             if ids is not None:
+                self._may_spill = True
                 return ids
-            waited = self._sleep(self._nf, deadline, _PRODUCERS)  # registered by ``_room``
+            until = deadline if self._may_spill else spill_at if deadline is None else min(deadline, spill_at)
+            waited = self._sleep(self._nf, until, _PRODUCERS)  # registered by ``_room``
+
+    def _await_fills(self, deadline, pause):
+        """A short sleep while fills are under way (an append that may not go after them:
+        ``_room``), longer each time (``FILL_PAUSES_S``); about every half second, a look
+        for fills whose holder died (``housekeeping.end_dead_fills``). QueueFull past
+        ``deadline``. Returns the next pause's index."""
+        if deadline is not None and _mono() >= deadline:
+            raise QueueFull(f"queue {self.name!r} is full")
+        if pause >= len(FILL_PAUSES_S) - 1 and (pause - len(FILL_PAUSES_S)) % 100 == 0:
+            self._acquire()
+            try:
+                posts = housekeeping.end_dead_fills(self)
+            finally:
+                self._release()
+            for _ in range(posts):
+                self._ne.release()
+        time.sleep(FILL_PAUSES_S[min(pause, len(FILL_PAUSES_S) - 1)])
+        return pause + 1
 
     def _placement_end(self, items, tail):
         """Where the tail would be after appending ``items`` at ``tail`` (pads included)."""
@@ -354,28 +470,57 @@ class Producing:
             tail = L.place(tail, item[2], cap)[1]
         return tail
 
-    def _room(self, items, deadline):
-        """Where ``items`` go: the tail, its memory allocated for them, or None when they do
-        not fit now (then registered as a producer waiting for room: the caller sleeps
-        next); QueueFull past ``deadline`` (decided here, under the lock, so no
-        registration outlives a call); StorageError when /dev/shm cannot hold them. Lock
-        held."""
-        mq, cap = self._mq, self._cap
-        head, tail = mq[I_HEAD], mq[I_TAIL]
+    def _room(self, items, deadline, plain=True):
+        """Where ``items`` go: the tail (past the records still being filled, which
+        ``plain`` items may follow; any other append waits for them: _FillsPending), or the
+        next lap's start (an early wrap: ``layout.WINDOW_MIN``; the pad to the lap's end
+        written), or past an early wrap's pad (a spill, once ``_may_spill``), their memory
+        allocated; or None when they do not fit now (then registered as a producer waiting
+        for room: the caller sleeps next); QueueFull past ``deadline`` (decided here, under
+        the lock, so no registration outlives a call); StorageError when /dev/shm cannot
+        hold them. Lock held."""
+        mq, cap, base = self._mq, self._cap, self._base
+        head, tail, fill = mq[I_HEAD], mq[I_TAIL], mq[_I_FILL]
+        if fill > tail and ring.suspect_fill(mq, self._mm, cap, base, tail, _wall()):  # its holder may be dead
+            for _ in range(housekeeping.end_dead_fills(self)):
+                self._ne.release()
+            tail, fill = mq[I_TAIL], mq[_I_FILL]
+        if fill > tail:
+            if not plain or self._logged:
+                raise _FillsPending
+            tail = fill
+        start = tail
         end = self._placement_end(items, tail)
+        wrap = 0
         if head == tail and (tail % cap >= self._reuse or tail >= L.POS_LIMIT or (end - head > cap and tail % cap)):
             # empty: start the next lap, where the memory just freed is (and any batch <= capacity fits)
-            tail = head = self._new_lap(tail)
+            start = tail = head = self._new_lap(tail)
             end = self._placement_end(items, tail)
-        if end - head > cap:
-            if deadline is not None and _mono() >= deadline:
-                raise QueueFull(f"queue {self.name!r} is full")
-            waits.register(mq, self._my_slot(), _PRODUCERS)
-            return None
+        elif len(items) == 1 and ring.early_wrap(head, tail, items[0][2], cap):
+            start = wrap = tail + cap - tail % cap
+            end = start + items[0][2]
+        elif not ring.fits(head, tail, end, cap, mq[_I_WRAP]):
+            wrap = mq[_I_WRAP]
+            spill = ring.spill_start(head, tail, cap, wrap) if self._may_spill else 0
+            if spill:
+                start, end = spill, self._placement_end(items, spill)
+            if not ring.fits(head, start, end, cap, wrap):
+                if deadline is not None and _mono() >= deadline:
+                    raise QueueFull(f"queue {self.name!r} is full")
+                waits.register(mq, self._my_slot(), _PRODUCERS)
+                return None
+            wrap = 0
         if end > mq[I_ROOM]:  # memory to allocate first (StorageError: nothing written)
-            self._memory.ensure_arc(self._base, cap, tail, end)
-            self._set_room(head, tail, end)
-        return tail
+            mem = self._memory
+            if start != tail:  # the pad's header; not the stretch it skips
+                mem.ensure_arc(base, cap, tail, min(tail + _REC, tail - tail % cap + cap))
+            mem.ensure_arc(base, cap, start, end)
+            self._set_room(head, start, end)
+        if start != tail:
+            ring.write_pad(self._mm, base, cap, tail, start)
+            if wrap:
+                mq[_I_WRAP] = tail  # (a stale word is harmless: ``ring.fits`` and ``spill_start`` check it)
+        return start
 
     def _set_room(self, head, tail, end):
         """The fast paths' one compare (``room``): as far from ``tail`` as the chunks are
@@ -403,7 +548,7 @@ class Producing:
         except LockTimeout:
             return
         try:
-            tail = mq[I_TAIL]
+            tail = ring.append_end(mq)
             claim = None if mq[I_DELETED] else mem.claim_ahead(base, cap, tail, mq[I_HEAD] + cap, self._my_slot())
         finally:
             self._release()
@@ -417,7 +562,7 @@ class Producing:
         try:
             mem.settle_claim(self._my_slot(), filled)
             if filled and not mq[I_DELETED]:
-                tail = mq[I_TAIL]
+                tail = ring.append_end(mq)
                 self._set_room(mq[I_HEAD], tail, max(tail, min(mq[I_ROOM], tail - tail % cap + cap)))
         finally:
             self._release()
@@ -428,6 +573,7 @@ class Producing:
         Returns the new tail. Lock held; a death midway leaves head above tail, which the
         repair settles (``housekeeping.repair``: the tail goes to the head)."""
         mq, cap = self._mq, self._cap
+        mq[_I_FILL] = 0  # (none under way: an empty queue; a word a death left stale goes)
         if tail >= L.POS_LIMIT:
             mq[I_ROOM] = 0  # (nothing known allocated from there yet)
             mq[I_TAIL] = 0  # the tail first: a repair then takes the tail back to the head
@@ -440,10 +586,12 @@ class Producing:
         mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = new
         return new
 
-    def _try_reserve(self, items, waited, deadline, _options=None):
+    def _try_reserve(self, items, waited, deadline, fill=None):
         """One locked attempt to place ``items``' one record: ((its position, its byte
-        address), 0) with the lock held and the record written but for its body and put
-        time, past the tail (invisible until ``_publish``); or (None, 0), the lock released."""
+        address), 0) with the record written but for its body and put time, past the
+        tail; or (None, 0), the lock released. With ``fill``, a fill (``layout.FILL_OFF``):
+        its record FILLING, held by this process, the lock let go (``_finish_fill`` ends
+        it); else the lock stays held and the record is invisible until ``_publish``."""
         mm, mq = self._mm, self._mq
         self._acquire_to_unwait(FOREVER if deadline is None else deadline, _PRODUCERS, waited)
         held = False
@@ -452,11 +600,19 @@ class Producing:
                 waits.unregister(mq, self._slot, _PRODUCERS, waited)
             if mq[I_DELETED]:
                 raise self._gone()
-            tail = self._room(items, deadline)
+            tail = self._room(items, deadline, bool(fill))
             if tail is None:
                 return None, 0
             size, hraw, rec = items[0]
             pos, a = ring.place(mm, self._base, self._cap, tail, rec)
+            if fill:
+                msg_id = mq[I_NEXT_ID]
+                L.REC.pack_into(mm, a, _FILLING | self._my_slot() << 8, rec, size, len(hraw), 0, msg_id, _wall(), 0)
+                if hraw:
+                    mm[a + _REC:a + _REC + len(hraw)] = hraw
+                mq[I_NEXT_ID] = msg_id + self._id_step
+                mq[_I_FILL] = pos + rec  # placed: past the tail, after the fills before it
+                return (pos, a), 0
             L.REC.pack_into(mm, a, _READY, rec, size, len(hraw), 0, mq[I_NEXT_ID], 0, 0)
             if hraw:
                 mm[a + _REC:a + _REC + len(hraw)] = hraw
@@ -504,7 +660,7 @@ class Producing:
                 known = dedup.lookup(mq, self._dedup_off, dh, _wall())
                 if known:
                     return [known], 0
-            tail = self._room(items, deadline)
+            tail = self._room(items, deadline, options is None)
             if tail is None:
                 return None, 0
             # write the records past the tail, then publish them with one store
@@ -537,9 +693,14 @@ class Producing:
                 expires = extension.decode(items[0][1])[0].expires_ns
                 if expires and expires < mq[L.I_NEXT_TTL]:
                     mq[L.I_NEXT_TTL] = expires
+            n = len(items)
+            if mq[_I_FILL] > mq[I_TAIL]:  # after fills not yet done (plain items): seen once they are
+                mq[I_NEXT_ID] = next_id
+                mq[_I_FILL] = pos
+                return list(range(first_id, next_id, step)), waits.owed_posts(
+                    mq, _CONSUMERS, ring.commit_fills(mq, cap, base))
             mq[I_TAIL] = pos  # commit
             mq[I_NEXT_ID] = next_id
-            n = len(items)
             if delay_ns:
                 mq[L.I_DELAYED] += n
                 if due < mq[L.I_NEXT_DEADLINE]:

@@ -111,6 +111,7 @@ class Queue(Producing, Consuming, Settling):
 
     lock_timeout = None
     _unwaits = ()  # sleeps still counted that a lock timeout kept from being uncounted (``_unwait_later``)
+    _may_spill = True  # whether an append may spill past an early wrap's pad now (``Producing._until_room``)
 
     def __init__(self, namespace: str, name: str, lane: int = 0, opener=None):
         """``lane``: one lane of a laned queue (``lanes.py``; 0 is the queue's first, the
@@ -535,6 +536,7 @@ class Queue(Producing, Consuming, Settling):
             if mq[I_DELETED]:
                 raise self._gone()
             hot = dict(zip(L.HOT_FIELDS, _HOT_UNPACK(mm, L.HOT_OFF)))
+            wrap, voided = mq[L.I_WRAP], mq[L.I_VOIDED]
             counters = dict(zip(L.COUNTER_FIELDS, L.COUNTERS.unpack_from(mm, L.COUNTERS_OFF)))
             counters["acked_total"] += self._procs_sum(L.P_ACKED)
             counters["redelivered_total"] += self._procs_sum(L.P_REDELIVERED)
@@ -560,9 +562,9 @@ class Queue(Producing, Consuming, Settling):
             ready=hot["ready"],
             in_flight=hot["in_flight"],
             oldest_ready_age_s=age,
-            bytes_used=hot["tail"] - hot["head"],
+            bytes_used=ring.bytes_used(hot["head"], hot["tail"], self._cap, wrap),
             max_bytes=self._cap,
-            enqueued_total=(hot["next_id"] - 1 - self._lane) // self._id_step,
+            enqueued_total=(hot["next_id"] - 1 - self._lane) // self._id_step - voided,
             acked_total=counters["acked_total"],
             redelivered_total=counters["redelivered_total"],
             dead_lettered_total=counters["dead_lettered_total"],
@@ -647,11 +649,23 @@ class Queue(Producing, Consuming, Settling):
                  for msg_id, attempt, enq, hraw, body in messages]
         if not items:
             return 0
+        pause = 0
+        while True:
+            n = self._try_import(items, once, skip_present)
+            if n is not None:
+                return n
+            pause = self._await_fills(None, pause)
+
+    def _try_import(self, items, once, skip_present):
+        """``_import_messages``' locked attempt: how many were appended, or None while fills
+        are under way (``layout.FILL_OFF``: restored messages do not go after them)."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
         self._acquire()
         try:
             if mq[I_DELETED]:
                 raise self._gone()
+            if mq[L.I_FILL] > mq[I_TAIL]:
+                return None
             if once and dedup.lookup(mq, self._dedup_off, once, _wall()):
                 return 0
             if skip_present:
@@ -664,7 +678,7 @@ class Queue(Producing, Consuming, Settling):
             if head == tail and (tail % cap or tail >= L.POS_LIMIT):
                 tail = head = self._new_lap(tail)
             end = self._placement_end(items, tail)
-            if end - head > cap:
+            if not ring.fits(head, tail, end, cap, mq[L.I_WRAP]):
                 raise QueueFull(f"queue {self.name!r} has no room for {len(items)} restored messages")
             self._memory.ensure_arc(base, cap, tail, end)  # StorageError: nothing written
             pos = tail

@@ -1,20 +1,23 @@
 """``Queue.reserve``: a producer fills a message in place, in the ring, and publishes it
 as its ``with`` block ends (iceoryx2's loan and send).
 
-Strategy: the simplest design that is crash-safe with no new rule. Entering waits for
-room as a put does, places the record past the tail (``Producing._try_reserve``) and
-keeps the queue's lock; the block writes the body; a normal exit stores the tail (the
-commit), an exception stores nothing. A process killed inside the block dies holding
-the lock, so the next locker repairs (EOWNERDEAD), and the record past the tail was never
-published. The cost: other callers of the queue wait while the block runs.
+Strategy: a reservation is a fill (``layout.FILL_OFF``). Entering waits for room as a
+put does and places the record past the tail (and past any fills before it) as FILLING,
+held by this process, then lets go of the lock: the block writes the body while every
+other caller of the queue goes on (a put meanwhile goes after it, seen once it is
+published). A normal exit makes the record READY and moves the tail over it (and over
+the done records after it), an exception makes it a PAD; a process killed inside the
+block leaves a FILLING record of a dead holder, which housekeeping makes a PAD. A logged
+queue keeps the older way, the lock held while the block runs (its log is written in
+commit order), so a call on that queue from inside the block raises RuntimeError.
 
 The writable buffer is a memoryview of an object made on the mapping for this one
 reservation (``_fast.Loan``, which counts the views taken of it; on the pure-Python paths
 a ctypes array, whose references say the same), so the end of the block can tell whether
 anything still refers to it (a slice kept, a numpy array made from it) before it
-publishes: once published, nobody may write into the record. The plain case -- room at
-the tail without a pad -- is placed and committed in C (``_fast.reserve`` / ``publish``)
-by a handle on the C paths (``q.paths``).
+publishes: once published, nobody may write into the record. The plain case -- room past
+the tail without a pad -- is claimed and ended in C (``_fast.reserve`` / ``publish``) by
+a handle on the C paths (``q.paths``).
 """
 
 import ctypes
@@ -50,7 +53,7 @@ class Reservation:
     """``with q.reserve(size, headers) as buf: ...`` (``Producing.reserve``). ``id`` is
     the message id once published (None before, and after a block that raised)."""
 
-    __slots__ = ("_q", "_size", "_hraw", "_timeout", "_at", "_arr", "_raw", "_buf", "id")
+    __slots__ = ("_q", "_size", "_hraw", "_timeout", "_at", "_arr", "_raw", "_buf", "_fill", "id")
 
     def __init__(self, q, size, hraw, timeout):
         self._q = q
@@ -58,31 +61,32 @@ class Reservation:
         self._hraw = hraw
         self._timeout = timeout
         self._at = None
+        self._fill = not q._logged
         self.id = None
 
     def __enter__(self) -> memoryview:
         if self._at is not None or self.id is not None:
             raise RuntimeError("a reservation is entered once")
-        q, size, hraw = self._q, self._size, self._hraw
+        q, size, hraw, fill = self._q, self._size, self._hraw, self._fill
         if q._lockp is None:
             raise q._closed()
         at = None
         paths = q.paths
-        if paths.reserve is not None:
-            r = paths.reserve(q._segp, q._base, q._cap, size, hraw)
+        if fill and paths.reserve is not None:
+            r = paths.reserve(q._segp, q._base, q._cap, size, hraw, q._fill_slot())
             if r >= 0:
                 at = r, q._base + r % q._cap
             elif r == _F_OWNERDEAD:
                 q._repair_held_lock()
         if at is None:  # busy, full, or a pad to place: the general placement
             rec = (REC_SIZE + 7 + len(hraw) + size) & -8
-            at = q._until_room(q._try_reserve, ((size, hraw, rec),), self._timeout)
-        try:  # the lock is held from here
+            at = q._until_room(q._try_reserve, ((size, hraw, rec),), self._timeout, fill or None)
+        try:  # a fill's record is ours from here (else the lock is held)
             loan = _loan(paths.Loan, q._mm, at[1] + REC_SIZE + len(hraw), size)
             raw = memoryview(loan)
             buf = raw if paths.Loan is not None else raw.cast("B")
         except BaseException:
-            q._release()
+            self._abandon(at[0])
             raise
         self._at, self._arr, self._raw, self._buf = at, loan, raw, buf
         return buf
@@ -100,20 +104,36 @@ class Reservation:
         except BufferError:  # exported to something still alive (a numpy array)
             held = True
         if exc_type is not None or held:
-            q._release()  # nothing published: the record past the tail is overwritten later
+            self._abandon(pos)  # nothing published
             if exc_type is None:
                 raise BufferError("a view of the reserved buffer is still alive as the block ends (a slice, or "
                                   "an object made from it): nothing was published; let it go inside the block")
             return False
+        if not self._fill:
+            self.id = q._publish(pos, a)  # (a logged queue logs it first)
+            return False
         publish = q.paths.publish
-        if publish is not None and not q._logged:
-            r = publish(q._segp, q._base, q._cap, pos, _wall())
+        if publish is None:
+            self.id = q._finish_fill(pos)
+            return False
+        r = publish(q._segp, q._base, q._cap, pos, _wall())
+        if r >= 0:
             if r & 1:
                 q._ne.release()
             self.id = r >> 1
-        else:
-            self.id = q._publish(pos, a)  # (a logged queue logs it first)
+        else:  # busy, or taken from a dead holder: Python waits (or repairs), then ends it
+            if r == _F_OWNERDEAD:
+                q._repair_held_lock()
+            self.id = q._finish_fill(pos)
         return False
+
+    def _abandon(self, pos) -> None:
+        """Nothing published: a fill's record becomes a PAD (else the lock is let go, the
+        record past the tail never committed)."""
+        if self._fill:
+            self._q._finish_fill(pos, abandon=True)
+        else:
+            self._q._release()
 
     def __repr__(self):
         state = ("published" if self.id is not None else "open" if self._buf is not None

@@ -20,15 +20,16 @@ from ...model.checks import MAX_PARTITIONS  # (a stream's groups keep a word per
 
 __all__ = [
     "MAGIC", "LAYOUT_VERSION", "ALIGN", "REC", "REC_SIZE",
-    "READY", "LEASED", "ACKED", "PAD", "DELAYED", "STATE_NAMES", "NO_HOLDER", "NEVER",
+    "READY", "LEASED", "ACKED", "PAD", "DELAYED", "FILLING", "STATE_NAMES", "NO_HOLDER", "NEVER",
     "DURABILITY", "DURABILITY_NAMES",
-    "STATIC", "STATIC_OFF", "MUTEX_OFF", "HOT", "HOT_OFF", "HOT_FIELDS", "COUNTERS", "COUNTERS_OFF",
+    "STATIC", "STATIC_OFF", "MUTEX_OFF", "FILL_OFF", "FILL_MIN", "I_FILL", "WRAP_OFF", "I_WRAP", "LARGE", "WINDOW_MIN",
+    "WINDOW_RECORDS", "UNWRAP_GAP", "SPILL_WAIT_NS", "FILL_STALE_NS", "HOT", "HOT_OFF", "HOT_FIELDS", "COUNTERS", "COUNTERS_OFF",
     "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE", "WALCFG", "WALCFG_OFF", "WAL_WORDS_OFF", "TIMENS_OFF", "WORD",
     "REC_FIELDS", "REC_OFFSETS", "field_offsets", "R_STATUS", "R_LENGTH", "R_MSG_ID", "R_ENQ", "R_DEADLINE",
     "P_CWAIT", "P_PWAIT", "P_ACKED", "P_REDELIVERED", "P_BELLS", "P_CONSUMERS", "OPTS_LANES_OFF", "id_step", "proc_word",
     "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "c_header", "write_c_header",
     "OPTS", "OPTS_FIELDS", "OPTS_OFF", "XWORDS_OFF", "XWORD_FIELDS", "I_SPECIAL", "I_NEXT_TTL", "I_EXPIRED_TOTAL",
-    "I_PRODUCER_TURNS", "I_CONSUMER_TURNS", "LANE_SLEEPERS_OFF", "I_LANE_SLEEPERS", "I_BELLS", "I_ROOM",
+    "I_PRODUCER_TURNS", "I_CONSUMER_TURNS", "I_VOIDED", "LANE_SLEEPERS_OFF", "I_LANE_SLEEPERS", "I_BELLS", "I_ROOM",
     "LIFETIME_OFF", "I_LIFETIME", "I_LAST_USED", "LIFE_AUTO_DELETE", "LIFE_HAD_CONSUMER", "LIFE_EXPIRES_SHIFT",
     "LIFE_RENEW_NS", "life_renew_ns",
     "DEDUP", "DEDUP_SLOTS", "DEDUP_PROBES", "dedup_offset", "EXT", "EXT_MAGIC", "EXT_VERSION", "FLAG_EXT",
@@ -40,9 +41,10 @@ __all__ = [
 ]
 
 MAGIC = b"SHMQ"
-LAYOUT_VERSION = 5  # 2: the options block, the extra words, the dedup table, record extensions; 3: lanes, a cache
+LAYOUT_VERSION = 6  # 2: the options block, the extra words, the dedup table, record extensions; 3: lanes, a cache
 # line per process slot with its share of the counters; 4: the control words on a line per side; 5: memory taken
-# chunk by chunk (the memory block and its bitmap), the process table after it
+# chunk by chunk (the memory block and its bitmap), the process table after it; 6: fills (a large body written
+# outside the lock, past the tail: the fill word and the FILLING state)
 ALIGN = 8
 
 # --- message states (low byte of the status word) ---------------------------------
@@ -51,7 +53,8 @@ LEASED = 2    # delivered, waiting for ack/nack; deadline = lease expiry
 ACKED = 3     # settled (acked, dropped, dead-lettered, purged): space to reclaim
 PAD = 4       # filler to the end of the lap; length = bytes skipped
 DELAYED = 5   # nacked with a delay; deadline = when it becomes READY again
-STATE_NAMES = {READY: "ready", LEASED: "leased", ACKED: "acked", PAD: "pad", DELAYED: "delayed"}
+FILLING = 6   # past the tail, its body being written outside the lock by its holder (a fill: ``FILL_OFF``)
+STATE_NAMES = {READY: "ready", LEASED: "leased", ACKED: "acked", PAD: "pad", DELAYED: "delayed", FILLING: "filling"}
 NO_HOLDER = 0xFFFF
 # durability mode, in the low byte of the static header's flags
 DURABILITY = {"memory": 0, "snapshot": 1, "wal": 2}
@@ -110,6 +113,27 @@ def life_renew_ns(expires_ms: int) -> int:
     """How stale a queue's ``last_used`` may be before a take stores it again."""
     return min(LIFE_RENEW_NS, expires_ms * 250_000)
 MUTEX_OFF = 512
+# the fill word, on the mutex's own line (read and written only under the lock, so it costs a put nothing):
+# 0, or past the tail, the end of the records placed past it (fills: a put or reserve of FILL_MIN body bytes
+# or more writes its body with the lock let go, its record FILLING; a put meanwhile goes after it, written
+# whole). The tail moves over them in order as they are done (``ring.commit_fills``); a FILLING record whose
+# holder died becomes a PAD. pthread_mutex_t takes 40 bytes (48 on aarch64): the word after it
+FILL_OFF = MUTEX_OFF + 56
+FILL_MIN = 32 * 1024  # body bytes from which a put or reserve of an unlogged queue fills outside the lock
+# The window of a ring of large records (``ring.window``): a record of LARGE bytes or more (a record's, header
+# included) appended past the window of its lap, while the lap's start has room for it before the head, starts
+# the next lap there (an early wrap: a PAD to the lap's end), so that the memory the consumers just freed, still
+# in the CPU's caches, is written again instead of the next, cold, stretch of the ring. The wrap word (on the
+# mutex's line too) holds the last early wrap's pad position. A producer that then catches up with the head
+# waits for it up to SPILL_WAIT_NS, then spills: its records continue in the head's next lap past that pad
+# (UNWRAP_GAP after it, the pad's header kept whole), where the ring is free, so max_bytes still holds
+WRAP_OFF = MUTEX_OFF + 48
+LARGE = FILL_MIN
+WINDOW_MIN = 4 << 20
+WINDOW_RECORDS = 4  # the window holds this many records at least
+UNWRAP_GAP = 64
+SPILL_WAIT_NS = 2_000_000
+FILL_STALE_NS = 20_000_000  # a put that finds a fill this old (its put time) looks whether its holder lives
 HOT_OFF = 576
 # the control words, a cache line for each side (issue 21): what puts write, what takes and acks
 # write, and the line both write, which every put also reads. A put reads the consumers' line
@@ -161,9 +185,9 @@ BITMAP_BYTES = 8320  # 66560 chunks: a ring of MAX_RING_BYTES and any header or 
 MAX_RING_BYTES = 2**32 - CHUNK  # a ring's most bytes (a record's length, a pad's, is a u32)
 GIVE_BACK_GRACE_NS = 1_000_000_000  # a partition's region behind its head is given back this long after
 GIVE_BACK_BUDGET = 16 * 2**20  # bytes given back per round at most (a punch holds the lock ~0.2 ms a MiB)
-MEM_OFF = 1024  # a queue's memory block, after the level cursors
+MEM_OFF = 1088  # a queue's memory block, after the level cursors (a cache line apart)
 WORD = struct.Struct("<q")  # one signed word
-PROCS_OFF = MEM_OFF + MEM_SIZE + BITMAP_BYTES  # 9472
+PROCS_OFF = MEM_OFF + MEM_SIZE + BITMAP_BYTES  # 9536
 # process slot, one cache line each: pid, start_ms, consumers waiting, producers waiting, and the
 # process's share of the totals every take and ack bumps (acked, redelivered: summed by ``stats``,
 # folded into the queue's own counters when the process is reaped), so the hot paths write a line
@@ -183,9 +207,11 @@ MAX_PRIORITIES = 16
 OPTS_LANES_OFF = OPTS_OFF + field_offsets(OPTS, OPTS_FIELDS)["lanes"]  # (u32) the C paths' id step
 # extra control words: special (records that need the general take may exist: extensions or a
 # delayed put), next_ttl (wall ns: no ready message expires before it), expired_total; and in
-# lane 0 of a laned queue, the turns its handles took (``lanes.py``: their own and home lanes)
+# lane 0 of a laned queue, the turns its handles took (``lanes.py``: their own and home lanes); then
+# voided, the message ids fills took that never became messages (a reservation that raised, a holder
+# that died: ``enqueued_total`` leaves them out)
 XWORDS_OFF = OPTS_OFF + OPTS.size
-XWORD_FIELDS = ("special", "next_ttl", "expired_total", "producer_turns", "consumer_turns")
+XWORD_FIELDS = ("special", "next_ttl", "expired_total", "producer_turns", "consumer_turns", "voided")
 # then one word per priority level: a lower bound of the position of its first ready record
 LEVEL_POS_OFF = XWORDS_OFF + 8 * len(XWORD_FIELDS)
 # the dedup table (``put(dedup_id=...)``), after the process table: DEDUP_SLOTS entries of
@@ -208,10 +234,11 @@ I_ACKED_TOTAL, I_REDELIVERED_TOTAL, I_DEAD_TOTAL, I_PURGED_TOTAL, I_REPAIRS = ra
 I_WAL_SIZE, I_WAL_SYNCED = WAL_WORDS_OFF >> 3, (WAL_WORDS_OFF >> 3) + 1
 I_WAL_GEN, I_WAL_MODE = WALCFG_OFF >> 3, (WALCFG_OFF >> 3) + 1  # WALCFG's generation; fsync mode (low half)
 I_LANE_SLEEPERS = LANE_SLEEPERS_OFF >> 3
-I_SPECIAL, I_NEXT_TTL, I_EXPIRED_TOTAL, I_PRODUCER_TURNS, I_CONSUMER_TURNS = range(
+I_SPECIAL, I_NEXT_TTL, I_EXPIRED_TOTAL, I_PRODUCER_TURNS, I_CONSUMER_TURNS, I_VOIDED = range(
     XWORDS_OFF >> 3, (XWORDS_OFF >> 3) + len(XWORD_FIELDS))
 I_LEVEL_POS = LEVEL_POS_OFF >> 3  # + level
 I_LIFETIME, I_LAST_USED = LIFETIME_OFF >> 3, (LIFETIME_OFF >> 3) + 1
+I_FILL, I_WRAP = FILL_OFF >> 3, WRAP_OFF >> 3
 
 
 def mem_words(mem_off: int) -> dict:
@@ -225,6 +252,7 @@ P_CWAIT, P_PWAIT, P_ACKED, P_REDELIVERED, P_BELLS, P_CONSUMERS = 2, 3, 4, 5, 6, 
 WAL_NEVER, WAL_ALWAYS, WAL_BATCH, WAL_SUSPENDED = 0, 1, 2, 3
 
 assert HOT_OFF >= MUTEX_OFF + 64 and HOT_OFF % 64 == 0  # (the lines of HOT_LINES are cache lines)
+assert MUTEX_OFF + 48 <= WRAP_OFF < FILL_OFF < MUTEX_OFF + 64
 assert STATIC.size <= WALCFG_OFF and WALCFG_OFF + WALCFG.size <= LIFETIME_OFF and LIFETIME_OFF + 16 <= MUTEX_OFF
 assert COUNTERS_OFF + COUNTERS.size <= WAL_WORDS_OFF and WAL_WORDS_OFF + 16 <= TIMENS_OFF < PROCS_OFF
 assert TIMENS_OFF + 8 <= LANE_SLEEPERS_OFF and LANE_SLEEPERS_OFF + 8 <= OPTS_OFF
@@ -329,7 +357,9 @@ def c_header() -> str:
     defines = {
         "MUTEX_OFF": MUTEX_OFF, "HOT_W": HOT_OFF >> 3, "COUNTERS_W": COUNTERS_OFF >> 3,
         "WALCFG_W": I_WAL_GEN, "WAL_WORDS_W": I_WAL_SIZE, "REC_SIZE": REC_SIZE,
-        "ST_READY": READY, "ST_LEASED": LEASED, "ST_ACKED": ACKED, "ST_PAD": PAD, "WAL_ALWAYS": WAL_ALWAYS,
+        "ST_READY": READY, "ST_LEASED": LEASED, "ST_ACKED": ACKED, "ST_PAD": PAD, "ST_FILLING": FILLING,
+        "FILL_OFF": FILL_OFF, "FILL_MIN": FILL_MIN, "WRAP_OFF": WRAP_OFF, "LARGE": LARGE, "WINDOW_MIN": WINDOW_MIN,
+        "WINDOW_RECORDS": WINDOW_RECORDS, "FILL_STALE_NS": f"{FILL_STALE_NS}ULL", "WAL_ALWAYS": WAL_ALWAYS,
         "SPECIAL_W": I_SPECIAL, "NEXT_TTL_W": I_NEXT_TTL, "LEVEL_POS_W": I_LEVEL_POS,
         "MAX_PRIORITIES": MAX_PRIORITIES, "FLAG_TTL": FLAG_TTL, "NO_HOLDER": NO_HOLDER,
         "PROCS_OFF": PROCS_OFF, "PROC_SIZE": PROC_SIZE, "P_CWAIT": P_CWAIT, "P_PWAIT": P_PWAIT, "P_ACKED": P_ACKED,

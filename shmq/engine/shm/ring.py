@@ -8,17 +8,20 @@ lock and passes ``now``. A record is addressed by its word index ``w`` (records 
 reuse these as they are.
 """
 
+import os
+
 from . import layout as L
 
 __all__ = ["records", "copy_used", "copied_records", "place", "write_record", "leased_word", "make_ready",
-           "advance_head", "freed_at", "next_ready"]
+           "advance_head", "freed_at", "next_ready", "append_end", "commit_fills", "window", "early_wrap", "spill_start",
+           "fits", "write_pad", "bytes_used", "suspect_fill", "void_fill"]
 
 _REC = L.REC_SIZE
 _PACK = L.REC.pack_into
-_LEASED, _READY, _ACKED, _PAD = L.LEASED, L.READY, L.ACKED, L.PAD
+_LEASED, _READY, _ACKED, _PAD, _FILLING = L.LEASED, L.READY, L.ACKED, L.PAD, L.FILLING
 R_LENGTH, R_MSG_ID, R_DEADLINE = L.R_LENGTH, L.R_MSG_ID, L.R_DEADLINE
 I_HEAD, I_TAIL, I_FRONTIER, I_READY_POS = L.I_HEAD, L.I_TAIL, L.I_FRONTIER, L.I_READY_POS
-I_READY, I_REQUEUED = L.I_READY, L.I_REQUEUED
+I_READY, I_REQUEUED, I_FILL = L.I_READY, L.I_REQUEUED, L.I_FILL
 
 
 def records(mq, cap, base, pos, end):
@@ -155,3 +158,132 @@ def next_ready(mq, cap, base, pos, frontier):
         if mq[w] & 0xFF == _READY:
             return p
     return -1
+
+
+def append_end(mq) -> int:
+    """Where the next record goes: past the records still being filled (``layout.FILL_OFF``),
+    else at the tail. Lock held."""
+    fill, tail = mq[I_FILL], mq[I_TAIL]
+    return fill if fill > tail else tail
+
+
+def commit_fills(mq, cap, base) -> int:
+    """Move the tail over the records past it that are done (READY, or PAD: abandoned), up to
+    the first one still FILLING; the fill word goes back to 0 once none is left. Returns how
+    many became ready (counted in ``ready``: the caller owes their posts). Lock held; a death
+    midway leaves a tail that a later commit or the repair moves on."""
+    fill = mq[I_FILL]
+    tail = start = mq[I_TAIL]
+    n = 0
+    if fill > tail:
+        for pos, w in records(mq, cap, base, tail, fill):
+            state = mq[w] & 0xFF
+            if state == _FILLING:
+                break
+            tail = pos + (mq[w + R_LENGTH] & 0xFFFFFFFF)
+            n += state == _READY
+        else:
+            tail = fill
+    if tail != start:
+        mq[I_TAIL] = tail  # commit
+        mq[I_READY] += n
+        if mq[I_HEAD] == start:  # (the queue was empty: a PAD first, an abandoned fill's, is reclaimed now)
+            advance_head(mq, cap, base)
+    if fill and tail >= fill:
+        mq[I_FILL] = 0
+    return n
+
+
+def window(size, cap) -> int:
+    """The window of a ring of ``cap`` bytes for a record of ``size`` bytes (``layout.LARGE``):
+    0 when there is none (the record is small, or the ring is small already)."""
+    if size < L.LARGE:
+        return 0
+    w = max(L.WINDOW_MIN, L.WINDOW_RECORDS * size)
+    return w if 2 * w <= cap else 0
+
+
+def early_wrap(head, end, size, cap) -> bool:
+    """Whether a record of ``size`` bytes appended at ``end`` starts the next lap now (an
+    early wrap): ``end`` is past its window, in the head's lap, and the lap's start has room
+    for it before the head (and for a header after it: a spill's pad, ``fits``)."""
+    w = window(size, cap)
+    return bool(w) and end != head and end % cap >= w and head // cap == end // cap and size + _REC <= head % cap
+
+
+def spill_start(head, end, cap, wrap) -> int:
+    """Where records appended at ``end`` go past the early wrap whose pad is at ``wrap`` (a
+    spill: ``layout.SPILL_WAIT_NS``), or 0 when they cannot: the head has passed the pad,
+    ``end`` is not in the head's next lap, or a pad from ``end`` would not fit before the
+    head."""
+    lap = head // cap
+    if not wrap or wrap < head or wrap // cap != lap or end // cap != lap + 1:
+        return 0
+    start = end - end % cap + ((wrap % cap + L.UNWRAP_GAP + 7) & -8)
+    if end >= start:
+        return end  # (spilt already)
+    return start if end % cap + _REC <= head % cap else 0
+
+
+def fits(head, start, after, cap, wrap) -> bool:
+    """Whether records placed from ``start`` to ``after`` fit with the head at ``head``: a
+    lap's bytes at most (a header's less while an early wrap's pad at ``wrap`` is ahead of
+    the head, so that a spill's pad fits), or all past that pad in the head's next lap (a
+    spill), where the ring is free though their positions are more than a lap ahead."""
+    lap = head // cap
+    wrapped = 0 < wrap and head <= wrap and wrap // cap == lap
+    if after - head <= cap - (_REC if wrapped else 0):  # (a spill's pad needs a header's room before the head)
+        return True
+    return (wrapped and start // cap == lap + 1 and (after - 1) // cap == lap + 1 and
+            start % cap >= wrap % cap + L.UNWRAP_GAP)
+
+
+def write_pad(mm, base, cap, pos, to) -> None:
+    """A PAD record at ``pos`` over the positions up to ``to`` (an early wrap's, to the lap's
+    end; a spill's); nothing where less than a header remains before the lap's end."""
+    if cap - pos % cap >= _REC:
+        _PACK(mm, base + pos % cap, _PAD, to - pos, 0, 0, 0, 0, 0, 0)
+
+
+def bytes_used(head, tail, cap, wrap) -> int:
+    """The ring's bytes in use from ``head`` to ``tail``, less the stretch an early wrap's pad
+    ahead of the head skips (``layout.WRAP_OFF``; a spill's own pad, at most a window, is
+    counted)."""
+    used = tail - head
+    if 0 < wrap and head <= wrap < tail and wrap // cap == head // cap:
+        used -= cap - wrap % cap
+    return min(used, cap)
+
+
+def suspect_fill(mq, mm, cap, base, tail, now) -> bool:
+    """Whether the first record past ``tail`` is a fill whose holder may be dead: its process
+    is gone, or it was put longer than ``FILL_STALE_NS`` before ``now`` (wall ns). Lock held."""
+    rem = cap - tail % cap
+    if rem < _REC:
+        tail += rem
+    w = (base + tail % cap) >> 3
+    s = mq[w]
+    if s & 0xFF != _FILLING:
+        return False
+    if now - mq[w + L.R_ENQ] > L.FILL_STALE_NS:
+        return True
+    pid = mq[L.proc_word((s >> 8) & 0xFFFF, 0)]
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError, ValueError):
+        pass
+    return False
+
+
+def void_fill(mq, w, pos) -> None:
+    """The fill at ``pos`` (word ``w``) never becomes a message (abandoned, or its holder
+    died): taken back when nothing was placed after it (the fill word and the next id go
+    back), else a PAD whose id is counted voided. Lock held; ``commit_fills`` follows."""
+    mq[w] = _PAD
+    if pos + (mq[w + R_LENGTH] & 0xFFFFFFFF) == mq[I_FILL]:
+        mq[I_FILL] = pos
+        mq[L.I_NEXT_ID] = mq[w + R_MSG_ID]
+    else:
+        mq[L.I_VOIDED] += 1

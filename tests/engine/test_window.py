@@ -1,0 +1,457 @@
+"""Large bodies (``layout.FILL_MIN``, ``layout.WINDOW_MIN``): a put or reserve copies its body
+with the lock let go (a fill), and a ring of large records keeps to its window while the
+consumers keep up (an early wrap) yet holds all of ``max_bytes`` when they stall (a spill).
+Each test runs on the C paths and the pure-Python ones (``impl``); the state machines run
+both too."""
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import event, settings
+from hypothesis.stateful import invariant, precondition, rule
+
+import shmq
+from shmq.engine.shm import layout as L
+from shmq.engine.shm import ring
+from tests._wait import wait_for
+from tests.engine.test_memory import held_as_marked
+from tests.engine.test_model import Msg, PurePython, QueueModel
+
+MiB = 2**20
+REC = MiB + L.REC_SIZE  # a record of a 1 MiB body
+
+
+def body(i, size=MiB):
+    return i.to_bytes(4, "little") * (size // 4)
+
+
+def number(b):
+    return int.from_bytes(b[:4], "little")
+
+
+def _positions(q):
+    mq = q._mq
+    return mq[L.I_HEAD], mq[L.I_TAIL], mq[L.I_WRAP], mq[L.I_FILL]
+
+
+def _drain_in_order(q, first):
+    """Take and ack everything, checking each body is the next number from ``first``;
+    returns how many."""
+    n = 0
+    while True:
+        try:
+            ds = q.get_many(16, timeout=0)
+        except shmq.QueueEmpty:
+            return n
+        for d in ds:
+            assert (number(d.body), d.body) == (first + n, body(first + n, len(d.body)))
+            n += 1
+        q.ack_many(ds)
+
+
+def _shallow_until_a_wrap(q):
+    """Put and take, one delivery held while the next is put, until a put wraps early (its
+    pad then lies ahead of the held delivery, the head); returns that delivery, still held,
+    and how many were put."""
+    held, n = None, 0
+    while True:
+        q.put(body(n))
+        n += 1
+        head, tail, wrap, _fill = _positions(q)
+        if held is not None and wrap and head <= wrap < tail:
+            return held, n
+        assert n < 1000, "no early wrap"
+        d = q.get(timeout=0)
+        if held is not None:
+            held.ack()
+        held = d
+
+
+# ---------------------------------------------------------------- the window
+def test_a_consumer_that_keeps_up_keeps_the_ring_in_its_window(impl, broker):
+    """One delivery held while the next is put (a consumer copying the last one): the tail
+    never goes past the window (plus a record), an early wrap's pad is skipped by the head
+    and by bytes_used, and every message comes in order."""
+    cap = 64 * MiB
+    q = broker.create_queue("q", max_bytes=cap, max_message_bytes=MiB)
+    assert ring.window(REC, cap) == 4 * REC
+    far = 0
+    held = None
+    for i in range(200):
+        q.put(body(i))
+        far = max(far, _positions(q)[1] % cap)
+        d = q.get(timeout=0)
+        assert number(d.body) == i
+        if held is not None:
+            held.ack()
+        held = d
+        assert q.stats().bytes_used <= 2 * REC
+    assert far <= 5 * REC  # (64 laps' worth of puts walked 4 records of the ring, not 64 MiB of it)
+    head, tail, wrap, _fill = _positions(q)
+    assert 0 < wrap and wrap % cap >= 4 * REC  # early wraps happened
+    held.ack()
+    assert q.stats().bytes_used == 0
+    q.close()
+
+
+def test_a_stall_after_early_wraps_still_fills_all_of_max_bytes_in_order(impl, broker):
+    """The consumer stops holding the oldest message just after an early wrap: puts spill
+    past the wrap's pad instead of stopping at the window, so the queue takes what fits in
+    max_bytes, and all of it comes back in order."""
+    cap = 32 * MiB
+    q = broker.create_queue("q", max_bytes=cap, max_message_bytes=MiB)
+    held, n = _shallow_until_a_wrap(q)
+    first_put = n
+    while True:
+        try:
+            q.put(body(n), timeout=0)
+        except shmq.QueueFull:
+            break
+        n += 1
+    stalled = n - first_put
+    head, tail, wrap, _fill = _positions(q)
+    assert tail - head > cap  # spilt: past the pad, more than a lap of positions ahead
+    assert stalled >= cap // REC - 3  # all but a few records' room of max_bytes
+    s = q.stats()
+    assert (s.ready, s.in_flight) == (stalled + 1, 1) and cap - 3 * REC <= s.bytes_used <= cap
+    with pytest.raises(shmq.QueueFull):
+        q.put(body(0), timeout=0.01)
+    first = number(held.body) + 1
+    held.ack()
+    assert _drain_in_order(q, first) == n - first
+    assert q.stats().bytes_used == 0
+    q.close()
+
+
+def _keep_up(ns, name, count, hold_s, out):
+    """Take ``count`` messages, each held ``hold_s`` before its ack; say the numbers seen."""
+    with shmq.connect(namespace=ns) as b:
+        q = b.queue(name)
+        seen = []
+        for _ in range(count):
+            d = q.get(timeout=30)
+            seen.append(number(d.body))
+            time.sleep(hold_s)
+            d.ack()
+        out.put(seen)
+
+
+@pytest.mark.parametrize("hold_s", [0.0, 0.01])
+def test_a_producer_that_catches_up_waits_for_the_consumer_a_while_then_spills(impl, broker, hold_s):
+    """A producer faster than its consumer: with a consumer that keeps up it waits for it
+    in the window (the ring stays within a few records); with one that holds each message
+    longer than ``SPILL_WAIT_NS`` it spills, and the queue fills max_bytes. Either way every
+    message arrives once, in order."""
+    cap = 16 * MiB
+    q = broker.create_queue("q", max_bytes=cap, max_message_bytes=MiB)
+    count = 60
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_keep_up, args=(broker.namespace, "q", count, hold_s, out))
+    child.start()
+    try:
+        most = 0
+        for i in range(count):
+            q.put(body(i), timeout=30)
+            most = max(most, q.stats().ready)
+        assert out.get(timeout=60) == list(range(count))
+        child.join(30)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+    if hold_s:
+        assert most >= cap // REC - 4  # spilt: the backlog took the whole ring
+    q.close()
+
+
+@pytest.mark.parametrize("option", ["delay", "ttl", "headers"])
+def test_a_put_with_options_wraps_early_too_and_keeps_its_bookkeeping(impl, broker, option):
+    """The general append (options, headers) wraps early as a plain put does: a delayed
+    message counts as delayed and comes once due, in order with the rest."""
+    cap = 32 * MiB
+    q = broker.create_queue("q", max_bytes=cap, max_message_bytes=MiB)
+    held, n = _shallow_until_a_wrap(q)
+    while _positions(q)[1] % cap < 4 * REC:  # the same, until the tail is past the window again
+        d = q.get(timeout=0)
+        held.ack()
+        held = d
+        q.put(body(n))
+        n += 1
+    d = q.get(timeout=0)
+    held.ack()
+    held = d  # (the head, in the tail's lap)
+    kwargs = {"delay": {"delay": 0.2}, "ttl": {"ttl": 60.0}, "headers": {"headers": {"k": "v"}}}[option]
+    q.put(body(n, MiB - 4096), **kwargs)  # (a record under REC with its extension: past its window too)
+    head, tail, wrap, _fill = _positions(q)
+    assert wrap and head <= wrap < tail and tail % cap < 2 * REC  # (placed at the lap's start)
+    s = q.stats()
+    assert (s.delayed, s.ready) == ((1, 0) if option == "delay" else (0, 1))
+    held.ack()
+    d = q.get(timeout=5)
+    assert number(d.body) == n and (d.headers == {"k": "v"}) == (option == "headers")
+    d.ack()
+    assert q.stats().bytes_used == 0
+    q.close()
+
+
+def test_small_records_never_wrap_early_and_a_small_ring_has_no_window(impl, broker):
+    q = broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=MiB)
+    assert ring.window(L.LARGE - 8, 64 * MiB) == 0 and ring.window(REC, 7 * MiB) == 0
+    for i in range(3000):
+        q.put(b"s" * 30_000)
+        q.get(timeout=0).ack()
+    assert _positions(q)[2] == 0  # no early wrap
+    q.close()
+
+
+def test_a_snapshot_of_a_spilt_ring_restores_every_message_in_order(impl, broker):
+    """``_export_messages`` (what a snapshot holds) reads a ring whose positions span more
+    than a lap (a spill) as the records it holds, oldest first."""
+    cap = 16 * MiB
+    q = broker.create_queue("q", max_bytes=cap, max_message_bytes=MiB)
+    held, n = _shallow_until_a_wrap(q)
+    while True:
+        try:
+            q.put(body(n), timeout=0)
+            n += 1
+        except shmq.QueueFull:
+            break
+    head, tail, _wrap, _fill = _positions(q)
+    assert tail - head > cap
+    exported = q._export_messages()
+    assert [number(m[4]) for m in exported] == list(range(number(held.body), n))
+    assert all(m[4] == body(number(m[4])) for m in exported)
+    copy = broker.create_queue("copy", max_bytes=cap, max_message_bytes=MiB)
+    assert copy._import_messages(exported) == len(exported)
+    held.ack()
+    assert _drain_in_order(copy, number(exported[0][4])) == len(exported)
+    q.close()
+    copy.close()
+
+
+# ---------------------------------------------------------------- fills
+def test_a_get_goes_on_while_a_large_put_copies_its_body(impl, broker, monkeypatch):
+    """A fill lets go of the lock while it copies: a get made meanwhile (here from inside
+    the copy) takes what is there, and the filled message follows it once done."""
+    q = broker.create_queue("q", max_bytes=16 * MiB, max_message_bytes=MiB)
+    q.put(b"before")
+    other = broker.queue("q")
+    seen = []
+
+    class Body(bytes):  # a buffer whose copy is watched: the get runs as the fill starts
+        pass
+
+    big = bytearray(body(7))
+    mv = memoryview(big)
+    if impl == "pure":  # the Python fill copies with a slice assignment
+        real = q._finish_fill
+
+        def finish(pos, abandon=False):
+            seen.append((q._mq[L.I_FILL] > q._mq[L.I_TAIL], other.get(timeout=0).body))
+            return real(pos, abandon)
+
+        monkeypatch.setattr(q, "_finish_fill", finish)
+        q.put(mv)
+    else:  # the C fill: a second thread takes the lock while the put copies
+        done = threading.Event()
+        q._fill_slot()
+
+        def getter():
+            wait_for(lambda: q._mq[L.I_FILL] > q._mq[L.I_TAIL] or done.is_set(), timeout=10, what="the fill")
+            if not done.is_set():
+                seen.append((True, other.get(timeout=5).body))
+
+        t = threading.Thread(target=getter)
+        t.start()
+        for _ in range(200):  # (the copy must be under way when the thread looks: a few tries)
+            q.put(mv)
+            if seen:
+                break
+        done.set()
+        t.join(10)
+    assert seen and seen[0] == (True, b"before")
+    assert number(other.get(timeout=0).body) == 7
+    q.close()
+    other.close()
+
+
+def _fill_and_hang(ns, name, inside):
+    with shmq.connect(namespace=ns) as b:
+        q = b.queue(name)
+        with q.reserve(MiB) as buf:
+            buf[:] = body(99)
+            inside.set()
+            signal.pause()  # killed here
+
+
+def test_a_producer_killed_mid_fill_holds_back_nothing_for_long(impl, broker):
+    """A fill whose process dies: what was put after it is seen once its holder is found
+    dead (the next put looks at once: the process is gone), its id is counted voided, and
+    every other message arrives."""
+    q = broker.create_queue("q", max_bytes=16 * MiB, max_message_bytes=MiB)
+    q.put(body(1))
+    ctx = mp.get_context("spawn")
+    inside = ctx.Event()
+    child = ctx.Process(target=_fill_and_hang, args=(broker.namespace, "q", inside))
+    child.start()
+    try:
+        assert inside.wait(30)
+        q.put(body(2))  # placed after the live fill: not seen yet
+        assert [number(d.body) for d in q.get_many(10, timeout=0)] == [1]
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(30)
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+    q.put(body(3))  # finds the fill's holder gone: a PAD, its id voided
+    got = [number(d.body) for d in q.get_many(10, timeout=0)]
+    assert got == [2, 3]
+    s = q.stats()
+    assert (s.enqueued_total, q._mq[L.I_VOIDED], q._mq[L.I_FILL]) == (3, 1, 0)
+    q.close()
+
+
+# ---------------------------------------------------------------- the state machine
+LARGE = [L.LARGE, 300_000, MiB - L.REC_SIZE]
+
+
+class WindowQueueModel(QueueModel):
+    """The queue model on a ring with a window: large records (fills, early wraps, spills)
+    among small ones, and a reservation held open across steps, whose id comes before the
+    puts made meanwhile, which are not seen until it ends (published, or abandoned: its id
+    taken back when nothing followed it, else voided). After every step the segment holds
+    exactly what its bitmap says."""
+
+    CAPACITY, MAX_MESSAGE = 12 * MiB, MiB
+
+    def __init__(self):
+        super().__init__()
+        self.next_id = 1
+        self.voided = 0
+        self.open = None  # (reservation, its body, its id, the ids put while it is open)
+
+    def teardown(self):
+        if self.open is not None:
+            self.open[0].__exit__(ValueError, ValueError("teardown"), None)
+        super().teardown()
+
+    def _new_id(self, msg_id):
+        assert msg_id == self.next_id and msg_id not in self.msgs
+        self.next_id += 1
+
+    def _new_ids(self, ids):
+        assert ids == list(range(self.next_id, self.next_id + len(ids)))
+        self.next_id += len(ids)
+
+    def _made(self, body, headers=None):
+        m = Msg(body, headers)
+        if self.open is not None:
+            m.state = "hidden"
+        return m
+
+    def _live(self):
+        return [m for m in self.msgs.values() if m.state != "gone"] + ([self.open] if self.open else [])
+
+    @rule(size=st.sampled_from(LARGE))
+    def put_large(self, size):
+        QueueModel.put(self, size)
+
+    @precondition(lambda self: self.open is None)
+    @rule(size=st.sampled_from([0] + LARGE))
+    def open_reservation(self, size):
+        data = bytes([self.next_id % 256]) * size
+        r = self.q.reserve(size, timeout=0)
+        try:
+            buf = r.__enter__()
+        except shmq.QueueFull:
+            assert self._live(), "an empty queue refused a message that fits"
+            return
+        buf[:] = data
+        del buf
+        self.open = (r, data, self.next_id)
+        self.next_id += 1
+
+    @precondition(lambda self: self.open is not None)
+    @rule(abort=st.booleans())
+    def end_reservation(self, abort):
+        r, data, rid = self.open
+        self.open = None
+        if abort:
+            assert r.__exit__(ValueError, ValueError("abandoned"), None) is False and r.id is None
+            if self.next_id == rid + 1:
+                self.next_id = rid  # taken back whole
+            else:
+                self.voided += 1
+        else:
+            r.__exit__(None, None, None)
+            assert r.id == rid
+            self.msgs[rid] = Msg(data)
+        for m in self.msgs.values():
+            if m.state == "hidden":
+                m.state = "ready"
+
+    @rule(k=st.integers(1, 12), size=st.sampled_from(LARGE))
+    def flow(self, k, size):
+        """A consumer that keeps up: ``k`` times a put, a get, and the ack of the delivery
+        before (the way early wraps come)."""
+        for _ in range(k):
+            QueueModel.put(self, size)
+            self.get_one("lease")
+            if len(self.held) > 1:
+                self.ack(len(self.held) - 2)
+
+    @rule()
+    def fill_up(self):
+        """Put 1 MiB bodies until the queue is full: it is full only when its ring is, from
+        the head on (settled records behind a held one included, as in any ring), less the
+        stretch an early wrap skips: a window never costs capacity."""
+        while True:
+            before = self.next_id
+            QueueModel.put(self, MiB - L.REC_SIZE)
+            if self.next_id == before:
+                break
+        s = self.q.stats()
+        assert s.bytes_used + 2 * REC > self.CAPACITY or self.open, (s, _positions(self.q))
+
+    @rule()
+    def counts_match(self):
+        self._lapse()
+        self.q._housekeep()
+        s = self.q.stats()
+        assert (s.ready, s.in_flight, s.delayed) == (self._count("ready"), self._count("leased"), self._count("delayed"))
+        assert s.enqueued_total == len(self.msgs) + (self.open is not None)
+        assert self.q._mq[L.I_VOIDED] == self.voided
+        assert s.bytes_used <= self.CAPACITY
+        if not self._live():
+            assert s.bytes_used == 0
+
+    @invariant()
+    def holds_what_its_bitmap_says(self):
+        held_as_marked(self.q._memory)
+        head, tail, wrap, fill = _positions(self.q)
+        if wrap:
+            event("an early wrap")
+        if tail - head > self.CAPACITY:
+            event("a spill")
+        if fill:
+            event("a fill past the tail")
+
+
+TestWindowQueueModel = WindowQueueModel.TestCase
+TestWindowQueueModel.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
+
+
+class PurePythonWindowQueueModel(PurePython, WindowQueueModel):
+    """The same on the pure-Python paths."""
+
+
+TestPurePythonWindowQueueModel = PurePythonWindowQueueModel.TestCase
+TestPurePythonWindowQueueModel.settings = settings(max_examples=40, stateful_step_count=50, deadline=None)
