@@ -401,19 +401,24 @@ static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body
     return (int64_t)(msg_id << 1 | post);
 }
 
-/* put(seg, base, cap, body, hraw, enq_ns, wal_fd, wal_gen[, wait])
+/* put(seg, base, cap, body, hraw, enq_ns, wal_fd, wal_gen[, wait[, mapping]])
  *   -> msg_id << 1 | (1 if a consumer must be woken), or R_*: R_FULL when there is no room
  *   now (R_SLEEP: and the caller counted as a producer waiting for room; ``wait``: W_REGISTER);
- *   with W_FILL in ``wait``, (position << 1 | 1 if the lock is held, taken from a dead holder,) when the
- *   copied fill's lock was not had at once (Python ends the fill)
+ *   with W_FILL in ``wait`` (and the queue's mapping, held while the fill copies), (position << 1 | 1 if
+ *   the lock is held, taken from a dead holder,) when the copied fill's lock was not had at once (Python
+ *   ends the fill)
  * wal_fd < 0: no log; else the PUT entry is appended to it before the commit */
 static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[3], enq, wait = 0;
-    if (nargs != 8 && nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "put takes 8 or 9 arguments");
+    if (nargs != 8 && nargs != 9 && nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "put takes 8 to 10 arguments");
         return NULL;
     }
-    if (nargs == 9 && parse_u64s(args + 8, 1, &wait) < 0) return NULL;
+    if (nargs >= 9 && parse_u64s(args + 8, 1, &wait) < 0) return NULL;
+    if ((wait & W_FILL) && nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "a fill's put takes the mapping as its tenth argument");
+        return NULL;
+    }
     long wal_fd = PyLong_AsLong(args[6]);
     if (wal_fd == -1 && PyErr_Occurred()) return NULL;
     uint64_t wal_gen = PyLong_AsUnsignedLongLong(args[7]);
@@ -430,11 +435,17 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_Clear();
         return PyLong_FromLong(R_FALLBACK);
     }
+    Py_buffer mapping = {0}; /* a fill holds the mapping while it copies without the GIL (a close waits for it) */
+    if ((wait & W_FILL) && PyObject_GetBuffer(args[9], &mapping, PyBUF_SIMPLE) < 0) {
+        if (body.obj) PyBuffer_Release(&body);
+        return NULL;
+    }
     uint64_t unfinished = 0;
     int64_t r = put_core((char *)(uintptr_t)v[0], v[1], v[2], body.buf, (uint64_t)body.len,
                          PyBytes_AS_STRING(args[4]), (uint64_t)PyBytes_GET_SIZE(args[4]), enq, wal_fd, wal_gen, wait,
                          &unfinished);
     int err = errno;
+    if (mapping.obj) PyBuffer_Release(&mapping);
     if (body.obj) PyBuffer_Release(&body);
     errno = err;
     if (r == R_OSERROR) return PyErr_SetFromErrno(PyExc_OSError);
@@ -1234,10 +1245,12 @@ static PyObject *fast_publish(PyObject *self, PyObject *const *args, Py_ssize_t 
     int rc = lock(seg);
     if (rc) return PyLong_FromLong(rc);
     char *a = seg + base + pos % cap;
-    uint64_t msg_id = U64(a + REC_MSG_ID);
-    U64(a + REC_ENQ_NS) = enq;
-    __atomic_store_n((uint64_t *)a, ST_READY, __ATOMIC_RELEASE);
-    uint64_t post = owe_consumers(HOT(seg), commit_fills(seg, base, cap));
+    uint64_t msg_id = U64(a + REC_MSG_ID), post = 0;
+    if ((U64(a) & 0xFF) == ST_FILLING) { /* (as _finish_fill: a fill ends once) */
+        U64(a + REC_ENQ_NS) = enq;
+        __atomic_store_n((uint64_t *)a, ST_READY, __ATOMIC_RELEASE);
+        post = owe_consumers(HOT(seg), commit_fills(seg, base, cap));
+    }
     unlock(seg);
     return PyLong_FromUnsignedLongLong(msg_id << 1 | post);
 }

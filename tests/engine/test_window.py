@@ -238,19 +238,14 @@ def test_a_snapshot_of_a_spilt_ring_restores_every_message_in_order(impl, broker
 
 # ---------------------------------------------------------------- fills
 def test_a_get_goes_on_while_a_large_put_copies_its_body(impl, broker, monkeypatch):
-    """A fill lets go of the lock while it copies: a get made meanwhile (here from inside
-    the copy) takes what is there, and the filled message follows it once done."""
-    q = broker.create_queue("q", max_bytes=16 * MiB, max_message_bytes=MiB)
-    q.put(b"before")
+    """A fill lets go of the lock while it copies (the C put of the GIL too): a get made
+    meanwhile takes what is there, and the filled message follows it once done."""
+    big = 4 * MiB
+    q = broker.create_queue("q", max_bytes=16 * big, max_message_bytes=big)
     other = broker.queue("q")
     seen = []
-
-    class Body(bytes):  # a buffer whose copy is watched: the get runs as the fill starts
-        pass
-
-    big = bytearray(body(7))
-    mv = memoryview(big)
-    if impl == "pure":  # the Python fill copies with a slice assignment
+    data = memoryview(bytearray(body(7, big)))
+    if impl == "pure":  # the Python fill: a look between its copy and its end
         real = q._finish_fill
 
         def finish(pos, abandon=False):
@@ -258,24 +253,28 @@ def test_a_get_goes_on_while_a_large_put_copies_its_body(impl, broker, monkeypat
             return real(pos, abandon)
 
         monkeypatch.setattr(q, "_finish_fill", finish)
-        q.put(mv)
-    else:  # the C fill: a second thread takes the lock while the put copies
-        done = threading.Event()
+        q.put(b"before")
+        q.put(data)
+    else:  # the C fill: a thread that looks while the put copies 4 MiB
         q._fill_slot()
+        for _ in range(20):  # (the thread must run during the copy: a few tries)
+            q.put(b"before")
+            done = threading.Event()
 
-        def getter():
-            wait_for(lambda: q._mq[L.I_FILL] > q._mq[L.I_TAIL] or done.is_set(), timeout=10, what="the fill")
-            if not done.is_set():
-                seen.append((True, other.get(timeout=5).body))
+            def look():
+                while not done.is_set():
+                    if q._mq[L.I_FILL] > q._mq[L.I_TAIL]:
+                        seen.append((True, other.get(timeout=5).body))
+                        return
 
-        t = threading.Thread(target=getter)
-        t.start()
-        for _ in range(200):  # (the copy must be under way when the thread looks: a few tries)
-            q.put(mv)
+            t = threading.Thread(target=look)
+            t.start()
+            q.put(data)
+            done.set()
+            t.join(10)
             if seen:
                 break
-        done.set()
-        t.join(10)
+            other.ack_many(other.get_many(2, timeout=0))
     assert seen and seen[0] == (True, b"before")
     assert number(other.get(timeout=0).body) == 7
     q.close()

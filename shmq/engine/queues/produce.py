@@ -111,21 +111,13 @@ class Producing:
         fast_put = self._fast_put  # (the handle's paths': None on the Python paths)
         if fast_put is not None and (not self._logged or (self.wal.fd is not None and len(hraw) + bl <= _F_WAL_MAX)):
             gen, fd = self.wal.fd if self._logged else (0, -1)
+            if bl >= _FILL_MIN and not self._logged:
+                return self._put_fill(body, hraw, size, now, timeout)
             try:
-                if bl < _FILL_MIN or self._logged:
-                    bits = 0
-                    r = fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
-                else:  # a fill: the body copied with the lock let go (``layout.FILL_OFF``)
-                    bits = self._fill_bits()
-                    r = fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen, bits)
-                    if type(r) is tuple:  # copied, the lock then busy (or taken from a dead holder)
-                        return self._end_copied_fill(r[0])
+                r = fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
                 if r == _F_FULL:
                     r, waited, left = self._wait_room_fast(  # (a partial: a lambda here would make put's locals cells)
-                        r, partial(fast_put, self._segp, self._base, cap, body, hraw, now, fd, gen), size, timeout,
-                        bits)
-                    if type(r) is tuple:
-                        return self._end_copied_fill(r[0])
+                        r, partial(fast_put, self._segp, self._base, cap, body, hraw, now, fd, gen), size, timeout)
                     if r <= 0:  # the general append (uncounting a sleep still counted)
                         return self._append(((body, hraw, size),), left, waited=waited)[0]
             except OSError as e:
@@ -324,6 +316,30 @@ class Producing:
             self._grow_ahead()
         return ids
 
+    def _put_fill(self, body, hraw, size, now, timeout) -> int:
+        """``put`` of a large body on an unlogged queue, by the C paths: a fill (``layout.
+        FILL_OFF``), its body copied with the lock and the GIL let go (the mapping held
+        meanwhile: a ``close`` by another thread leaves it to the copy); anything but the
+        plain case to the general append, which fills too. Returns the message id."""
+        fast_put, segp, base, cap, mm = self._fast_put, self._segp, self._base, self._cap, self._mm
+        bits = _W_FILL | self._fill_slot() << 3
+        r = fast_put(segp, base, cap, body, hraw, now, -1, 0, bits, mm)
+        waited, left = 0, timeout
+        if r == _F_FULL:
+            r, waited, left = self._wait_room_fast(
+                r, lambda wait: fast_put(segp, base, cap, body, hraw, now, -1, 0, wait, mm), size, timeout, bits)
+        if type(r) is tuple:  # copied, the lock then busy (or taken from a dead holder: held, repaired first)
+            if r[0] & 1:
+                self._repair_held_lock()
+            return self._finish_fill(r[0] >> 1)
+        if r > 0:
+            if r & 1:
+                self._ne.release()
+            return r >> 1
+        if r == _F_OWNERDEAD:
+            self._repair_held_lock()
+        return self._append(((body, hraw, size),), left, waited=waited)[0]
+
     def _fill_slot(self) -> int:
         """This process's slot, registered first (once): a fill's record names its holder,
         so that a dead one's is found."""
@@ -335,17 +351,6 @@ class Producing:
             finally:
                 self._release()
         return slot
-
-    def _fill_bits(self) -> int:
-        """A C put's ``wait`` bits for a fill: ``W_FILL`` and this process's slot."""
-        return _W_FILL | self._fill_slot() << 3
-
-    def _end_copied_fill(self, r) -> int:
-        """A C fill's end after its copy (``r``: its position << 1, | 1 when the C call holds
-        the lock, taken from a dead holder: repaired first)."""
-        if r & 1:
-            self._repair_held_lock()
-        return self._finish_fill(r >> 1)
 
     def _finish_fill(self, pos, abandon=False) -> int:
         """End this process's fill at ``pos``: its record done (READY; a PAD with
