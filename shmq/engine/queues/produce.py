@@ -417,7 +417,7 @@ class Producing:
                 waited = 0  # the call had the lock: it uncounted the sleep
 
     def _until_room(self, attempt, items, timeout, options=None, waited=0):
-        """``attempt(items, waited, deadline, options)`` until it returns something, sleeping
+        """``attempt(items, waited, deadline, options, spill)`` until it returns something, sleeping
         for room between tries; QueueFull after ``timeout``. ``waited``: a sleep still
         counted, uncounted by the first attempt."""
         deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
@@ -430,12 +430,12 @@ class Producing:
         # a producer that caught up with the head in a ring's window waits for it a while before it spills
         # (``layout.SPILL_WAIT_NS``), unless its timeout is shorter
         spill_at = _mono() + SPILL_WAIT_NS
-        self._may_spill = deadline is not None and deadline <= spill_at
+        spill = deadline is not None and deadline <= spill_at
         while True:
-            if not self._may_spill and _mono() >= spill_at:
-                self._may_spill = True
+            if not spill and _mono() >= spill_at:
+                spill = True
             try:
-                ids, post = attempt(items, waited, deadline, options)
+                ids, post = attempt(items, waited, deadline, options, spill)
             except LockTimeout as e:
                 raise QueueFull(str(e)) from None
             except _FillsPending:  # (the attempt uncounted the sleep)
@@ -445,9 +445,8 @@ class Producing:
             for _ in range(post):
                 self._ne.release()
             if ids is not None:
-                self._may_spill = True
                 return ids
-            until = deadline if self._may_spill else spill_at if deadline is None else min(deadline, spill_at)
+            until = deadline if spill else spill_at if deadline is None else min(deadline, spill_at)
             waited = self._sleep(self._nf, until, _PRODUCERS)  # registered by ``_room``
 
     def _await_fills(self, deadline, pause):
@@ -475,11 +474,11 @@ class Producing:
             tail = L.place(tail, item[2], cap)[1]
         return tail
 
-    def _room(self, items, deadline, plain=True):
+    def _room(self, items, deadline, plain=True, spill=True):
         """Where ``items`` go: the tail (past the records still being filled, which
         ``plain`` items may follow; any other append waits for them: _FillsPending), or the
         next lap's start (an early wrap: ``layout.WINDOW_MIN``; the pad to the lap's end
-        written), or past an early wrap's pad (a spill, once ``_may_spill``), their memory
+        written), or past an early wrap's pad (a spill, when ``spill`` says it may), their memory
         allocated; or None when they do not fit now (then registered as a producer waiting
         for room: the caller sleeps next); QueueFull past ``deadline`` (decided here, under
         the lock, so no registration outlives a call); StorageError when /dev/shm cannot
@@ -506,9 +505,9 @@ class Producing:
             end = start + items[0][2]
         elif not ring.fits(head, tail, end, cap, mq[_I_WRAP]):
             wrap = mq[_I_WRAP]
-            spill = ring.spill_start(head, tail, cap, wrap) if self._may_spill else 0
-            if spill:
-                start, end = spill, self._placement_end(items, spill)
+            past = ring.spill_start(head, tail, cap, wrap) if spill else 0
+            if past:
+                start, end = past, self._placement_end(items, past)
             if not ring.fits(head, start, end, cap, wrap):
                 if deadline is not None and _mono() >= deadline:
                     raise QueueFull(f"queue {self.name!r} is full")
@@ -591,7 +590,7 @@ class Producing:
         mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = new
         return new
 
-    def _try_reserve(self, items, waited, deadline, fill=None):
+    def _try_reserve(self, items, waited, deadline, fill=None, spill=True):
         """One locked attempt to place ``items``' one record: ((its position, its byte
         address), 0) with the record written but for its body and put time, past the
         tail; or (None, 0), the lock released. With ``fill``, a fill (``layout.FILL_OFF``):
@@ -605,7 +604,7 @@ class Producing:
                 waits.unregister(mq, self._slot, _PRODUCERS, waited)
             if mq[I_DELETED]:
                 raise self._gone()
-            tail = self._room(items, deadline, bool(fill))
+            tail = self._room(items, deadline, bool(fill), spill)
             if tail is None:
                 return None, 0
             size, hraw, rec = items[0]
@@ -649,8 +648,9 @@ class Producing:
             self._ne.release()
         return msg_id
 
-    def _try_append(self, items, waited, deadline, options=None):
-        """One locked attempt. Returns (ids or None, semaphore posts owed)."""
+    def _try_append(self, items, waited, deadline, options=None, spill=True):
+        """One locked attempt (``spill``: whether it may spill, ``_room``). Returns (ids or
+        None, semaphore posts owed)."""
         mm, mq, cap, base = self._mm, self._mq, self._cap, self._base
         flags = delay_ns = dh = 0
         if options is not None:
@@ -665,7 +665,7 @@ class Producing:
                 known = dedup.lookup(mq, self._dedup_off, dh, _wall())
                 if known:
                     return [known], 0
-            tail = self._room(items, deadline, options is None)
+            tail = self._room(items, deadline, options is None, spill)
             if tail is None:
                 return None, 0
             # write the records past the tail, then publish them with one store

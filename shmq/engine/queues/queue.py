@@ -111,7 +111,6 @@ class Queue(Producing, Consuming, Settling):
 
     lock_timeout = None
     _unwaits = ()  # sleeps still counted that a lock timeout kept from being uncounted (``_unwait_later``)
-    _may_spill = True  # whether an append may spill past an early wrap's pad now (``Producing._until_room``)
 
     def __init__(self, namespace: str, name: str, lane: int = 0, opener=None):
         """``lane``: one lane of a laned queue (``lanes.py``; 0 is the queue's first, the
