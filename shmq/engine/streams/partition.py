@@ -698,20 +698,38 @@ class Partition:
 
     def _txn_note(self, txn_id, batch, end, now_ns) -> None:
         """Say that ``txn_id`` published ``batch`` up to offset ``end``, keeping what it
-        said before for a repair. Lock held."""
+        said before for a repair. Word by word, in an order where a kill between any two
+        stores leaves an entry that ``_txn_repair`` makes right (``struct.pack_into``
+        zeroes the whole entry before it writes the fields: a kill there lost the
+        publisher's batch, and it published that batch again). Lock held."""
         i, new = self._txn_slot(txn_id)
-        at = L.PART_TXN_OFF + (new if i is None else i) * L.TXN.size
-        prev_b, prev_e = (0, 0) if i is None else L.TXN.unpack_from(self._mm, at)[1:3]
-        L.TXN.pack_into(self._mm, at, txn_id, batch + 1, end, prev_b, prev_e, now_ns)
+        mq, w = self._mq, (L.PART_TXN_OFF + (new if i is None else i) * L.TXN.size) >> 3
+        if i is None:  # a free slot, or the oldest publisher's: no id first, then the fields, the id last
+            mq[w] = mq[w + 1] = 0
+            mq[w + 5] = mq[w + 4] = mq[w + 3] = 0
+        else:  # the previous note kept, then the end (past the end until the commit), then the batch
+            mq[w + 4], mq[w + 5] = mq[w + 2], mq[w + 3]
+        mq[w + 3] = end
+        mq[w + 2] = batch + 1
+        mq[w + 6] = now_ns
+        if i is None:
+            mq[w], mq[w + 1] = int.from_bytes(txn_id[:8], "little"), int.from_bytes(txn_id[8:], "little")
 
     def _txn_repair(self, next_offset) -> None:
         """Take back what a dead appender noted of a publish whose records it never
-        committed (its end is past the end). Lock held."""
+        committed (its end is past the end): the entry goes back to its previous note,
+        or is freed when it had none. Each store leaves an entry this repair makes right
+        again. Lock held."""
+        mq = self._mq
         for i in range(L.MAX_TXNS):
-            at = L.PART_TXN_OFF + i * L.TXN.size
-            tid, b, end, pb, pe, ns = L.TXN.unpack_from(self._mm, at)
-            if tid != _NO_TXN and end > next_offset:
-                L.TXN.pack_into(self._mm, at, tid if pb else _NO_TXN, pb, pe, 0, 0, ns)
+            w = (L.PART_TXN_OFF + i * L.TXN.size) >> 3
+            if (mq[w] or mq[w + 1]) and mq[w + 3] > next_offset:
+                if mq[w + 4]:
+                    mq[w + 2] = mq[w + 4]
+                    mq[w + 3] = mq[w + 5]
+                    mq[w + 4] = mq[w + 5] = 0
+                else:
+                    mq[w] = mq[w + 1] = 0
 
     def _txn_rows(self) -> list:
         rows = []
