@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import shmq
 from shmq.engine.shm.segment import destroy_namespace, namespace_entries
 from tests import _workers as w
+from tests._dying import killed_at_each_store
 from tests._wait import wait_for
 
 P = 3
@@ -406,3 +407,24 @@ def _read_all(s, p):
         out += rows
         offset = rows[-1].offset + 1
     return out
+
+
+def test_a_generation_moved_on_by_a_member_killed_between_its_stores_keeps_the_group(broker):
+    """A rebalance moves a group's generation on with two word stores: a kill before
+    either leaves the group where it was, by name, with its committed offsets (a repacked
+    head, zeroed before it was written, could leave the group's slot free)."""
+    s = broker.create_stream("events", partitions=1, max_bytes=1 << 16)
+    s.append_many([b"r%d" % i for i in range(10)], partition=0)
+    with s.consumer("g") as c:
+        c.poll(max_records=5, timeout=0)
+        c.commit()
+    g = s.groups_table
+    i = g._find("g")
+    _used, _name, gen, seen = g._head(i)
+    stores = []
+    for k in killed_at_each_store(s, lambda: g._set_generation(i, gen + 1, seen + 1)):
+        stores.append(k)
+        assert g._find("g") == i and g._head(i)[:2] == (1, "g")
+        assert s.committed("g") == {0: 5}
+    assert stores == [0, 1, None]  # each store a place to die, then the whole move
+    assert g._head(i)[2:] == (gen + 1, seen + 1)

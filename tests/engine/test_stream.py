@@ -20,6 +20,7 @@ from shmq.model.headers import encode_record_headers
 from shmq.engine.shm import layout as L
 from shmq.engine.streams.stream import partition_of
 from tests import _workers as w
+from tests._dying import killed_at_each_store
 
 SPAWN = mp.get_context("spawn")
 
@@ -229,46 +230,6 @@ def test_a_publisher_dead_before_its_commit_leaves_neither_records_nor_its_note(
     assert t.published(txn) == {0: 1}
 
 
-class _Killed(Exception):
-    pass
-
-
-class _DyingWords:
-    """A partition's words that die (raise _Killed) at their ``left``-th store: a kill
-    between any two of a writer's stores, played out in one process."""
-
-    def __init__(self, mq, left):
-        self.mq, self.left = mq, left
-
-    def __getitem__(self, i):
-        return self.mq[i]
-
-    def __setitem__(self, i, v):
-        if self.left == 0:
-            raise _Killed
-        self.left -= 1
-        self.mq[i] = v
-
-
-def _killed_at_each_store(part, step):
-    """Run ``step()`` on ``part`` once per store it makes, killed before that store; yield
-    after each kill (``part``'s words back for the check), then once after a whole run."""
-    mq, k = part._mq, 0
-    while True:
-        part._mq = _DyingWords(mq, k)
-        try:
-            step()
-        except _Killed:
-            part._mq = mq
-            yield k
-            k += 1
-            continue
-        finally:
-            part._mq = mq
-        yield None
-        return
-
-
 @pytest.mark.parametrize("first", [False, True])
 def test_a_publish_note_killed_between_any_two_stores_is_repaired_to_the_previous_batch(broker, first):
     """A kill inside the note of batch 1 (before its commit, so its end is past the end):
@@ -284,14 +245,14 @@ def test_a_publish_note_killed_between_any_two_stores_is_repaired_to_the_previou
             part._txn_note(a, 0, 3, 2)
         before = part._txn_rows()
         kills = 0
-        for k in _killed_at_each_store(part, lambda: part._txn_note(a, 1, 9, 3)):
+        for k in killed_at_each_store(part, lambda: part._txn_note(a, 1, 9, 3)):
             if k is None:  # the whole note: batch 1, up to offset 9
                 assert part._txn_batch(a) == 1 and sorted(part._txn_rows()) == sorted(
                     [r for r in before if r[0] != a] + [(a, 1, 9)])
                 break
             kills += 1
             noted = bytes(part._mm[L.PART_TXN_OFF:L.PART_MEM_OFF])
-            for j in _killed_at_each_store(part, lambda: part._txn_repair(4)):
+            for j in killed_at_each_store(part, lambda: part._txn_repair(4)):
                 part._txn_repair(4)  # (the next holder's, after the repairer's death; or a second, harmless)
                 assert sorted(part._txn_rows()) == sorted(before), (k, j)
                 part._mm[L.PART_TXN_OFF:L.PART_MEM_OFF] = noted

@@ -56,6 +56,9 @@ def assign(members, partitions: int, member_id: int) -> list[int]:
     return [p for p in range(partitions) if p % n == rank]
 
 
+_GEN_OFF = L.GROUP_HEAD.size - 16  # a group head's generation, then its last-seen time: words
+
+
 class Groups:
     """The group table of one stream's meta segment. Every method takes the stream's lock."""
 
@@ -119,8 +122,12 @@ class Groups:
         return out
 
     def _set_generation(self, i, gen, seen=None):
-        used, n, raw, _gen, old_seen = L.GROUP_HEAD.unpack_from(self._s._mm, self._off(i))
-        L.GROUP_HEAD.pack_into(self._s._mm, self._off(i), used, n, raw, gen, old_seen if seen is None else seen)
+        """Two word stores, not a repacked head: ``struct.pack_into`` zeroes what it packs
+        before it writes, and a kill between the two left the group's slot free."""
+        mq, w = self._s._mq, (self._off(i) + _GEN_OFF) >> 3
+        if seen is not None:
+            mq[w + 1] = seen
+        mq[w] = gen
 
     def _rebalance(self, i, before, after) -> int:
         """Move the generation on for a membership going from ``before`` to ``after``
