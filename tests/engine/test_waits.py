@@ -232,3 +232,35 @@ def test_a_wait_whose_deadline_passes_while_another_process_holds_the_lock_leave
     assert (s.consumers_waiting, s.producers_waiting) == (0, 0)
     assert _slot(q._mq, q._slot, waits.CONSUMERS) == _slot(q._mq, q._slot, waits.PRODUCERS) == 0
     assert drain(q) == (fill if side != "get" else []) + [b"r" * BODY]
+
+
+@pytest.mark.parametrize("filling, polls", [(False, waits.SPIN_NS), (True, waits.FILL_SPIN_NS)])
+def test_a_consumer_polls_on_while_a_fill_is_under_way(monkeypatch, filling, polls):
+    """Nothing ready: the poll before a sleep lasts SPIN_NS, or FILL_SPIN_NS while a fill
+    is under way past the tail (its records come once its producer has a core again);
+    a record that becomes ready ends it at once."""
+    monkeypatch.setattr(waits, "_sched_yield", lambda: None)
+    words = {L.I_READY: 0, L.I_DELETED: 0, L.I_TAIL: 4096, L.I_FILL: 8192 if filling else 0}
+    ticks = []
+
+    def clock():  # 1 us a look
+        ticks.append(None)
+        return 1000 * len(ticks)
+
+    waits.spin(words, None, clock)
+    assert polls <= 1000 * len(ticks) <= polls + 2000
+    ticks.clear()
+    ready_at = 20
+
+    def clock_then_ready():
+        ticks.append(None)
+        if len(ticks) == ready_at:
+            words[L.I_READY] = 1
+        return 1000 * len(ticks)
+
+    waits.spin(words, None, clock_then_ready)
+    assert len(ticks) == ready_at
+    words[L.I_READY] = 0
+    ticks.clear()
+    waits.spin(words, 1000 * 30, clock)  # a deadline sooner than either
+    assert len(ticks) <= 31

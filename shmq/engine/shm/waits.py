@@ -23,6 +23,7 @@ __all__ = ["SPIN_NS", "WAIT_SLICE_S", "CONSUMERS", "BELLS", "PRODUCERS", "READER
            "sleep_slice", "seconds_ns", "lock_deadline"]
 
 SPIN_NS = 50_000  # how long a consumer polls the control block before sleeping
+FILL_SPIN_NS = 1_000_000  # how long it polls on while a fill is under way (``spin``)
 WAIT_SLICE_S = 0.5  # longest sleep before a waiter re-reads the control block
 # (waiter word, posted word, word of the process slot) of each side
 CONSUMERS = (L.I_CWAIT, L.I_CPOSTED, L.P_CWAIT)
@@ -113,15 +114,20 @@ def owed_posts(mq, side, n) -> int:
 
 def spin(mq, deadline, clock) -> None:
     """Poll the control block briefly before sleeping: spin, then yield the core (a
-    partner process may be runnable on it), as Aeron's backoff idle strategy.
+    partner process may be runnable on it), as Aeron's backoff idle strategy; on while a
+    fill is under way (``layout.FILL_OFF``), up to ``FILL_SPIN_NS``: its records come in
+    microseconds, once its producer has a core again, which the yields give it.
     ``clock``: the engine's monotonic clock (``deadline`` is on it)."""
     now = clock()
     yield_at = now + SPIN_NS // 5
     end = now + SPIN_NS
-    if deadline is not None and deadline < end:
-        end = deadline
-    while now < end:
+    fill_end = now + FILL_SPIN_NS
+    if deadline is not None:
+        end, fill_end = min(end, deadline), min(fill_end, deadline)
+    while True:
         if mq[L.I_READY] or mq[L.I_DELETED]:
+            return
+        if now >= end and (now >= fill_end or mq[L.I_FILL] <= mq[L.I_TAIL]):
             return
         if now > yield_at:
             _sched_yield()
