@@ -66,11 +66,11 @@ static inline int new_lap_due(uint64_t head, uint64_t tail, uint64_t cap) {
 }
 
 /* A record of ``size`` bytes appended at ``end`` starts the next lap now (ring.early_wrap: past its window,
- * in the head's lap, room at the lap's start before the head): the Python append places it. */
+ * in the head's lap, a whole window free at the lap's start before the head): the Python append places it. */
 static inline int early_wrap_due(uint64_t head, uint64_t end, uint64_t size, uint64_t cap) {
     if (size < LARGE) return 0;
     uint64_t w = WINDOW_RECORDS * size > WINDOW_MIN ? WINDOW_RECORDS * size : WINDOW_MIN;
-    return 2 * w <= cap && end != head && end % cap >= w && head / cap == end / cap && size + REC_SIZE <= head % cap;
+    return 2 * w <= cap && end != head && end % cap >= w && head / cap == end / cap && w <= head % cap;
 }
 
 /* An early wrap's pad lies ahead of the head (layout.WRAP_OFF): a full ring may be a spill's to take, or
@@ -314,7 +314,8 @@ static int parse_u64s(PyObject *const *args, Py_ssize_t n, uint64_t *out) {
 /* The put (fast_put's work, the body and headers as pointers): msg_id << 1 | 1 if a consumer
  * must be woken, or R_*; R_OSERROR with errno set when the log's write failed. */
 static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body, uint64_t bl, const char *hraw,
-                        uint64_t hl, uint64_t enq, long wal_fd, uint64_t wal_gen, uint64_t wait, uint64_t *unfinished) {
+                        uint64_t hl, uint64_t enq, long wal_fd, uint64_t wal_gen, uint64_t wait, uint64_t *unfinished,
+                        uint64_t *posts) {
     uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
     unsigned char *entry = NULL;
     if (wal_fd >= 0) {
@@ -396,27 +397,44 @@ static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body
     } else { /* after fills not yet done: written whole, seen once they are */
         memcpy(a + REC_SIZE + hl, body, bl);
     }
-    uint64_t post = owe_consumers(h, commit_fills(seg, base, cap));
+    uint64_t done = commit_fills(seg, base, cap);
+    /* a fill's end may make many records ready: as many posts as sleepers (``posts``: the caller makes
+     * them); else one at most, the bit of the result (the records after a fill still under way are
+     * committed by its end, so none is done here but after a dead holder's repair) */
+    uint64_t post = owe_consumers(h, filling ? done : done < 1 ? done : 1);
     unlock(seg);
-    return (int64_t)(msg_id << 1 | post);
+    *posts = post;
+    return (int64_t)(msg_id << 1 | (post ? 1 : 0));
 }
 
-/* put(seg, base, cap, body, hraw, enq_ns, wal_fd, wal_gen[, wait[, mapping]])
+/* Make ``n`` posts to a queue's not-empty semaphore ``sem`` (a Sem, or the Python one): 0, or -1
+ * with an exception set. */
+static int post_sem(PyObject *sem, uint64_t n) {
+    for (; n; n--) {
+        PyObject *r = PyObject_CallMethod(sem, "release", NULL);
+        if (!r) return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* put(seg, base, cap, body, hraw, enq_ns, wal_fd, wal_gen[, wait[, mapping, not_empty]])
  *   -> msg_id << 1 | (1 if a consumer must be woken), or R_*: R_FULL when there is no room
  *   now (R_SLEEP: and the caller counted as a producer waiting for room; ``wait``: W_REGISTER);
- *   with W_FILL in ``wait`` (and the queue's mapping, held while the fill copies), (position << 1 | 1 if
- *   the lock is held, taken from a dead holder,) when the copied fill's lock was not had at once (Python
- *   ends the fill)
+ *   with W_FILL in ``wait`` (and the queue's mapping, held while the fill copies, and its not-empty
+ *   semaphore, posted here for every consumer the fill's end wakes: msg_id << 1 then), (position << 1 | 1
+ *   if the lock is held, taken from a dead holder,) when the copied fill's lock was not had at once
+ *   (Python ends the fill)
  * wal_fd < 0: no log; else the PUT entry is appended to it before the commit */
 static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[3], enq, wait = 0;
-    if (nargs != 8 && nargs != 9 && nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "put takes 8 to 10 arguments");
+    if (nargs != 8 && nargs != 9 && nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "put takes 8, 9 or 11 arguments");
         return NULL;
     }
     if (nargs >= 9 && parse_u64s(args + 8, 1, &wait) < 0) return NULL;
-    if ((wait & W_FILL) && nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "a fill's put takes the mapping as its tenth argument");
+    if ((wait & W_FILL) && nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "a fill's put takes the mapping and the not-empty semaphore last");
         return NULL;
     }
     long wal_fd = PyLong_AsLong(args[6]);
@@ -440,16 +458,20 @@ static PyObject *fast_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
         if (body.obj) PyBuffer_Release(&body);
         return NULL;
     }
-    uint64_t unfinished = 0;
+    uint64_t unfinished = 0, posts = 0;
     int64_t r = put_core((char *)(uintptr_t)v[0], v[1], v[2], body.buf, (uint64_t)body.len,
                          PyBytes_AS_STRING(args[4]), (uint64_t)PyBytes_GET_SIZE(args[4]), enq, wal_fd, wal_gen, wait,
-                         &unfinished);
+                         &unfinished, &posts);
     int err = errno;
     if (mapping.obj) PyBuffer_Release(&mapping);
     if (body.obj) PyBuffer_Release(&body);
     errno = err;
     if (r == R_OSERROR) return PyErr_SetFromErrno(PyExc_OSError);
     if (r == R_UNFINISHED) return Py_BuildValue("(K)", (unsigned long long)unfinished);
+    if (r >= 0 && (wait & W_FILL)) { /* (the message is in: a failed post raises, as the Python put's would) */
+        if (post_sem(args[10], posts) < 0) return NULL;
+        r &= ~(int64_t)1;
+    }
     return r < 0 ? PyLong_FromLong((long)r) : PyLong_FromUnsignedLongLong((uint64_t)r);
 }
 
@@ -1229,14 +1251,14 @@ static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t 
     return PyLong_FromUnsignedLongLong(end);
 }
 
-/* publish(seg, base, cap, pos, enq_ns) -> msg_id << 1 | (1 if a consumer must be woken): the end
- *   of the fill ``reserve`` (or the Python claim) left at ``pos``, the tail moved over it and the
- *   done records after it; or R_BUSY / R_OWNERDEAD, the lock not taken or held (Python waits, or
- *   repairs, then ends it). Takes and lets go of the lock. */
+/* publish(seg, base, cap, pos, enq_ns, not_empty) -> msg_id: the end of the fill ``reserve`` (or
+ *   the Python claim) left at ``pos``, the tail moved over it and the done records after it, and a
+ *   post to ``not_empty`` for each consumer that wakes; or R_BUSY / R_OWNERDEAD, the lock not taken
+ *   or held (Python waits, or repairs, then ends it). Takes and lets go of the lock. */
 static PyObject *fast_publish(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[5];
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "publish takes 5 arguments");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "publish takes 6 arguments");
         return NULL;
     }
     if (parse_u64s(args, 5, v) < 0) return NULL;
@@ -1252,7 +1274,8 @@ static PyObject *fast_publish(PyObject *self, PyObject *const *args, Py_ssize_t 
         post = owe_consumers(HOT(seg), commit_fills(seg, base, cap));
     }
     unlock(seg);
-    return PyLong_FromUnsignedLongLong(msg_id << 1 | post);
+    if (post_sem(args[5], post) < 0) return NULL;
+    return PyLong_FromUnsignedLongLong(msg_id);
 }
 
 /* A Loan: a writable (or, with ``readonly``, read-only) buffer of ``size`` bytes at ``offset`` of
@@ -2229,8 +2252,8 @@ static PyTypeObject SemType = {
 /* ---- the C API (_fast_api.h): these paths for the other extensions of this process */
 static int64_t api_put(char *seg, uint64_t base, uint64_t cap, const char *body, uint64_t bl, const char *hraw,
                        uint64_t hl, uint64_t enq, long wal_fd, uint64_t wal_gen) {
-    uint64_t unfinished; /* (no fill without W_FILL) */
-    return put_core(seg, base, cap, body, bl, hraw, hl, enq, wal_fd, wal_gen, 0, &unfinished);
+    uint64_t unfinished, posts; /* (no fill without W_FILL: one post at most, the result's bit) */
+    return put_core(seg, base, cap, body, bl, hraw, hl, enq, wal_fd, wal_gen, 0, &unfinished, &posts);
 }
 
 static int api_put_many(char *seg, uint64_t base, uint64_t cap, Py_ssize_t n, const char *const *bodies,

@@ -4,6 +4,7 @@ consumers keep up (an early wrap) yet holds all of ``max_bytes`` when they stall
 Each test runs on the C paths and the pure-Python ones (``impl``); the state machines run
 both too."""
 
+import functools
 import multiprocessing as mp
 import os
 import signal
@@ -17,7 +18,7 @@ from hypothesis.stateful import invariant, precondition, rule
 
 import shmq
 from shmq.engine.shm import layout as L
-from shmq.engine.shm import ring
+from shmq.engine.shm import ring, waits
 from tests._wait import wait_for
 from tests.engine.test_memory import held_as_marked
 from tests.engine.test_model import Msg, PurePython, QueueModel
@@ -96,6 +97,27 @@ def test_a_consumer_that_keeps_up_keeps_the_ring_in_its_window(impl, broker):
     assert 0 < wrap and wrap % cap >= 4 * REC  # early wraps happened
     held.ack()
     assert q.stats().bytes_used == 0
+    q.close()
+
+
+def test_no_early_wrap_into_less_than_a_window_freed_before_the_head(impl, broker):
+    """A queue a window deep whose two oldest records are acked: the freed records at the
+    lap's start are no room to wrap into (the producers would chase the head a record at a time),
+    so puts go on past the window; once a whole window is free there, the next put wraps."""
+    cap = 64 * MiB
+    q = broker.create_queue("q", max_bytes=cap, max_message_bytes=MiB)
+    for i in range(5):
+        q.put(body(i))
+    ds = q.get_many(5, timeout=0)
+    q.ack_many(ds[:2])
+    q.put(body(5))
+    head, tail, wrap, _fill = _positions(q)
+    assert (head, tail % cap, wrap) == (2 * REC, 6 * REC, 0)
+    q.ack_many(ds[2:4])
+    q.put(body(6))
+    head, tail, wrap, _fill = _positions(q)
+    assert head == 4 * REC and wrap == 6 * REC and tail == cap + REC  # wrapped: the window before the head
+    assert [number(d.body) for d in q.get_many(3, timeout=0)] == [5, 6] and number(ds[4].body) == 4
     q.close()
 
 
@@ -178,7 +200,7 @@ def test_a_put_with_options_wraps_early_too_and_keeps_its_bookkeeping(impl, brok
     cap = 32 * MiB
     q = broker.create_queue("q", max_bytes=cap, max_message_bytes=MiB)
     held, n = _shallow_until_a_wrap(q)
-    while _positions(q)[1] % cap < 4 * REC:  # the same, until the tail is past the window again
+    while _positions(q)[1] % cap < 5 * REC:  # the same, until the head is a window (4 records) into the lap
         d = q.get(timeout=0)
         held.ack()
         held = d
@@ -279,6 +301,105 @@ def test_a_get_goes_on_while_a_large_put_copies_its_body(impl, broker, monkeypat
     assert number(other.get(timeout=0).body) == 7
     q.close()
     other.close()
+
+
+def _take_one(ns, name, out):
+    """Take a message and say its number; its sleeps last the call's whole timeout (a
+    missed post is then no half-second delay but a test that fails)."""
+    waits.sleep_slice = functools.partial(waits.sleep_slice, slice_s=60.0)
+    with shmq.connect(namespace=ns) as b:
+        q = b.queue(name)
+        d = q.get(timeout=60)
+        out.put(number(d.body))
+        d.ack()
+
+
+def test_a_fills_end_wakes_every_consumer_whose_message_it_makes_ready(impl, broker):
+    """Three consumers asleep while a reservation fills and two puts wait behind it: its
+    end makes three messages ready at once and posts all three consumers (the C publish
+    once said one of three: the other two slept on with messages there)."""
+    q = broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=MiB)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    kids = [ctx.Process(target=_take_one, args=(broker.namespace, "q", out)) for _ in range(3)]
+    try:
+        with q.reserve(L.FILL_MIN) as buf:
+            buf[:] = body(0, L.FILL_MIN)
+            for k in kids:
+                k.start()
+            wait_for(lambda: q._mq[L.I_CWAIT] == 3, what="three consumers asleep")
+            q.put(body(1, 64))
+            q.put(body(2, 64))
+            assert q.stats().ready == 0
+        assert sorted(out.get(timeout=10) for _ in kids) == [0, 1, 2]
+        for k in kids:
+            k.join(30)
+            assert k.exitcode == 0
+    finally:
+        for k in kids:
+            if k.is_alive():
+                k.kill()
+                k.join()
+    q.close()
+
+
+def test_a_large_puts_end_posts_a_consumer_for_each_message_it_makes_ready(impl, broker):
+    """Three consumers counted asleep; two small puts made while a large put copies its
+    body (the C put lets go of the GIL then) wait behind it; its end makes the three
+    ready and posts three times, each post counted."""
+    big = 4 * MiB
+    q = broker.create_queue("q", max_bytes=16 * big, max_message_bytes=big)
+    q._fill_slot()
+    data = memoryview(bytearray(body(7, big)))
+    mq = q._mq
+    if impl == "pure":  # the Python fill: the puts between its copy and its end
+        real = q._finish_fill
+
+        def finish(pos, abandon=False):
+            q.put(b"a")
+            q.put(b"b")
+            return real(pos, abandon)
+
+        q._finish_fill = finish
+    for _ in range(20):  # (the C fill: a thread must put during the copy: a few tries)
+        q.put(b"0")  # (an empty queue's put would start a new lap: the Python append, which holds the GIL)
+        q._acquire()
+        for _ in range(3):
+            waits.register(mq, q._slot, waits.CONSUMERS)
+        q._release()
+        before = q._ne.value
+        done, behind = threading.Event(), []
+
+        def put_behind():
+            while not done.is_set():
+                if mq[L.I_FILL] > mq[L.I_TAIL]:
+                    q.put(b"a")
+                    q.put(b"b")
+                    behind.append(mq[L.I_FILL] > mq[L.I_TAIL])
+                    return
+
+        t = threading.Thread(target=put_behind, daemon=True)
+        if impl == "fast":
+            t.start()
+        q.put(data)
+        done.set()
+        if impl == "fast":
+            t.join(10)
+        posted = q._ne.value - before
+        q._acquire()
+        for _ in range(3):
+            waits.unregister(mq, q._slot, waits.CONSUMERS, 1)
+        q._release()
+        for _ in range(posted):
+            assert q._ne.wait(0)
+        ds = q.get_many(10, timeout=0)
+        q.ack_many(ds)
+        if impl == "pure" or (behind and behind[0]):
+            assert posted == 3 and [d.body[:1] for d in ds] == [b"0", b"\x07", b"a", b"b"]
+            break
+    else:
+        pytest.fail("no put ever went behind the large put's copy")
+    q.close()
 
 
 def _fill_and_hang(ns, name, inside):

@@ -321,20 +321,18 @@ class Producing:
         FILL_OFF``), its body copied with the lock and the GIL let go (the mapping held
         meanwhile: a ``close`` by another thread leaves it to the copy); anything but the
         plain case to the general append, which fills too. Returns the message id."""
-        fast_put, segp, base, cap, mm = self._fast_put, self._segp, self._base, self._cap, self._mm
+        fast_put, segp, base, cap, mm, ne = self._fast_put, self._segp, self._base, self._cap, self._mm, self._ne
         bits = _W_FILL | self._fill_slot() << 3
-        r = fast_put(segp, base, cap, body, hraw, now, -1, 0, bits, mm)
+        r = fast_put(segp, base, cap, body, hraw, now, -1, 0, bits, mm, ne)
         waited, left = 0, timeout
         if r == _F_FULL:
             r, waited, left = self._wait_room_fast(
-                r, lambda wait: fast_put(segp, base, cap, body, hraw, now, -1, 0, wait, mm), size, timeout, bits)
+                r, lambda wait: fast_put(segp, base, cap, body, hraw, now, -1, 0, wait, mm, ne), size, timeout, bits)
         if type(r) is tuple:  # copied, the lock then busy (or taken from a dead holder: held, repaired first)
             if r[0] & 1:
                 self._repair_held_lock()
             return self._finish_fill(r[0] >> 1)
-        if r > 0:
-            if r & 1:
-                self._ne.release()
+        if r > 0:  # (its end posted every consumer it woke)
             return r >> 1
         if r == _F_OWNERDEAD:
             self._repair_held_lock()

@@ -116,11 +116,9 @@ class Reservation:
         if publish is None:
             self.id = q._finish_fill(pos)
             return False
-        r = publish(q._segp, q._base, q._cap, pos, _wall())
-        if r >= 0:
-            if r & 1:
-                q._ne.release()
-            self.id = r >> 1
+        r = publish(q._segp, q._base, q._cap, pos, _wall(), q._ne)
+        if r >= 0:  # (its end posted every consumer it woke)
+            self.id = r
         else:  # busy, or taken from a dead holder: Python waits (or repairs), then ends it
             if r == _F_OWNERDEAD:
                 q._repair_held_lock()

@@ -205,10 +205,12 @@ def window(size, cap) -> int:
 
 def early_wrap(head, end, size, cap) -> bool:
     """Whether a record of ``size`` bytes appended at ``end`` starts the next lap now (an
-    early wrap): ``end`` is past its window, in the head's lap, and the lap's start has room
-    for it before the head (and for a header after it: a spill's pad, ``fits``)."""
+    early wrap): ``end`` is past its window, in the head's lap, and the lap's start has a
+    whole window free before the head. (Room for one record only would have the producers
+    chase the head through the ring a record at a time, each waiting on the consumers'
+    acks: with several consumers acking out of order, 4 -> 4 ran at a third of its speed.)"""
     w = window(size, cap)
-    return bool(w) and end != head and end % cap >= w and head // cap == end // cap and size + _REC <= head % cap
+    return bool(w) and end != head and end % cap >= w and head // cap == end // cap and w <= head % cap
 
 
 def spill_start(head, end, cap, wrap) -> int:
