@@ -124,6 +124,27 @@ def test_what_is_no_array_is_refused(local):
     d.ack()
 
 
+@pytest.mark.parametrize("headers", [None, {}, {"k": "v"}, {"key": "x" * 29}, {"a": 1, "b": b"\0" * 200}])
+@pytest.mark.parametrize("a", [np.ones(1 << 16, np.float32), np.ones((3, 5), ">f8"), np.ones((), np.int16),
+                               np.ones(7, np.complex128), np.ones(300, np.uint8)], ids=lambda a: f"{a.dtype.str}{a.shape}")
+def test_an_array_lies_8_aligned_in_the_queue(local, a, headers):
+    """The array header is padded so that the body lies 8-aligned in the ring: numpy's
+    aligned loops then run on the array where it lies (unaligned, a sum of 1 MiB of
+    float32 took three times as long)."""
+    for i in range(3):  # (records of other lengths before it)
+        local.put(b"x" * (8 * i + 1))
+        local.put_array(a, headers=headers)
+    for i in range(3):
+        local.get().ack()
+        d = local.get()
+        got = d.array()
+        assert got.flags.aligned and got.__array_interface__["data"][0] % 8 == 0
+        assert np.array_equal(got, a) and d.headers == {**(headers or {}), arrays.ARRAY_HEADER: d.headers[arrays.ARRAY_HEADER]}
+        assert arrays.ARRAY_HEADER in d.headers and d.headers[arrays.ARRAY_HEADER].rstrip(" ").count(";") == 2
+        del got
+        d.ack()
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(["<f4", "<f8", "<i8", ">u2", "|u1", "<c8", "|b1"]),
        st.lists(st.integers(0, 5), max_size=4), st.sampled_from(["C", "F", "step", "T"]))

@@ -5,9 +5,13 @@ array is sent or read (the ``numpy`` extra).
 
 The header (``ARRAY_HEADER``) is text: ``"<dtype>;<shape>;<strides>"``, e.g. ``"<f4;1024,256;1024,4"``
 (numpy's ``dtype.str``; comma lists, empty for a 0-d array), so any reader of the message
-sees what it holds. A C-contiguous or Fortran-contiguous array is sent as its memory is,
+sees what it holds. Spaces may follow it: padding that makes the headers encode to a multiple
+of 8 bytes, so that the body, which follows them in a record, lies 8-aligned, as numpy's
+fast loops want (a float32 array at an odd address was summed at a third of the speed). A C-contiguous or Fortran-contiguous array is sent as its memory is,
 with its strides; any other (a slice with steps, a transposed view) as a C-contiguous copy.
 """
+
+from .headers import encode_headers
 
 __all__ = ["ARRAY_HEADER", "to_message", "from_body", "meta_of"]
 
@@ -38,10 +42,24 @@ def to_message(a, headers=None):
     meta = f"{dtype.str};{','.join(map(str, a.shape))};{','.join(map(str, a.strides))}"
     body = memoryview(a.ravel(order="K")).cast("B") if a.size else b""  # (its memory as it lies: no copy)
     if headers is None:
-        return body, {ARRAY_HEADER: meta}
-    if not isinstance(headers, dict):
+        headers = {}
+    elif not isinstance(headers, dict):
         raise TypeError(f"headers must be a map, not {type(headers).__name__}")
-    return body, {**headers, ARRAY_HEADER: meta}
+    return body, _aligned(headers, meta)
+
+
+def _aligned(headers, meta):
+    """``headers`` and the array header ``meta``, spaces after it so that they encode to a
+    multiple of 8 bytes (the module's docstring: the body's alignment); a few encodes at most
+    (a space more may lengthen the string's own prefix)."""
+    pad = 0
+    for _ in range(16):
+        out = {**headers, ARRAY_HEADER: meta + " " * pad}
+        more = -len(encode_headers(out)) % 8
+        if not more:
+            break
+        pad += more
+    return out
 
 
 def meta_of(headers) -> str:
@@ -57,7 +75,7 @@ def from_body(meta: str, buf, copy: bool = False):
     a view of ``buf`` (read-only where ``buf`` is), or with ``copy`` an array of its own."""
     np = _numpy()
     try:
-        dtype, shape, strides = meta.split(";")
+        dtype, shape, strides = meta.rstrip(" ").split(";")
         dtype = np.dtype(dtype)
         shape = tuple(int(x) for x in shape.split(",") if x)
         strides = tuple(int(x) for x in strides.split(",") if x)
