@@ -93,7 +93,7 @@ class ShmqLoopEnd(ShmqEnd):
 
 class ShmqZeroCopyEnd(ShmqEnd):
     """Sends by ``reserve`` (the body written into the ring once), receives with
-    ``get(copy=False)`` (the body read where it lies), then acks. A body above 4 KiB is
+    ``get(copy=False)`` (the body read where it lies), then acks. A body of 4 KiB or more is
     handed to the roles as a stand-in of its length (``_Sized``): the roles only count
     bytes, and copying it out would measure a copy, not the queue."""
 
@@ -125,7 +125,7 @@ class ShmqZeroCopyEnd(ShmqEnd):
 
 def _out(view):
     n = len(view)
-    return view.tobytes() if n <= 4096 else _Sized(n)
+    return view.tobytes() if n < 4096 else _Sized(n)
 
 
 class _Sized(bytes):
