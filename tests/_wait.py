@@ -1,6 +1,6 @@
 """What many tests need: waiting on a real condition with a bound, draining a queue,
-polling a stream consumer for a number of records, a call in a thread, an alarm whose
-handler raises."""
+polling a stream consumer for a number of records, a call in a thread, child processes
+joined (or killed), an alarm whose handler raises."""
 
 import contextlib
 import signal
@@ -9,7 +9,7 @@ import time
 
 import shmq
 
-__all__ = ["wait_for", "drain", "polled", "in_thread", "Alarm", "alarm_in"]
+__all__ = ["wait_for", "drain", "polled", "in_thread", "exited", "Alarm", "alarm_in"]
 
 
 def wait_for(cond, timeout=10.0, what="the condition"):
@@ -59,6 +59,23 @@ def in_thread(call):
     t = threading.Thread(target=run)
     t.start()
     return t, out
+
+
+@contextlib.contextmanager
+def exited(procs, timeout=60):
+    """A block after which ``procs`` (started in it, or before) must each end with exit
+    code 0 within ``timeout`` seconds; whatever is still alive when the block raises or a
+    join fails is killed and reaped, so no test leaves a child behind."""
+    try:
+        yield procs
+        for p in procs:
+            p.join(timeout)
+            assert p.exitcode == 0, f"{p.name} ended with exit code {p.exitcode}"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
 
 
 class Alarm(Exception):

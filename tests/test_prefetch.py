@@ -14,7 +14,7 @@ import pytest
 import shmq
 from shmq.client.aio import connect as aio_connect
 from shmq.protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, Status, encode_request
-from tests._wait import wait_for
+from tests._wait import exited, wait_for
 
 N = 400
 
@@ -63,17 +63,9 @@ def test_every_message_acked_exactly_once_by_two_consumer_processes(broker, tcp_
     procs = [ctx.Process(target=_consumer, args=(tcp_server.url, "jobs", 16, str(outs[0]), True)),
              ctx.Process(target=_consumer, args=(tcp_server.url, "jobs", 5, str(outs[1]), False)),
              ctx.Process(target=_producer, args=(tcp_server.url, "jobs", N))]
-    for p in procs:
-        p.start()
-    try:
+    with exited(procs):
         for p in procs:
-            p.join(60)
-            assert p.exitcode == 0
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
+            p.start()
     got = [line for o in outs for line in o.read_text().split()]
     assert sorted(x for x in got if x != "stop") == sorted(f"m{i}" for i in range(N))  # each once, none lost
     assert got.count("stop") == 2

@@ -19,7 +19,7 @@ from hypothesis.stateful import invariant, precondition, rule
 import shmq
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import ring, waits
-from tests._wait import wait_for
+from tests._wait import exited, wait_for
 from tests.engine.test_memory import held_as_marked
 from tests.engine.test_model import Msg, PurePython, QueueModel
 
@@ -322,7 +322,7 @@ def test_a_fills_end_wakes_every_consumer_whose_message_it_makes_ready(impl, bro
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     kids = [ctx.Process(target=_take_one, args=(broker.namespace, "q", out)) for _ in range(3)]
-    try:
+    with exited(kids, 30):
         with q.reserve(L.FILL_MIN) as buf:
             buf[:] = body(0, L.FILL_MIN)
             for k in kids:
@@ -332,14 +332,6 @@ def test_a_fills_end_wakes_every_consumer_whose_message_it_makes_ready(impl, bro
             q.put(body(2, 64))
             assert q.stats().ready == 0
         assert sorted(out.get(timeout=10) for _ in kids) == [0, 1, 2]
-        for k in kids:
-            k.join(30)
-            assert k.exitcode == 0
-    finally:
-        for k in kids:
-            if k.is_alive():
-                k.kill()
-                k.join()
     q.close()
 
 
