@@ -7,8 +7,9 @@ The header (``ARRAY_HEADER``) is text: ``"<dtype>;<shape>;<strides>"``, e.g. ``"
 (numpy's ``dtype.str``; comma lists, empty for a 0-d array), so any reader of the message
 sees what it holds. Spaces may follow it: padding that makes the headers encode to a multiple
 of 8 bytes, so that the body, which follows them in a record, lies 8-aligned, as numpy's
-fast loops want (a float32 array at an odd address was summed at a third of the speed). A C-contiguous or Fortran-contiguous array is sent as its memory is,
-with its strides; any other (a slice with steps, a transposed view) as a C-contiguous copy.
+fast loops want (a float32 array at an odd address was summed at a third of the speed). A
+C-contiguous or Fortran-contiguous array is sent as its memory is, with its strides; any
+other (a slice with steps, a transposed view) as a C-contiguous copy.
 """
 
 from .headers import encode_headers
