@@ -279,7 +279,7 @@ def test_a_get_goes_on_while_a_large_put_copies_its_body(impl, broker, monkeypat
         q.put(data)
     else:  # the C fill: a thread that looks while the put copies 4 MiB
         q._fill_slot()
-        for _ in range(20):  # (the thread must run during the copy: a few tries)
+        for _ in range(200):  # (the thread must run during the copy, which most large puts here leave to Python)
             q.put(b"before")
             done = threading.Event()
 
@@ -353,7 +353,9 @@ def test_a_large_puts_end_posts_a_consumer_for_each_message_it_makes_ready(impl,
             return real(pos, abandon)
 
         q._finish_fill = finish
-    for _ in range(20):  # (the C fill: a thread must put during the copy: a few tries)
+    # (the C fill: a thread must put during the copy; about one large put in five here takes the C
+    # path, the others the Python placement -- a new lap, memory to allocate -- which holds the GIL)
+    for _ in range(200):
         q.put(b"0")  # (an empty queue's put would start a new lap: the Python append, which holds the GIL)
         q._acquire()
         for _ in range(3):
