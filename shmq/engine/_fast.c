@@ -2043,6 +2043,66 @@ static PyObject *fast_write_columns(PyObject *self, PyObject *const *args, Py_ss
     return PyLong_FromUnsignedLongLong(pos);
 }
 
+/* ring_drop(buffer, base, cap, head, tail, need, limit) -> (new head, records dropped, the
+ *   new earliest offset or -1), or None: the records an append into a stream partition drops so
+ *   that its head reaches position need, as Partition._room's walk finds them: from head on,
+ *   each record until the position after it is at or past need (a pad there stays); the
+ *   earliest is the first record kept (-1 and the head at tail when none is). None when one
+ *   to drop has an offset at or past limit (retention="block": a group still needs it). The
+ *   caller holds the lock. */
+static PyObject *fast_ring_drop(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[6];
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "ring_drop(buffer, base, cap, head, tail, need, limit)");
+        return NULL;
+    }
+    if (parse_u64s(args + 1, 6, v) < 0) return NULL;
+    uint64_t base = v[0], cap = v[1], pos = v[2], tail = v[3], need = v[4], limit = v[5];
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (cap < REC_SIZE || cap % 8 || base % 8 || base + cap > (uint64_t)view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "ring_drop: the ring is outside the buffer");
+        return NULL;
+    }
+    const char *mem = (const char *)view.buf;
+    uint64_t head = pos, dropped = 0;
+    long long earliest = -1;
+    while (pos < tail) {
+        uint64_t rem = cap - pos % cap;
+        if (rem < REC_SIZE) { /* too little of the lap left for a record: the next lap */
+            pos += rem;
+            if (pos >= tail) break;
+        }
+        const char *a = mem + base + pos % cap;
+        uint32_t length = U32(a + REC_LENGTH);
+        int pad = (U64(a + REC_STATUS) & 0xFF) == ST_PAD;
+        if (length < REC_SIZE) { /* never under the lock: stop rather than loop */
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_ValueError, "ring_drop: a record shorter than its header");
+            return NULL;
+        }
+        if (head >= need && !pad) {
+            earliest = (long long)U64(a + REC_MSG_ID);
+            break;
+        }
+        if (head < need) {
+            if (!pad) {
+                if (U64(a + REC_MSG_ID) >= limit) {
+                    PyBuffer_Release(&view);
+                    Py_RETURN_NONE;
+                }
+                dropped++;
+            }
+            head = pos + length;
+        }
+        pos += length;
+    }
+    PyBuffer_Release(&view);
+    if (earliest < 0) head = tail;
+    return Py_BuildValue("(KKL)", (unsigned long long)head, (unsigned long long)dropped, earliest);
+}
+
 /* MurmurHash2 as Kafka's Java client has it (Utils.murmur2: seed 0x9747b28c, little-endian
  * words); partitioner.murmur2_python is the reference, and a test holds the two equal. */
 static uint32_t murmur2_of(const unsigned char *p, size_t n) {
@@ -2320,6 +2380,8 @@ static PyMethodDef methods[] = {
      "the log entries of chunks appended to a stream partition"},
     {"write_columns", (PyCFunction)(void (*)(void))fast_write_columns, METH_FASTCALL,
      "chunks of Arrow buffers written into a stream partition's ring (lock held)"},
+    {"ring_drop", (PyCFunction)(void (*)(void))fast_ring_drop, METH_FASTCALL,
+     "where a stream partition's head goes for an append, and the records it drops (lock held)"},
     {"key_partitions", (PyCFunction)(void (*)(void))fast_key_partitions, METH_FASTCALL,
      "each record's partition by its key, as Kafka's default partitioner"},
     {"murmur2", (PyCFunction)fast_murmur2, METH_O, "a key's murmur2 hash, as Kafka's Java client's"},

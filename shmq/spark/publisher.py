@@ -13,6 +13,12 @@ task order) appended in one step noting (query, batch) in the partition's publis
 the server. A queue target gets its rows put (at least once). The spools are deleted once
 published (or once the batch is found published already), and on an abort.
 
+A local target's handle is kept from one request to the next (attached again if its stream was
+deleted, and closed within IDLE_S of that while no request comes), and once a publish is
+answered the publisher makes ready the room the next batch will take, as much as this one took
+(``Stream.prepare``: allocated, and mapped into this process), while Spark runs that batch: the
+commit then writes into mapped memory, not a page fault a page.
+
 Requests (one JSON object a line; the reply echoes ``id``): ``check`` (the options and the
 target: its partitions), ``publish`` / ``put`` (``options``, ``txn``, ``batch``, ``spools``:
 [{"path", "task"}]), ``drop`` (``spools``). A reply is ``{"id", "ok": true, ...}`` or ``{"id",
@@ -22,6 +28,7 @@ It ends at EOF on its stdin (its driver gone).
 
 import json
 import os
+import select
 import sys
 import traceback
 import uuid
@@ -33,6 +40,7 @@ from .staging import staging_name
 __all__ = ["handle", "main"]
 
 REQUEST_BYTES = 8 * 2**20  # the most one APPEND_BATCH carries over TCP (as the Python sink's tasks send)
+IDLE_S = 1.0  # how often, without a request, the kept handles of deleted streams are closed
 
 
 def _spools(req) -> list:
@@ -79,27 +87,43 @@ def _route(target, batch, task, paths):
         raise SpecError(str(e)) from None
 
 
+_local = {}  # (namespace, stream) -> its Stream handle, kept between requests (and its mappings with it)
+
+
+def _local_stream(opts: Options):
+    """The local target's handle, kept from the last request unless its stream was deleted since."""
+    key = (opts.namespace, opts.stream)
+    target = _local.get(key)
+    if target is not None and not target.deleted:
+        return target
+    _local.pop(key, None)
+    if target is not None:
+        target.close()
+    with opts.connect() as broker:  # (the namespace's check: SpecError where there is none)
+        target = _local[key] = broker.stream(opts.stream)
+    return target
+
+
 def _publish(opts: Options, txn: str, batch: int, spools) -> dict:
-    """The spools' rows into the target stream, exactly once per (``txn``, ``batch``)."""
+    """The spools' rows into the target stream, exactly once per (``txn``, ``batch``); a local
+    publish's reply carries what to do once it is sent (``"then"``: the next batch's room made ready)."""
     from . import arrow
-    from ..engine.broker import Broker
 
     txn_id = uuid.UUID(txn).bytes
     rows = 0
+    if opts.url is None:
+        target = _local_stream(opts)
+        chunks = {}
+        for path, task in spools:
+            for b in _batches(path):
+                rows += b.num_rows
+                for p, values, keys, headers in _route(target, b, task, target.paths):
+                    chunks.setdefault(p, []).append(arrow.chunk(values, keys, headers))
+        if chunks:
+            target.publish_columns(chunks, txn_id, batch)
+        return {"rows": rows, "then": lambda: target.prepare(chunks)}
     with opts.connect() as broker:
-        target = broker.stream(opts.stream)
-        local = isinstance(broker, Broker)
-        if local:
-            chunks = {}
-            for path, task in spools:
-                for b in _batches(path):
-                    rows += b.num_rows
-                    for p, values, keys, headers in _route(target, b, task, target.paths):
-                        chunks.setdefault(p, []).append(arrow.chunk(values, keys, headers))
-            if chunks:
-                target.publish_columns(chunks, txn_id, batch)
-            return {"rows": rows}
-        return _publish_over_tcp(opts, broker, target, txn_id, batch, spools)
+        return _publish_over_tcp(opts, broker, broker.stream(opts.stream), txn_id, batch, spools)
 
 
 def _publish_over_tcp(opts, broker, target, txn_id: bytes, batch: int, spools) -> dict:
@@ -153,7 +177,8 @@ def _put(opts: Options, spools) -> dict:
 
 
 def handle(req: dict) -> dict:
-    """The reply to one request (see the module's docstring)."""
+    """The reply to one request (see the module's docstring); a callable under ``"then"``
+    is not part of it: it is called once the reply is sent."""
     op = req.get("op")
     spools = _spools(req)
     if op == "drop":
@@ -172,9 +197,37 @@ def handle(req: dict) -> dict:
     return {"ok": True, **out}
 
 
+def _forget() -> None:
+    """Close the kept handles of streams deleted since (each IDLE_S without a request): a deleted
+    stream's memory is not held by its mapping here while the driver idles."""
+    for key, target in list(_local.items()):
+        if target.deleted:
+            del _local[key]
+            target.close()
+
+
+def _lines(fd: int):
+    """The lines read from ``fd`` (bytes, without their newline); None after each IDLE_S without one."""
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            if not select.select([fd], [], [], IDLE_S)[0]:
+                yield None
+                continue
+            data = os.read(fd, 1 << 16)
+            if not data:
+                return
+            buf += data
+        line, buf = buf.split(b"\n", 1)
+        yield line
+
+
 def main() -> int:
     out = sys.stdout
-    for line in sys.stdin:
+    for line in _lines(sys.stdin.fileno()):
+        if line is None:
+            _forget()
+            continue
         if not line.strip():
             continue
         req = {}
@@ -189,8 +242,14 @@ def main() -> int:
             traceback.print_exc(file=sys.stderr)
             reply = {"error": f"{type(e).__name__}: {e}", "kind": "internal"}
         reply["id"] = req.get("id") if isinstance(req, dict) else None
+        then = reply.pop("then", None)
         out.write(json.dumps(reply) + "\n")
         out.flush()
+        if then is not None:  # while the driver goes on
+            try:
+                then()
+            except ShmqError:  # (the stream deleted meanwhile, say: the next publish finds out)
+                pass
     return 0
 
 

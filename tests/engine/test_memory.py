@@ -6,6 +6,7 @@ kernel counts (st_blocks), not the files' apparent sizes."""
 
 import errno
 import os
+import resource
 
 import hypothesis.strategies as st
 import pytest
@@ -227,6 +228,54 @@ def test_an_append_dev_shm_cannot_make_room_for_is_refused_and_nothing_is_lost(a
     assert [int(r.value.rstrip(b".")) for r in s.read(0, 0, 1000)] == list(range(n))
     full_shm.free()
     assert s.append(b"after", partition=0).offset == n
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def test_an_append_into_prepared_room_takes_no_fault_a_page(broker):
+    """``prepare`` allocates the room past the tail and maps it into this process: an append
+    of as much then writes it with next to no page faults (unprepared: one a page), and its
+    records are as any append's; nothing is appended by preparing."""
+    s = broker.create_stream("events", partitions=2, max_bytes=32 * MiB)
+    values = [b"%07d" % i + b"v" * 993 for i in range(4000)]  # 4 MB of records, about 1,000 pages
+    ready = s._part(0)
+    before = ready.stats()["bytes_held"]
+    assert ready.prepare(4200 * 1024) == 4200 * 1024
+    assert 4 * MiB < ready.stats()["bytes_held"] - before <= 4200 * 1024 + 2 * L.CHUNK
+    assert ready._memory.held() == ready._memory.marked() and s.offsets(0) == (0, 0)
+    f0 = _faults()
+    s.append_many(values, partition=0)
+    f1 = _faults()
+    s.append_many(values, partition=1)
+    f2 = _faults()
+    assert f2 - f1 > 900 and f1 - f0 < (f2 - f1) // 5, (f1 - f0, f2 - f1)
+    assert [r.value for r in s.read(0, 0, 4000)] == values == [r.value for r in s.read(1, 0, 4000)]
+
+
+def test_prepared_room_no_append_used_goes_back(broker, monkeypatch):
+    monkeypatch.setattr(L, "GIVE_BACK_GRACE_NS", 0)
+    s = broker.create_stream("events", partitions=1, max_bytes=32 * MiB)
+    part = s._part(0)
+    empty = part.stats()["bytes_held"]
+    part.prepare(8 * MiB)
+    assert part.stats()["bytes_held"] > empty + 8 * MiB - L.CHUNK
+    for _ in range(3):
+        s.housekeep()
+    assert part.stats()["bytes_held"] == empty and part._memory.held() == part._memory.marked()
+
+
+def test_prepare_on_a_full_dev_shm_takes_nothing_and_the_append_says_why(broker, full_shm):
+    s = broker.create_stream("events", partitions=1)
+    part = s._part(0)
+    empty = part.stats()["bytes_held"]
+    full_shm.fill()
+    assert part.prepare(4 * MiB) == 0 and part.stats()["bytes_held"] == empty
+    with pytest.raises(shmq.StorageError, match="/dev/shm is full"):
+        s.append(b"x" * 1000, partition=0)
+    full_shm.free()
+    assert s.append(b"after", partition=0).offset == 0
 
 
 # ------------------------------------------------------------------ the state machines

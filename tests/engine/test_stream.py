@@ -12,12 +12,14 @@ import threading
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shmq
 from shmq.model.headers import encode_record_headers
 from shmq.engine.shm import layout as L
+from shmq.engine.streams.paths import C as PartitionPaths_C
+from shmq.engine.streams.paths import PYTHON as PartitionPaths_PYTHON
 from shmq.engine.streams.stream import partition_of
 from tests import _workers as w
 from tests._dying import killed_at_each_store
@@ -566,3 +568,32 @@ def test_read_raw_stops_at_a_byte_bound_the_first_record_always_comes(broker):
     assert [r[0] for r in s.read_raw(0, 3, 500, max_bytes=250_000)] == [3, 4]
     assert len(s.read_raw(0, 0, 500)) == 20
     s.close()
+
+
+@pytest.mark.skipif(PartitionPaths_C is None, reason="the C paths are not built")
+@given(st.lists(st.lists(st.integers(0, 3000), min_size=1, max_size=15), min_size=1, max_size=12),
+       st.lists(st.tuples(st.integers(1, 9000), st.one_of(st.none(), st.integers(0, 300))), min_size=1, max_size=8))
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_c_walk_drops_what_the_python_walk_drops(broker, batches, asks):
+    """Where an append puts the head of a full ring, and what it drops (``Partition._room``):
+    C's walk (``ring_drop``) and Python's agree, through pads at lap ends, with and without a
+    group's floor (retention="block"). The appends themselves ran the C walk."""
+    s = broker.create_stream("ring", partitions=1, max_bytes=64 * 1024)
+    part = s._part(0)
+    try:
+        for sizes in batches:
+            s.append_many([b"v" * n for n in sizes], partition=0)
+        part._acquire()
+        try:
+            for size, limit in asks:
+                end_from = lambda tail, size=size: L.place(tail, L.record_size(0, size), part._cap)[1]  # noqa: E731
+                got = {}
+                for paths in (PartitionPaths_C, PartitionPaths_PYTHON):
+                    part.paths = paths
+                    got[paths.kind] = part._room(end_from, limit)
+                assert got["c"] == got["python"], (size, limit)
+        finally:
+            part._release()
+    finally:
+        s.close()
+        broker.delete_stream("ring")

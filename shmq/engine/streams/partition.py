@@ -27,7 +27,7 @@ import time
 from typing import NamedTuple
 
 from ...persistence import dmsq
-from ...errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
+from ...errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StorageError, StreamNotFound
 from ..shm import layout as L
 from ..shm import ring
 from .paths import chosen as _chosen_paths
@@ -53,6 +53,8 @@ BLOCK_SLICE_S = 0.005  # how often an appender blocked by retention="block" look
 HWM_MIN_SPAN = 4096  # a high-water mark is raised by at least this many offsets at a time
 GIVE_BACK_PERIOD_NS = 500_000_000  # how often an appender gives memory back (a server does too, every 0.25 s)
 INDEX_AHEAD = L.CHUNK // 8  # index words kept ahead of the end: one chunk of them
+_NO_LIMIT = 2**64 - 1  # (ring_drop's limit when retention drops whatever it must)
+PREPARE_PIECE = 1 << 20  # what ``prepare`` allocates and maps per hold of the lock (about 0.5 ms)
 EXPIRE_MAX = 65536  # records retention drops from memory in one round at most
 _wall_ns = time.time_ns
 _stream_entry = dmsq.stream_entry
@@ -510,6 +512,14 @@ class Partition:
         end = end_from(tail)
         if end - head <= cap:
             return tail, head, 0, None, end
+        if self.paths.ring_drop is not None:  # (C: the walk below, at 1-2 ns a record, not 1-2 us)
+            got = self.paths.ring_drop(self._mm, base, cap, head, tail, end - cap, _NO_LIMIT if limit is None else limit)
+            if got is None:
+                return None
+            new_head, dropped, earliest = got
+            if earliest < 0:
+                earliest = None
+            return self._room_after(tail, new_head, dropped, earliest, end, end_from)
         dropped, new_head, earliest = 0, head, None
         for pos, w in ring.records(mq, cap, base, head, tail):
             if end - new_head <= cap:
@@ -524,6 +534,11 @@ class Partition:
             new_head = pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF)
         else:
             new_head = tail
+        return self._room_after(tail, new_head, dropped, earliest, end, end_from)
+
+    def _room_after(self, tail, new_head, dropped, earliest, end, end_from):
+        """``_room``'s answer once the walk found where the head goes."""
+        cap = self._cap
         if new_head == tail:  # everything goes: a new lap, where the batch fits whole
             start = tail + cap - tail % cap if tail % cap else tail
             return start, start, dropped, None, end_from(start)
@@ -593,6 +608,34 @@ class Partition:
         s0, s1 = -(-first // _STRIDE), -(-end // _STRIDE)
         if s1 > s0:
             self._memory.ensure_arc(L.PART_INDEX_OFF, 8 * self._slots, 8 * s0, 8 * s1)
+
+    def prepare(self, nbytes: int) -> int:
+        """Make the next ``nbytes`` of ring past the tail ready for this process's appends:
+        allocated (as an append allocates) and mapped into its page tables
+        (``Memory.map_in``), a piece at a time under the lock, so that the append that
+        comes writes at memory speed instead of taking a page fault a page (on this
+        machine most of a large append's time). A writer that knows what comes calls it
+        while it waits (the JVM sink's publisher, between Spark's batches). Memory no
+        append comes to use goes back at a round, as any room ahead does. Returns the
+        bytes it went over."""
+        nbytes, done = min(max(0, nbytes), self._cap), 0
+        mem, cap, base = self._memory, self._cap, self._base
+        while done < nbytes:
+            self._acquire()
+            try:
+                head, tail = self._mq[L.PI_HEAD], self._mq[L.PI_TAIL]
+                start = tail + cap - tail % cap if head == tail and tail % cap else tail  # (an empty one's next lap)
+                lo, hi = start + done, start + min(nbytes, done + PREPARE_PIECE)
+                try:
+                    mem.ensure_arc(base, cap, lo, hi)
+                except StorageError:  # (/dev/shm is full: the append says so, as it would have)
+                    return done
+                for a, b in arc(base, cap, lo, hi):
+                    mem.map_in(a, b)
+            finally:
+                self._release()
+            done = hi - start
+        return done
 
     # ------------------------------------------------------------------ memory given back
     def give_back(self, now: int | None = None) -> int:

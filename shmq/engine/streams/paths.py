@@ -9,7 +9,7 @@ from .partitioner import murmur2_python
 __all__ = ["PartitionPaths", "C", "PYTHON", "chosen"]
 
 _CALLS = ("read_columns", "write_columns", "columns_check", "columns_end", "columns_log", "key_partitions",
-          "compact_scan")
+          "compact_scan", "ring_drop")
 
 
 class PartitionPaths:
@@ -17,8 +17,9 @@ class PartitionPaths:
     ``read_columns`` (a partition's records as Arrow buffers), ``write_columns`` and the
     calls of its append (``columns_check``, ``columns_end``, ``columns_log``),
     ``key_partitions`` (each record's partition by its key: the Spark sink's routing);
-    ``compact_scan`` (what a compaction keeps: ``compaction._scan``'s twin); and ``murmur2``, the key hash itself (the C one, or ``partitioner.murmur2_python``:
-    the same numbers)."""
+    ``compact_scan`` (what a compaction keeps: ``compaction._scan``'s twin); ``ring_drop``
+    (the records an append drops to make room: ``Partition._room``'s walk); and ``murmur2``,
+    the key hash itself (the C one, or ``partitioner.murmur2_python``: the same numbers)."""
 
     __slots__ = ("kind", "murmur2", *_CALLS)
 

@@ -453,6 +453,16 @@ class Stream:
         self._wake_readers()
         return out
 
+    def prepare(self, chunks: dict) -> None:
+        """Make ready, in each partition ``chunks`` names (``publish_columns``' argument),
+        the room such records would take past its tail (``Partition.prepare``), for a
+        writer about to append as much again: the JVM sink's publisher, with the batch it
+        has just published, while Spark runs the next. Local handles, C paths."""
+        for p, cs in chunks.items():
+            part = self._part(p)
+            if cs and part.paths.columns_check is not None:
+                part.prepare(part.paths.columns_check([tuple(c) for c in cs])[1])
+
     def _check_staged(self, biggest: int) -> None:
         if biggest > self.max_message_bytes:
             raise MessageTooLarge(f"a staged record of {biggest} bytes; stream {self.name!r} takes at most "
