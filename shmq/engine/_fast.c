@@ -183,6 +183,35 @@ static inline void unregister_sleeper(char *seg, uint64_t slot, int wi, int pi, 
 #define FILL(seg) U64((seg) + FILL_OFF)
 _Static_assert(sizeof(pthread_mutex_t) <= FILL_OFF - MUTEX_OFF, "the fill word must follow the mutex");
 
+/* The empty queue due a new lap (new_lap_due; not past POS_LIMIT) starts it here as produce._room does
+ * (_new_lap), where its first ``need`` bytes are allocated (the memory bitmap, shm/memory.py), so nothing is
+ * to allocate. Returns the new tail, the cursors moved (the head first, as _new_lap) and the room set to the
+ * allocated run from it (memory.allocated_to, ROOM_LOOK past ``need`` at most; a put past it takes the Python
+ * path, which allocates and may grow ahead); 0, nothing changed: the Python path. Lock held. */
+static uint64_t start_lap(char *seg, uint64_t base, uint64_t cap, uint64_t need) {
+    uint64_t *h = HOT(seg), tail = h[H_TAIL];
+    if (tail >= POS_LIMIT || need > cap) return 0;
+    uint64_t limit = need + ROOM_LOOK < cap ? need + ROOM_LOOK : cap; /* from the lap's start */
+    const uint64_t *bits = (const uint64_t *)seg + QMEM_BITMAP_W;
+    uint64_t c = base >> CHUNK_SHIFT, stop = (base + limit + (1ULL << CHUNK_SHIFT) - 1) >> CHUNK_SHIFT;
+    while (c < stop) { /* the first chunk not allocated (memory.allocated_to) */
+        uint64_t rest = ~bits[c >> 6] >> (c & 63);
+        if (rest) {
+            c += (uint64_t)__builtin_ctzll(rest);
+            break;
+        }
+        c = (c | 63) + 1;
+    }
+    uint64_t at = c << CHUNK_SHIFT, run = at <= base ? 0 : at - base < limit ? at - base : limit;
+    if (run < need) return 0; /* memory to allocate first */
+    uint64_t lap = tail + cap - tail % cap;
+    FILL(seg) = 0;
+    h[H_HEAD] = lap;
+    h[H_FRONTIER] = h[H_READY_POS] = h[H_TAIL] = lap;
+    h[H_ROOM] = lap + run;
+    return lap;
+}
+
 /* The first record past ``tail`` is a fill whose holder may be dead (ring.suspect_fill: its process is gone,
  * or it was put longer than FILL_STALE_NS before ``now``, wall ns), which the Python append looks at. */
 static int suspect_fill(char *seg, uint64_t base, uint64_t cap, uint64_t tail, uint64_t now) {
@@ -334,6 +363,13 @@ static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body
     uint64_t *h = HOT(seg), slot = (wait & ~W_FILL) >> 3;
     if (wait >> 1 & 3) unregister_sleeper(seg, slot, H_PWAIT, H_PPOSTED, P_PWAIT, (int)(wait >> 1 & 3));
     uint64_t tail = h[H_TAIL], fill = FILL(seg), end = fill > tail ? fill : tail, off = end % cap;
+    if (!entry && end == tail && !h[H_DELETED] && new_lap_due(h[H_HEAD], tail, cap) &&
+        (tail = start_lap(seg, base, cap, size)) != 0) {
+        end = tail; /* the memory just freed, at the ring's start */
+        off = 0;
+    } else {
+        tail = h[H_TAIL];
+    }
     if (h[H_DELETED] || size > cap - off || (entry && (end != tail || !wal_usable(seg, wal_gen))) ||
         (end != tail && suspect_fill(seg, base, cap, tail, enq))) {
         unlock(seg); /* a pad to place first, a log (not past fills, nor one the caller's descriptor is not for), a
@@ -1225,6 +1261,13 @@ static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (rc) return PyLong_FromLong(rc);
     uint64_t *h = HOT(seg);
     uint64_t tail = h[H_TAIL], fill = FILL(seg), end = fill > tail ? fill : tail, off = end % cap;
+    if (end == tail && !h[H_DELETED] && new_lap_due(h[H_HEAD], tail, cap) &&
+        (tail = start_lap(seg, base, cap, size)) != 0) {
+        end = tail; /* the memory just freed, at the ring's start */
+        off = 0;
+    } else {
+        tail = h[H_TAIL];
+    }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t now = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;

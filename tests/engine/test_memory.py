@@ -10,12 +10,13 @@ import resource
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import shmq
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import memory
+from shmq.engine import cpaths
 from shmq.engine.shm.segment import SHM_DIR, namespace_entries
 from tests.engine.test_model import PurePython, QueueModel
 
@@ -127,6 +128,49 @@ def test_a_busy_queue_keeps_the_memory_it_writes_again(broker):
             q._housekeep()
     assert q._memory.word("grown_total") == grown
     assert q.stats().bytes_held <= HEADER + 2 * MiB
+
+
+@given(words=st.lists(st.sampled_from([0, 2**64 - 1, 1, 2**63, 0x00FF00FF00FF00FF]) | st.integers(0, 2**64 - 1),
+                      min_size=1, max_size=4),
+       c=st.integers(0, 300), length=st.integers(0, 300), bit=st.sampled_from([0, 1]))
+def test_the_bitmap_is_read_a_word_at_a_time_as_a_chunk_at_a_time_reads_it(words, c, length, bit):
+    c = min(c, 64 * len(words))
+    stop = min(c + length, 64 * len(words))
+    mq = [7, *words]  # (a word before the bitmap: the scan starts at its word ``bw``)
+    chunk_at_a_time = next((k for k in range(c, stop) if (mq[1 + (k >> 6)] >> (k & 63) & 1) == bit), stop)
+    assert memory._first(mq, 1, c, stop, bit) == chunk_at_a_time
+
+
+@pytest.mark.skipif(not cpaths.FAST, reason="the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
+def test_a_large_body_into_the_emptied_queue_starts_the_next_lap_in_c(broker, monkeypatch):
+    """A put or reserve into the empty queue far enough into its lap starts the next lap in C
+    where the memory just freed is allocated (no Python placement, nothing allocated), as the
+    Python path would place it; where it is not allocated (given back) the Python path
+    allocates it first."""
+    q = broker.create_queue("frames", max_bytes=16 * MiB, max_message_bytes=MiB)
+    body = bytes(range(256)) * 4096  # 1 MiB
+    q.put(body)
+    q.get_nowait().ack()
+    placed = []
+    python_room = type(q)._room
+    monkeypatch.setattr(type(q), "_room", lambda self, *a, **k: placed.append(1) or python_room(self, *a, **k))
+    grown = q._memory.word("grown_total")
+    for i in range(20):
+        if i % 2:
+            with q.reserve(len(body)) as buf:
+                buf[:] = body
+        else:
+            q.put(body)
+        assert q._mq[L.I_HEAD] % q._cap == 0 and q._mq[L.I_TAIL] - q._mq[L.I_HEAD] > MiB  # at the lap's start
+        d = q.get_nowait()
+        assert d.body == body
+        d.ack()
+    assert placed == [] and q._memory.word("grown_total") == grown
+    q._housekeep()
+    q._housekeep()  # (the room the last round's puts wrote is kept one round)
+    assert q.stats().bytes_held == HEADER
+    q.put(body)  # the lap's start given back: the Python path allocates it
+    assert placed == [1] and q._memory.held() == q._memory.marked() and q.get_nowait().body == body
 
 
 def test_a_put_dev_shm_cannot_make_room_for_is_refused_and_nothing_is_lost(any_broker, broker, full_shm):

@@ -37,7 +37,6 @@ _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _EMPTY = b""
 I_ROOM = L.I_ROOM
 _GROW_DUE = L.mem_words(L.MEM_OFF)["grow_due"]
-ROOM_LOOK = 8 << 20  # how far past a write its room is looked for (a chunk's bit each)
 GROW_LOCK_NS = 10_000_000  # the longest a put waits for the lock to allocate ahead (then the next does)
 _F_OWNERDEAD, _F_FALLBACK, _F_WAL_MAX = cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.WAL_MAX_PAYLOAD
 _F_BUSY, _F_FULL, _F_SLEEP, _W_REGISTER = cpaths.BUSY, cpaths.FULL, cpaths.SLEEP, cpaths.W_REGISTER
@@ -532,7 +531,7 @@ class Producing:
         that comes back allocates the next ones ahead, outside the lock (``_grow_ahead``),
         before the puts reach them. A queue that reuses what it holds grows nothing. Lock held."""
         mq, cap = self._mq, self._cap
-        limit = min(end + ROOM_LOOK, tail - tail % cap + cap)
+        limit = min(end + L.ROOM_LOOK, tail - tail % cap + cap)
         room = self._memory.allocated_to(self._base, cap, tail, limit)
         if room < limit and room < head + cap and room - end < max(L.CHUNK, (end - head) >> 2):
             mq[_GROW_DUE] = 1

@@ -36,7 +36,7 @@ __all__ = [
     "FLAG_WALK", "FLAG_TTL", "LEVEL_POS_OFF", "I_LEVEL_POS",
     "MAX_PRIORITIES", "MAX_GROUP_BYTES",
     "CHUNK_SHIFT", "CHUNK", "MEM_FIELDS", "MEM_SIZE", "BITMAP_BYTES", "MAX_RING_BYTES", "GIVE_BACK_GRACE_NS",
-    "GIVE_BACK_BUDGET", "MEM_OFF", "PART_MEM_OFF", "mem_words", "reuse_after", "POS_LIMIT",
+    "GIVE_BACK_BUDGET", "ROOM_LOOK", "MEM_OFF", "PART_MEM_OFF", "mem_words", "reuse_after", "POS_LIMIT",
     "align", "record_size", "status_word", "split_status", "skip_gap", "place", "segment_size", "data_offset",
 ]
 
@@ -185,6 +185,7 @@ BITMAP_BYTES = 8320  # 66560 chunks: a ring of MAX_RING_BYTES and any header or 
 MAX_RING_BYTES = 2**32 - CHUNK  # a ring's most bytes (a record's length, a pad's, is a u32)
 GIVE_BACK_GRACE_NS = 1_000_000_000  # a partition's region behind its head is given back this long after
 GIVE_BACK_BUDGET = 16 * 2**20  # bytes given back per round at most (a punch holds the lock ~0.2 ms a MiB)
+ROOM_LOOK = 8 << 20  # how far past a write a queue's room (allocated memory ahead of its tail) is looked for
 MEM_OFF = 1088  # a queue's memory block, after the level cursors (a cache line apart)
 WORD = struct.Struct("<q")  # one signed word
 PROCS_OFF = MEM_OFF + MEM_SIZE + BITMAP_BYTES  # 9536
@@ -368,7 +369,8 @@ def c_header() -> str:
         "FLAG_ABORTED": FLAG_ABORTED,
         "LIFETIME_W": I_LIFETIME, "LAST_USED_W": I_LAST_USED, "LIFE_EXPIRES_SHIFT": LIFE_EXPIRES_SHIFT,
         "LIFE_RENEW_NS": f"{LIFE_RENEW_NS}ULL",
-        "POS_LIMIT": f"{POS_LIMIT}ULL",
+        "POS_LIMIT": f"{POS_LIMIT}ULL", "CHUNK_SHIFT": CHUNK_SHIFT, "ROOM_LOOK": ROOM_LOOK,
+        "QMEM_BITMAP_W": (MEM_OFF + MEM_SIZE) >> 3,
     }
     defines.update({"REC_" + f.upper(): off for f, off in REC_OFFSETS.items()})
     from ...persistence import dmsq  # the log entry's format (docs/FORMAT.md)

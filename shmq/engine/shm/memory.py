@@ -41,6 +41,7 @@ CHUNK = L.CHUNK
 _PAGE = mmap.PAGESIZE
 _fallocate = os.posix_fallocate  # (a test makes /dev/shm look full by replacing it)
 GROW_STEP_MAX = 4 << 20  # the most a growing ring allocates ahead of what it needs
+_ONES = (1 << 64) - 1
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14 (Python 3.11's mmap does not name it)
 
 
@@ -65,6 +66,18 @@ def _mark(mq, bw: int, c0: int, c1: int, on: bool = True) -> None:
             mq[bw + (c >> 6)] |= 1 << (c & 63)
         else:
             mq[bw + (c >> 6)] &= ~(1 << (c & 63)) & 0xFFFFFFFFFFFFFFFF
+
+
+def _first(mq, bw: int, c: int, stop: int, bit: int) -> int:
+    """The first chunk in [c, stop) whose bit in the bitmap at word ``bw`` is ``bit`` (0 or
+    1), else ``stop``: a word (64 chunks, 4 MiB) at a time."""
+    flip = 0 if bit else _ONES
+    while c < stop:
+        rest = (mq[bw + (c >> 6)] ^ flip) >> (c & 63)
+        if rest:
+            return min(stop, c + (rest & -rest).bit_length() - 1)
+        c = (c | 63) + 1
+    return stop
 
 
 def pinned_bytes(header: int, size: int) -> int:
@@ -108,15 +121,11 @@ class Memory:
         if hi <= lo:
             return
         mq, bw = self._mq, self._bw
-        c, last = lo >> _SHIFT, (hi - 1) >> _SHIFT
-        while c <= last:
-            if mq[bw + (c >> 6)] >> (c & 63) & 1:
-                c += 1
-                continue
-            first = c
-            while c <= last and not mq[bw + (c >> 6)] >> (c & 63) & 1:
-                c += 1
-            self._grow(first, c)
+        c, stop = lo >> _SHIFT, ((hi - 1) >> _SHIFT) + 1
+        while (c := _first(mq, bw, c, stop, 0)) < stop:
+            end = _first(mq, bw, c, stop, 1)
+            self._grow(c, end)
+            c = end
 
     def ensure_arc(self, off: int, size: int, lo: int, hi: int) -> None:
         """``ensure`` for positions [lo, hi) of a ring (``arc``)."""
@@ -191,10 +200,7 @@ class Memory:
         gap, up to ``limit`` and the end of ``pos``'s lap (a queue's ``room``)."""
         lap = pos - pos % size
         a, end = off + pos - lap, off + min(limit, lap + size) - lap
-        mq, bw = self._mq, self._bw
-        c = a >> _SHIFT
-        while c << _SHIFT < end and mq[bw + (c >> 6)] >> (c & 63) & 1:
-            c += 1
+        c = _first(self._mq, self._bw, a >> _SHIFT, -(-end >> _SHIFT), 0)
         return pos + max(0, min(c << _SHIFT, end) - a)
 
     def _grow(self, c0: int, c1: int) -> None:
