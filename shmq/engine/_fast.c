@@ -60,7 +60,7 @@
  * far from the tail it is: a write that ends past it takes the Python path, which allocates first. */
 
 /* A put into the empty queue whose tail is this far into its lap (layout.reuse_after), or past
- * POS_LIMIT, starts the next lap (produce._new_lap, the Python path): the memory just freed. */
+ * POS_LIMIT, starts the next lap (produce._new_lap; start_lap where nothing is to allocate): the memory just freed. */
 static inline int new_lap_due(uint64_t head, uint64_t tail, uint64_t cap) {
     return head == tail && (tail % cap >= (cap / 4 < REUSE_MAX ? cap / 4 : REUSE_MAX) || tail >= POS_LIMIT);
 }

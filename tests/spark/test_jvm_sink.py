@@ -74,6 +74,32 @@ def test_a_killed_drivers_spools_are_swept_by_the_next_write(spark, jvm, broker)
     assert not os.path.exists(left) and _spools(broker.namespace) == []
 
 
+def test_a_spool_no_commit_message_names_is_swept_as_its_batch_ends(spark, jvm, broker):
+    """Each task attempt commits its own spool (no commit coordinator): one that Spark did not
+    keep (a speculative or zombie attempt of a partition another attempt committed; here one
+    the task makes beside its own) is deleted as the batch is published, and nothing of it is."""
+    out = broker.create_stream("out", partitions=1)
+    from pyspark.sql.functions import udf
+
+    prefix = f"shmq.{broker.namespace}.spark-spool."
+
+    @udf("string")
+    def twin(v):
+        import os as _os
+
+        mine = [e for e in _os.listdir("/dev/shm") if e.startswith(prefix)]
+        assert len(mine) == 1, mine  # (this task's, open while it runs)
+        other = "/dev/shm/" + mine[0].rsplit(".", 1)[0] + ".999999"  # the same batch and partition, another attempt
+        with open(_os.open(other, _os.O_CREAT | _os.O_WRONLY, 0o600), "wb") as f:
+            f.write(b"rows of an attempt Spark did not keep")
+        return v
+
+    df = spark.createDataFrame([("a",)], "value string").repartition(1).select(twin("value").alias("value"))
+    df.write.format(jvm).option("stream", "out").option("namespace", broker.namespace).mode("append").save()
+    assert _spools(broker.namespace) == []
+    assert [r.value for r in out.read(0, 0, max_records=10)] == [b"a"]
+
+
 def test_a_publisher_that_died_is_started_again(spark, jvm, broker):
     out = broker.create_stream("out", partitions=2)
 

@@ -137,6 +137,31 @@ public final class SinkWrite implements WriteBuilder, SupportsTruncate, Write {
         return new File(dir, base + ProcessHandle.current().pid() + "." + txn).getPath();
     }
 
+    /**
+     * Delete what is left of batches up to {@code epoch} under {@code prefix} once this batch is published or aborted:
+     * the spools of task attempts whose commit messages Spark did not keep (a speculative or a zombie attempt of a
+     * partition another attempt committed; without the commit coordinator each attempt commits its own spool).
+     */
+    private static void sweep(String prefix, long epoch) {
+        File at = new File(prefix);
+        String base = at.getName() + ".";
+        String[] left = at.getParentFile().list((d, name) -> name.startsWith(base));
+        if (left == null) {
+            return;
+        }
+        for (String name : left) {
+            String rest = name.substring(base.length());
+            int dot = rest.indexOf('.');
+            try {
+                if (dot > 0 && Long.parseLong(rest.substring(0, dot)) <= epoch) {
+                    new File(at.getParentFile(), name).delete();
+                }
+            } catch (NumberFormatException e) {
+                // not a spool of this write
+            }
+        }
+    }
+
     private void check(Publisher publisher) {
         ObjectNode req = publisher.request("check");
         options(req);
@@ -185,7 +210,7 @@ public final class SinkWrite implements WriteBuilder, SupportsTruncate, Write {
 
         @Override
         public boolean useCommitCoordinator() {
-            return true;
+            return false; // (the driver's commit publishes one spool a partition: Spark keeps one message each)
         }
 
         @Override
@@ -196,12 +221,14 @@ public final class SinkWrite implements WriteBuilder, SupportsTruncate, Write {
                 Faults.at("commit", 0);
             } finally {
                 Spool.delete(spools);
+                sweep(prefix, 0);
             }
         }
 
         @Override
         public void abort(WriterCommitMessage[] messages) {
             Spool.delete(Spool.of(messages));
+            sweep(prefix, 0);
         }
     }
 
@@ -222,7 +249,7 @@ public final class SinkWrite implements WriteBuilder, SupportsTruncate, Write {
 
         @Override
         public boolean useCommitCoordinator() {
-            return true;
+            return false; // (the driver's commit publishes one spool a partition: Spark keeps one message each)
         }
 
         @Override
@@ -232,6 +259,7 @@ public final class SinkWrite implements WriteBuilder, SupportsTruncate, Write {
                 publish(query, epochId, spools);
             } finally {
                 Spool.delete(spools);
+                sweep(prefix, epochId);
             }
             Faults.at("commit", epochId);
         }
@@ -241,6 +269,7 @@ public final class SinkWrite implements WriteBuilder, SupportsTruncate, Write {
             LOG.warn("shmq sink: batch {} of the query into {} aborted; nothing of it was published", epochId,
                     opts.stream != null ? "stream '" + opts.stream + "'" : "queue '" + opts.queue + "'");
             Spool.delete(Spool.of(messages));
+            sweep(prefix, epochId);
         }
     }
 }
