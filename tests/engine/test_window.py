@@ -17,9 +17,11 @@ from hypothesis import event, settings
 from hypothesis.stateful import invariant, precondition, rule
 
 import shmq
+from shmq.engine.queues import produce
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import ring, waits
 from tests._wait import exited, wait_for
+from tests.engine._clock import set_clock
 from tests.engine.test_memory import held_as_marked
 from tests.engine.test_model import Msg, PurePython, QueueModel
 
@@ -256,6 +258,74 @@ def test_a_snapshot_of_a_spilt_ring_restores_every_message_in_order(impl, broker
     assert _drain_in_order(copy, number(exported[0][4])) == len(exported)
     q.close()
     copy.close()
+
+
+# ---------------------------------------------------------------- pacing
+@pytest.mark.parametrize("way", ["put", "reserve"])
+def test_a_producer_a_window_ahead_waits_while_the_consumer_drains_it(impl, broker, monkeypatch, way):
+    """A large put (or reserve) that finds a window of records ahead of the consumer yields
+    its core while the consumer takes and acks, until less than a window is ahead: what the
+    consumer reads stays within a window (in the caches), and every message comes once, in
+    order. (The consumer here runs whenever the producer yields.)"""
+    cap = 64 * MiB
+    q = broker.create_queue("q", max_bytes=cap, max_message_bytes=MiB)
+    consumer = broker.queue("q")
+    got = []
+
+    def consume_one():
+        d = consumer.get(timeout=0)
+        got.append(number(d.body))
+        d.ack()
+
+    monkeypatch.setattr(produce, "_sched_yield", consume_one)
+    deepest = 0
+    for i in range(40):
+        if way == "put":
+            q.put(body(i))
+        else:
+            with q.reserve(MiB) as buf:
+                buf[:] = body(i)
+        s = q.stats()
+        deepest = max(deepest, s.ready + s.in_flight)
+    assert deepest == ring.window(REC, cap) // REC  # (it waits before the put that would make it deeper)
+    assert got == list(range(40 - deepest))
+    assert _drain_in_order(q, len(got)) == deepest
+    q.close()
+    consumer.close()
+
+
+def test_with_no_consumer_a_pacing_put_waits_once_then_puts_at_once(impl, broker, monkeypatch):
+    """With nobody taking, the first large put past the window waits until the head has
+    stood still ``PACE_IDLE_NS``, and no later put waits until the head moves; a put with
+    ``timeout=0`` never waits, nor does a small body."""
+    now = [0]
+    yields = []
+
+    def a_yield():  # a tenth of a millisecond passes each time the producer yields its core
+        yields.append(now[0])
+        now[0] += 100_000
+
+    monkeypatch.setattr(produce, "_sched_yield", a_yield)
+    restore = set_clock(lambda: now[0])
+    try:
+        q = broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=MiB)
+        for i in range(30):
+            q.put(body(i))
+        assert len(yields) == produce.PACE_IDLE_NS // 100_000
+        q.get(timeout=0).ack()  # the head moves: the next large put waits again, once
+        q.put(body(30))
+        q.put(body(31))
+        assert len(yields) == 2 * produce.PACE_IDLE_NS // 100_000
+        q.get(timeout=0).ack()
+        q.put(body(32), timeout=0)
+        q.put(b"small" * 1000)
+        assert len(yields) == 2 * produce.PACE_IDLE_NS // 100_000
+        ds = q.get_many(64, timeout=0)
+        assert [number(d.body) for d in ds[:-1]] == list(range(2, 33)) and ds[-1].body == b"small" * 1000
+        q.ack_many(ds)
+    finally:
+        restore()
+    q.close()
 
 
 # ---------------------------------------------------------------- fills

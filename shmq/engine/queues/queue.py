@@ -296,6 +296,7 @@ class Queue(Producing, Consuming, Settling):
     _nslots = property(lambda self: self._made[2])  # rows of the process table
     _opener = property(lambda self: self._made[3])  # opener(namespace, name) of other queues, or None
     _memory = property(lambda self: self._made[4])  # the ring's chunks (``memory.Memory``)
+    _paced = -1  # the head at which this handle's producer last stopped pacing (``Producing._pace``)
     _reuse = property(lambda self: L.reuse_after(self._cap))  # how far into a lap an empty queue starts the next
 
     def __reduce__(self):

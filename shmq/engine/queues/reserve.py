@@ -25,7 +25,7 @@ import sys
 import time
 
 from .. import cpaths
-from ..shm.layout import REC_SIZE
+from ..shm.layout import FILL_MIN, REC_SIZE
 
 __all__ = ["Reservation"]
 
@@ -72,6 +72,8 @@ class Reservation:
             raise q._closed()
         at = None
         paths = q.paths
+        if fill and size >= FILL_MIN:
+            q._pace((REC_SIZE + 7 + len(hraw) + size) & -8, self._timeout)
         if fill and paths.reserve is not None:
             r = paths.reserve(q._segp, q._base, q._cap, size, hraw, q._fill_slot())
             if r >= 0:
