@@ -82,7 +82,8 @@ class Producing:
     def put(self, body: Body, headers: dict | None = None, timeout: float | None = None, priority: int = 0,
             delay: float = 0.0, ttl: float | None = None, group: str | None = None,
             dedup_id: str | bytes | None = None, wait: bool = True) -> int:
-        """Append one message; blocks while the queue is full.
+        """Append one message; blocks while the queue is full (and a large body a moment
+        while the consumers catch up: ``_pace``).
 
         Returns the message id. Raises QueueFull after ``timeout`` seconds (None: wait
         forever), MessageTooLarge / TypeError / ValueError on bad input (nothing enqueued).
