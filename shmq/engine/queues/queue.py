@@ -296,7 +296,9 @@ class Queue(Producing, Consuming, Settling):
     _nslots = property(lambda self: self._made[2])  # rows of the process table
     _opener = property(lambda self: self._made[3])  # opener(namespace, name) of other queues, or None
     _memory = property(lambda self: self._made[4])  # the ring's chunks (``memory.Memory``)
-    _paced = -1  # the head at which this handle's producer last stopped pacing (``Producing._pace``)
+    # a large put's pacing (``Producing._pace``): the head at which it last found the consumers idle, how many
+    # such waits in a row, and how many puts go before the next wait
+    _paced, _pace_idle, _pace_skip = -1, 0, 0
     _reuse = property(lambda self: L.reuse_after(self._cap))  # how far into a lap an empty queue starts the next
 
     def __reduce__(self):
