@@ -183,18 +183,14 @@ static inline void unregister_sleeper(char *seg, uint64_t slot, int wi, int pi, 
 #define FILL(seg) U64((seg) + FILL_OFF)
 _Static_assert(sizeof(pthread_mutex_t) <= FILL_OFF - MUTEX_OFF, "the fill word must follow the mutex");
 
-/* The empty queue due a new lap (new_lap_due; not past POS_LIMIT) starts it here as produce._room does
- * (_new_lap), where its first ``need`` bytes are allocated (the memory bitmap, shm/memory.py), so nothing is
- * to allocate. Returns the new tail, the cursors moved (the head first, as _new_lap) and the room set to the
- * allocated run from it (memory.allocated_to, ROOM_LOOK past ``need`` at most; a put past it takes the Python
- * path, which allocates and may grow ahead); 0, nothing changed: the Python path. Lock held. */
-static uint64_t start_lap(char *seg, uint64_t base, uint64_t cap, uint64_t need) {
-    uint64_t *h = HOT(seg), tail = h[H_TAIL];
-    if (tail >= POS_LIMIT || need > cap) return 0;
-    uint64_t limit = need + ROOM_LOOK < cap ? need + ROOM_LOOK : cap; /* from the lap's start */
+/* How far from ring position ``pos`` the ring's chunks are allocated without a gap, up to ``limit`` and the end
+ * of ``pos``'s lap (memory.allocated_to: the bitmap, shm/memory.py, a word at a time). */
+static uint64_t allocated_to(const char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t limit) {
+    uint64_t lap = pos - pos % cap, a = base + pos - lap;
+    uint64_t end = base + (limit < lap + cap ? limit : lap + cap) - lap;
     const uint64_t *bits = (const uint64_t *)seg + QMEM_BITMAP_W;
-    uint64_t c = base >> CHUNK_SHIFT, stop = (base + limit + (1ULL << CHUNK_SHIFT) - 1) >> CHUNK_SHIFT;
-    while (c < stop) { /* the first chunk not allocated (memory.allocated_to) */
+    uint64_t c = a >> CHUNK_SHIFT, stop = (end + (1ULL << CHUNK_SHIFT) - 1) >> CHUNK_SHIFT;
+    while (c < stop) { /* the first chunk not allocated */
         uint64_t rest = ~bits[c >> 6] >> (c & 63);
         if (rest) {
             c += (uint64_t)__builtin_ctzll(rest);
@@ -202,14 +198,63 @@ static uint64_t start_lap(char *seg, uint64_t base, uint64_t cap, uint64_t need)
         }
         c = (c | 63) + 1;
     }
-    uint64_t at = c << CHUNK_SHIFT, run = at <= base ? 0 : at - base < limit ? at - base : limit;
-    if (run < need) return 0; /* memory to allocate first */
+    uint64_t at = c < stop ? c << CHUNK_SHIFT : end;
+    return pos + (at > end ? end : at > a ? at : a) - a;
+}
+
+/* The empty queue due a new lap (new_lap_due; not past POS_LIMIT) starts it here as produce._room does
+ * (_new_lap), where its first ``need`` bytes are allocated, so nothing is to allocate. Returns the new tail,
+ * the cursors moved (the head first, as _new_lap) and the room set to the allocated run from it (ROOM_LOOK
+ * past ``need`` at most; a put past it takes the Python path, which allocates and may grow ahead); 0, nothing
+ * changed: the Python path. Lock held. */
+static uint64_t start_lap(char *seg, uint64_t base, uint64_t cap, uint64_t need) {
+    uint64_t *h = HOT(seg), tail = h[H_TAIL];
+    if (tail >= POS_LIMIT || need > cap) return 0;
     uint64_t lap = tail + cap - tail % cap;
+    uint64_t room = allocated_to(seg, base, cap, lap, lap + (need + ROOM_LOOK < cap ? need + ROOM_LOOK : cap));
+    if (room < lap + need) return 0; /* memory to allocate first */
     FILL(seg) = 0;
     h[H_HEAD] = lap;
     h[H_FRONTIER] = h[H_READY_POS] = h[H_TAIL] = lap;
-    h[H_ROOM] = lap + run;
+    h[H_ROOM] = room;
     return lap;
+}
+
+/* The room for a record of ``size`` bytes at ``pos`` that ends past it, set from the bitmap as produce._set_room
+ * sets it (ROOM_LOOK past the record, within its lap), where the record's memory is allocated and no growth ahead
+ * is due (else the Python path allocates, or grows ahead). 1 if the record fits the room now. Lock held. */
+static int room_for(char *seg, uint64_t base, uint64_t cap, uint64_t head, uint64_t pos, uint64_t size) {
+    uint64_t stop = pos + size, lap_end = pos - pos % cap + cap;
+    uint64_t limit = stop + ROOM_LOOK < lap_end ? stop + ROOM_LOOK : lap_end;
+    uint64_t room = allocated_to(seg, base, cap, pos, limit), ahead = (stop - head) >> 2;
+    if (room < stop) return 0;
+    if (room < limit && room < head + cap && room - stop < (ahead > (1ULL << CHUNK_SHIFT) ? ahead : 1ULL << CHUNK_SHIFT))
+        return 0; /* growth ahead due: _set_room marks it */
+    HOT(seg)[H_ROOM] = room;
+    return 1;
+}
+
+/* Where a record of ``size`` bytes appended at ``end`` goes in the next lap, as produce._room places it: an early
+ * wrap (``early``: early_wrap_due; the wrap word set to ``end``) or the lap's end (ring.place: ``size`` does not fit
+ * before it), a PAD record from ``end`` to the lap's end (none where less than its header is left). Returns the
+ * next lap's start, the room set from there (room_for); or 0, nothing changed, where memory is to allocate first
+ * or the record does not fit now (a wait, a spill): the Python path. Lock held. */
+static uint64_t next_lap(char *seg, uint64_t base, uint64_t cap, uint64_t head, uint64_t end, uint64_t size,
+                         int early) {
+    uint64_t rem = cap - end % cap, start = end + rem;
+    if (!early && (start + size - head > cap - (WRAPPED(seg, head) ? REC_SIZE : 0) ||
+                   allocated_to(seg, base, cap, end, start) < start)) /* (the pad's stretch allocated, as _room has it) */
+        return 0;
+    if (early && rem >= REC_SIZE && allocated_to(seg, base, cap, end, end + REC_SIZE) < end + REC_SIZE) return 0;
+    if (!room_for(seg, base, cap, head, start, size)) return 0;
+    if (rem >= REC_SIZE) {
+        char *p = seg + base + end % cap;
+        memset(p, 0, REC_SIZE);
+        U32(p + REC_LENGTH) = (uint32_t)rem;
+        U64(p + REC_STATUS) = ST_PAD;
+    }
+    if (early) U64(seg + WRAP_OFF) = end;
+    return start;
 }
 
 /* The first record past ``tail`` is a fill whose holder may be dead (ring.suspect_fill: its process is gone,
@@ -370,7 +415,7 @@ static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body
     } else {
         tail = h[H_TAIL];
     }
-    if (h[H_DELETED] || size > cap - off || (entry && (end != tail || !wal_usable(seg, wal_gen))) ||
+    if (h[H_DELETED] || (entry && (size > cap - off || end != tail || !wal_usable(seg, wal_gen))) ||
         (end != tail && suspect_fill(seg, base, cap, tail, enq))) {
         unlock(seg); /* a pad to place first, a log (not past fills, nor one the caller's descriptor is not for), a
                       * fill whose holder may be dead */
@@ -385,9 +430,17 @@ static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body
         PyMem_Free(entry);
         return wait & W_REGISTER ? R_SLEEP : R_FULL;
     }
-    if (end + size - head > cap - (wrapped ? REC_SIZE : 0) || end + size > h[H_ROOM] ||
-        (end == tail && new_lap_due(head, tail, cap)) || early_wrap_due(head, end, size, cap)) {
-        unlock(seg); /* a new lap, an early wrap or a spill, or memory to allocate first: the Python put */
+    int early = early_wrap_due(head, end, size, cap);
+    if (!entry && end != head && (early || size > cap - off)) { /* the next lap (a logged queue's: the Python put) */
+        if (!(end = next_lap(seg, base, cap, head, end, size, early))) {
+            unlock(seg); /* memory to allocate first, or a wait or spill: the Python put */
+            return R_FALLBACK;
+        }
+        off = 0; /* past the pad (committed with the record: commit_fills passes it) */
+    } else if (size > cap - off || end + size - head > cap - (wrapped ? REC_SIZE : 0) ||
+               (end == tail && new_lap_due(head, tail, cap)) || early ||
+               (end + size > h[H_ROOM] && !room_for(seg, base, cap, head, end, size))) {
+        unlock(seg); /* a new lap, a logged wrap or a spill, or memory to allocate first: the Python put */
         PyMem_Free(entry);
         return R_FALLBACK;
     }
@@ -1271,10 +1324,21 @@ static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t 
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t now = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-    if (h[H_DELETED] || size > cap - off || end + size - h[H_HEAD] > cap - (WRAPPED(seg, h[H_HEAD]) ? REC_SIZE : 0) ||
-        (end != tail && suspect_fill(seg, base, cap, tail, now)) ||
-        end + size > h[H_ROOM] ||
-        (end == tail && new_lap_due(h[H_HEAD], tail, cap)) || early_wrap_due(h[H_HEAD], end, size, cap)) {
+    uint64_t head = h[H_HEAD];
+    if (h[H_DELETED] || (end != tail && suspect_fill(seg, base, cap, tail, now))) {
+        unlock(seg);
+        return PyLong_FromLong(R_FALLBACK);
+    }
+    int early = early_wrap_due(head, end, size, cap);
+    if (end != head && (early || size > cap - off)) { /* the next lap, as put_core's */
+        if (!(end = next_lap(seg, base, cap, head, end, size, early))) {
+            unlock(seg);
+            return PyLong_FromLong(R_FALLBACK);
+        }
+        off = 0;
+    } else if (size > cap - off || end + size - head > cap - (WRAPPED(seg, head) ? REC_SIZE : 0) ||
+               (end == tail && new_lap_due(head, tail, cap)) ||
+               (end + size > h[H_ROOM] && !room_for(seg, base, cap, head, end, size))) {
         unlock(seg);
         return PyLong_FromLong(R_FALLBACK);
     }

@@ -17,6 +17,7 @@ from hypothesis import event, settings
 from hypothesis.stateful import invariant, precondition, rule
 
 import shmq
+from shmq.engine import cpaths
 from shmq.engine.queues import produce
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import ring, waits
@@ -260,6 +261,62 @@ def test_a_snapshot_of_a_spilt_ring_restores_every_message_in_order(impl, broker
     copy.close()
 
 
+def _wraps_of_a_shallow_queue(q, size, rounds):
+    """Two records ahead, then a put, a get and an ack a round: the positions after each put
+    and the Python placements (``_room``) of the last half of the rounds."""
+    placed, seen = [], []
+    python_room = type(q)._room
+
+    def room(self, *a, **k):
+        placed.append(len(seen))
+        return python_room(self, *a, **k)
+
+    type(q)._room = room
+    try:
+        for i in range(2):
+            q.put(body(i, size))
+        for i in range(2, rounds + 2):
+            if i % 3:
+                q.put(body(i, size))
+            else:
+                with q.reserve(size) as buf:
+                    buf[:] = body(i, size)
+            seen.append(_positions(q)[:3])
+            d = q.get(timeout=0)
+            assert (number(d.body), d.body) == (i - 2, body(i - 2, size))
+            d.ack()
+    finally:
+        type(q)._room = python_room
+    assert _drain_in_order(q, rounds) == 2
+    return seen, [k for k in placed if k >= rounds // 2]
+
+
+@pytest.mark.skipif(not cpaths.FAST, reason="the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
+@pytest.mark.parametrize("size, cap", [(64 * 1024, MiB), (MiB, 16 * MiB)], ids=["lap-end", "early-wrap"])
+def test_a_large_body_at_its_laps_end_or_early_wrap_or_past_its_room_stays_in_c(broker, size, cap):
+    """A queue two records deep, puts and reserves of large bodies: where a record goes to the
+    next lap (an early wrap, or the lap's end: a pad first) or past the room (more allocated
+    memory ahead), the C put and reserve place it themselves, where the Python path places it
+    (the same head, tail and wrap word after each put), once the ring's memory is allocated:
+    no Python placement after the first laps."""
+    rounds = 8 * cap // size
+    cpaths.set_enabled(False)
+    try:
+        python = broker.create_queue("python", max_bytes=cap, max_message_bytes=size)
+    finally:
+        cpaths.set_enabled(True)
+    c = broker.create_queue("c", max_bytes=cap, max_message_bytes=size)
+    assert type(python._fast_put) is not type(c._fast_put)  # (python's None: the Python paths)
+    in_python, _ = _wraps_of_a_shallow_queue(python, size, rounds)
+    in_c, placed = _wraps_of_a_shallow_queue(c, size, rounds)
+    assert in_c == in_python
+    wraps = [wrap for _head, _tail, wrap in in_c[rounds // 2:]]
+    assert len(set(wraps)) > 1 if size == MiB else wraps[-1] == 0  # (early wraps, or lap ends only)
+    assert placed == []
+    python.close()
+    c.close()
+
+
 # ---------------------------------------------------------------- pacing
 @pytest.mark.parametrize("way", ["put", "reserve"])
 def test_a_producer_a_window_ahead_waits_while_the_consumer_drains_it(impl, broker, monkeypatch, way):
@@ -323,6 +380,36 @@ def test_with_no_consumer_a_pacing_put_waits_once_then_puts_at_once(impl, broker
         ds = q.get_many(64, timeout=0)
         assert [number(d.body) for d in ds[:-1]] == list(range(2, 33)) and ds[-1].body == b"small" * 1000
         q.ack_many(ds)
+    finally:
+        restore()
+    q.close()
+
+
+def test_a_thread_that_takes_between_its_own_puts_waits_less_and_less(impl, broker, monkeypatch):
+    """One thread putting and taking in turn, a window of records behind: the head never
+    moves while it waits, so each wait ends idle, and the waits back off (after one, the next
+    put goes at once; after two in a row, the next three; ...): 64 rounds wait 6 times, not 64."""
+    now = [0]
+    yields = []
+
+    def a_yield():
+        yields.append(now[0])
+        now[0] += 100_000
+
+    monkeypatch.setattr(produce, "_sched_yield", a_yield)
+    restore = set_clock(lambda: now[0])
+    try:
+        q = broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=MiB)
+        for i in range(4):
+            q.put(body(i))
+        assert yields == []
+        for i in range(4, 68):
+            q.put(body(i))
+            d = q.get(timeout=0)
+            assert number(d.body) == i - 4
+            d.ack()
+        assert len(yields) == 6 * produce.PACE_IDLE_NS // 100_000  # (at puts 1, 3, 7, 15, 31 and 63 of the 64)
+        assert _drain_in_order(q, 64) == 4
     finally:
         restore()
     q.close()
