@@ -1300,18 +1300,12 @@ static PyObject *fast_nack_many(PyObject *self, PyObject *const *args, Py_ssize_
  *   claimed as a fill (FILLING, held by ``slot``) past the tail and any fills before it, its
  *   header and headers written, its body and put time not; the lock is let go (``publish`` ends
  *   the fill). Or R_*, nothing done: R_FALLBACK when it does not fit now or needs a pad. */
-static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[4], slot;
-    if (nargs != 6 || !PyBytes_CheckExact(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "reserve takes 6 arguments, the fifth bytes");
-        return NULL;
-    }
-    if (parse_u64s(args, 4, v) < 0 || parse_u64s(args + 5, 1, &slot) < 0) return NULL;
-    char *seg = (char *)(uintptr_t)v[0];
-    uint64_t base = v[1], cap = v[2], bl = v[3], hl = (uint64_t)PyBytes_GET_SIZE(args[4]);
+/* reserve's work: the record's position, or R_* (nothing done). Lock taken and let go. */
+static int64_t reserve_core(char *seg, uint64_t base, uint64_t cap, uint64_t bl, const char *hraw, uint64_t hl,
+                            uint64_t slot) {
     uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
     int rc = lock(seg);
-    if (rc) return PyLong_FromLong(rc);
+    if (rc) return rc;
     uint64_t *h = HOT(seg);
     uint64_t tail = h[H_TAIL], fill = FILL(seg), end = fill > tail ? fill : tail, off = end % cap;
     if (end == tail && !h[H_DELETED] && new_lap_due(h[H_HEAD], tail, cap) &&
@@ -1327,20 +1321,20 @@ static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t 
     uint64_t head = h[H_HEAD];
     if (h[H_DELETED] || (end != tail && suspect_fill(seg, base, cap, tail, now))) {
         unlock(seg);
-        return PyLong_FromLong(R_FALLBACK);
+        return R_FALLBACK;
     }
     int early = early_wrap_due(head, end, size, cap);
     if (end != head && (early || size > cap - off)) { /* the next lap, as put_core's */
         if (!(end = next_lap(seg, base, cap, head, end, size, early))) {
             unlock(seg);
-            return PyLong_FromLong(R_FALLBACK);
+            return R_FALLBACK;
         }
         off = 0;
     } else if (size > cap - off || end + size - head > cap - (WRAPPED(seg, head) ? REC_SIZE : 0) ||
                (end == tail && new_lap_due(head, tail, cap)) ||
                (end + size > h[H_ROOM] && !room_for(seg, base, cap, head, end, size))) {
         unlock(seg);
-        return PyLong_FromLong(R_FALLBACK);
+        return R_FALLBACK;
     }
     char *a = seg + base + off;
     U64(a + REC_STATUS) = ST_FILLING | slot << 8;
@@ -1351,38 +1345,56 @@ static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t 
     U64(a + REC_MSG_ID) = h[H_NEXT_ID];
     U64(a + REC_ENQ_NS) = now; /* (the claim's time until its publish: ring.suspect_fill) */
     U64(a + REC_DEADLINE) = 0;
-    if (hl) memcpy(a + REC_SIZE, PyBytes_AS_STRING(args[4]), hl);
+    if (hl) memcpy(a + REC_SIZE, hraw, hl);
     h[H_NEXT_ID] += ID_STEP(seg);
     FILL(seg) = end + size;
     unlock(seg);
-    return PyLong_FromUnsignedLongLong(end);
+    return (int64_t)end;
+}
+
+static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t v[4], slot;
+    if (nargs != 6 || !PyBytes_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "reserve takes 6 arguments, the fifth bytes");
+        return NULL;
+    }
+    if (parse_u64s(args, 4, v) < 0 || parse_u64s(args + 5, 1, &slot) < 0) return NULL;
+    int64_t r = reserve_core((char *)(uintptr_t)v[0], v[1], v[2], v[3], PyBytes_AS_STRING(args[4]),
+                             (uint64_t)PyBytes_GET_SIZE(args[4]), slot);
+    return r < 0 ? PyLong_FromLong((long)r) : PyLong_FromUnsignedLongLong((uint64_t)r);
 }
 
 /* publish(seg, base, cap, pos, enq_ns, not_empty) -> msg_id: the end of the fill ``reserve`` (or
  *   the Python claim) left at ``pos``, the tail moved over it and the done records after it, and a
  *   post to ``not_empty`` for each consumer that wakes; or R_BUSY / R_OWNERDEAD, the lock not taken
  *   or held (Python waits, or repairs, then ends it). Takes and lets go of the lock. */
+/* publish's work: the message id (posts owed in ``post``), or R_BUSY / R_OWNERDEAD. */
+static int64_t publish_core(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t enq, uint64_t *post) {
+    int rc = lock(seg);
+    if (rc) return rc;
+    char *a = seg + base + pos % cap;
+    uint64_t msg_id = U64(a + REC_MSG_ID);
+    *post = 0;
+    if ((U64(a) & 0xFF) == ST_FILLING) { /* (as _finish_fill: a fill ends once) */
+        U64(a + REC_ENQ_NS) = enq;
+        __atomic_store_n((uint64_t *)a, ST_READY, __ATOMIC_RELEASE);
+        *post = owe_consumers(HOT(seg), commit_fills(seg, base, cap));
+    }
+    unlock(seg);
+    return (int64_t)msg_id;
+}
+
 static PyObject *fast_publish(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t v[5];
+    uint64_t v[5], post;
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "publish takes 6 arguments");
         return NULL;
     }
     if (parse_u64s(args, 5, v) < 0) return NULL;
-    char *seg = (char *)(uintptr_t)v[0];
-    uint64_t base = v[1], cap = v[2], pos = v[3], enq = v[4];
-    int rc = lock(seg);
-    if (rc) return PyLong_FromLong(rc);
-    char *a = seg + base + pos % cap;
-    uint64_t msg_id = U64(a + REC_MSG_ID), post = 0;
-    if ((U64(a) & 0xFF) == ST_FILLING) { /* (as _finish_fill: a fill ends once) */
-        U64(a + REC_ENQ_NS) = enq;
-        __atomic_store_n((uint64_t *)a, ST_READY, __ATOMIC_RELEASE);
-        post = owe_consumers(HOT(seg), commit_fills(seg, base, cap));
-    }
-    unlock(seg);
+    int64_t r = publish_core((char *)(uintptr_t)v[0], v[1], v[2], v[3], v[4], &post);
+    if (r < 0) return PyLong_FromLong((long)r);
     if (post_sem(args[5], post) < 0) return NULL;
-    return PyLong_FromUnsignedLongLong(msg_id);
+    return PyLong_FromUnsignedLongLong((uint64_t)r);
 }
 
 /* A Loan: a writable (or, with ``readonly``, read-only) buffer of ``size`` bytes at ``offset`` of
@@ -1452,6 +1464,242 @@ static PyTypeObject LoanType = {
     .tp_doc = "Loan(owner, offset, size): a writable window of owner's buffer that counts its exports",
     .tp_getset = loan_getset,
     .tp_new = loan_new,
+};
+
+/* Reservation(q, size, hraw, timeout, slow): ``q.reserve``'s object on the C paths for a small body
+ * (reserve.py's strategy): entering claims the record (reserve_core) and returns a memoryview of a Loan on its
+ * body; a normal exit publishes it (publish_core), an exception or a view still alive abandons it (the
+ * queue's ``_finish_fill``). Anything else -- the handle closed or not yet in the process table, the lock
+ * busy, no room, a pad to place, a dead holder's lock -- hands the whole block to ``slow(q, size, hraw,
+ * timeout)``, reserve.py's Reservation, which waits, places and ends it as before. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *q, *hraw, *timeout, *slow; /* slow: the class, then the object the block was handed to */
+    PyObject *loan, *view, *id;
+    uint64_t size, pos;
+    int state; /* R_UNUSED, R_OPEN (claimed here), R_DONE, R_HANDED */
+} Reservation;
+
+enum { RES_UNUSED, RES_OPEN, RES_DONE, RES_HANDED };
+static PyObject *s_segp, *s_base, *s_cap, *s_slot, *s_mm, *s_ne, *s_lockp, *s_finish_fill, *s_repair, *s_release,
+    *s_enter, *s_exit, *s_name;
+
+static PyObject *reservation_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *q, *hraw, *timeout, *slow;
+    unsigned long long size;
+    if (kw && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "Reservation(q, size, hraw, timeout, slow)");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OKO!OO", &q, &size, &PyBytes_Type, &hraw, &timeout, &slow)) return NULL;
+    Reservation *self = (Reservation *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    Py_INCREF(q);
+    Py_INCREF(hraw);
+    Py_INCREF(timeout);
+    Py_INCREF(slow);
+    Py_INCREF(Py_None);
+    self->q = q, self->hraw = hraw, self->timeout = timeout, self->slow = slow, self->id = Py_None;
+    self->size = size;
+    return (PyObject *)self;
+}
+
+static void reservation_dealloc(Reservation *self) {
+    Py_XDECREF(self->q);
+    Py_XDECREF(self->hraw);
+    Py_XDECREF(self->timeout);
+    Py_XDECREF(self->slow);
+    Py_XDECREF(self->view);
+    Py_XDECREF(self->loan);
+    Py_XDECREF(self->id);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The queue's attribute ``name`` as a uint64 (an int attribute), or -1 with an exception set. */
+static int q_u64(PyObject *q, PyObject *name, uint64_t *out, int *negative) {
+    PyObject *v = PyObject_GetAttr(q, name);
+    if (!v) return -1;
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (negative) *negative = x < 0;
+    *out = (uint64_t)x;
+    return 0;
+}
+
+/* The block handed to the Python Reservation: its __enter__'s result. */
+static PyObject *reservation_hand(Reservation *self) {
+    PyObject *slow = PyObject_CallFunction(self->slow, "OKOO", self->q, (unsigned long long)self->size, self->hraw,
+                                           self->timeout);
+    if (!slow) return NULL;
+    Py_SETREF(self->slow, slow);
+    self->state = RES_HANDED;
+    return PyObject_CallMethodNoArgs(slow, s_enter);
+}
+
+static PyObject *reservation_enter(Reservation *self, PyObject *unused) {
+    if (self->state != RES_UNUSED) {
+        PyErr_SetString(PyExc_RuntimeError, "a reservation is entered once");
+        return NULL;
+    }
+    PyObject *q = self->q, *lockp = PyObject_GetAttr(q, s_lockp);
+    if (!lockp) return NULL;
+    int closed = lockp == Py_None, unslotted = 0;
+    Py_DECREF(lockp);
+    uint64_t segp, base, cap, slot;
+    if (closed) return reservation_hand(self); /* (it raises the closed handle's error) */
+    if (q_u64(q, s_segp, &segp, NULL) < 0 || q_u64(q, s_base, &base, NULL) < 0 || q_u64(q, s_cap, &cap, NULL) < 0 ||
+        q_u64(q, s_slot, &slot, &unslotted) < 0)
+        return NULL;
+    if (unslotted) return reservation_hand(self); /* (it registers this process first) */
+    int64_t r = reserve_core((char *)(uintptr_t)segp, base, cap, self->size, PyBytes_AS_STRING(self->hraw),
+                             (uint64_t)PyBytes_GET_SIZE(self->hraw), slot);
+    if (r < 0) {
+        if (r == R_OWNERDEAD) { /* held, from a dead holder: repaired, then the Python path */
+            PyObject *x = PyObject_CallMethodNoArgs(q, s_repair);
+            if (!x) return NULL;
+            Py_DECREF(x);
+        }
+        return reservation_hand(self);
+    }
+    self->pos = (uint64_t)r;
+    self->state = RES_OPEN; /* the record is ours from here: any failure below abandons it */
+    PyObject *mm = PyObject_GetAttr(q, s_mm);
+    Loan *loan = mm ? (Loan *)LoanType.tp_alloc(&LoanType, 0) : NULL;
+    if (loan) {
+        uint64_t off = base + self->pos % cap + REC_SIZE + (uint64_t)PyBytes_GET_SIZE(self->hraw);
+        if (PyObject_GetBuffer(mm, &loan->owner, PyBUF_WRITABLE) < 0) {
+            loan->owner.obj = NULL;
+            Py_CLEAR(loan);
+        } else {
+            loan->ptr = (char *)loan->owner.buf + off;
+            loan->len = (Py_ssize_t)self->size;
+        }
+    }
+    Py_XDECREF(mm);
+    PyObject *view = loan ? PyMemoryView_FromObject((PyObject *)loan) : NULL;
+    if (!view) {
+        Py_XDECREF(loan);
+        self->state = RES_DONE;
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *x = PyObject_CallMethod(q, "_finish_fill", "KO", (unsigned long long)self->pos, Py_True);
+        Py_XDECREF(x);
+        PyErr_Restore(et, ev, tb);
+        return NULL;
+    }
+    self->loan = (PyObject *)loan;
+    self->view = view;
+    Py_INCREF(view);
+    return view;
+}
+
+static PyObject *reservation_exit(Reservation *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "__exit__ takes 3 arguments");
+        return NULL;
+    }
+    if (self->state == RES_HANDED) return PyObject_VectorcallMethod(s_exit, (PyObject *[]){self->slow, args[0],
+                                                                    args[1], args[2]}, 4, NULL);
+    if (self->state != RES_OPEN) {
+        PyErr_SetString(PyExc_RuntimeError, "the reservation is not open");
+        return NULL;
+    }
+    self->state = RES_DONE;
+    PyObject *view = self->view, *loan = self->loan, *q = self->q;
+    self->view = self->loan = NULL;
+    int held = 0;
+    PyObject *x = PyObject_CallMethodNoArgs(view, s_release);
+    if (x) {
+        Py_DECREF(x);
+    } else if (PyErr_ExceptionMatches(PyExc_BufferError)) { /* exported to something still alive (a numpy array) */
+        PyErr_Clear();
+        held = 1;
+    } else {
+        Py_DECREF(view);
+        Py_DECREF(loan);
+        return NULL;
+    }
+    Py_DECREF(view);
+    held = held || ((Loan *)loan)->exports > 0;
+    Py_DECREF(loan);
+    if (args[0] != Py_None || held) { /* nothing published */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        x = PyObject_CallMethod(q, "_finish_fill", "KO", (unsigned long long)self->pos, Py_True);
+        if (!x) return NULL;
+        Py_DECREF(x);
+        PyErr_Restore(et, ev, tb);
+        if (args[0] == Py_None) {
+            PyErr_SetString(PyExc_BufferError, "a view of the reserved buffer is still alive as the block ends (a "
+                            "slice, or an object made from it): nothing was published; let it go inside the block");
+            return NULL;
+        }
+        Py_RETURN_FALSE;
+    }
+    uint64_t segp, base, cap, post = 0;
+    if (q_u64(q, s_segp, &segp, NULL) < 0 || q_u64(q, s_base, &base, NULL) < 0 || q_u64(q, s_cap, &cap, NULL) < 0)
+        return NULL;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t r = publish_core((char *)(uintptr_t)segp, base, cap, self->pos,
+                             (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec, &post);
+    PyObject *id;
+    if (r >= 0) {
+        PyObject *ne = PyObject_GetAttr(q, s_ne);
+        int bad = !ne || post_sem(ne, post) < 0;
+        Py_XDECREF(ne);
+        if (bad) return NULL;
+        id = PyLong_FromUnsignedLongLong((uint64_t)r);
+    } else { /* busy, or taken from a dead holder: Python waits (or repairs), then ends it */
+        if (r == R_OWNERDEAD) {
+            x = PyObject_CallMethodNoArgs(q, s_repair);
+            if (!x) return NULL;
+            Py_DECREF(x);
+        }
+        id = PyObject_CallMethod(q, "_finish_fill", "K", (unsigned long long)self->pos);
+    }
+    if (!id) return NULL;
+    Py_SETREF(self->id, id);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *reservation_id(Reservation *self, void *closure) {
+    if (self->state == RES_HANDED) return PyObject_GetAttrString(self->slow, "id");
+    Py_INCREF(self->id);
+    return self->id;
+}
+
+static PyObject *reservation_repr(Reservation *self) {
+    if (self->state == RES_HANDED) return PyObject_Repr(self->slow);
+    PyObject *name = PyObject_GetAttr(self->q, s_name);
+    if (!name) return NULL;
+    const char *st = self->state == RES_OPEN ? "open" : self->state == RES_UNUSED ? "unused"
+                     : self->id != Py_None ? "published" : "abandoned";
+    PyObject *r = PyUnicode_FromFormat("<Reservation %U %lluB %s>", name, (unsigned long long)self->size, st);
+    Py_DECREF(name);
+    return r;
+}
+
+static PyMethodDef reservation_methods[] = {
+    {"__enter__", (PyCFunction)reservation_enter, METH_NOARGS, "Claim the record: a writable memoryview of its body."},
+    {"__exit__", (PyCFunction)(void (*)(void))reservation_exit, METH_FASTCALL,
+     "Publish the record (or abandon it: an exception, or a view still alive)."},
+    {NULL}};
+static PyGetSetDef reservation_getset[] = {
+    {"id", (getter)reservation_id, NULL, "the message id once published (None before, and after a block that raised)",
+     NULL},
+    {NULL}};
+static PyTypeObject ReservationType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmq.engine._fast.Reservation",
+    .tp_basicsize = sizeof(Reservation),
+    .tp_dealloc = (destructor)reservation_dealloc,
+    .tp_repr = (reprfunc)reservation_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Reservation(q, size, hraw, timeout, slow): q.reserve's object on the C paths",
+    .tp_methods = reservation_methods,
+    .tp_getset = reservation_getset,
+    .tp_new = reservation_new,
 };
 
 /* Reclaim settled records and pads at the head (lock held); 1 if the head moved. */
@@ -2502,9 +2750,26 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "shmq.engine._fast", 
 
 PyMODINIT_FUNC PyInit__fast(void) {
     crc_init();
-    if (PyType_Ready(&LoanType) < 0 || PyType_Ready(&DeliveryBaseType) < 0 || PyType_Ready(&SemType) < 0) return NULL;
+    if (PyType_Ready(&LoanType) < 0 || PyType_Ready(&DeliveryBaseType) < 0 || PyType_Ready(&SemType) < 0 ||
+        PyType_Ready(&ReservationType) < 0)
+        return NULL;
+    if (!(s_segp = PyUnicode_InternFromString("_segp")) || !(s_base = PyUnicode_InternFromString("_base")) ||
+        !(s_cap = PyUnicode_InternFromString("_cap")) || !(s_slot = PyUnicode_InternFromString("_slot")) ||
+        !(s_mm = PyUnicode_InternFromString("_mm")) || !(s_ne = PyUnicode_InternFromString("_ne")) ||
+        !(s_lockp = PyUnicode_InternFromString("_lockp")) ||
+        !(s_finish_fill = PyUnicode_InternFromString("_finish_fill")) ||
+        !(s_repair = PyUnicode_InternFromString("_repair_held_lock")) ||
+        !(s_release = PyUnicode_InternFromString("release")) || !(s_enter = PyUnicode_InternFromString("__enter__")) ||
+        !(s_exit = PyUnicode_InternFromString("__exit__")) || !(s_name = PyUnicode_InternFromString("name")))
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
+    Py_INCREF(&ReservationType);
+    if (PyModule_AddObject(m, "Reservation", (PyObject *)&ReservationType) < 0) {
+        Py_DECREF(&ReservationType);
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&LoanType);
     if (PyModule_AddObject(m, "Loan", (PyObject *)&LoanType) < 0) {
         Py_DECREF(&LoanType);

@@ -289,6 +289,8 @@ def test_an_append_into_prepared_room_takes_no_fault_a_page(broker):
     assert ready.prepare(4200 * 1024) == 4200 * 1024
     assert 4 * MiB < ready.stats()["bytes_held"] - before <= 4200 * 1024 + 2 * L.CHUNK
     assert ready._memory.held() == ready._memory.marked() and s.offsets(0) == (0, 0)
+    warm = broker.create_stream("warm", partitions=1, max_bytes=32 * MiB)
+    warm.append_many(values)  # (the Python objects of a batch this size: the heap has grown for them before)
     f0 = _faults()
     s.append_many(values, partition=0)
     f1 = _faults()

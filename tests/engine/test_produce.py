@@ -9,6 +9,8 @@ import signal
 import pytest
 
 import shmq
+from shmq.engine import _fast, cpaths
+from shmq.engine.queues.reserve import Reservation
 from shmq.engine.shm import waits
 from shmq.engine.shm import layout as L
 from tests._wait import wait_for
@@ -67,6 +69,44 @@ def test_a_view_kept_past_the_block_publishes_nothing(impl, broker):
     del exported
     assert q.stats().ready == 0 and q.put(b"ok") == 1
     q.close()
+
+
+@pytest.mark.skipif(not cpaths.FAST, reason="the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
+def test_a_small_reservation_is_claimed_and_published_in_c_and_handed_to_python_when_it_cannot(broker, monkeypatch):
+    """On the C paths ``reserve`` of a small body claims and publishes the record in C (no
+    Python reservation, no Python placement); where it cannot -- a handle not yet in the
+    process table, no room -- reserve.py's Reservation takes the whole block, waiting as
+    before. A large body, or a logged queue, is reserve.py's from the start."""
+    q = broker.create_queue("q", max_bytes=4096)
+    calls = []
+    for cls, name in ((Reservation, "__enter__"), (type(q), "_try_reserve")):
+        python = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, *a, _f=python, _n=name, **k: calls.append(_n) or _f(self, *a, **k))
+    r = q.reserve(8)
+    assert type(r) is _fast.Reservation and "unused" in repr(r) and q._slot < 0
+    with r as buf:
+        buf[:] = b"1" * 8
+    assert calls == ["__enter__"] and q._slot >= 0  # the first registers the handle, in Python
+    assert r.id == 1 and "published" in repr(r)
+    del calls[:]
+    for i in range(2, 12):
+        with q.reserve(200, headers={"n": i}) as buf:
+            buf[:] = b"%d" % i * 200 if i < 10 else b"%d" % i * 100
+    assert calls == []  # claimed and published in C, round the ring (4096 bytes)
+    with pytest.raises(shmq.QueueFull):  # no room: the Python reservation waits, then gives up
+        with q.reserve(3000, timeout=0.01):
+            pass
+    assert calls[:2] == ["__enter__", "_try_reserve"]
+    got = [q.get(timeout=0) for _ in range(11)]
+    assert [(d.id, d.body[:4], d.headers) for d in got] == [(1, b"1111", {})] + [
+        (i, (b"%d" % i * 4)[:4], {"n": i}) for i in range(2, 12)]
+    q.ack_many(got)
+    large = broker.create_queue("large")
+    assert type(large.reserve(L.FILL_MIN)) is Reservation
+    logged = broker.create_queue("logged", durability="wal")
+    assert type(logged.reserve(8)) is Reservation
+    for h in (q, large, logged):
+        h.close()
 
 
 def test_reserve_checks_its_size(broker):
