@@ -39,6 +39,7 @@ import time
 from bench import provenance
 from bench.adapters import run_namespace
 from bench.machine import machine_info
+from bench.plan import parse_size
 
 PROG = "python -m bench.arrays"
 SYSTEMS = ("shmq", "shmq-zc", "shmq-arrays", "mpqueue", "shared-memory", "iceoryx2")
@@ -379,7 +380,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list from {','.join(SYSTEMS)}")
-    p.add_argument("--sizes", default="1048576,4194304", help="array bytes, a comma list (default 1 and 4 MiB)")
+    p.add_argument("--sizes", default="1048576,4194304",
+                   help="array bytes, a comma list (1m, 4MiB and 65536 alike; default 1 and 4 MiB)")
     p.add_argument("--pairs", default="1,4", help="loaders per trainer, a comma list (default 1,4)")
     p.add_argument("--count", type=int, default=2000, help="arrays per run (default 2000)")
     p.add_argument("--runs", type=int, default=3, help="runs per case (default 3)")
@@ -389,8 +391,14 @@ def main(argv=None) -> int:
     unknown = set(systems) - set(SYSTEMS)
     if unknown:
         p.error(f"unknown systems: {', '.join(sorted(unknown))}")
-    sizes = [int(x) for x in args.sizes.split(",")]
-    pairs_list = [int(x) for x in args.pairs.split(",")]
+    try:
+        sizes = [parse_size(x) for x in args.sizes.split(",") if x.strip()]
+        pairs_list = [int(x) for x in args.pairs.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--sizes takes byte counts such as 1048576, 1m or 4MiB, --pairs whole numbers: not "
+                f"{args.sizes!r}, {args.pairs!r}")
+    if not sizes or not pairs_list or min(sizes) < 4 or min(pairs_list) < 1:
+        p.error("--sizes wants arrays of 4 bytes or more, --pairs 1 loader or more")
     skipped = {s: why for s in systems if (why := available(s))}
     ctx = mp.get_context("spawn")
     load = os.getloadavg()[0]
