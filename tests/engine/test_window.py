@@ -351,44 +351,10 @@ def test_a_producer_a_window_ahead_waits_while_the_consumer_drains_it(impl, brok
     consumer.close()
 
 
-def test_with_no_consumer_a_pacing_put_waits_once_then_puts_at_once(impl, broker, monkeypatch):
-    """With nobody taking, the first large put past the window waits until the head has
-    stood still ``PACE_IDLE_NS``, and no later put waits until the head moves; a put with
-    ``timeout=0`` never waits, nor does a small body."""
-    now = [0]
-    yields = []
-
-    def a_yield():  # a tenth of a millisecond passes each time the producer yields its core
-        yields.append(now[0])
-        now[0] += 100_000
-
-    monkeypatch.setattr(produce, "_sched_yield", a_yield)
-    restore = set_clock(lambda: now[0])
-    try:
-        q = broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=MiB)
-        for i in range(30):
-            q.put(body(i))
-        assert len(yields) == produce.PACE_IDLE_NS // 100_000
-        q.get(timeout=0).ack()  # the head moves: the next large put waits again, once
-        q.put(body(30))
-        q.put(body(31))
-        assert len(yields) == 2 * produce.PACE_IDLE_NS // 100_000
-        q.get(timeout=0).ack()
-        q.put(body(32), timeout=0)
-        q.put(b"small" * 1000)
-        assert len(yields) == 2 * produce.PACE_IDLE_NS // 100_000
-        ds = q.get_many(64, timeout=0)
-        assert [number(d.body) for d in ds[:-1]] == list(range(2, 33)) and ds[-1].body == b"small" * 1000
-        q.ack_many(ds)
-    finally:
-        restore()
-    q.close()
-
-
-def test_a_thread_that_takes_between_its_own_puts_waits_less_and_less(impl, broker, monkeypatch):
-    """One thread putting and taking in turn, a window of records behind: the head never
-    moves while it waits, so each wait ends idle, and the waits back off (after one, the next
-    put goes at once; after two in a row, the next three; ...): 64 rounds wait 6 times, not 64."""
+@pytest.fixture
+def pace_clock(monkeypatch):
+    """A fake clock for ``Producing._pace``: a tenth of a millisecond passes each time the
+    producer yields its core; the list of the times it yielded at."""
     now = [0]
     yields = []
 
@@ -398,20 +364,49 @@ def test_a_thread_that_takes_between_its_own_puts_waits_less_and_less(impl, brok
 
     monkeypatch.setattr(produce, "_sched_yield", a_yield)
     restore = set_clock(lambda: now[0])
-    try:
-        q = broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=MiB)
-        for i in range(4):
-            q.put(body(i))
-        assert yields == []
-        for i in range(4, 68):
-            q.put(body(i))
-            d = q.get(timeout=0)
-            assert number(d.body) == i - 4
-            d.ack()
-        assert len(yields) == 6 * produce.PACE_IDLE_NS // 100_000  # (at puts 1, 3, 7, 15, 31 and 63 of the 64)
-        assert _drain_in_order(q, 64) == 4
-    finally:
-        restore()
+    yield yields
+    restore()
+
+
+def test_with_no_consumer_a_pacing_put_waits_once_then_puts_at_once(impl, broker, pace_clock):
+    """With nobody taking, the first large put past the window waits until the head has
+    stood still ``PACE_IDLE_NS``, and no later put waits until the head moves; a put with
+    ``timeout=0`` never waits, nor does a small body."""
+    yields = pace_clock
+    q = broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=MiB)
+    for i in range(30):
+        q.put(body(i))
+    assert len(yields) == produce.PACE_IDLE_NS // 100_000
+    q.get(timeout=0).ack()  # the head moves: the next large put waits again, once
+    q.put(body(30))
+    q.put(body(31))
+    assert len(yields) == 2 * produce.PACE_IDLE_NS // 100_000
+    q.get(timeout=0).ack()
+    q.put(body(32), timeout=0)
+    q.put(b"small" * 1000)
+    assert len(yields) == 2 * produce.PACE_IDLE_NS // 100_000
+    ds = q.get_many(64, timeout=0)
+    assert [number(d.body) for d in ds[:-1]] == list(range(2, 33)) and ds[-1].body == b"small" * 1000
+    q.ack_many(ds)
+    q.close()
+
+
+def test_a_thread_that_takes_between_its_own_puts_waits_less_and_less(impl, broker, pace_clock):
+    """One thread putting and taking in turn, a window of records behind: the head never
+    moves while it waits, so each wait ends idle, and the waits back off (after one, the next
+    put goes at once; after two in a row, the next three; ...): 64 rounds wait 6 times, not 64."""
+    yields = pace_clock
+    q = broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=MiB)
+    for i in range(4):
+        q.put(body(i))
+    assert yields == []
+    for i in range(4, 68):
+        q.put(body(i))
+        d = q.get(timeout=0)
+        assert number(d.body) == i - 4
+        d.ack()
+    assert len(yields) == 6 * produce.PACE_IDLE_NS // 100_000  # (at puts 1, 3, 7, 15, 31 and 63 of the 64)
+    assert _drain_in_order(q, 64) == 4
     q.close()
 
 
