@@ -947,3 +947,27 @@ def test_the_tcp_bench_refuses_a_load_out_of_range_in_one_line(capsys):
         tcp.parse_args(["--load", "-1"])
     assert exc.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == "python -m bench.tcp: error: --load must be 0 to 64 processes"
+
+
+def test_the_arrays_bench_runs_a_loader_and_a_trainer_and_takes_sizes_as_the_other_benches_do(tmp_path):
+    """``python -m bench.arrays``: sizes written as the other benches take them (``64k``), a
+    run of shmq's arrays API and of ``multiprocessing.Queue`` in the JSON, each array counted;
+    nothing left in /dev/shm. A size or a loader count it cannot use is one line of error."""
+    pytest.importorskip("numpy")
+    out_json = tmp_path / "arrays.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = ["--systems", "shmq-arrays,mpqueue", "--sizes", "64k", "--pairs", "1", "--count", "40", "--runs", "1",
+            "--json", str(out_json)]
+    pid, code, stdout, stderr = _run(argv, env, 180, module="bench.arrays")
+    assert code == 0, stdout + stderr
+    doc = json.loads(out_json.read_text())
+    assert {(r["size"], r["pairs"], r["system"]) for r in doc["rows"]} == {
+        (65536, 1, "shmq-arrays"), (65536, 1, "mpqueue")}
+    assert all(r["arrays_per_s"] > 0 for r in doc["rows"])
+    assert _entries_of_run(pid) == []
+    for bad, line in ((["--sizes", "4x"], "--sizes takes byte counts such as 1048576, 1m or 4MiB"),
+                      (["--sizes", "0"], "--sizes wants arrays of 4 bytes or more"),
+                      (["--pairs", "none"], "--pairs whole numbers")):
+        _pid, code, stdout, stderr = _run(bad, env, 60, module="bench.arrays")
+        assert code == 2 and stdout == "" and "Traceback" not in stderr
+        assert line in stderr.splitlines()[-1] and stderr.splitlines()[-1].startswith("python -m bench.arrays: error:")
