@@ -218,7 +218,10 @@ def test_a_logged_queue_logs_a_reserved_message_at_publish(impl, broker, tmp_pat
 def _reserve_and_hang(ns, name, inside, size):
     with shmq.connect(namespace=ns) as b:
         q = b.queue(name)
-        with q.reserve(size) as buf:
+        q._fill_slot()  # in the process table first: on the C paths the block is then the C Reservation's
+        r = q.reserve(size)
+        assert q.paths.Reservation is None or type(r) is q.paths.Reservation
+        with r as buf:
             buf[:] = b"z" * size
             inside.set()
             signal.pause()  # killed here
