@@ -77,27 +77,31 @@ def _shallow_until_a_wrap(q):
 
 
 # ---------------------------------------------------------------- the window
-def test_a_consumer_that_keeps_up_keeps_the_ring_in_its_window(impl, broker):
+@pytest.mark.parametrize("size", [MiB, 4 * MiB])
+def test_a_consumer_that_keeps_up_keeps_the_ring_in_its_window(impl, broker, size):
     """One delivery held while the next is put (a consumer copying the last one): the tail
     never goes past the window (plus a record), an early wrap's pad is skipped by the head
-    and by bytes_used, and every message comes in order."""
+    and by bytes_used, and every message comes in order. The window is 4 MiB or two
+    records, whichever is more: 4 MiB bodies (a loader's arrays) keep to 8 MiB of the ring."""
     cap = 64 * MiB
-    q = broker.create_queue("q", max_bytes=cap, max_message_bytes=MiB)
-    assert ring.window(REC, cap) == 4 * REC
+    rec = size + L.REC_SIZE
+    q = broker.create_queue("q", max_bytes=cap, max_message_bytes=size)
+    window = ring.window(rec, cap)
+    assert window == (4 * MiB if size == MiB else 2 * rec)
     far = 0
     held = None
     for i in range(200):
-        q.put(body(i))
+        q.put(body(i, size))
         far = max(far, _positions(q)[1] % cap)
         d = q.get(timeout=0)
         assert number(d.body) == i
         if held is not None:
             held.ack()
         held = d
-        assert q.stats().bytes_used <= 2 * REC
-    assert far <= 5 * REC  # (64 laps' worth of puts walked 4 records of the ring, not 64 MiB of it)
+        assert q.stats().bytes_used <= 2 * rec
+    assert far <= (-(-window // rec) + 1) * rec  # (200 puts walked a window of records and one, not 64 MiB)
     head, tail, wrap, _fill = _positions(q)
-    assert 0 < wrap and wrap % cap >= 4 * REC  # early wraps happened
+    assert 0 < wrap and wrap % cap >= window  # early wraps happened
     held.ack()
     assert q.stats().bytes_used == 0
     q.close()
@@ -344,7 +348,7 @@ def test_a_producer_a_window_ahead_waits_while_the_consumer_drains_it(impl, brok
                 buf[:] = body(i)
         s = q.stats()
         deepest = max(deepest, s.ready + s.in_flight)
-    assert deepest == ring.window(REC, cap) // REC  # (it waits before the put that would make it deeper)
+    assert deepest == -(-ring.window(REC, cap) // REC)  # (it waits before the put that would make it deeper)
     assert got == list(range(40 - deepest))
     assert _drain_in_order(q, len(got)) == deepest
     q.close()
@@ -407,6 +411,29 @@ def test_a_thread_that_takes_between_its_own_puts_waits_less_and_less(impl, brok
         d.ack()
     assert len(yields) == 6 * produce.PACE_IDLE_NS // 100_000  # (at puts 1, 3, 7, 15, 31 and 63 of the 64)
     assert _drain_in_order(q, 64) == 4
+    q.close()
+
+
+def test_a_put_that_finds_less_than_a_window_ahead_ends_the_backoff(impl, broker, pace_clock):
+    """Waits that ended idle leave the next puts going at once (the backoff); a put that
+    then finds less than a window ahead (the consumers caught up) ends that: the next put a
+    window ahead waits again."""
+    yields = pace_clock
+    wait = produce.PACE_IDLE_NS // 100_000
+    q = broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=MiB)
+    ahead = -(-ring.window(REC, 64 * MiB) // REC)
+    for i in range(ahead):
+        q.put(body(i))
+    for i in range(ahead, ahead + 3):  # waits, goes at once, waits (the next three would go at once)
+        q.put(body(i))
+        q.get(timeout=0).ack()
+    assert len(yields) == 2 * wait
+    assert _drain_in_order(q, 3) == ahead
+    n = ahead + 3
+    for i in range(n, n + ahead + 1):  # from an empty queue to a window ahead, and one put past it
+        q.put(body(i))
+    assert len(yields) == 3 * wait
+    assert _drain_in_order(q, n) == ahead + 1
     q.close()
 
 

@@ -349,17 +349,24 @@ class Producing:
 
     def _pace(self, size, timeout) -> None:
         """Keep large bodies in the CPU's caches: a producer that finds a window of records of
-        ``size`` bytes (``ring.window``: 4 of them, 4 MiB at least) ahead of the consumers waits
+        ``size`` bytes (``ring.window``: 2 of them, 4 MiB at least) ahead of the consumers waits
         while they drain it, so that the bodies it writes next and they read stay in cache
         (a deeper queue goes round memory the caches cannot hold: at 1 MiB a message, 3.7-9 k
         msgs/s against 23-27 k). At most ``SPILL_WAIT_NS`` (and half ``timeout``). A head that
         stands still for ``PACE_IDLE_NS`` ends the wait (no consumer, a slow one, or one this
         thread runs between puts): no put waits again until the head moves, and the next
-        1, 3, 7, ... 1023 puts (doubling with each such wait in a row) go at once."""
+        1, 3, 7, ... 1023 puts (doubling with each such wait in a row) go at once; a put that
+        finds less than a window ahead starts that count again."""
         mq = self._mq
         head = mq[I_HEAD]
         window = ring.window(size, self._cap)
-        if not window or mq[I_TAIL] - head < window or head == self._paced or timeout is not None and timeout <= 0:
+        if not window:
+            return
+        if mq[I_TAIL] - head < window:
+            if self._pace_idle:
+                self._pace_idle = self._pace_skip = 0
+            return
+        if head == self._paced or timeout is not None and timeout <= 0:
             return
         if self._pace_skip:
             self._pace_skip -= 1
