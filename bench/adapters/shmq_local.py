@@ -125,11 +125,17 @@ class ShmqZeroCopyEnd(ShmqEnd):
 
 def _out(view):
     n = len(view)
-    return view.tobytes() if n < 4096 else _Sized(n)
+    if n < 4096:
+        return view.tobytes()
+    s = _SIZED.get(n)
+    if s is None:
+        s = _SIZED[n] = _Sized(n)
+    return s
 
 
 class _Sized(bytes):
-    """A received body's stand-in of its length, for a zero-copy receiver that kept no copy."""
+    """A received body's stand-in of its length, for a zero-copy receiver that kept no copy
+    (one a length, made once: the roles only count and compare lengths)."""
 
     def __new__(cls, n):
         obj = super().__new__(cls, b"\x01")  # not empty: an empty body is a stop message
@@ -138,6 +144,9 @@ class _Sized(bytes):
 
     def __len__(self):
         return self.n
+
+
+_SIZED = {}
 
 
 class ShmqLocal(Adapter):

@@ -5,10 +5,12 @@ the model tests run both modes too."""
 
 import multiprocessing as mp
 import pickle
+import threading
 
 import pytest
 
 import shmq
+from shmq.engine import cpaths
 from shmq.engine.shm import waits
 from shmq.engine.shm import layout as L
 from tests._wait import wait_for
@@ -205,6 +207,34 @@ def test_a_view_is_the_body_in_the_segment_read_only(impl, broker):
     c.ack()
     with pytest.raises(shmq.DeliveryExpired):  # settled: its bytes may be reused
         c.view
+    q.close()
+
+
+@pytest.mark.skipif(not cpaths.FAST, reason="the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
+def test_a_plain_view_get_is_one_c_call_and_a_waiting_one_too(broker, monkeypatch):
+    """``get(copy=False)`` on a plain queue takes the C take as a plain ``get`` does (no
+    Python take), waiting for a put of another thread too; with a visibility timeout it is
+    Python's, and its view the same."""
+    from shmq.engine.queues.consume import Consuming
+
+    q = _registered(broker.create_queue("q"))
+    python_take = Consuming._take_one
+    taken = []
+    monkeypatch.setattr(Consuming, "_take_one", lambda self, *a: taken.append(a) or python_take(self, *a))
+    q.put(b"ready")
+    d = q.get(copy=False)
+    assert (type(d.body), bytes(d.body), d.body.obj) == (memoryview, b"ready", q._mm)
+    d.ack()
+    put = threading.Timer(0.05, q.put, (b"later",))
+    put.start()
+    d = q.get(timeout=10, copy=False)
+    put.join()
+    assert (type(d.body), bytes(d.body)) == (memoryview, b"later") and taken == []
+    d.ack()
+    q.put(b"leased")
+    d = q.get(visibility_timeout=30, copy=False)
+    assert (type(d.body), bytes(d.body), len(taken)) == (memoryview, b"leased", 1)
+    d.ack()
     q.close()
 
 

@@ -84,6 +84,14 @@ class Consuming:
         until the delivery is settled (not with ``ack=False``).
         """
         if ack is not True or copy is not True:
+            take = self._fast_take
+            if (copy is False and ack is True and take is not None and visibility_timeout is None and self._slot >= 0
+                    and not self._general and self._held is None):  # a view: one C call, as the plain case
+                r = take(self, self._segp, self._base, self._cap, self._slot, self._vis_ns, self.max_deliveries or 0,
+                         _mono(), _VIEW, self._ring)
+                if type(r) is not int:
+                    return r
+                return self._fast_wait(r, 0, timeout, None, None, _VIEW)
             mode = _mode(ack, copy)
             if self._held is not None and ack:
                 return self._get_capped(1, timeout, visibility_timeout, None, mode)[0]
