@@ -489,62 +489,85 @@ def console(file=None) -> Console:
 
 @contextmanager
 def _keys():
-    """Single keys from a terminal on stdin (cbreak mode: Ctrl-C still interrupts), the
-    terminal's mode restored after; yields ``wait(seconds) -> True if q was pressed``.
-    Without a terminal it only waits."""
+    """The terminal on stdin in cbreak mode (single keys; its mode restored after), its
+    descriptor yielded; None without a terminal."""
     fd = sys.stdin.fileno() if sys.stdin is not None else -1
     if fd < 0 or not os.isatty(fd):
-        yield lambda seconds: time.sleep(seconds) or False
+        yield None
         return
     saved = termios.tcgetattr(fd)
     tty.setcbreak(fd)
-
-    def wait(seconds):
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            if select.select([fd], [], [], left)[0]:
-                key = os.read(fd, 64)
-                if not key or b"q" in key.lower():
-                    return True  # q, Q, or the terminal went away
-        return False
-
     try:
-        yield wait
+        yield fd
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
+@contextmanager
+def _stop_asked():
+    """Ctrl-C (SIGINT) and SIGTERM as a request to stop, answered between samples: their
+    handler only notes it and wakes the wait (``signal.set_wakeup_fd``). A KeyboardInterrupt
+    raised inside a sample could land between a queue's lock taken and the ``try`` that lets
+    it go (the engine's Python paths take it in one call and give it back in another), and
+    the handles' close would then wait on this process's own lock for ever. Yields
+    ``wait(seconds, keys) -> True`` once a stop is asked or q (or EOF) is read from ``keys``
+    (a terminal's descriptor, or None)."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    asked = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: asked.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    old_fd = signal.set_wakeup_fd(w)
+
+    def wait(seconds, keys=None):
+        deadline = time.monotonic() + seconds
+        fds = [r] if keys is None else [r, keys]
+        while not asked and (left := deadline - time.monotonic()) > 0:
+            ready = select.select(fds, [], [], left)[0]
+            if r in ready:
+                os.read(r, 512)  # (the signals' bytes: the handler has noted them)
+            if keys is not None and keys in ready:
+                key = os.read(keys, 64)
+                if not key or b"q" in key.lower():
+                    return True  # q, Q, or the terminal went away
+        return bool(asked)
+
+    try:
+        yield wait
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(r)
+        os.close(w)
+
+
 def run_top(broker, where, sort="depth", interval=1.0, once=False, out=None):
     """``shmq top``: sample every ``interval`` seconds and show the frame, until q, Ctrl-C
-    or SIGTERM (then return: exit 0); with ``once``, two samples ``interval`` apart, one
-    frame. Piped (no terminal), it prints a frame per interval, one after the other."""
+    or SIGTERM (then return: exit 0; asked between samples, ``_stop_asked``); with
+    ``once``, two samples ``interval`` apart, one frame. Piped (no terminal), it prints a
+    frame per interval, one after the other."""
     con = console(out)
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM: as Ctrl-C, a clean exit
-    try:
-        with Sampler(broker) as sampler:
-            before = sampler.sample()
-            if once:
-                time.sleep(interval)  # the interval the rates are measured over
+    with _stop_asked() as wait, Sampler(broker) as sampler:
+        before = sampler.sample()
+        if once:
+            if not wait(interval):  # the interval the rates are measured over
                 con.print(top_view(before, sampler.sample(), where, sort))
-                return
-            if not con.is_terminal:
-                while True:
-                    time.sleep(interval)
-                    now = sampler.sample()
-                    con.print(top_view(before, now, where, sort))
-                    con.print()
-                    con.file.flush()  # a frame at a time, for tail -f
-                    before = now
-            from rich.live import Live
+            return
+        if not con.is_terminal:
+            while not wait(interval):
+                now = sampler.sample()
+                con.print(top_view(before, now, where, sort))
+                con.print()
+                con.file.flush()  # a frame at a time, for tail -f
+                before = now
+            return
+        from rich.live import Live
 
-            with _keys() as wait, Live(console=con, screen=True, auto_refresh=False,
-                                       redirect_stdout=False, redirect_stderr=False) as live:
-                live.update(top_view(before, before, where, sort, live=True), refresh=True)  # no rates yet
-                while not wait(interval):
-                    now = sampler.sample()
-                    live.update(top_view(before, now, where, sort, live=True), refresh=True)
-                    before = now
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        with _keys() as keys, Live(console=con, screen=True, auto_refresh=False,
+                                   redirect_stdout=False, redirect_stderr=False) as live:
+            live.update(top_view(before, before, where, sort, live=True), refresh=True)  # no rates yet
+            while not wait(interval, keys):
+                now = sampler.sample()
+                live.update(top_view(before, now, where, sort, live=True), refresh=True)
+                before = now

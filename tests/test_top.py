@@ -259,3 +259,27 @@ def test_units_and_natural_order():
         "-", "0", "0.4", "7.5", "120", "1.0k", "1.2k", "15k", "3.4M"]
     assert sorted(["q10", "q2", "Q1", "q1a", "q", "orders-dlq", "orders"], key=natural_key) == [
         "orders", "orders-dlq", "q", "Q1", "q1a", "q2", "q10"]
+
+
+def test_a_stop_signal_is_noted_and_ends_the_wait_without_an_interrupt_inside_a_sample():
+    """``top``'s signals are answered between samples (``views._stop_asked``): SIGINT or
+    SIGTERM while a sample runs raises nothing there (a KeyboardInterrupt could land with a
+    queue's lock taken and its release not yet under way), and the wait after it returns
+    at once; the handlers and the wakeup descriptor are put back after."""
+    import signal
+
+    from shmq import views
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with views._stop_asked() as wait:
+            os.kill(os.getpid(), sig)  # (delivered to this thread before kill returns: "inside a sample")
+            for _ in range(1000):
+                pass
+            t0 = time.monotonic()
+            assert wait(30) is True
+            assert time.monotonic() - t0 < 5
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert signal.set_wakeup_fd(-1) == -1  # none was left set
+    with views._stop_asked() as wait:
+        assert wait(0.05) is False  # nothing asked: the whole wait
