@@ -508,9 +508,8 @@ def _stop_asked():
     """Ctrl-C (SIGINT) and SIGTERM as a request to stop, answered between samples: their
     handler only notes it and wakes the wait (``signal.set_wakeup_fd``). A KeyboardInterrupt
     raised inside a sample could land between a lock taken and the ``try`` that lets it go
-    (the engine's Python paths take it in one call and give it back in another), and what
-    runs after it (the handles' close) then meets that lock held by this process itself (a
-    Ctrl-C that hung ``top`` was seen once in CI). Yields
+    (the engine's Python paths take it in one call and give it back in another), or
+    half-way through a frame's drawing. Yields
     ``wait(seconds, keys) -> True`` once a stop is asked or q (or EOF) is read from ``keys``
     (a terminal's descriptor, or None)."""
     r, w = os.pipe()
