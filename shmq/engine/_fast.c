@@ -1466,12 +1466,13 @@ static PyTypeObject LoanType = {
     .tp_new = loan_new,
 };
 
-/* Reservation(q, size, hraw, timeout, slow): ``q.reserve``'s object on the C paths for a small body
- * (reserve.py's strategy): entering claims the record (reserve_core) and returns a memoryview of a Loan on its
- * body; a normal exit publishes it (publish_core), an exception or a view still alive abandons it (the
- * queue's ``_finish_fill``). Anything else -- the handle closed or not yet in the process table, the lock
- * busy, no room, a pad to place, a dead holder's lock -- hands the whole block to ``slow(q, size, hraw,
- * timeout)``, reserve.py's Reservation, which waits, places and ends it as before. */
+/* Reservation(q, size, hraw, timeout, slow): ``q.reserve``'s object on the C paths, on an unlogged queue
+ * (reserve.py's strategy): entering paces a large body first (the queue's ``_pace``, as a put of it does), then
+ * claims the record (reserve_core) and returns a memoryview of a Loan on its body; a normal exit publishes it
+ * (publish_core), an exception or a view still alive abandons it (the queue's ``_finish_fill``). Anything else
+ * -- the handle closed or not yet in the process table, the lock busy, no room, a pad to place, memory to
+ * allocate, a dead holder's lock -- hands the whole block to ``slow(q, size, hraw, timeout, paced)``,
+ * reserve.py's Reservation, which waits, places and ends it as before. */
 typedef struct {
     PyObject_HEAD
     PyObject *q, *hraw, *timeout, *slow; /* slow: the class, then the object the block was handed to */
@@ -1482,7 +1483,7 @@ typedef struct {
 
 enum { RES_UNUSED, RES_OPEN, RES_DONE, RES_HANDED };
 static PyObject *s_segp, *s_base, *s_cap, *s_slot, *s_mm, *s_ne, *s_lockp, *s_finish_fill, *s_repair, *s_release,
-    *s_enter, *s_exit, *s_name;
+    *s_enter, *s_exit, *s_name, *s_pace_idle;
 
 static PyObject *reservation_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *q, *hraw, *timeout, *slow;
@@ -1527,10 +1528,24 @@ static int q_u64(PyObject *q, PyObject *name, uint64_t *out, int *negative) {
     return 0;
 }
 
+/* Whether a large record of ``size`` bytes is for the queue's ``_pace`` to look at: a window of them
+ * (ring.window) ahead of the consumers, or a count of idle waits to end (its ``_pace_idle``); else it
+ * returns at once, and is not called. 1 on an error too (the call raises it). */
+static int pace_due(char *seg, uint64_t cap, PyObject *q, uint64_t size) {
+    uint64_t w = WINDOW_RECORDS * size > WINDOW_MIN ? WINDOW_RECORDS * size : WINDOW_MIN, *h = HOT(seg);
+    if (size < LARGE || 2 * w > cap) return 0;
+    if (h[H_TAIL] - h[H_HEAD] >= w) return 1;
+    PyObject *idle = PyObject_GetAttr(q, s_pace_idle);
+    if (!idle) return 1;
+    int due = PyObject_IsTrue(idle) != 0;
+    Py_DECREF(idle);
+    return due;
+}
+
 /* The block handed to the Python Reservation: its __enter__'s result. */
-static PyObject *reservation_hand(Reservation *self) {
-    PyObject *slow = PyObject_CallFunction(self->slow, "OKOO", self->q, (unsigned long long)self->size, self->hraw,
-                                           self->timeout);
+static PyObject *reservation_hand(Reservation *self, int paced) {
+    PyObject *slow = PyObject_CallFunction(self->slow, "OKOOO", self->q, (unsigned long long)self->size, self->hraw,
+                                           self->timeout, paced ? Py_True : Py_False);
     if (!slow) return NULL;
     Py_SETREF(self->slow, slow);
     self->state = RES_HANDED;
@@ -1547,11 +1562,19 @@ static PyObject *reservation_enter(Reservation *self, PyObject *unused) {
     int closed = lockp == Py_None, unslotted = 0;
     Py_DECREF(lockp);
     uint64_t segp, base, cap, slot;
-    if (closed) return reservation_hand(self); /* (it raises the closed handle's error) */
+    if (closed) return reservation_hand(self, 0); /* (it raises the closed handle's error) */
     if (q_u64(q, s_segp, &segp, NULL) < 0 || q_u64(q, s_base, &base, NULL) < 0 || q_u64(q, s_cap, &cap, NULL) < 0 ||
         q_u64(q, s_slot, &slot, &unslotted) < 0)
         return NULL;
-    if (unslotted) return reservation_hand(self); /* (it registers this process first) */
+    if (unslotted) return reservation_hand(self, 0); /* (it registers this process first) */
+    int paced = self->size >= FILL_MIN;
+    uint64_t rec = (REC_SIZE + 7 + (uint64_t)PyBytes_GET_SIZE(self->hraw) + self->size) & ~(uint64_t)7;
+    if (paced && pace_due((char *)(uintptr_t)segp, cap, q, rec)) {
+        /* a large body waits a moment while the consumers drain a window of them (produce._pace) */
+        PyObject *x = PyObject_CallMethod(q, "_pace", "KO", (unsigned long long)rec, self->timeout);
+        if (!x) return NULL;
+        Py_DECREF(x);
+    }
     int64_t r = reserve_core((char *)(uintptr_t)segp, base, cap, self->size, PyBytes_AS_STRING(self->hraw),
                              (uint64_t)PyBytes_GET_SIZE(self->hraw), slot);
     if (r < 0) {
@@ -1560,7 +1583,7 @@ static PyObject *reservation_enter(Reservation *self, PyObject *unused) {
             if (!x) return NULL;
             Py_DECREF(x);
         }
-        return reservation_hand(self);
+        return reservation_hand(self, paced);
     }
     self->pos = (uint64_t)r;
     self->state = RES_OPEN; /* the record is ours from here: any failure below abandons it */
@@ -2760,7 +2783,8 @@ PyMODINIT_FUNC PyInit__fast(void) {
         !(s_finish_fill = PyUnicode_InternFromString("_finish_fill")) ||
         !(s_repair = PyUnicode_InternFromString("_repair_held_lock")) ||
         !(s_release = PyUnicode_InternFromString("release")) || !(s_enter = PyUnicode_InternFromString("__enter__")) ||
-        !(s_exit = PyUnicode_InternFromString("__exit__")) || !(s_name = PyUnicode_InternFromString("name")))
+        !(s_exit = PyUnicode_InternFromString("__exit__")) || !(s_name = PyUnicode_InternFromString("name")) ||
+        !(s_pace_idle = PyUnicode_InternFromString("_pace_idle")))
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

@@ -72,11 +72,11 @@ def test_a_view_kept_past_the_block_publishes_nothing(impl, broker):
 
 
 @pytest.mark.skipif(not cpaths.FAST, reason="the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
-def test_a_small_reservation_is_claimed_and_published_in_c_and_handed_to_python_when_it_cannot(broker, monkeypatch):
-    """On the C paths ``reserve`` of a small body claims and publishes the record in C (no
-    Python reservation, no Python placement); where it cannot -- a handle not yet in the
-    process table, no room -- reserve.py's Reservation takes the whole block, waiting as
-    before. A large body, or a logged queue, is reserve.py's from the start."""
+def test_a_reservation_is_claimed_and_published_in_c_and_handed_to_python_when_it_cannot(broker, monkeypatch):
+    """On the C paths ``reserve`` claims and publishes the record in C (no Python
+    reservation, no Python placement); where it cannot -- a handle not yet in the process
+    table, no room -- reserve.py's Reservation takes the whole block, waiting as before. A
+    logged queue's is reserve.py's from the start."""
     q = broker.create_queue("q", max_bytes=4096)
     calls = []
     for cls, name in ((Reservation, "__enter__"), (type(q), "_try_reserve")):
@@ -102,11 +102,39 @@ def test_a_small_reservation_is_claimed_and_published_in_c_and_handed_to_python_
         (i, (b"%d" % i * 4)[:4], {"n": i}) for i in range(2, 12)]
     q.ack_many(got)
     large = broker.create_queue("large")
-    assert type(large.reserve(L.FILL_MIN)) is Reservation
+    for i in range(64):  # (the first lap allocates the ring's memory as it goes, in Python)
+        if i == 32:
+            del calls[:]
+        with large.reserve(L.FILL_MIN) as buf:
+            buf[:4] = b"%4d" % i
+        d = large.get(timeout=0)
+        assert d.body[:4] == b"%4d" % i
+        d.ack()
+    assert calls == []
     logged = broker.create_queue("logged", durability="wal")
     assert type(logged.reserve(8)) is Reservation
     for h in (q, large, logged):
         h.close()
+
+
+@pytest.mark.skipif(not cpaths.FAST, reason="the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")
+def test_a_large_reservation_handed_to_python_is_paced_once(broker, monkeypatch):
+    """A large reservation paces first (``_pace``, as a large put does), in C; where it then
+    has no room and hands the block to reserve.py's Reservation, that one does not pace
+    again."""
+    q = broker.create_queue("q", max_bytes=16 << 20, max_message_bytes=1 << 20)
+    while True:
+        try:
+            q.put_nowait(b"f" * (1 << 20))
+        except shmq.QueueFull:
+            break
+    paced, python_pace = [], type(q)._pace
+    monkeypatch.setattr(type(q), "_pace", lambda self, *a: paced.append(a) or python_pace(self, *a))
+    with pytest.raises(shmq.QueueFull):
+        with q.reserve(1 << 20, timeout=0.01):
+            pass
+    assert len(paced) == 1
+    q.close()
 
 
 def test_reserve_checks_its_size(broker):

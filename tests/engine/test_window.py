@@ -414,24 +414,34 @@ def test_a_thread_that_takes_between_its_own_puts_waits_less_and_less(impl, brok
     q.close()
 
 
-def test_a_put_that_finds_less_than_a_window_ahead_ends_the_backoff(impl, broker, pace_clock):
-    """Waits that ended idle leave the next puts going at once (the backoff); a put that
-    then finds less than a window ahead (the consumers caught up) ends that: the next put a
-    window ahead waits again."""
+@pytest.mark.parametrize("way", ["put", "reserve"])
+def test_a_put_that_finds_less_than_a_window_ahead_ends_the_backoff(impl, broker, pace_clock, way):
+    """Waits that ended idle leave the next puts (or reserves) going at once (the backoff);
+    one that then finds less than a window ahead (the consumers caught up) ends that: the
+    next one a window ahead waits again. (The C reservation calls the pacing only when a
+    window is ahead or a backoff is to end.)"""
     yields = pace_clock
     wait = produce.PACE_IDLE_NS // 100_000
     q = broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=MiB)
+
+    def put(i):
+        if way == "put":
+            q.put(body(i))
+        else:
+            with q.reserve(MiB) as buf:
+                buf[:] = body(i)
+
     ahead = -(-ring.window(REC, 64 * MiB) // REC)
     for i in range(ahead):
-        q.put(body(i))
+        put(i)
     for i in range(ahead, ahead + 3):  # waits, goes at once, waits (the next three would go at once)
-        q.put(body(i))
+        put(i)
         q.get(timeout=0).ack()
     assert len(yields) == 2 * wait
     assert _drain_in_order(q, 3) == ahead
     n = ahead + 3
-    for i in range(n, n + ahead + 1):  # from an empty queue to a window ahead, and one put past it
-        q.put(body(i))
+    for i in range(n, n + ahead + 1):  # from an empty queue to a window ahead, and one past it
+        put(i)
     assert len(yields) == 3 * wait
     assert _drain_in_order(q, n) == ahead + 1
     q.close()

@@ -298,8 +298,8 @@ class Producing:
         if self._lockp is None:
             raise self._closed()
         hraw = b"" if headers is None else encode_headers(headers)
-        fast = self.paths.Reservation  # (a small body on an unlogged queue: claimed and published in C)
-        if fast is not None and size < _FILL_MIN and not self._logged:
+        fast = self.paths.Reservation  # (on an unlogged queue: claimed and published in C)
+        if fast is not None and not self._logged:
             return fast(self, size, hraw, timeout, Reservation)
         return Reservation(self, size, hraw, timeout)
 

@@ -15,9 +15,9 @@ The writable buffer is a memoryview of an object made on the mapping for this on
 reservation (``_fast.Loan``, which counts the views taken of it; on the pure-Python paths
 a ctypes array, whose references say the same), so the end of the block can tell whether
 anything still refers to it (a slice kept, a numpy array made from it) before it
-publishes: once published, nobody may write into the record. The plain case -- room past
-the tail without a pad -- is claimed and ended in C (``_fast.reserve`` / ``publish``) by
-a handle on the C paths (``q.paths``).
+publishes: once published, nobody may write into the record. On the C paths
+(``q.paths``) an unlogged queue's reservation is ``_fast.Reservation``, which claims and
+publishes the plain case itself and hands anything else to this class.
 """
 
 import ctypes
@@ -53,15 +53,16 @@ class Reservation:
     """``with q.reserve(size, headers) as buf: ...`` (``Producing.reserve``). ``id`` is
     the message id once published (None before, and after a block that raised)."""
 
-    __slots__ = ("_q", "_size", "_hraw", "_timeout", "_at", "_arr", "_raw", "_buf", "_fill", "id")
+    __slots__ = ("_q", "_size", "_hraw", "_timeout", "_at", "_arr", "_raw", "_buf", "_fill", "_paced", "id")
 
-    def __init__(self, q, size, hraw, timeout):
+    def __init__(self, q, size, hraw, timeout, paced=False):
         self._q = q
         self._size = size
         self._hraw = hraw
         self._timeout = timeout
         self._at = None
         self._fill = not q._logged
+        self._paced = paced  # (the C Reservation paced it before it handed the block here)
         self.id = None
 
     def __enter__(self) -> memoryview:
@@ -72,7 +73,7 @@ class Reservation:
             raise q._closed()
         at = None
         paths = q.paths
-        if fill and size >= FILL_MIN:
+        if fill and size >= FILL_MIN and not self._paced:
             q._pace((REC_SIZE + 7 + len(hraw) + size) & -8, self._timeout)
         if fill and paths.reserve is not None:
             r = paths.reserve(q._segp, q._base, q._cap, size, hraw, q._fill_slot())
