@@ -22,6 +22,12 @@ window adapts much as Linux's haltpoll does: halved after a spin that caught not
 (down to ``most / 32``), whole again once a sleep proved shorter than ``most``; so a
 side whose peer answers late (an idle consumer, a client that thinks between requests)
 soon spins only microseconds. An idle server spins not at all: only a read starts a spin.
+Nor does a crowded one: a spin pays only where a CPU would otherwise idle, and with more
+clients sending requests than twice the host's CPUs (``LoopSpin``'s ``most_peers``,
+counted over ``CROWD_EPOCH_S``; a client waits for its replies about half the time) the
+clients want every CPU between their replies (four producers and four consumers on two
+CPUs, ``python -m bench.tcp --cases msg --pairs 4``: the server's spin cost more than
+it saved; a ping-pong's four connections still gain from it).
 """
 
 import os
@@ -35,6 +41,7 @@ MAX_BUSY_POLL_US = 10_000
 _CONTENDED_S = 20e-6  # a yield that took this long: another process ran, the CPU is wanted
 _PREEMPTED_S = 500e-6  # one that took this long: a CPU-bound one ran a slice; spinning pauses
 PAUSE_FIRST_S, PAUSE_MOST_S = 0.05, 5.0  # the pause, doubled while preemptions recur
+CROWD_EPOCH_S = 0.01  # a server counts the clients that sent it a request over this long (``LoopSpin``)
 
 _clock = time.perf_counter
 _yield = os.sched_yield
@@ -118,25 +125,50 @@ class LoopSpin:
     every turn makes the loop's poll take no timeout. The window starts when the loop
     is through with what the touch brought (the first turn of the spin). ``wanted``
     (optional): the spin ends as soon as it says False (a client with no reply to wait
-    for: what it spun for came)."""
+    for: what it spun for came). ``most_peers`` (a server's: twice the host's CPUs): no spin
+    while more peers than that touched it in this epoch of ``CROWD_EPOCH_S`` or the one
+    before (``crowded``)."""
 
-    __slots__ = ("loop", "window", "wanted", "began", "until", "running")
+    __slots__ = ("loop", "window", "wanted", "began", "until", "running", "most_peers", "epoch", "epoch_end",
+                 "peers", "crowded_before")
     contended_s = _CONTENDED_S  # a yield longer than this ends the spin
     preempted_s = _PREEMPTED_S  # and one longer than this pauses spinning (``Window.preempted``)
 
-    def __init__(self, loop, most_us: int, wanted=None):
+    def __init__(self, loop, most_us: int, wanted=None, most_peers=None):
         self.loop = loop
         self.window = Window(most_us)
         self.wanted = wanted
         self.began = 0.0
         self.until = None  # None: the window starts at the spin's next turn
         self.running = False  # a spin is under way (its callback is due)
+        self.most_peers = most_peers  # None: peers are not counted
+        self.epoch = 0  # the count's epoch: a peer counted in it carries its number (``crowded``)
+        self.epoch_end = 0.0
+        self.peers = 0  # the peers that touched it in this epoch
+        self.crowded_before = False  # more than most_peers did in the epoch before
 
-    def touch(self) -> None:
-        """Activity: spin once the loop is through with it, for the window."""
+    def crowded(self, peer, now: float) -> bool:
+        """Count ``peer`` (an object with a ``spin_epoch`` attribute) among this epoch's,
+        at ``now`` (any monotonic clock's seconds, the same each call): True while more
+        than ``most_peers`` touched it in this epoch or the one before."""
+        if now >= self.epoch_end:  # a new epoch (the last one counts only if it has just ended)
+            self.crowded_before = self.peers > self.most_peers and now < self.epoch_end + CROWD_EPOCH_S
+            self.epoch += 1
+            self.peers = 0
+            self.epoch_end = now + CROWD_EPOCH_S
+        if peer.spin_epoch != self.epoch:
+            peer.spin_epoch = self.epoch
+            self.peers += 1
+        return self.crowded_before or self.peers > self.most_peers
+
+    def touch(self, peer=None, now: float = 0.0) -> None:
+        """Activity (from ``peer`` at ``now``, where peers are counted: ``crowded``): spin
+        once the loop is through with it, for the window."""
         window = self.window
         if not window.most:
             return
+        if self.most_peers is not None and peer is not None and self.crowded(peer, now):
+            return  # the clients want the CPUs: no spin
         self.until = None
         if not self.running:
             if window.off_until and _clock() < window.off_until:

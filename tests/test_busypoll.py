@@ -272,6 +272,38 @@ def test_a_loop_spin_of_no_window_never_runs():
         loop.close()
 
 
+class _Peer:
+    spin_epoch = -1
+
+
+def test_a_crowded_server_does_not_spin_until_an_epoch_passes_uncrowded():
+    """A server's spin (``most_peers``: its CPUs) starts on a touch while at most that many
+    peers touched it in this epoch and the one before; a peer past that count stops it for
+    the rest of the epoch and the next; an epoch after an idle one is not crowded."""
+    loop = asyncio.new_event_loop()
+    try:
+        spin = _CountingSpin(loop, 5_000, None, 2)
+        a, b, c = _Peer(), _Peer(), _Peer()
+        e = busypoll.CROWD_EPOCH_S
+
+        def starts(peer, now):
+            spin.running = False  # (the spin the touch starts is not run: only whether it starts)
+            spin.touch(peer, now)
+            return spin.running
+
+        assert starts(a, 0.0) and starts(b, 0.001) and starts(a, 0.002)  # two peers: spins
+        assert not starts(c, 0.003) and not starts(a, 0.004)  # a third: crowded, this epoch
+        assert not starts(a, e + 0.001) and spin.peers == 1  # the next epoch: the last was crowded
+        assert starts(b, 2 * e + 0.001)  # the one after: one peer in the last
+        assert starts(a, 2 * e + 0.002) and not starts(c, 2 * e + 0.003)  # crowded again
+        assert starts(c, 10.0)  # after an idle while: that count is old, not crowded
+        unpaced = LoopSpin(loop, 5_000)  # a client's: peers not counted
+        unpaced.touch(a, 0.0)
+        assert unpaced.running and unpaced.epoch == 0
+    finally:
+        loop.close()
+
+
 # ---------------------------------------------------------------- the server and the clients
 @pytest.mark.parametrize("busy", [0, 200])
 def test_the_server_spins_after_a_read_then_stops_and_serves_alike(broker, busy):

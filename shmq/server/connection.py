@@ -95,6 +95,7 @@ class Connection(asyncio.BufferedProtocol):
         self._abort = None
         self.opened = server.loop.time()
         self.requests = 0  # frames handled (for the log line of its close)
+        self.spin_epoch = -1  # the server's busy poll counted it in this epoch (``LoopSpin.crowded``)
         self.served_bytes = 0  # bytes of the last read that ``served`` took (the plain requests in C)
         self.close_reason = None  # why it closed, for that line
         self.said_slow = False  # "slow_client" logged once (it does not read its replies)
@@ -151,8 +152,8 @@ class Connection(asyncio.BufferedProtocol):
                     # frames that came in more than one read (a big batch): the plain ones among the first
                     # in C too, from the decoder's bytes
                     replies = self.served(self.decoder.offer(plain.serve, self.leases, self.decoder.max_frame_bytes))
-            self.server.spin.touch()  # the client's next request may follow its reply: looked for awake
             now = self.server.loop.time()
+            self.server.spin.touch(self, now)  # the client's next request may follow its reply: looked for awake
             if bounds.got:  # a frame still open
                 self.clocks.received(now, bounds.got, ended)
             else:

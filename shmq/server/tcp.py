@@ -18,6 +18,7 @@ engine cannot give up at once).
 import asyncio
 import errno
 import logging
+import os
 
 from ..busypoll import LoopSpin
 from ..engine.broker import Broker
@@ -135,7 +136,7 @@ class TcpServer:
         """Listen on host:port, accepting no connection yet (``start``). ShmqError in one
         line when the address cannot be had (``port 7878 on 127.0.0.1 is in use``)."""
         self.loop = asyncio.get_running_loop()
-        self.spin = LoopSpin(self.loop, self.limits.busy_poll_us)
+        self.spin = LoopSpin(self.loop, self.limits.busy_poll_us, None, 2 * (os.cpu_count() or 1))  # (crowded: none)
         self.plain = plain_server(self)
         self._server = await listen(self, Connection)
         return self
