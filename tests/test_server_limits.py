@@ -29,6 +29,7 @@ import shmq
 from shmq.client import aio
 from shmq.protocol import HEADER_SIZE, FrameDecoder, MsgType, Status, encode_request, pack_header
 from shmq.server.limits import Boundaries
+from tests._wait import wait_for
 
 TOKEN = "limits-test-token"
 MiB = 2**20
@@ -452,6 +453,8 @@ def test_connections_over_the_cap_get_limit_exceeded_then_close(start_server):
             assert time.monotonic() < deadline
     for s in socks:
         s.close()
+    # (the log comes through a thread that reads the server's stderr: wait for the line, then count)
+    wait_for(lambda: any("refusing new ones" in line for line in srv.log), what="the refusal's log line")
     assert sum("refusing new ones" in line for line in srv.log) == 1
 
 
