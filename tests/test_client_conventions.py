@@ -208,9 +208,10 @@ def test_engine_internals_are_not_on_the_public_queue(any_broker):
                          "retry_delay_ns", "set_prefetch", "release_many"}
     local = {n for n in dir(shmq.Queue) if not n.startswith("_")}
     remote = {n for n in dir(shmq.client.remote.RemoteQueue) if not n.startswith("_")}
-    # reserve: zero-copy into shared memory; messages: the consume loop, one lock hold per step (local for now);
-    # max_bytes, created_at, durability: the attached segment's own facts (over TCP: settings())
-    assert local - remote <= {"deleted", "lock_timeout", "reserve", "messages", "max_bytes", "created_at", "durability"}
+    # reserve, reserve_many: zero-copy into shared memory; messages: the consume loop, one lock hold per step (local
+    # for now); max_bytes, created_at, durability: the attached segment's own facts (over TCP: settings())
+    assert local - remote <= {"deleted", "lock_timeout", "reserve", "reserve_many", "messages", "max_bytes",
+                              "created_at", "durability"}
 
 
 # ---------------------------------------------------------------- pipelined puts

@@ -34,7 +34,8 @@ REGISTRY = {
     "shmq-noack": Entry("shmq_local", "ShmqNoAck", None, "put_many / get_many(64, ack=False): settled as taken",
                         "none"),
     "shmq-zc": Entry("shmq_local", "ShmqZeroCopy", None,
-                     "64 reserve + fill in place / get_many(64, copy=False) + ack_many", "each"),
+                     "reserve_many (64 sizes; reserve each from 32 KiB) + fill in place / "
+                     "get_many(64, copy=False) + ack_many", "each"),
     "shmq-lanes": Entry("shmq_local", "ShmqLanes", None,
                         "put_many / get_many(64) + ack_many, on a queue of K lanes (K = P)", "each"),
     "shmq-tcp": Entry("shmq_tcp", "ShmqTcp", None, "put_many / get_many(64) + ack_many over TCP", "each"),

@@ -1300,12 +1300,12 @@ static PyObject *fast_nack_many(PyObject *self, PyObject *const *args, Py_ssize_
  *   claimed as a fill (FILLING, held by ``slot``) past the tail and any fills before it, its
  *   header and headers written, its body and put time not; the lock is let go (``publish`` ends
  *   the fill). Or R_*, nothing done: R_FALLBACK when it does not fit now or needs a pad. */
-/* reserve's work: the record's position, or R_* (nothing done). Lock taken and let go. */
-static int64_t reserve_core(char *seg, uint64_t base, uint64_t cap, uint64_t bl, const char *hraw, uint64_t hl,
-                            uint64_t slot) {
+/* One fill claimed past the tail and the fills before it (reserve's work, the lock held by the caller, ``now``
+ * the claim's time; ``checked``: the fill at the tail was looked at already, by this batch's first claim):
+ * its position, or R_FALLBACK (nothing done). */
+static int64_t claim_fill(char *seg, uint64_t base, uint64_t cap, uint64_t bl, const char *hraw, uint64_t hl,
+                          uint64_t slot, uint64_t now, int checked) {
     uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
-    int rc = lock(seg);
-    if (rc) return rc;
     uint64_t *h = HOT(seg);
     uint64_t tail = h[H_TAIL], fill = FILL(seg), end = fill > tail ? fill : tail, off = end % cap;
     if (end == tail && !h[H_DELETED] && new_lap_due(h[H_HEAD], tail, cap) &&
@@ -1315,25 +1315,15 @@ static int64_t reserve_core(char *seg, uint64_t base, uint64_t cap, uint64_t bl,
     } else {
         tail = h[H_TAIL];
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
     uint64_t head = h[H_HEAD];
-    if (h[H_DELETED] || (end != tail && suspect_fill(seg, base, cap, tail, now))) {
-        unlock(seg);
-        return R_FALLBACK;
-    }
+    if (h[H_DELETED] || (end != tail && !checked && suspect_fill(seg, base, cap, tail, now))) return R_FALLBACK;
     int early = early_wrap_due(head, end, size, cap);
     if (end != head && (early || size > cap - off)) { /* the next lap, as put_core's */
-        if (!(end = next_lap(seg, base, cap, head, end, size, early))) {
-            unlock(seg);
-            return R_FALLBACK;
-        }
+        if (!(end = next_lap(seg, base, cap, head, end, size, early))) return R_FALLBACK;
         off = 0;
     } else if (size > cap - off || end + size - head > cap - (WRAPPED(seg, head) ? REC_SIZE : 0) ||
                (end == tail && new_lap_due(head, tail, cap)) ||
                (end + size > h[H_ROOM] && !room_for(seg, base, cap, head, end, size))) {
-        unlock(seg);
         return R_FALLBACK;
     }
     char *a = seg + base + off;
@@ -1348,8 +1338,23 @@ static int64_t reserve_core(char *seg, uint64_t base, uint64_t cap, uint64_t bl,
     if (hl) memcpy(a + REC_SIZE, hraw, hl);
     h[H_NEXT_ID] += ID_STEP(seg);
     FILL(seg) = end + size;
-    unlock(seg);
     return (int64_t)end;
+}
+
+static uint64_t wall_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* reserve's work: the record's position, or R_* (nothing done). Lock taken and let go. */
+static int64_t reserve_core(char *seg, uint64_t base, uint64_t cap, uint64_t bl, const char *hraw, uint64_t hl,
+                            uint64_t slot) {
+    int rc = lock(seg);
+    if (rc) return rc;
+    int64_t r = claim_fill(seg, base, cap, bl, hraw, hl, slot, wall_ns(), 0);
+    unlock(seg);
+    return r;
 }
 
 static PyObject *fast_reserve(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1485,6 +1490,36 @@ enum { RES_UNUSED, RES_OPEN, RES_DONE, RES_HANDED };
 static PyObject *s_segp, *s_base, *s_cap, *s_slot, *s_mm, *s_ne, *s_lockp, *s_finish_fill, *s_repair, *s_release,
     *s_enter, *s_exit, *s_name, *s_pace_idle;
 
+/* Release ``view`` (a memoryview of ``loan``) at the end of a reservation's block: 1 where the loan is still seen
+ * (a view or an object made from it alive: nothing may be published), 0 released, -1 on another error. */
+static int view_let_go(PyObject *view, PyObject *loan) {
+    PyObject *x = PyObject_CallMethodNoArgs(view, s_release);
+    int held = 0;
+    if (x) {
+        Py_DECREF(x);
+    } else if (PyErr_ExceptionMatches(PyExc_BufferError)) { /* exported to something still alive (a numpy array) */
+        PyErr_Clear();
+        held = 1;
+    } else {
+        return -1;
+    }
+    return held || ((Loan *)loan)->exports > 0;
+}
+
+/* The fills at ``pos[0..k)`` claimed by a call that then failed (an exception set): abandoned through the queue's
+ * ``_finish_fill`` (as reservation_enter's), the exception kept. NULL. */
+static PyObject *abandon_claimed(PyObject *q, const uint64_t *pos, Py_ssize_t k) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    for (Py_ssize_t i = k - 1; i >= 0; i--) { /* (the last first: each is then taken back whole, id and all) */
+        PyObject *x = PyObject_CallMethod(q, "_finish_fill", "KO", (unsigned long long)pos[i], Py_True);
+        if (!x) PyErr_Clear();
+        Py_XDECREF(x);
+    }
+    PyErr_Restore(et, ev, tb);
+    return NULL;
+}
+
 static PyObject *reservation_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *q, *hraw, *timeout, *slow;
     unsigned long long size;
@@ -1530,14 +1565,14 @@ static int q_u64(PyObject *q, PyObject *name, uint64_t *out, int *negative) {
 
 /* Whether a large record of ``size`` bytes is for the queue's ``_pace`` to look at: a window of them
  * (ring.window) ahead of the consumers, or a count of idle waits to end (its ``_pace_idle``); else it
- * returns at once, and is not called. 1 on an error too (the call raises it). */
+ * returns at once, and is not called. -1 with an exception set when ``_pace_idle`` cannot be read. */
 static int pace_due(char *seg, uint64_t cap, PyObject *q, uint64_t size) {
     uint64_t w = WINDOW_RECORDS * size > WINDOW_MIN ? WINDOW_RECORDS * size : WINDOW_MIN, *h = HOT(seg);
     if (size < LARGE || 2 * w > cap) return 0;
     if (h[H_TAIL] - h[H_HEAD] >= w) return 1;
     PyObject *idle = PyObject_GetAttr(q, s_pace_idle);
-    if (!idle) return 1;
-    int due = PyObject_IsTrue(idle) != 0;
+    if (!idle) return -1;
+    int due = PyObject_IsTrue(idle);
     Py_DECREF(idle);
     return due;
 }
@@ -1569,7 +1604,9 @@ static PyObject *reservation_enter(Reservation *self, PyObject *unused) {
     if (unslotted) return reservation_hand(self, 0); /* (it registers this process first) */
     int paced = self->size >= FILL_MIN;
     uint64_t rec = (REC_SIZE + 7 + (uint64_t)PyBytes_GET_SIZE(self->hraw) + self->size) & ~(uint64_t)7;
-    if (paced && pace_due((char *)(uintptr_t)segp, cap, q, rec)) {
+    int due = paced ? pace_due((char *)(uintptr_t)segp, cap, q, rec) : 0;
+    if (due < 0) return NULL;
+    if (due) {
         /* a large body waits a moment while the consumers drain a window of them (produce._pace) */
         PyObject *x = PyObject_CallMethod(q, "_pace", "KO", (unsigned long long)rec, self->timeout);
         if (!x) return NULL;
@@ -1631,21 +1668,11 @@ static PyObject *reservation_exit(Reservation *self, PyObject *const *args, Py_s
     self->state = RES_DONE;
     PyObject *view = self->view, *loan = self->loan, *q = self->q;
     self->view = self->loan = NULL;
-    int held = 0;
-    PyObject *x = PyObject_CallMethodNoArgs(view, s_release);
-    if (x) {
-        Py_DECREF(x);
-    } else if (PyErr_ExceptionMatches(PyExc_BufferError)) { /* exported to something still alive (a numpy array) */
-        PyErr_Clear();
-        held = 1;
-    } else {
-        Py_DECREF(view);
-        Py_DECREF(loan);
-        return NULL;
-    }
+    int held = view_let_go(view, loan);
     Py_DECREF(view);
-    held = held || ((Loan *)loan)->exports > 0;
     Py_DECREF(loan);
+    if (held < 0) return NULL;
+    PyObject *x;
     if (args[0] != Py_None || held) { /* nothing published */
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
@@ -1723,6 +1750,338 @@ static PyTypeObject ReservationType = {
     .tp_methods = reservation_methods,
     .tp_getset = reservation_getset,
     .tp_new = reservation_new,
+};
+
+/* Reservations(q, sizes, hraw, timeout): ``q.reserve_many``'s object on the C paths, on an unlogged queue:
+ * entering claims a fill per size of ``sizes`` (a list of ints) from the first while they are under FILL_MIN,
+ * as many as fit now, in one hold of the lock, and returns a list of writable memoryviews of Loans on their
+ * bodies; a normal exit publishes them all in one hold of it, an exception or a view still alive abandons them
+ * all (the queue's ``_finish_fill``). Where none is claimed (no room, a large first body, the lock busy or a dead
+ * holder's, the handle closed or not yet in the process table) the block is handed to the queue's one
+ * reservation of the first size (``q._reservation``), which waits for room: a batch of one. Both ends are C,
+ * with no Python frame for a signal's exception to land in between a claim and its end. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *q, *sizes, *hraw, *timeout, *one, *views, *ids;
+    uint64_t *pos;
+    Py_ssize_t k;
+    int state; /* RES_UNUSED, RES_OPEN (claimed here), RES_DONE, RES_HANDED (to ``one``) */
+} Batch;
+
+static PyObject *s_reservation, *s_id;
+
+static PyObject *batch_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *q, *sizes, *hraw, *timeout;
+    if (kw && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "Reservations(q, sizes, hraw, timeout)");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OO!O!O", &q, &PyList_Type, &sizes, &PyBytes_Type, &hraw, &timeout)) return NULL;
+    if (!PyList_GET_SIZE(sizes)) {
+        PyErr_SetString(PyExc_ValueError, "sizes is empty");
+        return NULL;
+    }
+    Batch *self = (Batch *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    Py_INCREF(q);
+    Py_INCREF(sizes);
+    Py_INCREF(hraw);
+    Py_INCREF(timeout);
+    Py_INCREF(Py_None);
+    self->q = q, self->sizes = sizes, self->hraw = hraw, self->timeout = timeout, self->ids = Py_None;
+    return (PyObject *)self;
+}
+
+static void batch_dealloc(Batch *self) {
+    Py_XDECREF(self->q);
+    Py_XDECREF(self->sizes);
+    Py_XDECREF(self->hraw);
+    Py_XDECREF(self->timeout);
+    Py_XDECREF(self->one);
+    Py_XDECREF(self->views);
+    Py_XDECREF(self->ids);
+    PyMem_Free(self->pos);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The block handed to the queue's one reservation of the first size: [its view]. */
+static PyObject *batch_hand(Batch *self) {
+    PyObject *one = PyObject_CallMethodObjArgs(self->q, s_reservation, PyList_GET_ITEM(self->sizes, 0), self->hraw,
+                                               self->timeout, NULL);
+    if (!one) return NULL;
+    self->one = one;
+    self->state = RES_HANDED;
+    PyObject *view = PyObject_CallMethodNoArgs(one, s_enter);
+    if (!view) return NULL;
+    PyObject *out = PyList_New(1);
+    if (!out) { /* (the one is open: abandoned, as by an exception in its block) */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyErr_NormalizeException(&et, &ev, &tb);
+        PyObject *x = PyObject_CallMethodObjArgs(one, s_exit, et, ev ? ev : Py_None, tb ? tb : Py_None, NULL);
+        Py_XDECREF(x);
+        PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+        Py_DECREF(view);
+        return NULL;
+    }
+    PyList_SET_ITEM(out, 0, view);
+    return out;
+}
+
+/* Abandon this batch's claimed fills (the exception set, if any, kept). */
+static void batch_abandon(Batch *self) {
+    abandon_claimed(self->q, self->pos, self->k);
+}
+
+static PyObject *batch_enter(Batch *self, PyObject *unused) {
+    if (self->state != RES_UNUSED) {
+        PyErr_SetString(PyExc_RuntimeError, "a reservation is entered once");
+        return NULL;
+    }
+    PyObject *q = self->q, *lockp = PyObject_GetAttr(q, s_lockp);
+    if (!lockp) return NULL;
+    int closed = lockp == Py_None, unslotted = 0;
+    Py_DECREF(lockp);
+    uint64_t segp, base, cap, slot;
+    if (closed) return batch_hand(self); /* (it raises the closed handle's error) */
+    if (q_u64(q, s_segp, &segp, NULL) < 0 || q_u64(q, s_base, &base, NULL) < 0 || q_u64(q, s_cap, &cap, NULL) < 0 ||
+        q_u64(q, s_slot, &slot, &unslotted) < 0)
+        return NULL;
+    if (unslotted) return batch_hand(self); /* (it registers this process first) */
+    PyObject *sizes = self->sizes;
+    Py_ssize_t n = PyList_GET_SIZE(sizes);
+    uint64_t hl = (uint64_t)PyBytes_GET_SIZE(self->hraw), *bl = PyMem_Malloc(n * 2 * sizeof(uint64_t));
+    if (!bl) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long x = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(sizes, i));
+        if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyMem_Free(bl);
+            return NULL;
+        }
+        if (x >= FILL_MIN) { /* (from a large one on, nothing is claimed together) */
+            n = i;
+            break;
+        }
+        bl[i] = x;
+    }
+    PyObject *mm = n ? PyObject_GetAttr(q, s_mm) : NULL;
+    if (n && !mm) {
+        PyMem_Free(bl);
+        return NULL;
+    }
+    char *seg = (char *)(uintptr_t)segp;
+    int rc = n ? lock(seg) : R_FALLBACK;
+    Py_ssize_t k = 0;
+    if (!rc) {
+        uint64_t now = wall_ns();
+        for (; k < n; k++) {
+            int64_t r = claim_fill(seg, base, cap, bl[k], PyBytes_AS_STRING(self->hraw), hl, slot, now, k > 0);
+            if (r < 0) break;
+            bl[n + k] = (uint64_t)r;
+        }
+        unlock(seg);
+    }
+    if (!k) {
+        Py_XDECREF(mm);
+        PyMem_Free(bl);
+        if (rc == R_OWNERDEAD) { /* held, from a dead holder: repaired, then the one reservation */
+            PyObject *x = PyObject_CallMethodNoArgs(q, s_repair);
+            if (!x) return NULL;
+            Py_DECREF(x);
+        }
+        return batch_hand(self);
+    }
+    /* the claimed fills are ours from here: a failure below abandons them */
+    self->state = RES_OPEN;
+    self->k = k;
+    self->pos = PyMem_Malloc(k * sizeof(uint64_t));
+    if (!self->pos) {
+        PyMem_Free(bl);
+        Py_DECREF(mm);
+        PyErr_NoMemory();
+        self->state = RES_DONE;
+        self->pos = bl + n, self->k = k; /* (read by the abandon below, then forgotten) */
+        batch_abandon(self);
+        self->pos = NULL;
+        return NULL;
+    }
+    memcpy(self->pos, bl + n, k * sizeof(uint64_t));
+    PyObject *views = PyList_New(k), *out = NULL;
+    for (Py_ssize_t i = 0; views && i < k; i++) {
+        Loan *loan = (Loan *)LoanType.tp_alloc(&LoanType, 0);
+        PyObject *view = NULL;
+        if (loan && PyObject_GetBuffer(mm, &loan->owner, PyBUF_WRITABLE) == 0) {
+            loan->ptr = (char *)loan->owner.buf + base + self->pos[i] % cap + REC_SIZE + hl;
+            loan->len = (Py_ssize_t)bl[i];
+            view = PyMemoryView_FromObject((PyObject *)loan);
+        } else if (loan) {
+            loan->owner.obj = NULL;
+        }
+        Py_XDECREF(loan); /* (the view holds it) */
+        if (!view) Py_CLEAR(views);
+        else PyList_SET_ITEM(views, i, view);
+    }
+    Py_DECREF(mm);
+    PyMem_Free(bl);
+    if (views) out = PyList_GetSlice(views, 0, k); /* (the caller's list: its views are released from ours) */
+    if (!out) {
+        self->state = RES_DONE;
+        Py_XDECREF(views);
+        batch_abandon(self);
+        return NULL;
+    }
+    self->views = views;
+    return out;
+}
+
+static PyObject *batch_exit(Batch *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "__exit__ takes 3 arguments");
+        return NULL;
+    }
+    PyObject *q = self->q, *x;
+    if (self->state == RES_HANDED) {
+        self->state = RES_DONE;
+        x = PyObject_VectorcallMethod(s_exit, (PyObject *[]){self->one, args[0], args[1], args[2]}, 4, NULL);
+        if (!x) return NULL;
+        Py_DECREF(x);
+        PyObject *id = PyObject_GetAttr(self->one, s_id);
+        if (!id) return NULL;
+        if (id != Py_None) {
+            PyObject *ids = PyList_New(1);
+            if (!ids) {
+                Py_DECREF(id);
+                return NULL;
+            }
+            PyList_SET_ITEM(ids, 0, id);
+            Py_SETREF(self->ids, ids);
+        } else {
+            Py_DECREF(id);
+        }
+        Py_RETURN_FALSE;
+    }
+    if (self->state != RES_OPEN) {
+        PyErr_SetString(PyExc_RuntimeError, "the reservation is not open");
+        return NULL;
+    }
+    self->state = RES_DONE;
+    PyObject *views = self->views;
+    self->views = NULL;
+    int held = 0;
+    for (Py_ssize_t i = 0; i < self->k; i++) {
+        PyObject *view = PyList_GET_ITEM(views, i), *loan = PyMemoryView_GET_BUFFER(view)->obj;
+        if (!loan) continue; /* (released already) */
+        Py_INCREF(loan);
+        int seen = view_let_go(view, loan);
+        Py_DECREF(loan);
+        if (seen < 0) PyErr_Clear(); /* (a release cannot fail otherwise: counted as still seen) */
+        held = held || seen;
+    }
+    Py_DECREF(views);
+    if (args[0] != Py_None || held) { /* nothing published */
+        batch_abandon(self);
+        if (PyErr_Occurred()) return NULL;
+        if (args[0] == Py_None) {
+            PyErr_SetString(PyExc_BufferError, "a view of a reserved buffer is still alive as the block ends (a "
+                            "slice, or an object made from it): nothing was published; let them go inside the block");
+            return NULL;
+        }
+        Py_RETURN_FALSE;
+    }
+    uint64_t segp, base, cap, post = 0;
+    PyObject *ids = PyList_New(self->k);
+    if (!ids || q_u64(q, s_segp, &segp, NULL) < 0 || q_u64(q, s_base, &base, NULL) < 0 ||
+        q_u64(q, s_cap, &cap, NULL) < 0) {
+        Py_XDECREF(ids);
+        batch_abandon(self);
+        return NULL;
+    }
+    char *seg = (char *)(uintptr_t)segp;
+    int rc = lock(seg);
+    if (!rc) {
+        uint64_t enq = wall_ns();
+        for (Py_ssize_t i = 0; i < self->k; i++) {
+            char *a = seg + base + self->pos[i] % cap;
+            self->pos[i] = U64(a + REC_MSG_ID); /* (the position is spent: its id in its place) */
+            if ((U64(a) & 0xFF) == ST_FILLING) { /* (as _finish_fill: a fill ends once) */
+                U64(a + REC_ENQ_NS) = enq;
+                __atomic_store_n((uint64_t *)a, ST_READY, __ATOMIC_RELEASE);
+            }
+        }
+        post = owe_consumers(HOT(seg), commit_fills(seg, base, cap));
+        unlock(seg);
+        for (Py_ssize_t i = 0; i < self->k; i++) {
+            PyObject *id = PyLong_FromUnsignedLongLong(self->pos[i]);
+            if (!id) {
+                Py_CLEAR(ids);
+                break;
+            }
+            PyList_SET_ITEM(ids, i, id);
+        }
+        PyObject *ne = PyObject_GetAttr(q, s_ne);
+        int bad = !ne || post_sem(ne, post) < 0;
+        Py_XDECREF(ne);
+        if (bad || !ids) {
+            Py_XDECREF(ids);
+            return NULL;
+        }
+    } else { /* busy, or taken from a dead holder: Python waits (or repairs), then ends them */
+        if (rc == R_OWNERDEAD) {
+            x = PyObject_CallMethodNoArgs(q, s_repair);
+            if (!x) {
+                Py_DECREF(ids);
+                return NULL;
+            }
+            Py_DECREF(x);
+        }
+        for (Py_ssize_t i = 0; i < self->k; i++) {
+            PyObject *id = PyObject_CallMethod(q, "_finish_fill", "K", (unsigned long long)self->pos[i]);
+            if (!id) {
+                Py_DECREF(ids);
+                return NULL;
+            }
+            PyList_SET_ITEM(ids, i, id);
+        }
+    }
+    Py_SETREF(self->ids, ids);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *batch_ids(Batch *self, void *closure) {
+    Py_INCREF(self->ids);
+    return self->ids;
+}
+
+static PyObject *batch_repr(Batch *self) {
+    PyObject *name = PyObject_GetAttr(self->q, s_name);
+    if (!name) return NULL;
+    const char *state = self->ids != Py_None ? "published" : self->state == RES_OPEN || self->state == RES_HANDED
+                                                                  ? "open" : self->state == RES_DONE ? "abandoned" : "unused";
+    PyObject *r = PyUnicode_FromFormat("<Reservations %U %zd sizes %s>", name, PyList_GET_SIZE(self->sizes), state);
+    Py_DECREF(name);
+    return r;
+}
+
+static PyMethodDef batch_methods[] = {
+    {"__enter__", (PyCFunction)batch_enter, METH_NOARGS, "Claim the records: a list of writable memoryviews."},
+    {"__exit__", (PyCFunction)(void (*)(void))batch_exit, METH_FASTCALL,
+     "Publish the records (or abandon them: an exception, or a view still alive)."},
+    {NULL}};
+static PyGetSetDef batch_getset[] = {
+    {"ids", (getter)batch_ids, NULL, "the message ids once published (None before, and after a block that raised)",
+     NULL},
+    {NULL}};
+static PyTypeObject BatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmq.engine._fast.Reservations",
+    .tp_basicsize = sizeof(Batch),
+    .tp_dealloc = (destructor)batch_dealloc,
+    .tp_repr = (reprfunc)batch_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Reservations(q, sizes, hraw, timeout): q.reserve_many's object on the C paths",
+    .tp_methods = batch_methods,
+    .tp_getset = batch_getset,
+    .tp_new = batch_new,
 };
 
 /* Reclaim settled records and pads at the head (lock held); 1 if the head moved. */
@@ -2774,7 +3133,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "shmq.engine._fast", 
 PyMODINIT_FUNC PyInit__fast(void) {
     crc_init();
     if (PyType_Ready(&LoanType) < 0 || PyType_Ready(&DeliveryBaseType) < 0 || PyType_Ready(&SemType) < 0 ||
-        PyType_Ready(&ReservationType) < 0)
+        PyType_Ready(&ReservationType) < 0 || PyType_Ready(&BatchType) < 0)
         return NULL;
     if (!(s_segp = PyUnicode_InternFromString("_segp")) || !(s_base = PyUnicode_InternFromString("_base")) ||
         !(s_cap = PyUnicode_InternFromString("_cap")) || !(s_slot = PyUnicode_InternFromString("_slot")) ||
@@ -2784,13 +3143,20 @@ PyMODINIT_FUNC PyInit__fast(void) {
         !(s_repair = PyUnicode_InternFromString("_repair_held_lock")) ||
         !(s_release = PyUnicode_InternFromString("release")) || !(s_enter = PyUnicode_InternFromString("__enter__")) ||
         !(s_exit = PyUnicode_InternFromString("__exit__")) || !(s_name = PyUnicode_InternFromString("name")) ||
-        !(s_pace_idle = PyUnicode_InternFromString("_pace_idle")))
+        !(s_pace_idle = PyUnicode_InternFromString("_pace_idle")) ||
+        !(s_reservation = PyUnicode_InternFromString("_reservation")) || !(s_id = PyUnicode_InternFromString("id")))
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&ReservationType);
     if (PyModule_AddObject(m, "Reservation", (PyObject *)&ReservationType) < 0) {
         Py_DECREF(&ReservationType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&BatchType);
+    if (PyModule_AddObject(m, "Reservations", (PyObject *)&BatchType) < 0) {
+        Py_DECREF(&BatchType);
         Py_DECREF(m);
         return NULL;
     }

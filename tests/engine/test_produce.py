@@ -137,6 +137,34 @@ def test_a_large_reservation_handed_to_python_is_paced_once(broker, monkeypatch)
     q.close()
 
 
+@pytest.mark.skipif(not cpaths.FAST, reason="the C paths are not built (or SHMQ_PURE_PYTHON=1)")
+def test_a_large_reservation_whose_pacing_state_cannot_be_read_raises_that_error(broker):
+    """C's pacing check reads the handle's ``_pace_idle``; what reading it raises is the
+    reservation's error (not a call of ``_pace`` made with an exception pending), and
+    nothing is claimed."""
+    class Unreadable:
+        def __bool__(self):
+            raise ZeroDivisionError("unreadable")
+
+    q = broker.create_queue("q", max_message_bytes=1 << 20)
+    with q.reserve(64 << 10):  # (the first one registers this process, in Python)
+        pass
+    q.get(timeout=5).ack()
+    q._pace_idle, paced = Unreadable(), []
+    q._pace = lambda *a: paced.append(a)
+    with pytest.raises(ZeroDivisionError, match="unreadable"):
+        with q.reserve(64 << 10):
+            pass
+    assert paced == []
+    del q._pace_idle, q._pace
+    with q.reserve(64 << 10) as buf:
+        buf[:3] = b"abc"
+    d = q.get(timeout=5)
+    assert d.body[:3] == b"abc" and q.stats().ready == 0
+    d.ack()
+    q.close()
+
+
 def test_reserve_checks_its_size(broker):
     q = broker.create_queue("q", max_message_bytes=1000)
     with pytest.raises(shmq.MessageTooLarge, match="1001 bytes"):

@@ -25,7 +25,6 @@ from . import views
 from .views import _viewed as _array_views
 from ...model.keepalive import settling as _stop_keepalives
 from ..shm.mutex import FOREVER
-from ..shm.mutex import trylock as _trylock
 from ..shm.mutex import unlock as _unlock
 
 __all__ = ["Consuming", "Messages"]
@@ -231,9 +230,7 @@ class Consuming:
         mm, mq, cap = self._mm, self._mq, self._cap
         body = None
         post = False
-        rc = _trylock(lp)
-        if rc:
-            self._lock_contended(rc, _lock_deadline(timeout), QueueEmpty)
+        self._acquire(_lock_deadline(timeout), QueueEmpty)
         try:
             (deleted, tail, _nid, _pw, _pp, _x5, _x6, _x7, head, pos, _rp, requeued, inflight, _dl, next_deadline,
              next_liveness, ready, _cw, _cp) = _HOT_UNPACK(mm, _HOT_OFF)

@@ -13,7 +13,7 @@ from .delivery import CDelivery, PythonDelivery
 __all__ = ["QueuePaths", "C", "PYTHON", "chosen"]
 
 _CALLS = ("put", "put_many", "take", "take_many", "take_next", "ack", "ack_many", "nack_many", "reserve", "publish",
-          "Loan", "Reservation")
+          "Loan", "Reservation", "Reservations")
 
 
 class QueuePaths:
@@ -22,7 +22,8 @@ class QueuePaths:
     ``ack``, ``ack_many``, ``nack_many``, ``reserve`` and ``publish`` (a record placed at
     the tail, the lock kept; its commit), ``Loan`` (a writable window of a mapping that
     counts its views), ``Reservation`` (``reserve``'s object for a small body, claimed and
-    published in C); and ``Delivery``, the class every path of the handle builds."""
+    published in C), ``Reservations`` (``reserve_many``'s, small bodies claimed together and
+    published together); and ``Delivery``, the class every path of the handle builds."""
 
     __slots__ = ("kind", "Delivery", *_CALLS)
 

@@ -28,6 +28,7 @@ import os
 import struct
 import time
 import weakref
+from functools import partial
 
 import posix_ipc
 
@@ -44,6 +45,7 @@ from .consume import Consuming
 from ..cpaths import FAST
 from .delivery import Delivery
 from .paths import chosen as _chosen_paths
+from ..shm.mutex import Reentered, let_go
 from ..shm.mutex import lock_slow as _lock_slow
 from ..shm.mutex import mark_consistent as _mark_consistent
 from ..shm.mutex import trylock as _trylock
@@ -177,6 +179,7 @@ class Queue(Producing, Consuming, Settling):
         self.wal = Log(self, lane_name(self.name, self._lane))
         # the robust mutex at a fixed address of the mapping, valid until close(): the hot paths lock through it
         self._lockp = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
+        self._release = partial(_unlock, self._lockp)  # (no Python frame before the unlock: mutex.let_go)
         self._segp = self._lockp.value - L.MUTEX_OFF  # the mapping's address, for the C hot paths
         base = segment_name(self.namespace, "q", lane_name(self.name, self._lane))
         try:
@@ -355,23 +358,27 @@ class Queue(Producing, Consuming, Settling):
         _live_queues.discard(self)
 
     # ------------------------------------------------------------------ locking
-    def _acquire(self, deadline=None):
-        """Take the lock, repairing after a dead holder. ``deadline``: see ``mutex.lock_slow``."""
+    def _acquire(self, deadline=None, timeout_error=LockTimeout):
+        """Take the lock, repairing after a dead holder. ``deadline``: see ``mutex.lock_slow``;
+        past it, ``timeout_error``. An exception that leaves it leaves the lock free."""
         lp = self._lockp
         if lp is None:
             raise self._closed()
-        rc = _trylock(lp)
-        if rc:
-            self._lock_contended(rc, deadline)
-        if self._unwaits:
-            owed, self._unwaits = self._unwaits, ()
-            mq = self._mq
-            for side, waited in owed:
-                waits.unregister(mq, self._slot, side, waited)
-            mq[L.I_LANE_SLEEPERS] = mq[I_CWAIT]  # (a laned queue's sleepers, in its lane 0, as the reaper sets it)
-
-    def _release(self):
-        _unlock(self._lockp)
+        try:
+            rc = _trylock(lp)
+            if rc:
+                self._lock_contended(rc, deadline, timeout_error)
+            if self._unwaits:
+                owed, self._unwaits = self._unwaits, ()
+                mq = self._mq
+                for side, waited in owed:
+                    waits.unregister(mq, self._slot, side, waited)
+                mq[L.I_LANE_SLEEPERS] = mq[I_CWAIT]  # (a laned queue's sleepers, in its lane 0, as the reaper sets it)
+        except Reentered:
+            raise
+        except BaseException:
+            let_go(lp)
+            raise
 
     def _unwait_later(self, side, waited):
         """A sleep on ``side`` is over, but the lock that uncounts it could not be had by

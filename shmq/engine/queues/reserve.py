@@ -18,6 +18,10 @@ anything still refers to it (a slice kept, a numpy array made from it) before it
 publishes: once published, nobody may write into the record. On the C paths
 (``q.paths``) an unlogged queue's reservation is ``_fast.Reservation``, which claims and
 publishes the plain case itself and hands anything else to this class.
+
+``Queue.reserve_many`` on the C paths is ``_fast.Reservations``: small fills claimed in
+one hold of the lock, as many as fit, and published in one. Elsewhere (a logged queue,
+the Python paths) it is this module's ``Reservations``, a batch of one.
 """
 
 import ctypes
@@ -27,7 +31,7 @@ import time
 from .. import cpaths
 from ..shm.layout import FILL_MIN, REC_SIZE
 
-__all__ = ["Reservation"]
+__all__ = ["Reservation", "Reservations"]
 
 _getrefcount = sys.getrefcount
 _wall = time.time_ns
@@ -137,6 +141,34 @@ class Reservation:
             self._q._release()
 
     def __repr__(self):
-        state = ("published" if self.id is not None else "open" if self._buf is not None
+        state = ("published" if self.id is not None else "open" if getattr(self, "_buf", None) is not None
                  else "abandoned" if self._at is not None else "unused")
         return f"<Reservation {self._q.name} {self._size}B {state}>"
+
+
+class Reservations:
+    """``with q.reserve_many(sizes, headers) as bufs: ...`` (``Producing.reserve_many``)
+    where C does not claim them together (a logged queue, the Python paths): a batch of
+    one, the queue's one reservation of the first size. ``ids``: the messages' ids once
+    published (None before, and after a block that raised)."""
+
+    __slots__ = ("_sizes", "_one", "ids")
+
+    def __init__(self, q, sizes, hraw, timeout):
+        self._sizes = sizes
+        self._one = q._reservation(sizes[0], hraw, timeout)
+        self.ids = None
+
+    def __enter__(self) -> list:
+        return [self._one.__enter__()]
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        one = self._one
+        one.__exit__(exc_type, exc, tb)
+        if one.id is not None:
+            self.ids = [one.id]
+        return False
+
+    def __repr__(self):
+        state = "published" if self.ids is not None else repr(self._one).rsplit(" ", 1)[-1].rstrip(">")
+        return f"<Reservations {self._one._q.name} {len(self._sizes)} sizes {state}>"

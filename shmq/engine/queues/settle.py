@@ -17,7 +17,6 @@ from . import deadletter
 from ..shm import ring, waits
 from ..shm import layout as L
 from ..shm.layout import I_DEAD_TOTAL, I_DELAYED, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE, I_TAIL
-from ..shm.mutex import trylock as _trylock
 from ..shm.mutex import unlock as _unlock
 from .delivery import Delivery
 
@@ -75,9 +74,7 @@ class Settling:
         mq, cap = self._mq, self._cap
         pos = d._pos
         post = False
-        rc = _trylock(lp)
-        if rc:
-            self._lock_contended(rc)
+        self._acquire()
         try:
             if mq[I_DELETED]:
                 raise self._gone()

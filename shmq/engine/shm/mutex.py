@@ -22,11 +22,12 @@ import errno
 import os
 import threading
 import time
+from functools import partial
 
 from ...errors import LockTimeout
 
 __all__ = ["MUTEX_SIZE", "RobustMutex", "init_mutex", "trylock", "unlock", "lock_slow", "FOREVER",
-           "LOCK_TIMEOUT_S", "LOCK_GRACE_S", "acquire"]
+           "LOCK_TIMEOUT_S", "LOCK_GRACE_S", "acquire", "let_go", "Reentered"]
 
 MUTEX_SIZE = 64  # bytes reserved in the segment (sizeof(pthread_mutex_t) is 40 on x86-64 glibc)
 _OWNER_OFF = 8  # glibc's pthread_mutex_t: int lock, unsigned count, int owner (the holder's thread id)
@@ -81,6 +82,22 @@ trylock = _trylock
 unlock = _unlock
 
 
+class Reentered(RuntimeError):
+    """A thread waited for a lock it holds itself (a call on a queue inside its ``reserve()``)."""
+
+
+# A signal's exception (KeyboardInterrupt) lands where CPython checks for signals: at a
+# Python function's entry and after a call into C returns. A lock is therefore taken
+# inside ``try: ... except BaseException: let_go(ptr)`` (the exception may land after
+# the lock came and before the caller's own ``try`` holds it), and let go by a C call
+# with no Python frame before it (``partial(unlock, ptr)``, not a method): a program that
+# catches Ctrl-C and goes on would otherwise hold the lock while it lives.
+def let_go(ptr) -> None:
+    """An exception is leaving a lock's acquire: unlock ``ptr`` if this thread holds it."""
+    if ctypes.c_int.from_address(ptr.value + _OWNER_OFF).value == threading.get_native_id():
+        _unlock(ptr)
+
+
 def lock_slow(ptr, rc, deadline=None, wait_s=None) -> bool:
     """Finish a lock whose ``trylock`` returned ``rc`` != 0. Returns True when the
     previous owner died holding it (the caller must repair, then ``mark_consistent``).
@@ -101,8 +118,8 @@ def lock_slow(ptr, rc, deadline=None, wait_s=None) -> bool:
                 break
         else:
             if ctypes.c_int.from_address(ptr.value + _OWNER_OFF).value == threading.get_native_id():
-                raise RuntimeError("this thread holds the queue's lock already (a call on the queue inside its "
-                                   "reserve() block?): it would wait for itself")
+                raise Reentered("this thread holds the queue's lock already (a call on the queue inside its "
+                                "reserve() block?): it would wait for itself")
             rc = _lock(ptr) if deadline == FOREVER else _timed_lock(ptr, deadline, wait_s)
         if rc == 0:
             return False
@@ -132,17 +149,24 @@ def acquire(mutex, deadline, wait_s, what: str, repair=None) -> None:
     """Lock ``mutex`` (a RobustMutex): ``deadline`` and ``wait_s`` as for ``lock_slow``;
     LockTimeout names ``what``. After a dead holder, ``repair()`` runs before the lock is
     marked consistent."""
-    rc = _trylock(mutex.ptr)
+    ptr = mutex.ptr
     try:
-        dead = rc != 0 and lock_slow(mutex.ptr, rc, deadline, wait_s)
-    except LockTimeout as e:
-        raise LockTimeout(f"{what}: {e}") from None
-    if dead:
+        rc = _trylock(ptr)
         try:
-            if repair is not None:
-                repair()
-        finally:
-            mark_consistent(mutex.ptr)
+            dead = rc != 0 and lock_slow(ptr, rc, deadline, wait_s)
+        except LockTimeout as e:
+            raise LockTimeout(f"{what}: {e}") from None
+        if dead:
+            try:
+                if repair is not None:
+                    repair()
+            finally:
+                mark_consistent(ptr)
+    except Reentered:
+        raise
+    except BaseException:
+        let_go(ptr)
+        raise
 
 
 def mark_consistent(ptr) -> None:
@@ -159,19 +183,24 @@ class RobustMutex:
     before ``release``.
     """
 
-    __slots__ = ("address", "ptr")
+    __slots__ = ("address", "ptr", "release")
 
     def __init__(self, address: int):
         self.address = address
         self.ptr = ctypes.c_void_p(address)
+        self.release = partial(_unlock, self.ptr)  # (C all the way down: see ``let_go``)
 
     def acquire(self, deadline=None, wait_s=None) -> bool:
         """Lock; True when the previous owner died. Arguments as for ``lock_slow``."""
-        rc = _trylock(self.ptr)
-        return rc != 0 and lock_slow(self.ptr, rc, deadline, wait_s)
+        ptr = self.ptr
+        try:
+            rc = _trylock(ptr)
+            return rc != 0 and lock_slow(ptr, rc, deadline, wait_s)
+        except Reentered:
+            raise
+        except BaseException:
+            let_go(ptr)
+            raise
 
     def mark_consistent(self) -> None:
         mark_consistent(self.ptr)
-
-    def release(self) -> None:
-        _unlock(self.ptr)

@@ -223,6 +223,7 @@ class Partition:
         self._index_w = L.PART_INDEX_OFF >> 3
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.PART_MUTEX_OFF)))
         self._lockp = self._mutex.ptr
+        self._release = self._mutex.release  # (a C call, no Python frame before the unlock: mutex.let_go)
         self.durability = durability
         self._logged = durability == "wal"
         self._marked = durability == "snapshot"
@@ -258,9 +259,6 @@ class Partition:
         if self._mq[L.PI_DELETED]:
             _unlock(lp)
             raise StreamNotFound(f"stream {self.name!r} was deleted")
-
-    def _release(self):
-        _unlock(self._lockp)
 
     def _repair(self):
         """Rebuild head, tail, earliest and next offset from the records, after the

@@ -121,6 +121,7 @@ class Stream:
         self.created_at = created / 1e9
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.STREAM_MUTEX_OFF)))
         self._lockp = self._mutex.ptr
+        self._release = self._mutex.release  # (a C call, no Python frame before the unlock: mutex.let_go)
         self._parts = [None] * parts
         self._turn = itertools.count(random.randrange(parts))  # where key-less appends start
         self.groups_table = Groups(self)
@@ -286,9 +287,6 @@ class Stream:
         if self._mq[L.SI_DELETED]:
             _unlock(lp)
             raise StreamNotFound(f"stream {self.name!r} in namespace {self.namespace!r} was deleted")
-
-    def _release(self):
-        _unlock(self._lockp)
 
     def _part(self, p) -> Partition:
         if isinstance(p, bool) or not isinstance(p, int):
