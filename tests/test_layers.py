@@ -32,7 +32,8 @@ MAY_IMPORT = {
     # persistence's interface to the engine: the on-disk formats, and the write-ahead logs
     # (which know the record layout of the shared-memory base, nothing of queues or streams)
     "shmq.persistence.dmsq": ("shmq.errors", "shmq.sharing"),
-    "shmq.persistence.wal": ("shmq.persistence.dmsq", "shmq.engine.shm.layout", "shmq.errors", "shmq.sharing"),
+    "shmq.persistence.wal": ("shmq.persistence.dmsq", "shmq.engine.shm.layout", "shmq.engine.shm.mutex", "shmq.errors",
+                             "shmq.sharing"),  # (the layout of its block in the owner's segment; its owner's lock)
 }
 MAY_NOT_IMPORT = {
     # the TCP clients: a remote process needs no shared memory
@@ -149,7 +150,8 @@ def test_the_check_sees_function_level_and_relative_imports():
     assert broken_rules("shmq.engine.queues.queue", "shmq.persistence.snapshotter") == (
         "shmq.engine reaches shmq.persistence only through shmq.persistence.dmsq, shmq.persistence.wal")
     assert broken_rules("shmq.persistence.wal", "shmq.engine.queues.queue") == (
-        "shmq.persistence.wal imports only shmq.persistence.dmsq, shmq.engine.shm.layout, shmq.errors, shmq.sharing")
+        "shmq.persistence.wal imports only shmq.persistence.dmsq, shmq.engine.shm.layout, shmq.engine.shm.mutex, "
+        "shmq.errors, shmq.sharing")
     assert broken_rules("shmq.engine.queues.queue", "shmq.protocol.payloads") == (
         "shmq.engine imports nothing of shmq.protocol, shmq.client, shmq.server")
     # a package's own relative imports resolve from the package itself

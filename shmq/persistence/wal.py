@@ -24,6 +24,7 @@ from . import dmsq
 from ..errors import ShmqError, StorageError
 from ..sharing import fit_to_dir
 from ..engine.shm import layout as L
+from ..engine.shm.mutex import unlock as _unlock
 
 __all__ = ["wal_path", "parse_wal_name", "partition_log_name", "split_partition_name", "hwm_path", "log_files",
            "Log", "HighWater", "Tail"]
@@ -84,7 +85,7 @@ class Log:
     segment, and this process's descriptor ``fd``, (generation, descriptor) or None.
 
     ``owner`` is the Queue or Partition handle: its ``_mm`` and ``_mq`` (the segment),
-    ``_acquire()`` and ``_release()`` (its lock). ``name`` makes the file names, ``what``
+    ``_acquire()`` and ``_lockp`` (its lock, let go by ``unlock``). ``name`` makes the file names, ``what``
     names the owner in errors ("queue 'orders'"); both default to a queue's. ``cfg_off`` is the WALCFG block's
     offset, ``words_off`` the offset of the two words (bytes appended to the current
     generation, bytes known fsynced).
@@ -125,7 +126,7 @@ class Log:
                 o._mq[self._size_w] = o._mq[self._synced_w] = 0
             L.WALCFG.pack_into(o._mm, self._cfg, gen, mode, batch_ms, len(raw), raw)
         finally:
-            o._release()
+            _unlock(o._lockp)
         return gen
 
     def size(self) -> int:
@@ -140,7 +141,7 @@ class Log:
         o = self._o
         if settled:
             o._acquire()
-            o._release()
+            _unlock(o._lockp)
         mq = o._mq
         gen, size = mq[self._gen_w], mq[self._size_w]
         if not gen or size == mq[self._synced_w]:
@@ -156,7 +157,7 @@ class Log:
             if mq[self._gen_w] == generation and mq[self._synced_w] < size <= mq[self._size_w]:
                 mq[self._synced_w] = size
         finally:
-            o._release()
+            _unlock(o._lockp)
 
     def path(self, generation: int) -> str:
         return wal_path(self.config()[3], self.name, generation)
@@ -175,7 +176,7 @@ class Log:
             self._suspend()
             return True
         finally:
-            o._release()
+            _unlock(o._lockp)
 
     def _suspend(self):
         """Generation 0, mode SUSPENDED; the batch-ms field keeps the generation the log

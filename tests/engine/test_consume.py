@@ -13,6 +13,7 @@ import shmq
 from shmq.engine import cpaths
 from shmq.engine.shm import waits
 from shmq.engine.shm import layout as L
+from shmq.engine.shm.mutex import unlock
 from tests._wait import wait_for
 
 
@@ -72,7 +73,7 @@ def test_an_auto_ack_that_frees_the_head_posts_a_sleeping_producer(impl, broker,
     try:  # a producer asleep for room, as _append registers one
         waits.register(q._mq, q._my_slot(), waits.PRODUCERS)
     finally:
-        q._release()
+        unlock(q._lockp)
     assert q._nf.value == 0
     if many:
         q.get_many(5, ack=False)
@@ -83,7 +84,7 @@ def test_an_auto_ack_that_frees_the_head_posts_a_sleeping_producer(impl, broker,
     try:
         waits.unregister(q._mq, q._slot, waits.PRODUCERS, 2)
     finally:
-        q._release()
+        unlock(q._lockp)
     q.close()
 
 

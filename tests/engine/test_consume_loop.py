@@ -18,6 +18,7 @@ from shmq.engine import cpaths
 from shmq.engine.shm import waits
 from shmq.engine.shm import layout as L
 from shmq.engine.shm.segment import destroy_namespace
+from shmq.engine.shm.mutex import unlock
 from tests._wait import in_thread, wait_for
 from tests.engine.test_model import PurePython
 from tests.engine._clock import set_clock
@@ -79,7 +80,7 @@ def test_a_step_whose_ack_frees_the_head_posts_a_sleeping_producer(impl, broker)
     try:  # a producer asleep for room, as _append registers one
         waits.register(q._mq, q._my_slot(), waits.PRODUCERS)
     finally:
-        q._release()
+        unlock(q._lockp)
     assert q._nf.value == 0
     assert next(loop).body == b"y"  # its ack of the head frees room
     assert (q._mq[L.I_PPOSTED], q._nf.value) == (1, 1)  # counted, and posted once
@@ -87,7 +88,7 @@ def test_a_step_whose_ack_frees_the_head_posts_a_sleeping_producer(impl, broker)
     try:
         waits.unregister(q._mq, q._slot, waits.PRODUCERS, 2)
     finally:
-        q._release()
+        unlock(q._lockp)
     loop.close()
     q.close()
 

@@ -27,7 +27,7 @@ from shmq.engine.shm import layout as L
 from shmq.engine.shm import mutex
 
 ENGINE = os.path.dirname(shmq.engine.__file__) + os.sep
-PRIMITIVES = frozenset({"_acquire", "_release", "acquire", "let_go"})
+PRIMITIVES = frozenset({"_acquire", "acquire", "let_go"})
 
 
 class _Interrupt:

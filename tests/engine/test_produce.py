@@ -13,6 +13,7 @@ from shmq.engine import _fast, cpaths
 from shmq.engine.queues.reserve import Reservation
 from shmq.engine.shm import waits
 from shmq.engine.shm import layout as L
+from shmq.engine.shm.mutex import unlock
 from tests._wait import wait_for
 
 
@@ -318,7 +319,7 @@ def test_a_publish_posts_a_sleeping_consumer_once(impl, broker):
     try:  # a consumer asleep on the empty queue, as _get registers one
         waits.register(q._mq, q._my_slot(), waits.CONSUMERS)
     finally:
-        q._release()
+        unlock(q._lockp)
     with q.reserve(2) as buf:
         buf[:] = b"ok"
     assert (q._mq[L.I_CPOSTED], q._ne.value) == (1, 1)
@@ -329,7 +330,7 @@ def test_a_publish_posts_a_sleeping_consumer_once(impl, broker):
     try:
         waits.unregister(q._mq, q._slot, waits.CONSUMERS, 2)
     finally:
-        q._release()
+        unlock(q._lockp)
     q.close()
 
 
@@ -392,7 +393,7 @@ def test_put_many_posts_as_many_sleeping_consumers_as_it_brings_messages(impl, b
         for _ in range(3):
             waits.register(q._mq, q._my_slot(), waits.CONSUMERS)
     finally:
-        q._release()
+        unlock(q._lockp)
     q.put_many([b"1", b"2"])
     assert (q._mq[L.I_CPOSTED], q._ne.value) == (2, 2)
     q.put_many([b"3", b"4", b"5"])
@@ -402,7 +403,7 @@ def test_put_many_posts_as_many_sleeping_consumers_as_it_brings_messages(impl, b
         for _ in range(3):
             waits.unregister(q._mq, q._slot, waits.CONSUMERS, 2)
     finally:
-        q._release()
+        unlock(q._lockp)
     q.close()
 
 
@@ -432,14 +433,14 @@ def test_nack_many_wakes_sleeping_consumers_and_leaves_a_retry_policy_to_python(
     try:
         waits.register(q._mq, q._my_slot(), waits.CONSUMERS)
     finally:
-        q._release()
+        unlock(q._lockp)
     q.nack_many(ds)
     assert (q._mq[L.I_CPOSTED], q._ne.value) == (1, 1)
     q._acquire()
     try:
         waits.unregister(q._mq, q._slot, waits.CONSUMERS, 2)
     finally:
-        q._release()
+        unlock(q._lockp)
     q.close()
     r = broker.create_queue("r", retry_delay=5.0)
     r.put(b"x")

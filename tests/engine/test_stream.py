@@ -21,6 +21,7 @@ from shmq.engine.shm import layout as L
 from shmq.engine.streams.paths import C as PartitionPaths_C
 from shmq.engine.streams.paths import PYTHON as PartitionPaths_PYTHON
 from shmq.engine.streams.stream import partition_of
+from shmq.engine.shm.mutex import unlock
 from tests import _workers as w
 from tests._dying import killed_at_each_store
 
@@ -264,7 +265,7 @@ def test_a_publish_note_killed_between_any_two_stores_is_repaired_to_the_previou
             assert part._txn_batch(other) == 7
         assert kills >= 3  # each of the note's stores was a place to die
     finally:
-        part._release()
+        unlock(part._lockp)
 
 
 def test_publishers_killed_at_any_instant_and_replayed_publish_each_batch_once(broker, tmp_path):
@@ -593,7 +594,7 @@ def test_the_c_walk_drops_what_the_python_walk_drops(broker, batches, asks):
                     got[paths.kind] = part._room(end_from, limit)
                 assert got["c"] == got["python"], (size, limit)
         finally:
-            part._release()
+            unlock(part._lockp)
     finally:
         s.close()
         broker.delete_stream("ring")

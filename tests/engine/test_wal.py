@@ -13,6 +13,7 @@ import shmq
 from shmq.persistence import dmsq
 from shmq.persistence import wal
 from shmq.persistence import Snapshotter
+from shmq.engine.shm.mutex import unlock
 
 
 def test_log_names_are_made_and_read_in_one_place():
@@ -191,7 +192,7 @@ def test_a_repair_trusts_the_file_over_a_stale_size_word(wal_queue):
     try:
         q._repair()
     finally:
-        q._release()
+        unlock(q._lockp)
     q.put(b"b")  # lands right after "a": the torn bytes were cut, so it can be read back
     assert [body for _i, body in _entries(path)] == [b"a", b"b"]
     assert q.wal.size() == os.path.getsize(path)
@@ -211,7 +212,7 @@ def test_a_partition_repair_cuts_the_entries_of_an_append_that_never_committed(b
     try:
         part._repair()
     finally:
-        part._release()
+        unlock(part._lockp)
     assert s.append(b"r2", partition=0).offset == 2
     assert _entries(path) == [(1, b"r1"), (2, b"r2")]  # offset 2 once: the committed one
     s.close()

@@ -21,6 +21,7 @@ from shmq.engine import cpaths
 from shmq.engine.queues import produce
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import ring, waits
+from shmq.engine.shm.mutex import unlock
 from tests._wait import exited, wait_for
 from tests.engine._clock import set_clock
 from tests.engine.test_memory import held_as_marked
@@ -549,7 +550,7 @@ def test_a_large_puts_end_posts_a_consumer_for_each_message_it_makes_ready(impl,
         q._acquire()
         for _ in range(3):
             waits.register(mq, q._slot, waits.CONSUMERS)
-        q._release()
+        unlock(q._lockp)
         before = q._ne.value
         done, behind = threading.Event(), []
 
@@ -572,7 +573,7 @@ def test_a_large_puts_end_posts_a_consumer_for_each_message_it_makes_ready(impl,
         q._acquire()
         for _ in range(3):
             waits.unregister(mq, q._slot, waits.CONSUMERS, 1)
-        q._release()
+        unlock(q._lockp)
         for _ in range(posted):
             assert q._ne.wait(0)
         ds = q.get_many(10, timeout=0)

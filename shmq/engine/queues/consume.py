@@ -142,7 +142,7 @@ class Consuming:
                 housekeeping.expire(self, now, spent)
             rows = scheduling.peek(self, max_messages, _wall())
         finally:
-            self._release()
+            _unlock(self._lockp)
         housekeeping.dead_letter_spent(self, spent)
         out = []
         for msg_id, attempt, body, hraw, enq in rows:
@@ -207,7 +207,7 @@ class Consuming:
             for d in [d for d in held if self._leased_word(d) < 0]:
                 held.discard(d)
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def _take_one(self, visibility_timeout, timeout, mode=0):
         """Fast path of ``get``: the next never-delivered record at the frontier, when no
@@ -567,7 +567,7 @@ class Consuming:
             if not out and not dead and not spent and register:  # nothing taken at all: this process sleeps next
                 waits.register(mq, self._my_slot(), _CONSUMERS)
         finally:
-            self._release()
+            _unlock(self._lockp)
         # Deliveries are built outside the lock: the leased bytes are ours until settled.
         build = self.paths.Delivery
         expired = [build(self, *t) for t in dead] if dead else None

@@ -14,6 +14,7 @@ from ...model.headers import encode_headers
 from ...model.messages import raw_body
 from ..shm import layout as L
 from . import extension
+from ..shm.mutex import unlock as _unlock
 
 __all__ = ["DLQ_RETRY_DELAY_S", "dead_letter", "redrive"]
 
@@ -36,7 +37,7 @@ def dead_letter(q, deliveries, reason: str) -> list:
                 continue
             keep.append(d)
     finally:
-        q._release()
+        _unlock(q._lockp)
     if q.dead_letter_queue:
         full = []
         for d in keep:

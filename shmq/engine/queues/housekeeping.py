@@ -20,6 +20,7 @@ from ..shm.memory import arc
 from . import deadletter, dedup, lifetime, scheduling
 from ..shm import ring, waits
 from ..shm.process import is_alive
+from ..shm.mutex import unlock as _unlock
 
 __all__ = ["LIVENESS_PERIOD_NS", "expire", "dead_letter_spent", "reap_dead", "end_dead_fills", "housekeep",
            "give_back", "return_memory", "repair"]
@@ -142,7 +143,7 @@ def reap_dead(q, now) -> int:
             L.PROC.pack_into(mm, L.PROCS_OFF + i * L.PROC_SIZE, 0, 0, 0, 0, 0, 0, 0, 0)
         posts = waits.owed_posts(mq, waits.CONSUMERS, returned) if returned else 0
     finally:
-        q._release()
+        _unlock(q._lockp)
     for _ in range(posts):
         q._ne.release()
     dead_letter_spent(q, spent)
@@ -190,7 +191,7 @@ def housekeep(q, now) -> int:
             dead = scheduling.sweep(q, now, wall)
         give_back(q)
     finally:
-        q._release()
+        _unlock(q._lockp)
     dead_letter_spent(q, spent)
     if dead:
         deadletter.dead_letter(q, [q.paths.Delivery(q, *t) for t in dead], "expired")
@@ -228,7 +229,7 @@ def return_memory(q) -> int:
     try:
         return 0 if q._mq[L.I_DELETED] else give_back(q)
     finally:
-        q._release()
+        _unlock(q._lockp)
 
 
 def dead_letter_spent(q, spent) -> None:

@@ -33,6 +33,7 @@ from ..shm import layout as L
 from ..shm import waits
 from .consume import LocalConsumer, Messages, take_capped
 from .queue import Queue
+from ..shm.mutex import unlock as _unlock
 
 __all__ = ["LanedQueue", "attach", "MAX_LANES"]
 
@@ -81,7 +82,7 @@ def _turn(q, word) -> int:
         q._mq[word] = n + 1
         return n
     finally:
-        q._release()
+        _unlock(q._lockp)
 
 
 def _put_one(body, headers, priority, delay, ttl, group, dedup_id, q, timeout):
@@ -185,7 +186,7 @@ class LanedQueue:
             try:
                 post = waits.owed_posts(first._mq, _CONSUMERS, n)
             finally:
-                first._release()
+                _unlock(first._lockp)
             for _ in range(post):
                 first._ne.release()
 
@@ -313,7 +314,7 @@ class LanedQueue:
                     waits.register(first._mq, first._my_slot(), _CONSUMERS)
                     first._mq[_I_SLEEPERS] = first._mq[L.I_CWAIT]  # (lane 0's sleepers are all gets like this)
                 finally:
-                    first._release()
+                    _unlock(first._lockp)
                 try:
                     got = self._look(order, maxn, visibility_timeout, max_bytes, ack, copy)
                     if got is not None:  # (counted in first: a put from now on wakes this sleep)
@@ -330,7 +331,7 @@ class LanedQueue:
                             waits.unregister(first._mq, first._slot, _CONSUMERS, waited)
                             first._mq[_I_SLEEPERS] = first._mq[L.I_CWAIT]
                         finally:
-                            first._release()
+                            _unlock(first._lockp)
             got = self._look(order, maxn, visibility_timeout, max_bytes, ack, copy)
             if got is not None:
                 return got
@@ -398,7 +399,7 @@ class LanedQueue:
             try:
                 held.difference_update(d for d in ds if q._leased_word(d) < 0)
             finally:
-                q._release()
+                _unlock(q._lockp)
 
     def messages(self, timeout: float | None = None, visibility_timeout: float | None = None, copy: bool = True):
         """``Queue.messages`` over every lane: each step acks, then ``get``s (the Python step)."""

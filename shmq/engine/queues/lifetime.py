@@ -26,6 +26,7 @@ from ...errors import ShmqError
 from ..shm import layout as L
 from ..shm.process import is_alive
 from ..shm.segment import SHM_DIR, segment_name
+from ..shm.mutex import unlock as _unlock
 
 __all__ = ["add_consumer", "remove_consumer", "consumers", "renew", "used", "settings", "set_expires", "unused",
            "condemn", "set_deleter", "delete_unused", "has_lifetime", "sweep"]
@@ -68,7 +69,7 @@ def add_consumer(q) -> int:
         mq[_I_USED] = _mono()
         return q._procs_sum(L.P_CONSUMERS)
     finally:
-        q._release()
+        _unlock(q._lockp)
 
 
 def remove_consumer(q) -> int:
@@ -89,7 +90,7 @@ def remove_consumer(q) -> int:
         left = q._procs_sum(L.P_CONSUMERS)
         due = not left and mq[_I_LIFE] & _AUTO
     finally:
-        q._release()
+        _unlock(q._lockp)
     if due:
         delete_unused(q)
     return left
@@ -151,7 +152,7 @@ def condemn(q, then) -> str | None:
             mq[L.I_DELETED] = 1
         return why
     finally:
-        q._release()
+        _unlock(q._lockp)
 
 
 def set_deleter(deleter) -> None:

@@ -427,7 +427,7 @@ class Producing:
             try:
                 slot = self._my_slot()
             finally:
-                self._release()
+                _unlock(self._lockp)
         return slot
 
     def _finish_fill(self, pos, abandon=False) -> int:
@@ -454,7 +454,7 @@ class Producing:
                     mq[w] = _READY
                 post = waits.owed_posts(mq, _CONSUMERS, ring.commit_fills(mq, cap, base))
         finally:
-            self._release()
+            _unlock(self._lockp)
         for _ in range(post):
             self._ne.release()
         return msg_id
@@ -539,7 +539,7 @@ class Producing:
             try:
                 posts = housekeeping.end_dead_fills(self)
             finally:
-                self._release()
+                _unlock(self._lockp)
             for _ in range(posts):
                 self._ne.release()
         time.sleep(FILL_PAUSES_S[min(pause, len(FILL_PAUSES_S) - 1)])
@@ -633,7 +633,7 @@ class Producing:
             tail = ring.append_end(mq)
             claim = None if mq[I_DELETED] else mem.claim_ahead(base, cap, tail, mq[I_HEAD] + cap, self._my_slot())
         finally:
-            self._release()
+            _unlock(self._lockp)
         if claim is None:
             return
         filled = mem.fill_claim(*claim)
@@ -647,7 +647,7 @@ class Producing:
                 tail = ring.append_end(mq)
                 self._set_room(mq[I_HEAD], tail, max(tail, min(mq[I_ROOM], tail - tail % cap + cap)))
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def _new_lap(self, tail):
         """Move the empty queue's cursors from ``tail`` to the start of the next lap, or to 0
@@ -702,7 +702,7 @@ class Producing:
             return (pos, a), 0
         finally:
             if not held:
-                self._release()
+                _unlock(self._lockp)
 
     def _publish(self, pos, a):
         """Commit the record ``_try_reserve`` placed at ``pos`` (lock held; released here,
@@ -721,7 +721,7 @@ class Producing:
             mq[I_READY] += 1
             post = waits.owed_posts(mq, _CONSUMERS, 1)
         finally:
-            self._release()
+            _unlock(self._lockp)
         if post:
             self._ne.release()
         return msg_id
@@ -792,4 +792,4 @@ class Producing:
             mq[I_READY] += n
             return list(range(first_id, next_id, step)), waits.owed_posts(mq, _CONSUMERS, n)
         finally:
-            self._release()
+            _unlock(self._lockp)

@@ -28,7 +28,6 @@ import os
 import struct
 import time
 import weakref
-from functools import partial
 
 import posix_ipc
 
@@ -178,8 +177,8 @@ class Queue(Producing, Consuming, Settling):
         # the write-ahead log (durability "wal"), and this process's descriptor
         self.wal = Log(self, lane_name(self.name, self._lane))
         # the robust mutex at a fixed address of the mapping, valid until close(): the hot paths lock through it
+        # (29 instance attributes: a 30th made put and get 5-10 % slower, docs/DESIGN.md "A signal's exception")
         self._lockp = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
-        self._release = partial(_unlock, self._lockp)  # (no Python frame before the unlock: mutex.let_go)
         self._segp = self._lockp.value - L.MUTEX_OFF  # the mapping's address, for the C hot paths
         base = segment_name(self.namespace, "q", lane_name(self.name, self._lane))
         try:
@@ -237,7 +236,7 @@ class Queue(Producing, Consuming, Settling):
         try:
             self._read_settings()
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def _settings_due(self):
         """Read the settings again if they changed since this handle last did (one word
@@ -275,7 +274,7 @@ class Queue(Producing, Consuming, Settling):
                         and q.namespace == self.namespace):
                     q._read_settings()
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def _visibility_now(self) -> float:
         """The visibility timeout, looked up again if this handle's copy may be stale."""
@@ -342,7 +341,7 @@ class Queue(Producing, Consuming, Settling):
         if self._unwaits:  # sleeps still counted: uncounted now, if the lock comes within its grace
             try:
                 self._acquire(0)
-                self._release()
+                _unlock(self._lockp)
             except LockTimeout:
                 pass  # (the reaper uncounts them when this process dies)
         self._lockp = None
@@ -467,7 +466,7 @@ class Queue(Producing, Consuming, Settling):
                 try:
                     waits.unregister(self._mq, self._slot, side, 1)
                 finally:
-                    self._release()
+                    _unlock(self._lockp)
             raise
         self._settings_due()
         return woke
@@ -531,7 +530,7 @@ class Queue(Producing, Consuming, Settling):
             if post:
                 mq[I_PPOSTED] += 1
         finally:
-            self._release()
+            _unlock(self._lockp)
         if post:
             self._nf.release()
         return n
@@ -566,7 +565,7 @@ class Queue(Producing, Consuming, Settling):
                         age = max(0.0, (_wall() - mq[w + L.R_ENQ]) / 1e9)
                         break
         finally:
-            self._release()
+            _unlock(self._lockp)
         return QueueStats(
             ready=hot["ready"],
             in_flight=hot["in_flight"],
@@ -636,7 +635,7 @@ class Queue(Producing, Consuming, Settling):
                 return []
             copy = ring.copy_used(mm, base, cap, head, tail)
         finally:
-            self._release()
+            _unlock(self._lockp)
         out = []
         for o, (status, _length, bl, hl, _f, msg_id, enq, _d) in ring.copied_records(copy, cap, head, tail):
             if status & 0xFF in (_READY, _LEASED, _DELAYED):
@@ -727,7 +726,7 @@ class Queue(Producing, Consuming, Settling):
             mq[L.I_DELAYED] += delayed
             post = waits.owed_posts(mq, _CONSUMERS, ready)
         finally:
-            self._release()
+            _unlock(self._lockp)
         for _ in range(post):
             self._ne.release()
         return len(items)
@@ -739,7 +738,7 @@ class Queue(Producing, Consuming, Settling):
             self._mq[I_DELETED] = 1
             waiters = self._mq[I_CWAIT] + self._mq[I_PWAIT]
         finally:
-            self._release()
+            _unlock(self._lockp)
         for _ in range(waiters + 1):
             self._ne.release()
             self._nf.release()

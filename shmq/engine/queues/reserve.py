@@ -30,6 +30,7 @@ import time
 
 from .. import cpaths
 from ..shm.layout import FILL_MIN, REC_SIZE
+from ..shm.mutex import unlock as _unlock
 
 __all__ = ["Reservation", "Reservations"]
 
@@ -138,7 +139,7 @@ class Reservation:
         if self._fill:
             self._q._finish_fill(pos, abandon=True)
         else:
-            self._q._release()
+            _unlock(self._q._lockp)
 
     def __repr__(self):
         state = ("published" if self.id is not None else "open" if getattr(self, "_buf", None) is not None

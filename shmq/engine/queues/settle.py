@@ -212,7 +212,7 @@ class Settling:
             mq[I_INFLIGHT] -= done
             post = waits.owed_posts(mq, _CONSUMERS, woke)
         finally:
-            self._release()
+            _unlock(self._lockp)
         for _ in range(post):
             self._ne.release()
         return done, expired
@@ -285,7 +285,7 @@ class Settling:
             if freed and ring.advance_head(mq, cap, self._base):
                 post = waits.owed_posts(mq, _PRODUCERS, 1)
         finally:
-            self._release()
+            _unlock(self._lockp)
         for _ in range(post):
             self._nf.release()
         self._raise_expired(expired)
@@ -305,4 +305,4 @@ class Settling:
             if until < mq[I_NEXT_DEADLINE]:
                 mq[I_NEXT_DEADLINE] = until
         finally:
-            self._release()
+            _unlock(self._lockp)

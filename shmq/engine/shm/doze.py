@@ -20,6 +20,7 @@ from . import layout as L
 from . import waits
 from ..queues.lanes import LanedQueue, attach
 from ..streams.stream import Stream
+from .mutex import unlock as _unlock
 
 __all__ = ["twin", "stamp", "doze", "bell", "room_stamp", "doze_room"]
 
@@ -82,7 +83,7 @@ def _doze_queue(lanes, seen, deadline, bell) -> bool:
         if laned:
             mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]
     finally:
-        first._release()
+        _unlock(first._lockp)
     waited = 1
     try:
         now = _mono()
@@ -98,7 +99,7 @@ def _doze_queue(lanes, seen, deadline, bell) -> bool:
             if laned:
                 mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]
         finally:
-            first._release()
+            _unlock(first._lockp)
 
 
 def _stream_stamp(s) -> tuple:
@@ -123,7 +124,7 @@ def doze_room(h, seen, deadline) -> bool:
             raise first._gone()
         waits.register(mq, first._my_slot(), waits.PRODUCERS)
     finally:
-        first._release()
+        _unlock(first._lockp)
     waited = 1
     try:
         if room_stamp(h) != seen:
@@ -135,4 +136,4 @@ def doze_room(h, seen, deadline) -> bool:
         try:
             waits.unregister(mq, first._slot, waits.PRODUCERS, waited)
         finally:
-            first._release()
+            _unlock(first._lockp)

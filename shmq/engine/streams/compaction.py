@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from ..shm import layout as L
 from ..shm import ring
+from ..shm.mutex import unlock as _unlock
 
 __all__ = ["compact", "dirty", "due", "Compacted", "DEFAULT_DELETE_RETENTION_S", "DEFAULT_DIRTY_RATIO",
            "MIN_INTERVAL_NS"]
@@ -64,7 +65,7 @@ def dirty(part) -> tuple[int, int]:
         found = part._find(clean) if clean < mq[L.PI_NEXT] else None
         return tail - (tail if found is None else found[0]), tail - head
     finally:
-        part._release()
+        _unlock(part._lockp)
 
 
 def _oldest_dirty_ns(part) -> int | None:
@@ -80,7 +81,7 @@ def _oldest_dirty_ns(part) -> int | None:
             return None
         return mq[((part._base + found[0] % part._cap) >> 3) + L.R_ENQ]
     finally:
-        part._release()
+        _unlock(part._lockp)
 
 
 def due(part, now_ns: int, ratio: float, max_lag_ns: int) -> bool:
@@ -122,7 +123,7 @@ def compact(part, delete_retention_ns: int, now_ns: int | None = None) -> Compac
         found = part._find(upto) if upto < mq[L.PI_NEXT] else None
         stop = tail if found is None else found[0]
     finally:
-        part._release()
+        _unlock(part._lockp)
     copy = _copy(part, head, head, stop)
     if copy is None:
         return None
@@ -136,7 +137,7 @@ def compact(part, delete_retention_ns: int, now_ns: int | None = None) -> Compac
             if mq[L.PI_HEAD] == head:
                 mq[L.PI_CLEANED] = max(mq[L.PI_CLEANED], upto + 1)
         finally:
-            part._release()
+            _unlock(part._lockp)
         return None
     return _publish(part, head, stop, upto, *plan)
 
@@ -160,7 +161,7 @@ def _copy(part, head, start, stop) -> bytearray | None:
                 a = base + at % cap
                 out[at - start:at - start + n] = src[a:a + n]
             finally:
-                part._release()
+                _unlock(part._lockp)
             at += n
     finally:
         src.release()
@@ -261,7 +262,7 @@ def _publish(part, head, stop, upto, run, removed) -> Compacted | None:
             if end - at <= CATCH_UP or rounds >= CATCH_UP_ROUNDS:
                 return _place(part, head, upto, run, at, tail, removed)
         finally:
-            part._release()
+            _unlock(part._lockp)
         copy = _copy(part, head, at, end)
         if copy is None:
             return None

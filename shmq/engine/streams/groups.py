@@ -30,6 +30,7 @@ from ...errors import CommitFailed, ShmqError
 from ..shm import layout as L
 from ..shm import waits
 from ..shm.process import current_identity, is_alive
+from ..shm.mutex import unlock as _unlock
 
 __all__ = ["Groups", "assign", "owner", "PROXY"]
 
@@ -217,7 +218,7 @@ class Groups:
             self._reap(i)
             yield i, self._members(i)
         finally:
-            self._s._release()
+            _unlock(self._s._lockp)
 
     def _add(self, i, name, members, kind) -> tuple[int, int, int]:
         """Put this process in a free slot of group ``i`` (its ``members`` now), the lock
@@ -248,7 +249,7 @@ class Groups:
             if mine:
                 self._remove(i, mine)
         finally:
-            s._release()
+            _unlock(s._lockp)
 
     def polled(self, name: str, member_id: int, deadline: int) -> bool:
         """Move a member's poll deadline (monotonic ns) on to ``deadline``; False if it is
@@ -263,7 +264,7 @@ class Groups:
                     return True
             return False
         finally:
-            s._release()
+            _unlock(s._lockp)
 
     def generation(self, name: str) -> int:
         """The group's generation, read without the lock (a hint: it only moves forward)."""
@@ -288,7 +289,7 @@ class Groups:
             since = {p: s._mq[self._since_w(i, p)] for p in owned or ()}
             return gen, owned, self._committed(i), since
         finally:
-            s._release()
+            _unlock(s._lockp)
 
     # --------------------------------------------------------------- offsets
     def _committed(self, i) -> dict:
@@ -329,7 +330,7 @@ class Groups:
                 self._set_committed(i, p, off)
             self._set_generation(i, gen, _mono())
         finally:
-            s._release()
+            _unlock(s._lockp)
 
     def _refusal(self, i, where, member_id, generation, gen, owned, named) -> str | None:
         """Why a commit of the partitions ``named`` may not be stored, or None. The fence:
@@ -372,7 +373,7 @@ class Groups:
             if refusal:
                 raise CommitFailed(refusal)
         finally:
-            s._release()
+            _unlock(s._lockp)
 
     def names(self) -> list[str]:
         s = self._s
@@ -380,7 +381,7 @@ class Groups:
         try:
             return sorted(n for used, n, _g, _s in map(self._head, range(L.MAX_GROUPS)) if used)
         finally:
-            s._release()
+            _unlock(s._lockp)
 
     def committed(self, name: str) -> dict:
         s = self._s
@@ -389,7 +390,7 @@ class Groups:
             i = self._find(name)
             return {} if i is None else self._committed(i)
         finally:
-            s._release()
+            _unlock(s._lockp)
 
     def members(self, name: str) -> int:
         """How many live members the group has."""
@@ -402,7 +403,7 @@ class Groups:
             self._reap(i)
             return len(self._members(i))
         finally:
-            s._release()
+            _unlock(s._lockp)
 
     def set_offsets(self, name: str, offsets: dict, holder: int = 0) -> None:
         """Set committed offsets while the group has no live member (``Stream.reset``)
@@ -418,7 +419,7 @@ class Groups:
             for p, off in offsets.items():
                 self._set_committed(i, p, off)
         finally:
-            s._release()
+            _unlock(s._lockp)
 
     def forget(self, name: str, partitions=None, holder: int = 0) -> bool:
         """Drop the committed offsets of ``partitions`` (None: the whole group, whose
@@ -442,7 +443,7 @@ class Groups:
                     self._set_committed(i, p, _NO)
             return True
         finally:
-            s._release()
+            _unlock(s._lockp)
 
     def floor(self, partition: int, idle_ns: int) -> int | None:
         """The lowest offset of ``partition`` a group still needs (retention="block"),
@@ -465,4 +466,4 @@ class Groups:
                 low = off if low is None else min(low, off)
             return low
         finally:
-            s._release()
+            _unlock(s._lockp)

@@ -223,7 +223,6 @@ class Partition:
         self._index_w = L.PART_INDEX_OFF >> 3
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.PART_MUTEX_OFF)))
         self._lockp = self._mutex.ptr
-        self._release = self._mutex.release  # (a C call, no Python frame before the unlock: mutex.let_go)
         self.durability = durability
         self._logged = durability == "wal"
         self._marked = durability == "snapshot"
@@ -301,7 +300,7 @@ class Partition:
         try:
             return self._low(), self._mq[L.PI_NEXT]
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def stable(self) -> int:
         """The last stable offset: a reader of records reads below it (the first offset of
@@ -310,7 +309,7 @@ class Partition:
         try:
             return self._stable()
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def _stable(self):
         mq = self._mq
@@ -323,7 +322,7 @@ class Partition:
         try:
             self._mq[L.PI_STABLE] = 0 if offset is None else offset + 1
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def hide(self, spans, flag: int) -> int:
         """Set ``flag`` (FLAG_ABORTED: an aborted transaction's records; FLAG_CONTROL: its
@@ -351,7 +350,7 @@ class Partition:
                         self._mm[fw:fw + 4] = (flags | flag).to_bytes(4, "little")
                         done += 1
         finally:
-            self._release()
+            _unlock(self._lockp)
         return done
 
     def _low(self):
@@ -371,7 +370,7 @@ class Partition:
                     "appended_total": mq[L.PI_APPENDED], "dropped_total": mq[L.PI_DROPPED],
                     "compactions_total": mq[L.PI_COMPACTIONS], "compacted_bytes_total": mq[L.PI_BYTES_COMPACTED]}
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def _find(self, offset):
         """(position, offset) of the first record at or after ``offset`` (earliest <=
@@ -482,7 +481,7 @@ class Partition:
                         self.give_back()
                     return first
             finally:
-                self._release()
+                _unlock(self._lockp)
             if room is not None:  # past half the ring, or records to drop: a compacted stream compacts first
                 asked = True
                 self.make_room()
@@ -631,7 +630,7 @@ class Partition:
                 for a, b in arc(base, cap, lo, hi):
                     mem.map_in(a, b)
             finally:
-                self._release()
+                _unlock(self._lockp)
             done = hi - start
         return done
 
@@ -678,7 +677,7 @@ class Partition:
                 if retention_ns or retention_bytes else 0
             return dropped, self.give_back(now)
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def _expire(self, retention_ns, retention_bytes, limit, wall) -> int:
         """Drop the records retention no longer keeps, at most EXPIRE_MAX a call (the next
@@ -715,7 +714,7 @@ class Partition:
         try:
             return self._txn_batch(txn_id)
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def _txn_slot(self, txn_id):
         """(slot of ``txn_id`` or None, the slot to take for a new one). Lock held."""
@@ -802,7 +801,7 @@ class Partition:
             mq[L.PI_DROPPED] += n
             return n
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     # ------------------------------------------------------------------ the high-water mark
     def _raise_mark(self, need):
@@ -835,7 +834,7 @@ class Partition:
         try:
             return self._new_epoch()
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     # ------------------------------------------------------------------ snapshots and rebuilds
     def export(self, roll_bytes: int | None = None, roll_ns: int | None = None, backup: bool = False) -> Image:
@@ -870,7 +869,7 @@ class Partition:
             copy = ring.copy_used(mm, base, cap, head, tail)
             txns = self._txn_rows()
         finally:
-            self._release()
+            _unlock(self._lockp)
         rows = []
         for o, (status, _length, bl, hl, flags, off, ts, klen) in ring.copied_records(copy, cap, head, tail):
             if status & 0xFF != _PAD:
@@ -930,7 +929,7 @@ class Partition:
             for txn_id, batch, end, *ns in txns:
                 self._txn_note(txn_id, batch, end, ns[0] if ns else 0)
         finally:
-            self._release()
+            _unlock(self._lockp)
         return len(rows)
 
     # ------------------------------------------------------------------ the disk tail
@@ -948,7 +947,7 @@ class Partition:
         try:
             self._mq[L.PI_DISK_FIRST] = 0 if offset is None else offset + 1
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     # ------------------------------------------------------------------ read
     def _in_range(self, offset):
@@ -990,7 +989,7 @@ class Partition:
             cols = read_columns(self._mm, self._base, self._cap, found[0], mq[L.PI_TAIL], max_records, stop, clean)
             return cols if cols[11] else cols[:11] + (max(offset, min(found[1], stop)),)
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def read(self, offset: int, max_records: int, max_bytes: int | None = None, visible: bool = False) -> list:
         """Up to ``max_records`` records from ``offset`` on, as (offset, timestamp, key,
@@ -1057,7 +1056,7 @@ class Partition:
                     out.next = last + 1 if looked else max(offset, min(found[1], stop))
                 return out
         finally:
-            self._release()
+            _unlock(self._lockp)
         rows, resume = self._tail.read(directory, offset, max_records, earliest, max_bytes)
         if not rows:
             raise self._lost(offset, earliest if resume is None else resume, end)

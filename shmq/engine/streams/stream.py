@@ -121,7 +121,6 @@ class Stream:
         self.created_at = created / 1e9
         self._mutex = RobustMutex(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.STREAM_MUTEX_OFF)))
         self._lockp = self._mutex.ptr
-        self._release = self._mutex.release  # (a C call, no Python frame before the unlock: mutex.let_go)
         self._parts = [None] * parts
         self._turn = itertools.count(random.randrange(parts))  # where key-less appends start
         self.groups_table = Groups(self)
@@ -231,7 +230,7 @@ class Stream:
         try:
             self._store(values)
         finally:
-            self._release()
+            _unlock(self._lockp)
 
     def _store(self, values: dict) -> None:
         store_live(self._mq, values)
@@ -269,7 +268,7 @@ class Stream:
             self.groups_table.grown(old, old + n)
             self._store({"partitions": old + n})  # the commit
         finally:
-            self._release()
+            _unlock(self._lockp)
         return old + n
 
     def _shared_with(self) -> int | None:
@@ -639,7 +638,7 @@ class Stream:
             try:
                 posts = waits.owed_posts(self._mq, _READERS, 2**31)
             finally:
-                self._release()
+                _unlock(self._lockp)
             for _ in range(posts):
                 self._ne.release()
 
@@ -695,7 +694,7 @@ class Stream:
         self._acquire()
         mq[L.SI_CWAIT] += 1
         mq[L.SI_BELLS] += bell
-        self._release()
+        _unlock(self._lockp)
         try:
             return ready() or waits.sleep_slice(self._ne, deadline, _mono(), slice_s=WAIT_SLICE_S) == 2
         finally:
@@ -705,7 +704,7 @@ class Stream:
             mq[L.SI_CWAIT] = n
             if mq[L.SI_CPOSTED] > n:
                 mq[L.SI_CPOSTED] = n
-            self._release()
+            _unlock(self._lockp)
 
     # ------------------------------------------------------------------ groups
     def consumer(self, group: str, auto_offset_reset: str = "earliest", **options):
