@@ -1897,13 +1897,12 @@ static PyObject *batch_enter(Batch *self, PyObject *unused) {
     self->k = k;
     self->pos = PyMem_Malloc(k * sizeof(uint64_t));
     if (!self->pos) {
-        PyMem_Free(bl);
         Py_DECREF(mm);
         PyErr_NoMemory();
         self->state = RES_DONE;
-        self->pos = bl + n, self->k = k; /* (read by the abandon below, then forgotten) */
-        batch_abandon(self);
-        self->pos = NULL;
+        self->k = 0;
+        abandon_claimed(q, bl + n, k); /* (before bl, which holds the positions, is freed) */
+        PyMem_Free(bl);
         return NULL;
     }
     memcpy(self->pos, bl + n, k * sizeof(uint64_t));
