@@ -37,6 +37,19 @@ def test_a_batch_write_places_rows_by_partition_key_or_task_and_leaves_no_stagin
     assert broker.list_streams() == ["out"]  # the job's staging stream is gone
 
 
+def test_binary_keys_and_values_arrive_byte_for_byte_empty_and_large_ones_too(spark, broker, sink):
+    """Binary columns of rows a projection made (the JVM sink copies them from the row's own memory)."""
+    out = broker.create_stream("out", partitions=2)
+    df = spark.range(120).selectExpr(
+        "case when id % 3 = 0 then null else cast(cast(id as string) as binary) end as key",
+        "unhex(repeat(lpad(hex(id % 256), 2, '0'), case when id = 7 then 70000 else id * 37 % 300 end)) as value")
+    df.write.format(sink).option("stream", "out").option("namespace", broker.namespace).mode("append").save()
+    got = sorted(((k, v) for rows in everything(out).values() for k, v, _h in rows), key=lambda kv: (len(kv[1]), kv[1]))
+    want = sorted(((None if i % 3 == 0 else str(i).encode(), bytes([i % 256]) * (70000 if i == 7 else i * 37 % 300))
+                   for i in range(120)), key=lambda kv: (len(kv[1]), kv[1]))
+    assert got == want
+
+
 def test_a_streaming_query_into_a_stream_keeps_per_key_order_and_reclaims_its_staging(spark, broker, sink, tmp_path):
     src = broker.create_stream("in", partitions=2)
     out = broker.create_stream("out", partitions=2)

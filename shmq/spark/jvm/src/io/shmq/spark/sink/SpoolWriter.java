@@ -19,9 +19,9 @@ import java.nio.file.attribute.PosixFilePermissions;
 
 /**
  * A task of the JVM sink: its rows, as Spark hands them, written to a spool of its own in /dev/shm (an Arrow IPC
- * file, owner-only, Spark's own row-to-Arrow writer), a batch every {@link #ROWS} rows or {@link #BYTES} bytes; its
- * commit message names the spool ({@link Spool}); an abort deletes it. No lock, no other process: the driver's commit
- * hands the spools to the publisher.
+ * file, owner-only, Spark's own row-to-Arrow writer, its binary columns by {@link RowBinaryWriter}), a batch every
+ * {@link #ROWS} rows or {@link #BYTES} bytes; its commit message names the spool ({@link Spool}); an abort deletes
+ * it. No lock, no other process: the driver's commit hands the spools to the publisher.
  */
 final class SpoolWriter implements DataWriter<InternalRow> {
     static final int ROWS = 16384;
@@ -42,7 +42,7 @@ final class SpoolWriter implements DataWriter<InternalRow> {
         this.path = path;
         this.task = task;
         this.epoch = epoch;
-        arrow = ArrowWriter.create(schema, timeZone, true, false);
+        arrow = RowBinaryWriter.create(schema, timeZone);
         root = arrow.root();
         FileChannel ch = null;
         try {
