@@ -49,7 +49,7 @@ final class Publisher {
             if (chosen == null && System.getenv("PYSPARK_PYTHON") == null) {
                 chosen = active.sparkContext().getConf().get("spark.pyspark.python", null);
             }
-        } catch (RuntimeException e) {
+        } catch (Exception e) { // (Spark's SparkException, which Java does not see thrown)
             // no active session (a test's own JVM): the environment says
         }
         if (chosen == null) {

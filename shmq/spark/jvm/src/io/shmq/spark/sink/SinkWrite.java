@@ -27,7 +27,10 @@ import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Optional;
+import java.util.Set;
+import java.util.TreeMap;
 import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
 
 /**
  * The "shmq" sink in the JVM (issue 46): {@code df.write.format("shmq")} and {@code df.writeStream.format("shmq")}.
@@ -42,6 +45,11 @@ public final class SinkWrite implements WriteBuilder, SupportsTruncate, Write {
     private static final Logger LOG = LoggerFactory.getLogger("shmq.spark");
     private static final String[][] COLUMNS = {{"value", "binary", "string"}, {"key", "binary", "string"},
             {"partition", "int", "bigint", "smallint"}, {"headers", "map<string,string>"}};
+
+    /** The streaming queries (id and options) whose target the publisher has checked: Spark builds the write anew
+     * for every micro-batch, and the check (a round trip to the publisher, ~5 ms in a busy driver) is the first's. */
+    private static final Set<String> CHECKED = ConcurrentHashMap.newKeySet();
+    private static final int CHECKED_MOST = 1024;
 
     private final LogicalWriteInfo info;
     private final SourceOptions opts;
@@ -238,7 +246,14 @@ public final class SinkWrite implements WriteBuilder, SupportsTruncate, Write {
 
         Streaming(String query) {
             this.query = query;
-            check(Publisher.get());
+            String key = query + "\n" + new TreeMap<>(raw);
+            if (!CHECKED.contains(key)) {
+                check(Publisher.get());
+                if (CHECKED.size() >= CHECKED_MOST) {
+                    CHECKED.clear(); // (a driver that ran that many queries: each checks again)
+                }
+                CHECKED.add(key);
+            }
             this.prefix = spoolPrefix(query);
         }
 
