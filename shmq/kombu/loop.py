@@ -181,7 +181,11 @@ class EventLoop:
     its own turns (a task's result, an ack) find the next messages, and a producer's puts
     post nobody: a queue emptied by each take would otherwise cost a thread's wake-up and
     a ring per message, in the worker and in the producer. A settle, a new consumer or a
-    new prefetch needs no ring: the next turn looks. A line is armed only while its
+    new prefetch needs no ring: the next turn looks. A turn that delivered wakes the loop
+    for the next at once: the hub's other tick callbacks may have run before this one in
+    the turn (a set's order), and the prefork pool's hands a delivered job to a child only
+    at a turn's start (``AsynPool.on_poll_start``); else the job waits out the poll, up to
+    the pool's next timer (5 s). A line is armed only while its
     channel can take one more message (over TCP each armed line brings one: a channel
     that consumes N queues may so hold up to N - 1 past its prefetch)."""
 
@@ -275,6 +279,8 @@ class EventLoop:
                         line.quiet = None
                     budget -= 1
                     deliver(message, queue)
+        if budget < self.BUDGET:
+            self.wake()  # (the deliveries' jobs are the next turn's to hand over: no wait before it)
 
     def _quiet(self, ch, queue, line) -> None:
         """(A timer on the loop.) ``queue`` was empty ``QUIET_S`` ago: one more try, and if
