@@ -127,7 +127,6 @@ class OptionsModel(RuleBasedStateMachine):
         m = Msg(msg_id, body, priority, self.wall + int(delay * 1e9) if delay else 0,
                 min(expires) if expires else 0, group, self.wall)
         m.deadline = due
-        m.extended = bool(ttl or dedup_id)  # a record with an extension block the plain C take leaves alone
         self.msgs[msg_id] = m
         if dedup_id:
             self.dedup[dedup_id] = (msg_id, self.wall + int(WINDOW * 1e9))
@@ -154,10 +153,7 @@ class OptionsModel(RuleBasedStateMachine):
             got = []
         # one message per group per take: the model's first n, the same
         ids, want = [d.id for d in got], [m.id for m in expect[:n]]
-        if not (not self.pure and 0 < len(ids) < len(want) and ids == want[:len(ids)] and expect[len(ids)].extended):
-            assert ids == want
-        # else the known defect test_get_many_on_the_c_path_goes_past_a_ttl_or_dedup_record keeps (strict xfail):
-        # the plain C take stops short at such a record, which stays ready (the model's next take finds it)
+        assert ids == want
         for d in got:
             assert d.enqueued_at == self.msgs[d.id].enq / 1e9
             self._taken(d, mode)
@@ -287,11 +283,11 @@ TestPurePythonOneLevelOptionsModel = PurePythonOneLevelOptionsModel.TestCase
 TestPurePythonOneLevelOptionsModel.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
 
 
-@pytest.mark.xfail(strict=True, reason="known defect (found by TestOneLevelOptionsModel in CI, 2026-11-27): the C "
-                   "take_many stops at a record with an extension block (a TTL, a dedup id) and get_many hands back "
-                   "the short batch; the fix is in the engine, with every bench rerun")
-@pytest.mark.parametrize("extension", [{"ttl": 2}, {"dedup_id": "d"}])
-def test_get_many_on_the_c_path_goes_past_a_ttl_or_dedup_record(namespace, extension):
+@pytest.mark.parametrize("mode", [{}, {"ack": False}, {"copy": False}], ids=["lease", "auto", "view"])
+@pytest.mark.parametrize("extension", [{"ttl": 2}, {"dedup_id": "d"}], ids=["ttl", "dedup"])
+def test_get_many_on_the_c_path_goes_past_a_ttl_or_dedup_record(namespace, extension, mode):
+    """Found by the model in CI: the C take stops at a record with an extension block and
+    hands back what it took before it; get_many goes on past it, and after it in C."""
     broker = shmq.connect(namespace=namespace)
     try:
         q = broker.create_queue("m", priorities=1)
@@ -299,7 +295,12 @@ def test_get_many_on_the_c_path_goes_past_a_ttl_or_dedup_record(namespace, exten
             q.get(timeout=0)  # (a consumer slot: the C paths from here)
         q.put(b"a")
         q.put(b"b", **extension)
-        assert [d.body for d in q.get_many(2, timeout=0)] == [b"a", b"b"]
+        q.put(b"c")
+        assert [bytes(d.body) for d in q.get_many(2, timeout=0, **mode)] == [b"a", b"b"]
+        q.put(b"d", **{k: v + "2" if k == "dedup_id" else v for k, v in extension.items()})
+        q.put(b"e")
+        assert [bytes(d.body) for d in q.get_many(8, timeout=0, **mode)] == [b"c", b"d", b"e"]
+        assert q.stats().ready == 0
     finally:
         broker.delete_queue("m")
         broker.close()

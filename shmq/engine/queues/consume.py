@@ -299,14 +299,38 @@ class Consuming:
                                                                                  "visibility_timeout")
             r = take_many(self, self._segp, self._base, self._cap, self._slot, vis_ns,
                           self.max_deliveries or 0, _mono(), max_messages, max_bytes or 0, mode, self._ring)
-            if type(r) is list:
-                return r
             if type(r) is tuple:  # auto-acked
                 if r[1]:
                     self._nf.release()
-                return r[0]
+                r = r[0]
+            if type(r) is list:
+                return r if len(r) == max_messages or max_bytes else self._rest(r, max_messages, vis_ns,
+                                                                                 visibility_timeout, mode)
             return self._fast_wait(r, max_messages, timeout, visibility_timeout, max_bytes, mode)
         return self._get(max_messages, timeout, visibility_timeout, max_bytes, mode)
+
+    def _rest(self, got, maxn, vis_ns, visibility_timeout, mode):
+        """``got``, a C take's batch of fewer than ``maxn``, with what else is ready: the C
+        take stops at a record it leaves to Python (one with an extension block: a TTL, a
+        dedup id) and hands back what it took before it. Past the frontier (one look, no
+        lock) the C take goes on, and the general take where it stops again; neither
+        waits. (Without ``max_bytes`` only: with it a batch may also end there.)"""
+        mq = self._mq
+        while len(got) < maxn and mq[I_FRONTIER] < mq[I_TAIL] and self._slot >= 0:
+            r = self._c_take(maxn - len(got), vis_ns, None, mode, 0)
+            if type(r) is list:
+                got += r
+                continue
+            if r == _F_OWNERDEAD:
+                self._repair_held_lock()
+            elif r != _F_FALLBACK:
+                break  # (empty by now, or the lock held long: what was taken goes out)
+            try:
+                got += self._get(maxn - len(got), 0, visibility_timeout, None, mode)
+            except QueueEmpty:
+                pass
+            break
+        return got
 
     def _poll(self, maxn, visibility_timeout=None, max_bytes=None, ack=True, copy=True):
         """A take that never waits: a delivery (``maxn`` 0) or a list of up to ``maxn``, or
@@ -317,6 +341,8 @@ class Consuming:
             vis_ns = self._vis_ns if visibility_timeout is None else _seconds_ns(visibility_timeout,
                                                                                  "visibility_timeout")
             r = self._c_take(maxn, vis_ns, max_bytes, mode, 0)
+            if type(r) is list:
+                return r if len(r) == maxn or max_bytes else self._rest(r, maxn, vis_ns, visibility_timeout, mode)
             if type(r) is not int:
                 return r
             if r == _F_EMPTY:
@@ -362,6 +388,8 @@ class Consuming:
                 r = _F_FALLBACK
                 continue
             r = self._c_take(maxn, vis_ns, max_bytes, mode, wait)
+            if type(r) is list:
+                return r if len(r) == maxn or max_bytes else self._rest(r, maxn, vis_ns, visibility_timeout, mode)
             if type(r) is not int:
                 return r
             if r != _F_BUSY and r != _F_OWNERDEAD:
