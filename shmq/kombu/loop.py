@@ -183,7 +183,7 @@ class EventLoop:
     a ring per message, in the worker and in the producer. A settle, a new consumer or a
     new prefetch needs no ring: the next turn looks. A turn that delivered wakes the loop
     for the next at once: the hub's other tick callbacks may have run before this one in
-    the turn (a set's order), and the prefork pool's hands a delivered job to a child only
+    the turn (a set's order), and the prefork pool hands a delivered job to a child only
     at a turn's start (``AsynPool.on_poll_start``); else the job waits out the poll, up to
     the pool's next timer (5 s). A line is armed only while its
     channel can take one more message (over TCP each armed line brings one: a channel
