@@ -152,8 +152,7 @@ class OptionsModel(RuleBasedStateMachine):
         except shmq.QueueEmpty:
             got = []
         # one message per group per take: the model's first n, the same
-        ids, want = [d.id for d in got], [m.id for m in expect[:n]]
-        assert ids == want
+        assert [d.id for d in got] == [m.id for m in expect[:n]]
         for d in got:
             assert d.enqueued_at == self.msgs[d.id].enq / 1e9
             self._taken(d, mode)
