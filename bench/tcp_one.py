@@ -2,7 +2,7 @@
 
 A ``shmq server --no-persist --no-auth`` of its own (``--server-arg`` adds options, e.g.
 ``--server-arg=--loop=asyncio``), one queue large enough for every run, and one client
-process on one connection:
+process on one connection (two for ``pingpong``):
 
 - ``--role produce``: put ``--batch`` bodies of ``--size`` bytes per request until
   ``--count`` messages are in;
@@ -15,6 +15,11 @@ process on one connection:
   one's delivery) written ``--window`` at a time ahead of their replies: the server never
   waits for the client, so its CPU per request is its own work on them, without its spins
   and wake-ups.
+- ``--role pingpong``: ``--count`` round trips over two queues between two client
+  processes: a put, the other side's waiting get + ack(wait=False) and its put back, the
+  waiting get + ack here (bench.tcp's ping-pong): what a get that waits costs the server,
+  lined up and answered. Per round trip: the server's CPU, and the pinger's and the
+  ponger's (the client CPU figure is theirs together); the server is not pinned.
 
 Two clients each:
 
@@ -48,6 +53,7 @@ from bench.plan import pin_cpus
 from bench.prefetch import consume_acked
 
 QUEUE = "one"
+BACK = "back"  # pingpong's way back
 
 
 def _connect(url, args):
@@ -93,6 +99,33 @@ def _get_client(url, count, args):
                 q.get().ack(wait=False)
             b.ping()  # every ack handled
         return _timed(run)
+
+
+def _pinger(url, count, args):
+    with _connect(url, args) as b:
+        there, back = b.queue(QUEUE), b.queue(BACK)
+        body = b"x" * args.size
+
+        def run():
+            for _ in range(count):
+                there.put(body)
+                back.get().ack(wait=False)
+            b.ping()  # every ack handled
+        return _timed(run)
+
+
+def _ponger(url, count, args):
+    with _connect(url, args) as b:
+        there, back = b.queue(QUEUE), b.queue(BACK)
+        return _timed(lambda: _pong(b, there, back, count))
+
+
+def _pong(b, there, back, count):
+    for _ in range(count):
+        d = there.get()
+        d.ack(wait=False)
+        back.put(d.body)
+    b.ping()
 
 
 def _connect_raw(url):
@@ -229,7 +262,7 @@ def _consume_raw_run(url, count, args):
 CLIENTS = {("produce", "client"): _produce_client, ("produce", "raw"): _produce_raw,
            ("consume", "client"): _consume_client, ("consume", "raw"): _consume_raw,
            ("put", "client"): _put_client, ("get", "client"): _get_client, ("put", "raw"): _plain_raw,
-           ("get", "raw"): _plain_raw}
+           ("get", "raw"): _plain_raw, ("pingpong", "client"): _pinger}
 
 
 def _child(fn, args, cpu, out):
@@ -246,7 +279,7 @@ def _cpu(proc) -> float:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.tcp_one", description=__doc__.splitlines()[0])
-    ap.add_argument("--role", choices=("produce", "consume", "put", "get"), default="produce")
+    ap.add_argument("--role", choices=("produce", "consume", "put", "get", "pingpong"), default="produce")
     ap.add_argument("--client", choices=("client", "raw"), default="client")
     ap.add_argument("--count", type=int, default=200_000, help="messages per run")
     ap.add_argument("--batch", type=int, default=1000, help="produce: bodies per request")
@@ -259,8 +292,10 @@ def main(argv=None):
     ap.add_argument("--server-arg", action="append", default=[], help="an option for shmq server (repeatable)")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="let the OS place server and client")
     args = ap.parse_args(argv)
-    if args.role in ("put", "get"):
+    if args.role in ("put", "get", "pingpong"):
         args.batch = 1
+    if (args.role, args.client) not in CLIENTS:
+        ap.error(f"--role {args.role} has no --client {args.client}")
     import shmq
     from bench.servers import ShmqServer
 
@@ -272,12 +307,14 @@ def main(argv=None):
     rates, costs, client_costs = [], [], []
     try:
         sproc = psutil.Process(server.proc.pid)
-        if cpus:
+        if cpus and args.role != "pingpong":
             sproc.cpu_affinity([cpus[0]])
         record = (48 + args.size + 7) & -8
         with shmq.connect(namespace=ns) as local:
             local.create_queue(QUEUE, max_bytes=max(args.count, 2000) * record + 2**20,
                                max_message_bytes=max(args.size, 1024))
+            if args.role == "pingpong":
+                local.create_queue(BACK, max_message_bytes=max(args.size, 1024))
             q = local.queue(QUEUE)
             for run in range(args.runs + 1):  # the first is a warm-up
                 n = args.count if run else min(args.count, 20 * args.batch)
@@ -285,16 +322,26 @@ def main(argv=None):
                 if args.role in ("consume", "get"):
                     for i in range(0, n, 1000):
                         q.put_many([b"x" * args.size] * min(1000, n - i))
-                out = ctx.Queue()
+                out, pong = ctx.Queue(), ctx.Queue()
+                if args.role == "pingpong":  # (started first: its waiting get is there before the first put)
+                    other = ctx.Process(target=_child, args=(_ponger, (server.url, n, args),
+                                                             cpus[0] if cpus else None, pong))
+                    other.start()
                 p = ctx.Process(target=_child, args=(fn, (server.url, n, args), cpus[1] if cpus else None, out))
                 p.start()
                 c0 = _cpu(sproc)
                 seconds, client_cpu = out.get(timeout=120)
                 c1 = _cpu(sproc)
                 p.join()
+                if args.role == "pingpong":
+                    client_cpu += pong.get(timeout=120)[1]
+                    other.join()
                 s = q.stats()
                 left = (s.ready, s.in_flight)
-                if left != ((n, 0) if args.role in ("produce", "put") else (0, 0)):
+                if args.role == "pingpong":
+                    s = local.queue(BACK).stats()
+                    left += (s.ready, s.in_flight)
+                if left != ((n, 0) if args.role in ("produce", "put") else (0,) * len(left)):
                     raise RuntimeError(f"after the run: {left} (ready, in flight) for {n} messages")
                 q.purge()
                 if run:
@@ -302,11 +349,14 @@ def main(argv=None):
                     costs.append((c1 - c0) / n * 1e6)
                     client_costs.append(client_cpu / n * 1e6)
             local.delete_queue(QUEUE)
+            if args.role == "pingpong":
+                local.delete_queue(BACK)
     finally:
         server.close()
         shmq.destroy_namespace(ns)
     what = {"produce": f"put_many of {args.batch} x {args.size} B", "put": f"put of {args.size} B",
             "get": f"get + ack(wait=False) of {args.size} B",
+            "pingpong": f"round trips of {args.size} B (msgs/s: round trips/s; CPU a round trip, the clients' both)",
             "consume": f"consume(prefetch={args.prefetch}) + acks of {args.size} B"}[args.role]
     if args.busy_poll_us is not None:
         what += f", client busy_poll_us={args.busy_poll_us}"
