@@ -23,7 +23,8 @@ from ..protocol import (HEADER_SIZE, REPLY_BIT, FrameDecoder, MsgType, PushType,
                         encode_reply)
 from ..protocol.requests import check_request
 from ..protocol.status import error_details, reason_of, status_of
-from .handlers import HANDLERS, PLAIN, BlockingAppend, OffLoop, OnLoop, Wait, give_back_consumers, waiting_consume
+from .handlers import (HANDLERS, PLAIN, BlockingAppend, OffLoop, OnLoop, Wait, give_back_consumers, plain_take,
+                       waiting_consume)
 from .leases import Leases
 from .members import Members
 from .subscriptions import Subscriptions
@@ -439,7 +440,7 @@ class Connection(asyncio.BufferedProtocol):
         """The end of a wait: what it got (maybe nothing) or an error."""
         self.waiters.discard(w)
         self.clocks.last_active = self.server.loop.time()
-        if type(result) is bytes:  # its reply frame, made in C (handlers._plain_take)
+        if w.take is plain_take and type(result) is bytes:  # its reply frame, made in C (not a KV GET's value)
             self.send(result)
             return
         if isinstance(result, BaseException):

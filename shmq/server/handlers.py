@@ -64,8 +64,8 @@ from . import txns
 from .anyline import AnyLine
 from .waiters import NOTHING
 
-__all__ = ["HANDLERS", "PLAIN", "Wait", "waiting_consume", "BlockingAppend", "OffLoop", "OnLoop", "RECORD_OVERHEAD",
-           "fill", "give_back_consumers"]
+__all__ = ["HANDLERS", "PLAIN", "Wait", "waiting_consume", "plain_take", "BlockingAppend", "OffLoop", "OnLoop",
+           "RECORD_OVERHEAD", "fill", "give_back_consumers"]
 
 RECORD_OVERHEAD = 128  # bytes a message or record adds to a reply besides its bytes and headers
 
@@ -86,8 +86,8 @@ class Wait:
 
     def args_for(self, conn, msg_id) -> tuple:
         """The ``args`` its ``take`` is tried with in the line: a CONSUME the C path may
-        answer (``_plain_take``) adds what C needs for its reply frame."""
-        if self.take is _plain_take:
+        answer (``plain_take``) adds what C needs for its reply frame."""
+        if self.take is plain_take:
             return (*self.args, conn.server.plain, conn.leases, msg_id)
         return self.args
 
@@ -340,7 +340,7 @@ def consume(conn, f):
     args = (q, most, vis, budget if max_bytes is None else min(budget, max_bytes), not f.get("auto_ack"),
             f.get("rows", False))
     in_c = server.plain is not None and vis is None and max_bytes is None and args[4]  # as the C path's CONSUME
-    return _wait_or_answer(conn, f, server.waiters_of, q, _get, _leased, args, _plain_take if in_c else None)
+    return _wait_or_answer(conn, f, server.waiters_of, q, _get, _leased, args, plain_take if in_c else None)
 
 
 def plain_consume(conn, msg_id, f):
@@ -352,7 +352,7 @@ def plain_consume(conn, msg_id, f):
     got = _get(args)
     if got is None:
         if f["wait_ms"] and not server.stopping:
-            take = _get if server.plain is None else _plain_take
+            take = _get if server.plain is None else plain_take
             return Wait(server.waiters_of(q), take, _leased, args, f["wait_ms"])
         return _CONSUMED.frame(msg_id, [])
     return _CONSUMED.frame(msg_id, conn.leases.lease(q, got))
@@ -365,7 +365,7 @@ def consumed_frame(leases, msg_id, q, ds, rows) -> bytes:
 
 
 def _get(args):
-    try:  # (args[5], rows, is the reply's; a waiting CONSUME's own go on: _plain_take)
+    try:  # (args[5], rows, is the reply's; a waiting CONSUME's own go on: plain_take)
         return args[0].get_many(args[1], timeout=0, visibility_timeout=args[2], max_bytes=args[3], ack=args[4])
     except QueueEmpty:
         return None
@@ -375,11 +375,11 @@ def waiting_consume(conn, msg_id, q, most, rows) -> tuple:
     """(take, reply, args) of a CONSUME (a lease, no ``visibility_ms`` nor ``max_bytes``) that
     the plain path in C found nothing for, as ``consume`` has it wait (``Connection.wait_plain``)."""
     server = conn.server
-    return _plain_take, _leased, (q, most, None, _reply_budget(server, most), True, rows, server.plain, conn.leases,
+    return plain_take, _leased, (q, most, None, _reply_budget(server, most), True, rows, server.plain, conn.leases,
                                   msg_id)
 
 
-def _plain_take(args):
+def plain_take(args):
     """A waiting CONSUME tried again in C (``Plain.deliver``): its reply frame made there,
     or None; where C leaves it, ``_get``'s try. ``args``: ``_get``'s, then the C path, the
     connection's leases and the request's id (``Wait.args_for``)."""
