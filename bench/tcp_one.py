@@ -323,7 +323,7 @@ def main(argv=None):
                     for i in range(0, n, 1000):
                         q.put_many([b"x" * args.size] * min(1000, n - i))
                 out, pong = ctx.Queue(), ctx.Queue()
-                if args.role == "pingpong":  # (started first: its waiting get is there before the first put)
+                if args.role == "pingpong":  # the other side: each put echoed back
                     other = ctx.Process(target=_child, args=(_ponger, (server.url, n, args),
                                                              cpus[0] if cpus else None, pong))
                     other.start()

@@ -873,11 +873,12 @@ def test_the_kafka_bench_quick_runs_every_system_and_says_the_targets(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("role", ["put", "get"])
+@pytest.mark.parametrize("role", ["put", "get", "pingpong"])
 def test_the_one_connection_bench_costs_one_plain_request_on_each_side(role):
-    """``python -m bench.tcp_one --role put|get``: plain requests one at a time, every message
-    accounted for (the bench checks the queue after each run), the server's and the
-    client's CPU per message, busy polling off on both ends; nothing left behind."""
+    """``python -m bench.tcp_one --role put|get|pingpong``: plain requests one at a time (a
+    ping-pong's gets waiting), every message accounted for (the bench checks the queues after
+    each run), the server's and the clients' CPU per message, busy polling off on both ends;
+    nothing left behind."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     servers_before = _orphaned_bench_servers()
     pid, code, stdout, stderr = _run(["--role", role, "--size", "64", "--count", "300", "--runs", "1",
@@ -885,7 +886,8 @@ def test_the_one_connection_bench_costs_one_plain_request_on_each_side(role):
                                      module="bench.tcp_one")
     assert code == 0, stdout + stderr
     head, figures = stdout.splitlines()[-2:]
-    what = "put of 64 B" if role == "put" else "get + ack(wait=False) of 64 B"
+    what = {"put": "put of 64 B", "get": "get + ack(wait=False) of 64 B",
+            "pingpong": "round trips of 64 B (msgs/s: round trips/s; CPU a round trip, the clients' both)"}[role]
     assert head.startswith(f"one connection, client client, {what}, client busy_poll_us=0; 300 messages")
     assert re.fullmatch(r"\s+[\d,]+ msgs/s  \([\d,]+ \.\. [\d,]+\); server CPU [\d.]+ us/msg, "
                         r"client CPU [\d.]+ us/msg", figures), figures
