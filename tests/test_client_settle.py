@@ -5,6 +5,7 @@ consumer SIGKILLed between its acks and its next get loses nothing."""
 import multiprocessing as mp
 import os
 import signal
+import time
 
 import shmq
 from shmq.client import remote
@@ -171,3 +172,24 @@ def test_the_asyncio_client_sends_an_ack_without_waiting_with_the_next_get(tcp_s
     assert writes == [[MsgType.CONSUME], [MsgType.ACK, MsgType.CONSUME], [MsgType.ACK],
                       [MsgType.PRODUCE_BATCH, MsgType.PING]]
     assert (q.stats().acked_total, q.stats().ready) == (2, 50)
+
+
+def test_acks_taken_along_by_the_next_gets_leave_the_flusher_asleep(tcp_server, broker, monkeypatch):
+    """While posts keep coming (an ack after each get, taken along by the next), the flusher
+    looks once a linger and is not woken again: a post wakes it only when it went idle."""
+    monkeypatch.setattr(remote, "LINGER_S", 0.2)
+    q = broker.create_queue("q")
+    q.put_many([b"x"] * 100_000)
+    with shmq.connect(tcp_server.url) as b:
+        rq = b.queue("q")
+        rq.get(timeout=5).ack(wait=False)  # the first post starts the flusher and wakes it
+        flusher = b._link.flusher
+        wakes, wake = [], flusher.due.set
+        flusher.due.set = lambda: wakes.append(1) or wake()
+        end, n = time.monotonic() + 1.0, 1
+        while time.monotonic() < end:  # five lingers' worth of posts
+            rq.get(timeout=5).ack(wait=False)
+            n += 1
+        rq.get(timeout=5).ack()
+    assert len(wakes) <= 1, len(wakes)  # (one: a get that stalled a whole linger, on a busy machine)
+    assert q.stats().acked_total == n + 1

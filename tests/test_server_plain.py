@@ -42,11 +42,17 @@ class Counted:
         assert plain is not None
         self.plain, self.side = plain, side
 
-    def serve(self, data, leases, most):
-        served = self.plain.serve(data, leases, most)
+    def serve(self, data, leases, most, *wait):
+        served = self.plain.serve(data, leases, most, *wait)
         if served is not None:
             self.side.served += served[2]
         return served
+
+    def deliver(self, *args):
+        got = self.plain.deliver(*args)
+        if got is not False:
+            self.side.delivered += 1
+        return got
 
     def forget(self):
         self.plain.forget()
@@ -74,6 +80,7 @@ class Side:
         self.server = TcpServer(self.broker, port=0)
         self.server.loop = self.loop
         self.served = 0  # requests served in C
+        self.delivered = 0  # waiting CONSUMEs tried again in C (Plain.deliver)
         if in_c:
             self.server.plain = Counted(plain_seam.plain_server(self.server), self)
         self.transport = Transport()
@@ -107,13 +114,15 @@ class Side:
         if n < len(data):
             self.read(data[n:])
 
-    def replies(self) -> list:
-        """The replies written since the last call, normalized: tags as their order, times out."""
+    def replies(self, by_id=False) -> list:
+        """The replies written since the last call, normalized: tags as their order, times out
+        (``by_id``: the replies in the order of their msg ids, their tags in that order)."""
         for data in self.transport.written:
             self.decoder.feed(data)
         self.transport.written.clear()
         out = []
-        for f in self.decoder.frames():
+        frames = list(self.decoder.frames())
+        for f in sorted(frames, key=lambda f: f.msg_id) if by_id else frames:
             payload = f.payload
             if f.type & 0x7F == MsgType.CONSUME and not f.status:
                 payload = {"messages": [self._message(m) for m in payload["messages"]]}
@@ -133,6 +142,7 @@ class Side:
             return [m[0], len(self.tags) - 1, m[2], m[3], None, *rest]
         self.tags.append(m["delivery"])
         return {**m, "delivery": len(self.tags) - 1, "enqueued_at": None, "headers": _unnamed(m.get("headers"))}
+
 
     def state(self):
         out = {}
@@ -156,7 +166,7 @@ class Side:
 @pytest.fixture
 def sides(namespace):
     """A pair of sides, C's and Python's; a Hypothesis example's pair is closed as the next
-    example makes its own (its servers, namespaces and threads gone with it)."""
+    example makes its own (its waiting gets' doorbell threads end with it)."""
     made, count = [], 0
 
     def close():
@@ -182,6 +192,7 @@ ops = st.one_of(
     st.tuples(st.just("put"), _queue, _body),
     st.tuples(st.just("batch"), _queue, st.lists(_body, min_size=1, max_size=70), st.booleans(), st.booleans()),
     st.tuples(st.just("get"), _queue, st.integers(1, 70), st.booleans()),
+    st.tuples(st.just("wait"), _queue, st.integers(1, 70), st.booleans()),  # a get that waits for what comes
     st.tuples(st.just("ack"), _queue, st.lists(st.integers(0, 40), max_size=6)),
     st.tuples(st.just("fields"), st.sampled_from([MsgType.PRODUCE, MsgType.PRODUCE_BATCH, MsgType.CONSUME,
                                                   MsgType.ACK]),
@@ -203,10 +214,10 @@ def encode(side, op) -> bytes:
         messages = [{"body": b} for b in bodies] if as_maps else bodies
         payload = {"queue": queue, "messages": messages, **({"each": True} if each else {})}
         return encode_request(MsgType.PRODUCE_BATCH, side.msg_id(), payload)
-    if kind == "get":
+    if kind in ("get", "wait"):
         _, queue, most, rows = op
         shape = consume_shape(queue) if most == 1 and not rows else consume_many_shape(queue, most, rows)
-        return shape.frame(side.msg_id(), 0)
+        return shape.frame(side.msg_id(), 0 if kind == "get" else 600_000)
     if kind == "ack":
         tags = [side.tag(i) for i in op[2]]
         if len(tags) == 1:
@@ -219,14 +230,19 @@ def encode(side, op) -> bytes:
 
 def run(pair, reads, cuts=()):
     """Each read's requests on both sides; ``cuts``: where a read's bytes are split into
-    reads of their own (a fraction of its length each), frames arriving in pieces."""
+    reads of their own (a fraction of its length each), frames arriving in pieces. Once a
+    get waits, the replies of a read are compared by msg id: a waiting get answered in a
+    read comes first in C, in its place among the read's replies in Python (replies may
+    come in any order, docs/PROTOCOL.md)."""
+    waited = False
     for i, read in enumerate(reads):
+        waited = waited or any(op[0] in ("wait", "fields") for op in read)
         for side in pair:
             data = b"".join(encode(side, op) for op in read)
             at = sorted({int(f * len(data)) for f in cuts[i % len(cuts)]} - {0}) if cuts else []
             for a, b in zip([0, *at], [*at, len(data)]):
                 side.read(data[a:b])
-        c, py = (side.replies() for side in pair)
+        c, py = (side.replies(by_id=waited) for side in pair)
         assert c == py, read
         assert pair[0].state() == pair[1].state(), read
 
@@ -238,6 +254,7 @@ def test_the_c_path_answers_as_the_python_path(sides, reads):
     pair = sides()
     run(pair, reads)
     event(f"served in C: {'some' if pair[0].served else 'none'}")
+    event(f"waiting gets answered in C: {'some' if pair[0].delivered else 'none'}")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -281,7 +298,8 @@ def test_a_big_batch_in_pieces_is_served_in_c(sides):
 def test_the_c_path_serves_what_the_clients_send(sides):
     """The plain shapes the clients send are served in C: of 100 rounds of each, only the
     few the engine leaves to Python (a ring's next chunk of memory, a new lap) reach the
-    connection's Python dispatch (its hook records what does)."""
+    connection's Python dispatch (its hook records what does); a get that waits is lined up
+    from C, and answered in C when data comes."""
     c, _py = sides()
     # the first put and take of a handle are Python's: memory for the ring's first chunk, and
     # the server's process slot in the queue (registered by its first take)
@@ -305,8 +323,15 @@ def test_the_c_path_serves_what_the_clients_send(sides):
         assert [r[3] for r in c.replies()] == [{"acked": 1}, {"acked": 4}]
     assert len(dispatched) <= 10, dispatched
     dispatched.clear()
-    c.read(consume_shape("q").frame(9, 50))  # nothing ready and a wait: Python makes it wait
-    assert dispatched == [MsgType.CONSUME] and len(c.conn.waiters) == 1
+    # nothing ready and a wait: lined up from C; the data a PRODUCE brings, answered in C first
+    for shape, most in ((consume_shape("q"), 1), (consume_many_shape("q", 2, True), 2)):
+        c.read(shape.frame(9, 50))
+        assert c.replies() == [] and len(c.conn.waiters) == 1
+        c.read(encode_request(MsgType.PRODUCE_BATCH, 10, {"queue": "q", "messages": [b"w"] * most}))
+        got = c.replies()
+        assert [r[:3] for r in got] == [(MsgType.CONSUME | 0x80, 9, Status.OK), (MsgType.PRODUCE_BATCH | 0x80, 10, 0)]
+        assert len(got[0][3]["messages"]) == most and not c.conn.waiters
+    assert dispatched == [] and c.delivered == 2
 
 
 def test_a_delivery_with_headers_and_the_general_take_go_through_python(sides):

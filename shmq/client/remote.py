@@ -310,6 +310,7 @@ class _Link:
         flusher = self.flusher
         if flusher is None:
             flusher = self.flusher = _Flusher(self)
+        flusher.posted = True
         if flusher.idle:
             flusher.idle = False
             flusher.due.set()
@@ -317,15 +318,21 @@ class _Link:
 
 
 class _Flusher:
-    """Writes a link's pending posts ``LINGER_S`` after the first of them, unless a call's
-    write took them along first; one daemon thread per link, started on its first post."""
+    """Writes a link's pending posts at most ``LINGER_S`` after they were posted, unless a
+    call's write took them along first; one daemon thread per link, started on its first post.
 
-    __slots__ = ("link", "due", "idle")
+    Strategy: a post wakes the thread only while it is idle. Awake, it looks every
+    ``LINGER_S``, writes what is pending, and goes idle after a look that found no post
+    since the one before: a stream of posts (an ack after each get, taken along by the
+    next get) costs the thread a look each ``LINGER_S``, not a wake-up each."""
+
+    __slots__ = ("link", "due", "idle", "posted")
 
     def __init__(self, link):
         self.link = link
         self.due = threading.Event()
         self.idle = True  # waiting on ``due``: the next post sets it (else it looks every LINGER_S)
+        self.posted = False  # a post since the thread's last look
         threading.Thread(target=self._run, name="shmq-flusher", daemon=True).start()
 
     def _run(self):
@@ -334,10 +341,14 @@ class _Flusher:
             if not self.due.wait(1.0):
                 continue
             self.due.clear()
-            time.sleep(LINGER_S)
-            while (link.pending or link.core.gathering) and not link.core.failed:
-                link.flush()  # (a post between the look and the flush waits for the next look)
+            self.posted = False
+            while not link.core.failed:
                 time.sleep(LINGER_S)
+                if link.pending or link.core.gathering:
+                    link.flush()  # (a post between the look and the flush waits for the next look)
+                elif not self.posted:
+                    break
+                self.posted = False
             self.idle = True
             if link.pending or link.core.gathering:  # posted as it went idle
                 self.idle = False

@@ -66,6 +66,7 @@ typedef struct {
     uint64_t max_frame_bytes;
     Target targets[N_TARGETS];
     int next_slot;
+    int serving; /* in serve: ``deliver`` leaves its waiter to Python (one reply buffer) */
     MpOut out;
 } Plain;
 
@@ -226,6 +227,16 @@ static void reply_close(Plain *self, size_t at, uint8_t type, uint32_t msg_id) {
     wire_w_header(&self->out, at, (uint8_t)(type | WIRE_REPLY_BIT), 0, msg_id);
 }
 
+/* The reply buffer emptied after a call (a big reply's is not kept). */
+static void reply_reset(Plain *self) {
+    if (self->out.cap > (1u << 20)) {
+        PyMem_Free(self->out.buf);
+        self->out.buf = NULL;
+        self->out.cap = 0;
+    }
+    self->out.len = 0;
+}
+
 /* {key: v}, the reply of a PRODUCE ("id") or an ACK ("acked") */
 static int reply_one(Plain *self, uint8_t type, uint32_t msg_id, const char *key, uint64_t v) {
     size_t at;
@@ -384,33 +395,12 @@ static int write_delivery(MpOut *o, ShmqDeliveryFields *d, uint64_t tag, int row
            mp_w_double(o, at);
 }
 
-/* CONSUME {queue: str, max: int >= 1, wait_ms: int >= 0, rows?: bool}: what is ready now, leased
- * to the connection; nothing ready and a wait asked for: Python makes the request wait. */
-static int consume(Plain *self, MpIn *in, uint32_t msg_id, PyObject *leases) {
-    uint64_t n, qn = 0, kn, most = 0, wait_ms = 0;
-    const char *qs = NULL, *k;
-    int rows = 0, seen_max = 0, seen_wait = 0, seen_rows = 0;
-    if (!mp_map(in, &n) || n < 3 || n > 4) return 0;
-    for (uint64_t i = 0; i < n; i++) {
-        if (!mp_str(in, &k, &kn)) return 0;
-        if (mp_is(k, kn, "queue") && !qs) {
-            if (!mp_str(in, &qs, &qn)) return 0;
-        } else if (mp_is(k, kn, "max") && !seen_max) {
-            if (!mp_uint(in, &most) || !most || most > (1u << 24)) return 0; /* (a reply can hold no more) */
-            seen_max = 1;
-        } else if (mp_is(k, kn, "wait_ms") && !seen_wait) {
-            if (!mp_uint(in, &wait_ms)) return 0;
-            seen_wait = 1;
-        } else if (mp_is(k, kn, "rows") && !seen_rows) {
-            if (!mp_bool(in, &rows)) return 0;
-            seen_rows = 1;
-        } else {
-            return 0;
-        }
-    }
-    if (!qs || !seen_max || !seen_wait || in->p != in->end) return 0;
-    Target *t = target_of(self, qs, qn);
-    if (!t || !t->ok || !t->plain || !has_slot(self, t)) return 0;
+/* What is ready of ``t``'s queue now, up to ``most``, leased to the connection of ``leases`` and
+ * answered in ``self->out`` as the CONSUME reply ``msg_id`` (rows or maps): 1 (served), 0 (Python's:
+ * nothing done) or -1 (an exception). Nothing ready: 0 with ``*empty`` set, nothing written. */
+static int take_reply(Plain *self, Target *t, uint32_t msg_id, PyObject *leases, uint64_t most, int rows,
+                      int *empty) {
+    *empty = 0;
     uint64_t room = self->max_frame_bytes - 1024, need = most * RECORD_OVERHEAD;
     uint64_t budget = self->max_frame_bytes < 1024 || need >= room ? 0 : room - need;
     if (!budget) return 0; /* (_reply_budget's 0: Python's take says what it takes) */
@@ -420,13 +410,9 @@ static int consume(Plain *self, MpIn *in, uint32_t msg_id, PyObject *leases) {
     if (PyLong_Check(got)) {
         long r = PyLong_AsLong(got);
         Py_DECREF(got);
-        if (r == api->r_empty && !wait_ms) { /* nothing, and no wait asked for */
-            size_t at;
-            if (!reply_open(self, &at) || !mp_w_map(&self->out, 1) || !mp_w_key(&self->out, "messages") ||
-                !mp_w_array(&self->out, 0))
-                return -1;
-            reply_close(self, at, T_CONSUME, msg_id);
-            return 1;
+        if (r == api->r_empty) {
+            *empty = 1;
+            return 0;
         }
         if (r == api->r_ownerdead && repaired(self, t) < 0) return -1;
         return 0;
@@ -466,6 +452,63 @@ static int consume(Plain *self, MpIn *in, uint32_t msg_id, PyObject *leases) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "a CONSUME reply could not be made");
         return -1;
     }
+    reply_close(self, at, T_CONSUME, msg_id);
+    return 1;
+}
+
+/* CONSUME {queue: str, max: int >= 1, wait_ms: int >= 0, rows?: bool}: what is ready now, leased
+ * to the connection; nothing ready and a wait asked for: lined up by the connection's ``wait``
+ * (Connection.wait_plain; no reply yet), or Python's where that says no or there is none. A
+ * queue an earlier frame of the call put to is Python's: the gets waiting on it are answered
+ * first (Connection.served), as Python's PRODUCE answers them before the next frame. */
+static int consume(Plain *self, MpIn *in, uint32_t msg_id, PyObject *leases, PyObject *wait, PyObject *touched) {
+    uint64_t n, qn = 0, kn, most = 0, wait_ms = 0;
+    const char *qs = NULL, *k;
+    int rows = 0, seen_max = 0, seen_wait = 0, seen_rows = 0;
+    if (!mp_map(in, &n) || n < 3 || n > 4) return 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (!mp_str(in, &k, &kn)) return 0;
+        if (mp_is(k, kn, "queue") && !qs) {
+            if (!mp_str(in, &qs, &qn)) return 0;
+        } else if (mp_is(k, kn, "max") && !seen_max) {
+            if (!mp_uint(in, &most) || !most || most > (1u << 24)) return 0; /* (a reply can hold no more) */
+            seen_max = 1;
+        } else if (mp_is(k, kn, "wait_ms") && !seen_wait) {
+            if (!mp_uint(in, &wait_ms)) return 0;
+            seen_wait = 1;
+        } else if (mp_is(k, kn, "rows") && !seen_rows) {
+            if (!mp_bool(in, &rows)) return 0;
+            seen_rows = 1;
+        } else {
+            return 0;
+        }
+    }
+    if (!qs || !seen_max || !seen_wait || in->p != in->end) return 0;
+    /* a queue this call put to: Python's, once its waiters were answered (as a PRODUCE in Python answers them) */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(touched); i++) {
+        Py_ssize_t len;
+        const char *name = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(touched, i), &len);
+        if (!name) return -1;
+        if ((uint64_t)len == qn && !memcmp(name, qs, qn)) return 0;
+    }
+    Target *t = target_of(self, qs, qn);
+    if (!t || !t->ok || !t->plain || !has_slot(self, t)) return 0;
+    int empty;
+    int r = take_reply(self, t, msg_id, leases, most, rows, &empty);
+    if (r || !empty) return r;
+    if (wait_ms) {
+        if (wait == Py_None) return 0;
+        PyObject *w = PyObject_CallFunction(wait, "IOKiK", msg_id, t->q, (unsigned long long)most, rows,
+                                            (unsigned long long)wait_ms);
+        if (!w) return -1;
+        int lined = PyObject_IsTrue(w);
+        Py_DECREF(w);
+        return lined;
+    }
+    size_t at; /* nothing, and no wait asked for */
+    if (!reply_open(self, &at) || !mp_w_map(&self->out, 1) || !mp_w_key(&self->out, "messages") ||
+        !mp_w_array(&self->out, 0))
+        return -1;
     reply_close(self, at, T_CONSUME, msg_id);
     return 1;
 }
@@ -712,12 +755,15 @@ static int plain_init(Plain *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-/* serve(data, leases, max_frame_bytes) -> (bytes used, replies, requests served, queues put to) or None */
+/* serve(data, leases, max_frame_bytes, wait=None) -> (bytes used, replies, requests served, queues put
+ * to) or None. ``wait(msg_id, q, most, rows, wait_ms)``: lines up a CONSUME that found nothing (True)
+ * or leaves it to Python (False); None: Python makes every wait. */
 static PyObject *plain_serve(Plain *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "serve(data, leases, max_frame_bytes)");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "serve(data, leases, max_frame_bytes, wait=None)");
         return NULL;
     }
+    PyObject *wait = nargs == 4 ? args[3] : Py_None;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *leases = args[1];
@@ -732,6 +778,7 @@ static PyObject *plain_serve(Plain *self, PyObject *const *args, Py_ssize_t narg
     PyObject *touched = PyList_New(0), *result = NULL;
     if (!touched) goto out;
     self->out.len = 0;
+    self->serving = 1;
     int timed = self->count != Py_None;
     while (size - pos >= WIRE_HEADER) {
         WireHeader h;
@@ -744,18 +791,22 @@ static PyObject *plain_serve(Plain *self, PyObject *const *args, Py_ssize_t narg
         size_t before = self->out.len;
         int r = h.type == T_PRODUCE ? produce(self, &in, h.msg_id, touched)
                 : h.type == T_PRODUCE_BATCH ? produce_batch(self, &in, h.msg_id, touched)
-                : h.type == T_CONSUME ? consume(self, &in, h.msg_id, leases)
+                : h.type == T_CONSUME ? consume(self, &in, h.msg_id, leases, wait, touched)
                 : ack(self, &in, h.msg_id, leases);
         if (r < 0) goto out;
         if (!r) {
             self->out.len = before;
             break;
         }
-        if (timed) { /* as Metrics.timed counts a request: its type, seconds, and status if an error */
-            const uint8_t *reply = self->out.buf + before;
-            unsigned status = (unsigned)reply[10] << 8 | reply[11];
-            PyObject *c = PyObject_CallFunction(self->count, "idI", h.type,
-                                                (double)(clock_ns(CLOCK_MONOTONIC) - t0) / 1e9, status);
+        if (timed) { /* as Metrics.timed counts a request: its type, seconds, and status (None: it waits) */
+            double seconds = (double)(clock_ns(CLOCK_MONOTONIC) - t0) / 1e9;
+            PyObject *c;
+            if (self->out.len == before) {
+                c = PyObject_CallFunction(self->count, "idO", h.type, seconds, Py_None);
+            } else {
+                const uint8_t *reply = self->out.buf + before;
+                c = PyObject_CallFunction(self->count, "idI", h.type, seconds, (unsigned)reply[10] << 8 | reply[11]);
+            }
             if (!c) goto out;
             Py_DECREF(c);
         }
@@ -770,14 +821,42 @@ static PyObject *plain_serve(Plain *self, PyObject *const *args, Py_ssize_t narg
     PyObject *replies = PyBytes_FromStringAndSize((const char *)self->out.buf, (Py_ssize_t)self->out.len);
     if (replies) result = Py_BuildValue("(nNlO)", (Py_ssize_t)pos, replies, served, touched);
 out:
-    if (self->out.cap > (1u << 20)) { /* a big reply's buffer is not kept */
-        PyMem_Free(self->out.buf);
-        self->out.buf = NULL;
-        self->out.cap = 0;
-    }
-    self->out.len = 0;
+    self->serving = 0;
+    reply_reset(self);
     Py_XDECREF(touched);
     PyBuffer_Release(&view);
+    return result;
+}
+
+/* deliver(leases, name, q, msg_id, most, rows) -> bytes, None or False: a waiting CONSUME of queue
+ * ``name`` (handle ``q``) tried again (handlers' plain_take): its reply frame, what ``consume`` would
+ * have answered had it found messages; None: nothing ready; False: Python's take, nothing done (a
+ * handle C does not serve, one replaced, anything the engine hands back). */
+static PyObject *plain_deliver(Plain *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "deliver(leases, name, q, msg_id, most, rows)");
+        return NULL;
+    }
+    Py_ssize_t qn;
+    const char *qs = PyUnicode_Check(args[1]) ? PyUnicode_AsUTF8AndSize(args[1], &qn) : NULL;
+    unsigned long msg_id = PyLong_AsUnsignedLong(args[3]);
+    unsigned long long most = PyLong_AsUnsignedLongLong(args[4]);
+    int rows = PyObject_IsTrue(args[5]);
+    if (!qs || PyErr_Occurred() || rows < 0 || msg_id > UINT32_MAX || !most || most > (1u << 24) || self->serving) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    Target *t = target_of(self, qs, (uint64_t)qn);
+    if (!t || t->q != args[2] || !t->ok || !t->plain || !has_slot(self, t)) Py_RETURN_FALSE;
+    self->out.len = 0;
+    int empty;
+    int r = take_reply(self, t, (uint32_t)msg_id, args[0], most, rows, &empty);
+    PyObject *result = NULL;
+    if (r > 0)
+        result = PyBytes_FromStringAndSize((const char *)self->out.buf, (Py_ssize_t)self->out.len);
+    else if (!r)
+        result = Py_NewRef(empty ? Py_None : Py_False);
+    reply_reset(self);
     return result;
 }
 
@@ -795,8 +874,11 @@ static PyObject *plain_forget(Plain *self, PyObject *Py_UNUSED(ignored)) {
 
 static PyMethodDef plain_methods[] = {
     {"serve", (PyCFunction)(void (*)(void))plain_serve, METH_FASTCALL,
-     "serve(data, leases, max_frame_bytes) -> (bytes used, replies, requests, queues put to), or None: the plain "
-     "frames at the start of a read, served"},
+     "serve(data, leases, max_frame_bytes, wait=None) -> (bytes used, replies, requests, queues put to), or None: "
+     "the plain frames at the start of a read, served"},
+    {"deliver", (PyCFunction)(void (*)(void))plain_deliver, METH_FASTCALL,
+     "deliver(leases, name, q, msg_id, most, rows) -> a waiting CONSUME's reply frame, None (nothing ready) or "
+     "False (Python's take)"},
     {"timed", (PyCFunction)plain_timed, METH_O, "timed(count): count(type, seconds, status) per request (None: off)"},
     {"forget", (PyCFunction)plain_forget, METH_NOARGS, "drop every handle kept (the server stops)"},
     {NULL, NULL, 0, NULL},

@@ -23,7 +23,8 @@ from ..protocol import (HEADER_SIZE, REPLY_BIT, FrameDecoder, MsgType, PushType,
                         encode_reply)
 from ..protocol.requests import check_request
 from ..protocol.status import error_details, reason_of, status_of
-from .handlers import HANDLERS, PLAIN, BlockingAppend, OffLoop, OnLoop, Wait, give_back_consumers
+from .handlers import (HANDLERS, PLAIN, BlockingAppend, OffLoop, OnLoop, Wait, give_back_consumers, plain_take,
+                       waiting_consume)
 from .leases import Leases
 from .members import Members
 from .subscriptions import Subscriptions
@@ -61,7 +62,8 @@ def _reply_of_append(conn, reply, result):
 
 
 _BEAT = encode_reply(PushType.HEARTBEAT, 0)  # a HEARTBEAT push: msg id 0, status 0, {}
-_HELLO, _OK = MsgType.HELLO, Status.OK  # read per request: a module name costs less than an enum's attribute
+# read per request: a module name costs less than an enum's attribute
+_HELLO, _CONSUME, _OK = MsgType.HELLO, MsgType.CONSUME, Status.OK
 _plain_of = PLAIN.get  # request type -> (check, handler) of its plain shape, or None
 
 
@@ -136,7 +138,7 @@ class Connection(asyncio.BufferedProtocol):
                 if plain is not None and not self.decoder.buffered:
                     # the plain frames first, in C (server/plain.py); what it leaves, from the first frame
                     # it does not serve, goes on below as a read of its own
-                    replies = self.served(plain.serve(data, self.leases, self.decoder.max_frame_bytes))
+                    replies = self.served(plain.serve(data, self.leases, self.decoder.max_frame_bytes, self.wait_plain))
                     plain = None  # (offered)
                     if replies is not None:
                         used = self.served_bytes
@@ -151,7 +153,8 @@ class Connection(asyncio.BufferedProtocol):
                 if ended and plain is not None and not self.write_paused:
                     # frames that came in more than one read (a big batch): the plain ones among the first
                     # in C too, from the decoder's bytes
-                    replies = self.served(self.decoder.offer(plain.serve, self.leases, self.decoder.max_frame_bytes))
+                    replies = self.served(self.decoder.offer(plain.serve, self.leases, self.decoder.max_frame_bytes,
+                                                              self.wait_plain))
             now = self.server.loop.time()
             self.server.spin.touch(self, now)  # the client's next request may follow its reply: looked for awake
             if bounds.got:  # a frame still open
@@ -160,7 +163,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.clocks.frame_started = None  # (``received`` of whole frames, a call less)
             if data is None:  # every request of the read served in C
                 self.clocks.last_active = now
-                if not self.eof_sent and not self.transport.is_closing():
+                if replies and not self.eof_sent and not self.transport.is_closing():  # (none: they wait)
                     self.transport.write(replies)
             else:
                 self.process(now, one, replies)
@@ -367,8 +370,22 @@ class Connection(asyncio.BufferedProtocol):
     def wait(self, msg_type, msg_id, wait: Wait):
         """Put a request in its line, up to the per-connection limit (then LIMIT_EXCEEDED)."""
         self.check_waiting()
-        w = Waiter(self, wait.line, msg_id, msg_type, wait.take, wait.reply, wait.args)
-        wait.line.add(w, self.server.loop.time() + wait.wait_ms / 1000)
+        self.line_up(Waiter(self, wait.line, msg_id, msg_type, wait.take, wait.reply, wait.args_for(self, msg_id)),
+                     wait.wait_ms)
+
+    def wait_plain(self, msg_id, q, most, rows, wait_ms) -> bool:
+        """A CONSUME the plain path in C found nothing for, lined up as ``wait`` lines it up
+        (True); False where the Python path must answer it (the server stops, the
+        connection's waiting requests at their limit: ``check_waiting`` says so)."""
+        server = self.server
+        if server.stopping or len(self.waiters) >= server.limits.max_waiting_per_connection:
+            return False
+        take, reply, args = waiting_consume(self, msg_id, q, most, rows)
+        self.line_up(Waiter(self, server.waiters_of(q), msg_id, _CONSUME, take, reply, args), wait_ms)
+        return True
+
+    def line_up(self, w, wait_ms):
+        w.line.add(w, self.server.loop.time() + wait_ms / 1000)
         self.waiters.add(w)
 
     def append_when_room(self, msg_type, msg_id, append: BlockingAppend):
@@ -423,6 +440,9 @@ class Connection(asyncio.BufferedProtocol):
         """The end of a wait: what it got (maybe nothing) or an error."""
         self.waiters.discard(w)
         self.clocks.last_active = self.server.loop.time()
+        if w.take is plain_take and type(result) is bytes:  # its reply frame, made in C (not a KV GET's value)
+            self.send(result)
+            return
         if isinstance(result, BaseException):
             self.send(error_frame(w.msg_type, w.msg_id, result))
             return

@@ -64,8 +64,8 @@ from . import txns
 from .anyline import AnyLine
 from .waiters import NOTHING
 
-__all__ = ["HANDLERS", "PLAIN", "Wait", "BlockingAppend", "OffLoop", "OnLoop", "RECORD_OVERHEAD", "fill",
-           "give_back_consumers"]
+__all__ = ["HANDLERS", "PLAIN", "Wait", "waiting_consume", "plain_take", "BlockingAppend", "OffLoop", "OnLoop",
+           "RECORD_OVERHEAD", "fill", "give_back_consumers"]
 
 RECORD_OVERHEAD = 128  # bytes a message or record adds to a reply besides its bytes and headers
 
@@ -83,6 +83,13 @@ class Wait:
     reply: Callable
     args: tuple
     wait_ms: int
+
+    def args_for(self, conn, msg_id) -> tuple:
+        """The ``args`` its ``take`` is tried with in the line: a CONSUME the C path may
+        answer (``plain_take``) adds what C needs for its reply frame."""
+        if self.take is plain_take:
+            return (*self.args, conn.server.plain, conn.leases, msg_id)
+        return self.args
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +123,15 @@ class BlockingAppend:
     reply: Callable
 
 
-def _wait_or_answer(conn, f, line_of, handle, take, reply, args):
+def _wait_or_answer(conn, f, line_of, handle, take, reply, args, wait_take=None):
     """``reply(conn, args, take(args))`` if it got something, else a Wait in the line
-    ``line_of(handle)`` (with ``wait_ms``, not while stopping), else ``reply(conn, args,
-    NOTHING)``. The line is looked up only for a request that waits."""
+    ``line_of(handle)`` (with ``wait_ms``, not while stopping; tried there with
+    ``wait_take``, else ``take``), else ``reply(conn, args, NOTHING)``. The line is looked
+    up only for a request that waits."""
     got = take(args)
     if got is None:
         if f["wait_ms"] and not conn.server.stopping:
-            return Wait(line_of(handle), take, reply, args, f["wait_ms"])
+            return Wait(line_of(handle), wait_take or take, reply, args, f["wait_ms"])
         got = NOTHING
     return reply(conn, args, got)
 
@@ -331,7 +339,8 @@ def consume(conn, f):
     budget = _reply_budget(server, most)  # the reply must fit in a frame
     args = (q, most, vis, budget if max_bytes is None else min(budget, max_bytes), not f.get("auto_ack"),
             f.get("rows", False))
-    return _wait_or_answer(conn, f, server.waiters_of, q, _get, _leased, args)
+    in_c = server.plain is not None and vis is None and max_bytes is None and args[4]  # as the C path's CONSUME
+    return _wait_or_answer(conn, f, server.waiters_of, q, _get, _leased, args, plain_take if in_c else None)
 
 
 def plain_consume(conn, msg_id, f):
@@ -343,7 +352,8 @@ def plain_consume(conn, msg_id, f):
     got = _get(args)
     if got is None:
         if f["wait_ms"] and not server.stopping:
-            return Wait(server.waiters_of(q), _get, _leased, args, f["wait_ms"])
+            take = _get if server.plain is None else plain_take
+            return Wait(server.waiters_of(q), take, _leased, args, f["wait_ms"])
         return _CONSUMED.frame(msg_id, [])
     return _CONSUMED.frame(msg_id, conn.leases.lease(q, got))
 
@@ -355,11 +365,27 @@ def consumed_frame(leases, msg_id, q, ds, rows) -> bytes:
 
 
 def _get(args):
-    q, most, vis, max_bytes, ack, _rows = args
-    try:
-        return q.get_many(most, timeout=0, visibility_timeout=vis, max_bytes=max_bytes, ack=ack)
+    try:  # (args[5], rows, is the reply's; a waiting CONSUME's own go on: plain_take)
+        return args[0].get_many(args[1], timeout=0, visibility_timeout=args[2], max_bytes=args[3], ack=args[4])
     except QueueEmpty:
         return None
+
+
+def waiting_consume(conn, msg_id, q, most, rows) -> tuple:
+    """(take, reply, args) of a CONSUME (a lease, no ``visibility_ms`` nor ``max_bytes``) that
+    the plain path in C found nothing for, as ``consume`` has it wait (``Connection.wait_plain``)."""
+    server = conn.server
+    return plain_take, _leased, (q, most, None, _reply_budget(server, most), True, rows, server.plain, conn.leases,
+                                  msg_id)
+
+
+def plain_take(args):
+    """A waiting CONSUME tried again in C (``Plain.deliver``): its reply frame made there,
+    or None; where C leaves it, ``_get``'s try. ``args``: ``_get``'s, then the C path, the
+    connection's leases and the request's id (``Wait.args_for``)."""
+    q = args[0]
+    got = args[6].deliver(args[7], q.name, q, args[8], args[1], args[5])
+    return _get(args) if got is False else got
 
 
 def _leased(conn, args, ds):
