@@ -28,7 +28,7 @@ import sys
 from bench import provenance, report, scaling, tcp_report
 from bench.adapters import REGISTRY, STREAM_REGISTRY, acks
 from bench.harness import CaseResult
-from bench.machine import SYSTEM_VERSIONS, VERSIONED
+from bench.machine import SYSTEM_VERSIONS, VERSIONED, speed_text
 from bench.plan import size_label
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,6 +58,8 @@ def run_line(doc, path, link, runs=None, extra_versions=()):
     versions = ", ".join(f"{k} {m[k]}" for k in keys if m.get(k))
     load = f"; 1-minute load {m['load'][0]:.1f} before, {m['load'][1]:.1f} after" if m.get("load") else ""
     median = f"; each figure the median of {runs} runs" if runs else ""
+    if m.get("python_speed_us"):
+        median += f"; {speed_text(m['python_speed_us'])}"
     return (f"*{date}, `{command}`: {m['cpu']}, {cpus}, {m['os']}, Python {m['python']}{load}{median}. "
             f"Versions: {versions}. Raw runs: [`{path}`]({link}).*")
 

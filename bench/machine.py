@@ -8,6 +8,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 
 # the versions the report's header lists, in order (keys of machine_info())
 VERSIONED = ("shmq", "faster-fifo", "pyzmq", "posix_ipc", "iceoryx2", "redis-py", "redis-server", "pika",
@@ -114,9 +115,32 @@ def dist_versions(*names):
     return {name: _dist_version(name) for name in names}
 
 
+def python_speed(tries=1000, additions=2000):
+    """How fast this machine runs Python now: a fixed loop of ``additions`` additions, timed
+    ``tries`` times; ``[best, median]`` in µs. On a quiet host the two agree; a shared or
+    throttled VM shows a slow best, or a median far above it: what a run's figures were
+    made on, for comparing runs of different days."""
+    times = []
+    for _ in range(tries):
+        t = time.perf_counter()
+        s = 0
+        for j in range(additions):
+            s += j
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return [round(times[0] * 1e6, 1), round(times[len(times) // 2] * 1e6, 1)]
+
+
+def speed_text(speed) -> str:
+    """``python_speed``'s figures in words (one line of a report or a page's run line)."""
+    return f"a Python loop of 2,000 additions {speed[0]:.0f} µs at best, {speed[1]:.0f} at the median"
+
+
 def machine_info():
-    """CPU, cores, OS, Python and package versions (the JSON's "machine")."""
+    """CPU, cores, OS, Python, how fast it runs Python (``python_speed``) and package
+    versions (the JSON's "machine")."""
     return {
+        "python_speed_us": python_speed(),
         "cpu": _cpu_model(),
         "logical_cpus": os.cpu_count(),
         "physical_cores": _physical_cores(),

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from bench import provenance
 from bench.adapters import REGISTRY, STREAM_REGISTRY, acks
 from bench.harness import CaseResult
-from bench.machine import STREAM_VERSIONED, VERSIONED
+from bench.machine import STREAM_VERSIONED, VERSIONED, speed_text
 from bench.plan import BASELINE, BATCH, KAFKA_REFERENCE, OWN, QUEUE_BYTES, RTT_SIZE, WARMUP, size_label
 
 OWN_STREAMS = ("shmq-stream", "shmq-stream-tcp")  # every other stream system is a peer
@@ -81,6 +81,8 @@ def print_header(info, args, skipped, out, title="shmq local benchmark", version
         print(f"load    : 1-minute load average {before:.2f} before the run, {after:.2f} after it", file=out)
     versions = ", ".join(f"{k} {info.get(k) or 'not installed'}" for k in versioned)
     print(f"packages: {versions}", file=out)
+    if info.get("python_speed_us"):
+        print(f"speed   : {speed_text(info['python_speed_us'])}", file=out)
     pinned = f"CPUs {args.cpus[0]} and {args.cpus[1]}" if args.cpus else "no (OS placement)"
     print(f"settings: runs={args.runs}, quick={args.quick}, start method=spawn, batch={BATCH}, "
           f"pinned: {pinned}", file=out)

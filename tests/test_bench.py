@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 import shmq
-from bench import (adapters, contention, contention_roles, harness, load, produce_roles, report, scale, scaling,
-                   tcp, tcp_report)
+from bench import (adapters, contention, contention_roles, harness, load, machine, produce_roles, report, scale,
+                   scaling, tcp, tcp_report)
 from bench.adapters.shmq_local import ShmqLanes
 from bench.harness import CaseFailed, CaseResult
 from bench.plan import ContentionJob, Job, ProduceJob, StreamJob, plan_tcp
@@ -322,6 +322,19 @@ def test_the_report_says_which_peers_acknowledge_nothing():
     assert rows == {"shmq": "each", "iceoryx2-poll": "none", "rabbitmq": "each"}
     assert "  no acks (a received message is gone): iceoryx2-poll; shmq acks every message" in out.getvalue()
     assert {adapters.acks(s) for s in adapters.SYSTEMS} == {"each", "none"}  # every system says
+
+
+def test_the_machines_python_speed_is_measured_and_reported():
+    best, median = machine.python_speed(tries=50)
+    assert 0 < best <= median
+    info = {"cpu": "x", "logical_cpus": 2, "physical_cores": None, "usable_cpus": None, "os": "y", "python": "z",
+            "python_speed_us": [60.2, 117.0]}
+    out = io.StringIO()
+    report.print_header(info, argparse.Namespace(runs=1, quick=True, cpus=()), {}, out)
+    lines = out.getvalue().splitlines()
+    assert lines[3].startswith("packages:")
+    assert lines[4] == "speed   : a Python loop of 2,000 additions 60 µs at best, 117 at the median"
+    assert "python_speed_us" in machine.machine_info()
 
 
 # ---------------------------------------------------------------- streams

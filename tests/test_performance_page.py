@@ -60,6 +60,22 @@ def test_a_block_opens_with_its_runs_date_command_and_machine(tmp_path):
     assert "Versions: shmq 0.1.0 (C hot paths), faster-fifo 1.5.2," in lines[2]
 
 
+def test_a_run_that_measured_the_machines_python_speed_says_it_and_an_older_one_does_not(tmp_path):
+    root = _copy(tmp_path)
+    page = root / "page.md"
+    page.write_text("<!-- bench:begin durability docs/bench.json -->\n<!-- bench:end -->\n")
+    doc_path = root / "docs" / "bench.json"
+    doc = json.loads(doc_path.read_text())
+    doc["machine"].pop("python_speed_us", None)
+    doc_path.write_text(json.dumps(doc))
+    (_, before), = docs.stale(["page.md"], root=root)
+    assert "Python loop" not in before
+    doc["machine"]["python_speed_us"] = [160.4, 221.6]
+    doc_path.write_text(json.dumps(doc))
+    (_, after), = docs.stale(["page.md"], root=root)
+    assert "; a Python loop of 2,000 additions 160 µs at best, 222 at the median. Versions: " in after.splitlines()[1]
+
+
 def test_a_run_not_saved_yet_says_so(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("<!-- bench:begin scale docs/none.json -->\n<!-- bench:end -->\n")
