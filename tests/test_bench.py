@@ -23,7 +23,7 @@ import pytest
 
 import shmq
 from bench import (adapters, contention, contention_roles, harness, load, machine, produce_roles, report, scale,
-                   scaling, tcp, tcp_report)
+                   scaling, tcp, tcp_cpu, tcp_report)
 from bench.adapters.shmq_local import ShmqLanes
 from bench.harness import CaseFailed, CaseResult
 from bench.plan import ContentionJob, Job, ProduceJob, StreamJob, plan_tcp
@@ -640,6 +640,64 @@ def test_the_tcp_bench_runs_every_case_against_redis_in_one_run(tmp_path, capsys
 
     assert tcp.main(["--report", str(out_json), "--plot", ""]) == 0
     assert capsys.readouterr().out.splitlines() == [ln for ln in lines if not ln.startswith("wrote ")]
+
+
+@pytest.mark.slow
+def test_the_tcp_cpu_bench_says_what_each_process_spent_a_message(tmp_path):
+    """``python -m bench.tcp_cpu --quick``: every case on shmq over TCP and on Redis (or
+    Redis skipped, saying why), each process's user and system CPU a message in the JSON
+    and the table, shmq over Redis where both ran; nothing left in /dev/shm, no server
+    left running."""
+    out_json = tmp_path / "cpu.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    servers_before = _orphaned_bench_servers()
+    argv = ["--quick", "--runs", "1", "--json", str(out_json)]
+    pid, code, stdout, stderr = _run(argv, env, 120, module="bench.tcp_cpu")
+    assert code == 0, stdout + stderr
+    doc = json.loads(out_json.read_text())
+    assert doc["command"] == "python -m bench.tcp_cpu " + " ".join(argv)
+    systems = [s for s in tcp_cpu.SYSTEMS if s not in doc["skipped"]]
+    assert systems[0] == "shmq-tcp" and (systems == ["shmq-tcp", "redis"] or "redis" in doc["skipped"])
+    assert [(r["system"], r["case"], r["n"]) for r in doc["rows"]] == [
+        (s, case, n) for s in systems for case, n in (("pingpong", 192), ("msg", 384), ("batch", 6400))]
+    for row in doc["rows"]:
+        who = ("server", *tcp_cpu.ROLES[row["case"]])
+        assert row["rate"] > 0 and row["runs"] == 1
+        assert all(row[w][k] >= 0 for w in who for k in ("user_us", "system_us"))
+        assert row["total_us"] == pytest.approx(sum(row[w]["user_us"] + row[w]["system_us"] for w in who))
+        assert row["total_us"] > 0 and 0 <= row["system_total_us"] <= row["total_us"]
+    lines = stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("case "))
+    assert lines[head].split()[:6] == ["case", "system", "rate/s", "server", "client", "1"]
+    ratios = [line for line in lines if "shmq / Redis:" in line]
+    assert len(ratios) == (3 if "redis" in systems else 0)
+    assert _entries_of_run(pid) == []
+    assert _orphaned_bench_servers() <= servers_before
+
+
+def test_the_tcp_cpu_rows_take_each_figures_median_and_put_shmq_over_redis():
+    def run(rate, server, pinger, ponger):
+        return {"rate": rate, "server": dict(zip(("user_us", "system_us"), server)),
+                "pinger": dict(zip(("user_us", "system_us"), pinger)),
+                "ponger": dict(zip(("user_us", "system_us"), ponger))}
+    shmq_runs = [run(10, (4, 2), (1, 1), (1, 1)), run(30, (8, 2), (3, 1), (1, 1)), run(20, (6, 4), (2, 3), (1, 1))]
+    row = tcp_cpu.median_row("shmq-tcp", "pingpong", shmq_runs)
+    assert row["rate"] == 20 and row["server"] == {"user_us": 6, "system_us": 2}
+    assert row["pinger"] == {"user_us": 2, "system_us": 1} and row["total_us"] == 6 + 2 + 2 + 1 + 1 + 1
+    assert row["system_total_us"] == 2 + 1 + 1
+    redis = tcp_cpu.median_row("redis", "pingpong", [run(10, (2, 2), (4, 2), (4, 2))])
+    args = tcp_cpu.parse_args(["--cases", "pingpong"])
+    text = tcp_cpu.format_report({"cpu": "X", "logical_cpus": 2}, [row, redis], {"nats": "why"}, args)
+    assert "shmq / Redis: rate 2.00x; CPU a round trip 0.81x (server 2.00x, clients 0.42x)" in text
+    assert text.splitlines()[-1] == "skipped nats: why"
+
+
+def test_the_tcp_cpu_bench_refuses_an_unknown_case_saying_the_choices(capsys):
+    with pytest.raises(SystemExit) as e:
+        tcp_cpu.parse_args(["--cases", "pingpong,bogus"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m bench.tcp_cpu: error: argument --cases: unknown bogus; choose from pingpong, msg, batch")
 
 
 def test_the_tcp_report_refuses_another_benchs_run_in_one_line(capsys):
