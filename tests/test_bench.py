@@ -77,6 +77,17 @@ def _run(argv, env, timeout, module="bench"):
     return proc.pid, proc.returncode, out, err
 
 
+def _run_saved(module, argv, out_json, timeout):
+    """Run ``python -m <module> <argv>`` (which writes its run to ``out_json``) to a zero
+    exit; returns (its pid, its stdout, the run it wrote, which names its command)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    pid, code, stdout, stderr = _run(argv, env, timeout, module=module)
+    assert code == 0, stdout + stderr
+    doc = json.loads(out_json.read_text())
+    assert doc["command"] == f"python -m {module} " + " ".join(argv)
+    return pid, stdout, doc
+
+
 @pytest.mark.slow
 def test_quick_bench_output_is_well_formed(tmp_path):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
@@ -605,13 +616,10 @@ def test_the_tcp_bench_runs_every_case_against_redis_in_one_run(tmp_path, capsys
     targets, a JSON of every run, the plot beside it, a --report that prints the same
     table; nothing left in /dev/shm, no server left running."""
     out_json = tmp_path / "tcp.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     servers_before = _orphaned_bench_servers()
     argv = ["--quick", "--sizes", "64", "--pairs", "2", "--count", "200", "--trips", "30", "--json", str(out_json)]
-    pid, code, stdout, stderr = _run(argv, env, 120, module="bench.tcp")
-    assert code == 0, stdout + stderr
-    doc = json.loads(out_json.read_text())
-    assert doc["command"] == "python -m bench.tcp " + " ".join(argv) and doc["notes"] == []
+    pid, stdout, doc = _run_saved("bench.tcp", argv, out_json, 120)
+    assert doc["notes"] == []
     assert {k: doc["tcp"][k] for k in ("cases", "sizes", "pairs", "count", "trips")} == {
         "cases": ["pingpong", "put", "msg", "batch", "pipe"], "sizes": [64], "pairs": [2], "count": 200, "trips": 30}
     systems = [s for s in tcp_report.SYSTEMS if s not in doc["skipped"]]
@@ -649,13 +657,8 @@ def test_the_tcp_cpu_bench_says_what_each_process_spent_a_message(tmp_path):
     and the table, shmq over Redis where both ran; nothing left in /dev/shm, no server
     left running."""
     out_json = tmp_path / "cpu.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     servers_before = _orphaned_bench_servers()
-    argv = ["--quick", "--runs", "1", "--json", str(out_json)]
-    pid, code, stdout, stderr = _run(argv, env, 120, module="bench.tcp_cpu")
-    assert code == 0, stdout + stderr
-    doc = json.loads(out_json.read_text())
-    assert doc["command"] == "python -m bench.tcp_cpu " + " ".join(argv)
+    pid, stdout, doc = _run_saved("bench.tcp_cpu", ["--quick", "--runs", "1", "--json", str(out_json)], out_json, 120)
     systems = [s for s in tcp_cpu.SYSTEMS if s not in doc["skipped"]]
     assert systems[0] == "shmq-tcp" and (systems == ["shmq-tcp", "redis"] or "redis" in doc["skipped"])
     assert [(r["system"], r["case"], r["n"]) for r in doc["rows"]] == [
@@ -919,13 +922,8 @@ def test_the_kafka_bench_quick_runs_every_system_and_says_the_targets(tmp_path):
     targets with a verdict, the transactions' ratio, the JSON; nothing left in /dev/shm,
     no server left running."""
     out_json = tmp_path / "kafka.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     servers_before = _orphaned_bench_servers()
-    argv = ["--quick", "--records", "500", "--json", str(out_json)]
-    pid, code, stdout, stderr = _run(argv, env, 180, module="bench.kafka")
-    assert code == 0, stdout + stderr
-    doc = json.loads(out_json.read_text())
-    assert doc["command"] == "python -m bench.kafka " + " ".join(argv)
+    pid, stdout, doc = _run_saved("bench.kafka", ["--quick", "--records", "500", "--json", str(out_json)], out_json, 180)
     assert (doc["records"], doc["size"], doc["runs"], doc["txn_size"]) == (500, 100, 1, 100)
     systems = [r["system"] for r in doc["rows"]]
     assert systems == ["kafka", "kafka-txn", "shmq-tcp", "redis-streams"] or (
