@@ -27,6 +27,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import sys
 import time
@@ -115,14 +116,18 @@ def run_case(ctx, system, adapter, server, case, n, cpus, timeout):
     try:
         for p in procs:
             p.start()
-        for _ in procs:
-            ready.get(timeout=timeout)
-        s0 = _server_cpu(server)
-        go.set()
-        got = {}
-        for _ in procs:
-            role, seconds, user, sys_ = out.get(timeout=timeout)
-            got[role] = (seconds, user, sys_)
+        try:
+            for _ in procs:
+                ready.get(timeout=timeout)
+            s0 = _server_cpu(server)
+            go.set()
+            got = {}
+            for _ in procs:
+                role, seconds, user, sys_ = out.get(timeout=timeout)
+                got[role] = (seconds, user, sys_)
+        except queue.Empty:
+            raise RuntimeError(f"{system} {case}: a client did not report within {timeout:g} s "
+                               f"(exit codes {[p.exitcode for p in procs]})") from None
         s1 = _server_cpu(server)
         for p in procs:
             p.join(timeout)
@@ -258,7 +263,11 @@ def parse_args(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    rows, skipped = run(args, mp.get_context("spawn"))
+    try:
+        rows, skipped = run(args, mp.get_context("spawn"))
+    except RuntimeError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
     info = machine_info()
     print(format_report(info, rows, skipped, args))
     if args.json:

@@ -695,6 +695,21 @@ def test_the_tcp_cpu_rows_take_each_figures_median_and_put_shmq_over_redis():
     assert text.splitlines()[-1] == "skipped nats: why"
 
 
+def test_a_tcp_cpu_run_whose_clients_cannot_connect_ends_in_one_error_with_their_exit_codes():
+    class Nowhere:  # an adapter whose channel no client can open: a port nobody listens on
+        def make(self, ctx, size):
+            return ("tcp://127.0.0.1:1", "q")
+
+        def drop(self, spec):
+            pass
+
+    before = set(psutil.Process().children())
+    with pytest.raises(RuntimeError, match=r"^shmq-tcp msg: a client did not report within 3 s \(exit codes \[1, 1\]\)$"):
+        tcp_cpu.run_case(mp.get_context("spawn"), "shmq-tcp", Nowhere(), psutil.Process(), "msg", 64, (), 3)
+    assert [p for p in psutil.Process().children() if p not in before and p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())] == []
+
+
 def test_the_tcp_cpu_bench_refuses_an_unknown_case_saying_the_choices(capsys):
     with pytest.raises(SystemExit) as e:
         tcp_cpu.parse_args(["--cases", "pingpong,bogus"])
