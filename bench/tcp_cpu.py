@@ -43,7 +43,7 @@ PROG = "python -m bench.tcp_cpu"
 CASES = ("pingpong", "msg", "batch")
 SYSTEMS = ("shmq-tcp", "redis")
 COUNTS = {"pingpong": 10_000, "msg": 20_000, "batch": 320_000}  # round trips, messages, messages
-QUICK_SCALE = 50
+QUICK_SCALE = 20
 SIZE = 64
 ROLES = {"pingpong": ("pinger", "ponger"), "msg": ("producer", "consumer"), "batch": ("producer", "consumer")}
 
@@ -224,14 +224,19 @@ def format_report(info, rows, skipped, args):
                          f"{r['total_us']:6.1f}  {r['system_total_us']:12.1f}")
         a, b = by.get((case, "shmq-tcp")), by.get((case, "redis"))
         if a and b:
-            lines.append(f"{'':9} shmq / Redis: rate {a['rate'] / b['rate']:.2f}x; CPU a {unit[case]} "
-                         f"{a['total_us'] / b['total_us']:.2f}x (server {_total(a, 'server') / _total(b, 'server'):.2f}x, "
-                         f"clients {_clients(a) / _clients(b):.2f}x)")
+            lines.append(f"{'':9} shmq / Redis: rate {_ratio(a['rate'], b['rate'])}; CPU a {unit[case]} "
+                         f"{_ratio(a['total_us'], b['total_us'])} (server {_ratio(_total(a, 'server'), _total(b, 'server'))}, "
+                         f"clients {_ratio(_clients(a), _clients(b))})")
     lines.append("")
     lines.append("client 1 / 2: pinger / ponger (pingpong), producer / consumer (msg, batch).")
     for system, why in skipped.items():
         lines.append(f"skipped {system}: {why}")
     return "\n".join(lines)
+
+
+def _ratio(a, b):
+    """``a / b`` as a ratio, or "-" where ``b`` is none (a short run's CPU below the clock's tick)."""
+    return f"{a / b:.2f}x" if b else "-"
 
 
 def _total(row, who):

@@ -662,7 +662,7 @@ def test_the_tcp_cpu_bench_says_what_each_process_spent_a_message(tmp_path):
     systems = [s for s in tcp_cpu.SYSTEMS if s not in doc["skipped"]]
     assert systems[0] == "shmq-tcp" and (systems == ["shmq-tcp", "redis"] or "redis" in doc["skipped"])
     assert [(r["system"], r["case"], r["n"]) for r in doc["rows"]] == [
-        (s, case, n) for s in systems for case, n in (("pingpong", 192), ("msg", 384), ("batch", 6400))]
+        (s, case, n) for s in systems for case, n in (("pingpong", 448), ("msg", 960), ("batch", 16000))]
     for row in doc["rows"]:
         who = ("server", *tcp_cpu.ROLES[row["case"]])
         assert row["rate"] > 0 and row["runs"] == 1
@@ -693,6 +693,9 @@ def test_the_tcp_cpu_rows_take_each_figures_median_and_put_shmq_over_redis():
     text = tcp_cpu.format_report({"cpu": "X", "logical_cpus": 2}, [row, redis], {"nats": "why"}, args)
     assert "shmq / Redis: rate 2.00x; CPU a round trip 0.81x (server 2.00x, clients 0.42x)" in text
     assert text.splitlines()[-1] == "skipped nats: why"
+    idle = tcp_cpu.median_row("redis", "pingpong", [run(10, (0, 0), (4, 2), (4, 2))])  # a server's CPU under a tick
+    text = tcp_cpu.format_report({"cpu": "X", "logical_cpus": 2}, [row, idle], {}, args)
+    assert "shmq / Redis: rate 2.00x; CPU a round trip 1.08x (server -, clients 0.42x)" in text
 
 
 def test_a_tcp_cpu_run_whose_clients_cannot_connect_ends_in_one_error_with_their_exit_codes():
