@@ -326,6 +326,57 @@ def test_incr_and_add_from_four_processes(broker):
     assert kv.members("dups") == {str(i) for i in range(50)}
 
 
+def _writer_in_rollback_mode(path):
+    """A connection holding a new store file's write lock before the file is WAL (what
+    another process's first open does while it makes the file: a concurrent first open
+    met it as an instant LockTimeout)."""
+    import sqlite3
+
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE early (x)")
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT INTO early VALUES (1)")
+    return conn
+
+
+def test_a_first_open_waits_out_another_process_making_the_file(broker, monkeypatch):
+    """(engine/store.py) SQLite refuses a switch to WAL at once while another connection
+    holds the file's write lock in rollback mode; the open tries again (its pauses) until
+    the other one is done, instead of raising LockTimeout without waiting."""
+    from shmq.engine import store as store_module
+
+    other = _writer_in_rollback_mode(store_module.store_path(broker.namespace, "fresh"))
+    pauses = []
+
+    def pause(seconds):
+        pauses.append(seconds)
+        if len(pauses) == 3:
+            other.execute("COMMIT")
+
+    monkeypatch.setattr(store_module, "_pause", pause)
+    try:
+        kv = broker.store("fresh")
+        assert kv.incr("n") == 1
+    finally:
+        other.close()
+    assert len(pauses) == 3 and pauses == sorted(pauses)
+
+
+def test_a_first_open_that_never_gets_the_file_says_so_after_its_lock_timeout(broker, monkeypatch):
+    from shmq.engine import store as store_module
+
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.2)
+    other = _writer_in_rollback_mode(store_module.store_path(broker.namespace, "fresh"))
+    try:
+        started = time.monotonic()
+        with pytest.raises(shmq.LockTimeout, match="store 'fresh' .* held its write lock"):
+            broker.store("fresh")
+        assert time.monotonic() - started >= 0.2
+    finally:
+        other.close()
+
+
 def _set_later(namespace, go):
     go.wait(30)
     with shmq.connect(namespace=namespace) as b:

@@ -60,6 +60,7 @@ _SCHEMA = (
     "PRIMARY KEY (key, member)) WITHOUT ROWID",
 )
 _LIVE = "(expires IS NULL OR expires > ?)"
+_pause = time.sleep  # (a test's hook: what a retried switch to WAL waits with)
 _abandoned = []  # connections a fork left in a child: never closed there (SQLite: not across fork)
 
 
@@ -211,8 +212,7 @@ class Store:
             self._ino = os.stat(self.path).st_ino
             conn.execute("PRAGMA synchronous=OFF")  # a tmpfs: nothing to sync
             conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # (takes effect on a new file only)
-            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                conn.execute("PRAGMA journal_mode=WAL")
+            self._use_wal(conn)
             conn.execute("PRAGMA journal_size_limit=1048576")  # a burst's -wal is cut back after
             conn.execute("BEGIN IMMEDIATE")
             for statement in _SCHEMA:
@@ -225,6 +225,22 @@ class Store:
             conn.close()
             raise
         return conn
+
+    def _use_wal(self, conn):
+        """Switch the file to WAL if it is not yet. SQLite refuses the switch at once (BUSY,
+        without waiting its busy timeout) while another connection holds the file's write
+        lock in rollback mode: another process's first open, making the schema or switching
+        too. So it is tried again, after growing pauses, until the lock timeout."""
+        deadline = time.monotonic() + self._busy_s
+        pause = POLL_MIN_S
+        while conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError as e:
+                if not _busy(e) or time.monotonic() >= deadline:
+                    raise
+                _pause(pause)
+                pause = min(2 * pause, POLL_MAX_S)
 
     def _share_sidecars(self):
         """In a shared namespace, the -wal and -shm files made here 0660 with its group
@@ -573,11 +589,16 @@ def _refused(store):
     return refused(f"store {store.name!r} of namespace {store.namespace!r}", store.path)
 
 
+def _busy(e: sqlite3.Error) -> bool:
+    """Whether ``e`` says another connection holds a lock this one wanted."""
+    return getattr(e, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED") or "locked" in str(e)
+
+
 def _translated(e: sqlite3.Error, store) -> ShmqError:
     """An SQLite error as one of ours, naming the store."""
     what = f"store {store.name!r} of namespace {store.namespace!r}"
     code = getattr(e, "sqlite_errorname", "")
-    if code in ("SQLITE_BUSY", "SQLITE_LOCKED") or "locked" in str(e):
+    if _busy(e):
         return LockTimeout(f"{what}: another process held its write lock for {store.lock_timeout:g}s: retry later")
     if code == "SQLITE_FULL" or "full" in str(e):
         return StorageError(f"{what}: {SHM_DIR} is full: free space there, or enlarge it (Docker: --shm-size)")
