@@ -48,6 +48,18 @@ class Counted:
             self.side.served += served[2]
         return served
 
+    def buffer(self, conn):
+        return self.plain.buffer(conn)
+
+    def read(self, conn, nbytes):
+        before = conn.requests
+        got = self.plain.read(conn, nbytes)
+        if got is True:  # served whole: the connection counted them
+            self.side.served += conn.requests - before
+        elif got:
+            self.side.served += got[2]
+        return got
+
     def deliver(self, *args):
         got = self.plain.deliver(*args)
         if got is not False:

@@ -39,6 +39,10 @@ static ShmqFastAPI *api;
 
 /* names looked up, made once */
 static PyObject *s_held, *s_pushed;
+/* the Connection's attributes a read served whole reads and sets (connection.py) */
+static PyObject *s_closing, *s_reserved, *s_decoder, *s_buffered, *s_bounds, *s_got, *s_write_paused, *s_leases,
+    *s_max_frame_bytes, *s_wait_plain, *s_requests, *s_served_bytes, *s_clocks, *s_frame_started, *s_last_active,
+    *s_eof_sent, *s_transport, *s_is_closing, *s_write, *s_reading, *s_budget_wait, *s_account;
 
 #define NO_SLOT UINT64_MAX /* a handle's process slot before its first take (Queue._slot -1) */
 
@@ -68,6 +72,11 @@ typedef struct {
     int next_slot;
     int serving; /* in serve: ``deliver`` leaves its waiter to Python (one reply buffer) */
     MpOut out;
+    /* a read served whole here (``read``, ``buffer``; set by ``reads``): the receive buffer every
+     * connection reads into, its first SMALL_FRAME_BYTES as the view a connection holding nothing
+     * reads into, the server's AttachedHandles.notify, its loop's busy poll ``touch`` and its clock */
+    Py_buffer rbuf;
+    PyObject *rsmall, *notify, *touch, *time;
 } Plain;
 
 static inline uint64_t clock_ns(clockid_t c) {
@@ -689,6 +698,10 @@ static int plain_traverse(Plain *self, visitproc visit, void *arg) {
     Py_VISIT(self->wake_producers);
     Py_VISIT(self->repair_lock);
     Py_VISIT(self->expired_error);
+    Py_VISIT(self->rsmall);
+    Py_VISIT(self->notify);
+    Py_VISIT(self->touch);
+    Py_VISIT(self->time);
     for (int i = 0; i < N_TARGETS; i++) {
         Py_VISIT(self->targets[i].name);
         Py_VISIT(self->targets[i].q);
@@ -711,6 +724,11 @@ static int plain_clear(Plain *self) {
     Py_CLEAR(self->repair_lock);
     Py_CLEAR(self->expired_error);
     for (int i = 0; i < N_TARGETS; i++) target_clear(&self->targets[i]);
+    Py_CLEAR(self->rsmall);
+    Py_CLEAR(self->notify);
+    Py_CLEAR(self->touch);
+    Py_CLEAR(self->time);
+    if (self->rbuf.obj) PyBuffer_Release(&self->rbuf);
     return 0;
 }
 
@@ -758,22 +776,9 @@ static int plain_init(Plain *self, PyObject *args, PyObject *kw) {
 /* serve(data, leases, max_frame_bytes, wait=None) -> (bytes used, replies, requests served, queues put
  * to) or None. ``wait(msg_id, q, most, rows, wait_ms)``: lines up a CONSUME that found nothing (True)
  * or leaves it to Python (False); None: Python makes every wait. */
-static PyObject *plain_serve(Plain *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 && nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "serve(data, leases, max_frame_bytes, wait=None)");
-        return NULL;
-    }
-    PyObject *wait = nargs == 4 ? args[3] : Py_None;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *leases = args[1];
-    uint64_t max_frame = PyLong_AsUnsignedLongLong(args[2]);
-    if (max_frame == (uint64_t)-1 && PyErr_Occurred()) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    const uint8_t *data = view.buf;
-    size_t size = (size_t)view.len, pos = 0;
+static PyObject *serve_bytes(Plain *self, const uint8_t *data, size_t size, PyObject *leases, uint64_t max_frame,
+                             PyObject *wait) {
+    size_t pos = 0;
     long served = 0;
     PyObject *touched = PyList_New(0), *result = NULL;
     if (!touched) goto out;
@@ -824,7 +829,193 @@ out:
     self->serving = 0;
     reply_reset(self);
     Py_XDECREF(touched);
+    return result;
+}
+
+static PyObject *plain_serve(Plain *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "serve(data, leases, max_frame_bytes, wait=None)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    uint64_t max_frame = PyLong_AsUnsignedLongLong(args[2]);
+    PyObject *result = max_frame == (uint64_t)-1 && PyErr_Occurred()
+                           ? NULL
+                           : serve_bytes(self, view.buf, (size_t)view.len, args[1], max_frame,
+                                         nargs == 4 ? args[3] : Py_None);
     PyBuffer_Release(&view);
+    return result;
+}
+
+/* ---- a read served whole: Connection.get_buffer and buffer_updated's common case, in C */
+
+/* 1 where ``name`` of ``o`` is true, 0 where false, -1 on an error */
+static int attr_true(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v) return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* 1 where ``name`` of ``(o).(inner)`` is true (``inner`` NULL: of ``o``), as attr_true */
+static int inner_true(PyObject *o, PyObject *inner, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, inner);
+    if (!v) return -1;
+    int r = attr_true(v, name);
+    Py_DECREF(v);
+    return r;
+}
+
+/* Whether ``conn`` reads at a frame's start, holding nothing: not closing, no budget reserved,
+ * nothing in its decoder (-1: an error). Its read then goes into ``rsmall`` and is served here. */
+static int holds_nothing(PyObject *conn) {
+    int r;
+    if ((r = attr_true(conn, s_closing)) != 0) return r < 0 ? -1 : 0;
+    if ((r = attr_true(conn, s_reserved)) != 0) return r < 0 ? -1 : 0;
+    if ((r = inner_true(conn, s_decoder, s_buffered)) != 0) return r < 0 ? -1 : 0;
+    return 1;
+}
+
+/* reads(rview, small, notify, touch, time): what ``read`` and ``buffer`` need of the server */
+static PyObject *plain_reads(Plain *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "reads(rview, small, notify, touch, time)");
+        return NULL;
+    }
+    if (self->rbuf.obj) PyBuffer_Release(&self->rbuf);
+    if (PyObject_GetBuffer(args[0], &self->rbuf, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject **slots[] = {&self->rsmall, &self->notify, &self->touch, &self->time};
+    for (int i = 0; i < 4; i++) {
+        Py_INCREF(args[i + 1]);
+        Py_XSETREF(*slots[i], args[i + 1]);
+    }
+    Py_RETURN_NONE;
+}
+
+/* buffer(conn) -> the view a connection that holds nothing reads into, or None (``get_buffer`` then
+ * works it out) */
+static PyObject *plain_buffer(Plain *self, PyObject *conn) {
+    if (!self->rsmall) Py_RETURN_NONE;
+    int r = holds_nothing(conn);
+    if (r < 0) return NULL;
+    if (!r) Py_RETURN_NONE;
+    Py_INCREF(self->rsmall);
+    return self->rsmall;
+}
+
+static PyObject *call_method0(PyObject *o, PyObject *name) {
+    return PyObject_CallMethodNoArgs(o, name);
+}
+
+/* read(conn, nbytes) -> True: the read's every frame served here and answered, with what
+ * buffer_updated does after (the requests counted, the gets waiting on the queues put to
+ * answered, the busy poll touched, the clocks, the replies written); a tuple: ``serve``'s, the
+ * read served only in part (buffer_updated goes on with the rest); False: nothing served; None:
+ * not tried (the connection is mid-frame, paused, or holds bytes). */
+static PyObject *plain_read(Plain *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "read(conn, nbytes)");
+        return NULL;
+    }
+    PyObject *conn = args[0];
+    Py_ssize_t nbytes = PyLong_AsSsize_t(args[1]);
+    if (nbytes < 0) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    if (!self->rbuf.obj || nbytes > self->rbuf.len) Py_RETURN_NONE;
+    int r;
+    if ((r = holds_nothing(conn)) <= 0) return r < 0 ? NULL : Py_NewRef(Py_None);
+    if ((r = inner_true(conn, s_bounds, s_got)) != 0) return r < 0 ? NULL : Py_NewRef(Py_None);
+    if ((r = attr_true(conn, s_write_paused)) != 0) return r < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *leases = PyObject_GetAttr(conn, s_leases), *decoder = PyObject_GetAttr(conn, s_decoder);
+    PyObject *wait = PyObject_GetAttr(conn, s_wait_plain), *mfb = decoder ? PyObject_GetAttr(decoder, s_max_frame_bytes) : NULL;
+    PyObject *served = NULL, *result = NULL;
+    if (!leases || !wait || !mfb) goto done;
+    uint64_t max_frame = PyLong_AsUnsignedLongLong(mfb);
+    if (max_frame == (uint64_t)-1 && PyErr_Occurred()) goto done;
+    served = serve_bytes(self, self->rbuf.buf, (size_t)nbytes, leases, max_frame, wait);
+    if (!served) goto done;
+    if (served == Py_None) {
+        result = Py_NewRef(Py_False);
+        goto done;
+    }
+    Py_ssize_t used = PyLong_AsSsize_t(PyTuple_GET_ITEM(served, 0));
+    if (used < nbytes) { /* the rest is Python's: buffer_updated goes on from serve's result */
+        result = Py_NewRef(served);
+        goto done;
+    }
+    /* Connection.served: the requests counted, the gets waiting on the queues put to answered first */
+    PyObject *replies = PyTuple_GET_ITEM(served, 1), *count = PyTuple_GET_ITEM(served, 2),
+             *touched = PyTuple_GET_ITEM(served, 3);
+    PyObject *requests = PyObject_GetAttr(conn, s_requests);
+    PyObject *sum = requests ? PyNumber_Add(requests, count) : NULL;
+    Py_XDECREF(requests);
+    if (!sum) goto done;
+    r = PyObject_SetAttr(conn, s_requests, sum);
+    Py_DECREF(sum);
+    if (r < 0 || PyObject_SetAttr(conn, s_served_bytes, PyTuple_GET_ITEM(served, 0)) < 0) goto done;
+    Py_ssize_t nt = PyList_GET_SIZE(touched);
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        PyObject *name = PyList_GET_ITEM(touched, i);
+        int seen = 0; /* each queue once, in the order first put to */
+        for (Py_ssize_t j = 0; j < i && !seen; j++) {
+            seen = PyObject_RichCompareBool(PyList_GET_ITEM(touched, j), name, Py_EQ);
+            if (seen < 0) goto done;
+        }
+        if (seen) continue;
+        PyObject *x = PyObject_CallOneArg(self->notify, name);
+        if (!x) goto done;
+        Py_DECREF(x);
+    }
+    /* the client's next request may follow its reply: looked for awake (LoopSpin.touch); the clocks */
+    PyObject *now = PyObject_CallNoArgs(self->time);
+    if (!now) goto done;
+    PyObject *targs[2] = {conn, now};
+    PyObject *x = PyObject_Vectorcall(self->touch, targs, 2, NULL);
+    PyObject *clocks = x ? PyObject_GetAttr(conn, s_clocks) : NULL;
+    Py_XDECREF(x);
+    r = clocks && PyObject_SetAttr(clocks, s_frame_started, Py_None) == 0 &&
+        PyObject_SetAttr(clocks, s_last_active, now) == 0;
+    Py_XDECREF(clocks);
+    Py_DECREF(now);
+    if (!r) goto done;
+    if (PyBytes_GET_SIZE(replies)) { /* (none: they wait) */
+        if ((r = attr_true(conn, s_eof_sent)) < 0) goto done;
+        if (!r) {
+            PyObject *transport = PyObject_GetAttr(conn, s_transport);
+            if (!transport) goto done;
+            PyObject *closing = call_method0(transport, s_is_closing);
+            r = closing ? PyObject_IsTrue(closing) : -1;
+            Py_XDECREF(closing);
+            if (r == 0) {
+                x = PyObject_CallMethodOneArg(transport, s_write, replies);
+                r = x ? 0 : -1;
+                Py_XDECREF(x);
+            }
+            Py_DECREF(transport);
+            if (r < 0) goto done;
+        }
+    }
+    /* then, as buffer_updated: ``account`` unless it reads on at a frame's boundary */
+    if ((r = attr_true(conn, s_closing)) != 0) {
+        if (r > 0) result = Py_NewRef(Py_True);
+        goto done;
+    }
+    int more = attr_true(conn, s_reading);
+    if (more == 1) more = attr_true(conn, s_write_paused) == 1 || attr_true(conn, s_budget_wait) == 1 ? 0 : 1;
+    if (PyErr_Occurred()) goto done;
+    if (!more) {
+        x = call_method0(conn, s_account);
+        if (!x) goto done;
+        Py_DECREF(x);
+    }
+    result = Py_NewRef(Py_True);
+done:
+    Py_XDECREF(served);
+    Py_XDECREF(leases);
+    Py_XDECREF(decoder);
+    Py_XDECREF(wait);
+    Py_XDECREF(mfb);
     return result;
 }
 
@@ -881,6 +1072,13 @@ static PyMethodDef plain_methods[] = {
      "False (Python's take)"},
     {"timed", (PyCFunction)plain_timed, METH_O, "timed(count): count(type, seconds, status) per request (None: off)"},
     {"forget", (PyCFunction)plain_forget, METH_NOARGS, "drop every handle kept (the server stops)"},
+    {"reads", (PyCFunction)(void (*)(void))plain_reads, METH_FASTCALL,
+     "reads(rview, small, notify, touch, time): the server's receive buffer and what a read served whole calls"},
+    {"buffer", (PyCFunction)plain_buffer, METH_O,
+     "buffer(conn) -> the view a connection holding nothing reads into, or None"},
+    {"read", (PyCFunction)(void (*)(void))plain_read, METH_FASTCALL,
+     "read(conn, nbytes) -> True (served whole and answered), serve's tuple (in part), False (none) or None "
+     "(not tried)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -913,6 +1111,28 @@ PyMODINIT_FUNC PyInit__plain(void) {
     }
     INTERN(s_held, "held");
     INTERN(s_pushed, "pushed");
+    INTERN(s_closing, "closing");
+    INTERN(s_reserved, "reserved");
+    INTERN(s_decoder, "decoder");
+    INTERN(s_buffered, "buffered");
+    INTERN(s_bounds, "bounds");
+    INTERN(s_got, "got");
+    INTERN(s_write_paused, "write_paused");
+    INTERN(s_leases, "leases");
+    INTERN(s_max_frame_bytes, "max_frame_bytes");
+    INTERN(s_wait_plain, "wait_plain");
+    INTERN(s_requests, "requests");
+    INTERN(s_served_bytes, "served_bytes");
+    INTERN(s_clocks, "clocks");
+    INTERN(s_frame_started, "frame_started");
+    INTERN(s_last_active, "last_active");
+    INTERN(s_eof_sent, "eof_sent");
+    INTERN(s_transport, "transport");
+    INTERN(s_is_closing, "is_closing");
+    INTERN(s_write, "write");
+    INTERN(s_reading, "reading");
+    INTERN(s_budget_wait, "budget_wait");
+    INTERN(s_account, "account");
     if (PyType_Ready(&PlainType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

@@ -121,6 +121,9 @@ class Connection(asyncio.BufferedProtocol):
                                               "connections": len(self.server.connections)})
 
     def get_buffer(self, sizehint):
+        plain = self.plain
+        if plain is not None and (view := plain.buffer(self)) is not None:
+            return view  # holding nothing (the common case, in C): the first SMALL_FRAME_BYTES of the shared buffer
         room = self.room() if not self.closing else READ_CHUNK  # a closing one's bytes are dropped
         if self.reserved and not self.closing:
             self.decoder.expect(room)  # the rest of a big frame, its memory reserved: one allocation
@@ -130,15 +133,22 @@ class Connection(asyncio.BufferedProtocol):
         if self.closing:
             return
         try:
+            plain = self.plain
+            # the common read, whole in C: every frame plain, served and answered, and what follows here
+            # after such a read done there (``Plain.read``); else what it served of it, if anything
+            served = plain.read(self, nbytes) if plain is not None else None
+            if served is True:
+                return
             data = self.server.rview[:nbytes]
             bounds = self.bounds
             one, ended, replies = None, 1, None
-            plain = self.plain
             if not (bounds.got or self.write_paused or self.reserved):  # at a frame's start, taking requests
                 if plain is not None and not self.decoder.buffered:
                     # the plain frames first, in C (server/plain.py); what it leaves, from the first frame
                     # it does not serve, goes on below as a read of its own
-                    replies = self.served(plain.serve(data, self.leases, self.decoder.max_frame_bytes, self.wait_plain))
+                    if served is None:
+                        served = plain.serve(data, self.leases, self.decoder.max_frame_bytes, self.wait_plain)
+                    replies = self.served(served or None)
                     plain = None  # (offered)
                     if replies is not None:
                         used = self.served_bytes

@@ -15,6 +15,7 @@ from ..model import keepalive
 from .connection import error_frame
 from .handlers import consumed_frame
 from .leases import tag_counter
+from .limits import SMALL_FRAME_BYTES
 
 try:
     from . import _plain
@@ -35,4 +36,7 @@ def plain_server(server):
     count = getattr(server.metrics, "count", None)  # (NO_METRICS counts nothing)
     if count is not None:
         plain.timed(count)
+    if server.loop is not None:  # a read served whole in C (``Connection.buffer_updated``)
+        plain.reads(server.rview, server.rview[:SMALL_FRAME_BYTES], server.queues.notify, server.spin.touch,
+                    server.loop.time)
     return plain
