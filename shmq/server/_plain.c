@@ -42,7 +42,8 @@ static PyObject *s_held, *s_pushed;
 /* the Connection's attributes a read served whole reads and sets (connection.py) */
 static PyObject *s_closing, *s_reserved, *s_decoder, *s_buffered, *s_bounds, *s_got, *s_write_paused, *s_leases,
     *s_max_frame_bytes, *s_wait_plain, *s_requests, *s_served_bytes, *s_clocks, *s_frame_started, *s_last_active,
-    *s_eof_sent, *s_transport, *s_is_closing, *s_write, *s_reading, *s_budget_wait, *s_account;
+    *s_eof_sent, *s_transport, *s_is_closing, *s_write, *s_reading, *s_budget_wait, *s_account, *s_peers, *s_lines,
+    *s_live;
 
 #define NO_SLOT UINT64_MAX /* a handle's process slot before its first take (Queue._slot -1) */
 
@@ -77,6 +78,7 @@ typedef struct {
      * reads into, the server's AttachedHandles.notify, its loop's busy poll ``touch`` and its clock */
     Py_buffer rbuf;
     PyObject *rsmall, *notify, *touch, *time;
+    PyObject *queues; /* the server's AttachedHandles of queues: whose lines have waiters (``awaited``) */
 } Plain;
 
 static inline uint64_t clock_ns(clockid_t c) {
@@ -702,6 +704,7 @@ static int plain_traverse(Plain *self, visitproc visit, void *arg) {
     Py_VISIT(self->notify);
     Py_VISIT(self->touch);
     Py_VISIT(self->time);
+    Py_VISIT(self->queues);
     for (int i = 0; i < N_TARGETS; i++) {
         Py_VISIT(self->targets[i].name);
         Py_VISIT(self->targets[i].q);
@@ -728,6 +731,7 @@ static int plain_clear(Plain *self) {
     Py_CLEAR(self->notify);
     Py_CLEAR(self->touch);
     Py_CLEAR(self->time);
+    Py_CLEAR(self->queues);
     if (self->rbuf.obj) PyBuffer_Release(&self->rbuf);
     return 0;
 }
@@ -776,6 +780,33 @@ static int plain_init(Plain *self, PyObject *args, PyObject *kw) {
 /* serve(data, leases, max_frame_bytes, wait=None) -> (bytes used, replies, requests served, queues put
  * to) or None. ``wait(msg_id, q, most, rows, wait_ms)``: lines up a CONSUME that found nothing (True)
  * or leaves it to Python (False); None: Python makes every wait. */
+static int attr_true(PyObject *o, PyObject *name);
+
+/* 1 where queue ``name`` has requests waiting on this loop (a live line in one of the server's
+ * AttachedHandles of queues, as its ``notify`` looks), 0 where not or where unknown, -1 on an error */
+static int awaited(Plain *self, PyObject *name) {
+    if (!self->queues) return 0;
+    PyObject *peers = PyObject_GetAttr(self->queues, s_peers);
+    if (!peers) return -1;
+    PyObject *seq = PySequence_Fast(peers, "AttachedHandles.peers");
+    Py_DECREF(peers);
+    if (!seq) return -1;
+    int r = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq) && !r; i++) {
+        PyObject *lines = PyObject_GetAttr(PySequence_Fast_GET_ITEM(seq, i), s_lines);
+        if (!lines) {
+            r = -1;
+            break;
+        }
+        PyObject *line = PyDict_Check(lines) ? PyDict_GetItemWithError(lines, name) : NULL;
+        if (line) r = attr_true(line, s_live);
+        else if (PyErr_Occurred()) r = -1;
+        Py_DECREF(lines);
+    }
+    Py_DECREF(seq);
+    return r;
+}
+
 static PyObject *serve_bytes(Plain *self, const uint8_t *data, size_t size, PyObject *leases, uint64_t max_frame,
                              PyObject *wait) {
     size_t pos = 0;
@@ -817,6 +848,13 @@ static PyObject *serve_bytes(Plain *self, const uint8_t *data, size_t size, PyOb
         }
         pos += WIRE_HEADER + h.length;
         served++;
+        if ((h.type == T_PRODUCE || h.type == T_PRODUCE_BATCH) && pos < size) {
+            /* a put to a queue with gets waiting, more frames behind it: served here no further, so that
+             * its waiters are answered (``notify``) before the next frame, as a PRODUCE in Python does */
+            int w = awaited(self, PyList_GET_ITEM(touched, PyList_GET_SIZE(touched) - 1));
+            if (w < 0) goto out;
+            if (w) break;
+        }
     }
     if (!served) {
         Py_INCREF(Py_None);
@@ -878,16 +916,17 @@ static int holds_nothing(PyObject *conn) {
     return 1;
 }
 
-/* reads(rview, small, notify, touch, time): what ``read`` and ``buffer`` need of the server */
+/* reads(rview, small, notify, touch, time, queues): what ``read`` and ``buffer`` need of the server,
+ * and its AttachedHandles of queues (a put to a queue with waiting gets ends a serve: ``awaited``) */
 static PyObject *plain_reads(Plain *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "reads(rview, small, notify, touch, time)");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "reads(rview, small, notify, touch, time, queues)");
         return NULL;
     }
     if (self->rbuf.obj) PyBuffer_Release(&self->rbuf);
     if (PyObject_GetBuffer(args[0], &self->rbuf, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject **slots[] = {&self->rsmall, &self->notify, &self->touch, &self->time};
-    for (int i = 0; i < 4; i++) {
+    PyObject **slots[] = {&self->rsmall, &self->notify, &self->touch, &self->time, &self->queues};
+    for (int i = 0; i < 5; i++) {
         Py_INCREF(args[i + 1]);
         Py_XSETREF(*slots[i], args[i + 1]);
     }
@@ -1073,7 +1112,8 @@ static PyMethodDef plain_methods[] = {
     {"timed", (PyCFunction)plain_timed, METH_O, "timed(count): count(type, seconds, status) per request (None: off)"},
     {"forget", (PyCFunction)plain_forget, METH_NOARGS, "drop every handle kept (the server stops)"},
     {"reads", (PyCFunction)(void (*)(void))plain_reads, METH_FASTCALL,
-     "reads(rview, small, notify, touch, time): the server's receive buffer and what a read served whole calls"},
+     "reads(rview, small, notify, touch, time, queues): the server's receive buffer, what a read served whole "
+     "calls, and its queues' waiting lines"},
     {"buffer", (PyCFunction)plain_buffer, METH_O,
      "buffer(conn) -> the view a connection holding nothing reads into, or None"},
     {"read", (PyCFunction)(void (*)(void))plain_read, METH_FASTCALL,
@@ -1133,6 +1173,9 @@ PyMODINIT_FUNC PyInit__plain(void) {
     INTERN(s_reading, "reading");
     INTERN(s_budget_wait, "budget_wait");
     INTERN(s_account, "account");
+    INTERN(s_peers, "peers");
+    INTERN(s_lines, "lines");
+    INTERN(s_live, "live");
     if (PyType_Ready(&PlainType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

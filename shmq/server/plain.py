@@ -38,5 +38,5 @@ def plain_server(server):
         plain.timed(count)
     if server.loop is not None:  # a read served whole in C (``Connection.buffer_updated``)
         plain.reads(server.rview, server.rview[:SMALL_FRAME_BYTES], server.queues.notify, server.spin.touch,
-                    server.loop.time)
+                    server.loop.time, server.queues)
     return plain
