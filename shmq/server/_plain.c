@@ -777,9 +777,6 @@ static int plain_init(Plain *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-/* serve(data, leases, max_frame_bytes, wait=None) -> (bytes used, replies, requests served, queues put
- * to) or None. ``wait(msg_id, q, most, rows, wait_ms)``: lines up a CONSUME that found nothing (True)
- * or leaves it to Python (False); None: Python makes every wait. */
 static int attr_true(PyObject *o, PyObject *name);
 
 /* 1 where queue ``name`` has requests waiting on this loop (a live line in one of the server's
@@ -807,6 +804,9 @@ static int awaited(Plain *self, PyObject *name) {
     return r;
 }
 
+/* serve(data, leases, max_frame_bytes, wait=None) -> (bytes used, replies, requests served, queues put
+ * to) or None. ``wait(msg_id, q, most, rows, wait_ms)``: lines up a CONSUME that found nothing (True)
+ * or leaves it to Python (False); None: Python makes every wait. */
 static PyObject *serve_bytes(Plain *self, const uint8_t *data, size_t size, PyObject *leases, uint64_t max_frame,
                              PyObject *wait) {
     size_t pos = 0;
