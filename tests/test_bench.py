@@ -92,7 +92,7 @@ def _run_saved(module, argv, out_json, timeout):
 def test_quick_bench_output_is_well_formed(tmp_path):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    # a bound, not a speed: 2.5 minutes alone, more under pytest -n 4
+    # a bound, not a speed: about a minute alone, two under the suite's pytest -n 3
     pid, code, stdout, stderr = _run(["--quick", "--json", str(out_json), "--plot", str(out_png)], env, 600)
     assert code == 0, stdout + stderr
     lines = stdout.splitlines()

@@ -1,9 +1,12 @@
 """Exactly once from a shmq stream through Spark into a shmq stream, with the driver
 SIGKILLed at three points: while it plans a batch, while a batch's tasks run (rows
 staged, nothing published), and after the sink published a batch but before Spark wrote
-its commit log; with the Python source and with the JVM one (whose runs the sink alone
-kills), and with the JVM source and the JVM sink (its faults: io.shmq.spark.sink.Faults). Each driver runs in its own process session; every process of that session is
-gone before the test goes on."""
+its commit log; with the Python source and sink, and with the JVM source and the JVM sink
+(whose runs the sink alone kills: io.shmq.spark.sink.Faults). Each driver runs in its own
+process session; every process of that session is gone before the test goes on. (The JVM
+source into the Python sink, a third pairing, adds nothing the two do not hold: the
+source's replay is the JVM pairing's, the sink's faults the Python one's; it cost a
+minute of the suite.)"""
 
 import json
 import os
@@ -74,8 +77,8 @@ FAULTS = {"shmq_faulty": ["plan:2", "write:3", "commit:4", ""], "shmq": ["write:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source, sink", [("shmq_faulty", "shmq_faulty"), ("shmq", "shmq_faulty"), ("shmq", "shmq")],
-                         ids=["python", "jvm-source", "jvm-source-and-sink"])
+@pytest.mark.parametrize("source, sink", [("shmq_faulty", "shmq_faulty"), ("shmq", "shmq")],
+                         ids=["python", "jvm-source-and-sink"])
 def test_sigkill_of_the_driver_at_three_points_replays_the_same_ranges_and_sinks_each_record_once(
         broker, tmp_path, source, sink):
     if source == "shmq":
