@@ -26,8 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ENGINE = ["shmq/engine/**/*.py", "shmq/engine/_fast.c", "shmq/engine/*.h", "shmq/model/*.py",
            "shmq/errors.py", "shmq/serializers.py", "shmq/__init__.py"]
 # the TCP path: the server, the clients, the wire (their C halves included)
-_WIRE = ["shmq/server/*.py", "shmq/server/*.c", "shmq/client/*.py", "shmq/protocol/*.py", "shmq/protocol/*.c",
-         "shmq/protocol/*.h", "shmq/auth.py", "shmq/busypoll.py"]
+_WIRE = ["shmq/server/*.py", "shmq/server/handlers/*.py", "shmq/server/*.c", "shmq/client/*.py", "shmq/protocol/*.py",
+         "shmq/protocol/*.c", "shmq/protocol/*.h", "shmq/auth.py", "shmq/busypoll.py"]
 
 # a run's key -> what it measures: shmq's code and the bench's own shmq adapters
 MEASURES = {

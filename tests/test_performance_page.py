@@ -176,6 +176,20 @@ def test_every_table_is_a_run_of_the_current_code():
     assert old == [], "\n".join(old)
 
 
+def test_the_tcp_runs_measure_every_module_of_the_server_and_the_kafka_run_its_listener():
+    """A module of the server in a folder (handlers/) is in the stamps of every run over
+    TCP, as one beside tcp.py is, so a change to it ages those runs; the Kafka listener's
+    folder is in the Kafka run's. (The coordinator's, transactions/, serves no bench's path.)"""
+    server = ROOT / "shmq" / "server"
+    every = {p.relative_to(ROOT).as_posix() for p in server.rglob("*.py")
+             if not {"kafka", "transactions"} & set(p.relative_to(server).parts[:-1])}
+    assert "shmq/server/handlers/queues.py" in every and "shmq/server/connection.py" in every
+    for what in ("tcp", "matrix", "jobs", "kafka", "streams"):
+        assert every <= set(provenance.files(what)), (what, sorted(every - set(provenance.files(what))))
+    listener = {p.relative_to(ROOT).as_posix() for p in (server / "kafka").glob("*.py")}
+    assert listener and listener <= set(provenance.files("kafka"))
+
+
 def test_a_run_older_than_its_code_is_found(tmp_path):
     root = _copy(tmp_path)
     path = root / "docs" / "tcp.json"

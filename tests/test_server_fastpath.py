@@ -77,10 +77,10 @@ def test_what_the_plain_checks_refuse_goes_to_check_request(msg_type, payload, e
 
 
 @pytest.mark.parametrize("shape, value", [
-    (handlers._PRODUCED, 1), (handlers._PRODUCED, 2**63 - 1), (handlers._ACKED, 0), (handlers._ACKED, 3),
-    (handlers._CONSUMED, []),
-    (handlers._CONSUMED, [{"id": 5, "delivery": 9, "body": b"x" * 300, "headers": {"k": "v"}, "attempt": 1,
-                           "enqueued_at": 1.5}]),
+    (handlers.queues._PRODUCED, 1), (handlers.queues._PRODUCED, 2**63 - 1), (handlers.queues._ACKED, 0),
+    (handlers.queues._ACKED, 3), (handlers.queues._CONSUMED, []),
+    (handlers.queues._CONSUMED, [{"id": 5, "delivery": 9, "body": b"x" * 300, "headers": {"k": "v"}, "attempt": 1,
+                                  "enqueued_at": 1.5}]),
 ])
 def test_a_plain_reply_is_the_bytes_of_encode_reply(shape, value):
     for msg_id in (0, 1, 2**32 - 1):

@@ -1,4 +1,4 @@
-"""The server's request handlers (shmq/server/handlers.py), without a socket where they
+"""The server's request handlers (shmq/server/handlers/), without a socket where they
 can be: a fake connection, a real TcpServer that never listens, a real local namespace.
 
 Strategy: a handler takes the connection and the checked fields and returns the reply
@@ -31,7 +31,7 @@ from shmq.server.tcp import TcpServer
 from tests.test_server_tcp import ServerProcess, _read_frames, _sock
 from tests.test_storage_faults import _fill_disk, small_fs  # noqa: F401  (a fixture)
 
-SERVER_DIR = Path(handlers.__file__).parent
+SERVER_DIR = Path(handlers.__file__).parent.parent  # shmq/server (handlers is a package in it)
 
 # Request types the connection answers itself, outside the table: none. It handles only
 # what is not a request for a handler: frames sent as replies, requests before HELLO,
@@ -40,7 +40,7 @@ HANDLED_BY_THE_CONNECTION = set()
 
 
 class FakeConnection:
-    """What a handler may use of a connection (see shmq/server/handlers.py)."""
+    """What a handler may use of a connection (see shmq/server/handlers/)."""
 
     def __init__(self, server):
         self.server = server
@@ -123,11 +123,14 @@ def _private_uses(path):
 
 
 def test_the_server_uses_only_public_names_of_other_objects():
-    """Nothing under shmq/server reaches into the engine (``q._settle``, ``q._dead_letter``,
-    ``d._q``...) or into another object's privates: only ``self._x``."""
-    modules = sorted(SERVER_DIR.glob("*.py"))
-    assert {m.name for m in modules} >= {"tcp.py", "connection.py", "handlers.py", "limits.py", "waiters.py"}
-    found = {m.name: _private_uses(m) for m in modules}
+    """Nothing under shmq/server, its folders included (handlers/, kafka/, transactions/),
+    reaches into the engine (``q._settle``, ``q._dead_letter``, ``d._q``...) or into another
+    object's privates: only ``self._x``."""
+    modules = sorted(SERVER_DIR.rglob("*.py"))
+    names = {m.relative_to(SERVER_DIR).as_posix() for m in modules}
+    assert names >= {"tcp.py", "connection.py", "handlers/__init__.py", "handlers/queues.py", "limits.py",
+                     "waiters.py", "kafka/listener.py"}
+    found = {m.relative_to(SERVER_DIR).as_posix(): _private_uses(m) for m in modules}
     assert {name: uses for name, uses in found.items() if uses} == {}
 
 

@@ -2,7 +2,7 @@
  * frames of the plain shapes, parsed, checked, served through the engine's C paths and answered,
  * in one call from the event loop per read (``Plain.serve``).
  *
- * Strategy: the twin of connection.py's dispatch to handlers.py's plain_produce, produce_batch,
+ * Strategy: the twin of connection.py's dispatch to handlers/queues.py's plain_produce, produce_batch,
  * consume / plain_consume and plain_ack, for the shapes the clients send every message, as the
  * engine's _fast.c is the twin of its Python hot paths. It only ever serves the case it is sure
  * of: a frame it does not take whole -- another type or shape, a field it does not know, a

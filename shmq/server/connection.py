@@ -23,8 +23,8 @@ from ..protocol import (HEADER_SIZE, REPLY_BIT, FrameDecoder, MsgType, PushType,
                         encode_reply)
 from ..protocol.requests import check_request
 from ..protocol.status import error_details, reason_of, status_of
-from .handlers import (HANDLERS, PLAIN, BlockingAppend, OffLoop, OnLoop, Wait, give_back_consumers, plain_take,
-                       waiting_consume)
+from .handlers import (HANDLERS, PLAIN, BlockingAppend, OffLoop, OnLoop, Wait, give_back_consumers, plain_args,
+                       plain_take, waiting_consume)
 from .leases import Leases
 from .members import Members
 from .subscriptions import Subscriptions
@@ -380,8 +380,8 @@ class Connection(asyncio.BufferedProtocol):
     def wait(self, msg_type, msg_id, wait: Wait):
         """Put a request in its line, up to the per-connection limit (then LIMIT_EXCEEDED)."""
         self.check_waiting()
-        self.line_up(Waiter(self, wait.line, msg_id, msg_type, wait.take, wait.reply, wait.args_for(self, msg_id)),
-                     wait.wait_ms)
+        args = plain_args(self, wait.args, msg_id) if wait.take is plain_take else wait.args  # (C makes its frame)
+        self.line_up(Waiter(self, wait.line, msg_id, msg_type, wait.take, wait.reply, args), wait.wait_ms)
 
     def wait_plain(self, msg_id, q, most, rows, wait_ms) -> bool:
         """A CONSUME the plain path in C found nothing for, lined up as ``wait`` lines it up
