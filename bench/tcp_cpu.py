@@ -9,7 +9,13 @@ bench.tcp's shapes, through the same adapters and calls (``--cases``):
 - ``msg``: one producer -> one consumer, one message per call, each acked (Redis: LPUSH /
   BRPOP); per message;
 - ``batch``: the same, 64 per call (put_many / get_many + ack_many; Redis: LPUSH of 64
-  values / BLMPOP COUNT 64); per message.
+  values / BLMPOP COUNT 64); per message;
+- ``fill``: batch's producer alone, into an empty queue; per message;
+- ``drain``: batch's consumer alone, over a queue filled with all its messages before the
+  start (by this process, outside the figures); per message.
+
+``fill`` and ``drain`` bound ``batch`` from above: each is one side of it with the server
+and a CPU of its own, the other side's requests and CPU away.
 
 The two clients are pinned to two distinct CPUs and the server is not (bench.tcp's
 placement). Each client reads its own CPU (``os.times``) around its loop, the server's
@@ -40,12 +46,13 @@ from bench.machine import machine_info
 from bench.plan import BATCH, csv, pin_cpus
 
 PROG = "python -m bench.tcp_cpu"
-CASES = ("pingpong", "msg", "batch")
+CASES = ("pingpong", "msg", "batch", "fill", "drain")
 SYSTEMS = ("shmq-tcp", "redis")
-COUNTS = {"pingpong": 10_000, "msg": 20_000, "batch": 320_000}  # round trips, messages, messages
+COUNTS = {"pingpong": 10_000, "msg": 20_000, "batch": 320_000, "fill": 320_000, "drain": 320_000}  # trips, messages
 QUICK_SCALE = 20
 SIZE = 64
-ROLES = {"pingpong": ("pinger", "ponger"), "msg": ("producer", "consumer"), "batch": ("producer", "consumer")}
+ROLES = {"pingpong": ("pinger", "ponger"), "msg": ("producer", "consumer"), "batch": ("producer", "consumer"),
+         "fill": ("producer",), "drain": ("consumer",)}
 
 
 def _loop(case, role, ends, n):
@@ -76,6 +83,17 @@ def _loop(case, role, ends, n):
         got = 0
         while got < n:
             got += len(ends[0].recv_batch(BATCH))
+
+
+def _fill(system, spec, n):
+    """Put ``n`` messages on ``spec``'s queue from this process, 64 a call (``drain``'s start)."""
+    end = adapters.adapter_class(system).End(spec, "send")
+    try:
+        bodies = [b"x" * SIZE] * BATCH
+        for _ in range(n // BATCH):
+            end.send_batch(bodies)
+    finally:
+        end.close()
 
 
 def _client(system, case, role, specs, n, cpu, ready, go, out):
@@ -110,6 +128,8 @@ def run_case(ctx, system, adapter, server, case, n, cpus, timeout):
     """One run: {"seconds", "rate", and per process {"user_us", "system_us"} a message}."""
     specs = [adapter.make(ctx, SIZE) for _ in range(2 if case == "pingpong" else 1)]
     ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    if case == "drain":
+        _fill(system, specs[0], n)
     procs = [ctx.Process(target=_client, args=(system, case, role, specs, n, cpus[i] if cpus else None,
                                                ready, go, out), daemon=True)
              for i, role in enumerate(ROLES[case])]
@@ -203,7 +223,7 @@ def run(args, ctx):
 
 def format_report(info, rows, skipped, args):
     """The table: per case, each system's rate and CPU a message by process, then shmq over Redis."""
-    unit = {"pingpong": "round trip", "msg": "message", "batch": "message"}
+    unit = {"pingpong": "round trip", "msg": "message", "batch": "message", "fill": "message", "drain": "message"}
     lines = [f"Where a message's CPU goes over TCP ({PROG})",
              f"machine : {info['cpu']}; {info['logical_cpus']} logical CPUs",
              f"load    : {os.getloadavg()[0]:.2f}; clients pinned to CPUs {pin_cpus(True) or 'unpinned'}, "
@@ -220,6 +240,7 @@ def format_report(info, rows, skipped, args):
             if r is None:
                 continue
             cells = [f"{r[w]['user_us']:6.1f}/{r[w]['system_us']:<6.1f}" for w in ("server", *ROLES[case])]
+            cells += ["-"] * (3 - len(cells))
             lines.append(f"{case:9} {system:9} {r['rate']:9,.0f}  {cells[0]:>13}  {cells[1]:>13}  {cells[2]:>13}  "
                          f"{r['total_us']:6.1f}  {r['system_total_us']:12.1f}")
         a, b = by.get((case, "shmq-tcp")), by.get((case, "redis"))
@@ -228,7 +249,8 @@ def format_report(info, rows, skipped, args):
                          f"{_ratio(a['total_us'], b['total_us'])} (server {_ratio(_total(a, 'server'), _total(b, 'server'))}, "
                          f"clients {_ratio(_clients(a), _clients(b))})")
     lines.append("")
-    lines.append("client 1 / 2: pinger / ponger (pingpong), producer / consumer (msg, batch).")
+    lines.append("client 1 / 2: pinger / ponger (pingpong), producer / consumer (msg, batch); "
+                 "client 1 alone: the producer (fill), the consumer (drain).")
     for system, why in skipped.items():
         lines.append(f"skipped {system}: {why}")
     return "\n".join(lines)

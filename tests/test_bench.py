@@ -662,7 +662,8 @@ def test_the_tcp_cpu_bench_says_what_each_process_spent_a_message(tmp_path):
     systems = [s for s in tcp_cpu.SYSTEMS if s not in doc["skipped"]]
     assert systems[0] == "shmq-tcp" and (systems == ["shmq-tcp", "redis"] or "redis" in doc["skipped"])
     assert [(r["system"], r["case"], r["n"]) for r in doc["rows"]] == [
-        (s, case, n) for s in systems for case, n in (("pingpong", 448), ("msg", 960), ("batch", 16000))]
+        (s, case, n) for s in systems for case, n in (("pingpong", 448), ("msg", 960), ("batch", 16000),
+                                                      ("fill", 16000), ("drain", 16000))]
     for row in doc["rows"]:
         who = ("server", *tcp_cpu.ROLES[row["case"]])
         assert row["rate"] > 0 and row["runs"] == 1
@@ -673,7 +674,7 @@ def test_the_tcp_cpu_bench_says_what_each_process_spent_a_message(tmp_path):
     head = next(i for i, line in enumerate(lines) if line.startswith("case "))
     assert lines[head].split()[:6] == ["case", "system", "rate/s", "server", "client", "1"]
     ratios = [line for line in lines if "shmq / Redis:" in line]
-    assert len(ratios) == (3 if "redis" in systems else 0)
+    assert len(ratios) == (5 if "redis" in systems else 0)
     assert _entries_of_run(pid) == []
     assert _orphaned_bench_servers() <= servers_before
 
@@ -698,6 +699,21 @@ def test_the_tcp_cpu_rows_take_each_figures_median_and_put_shmq_over_redis():
     assert "shmq / Redis: rate 2.00x; CPU a round trip 1.08x (server -, clients 0.42x)" in text
 
 
+def test_a_tcp_cpu_case_of_one_client_shows_its_one_and_a_dash_for_the_other():
+    """``drain`` (and ``fill``) run one client: its row has the server, that client, and a dash."""
+    def run(rate, server, consumer):
+        return {"rate": rate, "server": dict(zip(("user_us", "system_us"), server)),
+                "consumer": dict(zip(("user_us", "system_us"), consumer))}
+    row = tcp_cpu.median_row("shmq-tcp", "drain", [run(30, (0.5, 0.3), (0.3, 0.4))])
+    redis = tcp_cpu.median_row("redis", "drain", [run(10, (0.2, 0.3), (1.7, 0.4))])
+    assert row["total_us"] == pytest.approx(1.5) and row["system_total_us"] == pytest.approx(0.7)
+    text = tcp_cpu.format_report({"cpu": "X", "logical_cpus": 2}, [row, redis], {},
+                                 tcp_cpu.parse_args(["--cases", "drain"]))
+    line = next(ln for ln in text.splitlines() if ln.startswith("drain     shmq-tcp"))
+    assert line.split() == ["drain", "shmq-tcp", "30", "0.5/0.3", "0.3/0.4", "-", "1.5", "0.7"]
+    assert "shmq / Redis: rate 3.00x; CPU a message 0.58x (server 1.60x, clients 0.33x)" in text
+
+
 def test_a_tcp_cpu_run_whose_clients_cannot_connect_ends_in_one_error_with_their_exit_codes():
     class Nowhere:  # an adapter whose channel no client can open: a port nobody listens on
         def make(self, ctx, size):
@@ -718,7 +734,7 @@ def test_the_tcp_cpu_bench_refuses_an_unknown_case_saying_the_choices(capsys):
         tcp_cpu.parse_args(["--cases", "pingpong,bogus"])
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "python -m bench.tcp_cpu: error: argument --cases: unknown bogus; choose from pingpong, msg, batch")
+        "python -m bench.tcp_cpu: error: argument --cases: unknown bogus; choose from pingpong, msg, batch, fill, drain")
 
 
 def test_the_tcp_report_refuses_another_benchs_run_in_one_line(capsys):
