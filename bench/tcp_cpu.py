@@ -50,6 +50,7 @@ CASES = ("pingpong", "msg", "batch", "fill", "drain")
 SYSTEMS = ("shmq-tcp", "redis")
 COUNTS = {"pingpong": 10_000, "msg": 20_000, "batch": 320_000, "fill": 320_000, "drain": 320_000}  # trips, messages
 QUICK_SCALE = 20
+QUICK_SCALE_ALONE = 5  # fill and drain, a client alone at 1-2 M msgs/s: a twentieth is under the CPU clock's tick
 SIZE = 64
 ROLES = {"pingpong": ("pinger", "ponger"), "msg": ("producer", "consumer"), "batch": ("producer", "consumer"),
          "fill": ("producer",), "drain": ("consumer",)}
@@ -89,9 +90,7 @@ def _fill(system, spec, n):
     """Put ``n`` messages on ``spec``'s queue from this process, 64 a call (``drain``'s start)."""
     end = adapters.adapter_class(system).End(spec, "send")
     try:
-        bodies = [b"x" * SIZE] * BATCH
-        for _ in range(n // BATCH):
-            end.send_batch(bodies)
+        _loop("fill", "producer", [end], n)
     finally:
         end.close()
 
@@ -207,7 +206,8 @@ def run(args, ctx):
         adapter, server = opened
         try:
             for case in args.cases:
-                n = max(BATCH, COUNTS[case] // (QUICK_SCALE if args.quick else 1)) // BATCH * BATCH
+                scale = (QUICK_SCALE_ALONE if len(ROLES[case]) == 1 else QUICK_SCALE) if args.quick else 1
+                n = max(BATCH, COUNTS[case] // scale) // BATCH * BATCH
                 runs = []
                 for i in range(args.runs + 1):  # the first is a warm-up
                     print(f"{system} {case}: run {i}/{args.runs}", file=sys.stderr, flush=True)
@@ -223,7 +223,6 @@ def run(args, ctx):
 
 def format_report(info, rows, skipped, args):
     """The table: per case, each system's rate and CPU a message by process, then shmq over Redis."""
-    unit = {"pingpong": "round trip", "msg": "message", "batch": "message", "fill": "message", "drain": "message"}
     lines = [f"Where a message's CPU goes over TCP ({PROG})",
              f"machine : {info['cpu']}; {info['logical_cpus']} logical CPUs",
              f"load    : {os.getloadavg()[0]:.2f}; clients pinned to CPUs {pin_cpus(True) or 'unpinned'}, "
@@ -245,7 +244,8 @@ def format_report(info, rows, skipped, args):
                          f"{r['total_us']:6.1f}  {r['system_total_us']:12.1f}")
         a, b = by.get((case, "shmq-tcp")), by.get((case, "redis"))
         if a and b:
-            lines.append(f"{'':9} shmq / Redis: rate {_ratio(a['rate'], b['rate'])}; CPU a {unit[case]} "
+            unit = "round trip" if case == "pingpong" else "message"
+            lines.append(f"{'':9} shmq / Redis: rate {_ratio(a['rate'], b['rate'])}; CPU a {unit} "
                          f"{_ratio(a['total_us'], b['total_us'])} (server {_ratio(_total(a, 'server'), _total(b, 'server'))}, "
                          f"clients {_ratio(_clients(a), _clients(b))})")
     lines.append("")
@@ -276,7 +276,8 @@ def parse_args(argv):
     p.add_argument("--systems", type=lambda s: csv(s, SYSTEMS), default=list(SYSTEMS),
                    help=f"comma list from {','.join(SYSTEMS)} (default both)")
     p.add_argument("--runs", type=int, default=3, help="runs per case and system (default 3)")
-    p.add_argument("--quick", action="store_true", help=f"counts / {QUICK_SCALE}: a smoke test")
+    p.add_argument("--quick", action="store_true",
+                   help=f"counts / {QUICK_SCALE} (fill and drain / {QUICK_SCALE_ALONE}): a smoke test")
     p.add_argument("--busy-poll-us", type=int, default=None, metavar="N",
                    help="shmq's busy polling, the server's and the clients' (0: none; default: theirs)")
     p.add_argument("--run-timeout", type=float, default=120.0, help="seconds allowed per run (default 120)")

@@ -663,7 +663,7 @@ def test_the_tcp_cpu_bench_says_what_each_process_spent_a_message(tmp_path):
     assert systems[0] == "shmq-tcp" and (systems == ["shmq-tcp", "redis"] or "redis" in doc["skipped"])
     assert [(r["system"], r["case"], r["n"]) for r in doc["rows"]] == [
         (s, case, n) for s in systems for case, n in (("pingpong", 448), ("msg", 960), ("batch", 16000),
-                                                      ("fill", 16000), ("drain", 16000))]
+                                                      ("fill", 64000), ("drain", 64000))]
     for row in doc["rows"]:
         who = ("server", *tcp_cpu.ROLES[row["case"]])
         assert row["rate"] > 0 and row["runs"] == 1
