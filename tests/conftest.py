@@ -130,8 +130,8 @@ def servers():
 
     started = []
 
-    def start(namespace, *args):
-        srv = ServerProcess(namespace, *args)
+    def start(namespace, *args, env=None):
+        srv = ServerProcess(namespace, *args, env=env)
         started.append(srv)
         return srv
 

@@ -24,10 +24,10 @@ class ServerProcess:
     naming the port; then a thread drains the rest into ``later`` (a server that logs
     every connection never blocks on a full pipe), and ``wait_for_line`` waits for one."""
 
-    def __init__(self, namespace, *args):
+    def __init__(self, namespace, *args, env=None):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shmq.cli", "server", "--namespace", namespace, "--port", "0", *args],
-            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
+            stderr=subprocess.PIPE, text=True, env=env or {**os.environ, "PYTHONPATH": os.getcwd()},
         )
         self.log = []
         while True:  # the start-up lines end with the one naming the port

@@ -141,6 +141,13 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
     limits = Limits(**{k: v for k, v in limits.items() if v is not None})  # the options left out: defaults
     kafka = None
     if kafka_port is not None:
+        from ..server.main import kafka_listener_class
+        from ..errors import ShmqError
+
+        try:  # the kafka extra missing is a usage error too, before anything starts
+            kafka_listener_class()
+        except ShmqError as e:
+            raise click.UsageError(str(e)) from None
         adv_host, adv_port = kafka_advertised_host, None
         if adv_host and (adv_host.count(":") == 1 or adv_host.startswith("[")) and ":" in adv_host \
                 and adv_host.rsplit(":", 1)[1].isdigit():  # HOST:PORT or [V6]:PORT

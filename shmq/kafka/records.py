@@ -23,6 +23,7 @@ from crc32c import crc32c
 
 from .codes import ErrorCode, KafkaProtocolError
 from .compression import NONE, compress, decompress
+from .control import ABORT, COMMIT, CONTROL, TRANSACTIONAL, marker
 
 __all__ = ["Batch", "Record", "decode_batches", "encode_batch", "NO_PRODUCER", "TRANSACTIONAL", "CONTROL",
            "LOG_APPEND_TIME", "ABORT", "COMMIT", "marker", "last_offset"]
@@ -38,13 +39,7 @@ _HEAD = struct.Struct(">qiibIhiqqqhii")  # base offset .. record count
 _CRC_FROM = 21  # the attributes' position: the CRC covers the rest
 _LENGTH_AFTER = 12  # the batch length counts from after base offset and itself
 NO_PRODUCER = -1
-TRANSACTIONAL, CONTROL, LOG_APPEND_TIME = 0x10, 0x20, 0x08
-# a transaction marker: a control batch of one record, its key the control type
-# (version int16 0, type int16), its value the end-transaction marker (version int16 0,
-# coordinator epoch int32)
-ABORT, COMMIT = 0, 1
-_CONTROL_KEY = struct.Struct(">hh")
-_MARKER_VALUE = struct.Struct(">hi")
+LOG_APPEND_TIME = 0x08
 
 
 class Record(NamedTuple):
@@ -308,11 +303,6 @@ def encode_batch(records, codec: int = NONE, producer_id: int = NO_PRODUCER, pro
     out += payload
     struct.pack_into(">I", out, 17, crc32c(memoryview(out)[_CRC_FROM:]))
     return bytes(out)
-
-
-def marker(commit: bool) -> tuple[bytes, bytes]:
-    """(key, value) of the record of a COMMIT or ABORT marker."""
-    return _CONTROL_KEY.pack(0, COMMIT if commit else ABORT), _MARKER_VALUE.pack(0, 0)
 
 
 def last_offset(raw) -> int:

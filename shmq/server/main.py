@@ -99,13 +99,13 @@ def _snapshot(snapshotter, interval, level=logging.DEBUG):
                        "duration_ms": round(took * 1000, 1)})
 
 
-def _kafka_listener():
+def kafka_listener_class():
     """The Kafka listener's class, imported only where asked for: its codec (kio) is the
     ``kafka`` extra's, not a core dependency."""
     try:
         from .kafka import KafkaListener
     except ImportError as e:
-        raise ShmqError(f"--kafka-port needs the Kafka codec ({e.name} is not installed): "
+        raise ShmqError(f"--kafka-port needs the kafka extra ({e.name} is not installed): "
                         "pip install 'shmq[kafka]'") from None
     return KafkaListener
 
@@ -160,7 +160,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         kafka_listener = None
         if kafka is not None:
             try:
-                kafka_listener = _kafka_listener()(broker, token=token, max_frame_bytes=max_frame_bytes,
+                kafka_listener = kafka_listener_class()(broker, token=token, max_frame_bytes=max_frame_bytes,
                                                    limits=server.limits, tls=tls, transactions=txns,
                                                    **{"host": host, **kafka})
                 txns.kafka = kafka_listener

@@ -28,7 +28,7 @@ from ...engine.shm.layout import FLAG_ABORTED, FLAG_CONTROL, WAL_ALWAYS, WAL_BAT
 from ...errors import CommitFailed, ShmqError, StreamNotFound
 from ...kafka import ErrorCode as E
 from ...kafka import KafkaProtocolError
-from ...kafka.records import CONTROL, TRANSACTIONAL, Record, encode_batch, marker
+from ...kafka.control import CONTROL, TRANSACTIONAL, marker
 from ...persistence.kafka_txns import Journal, journal_path, read_journal, runtime_journal_path, set_aside_journal
 from . import native
 from .index import DATA, TxnIndex, PartitionTxns
@@ -591,7 +591,8 @@ class Transactions:
         part.ended(pid, epoch, offset, commit)
         self._note(["marker", pid, epoch, *key, offset, commit])
         now = time.time_ns() // 1_000_000
-        if self.kafka is not None:  # (kept as the batch a Fetch sends)
+        if self.kafka is not None:  # (kept as the batch a Fetch sends; a listener has the kafka extra's codec)
+            from ...kafka.records import Record, encode_batch
             self.kafka.batches.put(s, p, offset, encode_batch(
                 [Record(offset, now, k, v)], producer_id=pid, producer_epoch=epoch,
                 attributes=TRANSACTIONAL | CONTROL), 1)

@@ -19,7 +19,7 @@ import logging
 import zlib
 
 from ...errors import ShmqError
-from ...kafka.records import marker
+from ...kafka.control import marker
 
 __all__ = ["Intents", "digest"]
 
