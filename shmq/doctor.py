@@ -40,44 +40,27 @@ import psutil
 
 from . import logind
 from .auth import data_root, remove_stale_runtime_file, stale_runtime_files
-from .engine.shm.layout import MAX_PARTITIONS
+from .engine.shm import names
 from .engine.shm.process import is_alive
 from .engine.shm.registry import CREATING, DELETING, LIVE, Registry, creation_guard, read_header
-from .engine.shm.segment import SHM_DIR, namespace_entries, segment_name, unlink_segment
+from .engine.shm.segment import SHM_DIR, namespace_entries, unlink_segment
 from .errors import LockTimeout
-from .persistence.kafka_txns import RUNTIME_ENTRY
 from .model.units import size_text
 from .server.lock import lock_name, read_holder
 
-__all__ = ["diagnose", "clean", "SMALL_SHM_BYTES"]
+__all__ = ["diagnose", "clean", "problems", "render", "SMALL_SHM_BYTES"]
 
 SMALL_SHM_BYTES = 256 * 2**20  # below this, /dev/shm holds few full default queues (64 MiB each)
 LOW_FREE_FRACTION = 0.10
 UNSIZED_AGE_S = 10.0  # a registry still zero-sized after this long: its creator died between open and size
 REGISTRY_WAIT_S = 1.0  # the longest doctor waits for a namespace's registry lock
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
-_STREAM = "@"
+_STREAM = names.STREAM_MARK
+_NO_OWNER = "no queue or stream of its namespace's registry owns it"
+_UNKNOWN = "no kind of shmq object has such a name (a newer or older shmq's?): kept"
 
 
 # ------------------------------------------------------------------ /dev/shm
-
-# a task's spool of the Spark JVM sink (io.shmq.spark.sink.SinkWrite): shmq.NS.spark-spool.PID.TXN.BATCH.PART.TASK,
-# its driver's while that driver (PID) lives, which publishes and deletes it
-_SPOOL_GONE = "a spool of the Spark JVM sink whose driver is gone (nothing publishes it)"
-
-
-def _spool_pid(namespace: str, entry: str) -> int | None:
-    prefix = f"shmq.{namespace}.spark-spool."
-    if not entry.startswith(prefix):
-        return None
-    pid = entry[len(prefix):].split(".", 1)[0]
-    return int(pid) if pid.isdigit() else None
-
-
-def _live_spool(namespace: str, entry: str) -> bool:
-    pid = _spool_pid(namespace, entry)
-    return pid is not None and psutil.pid_exists(pid)
-
 def _namespace_of(entry: str) -> str | None:
     """The namespace of a /dev/shm entry named like shmq's (``shmq.NS...``,
     ``sem.shmq.NS...``), else None."""
@@ -121,12 +104,18 @@ def _fs(path) -> dict:
     return {"size": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
 
 
+def _grows(namespace, entry) -> bool:
+    """Whether ``entry`` is a queue's ring or a stream's partition: a segment that holds
+    what its messages take, up to its size."""
+    o = None if entry.startswith("sem.") else names.owner(namespace, entry)
+    return o is not None and (o.kind.name == "queue" or (o.kind.name == "stream" and "#" in entry))
+
+
 def _configured(entries) -> int:
-    """What the queues and stream partitions among ``entries`` ({entry: stat}) may grow to:
-    their segments' sizes (each its header and ``max_bytes`` of ring; only what they hold
-    is allocated)."""
-    return sum(st.st_size for e, st in entries.items()
-               if not e.startswith("sem.") and (".q." in e or (".s." in e and "#" in e)))
+    """What the queues and stream partitions among ``entries`` ({namespace: {entry: stat}})
+    may grow to: their segments' sizes (each its header and ``max_bytes`` of ring; only
+    what they hold is allocated)."""
+    return sum(st.st_size for ns, found in entries.items() for e, st in found.items() if _grows(ns, e))
 
 
 def shm_report(entries=None) -> dict:
@@ -137,8 +126,9 @@ def shm_report(entries=None) -> dict:
         fs = _fs(SHM_DIR)
     except OSError as e:
         return {"path": SHM_DIR, "size": 0, "free": 0, "warnings": [f"{SHM_DIR} is not usable: {e.strerror or e}"]}
-    every = {e: st for found in (entries or {}).values() for e, st in found.items()}
-    held, configured = sum(_taken(st) for st in every.values()), _configured(every)
+    entries = entries or {}
+    held = sum(_taken(st) for found in entries.values() for st in found.values())
+    configured = _configured(entries)
     warnings = []
     if configured > fs["size"]:
         warnings.append(f"the queues and streams here may grow to {_mib(configured)} (their max_bytes), more than "
@@ -156,22 +146,67 @@ def shm_report(entries=None) -> dict:
 
 
 # ------------------------------------------------------------------ one namespace
-def _owned(namespace, entries_of_registry) -> set[str]:
-    """The /dev/shm entries the registry's live queues and streams own."""
-    owned = set()
-    for name in entries_of_registry:
+def _why_orphan(namespace, entry, live, half, broker_alive=False) -> str | None:
+    """Why ``entry`` of a namespace whose registry lists ``live`` (names; a stream's
+    ``@NAME``) and ``half`` ({index: (name, why)}: entries a dead process left half-made)
+    is an orphan, or None if something lives that owns it (``names.owner``: the one table
+    of what each kind of object owns)."""
+    o = names.owner(namespace, entry)
+    if o is None:
+        return None  # not a name shmq makes: reported apart (``unknown``), never removed
+    lives = o.kind.lives
+    if lives == "registry":
+        if o.name in live:
+            return None
+        return next((why for name, why in half.values() if name == o.name), _NO_OWNER)
+    if lives == "process":
+        return None if psutil.pid_exists(o.pid) else o.kind.gone
+    if lives == "lock" and entry != lock_name(namespace):  # (the lock file itself: looked at apart)
+        return None if broker_alive else o.kind.gone
+    return None  # the namespace's own, a store's file, the broker's lock (looked at apart)
+
+
+def _half_removed(namespace, live, entries, broker) -> list[dict]:
+    """The queues and streams the registry lists live whose ring or meta segment is not
+    in /dev/shm (``entries``): half removed, by hand or by a failure. Their messages in
+    shared memory are gone; ``files``: what of them the namespace's data dir (its
+    broker's, else the default one) still holds, which a server's start rebuilds them
+    from."""
+    from .auth import default_data_dir
+    from .persistence.files import owner_of
+
+    out = []
+    for name in live:
         if name.startswith(_STREAM):
-            base = segment_name(namespace, "s", name[1:]).lstrip("/")
-            owned |= {base, "sem." + base + ".ne"} | {f"{base}#{p}" for p in range(MAX_PARTITIONS)}
+            kind, seg = "stream", names.stream_base(namespace, name[1:])
         else:
-            base = segment_name(namespace, "q", name).lstrip("/")
-            owned |= {base, "sem." + base + ".ne", "sem." + base + ".nf"}
-    return owned
+            kind, seg = "queue", names.queue_segment(namespace, name)
+        if seg.lstrip("/") in entries:
+            continue
+        data_dir = (broker or {}).get("data_dir") or default_data_dir(namespace)
+        try:
+            files = sorted(e for e in os.listdir(data_dir) if owner_of(e) == name)
+        except OSError:
+            files = []
+        out.append({"kind": kind, "name": name.lstrip(_STREAM), "entry": name, "missing": seg.lstrip("/"),
+                    "data_dir": data_dir, "files": files, "mapped_by": _mapping(os.path.join(SHM_DIR, seg.lstrip("/")))})
+    return out
 
 
-def _files_of(namespace, name) -> set[str]:
-    """The entries a queue or stream (``@NAME``) of that name would have."""
-    return _owned(namespace, [name])
+def _mapping(path) -> list[int]:
+    """The processes (this user's: /proc shows no more) that still map ``path``, unlinked:
+    what they map of it lives on in them."""
+    pids, me = [], os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                if any(line.rstrip("\n").endswith(f"{path} (deleted)") for line in f):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
 
 
 def _lock_state(namespace, entries):
@@ -188,7 +223,7 @@ def _lock_state(namespace, entries):
 def _registry_state(namespace, entries, now):
     """("ok" | "missing" | "foreign" | "dead-creator" | "unsized" | "creating", the
     registry entry if it is itself an orphan)."""
-    reg = segment_name(namespace, "registry").lstrip("/")
+    reg = names.registry_segment(namespace).lstrip("/")
     try:
         st = os.stat(os.path.join(SHM_DIR, reg), follow_symlinks=False)
     except FileNotFoundError:
@@ -214,7 +249,8 @@ def _examine(namespace, entries, now, remove=False) -> dict:
     broker, stale_lock = _lock_state(namespace, entries)
     state, bad_registry = _registry_state(namespace, entries, now)
     ns = {"namespace": namespace, "entries": len(entries), "bytes": sum(_taken(st) for st in entries.values()),
-          "registry": state, "queues": [], "streams": [], "broker": _broker_summary(broker), "note": None}
+          "registry": state, "queues": [], "streams": [], "broker": _broker_summary(broker), "note": None,
+          "unknown": [], "half_removed": []}
     orphans = []
 
     def orphan(entry, reason):
@@ -239,31 +275,33 @@ def _examine(namespace, entries, now, remove=False) -> dict:
                 live = [name for _i, st, name in used if st == LIVE]
                 ns["queues"] = sorted(n for n in live if not n.startswith(_STREAM))
                 ns["streams"] = sorted(n[1:] for n in live if n.startswith(_STREAM))
-                owned = _owned(namespace, live) | {segment_name(namespace, "registry").lstrip("/"),
-                                                     segment_name(namespace, "exchanges").lstrip("/"),
-                                                     segment_name(namespace, RUNTIME_ENTRY).lstrip("/"),
-                                                     lock_name(namespace)}
-                stores = segment_name(namespace, "kv", "").lstrip("/")  # keyed stores: their files are them
-                owned |= {e for e in entries if e.startswith(stores)}
-                owned |= {e for e in entries if _live_spool(namespace, e)}
                 half = {}
                 for i, st, name in used:
                     if st in (CREATING, DELETING):
                         what = "create" if st == CREATING else "delete"
                         kind = "stream" if name.startswith(_STREAM) else "queue"
                         half[i] = (name, f"left by a {what} of {kind} {name.lstrip(_STREAM)!r} whose process died")
+                ns["half_removed"] = _half_removed(namespace, live, entries, broker)
+                for h in ns["half_removed"]:  # gone from memory, nowhere on disk: its entry is provably dead
+                    if not h["files"] and not h["mapped_by"]:
+                        i = next(i for i, st, name in used if st == LIVE and name == h["entry"])
+                        half[i] = (h["entry"], f"left by {h['kind']} {h['name']!r}, half removed (its "
+                                               f"{'ring' if h['kind'] == 'queue' else 'meta segment'} is gone)")
                 for entry in sorted(entries):
-                    if entry in owned:
+                    if names.owner(namespace, entry) is None:
+                        ns["unknown"].append(entry)
                         continue
-                    reason = next((why for name, why in half.values() if entry in _files_of(namespace, name)),
-                                  _SPOOL_GONE if _spool_pid(namespace, entry) else
-                                  "no queue or stream of its namespace's registry owns it")
-                    orphan(entry, reason)
+                    reason = _why_orphan(namespace, entry, set(live) - {n for n, _w in half.values()}, half,
+                                         broker is not None and broker["alive"])
+                    if reason is not None:
+                        orphan(entry, reason)
                 if remove:
                     for o in orphans:
                         o["removed"] = _unlink(o["entry"])
                     for i, (name, _why) in half.items():
                         registry.free(i)  # under the lock a half-made entry's maker is dead: what was made is gone
+                    for h in ns["half_removed"]:
+                        h["removed"] = not h["files"] and not h["mapped_by"]
         except LockTimeout:
             ns["note"] = (f"its registry's lock stayed held for {REGISTRY_WAIT_S:g}s (a stopped process?): "
                           "not examined")
@@ -380,7 +418,7 @@ def _dir_report(path, namespace=None, broker=None) -> dict:
     except OSError:
         fs = {"size": 0, "free": 0}
     return {"path": path, "namespace": namespace, "files": files, "bytes": size, "disk_size": fs["size"],
-            "disk_free": fs["free"], "broker": broker}
+            "disk_free": fs["free"], "broker": broker, "writable": os.access(path, os.W_OK | os.X_OK)}
 
 
 def _runtime_orphans(only, remove) -> list[dict]:
@@ -494,6 +532,36 @@ _REGISTRY_STATES = {"missing": "no registry", "foreign": "another user's registr
                     "unsized": "a registry never initialised", "creating": "its registry being created"}
 
 
+def problems(report) -> list[str]:
+    """What the report found that needs someone's hand, one line each (``shmq doctor``
+    exits 1 when there is any): orphans and half-removed objects left in place, data dirs
+    that cannot be written."""
+    out = []
+    left = [o for o in report["orphans"] if not o.get("removed")]
+    if left:
+        out.append(f"{len(left)} orphan(s) left: `shmq doctor --clean` removes them")
+    for ns in report["namespaces"]:
+        for h in ns.get("half_removed", ()):
+            if not h.get("removed"):
+                out.append(f"{h['kind']} {h['name']!r} of namespace {ns['namespace']} is half removed: "
+                           + _half_advice(h))
+    for d in report["data_dirs"]:
+        if d.get("writable") is False:
+            out.append(f"data dir {d['path']} cannot be written by this user: its server cannot snapshot or log")
+    return out
+
+
+def _half_advice(h) -> str:
+    if h["files"]:
+        return (f"its {'ring' if h['kind'] == 'queue' else 'meta segment'} is gone from {SHM_DIR}, and "
+                f"{h['data_dir']} holds {len(h['files'])} file(s) of it: a server start rebuilds it from them")
+    if h["mapped_by"]:
+        return (f"its {'ring' if h['kind'] == 'queue' else 'meta segment'} is unlinked but still mapped by pid(s) "
+                f"{', '.join(map(str, h['mapped_by']))}: kept while they run")
+    return (f"its {'ring' if h['kind'] == 'queue' else 'meta segment'} is gone and no data dir holds it: "
+            "`shmq doctor --clean` removes its registry entry")
+
+
 def render(report) -> list[str]:
     """The report as lines of text."""
     shm = report["shm"]
@@ -521,6 +589,12 @@ def render(report) -> list[str]:
             lines.append(f"  {ns['namespace']:<20} {broker}; {what}; {ns['entries']} entries, {size_text(ns['bytes'])}")
             if ns["note"]:
                 lines.append(f"  {'':<20} note: {ns['note']}")
+            for h in ns.get("half_removed", ()):
+                mark = "" if "removed" not in h else ("  [removed]" if h["removed"] else "  [kept]")
+                lines.append(f"  {'':<20} half removed: {h['kind']} {h['name']!r}: {_half_advice(h)}{mark}")
+            if ns.get("unknown"):
+                lines.append(f"  {'':<20} {len(ns['unknown'])} entries no kind of shmq object makes (a newer or "
+                             f"older shmq's?), kept: {', '.join(ns['unknown'][:3])}{', ...' if len(ns['unknown']) > 3 else ''}")
     if report["other_users_entries"]:
         lines.append(f"  ({report['other_users_entries']} entries of other users not shown)")
     lines.append("")
@@ -554,6 +628,8 @@ def render(report) -> list[str]:
                     f"  [kept: {', '.join(d['kept'])} not shmq's]" if d.get("kept") else "  [kept]")
             lines.append(f"  {d['path']}: {d['files']} file(s), {size_text(d['bytes'])}{used_by}; disk "
                          f"{size_text(d['disk_free'])} free of {size_text(d['disk_size'])}{mark}")
+            if d.get("writable") is False:
+                lines.append("    warning: this user cannot write it: its server cannot snapshot or log there")
             if not d["exists"] and d["namespace"] and not d.get("removed"):
                 ns = d["namespace"]
                 lines.append(f"    no namespace {ns} in {SHM_DIR} (destroyed, or a reboot): `shmq server --namespace "

@@ -6,12 +6,14 @@ included, and the server's request counts equal the requests made."""
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
+import psutil
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import shmq
 from shmq.auth import default_data_dir
 from shmq.engine.shm.segment import namespace_entries
+from shmq.persistence import Snapshotter
 from shmq.server.metrics import LATENCY_BUCKETS, Metrics, ShmqCollector, parse_address
 from tests.test_server_tcp import ServerProcess
 
@@ -263,3 +266,130 @@ def test_docs_list_every_metric_and_the_dashboard_uses_only_those(broker):
     health = " ".join(t["expr"] for p in dashboard["panels"] if p["type"] == "stat" for t in p["targets"])
     for metric in ("shmq_queue_ready", "shmq_queue_oldest_ready_age_seconds", "shmq_queue_dead_letter_depth"):
         assert metric in health  # the three health numbers, at the top
+
+
+# -- memory, the process, snapshots (docs/METRICS.md: "Memory: /dev/shm", "The process", "Snapshots")
+
+MiB = 2**20
+MEMORY_METRICS = ("shmq_queue_memory_bytes", "shmq_stream_partition_memory_bytes", "shmq_dev_shm_free_bytes",
+                  "shmq_dev_shm_size_bytes", "process_resident_memory_bytes")
+
+
+def _shm_free():
+    st = os.statvfs("/dev/shm")
+    return st.f_bavail * st.f_frsize
+
+
+def _documented_process_metrics():
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "METRICS.md")) as f:
+        return set(re.findall(r"^\| `(process_\w+)` \|", f.read(), re.M))
+
+
+def test_dev_shm_and_the_process_metrics_are_the_servers(broker, metered):
+    before = _shm_free()
+    samples = _scrape(metered.metrics_port)
+    after = _shm_free()
+    st = os.statvfs("/dev/shm")
+    assert _get(samples, "shmq_dev_shm_size_bytes") == st.f_blocks * st.f_frsize > 0
+    free = _get(samples, "shmq_dev_shm_free_bytes")
+    # other processes of the host may take or give back /dev/shm meanwhile: a margin around the two reads
+    assert 0 < free and min(before, after) - 32 * MiB <= free <= max(before, after) + 32 * MiB
+    assert free <= _get(samples, "shmq_dev_shm_size_bytes")
+
+    # the process collector's, and the server's (not this test's) process
+    server = psutil.Process(metered.proc.pid)
+    exposed = {name for name, _labels in samples if name.startswith("process_")}
+    documented = _documented_process_metrics()
+    assert {"process_resident_memory_bytes", "process_open_fds", "process_max_fds", "process_cpu_seconds_total",
+            "process_start_time_seconds"} <= documented <= exposed  # (a later prometheus_client may add more)
+    assert 0 < _get(samples, "process_open_fds") <= _get(samples, "process_max_fds")
+    assert _get(samples, "process_max_fds") == server.rlimit(psutil.RLIMIT_NOFILE)[0]
+    assert abs(_get(samples, "process_start_time_seconds") - server.create_time()) < 1
+    assert _get(samples, "process_resident_memory_bytes") > 4 * MiB  # a Python server's interpreter at least
+    assert 0 < _get(samples, "process_cpu_seconds_total") <= sum(server.cpu_times()[:2]) + 0.05
+
+
+def test_the_dashboard_shows_memory(broker):
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "grafana-dashboard.json")) as f:
+        dashboard = json.load(f)
+
+    def panels(within):  # rows may hold their panels (a collapsed row's), or not
+        for p in within:
+            yield p
+            yield from panels(p.get("panels", []))
+
+    byte_panels = [p for p in panels(dashboard["panels"]) if p.get("fieldConfig", {}).get("defaults", {}).get("unit")
+                   == "bytes"]
+    for metric in MEMORY_METRICS:
+        assert any(re.search(rf"\b{metric}\b", t["expr"]) for p in byte_panels for t in p["targets"]), metric
+    health = [t["expr"] for p in dashboard["panels"] if p["type"] == "stat" for t in p["targets"]]
+    assert any("shmq_dev_shm_free_bytes" in e for e in health)  # among the health numbers at the top
+
+
+def _scrape_until(port, ready, what, timeout=10.0):
+    samples = _until(lambda: _scrape(port), ready, timeout)
+    assert ready(samples), what
+    return samples
+
+
+def test_snapshot_metrics_of_a_real_server(broker, tmp_path, servers):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "bad.dmsq.tmp").mkdir()  # where the snapshot of "bad" is written first: each one fails
+    for name in ("good", "bad"):
+        broker.create_queue(name)
+    broker.create_queue("volatile", durability="memory")  # never snapshotted
+    broker.create_stream("events", partitions=2)
+    began = time.time()
+    srv = servers(broker.namespace, "--data-dir", str(data), "--snapshot-interval", "0.05",
+                  "--metrics", "127.0.0.1:0")
+
+    def ts(samples, kind, name):
+        return samples.get((f"shmq_{kind}_last_snapshot_timestamp_seconds", frozenset({kind: name}.items())))
+
+    try:
+        (line,) = [entry for entry in srv.log if "metrics on http://" in entry]
+        port = int(line.rsplit(":", 1)[1].split("/")[0])
+        first = _scrape(port)
+        now = time.time()
+        assert _get(first, "shmq_snapshot_failures_total") >= 1  # the round at start-up, before it served
+        assert began <= ts(first, "queue", "good") <= now
+        assert began <= ts(first, "stream", "events") <= now
+        assert ts(first, "queue", "bad") is None and ts(first, "queue", "volatile") is None
+        # each round fails again, and moves the good ones on (their files unchanged: not rewritten)
+        later = _scrape_until(port, lambda s: (_get(s, "shmq_snapshot_failures_total")
+                                              > _get(first, "shmq_snapshot_failures_total")
+                                              and ts(s, "queue", "good") > ts(first, "queue", "good")
+                                              and ts(s, "stream", "events") > ts(first, "stream", "events")),
+                              "the rounds went on without counting")
+        assert ts(later, "queue", "bad") is None
+
+        (data / "bad.dmsq.tmp").rmdir()  # room for it
+        fixed = _scrape_until(port, lambda s: ts(s, "queue", "bad") is not None, "no good snapshot of bad")
+        assert ts(later, "queue", "good") < ts(fixed, "queue", "bad") <= time.time()
+        assert (data / "bad.dmsq").exists()
+        settled = _get(_scrape(port), "shmq_snapshot_failures_total")
+        broker.delete_queue("good")
+        gone = _scrape_until(port, lambda s: ts(s, "queue", "good") is None, "a deleted queue keeps its timestamp")
+        assert _get(gone, "shmq_snapshot_failures_total") == settled  # no more failures once bad was written
+    finally:
+        assert srv.stop() == 0  # (a failure above: stopped all the same, its lock file gone)
+
+
+def test_the_snapshotter_counts_a_gone_data_dir(broker, tmp_path):
+    broker.create_queue("q")
+    data = tmp_path / "data"
+    snap = Snapshotter(broker, str(data))
+    metrics = Metrics(broker.namespace)
+    metrics.watch(None, snap)
+    try:
+        snap.run_once()
+        assert (snap.failures, list(snap.last_good)) == (0, [("queue", "q")])
+        shutil.rmtree(data)
+        snap.run_once()
+        assert snap.failures == 1  # the round, once
+        failures, queues, _streams = metrics.snapshot_families()
+        assert [s.value for s in failures.samples] == [1]
+        assert [(s.labels, s.value) for s in queues.samples] == [({"queue": "q"}, snap.last_good[("queue", "q")])]
+    finally:
+        snap.close()

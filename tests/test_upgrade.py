@@ -25,8 +25,9 @@ import shmq
 from shmq.persistence import dmsq
 from shmq.auth import default_data_dir
 from shmq.engine.shm import layout as L
-from shmq.engine.streams.partition import partition_segment_name
-from shmq.engine.shm.segment import SHM_DIR, segment_name
+from shmq.engine.shm.names import partition_segment
+from shmq.engine.shm.names import queue_segment, stream_base
+from shmq.engine.shm.segment import SHM_DIR
 from shmq.errors import LayoutMismatch, QueueCorrupted, StreamNotFound
 from tests import test_storage_faults as faults
 
@@ -49,9 +50,9 @@ def _age(path, version):
 
 
 def _segments(ns, partitions, queues=("jobs", "logged")):
-    base = segment_name(ns, "s", "events")
-    return [_shm(segment_name(ns, "q", q)) for q in queues], [_shm(base)] + [
-        _shm(partition_segment_name(base, p)) for p in range(partitions)]
+    base = stream_base(ns, "events")
+    return [_shm(queue_segment(ns, q)) for q in queues], [_shm(base)] + [
+        _shm(partition_segment(base, p)) for p in range(partitions)]
 
 
 def _everything(s):

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from ..errors import ShmqError
 from .app import EXIT_ERROR, _connect, _echo_json, _json_option, _local_broker, _namespace_option, _target_options, main
 
 
@@ -42,9 +43,11 @@ def inspect(file, as_json):
     info = summary(file)
     if as_json:
         _echo_json(info)
-        return
-    for key, value in info.items():
-        click.echo(f"{key:18s} {value}")
+    elif info["format_version"] is not None:  # a snapshot, whole or not: what could be read of it
+        for key, value in info.items():
+            click.echo(f"{key:18s} {value}")
+    if info["error"] or info["unsupported"] or not info["complete"]:  # what a script checking it must not take for good
+        raise ShmqError(info["error"] or f"{file}: not a complete .dmsq snapshot")
 
 
 @main.command()

@@ -211,18 +211,26 @@ def _tls_context(cert, key, client_ca):
 @_json_option
 def doctor(clean, data_dirs, namespaces, as_json):
     """Check this host: /dev/shm's size and free space, your namespaces and their brokers,
-    orphaned segments and files, data directories (and whether their namespace is still
-    there) and their disk space."""
+    orphaned segments and files, half-removed queues and streams, data directories (and
+    whether their namespace is still there, whether they can be written) and their disk
+    space. Exits 1 when it found something that needs a hand (what --clean leaves)."""
     from .. import doctor as doc
 
     if data_dirs and not clean:
         raise click.UsageError("--data-dirs goes with --clean")
     report = doc.diagnose(namespaces, remove=clean, remove_data_dirs=data_dirs)
+    report["problems"] = doc.problems(report)
     if as_json:
         _echo_json(report)
     else:
         for line in doc.render(report):
             click.echo(line)
+    if report["problems"]:
+        if not as_json:
+            click.echo(f"shmq: error: {report['problems'][0]}"
+                       + (f" (and {len(report['problems']) - 1} more above)" if len(report["problems"]) > 1 else ""),
+                       err=True)
+        sys.exit(1)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -174,12 +174,17 @@ def stats(name, namespace, url, token, as_json):
         with views.Sampler(broker) as sampler:
             sample = sampler.sample(queues, streams=())  # and their dead-letter queues' depths
         stream_stats = _streams_stats(broker, streams, broker.list_streams())
+    unreadable = [n for n in queues if n not in sample.queues]  # listed, but its memory is gone (or going)
     if as_json:
         _echo_json({"queues": {n: {f: getattr(s, f) for f in s.__dataclass_fields__}
                                for n, s in sample.queues.items()},
                     "streams": stream_stats})
-        return
-    views.console().print(views.stats_view(sample, stream_stats))
+    elif sample.queues or stream_stats or not unreadable:
+        views.console().print(views.stats_view(sample, stream_stats))
+    if unreadable:
+        raise ShmqError(f"queue {unreadable[0]!r} is listed but cannot be read: its shared memory is gone (half "
+                        f"removed{f'; and {len(unreadable) - 1} more' if len(unreadable) > 1 else ''}): "
+                        "`shmq doctor` says what is left of it")
 
 
 @main.command()

@@ -19,21 +19,23 @@ from .shm.memory import Memory, pinned_bytes
 from .shm.mutex import init_mutex
 from .shm.process import monotonic_offset
 from .shm.registry import CREATING, DELETING, LIVE, Registry
+from .shm.logbell import await_log
+from .shm.names import NOT_EMPTY, NOT_FULL, partition_segment, queue_segment, stream_base
 from .shm.segment import (SHM_DIR, check_namespace, check_queue_name, create_segment, create_semaphore, lane_entries,
-                          lane_name, segment_name, share_namespace, unlink_segment, unlink_semaphore)
+                          share_namespace, unlink_segment, unlink_semaphore)
 from ..errors import (
     NamespaceNotFound, QueueExists, QueueNotFound, SettingsMismatch, ShmqError, StreamExists, StreamNotFound,
 )
 from ..serializers import SerializerSpec
 from ..serializers import resolve as resolve_serializer
 from ..sharing import check_deletable, resolve_group
-from .streams.partition import create_partition, partition_segment_name
+from .streams.partition import create_partition
 from .queues import deadletter, lifetime
 from .queues.lanes import MAX_LANES, LanedQueue, attach
 from .queues.queue import Queue
 from .queues.serialized import SerializedQueue
 from .streams.compaction import DEFAULT_DELETE_RETENTION_S, DEFAULT_DIRTY_RATIO
-from .streams.stream import Stream, store_live, stream_base
+from .streams.stream import Stream, store_live
 from .streams.multiconsumer import MultiConsumer
 
 __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS", "MUTABLE_QUEUE_SETTINGS", "FIXED_QUEUE_SETTINGS",
@@ -293,7 +295,10 @@ class Broker:
                 reg.free(index)
                 raise
             reg.set_state(index, LIVE, name)
-        return self.queue(name, serializer=serializer)
+        q = self.queue(name, serializer=serializer)
+        if durability == "wal":  # the server opens its log before the create returns (as over TCP)
+            await_log(self.namespace, lambda: all(lane.wal.config()[0] for lane in getattr(q, "_lanes", None) or [q]))
+        return q
 
     def update_queue(self, name: str, **settings) -> dict:
         """Change settings of the live queue ``name`` (``create_queue``'s keywords): those of
@@ -356,15 +361,15 @@ class Broker:
     def _build(self, name, capacity, max_message_bytes, visibility_timeout, max_deliveries, dlq, durability, opts,
                lanes=1, lane=0, life=0):
         slots = DEFAULT_PROCESS_SLOTS
-        base = segment_name(self.namespace, "q", lane_name(name, lane))
+        base = queue_segment(self.namespace, name, lane)
         group = self._registry.group
         size = L.segment_size(capacity, slots)
         pinned = pinned_bytes(L.data_offset(slots), size)  # the header: the ring is taken as it is written
         seg = create_segment(base, size, reserve=pinned, group=group)
         try:
             Memory.mark_pinned(seg._mmap, L.MEM_OFF, pinned)
-            create_semaphore(base + ".ne", group).close()
-            create_semaphore(base + ".nf", group).close()
+            create_semaphore(base + NOT_EMPTY, group).close()
+            create_semaphore(base + NOT_FULL, group).close()
             mm = seg._mmap
             raw_name, raw_dlq = name.encode(), (dlq or "").encode()
             L.STATIC.pack_into(
@@ -388,12 +393,12 @@ class Broker:
             seg.close()
 
     def _unlink_queue_files(self, name):
-        base = segment_name(self.namespace, "q", name)
+        base = queue_segment(self.namespace, name)
         unlink_segment(base)
-        unlink_semaphore(base + ".ne")
-        unlink_semaphore(base + ".nf")
+        unlink_semaphore(base + NOT_EMPTY)
+        unlink_semaphore(base + NOT_FULL)
         for entry in lane_entries(self.namespace, name):  # a laned queue's other lanes
-            if entry.endswith((".ne", ".nf")):
+            if entry.endswith((NOT_EMPTY, NOT_FULL)):
                 unlink_semaphore(entry)
             else:
                 unlink_segment(entry)
@@ -429,7 +434,7 @@ class Broker:
             if state != LIVE:
                 return None
             if reg.group is not None:
-                check_deletable(f"queue {name!r}", _shm_path(segment_name(self.namespace, "q", name)))
+                check_deletable(f"queue {name!r}", _shm_path(queue_segment(self.namespace, name)))
             try:
                 q = attach(self.namespace, name)
             except QueueNotFound:
@@ -613,7 +618,10 @@ class Broker:
                 reg.free(index)
                 raise
             reg.set_state(index, LIVE, entry)
-        return self.stream(name)
+        s = self.stream(name)
+        if durability == "wal":  # the server opens its logs before the create returns (as over TCP)
+            await_log(self.namespace, lambda: all(s._part(p).log.config()[0] for p in range(s.partitions)))
+        return s
 
     def update_stream(self, name: str, **settings) -> dict:
         """Change settings of the live stream ``name`` (``create_stream``'s keywords): those
@@ -655,7 +663,7 @@ class Broker:
         group = self._registry.group
         for p in range(partitions):
             create_partition(base, p, max_bytes, live["max_message_bytes"], now, group)
-        create_semaphore(base + ".ne", group).close()
+        create_semaphore(base + NOT_EMPTY, group).close()
         seg = create_segment(base, L.STREAM_SIZE, group=group)
         try:
             L.STREAM_STATIC.pack_into(seg._mmap, 0, b"\0\0\0\0", L.STREAM_VERSION, partitions, L.RETENTION[retention],
@@ -677,9 +685,9 @@ class Broker:
     def _unlink_stream_files(self, name):
         base = stream_base(self.namespace, name)
         unlink_segment(base)
-        unlink_semaphore(base + ".ne")
+        unlink_semaphore(base + NOT_EMPTY)
         for p in range(L.MAX_PARTITIONS):
-            if not unlink_segment(partition_segment_name(base, p)) and p > 0:
+            if not unlink_segment(partition_segment(base, p)) and p > 0:
                 break
 
     def delete_stream(self, name: str) -> None:

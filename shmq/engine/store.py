@@ -39,7 +39,8 @@ from ..model.checks import check_store_key as check_key
 from ..model.checks import check_store_value as _check_value
 from ..sharing import check_deletable, share_fd
 from . import walwatch
-from .shm.segment import SHM_DIR, check_namespace, check_queue_name, segment_name
+from .shm.names import STORE_SUFFIX, store_file, store_prefix
+from .shm.segment import SHM_DIR, check_namespace, check_queue_name
 
 __all__ = ["Store", "store_path", "store_names", "unlink_store", "MAX_KEY_CHARS", "SWEEP_EVERY_S"]
 
@@ -47,7 +48,7 @@ SWEEP_EVERY_S = 1.0  # a handle's writes sweep the expired rows at most this oft
 BUSY_TIMEOUT_S = 10.0  # the longest a write waits for another writer's transaction
 POLL_MIN_S, POLL_MAX_S = 0.0005, 0.02  # a waiting get's pauses where it cannot watch: from, doubling up to
 WATCHED_S = 0.1  # the longest a waiting get that watches the store sleeps between looks
-_SUFFIX = ".db"
+_SUFFIX = STORE_SUFFIX
 _SIDECARS = ("-wal", "-shm", "-journal")
 _VALUE, _SET = 0, 1
 _INT = re.compile(rb"-?[0-9]{1,19}")  # an incr's value: ASCII decimal
@@ -66,12 +67,12 @@ _abandoned = []  # connections a fork left in a child: never closed there (SQLit
 
 def store_path(namespace: str, name: str) -> str:
     """The file of store ``name`` of ``namespace`` in /dev/shm."""
-    return os.path.join(SHM_DIR, segment_name(namespace, "kv", name).lstrip("/") + _SUFFIX)
+    return os.path.join(SHM_DIR, store_file(namespace, name))
 
 
 def store_names(namespace: str) -> list[str]:
     """The names of ``namespace``'s stores, sorted (their files in /dev/shm)."""
-    prefix = segment_name(namespace, "kv", "").lstrip("/")
+    prefix = store_prefix(namespace)
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:

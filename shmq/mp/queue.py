@@ -29,7 +29,8 @@ import posix_ipc
 
 from ..engine.broker import Broker
 from ..engine.queues.queue import Queue as _EngineQueue
-from ..engine.shm.segment import (MODE, create_segment, destroy_namespace, open_segment, open_semaphore, segment_name,
+from ..engine.shm.names import mp_body_segment, mp_semaphore
+from ..engine.shm.segment import (MODE, create_segment, destroy_namespace, open_segment, open_semaphore,
                                   unlink_segment)
 from ..errors import DeliveryExpired, QueueFull, QueueNotFound
 from .lifetime import owner
@@ -87,10 +88,10 @@ class _Shared:
         self._closed = False
         try:
             self._q = _EngineQueue(ns, "q")
-            self._slots = open_semaphore(segment_name(ns, "slots")) if maxsize else None
+            self._slots = open_semaphore(mp_semaphore(ns, "slots")) if maxsize else None
             if self._joinable:
-                self._unfinished = open_semaphore(segment_name(ns, "unfinished"))
-                self._idle = open_semaphore(segment_name(ns, "idle"))
+                self._unfinished = open_semaphore(mp_semaphore(ns, "unfinished"))
+                self._idle = open_semaphore(mp_semaphore(ns, "idle"))
         except (QueueNotFound, posix_ipc.ExistentialError):
             raise QueueNotFound(f"{type(self).__name__} {ns} is gone: the process that created it "
                                 f"(pid {creator}) has exited") from None
@@ -139,7 +140,7 @@ class _Shared:
         parts = [memoryview(data), *buffers]
         head = struct.pack(f"<I{len(parts)}Q", len(parts), *(p.nbytes for p in parts))
         key = os.urandom(8).hex()
-        name = segment_name(self._ns, "b", key)
+        name = mp_body_segment(self._ns, key)
         seg = create_segment(name, len(head) + sum(p.nbytes for p in parts))  # StorageError if /dev/shm is full
         try:
             try:
@@ -175,7 +176,7 @@ class _Shared:
     def _load(self, body, unlink):
         if body[:1] != _BLOB:
             return pickle.loads(body)
-        name = segment_name(self._ns, "b", body[1:].decode())
+        name = mp_body_segment(self._ns, body[1:].decode())
         try:
             seg = open_segment(name)
         except FileNotFoundError:
@@ -233,7 +234,7 @@ class Queue(_Shared):
     def _settle(self, d):
         d.ack()
         if d.body[:1] == _BLOB:
-            unlink_segment(segment_name(self._ns, "b", d.body[1:].decode()))
+            unlink_segment(mp_body_segment(self._ns, d.body[1:].decode()))
         if self._slots is not None:
             self._slots.release()
 
@@ -401,4 +402,4 @@ def _acquire(sem, deadline) -> bool:
 
 
 def _new_semaphore(ns, what, value):
-    posix_ipc.Semaphore(segment_name(ns, what), posix_ipc.O_CREX, mode=MODE, initial_value=value).close()
+    posix_ipc.Semaphore(mp_semaphore(ns, what), posix_ipc.O_CREX, mode=MODE, initial_value=value).close()

@@ -19,7 +19,7 @@ A stream partition's files are named ``@STREAM#P`` (``wal.partition_log_name``):
 ``@STREAM#P.dmsq`` (its snapshot), ``@STREAM#P.wal.N`` (its logs, which stay as the long
 tail until retention deletes whole files) and ``@STREAM#P.hwm`` (a snapshot stream's
 high-water file). A laned queue's snapshot is one file, its lanes' logs are each lane's
-(``NAME.wal.N``, ``NAME#1.wal.N``, ...: ``segment.lane_name``). The namespace's exchanges and bindings are one file,
+(``NAME.wal.N``, ``NAME#1.wal.N``, ...: ``names.lane_name``). The namespace's exchanges and bindings are one file,
 ``exchanges.dmsx`` (``dmsq.EXCHANGES_FILE``), written when the table changes and read back
 only when shared memory has no table. Layouts: docs/FORMAT.md; the promises:
 docs/DESIGN.md, Persistence.

@@ -19,7 +19,8 @@ old one (temp file, fsync, rename).
 import json
 import os
 
-from ..engine.shm.segment import SHM_DIR, segment_name
+from ..engine.shm.names import kafka_journal_entry
+from ..engine.shm.segment import SHM_DIR
 from .files import KAFKA_TXNS_FILE, write_atomically
 
 __all__ = ["VERSION", "RUNTIME_ENTRY", "journal_path", "runtime_journal_path", "Journal", "read_journal",
@@ -39,7 +40,7 @@ def journal_path(data_dir: str) -> str:
 def runtime_journal_path(namespace: str) -> str:
     """The journal of a server of ``namespace`` without a data dir: one of the namespace's
     entries in /dev/shm, gone with its shared memory (a reboot, ``namespace destroy``)."""
-    return os.path.join(SHM_DIR, segment_name(namespace, RUNTIME_ENTRY).lstrip("/"))
+    return os.path.join(SHM_DIR, kafka_journal_entry(namespace))
 
 
 def _line(event) -> bytes:

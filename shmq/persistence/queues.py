@@ -13,7 +13,7 @@ from . import dmsq
 from ..engine import maintenance
 from ..engine.broker import Broker
 from ..engine.queues.queue import Queue
-from ..engine.shm.segment import lane_name
+from ..engine.shm.names import lane_name
 from .wal import split_partition_name
 from ..errors import LayoutMismatch, ShmqError
 from .files import lanes_of, read_snapshot_file, set_aside, snapshot_path, wal_files

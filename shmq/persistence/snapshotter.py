@@ -4,6 +4,7 @@ with the data dir, and the batch fsync rounds' work (``server.logsync`` runs the
 import logging
 import os
 import threading
+import time
 
 from . import dmsq
 from ..engine.broker import Broker
@@ -37,6 +38,11 @@ class Snapshotter:
         self._failing = {}  # name -> the snapshot error last logged
         self._exchanges_saved = None  # the exchange table last written
         self.last_round = {}  # what the last run_once wrote
+        # for /metrics (server/metrics.py reads them at each scrape): snapshot writes that failed
+        # (a queue's, a stream's, the exchange table's; a round that found the data dir gone: one),
+        # and ("queue" | "stream", name) -> when (epoch seconds) its last good snapshot began
+        self.failures = 0
+        self.last_good = {}
         self._written = {}  # snapshot path -> what it says (``snapshot_queue``): unchanged ones are not rewritten
         self._lost = False  # the data dir vanished
         self._other_layout = set()  # queues and streams of another shmq's layout, seen by the round (``_each``)
@@ -175,12 +181,14 @@ class Snapshotter:
         self.last_round = {"queues": 0, "messages": 0, "streams": 0, "files": 0}
         self._other_layout = set()
         if not self.data_dir_present():
+            self.failures += 1
             return 0
         written = 0
         keep = set()
         listed = self._names()
         for q in self._each_queue():
             with self._write_lock:
+                began = time.time()
                 try:
                     if q.durability == "wal" and not all(lane.wal.config()[0] for lane in lanes_of(q)):
                         self.open_wal(q)
@@ -190,16 +198,19 @@ class Snapshotter:
                         written += 1
                         self.last_round["queues"] += 1
                         self.last_round["messages"] += n
+                        self.last_good[("queue", q.name)] = began
                         self._report(q.name, None)
                 except QueueNotFound:
                     pass  # deleted meanwhile
                 except OSError as e:
+                    self.failures += 1
                     self._report(q.name, f"cannot write the snapshot of queue {q.name} to {self.data_dir}: {e}")
         for s in self._each_stream():
             if s.durability == "memory":
                 continue
             keep.add("@" + s.name)
             with self._write_lock:
+                began = time.time()
                 try:
                     configured = all(s._part(p).log.config()[0] for p in range(s.partitions))
                     if configured or not self.open_stream(s):  # (one configured elsewhere stays so)
@@ -208,14 +219,18 @@ class Snapshotter:
                     self.last_round["streams"] += 1
                     if s.durability == "wal":
                         apply_retention(s)
+                    self.last_good[("stream", s.name)] = began
                     self._report("@" + s.name, None)
                 except StreamNotFound:
                     pass
                 except OSError as e:
+                    self.failures += 1
                     self._report("@" + s.name, f"cannot write the snapshot of stream {s.name} to {self.data_dir}: {e}")
         with self._write_lock:  # a queue or stream created during the round keeps the files its create wrote
             keep |= self._names() - listed
             keep |= self._other_layout  # (unreadable here: their files are what an upgrade rebuilds them from)
+            for kind, name in [k for k in self.last_good if (k[1] if k[0] == "queue" else "@" + k[1]) not in keep]:
+                del self.last_good[(kind, name)]  # deleted, or made "memory"
             for entry in os.listdir(self.data_dir):
                 owner = owner_of(entry)
                 if owner is not None and owner not in keep:
@@ -240,6 +255,7 @@ class Snapshotter:
             self._exchanges_saved = table
             self._report(_EXCHANGES, None)
         except OSError as e:
+            self.failures += 1
             self._report(_EXCHANGES, f"cannot write the exchange table to {self.data_dir}: {e}")
 
     def _report(self, name: str, error: str | None) -> None:

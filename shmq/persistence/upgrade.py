@@ -17,8 +17,8 @@ import os
 from . import dmsq
 from ..auth import default_data_dir
 from ..engine.shm.registry import DELETING, LIVE
-from ..engine.shm.segment import segment_name
-from ..engine.shm.versions import KINDS, Outdated, outdated
+from ..engine.shm.names import queue_segment, stream_base
+from ..engine.shm.versions import Outdated, outdated
 from ..errors import ShmqError
 from .files import owner_of
 from .queues import _rebuild_settings
@@ -157,8 +157,9 @@ def _no_files(namespace: str, missing: list[Outdated], data_dir: str | None) -> 
 def mapped_by(namespace: str, found: list[Outdated]) -> list[int]:
     """The other processes (this user's: /proc shows no more) that map a segment of one
     of ``found``: those would go on using the old memory after it is removed."""
-    shm = "/dev/shm" + segment_name(namespace)
-    wanted = {f"{shm}.{KINDS[o.kind][0]}.{o.name}" for o in found}  # a lane's or partition's: then "#N"
+    shm = "/dev/shm"
+    wanted = {shm + (queue_segment if o.kind == "queue" else stream_base)(namespace, o.name)
+              for o in found}  # a lane's or partition's: then "#N"
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():

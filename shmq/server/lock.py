@@ -20,6 +20,7 @@ import json
 import os
 import time
 
+from ..engine.shm.names import broker_lock_entry
 from ..engine.shm.process import current_identity, is_alive
 from ..engine.shm.segment import SHM_DIR, check_namespace
 from ..errors import ShmqError
@@ -36,7 +37,7 @@ class BrokerRunning(ShmqError):
 
 def lock_name(namespace: str) -> str:
     """The lock file's name in /dev/shm (one of the namespace's entries)."""
-    return f"shmq.{namespace}.broker"
+    return broker_lock_entry(namespace)
 
 
 def lock_path(namespace: str) -> str:

@@ -16,6 +16,7 @@ import time
 
 from ..auth import advertise, default_data_dir, server_token, withdraw
 from ..engine.broker import Broker
+from ..engine.shm.logbell import Bell
 from ..engine.shm.segment import destroy_namespace
 from ..persistence import Snapshotter, recover
 from ..persistence.upgrade import check_files, upgrade
@@ -170,6 +171,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                 server.unbind()
                 raise
         exporter, snapshotter, syncer, made_ns, made_dir = NO_METRICS, None, None, False, None
+        bell = None
         runtime_file = None
         try:
             if metrics is not None:
@@ -188,6 +190,8 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                                                       snapshot_interval, gid)
                 if mode == WAL_BATCH:  # rounds only while logs are written (logsync.py)
                     syncer = LogSyncer(snapshotter, ms).start()
+                # a local create of a "wal" queue or stream rings it, and waits for its log to be opened
+                bell = Bell(namespace, snapshotter.open_all_wals, gid)
                 server.on_create = snapshotter.open_wal
                 txns.fsync = (mode, ms)  # the transaction journal: synced as the logs are
                 if kafka_listener is not None:
@@ -208,12 +212,13 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
             server.unbind()
             if kafka_listener is not None:
                 kafka_listener.unbind()
-            for step in (exporter.close, syncer.stop if syncer else None, snapshotter.close if snapshotter else None):
+            for step in (exporter.close, syncer.stop if syncer else None, bell.close if bell else None,
+                         snapshotter.close if snapshotter else None):
                 if step is not None:
                     step()
             _unmake(broker, made_ns, made_dir)
             raise
-        exporter.watch(server)  # its open connections
+        exporter.watch(server, snapshotter)  # its open connections, and its snapshots (None: no data dir)
         keeper = Housekeeper(keeper_broker)
         lock.update(host=host, port=server.port, data_dir=os.path.abspath(data_dir) if data_dir else None,
                     tls=tls is not None, token=token is not None)  # for shmq status
@@ -258,6 +263,8 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         for p in periodic:  # the snapshot thread ends with a last snapshot
             await asyncio.to_thread(p.join)
         keeper.close()
+        if bell is not None:
+            bell.close()
         if snapshotter is not None:
             snapshotter.close()
     log.info("stopped", extra={"event": "server_stopped", "namespace": namespace})

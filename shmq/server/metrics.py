@@ -7,22 +7,27 @@ by every process that uses them, so a custom ``prometheus_client`` collector
 broker of its own: one scrape covers the traffic of every process, local or remote. The
 server adds what only it knows: its requests, counted by the loop in plain dicts (no
 lock on the request path; the scrape thread copies them, each copy one step under the
-GIL) and its open connections. ``prometheus_client`` writes the exposition format and
+GIL), its open connections and its snapshots (the ``Snapshotter``'s ``failures`` and
+``last_good``, read at scrape time too). /dev/shm's size and free space come from one
+``statvfs`` a scrape, the process' own numbers (RSS, descriptors, CPU) from
+``prometheus_client``'s ``ProcessCollector``. ``prometheus_client`` writes the exposition format and
 serves it (``start_http_server``: a daemon thread, so the asyncio loop never serves a
 scrape). With metrics off the server holds ``NO_METRICS``, whose hook is the dispatch itself.
 """
 
 import functools
 import logging
+import os
 import threading
 from bisect import bisect_left
 from time import perf_counter
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from ..engine.broker import Broker
+from ..engine.shm.segment import SHM_DIR
 from ..errors import QueueNotFound, ShmqError, StreamNotFound
 from ..protocol import MsgType, Status
 
@@ -87,7 +92,7 @@ class NoMetrics:
     def timing(dispatch):
         return dispatch
 
-    def watch(self, server):
+    def watch(self, server, snapshotter=None):
         pass
 
     def close(self):
@@ -107,6 +112,7 @@ class Metrics:
         self.latency = {}
         self.errors = {}  # (request type, status) -> error replies given at dispatch
         self.server = None  # the TcpServer whose connections are counted (``watch``)
+        self.snapshotter = None  # the persistence.Snapshotter whose rounds are told (``watch``); None: no data dir
         self.collector = None
         self._httpd = None
         self._thread = None
@@ -135,9 +141,11 @@ class Metrics:
             self.errors[key] = self.errors.get(key, 0) + 1
         return status
 
-    def watch(self, server):
-        """Count ``server``'s (a TcpServer's) open connections too."""
+    def watch(self, server, snapshotter=None):
+        """Count ``server``'s (a TcpServer's) open connections too, and tell what
+        ``snapshotter`` (a ``persistence.Snapshotter``, or None) snapshots."""
         self.server = server
+        self.snapshotter = snapshotter
 
     def start(self, host: str, port: int, setting: str = "--metrics") -> int:
         """Serve /metrics on ``host:port`` (0: any free) in a thread; returns the port.
@@ -148,6 +156,7 @@ class Metrics:
         registry = CollectorRegistry(auto_describe=False)
         self.collector = ShmqCollector(Broker(self.namespace), self)
         registry.register(self.collector)
+        ProcessCollector(registry=registry)  # process_resident_memory_bytes, process_open_fds, ...: this process'
         try:
             self._httpd, self._thread = start_http_server(port, host, registry=registry)
         except OSError as e:
@@ -195,7 +204,26 @@ class Metrics:
             errors.add_metric(list(key), n)
         connections = GaugeMetricFamily("shmq_connections", "Open client connections.")
         connections.add_metric([], len(self.server.connections) if self.server is not None else 0)
-        return [requests, errors, latency, connections]
+        return [requests, errors, latency, connections] + self.snapshot_families()
+
+    def snapshot_families(self):
+        """The snapshots' metrics, from the ``Snapshotter``'s own counts (no samples without
+        one: a server with no data dir snapshots nothing)."""
+        failures = CounterMetricFamily("shmq_snapshot_failures", "Snapshot writes that failed (a queue's, a "
+                                       "stream's or the exchange table's, each round it fails; a round that finds "
+                                       "the data dir gone: one).")
+        queues = GaugeMetricFamily("shmq_queue_last_snapshot_timestamp_seconds", "When the queue's last good "
+                                   "snapshot began (Unix time): the data dir holds the queue as it was then.",
+                                   labels=["queue"], unit="seconds")
+        streams = GaugeMetricFamily("shmq_stream_last_snapshot_timestamp_seconds", "When the stream's last good "
+                                    "snapshot began (Unix time): the data dir holds the stream as it was then.",
+                                    labels=["stream"], unit="seconds")
+        snap = self.snapshotter
+        if snap is not None:
+            failures.add_metric([], snap.failures)
+            for (kind, name), when in sorted(list(snap.last_good.items())):  # (a copy in one step under the GIL)
+                (queues if kind == "queue" else streams).add_metric([name], when)
+        return [failures, queues, streams]
 
 
 class ShmqCollector(Collector):
@@ -223,7 +251,7 @@ class ShmqCollector(Collector):
 
     def collect(self):
         with self._lock:
-            families = self._queue_families() + self._stream_families()
+            families = self._queue_families() + self._stream_families() + _shm_families()
         if self.metrics is not None:
             families += self.metrics.request_families()
         return families
@@ -329,3 +357,20 @@ class ShmqCollector(Collector):
                     part_lag.add_metric([name, group, str(p)], n)
         return [earliest, end, stable, used, capacity, held, appended, dropped, compactions, compacted, dirty, lag,
                 part_lag, members]
+
+
+def _shm_families():
+    """/dev/shm's size and free space: one ``statvfs`` (as ``segment.free_bytes`` counts:
+    the blocks an unprivileged writer may still take)."""
+    size = GaugeMetricFamily("shmq_dev_shm_size_bytes", f"Size of {SHM_DIR}, where queues and streams live.",
+                             unit="bytes")
+    free = GaugeMetricFamily("shmq_dev_shm_free_bytes", f"Bytes {SHM_DIR} has free: what new chunks of queues and "
+                             "streams can still take.", unit="bytes")
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError as e:  # (shmq cannot run without it: not seen)
+        log.warning("metrics: %s left out of this scrape: %s", SHM_DIR, e)
+    else:
+        size.add_metric([], st.f_blocks * st.f_frsize)
+        free.add_metric([], st.f_bavail * st.f_frsize)
+    return [size, free]

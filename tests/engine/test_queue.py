@@ -679,10 +679,10 @@ def test_an_attach_that_finds_a_semaphore_gone_says_deleted_and_leaves_nothing_o
 
     import posix_ipc
 
-    from shmq.engine.shm.segment import segment_name
+    from shmq.engine.shm.names import queue_segment
 
     broker.create_queue("q")
-    name = segment_name(broker.namespace, "q", "q") + gone
+    name = queue_segment(broker.namespace, "q") + gone
     posix_ipc.unlink_semaphore(name)
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)

@@ -35,7 +35,8 @@ from ..shm.mutex import RobustMutex, init_mutex
 from ..shm.process import current_identity
 from .lanes import attach
 from ..shm.registry import Registry
-from ..shm.segment import check_queue_name, create_segment, open_segment, segment_name, unlink_segment
+from ..shm.names import exchanges_segment
+from ..shm.segment import check_queue_name, create_segment, open_segment, unlink_segment
 from ..streams.stream import Stream
 
 __all__ = ["Exchanges", "TYPES", "topic_matches", "check_pattern", "check_routing_key", "MAX_KEY_CHARS"]
@@ -83,7 +84,7 @@ class Exchanges:
 
     def __init__(self, namespace: str):
         self.namespace = namespace
-        self._name = segment_name(namespace, "exchanges")
+        self._name = exchanges_segment(namespace)
         self._seg = None
         self._mutex = None
         self._gen = None

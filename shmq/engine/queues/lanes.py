@@ -3,7 +3,7 @@ lock of its own, so that producers and consumers on many cores stop queueing for
 
 Strategy: a lane is a whole queue segment (a ``Queue``: ring, lock, process table,
 leases, housekeeping, dead letters, log), made and deleted with the queue and named
-after it (``segment.lane_name``: lane 0 is the segment every queue has). Lane j's
+after it (``names.lane_name``: lane 0 is the segment every queue has). Lane j's
 message ids are j + 1, j + 1 + K, j + 1 + 2K, ..., so ids stay unique in the queue and
 say their lane. A ``LanedQueue`` handle only routes: a put goes to the handle's own lane
 (a message with a group or a dedup id to the lane of a hash of it, so that the group's

@@ -25,7 +25,8 @@ import time
 from ...errors import ShmqError
 from ..shm import layout as L
 from ..shm.process import is_alive
-from ..shm.segment import SHM_DIR, segment_name
+from ..shm.names import queue_segment
+from ..shm.segment import SHM_DIR
 from ..shm.mutex import unlock as _unlock
 
 __all__ = ["add_consumer", "remove_consumer", "consumers", "renew", "used", "settings", "set_expires", "unused",
@@ -178,7 +179,7 @@ def has_lifetime(namespace: str, name: str) -> bool:
     """Whether queue ``name`` is auto-delete or expires, read from its segment's file
     without attaching it (a sweep attaches only those)."""
     try:
-        fd = os.open(os.path.join(SHM_DIR, segment_name(namespace, "q", name).lstrip("/")), os.O_RDONLY)
+        fd = os.open(os.path.join(SHM_DIR, queue_segment(namespace, name).lstrip("/")), os.O_RDONLY)
     except OSError:
         return False
     try:

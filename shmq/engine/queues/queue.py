@@ -51,7 +51,8 @@ from ..shm.mutex import trylock as _trylock
 from ..shm.mutex import unlock as _unlock
 from ..shm.process import current_identity, monotonic_offset
 from .produce import Producing
-from ..shm.segment import lane_name, open_segment, open_semaphore, segment_name
+from ..shm.names import NOT_EMPTY, NOT_FULL, lane_name, queue_segment
+from ..shm.segment import open_segment, open_semaphore
 from .settle import Settling
 from ..shm.versions import mismatch
 from ...persistence.wal import Log
@@ -124,7 +125,7 @@ class Queue(Producing, Consuming, Settling):
         self._dlq = None
         self._held = None  # with a prefetch cap (``_set_prefetch``): the deliveries held un-settled
         try:
-            seg = open_segment(segment_name(namespace, "q", lane_name(name, lane)))
+            seg = open_segment(queue_segment(namespace, name, lane))
         except (FileNotFoundError, ValueError):
             raise QueueNotFound(f"no queue {name!r} in namespace {namespace!r}") from None
         try:
@@ -180,11 +181,11 @@ class Queue(Producing, Consuming, Settling):
         # (29 instance attributes: a 30th made put and get 5-10 % slower, docs/DESIGN.md "A signal's exception")
         self._lockp = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)))
         self._segp = self._lockp.value - L.MUTEX_OFF  # the mapping's address, for the C hot paths
-        base = segment_name(self.namespace, "q", lane_name(self.name, self._lane))
+        base = queue_segment(self.namespace, self.name, self._lane)
         try:
-            ne = open_semaphore(base + ".ne")
+            ne = open_semaphore(base + NOT_EMPTY)
             try:
-                nf = open_semaphore(base + ".nf")
+                nf = open_semaphore(base + NOT_FULL)
             except BaseException:
                 ne.close()
                 raise

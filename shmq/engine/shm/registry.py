@@ -19,7 +19,8 @@ import time
 
 from .mutex import RobustMutex, init_mutex
 from .process import current_identity, is_alive
-from .segment import SHM_DIR, create_segment, open_segment, segment_name, unlink_segment
+from .names import registry_segment
+from .segment import SHM_DIR, create_segment, open_segment, unlink_segment
 from ...sharing import refused, shared_gid
 
 __all__ = ["Registry", "FREE", "CREATING", "LIVE", "DELETING", "read_header", "creation_guard"]
@@ -48,7 +49,7 @@ class Registry:
         ``group`` (a gid): one made here is shared with that group. Unauthorized if the
         namespace is another user's (not shared with a group of ours)."""
         self.namespace = namespace
-        self._name = segment_name(namespace, "registry")
+        self._name = registry_segment(namespace)
         self.created = False
         try:
             self._seg = self._open_or_create(group) if create else self._open_published()
@@ -179,7 +180,7 @@ class Registry:
 def read_header(namespace: str):
     """(size, published, creator pid, creator start_ms) of the registry of
     ``namespace`` as it is in /dev/shm, without attaching; None if there is none."""
-    path = os.path.join(SHM_DIR, segment_name(namespace, "registry").lstrip("/"))
+    path = os.path.join(SHM_DIR, registry_segment(namespace).lstrip("/"))
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -200,7 +201,7 @@ def creation_guard(namespace: str):
     FileExistsError if the namespace has a registry. ``shmq doctor --clean`` removes a
     registry-less namespace's leftovers under it. Killed meanwhile, the guard is a
     registry whose creator is dead: the next ``Registry`` removes it."""
-    name = segment_name(namespace, "registry")
+    name = registry_segment(namespace)
     seg = create_segment(name, _SIZE)
     try:
         pid, start = current_identity()

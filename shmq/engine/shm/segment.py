@@ -29,6 +29,7 @@ import posix_ipc
 from ...errors import ShmqError, StorageError
 from ...sharing import share_fd, share_path
 from .. import cpaths
+from .names import lane_prefix, namespace_prefix, registry_segment
 
 __all__ = [
     "Segment",
@@ -38,7 +39,6 @@ __all__ = [
     "create_semaphore",
     "open_semaphore",
     "unlink_semaphore",
-    "segment_name",
     "check_namespace",
     "check_queue_name",
     "namespace_entries",
@@ -66,17 +66,6 @@ def check_queue_name(name: str) -> str:
             f"invalid queue name {name!r}: use 1-128 of A-Z a-z 0-9 _ . : - (not starting with . : -)"
         )
     return name
-
-
-def lane_name(name: str, lane: int) -> str:
-    """The name of lane ``lane`` of queue ``name`` (its segment's, its log's): ``name`` for
-    lane 0, ``name#LANE`` for the others (``#`` is never in a queue's name)."""
-    return f"{name}#{lane}" if lane else name
-
-
-def segment_name(namespace: str, *parts: str) -> str:
-    """``/shmq.<namespace>.<parts...>``: every name carries the namespace."""
-    return "/" + ".".join(("shmq", namespace) + parts)
 
 
 class _TrackerGate:
@@ -263,20 +252,20 @@ def unlink_semaphore(name: str) -> bool:
 
 def namespace_entries(namespace: str) -> list[str]:
     """Every file in /dev/shm that belongs to ``namespace`` (segments and semaphores)."""
-    prefix = f"shmq.{namespace}."
+    prefix = namespace_prefix(namespace)
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return []
     return sorted(
-        n for n in names if n.startswith(prefix) or n.startswith("sem." + prefix) or n == f"shmq.{namespace}"
+        n for n in names if n.startswith(prefix) or n.startswith("sem." + prefix) or n == prefix[:-1]
     )
 
 
 def lane_entries(namespace: str, name: str) -> list[str]:
-    """The files in /dev/shm of lanes 1.. of queue ``name`` (``lane_name``), as ``/NAME``
+    """The files in /dev/shm of lanes 1.. of queue ``name`` (``names.lane_name``), as ``/NAME``
     segment and semaphore names: what a create cut short or a delete leaves to unlink."""
-    prefix = f"shmq.{namespace}.q.{name}#"
+    prefix = lane_prefix(namespace, name)
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
@@ -295,7 +284,7 @@ def share_namespace(namespace: str, group: int) -> None:
     if theirs and uid != 0:
         raise ShmqError(f"cannot share namespace {namespace!r}: {theirs[0]} is uid {os.stat(theirs[0]).st_uid}'s, "
                         "not yours; its owner must share it")
-    registry = segment_name(namespace, "registry").lstrip("/")
+    registry = registry_segment(namespace).lstrip("/")
     for path in sorted(paths, key=lambda p: os.path.basename(p) == registry):
         share_path(path, group)
 

@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 from ...errors import LayoutMismatch, StreamLayoutMismatch
 from . import layout as L
-from .segment import open_segment, segment_name
+from .names import queue_segment, stream_base
+from .segment import open_segment
 
 __all__ = ["Outdated", "KINDS", "mismatch", "version_of", "outdated"]
 
@@ -56,7 +57,7 @@ def version_of(namespace: str, kind: str, name: str) -> int | None:
     """The layout version of ``kind`` ``name``'s segment (a laned queue's first lane's);
     None while it is being created (no magic yet). FileNotFoundError if it has none."""
     part, magic, _expected = KINDS[kind]
-    seg = open_segment(segment_name(namespace, part, name))
+    seg = open_segment((queue_segment if kind == "queue" else stream_base)(namespace, name))
     try:
         if seg.size < _PREFIX.size:
             return None

@@ -34,10 +34,11 @@ from .paths import chosen as _chosen_paths
 from ..shm.mutex import RobustMutex, acquire, init_mutex
 from ..shm.mutex import unlock as _unlock
 from ..shm.memory import Memory, arc, pinned_bytes
+from ..shm.names import partition_segment
 from ..shm.segment import create_segment, open_segment
 from ...persistence.wal import HighWater, Log, Tail, log_files, partition_log_name
 
-__all__ = ["Partition", "Image", "Rows", "partition_segment_name", "create_partition", "record_size",
+__all__ = ["Partition", "Image", "Rows", "create_partition", "record_size",
            "columns_items", "check_timestamps", "chunks_by_time"]
 
 _REC = L.REC_SIZE
@@ -70,19 +71,13 @@ class Rows(list):
     __slots__ = ("next",)
 
 
-def partition_segment_name(stream_base: str, index: int) -> str:
-    """``/shmq.NS.s.NAME#P``: ``#`` cannot appear in a name, so no stream's partition
-    can be taken for another stream."""
-    return f"{stream_base}#{index}"
-
-
 def create_partition(stream_base: str, index: int, max_bytes: int, max_message_bytes: int, created_ns: int,
                      group: int | None = None) -> None:
     """Make partition ``index``'s segment, empty, its header published last (its magic);
     FileExistsError if the name is taken. ``group``: a gid, as ``create_segment`` takes it."""
     size = L.part_data_offset(max_bytes) + max_bytes
     pinned = pinned_bytes(L.PART_INDEX_OFF, size)  # the header: index and ring are taken as written
-    seg = create_segment(partition_segment_name(stream_base, index), size, reserve=pinned, group=group)
+    seg = create_segment(partition_segment(stream_base, index), size, reserve=pinned, group=group)
     try:
         mm = seg._mmap
         Memory.mark_pinned(mm, L.PART_MEM_OFF, pinned)
@@ -206,7 +201,7 @@ class Partition:
         self.name = name  # the stream's, for messages
         self.paths = paths if paths is not None else _chosen_paths()
         try:
-            seg = open_segment(partition_segment_name(stream_base, index))
+            seg = open_segment(partition_segment(stream_base, index))
         except (FileNotFoundError, ValueError):
             raise StreamNotFound(f"stream {name!r} has no partition {index} (deleted?)") from None
         mm = seg._mmap

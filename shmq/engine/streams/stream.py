@@ -37,11 +37,12 @@ from .compaction import DEFAULT_DELETE_RETENTION_S, DEFAULT_DIRTY_RATIO
 from .groups import Groups
 from ..shm.mutex import RobustMutex, acquire
 from ..shm.mutex import unlock as _unlock
-from .partition import Partition, check_timestamps, chunks_by_time, create_partition, partition_segment_name
+from .partition import Partition, check_timestamps, chunks_by_time, create_partition
 from .paths import chosen as _chosen_paths
 from .partitioner import partition_of
 from ..queues.produce import as_bytes
-from ..shm.segment import open_segment, open_semaphore, segment_name, unlink_segment
+from ..shm.names import partition_segment, stream_base
+from ..shm.segment import open_segment, open_semaphore, unlink_segment
 from ..shm.versions import mismatch
 
 __all__ = ["Stream", "Record", "RecordMetadata", "stream_base", "partition_of", "check_txn"]
@@ -71,10 +72,6 @@ def store_live(mem, values: dict) -> None:
     finally:
         if mq is not mem:
             mq.release()
-
-
-def stream_base(namespace: str, name: str) -> str:
-    return segment_name(namespace, "s", name)
 
 
 class Stream:
@@ -255,7 +252,7 @@ class Stream:
             if old + n > L.MAX_PARTITIONS:
                 raise ValueError(f"stream {self.name!r} has {old} partitions: {n} more would pass the most, "
                                  f"{L.MAX_PARTITIONS}")
-            now, group, names = _wall(), self._shared_with(), [partition_segment_name(self._base, p)
+            now, group, names = _wall(), self._shared_with(), [partition_segment(self._base, p)
                                                                   for p in range(old, old + n)]
             try:
                 for p, name in zip(range(old, old + n), names):
