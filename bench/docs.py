@@ -13,7 +13,10 @@ block opens with its run's date, command and machine, and compares only figures 
 run. The test suite runs ``check`` against the saved runs, so a page that disagrees with
 its JSON fails it, and so does a page that shows a run older than the code it measured
 (``outdated``: each run's JSON keeps its code stamp, ``bench/provenance.py``). The Spark
-run's fields are read in one place (``spark``).
+run's fields are read in one place (``spark``). A block's first line names its run's date
+and commit; ``expired`` lists the runs the test suite no longer takes (no stamp, another
+layout, more than ``provenance.MAX_AGE_DAYS`` old), ``outdated`` (``--check``) the runs whose
+measured code moved since, for whoever is about to publish figures.
 """
 
 from __future__ import annotations
@@ -45,10 +48,13 @@ class BlockError(ValueError):
 
 
 def run_line(doc, path, link, runs=None, extra_versions=()):
-    """The run a block shows: date, command, machine, the versions of shmq and of the systems
-    it ran (and ``extra_versions``' keys), load, and a link to its JSON."""
+    """The run a block shows: date, the commit it ran on, command, machine, the versions of
+    shmq and of the systems it ran (and ``extra_versions``' keys), load, and a link to its JSON."""
     m = doc["machine"]
     date = (doc.get("date") or "")[:10] or "date not recorded"
+    ran_on = (doc.get("code") or {}).get("commit")
+    if ran_on:
+        date += f", commit {ran_on[:7]}{'+' if ran_on.endswith('+') else ''}"
     command = doc.get("command") or "command not recorded"
     cpus = f"{m['logical_cpus']} logical CPUs"
     if m.get("usable_cpus") not in (None, m["logical_cpus"]):
@@ -397,24 +403,39 @@ def pages(root=ROOT):
     return ["README.md", *sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "docs", "*.md")))]
 
 
-def outdated(names=None, root=ROOT, code_root=provenance.ROOT):
-    """One line per block (of the pages ``names``, default ``pages``) whose run is older than
-    the code it measures (``provenance.changed``): what moved since, by file."""
-    out = []
+def _runs(names=None, root=ROOT):
+    """(page, kind, file, doc) of every block's saved run (of the pages ``names``, default ``pages``)."""
     for page in names or pages(root):
         with open(os.path.join(root, page)) as fh:
             text = fh.read()
         for m in BLOCK.finditer(text):
             full = os.path.join(root, m["file"])
-            if not os.path.exists(full):
-                continue
-            with open(full) as fh:
-                doc = json.load(fh)
-            moved = provenance.changed(doc.get("code"), code_root)
-            if moved:
-                shown = ", ".join(moved[:6]) + (f" and {len(moved) - 6} more" if len(moved) > 6 else "")
-                out.append(f"{page}: {m['kind']} {m['file']} (run of {(doc.get('date') or 'no date')[:10]}) is older "
-                           f"than the code it measures: {shown}")
+            if os.path.exists(full):
+                with open(full) as fh:
+                    yield page, m["kind"], m["file"], json.load(fh)
+
+
+def outdated(names=None, root=ROOT, code_root=provenance.ROOT):
+    """One line per block (of the pages ``names``, default ``pages``) whose run is older than
+    the code it measures (``provenance.changed``): what moved since, by file."""
+    out = []
+    for page, kind, file, doc in _runs(names, root):
+        moved = provenance.changed(doc.get("code"), code_root)
+        if moved:
+            shown = ", ".join(moved[:6]) + (f" and {len(moved) - 6} more" if len(moved) > 6 else "")
+            out.append(f"{page}: {kind} {file} (run of {(doc.get('date') or 'no date')[:10]}) is older "
+                       f"than the code it measures: {shown}")
+    return out
+
+
+def expired(names=None, root=ROOT, today=None):
+    """One line per block whose run the suite no longer takes (``provenance.expired``: no
+    stamp, another layout, too old); a run whose code moved since is not one of them."""
+    out = []
+    for page, kind, file, doc in _runs(names, root):
+        why = provenance.expired(doc.get("date"), doc.get("code"), today)
+        if why:
+            out.append(f"{page}: {kind} {file} (run of {(doc.get('date') or 'no date')[:10]}): {'; '.join(why)}")
     return out
 
 
@@ -435,12 +456,13 @@ def stale(names=None, root=ROOT):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.docs", description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 naming the pages that are stale or show a run older than its code")
+                   help="write nothing; exit 1 naming the pages that are stale or show a run older than its code "
+                        "(which files moved), or one the suite no longer takes (too old, another layout, unstamped)")
     p.add_argument("pages", nargs="*", help="default: README.md and docs/*.md")
     args = p.parse_args(argv)
     try:
         changed = stale(args.pages)
-        old = outdated(args.pages) if args.check else []
+        old = (expired(args.pages) + outdated(args.pages)) if args.check else []
     except (BlockError, OSError, KeyError, ValueError) as exc:
         print(f"bench.docs: error: {exc}", file=sys.stderr)
         return 2

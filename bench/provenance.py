@@ -8,17 +8,23 @@ digest is of its code, not its text: a Python module's syntax tree without docst
 a C, header or Java file without comments and with its whitespace collapsed; so a
 comment or a docstring (or a Python that adds an empty field to its trees) does not age
 a run, and any change the interpreter or the compiler sees does. ``changed(stamp)`` lists the files that differ from the tree now
-(added, removed or edited), and a layout version that moved; ``bench.docs --check``
-and tests/test_performance_page.py fail a page that shows such a run.
+(added, removed or edited), and a layout version that moved: ``bench.docs --check``
+names such a run for whoever is about to publish figures. A stamp also keeps the commit
+the run was made on (``+`` after it: with uncommitted changes to what it measures), which
+a page shows beside the run's date. What the test suite holds a run to (``expired``) is
+less: a stamp, the current layouts, and an age of at most ``MAX_AGE_DAYS``; a change to
+measured code that does not mean to change speed lands without a rerun.
 """
 
 from __future__ import annotations
 
 import ast
+import datetime
 import glob
 import hashlib
 import os
 import re
+import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,6 +48,8 @@ MEASURES = {
     "compaction": [*_ENGINE, "shmq/server/housekeeper.py", "bench/compaction.py"],
     "arrays": [*_ENGINE, "bench/arrays.py"],
 }
+
+MAX_AGE_DAYS = 14  # a saved run older than this fails the suite: run its command again
 
 _C_COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*", re.S)
 
@@ -92,8 +100,24 @@ def stamp(what: str, root: str = ROOT) -> dict:
     """The ``"code"`` of a run of ``what``: its key, the layouts, each measured file's digest."""
     if what not in MEASURES:
         raise KeyError(f"unknown run {what!r}; choose from {', '.join(MEASURES)}")
-    digests = {p: _digest(os.path.join(root, p)) for p in files(what, root)}
-    return {"measures": what, "layouts": layouts(), "files": digests}
+    measured = files(what, root)
+    digests = {p: _digest(os.path.join(root, p)) for p in measured}
+    return {"measures": what, "commit": commit(root, measured), "layouts": layouts(), "files": digests}
+
+
+def commit(root: str = ROOT, measured=()) -> str | None:
+    """The commit the tree at ``root`` is on (12 hex digits), with ``+`` when any of
+    ``measured`` differs from it; None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=30)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *measured], cwd=root, capture_output=True,
+                               text=True, timeout=30).stdout.strip() if measured else ""
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+" if dirty else "")
 
 
 _digests: dict = {}  # (a file's kind, its bytes' sha256) -> its digest: a check stamps the same files for each run
@@ -115,6 +139,24 @@ def run_header(measures: str, command: str) -> dict:
 
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command, "code": stamp(measures)}
+
+
+def expired(date: str | None, code: dict | None, today: datetime.date | None = None) -> list[str]:
+    """Why a saved run may no longer stand on a page (the suite's rule): it has no code
+    stamp, a layout it measured is not the current one, or it is older than
+    ``MAX_AGE_DAYS``. Code that moved since is ``changed``'s business, not this one's."""
+    if not code:
+        return ["no code stamp (a run older than the stamps)"]
+    out = [f"{kind} layout {code['layouts'].get(kind)} -> {v}" for kind, v in layouts().items()
+           if code["layouts"].get(kind) != v]
+    today = today or datetime.datetime.now(datetime.timezone.utc).date()
+    try:
+        age = (today - datetime.date.fromisoformat((date or "")[:10])).days
+    except ValueError:
+        return out + ["no date"]
+    if age > MAX_AGE_DAYS:
+        out.append(f"{age} days old (at most {MAX_AGE_DAYS})")
+    return out
 
 
 def changed(code: dict | None, root: str = ROOT) -> list[str]:

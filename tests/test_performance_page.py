@@ -1,8 +1,10 @@
 """bench/docs.py: docs/PERFORMANCE.md and README.md's figures are the saved runs' (one owner
-per figure), each block opens with its run, and a page whose blocks disagree with their
-JSON is found stale."""
+per figure), each block opens with its run (date and commit), a page whose blocks disagree
+with their JSON is found stale, and a run the suite no longer takes (unstamped, another
+layout, more than 14 days old) fails it; a run whose code moved since is named by --check."""
 
 import ast
+import datetime
 import json
 import shutil
 from pathlib import Path
@@ -18,7 +20,6 @@ def test_the_pages_match_their_saved_runs():
     stale = docs.stale()
     assert stale == [], (f"{[page for page, _ in stale]} differ from the saved runs under docs/: "
                          "run python -m bench.docs")
-    assert docs.main(["--check"]) == 0
 
 
 def _copy(tmp_path):
@@ -55,7 +56,8 @@ def test_a_block_opens_with_its_runs_date_command_and_machine(tmp_path):
     lines = text.splitlines()
     assert lines[0] == "prose" and lines[-1] == "more prose"
     doc = json.loads((root / "docs" / "bench.json").read_text())
-    assert lines[2].startswith(f"*{doc['date'][:10]}, `{doc['command']}`: {doc['machine']['cpu']}, ")
+    assert lines[2].startswith(f"*{doc['date'][:10]}, commit {doc['code']['commit'][:7]}, `{doc['command']}`: "
+                               f"{doc['machine']['cpu']}, ")
     assert "each figure the median of 3 runs" in lines[2] and "[`docs/bench.json`](docs/bench.json)" in lines[2]
     assert "Versions: shmq 0.1.0 (C hot paths), faster-fifo 1.5.2," in lines[2]
 
@@ -169,11 +171,42 @@ def test_a_tcp_run_renders_shmq_over_redis_with_the_issues_targets():
     assert docs.KINDS["tcp"] is docs.tcp
 
 
-def test_every_table_is_a_run_of_the_current_code():
-    """Each block's run keeps a stamp of the code it measured (bench/provenance.py); a run
-    older than a change to that code (or than the layouts) fails here: run its command again."""
-    old = docs.outdated()
+def test_every_table_is_a_stamped_run_of_the_current_layouts_at_most_14_days_old():
+    """Each block's run keeps its date, commit and code stamp (bench/provenance.py); one
+    unstamped, of another layout, or older than 14 days fails here: run its command again.
+    Code that moved since its run does not (``bench.docs --check`` names it)."""
+    old = docs.expired()
     assert old == [], "\n".join(old)
+
+
+def test_a_run_too_old_of_another_layout_or_unstamped_is_expired_and_code_that_moved_is_not(tmp_path):
+    root = _copy(tmp_path)
+    path = root / "docs" / "tcp.json"
+    doc = json.loads(path.read_text())
+    ran = datetime.date.fromisoformat(doc["date"][:10])
+
+    def tcp(today):
+        return [x for x in docs.expired(["docs/PERFORMANCE.md"], root=root, today=today) if " docs/tcp.json " in x]
+
+    assert tcp(ran + datetime.timedelta(days=14)) == []
+    assert [x.rsplit(": ", 1)[1] for x in tcp(ran + datetime.timedelta(days=15))] == ["15 days old (at most 14)"]
+    doc["code"]["files"]["shmq/engine/queues/consume.py"] = "0" * 16  # code moved since: not expired
+    path.write_text(json.dumps(doc))
+    assert tcp(ran) == []
+    assert any(line.startswith("docs/PERFORMANCE.md: tcp docs/tcp.json") for line in docs.outdated(root=root))
+    doc["code"]["layouts"]["queue"] -= 1
+    path.write_text(json.dumps(doc))
+    [line] = tcp(ran)
+    assert line.endswith(f"queue layout {doc['code']['layouts']['queue']} -> {doc['code']['layouts']['queue'] + 1}")
+    del doc["code"]
+    path.write_text(json.dumps(doc))
+    [line] = tcp(ran)
+    assert "no code stamp" in line
+
+
+def test_a_new_stamp_names_its_commit():
+    code = provenance.stamp("arrays")
+    assert code["commit"] is not None and len(code["commit"].rstrip("+")) == 12
 
 
 def test_the_tcp_runs_measure_every_module_of_the_server_and_the_kafka_run_its_listener():
@@ -192,6 +225,11 @@ def test_the_tcp_runs_measure_every_module_of_the_server_and_the_kafka_run_its_l
 
 def test_a_run_older_than_its_code_is_found(tmp_path):
     root = _copy(tmp_path)
+    for run in (root / "docs").glob("*.json"):  # every run as if made on the tree now
+        d = json.loads(run.read_text())
+        if d.get("code"):
+            d["code"] = provenance.stamp(d["code"]["measures"])
+            run.write_text(json.dumps(d))
     path = root / "docs" / "tcp.json"
     doc = json.loads(path.read_text())
     edited = "shmq/engine/queues/consume.py"
@@ -200,7 +238,6 @@ def test_a_run_older_than_its_code_is_found(tmp_path):
     old = docs.outdated(["docs/PERFORMANCE.md"], root=root)
     assert len(old) == 1 and old[0].startswith("docs/PERFORMANCE.md: tcp docs/tcp.json (run of ")
     assert old[0].endswith(f"is older than the code it measures: {edited}")
-    assert docs.main(["--check"]) == 0  # the repository's own pages: untouched
     del doc["code"]
     path.write_text(json.dumps(doc))
     assert "no code stamp" in docs.outdated(["docs/PERFORMANCE.md"], root=root)[0]
@@ -245,5 +282,6 @@ def test_the_jobs_kafka_and_memory_views_render_their_saved_runs(kind, head):
     path = ROOT / "docs" / f"{kind}.json"
     doc = json.loads(path.read_text())
     lines = docs.KINDS[kind](doc, f"docs/{kind}.json", f"{kind}.json")
-    assert lines[0].startswith(f"*{doc['date'][:10]}, `{doc['command']}`: ") and lines[2] == head
+    assert lines[0].startswith(f"*{doc['date'][:10]}, commit {doc['code']['commit'][:7]}, `{doc['command']}`: ")
+    assert lines[2] == head
     assert len([ln for ln in lines if ln.startswith("| ")]) == len(doc["rows"]) + 1 or kind == "jobs"
