@@ -67,17 +67,20 @@ def test_memory_queues_are_never_written_and_deleted_queues_lose_their_file(brok
     assert os.listdir(tmp_path) == []
 
 
-def test_recover_rebuilds_only_what_shared_memory_lost(broker, tmp_path):
-    q = broker.create_queue("q")
-    q.put_many([b"a", b"b"])
-    snapshot_queue(q, str(tmp_path))
-    q.put(b"c")  # newer than the file
-    assert recover(broker, str(tmp_path)) == []  # the segment is there: memory wins
-    assert q.stats().ready == 3
-    q.close()
-    broker.delete_queue("q")  # as a reboot would
-    assert recover(broker, str(tmp_path)) == ["q"]
-    assert [d.body for d in broker.queue("q").get_many(5, timeout=0)] == [b"a", b"b"]
+def test_recover_rebuilds_only_what_shared_memory_lost(namespace, tmp_path):
+    with shmq.connect(namespace=namespace) as broker:
+        q = broker.create_queue("q")
+        q.put_many([b"a", b"b"])
+        snapshot_queue(q, str(tmp_path))
+        q.put(b"c")  # newer than the file
+        assert recover(broker, str(tmp_path)) == []  # the segment is there: memory wins
+        assert q.stats().ready == 3
+        q.close()
+    shmq.destroy_namespace(namespace)  # as a reboot would: the registry made anew below
+    with shmq.connect(namespace=namespace) as broker:
+        broker.create_namespace()
+        assert recover(broker, str(tmp_path)) == ["q"]
+        assert [d.body for d in broker.queue("q").get_many(5, timeout=0)] == [b"a", b"b"]
 
 
 def test_a_damaged_snapshot_restores_up_to_the_damage_and_is_set_aside(broker, tmp_path, caplog):
@@ -93,7 +96,7 @@ def test_a_damaged_snapshot_restores_up_to_the_damage_and_is_set_aside(broker, t
         assert recover(broker, str(tmp_path)) == ["q"]
     n = broker.queue("q").stats().ready
     assert 0 < n < 10  # everything before the damage, nothing after
-    assert os.listdir(tmp_path) == ["q.dmsq.corrupt"]
+    assert sorted(os.listdir(tmp_path)) == ["q.dmsq.corrupt", "registry.id"]
     (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert "q.dmsq" in line and "byte" in line
 

@@ -14,6 +14,7 @@ log = logging.getLogger("shmq.persistence")
 HWM_SUFFIX = ".hwm"
 KAFKA_STATE_FILE = "kafka-state.json"  # the Kafka listener's producer sequences and commit metadata (kafka_state.py)
 KAFKA_TXNS_FILE = "kafka-txns.log"  # the Kafka listener's transactions (kafka_txns.py)
+REGISTRY_FILE = "registry.id"  # which registry of the namespace the server last ran on (recovery.py)
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -72,9 +73,9 @@ def owner_of(entry: str) -> str | None:
 
 def is_data_file(entry: str) -> bool:
     """Whether a data-dir entry is one of shmq's files: a snapshot, a log, a high-water
-    file, the exchange table, the Kafka listener's state, or one of those set aside
+    file, the exchange table, the Kafka listener's state, the registry's identity, or one of those set aside
     (``.corrupt``, ``.damaged``) or half-written (``.tmp``)."""
-    for name in (KAFKA_STATE_FILE, KAFKA_TXNS_FILE):
+    for name in (KAFKA_STATE_FILE, KAFKA_TXNS_FILE, REGISTRY_FILE):
         if entry == name or re.fullmatch(re.escape(name) + r"\.(damaged|\d+\.tmp)", entry):
             return True
     stem = entry

@@ -1,4 +1,14 @@
-"""What a reboot lost, rebuilt on start: queues, streams and the exchange table."""
+"""What a reboot lost, rebuilt on start: queues, streams and the exchange table; and what
+was deleted while the server was stopped, left deleted.
+
+Strategy: the data dir keeps which registry of the namespace the server last ran on
+(``REGISTRY_FILE``: ``registry.identity``). At start, the same registry in /dev/shm means
+the memory outlived the stop: a queue or stream it no longer lists was deleted meanwhile
+(``shmq delete`` needs no server), and its files go as a running server's would. Another
+registry (a reboot, a namespace destroyed and made again) means nothing tells a deleted
+object from a lost one: every file is rebuilt. A queue or stream the registry lists whose
+memory is gone (half removed) is rebuilt from its files either way.
+"""
 
 import logging
 import os
@@ -6,8 +16,11 @@ import os
 from . import dmsq
 from ..engine.broker import Broker
 from ..engine.queues.exchange import _KINDS  # a binding's kind ("q", "s") -> "queue", "stream"
-from ..errors import ShmqError
-from .files import owner_of
+from ..engine.shm.names import queue_segment, stream_base
+from ..engine.shm.registry import identity
+from ..engine.shm.segment import SHM_DIR
+from ..errors import QueueNotFound, ShmqError, StreamNotFound
+from .files import REGISTRY_FILE, owner_of, write_atomically
 from .queues import recover_queues
 from .streams import rebuild_stream
 
@@ -24,6 +37,9 @@ def recover(broker: Broker, data_dir: str, upgraded: dict | None = None) -> list
     ``upgraded``: ``upgrade``'s, the layout version an older shmq's memory held each in."""
     upgraded = upgraded or {}
     owners = {owner for owner in map(owner_of, os.listdir(data_dir)) if owner is not None}
+    if _same_registry(broker.namespace, data_dir):  # (what an upgrade just took out of memory is not deleted)
+        owners = _forget_deleted(broker, data_dir, owners, set(upgraded))
+    _free_half_removed(broker, owners)
     rebuilt = recover_queues(broker, data_dir, [o for o in owners if not o.startswith("@")], upgraded)
     live = set(broker.list_streams())
     for name in sorted({o[1:] for o in owners if o.startswith("@")} - live):
@@ -33,7 +49,70 @@ def recover(broker: Broker, data_dir: str, upgraded: dict | None = None) -> list
         except (ValueError, TypeError, OSError, ShmqError) as e:
             log.error("%s: cannot rebuild stream %s: %s", data_dir, name, e)
     _recover_exchanges(broker, data_dir)
+    remember_registry(broker.namespace, data_dir)
     return rebuilt
+
+
+def _registry_file(data_dir: str) -> str:
+    return os.path.join(data_dir, REGISTRY_FILE)
+
+
+def _same_registry(namespace: str, data_dir: str) -> bool:
+    """Whether the namespace's registry now is the one the server last ran on here."""
+    try:
+        with open(_registry_file(data_dir)) as f:
+            recorded = f.read().strip()
+    except OSError:
+        return False
+    return bool(recorded) and recorded == identity(namespace)
+
+
+def remember_registry(namespace: str, data_dir: str) -> None:
+    """Note in the data dir which registry the server runs on (once recovered from it)."""
+    now = identity(namespace)
+    if now is None:
+        return
+    try:
+        write_atomically(_registry_file(data_dir), (now + "\n").encode())
+    except OSError as e:  # (a full disk: the next start rebuilds what it finds, as before this file)
+        log.error("%s: cannot note the namespace's registry: %s", data_dir, e)
+
+
+def _forget_deleted(broker: Broker, data_dir: str, owners: set, upgraded: set) -> set:
+    """The owners the registry still lists (or ``upgraded`` took out of it to be rebuilt);
+    the files of the others (deleted while the server was stopped) removed, one line each."""
+    live = set(broker.list_queues()) | {"@" + s for s in broker.list_streams()} | upgraded
+    gone = owners - live
+    for entry in sorted(os.listdir(data_dir)):
+        if owner_of(entry) in gone:
+            os.unlink(os.path.join(data_dir, entry))
+    for owner in sorted(gone):
+        kind, name = ("stream", owner[1:]) if owner.startswith("@") else ("queue", owner)
+        log.info("%s %s was deleted while the server was stopped: its files in %s removed", kind, name, data_dir,
+                 extra={"event": "deleted_while_stopped", "kind": kind, kind: name, "data_dir": data_dir})
+    return owners - gone
+
+
+def _free_half_removed(broker: Broker, owners: set) -> None:
+    """Free the registry entries of the queues and streams among ``owners`` (which the data
+    dir holds) whose memory is gone: then they are rebuilt from their files as lost ones."""
+    ns = broker.namespace
+    for name in broker.list_queues():
+        if name in owners and not os.path.exists(os.path.join(SHM_DIR, queue_segment(ns, name).lstrip("/"))):
+            try:
+                broker.delete_queue(name)
+            except QueueNotFound:
+                pass
+            log.warning("queue %s was half removed (its memory gone, its registry entry left): rebuilt from its "
+                        "files", name, extra={"event": "half_removed", "kind": "queue", "queue": name})
+    for name in broker.list_streams():
+        if "@" + name in owners and not os.path.exists(os.path.join(SHM_DIR, stream_base(ns, name).lstrip("/"))):
+            try:
+                broker.delete_stream(name)
+            except StreamNotFound:
+                pass
+            log.warning("stream %s was half removed (its memory gone, its registry entry left): rebuilt from its "
+                        "files", name, extra={"event": "half_removed", "kind": "stream", "stream": name})
 
 
 def _recover_exchanges(broker: Broker, data_dir: str) -> None:

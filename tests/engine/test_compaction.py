@@ -1,7 +1,8 @@
 """Compacted streams (``engine/streams/compaction.py``): the latest record of each key stays,
-offsets never change, every reader passes over what compaction took (the C and Python
-paths, local and over TCP), a SIGKILL at any point of a run loses nothing, against a model
-in a Hypothesis state machine."""
+offsets never change, the partition's start (Kafka's log start offset) never moves for a
+run (retention and delete_records move it), every reader passes over what compaction took
+(the C and Python paths, local and over TCP), a SIGKILL at any point of a run loses
+nothing, against a model in a Hypothesis state machine."""
 
 import multiprocessing
 import os
@@ -38,7 +39,9 @@ def test_the_latest_record_of_each_key_stays_at_its_offset(broker, impl):
     got = s.read(0, 0, 1000)
     assert {r.key: (r.offset, r.value) for r in got if r.key is not None} == want
     assert [r.offset for r in got] == [293, 294, 295, 297, 298, 299, 300, 301]
-    assert s.offsets(0) == (293, 302)  # earliest rose; the end did not move
+    # the start stays (Kafka's log start offset: its cleaner never moves it), and so does the end; what memory
+    # holds begins at 293
+    assert s.offsets(0) == (0, 302) and s.stats()["partitions"][0]["memory_earliest"] == 293
     st_ = s.stats()["partitions"][0]
     assert (st_["compactions_total"], st_["compacted_bytes_total"], st_["dirty_ratio"]) == (1, taken, 0.0)
     # an offset compaction took reads on at the next record; below earliest, at earliest
@@ -102,7 +105,7 @@ def test_tombstones_go_after_delete_retention(broker, impl):
     broker.update_stream("c", delete_retention_seconds=0)
     s.compact_now()
     assert [(r.offset, r.key) for r in s.read(0, 0, 10)] == [(2, b"y")]
-    assert s.offsets(0) == (2, 3)
+    assert s.offsets(0) == (0, 3)
     s.close()
 
 
@@ -116,6 +119,87 @@ def test_nothing_at_or_past_an_open_transaction_is_touched(broker):
     s.set_stable(0, None)
     s.compact_now()
     assert [r[0] for r in s.read_raw(0, 0, 10)] == [3]
+    s.close()
+
+
+def _offsets_read(s, offset, n=100):
+    return [r.offset for r in s.read(0, offset, n)]
+
+
+def test_compaction_never_moves_the_start(broker, impl):
+    """Kafka's log start offset: its cleaner never moves it. Offsets compaction took at
+    the head stay readable (a read there goes on at the next record kept), so a consumer
+    that starts at 0, or resets to the earliest offset, reads every live key."""
+    s = broker.create_stream("c", partitions=1, compact=True)
+    for i in range(200):
+        s.append(b"v%d" % i, key=b"k%d" % (i % 10), partition=0)
+    assert s.compact_now()[0] == 190
+    assert s.offsets(0) == (0, 200) and s.stats()["partitions"][0]["earliest"] == 0
+    for offset in (0, 1, 189, 190):
+        assert _offsets_read(s, offset) == list(range(190, 200))
+    assert _offsets_read(s, 195) == list(range(195, 200))
+    s.reset("g", "earliest")
+    assert s.committed("g") == {0: 0} and s.lag("g") == {0: 200}
+    with s.consumer("g") as c, s.consumer("fresh") as fresh:
+        for consumer in (c, fresh):  # committed at 0; nothing committed (auto_offset_reset="earliest")
+            seen = []
+            while len(seen) < 10:
+                seen += consumer.poll(timeout=5)
+            assert [r.offset for r in seen] == list(range(190, 200))
+    # everything compacted away (expired tombstones): still nothing moves the start
+    for i in range(10):
+        s.append(None, key=b"k%d" % i, partition=0)
+    broker.update_stream("c", delete_retention_seconds=0)
+    stamped = time.time_ns()
+    while time.time_ns() <= stamped:  # (a tombstone's age is over 0 s: the wall clock past its stamp)
+        pass
+    s.compact_now()
+    assert s.offsets(0) == (0, 210) and s.stats()["partitions"][0]["memory_earliest"] == 210
+    assert _offsets_read(s, 0) == [] and _offsets_read(s, 210) == []
+    s.append(b"after", key=b"new", partition=0)
+    assert _offsets_read(s, 3) == [210]
+    s.close()
+
+
+def test_delete_records_and_retention_move_the_start(broker, impl):
+    """DeleteRecords moves the start to the offset named, exactly (Kafka's log start
+    offset), into or past what compaction took; below it a read is OffsetOutOfRange, at it
+    the next record kept comes. Retention moves it to the first record it keeps."""
+    s = broker.create_stream("c", partitions=1, compact=True)
+    for i in range(200):
+        s.append(b"v%d" % i, key=b"k%d" % (i % 10), partition=0)
+    s.append(b"again", key=b"k0", partition=0)  # 200: k0's 190 goes
+    s.append(b"again", key=b"k5", partition=0)  # 201: k5's 195 goes
+    s.compact_now()
+    assert s.offsets(0) == (0, 202)
+    kept = [191, 192, 193, 194, 196, 197, 198, 199, 200, 201]
+    assert _offsets_read(s, 0) == kept
+    assert s.delete_records({0: 50}) == 0  # below the first record held: nothing dropped, the start moves
+    assert s.offsets(0) == (50, 202)
+    with pytest.raises(shmq.OffsetOutOfRange) as e:
+        s.read(0, 49)
+    assert (e.value.earliest, e.value.end) == (50, 202)
+    assert _offsets_read(s, 50) == kept
+    assert s.delete_records({0: 20}) == 0 and s.offsets(0) == (50, 202)  # never back
+    assert s.delete_records({0: 195}) == 4  # 191..194 go; 195 (compacted) is the start
+    assert s.offsets(0) == (195, 202) and _offsets_read(s, 195) == kept[4:]
+    with pytest.raises(shmq.OffsetOutOfRange):
+        s.read(0, 194)
+    s.compact_now()  # (nothing to take: the start stays where DeleteRecords put it)
+    assert s.offsets(0) == (195, 202)
+    s.reset("g", "earliest")
+    assert s.committed("g") == {0: 195}
+    # retention drops from the head (here every record: each is over a byte): the start is past what it dropped
+    broker.update_stream("c", retention_bytes=1)
+    assert s.housekeep()[0] == 6
+    assert s.offsets(0) == (202, 202) and _offsets_read(s, 202) == []
+    with pytest.raises(shmq.OffsetOutOfRange) as e:
+        s.read(0, 201)
+    assert e.value.earliest == 202
+    broker.update_stream("c", retention_bytes=None)
+    s.append(b"last", key=b"k1", partition=0)
+    assert s.delete_records({0: 203}) == 1 and s.offsets(0) == (203, 203)  # all of it: the start is the end
+    assert _offsets_read(s, 203) == []
     s.close()
 
 
@@ -140,6 +224,7 @@ def test_a_remote_stream_is_created_compacted_and_read_past_gaps(broker, tcp_ser
         assert local.compact and local.delete_retention_seconds == 60
         local.compact_now()
         assert [(r.offset, r.value) for r in rs.read(0, 0, 100)] == [(17, b"17"), (18, b"18"), (19, b"19")]
+        assert rs.offsets(0) == (0, 20)  # (the start: compaction never moves it)
         with rs.consumer("g") as c:
             assert [r.offset for r in c.poll(timeout=5)] == [17, 18, 19]
         local.close()
@@ -291,6 +376,7 @@ class Compacted(RuleBasedStateMachine):
                                            delete_retention_seconds=3600)
         self.records = {}  # offset -> (key, value) of what is there
         self.aborted = set()  # offsets of records there flagged aborted (readers pass over them)
+        self.start = 0  # the partition's start (Kafka's log start offset): compaction never moves it
         self.end = 0
         self.expire = False
         self.stable = None
@@ -341,6 +427,18 @@ class Compacted(RuleBasedStateMachine):
         self.s.hide(0, [(first, self.end)], L.FLAG_ABORTED)
         self.aborted.update(o for o in range(first, self.end) if o in self.records)
 
+    @rule(data=st.data())
+    def delete_records(self, data):
+        """DeleteRecords: the start moves up to the offset named, never back; the records
+        below it go."""
+        offset = data.draw(st.integers(0, self.end))
+        before = len([o for o in self.records if o < offset])
+        assert self.s.delete_records({0: offset}) == (before if offset > self.start else 0)
+        self.start = max(self.start, offset)
+        for o in [o for o in self.records if o < self.start]:
+            del self.records[o]
+            self.aborted.discard(o)
+
     @rule()
     def expiry(self):
         self.expire = not self.expire
@@ -363,8 +461,13 @@ class Compacted(RuleBasedStateMachine):
         present = sorted(self.records)
         stop = self.end if self.stable is None else min(self.stable, self.end)
         earliest = present[0] if present else self.end
-        assert self.s.offsets(0) == (earliest, self.end)
-        for offset in sorted({0, earliest, self.end, *range(0, self.end + 1, 3)}):
+        assert self.s.offsets(0) == (self.start, self.end)
+        for offset in sorted({0, self.start, earliest, self.end, *range(0, self.end + 1, 3)}):
+            if offset < self.start:
+                with pytest.raises(shmq.OffsetOutOfRange) as e:
+                    self.s.read_raw(0, offset, 1, visible=True)
+                assert (e.value.earliest, e.value.end) == (self.start, self.end)
+                continue
             for n in (1, 4, 1000):
                 rows = self.s.read_raw(0, offset, n, visible=True)
                 looked = [o for o in present if offset <= o < stop][:n]  # (an aborted one is looked at, not shown)

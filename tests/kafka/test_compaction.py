@@ -2,7 +2,8 @@
 with confluent-kafka's clients: the compaction configs created, described and altered;
 the server's housekeeping compacting what producers wrote, after which a consumer from
 the start sees the latest record of each key at the offset it was produced at (a
-tombstone while delete.retention.ms lasts); a topic made compact later served from the
+tombstone while delete.retention.ms lasts), the partition's start (the log start offset)
+unmoved, so consumers positioned in what a run took read on; a topic made compact later served from the
 stream, not from the batches kept as sent; a record without a key refused as Kafka
 refuses it, nothing appended; transactions read_committed."""
 
@@ -162,8 +163,69 @@ def test_a_consumer_sees_the_latest_record_of_each_key_at_its_offset(shared_kafk
     want = _latest(rows, tombstones)
     assert want[0][0] == (4 if tombstones else 6)  # b's tombstone, or a3, is the first record kept
     assert _read(shared_kafka, topic) == want
-    assert s.offsets(0) == (want[0][0], 13)  # the earliest rose past what compaction took at the head
+    assert s.offsets(0) == (0, 13)  # the start stays where it was (Kafka's cleaner never moves it)
     assert [(o, k, v) for o, _ts, k, _h, v in s.read_raw(0, 0, 100)] == want  # natively, the same records
+    s.close()
+
+
+def _consumed(config, topic, assign_at=None, timeout=30.0) -> list:
+    """(offset, key, value) a confluent-kafka consumer of ``config`` (bootstrap added; EOF
+    told) reads of ``topic``'s partition 0 until its end: assigned at ``assign_at``, or
+    subscribed in its group."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({**config, "enable.partition.eof": True})
+    try:
+        if assign_at is None:
+            c.subscribe([topic])
+        else:
+            c.assign([TopicPartition(topic, 0, assign_at)])
+        got, deadline = [], time.monotonic() + timeout
+        while True:
+            assert time.monotonic() < deadline, f"no end of {topic} within {timeout} s: {got}"
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is not None:
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                return got
+            got.append((m.offset(), m.key(), m.value()))
+    finally:
+        c.close()
+
+
+def test_consumers_at_offsets_compaction_took_read_every_live_key(shared_kafka, names):
+    """Kafka's cleaner never moves a partition's log start offset: after compaction took
+    offsets 0..189, ListOffsets earliest and Fetch's log start still say 0, a Fetch at 0
+    answers the next records kept, and consumers with default settings
+    (auto.offset.reset=latest) positioned in what compaction took -- assigned at 0 (a state
+    store restoring its changelog), or a group whose commit (2) came before the run -- read
+    every live key, not OFFSET_OUT_OF_RANGE and a reset to the end; so does a new group
+    reset to the earliest offset."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic, committed, fresh = names("topic"), names("group"), names("group")
+    _create(shared_kafka, topic, **{"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01"})
+    s = shared_kafka.broker.stream(topic)
+    bootstrap = {"bootstrap.servers": shared_kafka.bootstrap}
+    c = Consumer({**bootstrap, "group.id": committed})
+    c.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)  # (no member: a manual commit)
+    c.close()
+    rows = _produced(shared_kafka, topic, [(b"k%d" % (i % 10), b"v%d" % i, 0) for i in range(200)])
+    _compacted(s)
+    want = rows[190:]
+    assert [r[0] for r in want] == list(range(190, 200)) and s.committed(committed) == {0: 2}
+    c = Consumer({**bootstrap, "group.id": fresh})
+    assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False) == (0, 200)  # ListOffsets
+    c.close()
+    with Wire(shared_kafka.port) as w:
+        part = fetch_records(w, topic, 0)
+        assert (part.error_code, part.log_start_offset, part.high_watermark) == (ErrorCode.none, 0, 200)
+        assert [(r.offset, r.key, r.value) for b in decode_batches(part.records, 2**20) for r in b.records] == want
+    assert _consumed({**bootstrap, "group.id": fresh, "enable.auto.commit": False}, topic, assign_at=0) == want
+    assert _consumed({**bootstrap, "group.id": committed}, topic) == want  # from its commit, 2
+    assert _consumed({**bootstrap, "group.id": fresh, "auto.offset.reset": "earliest"}, topic) == want
+    assert s.offsets(0) == (0, 200)  # natively the same start
     s.close()
 
 

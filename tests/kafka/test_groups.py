@@ -248,6 +248,64 @@ def test_manual_commits_and_native_resets_are_one_thing(broker, kafka):
     s.close()
 
 
+def _refusals(srv) -> list:
+    return [x for x in srv.later if "refused:" in x and "commit of topic" in x]
+
+
+def test_negative_commits_are_taken_as_kafka_takes_them_and_each_refusal_is_logged(broker, kafka):
+    """Kafka's coordinator takes any offset in an OffsetCommit (it checks the metadata's
+    size only: OffsetMetadataManager.commitOffset) and OffsetFetch answers it as stored;
+    a negative one is no position. KafkaJS resets so (``setDefaultOffset``: -1 for the
+    latest, -2 with fromBeginning): taken, the shmq group has no committed offset there
+    (its readers start as their reset says), a later commit or a native reset replaces it.
+    Every partition whose commit is refused is one WARNING line naming the group, topic,
+    partition, offset and why."""
+    s = broker.create_stream("ev", partitions=2)
+    s.append_many([b"x"] * 10, partition=0)
+    with Wire(kafka.kafka_port, "m") as w:
+        assert commit(w, -1, "", {0: 4, 1: 0}) == {0: E.none, 1: E.none}
+        assert commit(w, -1, "", {0: -1, 1: -2}) == {0: E.none, 1: E.none}
+        assert fetch(w) == {0: (-1, ""), 1: (-2, "")}
+        assert s.committed("g") == {}
+        with s.consumer("g", auto_offset_reset="latest") as c:  # natively: nothing committed, so the reset's
+            c.poll(timeout=0)
+            assert c.position(0) == 10
+        r = w.call(COMMIT, 2, group_id="g", generation_id_or_member_epoch=-1, member_id="",
+                   retention_time=datetime.timedelta(milliseconds=-1),
+                   topics=[{"name": "ev", "partitions": [{"partition_index": 0, "committed_offset": -2,
+                                                          "committed_metadata": None}]}])
+        assert [(p.partition_index, p.error_code) for t in r.topics for p in t.partitions] == [(0, E.none)]
+        r = w.call(FETCH, 7, group_id="g", topics=None, require_stable=False)  # every topic with offsets
+        assert [(t.name, [(p.partition_index, p.committed_offset) for p in t.partitions]) for t in r.topics] == [
+            ("ev", [(0, -2), (1, -2)])]
+        assert commit(w, -1, "", {1: 3}) == {1: E.none}
+        s.reset("g", to={0: 7})  # natively: the stream's offset, not the negative one
+        assert fetch(w) == {0: (7, ""), 1: (3, "")} and s.committed("g") == {0: 7, 1: 3}
+        assert _refusals(kafka) == []
+        # refused: a stale generation, a partition the topic has not, metadata too big, a group with native members
+        assert commit(w, 5, "", {0: 9}, group="nobody") == {0: E.illegal_generation}
+        assert commit(w, -1, "", {0: 1, 9: 2}) == {0: E.none, 9: E.unknown_topic_or_partition}
+        assert commit(w, -1, "", {1: -1}, metadata="m" * 5000) == {1: E.offset_metadata_too_large}
+        with s.consumer("native") as c:
+            c.poll(timeout=0)
+            assert commit(w, -1, "", {0: 1}, group="native") == {0: E.unknown_member_id}
+        assert fetch(w) == {0: (1, ""), 1: (3, "")}  # (the refused ones changed nothing)
+    want = ["Kafka group nobody: commit of topic ev partition 0 offset 9 refused: ILLEGAL_GENERATION",
+            "Kafka group g: commit of topic ev partition 9 offset 2 refused: UNKNOWN_TOPIC_OR_PARTITION",
+            "Kafka group g: commit of topic ev partition 1 offset -1 refused: OFFSET_METADATA_TOO_LARGE",
+            "Kafka group native: commit of topic ev partition 0 offset 1 refused: UNKNOWN_MEMBER_ID: group 'native' "
+            "of stream 'ev' has live members: close them first"]
+    kafka.wait_for_line(lambda x: want[-1] in x)
+    got = _refusals(kafka)
+    assert len(got) == len(want) and all(x in line and "WARNING" in line for x, line in zip(want, got)), got
+    with Wire(kafka.kafka_port, "m") as w:  # a topic deleted (natively here) and made again: no commit of before
+        assert commit(w, -1, "", {0: -2}) == {0: E.none} and fetch(w) == {0: (-2, ""), 1: (3, "")}
+        s.close()
+        broker.delete_stream("ev")
+        broker.create_stream("ev", partitions=2).close()
+        assert fetch(w) == {0: (-1, ""), 1: (-1, "")}
+
+
 def test_native_and_kafka_members_never_share_a_group(broker, kafka):
     s = broker.create_stream("ev", partitions=2)
     with Wire(kafka.kafka_port, "k") as w:

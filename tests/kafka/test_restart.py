@@ -47,20 +47,23 @@ def test_sequences_and_commit_metadata_survive_a_clean_restart(broker, servers, 
         first = _batch(pid, epoch, 0, 5)
         assert _produce(w, first) == (E.none, 0)
         assert commit(w, -1, "", {0: 3}, topic="ev", metadata="kept over restarts") == {0: E.none}
+        assert commit(w, -1, "", {0: -2}, group="h", topic="ev") == {0: E.none}  # a negative one: kept here alone
     assert srv.stop() == 0
     path = os.path.join(data, "kafka-state.json")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path) as f:
         kept = json.load(f)
-    assert (len(kept["sequences"]), kept["metadata"]) == (1, [["g", "ev", 0, 3, "kept over restarts", -1]])
+    assert (len(kept["sequences"]), kept["metadata"]) == (1, [["g", "ev", 0, 3, "kept over restarts", -1],
+                                                              ["h", "ev", 0, -2, "", -1]])
 
     srv = start()
-    assert "1 producer partition(s), 1 commit metadata" in "".join(x for x in srv.proc.log if "taken back" in x)
+    assert "1 producer partition(s), 2 commit metadata" in "".join(x for x in srv.proc.log if "taken back" in x)
     assert not os.path.exists(path)  # taken: a crash from now on leaves nothing stale
     with Wire(srv.port) as w:
         assert _produce(w, first) == (E.none, 0)  # a retry of the batch before the restart: appended once
         assert _produce(w, _batch(pid, epoch, 5, 3)) == (E.none, 5)  # the next sequence: taken
         assert fetch(w, topic="ev", partitions=(0,)) == {0: (3, "kept over restarts")}
+        assert fetch(w, group="h", topic="ev", partitions=(0,)) == {0: (-2, "")}
     assert _values(broker) == [b"r%d" % i for i in range(8)]
 
     srv.proc.proc.kill()  # dies: keeps nothing

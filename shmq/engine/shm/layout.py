@@ -471,10 +471,11 @@ PART_STABLE_OFF = 472
 PI_STABLE = PART_STABLE_OFF >> 3
 # a compacted stream's partition (``compaction.compact``; zero in an older segment: never compacted):
 # cleaned, 1 + the offset compaction has run up to (below it an offset with no record was compacted
-# away, not lost: a read there goes on at the next record); compact_low, 1 + the earliest offset
-# before the compactions since retention last dropped records (a read in [compact_low - 1, earliest)
-# goes on at earliest; a drop by retention sets it to 0); compactions, the runs that took records
-# back; bytes_compacted, the ring bytes they took back
+# away, not lost: a read there goes on at the next record); compact_low, 1 + the partition's start
+# (Kafka's log start offset) where it is below earliest: the earliest offset before the compactions
+# since retention last dropped records, or where a trim (DeleteRecords) put it (a read in
+# [compact_low - 1, earliest) goes on at earliest; a drop by retention sets it to 0); compactions,
+# the runs that took records back; bytes_compacted, the ring bytes they took back
 PART_CLEAN_OFF = 480
 PART_CLEAN_FIELDS = ("cleaned", "compact_low", "compactions", "bytes_compacted")
 (PI_CLEANED, PI_COMPACT_LOW, PI_COMPACTIONS, PI_BYTES_COMPACTED) = range(

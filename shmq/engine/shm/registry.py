@@ -23,7 +23,7 @@ from .names import registry_segment
 from .segment import SHM_DIR, create_segment, open_segment, unlink_segment
 from ...sharing import refused, shared_gid
 
-__all__ = ["Registry", "FREE", "CREATING", "LIVE", "DELETING", "read_header", "creation_guard"]
+__all__ = ["Registry", "FREE", "CREATING", "LIVE", "DELETING", "read_header", "identity", "creation_guard"]
 
 _MAGIC = b"SHMR"
 _VERSION = 1
@@ -191,6 +191,23 @@ def read_header(namespace: str):
         return size, False, 0, 0
     magic, _v, _p, _n, pid, start = _HEADER.unpack(head)
     return size, magic == _MAGIC, pid, start
+
+
+def identity(namespace: str) -> str | None:
+    """Which registry of ``namespace`` is in /dev/shm now, as a string no other registry
+    of it has (its file's inode, its creator's pid and start time), or None if it has no
+    published one: a server compares it with the one its data dir saw last, to tell a
+    namespace whose memory outlived the server (same registry: what it no longer lists
+    was deleted) from one made anew (a reboot: everything is rebuilt)."""
+    path = os.path.join(SHM_DIR, registry_segment(namespace).lstrip("/"))
+    header = read_header(namespace)
+    if header is None or not header[1]:
+        return None
+    try:
+        ino = os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+    return f"{ino}-{header[2]}-{header[3]}"
 
 
 @contextlib.contextmanager

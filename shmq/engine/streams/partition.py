@@ -349,8 +349,17 @@ class Partition:
         return done
 
     def _low(self):
-        earliest, disk = self._mq[L.PI_EARLIEST], self._mq[L.PI_DISK_FIRST]
-        return min(earliest, disk - 1) if disk else earliest
+        """The partition's start (Kafka's log start offset): the earliest offset a reader
+        may ask for, in memory, on disk ("wal": where its oldest log begins), or in the
+        range below ``earliest`` that compaction or a trim (DeleteRecords) left without
+        records, in memory and on disk (a read there goes on at ``earliest``). Compaction
+        never moves it; retention (of memory, or of the logs on disk) and ``trim`` do.
+        Lock held."""
+        mq = self._mq
+        earliest, disk, compacted = mq[L.PI_EARLIEST], mq[L.PI_DISK_FIRST], mq[L.PI_COMPACT_LOW]
+        if disk and disk - 1 <= earliest:  # the logs hold every record from there on
+            return disk - 1
+        return min(earliest, compacted - 1) if compacted else earliest
 
     def stats(self) -> dict:
         """Earliest (readable), end, the last stable offset, bytes of records, bytes of /dev/shm held, records
@@ -776,24 +785,29 @@ class Partition:
 
     # ------------------------------------------------------------------ deleting records
     def trim(self, offset: int) -> int:
-        """Drop the records below ``offset`` from memory now, as retention would for room
-        (Kafka's deleteRecords); returns how many. A "wal" partition's logs on disk stay
-        for retention to delete."""
+        """Move the partition's start up to ``offset`` (at most the end), as Kafka's
+        deleteRecords moves its log start offset: the records below it dropped from memory
+        now, as retention would for room; where no record is at ``offset`` (compaction took
+        it), a read there goes on at the next record. Returns how many records were
+        dropped. A "wal" partition's logs on disk stay for retention to delete."""
         mq = self._mq
         self._acquire()
         try:
             head, tail, end = mq[L.PI_HEAD], mq[L.PI_TAIL], mq[L.PI_NEXT]
-            if offset <= mq[L.PI_EARLIEST] or head == tail:
+            offset = min(offset, end)
+            if offset <= self._low():
                 return 0
-            found = self._find(min(offset, end))
-            new_head, earliest = (tail, end) if found is None else found
-            n = sum(1 for _pos, w in ring.records(mq, self._cap, self._base, head, new_head)
-                    if mq[w] & 0xFF != _PAD)
-            mq[L.PI_COMPACT_LOW] = 0
-            mq[L.PI_BYTES_DROPPED] += new_head - head
-            mq[L.PI_HEAD] = new_head
-            mq[L.PI_EARLIEST] = earliest
-            mq[L.PI_DROPPED] += n
+            n = 0
+            if offset > mq[L.PI_EARLIEST] and head != tail:
+                found = self._find(offset)
+                new_head, earliest = (tail, end) if found is None else found
+                n = sum(1 for _pos, w in ring.records(mq, self._cap, self._base, head, new_head)
+                        if mq[w] & 0xFF != _PAD)
+                mq[L.PI_BYTES_DROPPED] += new_head - head
+                mq[L.PI_HEAD] = new_head
+                mq[L.PI_EARLIEST] = earliest
+                mq[L.PI_DROPPED] += n
+            mq[L.PI_COMPACT_LOW] = offset + 1 if offset < mq[L.PI_EARLIEST] else 0  # the start, below earliest
             return n
         finally:
             _unlock(self._lockp)
@@ -947,15 +961,18 @@ class Partition:
     # ------------------------------------------------------------------ read
     def _in_range(self, offset):
         """(where to read from, earliest in memory, end) when ``offset`` can be read (in
-        memory or on disk; below earliest where compaction took every record, from
-        earliest), else OffsetOutOfRange. Lock held."""
+        memory, or on disk; below earliest, in what compaction or a trim left without
+        records, from earliest), else OffsetOutOfRange: below the start (``_low``) or
+        past the end. Lock held."""
         mq = self._mq
         earliest, end, low = mq[L.PI_EARLIEST], mq[L.PI_NEXT], self._low()
-        if offset < low and 0 < mq[L.PI_COMPACT_LOW] <= offset + 1:
-            return earliest, earliest, end
         if offset < low or offset > end:
             raise OffsetOutOfRange(f"stream {self.name!r} partition {self.index}: offset {offset} is outside "
                                    f"[{low}, {end}]", low, end)
+        if offset < earliest:
+            disk = mq[L.PI_DISK_FIRST]
+            if not disk or offset < disk - 1:  # (not on disk: no record there, nor up to earliest)
+                return earliest, earliest, end
         return offset, earliest, end
 
     def read_columns(self, offset: int, max_records: int):

@@ -107,7 +107,8 @@ class Coordinator:
         self.initial_delay_ms = initial_delay_ms  # Kafka's group.initial.rebalance.delay.ms
         self.groups: dict[str, Group] = {}
         self._streams: dict[str, Any] = {}  # attached stream handles, by name
-        # (group, topic, partition) -> (offset, commit metadata, leader epoch): what came with the offset
+        # (group, topic, partition) -> (offset, commit metadata, leader epoch): what came with the offset; a
+        # negative offset (no position: the stream's group has none) is kept here alone
         self._metadata: dict[tuple, tuple] = {}
 
     def close(self) -> None:
@@ -131,8 +132,10 @@ class Coordinator:
         """The attached stream ``name`` (StreamNotFound)."""
         s = self._streams.get(name)
         if s is None or s.deleted:
-            if s is not None:
+            if s is not None:  # deleted (natively, perhaps): what its commits left here goes with it
                 s.close()
+                del self._streams[name]
+                self.forget_topic(name)
             s = self._streams[name] = self.broker.stream(name)
         return s
 
@@ -504,7 +507,14 @@ class Coordinator:
                topics: dict) -> dict:
         """OffsetCommit of {topic: [(partition, offset, metadata, leader epoch)]}: {topic:
         [(partition, error code)]}. A member commits in its generation; generation -1 without a member
-        is a manual commit, for a group with no Kafka member."""
+        is a manual commit, for a group with no Kafka member. Each partition refused is logged
+        (``_refused``)."""
+        why: dict = {}
+        got = self._commit(group_id, generation, member_id, instance_id, topics, why)
+        self._refused(group_id, topics, got, why)
+        return got
+
+    def _commit(self, group_id, generation, member_id, instance_id, topics, why) -> dict:
         g = self.groups.get(group_id)
         try:
             if not group_id or len(group_id.encode()) > MAX_GROUP_BYTES:
@@ -521,7 +531,7 @@ class Coordinator:
                 self._touch(g, m)
         except GroupError as e:
             return {t: [(p, e.code) for p, *_ in parts] for t, parts in topics.items()}
-        return {t: self._store(g, group_id, t, parts) for t, parts in topics.items()}
+        return {t: self._store(g, group_id, t, parts, why) for t, parts in topics.items()}
 
     def check_member(self, group_id: str, generation: int, member_id: str, instance_id: str | None) -> None:
         """A transactional commit's member (TxnOffsetCommit, KIP-447): GroupError unless it
@@ -539,58 +549,94 @@ class Coordinator:
     def store_committed(self, group_id: str, topics: dict) -> dict:
         """The offsets a committed transaction carried, {topic: [(partition, offset,
         metadata, leader epoch)]}, made the group's: {topic: [(partition, code)]}."""
-        g = self.groups.get(group_id)
-        return {t: self._store(g, group_id, t, parts) for t, parts in topics.items()}
+        g, why = self.groups.get(group_id), {}
+        got = {t: self._store(g, group_id, t, parts, why) for t, parts in topics.items()}
+        self._refused(group_id, topics, got, why, "a transaction's commit")
+        return got
 
-    def _store(self, g: Group | None, group_id: str, topic: str, parts: list) -> list:
-        """Write one topic's committed offsets into its stream's group, all or nothing."""
+    def _store(self, g: Group | None, group_id: str, topic: str, parts: list, why: dict) -> list:
+        """Write one topic's committed offsets into its stream's group. Any offset is
+        taken, as Kafka's coordinator takes it (it checks the metadata's size only): a
+        negative one (-1, or a client's -2 to reset: KafkaJS's ``setDefaultOffset``) is no
+        position, so the stream's group has no committed offset there (its readers start
+        as their reset says) and OffsetFetch answers it as it came. Where the engine
+        refuses it, ``why[topic]`` says why."""
         try:
             s = self.stream(topic)
         except StreamNotFound:
             return [(p, E.unknown_topic_or_partition) for p, *_ in parts]
-        codes, offsets = {}, {}
+        codes, offsets, unset = {}, {}, []
         for p, offset, meta, _epoch in parts:
             if not 0 <= p < s.partitions:
                 codes[p] = E.unknown_topic_or_partition
-            elif offset < 0:
-                codes[p] = E.invalid_commit_offset_size
             elif meta is not None and len(meta.encode()) > MAX_METADATA_BYTES:
                 codes[p] = E.offset_metadata_too_large
+            elif offset < 0:
+                unset.append(p)
             else:
                 offsets[p] = offset
-        if offsets:
+        if offsets or unset:
             try:
                 holder = 0
                 if g is not None and g.members:
                     self._hold(g, [topic])
                     holder = g.proxies.get(topic, 0)
-                s.groups_table.set_offsets(group_id, offsets, holder)
-            except GroupError:
+                s.groups_table.set_offsets(group_id, offsets, holder)  # (none: the group is made, as Kafka's)
+                if unset:
+                    s.groups_table.forget(group_id, unset, holder)
+            except GroupError as e:  # native members came (INCONSISTENT_GROUP_PROTOCOL, logged)
+                why[topic] = str(e)
                 return [(p, codes.get(p, E.unknown_member_id)) for p, *_ in parts]
             except StreamNotFound:
                 return [(p, E.unknown_topic_or_partition) for p, *_ in parts]
             except ShmqError as e:  # native members, or no room for another group
-                log.warning("Kafka group %s: commit refused: %s", group_id, e)
+                why[topic] = str(e)
                 return [(p, codes.get(p, E.unknown_member_id)) for p, *_ in parts]
             for p, offset, meta, epoch in parts:
-                if p in offsets:
+                if p in offsets or p in unset:
                     self._metadata[(group_id, topic, p)] = (offset, meta or "", epoch)
         return [(p, codes.get(p, E.none)) for p, *_ in parts]
+
+    @staticmethod
+    def _refused(group_id: str, topics: dict, got: dict, why: dict, what: str = "commit") -> None:
+        """One WARNING line for each partition whose commit was refused: the group, topic,
+        partition, offset, and why (Kafka's error, and the engine's reason where it gave one:
+        ``why``, by topic)."""
+        for topic, parts in topics.items():
+            for (p, offset, *_rest), (_p, code) in zip(parts, got.get(topic, ())):
+                if code == E.none:
+                    continue
+                reason = code.name.upper() + (f": {why[topic]}" if topic in why else "")
+                log.warning("Kafka group %s: %s of topic %s partition %d offset %d refused: %s", group_id, what,
+                            topic, p, offset, reason,
+                            extra={"event": "kafka_commit_refused", "group": group_id, "topic": topic,
+                                   "partition": p, "offset": offset, "reason": reason})
 
     def fetch(self, group_id: str, topics: list | None) -> dict:
         """OffsetFetch of [(topic, [partition])] or None (every topic the group has offsets
         in): {topic: [(partition, offset or -1, metadata, leader epoch or -1)]}."""
         out = {}
         if topics is None:
+            unset = {}  # the negative offsets committed, by topic: Kafka answers them too
+            for (g, t, p), (o, _m, _e) in self._metadata.items():
+                if g == group_id and o < 0:
+                    unset.setdefault(t, {})[p] = o
             for name in self.broker.list_streams():
-                committed = self._committed(name, group_id)
+                committed = {**unset.get(name, {}), **self._committed(name, group_id)}
                 if committed:
                     out[name] = sorted(committed.items())
         else:
             for name, partitions in topics:
                 committed = self._committed(name, group_id)
-                out[name] = [(p, committed.get(p, -1)) for p in partitions]
+                out[name] = [(p, committed[p] if p in committed else self._unset(group_id, name, p))
+                             for p in partitions]
         return {t: [(p, o, *self._meta_of(group_id, t, p, o)) for p, o in parts] for t, parts in out.items()}
+
+    def _unset(self, group_id: str, topic: str, p: int) -> int:
+        """The negative offset last committed at ``p`` (the stream's group has none there),
+        or -1: none."""
+        kept = self._metadata.get((group_id, topic, p))
+        return kept[0] if kept is not None and kept[0] < 0 else -1
 
     def _committed(self, topic: str, group_id: str) -> dict:
         try:
@@ -598,10 +644,16 @@ class Coordinator:
         except (StreamNotFound, ValueError):
             return {}
 
+    def forget_topic(self, topic: str) -> None:
+        """A topic was deleted: what its commits left here goes (Kafka deletes a topic's
+        committed offsets with it), so that a topic made again under its name starts bare."""
+        for key in [k for k in self._metadata if k[1] == topic]:
+            del self._metadata[key]
+
     def export_metadata(self) -> list:
         """The commit metadata and leader epochs held, as JSON-able rows [group, topic,
         partition, offset, metadata, leader epoch] (``state.keep``)."""
-        return [[g, t, p, o, m, e] for (g, t, p), (o, m, e) in self._metadata.items() if m or e >= 0]
+        return [[g, t, p, o, m, e] for (g, t, p), (o, m, e) in self._metadata.items() if m or e >= 0 or o < 0]
 
     def restore_metadata(self, rows) -> int:
         """Take back ``export_metadata``'s rows (an older server's have no leader epoch);

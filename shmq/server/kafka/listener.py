@@ -136,6 +136,8 @@ class KafkaListener:
         self.streams.forget(name)
         self.broker.delete_stream(name)
         self.txns.forget(name)
+        if self.coordinator is not None:
+            self.coordinator.forget_topic(name)
 
     def topic_id(self, s) -> uuid.UUID:
         """A stream's topic id: the same while it lives, another once made again."""
