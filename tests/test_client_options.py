@@ -62,6 +62,8 @@ def test_connect_hides_the_token_of_an_unsupported_url_and_refuses_tcp_options_f
     ({"backoff": 0.1}, r"^backoff must be \(first, most\) seconds, not 0.1$"),
     ({"backoff": (1.0, 0.5)}, r"^backoff must be \(first, most\) with first <= most, not \(1.0, 0.5\)$"),
     ({"backoff": (0.1, float("nan"))}, "^backoff must be a non-negative number of seconds, not nan$"),
+    ({"max_outage": -1}, "^max_outage must be a non-negative number of seconds, not -1$"),
+    ({"max_outage": "60"}, "^max_outage must be a non-negative number of seconds, not '60'$"),
 ])
 def test_bad_options_are_refused(options, match):
     with pytest.raises(ValueError, match=match):
@@ -72,6 +74,16 @@ def test_a_reconnect_tries_once_then_retries_times_with_jittered_pauses_up_to_th
     top = SimpleNamespace(uniform=lambda low, high: high)  # each pause is drawn in [0, this]: tests/test_client_resume.py
     assert list(ConnectOptions(retries=5, backoff=[0.1, 0.5]).pauses(top)) == [0.0, 0.1, 0.2, 0.4, 0.5, 0.5]
     assert list(ConnectOptions(retries=0).pauses()) == [0.0]
+
+
+def test_long_lived_consumers_ride_out_a_minute_and_more_by_default_with_pauses_capped_at_the_most():
+    options = ConnectOptions()
+    assert options.max_outage >= 60  # a routine restart, and a slow one (issue 69)
+    assert options.outage_end(100.0) == 100.0 + options.max_outage
+    assert ConnectOptions(max_outage=None).outage_end(100.0) is None  # for ever
+    top = SimpleNamespace(uniform=lambda low, high: high)
+    pauses = ConnectOptions(retries=2, backoff=(0.1, 0.5)).pauses(top, forever=True)
+    assert [next(pauses) for _ in range(12)] == [0.0, 0.1, 0.2, 0.4] + [0.5] * 8  # past ``retries``: as many as asked
 
 
 def test_the_connect_limit_is_connect_timeout_else_timeout_else_10_seconds():

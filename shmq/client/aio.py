@@ -20,17 +20,19 @@ import asyncio
 import contextlib
 import functools
 import os
+import time
 
 from ..busypoll import LoopSpin
 from ..errors import BrokerUnavailable, QueueFull, ShmqError
 from ..model import keepalive
 from ..protocol import MsgType
+from ..protocol.payloads import ms
 from ..tls import describe, note_refused
 from . import forks
 from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
-from .core import plain_messages, slice_ms
+from .core import came_back, plain_messages, resumable, riding_out, slice_ms
 from .plain import RAW_REPLIES, PlainQueueCalls
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
@@ -150,7 +152,18 @@ class AsyncQueue(PlainQueueCalls):
         return self
 
     async def __anext__(self) -> AsyncDelivery:
-        return await self.get()
+        try:
+            return await self.get()
+        except BrokerUnavailable:
+            if not self._broker._lost():
+                raise
+        while True:  # a loop of gets rides the outage out (``AsyncBroker._outlast``), as ``consume()`` does
+            await self._broker._outlast()
+            try:
+                return await self.get()
+            except BrokerUnavailable:
+                if not self._broker._lost():
+                    raise
 
     def put(self, body, headers=None, timeout=None, *, priority=0, delay=0.0, ttl=None, group=None, dedup_id=None,
             wait=True):
@@ -195,6 +208,21 @@ class _AsyncMember:
         if self._closed:
             raise StopAsyncIteration
         return await _resuming(self, lambda: self._drive(self._next_record()))
+
+    async def poll(self, max_records: int = 500, timeout: float = 1.0):
+        """Records from the partitions this member owns and has not paused, from where it
+        is on; waits up to ``timeout`` seconds for some, returns [] if none came. Calls
+        on_revoke / on_assign first when the assignment moved, and commits when
+        auto-commit is due. While its connection is lost it reconnects within ``timeout``
+        (and returns [] if the server is not back by then), joining again when it is;
+        BrokerUnavailable once the outage has lasted ``max_outage`` (``aio.connect``)."""
+        if not self._outlasts():  # (the connection is up)
+            try:
+                return await super().poll(max_records, timeout)
+            except BrokerUnavailable:
+                if not self._outlasts():
+                    raise
+        return await _polled(self, super().poll, max_records, timeout)
 
 
 class AsyncConsumer(_AsyncMember, ConsumerCalls):
@@ -424,14 +452,60 @@ class AsyncBroker(BrokerCalls):
                 except BrokerUnavailable as e:
                     error = e
                     continue
-                link.core.carry_over(lost.core)
-                self._link, self._core = link, link.core
+                self._installed(link, lost)
                 return link
             self._rounds += 1
             spent = loop.time() - start
             self._gave_up = functools.partial(
                 BrokerUnavailable, f"{error} (gave up reconnecting after {tries} tries in {spent:.1f}s)")
             raise self._gave_up()
+
+    def _installed(self, link, lost) -> None:
+        """``link`` is the connection from now on, instead of ``lost``. ``_opening`` held."""
+        link.core.carry_over(lost.core)
+        self._link, self._core = link, link.core
+        came_back(self, lost.core)
+
+    async def _outlast(self, until: float | None = None) -> bool:
+        """A long-lived consumer's reconnect (``core.Resuming``): once the connection is
+        lost, keep trying, with the jittered pauses capped at ``backoff[1]``, until
+        ``options.max_outage`` seconds after the loss (``core.riding_out``: said once),
+        not ``retries`` times. True once connected (at once if it is: by this task or
+        another); False at ``until`` (time.monotonic(), a poll's end; None: none) if the
+        outage is not over by then; BrokerUnavailable once it has lasted ``max_outage``,
+        or why there is no reconnecting. Each try holds ``_opening``, the pauses do not:
+        a single call of another task makes its own bounded tries meanwhile."""
+        lost = self._link
+        if not lost.core.failed:
+            return True
+        if not resumable(lost.core, self):  # closed, no reconnecting, or a child of fork()'s first connection
+            await self._reconnected(lost)
+            return True
+        async with self._opening:  # (one outage, said once, whichever consumer finds it first)
+            outage = riding_out(self, lost.core)
+        await self._shut(lost)  # (closed already, but for a heartbeat's drop)
+        while True:
+            async with self._opening:
+                if self._link is not lost:
+                    return True
+                if self._closed:
+                    raise lost.core.ended_error()
+                if outage.due <= time.monotonic():  # (else another consumer's try just failed: its pause holds)
+                    try:
+                        link = await self._connect(ClientCore(self.endpoint))
+                    except BrokerUnavailable as e:
+                        outage.failed(e)
+                    else:
+                        self._installed(link, lost)
+                        return True
+            now = time.monotonic()
+            if outage.lasted(now):
+                raise outage.gave_up()
+            pause = max(0.0, outage.due - now)
+            if until is not None and now + pause >= until:
+                await asyncio.sleep(max(0.0, until - now))
+                return False
+            await asyncio.sleep(pause)
 
     async def _beat(self, link):
         """``link``'s heartbeat (``heartbeat.Beat``): every ``options.heartbeat`` seconds,
@@ -677,10 +751,33 @@ def _one(step):
 
 async def _resuming(owner, step):
     """``await step()`` (an iteration's), run again after a loss ``owner`` comes back from
-    (``core.Resuming``): on the broker's next connection."""
+    (``core.Resuming``): on the broker's next connection, once the outage is ridden out
+    (``AsyncBroker._outlast``: up to ``options.max_outage``; past it, the error is raised,
+    and iterating again rides out as long again)."""
     while True:
         try:
             return await step()
         except BrokerUnavailable:
             if not owner._resumes():
                 raise
+        try:
+            await owner._broker_handle()._outlast()
+        except BrokerUnavailable:
+            owner._tried = None
+            raise
+
+
+async def _polled(member, poll, max_records, timeout):
+    """``await poll(max_records, timeout)`` of a group member whose connection is lost (or
+    was lost in it): the outage ridden out within ``timeout``, then polled on the new
+    connection for what is left of it; [] if the server is not back by then (the
+    blocking client's ``remote._polled``)."""
+    ms(timeout, "timeout")  # (a poll checks it first; this one may not have got so far)
+    until = time.monotonic() + timeout
+    while await member._broker_handle()._outlast(until):
+        try:
+            return await poll(max_records, max(0.0, until - time.monotonic()))
+        except BrokerUnavailable:
+            if not member._outlasts():
+                raise
+    return []

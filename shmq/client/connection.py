@@ -13,6 +13,7 @@ the connection ended. In a child of fork() the parent's connection's state says 
 
 import functools
 import logging
+import time
 from collections import deque
 
 from ..errors import BrokerUnavailable, OutcomeUnknown, ProtocolError
@@ -100,6 +101,7 @@ class ClientCore:
         self.answered = self._replies.__contains__  # answered(msg_id): its reply is in (a C call, for wait loops)
         self._end = None  # () -> the exception that ended the connection
         self.failed = False  # whether it has ended (lost, closed, or an error with msg id 0): ``_end`` is set
+        self.ended_at = None  # time.monotonic() when it ended: an outage's start (``options.outage_end``)
         self._unwaited = {}  # msg id posted without waiting -> its type if its error is raised later, else False
         self._deferred = None  # the first error of an unwaited request, raised by the next call
         self._pushes = {}  # subscription id -> deque of pushed messages (and its end, an exception)
@@ -460,6 +462,7 @@ class ClientCore:
         if self._end is None:  # the first reason is the one every later call hears
             self._end = error
             self.failed = True
+            self.ended_at = time.monotonic()
         ended, self._waiting = self._waiting, set()
         self._raw.clear()
         self._unanswered |= ended

@@ -16,6 +16,7 @@ whatever ``execute_command`` returns.
 
 import dataclasses
 import functools
+import logging
 import time
 from dataclasses import dataclass
 
@@ -51,8 +52,9 @@ from .options import parse_url, split_url
 
 __all__ = ["ClientCore", "Send", "Pause", "Post", "Receive", "Run", "driven", "retry_while_full", "waiting", "slice_ms",
            "BrokerCalls", "QueueCalls", "DeliveryCalls", "parse_url", "CONSUME_SLICE_MS", "PUT_RETRY_S",
-           "HELLO_MSG_ID", "resumable", "Resuming", "plain_messages"]
+           "HELLO_MSG_ID", "resumable", "Resuming", "plain_messages", "Outage", "riding_out", "came_back"]
 
+_log = logging.getLogger("shmq.client")
 CONSUME_SLICE_MS = 5000  # a blocking get waits in slices, so the connection never idles for long
 PUT_RETRY_S = (0.0005, 0.05)  # backoff between PRODUCE retries on QUEUE_FULL: first, most
 
@@ -142,11 +144,85 @@ def resumable(lost: ClientCore, broker) -> bool:
     return lost.failed and lost.forked_from is None and broker.options.reconnect and not broker._closed
 
 
+class Outage:
+    """The loss of a broker handle's connection ``lost`` as its long-lived consumers ride
+    it out (``riding_out``): since when, until when (``options.max_outage``; None: for
+    ever), and one schedule of tries for all of them, whichever thread or task tries:
+    ``due`` is when the next may be made, each failure pushing it a jittered pause away
+    (``options.pauses``, capped at ``backoff[1]``), never past the end. The first
+    failure is said in a WARNING (a reconnect at the first try, after a close of an idle
+    connection or a restart already over, says nothing), the return then in an INFO
+    (``came_back``)."""
+
+    __slots__ = ("lost", "endpoint", "max_outage", "since", "end", "tries", "error", "due", "over", "_pauses")
+
+    def __init__(self, lost: ClientCore, since: float, broker):
+        self.lost = lost
+        self.endpoint = broker.endpoint
+        self.max_outage = broker.options.max_outage
+        self.since = since
+        self.end = broker.options.outage_end(since)
+        self.tries = 0
+        self.error = None  # the last try's
+        self.due = 0.0  # time.monotonic() from which the next try may be made
+        self.over = False  # given up
+        self._pauses = broker.options.pauses(forever=True)
+        next(self._pauses)  # (none before the first try)
+
+    def failed(self, error: BrokerUnavailable) -> None:
+        """A try failed with ``error``: the next is due after the next pause."""
+        if self.error is None:
+            why = str(self.lost.ended_error())
+            said = f"lost the connection to {self.endpoint}: "
+            why = why[len(said):] if why.startswith(said) else why
+            most = self.max_outage
+            _log.warning("lost the connection to %s (%s): reconnecting for %s, consumers wait", self.endpoint, why,
+                         "as long as it takes (max_outage=None)" if most is None else f"up to {most:g}s (max_outage)")
+        self.tries += 1
+        self.error = error
+        self.due = time.monotonic() + next(self._pauses)
+        if self.end is not None:
+            self.due = min(self.due, self.end)
+
+    def lasted(self, now: float) -> bool:
+        """Whether the consumers give up: a try was made, and failed, at the end."""
+        return self.error is not None and self.end is not None and self.due <= now and now >= self.end
+
+    def gave_up(self) -> BrokerUnavailable:
+        """The error a consumer raises once the outage has lasted ``max_outage``."""
+        self.over = True
+        return BrokerUnavailable(f"{self.error} (gave up reconnecting after {self.tries} tries in "
+                                 f"{time.monotonic() - self.since:.1f}s: max_outage)")
+
+
+def riding_out(broker, lost: ClientCore) -> Outage:
+    """The outage of ``broker``'s lost connection ``lost`` its long-lived consumers ride
+    out (``broker._outage``): the one begun, else one from the loss (from now, after one
+    they gave up on: iterating again tries as long again)."""
+    o = broker._outage
+    if o is None or o.lost is not lost or o.over:
+        since = time.monotonic() if o is not None and o.lost is lost else (lost.ended_at or time.monotonic())
+        o = broker._outage = Outage(lost, since, broker)
+    return o
+
+
+def came_back(broker, lost: ClientCore) -> None:
+    """``broker`` connected again after losing ``lost``: an outage its consumers rode
+    out is over, said in an INFO if its start was said."""
+    o = broker._outage
+    if o is not None and o.lost is lost:
+        broker._outage = None
+        if o.error is not None:
+            _log.info("reconnected to %s after %.1fs (%d tries)", broker.endpoint, time.monotonic() - o.since,
+                      o.tries + 1)
+
+
 class Resuming:
     """What comes back after a reconnect (a ``consume`` iteration, a group member): the
     transports' iterations ask ``_resumes`` when a step raised BrokerUnavailable, and
-    step again if it says so, once per lost connection (a reconnect that gave up is
-    raised)."""
+    if it says so ride the outage out (``_outlast``: reconnecting until
+    ``options.max_outage``) and step again, once per lost connection (a reconnect that
+    gave up is raised)."""
 
     _tried = None  # the lost connection a step was already run again for
 
@@ -157,11 +233,18 @@ class Resuming:
         return self._closed
 
     def _resumes(self) -> bool:
-        lost = self._core
-        if self._tried is lost or self._is_closed() or not resumable(lost, self._broker_handle()):
+        broker = self._broker_handle()
+        lost = broker._core if broker._core.failed else self._core  # (the broker's, if it was lost again since)
+        if self._tried is lost or self._is_closed() or not resumable(lost, broker):
             return False
         self._tried = lost
         return True
+
+    def _outlasts(self) -> bool:
+        """Whether the broker handle's connection is known lost and this comes back on the
+        next: a long-lived consumer's call rides the outage out (``_outlast``) then."""
+        broker = self._broker_handle()
+        return broker._core.failed and not self._is_closed() and resumable(broker._core, broker)
 
 
 def deadline(timeout, clock):
@@ -649,6 +732,7 @@ class BrokerCalls:
     _store_class = None  # the transport's (a ``stores.StoreCalls``)
     _transactional_class = None  # the transport's (a ``transactions.TransactionalCalls``)
     _clock = staticmethod(time.monotonic)  # the deadlines' clock
+    _outage = None  # while its long-lived consumers ride an outage out, that one (``Outage``)
 
     def __init__(self, url: str, token: str | None = None):
         where = split_url(url)
@@ -660,6 +744,12 @@ class BrokerCalls:
 
     def _drive(self, call):
         raise NotImplementedError  # the transport's
+
+    def _lost(self) -> bool:
+        """Whether the connection is known lost and a reconnect would bring it back: a
+        long-lived consumer (kombu's, Dramatiq's) rides the outage out then, with the
+        transport's ``_outlast``, instead of a call that tries ``retries`` times."""
+        return resumable(self._core, self)
 
     @driven
     def _hello(self, client: str, local_addr, peer_addr):

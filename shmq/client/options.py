@@ -17,11 +17,15 @@ from ..busypoll import DEFAULT_BUSY_POLL_US, check_busy_poll_us
 from ..protocol import MsgType
 
 __all__ = ["Endpoint", "split_url", "redacted", "parse_url", "ConnectOptions", "DEFAULT_PORT",
-           "DEFAULT_CONNECT_TIMEOUT_S", "tls_context"]
+           "DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_MAX_OUTAGE_S", "tls_context"]
 
 DEFAULT_PORT = 7878
 DEFAULT_CONNECT_TIMEOUT_S = 10.0  # connect and HELLO, when neither connect_timeout nor timeout is given
 DEFAULT_HEARTBEAT_S = 15.0  # a quiet connection's PING; well under the server's --idle-timeout (300 s)
+# how long a long-lived consumer (a consume() iteration, a group member's loop, kombu's and
+# Dramatiq's consumers) keeps reconnecting after its connection is lost: a routine restart
+# of its server, and a slow one, is ridden out (Kafka's clients retry for as long as they run)
+DEFAULT_MAX_OUTAGE_S = 300.0
 _HIDDEN = "***"
 
 
@@ -117,7 +121,12 @@ class ConnectOptions:
     connects again, trying ``retries`` more times after a first failure, each pause drawn
     at random between 0 and ``backoff[0] * 2**attempt`` capped at ``backoff[1]`` (full
     jitter); subscriptions and group members come back on the new connection; without
-    it every call after the loss raises BrokerUnavailable. ``heartbeat``: seconds between
+    it every call after the loss raises BrokerUnavailable. ``max_outage``: what a
+    long-lived consumer rides out instead (a ``consume()`` iteration, ``async for d in
+    q``, a group member's iteration and polls, kombu's and Dramatiq's consumers): it keeps
+    reconnecting, with the same jittered pauses capped at ``backoff[1]``, until this many
+    seconds after the loss, and raises only then (None: for ever); a poll, or a wait of
+    kombu's or Dramatiq's, that ends meanwhile returns nothing. ``heartbeat``: seconds between
     looks at a quiet connection (a PING when nothing was sent; dead when a PING got
     nothing back by the next look); None: no heartbeats. ``ssl``: an ``ssl.SSLContext`` to connect with over
     TLS (a ``tcps://`` url without it: ``shmq.tls.client_context``'s), or True: TLS with
@@ -132,6 +141,7 @@ class ConnectOptions:
     reconnect: bool = True
     retries: int = 5
     backoff: tuple[float, float] = (0.1, 2.0)
+    max_outage: float | None = DEFAULT_MAX_OUTAGE_S
     heartbeat: float | None = DEFAULT_HEARTBEAT_S
     ssl: object = None
     busy_poll_us: int = DEFAULT_BUSY_POLL_US
@@ -140,6 +150,8 @@ class ConnectOptions:
         for name in ("timeout", "connect_timeout", "heartbeat"):
             if getattr(self, name) is not None:
                 _seconds(name, getattr(self, name))
+        if self.max_outage is not None:
+            _seconds("max_outage", self.max_outage, zero_ok=True)
         if type(self.reconnect) is not bool:
             raise ValueError(f"reconnect must be True or False, not {self.reconnect!r}")
         if type(self.retries) is not int or self.retries < 0:
@@ -161,16 +173,24 @@ class ConnectOptions:
             return self.connect_timeout
         return DEFAULT_CONNECT_TIMEOUT_S if self.timeout is None else self.timeout
 
-    def pauses(self, rng=random):
+    def pauses(self, rng=random, forever: bool = False):
         """The pause before each attempt of a reconnect: none before the first, then
         ``retries`` of them with full jitter (AWS's "Exponential Backoff And Jitter",
         redis-py's ExponentialWithJitterBackoff): the n-th (from 0) is
         ``rng.uniform(0, min(backoff[1], backoff[0] * 2**n))``, so clients a restart
-        dropped together do not knock again together."""
+        dropped together do not knock again together. ``forever``: as many as asked
+        (a long-lived consumer's, which ``max_outage`` bounds in time)."""
         yield 0.0
         base, most = self.backoff
-        for n in range(self.retries):
+        n = 0
+        while forever or n < self.retries:
             yield rng.uniform(0, min(most, base * 2 ** min(n, 64)))
+            n += 1
+
+    def outage_end(self, since: float) -> float | None:
+        """When a long-lived consumer whose connection was lost at ``since`` (monotonic)
+        stops riding the outage out (None: never)."""
+        return None if self.max_outage is None else since + self.max_outage
 
     def reply_limit(self, msg_type, fields) -> float | None:
         """Seconds a request may wait for its reply: ``timeout`` plus what it asks the

@@ -35,12 +35,12 @@ from ..busypoll import Window, spin_until_readable
 from ..errors import BrokerUnavailable, QueueFull
 from ..tls import describe, note_refused
 from ..protocol import MsgType
-from ..protocol.payloads import message_fields
+from ..protocol.payloads import message_fields, ms
 from . import forks
 from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
 from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
-from .core import parse_url, plain_messages, slice_ms
+from .core import came_back, parse_url, plain_messages, resumable, riding_out, slice_ms
 from .plain import RAW_REPLIES, PlainQueueCalls
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
@@ -196,6 +196,21 @@ class _Member:
         if self._closed:
             raise StopIteration
         return _resuming(self, lambda: self._drive(self._next_record()))
+
+    def poll(self, max_records: int = 500, timeout: float = 1.0):
+        """Records from the partitions this member owns and has not paused, from where it
+        is on; waits up to ``timeout`` seconds for some, returns [] if none came. Calls
+        on_revoke / on_assign first when the assignment moved, and commits when
+        auto-commit is due. While its connection is lost it reconnects within ``timeout``
+        (and returns [] if the server is not back by then), joining again when it is;
+        BrokerUnavailable once the outage has lasted ``max_outage`` (``shmq.connect``)."""
+        if not self._outlasts():  # (the connection is up)
+            try:
+                return super().poll(max_records, timeout)
+            except BrokerUnavailable:
+                if not self._outlasts():
+                    raise
+        return _polled(self, super().poll, max_records, timeout)
 
 
 class RemoteConsumer(_Member, ConsumerCalls):
@@ -388,13 +403,38 @@ def _one(step):
 
 def _resuming(owner, step):
     """``step()`` (an iteration's), run again after a loss ``owner`` comes back from
-    (``core.Resuming``): on the broker's next connection."""
+    (``core.Resuming``): on the broker's next connection, once the outage is ridden out
+    (``RemoteBroker._outlast``: up to ``options.max_outage``; past it, the error is
+    raised, and iterating again rides out as long again)."""
     while True:
         try:
             return step()
         except BrokerUnavailable:
             if not owner._resumes():
                 raise
+        try:
+            owner._broker_handle()._outlast()
+        except BrokerUnavailable:
+            owner._tried = None
+            raise
+
+
+def _polled(member, poll, max_records, timeout):
+    """``poll(max_records, timeout)`` of a group member whose connection is lost (or was
+    lost in it): the outage ridden out within ``timeout`` (``RemoteBroker._outlast``), then
+    polled on the new connection for what is left of it (the member joins again first);
+    [] if the server is not back by then, as a poll that finds nothing. A poll loop so
+    goes on through a restart and raises only once the outage has lasted
+    ``options.max_outage``."""
+    ms(timeout, "timeout")  # (a poll checks it first; this one may not have got so far)
+    until = time.monotonic() + timeout
+    while member._broker_handle()._outlast(until):
+        try:
+            return poll(max_records, max(0.0, until - time.monotonic()))
+        except BrokerUnavailable:
+            if not member._outlasts():
+                raise
+    return []
 
 
 class _Heart:
@@ -584,16 +624,64 @@ class RemoteBroker(BrokerCalls):
                 except BrokerUnavailable as e:
                     error = e
                     continue
-                link.core.carry_over(lost.core)
-                self._link, self._core = link, link.core
-                if self._heart is None and self.options.heartbeat is not None:  # (a child of fork())
-                    self._heart = _Heart(self)
+                self._installed(link, lost)
                 return link
             self._rounds += 1
             spent = time.monotonic() - start
             self._gave_up = functools.partial(
                 BrokerUnavailable, f"{error} (gave up reconnecting after {tries} tries in {spent:.1f}s)")
             raise self._gave_up()
+
+    def _installed(self, link, lost) -> None:
+        """``link`` is the connection from now on, instead of ``lost``. ``_opening`` held."""
+        link.core.carry_over(lost.core)
+        self._link, self._core = link, link.core
+        if self._heart is None and self.options.heartbeat is not None:  # (a child of fork())
+            self._heart = _Heart(self)
+        came_back(self, lost.core)
+
+    def _outlast(self, until: float | None = None) -> bool:
+        """A long-lived consumer's reconnect (``core.Resuming``, kombu's and Dramatiq's
+        consumers): once the connection is lost, keep trying, with the jittered pauses
+        capped at ``backoff[1]``, until ``options.max_outage`` seconds after the loss
+        (``core.riding_out``: said once), not ``retries`` times. True once connected (at
+        once if it is: by this thread or another); False at ``until`` (time.monotonic(),
+        a poll's end; None: none) if the outage is not over by then; BrokerUnavailable
+        once it has lasted ``max_outage``, or why there is no reconnecting (closed,
+        ``reconnect=False``). Each try holds ``_opening``; the pauses do not, so a single
+        call of another thread makes its own bounded tries meanwhile."""
+        lost = self._link
+        if not lost.core.failed:
+            return True
+        if not resumable(lost.core, self):  # closed, no reconnecting, or a child of fork()'s first connection
+            self._reconnected(lost)
+            return True
+        with self._opening:  # (one outage, said once, whichever consumer finds it first)
+            outage = riding_out(self, lost.core)
+        with lost.cond:
+            self._shut(lost)
+        while True:
+            with self._opening:
+                if self._link is not lost:
+                    return True
+                if self._closed:
+                    raise lost.core.ended_error()
+                if outage.due <= time.monotonic():  # (else another consumer's try just failed: its pause holds)
+                    try:
+                        link = self._connect(ClientCore(self.endpoint))
+                    except BrokerUnavailable as e:
+                        outage.failed(e)
+                    else:
+                        self._installed(link, lost)
+                        return True
+            now = time.monotonic()
+            if outage.lasted(now):
+                raise outage.gave_up()
+            pause = max(0.0, outage.due - now)
+            if until is not None and now + pause >= until:
+                self._sleep(max(0.0, until - now))
+                return False
+            self._sleep(pause)
 
     # ---------------------------------------------------------------- transport
     def _drive(self, call):

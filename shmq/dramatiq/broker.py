@@ -74,8 +74,9 @@ class ShmqBroker(dramatiq.Broker):
     """Dramatiq's broker on shmq. No url: attach locally to ``namespace`` (else
     $SHMQ_NAMESPACE, else "shmq"); ``url="tcp://host:port"`` (``tcps://``: over TLS): a
     ``shmq server``, its token ``token`` or the url's or the client's usual ones,
-    ``connect_options`` for ``shmq.connect`` (``ssl``...). Nothing connects until the
-    first put or consume.
+    ``connect_options`` for ``shmq.connect`` (``ssl``, ``max_outage``: how long a
+    consumer rides out a server's restart...). Nothing connects until the first put or
+    consume.
 
     Every queue is declared with ``visibility_timeout`` (renewed while a job runs, so it
     is how soon a dead worker's messages come back), ``max_deliveries`` (None: a message
@@ -236,13 +237,17 @@ class _Proxy(MessageProxy):
 
 class _Consumer(dramatiq.Consumer):
     """Deliveries of one queue: at most ``prefetch`` held (taken and not settled), each
-    under a renewed lease from the moment it is taken."""
+    under a renewed lease from the moment it is taken. Over TCP a lost connection is
+    ridden out (``_take``): a server's restart is a wait like any other, and Dramatiq's
+    worker hears of it (ConnectionClosed: it restarts the consumer) only once the outage
+    has lasted the client's ``max_outage`` (``connect_options``)."""
 
     def __init__(self, broker: ShmqBroker, queue_name: str, prefetch: int, timeout: int):
         self.queue_name = queue_name
         self.visibility_timeout = broker._ensure(queue_name)
         with _translated():
-            self.q = broker.client.queue(queue_name)
+            self._client = broker.client
+            self.q = self._client.queue(queue_name)
         self.prefetch = max(1, prefetch)
         self.timeout = timeout / 1000
         self._cond = threading.Condition()
@@ -261,10 +266,11 @@ class _Consumer(dramatiq.Consumer):
                     room = self.prefetch - len(self._held)
             if d is None:
                 try:
-                    with _translated():
-                        ds = self.q.get_many(room, timeout=self.timeout)
+                    ds = self._take(room)
                 except QueueEmpty:
                     return None
+                if ds is None:
+                    return None  # (a wait of an outage ridden out)
                 with self._cond:
                     for x in ds:
                         self._held[id(x)] = (x, x.keepalive(self.visibility_timeout / 3))
@@ -277,13 +283,35 @@ class _Consumer(dramatiq.Consumer):
                           d.id, self.queue_name, e)
                 self._settle(d, lambda x: x.reject())
 
-    def _settle(self, d, how) -> None:
+    def _take(self, room: int):
+        """Up to ``room`` deliveries, waiting up to the timeout for the first (QueueEmpty).
+        None while the connection is lost: the outage is ridden out here, a timeout at a
+        time (``RemoteBroker._outlast``, logged once), until the client's ``max_outage``
+        (then ConnectionClosed)."""
+        lost = getattr(self._client, "_lost", None)  # (a local attach has no connection to lose)
+        with _translated():
+            if lost is None or not lost():
+                try:
+                    return self.q.get_many(room, timeout=self.timeout)
+                except BrokerUnavailable:
+                    if lost is None or not lost():
+                        raise
+            self._client._outlast(time.monotonic() + self.timeout)
+        return None
+
+    def _settle(self, d, how, requeue: bool = False) -> None:
         with self._cond:
             entry = self._held.pop(id(d), None)
             self._cond.notify_all()
         if entry is None:
             return  # settled already
         entry[1].stop()
+        conn = getattr(d, "_conn", None)  # over TCP, the connection its lease is bound to
+        if conn is not None and conn.failed:  # lost (a server's restart): the server gave it back
+            if not requeue:
+                log.warning("settling message %s of queue %r: the connection that held it was lost, so it comes "
+                            "again", d.id, self.queue_name)
+            return
         try:
             how(d)
         except (DeliveryExpired, BrokerUnavailable) as e:  # its lease is gone: it is delivered again
@@ -299,7 +327,7 @@ class _Consumer(dramatiq.Consumer):
     def requeue(self, messages) -> None:
         """Ready again at once (held by a worker that stops; each counts a delivery)."""
         for message in messages:
-            self._settle(message._delivery, lambda d: d.nack(delay=0))
+            self._settle(message._delivery, lambda d: d.nack(delay=0), requeue=True)
 
     def close(self) -> None:
         """Give back what is still held, then close the queue handle."""
@@ -307,7 +335,7 @@ class _Consumer(dramatiq.Consumer):
             held = [d for d, _ in self._held.values()]
             self._taken.clear()
         for d in held:
-            self._settle(d, lambda x: x.nack(delay=0))
+            self._settle(d, lambda x: x.nack(delay=0), requeue=True)
         try:
             self.q.close()
         except ShmqError as e:

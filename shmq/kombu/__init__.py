@@ -30,7 +30,10 @@ attach and over TCP.
 Queues are declared (made, or their live settings changed) each time a process declares
 them, from the transport options (``broker_transport_options``): ``visibility_timeout``,
 ``max_deliveries``, ``dead_letter_queue`` (a name with ``{queue}``; None: none),
-``durability``, ``max_bytes``, and from the queue's arguments (``declare.queue_settings``). A queue's
+``durability``, ``max_bytes``, and from the queue's arguments (``declare.queue_settings``).
+Over TCP a server's restart is ridden out by the consumers (the event loop's lines,
+``drain_events``) for up to the client's ``max_outage`` (a transport option too:
+``CONNECT_OPTIONS``), as the client's own long-lived consumers ride it out. A queue's
 dead-letter queue is made at its first dead letter (at its declare when ``max_deliveries``
 is set: the engine dead-letters then by itself).
 
@@ -61,10 +64,14 @@ WAIT_SLICE = 0.05  # seconds a wait gives one queue when a worker consumes from 
 WAIT_ONE = 0.25  # ... and its one queue: a worker told to stop (SIGTERM) hears it within this
 
 
-def open_endpoint(endpoint):
-    """A broker for ``endpoint``: (tcp url, token, ssl) or (None, namespace, None)."""
+CONNECT_OPTIONS = ("max_outage",)  # transport options that are shmq.connect's, over TCP (client/options.py)
+
+
+def open_endpoint(endpoint, **options):
+    """A broker for ``endpoint``: (tcp url, token, ssl) or (None, namespace, None);
+    ``options``: ``shmq.connect``'s, for a tcp url (``CONNECT_OPTIONS``)."""
     url, arg, tls = endpoint
-    return shmq.connect(url, token=arg, ssl=tls) if url else shmq.connect(namespace=arg)
+    return shmq.connect(url, token=arg, ssl=tls, **options) if url else shmq.connect(namespace=arg)
 
 
 def _tls_of(scheme, value):
@@ -136,9 +143,12 @@ class Transport(virtual.Transport):
 
     @property
     def broker(self):
-        """The shmq broker (local or TCP) of this connection, opened on first use."""
+        """The shmq broker (local or TCP) of this connection, opened on first use; over TCP
+        with the transport options that are ``shmq.connect``'s (``max_outage``)."""
         if self._broker is None:
-            self._broker = open_endpoint(self.endpoint)
+            given = self.client.transport_options or {}
+            options = {k: given[k] for k in CONNECT_OPTIONS if k in given} if self._tcp else {}
+            self._broker = open_endpoint(self.endpoint, **options)
         return self._broker
 
     def establish_connection(self):
@@ -176,8 +186,24 @@ class Transport(virtual.Transport):
         """Deliver one message from the queues consumed: each is tried without waiting,
         then one is waited on (for ``WAIT_SLICE`` when there are several, in turn);
         socket.timeout after ``timeout`` seconds. (kombu's ``Connection.drain_events``: a
-        program's own consumer; Celery's worker runs the event loop, whatever its pool.)"""
+        program's own consumer; Celery's worker runs the event loop, whatever its pool.)
+        Over TCP a lost connection is ridden out (``_ride_out``): a server's restart is
+        a wait like any other, and its BrokerUnavailable (a connection error) comes only
+        once the outage has lasted the client's ``max_outage``."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._away():
+                self._ride_out(deadline)
+            try:
+                message, queue = self._take(deadline)
+            except BrokerUnavailable:
+                if not self._away():
+                    raise
+                continue
+            return self._deliver(message, queue)
+
+    def _take(self, deadline):
+        """(kombu's message, its queue): the next one ``drain_events`` delivers."""
         while True:
             ready = [(ch, q) for ch in self.channels if ch._consumers and ch.qos.can_consume()
                      for q in ch._active_queues]
@@ -186,7 +212,7 @@ class Transport(virtual.Transport):
             for i in range(n):
                 ch, q = ready[(self._turn + i) % n]
                 try:
-                    return self._deliver(ch._get(q), q)
+                    return ch._get(q), q
                 except Empty:
                     pass
             left = WAIT_ONE if deadline is None else deadline - time.monotonic()
@@ -198,9 +224,27 @@ class Transport(virtual.Transport):
                 continue
             ch, q = ready[self._turn % n]
             try:
-                return self._deliver(ch._get(q, timeout=wait), q)
+                return ch._get(q, timeout=wait), q
             except Empty:
                 pass
+
+    def _away(self) -> bool:
+        """Over TCP, whether the connection is known lost and a reconnect brings it back."""
+        lost = getattr(self._broker, "_lost", None)  # (a local attach has no connection to lose)
+        return lost is not None and lost()
+
+    def _ride_out(self, deadline) -> None:
+        """Reconnect while the connection is lost, as the client's long-lived consumers do
+        (``RemoteBroker._outlast``: up to its ``max_outage``, logged once), until it is
+        back; socket.timeout at ``deadline``, or once the worker is told to stop (looked
+        at every WAIT_ONE)."""
+        while True:
+            now = time.monotonic()
+            until = now + WAIT_ONE if deadline is None else min(deadline, now + WAIT_ONE)
+            if self._broker._outlast(until):
+                return
+            if _stopping() or (deadline is not None and time.monotonic() >= deadline):
+                raise socket.timeout()
 
 
 TRANSPORT_ALIASES["shmq"] = "shmq.kombu:Transport"

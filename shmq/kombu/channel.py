@@ -68,6 +68,12 @@ class QoS(virtual.QoS):
             return
         d, renewal = held
         renewal.stop()
+        conn = getattr(d, "_conn", None)  # over TCP, the connection its lease is bound to
+        if conn is not None and conn.failed:  # lost (a server's restart): the server gave it back
+            if how != "requeue":
+                log.warning("could not %s message %s of queue %r: the connection that held it was lost, so it "
+                            "comes again", how, d.id, d.queue)
+            return
         try:
             if how == "ack":
                 d.ack()
@@ -77,6 +83,9 @@ class QoS(virtual.QoS):
                 self.channel._dead_letter(d)
         except (DeliveryExpired, QueueNotFound) as exc:  # delivered again already, or its queue deleted
             log.warning("could not %s message %s of queue %r: %s", how, d.id, d.queue, exc)
+        except BrokerUnavailable as exc:  # lost as it went (whether it was settled is unknown): it may come again
+            if how != "requeue":
+                log.warning("could not %s message %s of queue %r: %s", how, d.id, d.queue, exc)
 
     def drop_queue(self, name: str) -> None:
         """Forget the held deliveries of shmq queue ``name``: it was deleted, with them."""

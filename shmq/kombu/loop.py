@@ -13,13 +13,14 @@ hands what it takes to the loop (``RemoteLine``).
 import logging
 import os
 import threading
+import time
 from collections import deque
 from functools import lru_cache, partial
 from queue import Empty
 
 from ..engine.maintenance import ready_hint
 from ..engine.shm import doze
-from ..errors import QueueEmpty, QueueNotFound, ShmqError
+from ..errors import BrokerUnavailable, QueueEmpty, QueueNotFound, ShmqError
 
 __all__ = ["EventLoop", "RemoteLine", "WatchedQueue"]
 
@@ -88,7 +89,9 @@ class RemoteLine:
     connection_errors, so Celery connects again). Then the loop takes the next ones
     itself, until the queue stays empty again. A line stopped while its get was out
     gives back what that get took (a nack: it counts as a delivery). Idle for ``IDLE_S``,
-    the thread ends, and the next arming starts another."""
+    the thread ends, and the next arming starts another. A lost connection is ridden out
+    by the line's thread (``_take``): the loop hears nothing of a server's restart, and
+    the connection error only once the outage has lasted the client's ``max_outage``."""
 
     WAIT_S = 1.0  # one get's longest wait: a stopped line's thread ends within it
     IDLE_S = 10.0
@@ -106,7 +109,9 @@ class RemoteLine:
         return None  # (the server's wait sees whatever comes after the arming)
 
     def hint(self) -> bool:
-        return True  # (a take is a round trip: nothing to know without it)
+        # (a take is a round trip: nothing to know without it), but while the connection is
+        # lost the line's thread rides the outage out, and the loop takes nothing
+        return not self.handle._broker._lost()
 
     def wait_from(self, _seen) -> None:
         """(The loop.) The queue was empty: take its next message as it comes."""
@@ -129,11 +134,13 @@ class RemoteLine:
                     self._running = False
                     return
             try:
-                got = self.handle.get(timeout=self.WAIT_S)
+                got = self._take()
             except QueueEmpty:
                 continue
             except Exception as exc:  # noqa: BLE001 - the loop's to judge (a queue deleted, a connection lost)
                 got = exc
+            if got is None:
+                continue  # (a slice of an outage ridden out)
             with self._cond:
                 self._armed = False
                 stopped = self._stopped
@@ -141,6 +148,21 @@ class RemoteLine:
                 self._give_back(got)
                 continue  # (ends at the top, under the lock)
             self._wake(partial(self._rang, got))
+
+    def _take(self):
+        """The line's get: the queue's next message (QueueEmpty after WAIT_S); None while
+        the connection is lost: the outage is ridden out here, a WAIT_S slice at a time
+        (``RemoteBroker._outlast``), and its error raised only once it has lasted the
+        client's ``max_outage`` (then the loop raises it, and Celery connects again)."""
+        broker = self.handle._broker
+        if not broker._lost():
+            try:
+                return self.handle.get(timeout=self.WAIT_S)
+            except BrokerUnavailable:
+                if not broker._lost():
+                    raise
+        broker._outlast(time.monotonic() + self.WAIT_S)
+        return None
 
     def _rang(self, got) -> None:  # (the event loop)
         self.live = False
@@ -251,6 +273,10 @@ class EventLoop:
             return ch._get(queue)
         except Empty:
             return None
+        except BrokerUnavailable:
+            if line.hint():
+                raise
+            return None  # the connection is lost: its line, armed, rides the outage out
 
     def on_tick(self) -> None:
         budget = self.BUDGET

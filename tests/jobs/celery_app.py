@@ -4,8 +4,11 @@ Set by the environment: ``JOBS_BROKER`` (a ``shmq://`` url), ``JOBS_BACKEND`` (e
 ``rpc://``; none by default), ``JOBS_VT`` (the queues' visibility timeout, seconds) and
 ``JOBS_RESULT_EXPIRES`` (seconds), ``JOBS_LOG``: a file each task appends one line to per event (``EVENT JOB PID TIME QUEUE``),
 written with O_APPEND in one write, so lines of concurrent processes never mix.
+``JOBS_CLIENT_LOG=1``: the shmq client's INFO lines are logged too (the worker runs
+with ``-l warning``).
 """
 
+import logging
 import os
 import signal
 import time
@@ -28,6 +31,9 @@ app.conf.update(
     result_expires=int(os.environ.get("JOBS_RESULT_EXPIRES", 86400)),
     task_routes={"tests.jobs.celery_app.alpha": {"queue": "alpha"}, "tests.jobs.celery_app.beta": {"queue": "beta"}},
 )
+
+if os.environ.get("JOBS_CLIENT_LOG"):
+    logging.getLogger("shmq.client").setLevel(logging.INFO)  # (through the worker's own handler)
 
 
 def note(event: str, job: str, queue: str = "-") -> None:
