@@ -336,7 +336,8 @@ def _examine(namespace, entries, now, remove=False) -> dict:
 def _broker_summary(info):
     if info is None:
         return None
-    return {k: info.get(k) for k in ("pid", "alive", "host", "port", "kafka_host", "kafka_port", "data_dir")}
+    return {k: info.get(k) for k in ("pid", "alive", "host", "port", "kafka_host", "kafka_port", "data_dir",
+                                     "snapshot_failing")}
 
 
 def _unlink(entry) -> bool:
@@ -545,10 +546,22 @@ def problems(report) -> list[str]:
             if not h.get("removed"):
                 out.append(f"{h['kind']} {h['name']!r} of namespace {ns['namespace']} is half removed: "
                            + _half_advice(h))
+    for ns in report["namespaces"]:
+        b = ns["broker"]
+        if b and b["alive"] and b.get("snapshot_failing"):
+            out.append(f"the broker of namespace {ns['namespace']} (pid {b['pid']}) " + _failing_text(b))
     for d in report["data_dirs"]:
         if d.get("writable") is False:
             out.append(f"data dir {d['path']} cannot be written by this user: its server cannot snapshot or log")
     return out
+
+
+def _failing_text(b) -> str:
+    f = b["snapshot_failing"]
+    what = f.get("what") or {}
+    first = next(iter(what.items()), ("", ""))
+    return (f"cannot snapshot to {b.get('data_dir')} since {time.strftime('%H:%M:%S', time.localtime(f['since']))}: "
+            f"{first[0]}: {first[1]}" + (f" (and {len(what) - 1} more)" if len(what) > 1 else ""))
 
 
 def _half_advice(h) -> str:
@@ -589,6 +602,8 @@ def render(report) -> list[str]:
             lines.append(f"  {ns['namespace']:<20} {broker}; {what}; {ns['entries']} entries, {size_text(ns['bytes'])}")
             if ns["note"]:
                 lines.append(f"  {'':<20} note: {ns['note']}")
+            if b is not None and b["alive"] and b.get("snapshot_failing"):
+                lines.append(f"  {'':<20} warning: it {_failing_text(b)}")
             for h in ns.get("half_removed", ()):
                 mark = "" if "removed" not in h else ("  [removed]" if h["removed"] else "  [kept]")
                 lines.append(f"  {'':<20} half removed: {h['kind']} {h['name']!r}: {_half_advice(h)}{mark}")

@@ -167,14 +167,15 @@ def test_the_server_starts_on_a_full_disk_and_snapshots_once_there_is_room(broke
     lines = _log_lines(srv)
     try:
         assert srv.alive()
-        failed = [line for line in srv.log if "cannot write the snapshot" in line]  # said at start-up
+        failed = [line for line in srv.log if "ERROR cannot write the snapshot" in line]  # said at start-up
         assert len(failed) == 1 and "queue q" in failed[0] and "No space left on device" in failed[0]
         os.unlink(filler)
         _wait(lambda: (data / "q.dmsq").exists(), "no snapshot after the disk had room again")
         _wait(lambda: any("snapshot of queue q written again" in line for line in lines), "no word of it")
         assert srv.alive()
     finally:
-        assert srv.stop() == 0
+        rc = srv.stop()
+    assert rc == 0, lines[-5:]
     assert len(dmsq.read_snapshot(str(data / "q.dmsq")).records) == 50
 
 

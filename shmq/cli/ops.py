@@ -169,10 +169,12 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
     if tls is not None:
         _warn_readable_key(tls_files)
     port_settings = {name: origin(name) for name in ("port", "kafka_port", "metrics")}  # for a port in use
-    loops.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
-                    snapshot_interval=snapshot_interval, fsync=fsync, token_file=token_file, no_auth=no_auth,
-                    limits=limits, metrics=metrics, kafka=kafka, group=group, tls=tls,
-                    port_settings=port_settings), loop)
+    rc = loops.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
+                         snapshot_interval=snapshot_interval, fsync=fsync, token_file=token_file, no_auth=no_auth,
+                         limits=limits, metrics=metrics, kafka=kafka, group=group, tls=tls,
+                         port_settings=port_settings), loop)
+    if rc:  # the stop could not save what it holds: said at ERROR by the server
+        sys.exit(rc)
 
 
 def _warn_readable_key(tls_files):

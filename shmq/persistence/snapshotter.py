@@ -177,11 +177,14 @@ class Snapshotter:
         written. Then the retention of "wal" streams' logs. Files of queues and streams
         deleted since (or made "memory") are removed. A snapshot that fails (a full disk)
         is logged once, keeps the previous file, and is retried. ``last_round`` says
-        what the round wrote: queues, messages, streams, files."""
-        self.last_round = {"queues": 0, "messages": 0, "streams": 0, "files": 0}
+        what the round wrote: queues, messages, streams, files, and how many writes
+        ``failed`` (a data dir gone: one)."""
+        self.last_round = {"queues": 0, "messages": 0, "streams": 0, "files": 0, "failed": 0}
         self._other_layout = set()
+        failures = self.failures
         if not self.data_dir_present():
             self.failures += 1
+            self.last_round["failed"] = 1
             return 0
         written = 0
         keep = set()
@@ -238,7 +241,20 @@ class Snapshotter:
                     self._written.pop(os.path.join(self.data_dir, entry), None)
         self._save_exchanges()
         self.last_round["files"] = written
+        self.last_round["failed"] = self.failures - failures
         return written
+
+    def failing(self) -> dict:
+        """What fails to be snapshotted now: {"queue NAME" | "stream NAME" | "the exchange
+        table" | "the data dir": the error last logged}."""
+        out = {}
+        for name, error in list(self._failing.items()):
+            what = "the exchange table" if name == _EXCHANGES else (
+                f"stream {name[1:]}" if name.startswith("@") else f"queue {name}")
+            out[what] = error
+        if self._lost:
+            out["the data dir"] = f"{self.data_dir} is gone"
+        return out
 
     def _save_exchanges(self) -> None:
         """Write the exchange table (``dmsq.EXCHANGES_FILE``) when it changed since the

@@ -87,10 +87,23 @@ def _start_persistence(broker, data_dir, mode, ms, interval, group=None):
 
 def _snapshot(snapshotter, interval, level=logging.DEBUG):
     """One snapshot round, logged (the event ``snapshot``): at ``level`` (debug every
-    interval; info at start and at the stop), at warning if it took longer than the interval."""
+    interval; info at start and at the stop), at warning if it took longer than the
+    interval; a round where a write failed is never said written: at error at start and
+    at the stop, else at ``level`` (each failure itself is logged once as it starts)."""
     started = time.monotonic()
     snapshotter.run_once()
     took = time.monotonic() - started
+    failed = snapshotter.last_round.get("failed", 0)
+    if failed:
+        level = logging.ERROR if level >= logging.INFO else level
+        if log.isEnabledFor(level):
+            failing = snapshotter.failing()
+            first = next(iter(failing.items()), ("", ""))
+            log.log(level, "snapshot of %s failed: %d write(s) failed (%s: %s)%s", snapshotter.data_dir, failed,
+                    first[0], first[1], f" and {len(failing) - 1} more" if len(failing) > 1 else "",
+                    extra={"event": "snapshot_failed", "data_dir": snapshotter.data_dir, **snapshotter.last_round,
+                           "duration_ms": round(took * 1000, 1)})
+        return
     if took > interval:
         level = logging.WARNING
     if log.isEnabledFor(level):
@@ -243,8 +256,15 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         periodic = [Periodic(TICK_S, keeper.tick, "housekeeping").start()]
         if snapshotter is not None:
             # the snapshot runs end with a last snapshot after the stop
+            said = {}
+
             def snapshot_round():  # at info the last one, after the stop
                 _snapshot(snapshotter, snapshot_interval, logging.INFO if stop.is_set() else logging.DEBUG)
+                failing = snapshotter.failing()
+                if failing != said:  # what `shmq doctor` shows of a running broker
+                    said.clear()
+                    said.update(failing)
+                    lock.update(snapshot_failing={"since": time.time(), "what": failing} if failing else None)
 
             periodic.append(Periodic(snapshot_interval, snapshot_round, "snapshot", first=False).start())
         await stop.wait()
@@ -265,9 +285,16 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         keeper.close()
         if bell is not None:
             bell.close()
+        unsaved = snapshotter is not None and snapshotter.last_round.get("failed", 0)
         if snapshotter is not None:
             snapshotter.close()
+    if unsaved:
+        log.error("stopped without a complete last snapshot in %s: what it could not write is lost at a reboot "
+                  "(the queues stay in shared memory until then; free space there and start the server again)",
+                  data_dir, extra={"event": "server_stopped", "namespace": namespace, "snapshot_failed": unsaved})
+        return 1
     log.info("stopped", extra={"event": "server_stopped", "namespace": namespace})
+    return 0
 
 
 def _unmake(broker, made_ns, made_dir):

@@ -4,7 +4,8 @@ once per Spark version and sources, into shmq's per-user directory.
 
 Strategy: a pip user has a JDK or not, and no build tool; so no Maven, no download: ``javac
 --release 17`` with pyspark's own jars on the class path, and a zip written here. The jar's
-name holds the Spark version and a hash of every source and resource file, so a new shmq or a
+name holds the Spark version and a hash of every source and resource file (and of the defaults
+that options.py gives the connector, written into it as ``DEFAULTS``), so a new shmq or a
 new pyspark builds a new jar and an unchanged one is found at once. Builds take a file lock
 (concurrent sessions build once) and land by atomic rename (no reader sees half a jar).
 """
@@ -19,13 +20,15 @@ import tempfile
 import zipfile
 
 from .. import auth
+from .options import jvm_defaults
 
-__all__ = ["jar", "build", "javac", "SOURCES"]
+__all__ = ["jar", "build", "javac", "SOURCES", "DEFAULTS"]
 
 log = logging.getLogger("shmq.spark")
 
 SOURCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jvm")
 _MANIFEST = "Manifest-Version: 1.0\nCreated-By: shmq.spark.jar\n"
+DEFAULTS = "io/shmq/spark/defaults.properties"  # in the jar: options.py's defaults for the JVM (jvm_defaults)
 
 
 def javac() -> str | None:
@@ -78,6 +81,7 @@ def build(root: str) -> str | None:
     for rel in sources + resources:
         with open(os.path.join(root, rel), "rb") as f:
             digest.update(rel.encode() + b"\0" + f.read() + b"\0")
+    digest.update(DEFAULTS.encode() + b"\0" + jvm_defaults().encode() + b"\0")
     folder = os.path.join(auth.home(), "spark")
     path = os.path.join(folder, f"shmq-spark-{version}-{digest.hexdigest()[:16]}.jar")
     if os.path.exists(path):
@@ -133,6 +137,7 @@ def _compile(compiler: str, jars: str, root: str, sources: list, resources: list
                 z.write(os.path.join(classes, rel), os.path.normpath(rel))
             for rel in resources:
                 z.write(os.path.join(root, rel), os.path.relpath(rel, "resources"))
+            z.writestr(DEFAULTS, jvm_defaults())
         os.chmod(part, 0o600)
         os.replace(part, path)
     return None

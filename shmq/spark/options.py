@@ -12,11 +12,19 @@ import json
 import re
 
 import shmq
+from shmq.client.options import DEFAULT_MAX_OUTAGE_S, ConnectOptions
 from shmq.engine.broker import Broker, default_namespace
 from shmq.errors import ShmqError
 
 __all__ = ["Options", "SpecError", "OPTIONS", "KAFKA_NAMES", "STREAM_SOURCE", "BATCH_SOURCE", "SINK",
-           "refuse_unknown"]
+           "refuse_unknown", "MAX_OUTAGE_S", "RECONNECT_PAUSES_S", "jvm_defaults"]
+
+# How long a query's parts keep trying to reach the server of ``url`` after it went away
+# (option maxOutage, seconds), and the first and the longest pause between tries: the Python
+# clients' (a long-lived consumer's max_outage, and the reconnect's backoff); the JVM connector
+# gets them in its jar (``jvm_defaults``, written by jar.py), so they are defined once
+MAX_OUTAGE_S = DEFAULT_MAX_OUTAGE_S
+RECONNECT_PAUSES_S = ConnectOptions().backoff
 
 
 class SpecError(ShmqError, ValueError):
@@ -28,7 +36,7 @@ class SpecError(ShmqError, ValueError):
 # takes Kafka's source's names where they mean the same: subscribe and subscribePattern
 # (one stream), and those of KAFKA_NAMES.
 STREAM_SOURCE, BATCH_SOURCE, SINK = "the shmq streaming source", "the shmq batch source", "the shmq sink"
-_CONNECTION = ("stream", "queue", "namespace", "url", "token")
+_CONNECTION = ("stream", "queue", "namespace", "url", "token", "maxOutage")
 _SOURCE = _CONNECTION + ("subscribe", "subscribePattern", "startingOffsets", "failOnDataLoss", "includeHeaders",
                          "minPartitions", "maxPartitions", "queueStageMaxBytes")
 OPTIONS = {
@@ -61,6 +69,7 @@ def refuse_unknown(given, what: str, known) -> None:
 # offset is a record), read as ours by ``Options.get``; giving both is refused
 KAFKA_NAMES = {"maxRecordsPerTrigger": "maxOffsetsPerTrigger", "minRecordsPerTrigger": "minOffsetsPerTrigger"}
 _TARGETS = ("stream", "queue", "subscribe", "subscribePattern")
+_UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _INTERNAL = re.compile(r".*(:staging:.*|:stage)")  # what the Spark parts make beside a stream (staging, stager)
 
 # options renamed, so that the queue source's stage and the sink's staging cannot be taken for each other
@@ -104,6 +113,7 @@ class Options:
                             "remote one, not both")
         if self.url is not None and not self.url.startswith(("tcp://", "tcps://")):
             raise SpecError(f"option url must be tcp://host:port (tcps:// for TLS), not {self.url!r}")
+        self.max_outage = self.seconds("maxOutage", MAX_OUTAGE_S)
 
     def __repr__(self):
         return f"<shmq.spark.Options {self.target} {self.url or 'namespace=' + repr(self.namespace)}>"
@@ -170,6 +180,17 @@ class Options:
             raise SpecError(f"option {name} must be >= 0, not {raw!r}")
         return value
 
+    def seconds(self, name: str, default: float) -> float:
+        """Option ``name`` in seconds: a number of seconds (``90``, ``2.5``) or a number and
+        its unit (``500ms``, ``90s``, ``5m``; us, ms, s, m or min, h, d)."""
+        raw = self.get(name)
+        if raw is None:
+            return default
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", raw.lower())
+        if m is None or (m.group(2) or "s") not in _UNIT_SECONDS:
+            raise SpecError(f"option {name} must be seconds (300) or a duration like 500ms, 90s or 5m, not {raw!r}")
+        return float(m.group(1)) * _UNIT_SECONDS[m.group(2) or "s"]
+
     def flag(self, name: str, default: bool) -> bool:
         raw = self.get(name)
         if raw is None:
@@ -212,3 +233,12 @@ class Options:
         except FileNotFoundError:
             raise SpecError(f"there is no shmq namespace {namespace!r} on this host (nothing made a queue or stream "
                             "in it): check .option('namespace', ...)") from None
+
+
+def jvm_defaults() -> str:
+    """The JVM connector's defaults, as the properties file jar.py writes into its jar
+    (io/shmq/spark/defaults.properties): defined once, here."""
+    return ("# written by shmq.spark.jar from shmq/spark/options.py\n"
+            f"maxOutage={MAX_OUTAGE_S!r}\n"
+            f"reconnectFirstPause={RECONNECT_PAUSES_S[0]!r}\n"
+            f"reconnectMostPause={RECONNECT_PAUSES_S[1]!r}\n")

@@ -35,6 +35,7 @@ import uuid
 
 from ..errors import ShmqError, StreamExists, StreamNotFound
 from .options import SINK, OPTIONS, Options, SpecError
+from .outage import ride_out
 from .staging import staging_name
 
 __all__ = ["handle", "main"]
@@ -67,6 +68,10 @@ def _drop(spools) -> None:
 
 def _check(opts: Options) -> dict:
     opts.refuse_unknown(SINK, OPTIONS[SINK])
+    return ride_out(opts, "sink (the publisher)", lambda: _check_once(opts))
+
+
+def _check_once(opts: Options) -> dict:
     with opts.connect() as broker:
         if opts.stream is not None:
             try:
@@ -122,17 +127,28 @@ def _publish(opts: Options, txn: str, batch: int, spools) -> dict:
         if chunks:
             target.publish_columns(chunks, txn_id, batch)
         return {"rows": rows, "then": lambda: target.prepare(chunks)}
+    return ride_out(opts, f"sink (the publisher, batch {batch})",
+                    lambda: _publish_over_tcp(opts, txn_id, batch, spools))
+
+
+def _publish_over_tcp(opts, txn_id: bytes, batch: int, spools) -> dict:
+    """Over TCP: staged in a staging stream of the server, then published by it (as the Python sink does);
+    made again whole while the server cannot be reached (``outage``): a publish lands once per batch, and
+    records staged by a try that failed are in no range it publishes."""
     with opts.connect() as broker:
-        return _publish_over_tcp(opts, broker, broker.stream(opts.stream), txn_id, batch, spools)
+        return _publish_to(opts, broker, broker.stream(opts.stream), txn_id, batch, spools)
 
 
-def _publish_over_tcp(opts, broker, target, txn_id: bytes, batch: int, spools) -> dict:
-    """Over TCP: staged in a staging stream of the server, then published by it (as the Python sink does)."""
+def _publish_to(opts, broker, target, txn_id: bytes, batch: int, spools) -> dict:
     from .writer import _pieces
 
-    if all(target.published(txn_id).get(p, -1) >= batch for p in range(target.partitions)):
-        return {"rows": 0}  # (in already: a replayed commit)
     name = staging_name(target.name, str(uuid.UUID(bytes=txn_id)))
+    if all(target.published(txn_id).get(p, -1) >= batch for p in range(target.partitions)):
+        try:  # (a try before this one published, and its reply was lost before it deleted the staging stream)
+            broker.delete_stream(name)
+        except StreamNotFound:
+            pass
+        return {"rows": 0}  # (in already: a replayed commit)
     try:
         staging = broker.create_stream(name, partitions=target.partitions, max_bytes=opts.integer(
             "sinkStagingMaxBytes", target.max_bytes, 4096), max_message_bytes=target.max_message_bytes,
@@ -168,11 +184,12 @@ def _put(opts: Options, spools) -> dict:
     from .writer import put_rows
 
     rows = 0
-    with opts.connect() as broker:
-        q = broker.queue(opts.queue)
+    who = "sink (the publisher)"
+    with ride_out(opts, who, opts.connect) as broker:
+        q = ride_out(opts, who, lambda: broker.queue(opts.queue))
         for path, _task in spools:
             for b in _batches(path):
-                rows += put_rows(q, b)
+                rows += ride_out(opts, who, lambda: put_rows(q, b))  # (at least once: a put again puts again)
     return {"rows": rows}
 
 

@@ -30,8 +30,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from ..errors import BrokerUnavailable, OffsetOutOfRange, ShmqError
-from .options import BATCH_SOURCE, OPTIONS, STREAM_SOURCE, SpecError
+from ..errors import OffsetOutOfRange, ShmqError
+from .options import _UNIT_SECONDS, BATCH_SOURCE, OPTIONS, STREAM_SOURCE, SpecError
+from .outage import ride_out
 from .stager import MOVE_MAX, Stager, stage_name
 
 __all__ = ["StreamReader", "BatchReader", "OffsetRange", "RangeGroup", "DataLossError"]
@@ -40,7 +41,6 @@ log = logging.getLogger("shmq.spark")
 
 READ_CHUNK = 10_000  # records per read (and per Arrow batch) in a task
 MOVES_PER_PLAN = 10  # the queue source: stager moves (of up to MOVE_MAX messages) before a batch is planned
-_UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 class DataLossError(ShmqError):
@@ -150,11 +150,11 @@ class _Source:
         self._stager = None  # the queue source's, on the driver's connection
         self._matched = None  # subscribePattern: the stream it matches, looked up once, when the query starts
         if opts.pattern is not None:
-            broker = opts.connect()
-            try:
-                self._matched = opts.resolve(broker.list_streams())
-            finally:
-                broker.close()
+            self._matched = ride_out(opts, "source (the driver)", self._match)
+
+    def _match(self) -> str:
+        with self.opts.connect() as broker:
+            return self.opts.resolve(broker.list_streams())
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -233,18 +233,19 @@ class _Source:
         ranges = partition.ranges if isinstance(partition, RangeGroup) else [partition]
         if not all(isinstance(r, OffsetRange) for r in ranges):
             return
-        broker = self.opts.connect()
-        try:
-            stream = broker.stream(self._stream_name())
+        who = f"source (a task reading partition {ranges[0].partition})"
+        broker = ride_out(self.opts, who, self.opts.connect)
+        try:  # (over TCP the handles connect again by themselves at their next call: each call rides out)
+            stream = ride_out(self.opts, who, lambda: broker.stream(self._stream_name()))
             try:
                 for r in ranges:
-                    yield from self._read_range(stream, r)
+                    yield from self._read_range(stream, r, who)
             finally:
                 stream.close()
         finally:
             broker.close()
 
-    def _read_range(self, stream, r: OffsetRange):
+    def _read_range(self, stream, r: OffsetRange, who: str):
         """Arrow batches of ``[start, end)``: locally as Arrow buffers made in C
         (``read_columns``) or else from the stored rows (``read_raw``), over TCP from the
         records."""
@@ -265,7 +266,7 @@ class _Source:
                     rows = raw(r.partition, offset, n, visible=True)
                     after = rows.next
                 else:  # remote: a READ passes over what a reader does not see
-                    rows = stream.read(r.partition, offset, max_records=n)
+                    rows = ride_out(self.opts, who, lambda: stream.read(r.partition, offset, max_records=n))
                     after = rows[-1].offset + 1 if rows else offset
             except OffsetOutOfRange as e:
                 offset = self._skip(r, offset, e)
@@ -274,7 +275,7 @@ class _Source:
                 rows = [x for x in rows if x[0] < r.end]
             else:
                 rows = [x for x in rows if x.offset < r.end]
-                if not rows and stream.offsets(r.partition)[1] >= r.end:
+                if not rows and ride_out(self.opts, who, lambda: stream.offsets(r.partition))[1] >= r.end:
                     after = r.end  # nothing a reader sees is left in the range
             if not rows and after <= offset:
                 raise ShmqError(f"stream {self._stream_name()!r} partition {r.partition} ends before offset "
@@ -329,20 +330,19 @@ class StreamReader(_Source, DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _now(self, plan: bool = True) -> dict:
         """{partition: (earliest, end)} over the kept connection (after ``_before_plan``
-        when planning); a connection the server closed meanwhile is opened again, once."""
-        for retry in (False, True):
-            try:
-                if self._broker is None:
-                    self._broker = self.opts.connect()
-                if plan:
-                    self._before_plan(self._broker)
-                if self._stream is None:
-                    self._stream = self._broker.stream(self._stream_name())
-                return self._positions(self._stream)
-            except BrokerUnavailable:
-                self.stop()
-                if retry:
-                    raise
+        when planning); over ``url``, one that failed is opened again (at once: the server
+        closed it while idle; then for as long as ``ride_out`` tries)."""
+
+        def now():
+            if self._broker is None:
+                self._broker = self.opts.connect()
+            if plan:
+                self._before_plan(self._broker)
+            if self._stream is None:
+                self._stream = self._broker.stream(self._stream_name())
+            return self._positions(self._stream)
+
+        return ride_out(self.opts, "source (the driver)", now, reset=self.stop)
 
     def initialOffset(self) -> dict:
         """``startingOffsets`` (default latest) resolved now; partitions the JSON leaves
@@ -435,13 +435,7 @@ class BatchReader(_Source, DataSourceReader):
             raise SpecError("option endingOffsets cannot be earliest (-2) in a batch query: it would read nothing")
 
     def partitions(self) -> list:
-        broker = self.opts.connect()
-        try:
-            self._before_plan(broker)
-            with broker.stream(self._stream_name()) as stream:
-                positions = self._positions(stream)
-        finally:
-            broker.close()
+        positions = ride_out(self.opts, "source (the driver)", self._positions_now)
         start = self._resolve(self._starting, positions, "startingOffsets", -2)
         end = self._resolve(self._ending, positions, "endingOffsets", -1)
         for p in positions:
@@ -450,3 +444,9 @@ class BatchReader(_Source, DataSourceReader):
         ranges = [OffsetRange(p, start[p], end[p]) for p in positions if end[p] > start[p]]
         self._check_loss(ranges, positions)
         return group(split(ranges, self._min_partitions), self._max_partitions)
+
+    def _positions_now(self) -> dict:
+        with self.opts.connect() as broker:
+            self._before_plan(broker)
+            with broker.stream(self._stream_name()) as stream:
+                return self._positions(stream)

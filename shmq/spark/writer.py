@@ -25,6 +25,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from ..engine.broker import Broker
 from ..errors import ShmqError, StreamExists, StreamNotFound
 from .options import OPTIONS, SINK, SpecError
+from .outage import ride_out
 from .staging import staging_name
 
 __all__ = ["StreamWriter", "BatchWriter", "put_rows"]
@@ -77,7 +78,11 @@ class _Writer:
             raise SpecError("the shmq sink appends: use mode('append')")
         self.opts = opts
         _check_columns(schema, opts.target)
-        with opts.connect() as broker:  # in the driver, before a task runs: a clear error now
+        ride_out(opts, "sink (the driver)", self._check)  # in the driver, before a task runs: a clear error now
+
+    def _check(self) -> None:
+        opts = self.opts
+        with opts.connect() as broker:
             if opts.stream is not None:
                 try:
                     broker.stream(opts.stream)
@@ -107,17 +112,20 @@ class _Writer:
     def _stage(self, writer_id: str, batches, task: int) -> Staged:
         """Append the task's rows to the staging stream, each Arrow batch in one append per
         target partition (locally, its buffers as they are: ``Stream.append_columns``;
-        over TCP, one APPEND_BATCH); the ranges they took."""
+        over TCP, one APPEND_BATCH, each request riding out an outage: ``outage``); the
+        ranges they took."""
         from . import arrow  # here, not at the top: the driver's commit never needs pyarrow
 
         staged = Staged(writer_id, task)
-        with self.opts.connect() as broker:
+        who = f"sink (task {task})"
+        opts = self.opts
+        with ride_out(opts, who, opts.connect) as broker:
             if self.opts.queue is not None:
-                q = broker.queue(self.opts.queue)
+                q = ride_out(opts, who, lambda: broker.queue(opts.queue))
                 for b in batches:
-                    put_rows(q, b)
+                    ride_out(opts, who, lambda: put_rows(q, b))  # (at least once: a put again puts again)
                 return staged
-            target = broker.stream(self.opts.stream)
+            target = ride_out(opts, who, lambda: broker.stream(opts.stream))
             staging = None
             n, own = target.partitions, task % target.partitions
             for b in batches:
@@ -127,7 +135,7 @@ class _Writer:
                     raise SpecError(str(e)) from None
                 if parts and staging is None:  # made by the batch's first task with rows; the commit deletes it
                     local = isinstance(broker, Broker)
-                    staging = self._staging(broker, target, writer_id)
+                    staging = ride_out(opts, who, lambda: self._staging(broker, target, writer_id))
                 for p, values, keys, headers in parts:
                     if local:
                         chunk = arrow.chunk(values, keys, headers)
@@ -138,14 +146,17 @@ class _Writer:
                         v = values.slice(at, size)
                         k = None if keys is None else keys.slice(at, size).to_pylist()
                         h = None if headers is None else [dict(x) if x else None for x in headers.slice(at, size).to_pylist()]
-                        first = staging.append_many(v.to_pylist(), keys=k, headers=h, partition=p)[0].offset
+                        # (an append made twice, its reply lost, leaves records no range names: never published)
+                        first = ride_out(opts, who, lambda: staging.append_many(
+                            v.to_pylist(), keys=k, headers=h, partition=p))[0].offset
                         staged.ranges.setdefault(p, []).append((first, first + size))
             return staged
 
     def _publish(self, messages, writer_id: str, txn_id: bytes, batch: int) -> None:
         """Publish what the tasks staged, exactly once per (``txn_id``, ``batch``), then
         delete the staging stream: nothing staged is left behind (the next batch's tasks
-        make it again), rows of failed task attempts and killed runs included."""
+        make it again), rows of failed task attempts and killed runs included. Over TCP the
+        whole of it is made again while the server cannot be reached (``outage``)."""
         if self.opts.queue is not None:
             return
         staged = sorted((m for m in messages if isinstance(m, Staged)), key=lambda m: m.task)
@@ -153,17 +164,27 @@ class _Writer:
         for m in staged:
             for p, spans in m.ranges.items():
                 ranges.setdefault(p, []).extend((p, first, end) for first, end in spans)
+        ride_out(self.opts, f"sink (the commit of batch {batch})",
+                 lambda: self._publish_once(ranges, writer_id, txn_id, batch))
+
+    def _drop_one(self, name: str) -> None:
+        with self.opts.connect() as broker:
+            _drop(broker, name)
+
+    def _publish_once(self, ranges: dict, writer_id: str, txn_id: bytes, batch: int) -> None:
         with self.opts.connect() as broker:
             target = broker.stream(self.opts.stream)
             name = staging_name(target.name, writer_id)
             try:
                 staging = broker.stream(name)
             except StreamNotFound:
-                if any(ranges.values()):  # staged, then deleted before this commit: the batch must run again
+                published = target.published(txn_id) if any(ranges.values()) else {}
+                if any(ranges.values()) and any(published.get(p, -1) < batch for p, spans in ranges.items() if spans):
+                    # staged, then deleted before this commit: the batch must run again
                     raise ShmqError(f"the shmq sink cannot commit batch {batch} into {self.opts.target}: its staging "
                                     f"stream {name!r} was deleted; restart the query, which runs the batch again"
                                     ) from None
-                return  # nothing was staged: an empty batch
+                return  # nothing was staged (an empty batch), or published and deleted (a try whose reply was lost)
             try:
                 target.publish(staging, ranges, txn_id, batch)
             finally:
@@ -221,8 +242,7 @@ class StreamWriter(_Writer, DataSourceStreamArrowWriter):
         log.warning("shmq sink: batch %d of the query into %s aborted; nothing of it was published", batchId,
                     self.opts.target)
         if writer is not None and self.opts.stream is not None:  # what it staged: the batch stages again when rerun
-            with self.opts.connect() as broker:
-                _drop(broker, staging_name(self.opts.stream, writer))
+            ride_out(self.opts, "sink (the driver)", lambda: self._drop_one(staging_name(self.opts.stream, writer)))
 
 
 class BatchWriter(_Writer, DataSourceArrowWriter):
@@ -249,5 +269,4 @@ class BatchWriter(_Writer, DataSourceArrowWriter):
     def _drop_staging(self):
         if self.opts.stream is None:
             return
-        with self.opts.connect() as broker:
-            _drop(broker, staging_name(self.opts.stream, self.job))
+        ride_out(self.opts, "sink (the driver)", lambda: self._drop_one(staging_name(self.opts.stream, self.job)))

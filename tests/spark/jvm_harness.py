@@ -4,7 +4,8 @@ Strategy: there is no JUnit and no build tool here, only the JDK. A test class i
 that throws (exit 1) when a check fails and prints what the Python side compares. ``compile_tests``
 hands javac only the test files asked for, with the connector's sources on ``-sourcepath``, so it
 compiles just the classes those tests use (another part's unfinished sources do not break it);
-pyspark's jars are on the class path for the parts that need Spark.
+pyspark's jars are on the class path for the parts that need Spark, and the defaults jar() writes into
+the jar beside the classes.
 """
 
 import glob
@@ -14,6 +15,8 @@ import subprocess
 
 import pytest
 
+from shmq.spark.jar import DEFAULTS
+from shmq.spark.options import jvm_defaults
 from shmq.spark.session import java_home
 
 __all__ = ["JVM", "SRC", "TEST", "javac", "skip_without_jdk", "compile_tests", "java_command", "run_java"]
@@ -67,6 +70,10 @@ def compile_tests(out_dir, *patterns: str) -> str:
            "-cp", classpath, *files]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     assert done.returncode == 0, f"javac failed:\n{done.stdout}{done.stderr}"
+    defaults = os.path.join(str(out_dir), DEFAULTS)  # what jar() writes into the jar beside the classes
+    os.makedirs(os.path.dirname(defaults), exist_ok=True)
+    with open(defaults, "w") as f:
+        f.write(jvm_defaults())
     return classpath
 
 

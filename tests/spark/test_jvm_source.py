@@ -153,7 +153,8 @@ def test_jar_builds_once_and_again_when_a_source_changes(tmp_path, monkeypatch):
     assert os.stat(first).st_mode & 0o777 == 0o600
     import zipfile
     with zipfile.ZipFile(first) as z:
-        assert sorted(z.namelist()) == ["META-INF/MANIFEST.MF", "META-INF/services/x.Service", "x/A.class"]
+        assert sorted(z.namelist()) == ["META-INF/MANIFEST.MF", "META-INF/services/x.Service",
+                                        "io/shmq/spark/defaults.properties", "x/A.class"]  # (options.py's defaults)
     stamp = os.stat(first).st_mtime_ns
     assert build(str(src)) == first and os.stat(first).st_mtime_ns == stamp  # cached: not built again
     (src / "src" / "x" / "A.java").write_text("package x;\npublic final class A { int changed; }\n")

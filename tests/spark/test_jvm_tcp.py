@@ -1,5 +1,7 @@
 """The JVM's DEADBEEF client (issue 32, item 3): ``io.shmq.spark.source.TcpStream`` reads a
-stream from a real ``shmq server`` as an executor on another host would, over TCP.
+stream from a real ``shmq server`` as an executor on another host would, over TCP, and finds
+the token of this user's server by itself as the Python client does (``io.shmq.spark.tcp.Auth``,
+held to ``shmq.auth.discover``'s answers).
 
 The Java codec is checked against bytes the Python codec makes (requests byte for byte,
 replies decoded fed a byte at a time); then a Java main (``TcpStreamDump``) reads records
@@ -7,6 +9,7 @@ appended with the Python client and prints them, and the test compares every fie
 what the engine stored. Skipped, saying why, where there is no JDK.
 """
 
+import json
 import math
 import os
 import shutil
@@ -18,6 +21,7 @@ import psutil
 import pytest
 
 import shmq
+from shmq import auth
 from shmq.protocol import MsgType, Status, encode_error, encode_reply, encode_request
 from tests._wait import in_thread, wait_for
 from tests.spark.jvm_harness import compile_tests, run_java, skip_without_jdk
@@ -192,16 +196,70 @@ def test_a_read_stops_at_until_and_max(java, broker, server):
     assert _ok(java("TcpStreamDump", server.url, TOKEN, "events", "read", 0, 9, 20, 4)) == ["read 0"]  # at the end
 
 
-def test_a_wrong_or_missing_token_is_refused_clearly(java, broker, server):
+def test_a_wrong_or_missing_token_is_refused_clearly(java, broker, server, tmp_path):
     where = server.url.removeprefix("tcp://")
     proc = java("TcpStreamDump", server.url, "wrong", "events")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert proc.stdout == (f"error ServerException: {where} refused the token given: UNAUTHORIZED: wrong or missing "
                            "token\n")
-    proc = java("TcpStreamDump", server.url, "-", "events")
+    elsewhere = tmp_path / "elsewhere"  # another per-user directory: no runtime file of this server
+    proc = java("TcpStreamDump", server.url, "-", "events", env={"SHMQ_HOME": str(elsewhere)})
     assert proc.returncode == 3
-    assert proc.stdout.startswith(f"error ServerException: {where} requires a token and none was given: pass one "
-                                  "(the token option, tcp://:TOKEN@host:port) or set $SHMQ_TOKEN: UNAUTHORIZED: ")
+    assert proc.stdout.startswith(f"error ServerException: {where} requires a token and none was found: pass one "
+                                  "(the token option, tcp://:TOKEN@host:port) or set $SHMQ_TOKEN, or run the query as "
+                                  f"the server's user on its host (it reads {elsewhere}/run): UNAUTHORIZED: ")
+
+
+def test_the_token_of_this_users_server_is_found_by_itself(java, broker, server):
+    """No token given, none in $SHMQ_TOKEN: the one in the runtime file of this user's server
+    that listens where the client connected (shmq.auth), as the Python client finds it."""
+    expected = _appended(broker, server.url)
+    assert _ok(java("TcpStreamDump", server.url, "-", "events")) == expected
+    (path,) = [os.path.join(auth.run_dir(), f) for f in os.listdir(auth.run_dir())
+               if f.startswith(f"server-{server.port}-")]
+    with open(path) as f:
+        info = json.load(f)
+    with open(path, "w") as f:  # a token found there that the server refuses says where it came from
+        json.dump({**info, "token": "not-the-one"}, f)
+    proc = java("TcpStreamDump", server.url, "-", "events")
+    assert proc.stdout == (f"error ServerException: 127.0.0.1:{server.port} refused the token in {path}: "
+                           "UNAUTHORIZED: wrong or missing token\n")
+
+
+def test_finding_the_token_is_shmq_auth_discover_rule_for_rule(java, tmp_path, monkeypatch):
+    """Runtime files of live and dead servers, bound to one address, to all, to a name, IPv4 and
+    IPv6; every (local, peer) pair finds in Java what shmq.auth.discover finds."""
+    monkeypatch.setenv("SHMQ_HOME", str(tmp_path))
+    os.makedirs(auth.run_dir(), mode=0o700)
+    me, ticks = os.getpid(), auth._start_ticks(os.getpid())
+    files = {  # port: [(pid, start, addresses, token)], in the order of their files' names
+        7001: [(me, ticks, ["127.0.0.1"], "t-loopback")],
+        7002: [(me, ticks, ["0.0.0.0"], "t-any")],
+        7003: [(me, ticks, ["10.1.2.3", "127.0.0.1"], "t-two")],
+        7004: [(me, ticks + 1, ["0.0.0.0"], "t-restarted-pid"), (2**22 + 7, ticks, ["0.0.0.0"], "t-gone")],
+        7005: [(me, ticks, ["localhost"], "t-a-name")],
+        7006: [(me, ticks, ["::ffff:127.0.0.1"], "t-mapped")],
+        7007: [(me, ticks, ["::"], "t-any6")],
+        7008: [(me, None, ["0.0.0.0"], "t-no-start"), (me, ticks, ["0.0.0.0"], "t-second")],
+        7009: [(me, ticks, ["fe80::1%eth0", "10.1.2.3"], "t-scoped")],
+    }
+    for port, servers in files.items():
+        for i, (pid, start, addresses, token) in enumerate(servers):
+            with open(os.path.join(auth.run_dir(), f"server-{port}-{i}.json"), "w") as f:
+                json.dump({"pid": pid, "start": start, "host": "h", "addresses": addresses,
+                           "port": port, "namespace": "n", "token": token}, f)
+    with open(os.path.join(auth.run_dir(), "server-7010-0.json"), "w") as f:  # its port is not the one in its name
+        json.dump({"pid": me, "start": ticks, "addresses": ["0.0.0.0"], "port": 9999, "token": "t-port"}, f)
+    pairs = [("127.0.0.1", "127.0.0.1"), ("127.0.0.1", "127.0.0.2"), ("10.1.2.3", "10.1.2.3"),
+             ("10.9.9.9", "10.1.2.3"), ("10.9.9.9", "10.8.8.8"), ("::1", "::1")]
+    cases = [(port, local, peer) for port in [*files, 7010, 7011] for local, peer in pairs]
+    expected = [f"run {auth.run_dir()}"]
+    for port, local, peer in cases:
+        token, path = auth.discover((local, 0), (peer, port))
+        expected.append("-" if token is None else f"{token} the token in {path}")
+    assert sum(x != "-" for x in expected) > 15 and sum(x == "-" for x in expected) > 15
+    assert _ok(java("AuthCheck", *(f"{port}/{local}/{peer}" for port, local, peer in cases),
+                    env={"SHMQ_HOME": str(tmp_path)})) == expected
 
 
 def test_unknown_stream_bad_url_and_no_server(java, broker, server):

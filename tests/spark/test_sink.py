@@ -102,8 +102,8 @@ def test_clear_errors_for_a_missing_stream_or_columns(spark, broker, sink):
             .option("namespace", broker.namespace).mode("append").save()
     with pytest.raises(Exception, match="the shmq sink has no option startingoffsets \\(an option of the shmq "
                                         "streaming source and the shmq batch source\\); its options are stream, "
-                                        "queue, namespace, url, token, sinkStagingMaxBytes, checkpointLocation, "
-                                        "queryName"):
+                                        "queue, namespace, url, token, maxOutage, sinkStagingMaxBytes, "
+                                        "checkpointLocation, queryName"):
         df.write.format(sink).option("stream", "out").option("namespace", broker.namespace) \
             .option("startingOffsets", "earliest").mode("append").save()
 

@@ -331,8 +331,8 @@ def test_an_option_the_source_does_not_read_is_refused_naming_those_it_does(brok
     had a rate limit (it is honoured now, tests/spark/test_kafka_options.py). Every option
     a part does not read is refused, as Spark hands it (lower-cased), with the closest name
     it has and the list of them."""
-    known = ("stream, queue, namespace, url, token, subscribe, subscribePattern, startingOffsets, failOnDataLoss, "
-             "includeHeaders, minPartitions, maxPartitions, queueStageMaxBytes")
+    known = ("stream, queue, namespace, url, token, maxOutage, subscribe, subscribePattern, startingOffsets, "
+             "failOnDataLoss, includeHeaders, minPartitions, maxPartitions, queueStageMaxBytes")
     with pytest.raises(SpecError) as e:
         reader_of(broker, maxoffsetspertriger="10")
     assert str(e.value) == ("the shmq streaming source has no option maxoffsetspertriger (did you mean "
@@ -363,7 +363,7 @@ def test_every_option_the_code_reads_is_in_a_parts_list():
 
     listed = {n.lower() for names in options.OPTIONS.values() for n in names}
     src = "".join((Path(options.__file__).parent / f).read_text() for f in ("reader.py", "writer.py", "options.py"))
-    read = {n.lower() for n in re.findall(r'(?:(?:opts|self)\.(?:get|integer|number|flag|offsets)\(|duration\(opts, )'
+    read = {n.lower() for n in re.findall(r'(?:(?:opts|self)\.(?:get|integer|number|flag|offsets|seconds)\(|duration\(opts, )'
                                           r'"(\w+)"', src)}
     kafkas = {n.lower() for n in options.KAFKA_NAMES.values()}  # read under our names (Options.get)
     assert read | kafkas == listed - {"checkpointlocation", "queryname"}  # (Spark's own, handed to a sink: not read)
@@ -521,6 +521,22 @@ def test_the_source_over_tcp_with_a_token(spark, broker, tmp_path, source):
         srv.stop()
     assert [len(b) for b in data(batches)] == [8, 4]
     assert sorted(r for b in data(batches) for r in b) == expected(s, {0: (0, 7), 1: (0, 5)})
+
+
+def test_the_source_over_url_finds_the_token_of_this_users_server_by_itself(spark, broker, servers, source):
+    """No token option and no $SHMQ_TOKEN: both sources (their driver and their tasks) show the
+    server the token of this user's server that listens there (its runtime file, shmq.auth; the
+    JVM source through io.shmq.spark.tcp.Auth), as the Python client does (issue 69, item 6)."""
+    assert "SHMQ_TOKEN" not in os.environ
+    s = broker.create_stream("events", partitions=2, max_bytes=2**16)
+    fill(s, [7, 5])
+    srv = servers(broker.namespace, "--no-persist")  # the token of the per-user token file, advertised
+    try:
+        assert "token required" in srv.log[-1]
+        df = spark.read.format(source).option("stream", "events").option("url", srv.url).load()
+        assert rows_of(df) == expected(s, {0: (0, 7), 1: (0, 5)})
+    finally:
+        assert srv.stop() == 0
 
 
 def test_bad_options_fail_with_messages_naming_what(spark, broker, tmp_path, source):

@@ -44,7 +44,10 @@ final class ShmqMicroBatchStream extends SourceBase implements MicroBatchStream,
         maxDelay = opts.duration("maxTriggerDelay", "15m");
     }
 
-    /** {partition: {earliest, end}} over the kept source; one that failed is opened again, once. */
+    /**
+     * {partition: {earliest, end}} over the kept source; one that failed is opened again, once (over url its
+     * TcpStream has tried again already, for as long as option maxOutage says: it is not opened again).
+     */
     private Map<Integer, long[]> now() {
         for (int attempt = 0; ; attempt++) {
             try {
@@ -54,7 +57,7 @@ final class ShmqMicroBatchStream extends SourceBase implements MicroBatchStream,
                 return positions(source);
             } catch (IOException | UncheckedIOException e) {
                 stop();
-                if (attempt > 0) {
+                if (attempt > 0 || target.url != null) {
                     throw e instanceof UncheckedIOException ? (UncheckedIOException) e
                             : new UncheckedIOException((IOException) e);
                 }

@@ -21,7 +21,7 @@ public final class SourceOptions {
     public static final String STREAM_SOURCE = "the shmq streaming source";
     public static final String BATCH_SOURCE = "the shmq batch source";
     public static final String SINK = "the shmq sink";
-    private static final String[] CONNECTION = {"stream", "queue", "namespace", "url", "token"};
+    private static final String[] CONNECTION = {"stream", "queue", "namespace", "url", "token", "maxOutage"};
     private static final String[] SOURCE = concat(CONNECTION, "subscribe", "subscribePattern", "startingOffsets",
             "failOnDataLoss", "includeHeaders", "minPartitions", "maxPartitions", "queueStageMaxBytes");
     /** The options each part reads, in the order the messages list them (options.py's OPTIONS). */
@@ -108,6 +108,27 @@ public final class SourceOptions {
         if (url != null && !(url.startsWith("tcp://") || url.startsWith("tcps://"))) {
             throw new ShmqSpecException("option url must be tcp://host:port (tcps:// for TLS), not " + repr(url));
         }
+        if (get("maxOutage") != null) {
+            maxOutage();  // (a bad value refused now)
+        }
+    }
+
+    /**
+     * Option maxOutage in seconds: seconds (300) or a duration with its unit (500ms, 90s, 5m); by default
+     * options.py's (the Python clients' max_outage), from the jar (io.shmq.spark.tcp.Reconnect).
+     */
+    public double maxOutage() {
+        String v = get("maxOutage");
+        if (v == null) {
+            return io.shmq.spark.tcp.Reconnect.defaultMaxOutage();
+        }
+        Matcher m = DURATION.matcher(v.toLowerCase(Locale.ROOT));
+        double unit = m.matches() ? unitSeconds(m.group(2).isEmpty() ? "s" : m.group(2)) : -1;
+        if (unit < 0) {
+            throw new ShmqSpecException("option maxOutage must be seconds (300) or a duration like 500ms, 90s "
+                    + "or 5m, not " + repr(v));
+        }
+        return Double.parseDouble(m.group(1)) * unit;
     }
 
     /** The namespace a local read attaches to: the option, else $SHMQ_NAMESPACE, else "shmq" (as the Python source). */

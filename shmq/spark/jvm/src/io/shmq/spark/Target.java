@@ -4,6 +4,7 @@ import io.shmq.spark.source.RecordSource;
 import io.shmq.spark.source.ShmStream;
 import io.shmq.spark.source.TcpStream;
 import io.shmq.spark.tcp.Endpoint;
+import io.shmq.spark.tcp.Reconnect;
 
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -16,7 +17,8 @@ import java.nio.file.Paths;
 
 /**
  * What a query reads and how its tasks reach it, shipped to every task: the stream, and where its records are
- * (a namespace's shared memory, or a shmq server by url). {@link #open} picks the {@link RecordSource}.
+ * (a namespace's shared memory, or a shmq server by url, and how long to ride out its outage). {@link #open} picks
+ * the {@link RecordSource}.
  */
 public final class Target implements Serializable {
     private static final long serialVersionUID = 1L;
@@ -24,12 +26,15 @@ public final class Target implements Serializable {
 
     public final String stream, namespace, url, token;
     public final boolean includeHeaders, failOnDataLoss;
+    /** Over url: how long to keep trying to reach the server (option maxOutage); null with a namespace. */
+    public final Reconnect reconnect;
 
     Target(SourceOptions opts) {
         stream = opts.stream;
         url = opts.url;
         token = opts.token;
         namespace = url == null ? opts.namespace() : null;
+        reconnect = url == null ? null : Reconnect.of(opts.maxOutage());
         includeHeaders = opts.flag("includeHeaders", false);
         failOnDataLoss = opts.flag("failOnDataLoss", true);
     }
@@ -46,7 +51,7 @@ public final class Target implements Serializable {
      */
     RecordSource open(String who) throws IOException {
         if (url != null) {
-            RecordSource s = TcpStream.connect(url, token, stream);
+            RecordSource s = TcpStream.connect(url, token, stream, reconnect, "source (" + who + ")");
             LOG.info("shmq source: {} read over TCP ({})", who, Endpoint.parse(url).url);  // (never its token)
             return s;
         }

@@ -4,6 +4,7 @@ import io.shmq.spark.tcp.Connection;
 import io.shmq.spark.tcp.Endpoint;
 import io.shmq.spark.tcp.Frame;
 import io.shmq.spark.tcp.MsgpackWriter;
+import io.shmq.spark.tcp.Reconnect;
 import io.shmq.spark.tcp.ServerException;
 import io.shmq.spark.tcp.StreamMessages;
 import io.shmq.spark.tcp.Wire;
@@ -12,40 +13,57 @@ import java.io.IOException;
 /**
  * A stream read from a shmq server over TCP (an executor on another host): STREAM_INFO for the partition count,
  * OFFSETS for earliest and latest, READ by offset for the records. One connection, opened by {@link #connect};
- * a connection the server dropped meanwhile (its idle timeout) is opened again once for the next request (every
- * request here only reads). Errors from the server are IOExceptions with its message; offsets no longer retained
- * are a {@link DataLossException} (a read that lost offsets after some it read returns those, and the next read
- * raises it).
+ * a connection the server dropped meanwhile (its idle timeout, a restart) is opened again for the next request, at
+ * once, then for as long as its {@link Reconnect} says (every request here only reads, so each may be made again).
+ * Errors from the server are IOExceptions with its message; offsets no longer retained are a
+ * {@link DataLossException} (a read that lost offsets after some it read returns those, and the next read raises
+ * it).
  */
 public final class TcpStream implements RecordSource {
     private final Endpoint endpoint;
     private final String token;
     private final String stream;
+    private final Reconnect reconnect;
+    private final String who;
     private final int partitions;
     private Connection conn;
     private boolean closed;
 
-    private TcpStream(Endpoint endpoint, String token, String stream, Connection conn, int partitions) {
+    private TcpStream(Endpoint endpoint, String token, String stream, Reconnect reconnect, String who,
+                      Connection conn, int partitions) {
         this.endpoint = endpoint;
         this.token = token;
         this.stream = stream;
+        this.reconnect = reconnect;
+        this.who = who;
         this.conn = conn;
         this.partitions = partitions;
     }
 
     /**
      * Connects to {@code url} ({@code tcp://host:port}, or {@code tcps://host:port} trusting $SHMQ_TLS_CA) with
-     * {@code token} (null: the url's, else $SHMQ_TOKEN) and looks the stream up. IllegalArgumentException for a bad
-     * url; IOException if the server cannot be reached, refuses the token, or has no such stream.
+     * {@code token} (null: the url's, else $SHMQ_TOKEN, else this user's server's: Auth) and looks the stream up,
+     * riding out an outage of the server as {@code reconnect} says (here and at every request); {@code who} names
+     * the reader in its log line ("source (the driver)"). IllegalArgumentException for a bad url; IOException if
+     * the server cannot be reached, refuses the token, or has no such stream.
      */
-    public static TcpStream connect(String url, String token, String stream) throws IOException {
+    public static TcpStream connect(String url, String token, String stream, Reconnect reconnect, String who)
+            throws IOException {
         Endpoint endpoint = Endpoint.parse(url);
-        Connection conn = Connection.open(endpoint, token);
+        Connection[] opened = new Connection[1];
+        Runnable close = () -> {
+            if (opened[0] != null) {
+                opened[0].close();
+            }
+        };
         try {
-            int partitions = StreamMessages.partitions(conn.call(Wire.STREAM_INFO, StreamMessages.streamInfo(stream)));
-            return new TcpStream(endpoint, token, stream, conn, partitions);
+            int partitions = reconnect.call(endpoint, who, () -> {
+                opened[0] = Connection.open(endpoint, token);
+                return StreamMessages.partitions(opened[0].call(Wire.STREAM_INFO, StreamMessages.streamInfo(stream)));
+            }, close);
+            return new TcpStream(endpoint, token, stream, reconnect, who, opened[0], partitions);
         } catch (IOException | RuntimeException e) {
-            conn.close();
+            close.run();
             throw e;
         }
     }
@@ -111,7 +129,7 @@ public final class TcpStream implements RecordSource {
                 + "(the oldest retained is " + firstAvailable + ")", firstAvailable);
     }
 
-    /** OFFSETS (max < 1) or READ of one partition, on a connection opened again once if the server dropped it. */
+    /** OFFSETS (max < 1) or READ of one partition, on a connection opened again if the server dropped it. */
     private Frame call(int type, int partition, long offset, int max) throws IOException {
         if (partition < 0 || partition >= partitions) {
             throw new IllegalArgumentException("stream '" + stream + "' has partitions 0.." + (partitions - 1) + ", not "
@@ -122,23 +140,24 @@ public final class TcpStream implements RecordSource {
         }
         MsgpackWriter request = type == Wire.READ ? StreamMessages.read(stream, partition, offset, max)
                 : StreamMessages.offsets(stream, partition);
-        try {
-            return conn.call(type, request);
-        } catch (ServerException e) {
-            throw e;
-        } catch (IOException e) {
-            if (!conn.isClosed()) {
-                throw e;
+        return reconnect.call(endpoint, who, () -> {
+            if (conn == null || conn.isClosed()) {
+                conn = Connection.open(endpoint, token); // the server closed the last one (idle, or it restarted)
             }
-            conn = Connection.open(endpoint, token); // the server closed the connection (idle): once more
             return conn.call(type, request);
-        }
+        }, () -> {
+            if (conn != null) {
+                conn.close();
+            }
+        });
     }
 
     @Override
     public synchronized void close() {
         closed = true;
-        conn.close();
+        if (conn != null) {
+            conn.close();
+        }
     }
 
     @Override

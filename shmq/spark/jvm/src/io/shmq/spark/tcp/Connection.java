@@ -22,7 +22,7 @@ import javax.net.ssl.SSLSocket;
  */
 public final class Connection implements Closeable {
     public static final String CLIENT = "shmq-jvm";
-    public static final String TOKEN_ENV = "SHMQ_TOKEN";
+    public static final String TOKEN_ENV = Auth.TOKEN_ENV;
     public static final int CONNECT_TIMEOUT_MS = 10_000;
     public static final int REPLY_TIMEOUT_MS = 120_000;
     private static final int HELLO_REPLY_LIMIT = 64 << 10;
@@ -45,24 +45,21 @@ public final class Connection implements Closeable {
     }
 
     /**
-     * Connects to {@code endpoint} and says HELLO with {@code token} (null: the url's, else $SHMQ_TOKEN, else
-     * none). IOException if the server cannot be reached; ServerException (UNAUTHORIZED) if it refuses the token.
+     * Connects to {@code endpoint} and says HELLO with {@code token} (null: the url's, else $SHMQ_TOKEN, else the
+     * one this user's server there advertises, else none: {@link Auth}). IOException if the server cannot be
+     * reached; ServerException (UNAUTHORIZED) if it refuses the token.
      */
     public static Connection open(Endpoint endpoint, String token) throws IOException {
-        String source = "the token given";
-        if (token == null && endpoint.token != null) {
-            token = endpoint.token;
-            source = "the token in the url";
-        } else if (token == null && System.getenv(TOKEN_ENV) != null && !System.getenv(TOKEN_ENV).isEmpty()) {
-            token = System.getenv(TOKEN_ENV);
-            source = "the token in $" + TOKEN_ENV;
-        }
+        String source;
         Socket s = null;
         Connection c = null;
         try {
             s = new Socket();
             s.connect(new InetSocketAddress(endpoint.host, endpoint.port), CONNECT_TIMEOUT_MS);
             s.setTcpNoDelay(true);
+            Auth.Found found = Auth.clientToken(token, endpoint, s.getLocalAddress(), s.getInetAddress(), s.getPort());
+            token = found.token;
+            source = found.source;
             s.setSoTimeout(CONNECT_TIMEOUT_MS); // the HELLO's limit too
             if (endpoint.tls) {
                 SSLSocket tls = (SSLSocket) Tls.factory(Tls.caFile()).createSocket(s, endpoint.host, endpoint.port, true);
@@ -92,8 +89,9 @@ public final class Connection implements Closeable {
                 throw e;
             }
             String who = token == null
-                    ? endpoint + " requires a token and none was given: pass one (the token option, tcp://:TOKEN@host:port) or set $"
-                    + TOKEN_ENV
+                    ? endpoint + " requires a token and none was found: pass one (the token option, "
+                    + "tcp://:TOKEN@host:port) or set $" + TOKEN_ENV + ", or run the query as the server's user on its "
+                    + "host (it reads " + Auth.runDir() + ")"
                     : endpoint + " refused " + source;
             throw new ServerException(who, e.status(), e.serverMessage(), -1, -1);
         } catch (ProtocolException e) {

@@ -25,6 +25,7 @@ public final class Wire {
     public static final int OK = 0;
     public static final int UNAUTHORIZED = 3;
     public static final int TOO_LARGE = 7;
+    public static final int LIMIT_EXCEEDED = 13;
     public static final int STREAM_NOT_FOUND = 14;
     public static final int OFFSET_OUT_OF_RANGE = 16;
 

@@ -12,11 +12,15 @@ import java.nio.charset.StandardCharsets;
  * none) STREAM, then either nothing (every partition's offsets and records, read in blocks of 3 records), or
  * "read P FROM UNTIL MAX" (one read), or "pause P" (partition P's
  * latest offset, then again after a line on stdin), or "rate P N" (N records of partition P read in blocks of 10 000: the read
- * rate). An error prints "error" and its class and message, and exits 3.
+ * rate). An error prints "error" and its class and message, and exits 3. $MAX_OUTAGE_S: how long it rides
+ * out an outage of the server (none: 0, one try again at once).
  */
 public final class TcpStreamDump {
     public static void main(String[] args) throws Exception {
-        try (TcpStream s = TcpStream.connect(args[0], args[1].equals("-") ? null : args[1], args[2])) {
+        String timeout = System.getenv("MAX_OUTAGE_S");  // how long to ride out an outage (none: 0)
+        Reconnect reconnect = new Reconnect(timeout == null ? 0 : Double.parseDouble(timeout), 0.1, 2.0);
+        try (TcpStream s = TcpStream.connect(args[0], args[1].equals("-") ? null : args[1], args[2], reconnect,
+                "test")) {
             RecordBlock b = new RecordBlock();
             if (args.length == 3) {
                 System.out.println("partitions " + s.partitions());
