@@ -26,6 +26,7 @@ __all__ = [
     "BrokerUnavailable",
     "OutcomeUnknown",
     "StorageError",
+    "ShmFull",
     "LockTimeout",
     "LimitExceeded",
     "StreamNotFound",
@@ -142,6 +143,15 @@ class StorageError(ShmqError, OSError):
     entry (disk full, directory deleted, I/O error), or /dev/shm has no room for a new
     queue. Nothing was enqueued, settled or created, and the log is as it was: free
     space (or restore the data directory), then retry."""
+
+
+class ShmFull(StorageError, QueueFull):
+    """/dev/shm had no room for the records before the timeout (a put with a timeout waits
+    for room there within it, as for a full queue; one with none, and an append, raise at
+    once, since /dev/shm may never have room again): nothing was
+    written, and what is stored is intact. Consume, purge or delete messages, or enlarge
+    /dev/shm (Docker: --shm-size). Also a ``queue.Full``, as a full queue's error is. Over
+    TCP it arrives as a StorageError (status STORAGE)."""
 
 
 class LockTimeout(ShmqError, TimeoutError):

@@ -58,14 +58,14 @@ def test_the_plain_shapes_of_the_clients_take_the_fast_check(msg_type, payload):
 
 
 @pytest.mark.parametrize("msg_type, payload, error", [
-    (P, {"queue": "q", "body": "text"}, "PRODUCE: field 'body' must be bytes"),
+    (P, {"queue": "q", "body": "text"}, "PRODUCE: field 'body' must be a msgpack bin"),
     (P, {"queue": 7, "body": b"x"}, "PRODUCE: field 'queue' must be a string, not 7"),
     (P, {"body": b"x", "queue": "q", "priority": "high"}, "PRODUCE: field 'priority' must be an integer"),
     (C, {"queue": "q", "max": 1, "wait_ms": -1}, "CONSUME: field 'wait_ms' must be a non-negative integer, not -1"),
-    (C, {"queue": "q", "max": True, "wait_ms": 0}, "CONSUME: field 'max' must be a positive integer, not True"),
+    (C, {"queue": "q", "max": True, "wait_ms": 0}, "CONSUME: field 'max' must be a positive integer, not true"),
     (C, {"queue": "q", "max": 1}, None),  # not the plain shape, but good: the general path takes it
-    (A, {"queue": "q", "deliveries": [1, "2"]}, r"ACK: field 'deliveries' must be a list of integers \(item 1 is str"),
-    (A, {"queue": "q", "deliveries": 5}, "ACK: field 'deliveries' must be a list of integers, not 5"),
+    (A, {"queue": "q", "deliveries": [1, "2"]}, r"ACK: field 'deliveries' must be an array of integers \(item 1 is str"),
+    (A, {"queue": "q", "deliveries": 5}, "ACK: field 'deliveries' must be an array of integers, not 5"),
 ])
 def test_what_the_plain_checks_refuse_goes_to_check_request(msg_type, payload, error):
     assert PLAIN_CHECKS[msg_type](payload) is None
@@ -168,7 +168,7 @@ def test_plain_requests_are_answered_as_by_the_general_path(tcp_server, broker):
         assert (f.status, f.payload["error"]) == (
             Status.BAD_REQUEST, "CONSUME: field 'wait_ms' must be a non-negative integer, not -5")
         f = _ask(s, P, 9, {"queue": "q", "body": "text"})
-        assert f.status == Status.BAD_REQUEST and f.payload["error"].startswith("PRODUCE: field 'body' must be bytes")
+        assert f.status == Status.BAD_REQUEST and f.payload["error"].startswith("PRODUCE: field 'body' must be a msgpack bin")
     finally:
         s.close()
         other.close()

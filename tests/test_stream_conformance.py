@@ -550,11 +550,11 @@ def test_compressed_data_is_checked_like_plain_records(server, broker):
 
         with pytest.raises(ValueError, match="compressed data cannot be read"):
             send(compression="zstd", data=b"not zstd")
-        with pytest.raises(ValueError, match="compressed records must be a list of maps"):
+        with pytest.raises(ValueError, match="compressed records must be an array of maps"):
             send(compression="zstd", data=zstd.compress(b"\x93\x01\x02\x03"))  # [1, 2, 3]
         with pytest.raises(shmq.MessageTooLarge, match="decompress to at most"):
             send(compression="zstd", data=zstd.compress(b"\x00" * (17 * 2**20)))  # a 17 MiB bomb in a few KiB
-        with pytest.raises(ValueError, match="compression must be None or 'zstd', not 'lz4'"):
+        with pytest.raises(ValueError, match='compression must be "zstd", not "lz4"'):
             send(compression="lz4", data=b"")
         with pytest.raises(ValueError, match="needs the field 'data'"):
             send(compression="zstd")

@@ -22,6 +22,8 @@ next frame; after a fatal one the decoder stays failed and the connection must c
 from __future__ import annotations
 
 import enum
+import json
+import re
 import struct
 import threading
 from collections.abc import Iterator
@@ -53,6 +55,8 @@ __all__ = [
     "encode_error",
     "FrameDecoder",
     "decode_payload",
+    "kind",
+    "describe",
 ]
 
 MAGIC = 0xDEADBEEF
@@ -322,21 +326,102 @@ def _decode_payload(data, msg_id: int, msg_type: int) -> dict:
     try:
         obj = unpackb(data, **UNPACK)
     except _DECODE_ERRORS as exc:
-        raise _error(f"malformed msgpack payload: {exc}", Status.BAD_REQUEST, msg_id, False, msg_type) from None
+        raise _error(f"malformed msgpack payload: {_malformed(exc, len(data))}", Status.BAD_REQUEST, msg_id, False,
+                     msg_type) from None
     if type(obj) is not dict:  # msgpack makes plain dicts
-        raise _error(
-            f"the payload must be a msgpack map, not {type(obj).__name__}", Status.BAD_REQUEST, msg_id, False, msg_type
-        )
+        raise _error(f"the payload must be a msgpack map, not {kind(obj)}", Status.BAD_REQUEST, msg_id, False, msg_type)
     for key in obj:
         if type(key) is not str:  # msgpack makes str and bytes keys, never subclasses
-            raise _error(
-                f"payload keys must be strings, not {type(key).__name__} ({key!r:.40})",
-                Status.BAD_REQUEST,
-                msg_id,
-                False,
-                msg_type,
-            )
+            raise _error(f"payload keys must be strings (msgpack str), not {describe(key)}", Status.BAD_REQUEST,
+                         msg_id, False, msg_type)
     return obj
+
+
+# ------------------------------------------------------------------ error texts in msgpack's words
+# An error reply speaks of the wire's types (msgpack's: nil, bool, int, float, str, bin,
+# array, map, ext), never of the Python objects the decoder made of them. These run on
+# error paths only.
+
+_KINDS = {type(None): "nil", bool: "bool", int: "int", float: "float", str: "str", bytes: "bin",
+          msgpack.ExtType: "ext", msgpack.Timestamp: "timestamp", list: "array", tuple: "array", dict: "map"}
+
+
+def kind(value) -> str:
+    """The msgpack type of a decoded value: nil, bool, int, float, str, bin, array, map,
+    ext or timestamp (msgpack's ext type -1)."""
+    name = _KINDS.get(type(value))
+    if name is None:
+        name = next((n for t, n in _KINDS.items() if isinstance(value, t)), "a value of no msgpack type")
+    return name
+
+
+def describe(value, most: int = 40) -> str:
+    """A short rendering of a decoded value in msgpack's words, for an error text: nil,
+    true, false, an int or float as written, a str in double quotes (cut at ``most``
+    characters), ``a bin of N bytes``, ``an array of N``, ``a map of N``, ``an ext of type
+    N``, ``a timestamp``."""
+    if value is None:
+        return "nil"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        text = repr(value) if isinstance(value, int) else _FLOATS.get(repr(value), repr(value))
+        return text if len(text) <= most else text[: most - 3] + "..."
+    if isinstance(value, str):
+        text = value if len(value) <= most else value[: most - 3] + "..."
+        return json.dumps(text, ensure_ascii=False)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"a bin of {_count(len(value), 'byte')}"
+    if isinstance(value, msgpack.ExtType):  # (a tuple: before arrays)
+        return f"an ext of type {value.code} ({_count(len(value.data), 'byte')})"
+    if isinstance(value, msgpack.Timestamp):
+        return "a timestamp (ext type -1)"
+    if isinstance(value, (list, tuple)):
+        return f"an array of {len(value)}"
+    if isinstance(value, dict):
+        return f"a map of {len(value)}"
+    return kind(value)
+
+
+_FLOATS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+_MAP_KEY = re.compile(r"^(\w+) is not allowed for map key")
+_TOO_LONG = re.compile(r"^(\d+) exceeds max_(str|bin|array|map|ext)_len\((\d+)\)")
+_PY_KINDS = {"NoneType": "nil", "bool": "bool", "int": "int", "float": "float", "str": "str", "bytes": "bin",
+             "list": "array", "tuple": "array", "dict": "map", "ExtType": "ext", "Timestamp": "timestamp"}
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}{'' if n == 1 else 's'}"
+
+
+def _malformed(exc: BaseException, size: int) -> str:
+    """What is wrong with a payload msgpack could not decode, in msgpack's words (never empty)."""
+    text = str(exc)
+    if isinstance(exc, msgpack.ExtraData):
+        return (f"{_count(len(exc.extra), 'byte')} after the first msgpack value: a payload is exactly one map, "
+                "as long as the frame says")
+    if isinstance(exc, msgpack.FormatError):
+        return "the byte 0xc1, which starts no msgpack value (msgpack never uses it)"
+    if isinstance(exc, (msgpack.StackError, RecursionError)):
+        return "arrays and maps nested deeper than the decoder allows"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"a str that is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} of the str)"
+    if "incomplete input" in text:
+        return f"the payload ends inside a value: its msgpack needs more than the frame's {_count(size, 'byte')}"
+    if m := _MAP_KEY.match(text):
+        return f"a map key must be a str or a bin (the payload's own keys a str), not {_PY_KINDS.get(m[1], m[1])}"
+    if m := _TOO_LONG.match(text):
+        unit = "bytes" if m[2] in ("str", "bin", "ext") else "items" if m[2] == "array" else "pairs"
+        return f"a msgpack {m[2]} of {m[1]} {unit}, more than the payload's {_count(size, 'byte')} can hold"
+    if text.startswith("invalid timestamp data"):
+        return "a timestamp (ext type -1) whose data is not 4, 8 or 12 bytes"
+    if text.startswith("nanoseconds must be"):
+        return "a timestamp (ext type -1) of more than 999999999 nanoseconds"
+    if isinstance(exc, OverflowError):
+        return "a number out of the decoder's range"
+    if isinstance(exc, TypeError) and "unhashable" in text:
+        return "a map key that is an array or a map"
+    return "bytes that are not one msgpack value"
 
 
 def decode_payload(data, msg_id: int = 0, msg_type: int = 0) -> dict:

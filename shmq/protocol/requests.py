@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from ..errors import ProtocolError
 from ..model.checks import MAX_PARTITIONS  # a stream's partitions are numbered below it
-from .frames import REPLY_BIT, Frame, MsgType, Status, _error
+from .frames import REPLY_BIT, Frame, MsgType, Status, _error, describe, kind
 
 __all__ = ["Field", "REQUEST_FIELDS", "validate_request", "check_request", "check_records", "normalize_records",
            "MAX_RECORDS", "PLAIN_CHECKS", "check_plain_produce", "check_plain_consume", "check_plain_ack"]
@@ -42,16 +42,16 @@ def _check_str(v):
 
 @_passes(bytes)
 def _check_bytes(v):
-    return None if isinstance(v, bytes) else "bytes (msgpack bin)"
+    return None if isinstance(v, bytes) else "a msgpack bin"
 
 
 @_passes(bytes)
 def _check_value(v):
-    return None if v is None or isinstance(v, bytes) else "bytes (msgpack bin), or nil (a tombstone)"
+    return None if v is None or isinstance(v, bytes) else "a msgpack bin, or nil (a tombstone)"
 
 
 def _check_str_or_bytes(v):
-    return None if isinstance(v, (str, bytes)) else "a string or bytes (msgpack bin)"
+    return None if isinstance(v, (str, bytes)) else "a string or a msgpack bin"
 
 
 @_passes(bool)
@@ -72,9 +72,9 @@ def _check_headers(v):
         return "a map of string keys to str, int, float, bool or bin values"
     for key, value in v.items():
         if not isinstance(key, str):
-            return f"a map with string keys (found key {key!r:.40})"
+            return f"a map with string keys (found the key {describe(key)})"
         if not isinstance(value, _HEADER_VALUE_TYPES):
-            return f"a map of str, int, float, bool or bin values (key {key!r:.40} holds {type(value).__name__})"
+            return f"a map of str, int, float, bool or bin values (key {describe(key)} holds {kind(value)})"
     return None
 
 
@@ -85,10 +85,10 @@ def _check_record_headers(v):
         return _check_headers(v)
     for pair in v:
         if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str):
-            return f"an array of [string key, value] pairs (found {pair!r:.40})"
+            return f"an array of [string key, value] pairs (found {_pair(pair)})"
         if pair[1] is not None and not isinstance(pair[1], _HEADER_VALUE_TYPES):
-            return f"an array of pairs of str, int, float, bool, bin or nil values (key {pair[0]!r:.40} holds " \
-                   f"{type(pair[1]).__name__})"
+            return f"an array of pairs of str, int, float, bool, bin or nil values (key {describe(pair[0])} holds " \
+                   f"{kind(pair[1])})"
     return None
 
 
@@ -103,10 +103,10 @@ def _check_deliveries(v):
     if type(v) is list and (type(v[0]) is int if len(v) == 1 else set(map(type, v)) <= _INTS):
         return None
     if not isinstance(v, list):
-        return "a list of integers"
+        return "an array of integers"
     for i, item in enumerate(v):
         if not _is_int(item):
-            return f"a list of integers (item {i} is {type(item).__name__})"
+            return f"an array of integers (item {i} is {kind(item)})"
     return None
 
 
@@ -121,18 +121,18 @@ def _check_messages(v):
         except KeyError:
             pass  # one has no body: the walk below says which
     if not isinstance(v, list):
-        return "a list of maps {body: bin, headers?: map}, or of bin bodies"
+        return "an array of maps {body: bin, headers?: map}, or of bin bodies"
     if v and all(type(item) is bytes for item in v):
         return None
     for i, item in enumerate(v):
         if not isinstance(item, dict):
-            return f"a list of maps {{body: bin, headers?: map}} (item {i} is {type(item).__name__})"
+            return f"an array of maps {{body: bin, headers?: map}} (item {i} is {kind(item)})"
         if "body" not in item:
-            return f"a list of maps with a body (item {i} has none)"
+            return f"an array of maps with a body (item {i} has none)"
         if (why := _check_bytes(item["body"])) is not None:
-            return f"a list of maps whose body is {why} (item {i}: {type(item['body']).__name__})"
+            return f"an array of maps whose body is {why} (item {i}: {kind(item['body'])})"
         if "headers" in item and (why := _check_headers(item["headers"])) is not None:
-            return f"a list of maps whose headers are {why} (item {i})"
+            return f"an array of maps whose headers are {why} (item {i})"
     return None
 
 
@@ -148,7 +148,7 @@ MAX_RECORDS = 100_000  # most records one READ or POLL may ask for
 
 def _check_names(v):
     if not isinstance(v, list) or not all(type(x) is str for x in v):
-        return "a list of strings"
+        return "an array of strings"
     return None
 
 
@@ -157,11 +157,11 @@ def _check_int(v):
 
 
 def _check_number(v):
-    return None if isinstance(v, (int, float)) and not isinstance(v, bool) else "a number"
+    return None if isinstance(v, (int, float)) and not isinstance(v, bool) else "a msgpack float or int"
 
 
 def _check_number_or_nil(v):
-    return None if v is None else "a number or nil" if _check_number(v) else None
+    return None if v is None else "a msgpack float or int, or nil" if _check_number(v) else None
 
 
 def _check_partition(v):
@@ -175,17 +175,17 @@ def _check_max_records(v):
 def check_records(v):
     """A list of records to append: maps {value: bin or nil, key?: bin, headers?: map or
     array of pairs}."""
-    form = "a list of maps {value: bin or nil, key?: bin, headers?: map}"
+    form = "an array of maps {value: bin or nil, key?: bin, headers?: map}"
     if not isinstance(v, list):
         return form
     for i, item in enumerate(v):
         if not isinstance(item, dict):
-            return f"{form} (item {i} is {type(item).__name__})"
+            return f"{form} (item {i} is {kind(item)})"
         if "value" not in item:
-            return f"a list of maps with a value (item {i} has none)"
+            return f"an array of maps with a value (item {i} has none)"
         for name, check in (("value", _check_value), ("key", _check_bytes), ("headers", _check_record_headers)):
             if name in item and (why := check(item[name])) is not None:
-                return f"a list of maps whose {name} {'are' if name == 'headers' else 'is'} {why} (item {i})"
+                return f"an array of maps whose {name} {'are' if name == 'headers' else 'is'} {why} (item {i})"
     return None
 
 
@@ -195,7 +195,7 @@ def normalize_records(v):
 
 def _check_partitions(v):
     if not isinstance(v, list) or any(_check_partition(p) is not None for p in v):
-        return f"a list of partitions 0..{MAX_PARTITIONS - 1}"
+        return f"an array of partitions 0..{MAX_PARTITIONS - 1}"
     return None
 
 
@@ -203,42 +203,42 @@ MAX_POLLED_MEMBERS = 4096  # most members one POLL_MANY may name
 
 
 def _check_members(v):
-    form = f"a list of 1..{MAX_POLLED_MEMBERS} [stream name, member id >= 1] pairs"
+    form = f"an array of 1..{MAX_POLLED_MEMBERS} [stream name, member id >= 1] pairs"
     if not isinstance(v, list) or not 1 <= len(v) <= MAX_POLLED_MEMBERS:
         return form
     for i, pair in enumerate(v):
         if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str)
                 or _check_positive(pair[1]) is not None):
-            return f"{form} (item {i} is {_show(pair)})"
+            return f"{form} (item {i} is {_pair(pair)})"
     return None
 
 
 def _check_offsets(v):
-    form = f"a list of [partition 0..{MAX_PARTITIONS - 1}, offset >= 0] pairs"
+    form = f"an array of [partition 0..{MAX_PARTITIONS - 1}, offset >= 0] pairs"
     if not isinstance(v, list):
         return form
     for i, pair in enumerate(v):
         if (not isinstance(pair, list) or len(pair) != 2 or _check_partition(pair[0]) is not None
                 or _check_non_negative(pair[1]) is not None):
-            return f"{form} (item {i} is {_show(pair)})"
+            return f"{form} (item {i} is {_pair(pair)})"
     return None
 
 
 def _check_ranges(v):
-    form = (f"a list of [partition 0..{MAX_PARTITIONS - 1}, staging partition 0..{MAX_PARTITIONS - 1}, "
-            "first offset >= 0, end offset >= first] lists")
+    form = (f"an array of [partition 0..{MAX_PARTITIONS - 1}, staging partition 0..{MAX_PARTITIONS - 1}, "
+            "first offset >= 0, end offset >= first] arrays")
     if not isinstance(v, list):
         return form
     for i, item in enumerate(v):
         if (not isinstance(item, list) or len(item) != 4 or _check_partition(item[0]) is not None
                 or _check_partition(item[1]) is not None or _check_non_negative(item[2]) is not None
                 or _check_non_negative(item[3]) is not None or item[3] < item[2]):
-            return f"{form} (item {i} is {_show(item)})"
+            return f"{form} (item {i} is {_pair(item)})"
     return None
 
 
 def _check_txn(v):
-    return None if isinstance(v, bytes) and len(v) == 16 else "16 bytes (msgpack bin)"
+    return None if isinstance(v, bytes) and len(v) == 16 else "a msgpack bin of 16 bytes"
 
 
 def _check_transaction(v):
@@ -534,17 +534,17 @@ def _walk(msg_type, msg_id, payload, status) -> dict:
         value = payload[field.name]
         why = field.check(value)
         if why is not None:
-            raise bad(f"{name}: field {field.name!r} must be {why}, not {_show(value)}")
+            raise bad(f"{name}: field {field.name!r} must be {why}, not {describe(value)}")
         out[field.name] = field.normalize(value) if field.normalize else value
     return out
 
 
-def _show(value) -> str:
-    """A short rendering of a bad value for an error message."""
-    if isinstance(value, (list, dict)):
-        return f"a {'list' if isinstance(value, list) else 'map'} of {len(value)}"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+def _pair(value) -> str:
+    """A bad item of an array of pairs (or of ranges), in msgpack's words: an array's
+    items one by one (up to 4), else ``describe``'s."""
+    if isinstance(value, list) and len(value) <= 4:
+        return f"[{', '.join(describe(x, 20) for x in value)}]"
+    return describe(value)
 
 
 # The plain shapes (``shapes.produce_shape``, ``consume_shape``, ``ack_shape`` and

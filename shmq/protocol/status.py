@@ -84,8 +84,9 @@ def status_of(exc: BaseException) -> int:
 
 
 def reason_of(exc: BaseException) -> str:
-    """An exception's text for an error reply: its first line, at most 500 characters."""
-    text = str(exc) or type(exc).__name__
+    """An exception's text for an error reply: its first line, at most 500 characters (one
+    without a text: its status's name, never a Python class's)."""
+    text = str(exc).strip() or f"{Status(status_of(exc)).name} (the server gave no reason)"
     return text.splitlines()[0][:500]
 
 

@@ -7,6 +7,7 @@ kernel counts (st_blocks), not the files' apparent sizes."""
 import errno
 import os
 import resource
+import time
 
 import hypothesis.strategies as st
 import pytest
@@ -182,7 +183,7 @@ def test_a_put_dev_shm_cannot_make_room_for_is_refused_and_nothing_is_lost(any_b
     stored = []
     with pytest.raises(shmq.StorageError, match=r"/dev/shm is full: queue 'jobs' could not take .*--shm-size"):
         for i in range(1000):  # the first chunk was allocated at create (the header's): 4 KiB of ring
-            q.put(b"%d" % i + b"." * 1000)
+            q.put(b"%d" % i + b"." * 1000)  # no timeout: at once
             stored.append(i)
     assert 0 < len(stored) < 10
     with pytest.raises(shmq.StorageError):
@@ -194,6 +195,34 @@ def test_a_put_dev_shm_cannot_make_room_for_is_refused_and_nothing_is_lost(any_b
     assert len(q.get_many(1000, timeout=1)) == 100
     if any_broker is broker:
         assert q._memory.word("refused_total") >= 2
+
+
+def test_a_put_with_a_timeout_waits_for_dev_shm_room_within_it_as_for_a_full_queue(broker, full_shm):
+    """/dev/shm full is back-pressure, not an error at once: a put with a timeout waits for
+    room there within it (room made elsewhere meanwhile lets it through), and past it gets
+    ShmFull, a StorageError and a queue.Full both."""
+    import queue as stdlib_queue
+    import threading
+
+    q = broker.create_queue("jobs", max_bytes=8 * MiB)
+    full_shm.fill()
+    for i in range(1000):  # what the queue's first chunk takes
+        try:
+            q.put_nowait(b"." * 1000)
+        except shmq.StorageError:
+            break
+    started = time.monotonic()
+    with pytest.raises(stdlib_queue.Full) as e:
+        q.put(b"w" * 1000, timeout=0.3)
+    assert isinstance(e.value, shmq.StorageError) and isinstance(e.value, shmq.ShmFull)
+    assert 0.3 <= time.monotonic() - started < 5
+    room = threading.Timer(0.2, full_shm.free)
+    room.start()
+    try:
+        q.put(b"w" * 1000, timeout=30)  # waits until the room comes, then goes in
+    finally:
+        room.join()
+    assert q.get_many(2000, timeout=0)[-1].body == b"w" * 1000
 
 
 def test_reserve_and_restore_allocate_first_too(broker, full_shm):

@@ -85,11 +85,11 @@ class QueueModel(RuleBasedStateMachine):
         body = bytes([len(self.msgs) % 256]) * size
         try:
             msg_id = self.q.put_nowait(body)
+        except shmq.StorageError:  # (first: /dev/shm full, ShmFull, is a QueueFull too)
+            assert self.shm_full
+            return
         except shmq.QueueFull:
             assert self._live(), "an empty queue refused a message that fits"
-            return
-        except shmq.StorageError:
-            assert self.shm_full
             return
         self._new_id(msg_id)
         self.msgs[msg_id] = self._made(body)
@@ -104,11 +104,11 @@ class QueueModel(RuleBasedStateMachine):
                 buf[:] = body
                 if abort:
                     raise ValueError("abandoned")
+        except shmq.StorageError:  # (first: /dev/shm full, ShmFull, is a QueueFull too)
+            assert self.shm_full and r.id is None
+            return
         except shmq.QueueFull:
             assert self._live(), "an empty queue refused a message that fits"
-            return
-        except shmq.StorageError:
-            assert self.shm_full and r.id is None
             return
         except ValueError:
             assert abort and r.id is None
@@ -123,11 +123,11 @@ class QueueModel(RuleBasedStateMachine):
         hs = {"one": [{"h": "all"}] * n, "each": [{"i": i} if i % 2 else None for i in range(n)]}.get(headers)
         try:
             ids = self.q.put_many(bodies, timeout=0, headers=hs[0] if headers == "one" else hs)
+        except shmq.StorageError:  # (first: /dev/shm full, ShmFull, is a QueueFull too)
+            assert self.shm_full
+            return
         except shmq.QueueFull:
             assert self._live()
-            return
-        except shmq.StorageError:
-            assert self.shm_full
             return
         assert len(ids) == n
         self._new_ids(ids)

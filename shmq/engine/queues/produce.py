@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 
 from ...persistence import dmsq
-from ...errors import MessageTooLarge, LockTimeout, QueueFull
+from ...errors import MessageTooLarge, LockTimeout, QueueFull, ShmFull
 from ...model import arrays
 from ...model.headers import encode_headers, per_item
 from ...model.messages import as_body, as_buffer, as_bytes
@@ -46,6 +46,7 @@ _I_WRAP, SPILL_WAIT_NS = L.I_WRAP, L.SPILL_WAIT_NS
 PACE_IDLE_NS = 1_000_000  # a pacing producer's wait ends once the consumers' head stood still this long (``_pace``)
 _sched_yield = os.sched_yield
 FILL_PAUSES_S = (0.00005, 0.0002, 0.001, 0.005)  # an append's sleeps while fills it may not follow are under way
+SHM_PAUSE_MIN_S, SHM_PAUSE_MAX_S = 0.001, 0.05  # a put's looks for room in a full /dev/shm: growing pauses
 
 
 class _FillsPending(Exception):
@@ -497,7 +498,10 @@ class Producing:
     def _until_room(self, attempt, items, timeout, options=None, waited=0):
         """``attempt(items, waited, deadline, options, spill)`` until it returns something, sleeping
         for room between tries; QueueFull after ``timeout``. ``waited``: a sleep still
-        counted, uncounted by the first attempt."""
+        counted, uncounted by the first attempt. /dev/shm full (ShmFull, nothing written)
+        is waited out too when there is a timeout, within it (with none it is raised at
+        once: /dev/shm may never have room again): no process posts room there, so it is
+        looked for again after a pause that grows to ``SHM_PAUSE_MAX_S``."""
         deadline = None if timeout is None else _mono() + _seconds_ns(timeout, "timeout")
         total = sum(item[2] for item in items)
         if total > self._cap:
@@ -509,6 +513,7 @@ class Producing:
         # (``layout.SPILL_WAIT_NS``), unless its timeout is shorter
         spill_at = _mono() + SPILL_WAIT_NS
         spill = deadline is not None and deadline <= spill_at
+        shm_pause = SHM_PAUSE_MIN_S
         while True:
             if not spill and _mono() >= spill_at:
                 spill = True
@@ -516,6 +521,14 @@ class Producing:
                 ids, post = attempt(items, waited, deadline, options, spill)
             except LockTimeout as e:
                 raise QueueFull(str(e)) from None
+            except ShmFull:  # waited out only within a timeout: /dev/shm may never have room again
+                now = _mono()
+                if deadline is None or now >= deadline:
+                    raise
+                waited = 0
+                time.sleep(min(shm_pause, (deadline - now) / 1e9))
+                shm_pause = min(shm_pause * 2, SHM_PAUSE_MAX_S)
+                continue
             except _FillsPending:  # (the attempt uncounted the sleep)
                 waited = 0
                 pause = self._await_fills(deadline, pause)

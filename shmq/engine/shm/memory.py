@@ -29,7 +29,7 @@ import errno
 import mmap
 import os
 
-from ...errors import StorageError
+from ...errors import ShmFull
 from ...model.units import size_text
 from . import layout as L
 from .segment import free_bytes
@@ -222,7 +222,7 @@ class Memory:
 
     def _refused(self, n: int):
         self._mq[self._w["refused_total"]] += 1
-        raise StorageError(
+        raise ShmFull(
             f"/dev/shm is full: {self.what} could not take {size_text(n)} more for its records (it holds "
             f"{size_text(self.held())}; {size_text(free_bytes())} free): nothing was written, and what it holds "
             "is intact; free room there (consume, purge or delete messages) or enlarge /dev/shm (Docker: "

@@ -127,9 +127,10 @@ class Consumer(Iterating):
         owned = list(owned or [])
         kept = {p for p in owned if not rejoined and p in self._positions and since[p] <= self._gen}
         for p in self._owned:
-            if p not in kept:
-                self._revoked[p] = self._positions[p]
-                self._lost[p] = (self._positions[p], self._seen.get(p))
+            if p not in kept:  # where the member is there: before the records the iteration held, dropped below
+                at = self.position(p)
+                self._revoked[p] = at
+                self._lost[p] = (at, self._seen.get(p))
         gained = [p for p in owned if p not in kept]
         self._assigned = sorted(set(self._assigned) | set(gained))
         self._paused &= kept
@@ -154,6 +155,8 @@ class Consumer(Iterating):
             return False
         revoked, assigned = self._revoked, self._assigned
         self._revoked, self._assigned = {}, []
+        # what an on_revoke commit covers: these, not those told before (close() reports without a poll)
+        self._lost = {p: self._lost[p] for p in revoked if p in self._lost}
         if assigned:  # they start at the commit of now: the previous owner's on_revoke may have moved it
             committed = self.stream.groups_table.committed(self.group)
             for p in assigned:
@@ -285,14 +288,40 @@ class Consumer(Iterating):
             self._quietly(lambda: self._commit(None))
         s = self.stream
         while True:
-            self._refresh()
-            if self._report():
+            if self._look():
                 return []
             out = self._read_round(max_records)
             if out or _mono() >= deadline:
                 return out
             positions = {p: o for p, o in self._positions.items() if p not in self._paused}
             s._wait(deadline, lambda: any(s.stable(p) > o for p, o in positions.items()))
+
+    def _look(self) -> bool:
+        """Take the group's view (when due) and tell what moved: True when something was
+        told, and the poll then answers before it reads."""
+        self._refresh()
+        return self._report()
+
+    def look(self) -> bool:
+        """The first half of a poll, for those that answer for several reads (a server's
+        POLL, a member of several streams): the group's view taken (when due) and the
+        assignment's changes told, before anything is read; True if there were any. The
+        reads that follow (``read_on``) take no view: records read before a rebalance and
+        a revocation found after it never go out together, so a revoked partition's
+        position (what on_revoke's or auto-commit's commit stores) never covers records
+        its member has not been handed yet."""
+        self._check_open()
+        self._polled(0)
+        self._lost = {p: self._lost[p] for p in self._revoked if p in self._lost}  # told: let go
+        return self._look()
+
+    def read_on(self, max_records: int) -> list[Record]:
+        """Records from where this member is, under the view it has (``look``): no view is
+        taken, nothing is told, nothing waits."""
+        self._check_open()
+        if self._buffer:
+            return [self._buffer.popleft() for _ in range(min(max_records, len(self._buffer)))]
+        return self._read_round(max_records)
 
     def _read_round(self, max_records) -> list[Record]:
         """One pass over the owned partitions not paused, taking turns, without waiting."""
@@ -348,6 +377,8 @@ class Consumer(Iterating):
         for p, o in offsets.items():
             if p in self._seen:
                 self._seen[p] = o
+            elif revoking and p in revoked:  # its commit now: a second one in on_revoke is this member's too
+                self._lost[p] = (self._lost[p][0], o)
 
     def close(self) -> None:
         """Leave the group: this member's partitions go to the others. With auto-commit,

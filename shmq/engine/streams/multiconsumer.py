@@ -220,26 +220,34 @@ class MultiConsumer(Iterating, Composite):
 
     def _read_round(self, max_records):
         """One pass over the members, taking turns, without waiting; None when the
-        assignment moved (then on_revoke / on_assign were called)."""
-        out, revoked, assigned = [], {}, []
-        names = list(self._members)
-        for k in range(len(names)):
-            name = names[(self._turn + k) % len(names)]
+        assignment moved (then on_revoke / on_assign were called). Every member's changes
+        are looked for first, and told before anything is read: a commit in on_revoke
+        covers the positions of every stream, which must not be past records of this
+        round that the caller has not been handed yet."""
+        revoked, assigned = {}, []
+        for name in list(self._members):
             m = self._members[name]
             try:
-                if len(out) < max_records:
-                    out += m.poll(max_records - len(out), timeout=0)
+                m.look()
             except StreamNotFound:
                 self._let_go(name)
                 continue
             gone, came = m.take_told()
             revoked.update((TopicPartition(name, p), o) for p, o in gone.items())
             assigned += [TopicPartition(name, p) for p in came]
-        self._turn += 1
         if revoked or assigned:
             self._tell(revoked, assigned)
-            if not out:
-                return None
+            return None
+        out = []
+        names = list(self._members)
+        for k in range(len(names)):
+            name = names[(self._turn + k) % len(names)]
+            try:
+                if len(out) < max_records:
+                    out += self._members[name].read_on(max_records - len(out))
+            except StreamNotFound:
+                pass  # deleted since its look: the next round's lets it go (on_revoke), before it reads
+        self._turn += 1
         return out
 
     def _tell(self, revoked: dict, assigned: list) -> None:

@@ -2,6 +2,7 @@
 PAUSE, LEAVE, ASSIGNMENT, and GROUPS, COMMITTED, LAG and RESET."""
 
 from ...errors import StreamNotFound
+from ...protocol.frames import describe
 from ...protocol.payloads import from_pairs, pairs, record_reply
 from ..anyline import AnyLine
 from .answers import RECORD_OVERHEAD, reply_budget, wait_or_answer
@@ -19,9 +20,18 @@ def join(conn, f):
 
 
 def _poll(args):
+    """A POLL's records, or the assignment's changes its member found: never both. The
+    changes are looked for once, before anything is read, and the reads that fill the
+    reply (in rounds) take no view of their own; else a rebalance found between two
+    rounds would tell the client a partition's revocation, at a position past records of
+    it that the same reply carries, before the client had them: its on_revoke's commit
+    (or auto-commit's) would store that position, and a crash before it handled them
+    would lose them."""
     c, *limits = args
-    got = fill(lambda n, got: c.poll(max_records=n, timeout=0), *limits)
-    return got if got or c.told != ({}, []) else None  # the assignment's changes are answered at once
+    if c.look() or c.told != ({}, []):
+        return []  # the assignment's changes are answered at once
+    got = fill(lambda n, got: c.read_on(n), *limits)
+    return got or None
 
 
 def _poll_reply(conn, args, rs):
@@ -54,23 +64,35 @@ def _any_line(conn, members):
 
 def _poll_many(args):
     """Each member's records (None: its stream is gone), the most and the reply's budget
-    shared in order; None when none has records, changes to tell, or is gone."""
+    shared in order; None when none has records, changes to tell, or is gone. As a
+    POLL's (``_poll``): every member's changes are looked for first, and a reply that
+    tells some carries no records, of any member (the client calls on_revoke once for
+    them all, and a commit there covers every stream's positions)."""
     members, left, budget = args
-    polls, answer = [], False
-    for c in members:
+    polls, moved = [None] * len(members), False
+    for k, c in enumerate(members):
+        try:
+            moved = c.look() or c.told != ({}, []) or moved
+            polls[k] = []
+        except StreamNotFound:
+            moved = True
+    if moved:
+        return polls
+    answer = False
+    for k, c in enumerate(members):
         per_record = c.stream.max_message_bytes + RECORD_OVERHEAD
         try:
             got = []
             if left and (not answer or budget >= per_record):  # only the first record may overrun the frame
-                got = fill(lambda n, got: c.poll(max_records=n, timeout=0), left, budget, per_record)
+                got = fill(lambda n, got: c.read_on(n), left, budget, per_record)
         except StreamNotFound:
-            polls.append(None)
+            polls[k] = None
             answer = True
             continue
-        polls.append(got)
+        polls[k] = got
         left -= len(got)
         budget -= sum(map(record_bytes, got))
-        answer = answer or bool(got) or c.told != ({}, [])
+        answer = answer or bool(got)
     return polls if answer else None
 
 
@@ -99,8 +121,9 @@ def seek(conn, f):
     elif to in ("beginning", "end") and "offset" not in f:
         (c.seek_to_beginning if to == "beginning" else c.seek_to_end)(*ps)
     else:
-        raise ValueError(f"a SEEK takes one partition and an offset, or partitions and to: 'beginning' or 'end', "
-                         f"not {ps!r}, {f.get('offset')!r}, {to!r}")
+        got = f"partitions [{', '.join(map(str, ps))}], offset {describe(f.get('offset'))}, to {describe(to)}"
+        raise ValueError(f"a SEEK takes one partition and an offset, or partitions and to: \"beginning\" or \"end\", "
+                         f"not {got}")
     return {}
 
 
