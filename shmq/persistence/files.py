@@ -18,12 +18,14 @@ REGISTRY_FILE = "registry.id"  # which registry of the namespace the server last
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    """``path`` made of ``data`` (0600) or left as it was: a temp file beside it, fsynced,
-    renamed over it. OSError as it comes, with no temp file left."""
+    """``path`` made of ``data`` (0600; 0660 in a data dir shared with a group) or left as
+    it was: a temp file beside it, fsynced, renamed over it. OSError as it comes, with no
+    temp file left."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
+            fit_to_dir(fd, path)
             os.write(fd, data)
             os.fsync(fd)
         finally:
