@@ -1,0 +1,34 @@
+"""tests/flakes.py: the suite (or a part) N times beside CPU-bound processes, each test
+that failed at least once listed with its count, exit 1 then; 0 when none failed."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_it_lists_each_test_that_failed_with_its_count(tmp_path):
+    (tmp_path / "test_toy.py").write_text(
+        "import os\n"
+        "def test_fine():\n    pass\n"
+        "def test_broken():\n    assert False\n"
+        "def test_every_other_run():\n"
+        "    marker = os.path.join(os.path.dirname(__file__), 'ran')\n"
+        "    first = not os.path.exists(marker)\n"
+        "    open(marker, 'a').close()\n"
+        "    assert not first\n")
+    r = subprocess.run([sys.executable, "-m", "tests.flakes", "--runs", "2", "--burners", "1",
+                        str(tmp_path / "test_toy.py"), "-p", "no:randomly"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-2:] == ["2 of 2  test_toy.py::test_broken", "1 of 2  test_toy.py::test_every_other_run"]
+    assert "run 1 of 2: exit 1, 2 failed" in r.stdout and "run 2 of 2: exit 1, 1 failed" in r.stdout
+
+
+def test_none_failed_is_exit_0(tmp_path):
+    (tmp_path / "test_toy.py").write_text("def test_fine():\n    pass\n")
+    r = subprocess.run([sys.executable, "-m", "tests.flakes", "--runs", "1", "--burners", "1",
+                        str(tmp_path / "test_toy.py")], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "tests.flakes: no test failed", r.stdout
