@@ -22,7 +22,9 @@ def test_it_lists_each_test_that_failed_with_its_count(tmp_path):
                         str(tmp_path / "test_toy.py"), "-p", "no:randomly"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
     assert r.returncode == 1, r.stdout + r.stderr
-    assert r.stdout.splitlines()[-2:] == ["2 of 2  test_toy.py::test_broken", "1 of 2  test_toy.py::test_every_other_run"]
+    last = r.stdout.splitlines()[-2:]  # (the ids are as pytest's report names them, from its root)
+    assert [line.split("  ")[0] for line in last] == ["2 of 2", "1 of 2"], r.stdout
+    assert last[0].endswith("test_toy.py::test_broken") and last[1].endswith("test_toy.py::test_every_other_run")
     assert "run 1 of 2: exit 1, 2 failed" in r.stdout and "run 2 of 2: exit 1, 1 failed" in r.stdout
 
 
