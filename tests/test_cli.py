@@ -142,3 +142,26 @@ def test_bench_command_runs_the_checkouts_harness(tmp_path):
     outside = subprocess.run([sys.executable, "-m", "shmq.cli", "bench", "--quick"], capture_output=True, text=True,
                              timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert outside.returncode == 1 and outside.stderr.startswith("shmq: error: shmq bench runs the bench/ folder")
+
+
+def test_the_command_table_names_each_commands_module():
+    """app.COMMANDS (a command's module, imported when it runs) is what the modules register."""
+    import importlib
+    import inspect
+
+    from shmq.cli import app
+
+    for module in set(app.COMMANDS.values()):
+        importlib.import_module(f"shmq.cli.{module}")
+    registered = {name: inspect.getmodule(cmd.callback).__name__.rsplit(".", 1)[1]
+                  for name, cmd in app.main.commands.items()}
+    assert registered == app.COMMANDS
+
+
+def test_the_version_imports_no_command_module():
+    r = subprocess.run([sys.executable, "-c", "import sys; from shmq.cli import main\n"
+                        "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
+                        "print(sorted(m for m in sys.modules if m.startswith(('shmq.cli.', 'shmq.engine.broker'))))"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    loaded = r.stdout.strip().splitlines()[-1]
+    assert "shmq.engine.broker" not in loaded and "shmq.cli.queues" not in loaded, r.stdout + r.stderr

@@ -3,6 +3,7 @@ connection they name, output helpers. Errors print one line on stderr, never a t
 
 import base64
 import fractions
+import importlib
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import click
 
 from .. import __version__
 from ..auth import command_line_warning
-from ..engine.broker import Broker, default_namespace
+from ..engine.shm.names import default_namespace
 from ..errors import ShmqError
 
 # The exit codes, the one table of them (docs/OPERATIONS.md, "Exit codes", says the same).
@@ -31,7 +32,31 @@ def _usage_error(e: click.UsageError):
     sys.exit(EXIT_USAGE)
 
 
+# command -> the module of this package that holds it: a command's module (and what it imports:
+# the engine, the clients, Spark's staging names...) is imported only when it runs; a test holds
+# this table to what the modules register
+COMMANDS = {
+    "backup": "files", "inspect": "files", "restore": "files", "snapshot": "files",
+    "bench": "ops", "doctor": "ops", "server": "ops",
+    "consume": "queues", "create": "queues", "delete": "queues", "list": "queues", "peek": "queues",
+    "produce": "queues", "purge": "queues", "queue": "queues", "redrive": "queues", "stats": "queues",
+    "top": "queues",
+    "dlq": "deadletters", "exchange": "exchanges", "group": "streams", "stream": "streams",
+    "namespace": "namespaces", "status": "status", "store": "stores",
+}
+
+
 class _Cli(click.Group):
+    def get_command(self, ctx, name):
+        if name not in self.commands and name in COMMANDS:
+            importlib.import_module(f"{__package__}.{COMMANDS[name]}")  # (it registers its commands on main)
+        return super().get_command(ctx, name)
+
+    def list_commands(self, ctx):
+        for module in sorted(set(COMMANDS.values())):
+            importlib.import_module(f"{__package__}.{module}")
+        return super().list_commands(ctx)
+
     def make_context(self, *args, **kwargs):
         try:
             return super().make_context(*args, **kwargs)
@@ -141,6 +166,8 @@ def _local_broker(namespace, create=False):
     ``create``: for the others a namespace that does not exist (a typo) is an error,
     never a new empty namespace."""
     try:
+        from ..engine.broker import Broker
+
         return Broker(namespace, create=create)
     except FileNotFoundError:
         raise ShmqError(f"no namespace {namespace!r} on this host (check --namespace / $SHMQ_NAMESPACE; "

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from ..engine.broker import default_namespace
+from ..engine.shm.names import default_namespace
 from ..engine.shm.segment import check_namespace
 from ..errors import ShmqError
 from ..server.lock import holder

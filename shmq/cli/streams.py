@@ -8,7 +8,6 @@ import click
 
 from ..engine.shm.layout import MAX_PARTITIONS
 from ..errors import OffsetOutOfRange, SettingsMismatch, ShmqError, StreamExists, StreamNotFound
-from ..spark.staging import staged_by_writer
 from .app import (
     Size, _connect, _created, _echo_json, _echo_names, _echo_set, _json_option, _jsonable, _parse_headers, _print_table,
     _stop_on_signals, _target_options, main,
@@ -30,6 +29,8 @@ def _streams_stats(broker, names, every=()) -> dict:
     for name in names:
         with broker.stream(name) as s:
             out[name] = s.stats()
+        from ..spark.staging import staged_by_writer  # (Spark's package: imported only where a stream is shown)
+
         staged = staged_by_writer(broker, name, every)
         if staged:
             out[name]["staged"] = staged

@@ -20,6 +20,7 @@ from .shm.mutex import init_mutex
 from .shm.process import monotonic_offset
 from .shm.registry import CREATING, DELETING, LIVE, Registry
 from .shm.logbell import await_log
+from .shm.names import default_namespace  # noqa: F401  (re-exported: Broker's callers import it here)
 from .shm.names import NOT_EMPTY, NOT_FULL, partition_segment, queue_segment, stream_base
 from .shm.segment import (SHM_DIR, check_namespace, check_queue_name, create_segment, create_semaphore, lane_entries,
                           share_namespace, unlink_segment, unlink_semaphore)
@@ -996,10 +997,6 @@ def _positive_int(value, what):
     if value < 1:
         raise ValueError(f"{what} must be positive, not {value}")
     return value
-
-
-def default_namespace() -> str:
-    return os.environ.get("SHMQ_NAMESPACE") or "shmq"
 
 
 def _seconds(value, what, allow_zero=True):

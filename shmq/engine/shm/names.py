@@ -11,10 +11,11 @@ it declares is seen at once: a name made outside this module fails tests/test_ow
 The data dir's files have their one place too: persistence/files.py (``owner_of``).
 """
 
+import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["Kind", "Owner", "KINDS", "owner", "NOT_EMPTY", "NOT_FULL", "STREAM_MARK", "STORE_SUFFIX",
+__all__ = ["Kind", "Owner", "KINDS", "owner", "default_namespace", "NOT_EMPTY", "NOT_FULL", "STREAM_MARK", "STORE_SUFFIX",
            "namespace_prefix", "lane_name", "queue_segment", "queue_base", "lane_prefix", "stream_base",
            "partition_segment", "store_file", "store_prefix", "registry_segment", "exchanges_segment",
            "kafka_journal_entry", "broker_lock_entry", "log_bell", "mp_semaphore", "mp_body_segment", "spark_spool_prefix"]
@@ -25,6 +26,12 @@ STORE_SUFFIX = ".db"  # a keyed store's SQLite file (SQLite adds -wal, -shm, -jo
 _REGISTRY, _EXCHANGES, _KAFKA_JOURNAL, _BROKER_LOCK, _LOG_BELL, _SPOOL = "registry", "exchanges", "kafka-txns", \
     "broker", "logbell", "spark-spool"
 _MP_SEMAPHORES = ("slots", "unfinished", "idle")
+
+
+def default_namespace() -> str:
+    """The namespace a handle, a command or a server takes when none is named:
+    $SHMQ_NAMESPACE, else "shmq"."""
+    return os.environ.get("SHMQ_NAMESPACE") or "shmq"
 
 
 def segment_name(namespace: str, *parts: str) -> str:
