@@ -46,6 +46,7 @@ from .engine.shm.registry import CREATING, DELETING, LIVE, Registry, creation_gu
 from .engine.shm.segment import SHM_DIR, namespace_entries, unlink_segment
 from .errors import LockTimeout
 from .model.units import size_text
+from .persistence.snapshotter import DEFAULT_DISK_FREE_LIMIT, DEFAULT_DISK_FREE_SHARE
 from .server.lock import lock_name, read_holder
 
 __all__ = ["diagnose", "clean", "problems", "render", "SMALL_SHM_BYTES"]
@@ -553,7 +554,16 @@ def problems(report) -> list[str]:
     for d in report["data_dirs"]:
         if d.get("writable") is False:
             out.append(f"data dir {d['path']} cannot be written by this user: its server cannot snapshot or log")
+        if _disk_low(d):
+            out.append(f"data dir {d['path']}'s disk has {size_text(d['disk_free'])} free, below the disk alarm's "
+                       "default threshold: free space there (docs/OPERATIONS.md, Disk alarm)")
     return out
+
+
+def _disk_low(d) -> bool:
+    """Whether a data dir's disk is below the disk alarm's default threshold."""
+    return "error" not in d and d.get("disk_size", 0) > 0 and d.get("disk_free", 0) < min(
+        DEFAULT_DISK_FREE_LIMIT, d["disk_size"] // DEFAULT_DISK_FREE_SHARE)
 
 
 def _failing_text(b) -> str:
@@ -645,6 +655,9 @@ def render(report) -> list[str]:
                          f"{size_text(d['disk_free'])} free of {size_text(d['disk_size'])}{mark}")
             if d.get("writable") is False:
                 lines.append("    warning: this user cannot write it: its server cannot snapshot or log there")
+            if _disk_low(d):
+                lines.append("    warning: its disk has less free space than the disk alarm's default threshold (50 MiB, "
+                             "or a twentieth of the disk): a server refuses puts to 'wal' queues there")
             if not d["exists"] and d["namespace"] and not d.get("removed"):
                 ns = d["namespace"]
                 lines.append(f"    no namespace {ns} in {SHM_DIR} (destroyed, or a reboot): `shmq server --namespace "

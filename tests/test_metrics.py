@@ -388,7 +388,8 @@ def test_the_snapshotter_counts_a_gone_data_dir(broker, tmp_path):
         shutil.rmtree(data)
         snap.run_once()
         assert snap.failures == 1  # the round, once
-        failures, queues, _streams = metrics.snapshot_families()
+        failures, queues, _streams, alarm, _free = metrics.snapshot_families()
+        assert [s.value for s in alarm.samples] == [0]
         assert [s.value for s in failures.samples] == [1]
         assert [(s.labels, s.value) for s in queues.samples] == [({"queue": "q"}, snap.last_good[("queue", "q")])]
     finally:

@@ -91,7 +91,7 @@ def _drain_ids(q):
 def test_a_full_disk_fails_wal_puts_cleanly_and_the_log_stays_readable(broker, small_fs, start_server, body_size,
                                                                       after):
     data = str(small_fs / "data")
-    args = ("--data-dir", data, "--snapshot-interval", "3600")
+    args = ("--data-dir", data, "--snapshot-interval", "3600", "--disk-free-limit", "0")  # ENOSPC itself, no alarm
     srv = start_server(*args)
     with shmq.connect(srv.url) as remote:
         remote.create_queue("q", durability="wal", max_bytes=8 << 20, max_message_bytes=8192)
@@ -163,7 +163,7 @@ def test_the_server_starts_on_a_full_disk_and_snapshots_once_there_is_room(broke
     data.mkdir()
     broker.create_queue("q").put_many([b"x" * 1000] * 50)
     filler = _fill_disk(small_fs)
-    srv = start_server("--data-dir", str(data), "--snapshot-interval", "0.05")
+    srv = start_server("--data-dir", str(data), "--snapshot-interval", "0.05", "--disk-free-limit", "0")
     lines = _log_lines(srv)
     try:
         assert srv.alive()
@@ -314,3 +314,40 @@ def test_a_queue_larger_than_dev_shm_fills_it_then_refuses_puts_never_a_sigbus()
     assert "/dev/shm is full: queue 'big' could not take" in out["full"] and "--shm-size" in out["full"]
     assert 200 < out["put"] < 16 * 2**20 // 65000
     assert out["in_order"] and out["left"] == []
+
+
+def test_the_disk_alarm_refuses_puts_before_the_disk_is_full_and_lifts_when_room_returns(broker, small_fs,
+                                                                                         start_server):
+    """Below --disk-free-limit a server refuses puts to 'wal' queues (a clear StorageError,
+    no file left behind) while acks and a purge go on, says so once, and lifts it when
+    space returns; nothing stored is lost."""
+    data = small_fs / "data"
+    srv = start_server("--data-dir", str(data), "--snapshot-interval", "0.05", "--disk-free-limit", "1MiB")
+    lines = _log_lines(srv)
+    q = broker.create_queue("q", durability="wal")
+    q.put_many([b"kept %d" % i for i in range(10)])
+    st = broker.create_stream("st", partitions=1, durability="wal")
+    st.append(b"kept")
+    filler = small_fs / "filler"
+    free = os.statvfs(small_fs).f_bavail * os.statvfs(small_fs).f_frsize
+    filler.write_bytes(b"\xff" * (free - 512 * 1024))  # half a MiB left: below the limit, not full
+    _wait(lambda: any("disk alarm: data dir" in line for line in lines), "no disk alarm")
+    files = sorted(os.listdir(data))
+    with pytest.raises(shmq.StorageError, match="disk alarm: .* --disk-free-limit: puts and appends are refused"):
+        q.put(b"refused")
+    with pytest.raises(shmq.StorageError, match="disk alarm"):
+        q.put_many([b"refused"] * 3)
+    with pytest.raises(shmq.StorageError, match="disk alarm"):
+        st.append(b"refused")
+    assert sorted(os.listdir(data)) == files  # a refused put leaves no file behind
+    d = q.get(timeout=5)
+    d.ack()  # what settles is logged on
+    assert q.purge() == 9
+    os.unlink(filler)
+    _wait(lambda: any("disk alarm lifted" in line for line in lines), "the alarm was not lifted")
+    q.put(b"after")
+    assert [x.body for x in q.get_many(10, timeout=5)] == [b"after"]
+    st.append(b"after")
+    assert [r.value for r in st.read(0, 0, 10)] == [b"kept", b"after"]
+    assert sum("disk alarm: data dir" in line for line in lines) == 1
+    assert srv.stop() == 0

@@ -60,6 +60,10 @@ from .config import config_file_options, given, origin
               help="Seconds between snapshots.")
 @click.option("--fsync", default="batch:2", show_default=True, metavar="always|batch:MS|never",
               help="When write-ahead logs of 'wal' queues are fsynced.")
+@click.option("--disk-free-limit", type=Size(), default=None,
+              help="The disk alarm: below this much free space in the data dir's filesystem, puts and appends of "
+                   "'wal' queues and streams are refused (acks and purges go on) until there is room again (0: never). "
+                   "[default: 50MiB, or a twentieth of the filesystem if less]")
 @click.option("--metrics", "metrics", default=None, metavar="HOST:PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds 127.0.0.1; "
                    "docs/METRICS.md). [default: off]")
@@ -102,7 +106,7 @@ from .config import config_file_options, given, origin
 @click.option("--log-format", default="text", type=click.Choice(["text", "json"]), show_default=True,
               help="One line per event, with its fields: TIME shmq LEVEL message k=v..., or a JSON object.")
 def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, data_dir, no_persist,
-           snapshot_interval, fsync, log_level, log_format, metrics, loop, kafka_port, kafka_host,
+           snapshot_interval, fsync, disk_free_limit, log_level, log_format, metrics, loop, kafka_port, kafka_host,
            kafka_advertised_host, kafka_auto_create_partitions, kafka_topic_max_bytes, kafka_initial_rebalance_delay_ms,
            kafka_max_replication_factor, no_kafka_auto_create,
            **limits):
@@ -172,7 +176,7 @@ def server(host, port, namespace, token, token_file, no_auth, max_frame_bytes, d
     rc = loops.run(serve(namespace, host, port, token, max_frame_bytes, data_dir=data_dir,
                          snapshot_interval=snapshot_interval, fsync=fsync, token_file=token_file, no_auth=no_auth,
                          limits=limits, metrics=metrics, kafka=kafka, group=group, tls=tls,
-                         port_settings=port_settings), loop)
+                         port_settings=port_settings, disk_free_limit=disk_free_limit), loop)
     if rc:  # the stop could not save what it holds: said at ERROR by the server
         sys.exit(rc)
 

@@ -347,10 +347,12 @@ static size_t log_entry(unsigned char *e, int op, uint64_t hl, uint64_t bl, uint
     return n + 4;
 }
 
-/* Is the caller's descriptor for the current log generation, and no fsync owed per entry? */
+/* Is the caller's descriptor for the current log generation, no fsync owed per entry, and no disk alarm on
+ * (under it the Python path refuses what grows and logs what settles)? */
 static inline int wal_usable(char *seg, uint64_t gen) {
     uint64_t *w = (uint64_t *)seg;
-    return gen && w[WALCFG_W] == gen && (w[WALCFG_W + 1] & 0xFFFFFFFFu) != WAL_ALWAYS;
+    uint64_t mode = w[WALCFG_W + 1] & 0xFFFFFFFFu;
+    return gen && w[WALCFG_W] == gen && mode != WAL_ALWAYS && !(mode & WAL_ALARM);
 }
 
 /* Append (lock held); 0, or -1 with errno set. All or nothing: a failed append (a full

@@ -21,6 +21,7 @@
 #define WINDOW_RECORDS 2
 #define FILL_STALE_NS 20000000ULL
 #define WAL_ALWAYS 1
+#define WAL_ALARM 16
 #define SPECIAL_W 107
 #define NEXT_TTL_W 108
 #define LEVEL_POS_W 113

@@ -705,15 +705,25 @@ class Broker:
                 raise StreamNotFound(f"no stream {name!r} in namespace {self.namespace!r}")
             if reg.group is not None:
                 check_deletable(f"stream {name!r}", _shm_path(stream_base(self.namespace, name)))
-            reg.set_state(index, DELETING, entry)
-            try:
+            try:  # attached before the entry is marked: an attach that fails otherwise (EMFILE) changes nothing
                 s = Stream(self.namespace, name)
             except StreamNotFound:
-                pass
-            else:
+                s = None
+            parts = []
+            try:
+                for p in range(s.partitions if s is not None else 0):
+                    try:
+                        parts.append(s._part(p))
+                    except StreamNotFound:  # (that one's memory is gone already)
+                        pass
+            except BaseException:
+                s.close()
+                raise
+            reg.set_state(index, DELETING, entry)
+            if s is not None:
                 s._mq[L.SI_DELETED] = 1
-                for p in range(s.partitions):
-                    s._part(p)._mq[L.PI_DELETED] = 1
+                for part in parts:
+                    part._mq[L.PI_DELETED] = 1
                 for _ in range(s._mq[L.SI_CWAIT] + 1):
                     s._ne.release()
                 s.close()

@@ -42,9 +42,10 @@ from . import walwatch
 from .shm.names import STORE_SUFFIX, store_file, store_prefix
 from .shm.segment import SHM_DIR, check_namespace, check_queue_name
 
-__all__ = ["Store", "store_path", "store_names", "unlink_store", "MAX_KEY_CHARS", "SWEEP_EVERY_S"]
+__all__ = ["Store", "store_path", "store_names", "unlink_store", "MAX_KEY_CHARS", "SWEEP_EVERY_S", "STORE_FDS"]
 
 SWEEP_EVERY_S = 1.0  # a handle's writes sweep the expired rows at most this often
+STORE_FDS = 3  # descriptors an open Store holds: SQLite's database file, its -wal and its -shm
 BUSY_TIMEOUT_S = 10.0  # the longest a write waits for another writer's transaction
 POLL_MIN_S, POLL_MAX_S = 0.0005, 0.02  # a waiting get's pauses where it cannot watch: from, doubling up to
 WATCHED_S = 0.1  # the longest a waiting get that watches the store sleeps between looks

@@ -93,12 +93,23 @@ def _forget_deleted(broker: Broker, data_dir: str, owners: set, upgraded: set) -
     return owners - gone
 
 
+def _gone(path: str) -> bool:
+    """Whether ``path`` is provably not there: a look that fails otherwise proves nothing."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _free_half_removed(broker: Broker, owners: set) -> None:
     """Free the registry entries of the queues and streams among ``owners`` (which the data
     dir holds) whose memory is gone: then they are rebuilt from their files as lost ones."""
     ns = broker.namespace
     for name in broker.list_queues():
-        if name in owners and not os.path.exists(os.path.join(SHM_DIR, queue_segment(ns, name).lstrip("/"))):
+        if name in owners and _gone(os.path.join(SHM_DIR, queue_segment(ns, name).lstrip("/"))):
             try:
                 broker.delete_queue(name)
             except QueueNotFound:
@@ -106,7 +117,7 @@ def _free_half_removed(broker: Broker, owners: set) -> None:
             log.warning("queue %s was half removed (its memory gone, its registry entry left): rebuilt from its "
                         "files", name, extra={"event": "half_removed", "kind": "queue", "queue": name})
     for name in broker.list_streams():
-        if "@" + name in owners and not os.path.exists(os.path.join(SHM_DIR, stream_base(ns, name).lstrip("/"))):
+        if "@" + name in owners and _gone(os.path.join(SHM_DIR, stream_base(ns, name).lstrip("/"))):
             try:
                 broker.delete_stream(name)
             except StreamNotFound:

@@ -7,6 +7,7 @@ import threading
 import time
 
 from . import dmsq
+from ..engine.shm import layout as L
 from ..engine.broker import Broker
 from ..engine.streams.stream import Stream
 from .wal import log_files, partition_log_name, wal_path
@@ -14,9 +15,13 @@ from ..errors import LayoutMismatch, QueueNotFound, StreamNotFound
 from .files import lanes_of, owner_of, snapshot_path
 from .queues import snapshot_queue
 from .streams import apply_retention, snapshot_stream
+from ..model.units import size_text
 
 log = logging.getLogger("shmq.persistence")
 
+# the disk alarm's threshold (--disk-free-limit) unless given: 50 MiB (RabbitMQ's disk_free_limit is 50 MB), or a
+# twentieth of the filesystem where that is less (a small one would be in alarm for ever)
+DEFAULT_DISK_FREE_LIMIT, DEFAULT_DISK_FREE_SHARE = 50 * 2**20, 20
 _EXCHANGES = "#exchanges"  # the exchange table's key in Snapshotter._failing (no queue has "#" in its name)
 
 
@@ -26,8 +31,14 @@ class Snapshotter:
     there (and a snapshot stream's high-water file), fsyncs the logs in batch mode, and
     applies the retention of "wal" streams' logs."""
 
-    def __init__(self, broker: Broker, data_dir: str, fsync: bool = True, wal_mode: int = 2, wal_batch_ms: int = 2):
+    def __init__(self, broker: Broker, data_dir: str, fsync: bool = True, wal_mode: int = 2, wal_batch_ms: int = 2,
+                 disk_free_limit: int | None = 0):
         self.broker = broker
+        # the disk alarm: below ``disk_free_limit`` free bytes in the data dir's filesystem, every
+        # "wal" log refuses puts and appends (saying why) and logs what settles, until there is room again
+        self.disk_free_limit = disk_free_limit
+        self.alarm = False
+        self.disk_free = None  # the data dir's free bytes at the last look (``check_disk``)
         self.data_dir = data_dir
         self.fsync = fsync
         self.wal_mode = wal_mode
@@ -46,6 +57,7 @@ class Snapshotter:
         self._written = {}  # snapshot path -> what it says (``snapshot_queue``): unchanged ones are not rewritten
         self._lost = False  # the data dir vanished
         self._other_layout = set()  # queues and streams of another shmq's layout, seen by the round (``_each``)
+        self._unseen = set()  # those listed whose attach found none (``_each``): deleted meanwhile, or half removed
         self.log_dirs = set()  # where the logs were at the last settled sync_logs
         self._dir_lock = threading.Lock()  # one thread at a time handles its coming and going
         # one writer of a snapshot at a time: the rounds' thread and the server's creates
@@ -68,12 +80,23 @@ class Snapshotter:
             for q in lanes:
                 self._open_log(q)
 
+    def limit(self, size: int) -> int:
+        """The disk alarm's threshold on a filesystem of ``size`` bytes: the one given, else
+        the default (``DEFAULT_DISK_FREE_LIMIT``, or a twentieth of ``size`` if less)."""
+        if self.disk_free_limit is not None:
+            return self.disk_free_limit
+        return min(DEFAULT_DISK_FREE_LIMIT, size // DEFAULT_DISK_FREE_SHARE)
+
+    def _log_mode(self) -> int:
+        """The mode a log is opened with: the --fsync policy, and the disk alarm's flag while it is on."""
+        return self.wal_mode | (L.WAL_ALARM if self.alarm else 0)
+
     def _open_log(self, q) -> None:
         gen, _mode, _ms, directory = q.wal.config()
         if gen and directory == os.path.abspath(self.data_dir):
-            q.wal.configure(self.data_dir, self.wal_mode, self.wal_batch_ms)  # keep its generation
+            q.wal.configure(self.data_dir, self._log_mode(), self.wal_batch_ms)  # keep its generation
             return
-        q.wal.configure(self.data_dir, self.wal_mode, self.wal_batch_ms, generation=self._next_generation(q.wal))
+        q.wal.configure(self.data_dir, self._log_mode(), self.wal_batch_ms, generation=self._next_generation(q.wal))
 
     def _next_generation(self, wal) -> int:
         """A generation for a log (re)opened here: after any on disk, and after the one it
@@ -100,10 +123,42 @@ class Snapshotter:
         with self._write_lock:
             return self._open_stream(s)
 
+    def check_disk(self) -> bool:
+        """Look at the data dir's free space; below ``disk_free_limit`` the alarm goes on
+        (one ERROR line; every "wal" log refuses puts and appends, saying why, before the
+        disk is full, and logs acks and purges, which free it), at or above it off again
+        (one INFO line). Returns whether the alarm is on."""
+        if self.disk_free_limit == 0:
+            return False
+        try:
+            st = os.statvfs(self.data_dir)
+        except OSError:
+            return self.alarm
+        self.disk_free = st.f_bavail * st.f_frsize
+        limit = self.limit(st.f_blocks * st.f_frsize)
+        short = self.disk_free < limit
+        if short == self.alarm:
+            return short
+        with self._dir_lock:
+            self.alarm = short
+            self.open_all_wals()  # (each log told of the alarm as it is opened), then said
+            if short:
+                log.error("disk alarm: data dir %s has %s free, below --disk-free-limit %s: puts to 'wal' queues "
+                          "and appends to 'wal' streams are refused until there is room again (acks go on; a "
+                          "purge or delete frees it: docs/OPERATIONS.md, Disk alarm)", self.data_dir,
+                          size_text(self.disk_free), size_text(limit),
+                          extra={"event": "disk_alarm", "data_dir": self.data_dir, "free_bytes": self.disk_free,
+                                 "limit_bytes": limit})
+            else:
+                log.info("disk alarm lifted: data dir %s has %s free: puts and appends logged again", self.data_dir,
+                         size_text(self.disk_free), extra={"event": "disk_alarm_lifted", "data_dir": self.data_dir,
+                                                          "free_bytes": self.disk_free})
+        return short
+
     def _open_stream(self, s: Stream) -> bool:
         if self._opened(s):
             for p in range(s.partitions):
-                s._part(p).log.configure(self.data_dir, self.wal_mode, self.wal_batch_ms)
+                s._part(p).log.configure(self.data_dir, self._log_mode(), self.wal_batch_ms)
             return False
         self._forget_stale(s)
         if s.durability == "wal":
@@ -113,9 +168,9 @@ class Snapshotter:
             part = s._part(p)
             gen, _mode, _ms, directory = part.log.config()
             if gen and directory == here:  # (a stream grown since: its other partitions keep their generations)
-                part.log.configure(self.data_dir, self.wal_mode, self.wal_batch_ms)
+                part.log.configure(self.data_dir, self._log_mode(), self.wal_batch_ms)
                 continue
-            part.log.configure(self.data_dir, self.wal_mode, self.wal_batch_ms,
+            part.log.configure(self.data_dir, self._log_mode(), self.wal_batch_ms,
                                generation=self._next_generation(part.log))
             if s.durability == "wal":
                 firsts = [first for _g, first, _path in part.disk_files() if first is not None]
@@ -155,7 +210,13 @@ class Snapshotter:
                 self._report(prefix + name, str(e))
                 self._other_layout.add(prefix + name)
                 continue
-            except gone:
+            except gone:  # deleted meanwhile, or listed with its memory gone: the round's end tells (``_unseen``)
+                self._unseen.add(prefix + name)
+                continue
+            except OSError as e:  # out of descriptors (EMFILE), say: said once, its files stay
+                self.failures += 1
+                what = "stream" if prefix else "queue"
+                self._report(prefix + name, f"cannot attach {what} {name} to snapshot it: {e}")
                 continue
             try:
                 yield handle
@@ -180,23 +241,25 @@ class Snapshotter:
         what the round wrote: queues, messages, streams, files, and how many writes
         ``failed`` (a data dir gone: one)."""
         self.last_round = {"queues": 0, "messages": 0, "streams": 0, "files": 0, "failed": 0}
+        self.check_disk()
         self._other_layout = set()
+        self._unseen = set()
         failures = self.failures
         if not self.data_dir_present():
             self.failures += 1
             self.last_round["failed"] = 1
             return 0
         written = 0
-        keep = set()
-        listed = self._names()
+        memory = set()  # attached and seen to be "memory": what files they have go
         for q in self._each_queue():
             with self._write_lock:
                 began = time.time()
                 try:
                     if q.durability == "wal" and not all(lane.wal.config()[0] for lane in lanes_of(q)):
                         self.open_wal(q)
-                    if q.durability != "memory":
-                        keep.add(q.name)
+                    if q.durability == "memory":
+                        memory.add(q.name)
+                    else:
                         _path, n = snapshot_queue(q, self.data_dir, self.fsync, self._written)
                         written += 1
                         self.last_round["queues"] += 1
@@ -210,8 +273,8 @@ class Snapshotter:
                     self._report(q.name, f"cannot write the snapshot of queue {q.name} to {self.data_dir}: {e}")
         for s in self._each_stream():
             if s.durability == "memory":
+                memory.add("@" + s.name)
                 continue
-            keep.add("@" + s.name)
             with self._write_lock:
                 began = time.time()
                 try:
@@ -229,9 +292,18 @@ class Snapshotter:
                 except OSError as e:
                     self.failures += 1
                     self._report("@" + s.name, f"cannot write the snapshot of stream {s.name} to {self.data_dir}: {e}")
-        with self._write_lock:  # a queue or stream created during the round keeps the files its create wrote
-            keep |= self._names() - listed
-            keep |= self._other_layout  # (unreadable here: their files are what an upgrade rebuilds them from)
+        with self._write_lock:
+            # Files go only on positive knowledge: their queue or stream is not in the registry any more
+            # (deleted), or it was attached and is "memory". Everything listed keeps its files: one created
+            # during the round (its create wrote them), one of another layout (an upgrade rebuilds it from
+            # them), one this round could not attach (out of descriptors), one whose memory is gone while its
+            # entry stays (half removed: a start rebuilds it from them).
+            listed = self._names()
+            keep = listed - memory
+            for owner in sorted(self._unseen & listed):
+                what = f"stream {owner[1:]}" if owner.startswith("@") else f"queue {owner}"
+                self._report(owner, f"{what} is listed, but its memory was not found (half removed?): its files in "
+                                    f"{self.data_dir} are kept, and a start of the server rebuilds it from them")
             for kind, name in [k for k in self.last_good if (k[1] if k[0] == "queue" else "@" + k[1]) not in keep]:
                 del self.last_good[(kind, name)]  # deleted, or made "memory"
             for entry in os.listdir(self.data_dir):
@@ -254,6 +326,9 @@ class Snapshotter:
             out[what] = error
         if self._lost:
             out["the data dir"] = f"{self.data_dir} is gone"
+        if self.alarm:
+            out["the disk alarm"] = (f"{self.data_dir} has {size_text(self.disk_free or 0)} free, below "
+                                     "--disk-free-limit: puts and appends of wal queues and streams refused")
         return out
 
     def _save_exchanges(self) -> None:

@@ -27,11 +27,13 @@ from ..engine.shm import layout as L
 from ..engine.shm.mutex import unlock as _unlock
 
 __all__ = ["wal_path", "parse_wal_name", "partition_log_name", "split_partition_name", "hwm_path", "log_files",
-           "Log", "HighWater", "Tail"]
+           "Log", "HighWater", "Tail", "LOG_FDS"]
 
 _ALWAYS = L.WAL_ALWAYS
 _PUT = dmsq.PUT
 _MARK_EVERY = 64  # Tail: remember the position of every 64th entry of a file it scanned
+LOG_FDS = 1  # descriptors a handle holds for a lane's or partition's file once it wrote: its log (a Log's ``fd``) or
+# a snapshot stream's high-water file (a HighWater's); an fsync round holds one more of its own per log
 
 
 def wal_path(directory: str, name: str, generation: int) -> str:
@@ -186,24 +188,43 @@ class Log:
         had = ms if not gen and mode == L.WAL_SUSPENDED else min(gen, 0xFFFFFFFF)
         L.WALCFG.pack_into(self._o._mm, self._cfg, 0, L.WAL_SUSPENDED, had, n, raw)
 
+    def set_alarm(self, on: bool) -> None:
+        """The server's disk alarm on this log (``WAL_ALARM``, on the mode): puts and appends
+        refused (``append(..., grows=True)``), what settles logged as before."""
+        o = self._o
+        o._acquire()
+        try:
+            gen, mode, ms, n, raw = L.WALCFG.unpack_from(o._mm, self._cfg)
+            new = mode | L.WAL_ALARM if on else mode & ~L.WAL_ALARM
+            if new != mode:
+                L.WALCFG.pack_into(o._mm, self._cfg, gen, new, ms, n, raw)
+        finally:
+            _unlock(o._lockp)
+
     def suspended_at(self) -> int:
         """The generation a suspended log had (0 if it is not suspended)."""
         gen, mode, ms, _n, _raw = L.WALCFG.unpack_from(self._o._mm, self._cfg)
         return ms if not gen and mode == L.WAL_SUSPENDED else 0
 
     # --------------------------------------------------------------- appending (lock held)
-    def append(self, data: bytes) -> None:
+    def append(self, data: bytes, grows: bool = True) -> None:
         """Append log entries, fsync by policy; before the caller commits. All or
-        nothing: on failure the log is cut back and StorageError raised."""
+        nothing: on failure the log is cut back and StorageError raised. ``grows``: entries
+        that add (puts, appends), which the disk alarm refuses; acks and purges do not."""
         mq = self._o._mq
         gen_w, mode_w, size_w, synced_w = self._words
         gen = mq[gen_w]
         fd_gen = self.fd
         start = mq[size_w]
         n = len(data)
-        always = mq[mode_w] & 0xFFFFFFFF == _ALWAYS
+        mode = mq[mode_w] & 0xFFFFFFFF
+        always = mode & L.WAL_POLICY == _ALWAYS
         if not gen:
             raise self._not_open()
+        if mode & L.WAL_ALARM and grows:
+            raise StorageError(f"{self.what}: disk alarm: its data dir {self.config()[3]} has less free space than "
+                               "the server's --disk-free-limit: puts and appends are refused until there is room "
+                               "again (acks and purges go on); nothing was changed")
         try:
             fd = fd_gen[1] if fd_gen is not None and fd_gen[0] == gen else self._open(gen)
             written = os.write(fd, data)

@@ -38,7 +38,6 @@ log = logging.getLogger("shmq.server")
 READ_CHUNK = 256 * 1024  # the shared receive buffer: most bytes one read takes
 WRITE_BATCH = 256 * 1024  # replies gathered while handling one read are written at this size at most
 _LINGER_S = 1.0  # how long a connection closed for a fault drops its client's bytes
-_MAX_LINGERING = 256  # refused connections lingering at once; beyond, closed at once
 
 
 def error_frame(msg_type, msg_id, exc) -> bytes:
@@ -488,13 +487,10 @@ class Connection(asyncio.BufferedProtocol):
         """Over the connection cap: a LIMIT_EXCEEDED frame (msg id 0), then close."""
         server = self.server
         self.refused = self.closing = True
-        if server.stopping:
-            self.send(encode_error(0, 0, Status.LIMIT_EXCEEDED, "the server is stopping"))
-        else:
-            self.send(encode_error(0, 0, Status.LIMIT_EXCEEDED,
-                                   f"too many connections (the server's limit is {server.limits.max_connections})"))
+        self.send(encode_error(0, 0, Status.LIMIT_EXCEEDED, server.refusal()))  # (its limit, and why it is so)
+        if not server.stopping:
             server.note_refused()
-        if server.lingering >= _MAX_LINGERING:  # a storm of connections: no time for each
+        if server.lingering >= server.max_lingering:  # a storm of connections, or descriptors to keep: no time for each
             self.transport.close()
             return
         server.lingering += 1

@@ -8,12 +8,14 @@ that a run starts before fast appenders fill half a ring and must compact themse
 """
 
 import logging
+import sqlite3
 import time
 
 from ..engine import maintenance
 from ..engine.broker import Broker
 from ..engine.queues.rpc import remove_orphans
 from ..errors import QueueNotFound, ShmqError, StreamNotFound
+from .limits import Census, object_fds
 
 __all__ = ["Housekeeper"]
 
@@ -44,13 +46,19 @@ def _stream_round(s) -> int:
 class Housekeeper:
     """Attaches to every queue, stream and keyed store of ``broker``'s namespace and calls
     ``Queue._housekeep``, ``Stream.housekeep`` (and a compacted stream's ``compact_now``)
-    and ``Store.sweep`` on each."""
+    and ``Store.sweep`` on each. Each round also counts what it attached (``census``,
+    handed to ``on_census`` when it changed: the server's descriptors follow it). One
+    that cannot be attached or worked on (out of descriptors, say) is said once, until
+    it works again, and is neither let go nor taken for deleted."""
 
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: Broker, on_census=None):
         self.broker = broker
+        self.on_census = on_census
+        self.census = None  # what the last round found (``limits.Census``)
         self._queues = {}
         self._streams = {}
         self._stores = {}
+        self._failing = {}  # (kind, name) -> the error last said
         self._round_due = 0.0
 
     def tick(self) -> float | None:
@@ -81,7 +89,14 @@ class Housekeeper:
     def run_once(self) -> int:
         """One pass over all queues and streams; returns how many messages became ready again."""
         names = set(self.broker.list_queues())
-        for name in remove_orphans(self.broker, sorted(names)):  # reply queues of dead requesters
+        try:
+            orphans = remove_orphans(self.broker, sorted(names))  # reply queues of dead requesters
+        except OSError as e:  # (a requester's liveness unread: out of descriptors, say; none is taken for dead)
+            self._said(("reply queues", ""), f"cannot look for the reply queues of dead requesters: {e}")
+            orphans = []
+        else:
+            self._said(("reply queues", ""), None)
+        for name in orphans:
             names.discard(name)
             log.info("reply queue %s removed: its requester is gone", name)
         for name, why in maintenance.sweep_unused(self.broker, [self._queues[n] for n in sorted(names)
@@ -93,45 +108,112 @@ class Housekeeper:
         for name, n in returned.items():
             if n:
                 log.info("queue %s: %d message(s) ready again (expired or dead holder)", name, n)
-        dropped = self._each("stream", self._streams, set(self.broker.list_streams()), self.broker.stream,
-                             _stream_round, StreamNotFound)
+        streams = set(self.broker.list_streams())
+        dropped = self._each("stream", self._streams, streams, self.broker.stream, _stream_round, StreamNotFound)
         for name, n in dropped.items():
             if n:
                 log.info("stream %s: %d record(s) dropped from memory by retention", name, n)
-        swept = self._each("store", self._stores, set(self.broker.list_stores()), self._attach_store,
+        stores = set(self.broker.list_stores())
+        swept = self._each("store", self._stores, stores, self._attach_store,
                            lambda kv: kv.sweep(), FileNotFoundError)  # (engine/store.py: expired keys)
         for name, n in swept.items():
             if n:
                 log.info("store %s: %d expired key(s) removed", name, n)
+        self._count(names, streams, stores)
         return sum(returned.values())
+
+    def survey(self) -> Census:
+        """Attach to every queue, stream and store and count them (``census``), doing no
+        housekeeping: what the server fits its descriptors to at start, before serving."""
+        queues, streams, stores = set(self.broker.list_queues()), set(self.broker.list_streams()), \
+            set(self.broker.list_stores())
+        for kind, handles, names, attach, gone in (
+                ("queue", self._queues, queues, self.broker.queue, QueueNotFound),
+                ("stream", self._streams, streams, self.broker.stream, StreamNotFound),
+                ("store", self._stores, stores, self._attach_store, FileNotFoundError)):
+            self._each(kind, handles, names, attach, lambda h: None, gone, logging.DEBUG)  # (before the start line)
+        self._count(queues, streams, stores)
+        return self.census
+
+    def _count(self, queues, streams_listed, stores) -> None:
+        """The census of what this round attached (one listed but not attached: a lane, or
+        a stream of one partition), handed to ``on_census`` when it changed."""
+        lanes = logged = streams = parts = filed = largest = 0
+        for name in queues:
+            q = self._queues.get(name)
+            k, wal = 1, False
+            if q is not None:
+                try:
+                    k, wal = max(q._nlanes, 1), q.durability == "wal"
+                except ShmqError:
+                    pass
+            lanes += k
+            logged += k if wal else 0
+            largest = max(largest, object_fds(lanes=k, logged_lanes=k if wal else 0))
+        for name in streams_listed:
+            s = self._streams.get(name)
+            n, durable = 1, True
+            if s is not None:
+                try:
+                    n, durable = s.partitions, s.durability != "memory"
+                except ShmqError:
+                    pass
+            streams += 1
+            parts += n
+            filed += n if durable else 0
+            largest = max(largest, object_fds(streams=1, partitions=n, filed_partitions=n if durable else 0))
+        census = Census(len(queues), lanes, logged, streams, parts, filed, len(stores), largest)
+        if census != self.census:
+            self.census = census
+            if self.on_census is not None:
+                self.on_census(census)
+
+    def _said(self, key, error) -> None:
+        """Say a failure of ``key`` ((kind, name)) once, until it works again (then said too)."""
+        before = self._failing.get(key)
+        if error == before:
+            return
+        what = " ".join(x for x in key if x)
+        if error is None:
+            del self._failing[key]
+            log.info("housekeeping of %s works again", what)
+        else:
+            self._failing[key] = error
+            log.warning("%s (housekeeping tries again every round; said once until it works)", error)
 
     def _attach_store(self, name):
         from ..engine.store import Store
 
         return Store(self.broker.namespace, name, create=False)  # (a store deleted meanwhile stays deleted)
 
-    @staticmethod
-    def _each(kind, handles, names, attach, work, gone) -> dict:
+    def _each(self, kind, handles, names, attach, work, gone, level=logging.INFO) -> dict:
         """``work(handle)`` on each of ``names`` (attached once, kept in ``handles``), what it
-        returned by name; a handle whose object is gone is let go, a ShmqError logged."""
+        returned by name; a handle whose object is gone is let go; a ShmqError, an OSError
+        (out of descriptors: EMFILE) or SQLite's error said once (``_said``), nothing let go."""
         for name in list(handles):
             if name not in names:
                 handles.pop(name).close()
+                self._failing.pop((kind, name), None)
                 log.info("%s %s removed", kind, name)
         out = {}
         for name in sorted(names):
             h = handles.get(name)
             try:
                 if h is None:
-                    h = handles[name] = attach(name)
-                    log.info("%s %s attached", kind, name)
+                    h = attach(name)
+                    handles[name] = h
+                    log.log(level, "%s %s attached", kind, name)
                 out[name] = work(h)
             except gone:
                 stale = handles.pop(name, None)
                 if stale is not None:
                     stale.close()
-            except ShmqError as e:
-                log.warning("%s %s: %s", kind, name, e)
+                continue
+            except (ShmqError, OSError, sqlite3.Error) as e:
+                self._said((kind, name), f"{kind} {name}: {e}")
+                continue
+            if self._failing:
+                self._said((kind, name), None)
         return out
 
     def close(self):

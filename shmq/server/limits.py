@@ -1,6 +1,9 @@
 """What clients may cost the server: ``Limits`` (the flags), the frame boundaries a
-connection tracks, the server-wide buffer ``Budget`` for big frames, and each
-connection's ``Clocks`` (frame and idle deadlines). docs/PROTOCOL.md, Limits.
+connection tracks, the server-wide buffer ``Budget`` for big frames, each
+connection's ``Clocks`` (frame and idle deadlines), and its file descriptors
+(``Descriptors``: what its queues, streams and connections may hold beside a reserve,
+and the connection limit that fits). docs/PROTOCOL.md, Limits; docs/OPERATIONS.md,
+File descriptors.
 
 Strategy: nothing a client sends may grow the server without bound or stall it. A
 connection reads only as many bytes as it may hold: up to SMALL_FRAME_BYTES of small
@@ -12,14 +15,21 @@ no I/O: the connection calls them and acts on their answers.
 """
 
 import asyncio
+import os
+import resource
 from collections import deque
 from dataclasses import dataclass
 
 from ..busypoll import DEFAULT_BUSY_POLL_US, check_busy_poll_us
+from ..engine.shm.segment import SEGMENT_FDS
+from ..engine.store import STORE_FDS
+from ..persistence.wal import LOG_FDS
 from ..protocol import HEADER_SIZE
 from ..protocol.frames import unpack_length
 
-__all__ = ["Limits", "Boundaries", "Budget", "Clocks", "SMALL_FRAME_BYTES", "PRE_AUTH_MAX_FRAME_BYTES"]
+__all__ = ["Limits", "Boundaries", "Budget", "Clocks", "SMALL_FRAME_BYTES", "PRE_AUTH_MAX_FRAME_BYTES",
+           "Census", "Descriptors", "Fit", "raise_fd_limit", "open_fds", "CONNECTION_FDS", "RESERVE_FDS",
+           "MAX_LINGERING"]
 
 SMALL_FRAME_BYTES = 64 * 1024  # unfinished-frame bytes a connection may hold without a reservation
 PRE_AUTH_MAX_FRAME_BYTES = 4096  # largest frame payload before a HELLO with the token
@@ -196,3 +206,179 @@ async def sweep(listener):
         now = listener.loop.time()
         for conn in list(listener.connections):
             conn.check_clocks(now)
+
+
+# ---------------------------------------------------------------------- file descriptors
+CONNECTION_FDS = 1  # a client connection (either port, TLS or not): its socket
+RESERVE_FDS = 64  # kept free beside what the objects and connections hold: a snapshot's files and its directory's
+# fsync, a log's next generation, the data dir's listing, a create's or a REQUEST's reply queue, /proc reads
+BASE_FDS = 32  # the server's own (stdio, its listening sockets, the event loop's, its lock file, the brokers'
+# registries), when it cannot count them (no /proc)
+MAX_LINGERING = 256  # refused connections kept open at most (each a descriptor) while their error frame leaves
+MIN_CONNECTIONS = 1  # a limit lowered to fit never goes below this
+
+
+@dataclass(frozen=True)
+class Census:
+    """What a namespace holds, as descriptors count it (``Housekeeper.census``)."""
+
+    queues: int = 0
+    lanes: int = 0  # every queue's lanes (a queue without lanes: one)
+    logged_lanes: int = 0  # of them, the lanes of "wal" queues (a log each)
+    streams: int = 0
+    partitions: int = 0
+    filed_partitions: int = 0  # partitions of "snapshot" and "wal" streams (a log or a high-water file each)
+    stores: int = 0
+    largest: int = 0  # what one handle on the biggest of them holds (a snapshot's, a backup's, passing)
+
+
+def object_fds(lanes=0, logged_lanes=0, streams=0, partitions=0, filed_partitions=0, stores=0) -> int:
+    """Descriptors one handle on each of these holds, at most: a segment per lane, per
+    stream (its groups' table) and per partition (``SEGMENT_FDS``), a file per logged lane
+    and per durable partition (``LOG_FDS``), SQLite's files per keyed store (``STORE_FDS``)."""
+    return (lanes + streams + partitions) * SEGMENT_FDS + (logged_lanes + filed_partitions) * LOG_FDS \
+        + stores * STORE_FDS
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What ``Descriptors.fit`` found: the descriptors the server may hold (``need``), of
+    its ``limit``, by part, and the connection limit per port that keeps the reserve."""
+
+    limit: int
+    need: int
+    base: int
+    objects: int
+    reserve: int
+    connections: int  # the --max-connections asked for, per port
+    ports: int
+    max_connections: int  # what fits, per port (``connections`` when everything fits)
+    max_lingering: int
+    census: Census
+
+    @property
+    def fits(self) -> bool:
+        return self.need <= self.limit
+
+    @property
+    def lowered(self) -> bool:
+        return self.max_connections < self.connections
+
+    @property
+    def overfull(self) -> bool:
+        """Whether the objects alone leave less than the reserve (no connection limit helps)."""
+        return self.base + self.objects + self.reserve + MIN_CONNECTIONS * self.ports > self.limit
+
+    def suggested(self) -> int:
+        """A limit to ask for: what is needed now and a quarter more, in thousands."""
+        return -(-self.need * 5 // 4 // 1024) * 1024
+
+    def line(self) -> str:
+        """The one line the log says about it."""
+        c = self.census
+        held = (f"{self.objects} for {c.queues} queue(s) ({c.lanes} lane(s)), {c.streams} stream(s) "
+                f"({c.partitions} partition(s)) and {c.stores} keyed store(s), "
+                f"{self.connections * self.ports * CONNECTION_FDS} for --max-connections {self.connections}"
+                f"{f' on each of {self.ports} ports' if self.ports > 1 else ''}, {self.reserve} in reserve for "
+                f"snapshots, logs and housekeeping, {self.base} of its own")
+        if self.fits:  # (a line a terminal shows at start: no word of connections, which are debug lines)
+            return (f"file descriptors: at most {self.need} of its limit of {self.limit} ({self.objects} for "
+                    f"{c.queues} queue(s), {c.streams} stream(s) and {c.stores} keyed store(s), "
+                    f"{self.connections * self.ports * CONNECTION_FDS} for its clients, {self.reserve} in reserve, "
+                    f"{self.base} of its own)")
+        fix = (f"raise its limit (LimitNOFILE={self.suggested()} in its systemd unit, ulimit -n {self.suggested()} "
+               "before it starts in a shell)")
+        if self.overfull:
+            return (f"file descriptors: its queues and streams alone need more than its limit of {self.limit}: "
+                    f"{self.need} at most ({held}); snapshots, logs and housekeeping may fail for want of them, and "
+                    f"--max-connections is lowered to {self.max_connections}: {fix}")
+        return (f"file descriptors: it may need {self.need}, more than its limit of {self.limit} ({held}): "
+                f"--max-connections lowered to {self.max_connections}, so that snapshots, logs and housekeeping "
+                f"keep theirs; {fix}, or give a lower --max-connections")
+
+    def fields(self) -> dict:
+        """The log line's fields (event ``descriptors``)."""
+        c = self.census
+        fields = {"event": "descriptors", "limit": self.limit, "need": self.need, "queues": c.queues,
+                  "lanes": c.lanes, "streams": c.streams, "partitions": c.partitions, "stores": c.stores,
+                  "reserve": self.reserve, "base": self.base}
+        if not self.fits:  # (what was asked, and what fits)
+            fields.update(connections=self.connections, max_connections=self.max_connections,
+                          suggested=self.suggested())
+        return fields
+
+
+class Descriptors:
+    """The server's file descriptors: its limit (RLIMIT_NOFILE's soft limit, raised to the
+    hard one at start: ``raise_fd_limit``), its own (``base``), what every queue, stream and
+    keyed store costs each of the handles the server keeps on it (``queue_holders``:
+    the TCP front, the housekeeper, the log syncer, the metrics exporter;
+    ``stream_holders`` add the Kafka listener's), its connections, and a reserve. ``fit``
+    says whether the connections asked for fit beside the rest, and else the limit that
+    does, so that snapshots, logs and housekeeping never run out (docs/OPERATIONS.md,
+    File descriptors)."""
+
+    def __init__(self, limit: int, base: int, connections: int, ports: int = 1, queue_holders: int = 2,
+                 stream_holders: int = 2, store_holders: int = 2):
+        self.limit = limit
+        self.base = base
+        self.connections = connections
+        self.ports = ports
+        self.queue_holders = queue_holders
+        self.stream_holders = stream_holders
+        self.store_holders = store_holders
+
+    def lingering(self) -> int:
+        """Refused connections that may stay open while their error frame leaves, per port."""
+        return min(MAX_LINGERING, max(4, self.limit // 32))
+
+    def fit(self, census: Census) -> Fit:
+        c = census
+        objects = (object_fds(lanes=c.lanes, logged_lanes=c.logged_lanes) * self.queue_holders
+                   + object_fds(streams=c.streams, partitions=c.partitions, filed_partitions=c.filed_partitions)
+                   * self.stream_holders + object_fds(stores=c.stores) * self.store_holders)
+        lingering = self.lingering()
+        reserve = RESERVE_FDS + c.largest + lingering * self.ports
+        room = (self.limit - self.base - objects - reserve) // (self.ports * CONNECTION_FDS)
+        cap = self.connections if room >= self.connections else max(room, MIN_CONNECTIONS)
+        need = self.base + objects + reserve + self.connections * self.ports * CONNECTION_FDS
+        return Fit(self.limit, need, self.base, objects, reserve, self.connections, self.ports, cap, lingering,
+                   census)
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (an unlimited hard limit:
+    to the kernel's most, fs.nr_open) and return the soft limit it has then."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                want = int(f.read())
+        except (OSError, ValueError):
+            want = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def open_fds(skip=None) -> int | None:
+    """How many descriptors this process has open now, less those whose target ``skip``
+    (a path -> bool) says to leave out; None where /proc cannot say."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    n = 0
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # (the listing's own, closed since)
+            continue
+        if skip is None or not skip(target):
+            n += 1
+    return n

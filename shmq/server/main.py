@@ -7,9 +7,9 @@ own, so the loop never waits on a disk or on a pass over every queue.
 """
 
 import asyncio
+import dataclasses
 import logging
 import os
-import resource
 import signal
 import ssl
 import time
@@ -17,14 +17,18 @@ import time
 from ..auth import advertise, default_data_dir, server_token, withdraw
 from ..engine.broker import Broker
 from ..engine.shm.logbell import Bell
-from ..engine.shm.segment import destroy_namespace
+from .shmwatch import ShmPressure
+from ..engine.shm.names import queue_base, store_prefix, stream_base
+from ..engine.shm.segment import SHM_DIR, destroy_namespace
 from ..persistence import Snapshotter, recover
+from ..persistence.files import owner_of
 from ..persistence.upgrade import check_files, upgrade
 from ..engine.shm.layout import WAL_ALWAYS, WAL_BATCH, WAL_NEVER
 from ..errors import ShmqError
 from ..sharing import resolve_group, share_dir
 from .housekeeper import ROUND_S as HOUSEKEEPING_INTERVAL_S
 from .housekeeper import TICK_S, Housekeeper
+from .limits import BASE_FDS, Census, Descriptors, open_fds, raise_fd_limit
 from .lock import BrokerLock
 from .logsync import LogSyncer
 from .loops import loop_name
@@ -51,21 +55,48 @@ def parse_fsync(policy: str) -> tuple[int, int]:
     raise ValueError(f"--fsync must be always, batch:MS or never, not {policy!r}")
 
 
-def _raise_fd_limit():
-    """Thousands of connections need thousands of descriptors: use the hard limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+class _FitDescriptors:
+    """The server's connections kept within its file descriptors (``limits.Descriptors``):
+    fitted at start and again whenever the housekeeper's census changes (queues, streams
+    and stores made or deleted), on the loop; said in one line at start, and again when
+    the fit changes (it stops or starts fitting, or the lowered limit falls by a tenth)."""
+
+    def __init__(self, descriptors, server, kafka_listener, loop):
+        self.descriptors = descriptors
+        self.server = server
+        self.kafka_listener = kafka_listener
+        self.asked = server.limits
+        self.loop = loop
+        self.said = None  # the Fit last said
+
+    def fit(self, census: Census) -> None:
+        """(The housekeeper's thread, or the loop at start.) Fit to ``census``; say it when it matters."""
+        fit = self.descriptors.fit(census)
+        said = self.said
+        if said is None or (fit.fits, fit.overfull) != (said.fits, said.overfull) \
+                or fit.max_connections < said.max_connections * 0.9:
+            level = logging.INFO if fit.fits else logging.ERROR if fit.overfull else logging.WARNING
+            log.log(level, "%s", fit.line(), extra=fit.fields())
+            self.said = fit
+        if self.loop is None:
+            self._apply(fit)
+        else:
+            self.loop.call_soon_threadsafe(self._apply, fit)
+
+    def _apply(self, fit) -> None:
+        self.server.fit_descriptors(fit)
+        if self.kafka_listener is not None:  # (its own limits: the DEADBEEF front's, with the same connection limit)
+            self.kafka_listener.limits = dataclasses.replace(self.asked, max_connections=self.server.max_connections)
 
 
-def _start_persistence(broker, data_dir, mode, ms, interval, group=None):
+def _start_persistence(broker, data_dir, mode, ms, interval, group=None, disk_free_limit=None):
     """Rebuild lost queues, open the logs, snapshot at once. What cannot be written (a
     full disk) is logged and retried by the snapshot loop: the server comes up anyway.
     ``group``: a gid the data dir is shared with (``sharing.share_dir``)."""
     try:
         if group is not None:
             share_dir(data_dir, group)
-        snapshotter = Snapshotter(broker, data_dir, wal_mode=mode, wal_batch_ms=ms)
+        snapshotter = Snapshotter(broker, data_dir, wal_mode=mode, wal_batch_ms=ms, disk_free_limit=disk_free_limit)
     except OSError as e:
         raise ShmqError(f"cannot use --data-dir {data_dir}: {e.strerror or e} (give another --data-dir, "
                         f"or --no-persist)") from None
@@ -127,8 +158,11 @@ def kafka_listener_class():
 async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_bytes=16 * 2**20, ready=None,
                 data_dir=None, snapshot_interval=1.0, fsync="batch:2",
                 token_file=None, no_auth=False, limits=None, metrics=None, kafka=None, group=None, tls=None,
-                port_settings=None):
+                port_settings=None, disk_free_limit=None):
     """Serve until SIGINT/SIGTERM. ``ready`` (an optional callable) gets the bound port.
+    ``disk_free_limit``: the data dir's free bytes below which the disk alarm refuses
+    puts and appends of "wal" queues and streams (0: never; None: the default, 50 MiB or
+    a twentieth of the filesystem if less).
 
     With ``data_dir``: queues lost with shared memory (a reboot) are rebuilt from their
     snapshots first, then every durable queue is snapshotted every ``snapshot_interval``
@@ -158,7 +192,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
     """
     gid = None if group is None else resolve_group(group)
     token, auth_note = server_token(token, token_file, no_auth)
-    _raise_fd_limit()
+    fd_limit = raise_fd_limit()  # thousands of connections need thousands of descriptors: the hard limit
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -184,7 +218,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                 server.unbind()
                 raise
         exporter, snapshotter, syncer, made_ns, made_dir = NO_METRICS, None, None, False, None
-        bell = None
+        bell = keeper = None
         runtime_file = None
         try:
             if metrics is not None:
@@ -200,7 +234,7 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
                 mode, ms = parse_fsync(fsync)
                 made_dir = None if os.path.exists(data_dir) else data_dir
                 snapshotter = await asyncio.to_thread(_start_persistence, snap_broker, data_dir, mode, ms,
-                                                      snapshot_interval, gid)
+                                                      snapshot_interval, gid, disk_free_limit)
                 if mode == WAL_BATCH:  # rounds only while logs are written (logsync.py)
                     syncer = LogSyncer(snapshotter, ms).start()
                 # a local create of a "wal" queue or stream rings it, and waits for its log to be opened
@@ -215,12 +249,29 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
             # back after a restart, at once) finds the runtime file there
             runtime_file = await asyncio.to_thread(advertise, server.port, host, namespace, token)
             await txns.start(data_dir)  # what its journal left completed or aborted, before any request
+            # its descriptors: its own now, then what the housekeeper attaches (its survey); the connections
+            # that fit beside them and the reserve (said in one line), before the first is accepted
+            holders = 2 + (syncer is not None) + (metrics is not None)  # the front's, the housekeeper's, ...
+            fitter = _FitDescriptors(
+                Descriptors(fd_limit, _own_fds(namespace, data_dir), server.limits.max_connections,
+                            ports=1 + (kafka_listener is not None), queue_holders=holders,
+                            stream_holders=holders + 2 * (kafka_listener is not None)),
+                server, kafka_listener, None)
+            keeper = Housekeeper(keeper_broker)
+            try:
+                await asyncio.to_thread(keeper.survey)
+            except Exception as e:  # (said again by the rounds, once, if it goes on)
+                log.error("cannot count the namespace's queues and streams: %s", e)
+            fitter.fit(keeper.census or Census())
+            fitter.loop, keeper.on_census = loop, fitter.fit  # from now on, its rounds' census changes
             await server.start()
             if kafka_listener is not None:
                 await kafka_listener.start()
                 server.streams.join(kafka_listener.streams)  # one loop serves both ports' waiting reads
                 server.kafka_listener = kafka_listener  # a BACKUP keeps its commit metadata (server/backup.py)
         except BaseException:
+            if keeper is not None:
+                keeper.close()
             withdraw(runtime_file)
             server.unbind()
             if kafka_listener is not None:
@@ -232,7 +283,6 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
             _unmake(broker, made_ns, made_dir)
             raise
         exporter.watch(server, snapshotter)  # its open connections, and its snapshots (None: no data dir)
-        keeper = Housekeeper(keeper_broker)
         lock.update(host=host, port=server.port, data_dir=os.path.abspath(data_dir) if data_dir else None,
                     tls=tls is not None, token=token is not None)  # for shmq status
         if kafka_listener is not None:
@@ -253,7 +303,13 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
             ready(server.port)
         notify(READY="1", STATUS=f"serving namespace {namespace} on {host}:{server.port}")  # Type=notify
 
-        periodic = [Periodic(TICK_S, keeper.tick, "housekeeping").start()]
+        shm_watch = ShmPressure()  # /dev/shm running short: said once per episode
+
+        def housekeeping():
+            shm_watch.check()
+            return keeper.tick()
+
+        periodic = [Periodic(TICK_S, housekeeping, "housekeeping").start()]
         if snapshotter is not None:
             # the snapshot runs end with a last snapshot after the stop
             said = {}
@@ -295,6 +351,23 @@ async def serve(namespace, host="127.0.0.1", port=7878, token=None, max_frame_by
         return 1
     log.info("stopped", extra={"event": "server_stopped", "namespace": namespace})
     return 0
+
+
+def _own_fds(namespace, data_dir) -> int:
+    """The descriptors the server holds now, less those on its namespace's queues,
+    streams and keyed stores and their files in the data dir (``limits.Descriptors``
+    counts those per object, for every handle the server keeps)."""
+    objects = tuple(os.path.join(SHM_DIR, prefix.lstrip("/"))
+                    for prefix in (queue_base(namespace), stream_base(namespace, ""), store_prefix(namespace)))
+    here = os.path.abspath(data_dir) + os.sep if data_dir is not None else None
+
+    def skip(target):
+        if target.startswith(objects):
+            return True
+        return here is not None and target.startswith(here) and owner_of(target[len(here):]) is not None
+
+    held = open_fds(skip)
+    return BASE_FDS if held is None else held
 
 
 def _unmake(broker, made_ns, made_dir):

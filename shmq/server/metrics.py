@@ -218,12 +218,19 @@ class Metrics:
         streams = GaugeMetricFamily("shmq_stream_last_snapshot_timestamp_seconds", "When the stream's last good "
                                     "snapshot began (Unix time): the data dir holds the stream as it was then.",
                                     labels=["stream"], unit="seconds")
+        alarm = GaugeMetricFamily("shmq_disk_alarm", "1 while the data dir has less free space than "
+                                  "--disk-free-limit: puts and appends of wal queues and streams are refused.")
+        free = GaugeMetricFamily("shmq_data_dir_free_bytes", "Free bytes of the data dir's filesystem at the last "
+                                 "snapshot round's look (with a --disk-free-limit).", unit="bytes")
         snap = self.snapshotter
         if snap is not None:
             failures.add_metric([], snap.failures)
             for (kind, name), when in sorted(list(snap.last_good.items())):  # (a copy in one step under the GIL)
                 (queues if kind == "queue" else streams).add_metric([name], when)
-        return [failures, queues, streams]
+            alarm.add_metric([], 1 if snap.alarm else 0)
+            if snap.disk_free is not None:
+                free.add_metric([], snap.disk_free)
+        return [failures, queues, streams, alarm, free]
 
 
 class ShmqCollector(Collector):

@@ -22,7 +22,8 @@ class Periodic:
     one interval plus one run; a ``work`` that returns a number of seconds is next run
     that long after it began, if that is later (nothing to do before). The first run is
     at once, or after one interval unless ``first``. A failure is logged and the runs go
-    on. ``stop()`` asks for the end;
+    on: said once while the same one repeats (an OSError, out of descriptors say, in one
+    line; another error with its traceback), and its end said too. ``stop()`` asks for the end;
     ``join()`` waits for it: the last run begins after the stop (a run the stop came
     during is followed by one more), so it sees every write answered before the stop."""
 
@@ -31,6 +32,8 @@ class Periodic:
         self.work = work
         self.what = what
         self._first = first
+        self._failing = None  # the failure said last (its type and text), until a run succeeds
+        self._repeats = 0  # runs that failed the same way since
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"shmq-{what}", daemon=True)
 
@@ -53,8 +56,10 @@ class Periodic:
                 last = self._stop.is_set()
                 try:
                     later = self.work()
-                except Exception:
-                    log.exception("%s failed; trying again in %.2fs", self.what, self.seconds)
+                except Exception as e:
+                    self._failed(e)
+                else:
+                    self._worked()
                 if last:
                     return
             first = True
@@ -62,3 +67,23 @@ class Periodic:
             if later is not None:
                 due = max(due, began + later)
             self._stop.wait(due - time.monotonic())
+
+    def _failed(self, e: Exception) -> None:
+        """Say a failure once while it repeats the same: an OSError (a full disk, out of
+        descriptors) in one line, another with its traceback (a bug)."""
+        key = (type(e), str(e))
+        if key == self._failing:
+            self._repeats += 1
+            return
+        self._failing, self._repeats = key, 0
+        if isinstance(e, OSError):
+            log.error("%s failed: %s; trying again every %.2fs (said once while it fails so)", self.what, e,
+                      self.seconds)
+        else:
+            log.exception("%s failed; trying again every %.2fs (said once while it fails so)", self.what,
+                          self.seconds)
+
+    def _worked(self) -> None:
+        if self._failing is not None:
+            log.info("%s works again (after %d more failed run(s))", self.what, self._repeats)
+            self._failing, self._repeats = None, 0

@@ -248,7 +248,7 @@ class Consuming:
                     w = a >> 3
                     if mode and mode & _AUTOACK:
                         if self._logged:  # logged before the commit below
-                            self.wal.append(_encode_ack_entry(msg_id, attempt))
+                            self.wal.append(_encode_ack_entry(msg_id, attempt), grows=False)
                         mq[w] = _ACKED | (slot << 8) | (attempt << 32)  # commit
                         mq[I_FRONTIER] = pos + length
                         mq[I_READY] = ready - 1

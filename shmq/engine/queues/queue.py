@@ -189,14 +189,16 @@ class Queue(Producing, Consuming, Settling):
             except BaseException:
                 ne.close()
                 raise
-        except posix_ipc.ExistentialError:  # deleted as it was attached: let go of what it took
+        except BaseException as e:  # deleted as it was attached, or out of descriptors: let go of what it took
             self._lockp = None
             self.wal.close()
             self._mq.release()
             self._ring.release()
             self._seg.close()
             self._seg = None
-            raise QueueNotFound(f"queue {self.name!r} in namespace {self.namespace!r} was deleted") from None
+            if isinstance(e, posix_ipc.ExistentialError):
+                raise QueueNotFound(f"queue {self.name!r} in namespace {self.namespace!r} was deleted") from None
+            raise
         self._ne, self._nf = ne, nf
 
     def _read_settings(self):
@@ -516,7 +518,8 @@ class Queue(Producing, Consuming, Settling):
                 start = mq[I_READY_POS] if mq[I_REQUEUED] else mq[I_FRONTIER]
                 ready = [(pos, w) for pos, w in ring.records(mq, cap, base, start, tail) if mq[w] & 0xFF == _READY]
             if self._logged and ready:  # log the drops first
-                self.wal.append(b"".join(_encode_ack_entry(mq[w + _R_MSG_ID], 0) for _pos, w in ready))
+                self.wal.append(b"".join(_encode_ack_entry(mq[w + _R_MSG_ID], 0) for _pos, w in ready),
+                                grows=False)
             for _pos, w in ready:
                 if mq[w] & 0xFF == _DELAYED:
                     mq[L.I_DELAYED] -= 1

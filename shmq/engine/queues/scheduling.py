@@ -193,7 +193,7 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
                 if q._logged:
                     from ...persistence import dmsq
 
-                    q.wal.append(dmsq.encode_ack_entry(mq[w + L.R_MSG_ID], 0))
+                    q.wal.append(dmsq.encode_ack_entry(mq[w + L.R_MSG_ID], 0), grows=False)
                 mq[w] = (mq[w] & ~0xFF) | _ACKED
         mq[L.I_EXPIRED_TOTAL] += len(expired)
     n = len(out)

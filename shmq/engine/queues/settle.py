@@ -83,7 +83,7 @@ class Settling:
             if w < 0:
                 raise self._expired(d)
             if self._logged:
-                self.wal.append(_encode_ack_entry(d.id, d.attempt))
+                self.wal.append(_encode_ack_entry(d.id, d.attempt), grows=False)
             mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
             mq[I_INFLIGHT] -= 1
             mq[_proc_word(self._my_slot(), _P_ACKED)] += 1
@@ -272,7 +272,7 @@ class Settling:
             live, expired = self._leased(deliveries, _mono())
             head = mq[I_HEAD]
             if self._logged and live:
-                self.wal.append(b"".join(_encode_ack_entry(d.id, d.attempt) for d, _w in live))
+                self.wal.append(b"".join(_encode_ack_entry(d.id, d.attempt) for d, _w in live), grows=False)
             for d, w in live:
                 mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
                 pos = d._pos

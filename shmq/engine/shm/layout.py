@@ -27,7 +27,7 @@ __all__ = [
     "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE", "WALCFG", "WALCFG_OFF", "WAL_WORDS_OFF", "TIMENS_OFF", "WORD",
     "REC_FIELDS", "REC_OFFSETS", "field_offsets", "R_STATUS", "R_LENGTH", "R_MSG_ID", "R_ENQ", "R_DEADLINE",
     "P_CWAIT", "P_PWAIT", "P_ACKED", "P_REDELIVERED", "P_BELLS", "P_CONSUMERS", "OPTS_LANES_OFF", "id_step", "proc_word",
-    "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "c_header", "write_c_header",
+    "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "WAL_ALARM", "WAL_POLICY", "c_header", "write_c_header",
     "OPTS", "OPTS_FIELDS", "OPTS_OFF", "XWORDS_OFF", "XWORD_FIELDS", "I_SPECIAL", "I_NEXT_TTL", "I_EXPIRED_TOTAL",
     "I_PRODUCER_TURNS", "I_CONSUMER_TURNS", "I_VOIDED", "LANE_SLEEPERS_OFF", "I_LANE_SLEEPERS", "I_BELLS", "I_ROOM",
     "LIFETIME_OFF", "I_LIFETIME", "I_LAST_USED", "LIFE_AUTO_DELETE", "LIFE_HAD_CONSUMER", "LIFE_EXPIRES_SHIFT",
@@ -251,6 +251,9 @@ def mem_words(mem_off: int) -> dict:
 P_CWAIT, P_PWAIT, P_ACKED, P_REDELIVERED, P_BELLS, P_CONSUMERS = 2, 3, 4, 5, 6, 7
 # write-ahead log fsync modes (WALCFG); SUSPENDED, with generation 0: the data dir vanished
 WAL_NEVER, WAL_ALWAYS, WAL_BATCH, WAL_SUSPENDED = 0, 1, 2, 3
+# a flag on the mode (its low half: the policy, ``& WAL_POLICY``): the server's disk alarm (its data dir below
+# --disk-free-limit): the log takes what settles (acks, purges) but no put or append, and C appends nothing
+WAL_ALARM, WAL_POLICY = 0x10, 0xF
 
 assert HOT_OFF >= MUTEX_OFF + 64 and HOT_OFF % 64 == 0  # (the lines of HOT_LINES are cache lines)
 assert MUTEX_OFF + 48 <= WRAP_OFF < FILL_OFF < MUTEX_OFF + 64
@@ -360,7 +363,7 @@ def c_header() -> str:
         "WALCFG_W": I_WAL_GEN, "WAL_WORDS_W": I_WAL_SIZE, "REC_SIZE": REC_SIZE,
         "ST_READY": READY, "ST_LEASED": LEASED, "ST_ACKED": ACKED, "ST_PAD": PAD, "ST_FILLING": FILLING,
         "FILL_OFF": FILL_OFF, "FILL_MIN": FILL_MIN, "WRAP_OFF": WRAP_OFF, "LARGE": LARGE, "WINDOW_MIN": WINDOW_MIN,
-        "WINDOW_RECORDS": WINDOW_RECORDS, "FILL_STALE_NS": f"{FILL_STALE_NS}ULL", "WAL_ALWAYS": WAL_ALWAYS,
+        "WINDOW_RECORDS": WINDOW_RECORDS, "FILL_STALE_NS": f"{FILL_STALE_NS}ULL", "WAL_ALWAYS": WAL_ALWAYS, "WAL_ALARM": WAL_ALARM,
         "SPECIAL_W": I_SPECIAL, "NEXT_TTL_W": I_NEXT_TTL, "LEVEL_POS_W": I_LEVEL_POS,
         "MAX_PRIORITIES": MAX_PRIORITIES, "FLAG_TTL": FLAG_TTL, "NO_HOLDER": NO_HOLDER,
         "PROCS_OFF": PROCS_OFF, "PROC_SIZE": PROC_SIZE, "P_CWAIT": P_CWAIT, "P_PWAIT": P_PWAIT, "P_ACKED": P_ACKED,

@@ -46,9 +46,11 @@ __all__ = [
     "share_namespace",
     "allocate",
     "free_bytes",
+    "SEGMENT_FDS",
 ]
 
 MODE = 0o600
+SEGMENT_FDS = 2  # descriptors an open Segment holds: its own and the one its mmap dups (a semaphore holds none)
 SHM_DIR = "/dev/shm"
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
@@ -109,16 +111,34 @@ class _Untracked:
 
 
 class Segment(_stdlib_shm.SharedMemory):
-    """A ``SharedMemory`` that the resource tracker never sees, created 0600."""
+    """A ``SharedMemory`` that the resource tracker never sees, created 0600.
+
+    An attach that fails removes nothing: the standard library's unlinks the segment it
+    opened when it cannot map it (``except OSError: self.unlink()``), and the mapping dups
+    the descriptor, so a process with one descriptor left (EMFILE) or no room for another
+    mapping (ENOMEM) would delete a live queue as it looked at it. Here the attach raises
+    that error, and the descriptor it took is closed."""
 
     _mode = MODE
+    _attaching = False  # while an attach runs: the stdlib's clean-up ``unlink`` is not ours to do
 
     def __init__(self, name: str, create: bool = False, size: int = 0):
         kwargs = {"track": False} if _TRACK_KW else {}
-        with _Untracked():
-            super().__init__(name=name.lstrip("/"), create=create, size=size, **kwargs)
+        self._attaching = not create  # (a create that fails removes what it made: the name was free)
+        try:
+            with _Untracked():
+                super().__init__(name=name.lstrip("/"), create=create, size=size, **kwargs)
+        except BaseException:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            raise
+        finally:
+            self._attaching = False
 
     def unlink(self):
+        if self._attaching:
+            return
         with _Untracked():
             super().unlink()
 
