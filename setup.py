@@ -10,9 +10,11 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension("shmq.engine._fast", ["shmq/engine/_fast.c"], depends=["shmq/engine/_layout.h", "shmq/engine/_fast_api.h"],
                              optional=True, extra_compile_args=["-O2"]),
                    Extension("shmq.server._plain", ["shmq/server/_plain.c"],
-                             depends=["shmq/engine/_fast_api.h", "shmq/protocol/_wire.h"], optional=True,
+                             depends=["shmq/engine/_fast_api.h", "shmq/protocol/_wire.h", "shmq/protocol/_frames.h",
+                                      "shmq/server/_reply_budget.h"], optional=True,
                              extra_compile_args=["-O2"]),
-                   Extension("shmq.protocol._wire", ["shmq/protocol/_wire.c"], depends=["shmq/protocol/_wire.h"],
+                   Extension("shmq.protocol._wire", ["shmq/protocol/_wire.c"],
+                             depends=["shmq/protocol/_wire.h", "shmq/protocol/_frames.h"],
                              optional=True, extra_compile_args=["-O2"]),
                    Extension("shmq.kafka._records", ["shmq/kafka/_records.c"], optional=True,
                              extra_compile_args=["-O2"])])

@@ -21,6 +21,11 @@ def test_one_exception_hierarchy():
         assert getattr(shmq, name) is cls
     assert issubclass(shmq.QueueFull, queue.Full)
     assert issubclass(shmq.QueueEmpty, queue.Empty)
+    # errors.__all__ is the one list: every exception errors.py defines, and shmq's exceptions are those
+    defined = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, shmq.ShmqError)}
+    assert defined == set(errors.__all__) and len(errors.__all__) == len(defined)
+    assert {n for n in shmq.__all__ if isinstance(getattr(shmq, n), type)
+            and issubclass(getattr(shmq, n), BaseException)} == defined
 
 
 def test_shmq_aio_is_a_module_that_loads_asyncio_only_when_imported():

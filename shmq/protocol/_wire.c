@@ -79,7 +79,7 @@ static PyObject *wire_frame(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (r < 0) return NULL;
         Py_RETURN_NONE;
     }
-    wire_w_header(&o, at, (uint8_t)type, 0, (uint32_t)msg_id);
+    wire_w_header(&o, at, (uint8_t)type, WIRE_OK, (uint32_t)msg_id);
     PyObject *out = PyBytes_FromStringAndSize((const char *)o.buf, (Py_ssize_t)o.len);
     PyMem_Free(o.buf);
     return out;
@@ -370,7 +370,7 @@ static PyObject *wire_replies(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         if (unwaited_type) { /* posted: an OK reply is dropped, unless it answers gathered puts */
             long t = PyLong_Check(unwaited_type) ? PyLong_AsLong(unwaited_type) : 0;
-            if (h.status || t == 0x10 || t == 0x11) {
+            if (h.status != WIRE_OK || t == MSG_PRODUCE || t == MSG_PRODUCE_BATCH) {
                 PyErr_Clear();
                 Py_DECREF(id);
                 break;
@@ -383,7 +383,7 @@ static PyObject *wire_replies(PyObject *self, PyObject *const *args, Py_ssize_t 
                 break;
             }
         }
-        if (!unwaited_type && !h.status && PySet_GET_SIZE(raw)) {
+        if (!unwaited_type && h.status == WIRE_OK && PySet_GET_SIZE(raw)) {
             kept_raw = PySet_Contains(raw, id);
             if (kept_raw < 0) {
                 Py_DECREF(id);

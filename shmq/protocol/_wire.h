@@ -1,7 +1,8 @@
 /* The DEADBEEF codec's C half (docs/PROTOCOL.md), sans-IO like frames.py: a frame's header read
  * and written, and the msgpack subset the plain requests and their replies use, read from a
  * byte range and written into a growable buffer. Header-only, included by the C extensions that
- * serve (shmq/server/_plain.c) or send (shmq/client/_plain.c) the plain requests.
+ * serve (shmq/server/_plain.c) or send (shmq/protocol/_wire.c, the clients' codec) the plain
+ * requests. Its constants (the header's, the request types) are frames.py's: the generated _frames.h.
  *
  * Strategy: a reader never trusts its bytes: every read checks the room left and says no (0)
  * rather than guess, and the caller then leaves the frame to the Python codec, which says what
@@ -16,10 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define WIRE_MAGIC 0xDEADBEEFu
-#define WIRE_VERSION 1
-#define WIRE_HEADER 16
-#define WIRE_REPLY_BIT 0x80
+#include "_frames.h"
 
 /* ---- the header: magic u32, length u32, type u8, version u8, status u16, msg id u32; network order */
 typedef struct {

@@ -23,15 +23,13 @@
 #include <time.h>
 
 #include "../engine/_fast_api.h"
-#include "../protocol/_wire.h"
+#include "../protocol/_wire.h" /* (and the request types, MSG_*: frames.py's, generated in _frames.h) */
+#include "_reply_budget.h"      /* RECORD_OVERHEAD, REPLY_RESERVE: answers.py's, generated */
 
-/* the request types it serves (frames.py's MsgType) */
-#define T_PRODUCE 0x10
-#define T_PRODUCE_BATCH 0x11
-#define T_CONSUME 0x12
-#define T_ACK 0x13
+/* the request types it serves, one range (the frame loop takes MSG_PRODUCE .. MSG_ACK) */
+_Static_assert(MSG_PRODUCE_BATCH == MSG_PRODUCE + 1 && MSG_CONSUME == MSG_PRODUCE + 2 && MSG_ACK == MSG_PRODUCE + 3,
+               "the plain request types are consecutive");
 
-#define RECORD_OVERHEAD 128 /* handlers.RECORD_OVERHEAD: what an item adds to a reply beside its bytes */
 #define N_TARGETS 16         /* queues whose C arguments are kept, per server */
 #define ON_STACK 64          /* batch items handled without an allocation */
 
@@ -235,7 +233,7 @@ static int wal_of(Plain *self, Target *t, long *fd, uint64_t *gen) {
 static int reply_open(Plain *self, size_t *at) { return wire_w_open(&self->out, at); }
 
 static void reply_close(Plain *self, size_t at, uint8_t type, uint32_t msg_id) {
-    wire_w_header(&self->out, at, (uint8_t)(type | WIRE_REPLY_BIT), 0, msg_id);
+    wire_w_header(&self->out, at, (uint8_t)(type | WIRE_REPLY_BIT), WIRE_OK, msg_id);
 }
 
 /* The reply buffer emptied after a call (a big reply's is not kept). */
@@ -306,7 +304,7 @@ static int produce(Plain *self, MpIn *in, uint32_t msg_id, PyObject *touched) {
     }
     if ((r & 1) && wake_consumers(self, t, 1) < 0) return -1;
     if (PyList_Append(touched, t->name) < 0) return -1;
-    return reply_one(self, T_PRODUCE, msg_id, "id", (uint64_t)r >> 1) < 0 ? -1 : 1;
+    return reply_one(self, MSG_PRODUCE, msg_id, "id", (uint64_t)r >> 1) < 0 ? -1 : 1;
 }
 
 /* PRODUCE_BATCH {queue: str, messages: [bin, ...] or [{body: bin}, ...], each?: bool} */
@@ -383,7 +381,7 @@ static int produce_batch(Plain *self, MpIn *in, uint32_t msg_id, PyObject *touch
     if (!reply_open(self, &at) || !mp_w_map(o, 1) || !mp_w_key(o, "ids") || !mp_w_array(o, count)) return -1;
     for (uint64_t j = 0; j < count; j++)
         if (!mp_w_uint(o, first + j * t->step)) return -1;
-    reply_close(self, at, T_PRODUCE_BATCH, msg_id);
+    reply_close(self, at, MSG_PRODUCE_BATCH, msg_id);
     return 1;
 }
 
@@ -412,8 +410,8 @@ static int write_delivery(MpOut *o, ShmqDeliveryFields *d, uint64_t tag, int row
 static int take_reply(Plain *self, Target *t, uint32_t msg_id, PyObject *leases, uint64_t most, int rows,
                       int *empty) {
     *empty = 0;
-    uint64_t room = self->max_frame_bytes - 1024, need = most * RECORD_OVERHEAD;
-    uint64_t budget = self->max_frame_bytes < 1024 || need >= room ? 0 : room - need;
+    uint64_t room = self->max_frame_bytes - REPLY_RESERVE, need = most * RECORD_OVERHEAD;
+    uint64_t budget = self->max_frame_bytes < REPLY_RESERVE || need >= room ? 0 : room - need;
     if (!budget) return 0; /* (_reply_budget's 0: Python's take says what it takes) */
     PyObject *got = api->take_many(t->q, t->seg, t->base, t->cap, t->slot, t->vis_ns, t->maxdel,
                                    clock_ns(CLOCK_MONOTONIC), most, budget);
@@ -463,7 +461,7 @@ static int take_reply(Plain *self, Target *t, uint32_t msg_id, PyObject *leases,
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "a CONSUME reply could not be made");
         return -1;
     }
-    reply_close(self, at, T_CONSUME, msg_id);
+    reply_close(self, at, MSG_CONSUME, msg_id);
     return 1;
 }
 
@@ -520,7 +518,7 @@ static int consume(Plain *self, MpIn *in, uint32_t msg_id, PyObject *leases, PyO
     if (!reply_open(self, &at) || !mp_w_map(&self->out, 1) || !mp_w_key(&self->out, "messages") ||
         !mp_w_array(&self->out, 0))
         return -1;
-    reply_close(self, at, T_CONSUME, msg_id);
+    reply_close(self, at, MSG_CONSUME, msg_id);
     return 1;
 }
 
@@ -670,12 +668,12 @@ static int ack(Plain *self, MpIn *in, uint32_t msg_id, PyObject *leases) {
     if (expired) { /* the queue's own error for them, answered as Python answers it */
         PyObject *error = PyObject_CallFunctionObjArgs(self->expired_error, t->q, expired, NULL);
         Py_DECREF(expired);
-        PyObject *frame = error ? PyObject_CallFunction(self->error_frame, "iIO", T_ACK, msg_id, error) : NULL;
+        PyObject *frame = error ? PyObject_CallFunction(self->error_frame, "iIO", MSG_ACK, msg_id, error) : NULL;
         Py_XDECREF(error);
         result = reply_bytes(self, frame) < 0 ? -1 : 2; /* (2: served, with an error reply) */
         goto done;
     }
-    result = reply_one(self, T_ACK, msg_id, "acked", acked) < 0 ? -1 : 1;
+    result = reply_one(self, MSG_ACK, msg_id, "acked", acked) < 0 ? -1 : 1;
 done:
     Py_XDECREF(held);
     Py_XDECREF(pushed);
@@ -819,15 +817,15 @@ static PyObject *serve_bytes(Plain *self, const uint8_t *data, size_t size, PyOb
     while (size - pos >= WIRE_HEADER) {
         WireHeader h;
         wire_header(data + pos, &h);
-        if (h.magic != WIRE_MAGIC || h.version != WIRE_VERSION || h.status || h.length > max_frame ||
-            size - pos - WIRE_HEADER < h.length || h.type < T_PRODUCE || h.type > T_ACK)
+        if (h.magic != WIRE_MAGIC || h.version != WIRE_VERSION || h.status != WIRE_OK || h.length > max_frame ||
+            size - pos - WIRE_HEADER < h.length || h.type < MSG_PRODUCE || h.type > MSG_ACK)
             break;
         MpIn in = {data + pos + WIRE_HEADER, data + pos + WIRE_HEADER + h.length};
         uint64_t t0 = timed ? clock_ns(CLOCK_MONOTONIC) : 0;
         size_t before = self->out.len;
-        int r = h.type == T_PRODUCE ? produce(self, &in, h.msg_id, touched)
-                : h.type == T_PRODUCE_BATCH ? produce_batch(self, &in, h.msg_id, touched)
-                : h.type == T_CONSUME ? consume(self, &in, h.msg_id, leases, wait, touched)
+        int r = h.type == MSG_PRODUCE ? produce(self, &in, h.msg_id, touched)
+                : h.type == MSG_PRODUCE_BATCH ? produce_batch(self, &in, h.msg_id, touched)
+                : h.type == MSG_CONSUME ? consume(self, &in, h.msg_id, leases, wait, touched)
                 : ack(self, &in, h.msg_id, leases);
         if (r < 0) goto out;
         if (!r) {
@@ -840,15 +838,16 @@ static PyObject *serve_bytes(Plain *self, const uint8_t *data, size_t size, PyOb
             if (self->out.len == before) {
                 c = PyObject_CallFunction(self->count, "idO", h.type, seconds, Py_None);
             } else {
-                const uint8_t *reply = self->out.buf + before;
-                c = PyObject_CallFunction(self->count, "idI", h.type, seconds, (unsigned)reply[10] << 8 | reply[11]);
+                WireHeader reply;
+                wire_header(self->out.buf + before, &reply);
+                c = PyObject_CallFunction(self->count, "idI", h.type, seconds, (unsigned)reply.status);
             }
             if (!c) goto out;
             Py_DECREF(c);
         }
         pos += WIRE_HEADER + h.length;
         served++;
-        if ((h.type == T_PRODUCE || h.type == T_PRODUCE_BATCH) && pos < size) {
+        if ((h.type == MSG_PRODUCE || h.type == MSG_PRODUCE_BATCH) && pos < size) {
             /* a put to a queue with gets waiting, more frames behind it: served here no further, so that
              * its waiters are answered (``notify``) before the next frame, as a PRODUCE in Python does */
             int w = awaited(self, PyList_GET_ITEM(touched, PyList_GET_SIZE(touched) - 1));

@@ -25,7 +25,7 @@ from ..engine import maintenance
 from ..errors import LimitExceeded, LockTimeout, QueueEmpty
 from ..protocol import REPLY_BIT, Frame, PushType, encode_frame
 from ..protocol.status import reason_of, status_of
-from .handlers import RECORD_OVERHEAD
+from .handlers.answers import reply_budget
 from .waiters import Waiter
 
 __all__ = ["Subscription", "Subscriptions"]
@@ -72,7 +72,7 @@ class Subscription:
         return self._get(room)
 
     def _get(self, room):
-        budget = max(self.conn.server.max_frame_bytes - 1024 - room * RECORD_OVERHEAD, 0)
+        budget = reply_budget(self.conn.server, room)
         try:
             return self.q.get_many(room, timeout=0, visibility_timeout=self.vis, max_bytes=budget)
         except QueueEmpty:

@@ -1,5 +1,5 @@
 """The JVM connector's shared-memory reader (shmq/spark/jvm: io.shmq.spark.source, io.shmq.spark.shm),
-run with the JDK: its layout constants against the engine's, RecordBlock's growth, header decoding
+run with the JDK: its layout constants generated from the engine's, RecordBlock's growth, header decoding
 against the Python engine's bytes and the Python source's rendering, and ShmStream reading a real
 stream the Python engine wrote (keys and none, headers, values of many sizes, a ring wrapped by
 retention) with exact contents and exact errors."""
@@ -25,35 +25,25 @@ def classes(tmp_path_factory):
     return compile_tests(tmp_path_factory.mktemp("jvm-source"), "io/shmq/spark/source/*.java")
 
 
-def test_layout_constants_are_the_engines():
-    """Layout.java holds the engine's offsets by hand: each must equal layout.py's."""
-    text = open(LAYOUT_JAVA).read()
+def test_layout_java_is_generated_from_the_engines_layout():
+    """Layout.java is layout.py's offsets for the JVM, generated (as _layout.h is for C): a change of
+    layout without ``layout.write_java_layout()`` fails here."""
+    text = L.java_layout()
+    with open(LAYOUT_JAVA) as f:
+        assert f.read() == text, "stale: run python -c 'from shmq.engine.shm import layout; layout.write_java_layout()'"
     java = {m[1]: int(m[2], 0) for m in re.finditer(r"public static final int (\w+) = (0x[0-9a-f]+|\d+);", text)}
-    rec = L.REC_OFFSETS
-    want = {
-        "STREAM_MAGIC": int.from_bytes(L.STREAM_MAGIC, "little"), "STREAM_VERSION": L.STREAM_VERSION,
-        "STREAM_PARTITIONS_OFF": 6, "STREAM_STATIC_SIZE": L.STREAM_STATIC.size,
-        "STREAM_DURABILITY_OFF": 9, "DURABILITY_WAL": L.DURABILITY["wal"],
-        "PART_MAGIC": int.from_bytes(L.PART_MAGIC, "little"), "PART_VERSION_OFF": 4, "PART_CAPACITY_OFF": 8,
-        "PART_SLOTS_OFF": 24, "PART_DATA_OFF": 32, "PART_STATIC_SIZE": L.PART_STATIC.size,
-        "PART_DELETED": L.PI_DELETED * 8, "PART_HEAD": L.PI_HEAD * 8, "PART_TAIL": L.PI_TAIL * 8,
-        "PART_EARLIEST": L.PI_EARLIEST * 8, "PART_NEXT": L.PI_NEXT * 8, "PART_DISK_FIRST": L.PI_DISK_FIRST * 8,
-        "PART_INDEX_OFF": L.PART_INDEX_OFF, "INDEX_STRIDE": L.INDEX_STRIDE,
-        "REC_SIZE": L.REC_SIZE, "REC_STATUS": rec["status"], "REC_LENGTH": rec["length"],
-        "REC_BODY_LEN": rec["body_len"], "REC_HDR_LEN": rec["hdr_len"], "REC_MSG_ID": rec["msg_id"],
-        "REC_ENQ_NS": rec["enq_ns"], "REC_KEY": rec["deadline"], "PAD": L.PAD, "REC_FLAGS": rec["flags"],
-        "FLAG_NULL_VALUE": L.FLAG_NULL_VALUE, "FLAG_CONTROL": L.FLAG_CONTROL, "FLAG_ABORTED": L.FLAG_ABORTED,
-        "PART_STABLE": L.PART_STABLE_OFF, "PART_CLEANED": L.PI_CLEANED * 8, "PART_COMPACT_LOW": L.PI_COMPACT_LOW * 8,
-    }
-    assert java == want
-    # the static headers' fields the reader takes, where layout.py's structs put them
+    assert len(java) == text.count("public static final int ")  # (every constant an int literal)
+    # the static headers' fields it names, where layout.py's structs put them (a struct's bytes, read back)
+    def u(buf, off, n):
+        return int.from_bytes(buf[off:off + n], "little")
+
     part = L.PART_STATIC.pack(L.PART_MAGIC, L.STREAM_VERSION, 0, 0x1111, 0, 0x2222, 0x3333, 0)
-    assert (part[4:6], part[8:16], part[24:32], part[32:40]) == (
-        L.STREAM_VERSION.to_bytes(2, "little"), (0x1111).to_bytes(8, "little"), (0x2222).to_bytes(8, "little"),
-        (0x3333).to_bytes(8, "little"))
+    assert (u(part, 0, 4), u(part, java["PART_VERSION_OFF"], 2), u(part, java["PART_CAPACITY_OFF"], 8),
+            u(part, java["PART_SLOTS_OFF"], 8), u(part, java["PART_DATA_OFF"], 8), len(part)) == (
+        java["PART_MAGIC"], java["STREAM_VERSION"], 0x1111, 0x2222, 0x3333, java["PART_STATIC_SIZE"])
     meta = L.STREAM_STATIC.pack(L.STREAM_MAGIC, L.STREAM_VERSION, 0xABC, 0, 0x7E, 0, 0, 0, 0, 0, 0, 0, 0)
-    assert (meta[4:6], meta[6:8], meta[9]) == (L.STREAM_VERSION.to_bytes(2, "little"), (0xABC).to_bytes(2, "little"),
-                                               0x7E)
+    assert (u(meta, 0, 4), u(meta, java["STREAM_PARTITIONS_OFF"], 2), u(meta, java["STREAM_DURABILITY_OFF"], 1),
+            len(meta)) == (java["STREAM_MAGIC"], 0xABC, 0x7E, java["STREAM_STATIC_SIZE"])
 
 
 def test_record_block_grows_and_never_shrinks(classes):

@@ -1,5 +1,6 @@
 """Byte layout of a queue segment, record encoding, and ring arithmetic: the one place
-a byte offset is written (``_layout.h``, the C hot paths' copy, is generated from it).
+a byte offset is written (``_layout.h``, the C hot paths' copy, and ``Layout.java``, the JVM
+stream reader's, are generated from it).
 
 Strategy: everything here works on any writable buffer (a bytearray in the tests, the
 mmap of a segment in production) and knows nothing of locks, processes or time, so
@@ -28,6 +29,7 @@ __all__ = [
     "REC_FIELDS", "REC_OFFSETS", "field_offsets", "R_STATUS", "R_LENGTH", "R_MSG_ID", "R_ENQ", "R_DEADLINE",
     "P_CWAIT", "P_PWAIT", "P_ACKED", "P_REDELIVERED", "P_BELLS", "P_CONSUMERS", "OPTS_LANES_OFF", "id_step", "proc_word",
     "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "WAL_ALARM", "WAL_POLICY", "c_header", "write_c_header",
+    "java_layout", "write_java_layout",
     "OPTS", "OPTS_FIELDS", "OPTS_OFF", "XWORDS_OFF", "XWORD_FIELDS", "I_SPECIAL", "I_NEXT_TTL", "I_EXPIRED_TOTAL",
     "I_PRODUCER_TURNS", "I_CONSUMER_TURNS", "I_VOIDED", "LANE_SLEEPERS_OFF", "I_LANE_SLEEPERS", "I_BELLS", "I_ROOM",
     "LIFETIME_OFF", "I_LIFETIME", "I_LAST_USED", "LIFE_AUTO_DELETE", "LIFE_HAD_CONSUMER", "LIFE_EXPIRES_SHIFT",
@@ -545,3 +547,96 @@ def index_slots(capacity: int) -> int:
 
 def part_data_offset(capacity: int) -> int:
     return align(PART_INDEX_OFF + index_slots(capacity) * 8, 4096)
+
+
+# --- the JVM stream reader's copy ------------------------------------------------------------
+JAVA_LAYOUT = ("spark", "jvm", "src", "io", "shmq", "spark", "shm", "Layout.java")  # under the shmq package
+
+
+def java_layout() -> str:
+    """The text of ``Layout.java``: every offset and flag the JVM connector's stream reader
+    (shmq/spark/jvm) uses, from this module (Java has no preprocessor to share ``_layout.h``).
+    ``write_java_layout()`` regenerates it; a test fails while it is stale."""
+    part = field_offsets(PART_STATIC, ("magic", "version", "_pad", "capacity", "max_message_bytes", "index_slots",
+                                       "data_offset", "created_ns"))
+    stream, rec = _STREAM_OFFSETS, REC_OFFSETS
+
+    def magic(name: str, b: bytes) -> tuple:  # the int a little-endian read of the 4 bytes gives
+        return name, hex(int.from_bytes(b, "little")), f'b"{b.decode("ascii")}" read little-endian'
+
+    # a str: a Javadoc line on the constants after it; None: a blank line; else (name, value[, comment])
+    body = (
+        "The stream's meta segment: magic, version, partitions (u16 at %d; it grows on a live stream: read at open)."
+        % stream["partitions"],
+        magic("STREAM_MAGIC", STREAM_MAGIC), ("STREAM_VERSION", STREAM_VERSION),
+        ("STREAM_PARTITIONS_OFF", stream["partitions"]),
+        "Its durability (u8 at %d): DURABILITY_WAL keeps records in logs on disk past what shared memory holds."
+        % stream["durability"],
+        ("STREAM_DURABILITY_OFF", stream["durability"]), ("DURABILITY_WAL", DURABILITY["wal"]),
+        ("STREAM_STATIC_SIZE", STREAM_STATIC.size),
+        None,
+        "A partition segment's static header: magic, version, pad, capacity, max message, index slots, data offset.",
+        magic("PART_MAGIC", PART_MAGIC), ("PART_VERSION_OFF", part["version"]),
+        ("PART_CAPACITY_OFF", part["capacity"]), ("PART_SLOTS_OFF", part["index_slots"]),
+        ("PART_DATA_OFF", part["data_offset"]), ("PART_STATIC_SIZE", PART_STATIC.size),
+        None,
+        "The partition's control words.",
+        ("PART_DELETED", PI_DELETED * 8), ("PART_HEAD", PI_HEAD * 8), ("PART_TAIL", PI_TAIL * 8),
+        ("PART_EARLIEST", PI_EARLIEST * 8), ("PART_NEXT", PI_NEXT * 8), ("PART_DISK_FIRST", PI_DISK_FIRST * 8),
+        "0 while no transaction is open in the partition, else 1 + the last stable offset: readers read below it.",
+        ("PART_STABLE", PART_STABLE_OFF),
+        "A compacted partition: 1 + the offset compaction has run up to (a gap below it is compaction's, not a loss).",
+        ("PART_CLEANED", PI_CLEANED * 8),
+        "1 + the earliest offset before the compactions since retention last dropped: below earliest from it, "
+        "read on at earliest.",
+        ("PART_COMPACT_LOW", PI_COMPACT_LOW * 8),
+        "The sparse offset index: the position of every INDEX_STRIDE-th offset, slot = offset / stride % slots.",
+        ("PART_INDEX_OFF", PART_INDEX_OFF), ("INDEX_STRIDE", INDEX_STRIDE),
+        None,
+        f"A record's {REC_SIZE}-byte header.",
+        ("REC_SIZE", REC_SIZE),
+        *(("REC_" + f.upper(), rec[f])
+          for f in ("status", "length", "body_len", "hdr_len", "flags", "msg_id", "enq_ns")),
+        "In a stream record: the key's length + 1, 0 for no key; the key precedes the headers.",
+        ("REC_KEY", rec["deadline"]),
+        "In a stream record's flags: its value is null (a tombstone, its value bytes none).",
+        ("FLAG_NULL_VALUE", hex(FLAG_NULL_VALUE)),
+        "In a stream record's flags: a transaction's marker, and a record of a transaction that aborted "
+        "(readers pass over both).",
+        ("FLAG_CONTROL", hex(FLAG_CONTROL)), ("FLAG_ABORTED", hex(FLAG_ABORTED)),
+        "Status (low byte) of a filler record to the end of the lap.",
+        ("PAD", PAD),
+    )
+    lines = ["/* GENERATED from shmq/engine/shm/layout.py: do not edit. Regenerate with",
+             " * python -c 'from shmq.engine.shm import layout; layout.write_java_layout()' */",
+             "package io.shmq.spark.shm;", "",
+             "/**",
+             " * The byte layout of a stream's segments, as shmq/engine/shm/layout.py defines it (the one source:",
+             " * layout.write_java_layout() writes this file, tests/spark/test_jvm_unit.py fails while it is stale).",
+             " * Offsets are in bytes.", " */",
+             "public final class Layout {", "    private Layout() {", "    }", ""]
+    for item in body:
+        if item is None:
+            lines.append("")
+        elif isinstance(item, str):
+            lines.append(f"    /** {item} */")
+        else:
+            name, value, *comment = item
+            lines.append(f"    public static final int {name} = {value};" + "".join(f" // {c}" for c in comment))
+    lines += ["}", ""]
+    return "\n".join(lines)
+
+
+def java_layout_path() -> str:
+    """Where ``Layout.java`` lives: with the JVM connector's sources (shmq/spark/jvm/src)."""
+    import os
+
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), *JAVA_LAYOUT)
+
+
+def write_java_layout() -> str:
+    """Write ``Layout.java`` into the JVM connector's sources; returns its path."""
+    path = java_layout_path()
+    with open(path, "w") as f:
+        f.write(java_layout())
+    return path

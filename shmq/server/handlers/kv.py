@@ -3,7 +3,7 @@ a GET may wait for its key."""
 
 from ...errors import MessageTooLarge
 from ..waiters import NOTHING
-from .answers import wait_or_answer
+from .answers import REPLY_RESERVE, wait_or_answer
 
 
 def _store(conn, f):
@@ -12,7 +12,7 @@ def _store(conn, f):
 
 def _fits(conn, size: int, what: str) -> None:
     """MessageTooLarge unless a reply of about ``size`` bytes fits in a frame of this server."""
-    most = conn.server.max_frame_bytes - 1024
+    most = conn.server.max_frame_bytes - REPLY_RESERVE
     if size > most:
         raise MessageTooLarge(f"{what} takes {size} bytes, more than a reply of this server holds ({most}; "
                               "--max-frame-bytes): ask for less at a time")

@@ -1,8 +1,11 @@
+/* GENERATED from shmq/engine/shm/layout.py: do not edit. Regenerate with
+ * python -c 'from shmq.engine.shm import layout; layout.write_java_layout()' */
 package io.shmq.spark.shm;
 
 /**
  * The byte layout of a stream's segments, as shmq/engine/shm/layout.py defines it (the one source:
- * tests/spark/test_jvm_unit.py fails when a constant here differs from it). Offsets are in bytes.
+ * layout.write_java_layout() writes this file, tests/spark/test_jvm_unit.py fails while it is stale).
+ * Offsets are in bytes.
  */
 public final class Layout {
     private Layout() {
@@ -18,7 +21,7 @@ public final class Layout {
     public static final int STREAM_STATIC_SIZE = 64;
 
     /** A partition segment's static header: magic, version, pad, capacity, max message, index slots, data offset. */
-    public static final int PART_MAGIC = 0x504d4853; // b"SHMP"
+    public static final int PART_MAGIC = 0x504d4853; // b"SHMP" read little-endian
     public static final int PART_VERSION_OFF = 4;
     public static final int PART_CAPACITY_OFF = 8;
     public static final int PART_SLOTS_OFF = 24;

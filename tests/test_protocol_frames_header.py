@@ -1,0 +1,30 @@
+"""``_frames.h``, frames.py's constants for C (the header's, the OK status, the request types), is
+generated (as the engine's ``_layout.h`` is): the codec's C half (``protocol/_wire.h``) and the
+extensions that include it (``protocol/_wire.c``, ``server/_plain.c``) write none of them by hand."""
+
+import os
+import re
+
+from shmq.protocol import frames
+
+STALE = "stale: run python -c 'from shmq.protocol import frames; frames.write_c_header()'"
+
+
+def test_the_c_header_is_generated_from_frames():
+    with open(frames.c_header_path()) as f:
+        assert f.read() == frames.c_header(), STALE
+    protocol = os.path.dirname(frames.c_header_path())
+    wire_h = open(os.path.join(protocol, "_wire.h")).read()
+    assert '#include "_frames.h"' in wire_h
+    for path in ("_wire.h", "_wire.c", os.path.join("..", "server", "_plain.c")):
+        source = open(os.path.join(protocol, path)).read()
+        assert not re.search(r"#define (WIRE_MAGIC|WIRE_VERSION|WIRE_HEADER|WIRE_REPLY_BIT|WIRE_OK|MSG_\w+|T_[A-Z]+)\b",
+                             source), f"a constant of frames.py copied by hand into {path}"
+        assert not re.search(r"\b(t|type) [=!]= 0x", source), f"a literal request type in {path}"
+
+
+def test_every_request_type_has_its_define():
+    text = frames.c_header()
+    got = {m[1]: int(m[2], 16) for m in re.finditer(r"#define MSG_(\w+) 0x([0-9A-F]+)", text)}
+    assert got == {t.name: t.value for t in frames.MsgType}
+    assert f"#define WIRE_MAGIC 0x{frames.MAGIC:X}u" in text and f"#define WIRE_HEADER {frames.HEADER_SIZE}" in text
