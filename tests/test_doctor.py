@@ -127,7 +127,7 @@ def test_doctor_reports_brokers_and_orphans_and_clean_removes_exactly_the_orphan
     assert "no registry" in found[f"shmq.{gone}.q.lost"]["reason"]
     data = {d["namespace"]: d for d in report["data_dirs"]}
     assert data[live]["path"] == default_data_dir(live) and data[live]["broker"] == srv.proc.pid
-    assert data[live]["files"] == 2 and data[live]["disk_free"] > 0  # its snapshot, and registry.id
+    assert data[live]["files"] == 3 and data[live]["disk_free"] > 0  # its snapshot, registry.id, disk-reserve
 
     text = _doctor(*ns_args)
     assert text.startswith(f"{SHM_DIR}: ") and f"broker pid {srv.proc.pid} on 127.0.0.1:{srv.port}" in text

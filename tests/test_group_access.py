@@ -3,7 +3,10 @@
 a TCP server's data dir, a user outside the group is refused in one line, and every
 /dev/shm entry and data file has exactly the mode and group docs/OPERATIONS.md says."""
 
+import contextlib
+import fcntl
 import grp
+import json
 import os
 import pwd
 import shutil
@@ -43,27 +46,59 @@ def users():
     missing = [t for t in ("groupadd", "useradd", "userdel", "groupdel", "runuser") if shutil.which(t) is None]
     if missing:
         pytest.skip(f"no {', '.join(missing)} on this host")
-    made_group, made_users = False, []
-    try:
-        try:
-            grp.getgrnam(GROUP)
-        except KeyError:
-            _sh("groupadd", GROUP)
-            made_group = True
-        for user, groups in ((ALICE, ["-G", GROUP]), (BOB, ["-G", GROUP]), (EVE, [])):
+    with _users_lock() as state:  # (pytest-xdist's workers each run this module's fixture: one makes them)
+        state["holders"] = [pid for pid in state.get("holders", []) if _alive(pid)]  # (a killed run's go)
+        if not state["holders"]:
+            state.update(made_group=False, made_users=[])
             try:
-                pwd.getpwnam(user)
-            except KeyError:  # a group of its own as its primary: the shared one is a supplementary group
-                _sh("useradd", "-M", "-U", "-s", "/usr/sbin/nologin", *groups, user)
-                made_users.append(user)
+                grp.getgrnam(GROUP)
+            except KeyError:
+                _sh("groupadd", GROUP)
+                state["made_group"] = True
+            for user, groups in ((ALICE, ["-G", GROUP]), (BOB, ["-G", GROUP]), (EVE, [])):
+                try:
+                    pwd.getpwnam(user)
+                except KeyError:  # a group of its own as its primary: the shared one is a supplementary group
+                    _sh("useradd", "-M", "-U", "-s", "/usr/sbin/nologin", *groups, user)
+                    state["made_users"].append(user)
+        state["holders"].append(os.getpid())
+    try:
         members = grp.getgrnam(GROUP).gr_mem
         assert ALICE in members and BOB in members and EVE not in members, members
         yield Users(*_python(), grp.getgrnam(GROUP).gr_gid, {u: pwd.getpwnam(u).pw_uid for u in (ALICE, BOB, EVE)})
     finally:
-        for user in made_users:
-            _sh("userdel", user)
-        if made_group:
-            _sh("groupdel", GROUP)
+        with _users_lock() as state:  # the last holder removes what was made
+            state["holders"] = [pid for pid in state["holders"] if pid != os.getpid() and _alive(pid)]
+            if not state["holders"]:
+                for user in state.pop("made_users", []):
+                    _sh("userdel", user)
+                if state.pop("made_group", False):
+                    _sh("groupdel", GROUP)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _users_lock():
+    """The users' state shared by this host's test processes (how many hold them, what
+    was made), under an exclusive lock."""
+    path = os.path.join(tempfile.gettempdir(), "shmq-test-users.json")
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(path) as f:
+                state = json.load(f)
+        except (OSError, ValueError):
+            state = {}
+        yield state
+        with open(path, "w") as f:
+            json.dump(state, f)
 
 
 def _python():
@@ -279,7 +314,7 @@ def test_a_server_with_a_group_writes_data_files_the_group_reads(namespace, user
         server.stderr.close()
     files = sorted(os.path.join(data, f) for f in os.listdir(data))
     assert all(os.path.basename(f).startswith("audit.wal.") for f in files
-               if not f.endswith((".dmsq", "registry.id"))), files
+               if not f.endswith((".dmsq", "registry.id", "disk-reserve"))), files
     assert {os.path.basename(f) for f in files} >= {"orders.dmsq", "audit.dmsq"}
     assert {p: m[1:] for p, m in owners_modes(files).items()} == dict.fromkeys(files, (0o660, GROUP))
     assert owners_modes([data]) == {data: (ALICE, 0o2770, GROUP)}

@@ -61,10 +61,10 @@ def test_memory_queues_are_never_written_and_deleted_queues_lose_their_file(brok
     broker.create_queue("volatile", durability="memory").put(b"y")
     snap = Snapshotter(broker, str(tmp_path))
     assert snap.run_once() == 1
-    assert sorted(os.listdir(tmp_path)) == ["durable.dmsq"]
+    assert sorted(os.listdir(tmp_path)) == ["disk-reserve", "durable.dmsq"]
     broker.delete_queue("durable")
     snap.run_once()
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == ["disk-reserve"]
 
 
 def test_recover_rebuilds_only_what_shared_memory_lost(namespace, tmp_path):

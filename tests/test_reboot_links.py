@@ -129,7 +129,7 @@ def test_shmq_restore_after_a_reboot_links_the_files_it_is_given_together(namesp
     _reboot(namespace)
 
     names = ["exchanges.dmsx", "jobs.dmsq", "jobs.dlq.dmsq", "b.main.dmsq", "a.dlq.dmsq", "zz.audit.dmsq"]
-    assert sorted(os.listdir(data)) == sorted(names + ["registry.id"])
+    assert sorted(os.listdir(data)) == sorted(names + ["registry.id", "disk-reserve"])
     files = [os.path.join(data, name) for name in names]  # the exchanges, then each queue before its DLQ
     r = shmq_cli("restore", *files, "--namespace", namespace)
     assert (r.returncode, r.stderr) == (0, ""), r.stderr

@@ -415,7 +415,7 @@ def test_an_ack_that_fails_on_a_full_disk_keeps_its_deliveries(wal_conn, broker,
     conn = wal_conn
     call(conn, MsgType.PRODUCE_BATCH, {"queue": "w", "messages": [{"body": b"m%d" % i} for i in range(300)]})
     _ids, tags = lease(conn, "w", 300)
-    filler = _fill_disk(small_fs)
+    filler = _fill_disk(small_fs, reserve=False)
     acked = 0
     with pytest.raises(StorageError, match="No space left on device"):
         for tag in tags:  # the log's last page takes a few more entries, then none
@@ -448,7 +448,7 @@ def test_over_tcp_a_failed_ack_can_be_retried_and_a_close_releases(broker, small
         request(2, MsgType.PRODUCE_BATCH, {"queue": "w", "messages": [{"body": b"m%d" % i} for i in range(300)]})
         messages = request(3, MsgType.CONSUME, {"queue": "w", "max": 300}).payload["messages"]
         assert len(messages) == 300
-        filler = _fill_disk(small_fs)
+        filler = _fill_disk(small_fs, reserve=False)  # (the data dir's reserve too)
         for i, m in enumerate(messages):
             f = request(10 + i, MsgType.ACK, {"queue": "w", "deliveries": [m["delivery"]]})
             if f.status != Status.OK:
@@ -461,7 +461,7 @@ def test_over_tcp_a_failed_ack_can_be_retried_and_a_close_releases(broker, small
         f = request(1001, MsgType.ACK, {"queue": "w", "deliveries": [first["delivery"]]})
         assert (f.status, f.payload) == (Status.OK, {"acked": 1})
 
-        filler = _fill_disk(small_fs)
+        filler = _fill_disk(small_fs, reserve=False)
         rest = messages[i + 1:]
         for j, m in enumerate(rest):
             f = request(2000 + j, MsgType.ACK, {"queue": "w", "deliveries": [m["delivery"]]})

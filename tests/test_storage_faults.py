@@ -46,22 +46,21 @@ def start_server(broker, servers):
     return lambda *args: servers(broker.namespace, *args)
 
 
-def _fill_disk(path):
-    """Write a file until the filesystem is full; returns its path."""
+def _fill_disk(path, reserve=True):
+    """Write a file until the filesystem is full; returns its path. ``reserve=False``:
+    a data dir's reserve under ``path`` (``disk-reserve``) is taken too, so what settles
+    finds the disk full as well."""
     filler = path / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        chunk = b"\xff" * 65536
-        while True:
-            try:
-                f.write(chunk)
-            except OSError as e:
-                assert e.errno == 28  # ENOSPC
+    with open(filler, "ab", buffering=0) as f:
+        for pass_ in (0, 1):
+            if pass_ and (reserve or not [p.unlink() for p in path.rglob("disk-reserve")]):
                 break
-        try:  # fill the last partial chunk too
-            while f.write(b"\xff" * 512):
-                pass
-        except OSError:
-            pass
+            for size in (65536, 512):  # then the last partial chunk too
+                try:
+                    while f.write(b"\xff" * size):
+                        pass
+                except OSError as e:
+                    assert e.errno == 28  # ENOSPC
     return filler
 
 
@@ -351,3 +350,46 @@ def test_the_disk_alarm_refuses_puts_before_the_disk_is_full_and_lifts_when_room
     assert [r.value for r in st.read(0, 0, 10)] == [b"kept", b"after"]
     assert sum("disk alarm: data dir" in line for line in lines) == 1
     assert srv.stop() == 0
+
+
+def test_acks_and_a_purge_are_logged_on_a_disk_full_to_the_last_byte_and_survive_a_reboot(broker, small_fs,
+                                                                                         start_server):
+    """The server keeps a reserve in its data dir; on a disk something else filled to the
+    last byte (no alarm: --disk-free-limit 0), an ack (the C path's and the Python path's)
+    and a purge of a 'wal' queue take it and are logged, puts are still refused, the
+    server says so once and makes the reserve again when there is room; after a reboot
+    (SIGKILL, shared memory gone) what was acked and purged stays gone."""
+    data = small_fs / "data"
+    args = ("--data-dir", str(data), "--snapshot-interval", "0.05", "--disk-free-limit", "0")
+    srv = start_server(*args)
+    lines = _log_lines(srv)
+    reserve = data / "disk-reserve"
+    _wait(reserve.exists, "no reserve in the data dir")
+    assert reserve.stat().st_size == 4 * 2**20 // 64 and reserve.stat().st_mode & 0o777 == 0o600
+    q = broker.create_queue("q", durability="wal")
+    q.put_many([b"m %d" % i for i in range(300)])
+    broker.create_queue("gone", durability="wal").put_many([b"g"] * 50)
+    taken = q.get_many(201, timeout=5)
+    filler = _fill_disk(small_fs)
+    with pytest.raises(shmq.StorageError, match="No space left on device"):
+        for _ in range(100):  # the last page may still take an entry or two
+            q.put(b"refused" * 100)
+    for d in taken[:100]:
+        d.ack()  # (7 KiB of entries: past the log's last page)
+    q.ack_many(taken[100:200])
+    assert not reserve.exists()  # taken by the first logged ack that found the disk full
+    assert q.purge() == 99  # the ready ones; taken[200] stays in flight
+    broker.delete_queue("gone")  # and a delete (its files go at the next round)
+    _wait(lambda: not any(e.startswith("gone.") for e in os.listdir(data)), "the deleted queue's files stayed")
+    _wait(lambda: any("its reserve (disk-reserve) was used" in line for line in lines), "no word of the reserve")
+    os.unlink(filler)
+    _wait(reserve.exists, "the reserve was not made again")
+    q.close()
+    srv = _reboot(broker, srv, start_server, *args)
+    try:
+        q = broker.queue("q")
+        assert [d.body for d in q.get_many(10, timeout=5)] == [taken[200].body]  # only the one never settled
+        assert broker.list_queues() == ["q"]
+        assert sum("its reserve (disk-reserve) was used" in line for line in lines) == 1
+    finally:
+        assert srv.stop() == 0

@@ -2117,7 +2117,8 @@ static int freed_at(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64
 
 /* The plain ack's check and commit (lock held, the queue not deleted): 1 if a producer is owed
  * a post now, else 0; R_EXPIRED (no longer leased as delivered: nothing changed); R_FALLBACK (a
- * log this path does not append to); R_OSERROR (the log's write failed: errno says why). */
+ * log this path does not append to, or a full disk: the Python path logs into the reserve); R_OSERROR
+ * (the log's write failed: errno says why). */
 static inline int ack_locked(char *seg, uint64_t base, uint64_t cap, uint64_t pos, uint64_t attempt,
                              uint64_t msg_id, uint64_t now, long wal_fd, uint64_t wal_gen, uint64_t slot) {
     uint64_t *h = HOT(seg);
@@ -2132,7 +2133,8 @@ static inline int ack_locked(char *seg, uint64_t base, uint64_t cap, uint64_t po
         unsigned char entry[LOG_HEAD + 4];
         if (!wal_usable(seg, wal_gen)) return R_FALLBACK;
         size_t n = log_entry(entry, LOG_ACK, 0, 0, attempt, msg_id, 0);
-        if (wal_write(seg, (int)wal_fd, entry, n) < 0) return R_OSERROR;
+        if (wal_write(seg, (int)wal_fd, entry, n) < 0) /* a full disk: the Python path logs it into the reserve */
+            return errno == ENOSPC ? R_FALLBACK : R_OSERROR;
     }
     __atomic_store_n((uint64_t *)a, (w & ~(uint64_t)0xFF) | ST_ACKED, __ATOMIC_RELEASE); /* commit */
     h[H_IN_FLIGHT] -= 1;

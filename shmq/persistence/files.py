@@ -7,7 +7,7 @@ import re
 
 from . import dmsq
 from ..sharing import fit_to_dir
-from .wal import log_files, parse_wal_name, split_partition_name
+from .wal import RESERVE_FILE, log_files, parse_wal_name, split_partition_name
 
 log = logging.getLogger("shmq.persistence")
 
@@ -75,9 +75,9 @@ def owner_of(entry: str) -> str | None:
 
 def is_data_file(entry: str) -> bool:
     """Whether a data-dir entry is one of shmq's files: a snapshot, a log, a high-water
-    file, the exchange table, the Kafka listener's state, the registry's identity, or one of those set aside
+    file, the exchange table, the Kafka listener's state, the registry's identity, the disk reserve, or one of those set aside
     (``.corrupt``, ``.damaged``) or half-written (``.tmp``)."""
-    for name in (KAFKA_STATE_FILE, KAFKA_TXNS_FILE, REGISTRY_FILE):
+    for name in (KAFKA_STATE_FILE, KAFKA_TXNS_FILE, REGISTRY_FILE, RESERVE_FILE):
         if entry == name or re.fullmatch(re.escape(name) + r"\.(damaged|\d+\.tmp)", entry):
             return True
     stem = entry

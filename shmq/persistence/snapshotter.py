@@ -10,9 +10,10 @@ from . import dmsq
 from ..engine.shm import layout as L
 from ..engine.broker import Broker
 from ..engine.streams.stream import Stream
-from .wal import log_files, partition_log_name, wal_path
+from .wal import log_files, partition_log_name, reserve_path, wal_path
 from ..errors import LayoutMismatch, QueueNotFound, StreamNotFound
 from .files import lanes_of, owner_of, snapshot_path
+from ..sharing import fit_to_dir
 from .queues import snapshot_queue
 from .streams import apply_retention, snapshot_stream
 from ..model.units import size_text
@@ -22,6 +23,8 @@ log = logging.getLogger("shmq.persistence")
 # the disk alarm's threshold (--disk-free-limit) unless given: 50 MiB (RabbitMQ's disk_free_limit is 50 MB), or a
 # twentieth of the filesystem where that is less (a small one would be in alarm for ever)
 DEFAULT_DISK_FREE_LIMIT, DEFAULT_DISK_FREE_SHARE = 50 * 2**20, 20
+# the data dir's reserve (``wal.reserve_path``): 4 MiB (about 110,000 logged acks), or a 64th of a smaller filesystem
+RESERVE_BYTES, RESERVE_SHARE = 4 * 2**20, 64
 _EXCHANGES = "#exchanges"  # the exchange table's key in Snapshotter._failing (no queue has "#" in its name)
 
 
@@ -39,6 +42,7 @@ class Snapshotter:
         self.disk_free_limit = disk_free_limit
         self.alarm = False
         self.disk_free = None  # the data dir's free bytes at the last look (``check_disk``)
+        self._reserved = False  # its reserve was there at the last look (``keep_reserve``)
         self.data_dir = data_dir
         self.fsync = fsync
         self.wal_mode = wal_mode
@@ -128,17 +132,20 @@ class Snapshotter:
         (one ERROR line; every "wal" log refuses puts and appends, saying why, before the
         disk is full, and logs acks and purges, which free it), at or above it off again
         (one INFO line). Returns whether the alarm is on."""
-        if self.disk_free_limit == 0:
-            return False
         try:
             st = os.statvfs(self.data_dir)
         except OSError:
             return self.alarm
         self.disk_free = st.f_bavail * st.f_frsize
         limit = self.limit(st.f_blocks * st.f_frsize)
-        short = self.disk_free < limit
+        if self.disk_free_limit != 0:
+            self._set_alarm(self.disk_free < limit, limit)
+        self.keep_reserve(st.f_blocks * st.f_frsize, limit)
+        return self.alarm
+
+    def _set_alarm(self, short: bool, limit: int) -> None:
         if short == self.alarm:
-            return short
+            return
         with self._dir_lock:
             self.alarm = short
             self.open_all_wals()  # (each log told of the alarm as it is opened), then said
@@ -153,7 +160,43 @@ class Snapshotter:
                 log.info("disk alarm lifted: data dir %s has %s free: puts and appends logged again", self.data_dir,
                          size_text(self.disk_free), extra={"event": "disk_alarm_lifted", "data_dir": self.data_dir,
                                                           "free_bytes": self.disk_free})
-        return short
+
+    def keep_reserve(self, fs_size: int, limit: int) -> None:
+        """Keep the data dir's reserve (``wal.reserve_path``: ``RESERVE_BYTES``, or a
+        64th of a smaller filesystem), which a log append of what settles removes when
+        the disk is full: said at WARNING when found used, made again once there is room
+        (twice its size free above the alarm's threshold)."""
+        path = reserve_path(self.data_dir)
+        if os.path.exists(path):
+            self._reserved = True
+            return
+        if self._reserved:
+            self._reserved = False
+            log.warning("data dir %s's disk was full: its reserve (%s) was used to log acks or purges; it is made "
+                        "again when there is room (docs/OPERATIONS.md, Disk alarm)", self.data_dir,
+                        os.path.basename(path), extra={"event": "disk_reserve_used", "data_dir": self.data_dir})
+        size = min(RESERVE_BYTES, fs_size // RESERVE_SHARE)
+        if not size or self.alarm or self.disk_free < 2 * size + limit:
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return
+        try:
+            try:
+                fit_to_dir(fd, path)
+                os.posix_fallocate(fd, 0, size)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            return
+        self._reserved = True
+        self.disk_free -= size
 
     def _open_stream(self, s: Stream) -> bool:
         if self._opened(s):

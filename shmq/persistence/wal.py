@@ -27,13 +27,32 @@ from ..engine.shm import layout as L
 from ..engine.shm.mutex import unlock as _unlock
 
 __all__ = ["wal_path", "parse_wal_name", "partition_log_name", "split_partition_name", "hwm_path", "log_files",
-           "Log", "HighWater", "Tail", "LOG_FDS"]
+           "Log", "HighWater", "Tail", "LOG_FDS", "RESERVE_FILE", "reserve_path", "release_reserve"]
 
 _ALWAYS = L.WAL_ALWAYS
 _PUT = dmsq.PUT
 _MARK_EVERY = 64  # Tail: remember the position of every 64th entry of a file it scanned
 LOG_FDS = 1  # descriptors a handle holds for a lane's or partition's file once it wrote: its log (a Log's ``fd``) or
 # a snapshot stream's high-water file (a HighWater's); an fsync round holds one more of its own per log
+
+
+RESERVE_FILE = "disk-reserve"  # a data dir's spare room, made by the server (``Snapshotter.keep_reserve``)
+
+
+def reserve_path(directory: str) -> str:
+    """``DIR/disk-reserve``: room the server sets aside in its data dir, so that what
+    settles (acks, nacks, purges: entries that let the next snapshot free space) can be
+    logged on a disk something filled to the last byte."""
+    return os.path.join(directory, RESERVE_FILE)
+
+
+def release_reserve(directory: str) -> bool:
+    """Remove the data dir's reserve (the disk is full); False if there was none."""
+    try:
+        os.unlink(reserve_path(directory))
+    except OSError:
+        return False
+    return True
 
 
 def wal_path(directory: str, name: str, generation: int) -> str:
@@ -213,35 +232,43 @@ class Log:
         that add (puts, appends), which the disk alarm refuses; acks and purges do not."""
         mq = self._o._mq
         gen_w, mode_w, size_w, synced_w = self._words
-        gen = mq[gen_w]
-        fd_gen = self.fd
-        start = mq[size_w]
         n = len(data)
         mode = mq[mode_w] & 0xFFFFFFFF
         always = mode & L.WAL_POLICY == _ALWAYS
-        if not gen:
-            raise self._not_open()
-        if mode & L.WAL_ALARM and grows:
+        if mode & L.WAL_ALARM and grows and mq[gen_w]:
             raise StorageError(f"{self.what}: disk alarm: its data dir {self.config()[3]} has less free space than "
                                "the server's --disk-free-limit: puts and appends are refused until there is room "
                                "again (acks and purges go on); nothing was changed")
-        try:
-            fd = fd_gen[1] if fd_gen is not None and fd_gen[0] == gen else self._open(gen)
-            written = os.write(fd, data)
-            if written != n:  # a short write: finish it
-                view = memoryview(data)[written:]
-                while view:
-                    view = view[os.write(fd, view):]
-            if always:
-                os.fsync(fd)
-                if os.fstat(fd).st_nlink == 0:  # synced into a file no one can find again
-                    self._suspend()
-                    self.close()  # (never used again, whatever generation comes next)
-                    raise FileNotFoundError(errno.ENOENT, "the log file was deleted")
-        except OSError as e:
-            if mq[gen_w] == gen and self.fd is not None and self.fd[0] == gen:
-                self._cut(self.fd[1], start)
-            raise self.failed(e, gen) from None
+        released = False
+        while True:
+            gen = mq[gen_w]
+            fd_gen = self.fd
+            start = mq[size_w]
+            if not gen:
+                raise self._not_open()
+            try:
+                fd = fd_gen[1] if fd_gen is not None and fd_gen[0] == gen else self._open(gen)
+                written = os.write(fd, data)
+                if written != n:  # a short write: finish it
+                    view = memoryview(data)[written:]
+                    while view:
+                        view = view[os.write(fd, view):]
+                if always:
+                    os.fsync(fd)
+                    if os.fstat(fd).st_nlink == 0:  # synced into a file no one can find again
+                        self._suspend()
+                        self.close()  # (never used again, whatever generation comes next)
+                        raise FileNotFoundError(errno.ENOENT, "the log file was deleted")
+            except OSError as e:
+                if mq[gen_w] == gen and self.fd is not None and self.fd[0] == gen:
+                    self._cut(self.fd[1], start)
+                # what settles frees space once snapshotted: on a full disk it takes the data dir's reserve
+                if e.errno == errno.ENOSPC and not grows and not released:
+                    released = release_reserve(self.config()[3])
+                    if released:
+                        continue
+                raise self.failed(e, gen) from None
+            break
         size = start + n
         mq[size_w] = size
         if always:

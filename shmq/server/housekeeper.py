@@ -144,7 +144,7 @@ class Housekeeper:
             k, wal = 1, False
             if q is not None:
                 try:
-                    k, wal = max(q._nlanes, 1), q.durability == "wal"
+                    k, wal = max(q.settings()["lanes"], 1), q.durability == "wal"
                 except ShmqError:
                     pass
             lanes += k
