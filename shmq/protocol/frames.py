@@ -58,7 +58,6 @@ __all__ = [
     "kind",
     "describe",
     "c_header",
-    "write_c_header",
 ]
 
 MAGIC = 0xDEADBEEF
@@ -227,16 +226,13 @@ def unpack_header(buf, offset: int = 0) -> Header:
 
 
 # -------------------------------------------------------------------- the C codec's copy
-C_HEADER = "_frames.h"  # beside this module, included by _wire.h (the codec's C half)
 
 
 def c_header() -> str:
     """The text of ``_frames.h``: the header's constants, the OK status and every request type
     (``MSG_<NAME>``), from this module, for the C codec and the extensions that include it.
-    ``write_c_header()`` regenerates it; a test fails while it is stale."""
-    lines = ["/* GENERATED from shmq/protocol/frames.py: do not edit. Regenerate with",
-             " * python -c 'from shmq.protocol import frames; frames.write_c_header()' */",
-             "#ifndef SHMQ_FRAMES_H", "#define SHMQ_FRAMES_H", "",
+    (``python -m shmq.mirrors`` writes it, under its banner; a test fails while it is stale)."""
+    lines = ["#ifndef SHMQ_FRAMES_H", "#define SHMQ_FRAMES_H", "",
              f"#define WIRE_MAGIC 0x{MAGIC:X}u", f"#define WIRE_VERSION {VERSION}",
              f"#define WIRE_HEADER {HEADER_SIZE}", f"#define WIRE_REPLY_BIT 0x{REPLY_BIT:02X}",
              f"#define WIRE_OK {int(Status.OK)}",
@@ -244,21 +240,6 @@ def c_header() -> str:
     lines += [f"#define MSG_{t.name} 0x{t.value:02X}" for t in MsgType]
     lines += ["", "#endif", ""]
     return "\n".join(lines)
-
-
-def c_header_path() -> str:
-    """Where ``_frames.h`` lives: beside this module and ``_wire.h``."""
-    import os
-
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), C_HEADER)
-
-
-def write_c_header() -> str:
-    """Write ``_frames.h`` beside this module; returns its path."""
-    path = c_header_path()
-    with open(path, "w") as f:
-        f.write(c_header())
-    return path
 
 
 # ----------------------------------------------------------------------------- frames

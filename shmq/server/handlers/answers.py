@@ -78,30 +78,12 @@ def reply_budget(server, most) -> int:
 
 
 # --- the C plain requests' copy (server/_plain.c sizes its CONSUME replies as reply_budget does)
-C_HEADER = "_reply_budget.h"  # in the server's folder, beside _plain.c
 
 
 def c_header() -> str:
     """The text of ``_reply_budget.h``: reply_budget's terms, from this module, for ``_plain.c``.
-    ``write_c_header()`` regenerates it; a test fails while it is stale."""
+    (``python -m shmq.mirrors`` writes it, under its banner; a test fails while it is stale)."""
     return "\n".join([
-        "/* GENERATED from shmq/server/handlers/answers.py: do not edit. Regenerate with",
-        " * python -c 'from shmq.server.handlers import answers; answers.write_c_header()' */",
         "#ifndef SHMQ_REPLY_BUDGET_H", "#define SHMQ_REPLY_BUDGET_H", "",
         f"#define RECORD_OVERHEAD {RECORD_OVERHEAD}", f"#define REPLY_RESERVE {REPLY_RESERVE}",
         "", "#endif", ""])
-
-
-def c_header_path() -> str:
-    """Where ``_reply_budget.h`` lives: beside ``_plain.c``, in the server's folder."""
-    import os
-
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), C_HEADER)
-
-
-def write_c_header() -> str:
-    """Write ``_reply_budget.h`` beside ``_plain.c``; returns its path."""
-    path = c_header_path()
-    with open(path, "w") as f:
-        f.write(c_header())
-    return path
