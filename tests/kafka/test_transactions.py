@@ -250,6 +250,33 @@ def test_the_protocol_refusals_at_the_wire(kafka_server, broker):
     s.close()
 
 
+def test_a_transactions_negative_offsets_are_taken_as_offset_commit_takes_them(kafka_server, broker):
+    """TxnOffsetCommit takes what OffsetCommit takes: a negative offset (a client's reset,
+    no position) is kept with the transaction and, at its commit, leaves the group with no
+    committed offset there, OffsetFetch answering it as it came."""
+    srv = kafka_server()
+    s = broker.create_stream("ev", partitions=2)
+    s.append_many([b"x"] * 10, partition=0)
+    with Wire(srv.port) as w:
+        r = w.call(INIT, 4, transactional_id="t", transaction_timeout=MINUTE, producer_id=-1, producer_epoch=-1)
+        pid, epoch = r.producer_id, r.producer_epoch
+        r = w.call(ADD_OFFSETS, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch, group_id="g")
+        assert r.error_code == E.none
+        r = w.call(TXN_COMMIT, 3, transactional_id="t", group_id="g", producer_id=pid, producer_epoch=epoch,
+                   generation_id=-1, member_id="", group_instance_id=None, topics=[
+                       {"name": "ev", "partitions": [{"partition_index": p, "committed_offset": o,
+                                                      "committed_leader_epoch": -1, "committed_metadata": None}
+                                                     for p, o in ((0, 4), (1, -2))]}])
+        assert [(p.partition_index, p.error_code) for p in r.topics[0].partitions] == [(0, E.none), (1, E.none)]
+        assert w.call(END_TXN, 3, transactional_id="t", producer_id=pid, producer_epoch=epoch,
+                      committed=True).error_code == E.none
+        r = w.call(OFFSET_FETCH, 9, groups=[{"group_id": "g", "topics": [{"name": "ev", "partition_indexes": [0, 1]}]}],
+                   require_stable=True)
+        assert {p.partition_index: p.committed_offset for p in r.groups[0].topics[0].partitions} == {0: 4, 1: -2}
+    assert s.committed("g") == {0: 4}
+    s.close()
+
+
 # ------------------------------------------------------------------------------------ exactly once
 class Worker(Talker):
     """``txn_worker`` in a process of its own, and what it said."""

@@ -417,10 +417,7 @@ class Transactions:
                 if s is None or not 0 <= p < s.partitions:  # (a group's offsets are kept in its stream)
                     res.append((p, E.unknown_topic_or_partition))
                     continue
-                if offset < 0:
-                    res.append((p, E.invalid_commit_offset_size))
-                    continue
-                offs[(name, p)] = (offset, meta or "", lepoch)
+                offs[(name, p)] = (offset, meta or "", lepoch)  # a negative one too (no position), as OffsetCommit
                 rows.append([name, p, offset, meta or "", lepoch])
                 res.append((p, E.none))
         if rows:
@@ -505,7 +502,10 @@ class Transactions:
             try:
                 if s is None:
                     raise StreamNotFound(f"no stream {name!r}")
-                s.groups_table.set_offsets(group, {p: offset for p, offset, *_rest in parts})
+                s.groups_table.set_offsets(group, {p: offset for p, offset, *_rest in parts if offset >= 0})
+                unset = [p for p, offset, *_rest in parts if offset < 0]  # no position (OffsetCommit's rule)
+                if unset:
+                    s.groups_table.forget(group, unset)
             except ShmqError as e:
                 log.warning("Kafka group %s: the offsets of a committed transaction in %s are not stored: %s",
                             group, name, e)
