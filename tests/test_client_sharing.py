@@ -128,3 +128,34 @@ def test_a_cancelled_get_leaves_no_message_leased(broker, tcp_server):
     asyncio.run(asyncio.wait_for(main(), 60))
     stats = local.stats()
     assert (stats.ready, stats.in_flight, stats.acked_total) == (0, 0, 2)
+
+
+def test_a_cancelled_poll_leaves_no_record_unread(broker, tcp_server):
+    """A stream group member's POLL abandoned while it waits at the server (asyncio
+    cancellation): the records its late reply brings were handed to nobody, so the client
+    seeks its member back to them and the next poll returns them; the same for a consumer
+    of several streams (POLL_MANY)."""
+    s = broker.create_stream("s", partitions=2)
+    t = broker.create_stream("t", partitions=1)
+
+    async def main():
+        async with await aio.connect(tcp_server.url) as b:
+            one = await (await b.stream("s")).consumer("g")
+            many = await b.consumer("gm", streams=["t"])
+            for member, append, want in ((one, lambda: [s.append(b"a", partition=0), s.append(b"b", partition=1),
+                                                        s.append(b"c", partition=0)], {b"a", b"b", b"c"}),
+                                         (many, lambda: t.append_many([b"x", b"y"]), {b"x", b"y"})):
+                await member.poll(timeout=0)  # (joined: its partitions assigned)
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(member.poll(timeout=30), 0.5)  # its POLL still waits at the server
+                assert b._link.core._abandoned != {}
+                append()  # read by that POLL: its late reply comes to nobody...
+                await until(lambda: b._link.core._abandoned == {}, "the late reply")
+                got = []
+                while len(got) < len(want):  # ...and this member reads them again
+                    got += [r.value for r in await asyncio.wait_for(member.poll(timeout=5), 10)]
+                assert sorted(got) == sorted(want)
+            await one.close()
+            await many.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -28,7 +28,8 @@ MAX_REPLY_BYTES = 2**31 - 1  # the client trusts its server's reply sizes
 # answers at once, and the client learns it reached no shmq server without waiting out a timeout
 HELLO_MSG_ID = 0x0D0A
 _DELIVER = PushType.DELIVER | REPLY_BIT
-_GIVEN_BACK = (MsgType.CONSUME, MsgType.SUBSCRIBE, MsgType.JOIN)  # abandoned, what they took is given back
+# abandoned, what they took is given back (a POLL's records: its member seeks back to them)
+_GIVEN_BACK = (MsgType.CONSUME, MsgType.SUBSCRIBE, MsgType.JOIN, MsgType.POLL, MsgType.POLL_MANY)
 _PUTS = (MsgType.PRODUCE, MsgType.PRODUCE_BATCH)  # posted unanswered at the end: whether they landed is unknown
 BATCH_BYTES = 64 * 1024  # puts sent without waiting are gathered into one PRODUCE_BATCH up to about this size
 PENDING_BYTES = 64 * 1024  # requests sent without waiting that a transport holds, at most, before it writes them
@@ -384,8 +385,23 @@ class ClientCore:
         elif msg_type == MsgType.SUBSCRIBE:
             self.unsubscribe(reply["subscription"])
             self._quietly(MsgType.CANCEL, {"subscription": reply["subscription"], "delivered": 0})
-        else:
+        elif msg_type == MsgType.JOIN:
             self._quietly(MsgType.LEAVE, {"stream": fields["stream"], "member": reply["member"]})
+        elif msg_type == MsgType.POLL:
+            self._seek_back(fields["stream"], fields["member"], reply.get("records"))
+        else:  # POLL_MANY
+            for (stream, member), poll in zip(fields["members"], reply.get("polls") or ()):
+                self._seek_back(stream, member, poll.get("records"))
+
+    def _seek_back(self, stream, member, records):
+        """The member of an abandoned POLL reads its records again: it moved past them at
+        the server, and nobody was handed them (a partition it lost since: refused, quietly)."""
+        first = {}
+        for r in records or ():
+            p = r["partition"]
+            first[p] = min(first.get(p, r["offset"]), r["offset"])
+        for p, offset in first.items():
+            self._quietly(MsgType.SEEK, {"stream": stream, "member": member, "partitions": [p], "offset": offset})
 
     def _quietly(self, msg_type, fields):
         msg_id, data = self.send(msg_type, fields, check=False)
