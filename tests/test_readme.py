@@ -52,9 +52,10 @@ def _free_port():
 
 
 @pytest.mark.slow
-def test_every_block_runs_as_written(namespace, tmp_path):
+def test_every_block_runs_as_written(namespace, tmp_path, request):
     pytest.importorskip("numpy")
     pytest.importorskip("pyspark")
+    request.getfixturevalue("spark_classes")  # (its Spark block starts a JVM)
     port = _free_port()
     shim = tmp_path / "bin"
     shim.mkdir()

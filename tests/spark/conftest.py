@@ -13,8 +13,14 @@ pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'sh
 from shmq.spark.session import java_home, local_session  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _spark_classes(spark_classes):
+    """Every Spark JVM of these tests, a session's or a driver process's, maps the archive."""
+    return spark_classes
+
+
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory):
+def spark(tmp_path_factory, _spark_classes):
     if java_home() is None:
         pytest.skip("Spark needs Java 17 (openjdk-17-jre-headless) and there is none")
     session = local_session("shmq-tests", str(tmp_path_factory.mktemp("spark")))
