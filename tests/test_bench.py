@@ -96,7 +96,8 @@ def test_quick_bench_output_is_well_formed(tmp_path):
     matrix, every system and the streams, took 4-5 minutes of the suite: it checked both again)."""
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    args = ["--quick", "--systems", "shmq,mpqueue", "--no-streams", "--json", str(out_json), "--plot", str(out_png)]
+    args = ["--quick", "--systems", "shmq,mpqueue", "--sizes", "64", "--no-streams", "--json", str(out_json),
+            "--plot", str(out_png)]
     pid, code, stdout, stderr = _run(args, env, 600)  # (a bound, not a speed)
     assert code == 0, stdout + stderr
     lines = stdout.splitlines()

@@ -1,4 +1,4 @@
-"""Native transactions (``broker.transactional``: client/transactions.py, server/txns.py,
+"""Native transactions (``broker.transactional``: client/transactions.py, server/handlers/txns.py,
 server/transactions): a transaction over appends to several streams and a group's offsets,
 through a real ``shmq server``; readers (local, TCP; a Kafka read_committed consumer:
 tests/kafka/test_transactions.py) see its records once it commits and never if it aborts; fencing, timeouts,

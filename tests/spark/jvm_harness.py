@@ -18,6 +18,7 @@ import pytest
 from shmq.spark.jar import DEFAULTS
 from shmq.spark.options import jvm_defaults
 from shmq.spark.session import java_home
+from tests.spark.cds import OPTIONS
 
 __all__ = ["JVM", "SRC", "TEST", "javac", "skip_without_jdk", "compile_tests", "java_command", "run_java"]
 
@@ -50,11 +51,12 @@ def _spark_jars() -> list[str]:
     return sorted(glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "*.jar")))
 
 
-def java_command(classpath: str, main: str, *args, flags=()) -> list[str]:
-    """The command that runs class ``main`` with ``args`` (``flags`` for the JVM), for a test
-    that runs it itself (``run_java`` waits for it)."""
+def java_command(classpath: str, main: str, *args, flags=None) -> list[str]:
+    """The command that runs class ``main`` with ``args``, for a test that runs it itself
+    (``run_java`` waits for it). ``flags`` for the JVM; None: cds.OPTIONS, a short-lived
+    JVM's (the torn reads give theirs: the tiered JIT's compiled code is what they test)."""
     java = os.path.join(os.path.dirname(skip_without_jdk()), "java")
-    return [java, *flags, "-ea", "-cp", classpath, main, *map(str, args)]
+    return [java, *(OPTIONS.split() if flags is None else flags), "-ea", "-cp", classpath, main, *map(str, args)]
 
 
 def compile_tests(out_dir, *patterns: str) -> str:
@@ -65,7 +67,7 @@ def compile_tests(out_dir, *patterns: str) -> str:
     files = sorted({f for p in patterns for f in glob.glob(os.path.join(TEST, p), recursive=True)})
     assert files, f"no Java tests match {patterns} under {TEST}"
     classpath = os.pathsep.join([str(out_dir)] + _spark_jars())
-    cmd = [tool, "--release", "17", "-Xlint:all,-path", "-Werror", "-proc:none", "-implicit:class",
+    cmd = [tool, *(f"-J{o}" for o in OPTIONS.split()), "--release", "17", "-Xlint:all,-path", "-Werror", "-proc:none", "-implicit:class",
            "-encoding", "UTF-8", "-d", str(out_dir), "-sourcepath", os.pathsep.join([SRC, TEST]),
            "-cp", classpath, *files]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)

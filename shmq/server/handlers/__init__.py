@@ -21,14 +21,14 @@ What a handler uses of ``conn``:
 
 The handlers live by area, one module each: ``session`` (HELLO, PING, BACKUP), ``queues``,
 ``streams``, ``groups`` (a stream's consumer groups), ``exchanges`` (and REQUEST), ``kv``
-(the keyed stores); ``answers`` holds what a handler returns when it does not answer at
-once, and the helpers the waiting handlers share. Transactions' handlers are server/txns.py's.
+(the keyed stores), ``txns`` (a transaction's requests, on the server's coordinator);
+``answers`` holds what a handler returns when it does not answer at once, and the helpers
+the waiting handlers share.
 """
 
 from ...protocol import MsgType
 from ...protocol.requests import PLAIN_CHECKS
-from .. import txns
-from . import exchanges, groups, kv, queues, session, streams
+from . import exchanges, groups, kv, queues, session, streams, txns
 from .answers import RECORD_OVERHEAD, BlockingAppend, OffLoop, OnLoop, Wait
 from .queues import consumed_frame, give_back_consumers, plain_args, plain_take, waiting_consume
 from .streams import fill

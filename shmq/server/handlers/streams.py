@@ -15,7 +15,7 @@ from ...protocol.payloads import (
     stream_info_fields,
     stream_stats_fields,
 )
-from .. import txns
+from . import txns
 from .answers import BlockingAppend, RECORD_OVERHEAD, reply_budget, wait_or_answer
 
 
@@ -60,7 +60,7 @@ def _appended(conn, s, run, reply):
 
 def append(conn, f):
     s = conn.server.stream(f["stream"])
-    if "txn" in f:  # (server/txns.py)
+    if "txn" in f:  # (handlers/txns.py)
         return txns.append_in(conn, s, f["txn"], [f["value"]], [f.get("key")], [f.get("headers")],
                               f.get("partition"), lambda ms: _one_appended(ms[0]))
     return _appended(conn, s, lambda: s.append(f["value"], key=f.get("key"), headers=f.get("headers"),

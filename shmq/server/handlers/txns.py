@@ -13,10 +13,11 @@ readers held back from where they go (``Transactions.adding``); after, the span 
 into shmq's exceptions, the one translation of this port.
 """
 
-from ..errors import ProducerFenced, StreamNotFound, TransactionError
-from ..kafka import ErrorCode as E
-from ..engine.shm.waits import serving
-from .transactions import TxnError
+from ...errors import ProducerFenced, StreamNotFound, TransactionError
+from ...kafka import ErrorCode as E
+from ...engine.shm.waits import serving
+from ..transactions import TxnError
+from .answers import BlockingAppend, OnLoop
 
 __all__ = ["txn_init", "txn_offsets", "txn_end", "append_in"]
 
@@ -48,8 +49,6 @@ def _coordinator(conn):
 def txn_init(conn, f):
     """TXN_INIT: the transactional id's producer id and next epoch (an open transaction of
     the id aborted first, whoever held it fenced)."""
-    from .handlers import OnLoop
-
     coord = _coordinator(conn)
 
     async def init():
@@ -88,8 +87,6 @@ def txn_end(conn, f):
     """TXN_END: commit (the records seen, the offsets the groups') or abort; answered once
     the markers are written. A commit whose group offsets are refused aborts and answers
     COMMIT_FAILED."""
-    from .handlers import OnLoop
-
     coord = _coordinator(conn)
 
     async def end():
@@ -106,8 +103,6 @@ def append_in(conn, s, txn, values, keys, headers, partition, reply):
     epoch]): per partition (as ``Stream.route`` places them), taken into the transaction,
     then appended, all or nothing per partition, then noted; ``reply(metadata)``. With
     retention="block" the appends may wait for room, in the stream's appender."""
-    from .handlers import BlockingAppend
-
     tid, pid, epoch = txn
     coord = _coordinator(conn)
     route = s.route(keys, partition)
