@@ -47,12 +47,19 @@ def shmq_home(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def spark_classes(request):
+def spark_classes(request, tmp_path_factory):
     """Spark's JVMs started from here on (the suite's sessions and the drivers it runs as
-    processes) map one archive of Spark's classes: tests/spark/cds.py."""
+    processes) map one archive of Spark's classes: tests/spark/cds.py. It is kept in pytest's
+    cache folder; without the cache plugin (``-p no:cacheprovider``: tests.flakes) in the run's
+    temporary folder, which its xdist workers share."""
     from tests.spark.cds import share_classes
 
-    options = share_classes(str(request.config.cache.mkdir("shmq-spark-classes")))
+    if hasattr(request.config, "cache"):
+        folder = request.config.cache.mkdir("shmq-spark-classes")
+    else:
+        run = tmp_path_factory.getbasetemp()
+        folder = run.parent if hasattr(request.config, "workerinput") else run
+    options = share_classes(str(folder))
     with pytest.MonkeyPatch.context() as mp:
         if options is not None:
             mp.setenv("SPARK_SUBMIT_OPTS", options)
