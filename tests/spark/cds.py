@@ -19,7 +19,8 @@ _WARM_UP = """
 import sys
 from shmq.spark import local_session
 spark = local_session("shmq-class-archive", sys.argv[1])
-spark.range(100).groupBy((spark.range(100).id % 3).alias("k")).count().collect()
+df = spark.range(100)
+df.groupBy((df.id % 3).alias("k")).count().collect()
 q = spark.readStream.format("rate").load().writeStream.format("noop").trigger(once=True).start()
 q.awaitTermination(120)
 gateway = spark.sparkContext._gateway
