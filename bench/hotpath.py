@@ -17,7 +17,7 @@ import uuid
 
 import shmq
 import shmq.engine.queues.queue  # (``import shmq`` loads the engine on first use; main() reads Queue's signature)
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 
 N = 100_000
 RUNS = 5

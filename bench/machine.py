@@ -23,7 +23,7 @@ SYSTEM_VERSIONS = {
 # the same for the stream benchmark (python -m bench.streams)
 STREAM_VERSIONED = ("shmq", "redis-py", "redis-server", "nats-py", "nats-server")
 # where shmq says whether its C hot paths are built: the one shmq internal the report reads
-SHMQ_FAST_FLAG = ("shmq.engine.cpaths", "FAST")
+SHMQ_FAST_FLAG = ("shmq.engine.shm.cpaths", "FAST")
 
 
 def _dist_version(name):

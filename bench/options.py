@@ -13,7 +13,7 @@ import time
 import uuid
 
 import shmq
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 
 N = 5_000
 DEPTH = 1_000

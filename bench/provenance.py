@@ -29,7 +29,7 @@ import subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # the engine: queues, streams, shared memory, the C paths; what every bench measures
-_ENGINE = ["shmq/engine/**/*.py", "shmq/engine/_fast.c", "shmq/engine/*.h", "shmq/model/*.py",
+_ENGINE = ["shmq/engine/**/*.py", "shmq/engine/_fast.c", "shmq/engine/*.h", "shmq/formats/*.py", "shmq/model/*.py",
            "shmq/errors.py", "shmq/serializers.py", "shmq/__init__.py"]
 # the TCP path: the server, the clients, the wire (their C halves included)
 _WIRE = ["shmq/server/*.py", "shmq/server/handlers/*.py", "shmq/server/*.c", "shmq/client/*.py", "shmq/protocol/*.py",

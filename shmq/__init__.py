@@ -15,6 +15,7 @@ import importlib
 
 from . import errors
 from .errors import *  # noqa: F403 (every exception: errors.__all__ is the one list of them)
+from .model import faces
 from .model.keepalive import Keepalive
 from .model.messages import Message, QueueStats
 from .model.records import Record, RecordMetadata, TopicPartition
@@ -104,20 +105,31 @@ def __getattr__(name):
 
 
 def _with_engine():
-    """With the local engine loaded, what stands above it and plugs into it: the stream
-    producer (``Stream.producer`` builds ``shmq.producer.Producer``, which registers itself)
-    and the transactional producer (``Broker.transactional``: ``shmq.transactional``)."""
+    """With the local engine loaded, the stream producer too (a local ``Stream.producer``
+    is its commonest use, and its first batch should not wait for the import)."""
     importlib.import_module(".producer", __name__)
-    from .engine.broker import Broker
 
-    if Broker.transactional_class is None:  # (shmq.transactional loads the TCP client: only when asked for)
-        Broker.transactional_class = _transactional
+
+# what the handles below hand out from above them (model/faces.py): each loads its module on first call
+def _producer(stream, **options):
+    from .producer import Producer
+
+    return Producer(stream, **options)
 
 
 def _transactional(broker, transactional_id, timeout=60.0):
-    from .transactional import local
+    from .transactional import local  # (loads the TCP client: only when asked for)
 
     return local(broker, transactional_id, timeout)
+
+
+async def _transactional_async(namespace, transactional_id, timeout=60.0):
+    from .transactional import local_async
+
+    return await local_async(namespace, transactional_id, timeout)
+
+
+faces.producer, faces.transactional, faces.transactional_async = _producer, _transactional, _transactional_async
 
 
 def __dir__():

@@ -26,7 +26,6 @@ from concurrent.futures import Future
 from .model.headers import encode_record_headers
 from .engine.streams.partition import record_size
 from .engine.queues.produce import as_bytes as _bytes
-from .engine.streams.stream import Stream
 from .errors import ShmqError
 
 __all__ = ["Producer"]
@@ -234,7 +233,6 @@ class Producer:
                 batch.futures[i].set_result(meta)
 
 
-Stream.producer_class = Producer  # what a local ``Stream.producer`` builds (the engine imports nothing from here)
 
 
 @atexit.register

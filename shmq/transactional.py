@@ -86,4 +86,3 @@ async def local_async(namespace: str, transactional_id: str, timeout: float = 60
     return t
 
 
-Broker.transactional_class = local  # what a local ``Broker.transactional`` builds

@@ -6,7 +6,7 @@ import asyncio
 import sys
 
 import shmq
-from shmq.client import aio
+from shmq import aio
 
 
 async def hold(namespace, queue, n):

@@ -3,7 +3,7 @@
 import threading
 
 import shmq
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 
 
 def loop_consumer(namespace, queue, impl, out_path, held=None, hold_at=None):

@@ -227,7 +227,7 @@ def remote_chaos_consumer(url_file, qname, log_path, stop_event):
 
 def tear_wal_append(ns, qname, ready_event):
     """Take the lock of a wal queue, leave half a log entry, hang until killed."""
-    from shmq.persistence import dmsq
+    from shmq.formats import dmsq
 
     b = shmq.connect(namespace=ns)
     q = b.queue(qname)

@@ -13,10 +13,10 @@ import psutil
 import pytest
 
 import shmq
-from shmq.client import aio
-from shmq.client import aio_local
-from shmq.client.aio_local import LocalAsyncBroker
-from shmq.server.waiters import Doorbell
+from shmq import aio
+from shmq.engine import aio as local_aio
+from shmq.engine.aio import LocalAsyncBroker
+from shmq.engine.doze import Doorbell
 
 
 def run(coro):
@@ -27,7 +27,7 @@ def run(coro):
 def rings_only(monkeypatch):
     """Local waits woken only by their doorbells' rings: no slice ends within a test."""
     monkeypatch.setattr(Doorbell, "SLICE_NS", 30 * 10**9)
-    monkeypatch.setattr(aio_local, "WAIT_SLICE_S", 30.0)
+    monkeypatch.setattr(local_aio, "WAIT_SLICE_S", 30.0)
 
 
 @pytest.fixture(params=["local", "tcp"])

@@ -14,7 +14,7 @@ import pytest
 
 import shmq
 from shmq.engine.shm.segment import destroy_namespace
-from shmq.persistence import dmsq
+from shmq.formats import dmsq
 from tests._wait import wait_for
 from tests.test_cli import shmq_cli
 

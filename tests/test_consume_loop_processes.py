@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from tests import _loop_workers as w
 
 SPAWN = mp.get_context("spawn")

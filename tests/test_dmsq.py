@@ -1,4 +1,4 @@
-"""The .dmsq snapshot format and the log entry codec (shmq/persistence/dmsq.py, docs/FORMAT.md).
+"""The .dmsq snapshot format and the log entry codec (shmq/formats/dmsq.py, docs/FORMAT.md).
 
 Pure file I/O in a temporary directory: no shared memory, no processes, no sleeps. The
 Hypothesis properties hold the readers to their promise: for any damage they return a
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmq.persistence import dmsq
-from shmq.persistence.dmsq import (ACK, FORMAT_VERSION, MAGIC, PUT, SUFFIX, LogEntry, ReadResult, SnapshotHeader,
+from shmq.formats import dmsq
+from shmq.formats.dmsq import (ACK, FORMAT_VERSION, MAGIC, PUT, SUFFIX, LogEntry, ReadResult, SnapshotHeader,
                                    SnapshotRecord, SnapshotWriter, encode_log_entry, iter_records, quarantine,
                                    read_log, read_snapshot, summary, write_snapshot)
 from shmq.errors import MessageTooLarge

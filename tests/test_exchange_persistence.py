@@ -9,7 +9,7 @@ import stat
 import pytest
 
 import shmq
-from shmq.persistence import dmsq
+from shmq.formats import dmsq
 from shmq.persistence import Snapshotter, recover
 from tests._wait import drain as _drain
 

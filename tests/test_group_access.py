@@ -281,13 +281,13 @@ def test_a_server_with_a_group_writes_data_files_the_group_reads(namespace, user
         """, namespace))
         orders, audit = snapshot_path(data, "orders"), snapshot_path(data, "audit")
         wait_for(lambda: os.path.exists(audit) and os.path.exists(orders)
-                 and len(shmq.persistence.dmsq.read_snapshot(orders).records) == 3, 30,
+                 and len(shmq.formats.dmsq.read_snapshot(orders).records) == 3, 30,
                  "the server's snapshots of orders (3 messages) and audit")
         # Bob's puts write audit's log (the first appender makes it: Bob's, in the group): he reads it back. A
         # snapshot round may rotate the log away between a put and the look: then one more put, a bounded number
         assert ok(run_as(users, BOB, """
-            import glob, os, stat, sys, shmq, shmq.persistence.dmsq
-            print([r.body for r in shmq.persistence.dmsq.read_snapshot(sys.argv[3]).records])
+            import glob, os, stat, sys, shmq, shmq.formats.dmsq
+            print([r.body for r in shmq.formats.dmsq.read_snapshot(sys.argv[3]).records])
             with shmq.connect(namespace=sys.argv[1], create=False) as b:
                 for i in range(100):
                     b.queue("audit").put(b"a%d" % i)
@@ -302,9 +302,9 @@ def test_a_server_with_a_group_writes_data_files_the_group_reads(namespace, user
                 sys.exit("audit's log was never seen")
         """, namespace, data, orders)) == ["[b'o1', b'o2', b'o3']", f"True 0o660 {users.gid}"]
         assert ok(run_as(users, EVE, """
-            import sys, shmq.persistence.dmsq
+            import sys, shmq.formats.dmsq
             try:
-                shmq.persistence.dmsq.read_snapshot(sys.argv[1])
+                shmq.formats.dmsq.read_snapshot(sys.argv[1])
             except PermissionError as e:
                 print("refused:", e.strerror)
         """, orders)) == ["refused: Permission denied"]

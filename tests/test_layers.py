@@ -2,10 +2,9 @@
 shared-memory code.
 
 The rules are the three tables below, written once (docs/DESIGN.md, "Layers", quotes
-them): a module of a package in MAY_IMPORT imports only modules of shmq under the
-prefixes listed for it; a module of a package in MAY_NOT_IMPORT none under those listed;
-THROUGH names, for a layer, the packages above it that it reaches only through the modules
-listed; EXCEPTIONS names single modules and what they may import besides. "Imports" counts every
+them): FLOORS, lowest first, where a module imports nothing of a higher floor; a module
+of a package in MAY_IMPORT imports only modules of shmq under the prefixes listed for it;
+a module of a package in MAY_NOT_IMPORT none under those listed. "Imports" counts every
 import statement in the file, at module level or in a function: a function-level import
 is a dependency too, only a later one.
 """
@@ -22,6 +21,30 @@ import shmq
 
 ROOT = Path(shmq.__file__).parent
 
+# the floors, lowest first: a module imports only from its own floor and the floors below
+# (the longest prefix names a module's floor; a wing imports its sibling: both are one floor)
+FLOORS = (
+    ("shmq.errors",),
+    # values, checks and host facts, below everything that acts
+    ("shmq.model", "shmq.sharing", "shmq.serializers", "shmq.auth", "shmq.busypoll", "shmq.logs", "shmq.tls",
+     "shmq.logind", "shmq.mirrors"),
+    # the codecs, sans-IO: the DEADBEEF wire, Kafka's, and the bytes on disk
+    ("shmq.protocol", "shmq.kafka", "shmq.formats"),
+    # the engine: its shared-memory base, its two wings, and its faces (Broker, the asyncio
+    # face, doze and its doorbells, the keyed stores)
+    ("shmq.engine.shm", "shmq.engine._fast"),  # (the C twin of the base's and the wings' paths: it imports nothing)
+    ("shmq.engine.queues", "shmq.engine.streams"),
+    ("shmq.engine",),
+    # on the engine: snapshots, logs replayed, backups; beside it, the TCP clients
+    ("shmq.persistence", "shmq.client"),
+    # the server, and the stream producer (on either transport)
+    ("shmq.server", "shmq.producer"),
+    # a local broker's transactional producer: the TCP client to the namespace's server
+    ("shmq.transactional",),
+    # the faces and the adapters: shmq's own names, the CLI, doctor, the integrations
+    ("shmq.__main__", "shmq.aio", "shmq.cli", "shmq.doctor", "shmq.views", "shmq.kombu", "shmq.celery",
+     "shmq.dramatiq", "shmq.mp", "shmq.spark"),
+)
 MAY_IMPORT = {
     # values and checks, below all: Message, QueueStats, Record, headers, limits, keepalive
     "shmq.model": ("shmq.model", "shmq.errors"),
@@ -29,28 +52,18 @@ MAY_IMPORT = {
     "shmq.protocol": ("shmq.protocol", "shmq.model", "shmq.errors"),
     # Kafka's wire protocol: sans-IO too, beside the DEADBEEF codec
     "shmq.kafka": ("shmq.kafka", "shmq.model", "shmq.errors"),
-    # persistence's interface to the engine: the on-disk formats, and the write-ahead logs
-    # (which know the record layout of the shared-memory base, nothing of queues or streams)
-    "shmq.persistence.dmsq": ("shmq.errors", "shmq.sharing"),
-    "shmq.persistence.wal": ("shmq.persistence.dmsq", "shmq.engine.shm.layout", "shmq.engine.shm.mutex", "shmq.errors",
-                             "shmq.sharing"),  # (the layout of its block in the owner's segment; its owner's lock)
+    # the bytes on disk: files and formats, nothing of shared memory
+    "shmq.formats": ("shmq.formats", "shmq.errors", "shmq.sharing"),
 }
 MAY_NOT_IMPORT = {
     # the TCP clients: a remote process needs no shared memory
-    "shmq.client": ("shmq.engine", "shmq.server"),
-    # the engine knows nothing of the wire, the clients or the server
-    "shmq.engine": ("shmq.protocol", "shmq.client", "shmq.server"),
+    "shmq.client": ("shmq.engine", "shmq.server", "shmq.persistence"),
+    # the engine knows nothing of the wire, the clients, the server, snapshots
+    "shmq.engine": ("shmq.protocol", "shmq.client", "shmq.server", "shmq.persistence"),
 }
-THROUGH = {
-    # the engine calls persistence through its small interface only (snapshots, recovery
-    # and the snapshotter stand above the engine and call it)
-    "shmq.engine": {"shmq.persistence": ("shmq.persistence.dmsq", "shmq.persistence.wal")},
-}
-EXCEPTIONS = {
-    # the local engine's asyncio face (shmq.aio.connect() with no url): the engine's calls
-    # on the loop, woken by the server's doorbells
-    "shmq.client.aio_local": ("shmq.engine", "shmq.server.waiters"),
-}
+# the root package: Python loads it before any module of it, so a name taken from it
+# (``__version__``, ``connect``) adds no dependency a module did not have
+ROOT_PACKAGE = "shmq"
 
 # the names whose modules a remote client must never load
 LOCAL_ONLY = ("posix_ipc", "shmq.engine")
@@ -61,9 +74,10 @@ def _under(name: str, prefixes) -> bool:
 
 
 def _modules() -> dict[str, Path]:
-    """{module name: its file} of every module of the shmq package."""
+    """{module name: its file} of every module of the shmq package (a C extension: its
+    source; it imports no Python module of shmq)."""
     out = {}
-    for path in ROOT.rglob("*.py"):
+    for path in [*ROOT.rglob("*.py"), *ROOT.rglob("_*.c")]:
         parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -93,20 +107,41 @@ def imports_of(module: str, source: str, known, is_package: bool = False) -> lis
     return list(dict.fromkeys(out))  # (``from P import a, b``: P once)
 
 
+def _on_a_floor(module: str) -> bool:
+    try:
+        floor(module)
+    except KeyError:
+        return False
+    return True
+
+
+def floor(module: str) -> int:
+    """The floor of ``module`` (its longest prefix in FLOORS; the root package: the top);
+    KeyError if none names it."""
+    if module == ROOT_PACKAGE:
+        return len(FLOORS) - 1
+    best = None
+    for level, prefixes in enumerate(FLOORS):
+        for p in prefixes:
+            if _under(module, (p,)) and (best is None or len(p) > len(best[1])):
+                best = (level, p)
+    if best is None:
+        raise KeyError(f"{module} is on no floor: add it to FLOORS")
+    return best[0]
+
+
 def broken_rules(module: str, imported: str) -> str | None:
     """Why ``module`` may not import ``imported`` (None: it may)."""
-    if not _under(imported, ("shmq",)) or _under(imported, EXCEPTIONS.get(module, ())):
+    if not _under(imported, ("shmq",)) or imported == ROOT_PACKAGE:
         return None
     for layer, allowed in MAY_IMPORT.items():
         if _under(module, (layer,)) and not _under(imported, allowed):
             return f"{layer} imports only {', '.join(allowed)}"
-    for layer, gates in THROUGH.items():
-        for package, interface in gates.items():
-            if _under(module, (layer,)) and _under(imported, (package,)) and not _under(imported, interface):
-                return f"{layer} reaches {package} only through {', '.join(interface)}"
     for layer, forbidden in MAY_NOT_IMPORT.items():
         if _under(module, (layer,)) and _under(imported, forbidden):
             return f"{layer} imports nothing of {', '.join(forbidden)}"
+    if floor(imported) > floor(module):
+        return f"floor {floor(module)} imports nothing of floor {floor(imported)}"
     return None
 
 
@@ -114,15 +149,18 @@ def test_no_module_imports_across_the_layers():
     modules = _modules()
     broken = []
     for name, path in sorted(modules.items()):
+        if path.suffix != ".py":
+            continue
         for line, imported in imports_of(name, path.read_text(), modules, path.name == "__init__.py"):
             why = broken_rules(name, imported)
             if why is not None:
                 broken.append(f"{path.relative_to(ROOT.parent)}:{line}: {imported} ({why})")
     assert broken == []
-    # the tables name real packages and modules (a rename would leave a rule checking nothing)
-    for name in [*MAY_IMPORT, *MAY_NOT_IMPORT, *THROUGH, *EXCEPTIONS,
-                 *(m for gates in THROUGH.values() for interface in gates.values() for m in interface)]:
+    # the tables name real packages and modules (a rename would leave a rule checking nothing),
+    # and every module is on a floor
+    for name in [*MAY_IMPORT, *MAY_NOT_IMPORT, *(p for prefixes in FLOORS for p in prefixes)]:
         assert name in modules, name
+    assert [m for m in modules if m != ROOT_PACKAGE and not _on_a_floor(m)] == []
 
 
 def test_the_check_sees_function_level_and_relative_imports():
@@ -139,21 +177,29 @@ def test_the_check_sees_function_level_and_relative_imports():
     assert [broken_rules("shmq.protocol.payloads", m) for _, m in found] == [
         None, "shmq.protocol imports only shmq.protocol, shmq.model, shmq.errors", None,
         "shmq.protocol imports only shmq.protocol, shmq.model, shmq.errors"]
-    assert broken_rules("shmq.client.core", "shmq.engine.queues.rpc") == "shmq.client imports nothing of shmq.engine, shmq.server"
-    assert broken_rules("shmq.client.aio_local", "shmq.engine.queues.rpc") is None
-    assert broken_rules("shmq.client.aio_local", "shmq.server.tcp") == (
-        "shmq.client imports nothing of shmq.engine, shmq.server")
+    assert broken_rules("shmq.client.core", "shmq.engine.queues.rpc") == (
+        "shmq.client imports nothing of shmq.engine, shmq.server, shmq.persistence")
+    assert broken_rules("shmq.engine.aio", "shmq.engine.queues.rpc") is None
+    assert broken_rules("shmq.engine.aio", "shmq.server.waiters") == (
+        "shmq.engine imports nothing of shmq.protocol, shmq.client, shmq.server, shmq.persistence")
     assert broken_rules("shmq.model.headers", "shmq.errors") is None
     assert broken_rules("shmq.model.headers", "shmq.engine.shm.layout") == "shmq.model imports only shmq.model, shmq.errors"
     assert broken_rules("shmq.engine.queues.queue", "shmq.model.messages") is None
-    assert broken_rules("shmq.engine.queues.queue", "shmq.persistence.wal") is None
+    assert broken_rules("shmq.engine.queues.queue", "shmq.formats.logfiles") is None
     assert broken_rules("shmq.engine.queues.queue", "shmq.persistence.snapshotter") == (
-        "shmq.engine reaches shmq.persistence only through shmq.persistence.dmsq, shmq.persistence.wal")
-    assert broken_rules("shmq.persistence.wal", "shmq.engine.queues.queue") == (
-        "shmq.persistence.wal imports only shmq.persistence.dmsq, shmq.engine.shm.layout, shmq.engine.shm.mutex, "
-        "shmq.errors, shmq.sharing")
+        "shmq.engine imports nothing of shmq.protocol, shmq.client, shmq.server, shmq.persistence")
+    assert broken_rules("shmq.formats.logfiles", "shmq.engine.shm.layout") == (
+        "shmq.formats imports only shmq.formats, shmq.errors, shmq.sharing")
     assert broken_rules("shmq.engine.queues.queue", "shmq.protocol.payloads") == (
-        "shmq.engine imports nothing of shmq.protocol, shmq.client, shmq.server")
+        "shmq.engine imports nothing of shmq.protocol, shmq.client, shmq.server, shmq.persistence")
+    # the floors: down and across, never up (the wings are one floor; the root package is loaded first anyway)
+    assert broken_rules("shmq.engine.queues.exchange", "shmq.engine.streams.stream") is None
+    assert broken_rules("shmq.engine.shm.segment", "shmq.engine.shm.cpaths") is None
+    assert broken_rules("shmq.engine.shm.ring", "shmq.engine.queues.queue") == "floor 3 imports nothing of floor 4"
+    assert broken_rules("shmq.engine.queues.queue", "shmq.engine.doze") == "floor 4 imports nothing of floor 5"
+    assert broken_rules("shmq.server.tcp", "shmq.transactional") == "floor 7 imports nothing of floor 8"
+    assert broken_rules("shmq.server.handlers.session", "shmq") is None
+    assert floor("shmq.engine.broker") == 5 and floor("shmq.engine.shm.wal") == 3 and floor("shmq.spark.jar") == 9
     # a package's own relative imports resolve from the package itself
     assert imports_of("shmq.model", "from .checks import MAX_PARTITIONS\n", {"shmq.model.checks"}, True) == [
         (1, "shmq.model.checks")]
@@ -270,8 +316,7 @@ def test_the_moved_names_are_one_object_in_every_old_home():
 
 # what the engine may import from the rest of shmq: the layers below it (values and checks, the errors, a shared
 # namespace's group, the serializers of a handle with one) and persistence's interface; nothing above it
-ENGINE_MAY_REACH = ("shmq.model", "shmq.errors", "shmq.sharing", "shmq.serializers", "shmq.persistence.dmsq",
-                    "shmq.persistence.wal")
+ENGINE_MAY_REACH = ("shmq.model", "shmq.errors", "shmq.sharing", "shmq.serializers", "shmq.formats")
 
 
 def _import_graph(modules) -> dict[str, dict[str, int]]:
@@ -279,6 +324,8 @@ def _import_graph(modules) -> dict[str, dict[str, int]]:
     graph = {}
     for name, path in modules.items():
         edges = graph[name] = {}
+        if path.suffix != ".py":  # (a C extension imports no module of shmq)
+            continue
         for line, imported in imports_of(name, path.read_text(), modules, path.name == "__init__.py"):
             if imported in modules and imported != name:
                 edges.setdefault(imported, line)
@@ -333,7 +380,7 @@ def test_the_circle_check_finds_a_function_level_circle():
 SWITCHED = """
 import array, ctypes, sys
 import shmq
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.queues.delivery import CDelivery, PythonDelivery
 from shmq.engine.streams.partitioner import murmur2_python
 
@@ -385,7 +432,7 @@ b.close()
 
 
 def test_set_enabled_changes_only_the_handles_attached_afterwards(namespace):
-    from shmq.engine import cpaths
+    from shmq.engine.shm import cpaths
 
     if not cpaths.FAST:
         pytest.skip("the C hot paths are off (not built, or SHMQ_PURE_PYTHON is set)")

@@ -31,7 +31,7 @@ def _import_without_c(tmp_path, **env):
     tree = tmp_path / "src"
     shutil.copytree(os.path.dirname(shmq.__file__), tree / "shmq",
                     ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    return subprocess.run([sys.executable, "-c", "import shmq.engine.cpaths; print(shmq.engine.cpaths.FAST)"], capture_output=True,
+    return subprocess.run([sys.executable, "-c", "import shmq.engine.shm.cpaths; print(shmq.engine.shm.cpaths.FAST)"], capture_output=True,
                           text=True, timeout=60, cwd=str(tmp_path),
                           env={**os.environ, "PYTHONPATH": str(tree), **env})
 

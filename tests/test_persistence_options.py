@@ -8,7 +8,7 @@ import dataclasses
 import time
 
 import shmq
-from shmq.persistence import dmsq
+from shmq.formats import dmsq
 from shmq.persistence import restore_file, snapshot_queue
 from tests.test_server_tcp import ServerProcess, rebooted
 

@@ -357,7 +357,7 @@ def test_tcp_two_connections_one_removes_then_the_other(broker, tcp_server, cons
 def test_asyncio_clients_count_and_auto_delete(broker, tcp_server, where):
     import asyncio
 
-    from shmq.client import aio
+    from shmq import aio
 
     async def main():
         b = await (aio.connect(tcp_server.url) if where == "tcp" else aio.connect(namespace=broker.namespace))

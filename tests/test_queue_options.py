@@ -10,7 +10,7 @@ import time
 import pytest
 
 import shmq
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.shm import layout as L
 from tests import _option_workers as W
 from tests.engine._clock import set_clock, set_wall_clock

@@ -9,7 +9,7 @@ import os
 import pytest
 
 import shmq
-from shmq.persistence import dmsq
+from shmq.formats import dmsq
 from shmq.persistence import recover, restore_file, snapshot_queue
 from tests._wait import drain
 from tests.test_cli import shmq_cli

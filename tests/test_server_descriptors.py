@@ -27,7 +27,7 @@ from shmq.engine.shm.names import queue_segment
 from shmq.engine.shm.segment import SEGMENT_FDS, SHM_DIR
 from shmq.engine.store import STORE_FDS
 from shmq.persistence import Snapshotter, recover
-from shmq.persistence.wal import LOG_FDS
+from shmq.formats.logfiles import LOG_FDS
 from shmq.server.housekeeper import Housekeeper
 from shmq.server.limits import CONNECTION_FDS, MAX_LINGERING, RESERVE_FDS
 from shmq.server.periodic import Periodic

@@ -5,7 +5,7 @@ put still rings it: that is what it is for."""
 
 import shmq
 from shmq.engine.shm import layout as L
-from shmq.server.waiters import Doorbell
+from shmq.engine.doze import Doorbell
 from tests._wait import in_thread, wait_for
 
 

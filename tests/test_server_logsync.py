@@ -15,7 +15,7 @@ import shmq
 from shmq.auth import default_data_dir
 from shmq.engine.shm import layout as L
 from shmq.engine.broker import Broker
-from shmq.persistence.wal import wal_path
+from shmq.formats.logfiles import wal_path
 from shmq.persistence import Snapshotter
 from shmq.persistence import snapshotter as snapshotter_module
 from shmq.server.dirwatch import DirWatch

@@ -19,7 +19,7 @@ import pytest
 
 import shmq
 from shmq.engine.shm import layout as L
-from shmq.persistence import dmsq
+from shmq.formats import dmsq
 from shmq.persistence import Snapshotter, recover
 
 

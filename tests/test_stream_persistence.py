@@ -17,7 +17,7 @@ import time
 import pytest
 
 import shmq
-from shmq.persistence import dmsq
+from shmq.formats import dmsq
 from shmq.engine.shm import layout as L
 from shmq.persistence import Snapshotter, recover
 from tests import _workers as w
@@ -382,7 +382,7 @@ def test_a_batch_published_after_the_last_snapshot_lands_once_after_a_reboot(bro
     records, so the publishers' table comes back from the logs: a batch published after
     the last snapshot, replayed after the broker (a real ``shmq server``) was SIGKILLed
     and shared memory wiped, appends nothing; the next batch goes in."""
-    from shmq.engine import cpaths
+    from shmq.engine.shm import cpaths
 
     if fast and not cpaths.FAST:
         pytest.skip("the C paths are not built (or SHMQ_PURE_PYTHON=1)")

@@ -22,7 +22,7 @@ import msgpack
 import pytest
 
 import shmq
-from shmq.persistence import dmsq
+from shmq.formats import dmsq
 from shmq.auth import default_data_dir
 from shmq.engine.shm import layout as L
 from shmq.engine.shm.names import partition_segment

@@ -38,7 +38,7 @@ def snapshot(name, namespace, data_dir):
 @_json_option
 def inspect(file, as_json):
     """Show a .dmsq file's header and a summary of its records."""
-    from ..persistence.dmsq import summary
+    from ..formats.dmsq import summary
 
     info = summary(file)
     if as_json:
@@ -72,7 +72,7 @@ def restore(files, namespace, into, replace, append):
     command: every queue is made first, then linked and filled, then the exchanges are
     bound. A dead-letter queue or bound queue that is nowhere is left out, with a
     warning; a file that cannot be restored is an error (the others are restored)."""
-    from ..persistence.dmsq import EXCHANGES_FILE, read_exchanges
+    from ..formats.dmsq import EXCHANGES_FILE, read_exchanges
     from ..persistence import restore_exchanges, restore_files
     from ..persistence.queues import QueuesNotEmpty, dropped_link
     from ..persistence.recovery import dropped_binding

@@ -45,19 +45,11 @@ __all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery", "AsyncSubscr
            "AsyncConsumer", "AsyncMultiConsumer", "AsyncStore"]
 
 
-async def connect(url: str | None = None, token: str | None = None, *, namespace: str | None = None,
-                  create: bool = True, **options):
+async def connect(url: str, token: str | None = None, **options):
     """Open a connection to ``shmq server`` and say HELLO (with ``token``, else the url's,
     else $SHMQ_TOKEN, else your own server's token on this host: see shmq.auth).
     ``options``: ``shmq.connect``'s (timeouts, reconnecting: ``options.ConnectOptions``).
-    With no url: attach locally to ``namespace`` (default: $SHMQ_NAMESPACE, else "shmq"),
-    as ``shmq.connect()`` does, with this API (``aio_local.LocalAsyncBroker``)."""
-    if url is None:
-        from .aio_local import connect as attach
-
-        return await attach(namespace, create, token, **options)
-    if namespace is not None:
-        raise ValueError("namespace= is for a local attach (no url); a server's namespace is its own")
+    (``shmq.aio.connect`` with no url attaches locally instead: ``engine.aio``.)"""
     broker = AsyncBroker(url, token, **options)
     await broker._open()
     return broker

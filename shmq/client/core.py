@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 from ..auth import client_token, refused
-from ..errors import BrokerUnavailable, ProtocolError, QueueEmpty, QueueExists, QueueFull, QueueNotFound, Unauthorized
+from ..errors import BrokerUnavailable, ProtocolError, QueueEmpty, QueueExists, QueueNotFound, Unauthorized
 from ..errors import SettingsMismatch
 from ..errors import DeliveryExpired, SerializationError, ShmqError
 from ..model import arrays, keepalive
@@ -47,6 +47,7 @@ from ..protocol.payloads import (
     stats_from_fields,
     stream_create_fields,
 )
+from ..model.steps import PUT_RETRY_S, Pause, Run, deadline, retry_while_full
 from .connection import HELLO_MSG_ID, ClientCore
 from .options import parse_url, split_url
 
@@ -56,7 +57,6 @@ __all__ = ["ClientCore", "Send", "Pause", "Post", "Receive", "Run", "driven", "r
 
 _log = logging.getLogger("shmq.client")
 CONSUME_SLICE_MS = 5000  # a blocking get waits in slices, so the connection never idles for long
-PUT_RETRY_S = (0.0005, 0.05)  # backoff between PRODUCE retries on QUEUE_FULL: first, most
 
 
 def plain_messages(bodies, core):
@@ -75,13 +75,6 @@ class Send:
 
 
 @dataclass(frozen=True, slots=True)
-class Pause:
-    """A call's step: sleep this many seconds, then go on."""
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
 class Post:
     """A call's step: send this request and go on at once (``ClientCore.post``)."""
 
@@ -97,33 +90,6 @@ class Receive:
 
     sid: int
     core: ClientCore
-
-
-class Run:
-    """A call as its transport runs it: iterate for its steps and answer each one, with
-    ``send(reply)`` or ``throw(error)``; when the iteration ends, ``result`` holds what
-    the call returned (an error of the call itself is raised from the iteration)."""
-
-    def __init__(self, call):
-        self._call = call
-        self._resume = functools.partial(call.send, None)
-        self.result = None
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        try:
-            return self._resume()
-        except StopIteration as done:
-            self.result = done.value
-            raise StopIteration from None
-
-    def send(self, reply) -> None:
-        self._resume = functools.partial(self._call.send, reply)
-
-    def throw(self, error: BaseException) -> None:
-        self._resume = functools.partial(self._call.throw, error)
 
 
 def driven(call):
@@ -245,27 +211,6 @@ class Resuming:
         next: a long-lived consumer's call rides the outage out (``_outlast``) then."""
         broker = self._broker_handle()
         return broker._core.failed and not self._is_closed() and resumable(broker._core, broker)
-
-
-def deadline(timeout, clock):
-    """When a call given ``timeout`` seconds gives up, on ``clock`` (None: it never does)."""
-    return None if timeout is None else clock() + ms(timeout, "timeout") / 1000
-
-
-def retry_while_full(request: Send, timeout, clock):
-    """Send ``request`` until it is not refused with QUEUE_FULL (the server answers that at
-    once, never waits for room), pausing PUT_RETRY_S[0] seconds, doubling up to
-    PUT_RETRY_S[1]; QueueFull once the next pause would end past ``timeout``."""
-    until = deadline(timeout, clock)
-    pause = PUT_RETRY_S[0]
-    while True:
-        try:
-            return (yield request)
-        except QueueFull:
-            if until is not None and clock() + pause > until:
-                raise
-            yield Pause(pause)
-            pause = min(pause * 2, PUT_RETRY_S[1])
 
 
 def waiting(msg_type, fields, key, timeout, clock):

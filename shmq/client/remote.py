@@ -32,6 +32,7 @@ import time
 import weakref
 
 from ..busypoll import Window, spin_until_readable
+from ..model import faces
 from ..errors import BrokerUnavailable, QueueFull
 from ..tls import describe, note_refused
 from ..protocol import MsgType
@@ -235,8 +236,7 @@ class RemoteStream(_Handle, StreamCalls):
     def producer(self, linger_ms: float = 5, batch_bytes: int = 64 * 2**10, compression=None):
         """A batching producer of this stream (``shmq.producer.Producer``, appending from
         its thread over this connection); close it."""
-        from ..producer import Producer
-        return Producer(self, linger_ms=linger_ms, batch_bytes=batch_bytes, compression=compression)
+        return faces.producer(self, linger_ms=linger_ms, batch_bytes=batch_bytes, compression=compression)
 
 
 

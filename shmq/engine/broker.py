@@ -24,6 +24,7 @@ from .shm.names import default_namespace  # noqa: F401  (re-exported: Broker's c
 from .shm.names import NOT_EMPTY, NOT_FULL, partition_segment, queue_segment, stream_base
 from .shm.segment import (SHM_DIR, check_namespace, check_queue_name, create_segment, create_semaphore, lane_entries,
                           share_namespace, unlink_segment, unlink_semaphore)
+from ..model import faces
 from ..errors import (
     NamespaceNotFound, QueueExists, QueueNotFound, SettingsMismatch, ShmqError, StreamExists, StreamNotFound,
 )
@@ -70,8 +71,6 @@ _STREAM = "@"  # a stream's registry entry is "@NAME": no queue name starts with
 
 class Broker:
     """Local access to a namespace's queues (``shmq.connect()``)."""
-
-    transactional_class = None  # what ``transactional`` builds (``shmq.transactional``: the engine knows no wire)
 
     def __init__(self, namespace: str = "shmq", create: bool = True):
         """Attach to ``namespace``; nothing is made by attaching. ``create=True``: a
@@ -529,11 +528,7 @@ class Broker:
         (docs/STREAMS.md, Transactions). The coordinator is the namespace's server: the
         producer talks to it over a connection of its own (``shmq.transactional``); a
         namespace with no server running gets ShmqError."""
-        make = Broker.transactional_class
-        if make is None:
-            raise ShmqError("Broker.transactional needs shmq.transactional loaded (import shmq.transactional, or "
-                            "connect with shmq.connect(), which loads it)")
-        return make(self, transactional_id, timeout)
+        return faces.transactional(self, transactional_id, timeout)
 
     def stream(self, name: str) -> Stream:
         """Attach to an existing stream; raises StreamNotFound."""

@@ -5,7 +5,7 @@ RabbitMQ, instead of kombu's synchronous fallback; on a local attach and over TC
 Strategy: each turn of kombu's Hub takes what the consumed queues have ready, as far as
 each channel's prefetch allows; a queue that stays empty a moment gets a line that wakes
 the loop, through a pipe it polls, when data comes. On a local attach the line is a
-doorbell thread (the server's ``Doorbell``, asleep as a plain consumer); over TCP it is a
+doorbell thread (``engine.doze.Doorbell``, asleep as a plain consumer); over TCP it is a
 thread that waits at the server with a blocking get on the channel's own connection, and
 hands what it takes to the loop (``RemoteLine``).
 """
@@ -15,11 +15,11 @@ import os
 import threading
 import time
 from collections import deque
-from functools import lru_cache, partial
+from functools import partial
 from queue import Empty
 
 from ..engine.maintenance import ready_hint
-from ..engine.shm import doze
+from ..engine import doze
 from ..errors import BrokerUnavailable, QueueEmpty, QueueNotFound, ShmqError
 
 __all__ = ["EventLoop", "RemoteLine", "WatchedQueue"]
@@ -27,14 +27,12 @@ __all__ = ["EventLoop", "RemoteLine", "WatchedQueue"]
 log = logging.getLogger("shmq.kombu")
 
 
-@lru_cache(maxsize=None)
-def _bell_class():
-    """The server's ``Doorbell``, asleep as a plain consumer (``doze.doze``), not as a
-    server's doorbell (``doze.bell``): a server's own puts owe those no post
-    (``waits.serving``), and this worker's loop is not that server's."""
-    from ..server.waiters import Doorbell
+class _Bell(doze.Doorbell):
+    """A doorbell asleep as a plain consumer (``doze.doze``), not as a server's doorbell
+    (``doze.bell``): a server's own puts owe those no post (``waits.serving``), and this
+    worker's loop is not that server's."""
 
-    return type("Bell", (Doorbell,), {"sleep": staticmethod(doze.doze), "__doc__": _bell_class.__doc__})
+    sleep = staticmethod(doze.doze)
 
 
 class WatchedQueue:
@@ -50,7 +48,7 @@ class WatchedQueue:
         self.scheduled = False  # a ring on its way to the loop
         self.quiet = None  # the loop's timer that arms the line if the queue stays empty
         self._wake = wake
-        self.bell = _bell_class()(self)
+        self.bell = _Bell(self)
 
     def stamp(self):
         """What the doorbell compares with, taken before the loop's last try."""

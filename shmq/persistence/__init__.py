@@ -3,7 +3,7 @@
 Strategy: shared memory survives any process crash, the broker's included, but not a
 reboot. A snapshot copies a queue's unsettled messages, or each stream partition's
 records (the lock is held only for one copy of the ring), and writes them with
-``shmq.persistence.dmsq`` (temp file, fsync, rename, directory fsync), so a crash mid-snapshot leaves
+``shmq.formats.dmsq`` (temp file, fsync, rename, directory fsync), so a crash mid-snapshot leaves
 the previous file whole. On start, a queue or stream whose segments are still there is
 kept as it is (memory is newer than any file); one whose segments are gone is rebuilt
 from its files. Links never depend on the order of names: the lost queues are all made
@@ -15,7 +15,7 @@ data directory is reported, never fatal: snapshots are retried every interval, a
 the directory is gone every logged write fails (``Log.suspend``) rather than return
 without a log behind it.
 
-A stream partition's files are named ``@STREAM#P`` (``wal.partition_log_name``):
+A stream partition's files are named ``@STREAM#P`` (``formats.logfiles.partition_log_name``):
 ``@STREAM#P.dmsq`` (its snapshot), ``@STREAM#P.wal.N`` (its logs, which stay as the long
 tail until retention deletes whole files) and ``@STREAM#P.hwm`` (a snapshot stream's
 high-water file). A laned queue's snapshot is one file, its lanes' logs are each lane's
@@ -24,20 +24,20 @@ high-water file). A laned queue's snapshot is one file, its lanes' logs are each
 only when shared memory has no table. Layouts: docs/FORMAT.md; the promises:
 docs/DESIGN.md, Persistence.
 
-Modules: ``dmsq`` (every on-disk format: snapshot files, log entries, the exchanges
-file) and ``wal`` (the write-ahead logs: their names, writing, replay) are the engine's
-interface to persistence, the only two it imports; the rest stand above the engine:
-``files`` (a data dir's files, and damaged ones set aside), ``queues`` (a queue's
-snapshot, restore, rebuild), ``streams`` (a stream's), ``recovery`` (on start),
-``upgrade`` (before it: an older shmq's memory rebuilt from the files, a newer one's files
-refused), and ``snapshotter`` (the broker's rounds, the logs opened and suspended with the
-data dir).
+Modules (all above the engine; the formats they write are ``shmq.formats``'s, below it,
+and a log's writer is the engine's, ``engine.shm.wal``): ``files`` (a data dir's files,
+and damaged ones set aside), ``queues`` (a queue's snapshot, restore, rebuild),
+``streams`` (a stream's), ``recovery`` (on start), ``upgrade`` (before it: an older
+shmq's memory rebuilt from the files, a newer one's files refused), ``snapshotter`` (the
+broker's rounds, the logs opened and suspended with the data dir), ``backup``, and the
+Kafka listener's state and the transaction coordinator's journal (``kafka_state``,
+``kafka_txns``).
 """
 
 import importlib
 
-# name -> its module: loaded on first use, so that the engine's ``dmsq`` and ``wal`` load
-# nothing of the engine back (the modules above it import the engine)
+# name -> its module: loaded on first use (a process that only reads files, a Spark
+# executor's dmsq reader, loads no engine)
 _EXPORTS = {"snapshot_path": "files", "is_data_file": "files", "remove_data_dir": "files",
             "snapshot_queue": "queues", "restore_file": "queues", "restore_files": "queues",
             "snapshot_stream": "streams", "apply_retention": "streams",

@@ -24,7 +24,7 @@ import os
 import shutil
 import time
 
-from . import dmsq
+from ..formats import dmsq
 from ..engine import maintenance
 from ..engine.broker import Broker, stream_settings
 from ..errors import LayoutMismatch, QueueNotFound, ShmqError, StreamNotFound
@@ -32,7 +32,7 @@ from .files import snapshot_path
 from .kafka_state import write_state
 from .kafka_txns import Journal, journal_path
 from .streams import committed_offsets, partition_extra
-from .wal import log_files, partition_log_name
+from ..formats.logfiles import log_files, partition_log_name
 
 __all__ = ["backup", "PARTIAL_SUFFIX"]
 

@@ -5,9 +5,9 @@ import logging
 import os
 import re
 
-from . import dmsq
+from ..formats import dmsq
 from ..sharing import fit_to_dir
-from .wal import RESERVE_FILE, log_files, parse_wal_name, split_partition_name
+from ..formats.logfiles import RESERVE_FILE, log_files, parse_wal_name, split_partition_name
 
 log = logging.getLogger("shmq.persistence")
 

@@ -9,12 +9,12 @@ import os
 import time
 from typing import NamedTuple
 
-from . import dmsq
+from ..formats import dmsq
 from ..engine import maintenance
 from ..engine.broker import Broker
 from ..engine.queues.queue import Queue
 from ..engine.shm.names import lane_name
-from .wal import split_partition_name
+from ..formats.logfiles import split_partition_name
 from ..errors import LayoutMismatch, ShmqError
 from .files import lanes_of, read_snapshot_file, set_aside, snapshot_path, wal_files
 

@@ -13,7 +13,7 @@ memory is gone (half removed) is rebuilt from its files either way.
 import logging
 import os
 
-from . import dmsq
+from ..formats import dmsq
 from ..engine.broker import Broker
 from ..engine.queues.exchange import _KINDS  # a binding's kind ("q", "s") -> "queue", "stream"
 from ..engine.shm.names import queue_segment, stream_base

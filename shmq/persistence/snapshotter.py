@@ -6,11 +6,11 @@ import os
 import threading
 import time
 
-from . import dmsq
+from ..formats import dmsq
 from ..engine.shm import layout as L
 from ..engine.broker import Broker
 from ..engine.streams.stream import Stream
-from .wal import log_files, partition_log_name, reserve_path, wal_path
+from ..formats.logfiles import log_files, partition_log_name, reserve_path, wal_path
 from ..errors import LayoutMismatch, QueueNotFound, StreamNotFound
 from .files import lanes_of, owner_of, snapshot_path
 from ..sharing import fit_to_dir

@@ -5,10 +5,10 @@ import logging
 import os
 import time
 
-from . import dmsq
+from ..formats import dmsq
 from ..engine.broker import STREAM_SETTINGS, Broker, stream_settings
 from ..engine.streams.stream import Stream
-from .wal import hwm_path, log_files, partition_log_name, split_partition_name
+from ..formats.logfiles import hwm_path, log_files, partition_log_name, split_partition_name
 from .files import owner_of, read_snapshot_file, set_aside, snapshot_path
 from .queues import logs_from, snapshot_digest, upgraded_note
 

@@ -14,7 +14,7 @@ one line each, with the version they had).
 import logging
 import os
 
-from . import dmsq
+from ..formats import dmsq
 from ..auth import default_data_dir
 from ..engine.shm.registry import DELETING, LIVE
 from ..engine.shm.names import queue_segment, stream_base

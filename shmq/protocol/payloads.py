@@ -13,6 +13,7 @@ from operator import itemgetter
 from ..model.headers import encode_headers, encode_record_headers, per_item, record_headers
 from ..model.messages import Message, QueueStats, as_body
 from ..model.records import Record, RecordMetadata
+from ..model.settings import STREAM_INFO
 from .compression import check_codec, compress, decompress
 from .requests import MAX_RECORDS, check_records, normalize_records
 
@@ -265,9 +266,6 @@ def message_from_fields(queue: str, m: dict):
 
 
 # ---------------------------------------------------------------- streams
-# a stream's settings, as STREAM_CREATE and STREAM_INFO replies give them (and a handle has them)
-STREAM_INFO = ("partitions", "max_bytes", "max_message_bytes", "retention", "retention_bytes", "retention_seconds",
-               "group_idle_timeout", "durability", "created_at", "compact")
 _STREAM_INTS = ("partitions", "max_bytes", "max_message_bytes")  # the engine's TypeError for anything else
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..busypoll import DEFAULT_BUSY_POLL_US, check_busy_poll_us
 from ..engine.shm.segment import SEGMENT_FDS
 from ..engine.store import STORE_FDS
-from ..persistence.wal import LOG_FDS
+from ..formats.logfiles import LOG_FDS
 from ..protocol import HEADER_SIZE
 from ..protocol.frames import unpack_length
 

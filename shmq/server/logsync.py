@@ -21,7 +21,7 @@ import select
 import threading
 import time
 
-from ..persistence.wal import parse_wal_name
+from ..formats.logfiles import parse_wal_name
 from .dirwatch import GONE, IN_Q_OVERFLOW, REMOVED, WRITTEN, DirWatch
 
 __all__ = ["LogSyncer"]

@@ -10,7 +10,8 @@ an ack Python's. ``SHMQ_PURE_PYTHON=1`` (or a server whose handles run Python's 
 out.
 """
 
-from ..engine import cpaths, maintenance
+from ..engine import maintenance
+from ..engine.shm import cpaths
 from ..model import keepalive
 from .connection import error_frame
 from .handlers import consumed_frame

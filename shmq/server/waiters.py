@@ -11,15 +11,14 @@ wakes one waiter (``QueueWaiters``); a stream's readers do not compete, so every
 of its waiters is tried (``StreamWaiters``).
 """
 
-import threading
-import time
 from collections import deque
 
-from ..engine.shm import doze
+from ..engine import doze
+from ..engine.doze import Doorbell
 from ..engine import maintenance
 from ..errors import ShmqError
 
-__all__ = ["Waiter", "Answering", "WaitingLine", "Doorbell", "QueueWaiters", "StreamWaiters", "NOTHING"]
+__all__ = ["Waiter", "Answering", "WaitingLine", "QueueWaiters", "StreamWaiters", "NOTHING"]
 
 NOTHING = ()  # what a request that waited in vain is answered with
 
@@ -152,103 +151,6 @@ class WaitingLine(Answering):
     def retire(self):
         """The handle goes (deleted, forgotten, the server stops): the doorbell stops."""
         self.bell.stop()
-
-
-class Doorbell:
-    """The thread that wakes one ``WaitingLine`` for data made outside this loop.
-
-    Strategy: while the line has waiters, the thread sleeps in ``doze.doze`` as a
-    registered consumer of the handle, so a local producer's put, a nack, a lease given
-    back or lapsing, an append, posts it as it would post any sleeper. Woken, it takes a
-    new stamp first and then makes sure a look follows it: one already scheduled on the
-    loop (the loop's own put woke it: nothing to do), else one it schedules
-    (``call_soon_threadsafe``); then it dozes from that stamp. Whatever came before the
-    stamp, that look sees; whatever comes after, wakes the doze. The first doze starts
-    from the stamp the loop took as the first waiter lined up. It never touches the
-    waiters nor the loop's handle: it sleeps on a handle of its own (``doze.twin``),
-    which it closes as it ends. With no waiter it waits to be armed again; idle for
-    ``IDLE_S``, the thread ends, and the next waiter starts another.
-    """
-
-    IDLE_S = 10.0  # how long a thread with nothing to wait for stays
-    sleep = staticmethod(doze.bell)  # what it sleeps in, and the stamp that goes with it (a
-    look = staticmethod(doze.stamp)  # subclass may wait for something else: doze.doze_room)
-    SLICE_NS = 500_000_000  # one doze's longest sleep: then the line looks again
-
-    def __init__(self, line):
-        self.line = line
-        self.cond = threading.Condition(threading.Lock())
-        self.seen = None  # the stamp the first doze starts from
-        self.armed = False  # dozing while the line has waiters
-        self.running = False
-        self.stopped = False
-        self.woken = 0  # dozes ended by data (or a due deadline), not by the slice: what rang it
-
-    def arm(self, seen):
-        """Doze from ``seen`` (the loop's stamp, taken after a try that found nothing),
-        unless the thread dozes already: then it needs nothing new. (Always under the lock:
-        a thread that found the line empty disarms under it, so a look without it could see
-        the thread still armed, return, and leave the new waiter with no doorbell.)"""
-        with self.cond:
-            if self.stopped or self.armed:
-                return
-            self.seen, self.armed = seen, True
-            if self.running:
-                self.cond.notify()
-                return
-            self.running = True
-        threading.Thread(target=self._run, name=f"shmq-doorbell-{self.line.handle.name}", daemon=True).start()
-
-    def stop(self):
-        """Stop ringing (the thread ends after its doze)."""
-        with self.cond:
-            self.stopped = True
-            self.cond.notify()
-
-    def _run(self):
-        line, loop = self.line, self.line.loop
-        try:
-            h = doze.twin(line.handle)
-        except Exception:  # deleted meanwhile: the waiters find out when they look
-            h = None
-        try:
-            seen = None
-            while True:
-                if seen is None or not self.armed or not line.live:  # (reads without the lock: taken to look again)
-                    with self.cond:
-                        if not line.live and self.armed:  # answered (a read of one int: no lock needed)
-                            self.armed = False
-                        if not self.armed and not self.stopped:
-                            self.cond.wait(self.IDLE_S)
-                        if self.stopped or not self.armed:  # ends under the lock: ``arm`` starts another
-                            self.running = False
-                            return
-                        seen = self.seen
-                try:
-                    if h is not None:
-                        if self.sleep(h, seen, time.monotonic_ns() + self.SLICE_NS):
-                            self.woken += 1
-                        seen = self.look(h)
-                    else:  # gone as the thread started: one look, then wait to be armed again
-                        seen = self._disarm()
-                except Exception:  # deleted (the waiters find out), or a lock timeout: likewise
-                    seen = self._disarm()
-                # woken, or a slice went by: a look after the stamp either way (what a take
-                # notices by itself, a dead member's partitions say, is looked for twice a
-                # second at least); one already due (the loop's own put woke it) will do
-                if not line.scheduled and not self.stopped:
-                    try:
-                        loop.call_soon_threadsafe(line.rang)
-                    except RuntimeError:  # the loop is closed: the server is gone
-                        return
-        finally:
-            if h is not None:
-                h.close()
-
-    def _disarm(self):
-        with self.cond:
-            self.armed = False
-        return None
 
 
 class QueueWaiters(WaitingLine):

@@ -22,7 +22,7 @@ Strategy: files are the unit of work, one Spark partition per file, because a fi
 be split: each record's CRC is chained from byte 0, so checking a record needs every byte
 before it. The paths (file, directory, glob, or a list) are resolved in the driver when
 the read is planned, so a path that matches nothing fails at ``load()`` naming it, and the
-workers get absolute paths. Each task streams its file with ``shmq.persistence.dmsq.SnapshotReader``,
+workers get absolute paths. Each task streams its file with ``shmq.formats.dmsq.SnapshotReader``,
 the format's one codec and damage checker (it never raises on damage; it stops and says
 where), and yields Arrow record batches of up to 8192 rows, about five times faster into
 Spark than tuples; decoded headers are cached per batch, since many messages share theirs.
@@ -40,9 +40,9 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType,
                                TimestampType)
 
-from ..persistence.dmsq import SUFFIX, SnapshotReader, stream_row
+from ..formats.dmsq import SUFFIX, SnapshotReader, stream_row
 from ..engine.queues import extension
-from ..persistence.wal import split_partition_name
+from ..formats.logfiles import split_partition_name
 from ..errors import ShmqError
 from .arrow import header_map
 from .options import SpecError, refuse_unknown

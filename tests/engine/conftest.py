@@ -3,7 +3,7 @@ pure-Python ones (the reference they are compared against)."""
 
 import pytest
 
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.queues import paths as queue_paths
 from shmq.engine.streams import paths as stream_paths
 

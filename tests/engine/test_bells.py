@@ -12,7 +12,8 @@ import time
 import pytest
 
 import shmq
-from shmq.engine.shm import doze, waits
+from shmq.engine import doze
+from shmq.engine.shm import waits
 from shmq.engine.queues import housekeeping
 from shmq.engine.shm import layout as L
 from tests._wait import in_thread, wait_for

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import shmq
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.shm import waits
 from shmq.engine.shm import layout as L
 from shmq.engine.shm.mutex import unlock
@@ -137,7 +137,7 @@ def test_the_general_take_auto_acks_too(impl, broker):
 
 
 def test_a_logged_queue_logs_the_auto_ack(impl, broker, tmp_path):
-    from shmq.persistence import dmsq
+    from shmq.formats import dmsq
 
     q = broker.create_queue("q", durability="wal")
     q.wal.configure(str(tmp_path), L.WAL_BATCH, 2)

@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import shmq
-from shmq.persistence import dmsq
-from shmq.engine import cpaths
+from shmq.formats import dmsq
+from shmq.engine.shm import cpaths
 from shmq.engine.shm import waits
 from shmq.engine.shm import layout as L
 from shmq.engine.shm.segment import destroy_namespace

@@ -10,7 +10,7 @@ import weakref
 import pytest
 
 import shmq
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.queues.delivery import CDelivery, Delivery, PythonDelivery
 
 

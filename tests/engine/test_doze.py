@@ -7,7 +7,7 @@ import time
 import pytest
 
 import shmq
-from shmq.engine.shm import doze
+from shmq.engine import doze
 from tests._wait import in_thread, wait_for
 
 SECOND_NS = 10**9

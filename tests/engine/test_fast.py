@@ -159,7 +159,7 @@ def test_a_deleted_queue_is_refused_on_every_hot_path(impl, broker):
 
 @pytest.mark.parametrize("mode", [L.WAL_BATCH, L.WAL_ALWAYS])
 def test_the_write_ahead_log_is_the_same_from_either_path(impl, broker, tmp_path, mode):
-    from shmq.persistence import dmsq
+    from shmq.formats import dmsq
     from shmq.model.headers import decode_headers
 
     q = broker.create_queue("q", durability="wal")

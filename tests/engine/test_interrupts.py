@@ -22,7 +22,7 @@ import threading
 import pytest
 
 import shmq.engine
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import mutex
 

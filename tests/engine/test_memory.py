@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 import shmq
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import memory
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.shm.segment import SHM_DIR, namespace_entries
 from tests.engine.test_model import PurePython, QueueModel
 

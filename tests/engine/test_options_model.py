@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 import shmq
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.shm.segment import destroy_namespace, namespace_entries
 from tests.engine._clock import set_clock, set_wall_clock
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.streams import partitioner
 from shmq.engine.streams import paths as stream_paths
 from shmq.engine.streams.partitioner import murmur2, murmur2_python, partition_of

@@ -9,7 +9,8 @@ import signal
 import pytest
 
 import shmq
-from shmq.engine import _fast, cpaths
+from shmq.engine import _fast
+from shmq.engine.shm import cpaths
 from shmq.engine.queues.reserve import Reservation
 from shmq.engine.shm import waits
 from shmq.engine.shm import layout as L
@@ -256,7 +257,7 @@ def test_an_abandoned_reservation_leaves_no_id_when_nothing_follows_it_else_a_pa
 
 
 def test_a_logged_queue_logs_a_reserved_message_at_publish(impl, broker, tmp_path):
-    from shmq.persistence import dmsq
+    from shmq.formats import dmsq
 
     q = broker.create_queue("q", durability="wal")
     q.wal.configure(str(tmp_path), L.WAL_BATCH, 2)

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 import shmq
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.shm import layout as L
 
 C_BATCHES = cpaths.FAST

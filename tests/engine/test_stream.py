@@ -364,7 +364,7 @@ def test_a_null_value_is_a_tombstone_on_every_path_and_across_a_rebuild(broker, 
 
 # ---------------------------------------------------------------------------- bulk reads in C
 
-@pytest.mark.skipif(not shmq.engine.cpaths.FAST, reason="the C paths are not built (or SHMQ_PURE_PYTHON=1)")
+@pytest.mark.skipif(not shmq.engine.shm.cpaths.FAST, reason="the C paths are not built (or SHMQ_PURE_PYTHON=1)")
 def test_read_columns_gives_what_read_raw_gives_across_laps_of_the_ring(broker):
     pytest.importorskip("pyarrow")
     from shmq.spark.arrow import columns_to_batch, rows_to_batch
@@ -485,9 +485,9 @@ def test_append_columns_refuses_bad_buffers_and_big_records_and_takes_an_empty_c
         s.append_columns(_chunk([b"x"]), 2)
 
 
-@pytest.mark.skipif(not shmq.engine.cpaths.FAST, reason="the C paths are not built (or SHMQ_PURE_PYTHON=1)")
+@pytest.mark.skipif(not shmq.engine.shm.cpaths.FAST, reason="the C paths are not built (or SHMQ_PURE_PYTHON=1)")
 def test_the_c_log_entries_and_key_partitions_are_the_python_ones():
-    from shmq.persistence import dmsq
+    from shmq.formats import dmsq
     from shmq.engine.streams.paths import C as c_paths
 
     rnd = random.Random(5)

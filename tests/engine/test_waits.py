@@ -9,7 +9,7 @@ import time
 import pytest
 
 import shmq
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import waits
 from shmq.engine.shm.segment import create_semaphore, open_semaphore, unlink_semaphore

@@ -10,17 +10,17 @@ import re
 import pytest
 
 import shmq
-from shmq.persistence import dmsq
-from shmq.persistence import wal
+from shmq.formats import dmsq
+from shmq.formats import logfiles
 from shmq.persistence import Snapshotter
 from shmq.engine.shm.mutex import unlock
 
 
 def test_log_names_are_made_and_read_in_one_place():
-    assert wal.wal_path("/d", "orders.eu", 7) == "/d/orders.eu.wal.00000007"
-    assert wal.parse_wal_name("orders.eu.wal.00000007") == ("orders.eu", 7)
+    assert logfiles.wal_path("/d", "orders.eu", 7) == "/d/orders.eu.wal.00000007"
+    assert logfiles.parse_wal_name("orders.eu.wal.00000007") == ("orders.eu", 7)
     for other in ("orders.dmsq", "orders.wal.00000007.corrupt", "orders.wal.", ".wal.00000001", "x.wal.1a"):
-        assert wal.parse_wal_name(other) is None
+        assert logfiles.parse_wal_name(other) is None
 
 
 @pytest.fixture
@@ -90,13 +90,13 @@ def test_a_suspended_log_refuses_puts_until_it_is_configured_again(wal_queue, tm
 
 
 def test_partition_log_names_cannot_be_taken_for_a_queues():
-    name = wal.partition_log_name("events.eu", 3)
-    assert wal.wal_path("/d", name, 7) == "/d/@events.eu#3.wal.00000007"
-    assert wal.parse_wal_name("@events.eu#3.wal.00000007") == ("@events.eu#3", 7)
-    assert wal.split_partition_name(name) == ("events.eu", 3)
-    assert wal.hwm_path("/d", name) == "/d/@events.eu#3.hwm"
+    name = logfiles.partition_log_name("events.eu", 3)
+    assert logfiles.wal_path("/d", name, 7) == "/d/@events.eu#3.wal.00000007"
+    assert logfiles.parse_wal_name("@events.eu#3.wal.00000007") == ("@events.eu#3", 7)
+    assert logfiles.split_partition_name(name) == ("events.eu", 3)
+    assert logfiles.hwm_path("/d", name) == "/d/@events.eu#3.hwm"
     for other in ("events", "@events", "@#3", "@events#x", "events#3"):
-        assert wal.split_partition_name(other) is None
+        assert logfiles.split_partition_name(other) is None
 
 
 def _log(path, offsets, torn=False, notes=False):
@@ -112,12 +112,12 @@ def _log(path, offsets, torn=False, notes=False):
 
 
 def test_the_tail_reads_by_offset_across_files_and_says_where_a_hole_ends(tmp_path):
-    d, name = str(tmp_path), wal.partition_log_name("s", 0)
-    _log(wal.wal_path(d, name, 1), range(0, 100))
-    _log(wal.wal_path(d, name, 2), range(100, 150))
-    _log(wal.wal_path(d, name, 4), range(170, 200), torn=True)  # 150..169 lost (a damaged file, set aside)
-    open(wal.wal_path(d, name, 5), "wb").close()  # the generation being appended to: empty yet
-    tail = wal.Tail(name)
+    d, name = str(tmp_path), logfiles.partition_log_name("s", 0)
+    _log(logfiles.wal_path(d, name, 1), range(0, 100))
+    _log(logfiles.wal_path(d, name, 2), range(100, 150))
+    _log(logfiles.wal_path(d, name, 4), range(170, 200), torn=True)  # 150..169 lost (a damaged file, set aside)
+    open(logfiles.wal_path(d, name, 5), "wb").close()  # the generation being appended to: empty yet
+    tail = logfiles.Tail(name)
     assert [(f, os.path.basename(p)) for f, p in tail.files(d)] == [
         (0, "@s#0.wal.00000001"), (100, "@s#0.wal.00000002"), (170, "@s#0.wal.00000004")]
     rows, resume = tail.read(d, 95, 10, stop=1000)  # across a file boundary
@@ -134,15 +134,15 @@ def test_the_tail_reads_by_offset_across_files_and_says_where_a_hole_ends(tmp_pa
     assert [r[4] for r in rows] == [b"v0", b"v1", b"v2", b"v3"]
     for o in (64, 63, 130, 1):  # positions remembered by one scan serve the next ones
         assert tail.read(d, o, 1, stop=1000)[0][0][0] == o
-    os.unlink(wal.wal_path(d, name, 1))  # retention deleted it
+    os.unlink(logfiles.wal_path(d, name, 1))  # retention deleted it
     assert tail.read(d, 5, 10, stop=1000) == ([], 100)
 
 
 def test_the_tail_reads_records_only_past_the_publish_notes_among_them(tmp_path):
-    d, name = str(tmp_path), wal.partition_log_name("s", 0)
-    _log(wal.wal_path(d, name, 1), range(0, 300), notes=True)
-    _log(wal.wal_path(d, name, 2), range(300, 400), notes=True)
-    tail = wal.Tail(name)
+    d, name = str(tmp_path), logfiles.partition_log_name("s", 0)
+    _log(logfiles.wal_path(d, name, 1), range(0, 300), notes=True)
+    _log(logfiles.wal_path(d, name, 2), range(300, 400), notes=True)
+    tail = logfiles.Tail(name)
     assert [f for f, _p in tail.files(d)] == [0, 300]
     rows, resume = tail.read(d, 0, 1000, stop=1000)
     assert resume is None and [r[0] for r in rows] == list(range(400))
@@ -152,7 +152,7 @@ def test_the_tail_reads_records_only_past_the_publish_notes_among_them(tmp_path)
 
 def test_a_torn_high_water_write_leaves_the_slot_written_before(tmp_path):
     path = str(tmp_path / "@s#0.hwm")
-    hw = wal.HighWater("@s#0", "stream 's' partition 0")
+    hw = logfiles.HighWater("@s#0", "stream 's' partition 0")
     hw.write(str(tmp_path), 0, 3, 5000, sync=True)
     hw.write(str(tmp_path), 1, 4, 9000, sync=False)
     assert dmsq.read_hwm(path) == (4, 9000)

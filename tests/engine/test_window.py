@@ -17,7 +17,7 @@ from hypothesis import event, settings
 from hypothesis.stateful import invariant, precondition, rule
 
 import shmq
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.queues import produce
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import ring, waits

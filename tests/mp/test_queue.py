@@ -12,7 +12,7 @@ import time
 import pytest
 
 from shmq import mp
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.shm.segment import namespace_entries
 from tests.mp import _workers as workers
 from tests._wait import Alarm, alarm_in, wait_for

@@ -5,7 +5,7 @@ takes the sink's chunks through ``append`` with the same result."""
 import pyarrow as pa
 import pytest
 
-from shmq.engine import cpaths
+from shmq.engine.shm import cpaths
 from shmq.engine.streams import paths as stream_paths
 from shmq.engine.streams.partitioner import partition_of
 from shmq.spark import arrow

@@ -11,7 +11,7 @@ import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import functions as F
 
-from shmq.persistence import dmsq
+from shmq.formats import dmsq
 from shmq.model.headers import encode_headers
 from shmq.persistence import snapshot_queue, snapshot_stream
 from shmq.spark import dmsq_reader

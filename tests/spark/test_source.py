@@ -249,7 +249,7 @@ def test_a_range_with_transactions_gives_the_committed_records(broker, where):
     """A range over a transaction's marker, an aborted one's records and up to an open one's
     first offset (docs/STREAMS.md, Transactions): the committed records, on each read path
     (the C columns, the Python rows, READ over TCP); planning ends at the last stable offset."""
-    from shmq.engine import cpaths
+    from shmq.engine.shm import cpaths
     from shmq.engine.shm import layout as L
 
     s = broker.create_stream("events", partitions=1)

@@ -10,9 +10,9 @@ import ctypes
 import threading
 import time
 
-from ...persistence import dmsq
+from ...formats import dmsq
 from ...errors import DeliveryExpired, LockTimeout, QueueEmpty
-from .. import cpaths
+from ..shm import cpaths
 from . import deadletter, extension, housekeeping, lifetime, scheduling
 from ..shm import ring, waits
 from ..shm import layout as L

@@ -13,7 +13,7 @@ from ...model import keepalive
 from ...model.headers import CORRELATION_ID, decode_headers, reply_headers
 from ...model.messages import Message, QueueStats, raw_body
 from ...model.processing import Processing
-from .. import cpaths
+from ..shm import cpaths
 from . import extension, views
 
 __all__ = ["Delivery", "PythonDelivery", "CDelivery", "Message", "QueueStats", "Processing", "raw_body",

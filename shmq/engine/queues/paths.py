@@ -7,7 +7,7 @@ one process. A handle reads ``self.paths.put`` where it would read a module glob
 Python paths need no entry, only the ``Delivery`` class they build.
 """
 
-from .. import cpaths
+from ..shm import cpaths
 from .delivery import CDelivery, PythonDelivery
 
 __all__ = ["QueuePaths", "C", "PYTHON", "chosen"]

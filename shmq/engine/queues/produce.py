@@ -8,12 +8,12 @@ import time
 from collections.abc import Iterable, Sequence
 from functools import partial
 
-from ...persistence import dmsq
+from ...formats import dmsq
 from ...errors import MessageTooLarge, LockTimeout, QueueFull, ShmFull
 from ...model import arrays
 from ...model.headers import encode_headers, per_item
 from ...model.messages import as_body, as_buffer, as_bytes
-from .. import cpaths
+from ..shm import cpaths
 from . import dedup, extension, housekeeping
 from ..shm import ring, waits
 from ..shm import layout as L

@@ -31,7 +31,7 @@ import weakref
 
 import posix_ipc
 
-from ...persistence import dmsq
+from ...formats import dmsq
 from ...errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
 from ...model.messages import QueueStats
 from . import dedup, extension, housekeeping, lifetime, scheduling
@@ -41,7 +41,7 @@ from ..shm.memory import Memory, pinned_bytes
 from ..shm.layout import (I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PPOSTED,
                           I_PURGED_TOTAL, I_PWAIT, I_READY, I_READY_POS, I_REQUEUED, I_TAIL)
 from .consume import Consuming
-from ..cpaths import FAST
+from ..shm.cpaths import FAST
 from .delivery import Delivery
 from .paths import chosen as _chosen_paths
 from ..shm.mutex import Reentered, let_go
@@ -55,7 +55,7 @@ from ..shm.names import NOT_EMPTY, NOT_FULL, lane_name, queue_segment
 from ..shm.segment import open_segment, open_semaphore
 from .settle import Settling
 from ..shm.versions import mismatch
-from ...persistence.wal import Log
+from ..shm.wal import Log
 
 __all__ = ["Queue", "Delivery", "QueueStats", "FAST"]
 

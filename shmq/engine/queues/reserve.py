@@ -28,7 +28,7 @@ import ctypes
 import sys
 import time
 
-from .. import cpaths
+from ..shm import cpaths
 from ..shm.layout import FILL_MIN, REC_SIZE
 from ..shm.mutex import unlock as _unlock
 

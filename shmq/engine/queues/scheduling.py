@@ -191,7 +191,7 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
                 dead.append(lease_record(mq, mm, w, pos, lease, until, mq[w] >> 32))
             else:
                 if q._logged:
-                    from ...persistence import dmsq
+                    from ...formats import dmsq
 
                     q.wal.append(dmsq.encode_ack_entry(mq[w + L.R_MSG_ID], 0), grows=False)
                 mq[w] = (mq[w] & ~0xFF) | _ACKED

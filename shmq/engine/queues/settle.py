@@ -6,13 +6,13 @@ the lease is still the delivery's (``ring.leased_word``). Part of ``Queue`` (``q
 import time
 from collections.abc import Iterable
 
-from ...persistence import dmsq
+from ...formats import dmsq
 from ...errors import DeliveryExpired
 from ...model.keepalive import _live as _kept_alive
 from . import views
 from .views import _viewed as _array_views
 from ...model.keepalive import settling as _stop_keepalives
-from .. import cpaths
+from ..shm import cpaths
 from . import deadletter
 from ..shm import ring, waits
 from ..shm import layout as L

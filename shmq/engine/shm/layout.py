@@ -377,7 +377,7 @@ def c_header() -> str:
         "QMEM_BITMAP_W": (MEM_OFF + MEM_SIZE) >> 3,
     }
     defines.update({"REC_" + f.upper(): off for f, off in REC_OFFSETS.items()})
-    from ...persistence import dmsq  # the log entry's format (docs/FORMAT.md)
+    from ...formats import dmsq  # the log entry's format (docs/FORMAT.md)
 
     log_fields = ("tag", "hdr_len", "body_len", "attempt", "msg_id", "enq_ns")
     defines.update({"LOG_" + f.upper(): off for f, off in field_offsets(dmsq.LOG_HEAD, log_fields).items()})

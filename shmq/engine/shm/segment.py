@@ -28,7 +28,7 @@ import posix_ipc
 
 from ...errors import ShmqError, StorageError
 from ...sharing import share_fd, share_path
-from .. import cpaths
+from . import cpaths
 from .names import lane_prefix, namespace_prefix, registry_segment
 
 __all__ = [

@@ -14,7 +14,7 @@ import threading
 import time
 
 from ...model.checks import seconds_ns  # (a timeout checked: the clients check theirs with it too)
-from .. import cpaths
+from . import cpaths
 from . import layout as L
 from .mutex import FOREVER
 

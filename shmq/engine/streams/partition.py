@@ -26,7 +26,7 @@ import ctypes
 import time
 from typing import NamedTuple
 
-from ...persistence import dmsq
+from ...formats import dmsq
 from ...errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StorageError, StreamNotFound
 from ..shm import layout as L
 from ..shm import ring
@@ -36,7 +36,8 @@ from ..shm.mutex import unlock as _unlock
 from ..shm.memory import Memory, arc, pinned_bytes
 from ..shm.names import partition_segment
 from ..shm.segment import create_segment, open_segment
-from ...persistence.wal import HighWater, Log, Tail, log_files, partition_log_name
+from ..shm.wal import Log
+from ...formats.logfiles import HighWater, Tail, log_files, partition_log_name
 
 __all__ = ["Partition", "Image", "Rows", "create_partition", "record_size",
            "columns_items", "check_timestamps", "chunks_by_time"]

@@ -11,7 +11,7 @@ the two equal.
 
 import struct
 
-from .. import cpaths
+from ..shm import cpaths
 
 __all__ = ["SEED", "murmur2", "murmur2_python", "partition_of"]
 

@@ -3,7 +3,7 @@ partitions): C's (``_fast.c``), or Python's, whose entries are None ("take the P
 path"), as ``queues/paths.py`` does for queues.
 """
 
-from .. import cpaths
+from ..shm import cpaths
 from .partitioner import murmur2_python
 
 __all__ = ["PartitionPaths", "C", "PYTHON", "chosen"]

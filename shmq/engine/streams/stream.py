@@ -24,6 +24,7 @@ import time
 import posix_ipc
 
 from ...errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
+from ...model import faces
 from ...model.checks import check_txn
 from ...model.checks import check_group as _group_name
 from ...model.checks import check_offset as _check_offset
@@ -78,10 +79,6 @@ class Stream:
     """A handle on a named stream, attached in this process (``Broker.stream``)."""
 
     lock_timeout = None  # how long a call waits for a lock a live process keeps (None: mutex.LOCK_TIMEOUT_S)
-    # what ``producer`` builds: ``shmq.producer.Producer``, which stands above the engine (it works on either
-    # transport) and registers itself here when loaded (``import shmq``'s loading of the engine loads it)
-    producer_class = None
-
     def __init__(self, namespace: str, name: str):
         self.namespace = namespace
         self.name = name
@@ -641,11 +638,7 @@ class Stream:
 
     def producer(self, linger_ms: float = 5, batch_bytes: int = 64 * 2**10, compression=None):
         """A batching producer of this stream (``shmq.producer.Producer``); close it."""
-        make = Stream.producer_class
-        if make is None:
-            raise ShmqError("Stream.producer needs shmq.producer loaded (import shmq.producer, or connect with "
-                            "shmq.connect(), which loads it)")
-        return make(self, linger_ms=linger_ms, batch_bytes=batch_bytes, compression=compression)
+        return faces.producer(self, linger_ms=linger_ms, batch_bytes=batch_bytes, compression=compression)
 
     # ------------------------------------------------------------------ read
     def offsets(self, p: int) -> tuple[int, int]:

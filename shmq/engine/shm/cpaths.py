@@ -13,7 +13,7 @@ import os
 import warnings
 
 try:
-    from . import _fast
+    from .. import _fast
 except ImportError as e:  # pragma: no cover - depends on the build
     _fast = None
     if os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0"):  # never silently three times slower

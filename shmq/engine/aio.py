@@ -6,7 +6,7 @@ form (``get_nowait``, ``put(timeout=0)``, ``read(timeout=0)``, ``poll(timeout=0)
 never sleeps. A call that must wait (a get on an empty queue, a put on a full one, a
 read or poll at a stream's end) waits on a ``_Bell`` of the broker: one per waited queue
 or stream (and one per queue waited for room), each a future per waiting call plus the
-server's ``Doorbell`` thread, which sleeps as a registered consumer (or producer) of the
+``doze.Doorbell`` thread, which sleeps as a registered consumer (or producer) of the
 shared memory and wakes the loop with ``call_soon_threadsafe`` when data (or room) may
 have come. Woken, each waiting call tries again itself, so a call cancelled while it
 waits has taken nothing. An idle broker holds no thread: a doorbell with nothing to wait
@@ -20,17 +20,16 @@ import time
 from collections import deque
 
 from ..model import arrays
-from ..engine.shm import doze
-from ..engine import maintenance
-from ..engine.queues import rpc
-from ..engine.broker import Broker, default_namespace
+from . import doze, maintenance
+from .queues import rpc
+from .broker import Broker, default_namespace
 from ..errors import QueueEmpty, QueueFull, RequestTimeout
-from ..model import keepalive
+from ..model import faces, keepalive
 from ..model.checks import check_wait, seconds_ns
 from ..model.processing import Processing
-from ..protocol.payloads import STREAM_INFO
-from ..server.waiters import Doorbell
-from .core import Pause, Run, retry_while_full
+from ..model.settings import STREAM_INFO
+from ..model.steps import Pause, Run, retry_while_full
+from .doze import Doorbell
 
 __all__ = ["connect", "LocalAsyncBroker", "LocalAsyncQueue", "LocalAsyncDelivery", "LocalAsyncSubscription",
            "LocalAsyncStream", "LocalAsyncConsumer", "LocalAsyncMultiConsumer", "LocalAsyncStore"]
@@ -466,8 +465,8 @@ class LocalAsyncStore:
     async def get(self, key: str, timeout: float = 0.0):
         """The value of ``key`` or None; ``timeout`` > 0: wait up to that long for it (the
         store's own wait, on the loop: a watch of its -wal read as a socket, and pauses)."""
-        from ..engine import walwatch
-        from ..engine.store import POLL_MAX_S, POLL_MIN_S, WATCHED_S
+        from . import walwatch
+        from .store import POLL_MAX_S, POLL_MIN_S, WATCHED_S
 
         value = self._h.get(key)
         if value is not None or not check_wait(timeout):
@@ -576,9 +575,7 @@ class LocalAsyncBroker:
     async def transactional(self, transactional_id: str, timeout: float = 60.0):
         """A transactional producer (``Broker.transactional``), on a connection of its own to
         the namespace's server; ``await p.aclose()`` (or ``async with``) closes it."""
-        from ..transactional import local_async  # (above the engine and the clients)
-
-        return await local_async(self.namespace, transactional_id, timeout)
+        return await faces.transactional_async(self.namespace, transactional_id, timeout)
 
     # ---------------------------------------------------------------- keyed stores
     async def store(self, name: str = "default") -> LocalAsyncStore:
@@ -590,7 +587,7 @@ class LocalAsyncBroker:
         """Copy a message into every target the exchange routes ``routing_key`` to; how many
         got it. As over TCP: a full queue raises QueueFull, the targets before it having
         the message; with a ``dedup_id`` the publish is tried again while a queue is full
-        (``core.retry_while_full``), for up to ``timeout`` seconds, repeats dropped."""
+        (``model.steps.retry_while_full``, the TCP clients' policy), for up to ``timeout`` seconds, repeats dropped."""
         publish = functools.partial(self._h.publish, exchange, body, routing_key, headers, dedup_id, 0)
         if dedup_id is None:
             return publish()
