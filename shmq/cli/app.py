@@ -86,6 +86,18 @@ def main():
     its wait ended."""
 
 
+def shown(value) -> str:
+    """A setting's default as a command's help shows it (model/settings.py's table holds it):
+    64MiB, 300, none."""
+    if value is None:
+        return "none"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 2**20 and value % 2**20 == 0:
+        return f"{value >> 20}MiB"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 class Size(click.ParamType):
     """A number of bytes: 65536, or with a unit: KiB, MiB, GiB, TiB (powers of 1024) or
     KB, MB, GB, TB (powers of 1000); B is bytes. Units are case-insensitive; a fraction

@@ -11,9 +11,10 @@ import click
 
 from ..errors import MessageTooLarge, QueueEmpty, QueueExists, QueueNotFound, SettingsMismatch, ShmqError
 from .app import (
-    EXIT_EMPTY, Size, _connect, _created, _echo_json, _echo_names, _echo_set, _json_option, _jsonable,
+    EXIT_EMPTY, Size, shown, _connect, _created, _echo_json, _echo_names, _echo_set, _json_option, _jsonable,
     _on_command_line, _parse_headers, _stop_on_signals, _target_options, main,
 )
+from ..model.settings import QUEUE, QUEUE_TABLE
 from .framing import TERMINATORS, Batches
 from .streams import _streams_stats
 
@@ -31,35 +32,36 @@ def list_(namespace, url, token, as_json):
 @main.command()
 @click.argument("name")
 @_target_options
-@click.option("--max-bytes", type=Size(min=4096), default="64MiB", show_default=True,
+@click.option("--max-bytes", type=Size(min=4096), default=shown(QUEUE.max_bytes), show_default=True,
               help="Ring size: bytes of records the queue holds (65536, 64KiB, 64MiB, 1GiB; KB, MB, GB: powers "
                    "of 1000).")
 @click.option("--max-message-bytes", type=Size(min=1), default=None, help="Largest body (a size). [default: 1MiB]")
-@click.option("--visibility-timeout", type=click.FloatRange(0, min_open=True), default=30.0, show_default=True,
-              help="Seconds a delivery stays leased.")
+@click.option("--visibility-timeout", type=click.FloatRange(0, min_open=True), default=QUEUE.visibility_timeout,
+              show_default=True, help="Seconds a delivery stays leased.")
 @click.option("--max-deliveries", type=click.IntRange(1), default=None, help="Dead-letter after this many deliveries.")
 @click.option("--dead-letter-queue", default=None, help="Queue that receives rejected messages.")
 @click.option("--exist-ok", is_flag=True, help="Succeed if the queue exists.")
-@click.option("--durability", type=click.Choice(["memory", "snapshot", "wal"]), default="snapshot",
+@click.option("--durability", type=click.Choice(["memory", "snapshot", "wal"]), default=QUEUE.durability,
               show_default=True,
               help="memory: never on disk; snapshot: saved by a server with --data-dir; wal: also logged.")
-@click.option("--priorities", type=int, default=None, help="Priority levels, 0 (lowest) .. N-1. [default: 1]")
+@click.option("--priorities", type=int, default=None, help=f"Priority levels, 0 (lowest) .. N-1. [default: {shown(QUEUE.priorities)}]")
 @click.option("--message-ttl", type=float, default=None,
               help="Seconds a message may wait to be delivered; then it is dropped (dead-lettered if the queue has "
-                   "a dead-letter queue). [default: none]")
+                   f"a dead-letter queue). [default: {shown(QUEUE.message_ttl)}]")
 @click.option("--dedup-window", type=float, default=None,
-              help="Seconds a put's --dedup-id is remembered: a second put with it is dropped. [default: 300]")
+              help="Seconds a put's --dedup-id is remembered: a second put with it is dropped. "
+                   f"[default: {shown(QUEUE.dedup_window)}]")
 @click.option("--retry-delay", type=float, default=None,
-              help="Seconds before a message nacked without a delay is ready again. [default: 0]")
+              help=f"Seconds before a message nacked without a delay is ready again. [default: {shown(QUEUE.retry_delay)}]")
 @click.option("--retry-backoff", type=float, default=None,
-              help="Factor by which the retry delay grows with each attempt. [default: 1]")
-@click.option("--retry-delay-max", type=float, default=None, help="Most seconds of a retry delay. [default: none]")
+              help=f"Factor by which the retry delay grows with each attempt. [default: {shown(QUEUE.retry_backoff)}]")
+@click.option("--retry-delay-max", type=float, default=None, help=f"Most seconds of a retry delay. [default: {shown(QUEUE.retry_delay_max)}]")
 @click.option("--priority-aging", type=float, default=None,
               help="Seconds after which a waiting message is served as one level higher, so no level starves; "
-                   "0: strict priorities. [default: 60]")
+                   f"0: strict priorities. [default: {shown(QUEUE.priority_aging)}]")
 @click.option("--lanes", type=click.IntRange(1), default=None,
               help="Rings with a lock each, for many producers and consumers on many cores; FIFO per lane. "
-                   "[default: 1]")
+                   f"[default: {shown(QUEUE.lanes)}]")
 @click.option("--auto-delete", is_flag=True, default=None,
               help="Delete the queue when its last consumer goes (one that never had a consumer stays).")
 @click.option("--expires", type=click.FloatRange(0, min_open=True), default=None,
@@ -89,7 +91,7 @@ def queue_group():
     """A queue's settings."""
 
 
-_NONE_IF_ZERO = ("max_deliveries", "message_ttl", "retry_delay_max", "priority_aging", "expires")  # 0 here: none
+_NONE_IF_ZERO = tuple(s.name for s in QUEUE_TABLE if s.clearable and s.wire != "str")  # 0 here: none ("": a name's)
 
 
 @queue_group.command("set")

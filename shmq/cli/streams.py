@@ -7,9 +7,10 @@ import sys
 import click
 
 from ..engine.shm.layout import MAX_PARTITIONS
+from ..model.settings import STREAM
 from ..errors import OffsetOutOfRange, SettingsMismatch, ShmqError, StreamExists, StreamNotFound
 from .app import (
-    Size, _connect, _created, _echo_json, _echo_names, _echo_set, _json_option, _jsonable, _parse_headers, _print_table,
+    Size, shown, _connect, _created, _echo_json, _echo_names, _echo_set, _json_option, _jsonable, _parse_headers, _print_table,
     _stop_on_signals, _target_options, main,
 )
 
@@ -45,27 +46,28 @@ def stream_group():
 @stream_group.command("create")
 @click.argument("name")
 @_target_options
-@click.option("--partitions", type=click.IntRange(1, MAX_PARTITIONS), default=4, show_default=True,
+@click.option("--partitions", type=click.IntRange(1, MAX_PARTITIONS), default=STREAM.partitions, show_default=True,
               help=f"Partitions (at most {MAX_PARTITIONS}).")
-@click.option("--max-bytes", type=Size(min=4096), default="64MiB", show_default=True,
+@click.option("--max-bytes", type=Size(min=4096), default=shown(STREAM.max_bytes), show_default=True,
               help="Each partition's ring in shared memory: the newest records it keeps (a size: 65536, 64KiB, "
                    "64MiB...).")
-@click.option("--max-message-bytes", type=Size(min=1), default="1MiB", show_default=True,
-              help="Largest record: key, headers and value (a size).")
-@click.option("--retention", type=click.Choice(["drop", "block"]), default="drop", show_default=True,
+@click.option("--max-message-bytes", type=Size(min=1), default=shown(STREAM.max_message_bytes),
+              show_default=True, help="Largest record: key, headers and value (a size).")
+@click.option("--retention", type=click.Choice(["drop", "block"]), default=STREAM.retention, show_default=True,
               help="When a partition is full: drop its oldest records, or make appends wait for the slowest group.")
 @click.option("--retention-bytes", type=Size(min=1), default=None,
               help="Bound of a wal stream's logs on disk (a size).")
 @click.option("--retention-seconds", type=click.FloatRange(0, min_open=True), default=None,
               help="Age bound of a wal stream's logs on disk.")
-@click.option("--group-idle-timeout", type=click.FloatRange(0, min_open=True), default=300.0, show_default=True,
+@click.option("--group-idle-timeout", type=click.FloatRange(0, min_open=True), default=STREAM.group_idle_timeout,
+              show_default=True,
               help="Seconds after which a group without live members stops holding back --retention block.")
-@click.option("--durability", type=click.Choice(["memory", "snapshot", "wal"]), default="snapshot",
+@click.option("--durability", type=click.Choice(["memory", "snapshot", "wal"]), default=STREAM.durability,
               show_default=True)
 @click.option("--compact", is_flag=True, help="Keep the latest record of each key (Kafka's cleanup.policy=compact; "
                                                "docs/STREAMS.md, Compacted streams).")
-@click.option("--delete-retention-seconds", type=click.FloatRange(0), default=86400.0, show_default=True,
-              help="How long a compacted stream keeps a tombstone (a record with a null value).")
+@click.option("--delete-retention-seconds", type=click.FloatRange(0), default=STREAM.delete_retention_seconds,
+              show_default=True, help="How long a compacted stream keeps a tombstone (a record with a null value).")
 @click.option("--exist-ok", is_flag=True, help="Succeed if the stream exists.")
 @_json_option
 def stream_create(name, namespace, url, token, exist_ok, as_json, **options):

@@ -35,8 +35,6 @@ from ..serializers import resolve as resolve_serializer
 from ..protocol import MsgType
 from ..protocol.shapes import Leased
 from ..protocol.payloads import (
-    DEFAULT_MAX_BYTES,
-    DEFAULT_VISIBILITY_S,
     consume_fields,
     create_fields,
     message_fields,
@@ -47,6 +45,7 @@ from ..protocol.payloads import (
     stats_from_fields,
     stream_create_fields,
 )
+from ..model.settings import QUEUE, STREAM
 from ..model.steps import PUT_RETRY_S, Pause, Run, deadline, retry_while_full
 from .connection import HELLO_MSG_ID, ClientCore
 from .options import parse_url, split_url
@@ -728,11 +727,14 @@ class BrokerCalls:
         return self._queue_class(self, name, serializer)
 
     @driven
-    def create_queue(self, name, max_bytes=DEFAULT_MAX_BYTES, max_message_bytes=None,
-                     visibility_timeout=DEFAULT_VISIBILITY_S, max_deliveries=None, dead_letter_queue=None,
-                     exist_ok=False, durability=None, priorities=1, message_ttl=None, dedup_window=300.0,
-                     retry_delay=0.0, retry_backoff=1.0, retry_delay_max=None, priority_aging=60.0, serializer=None,
-                     lanes=1, auto_delete=False, expires=None):
+    def create_queue(self, name, max_bytes=QUEUE.max_bytes, max_message_bytes=QUEUE.max_message_bytes,
+                     visibility_timeout=QUEUE.visibility_timeout, max_deliveries=QUEUE.max_deliveries,
+                     dead_letter_queue=QUEUE.dead_letter_queue, exist_ok=False,
+                     durability=QUEUE.rows["durability"].remote_default, priorities=QUEUE.priorities,
+                     message_ttl=QUEUE.message_ttl, dedup_window=QUEUE.dedup_window, retry_delay=QUEUE.retry_delay,
+                     retry_backoff=QUEUE.retry_backoff, retry_delay_max=QUEUE.retry_delay_max,
+                     priority_aging=QUEUE.priority_aging, serializer=None, lanes=QUEUE.lanes,
+                     auto_delete=QUEUE.auto_delete, expires=QUEUE.expires):
         """Create the queue ``name`` and return a handle on it; QueueExists if it exists
         (unless ``exist_ok``). The work-queue options are the local ``create_queue``'s."""
         resolve_serializer(serializer)
@@ -740,9 +742,9 @@ class BrokerCalls:
             name, max_bytes, max_message_bytes, visibility_timeout, max_deliveries, dead_letter_queue, exist_ok,
             durability, priorities=priorities, message_ttl=message_ttl, dedup_window=dedup_window,
             retry_delay=retry_delay, retry_backoff=retry_backoff, retry_delay_max=retry_delay_max,
-            priority_aging=priority_aging, **({"lanes": lanes} if lanes != 1 else {}),
-            **({"auto_delete": auto_delete} if auto_delete is not False else {}),
-            **({"expires": expires} if expires is not None else {})))
+            priority_aging=priority_aging, **({"lanes": lanes} if lanes != QUEUE.lanes else {}),
+            **({"auto_delete": auto_delete} if auto_delete is not QUEUE.auto_delete else {}),
+            **({"expires": expires} if expires is not QUEUE.expires else {})))
         return self._queue_class(self, name, serializer)
 
     @driven
@@ -819,21 +821,23 @@ class BrokerCalls:
         return self._stream_class(self, (yield Send(MsgType.STREAM_INFO, {"stream": name})))
 
     @driven
-    def create_stream(self, name: str, partitions: int = 4, max_bytes: int = 64 * 2**20,
-                      max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
-                      retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
-                      durability: str = "snapshot", exist_ok: bool = False, *, timestamp_type: str = "create_time",
-                      compression: str = "producer", segment_bytes: int | None = None, compact: bool = False,
-                      delete_retention_seconds: float = 86400.0, min_cleanable_dirty_ratio: float = 0.5,
-                      max_compaction_lag_seconds: float | None = None):
+    def create_stream(self, name: str, partitions: int = STREAM.partitions, max_bytes: int = STREAM.max_bytes,
+                      max_message_bytes: int = STREAM.max_message_bytes, retention: str = STREAM.retention,
+                      retention_bytes: int | None = STREAM.retention_bytes,
+                      retention_seconds: float | None = STREAM.retention_seconds,
+                      group_idle_timeout: float = STREAM.group_idle_timeout, durability: str = STREAM.durability,
+                      exist_ok: bool = False, *, timestamp_type: str = STREAM.timestamp_type,
+                      compression: str = STREAM.compression, segment_bytes: int | None = STREAM.segment_bytes,
+                      compact: bool = STREAM.compact, delete_retention_seconds: float = STREAM.delete_retention_seconds,
+                      min_cleanable_dirty_ratio: float = STREAM.min_cleanable_dirty_ratio,
+                      max_compaction_lag_seconds: float | None = STREAM.max_compaction_lag_seconds):
         """Create a stream of ``partitions`` append-only logs and return a handle on it;
         StreamExists if it exists (unless ``exist_ok``: then a handle on that one). The
         settings are the local ``Broker.create_stream``'s."""
-        kafka = {k: v for k, v, default in (("timestamp_type", timestamp_type, "create_time"),
-                                            ("compression", compression, "producer"), ("compact", compact, False),
-                                            ("delete_retention_seconds", delete_retention_seconds, 86400.0),
-                                            ("min_cleanable_dirty_ratio", min_cleanable_dirty_ratio, 0.5))
-                 if v != default}
+        kafka = {k: v for k, v in (("timestamp_type", timestamp_type), ("compression", compression),
+                                   ("compact", compact), ("delete_retention_seconds", delete_retention_seconds),
+                                   ("min_cleanable_dirty_ratio", min_cleanable_dirty_ratio))
+                 if v != STREAM.rows[k].default}  # (sent only when asked for: an older server knows none of them)
         if max_compaction_lag_seconds is not None:
             kafka["max_compaction_lag_seconds"] = max_compaction_lag_seconds
         fields = stream_create_fields(

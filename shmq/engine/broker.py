@@ -9,7 +9,6 @@ looking at it; until then the namespace reads as empty.
 """
 
 import ctypes
-import inspect
 import os
 import time
 import weakref
@@ -25,6 +24,8 @@ from .shm.names import NOT_EMPTY, NOT_FULL, partition_segment, queue_segment, st
 from .shm.segment import (SHM_DIR, check_namespace, check_queue_name, create_segment, create_semaphore, lane_entries,
                           share_namespace, unlink_segment, unlink_semaphore)
 from ..model import faces
+from ..model.settings import FIXED_QUEUE_SETTINGS, FIXED_STREAM_SETTINGS, MUTABLE_QUEUE_SETTINGS
+from ..model.settings import MUTABLE_STREAM_SETTINGS, QUEUE, STREAM
 from ..errors import (
     NamespaceNotFound, QueueExists, QueueNotFound, SettingsMismatch, ShmqError, StreamExists, StreamNotFound,
 )
@@ -36,7 +37,6 @@ from .queues import deadletter, lifetime
 from .queues.lanes import MAX_LANES, LanedQueue, attach
 from .queues.queue import Queue
 from .queues.serialized import SerializedQueue
-from .streams.compaction import DEFAULT_DELETE_RETENTION_S, DEFAULT_DIRTY_RATIO
 from .streams.stream import Stream, store_live
 from .streams.multiconsumer import MultiConsumer
 
@@ -44,20 +44,13 @@ __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS", "MUTABLE_QUEUE_SETTINGS", "FIXED_Q
            "MUTABLE_STREAM_SETTINGS", "FIXED_STREAM_SETTINGS", "STREAM_SETTINGS", "stream_settings",
            "check_stream_settings"]
 
-# what ``update_queue`` can change on a live queue: each is a word of its header that the
-# operations read as they go; and what it cannot: the ring's size and record bound, the
-# priority levels and the lanes are the layout of its memory, the durability whether a log
-# exists (docs/QUEUES.md, "Changing a live queue")
-MUTABLE_QUEUE_SETTINGS = ("visibility_timeout", "max_deliveries", "dead_letter_queue", "message_ttl", "dedup_window",
-                          "retry_delay", "retry_backoff", "retry_delay_max", "priority_aging", "expires")
-FIXED_QUEUE_SETTINGS = ("max_bytes", "max_message_bytes", "durability", "priorities", "lanes", "auto_delete")
-# what ``update_stream`` can change on a live stream: the words of its header that every handle
+# what ``update_queue`` can change on a live queue (model/settings.py's table says): each is a
+# word of its header that the operations read as they go; and what it cannot: the ring's size
+# and record bound, the priority levels and the lanes are the layout of its memory, the
+# durability whether a log exists (docs/QUEUES.md, "Changing a live queue"). What
+# ``update_stream`` can change on a live stream: the words of its header that every handle
 # reads as it goes (``layout.STREAM_LIVE``), and the partition count, which only grows; and what
 # it cannot: a partition's ring, what a full one does, and whether logs exist (docs/STREAMS.md)
-MUTABLE_STREAM_SETTINGS = ("partitions", "max_message_bytes", "retention_bytes", "retention_seconds",
-                           "timestamp_type", "compression", "segment_bytes", "compact", "delete_retention_seconds",
-                           "min_cleanable_dirty_ratio", "max_compaction_lag_seconds")
-FIXED_STREAM_SETTINGS = ("max_bytes", "retention", "group_idle_timeout", "durability")
 STREAM_SETTINGS = MUTABLE_STREAM_SETTINGS + FIXED_STREAM_SETTINGS  # what a snapshot keeps, a rebuild creates with
 
 DEFAULT_PROCESS_SLOTS = 256
@@ -183,24 +176,24 @@ class Broker:
     def create_queue(
         self,
         name: str,
-        max_bytes: int = 64 * 2**20,
-        max_message_bytes: int | None = None,
-        visibility_timeout: float = 30.0,
-        max_deliveries: int | None = None,
-        dead_letter_queue: str | None = None,
+        max_bytes: int = QUEUE.max_bytes,
+        max_message_bytes: int | None = QUEUE.max_message_bytes,
+        visibility_timeout: float = QUEUE.visibility_timeout,
+        max_deliveries: int | None = QUEUE.max_deliveries,
+        dead_letter_queue: str | None = QUEUE.dead_letter_queue,
         exist_ok: bool = False,
-        durability: str = "snapshot",
-        priorities: int = 1,
-        message_ttl: float | None = None,
-        dedup_window: float = 300.0,
-        retry_delay: float = 0.0,
-        retry_backoff: float = 1.0,
-        retry_delay_max: float | None = None,
-        priority_aging: float | None = 60.0,
+        durability: str = QUEUE.durability,
+        priorities: int = QUEUE.priorities,
+        message_ttl: float | None = QUEUE.message_ttl,
+        dedup_window: float = QUEUE.dedup_window,
+        retry_delay: float = QUEUE.retry_delay,
+        retry_backoff: float = QUEUE.retry_backoff,
+        retry_delay_max: float | None = QUEUE.retry_delay_max,
+        priority_aging: float | None = QUEUE.priority_aging,
         serializer: SerializerSpec = None,
-        lanes: int = 1,
-        auto_delete: bool = False,
-        expires: float | None = None,
+        lanes: int = QUEUE.lanes,
+        auto_delete: bool = QUEUE.auto_delete,
+        expires: float | None = QUEUE.expires,
     ) -> Queue:
         """Create a queue and attach to it. Raises QueueExists unless ``exist_ok``:
         then the existing queue is returned as it is, if it has the settings this call
@@ -534,14 +527,16 @@ class Broker:
         """Attach to an existing stream; raises StreamNotFound."""
         return Stream(self.namespace, check_queue_name(name))
 
-    def create_stream(self, name: str, partitions: int = 4, max_bytes: int = 64 * 2**20,
-                      max_message_bytes: int = 2**20, retention: str = "drop", retention_bytes: int | None = None,
-                      retention_seconds: float | None = None, group_idle_timeout: float = 300.0,
-                      durability: str = "snapshot", exist_ok: bool = False, *, timestamp_type: str = "create_time",
-                      compression: str = "producer", segment_bytes: int | None = None, compact: bool = False,
-                      delete_retention_seconds: float = DEFAULT_DELETE_RETENTION_S,
-                      min_cleanable_dirty_ratio: float = DEFAULT_DIRTY_RATIO,
-                      max_compaction_lag_seconds: float | None = None) -> Stream:
+    def create_stream(self, name: str, partitions: int = STREAM.partitions, max_bytes: int = STREAM.max_bytes,
+                      max_message_bytes: int = STREAM.max_message_bytes, retention: str = STREAM.retention,
+                      retention_bytes: int | None = STREAM.retention_bytes,
+                      retention_seconds: float | None = STREAM.retention_seconds,
+                      group_idle_timeout: float = STREAM.group_idle_timeout, durability: str = STREAM.durability,
+                      exist_ok: bool = False, *, timestamp_type: str = STREAM.timestamp_type,
+                      compression: str = STREAM.compression, segment_bytes: int | None = STREAM.segment_bytes,
+                      compact: bool = STREAM.compact, delete_retention_seconds: float = STREAM.delete_retention_seconds,
+                      min_cleanable_dirty_ratio: float = STREAM.min_cleanable_dirty_ratio,
+                      max_compaction_lag_seconds: float | None = STREAM.max_compaction_lag_seconds) -> Stream:
         """Create a stream of ``partitions`` append-only logs and attach to it. Raises
         StreamExists unless ``exist_ok``: then the existing stream is returned as it is,
         if it has the settings this call asks for (those given other than their
@@ -843,19 +838,10 @@ class Broker:
         return rpc.request(self, queue, body, headers, timeout)
 
 
-def _defaults(method, settings) -> dict:
-    """The defaults of ``method``'s parameters named in ``settings``."""
-    params = inspect.signature(method).parameters
-    return {k: params[k].default for k in settings}
-
-
 # what an existing queue or stream is compared on, when a create with exist_ok finds it:
 # its settings (``Queue.settings()``, a stream's attributes), with create's defaults
-_QUEUE_DEFAULTS = _defaults(Broker.create_queue, (
-    "max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue", "durability",
-    "priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff", "retry_delay_max",
-    "priority_aging", "lanes", "auto_delete", "expires"))
-_STREAM_DEFAULTS = _defaults(Broker.create_stream, STREAM_SETTINGS)
+_QUEUE_DEFAULTS = {name: s.default for name, s in QUEUE.rows.items()}
+_STREAM_DEFAULTS = {name: STREAM.rows[name].default for name in STREAM_SETTINGS}
 
 
 def stream_settings(s) -> dict:
@@ -873,8 +859,9 @@ def check_stream_settings(settings: dict) -> dict:
 
 
 def _live_settings(max_bytes, max_message_bytes, retention_bytes, retention_seconds, timestamp_type, compression,
-                   segment_bytes, compact=False, delete_retention_seconds=DEFAULT_DELETE_RETENTION_S,
-                   min_cleanable_dirty_ratio=DEFAULT_DIRTY_RATIO, max_compaction_lag_seconds=None) -> dict:
+                   segment_bytes, compact=STREAM.compact, delete_retention_seconds=STREAM.delete_retention_seconds,
+                   min_cleanable_dirty_ratio=STREAM.min_cleanable_dirty_ratio,
+                   max_compaction_lag_seconds=STREAM.max_compaction_lag_seconds) -> dict:
     """The stream settings a live stream changes, checked, as its header holds them (``layout.STREAM_LIVE``'s
     fields but the partition count)."""
     maxmsg = min(_positive_int(max_message_bytes, "max_message_bytes"), max_bytes - L.REC_SIZE)

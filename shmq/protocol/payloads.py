@@ -13,7 +13,7 @@ from operator import itemgetter
 from ..model.headers import encode_headers, encode_record_headers, per_item, record_headers
 from ..model.messages import Message, QueueStats, as_body
 from ..model.records import Record, RecordMetadata
-from ..model.settings import STREAM_INFO
+from ..model.settings import QUEUE, QUEUE_TABLE, STREAM_INFO
 from .compression import check_codec, compress, decompress
 from .requests import MAX_RECORDS, check_records, normalize_records
 
@@ -24,15 +24,14 @@ __all__ = ["create_fields", "create_args", "QUEUE_OPTIONS", "stats_fields", "sta
            "batch_args", "read_fields", "record_reply", "record_from_fields", "metadata_fields", "metadata_from_fields",
            "pairs", "from_pairs", "commit_pairs", "stream_stats_fields", "stream_stats_from_fields"]
 
-DEFAULT_MAX_BYTES = 64 * 2**20
-DEFAULT_VISIBILITY_S = 30.0
 _STATS_MS = {"oldest_ready_age_s": "oldest_ready_age_ms"}  # seconds on the Python side, ms on the wire
 # fields an older server's STATS reply lacks, and what they read as
 _STATS_ADDED = {"consumers_waiting": 0, "producers_waiting": 0, "delayed": 0, "purged_total": 0, "expired_total": 0,
                 "groups_in_flight": 0, "dead_letter_depth": None, "bytes_held": 0, "consumers": 0}
 # the work-queue options of ``create_queue`` (CREATE carries them as they are: the engine checks them)
-QUEUE_OPTIONS = ("priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff", "retry_delay_max",
-                 "priority_aging", "lanes", "auto_delete", "expires")
+# the work-queue options: the settings that are not create_fields' own parameters
+QUEUE_OPTIONS = tuple(s.name for s in QUEUE_TABLE if s.name not in (
+    "max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue", "durability"))
 _SECONDS_OPTIONS = ("message_ttl", "dedup_window", "retry_delay", "retry_delay_max", "priority_aging", "expires")
 
 
@@ -77,8 +76,8 @@ def create_args(f) -> dict:
     """``Broker.create_queue``'s keyword arguments from CREATE's checked fields."""
     vis = f.get("visibility_timeout_ms")
     args = {
-        "max_bytes": f.get("max_bytes", DEFAULT_MAX_BYTES), "max_message_bytes": f.get("max_message_bytes"),
-        "visibility_timeout": DEFAULT_VISIBILITY_S if vis is None else vis / 1000,
+        "max_bytes": f.get("max_bytes", QUEUE.max_bytes), "max_message_bytes": f.get("max_message_bytes"),
+        "visibility_timeout": QUEUE.visibility_timeout if vis is None else vis / 1000,
         "max_deliveries": f.get("max_deliveries"), "dead_letter_queue": f.get("dead_letter_queue"),
         "exist_ok": bool(f.get("exist_ok", False)),
     }

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ..errors import ProtocolError
 from ..model.checks import MAX_PARTITIONS  # a stream's partitions are numbered below it
+from ..model.settings import QUEUE_TABLE, STREAM_TABLE
 from .frames import REPLY_BIT, Frame, MsgType, Status, _error, describe, kind
 
 __all__ = ["Field", "REQUEST_FIELDS", "validate_request", "check_request", "check_records", "normalize_records",
@@ -281,28 +282,22 @@ _PUT_OPTIONS = (Field("priority", _check_int), Field("delay_ms", _check_non_nega
                 Field("ttl_ms", _check_non_negative))
 
 # The one table of request payloads: type -> its fields. Unknown fields are ignored.
+# a setting's field on the wire checks its type only; its range is the engine's to check, in its
+# words (model/settings.py's table names each field and its check)
+_WIRE_CHECKS = {"positive": _check_positive, "int": _check_int, "non_negative": _check_non_negative,
+                "number": _check_number, "number_or_nil": _check_number_or_nil, "str": _check_str, "bool": _check_bool}
+
+
+def _setting_fields(table) -> tuple[Field, ...]:
+    return tuple(Field(s.wire_field, _WIRE_CHECKS[s.wire]) for s in table)
+
+
 REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
     MsgType.HELLO: (Field("client", _check_str), Field("token", _check_str), Field("heartbeat_ms", _check_positive)),
     MsgType.CREATE: (
         _QUEUE,
-        Field("max_bytes", _check_positive),
-        Field("max_message_bytes", _check_positive),
-        Field("visibility_timeout_ms", _check_non_negative),
-        Field("max_deliveries", _check_positive),
-        Field("dead_letter_queue", _check_str),
+        *_setting_fields(QUEUE_TABLE),  # (nil: None)
         Field("exist_ok", _check_bool, default=False),
-        Field("durability", _check_str),
-        # the work-queue options: their ranges are the engine's to check, in its words (nil: None)
-        Field("priorities", _check_int),
-        Field("message_ttl", _check_number_or_nil),
-        Field("dedup_window", _check_number),
-        Field("retry_delay", _check_number),
-        Field("retry_backoff", _check_number),
-        Field("retry_delay_max", _check_number_or_nil),
-        Field("priority_aging", _check_number_or_nil),
-        Field("lanes", _check_int),
-        Field("auto_delete", _check_bool),
-        Field("expires", _check_number_or_nil),
         # a live queue's settings (``declare_queue``: create it or change them; ``update_queue``: change
         # them): only the settings given are sent, and ``clear`` names those set to none
         Field("declare", _check_bool),
@@ -350,22 +345,8 @@ REQUEST_FIELDS: dict[int, tuple[Field, ...]] = {
     # streams: the engine checks the ranges of STREAM_CREATE's settings, with its own words
     MsgType.STREAM_CREATE: (
         _STREAM,
-        Field("partitions", _check_int),
-        Field("max_bytes", _check_int),
-        Field("max_message_bytes", _check_int),
-        Field("retention", _check_str),
-        Field("retention_bytes", _check_number),
-        Field("retention_seconds", _check_number),
-        Field("group_idle_timeout", _check_number),
-        Field("durability", _check_str),
+        *_setting_fields(STREAM_TABLE),
         Field("exist_ok", _check_bool, default=False),
-        Field("timestamp_type", _check_str),
-        Field("compression", _check_str),
-        Field("segment_bytes", _check_int),
-        Field("compact", _check_bool),
-        Field("delete_retention_seconds", _check_number),
-        Field("min_cleanable_dirty_ratio", _check_number),
-        Field("max_compaction_lag_seconds", _check_number),
     ),
     MsgType.STREAM_DELETE: (_STREAM,),
     MsgType.STREAM_LIST: (),

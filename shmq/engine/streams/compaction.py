@@ -30,11 +30,8 @@ from ..shm import layout as L
 from ..shm import ring
 from ..shm.mutex import unlock as _unlock
 
-__all__ = ["compact", "dirty", "due", "Compacted", "DEFAULT_DELETE_RETENTION_S", "DEFAULT_DIRTY_RATIO",
-           "MIN_INTERVAL_NS"]
+__all__ = ["compact", "dirty", "due", "Compacted", "MIN_INTERVAL_NS"]
 
-DEFAULT_DELETE_RETENTION_S = 86400.0  # Kafka's delete.retention.ms: how long a tombstone stays
-DEFAULT_DIRTY_RATIO = 0.5  # Kafka's min.cleanable.dirty.ratio
 MIN_INTERVAL_NS = 1_000_000_000  # a partition is compacted at most this often (Kafka's cleaner backs off 15 s)
 COPY_CHUNK = 1 << 20  # a run copies what it reads this much at a time under the lock (~0.1-0.2 ms here)
 CATCH_UP = 64 << 10  # records appended during a run: copied out of the lock while more than this is there

@@ -25,6 +25,7 @@ import posix_ipc
 
 from ...errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StreamNotFound
 from ...model import faces
+from ...model.settings import STREAM
 from ...model.checks import check_txn
 from ...model.checks import check_group as _group_name
 from ...model.checks import check_offset as _check_offset
@@ -34,7 +35,6 @@ from ..shm import layout as L
 from . import partition as partition_mod
 from ..shm import waits
 from . import compaction
-from .compaction import DEFAULT_DELETE_RETENTION_S, DEFAULT_DIRTY_RATIO
 from .groups import Groups
 from ..shm.mutex import RobustMutex, acquire
 from ..shm.mutex import unlock as _unlock
@@ -206,12 +206,12 @@ class Stream:
     def delete_retention_seconds(self) -> float:
         """How long a tombstone stays in a compacted stream."""
         held = self._live("delete_retention_ns")
-        return (held - 1) / 1e9 if held else DEFAULT_DELETE_RETENTION_S
+        return (held - 1) / 1e9 if held else STREAM.delete_retention_seconds
 
     @property
     def min_cleanable_dirty_ratio(self) -> float:
         held = self._live("dirty_ratio_ppm")
-        return (held - 1) / 1e6 if held else DEFAULT_DIRTY_RATIO
+        return (held - 1) / 1e6 if held else STREAM.min_cleanable_dirty_ratio
 
     @property
     def max_compaction_lag_seconds(self) -> float | None:

@@ -10,11 +10,11 @@ import msgpack
 from ...engine import maintenance
 from ...engine.shm.waits import serving
 from ...errors import MessageTooLarge, QueueEmpty, QueueExists, QueueFull, QueueNotFound, SettingsMismatch, ShmqError
+from ...model.settings import QUEUE_TABLE
 from ...protocol import REPLY_BIT, MsgType
 from ...protocol.shapes import Shape
 from ...protocol.status import reason_of, status_of
 from ...protocol.payloads import (
-    QUEUE_OPTIONS,
     consume_args,
     delivery_fields,
     delivery_row,
@@ -55,8 +55,8 @@ def create(conn, f):
         q.close()
 
 # a live queue's settings as CREATE's fields carry them (``declare``, ``update``); ``clear``: set to none
-_SETTINGS = ("max_bytes", "max_message_bytes", "max_deliveries", "dead_letter_queue", "durability", *QUEUE_OPTIONS)
-_CLEARABLE = ("max_deliveries", "dead_letter_queue", "message_ttl", "retry_delay_max", "priority_aging", "expires")
+_SETTINGS = tuple(s.name for s in QUEUE_TABLE if s.wire_field == s.name)  # (visibility_timeout: in ms)
+_CLEARABLE = tuple(s.name for s in QUEUE_TABLE if s.clearable)
 
 
 def _given_settings(f) -> dict:

@@ -19,6 +19,7 @@ from typing import Callable, NamedTuple
 
 from ...engine.broker import check_stream_settings, stream_settings
 from ...errors import SettingsMismatch, ShmqError, StreamExists
+from ...model.settings import STREAM_TABLE
 from ...kafka import ErrorCode, KafkaProtocolError, build
 from ...kafka.codes import code_of
 from ...kafka.messages import response_class
@@ -150,39 +151,49 @@ class Config(NamedTuple):
     reads: tuple = ()
 
 
-CONFIGS = {
-    "cleanup.policy": Config("compact", _policy, _show_policy, False, LIST,
-                             "delete: records go by retention.ms and retention.bytes; compact: the latest record of "
-                             "each key stays, the older ones go (retention still drops records where a bound is set: "
-                             "shown compact,delete)", ("retention_seconds", "retention_bytes")),
-    "compression.type": Config("compression", _one_of(_COMPRESSIONS), str, "producer", STRING,
-                               "the codec of the batches Fetch answers; producer: as they were sent"),
-    "delete.retention.ms": Config("delete_retention_seconds", _ms_from_zero, _show_ms, 86400.0, LONG,
-                                  "how long a tombstone stays in a compacted topic (by its timestamp)"),
+# how each stream setting that is a topic config reads, shows and is typed (its Kafka name
+# and its default are model/settings.py's)
+_AS_CONFIG = {
+    "compact": (_policy, _show_policy, LIST,
+                "delete: records go by retention.ms and retention.bytes; compact: the latest record of each key "
+                "stays, the older ones go (retention still drops records where a bound is set: shown compact,delete)",
+                ("retention_seconds", "retention_bytes")),
+    "compression": (_one_of(_COMPRESSIONS), str, STRING,
+                    "the codec of the batches Fetch answers; producer: as they were sent"),
+    "delete_retention_seconds": (_ms_from_zero, _show_ms, LONG,
+                                 "how long a tombstone stays in a compacted topic (by its timestamp)"),
+    "max_compaction_lag_seconds": (_lag, lambda v: _show_ms(v, str(LONG_MAX)), LONG,
+                                   f"the longest a record waits before its partition is compacted ({LONG_MAX}: no "
+                                   "bound)"),
+    "max_message_bytes": (_positive, str, INT, "the largest record: key, headers and value"),
+    "timestamp_type": (_one_of(_TIMESTAMP_TYPES), {v: k for k, v in _TIMESTAMP_TYPES.items()}.get, STRING,
+                       "CreateTime: the producer's timestamp; LogAppendTime: the time of the append"),
+    "min_cleanable_dirty_ratio": (_ratio, str, DOUBLE,
+                                  "a compacted partition is compacted once the bytes appended since its last "
+                                  "compaction are this share of what it holds"),
+    "retention_bytes": (_bytes_or_none, lambda v: "-1" if v is None else str(v), LONG,
+                        "the most bytes a partition keeps (-1: no bound)"),
+    "retention_seconds": (_ms, _show_ms, LONG, "how long a partition keeps a record (-1: no bound)"),
+    "segment_bytes": (_positive, lambda v: str(KAFKA_SEGMENT_BYTES if v is None else v), INT,
+                      "kept and shown; no effect (a partition is one ring and its logs)"),
+}
+
+
+def _as_config(s) -> Config:
+    parse, show, kind, doc, *reads = _AS_CONFIG[s.name]
+    return Config(s.name, parse, show, s.default, kind, doc, *reads)
+
+
+CONFIGS = dict(sorted({
+    **{s.kafka: _as_config(s) for s in STREAM_TABLE if s.kafka},
+    # Kafka's configs that are no setting here: taken, checked, not kept
     "file.delete.delay.ms": Config(None, _taken(lambda n: n >= 0, "a number of ms from 0"), str, 60000, LONG,
                                    "taken, not kept: no effect here (a partition has no files to delete)"),
-    "max.compaction.lag.ms": Config("max_compaction_lag_seconds", _lag, lambda v: _show_ms(v, str(LONG_MAX)), None,
-                                    LONG, "the longest a record waits before its partition is compacted "
-                                    f"({LONG_MAX}: no bound)"),
-    "max.message.bytes": Config("max_message_bytes", _positive, str, 2**20, INT,
-                                "the largest record: key, headers and value"),
-    "message.timestamp.type": Config("timestamp_type", _one_of(_TIMESTAMP_TYPES),
-                                     {v: k for k, v in _TIMESTAMP_TYPES.items()}.get, "create_time", STRING,
-                                     "CreateTime: the producer's timestamp; LogAppendTime: the time of the append"),
-    "min.cleanable.dirty.ratio": Config("min_cleanable_dirty_ratio", _ratio, str, 0.5, DOUBLE,
-                                        "a compacted partition is compacted once the bytes appended since its last "
-                                        "compaction are this share of what it holds"),
     "min.compaction.lag.ms": Config(None, _taken(lambda n: n == 0, "0 only (a record can be compacted at once here)"),
                                     str, 0, LONG, "0 only: a record can be compacted at once"),
-    "retention.bytes": Config("retention_bytes", _bytes_or_none, lambda v: "-1" if v is None else str(v), None, LONG,
-                              "the most bytes a partition keeps (-1: no bound)"),
-    "retention.ms": Config("retention_seconds", _ms, _show_ms, None, LONG,
-                           "how long a partition keeps a record (-1: no bound)"),
-    "segment.bytes": Config("segment_bytes", _positive, lambda v: str(KAFKA_SEGMENT_BYTES if v is None else v),
-                            None, INT, "kept and shown; no effect (a partition is one ring and its logs)"),
     "segment.ms": Config(None, _taken(lambda n: n >= 1, "a positive number of ms"), str, 604800000, LONG,
                          "taken, not kept: no effect here (a partition is one ring and its logs; no segments roll)"),
-}
+}.items()))
 
 
 def _refused(name: str, value, why: str) -> KafkaProtocolError:
