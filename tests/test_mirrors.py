@@ -15,7 +15,9 @@ def test_every_mirror_is_what_its_owner_makes_now():
     assert mirrors.stale() == [], "stale: run python -m shmq.mirrors"
     for mirror, (module, _function) in mirrors.MIRRORS.items():
         with open(mirrors.path(mirror)) as f:
-            assert f.readline().strip() == f"/* {mirrors.banner(module)} */", mirror
+            first = f.readline().strip()
+        said = f"# {mirrors.banner(module)}" if mirror.endswith(".py") else f"/* {mirrors.banner(module)} */"
+        assert first == said, mirror
 
 
 def test_no_file_says_it_is_generated_without_being_a_mirror():
@@ -44,3 +46,19 @@ def test_check_names_a_stale_mirror_and_the_writer_mends_it(tmp_path, monkeypatc
 def test_the_command_line_check_exits_0_on_the_tree():
     r = subprocess.run([sys.executable, "-m", "shmq.mirrors", "--check"], capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stderr) == (0, "")
+
+
+def test_the_blocking_client_is_the_asyncio_ones_twin():
+    from shmq.client import aio, remote, transport, transport_sync
+
+    assert mirrors.unasync("async def f():\n    async with x:\n        await g()\n") == (
+        "def f():\n    with x:\n        g()\n")
+    assert mirrors.unasync("awaited = asynchronous; class AsyncTransport: ...") == (
+        "awaited = asynchronous; class SyncTransport: ...")
+    # what both transports share is written once: neither client redefines it
+    shared = [n for n, v in vars(transport.AsyncTransport).items() if callable(v) and not n.startswith("__")]
+    assert {"_reconnected", "_outlast", "_run", "_get_plain", "_put_plain", "_put_many_plain"} <= set(shared)
+    for name in shared:
+        assert getattr(aio.AsyncBroker, name) is getattr(transport.AsyncTransport, name), name
+        assert getattr(remote.RemoteBroker, name) is getattr(transport_sync.SyncTransport, name), name
+    assert remote._resuming is transport_sync._resuming and aio._polled is transport._polled

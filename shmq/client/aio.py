@@ -20,26 +20,24 @@ import asyncio
 import contextlib
 import functools
 import os
-import time
 
 from ..busypoll import LoopSpin
-from ..errors import BrokerUnavailable, QueueFull, ShmqError
+from ..errors import BrokerUnavailable, ShmqError
 from ..model import keepalive
 from ..protocol import MsgType
-from ..protocol.payloads import ms
 from ..tls import describe, note_refused
 from . import forks
 from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
-from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
-from .core import came_back, plain_messages, resumable, riding_out, slice_ms
-from .plain import RAW_REPLIES, PlainQueueCalls
+from .core import BrokerCalls, DeliveryCalls, QueueCalls, came_back
+from .plain import PlainQueueCalls
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
 from .stores import StoreCalls
 from .transactions import TransactionalCalls
 from .subscription import SubscriptionCalls
+from .transport import AsyncTransport, _polled, _resuming
 
 __all__ = ["connect", "AsyncBroker", "AsyncQueue", "AsyncDelivery", "AsyncSubscription", "AsyncStream",
            "AsyncConsumer", "AsyncMultiConsumer", "AsyncStore"]
@@ -283,6 +281,11 @@ class _Link:
         self.heart = None  # its heartbeat task (``AsyncBroker._beat``)
         self.spin = LoopSpin(None, 0)  # the loop looks for replies awake a while (``_connect`` sets it)
 
+    @property
+    def never(self) -> bool:
+        """Not connected in this process (a child of fork()'s first call connects)."""
+        return self.writer is None
+
     def hold(self, data) -> None:
         if self.out.hold(data):
             self.writer.write(self.out.take())
@@ -316,7 +319,7 @@ def _let_go(fd: int) -> None:
         os.close(null)
 
 
-class AsyncBroker(BrokerCalls):
+class AsyncBroker(AsyncTransport, BrokerCalls):
     """The broker API, awaitable: create_queue, queue, list_queues, delete_queue,
     create_stream, stream, list_streams, delete_stream, the exchanges (create_exchange,
     bind, unbind, publish, list_exchanges, exchange_info, delete_exchange), request,
@@ -327,6 +330,10 @@ class AsyncBroker(BrokerCalls):
     _store_class = AsyncStore
     _transactional_class = AsyncTransactional
     _multi_consumer_class = AsyncMultiConsumer
+
+    @staticmethod
+    async def _sleep(seconds):  # a call's pauses, and a reconnect's
+        await asyncio.sleep(seconds)
 
     def __init__(self, url, token=None, **options):
         super().__init__(url, token)
@@ -413,91 +420,21 @@ class AsyncBroker(BrokerCalls):
             link.heart = asyncio.create_task(self._beat(link))
         return link
 
-    async def _reconnected(self, lost) -> _Link:
-        """The connection to use instead of ``lost``: one another task made meanwhile, or a
-        new one (``options``: retries, backoff); else why not (BrokerUnavailable naming
-        the endpoint; ``lost``'s error if the handle was closed or does not reconnect)."""
-        rounds = self._rounds
-        async with self._opening:
-            if self._link is not lost:
-                return self._link
-            first = lost.writer is None  # a child of fork(): its own first connection, whatever ``reconnect`` says
-            if self._closed or not (self.options.reconnect or first):
-                lost.core.raise_deferred()  # pipelined puts unanswered (OutcomeUnknown): said once
-                raise lost.core.ended_error()
-            if self._rounds != rounds:  # another task gave up while this one waited for it
-                raise self._gave_up()
-            await self._shut(lost)
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # a child of fork() still in its parent's event loop
-                raise ShmqError(f"this process is a fork of process {lost.core.forked_from}, whose event loop it "
-                                "cannot use: call the broker from an event loop of this process (asyncio.run)") \
-                    from None
-            start, tries = loop.time(), 0
-            for pause in self.options.pauses() if self.options.reconnect else (0.0,):
-                if pause:
-                    await asyncio.sleep(pause)
-                tries += 1
-                try:
-                    link = await self._connect(ClientCore(self.endpoint))
-                except BrokerUnavailable as e:
-                    error = e
-                    continue
-                self._installed(link, lost)
-                return link
-            self._rounds += 1
-            spent = loop.time() - start
-            self._gave_up = functools.partial(
-                BrokerUnavailable, f"{error} (gave up reconnecting after {tries} tries in {spent:.1f}s)")
-            raise self._gave_up()
+    async def _close_lost(self, lost) -> None:
+        """Shut ``lost`` before another connection is made (``transport``'s reconnects),
+        in an event loop of this process."""
+        await self._shut(lost)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a child of fork() still in its parent's event loop
+            raise ShmqError(f"this process is a fork of process {lost.core.forked_from}, whose event loop it "
+                            "cannot use: call the broker from an event loop of this process (asyncio.run)") from None
 
     def _installed(self, link, lost) -> None:
         """``link`` is the connection from now on, instead of ``lost``. ``_opening`` held."""
         link.core.carry_over(lost.core)
         self._link, self._core = link, link.core
         came_back(self, lost.core)
-
-    async def _outlast(self, until: float | None = None) -> bool:
-        """A long-lived consumer's reconnect (``core.Resuming``): once the connection is
-        lost, keep trying, with the jittered pauses capped at ``backoff[1]``, until
-        ``options.max_outage`` seconds after the loss (``core.riding_out``: said once),
-        not ``retries`` times. True once connected (at once if it is: by this task or
-        another); False at ``until`` (time.monotonic(), a poll's end; None: none) if the
-        outage is not over by then; BrokerUnavailable once it has lasted ``max_outage``,
-        or why there is no reconnecting. Each try holds ``_opening``, the pauses do not:
-        a single call of another task makes its own bounded tries meanwhile."""
-        lost = self._link
-        if not lost.core.failed:
-            return True
-        if not resumable(lost.core, self):  # closed, no reconnecting, or a child of fork()'s first connection
-            await self._reconnected(lost)
-            return True
-        async with self._opening:  # (one outage, said once, whichever consumer finds it first)
-            outage = riding_out(self, lost.core)
-        await self._shut(lost)  # (closed already, but for a heartbeat's drop)
-        while True:
-            async with self._opening:
-                if self._link is not lost:
-                    return True
-                if self._closed:
-                    raise lost.core.ended_error()
-                if outage.due <= time.monotonic():  # (else another consumer's try just failed: its pause holds)
-                    try:
-                        link = await self._connect(ClientCore(self.endpoint))
-                    except BrokerUnavailable as e:
-                        outage.failed(e)
-                    else:
-                        self._installed(link, lost)
-                        return True
-            now = time.monotonic()
-            if outage.lasted(now):
-                raise outage.gave_up()
-            pause = max(0.0, outage.due - now)
-            if until is not None and now + pause >= until:
-                await asyncio.sleep(max(0.0, until - now))
-                return False
-            await asyncio.sleep(pause)
 
     async def _beat(self, link):
         """``link``'s heartbeat (``heartbeat.Beat``): every ``options.heartbeat`` seconds,
@@ -572,56 +509,25 @@ class AsyncBroker(BrokerCalls):
         msg_id, data = link.core.send_shaped(shape, value, raw)  # raises once the connection has ended
         return await self._answered(link, msg_id, data, shape.msg_type, shape.fixed, limit)
 
-    async def _get_plain(self, q, timeout, most=None):
-        """``q.get(timeout)``, a plain one (``PlainQueueCalls._plain_get``): CONSUME of one
-        message, a slice at a time, encoded from the queue's shape; with ``most``,
-        ``q.get_many(most, timeout)``, a plain one (``_plain_get_many``)."""
-        link = self._link
-        if link is None or link.core.failed:  # (connects again first)
-            return await (QueueCalls.get(q, timeout) if most is None else QueueCalls.get_many(q, most, timeout))
-        clock = self._clock
-        until = deadline(timeout, clock)
-        shape, taken = q._consume_plan(most, link.core.compact)
-        limit_of = self.options.reply_limit
-        while True:
-            wait = slice_ms(until, clock)
-            reply = await self._exchange_shaped(link, shape, wait, limit_of(MsgType.CONSUME, {"wait_ms": wait}),
-                                                RAW_REPLIES)
-            d = taken(reply, until, clock)
-            if d is not None:
-                return d
-
-    async def _put_many_plain(self, q, bodies):
-        """``q.put_many(bodies)``, a plain one (``PlainQueueCalls._plain_put_many``): a
-        PRODUCE_BATCH encoded from the queue's shape; refused for a full queue, the general
-        put_many retries."""
-        link = self._link
-        if link is not None and not link.core.failed:
-            try:
-                limit = self.options.reply_limit(MsgType.PRODUCE_BATCH, None)
-                messages = plain_messages(bodies, link.core)
-                return (await self._exchange_shaped(link, q._shapes()[0], messages, limit))["ids"]
-            except QueueFull:
-                pass
-        return await QueueCalls.put_many(q, bodies)
-
     async def _ack_many_plain(self, link, q, tags):
         """``q.ack_many(deliveries)`` of checked ``tags`` (``PlainQueueCalls._plain_tags``) on
         ``link``: an ACK encoded from the queue's shape."""
         limit = self.options.reply_limit(MsgType.ACK, None)
         return (await self._exchange_shaped(link, q._shapes()[1], tags, limit))["acked"]
 
-    async def _put_plain(self, q, body):
-        """``q.put(body)``, a plain one (``PlainQueueCalls._plain_put``): a PRODUCE encoded from
-        the queue's shape; refused for a full queue, the general put retries."""
+    def _ready_link(self):
+        """The connection a fast path runs on; None if there is none or it has ended: the
+        call takes the general path, which connects again."""
         link = self._link
-        if link is not None and not link.core.failed:
-            try:
-                limit = self.options.reply_limit(MsgType.PRODUCE, None)
-                return (await self._exchange_shaped(link, q._put_shape, body, limit))["id"]
-            except QueueFull:
-                pass
-        return await QueueCalls.put(q, body)
+        return None if link is None or link.core.failed else link
+
+    async def _post_step(self, link, step) -> None:
+        """A call's Post step: held for the next write, then the transport's buffer drained."""
+        self._post_on(link, step.msg_type, step.payload)
+        try:
+            await link.writer.drain()
+        except OSError as e:  # as a write that fails: the connection has ended
+            self._wake(link, link.core.connection_lost(e))
 
     async def _answered(self, link, msg_id, data, msg_type, fields, limit) -> dict:
         """Write request ``msg_id`` (``data``, a ``msg_type`` with ``fields``) and return its
@@ -659,40 +565,12 @@ class AsyncBroker(BrokerCalls):
         link.spin.touch()
         await answered
 
-    async def _request(self, msg_type, payload=None) -> dict:
-        """One request, as it is, and its reply's payload (or its error)."""
-        return await self._drive(_one(Send(msg_type, payload)))
-
     async def _drive(self, call):
         """Run one call of the core on the connection, made again first if it was lost."""
         link = self._link
         if link.core.failed:
             link = await self._reconnected(link)
         return await self._run(call, link)
-
-    async def _run(self, call, link, limit=None):
-        """Run ``call`` on ``link``: send its requests, sleep its pauses, return its result.
-        ``limit``: seconds each reply may take (None: as ``options`` say)."""
-        run = Run(call)
-        for step in run:
-            try:
-                if isinstance(step, Pause):
-                    run.send(await asyncio.sleep(step.seconds))
-                elif isinstance(step, Post):
-                    self._post_on(link, step.msg_type, step.payload)
-                    try:
-                        await link.writer.drain()
-                    except OSError as e:  # as a write that fails: the connection has ended
-                        self._wake(link, link.core.connection_lost(e))
-                    run.send(None)
-                elif isinstance(step, Receive):
-                    run.send(await self._receive(link, step))
-                else:
-                    run.send(await self._exchange(link, step.msg_type, step.payload, limit))
-            except Exception as e:
-                run.throw(e)
-        return run.result
-
 
 class _Protocol(asyncio.StreamReaderProtocol):
     """A connection's protocol: what arrives goes to the core at once (no reader task in
@@ -735,41 +613,3 @@ class _Protocol(asyncio.StreamReaderProtocol):
             self._broker._on_push(link, sid)
         if not link.gone.done():
             link.gone.set_result(None)
-
-
-def _one(step):
-    return (yield step)
-
-
-async def _resuming(owner, step):
-    """``await step()`` (an iteration's), run again after a loss ``owner`` comes back from
-    (``core.Resuming``): on the broker's next connection, once the outage is ridden out
-    (``AsyncBroker._outlast``: up to ``options.max_outage``; past it, the error is raised,
-    and iterating again rides out as long again)."""
-    while True:
-        try:
-            return await step()
-        except BrokerUnavailable:
-            if not owner._resumes():
-                raise
-        try:
-            await owner._broker_handle()._outlast()
-        except BrokerUnavailable:
-            owner._tried = None
-            raise
-
-
-async def _polled(member, poll, max_records, timeout):
-    """``await poll(max_records, timeout)`` of a group member whose connection is lost (or
-    was lost in it): the outage ridden out within ``timeout``, then polled on the new
-    connection for what is left of it; [] if the server is not back by then (the
-    blocking client's ``remote._polled``)."""
-    ms(timeout, "timeout")  # (a poll checks it first; this one may not have got so far)
-    until = time.monotonic() + timeout
-    while await member._broker_handle()._outlast(until):
-        try:
-            return await poll(max_records, max(0.0, until - time.monotonic()))
-        except BrokerUnavailable:
-            if not member._outlasts():
-                raise
-    return []

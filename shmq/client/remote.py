@@ -23,7 +23,6 @@ general one.
 
 import contextlib
 import dataclasses
-import functools
 import select
 import socket
 import ssl
@@ -33,22 +32,22 @@ import weakref
 
 from ..busypoll import Window, spin_until_readable
 from ..model import faces
-from ..errors import BrokerUnavailable, QueueFull
+from ..errors import BrokerUnavailable
 from ..tls import describe, note_refused
 from ..protocol import MsgType
-from ..protocol.payloads import message_fields, ms
+from ..protocol.payloads import message_fields
 from . import forks
 from .connection import Outbox
 from .heartbeat import DEAD, PING, Beat
-from .core import BrokerCalls, ClientCore, DeliveryCalls, Pause, Post, QueueCalls, Receive, Run, Send, deadline
-from .core import came_back, parse_url, plain_messages, resumable, riding_out, slice_ms
-from .plain import RAW_REPLIES, PlainQueueCalls
+from .core import BrokerCalls, DeliveryCalls, Post, QueueCalls, came_back, parse_url
+from .plain import PlainQueueCalls
 from .options import ConnectOptions, tls_context
 from .multiconsumer import MultiConsumerCalls
 from .streams import ConsumerCalls, StreamCalls
 from .stores import StoreCalls
 from .transactions import TransactionalCalls
 from .subscription import SubscriptionCalls
+from .transport_sync import SyncTransport, _one, _polled, _resuming
 
 __all__ = ["RemoteBroker", "RemoteQueue", "RemoteDelivery", "RemoteSubscription", "RemoteStream", "RemoteConsumer",
            "RemoteMultiConsumer", "RemoteStore", "parse_url"]
@@ -283,7 +282,7 @@ class _Link:
                  "flusher", "spin")
 
     def __init__(self, sock, core, busy_poll_us=0):
-        self.sock = sock  # None: not connected in this process (a child of fork(), ``_forked``)
+        self.sock = sock  # None: not connected in this process (a child of fork(), ``_forked``; ``never``)
         self.core = core
         self.writing = threading.Lock()  # held while ``pending`` changes or bytes are written
         # held while the core changes: ``with mutex`` where nothing waits or is woken (a C
@@ -299,6 +298,11 @@ class _Link:
         self.pending = Outbox()  # posted requests' bytes not written yet (under ``writing``)
         self.flusher = None  # the thread that writes what is pending after LINGER_S (started on need)
         self.spin = Window(busy_poll_us)  # how long a read looks for its bytes awake first (``_wait``)
+
+    @property
+    def never(self) -> bool:
+        """Not connected in this process (a child of fork()'s first call connects)."""
+        return self.sock is None
 
     def write(self, data) -> None:
         """Write what is pending, then ``data``, in one system call. ``writing`` held."""
@@ -397,46 +401,6 @@ def _recv_now(link):
     return b"".join(chunks)
 
 
-def _one(step):
-    return (yield step)
-
-
-def _resuming(owner, step):
-    """``step()`` (an iteration's), run again after a loss ``owner`` comes back from
-    (``core.Resuming``): on the broker's next connection, once the outage is ridden out
-    (``RemoteBroker._outlast``: up to ``options.max_outage``; past it, the error is
-    raised, and iterating again rides out as long again)."""
-    while True:
-        try:
-            return step()
-        except BrokerUnavailable:
-            if not owner._resumes():
-                raise
-        try:
-            owner._broker_handle()._outlast()
-        except BrokerUnavailable:
-            owner._tried = None
-            raise
-
-
-def _polled(member, poll, max_records, timeout):
-    """``poll(max_records, timeout)`` of a group member whose connection is lost (or was
-    lost in it): the outage ridden out within ``timeout`` (``RemoteBroker._outlast``), then
-    polled on the new connection for what is left of it (the member joins again first);
-    [] if the server is not back by then, as a poll that finds nothing. A poll loop so
-    goes on through a restart and raises only once the outage has lasted
-    ``options.max_outage``."""
-    ms(timeout, "timeout")  # (a poll checks it first; this one may not have got so far)
-    until = time.monotonic() + timeout
-    while member._broker_handle()._outlast(until):
-        try:
-            return poll(max_records, max(0.0, until - time.monotonic()))
-        except BrokerUnavailable:
-            if not member._outlasts():
-                raise
-    return []
-
-
 class _Heart:
     """A broker's heartbeat (``heartbeat.Beat``): a daemon thread that looks at its
     connection every ``options.heartbeat`` seconds, PINGs, and drops a dead one (the
@@ -485,7 +449,7 @@ def _reopened(url, token, options):
     return RemoteBroker(url, token, **{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
 
 
-class RemoteBroker(BrokerCalls):
+class RemoteBroker(SyncTransport, BrokerCalls):
     """A broker reached over TCP; the same methods as the local ``Broker``. ``options``
     are ``shmq.connect``'s: timeouts and reconnecting (``options.ConnectOptions``)."""
 
@@ -598,39 +562,10 @@ class RemoteBroker(BrokerCalls):
             sock.close()
             raise
 
-    def _reconnected(self, lost) -> _Link:
-        """The connection to use instead of ``lost``: one another thread made meanwhile, or
-        a new one (``options``: retries, backoff); else why not (BrokerUnavailable naming
-        the endpoint; ``lost``'s error if the handle was closed or does not reconnect)."""
-        rounds = self._rounds
-        with self._opening:
-            if self._link is not lost:
-                return self._link
-            first = lost.sock is None  # a child of fork(): its own first connection, whatever ``reconnect`` says
-            if self._closed or not (self.options.reconnect or first):
-                lost.core.raise_deferred()  # pipelined puts unanswered (OutcomeUnknown): said once
-                raise lost.core.ended_error()
-            if self._rounds != rounds:  # another thread gave up while this one waited for it
-                raise self._gave_up()
-            with lost.cond:
-                self._shut(lost)
-            start, tries = time.monotonic(), 0
-            for pause in self.options.pauses() if self.options.reconnect else (0.0,):
-                if pause:
-                    self._sleep(pause)
-                tries += 1
-                try:
-                    link = self._connect(ClientCore(self.endpoint))
-                except BrokerUnavailable as e:
-                    error = e
-                    continue
-                self._installed(link, lost)
-                return link
-            self._rounds += 1
-            spent = time.monotonic() - start
-            self._gave_up = functools.partial(
-                BrokerUnavailable, f"{error} (gave up reconnecting after {tries} tries in {spent:.1f}s)")
-            raise self._gave_up()
+    def _close_lost(self, lost) -> None:
+        """Shut ``lost`` before another connection is made (``transport``'s reconnects)."""
+        with lost.cond:
+            self._shut(lost)
 
     def _installed(self, link, lost) -> None:
         """``link`` is the connection from now on, instead of ``lost``. ``_opening`` held."""
@@ -639,49 +574,6 @@ class RemoteBroker(BrokerCalls):
         if self._heart is None and self.options.heartbeat is not None:  # (a child of fork())
             self._heart = _Heart(self)
         came_back(self, lost.core)
-
-    def _outlast(self, until: float | None = None) -> bool:
-        """A long-lived consumer's reconnect (``core.Resuming``, kombu's and Dramatiq's
-        consumers): once the connection is lost, keep trying, with the jittered pauses
-        capped at ``backoff[1]``, until ``options.max_outage`` seconds after the loss
-        (``core.riding_out``: said once), not ``retries`` times. True once connected (at
-        once if it is: by this thread or another); False at ``until`` (time.monotonic(),
-        a poll's end; None: none) if the outage is not over by then; BrokerUnavailable
-        once it has lasted ``max_outage``, or why there is no reconnecting (closed,
-        ``reconnect=False``). Each try holds ``_opening``; the pauses do not, so a single
-        call of another thread makes its own bounded tries meanwhile."""
-        lost = self._link
-        if not lost.core.failed:
-            return True
-        if not resumable(lost.core, self):  # closed, no reconnecting, or a child of fork()'s first connection
-            self._reconnected(lost)
-            return True
-        with self._opening:  # (one outage, said once, whichever consumer finds it first)
-            outage = riding_out(self, lost.core)
-        with lost.cond:
-            self._shut(lost)
-        while True:
-            with self._opening:
-                if self._link is not lost:
-                    return True
-                if self._closed:
-                    raise lost.core.ended_error()
-                if outage.due <= time.monotonic():  # (else another consumer's try just failed: its pause holds)
-                    try:
-                        link = self._connect(ClientCore(self.endpoint))
-                    except BrokerUnavailable as e:
-                        outage.failed(e)
-                    else:
-                        self._installed(link, lost)
-                        return True
-            now = time.monotonic()
-            if outage.lasted(now):
-                raise outage.gave_up()
-            pause = max(0.0, outage.due - now)
-            if until is not None and now + pause >= until:
-                self._sleep(max(0.0, until - now))
-                return False
-            self._sleep(pause)
 
     # ---------------------------------------------------------------- transport
     def _drive(self, call):
@@ -693,27 +585,9 @@ class RemoteBroker(BrokerCalls):
             link = self._reconnected(link)
         return self._run(call, link)
 
-    def _run(self, call, link, limit=None):
-        """Run ``call`` on ``link``: send its requests, sleep its pauses, return its result.
-        ``limit``: seconds each reply may take (None: as ``options`` say)."""
-        run = Run(call)
-        for step in run:
-            try:
-                if isinstance(step, Pause):
-                    run.send(self._sleep(step.seconds))
-                elif isinstance(step, Post):
-                    run.send(self._post(link, step.msg_type, step.payload))
-                elif isinstance(step, Receive):
-                    run.send(self._receive(link, step))
-                else:
-                    run.send(self._exchange(link, step.msg_type, step.payload, limit))
-            except Exception as e:
-                run.throw(e)
-        return run.result
-
-    def _request(self, msg_type, payload=None) -> dict:
-        """One request, as it is, and its reply's payload (or its error)."""
-        return self._drive(_one(Send(msg_type, payload)))
+    def _post_step(self, link, step) -> None:
+        """A call's Post step: ``post`` on ``link``."""
+        return self._post(link, step.msg_type, step.payload)
 
     def _exchange(self, link, msg_type, payload=None, limit=None) -> dict:
         """Send one request on ``link`` and return its reply's payload (or raise its error)."""
@@ -748,49 +622,6 @@ class RemoteBroker(BrokerCalls):
         if not link.reading and not link.core.failed and time.monotonic() - link.heard > HEARD_S:
             self._read_idle(link)
         return None if link.core.failed else link
-
-    def _get_plain(self, q, timeout, most=None):
-        """``q.get(timeout)``, a plain one (``PlainQueueCalls._plain_get``): CONSUME of one
-        message, a slice at a time, encoded from the queue's shape; with ``most``,
-        ``q.get_many(most, timeout)``, a plain one (``_plain_get_many``)."""
-        link = self._ready_link()
-        if link is None:
-            return QueueCalls.get(q, timeout) if most is None else QueueCalls.get_many(q, most, timeout)
-        clock = self._clock
-        until = deadline(timeout, clock)
-        shape, taken = q._consume_plan(most, link.core.compact)
-        limit_of = self.options.reply_limit
-        while True:
-            wait = slice_ms(until, clock)
-            reply = self._exchange_shaped(link, shape, wait, limit_of(MsgType.CONSUME, {"wait_ms": wait}), RAW_REPLIES)
-            d = taken(reply, until, clock)
-            if d is not None:
-                return d
-
-    def _put_plain(self, q, body):
-        """``q.put(body)``, a plain one (``PlainQueueCalls._plain_put``): a PRODUCE encoded from
-        the queue's shape; refused for a full queue, the general put retries."""
-        link = self._ready_link()
-        if link is not None:
-            try:
-                limit = self.options.reply_limit(MsgType.PRODUCE, None)
-                return self._exchange_shaped(link, q._put_shape, body, limit)["id"]
-            except QueueFull:
-                pass
-        return QueueCalls.put(q, body)
-
-    def _put_many_plain(self, q, bodies):
-        """``q.put_many(bodies)``, a plain one (``PlainQueueCalls._plain_put_many``): a
-        PRODUCE_BATCH encoded from the queue's shape; refused for a full queue, the general
-        put_many retries."""
-        link = self._ready_link()
-        if link is not None:
-            try:
-                limit = self.options.reply_limit(MsgType.PRODUCE_BATCH, None)
-                return self._exchange_shaped(link, q._shapes()[0], plain_messages(bodies, link.core), limit)["ids"]
-            except QueueFull:
-                pass
-        return QueueCalls.put_many(q, bodies)
 
     def _ack_many_plain(self, link, q, deliveries, tags, wait):
         """``q.ack_many(deliveries, wait)`` of checked ``tags`` (``PlainQueueCalls._plain_tags``)
