@@ -61,6 +61,12 @@
 
 /* A put into the empty queue whose tail is this far into its lap (layout.reuse_after), or past
  * POS_LIMIT, starts the next lap (produce._new_lap; start_lap where nothing is to allocate): the memory just freed. */
+/* Bytes a record takes in the ring: its header, headers (a stream record's key and headers)
+   and body, rounded up to 8; the one place C computes it (layout.record_size's twin). */
+static inline uint64_t rec_size(uint64_t hl, uint64_t bl) {
+    return (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
+}
+
 static inline int new_lap_due(uint64_t head, uint64_t tail, uint64_t cap) {
     return head == tail && (tail % cap >= (cap / 4 < REUSE_MAX ? cap / 4 : REUSE_MAX) || tail >= POS_LIMIT);
 }
@@ -392,7 +398,7 @@ static int parse_u64s(PyObject *const *args, Py_ssize_t n, uint64_t *out) {
 static int64_t put_core(char *seg, uint64_t base, uint64_t cap, const char *body, uint64_t bl, const char *hraw,
                         uint64_t hl, uint64_t enq, long wal_fd, uint64_t wal_gen, uint64_t wait, uint64_t *unfinished,
                         uint64_t *posts) {
-    uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
+    uint64_t size = rec_size(hl, bl);
     unsigned char *entry = NULL;
     if (wal_fd >= 0) {
         if (hl + bl > WAL_MAX_PAYLOAD) return R_FALLBACK;
@@ -1182,7 +1188,7 @@ static int put_many_core(char *seg, uint64_t base, uint64_t cap, Py_ssize_t n, c
     if (wait >> 1 & 3) unregister_sleeper(seg, wait >> 3, H_PWAIT, H_PPOSTED, P_PWAIT, (int)(wait >> 1 & 3));
     uint64_t head = h[H_HEAD], tail = h[H_TAIL], end = tail;
     for (Py_ssize_t i = 0; i < n && end - head <= cap; i++) { /* where the tail would be */
-        uint64_t size = (REC_SIZE + 7 + (hraws ? hls[i] : 0) + bls[i]) & ~(uint64_t)7;
+        uint64_t size = rec_size(hraws ? hls[i] : 0, bls[i]);
         uint64_t rem = cap - end % cap;
         end += (size > rem ? rem : 0) + size;
     }
@@ -1206,7 +1212,7 @@ static int put_many_core(char *seg, uint64_t base, uint64_t cap, Py_ssize_t n, c
     uint64_t pos = tail, first = h[H_NEXT_ID], id = first, step = ID_STEP(seg);
     for (Py_ssize_t i = 0; i < n; i++, id += step) { /* the records past the tail, then one commit */
         uint64_t bl = bls[i], hl = hraws ? hls[i] : 0;
-        uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
+        uint64_t size = rec_size(hl, bl);
         pos = placed(seg, base, cap, pos, size);
         char *a = seg + base + pos % cap;
         U64(a + REC_STATUS) = ST_READY;
@@ -1307,7 +1313,7 @@ static PyObject *fast_nack_many(PyObject *self, PyObject *const *args, Py_ssize_
  * its position, or R_FALLBACK (nothing done). */
 static int64_t claim_fill(char *seg, uint64_t base, uint64_t cap, uint64_t bl, const char *hraw, uint64_t hl,
                           uint64_t slot, uint64_t now, int checked) {
-    uint64_t size = (REC_SIZE + 7 + hl + bl) & ~(uint64_t)7;
+    uint64_t size = rec_size(hl, bl);
     uint64_t *h = HOT(seg);
     uint64_t tail = h[H_TAIL], fill = FILL(seg), end = fill > tail ? fill : tail, off = end % cap;
     if (end == tail && !h[H_DELETED] && new_lap_due(h[H_HEAD], tail, cap) &&
@@ -1605,7 +1611,7 @@ static PyObject *reservation_enter(Reservation *self, PyObject *unused) {
         return NULL;
     if (unslotted) return reservation_hand(self, 0); /* (it registers this process first) */
     int paced = self->size >= FILL_MIN;
-    uint64_t rec = (REC_SIZE + 7 + (uint64_t)PyBytes_GET_SIZE(self->hraw) + self->size) & ~(uint64_t)7;
+    uint64_t rec = rec_size((uint64_t)PyBytes_GET_SIZE(self->hraw), self->size);
     int due = paced ? pace_due((char *)(uintptr_t)segp, cap, q, rec) : 0;
     if (due < 0) return NULL;
     if (due) {
@@ -2610,7 +2616,7 @@ static inline void row_of(const Chunk *c, Py_ssize_t i, Row *r) {
 }
 
 static inline uint64_t row_size(const Row *r) {
-    return (REC_SIZE + 7 + (uint64_t)r->kl + r->hl + r->vl) & ~(uint64_t)7;
+    return rec_size((uint64_t)r->kl + r->hl, r->vl);
 }
 
 /* columns_check(chunks) -> (records, their bytes in a ring (aligned sizes, no pads), the

@@ -28,6 +28,7 @@ Body = bytes | bytearray | memoryview  # what a put takes (a handle with a seria
 _mono = time.monotonic_ns
 _wall = time.time_ns
 _REC = L.REC_SIZE
+_record_size = L.record_size
 _READY, _DELAYED = L.READY, L.DELAYED
 _WALK = L.FLAG_WALK
 _CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
@@ -71,7 +72,7 @@ def batch_items(bodies, headers, maxmsg: int, name: str, ext: bytes = b"") -> li
             body = as_body(body)
         if len(body) > maxmsg:
             raise MessageTooLarge(f"message body is {len(body)} bytes; queue {name!r} takes at most {maxmsg}")
-        items.append((body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8))
+        items.append((body, hraw, _record_size(len(hraw), len(body))))
     return items
 
 
@@ -109,7 +110,7 @@ class Producing:
         if lp is None:
             raise self._closed()
         mq, cap = self._mq, self._cap
-        size = (_REC + 7 + len(hraw) + bl) & -8
+        size = _record_size(len(hraw), bl)
         msg_id = post = 0
         if bl >= _FILL_MIN and not self._logged:
             self._pace(size, timeout)
@@ -201,7 +202,7 @@ class Producing:
             now = _wall()
             r = fast_put_many(self._segp, self._base, self._cap, bodies, hraws, self.max_message_bytes, now)
             if r == _F_FULL:
-                total = sum((_REC + 7 + len(b) + len(h)) & -8
+                total = sum(_record_size(len(h), len(b))
                             for b, h in zip(bodies, [hraws] * len(bodies) if type(hraws) is bytes else hraws))
                 r, waited, timeout = self._wait_room_fast(
                     r, partial(fast_put_many, self._segp, self._base, self._cap, bodies, hraws, self.max_message_bytes,
@@ -228,7 +229,7 @@ class Producing:
                 raise MessageTooLarge(
                     f"message body is {len(body)} bytes; queue {self.name!r} takes at most {maxmsg}"
                 )
-            append((body, ext, (_REC + 7 + len(ext) + len(body)) & -8))
+            append((body, ext, _record_size(len(ext), len(body))))
         return self._append_items(items, timeout, ext, flags, delay_ns, waited)
 
     def _append_items(self, items, timeout, ext, flags, delay_ns, waited=0):
@@ -270,7 +271,7 @@ class Producing:
             raise MessageTooLarge(
                 f"message body is {len(body)} bytes; queue {self.name!r} takes at most {self.max_message_bytes}"
             )
-        return self._append(((body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8),), timeout,
+        return self._append(((body, hraw, _record_size(len(hraw), len(body))),), timeout,
                             (flags, delay_ns, dh))[0]
 
     def reserve(self, size: int, headers: dict | None = None, timeout: float | None = None) -> "Reservation":

@@ -657,7 +657,7 @@ class Queue(Producing, Consuming, Settling):
         repair rule as a put's (a token past the next id, taken by the commit).
         ``skip_present``: a message whose id the queue holds (ready, leased or delayed),
         seen under the same lock hold as the append, is not appended."""
-        items = [(body, hraw, (_REC + 7 + len(hraw) + len(body)) & -8, msg_id, attempt, enq)
+        items = [(body, hraw, L.record_size(len(hraw), len(body)), msg_id, attempt, enq)
                  for msg_id, attempt, enq, hraw, body in messages]
         if not items:
             return 0

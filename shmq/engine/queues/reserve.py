@@ -29,7 +29,7 @@ import sys
 import time
 
 from ..shm import cpaths
-from ..shm.layout import FILL_MIN, REC_SIZE
+from ..shm.layout import FILL_MIN, REC_SIZE, record_size
 from ..shm.mutex import unlock as _unlock
 
 __all__ = ["Reservation", "Reservations"]
@@ -79,7 +79,7 @@ class Reservation:
         at = None
         paths = q.paths
         if fill and size >= FILL_MIN and not self._paced:
-            q._pace((REC_SIZE + 7 + len(hraw) + size) & -8, self._timeout)
+            q._pace(record_size(len(hraw), size), self._timeout)
         if fill and paths.reserve is not None:
             r = paths.reserve(q._segp, q._base, q._cap, size, hraw, q._fill_slot())
             if r >= 0:
@@ -87,7 +87,7 @@ class Reservation:
             elif r == _F_OWNERDEAD:
                 q._repair_held_lock()
         if at is None:  # busy, full, or a pad to place: the general placement
-            rec = (REC_SIZE + 7 + len(hraw) + size) & -8
+            rec = record_size(len(hraw), size)
             at = q._until_room(q._try_reserve, ((size, hraw, rec),), self._timeout, fill or None)
         try:  # a fill's record is ours from here (else the lock is held)
             loan = _loan(paths.Loan, q._mm, at[1] + REC_SIZE + len(hraw), size)

@@ -293,9 +293,14 @@ def align(n: int, to: int = ALIGN) -> int:
     return (n + to - 1) & ~(to - 1)
 
 
+_REC_ROUNDED = REC_SIZE + ALIGN - 1  # (record_size's one addition: the header, and the rounding up)
+
+
 def record_size(hdr_len: int, body_len: int) -> int:
-    """Bytes a record takes in the ring."""
-    return align(REC_SIZE + hdr_len + body_len)
+    """Bytes a record takes in the ring, its header, headers (or key and headers) and body
+    rounded up to ALIGN: the one place it is computed in Python (_fast.c's twin:
+    ``rec_size``)."""
+    return (_REC_ROUNDED + hdr_len + body_len) & -ALIGN
 
 
 def dedup_offset(proc_slots: int) -> int:

@@ -94,7 +94,7 @@ def create_partition(stream_base: str, index: int, max_bytes: int, max_message_b
 
 def record_size(key, hraw, value) -> int:
     """The bytes a record (``value`` None: a tombstone) takes in the ring."""
-    return (_REC + 7 + (len(key) if key is not None else 0) + len(hraw) + (len(value) if value is not None else 0)) & -8
+    return L.record_size((len(key) if key is not None else 0) + len(hraw), len(value) if value is not None else 0)
 
 
 def _binary(n, offsets, data, valid=None):
