@@ -22,6 +22,7 @@ import threading
 import time
 
 START_TIMEOUT = 30.0
+RABBIT_START_TIMEOUT = 120.0  # an Erlang node's boot: seconds on a quiet host, over 30 s beside a loaded suite
 STOP_TIMEOUT = 30.0
 
 
@@ -149,7 +150,7 @@ class RabbitServer:
     (``rabbitmq-server`` from the system packages, run directly, not as a service); ready once
     ``rabbitmqctl await_startup`` says so, stopped with ``rabbitmqctl stop``."""
 
-    def __init__(self, timeout=START_TIMEOUT):
+    def __init__(self, timeout=RABBIT_START_TIMEOUT):
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="bench-rabbit-")
         d = self.dir
@@ -169,12 +170,12 @@ class RabbitServer:
         try:
             deadline = time.monotonic() + timeout
             while True:  # await_startup fails at once while the node has not registered yet
-                try:
-                    self._ctl("await_startup", timeout=timeout)
+                try:  # (else it waits for the boot: for what is left of the bound)
+                    self._ctl("await_startup", timeout=max(1.0, deadline - time.monotonic()))
                     break
-                except RuntimeError:
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
                     if self.proc.poll() is not None or time.monotonic() > deadline:
-                        raise
+                        raise RuntimeError(f"rabbitmq-server did not start within {timeout:g}s: {e}") from None
                     time.sleep(0.5)
         except BaseException:
             self.close()

@@ -108,14 +108,24 @@ def _owned_by_session(p) -> bool:
         return True  # gone already
 
 
+def _stray(p) -> bool:
+    """A child of the test's still running that the session does not own."""
+    try:
+        return (p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                and "resource_tracker" not in " ".join(p.cmdline()) and not _owned_by_session(p))
+    except psutil.NoSuchProcess:  # it ended between two looks (a loaded run saw one do so)
+        return False
+
+
 @pytest.fixture(autouse=True)
 def no_stray_children():
     yield
-    me = psutil.Process(os.getpid())
-    stray = [p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-             and "resource_tracker" not in " ".join(p.cmdline()) and not _owned_by_session(p)]
+    stray = [p for p in psutil.Process(os.getpid()).children(recursive=True) if _stray(p)]
     for p in stray:
-        p.kill()
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
     assert stray == [], f"test left processes running: {[p.pid for p in stray]}"
 
 

@@ -109,20 +109,20 @@ class Producing:
         lp = self._lockp
         if lp is None:
             raise self._closed()
-        mq, cap = self._mq, self._cap
-        size = _record_size(len(hraw), bl)
+        mq, cap = self._mq, self._cap  # (the record's size: computed where a branch needs it, not on C's)
         msg_id = post = 0
         if bl >= _FILL_MIN and not self._logged:
-            self._pace(size, timeout)
+            self._pace(_record_size(len(hraw), bl), timeout)
         now = _wall()
         fast_put = self._fast_put  # (the handle's paths': None on the Python paths)
         if fast_put is not None and (not self._logged or (self.wal.fd is not None and len(hraw) + bl <= _F_WAL_MAX)):
             gen, fd = self.wal.fd if self._logged else (0, -1)
             if bl >= _FILL_MIN and not self._logged:
-                return self._put_fill(body, hraw, size, now, timeout)
+                return self._put_fill(body, hraw, _record_size(len(hraw), bl), now, timeout)
             try:
                 r = fast_put(self._segp, self._base, cap, body, hraw, now, fd, gen)
                 if r == _F_FULL:
+                    size = _record_size(len(hraw), bl)
                     r, waited, left = self._wait_room_fast(  # (a partial: a lambda here would make put's locals cells)
                         r, partial(fast_put, self._segp, self._base, cap, body, hraw, now, fd, gen), size, timeout)
                     if r <= 0:  # the general append (uncounting a sleep still counted)
@@ -134,10 +134,11 @@ class Producing:
                     self._ne.release()
                 return r >> 1
             if r == _F_FALLBACK:
-                return self._append(((body, hraw, size),), timeout)[0]
+                return self._append(((body, hraw, _record_size(len(hraw), bl)),), timeout)[0]
             if r == _F_OWNERDEAD:
                 self._repair_held_lock()
             # busy: the Python path below waits for the lock
+        size = _record_size(len(hraw), bl)
         self._acquire(_lock_deadline(timeout), QueueFull)
         try:
             if mq[I_DELETED]:
