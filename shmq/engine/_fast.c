@@ -34,17 +34,7 @@
 
 #define WAL_MAX_PAYLOAD 4096 /* larger entries take the Python path (zlib's faster CRC) */
 
-/* results other than success */
-#define R_BUSY (-1)      /* lock busy: not taken */
-#define R_OWNERDEAD (-2) /* lock taken from a dead holder: the caller repairs, then unlocks */
-#define R_FALLBACK (-3)  /* not a fast-path case: lock released, nothing changed */
-#define R_EXPIRED (-4)   /* ack: the delivery is no longer leased */
-#define R_DELETED (-5)   /* the queue was deleted */
-#define R_EMPTY (-6)     /* take: nothing ready, nothing due (lock released) */
-#define R_SLEEP (-7)     /* take: the same, and the caller counted as a sleeper (W_REGISTER); put: see R_FULL */
-#define R_FULL (-8)      /* put: no room now (lock released); R_SLEEP: and the caller counted as waiting for it */
-#define R_OSERROR (-9)   /* internal: a log write failed (errno set); raised as OSError */
-#define R_UNFINISHED (-10) /* internal: a fill copied, its lock busy or taken from a dead holder: Python ends it */
+/* results other than success: R_*, _layout.h's enum shmq_ret (layout.py's RETURNS) */
 
 #define HOT(seg) ((uint64_t *)(seg) + HOT_W)
 /* how far apart this segment's consecutive message ids are: its queue's lanes (0 or 1: one ring) */
@@ -307,14 +297,20 @@ static uint64_t commit_fills(char *seg, uint64_t base, uint64_t cap) {
     return n;
 }
 
-/* Commit one written record by storing the tail (lock held; released here): msg_id << 1 |
- * 1 if a sleeping consumer is owed a post, as put and publish return it. */
+/* Publish the records written from the tail up to end, n of them ready: the tail stored first
+ * (the commit), the next id, the ready count; returns the consumer posts owed (lock held). The
+ * one commit of new records in C: ring.commit's twin (ring.py). */
+static inline uint64_t commit(uint64_t *h, uint64_t end, uint64_t next_id, uint64_t n) {
+    __atomic_store_n(&h[H_TAIL], end, __ATOMIC_RELEASE); /* commit */
+    h[H_NEXT_ID] = next_id;
+    h[H_READY] += n;
+    return owe_consumers(h, n);
+}
+
+/* Commit one written record (lock held; released here): msg_id << 1 | 1 if a sleeping
+ * consumer is owed a post, as put and publish return it. */
 static uint64_t publish_one(char *seg, uint64_t tail, uint64_t msg_id) {
-    uint64_t *h = HOT(seg);
-    __atomic_store_n(&h[H_TAIL], tail, __ATOMIC_RELEASE); /* commit */
-    h[H_NEXT_ID] = msg_id + ID_STEP(seg);
-    h[H_READY] += 1;
-    uint64_t post = owe_consumers(h, 1);
+    uint64_t post = commit(HOT(seg), tail, msg_id + ID_STEP(seg), 1);
     unlock(seg);
     return msg_id << 1 | post;
 }
@@ -1227,10 +1223,7 @@ static int put_many_core(char *seg, uint64_t base, uint64_t cap, Py_ssize_t n, c
         memcpy(a + REC_SIZE + hl, bodies[i], bl);
         pos += size;
     }
-    __atomic_store_n(&h[H_TAIL], pos, __ATOMIC_RELEASE); /* commit */
-    h[H_NEXT_ID] = id;
-    h[H_READY] += (uint64_t)n;
-    *posts_out = owe_consumers(h, (uint64_t)n);
+    *posts_out = commit(h, pos, id, (uint64_t)n);
     *first_out = first;
     unlock(seg);
     return 0;
@@ -1491,7 +1484,7 @@ typedef struct {
     PyObject *q, *hraw, *timeout, *slow; /* slow: the class, then the object the block was handed to */
     PyObject *loan, *view, *id;
     uint64_t size, pos;
-    int state; /* R_UNUSED, R_OPEN (claimed here), R_DONE, R_HANDED */
+    int state; /* RES_UNUSED, RES_OPEN (claimed here), RES_DONE, RES_HANDED */
 } Reservation;
 
 enum { RES_UNUSED, RES_OPEN, RES_DONE, RES_HANDED };

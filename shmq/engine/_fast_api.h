@@ -16,7 +16,7 @@
 
 typedef struct {
     int version; /* SHMQ_FAST_API_VERSION */
-    /* results other than success, as _fast.c's R_* */
+    /* results other than success, R_* (_layout.h's enum shmq_ret, from layout.py's RETURNS) */
     int r_busy, r_ownerdead, r_fallback, r_expired, r_deleted, r_empty, r_full, r_oserror;
     /* put: msg_id << 1 | (1 if a consumer post is owed), or R_* (R_OSERROR: errno says why) */
     int64_t (*put)(char *seg, uint64_t base, uint64_t cap, const char *body, uint64_t bl, const char *hraw,

@@ -71,5 +71,18 @@
 /* control words, from HOT_W; counters, from COUNTERS_W */
 enum { H_DELETED = 0, H_TAIL = 1, H_NEXT_ID = 2, H_PWAIT = 3, H_PPOSTED = 4, H_SETTINGS_GEN = 5, H_BELLS = 6, H_ROOM = 7, H_HEAD = 8, H_FRONTIER = 9, H_READY_POS = 10, H_REQUEUED = 11, H_IN_FLIGHT = 12, H_DELAYED = 13, H_NEXT_DEADLINE = 14, H_NEXT_LIVENESS = 15, H_READY = 16, H_CWAIT = 17, H_CPOSTED = 18 };
 enum { C_ACKED_TOTAL = 0, C_REDELIVERED_TOTAL = 1, C_DEAD_LETTERED_TOTAL = 2, C_PURGED_TOTAL = 3, C_REPAIRS = 4 };
+/* results other than success */
+enum shmq_ret {
+    R_BUSY = -1, /* lock busy: not taken */
+    R_OWNERDEAD = -2, /* lock taken from a dead holder: the caller repairs, then unlocks */
+    R_FALLBACK = -3, /* not a fast-path case: lock released, nothing changed */
+    R_EXPIRED = -4, /* ack: the delivery is no longer leased */
+    R_DELETED = -5, /* the queue was deleted */
+    R_EMPTY = -6, /* take: nothing ready, nothing due (lock released) */
+    R_SLEEP = -7, /* take: the same, and the caller counted as a sleeper (W_REGISTER); put: see R_FULL */
+    R_FULL = -8, /* put: no room now (lock released); R_SLEEP: and the caller counted as waiting for it */
+    R_OSERROR = -9, /* internal: a log write failed (errno set); raised as OSError */
+    R_UNFINISHED = -10, /* internal: a fill copied, its lock busy or taken from a dead holder: Python ends it */
+};
 
 #endif

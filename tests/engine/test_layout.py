@@ -94,7 +94,28 @@ def test_fast_c_copies_nothing_of_this_layout():
     source = open(os.path.join(os.path.dirname(path), "_fast.c")).read()
     assert '#include "_layout.h"' in source
     assert not re.search(r"\b(U64|U32)\([a-z]+ \+ \d", source), "a literal offset in _fast.c"
-    assert not re.search(r"#define (MUTEX_OFF|HOT_OFF|REC_SIZE|ST_\w+|WALCFG_W|LOG_HEAD)\b", source)
+    assert not re.search(r"#define (MUTEX_OFF|HOT_OFF|REC_SIZE|ST_\w+|WALCFG_W|LOG_HEAD|R_\w+)\b", source)
+
+
+def test_the_return_codes_are_layouts_table_in_c_and_in_cpaths():
+    """The C calls' return codes are declared once (layout.RETURNS): _layout.h's enum, the
+    plain ints cpaths hands the engine, and what the built _fast exports are its values."""
+    names = [name for name, _value, _meaning in L.RETURNS]
+    assert len(set(names)) == len(names) and len({v for _n, v, _m in L.RETURNS}) == len(names)
+    header = L.c_header()
+    for name, value, _meaning in L.RETURNS:
+        assert type(getattr(L, name)) is int and getattr(L, name) == value < 0
+        assert re.search(rf"^    {name} = {value}, /\*", header, re.M), name
+    fast = pytest.importorskip("shmq.engine._fast")
+    exported = {name: getattr(fast, name[2:]) for name in names if hasattr(fast, name[2:])}
+    assert set(exported) == {"R_BUSY", "R_OWNERDEAD", "R_FALLBACK", "R_EXPIRED", "R_DELETED", "R_EMPTY", "R_SLEEP",
+                             "R_FULL"}
+    assert exported == {name: getattr(L, name) for name in exported}, "a stale _fast build: pip install -e ."
+    from shmq.engine.shm import cpaths
+
+    if cpaths.FAST:
+        assert {n: getattr(cpaths, n[2:]) for n in exported} == exported
+        assert all(type(getattr(cpaths, n[2:])) is int for n in exported)
 
 
 def test_named_record_offsets_match_the_record_struct():

@@ -151,3 +151,36 @@ def test_place_never_lets_a_record_straddle_the_lap_end(cap):
                 continue
             pos, a = ring.place(mm, BASE, cap, tail, size)
             assert pos >= tail and pos % cap + size <= cap and a == BASE + pos % cap
+
+
+def test_commit_publishes_the_records_and_owes_posts_to_sleepers_only():
+    cap = 4096
+    mm, mq = _segment(cap)
+    pos = _append(mm, mq, cap, [64, 64])
+    mq[L.I_TAIL] = 0  # written, not yet published
+    mq[L.I_NEXT_ID] = 1
+    assert ring.commit(mq, pos[-1] + 64, 3, 2) == 0  # nobody asleep: no post
+    assert (mq[L.I_TAIL], mq[L.I_NEXT_ID], mq[L.I_READY]) == (128, 3, 2)
+    mq[L.I_CWAIT] = 3  # three sleepers, one posted already
+    mq[L.I_CPOSTED] = 1
+    assert ring.commit(mq, 192, 4, 1) == 1 and mq[L.I_CPOSTED] == 2
+    assert ring.commit(mq, 256, 6, 5) == 1 and mq[L.I_CPOSTED] == 3  # no more than are asleep
+    assert ring.commit(mq, 320, 7, 0) == 0 and mq[L.I_READY] == 8  # a delayed put's: counted by its caller
+
+
+def test_a_queues_commit_is_written_once_in_python_and_once_in_c():
+    """The ready count of new records moves only in ring.py (commit, commit_fills, a record made
+    ready again), and C stores a queue's tail only in commit, commit_fills and a lap reset."""
+    import os
+    import re
+
+    engine = os.path.dirname(os.path.dirname(ring.__file__))
+    writers = set()
+    for folder, _dirs, files in os.walk(engine):
+        for f in files:
+            if f.endswith(".py") and re.search(r"mq\[(L\.)?I_READY\] \+=", open(os.path.join(folder, f)).read()):
+                writers.add(f)
+    assert writers == {"ring.py"}
+    c = open(os.path.join(engine, "_fast.c")).read()
+    assert len(re.findall(r"__atomic_store_n\(&h\[H_TAIL\]", c)) == 2  # commit_fills, commit
+    assert len(re.findall(r"h\[H_TAIL\] = ", c)) == 1  # the lap reset (an empty ring, nothing to publish)

@@ -17,7 +17,7 @@ from ..shm import cpaths
 from . import dedup, extension, housekeeping
 from ..shm import ring, waits
 from ..shm import layout as L
-from ..shm.layout import I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY, I_READY_POS, I_TAIL
+from ..shm.layout import I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY_POS, I_TAIL
 from .reserve import Reservation, Reservations
 from ..shm.mutex import FOREVER
 from ..shm.mutex import unlock as _unlock
@@ -34,6 +34,7 @@ _WALK = L.FLAG_WALK
 _CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
 _encode_put_entry = dmsq.encode_put_entry
 _write_record = ring.write_record
+_commit = ring.commit
 _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _INT = frozenset({int})
 _EMPTY = b""
@@ -152,11 +153,7 @@ class Producing:
                 if self._logged:  # logged (and fsynced, by policy) before the commit below
                     self.wal.append(_encode_put_entry(msg_id, now, hraw, body))
                 _write_record(self._mm, a, _READY, size, body, hraw, msg_id, now)
-                mq[I_TAIL] = tail + size  # commit
-                mq[I_NEXT_ID] = msg_id + self._id_step
-                mq[I_READY] += 1
-                if mq[I_CWAIT]:
-                    post = waits.owed_posts(mq, _CONSUMERS, 1)
+                post = _commit(mq, tail + size, msg_id + self._id_step, 1)
         finally:
             _unlock(lp)
         if msg_id:
@@ -731,10 +728,7 @@ class Producing:
                 b = a + _REC
                 self.wal.append(_encode_put_entry(msg_id, now, mm[b:b + hl], mm[b + hl:b + hl + size]))
             mq[(a >> 3) + L.R_ENQ] = now
-            mq[I_TAIL] = pos + rec  # commit
-            mq[I_NEXT_ID] = msg_id + self._id_step
-            mq[I_READY] += 1
-            post = waits.owed_posts(mq, _CONSUMERS, 1)
+            post = _commit(mq, pos + rec, msg_id + self._id_step, 1)
         finally:
             _unlock(self._lockp)
         if post:
@@ -797,14 +791,12 @@ class Producing:
                 mq[_I_FILL] = pos
                 return list(range(first_id, next_id, step)), waits.owed_posts(
                     mq, _CONSUMERS, ring.commit_fills(mq, cap, base))
-            mq[I_TAIL] = pos  # commit
-            mq[I_NEXT_ID] = next_id
             if delay_ns:
+                _commit(mq, pos, next_id, 0)
                 mq[L.I_DELAYED] += n
                 if due < mq[L.I_NEXT_DEADLINE]:
                     mq[L.I_NEXT_DEADLINE] = due
                 return list(range(first_id, next_id, step)), 0
-            mq[I_READY] += n
-            return list(range(first_id, next_id, step)), waits.owed_posts(mq, _CONSUMERS, n)
+            return list(range(first_id, next_id, step)), _commit(mq, pos, next_id, n)
         finally:
             _unlock(self._lockp)

@@ -724,11 +724,8 @@ class Queue(Producing, Consuming, Settling):
             if once:  # the token is the next id, which the commit below takes
                 dedup.remember(mq, self._dedup_off, once, next_id, wall + self._dedup_window_ns)
                 next_id += step
-            mq[I_TAIL] = pos  # commit
-            mq[I_NEXT_ID] = next_id
-            mq[I_READY] += ready
+            post = ring.commit(mq, pos, next_id, ready)
             mq[L.I_DELAYED] += delayed
-            post = waits.owed_posts(mq, _CONSUMERS, ready)
         finally:
             _unlock(self._lockp)
         for _ in range(post):

@@ -6,11 +6,14 @@ handle binds a paths object when it attaches (``queues/paths.py``'s ``QueuePaths
 ``streams/paths.py``'s ``PartitionPaths``): the C one, or the Python one, whose entries
 are None ("take the Python path"). ``set_enabled`` (for the tests and the benchmark)
 changes only this module's default, so only handles attached afterwards; nothing here
-rewrites another module, and this module imports nothing of the engine.
+rewrites another module, and this module imports nothing of the engine but ``layout``
+(the C calls' return codes, ``layout.RETURNS``).
 """
 
 import os
 import warnings
+
+from . import layout as L
 
 try:
     from .. import _fast
@@ -28,16 +31,16 @@ __all__ = ["FAST", "C", "OWNERDEAD", "FALLBACK", "BUSY", "EMPTY", "SLEEP", "FULL
 FAST = _fast is not None and os.environ.get("SHMQ_PURE_PYTHON", "") in ("", "0")
 C = _fast if FAST else None  # the extension whose calls the C paths objects hold (None: no C paths here)
 # what the C calls return (they mean something only where C runs)
-OWNERDEAD = _fast.OWNERDEAD if FAST else None  # the lock was taken from a dead holder: repair, then unlock
-FALLBACK = _fast.FALLBACK if FAST else None  # not a plain case: nothing done, take the Python path
-BUSY = _fast.BUSY if FAST else None  # the lock stayed busy past LOCK_WAIT_NS (a stopped holder?): Python waits on
-EMPTY = _fast.EMPTY if FAST else None  # a take found nothing ready and nothing due: spin, or sleep
-SLEEP = _fast.SLEEP if FAST else None  # ... and counted the caller as a sleeper (W_REGISTER): sleep, then take again
-FULL = _fast.FULL if FAST else None  # a put found no room now (SLEEP: and counted the caller as waiting for some)
+OWNERDEAD = L.R_OWNERDEAD if FAST else None  # the lock was taken from a dead holder: repair, then unlock
+FALLBACK = L.R_FALLBACK if FAST else None  # not a plain case: nothing done, take the Python path
+BUSY = L.R_BUSY if FAST else None  # the lock stayed busy past LOCK_WAIT_NS (a stopped holder?): Python waits on
+EMPTY = L.R_EMPTY if FAST else None  # a take found nothing ready and nothing due: spin, or sleep
+SLEEP = L.R_SLEEP if FAST else None  # ... and counted the caller as a sleeper (W_REGISTER): sleep, then take again
+FULL = L.R_FULL if FAST else None  # a put found no room now (SLEEP: and counted the caller as waiting for some)
 W_REGISTER = _fast.W_REGISTER if FAST else 0  # a take's wait bit: count the caller as a sleeper when it finds nothing
 W_FILL = _fast.W_FILL if FAST else 0  # a put's wait bit: copy the body with the lock let go (layout.FILL_OFF)
-EXPIRED = _fast.EXPIRED if FAST else None
-DELETED = _fast.DELETED if FAST else None
+EXPIRED = L.R_EXPIRED if FAST else None
+DELETED = L.R_DELETED if FAST else None
 WAL_MAX_PAYLOAD = _fast.WAL_MAX_PAYLOAD if FAST else 0  # larger wal puts take the Python fast path
 serve_own = _fast.serve_own if _fast is not None else None  # the C paths' side of ``waits.serving``
 # a doorbell semaphore whose wait lets a signal handler's exception through (posix_ipc's loses it)

@@ -28,6 +28,8 @@ __all__ = [
     "COUNTER_FIELDS", "PROCS_OFF", "PROC", "PROC_SIZE", "WALCFG", "WALCFG_OFF", "WAL_WORDS_OFF", "TIMENS_OFF", "WORD",
     "REC_FIELDS", "REC_OFFSETS", "field_offsets", "R_STATUS", "R_LENGTH", "R_MSG_ID", "R_ENQ", "R_DEADLINE",
     "P_CWAIT", "P_PWAIT", "P_ACKED", "P_REDELIVERED", "P_BELLS", "P_CONSUMERS", "OPTS_LANES_OFF", "id_step", "proc_word",
+    "RETURNS", "R_BUSY", "R_OWNERDEAD", "R_FALLBACK", "R_EXPIRED", "R_DELETED", "R_EMPTY", "R_SLEEP", "R_FULL",
+    "R_OSERROR", "R_UNFINISHED",
     "WAL_NEVER", "WAL_ALWAYS", "WAL_BATCH", "WAL_SUSPENDED", "WAL_ALARM", "WAL_POLICY", "c_header",
     "java_layout",
     "OPTS", "OPTS_FIELDS", "OPTS_OFF", "XWORDS_OFF", "XWORD_FIELDS", "I_SPECIAL", "I_NEXT_TTL", "I_EXPIRED_TOTAL",
@@ -358,6 +360,27 @@ def place(tail: int, size: int, capacity: int) -> tuple[int, int]:
     return start, start + size
 
 
+# --- what the C hot paths return other than success -------------------------------------
+# (name, value, meaning): _layout.h's ``enum shmq_ret``, and the plain ints below, which cpaths.py
+# hands the engine (None there where C does not run); _fast exports the first eight without R_
+RETURNS = (
+    ("R_BUSY", -1, "lock busy: not taken"),
+    ("R_OWNERDEAD", -2, "lock taken from a dead holder: the caller repairs, then unlocks"),
+    ("R_FALLBACK", -3, "not a fast-path case: lock released, nothing changed"),
+    ("R_EXPIRED", -4, "ack: the delivery is no longer leased"),
+    ("R_DELETED", -5, "the queue was deleted"),
+    ("R_EMPTY", -6, "take: nothing ready, nothing due (lock released)"),
+    ("R_SLEEP", -7, "take: the same, and the caller counted as a sleeper (W_REGISTER); put: see R_FULL"),
+    ("R_FULL", -8, "put: no room now (lock released); R_SLEEP: and the caller counted as waiting for it"),
+    ("R_OSERROR", -9, "internal: a log write failed (errno set); raised as OSError"),
+    ("R_UNFINISHED", -10, "internal: a fill copied, its lock busy or taken from a dead holder: Python ends it"),
+)
+_RET = {name: value for name, value, _meaning in RETURNS}
+R_BUSY, R_OWNERDEAD, R_FALLBACK, R_EXPIRED, R_DELETED, R_EMPTY, R_SLEEP, R_FULL, R_OSERROR, R_UNFINISHED = (
+    _RET[n] for n in ("R_BUSY", "R_OWNERDEAD", "R_FALLBACK", "R_EXPIRED", "R_DELETED", "R_EMPTY", "R_SLEEP", "R_FULL",
+                      "R_OSERROR", "R_UNFINISHED"))
+
+
 # --- the C hot paths' copy ---------------------------------------------------------------
 
 
@@ -396,6 +419,8 @@ def c_header() -> str:
     lines.append("enum { " + ", ".join(f"H_{f.upper()} = {i}" for i, f in enumerate(HOT_FIELDS)
                                       if not f.startswith("_")) + " };")
     lines.append("enum { " + ", ".join(f"C_{f.upper()} = {i}" for i, f in enumerate(COUNTER_FIELDS)) + " };")
+    lines.append("/* results other than success */")
+    lines += ["enum shmq_ret {", *(f"    {name} = {value}, /* {meaning} */" for name, value, meaning in RETURNS), "};"]
     lines += ["", "#endif", ""]
     return "\n".join(lines)
 

@@ -11,9 +11,10 @@ reuse these as they are.
 import os
 
 from . import layout as L
+from . import waits
 
 __all__ = ["records", "copy_used", "copied_records", "place", "write_record", "leased_word", "make_ready",
-           "advance_head", "freed_at", "next_ready", "append_end", "commit_fills", "window", "early_wrap", "spill_start",
+           "advance_head", "freed_at", "next_ready", "append_end", "commit", "commit_fills", "window", "early_wrap", "spill_start",
            "fits", "write_pad", "bytes_used", "suspect_fill", "void_fill"]
 
 _REC = L.REC_SIZE
@@ -22,6 +23,9 @@ _LEASED, _READY, _ACKED, _PAD, _FILLING = L.LEASED, L.READY, L.ACKED, L.PAD, L.F
 R_LENGTH, R_MSG_ID, R_DEADLINE = L.R_LENGTH, L.R_MSG_ID, L.R_DEADLINE
 I_HEAD, I_TAIL, I_FRONTIER, I_READY_POS = L.I_HEAD, L.I_TAIL, L.I_FRONTIER, L.I_READY_POS
 I_READY, I_REQUEUED, I_FILL = L.I_READY, L.I_REQUEUED, L.I_FILL
+I_NEXT_ID, I_CWAIT = L.I_NEXT_ID, L.I_CWAIT
+_CONSUMERS = waits.CONSUMERS
+_owed_posts = waits.owed_posts
 
 
 def records(mq, cap, base, pos, end):
@@ -165,6 +169,21 @@ def append_end(mq) -> int:
     else at the tail. Lock held."""
     fill, tail = mq[I_FILL], mq[I_TAIL]
     return fill if fill > tail else tail
+
+
+def commit(mq, end, next_id, ready) -> int:
+    """Publish the records written from the tail up to ``end``: the tail is stored first
+    (the commit: a record before it is whole), then the next message id and the count of
+    ``ready`` ones (a delayed put's are counted by its caller). Returns how many sleeping
+    consumers are owed a post (counted as posted). Lock held. The one commit of new
+    records in Python (``commit_fills`` moves the tail over records already counted
+    placed); _fast.c's ``commit`` is its twin."""
+    mq[I_TAIL] = end  # commit
+    mq[I_NEXT_ID] = next_id
+    if not ready:
+        return 0
+    mq[I_READY] += ready
+    return _owed_posts(mq, _CONSUMERS, ready) if mq[I_CWAIT] else 0
 
 
 def commit_fills(mq, cap, base) -> int:
