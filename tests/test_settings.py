@@ -116,3 +116,28 @@ def test_a_stream_made_with_no_settings_has_the_tables_defaults(both, broker):
     for i, b in enumerate(both):
         b.create_stream(f"defaults{i}")
         assert engine_broker.stream_settings(broker.stream(f"defaults{i}")) == want
+
+
+@pytest.mark.parametrize("kind", TABLES)
+def test_a_duration_in_seconds_is_held_in_whole_nanoseconds_and_refused_as_a_string(broker, kind):
+    """The table's ``seconds`` rows: a queue or stream made with each holds it as the number
+    of seconds asked (to the nanosecond; priority_aging and expires to the millisecond), and
+    a string for one is refused, naming it, locally, and a queue option's before a CREATE is
+    sent."""
+    from shmq.protocol import payloads
+
+    rows = [s for s in TABLES[kind] if s.seconds]
+    assert {s.name for s in rows} == (S.QUEUE_SECONDS if kind == "queue" else S.STREAM_SECONDS)
+    create = getattr(broker, f"create_{kind}")
+    for i, s in enumerate(rows):
+        obj = create(f"d{i}", **{s.name: 12.5})
+        held = obj.settings() if kind == "queue" else engine_broker.stream_settings(obj)
+        assert held[s.name] == 12.5, s.name
+        with pytest.raises((TypeError, ValueError), match=s.name):
+            create(f"e{i}", **{s.name: "12.5"})
+    if kind == "queue":  # the options CREATE sends as given: their type checked before sending
+        options = {s.name for s in rows} & set(payloads.QUEUE_OPTIONS)
+        assert options == payloads._SECONDS_OPTIONS
+        for name in options:
+            with pytest.raises(TypeError, match="number of seconds"):
+                payloads.create_fields("q", 1 << 20, None, 30.0, None, None, False, **{name: "12.5"})

@@ -45,7 +45,7 @@ from ..protocol.payloads import (
     stats_from_fields,
     stream_create_fields,
 )
-from ..model.settings import QUEUE, STREAM
+from ..model.settings import QUEUE, QUEUE_SETTINGS, STREAM
 from ..model.steps import PUT_RETRY_S, Pause, Run, deadline, retry_while_full
 from .connection import HELLO_MSG_ID, ClientCore
 from .options import parse_url, split_url
@@ -251,9 +251,7 @@ def _changing_settings(request: Send):
     return reply["settings"]
 
 
-_SETTING_KEYS = ("max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue",
-                 "durability", "priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff",
-                 "retry_delay_max", "priority_aging", "lanes", "auto_delete", "expires")
+_SETTING_KEYS = frozenset(QUEUE_SETTINGS)
 
 
 # ---------------------------------------------------------------- the API, once

@@ -25,7 +25,7 @@ from .shm.segment import (SHM_DIR, check_namespace, check_queue_name, create_seg
                           share_namespace, unlink_segment, unlink_semaphore)
 from ..model import faces
 from ..model.settings import FIXED_QUEUE_SETTINGS, FIXED_STREAM_SETTINGS, MUTABLE_QUEUE_SETTINGS
-from ..model.settings import MUTABLE_STREAM_SETTINGS, QUEUE, STREAM
+from ..model.settings import MUTABLE_STREAM_SETTINGS, QUEUE, QUEUE_SECONDS, STREAM, STREAM_SECONDS
 from ..errors import (
     NamespaceNotFound, QueueExists, QueueNotFound, SettingsMismatch, ShmqError, StreamExists, StreamNotFound,
 )
@@ -921,12 +921,12 @@ def _queue_as_held(key, value, lanes):
         return L.align(value // lanes) * lanes
     if key == "priority_aging":  # whole milliseconds, at least one
         return None if value is None else max(int(value * 1e9) // 1_000_000, 1) * 1_000_000 / 1e9
-    if key in ("visibility_timeout", "message_ttl", "dedup_window", "retry_delay", "retry_delay_max"):
+    if key == "expires":  # whole milliseconds, at least one
+        return None if value is None else (_lifetime(False, value) >> L.LIFE_EXPIRES_SHIFT) / 1000
+    if key in QUEUE_SECONDS:
         return _held_seconds(value)
     if key == "retry_backoff":
         return float(value)
-    if key == "expires":  # whole milliseconds, at least one
-        return None if value is None else (_lifetime(False, value) >> L.LIFE_EXPIRES_SHIFT) / 1000
     return value
 
 
@@ -962,8 +962,8 @@ def _stream_as_held(key, value, max_bytes):
         return min(value, max_bytes - L.REC_SIZE)
     if key in ("retention_bytes", "segment_bytes"):
         return None if value is None else int(value)
-    if key in ("retention_seconds", "group_idle_timeout", "delete_retention_seconds", "max_compaction_lag_seconds"):
-        return None if value is None else _held_seconds(value)
+    if key in STREAM_SECONDS:
+        return _held_seconds(value)
     if key == "min_cleanable_dirty_ratio":
         return round(value * 1e6) / 1e6
     return value

@@ -13,7 +13,8 @@ checks only the type, the CLI only what its option type says.)
 from typing import NamedTuple
 
 __all__ = ["Setting", "QUEUE_TABLE", "STREAM_TABLE", "QUEUE", "STREAM", "MUTABLE_QUEUE_SETTINGS",
-           "FIXED_QUEUE_SETTINGS", "MUTABLE_STREAM_SETTINGS", "FIXED_STREAM_SETTINGS", "STREAM_INFO", "SAME"]
+           "FIXED_QUEUE_SETTINGS", "MUTABLE_STREAM_SETTINGS", "FIXED_STREAM_SETTINGS", "STREAM_INFO", "SAME",
+           "QUEUE_SETTINGS", "QUEUE_SECONDS", "STREAM_SECONDS"]
 
 SAME = "same"  # a remote default that is the row's own
 
@@ -23,7 +24,8 @@ class Setting(NamedTuple):
     non_negative, number, number_or_nil, str, bool); ``field`` is the DEADBEEF field where
     it is not the name (a duration in ms); ``remote`` the TCP clients' default where it is
     not ``default`` (None: the server decides); ``cli`` whether ``shmq queue|stream
-    create`` has ``--NAME``; ``kafka`` the topic config it is."""
+    create`` has ``--NAME``; ``kafka`` the topic config it is; ``seconds`` whether it is a
+    duration in seconds (a number: ``QUEUE_SECONDS``, ``STREAM_SECONDS``)."""
 
     name: str
     default: object
@@ -33,6 +35,7 @@ class Setting(NamedTuple):
     remote: object = SAME
     cli: bool = True
     kafka: str | None = None
+    seconds: bool = False
 
     @property
     def wire_field(self) -> str:
@@ -57,20 +60,20 @@ MiB = 2**20
 QUEUE_TABLE = (
     Setting("max_bytes", 64 * MiB, False, "positive"),
     Setting("max_message_bytes", None, False, "positive"),  # None: 1 MiB, less if max_bytes is smaller
-    Setting("visibility_timeout", 30.0, True, "non_negative", field="visibility_timeout_ms"),
+    Setting("visibility_timeout", 30.0, True, "non_negative", field="visibility_timeout_ms", seconds=True),
     Setting("max_deliveries", None, True, "positive"),
     Setting("dead_letter_queue", None, True, "str"),
     Setting("durability", "snapshot", False, "str", remote=None),
     Setting("priorities", 1, False, "int"),
-    Setting("message_ttl", None, True, "number_or_nil"),
-    Setting("dedup_window", 300.0, True, "number"),
-    Setting("retry_delay", 0.0, True, "number"),
+    Setting("message_ttl", None, True, "number_or_nil", seconds=True),
+    Setting("dedup_window", 300.0, True, "number", seconds=True),
+    Setting("retry_delay", 0.0, True, "number", seconds=True),
     Setting("retry_backoff", 1.0, True, "number"),
-    Setting("retry_delay_max", None, True, "number_or_nil"),
-    Setting("priority_aging", 60.0, True, "number_or_nil"),
+    Setting("retry_delay_max", None, True, "number_or_nil", seconds=True),
+    Setting("priority_aging", 60.0, True, "number_or_nil", seconds=True),
     Setting("lanes", 1, False, "int"),
     Setting("auto_delete", False, False, "bool"),
-    Setting("expires", None, True, "number_or_nil"),
+    Setting("expires", None, True, "number_or_nil", seconds=True),
 )
 
 STREAM_TABLE = (
@@ -79,16 +82,16 @@ STREAM_TABLE = (
     Setting("max_message_bytes", MiB, True, "int", kafka="max.message.bytes"),
     Setting("retention", "drop", False, "str"),
     Setting("retention_bytes", None, True, "number", kafka="retention.bytes"),
-    Setting("retention_seconds", None, True, "number", kafka="retention.ms"),
-    Setting("group_idle_timeout", 300.0, False, "number"),
+    Setting("retention_seconds", None, True, "number", kafka="retention.ms", seconds=True),
+    Setting("group_idle_timeout", 300.0, False, "number", seconds=True),
     Setting("durability", "snapshot", False, "str"),
     Setting("timestamp_type", "create_time", True, "str", cli=False, kafka="message.timestamp.type"),
     Setting("compression", "producer", True, "str", cli=False, kafka="compression.type"),
     Setting("segment_bytes", None, True, "int", cli=False, kafka="segment.bytes"),
     Setting("compact", False, True, "bool", kafka="cleanup.policy"),
-    Setting("delete_retention_seconds", 86400.0, True, "number", kafka="delete.retention.ms"),
+    Setting("delete_retention_seconds", 86400.0, True, "number", kafka="delete.retention.ms", seconds=True),
     Setting("min_cleanable_dirty_ratio", 0.5, True, "number", cli=False, kafka="min.cleanable.dirty.ratio"),
-    Setting("max_compaction_lag_seconds", None, True, "number", cli=False, kafka="max.compaction.lag.ms"),
+    Setting("max_compaction_lag_seconds", None, True, "number", cli=False, kafka="max.compaction.lag.ms", seconds=True),
 )
 
 
@@ -109,6 +112,11 @@ MUTABLE_QUEUE_SETTINGS = tuple(s.name for s in QUEUE_TABLE if s.mutable)
 FIXED_QUEUE_SETTINGS = tuple(s.name for s in QUEUE_TABLE if not s.mutable)
 MUTABLE_STREAM_SETTINGS = tuple(s.name for s in STREAM_TABLE if s.mutable)
 FIXED_STREAM_SETTINGS = tuple(s.name for s in STREAM_TABLE if not s.mutable)
+# a queue's settings, in the table's order (``Queue.settings()``'s keys; what a snapshot keeps)
+QUEUE_SETTINGS = tuple(s.name for s in QUEUE_TABLE)
+# the durations in seconds
+QUEUE_SECONDS = frozenset(s.name for s in QUEUE_TABLE if s.seconds)
+STREAM_SECONDS = frozenset(s.name for s in STREAM_TABLE if s.seconds)
 
 # a stream's settings, as STREAM_CREATE and STREAM_INFO replies give them (and a handle has them)
 STREAM_INFO = ("partitions", "max_bytes", "max_message_bytes", "retention", "retention_bytes", "retention_seconds",

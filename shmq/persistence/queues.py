@@ -16,6 +16,7 @@ from ..engine.queues.queue import Queue
 from ..engine.shm.names import lane_name
 from ..formats.logfiles import split_partition_name
 from ..errors import LayoutMismatch, ShmqError
+from ..model.settings import QUEUE_SETTINGS
 from .files import lanes_of, read_snapshot_file, set_aside, snapshot_path, wal_files
 
 log = logging.getLogger("shmq.persistence")
@@ -68,9 +69,7 @@ def snapshot_queue(q: Queue, data_dir: str, fsync: bool = True, written: dict | 
 
 # the settings a snapshot keeps that ``create_queue`` takes back (format version 2 adds the work-queue options;
 # auto_delete and expires came later, in the same open map)
-_CREATE_KEYS = ("max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue",
-                "durability", "priorities", "message_ttl", "dedup_window", "retry_delay", "retry_backoff",
-                "retry_delay_max", "priority_aging", "lanes", "auto_delete", "expires")
+_CREATE_KEYS = frozenset(QUEUE_SETTINGS)
 
 
 def _create_settings(settings: dict) -> dict:

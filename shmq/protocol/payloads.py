@@ -13,7 +13,7 @@ from operator import itemgetter
 from ..model.headers import encode_headers, encode_record_headers, per_item, record_headers
 from ..model.messages import Message, QueueStats, as_body
 from ..model.records import Record, RecordMetadata
-from ..model.settings import QUEUE, QUEUE_TABLE, STREAM_INFO
+from ..model.settings import QUEUE, QUEUE_SECONDS, QUEUE_TABLE, STREAM_INFO
 from .compression import check_codec, compress, decompress
 from .requests import MAX_RECORDS, check_records, normalize_records
 
@@ -32,7 +32,7 @@ _STATS_ADDED = {"consumers_waiting": 0, "producers_waiting": 0, "delayed": 0, "p
 # the work-queue options: the settings that are not create_fields' own parameters
 QUEUE_OPTIONS = tuple(s.name for s in QUEUE_TABLE if s.name not in (
     "max_bytes", "max_message_bytes", "visibility_timeout", "max_deliveries", "dead_letter_queue", "durability"))
-_SECONDS_OPTIONS = ("message_ttl", "dedup_window", "retry_delay", "retry_delay_max", "priority_aging", "expires")
+_SECONDS_OPTIONS = frozenset(QUEUE_OPTIONS) & QUEUE_SECONDS
 
 
 def ms(seconds, what) -> int:
