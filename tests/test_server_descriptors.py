@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 
+import psutil
 import pytest
 
 import shmq
@@ -175,12 +176,17 @@ def test_an_accept_out_of_descriptors_is_one_line_an_answer_and_no_spin(broker, 
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     try:
         url = f"tcp://127.0.0.1:{int(proc.stdout.readline())}"
+        serving = psutil.Process(proc.pid)
+        connections = getattr(serving, "net_connections", None) or serving.connections  # (psutil < 6)
         held, refused = _connect_all(url, 80)
         for b in held:
             b.close()
         assert held and refused, (len(held), refused)
         (error,) = refused  # each answered, none closed without a word (which the client took for TLS)
         assert error.startswith("LimitExceeded: the server is out of file descriptors"), error
+        # the server closes its ends of those connections as it reads their ends
+        wait_for(lambda: all(c.status == psutil.CONN_LISTEN for c in connections("tcp")), 10,
+                 "the server to close the connections its clients closed")
         with shmq.connect(url, connect_timeout=10, reconnect=False) as b:  # it still listens
             b.ping()
     finally:
