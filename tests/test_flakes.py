@@ -34,3 +34,25 @@ def test_none_failed_is_exit_0(tmp_path):
                         str(tmp_path / "test_toy.py")], capture_output=True, text=True, cwd=ROOT, timeout=120,
                        env={**os.environ, "PYTHONPATH": ROOT})
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == "tests.flakes: no test failed", r.stdout
+
+
+def test_costs_lists_the_tests_that_spent_cpu_and_those_that_waited(tmp_path):
+    """tests/costs.py: each test's wall and CPU time, and the CPUs' busy share, over a run."""
+    (tmp_path / "test_toy.py").write_text(
+        "import threading, time\n"
+        "def test_busy():\n"
+        "    end = time.process_time() + 0.3\n"
+        "    while time.process_time() < end:\n        pass\n"
+        "def test_waits():\n    threading.Event().wait(1.0)  # (what is measured: a second spent waiting)\n"
+        "def test_nothing():\n    pass\n")
+    r = subprocess.run([sys.executable, "-m", "tests.costs", "--top", "1", str(tmp_path / "test_toy.py"),
+                        "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()[-8:]
+    assert lines[0].startswith("tests.costs: 3 tests in ") and "% busy (" in lines[0], lines
+    assert lines[2].startswith("most CPU, by file:") and lines[3].endswith("test_toy.py"), lines
+    assert lines[4].startswith("most CPU, by test:") and lines[5].endswith("test_toy.py::test_busy"), lines
+    assert float(lines[5].split()[0]) >= 0.3, lines
+    assert lines[6].startswith("most waiting") and lines[7].endswith("test_toy.py::test_waits"), lines
+    assert float(lines[7].split()[0]) >= 0.9, lines
