@@ -22,7 +22,8 @@ import shmq
 from shmq.auth import default_data_dir
 from shmq.engine.shm.segment import namespace_entries
 from shmq.persistence import Snapshotter
-from shmq.server.metrics import LATENCY_BUCKETS, Metrics, ShmqCollector, parse_address
+from shmq.server.exporter import ShmqCollector, snapshot_families
+from shmq.server.metrics import LATENCY_BUCKETS, Metrics, parse_address
 from tests.test_server_tcp import ServerProcess
 
 
@@ -388,9 +389,18 @@ def test_the_snapshotter_counts_a_gone_data_dir(broker, tmp_path):
         shutil.rmtree(data)
         snap.run_once()
         assert snap.failures == 1  # the round, once
-        failures, queues, _streams, alarm, _free = metrics.snapshot_families()
+        failures, queues, _streams, alarm, _free = snapshot_families(metrics.snapshotter)
         assert [s.value for s in alarm.samples] == [0]
         assert [s.value for s in failures.samples] == [1]
         assert [(s.labels, s.value) for s in queues.samples] == [({"queue": "q"}, snap.last_good[("queue", "q")])]
     finally:
         snap.close()
+
+
+def test_a_server_without_metrics_never_imports_prometheus_client():
+    """prometheus_client (its HTTP server and collectors) costs each server start a tenth
+    of its CPU: a server without --metrics, and the CLI, import none of it."""
+    code = ("import sys, shmq.server.main, shmq.server.tcp, shmq.cli.ops; "
+            "print(sorted(m for m in sys.modules if m.startswith('prometheus_client') or m == 'shmq.server.exporter'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr

@@ -133,7 +133,7 @@ def test_a_duration_in_seconds_is_held_in_whole_nanoseconds_and_refused_as_a_str
         obj = create(f"d{i}", **{s.name: 12.5})
         held = obj.settings() if kind == "queue" else engine_broker.stream_settings(obj)
         assert held[s.name] == 12.5, s.name
-        with pytest.raises((TypeError, ValueError), match=s.name):
+        with pytest.raises(TypeError, match=s.name):  # a type's error, on every seconds row alike
             create(f"e{i}", **{s.name: "12.5"})
     if kind == "queue":  # the options CREATE sends as given: their type checked before sending
         options = {s.name for s in rows} & set(payloads.QUEUE_OPTIONS)

@@ -582,9 +582,7 @@ class Broker:
                               max_compaction_lag_seconds)
         if retention not in L.RETENTION:
             raise ValueError(f"retention must be 'drop' or 'block', not {retention!r}")
-        if isinstance(group_idle_timeout, bool) or not isinstance(group_idle_timeout, (int, float)) \
-                or not 0 < group_idle_timeout < 10**9:
-            raise ValueError(f"group_idle_timeout must be > 0 seconds, not {group_idle_timeout!r}")
+        _seconds(group_idle_timeout, "group_idle_timeout", allow_zero=False)
         if durability not in _DURABILITY_MODES:
             raise ValueError(f"durability must be one of {', '.join(_DURABILITY_MODES)}, not {durability!r}")
         reg = self._reg(make=True)
@@ -865,6 +863,9 @@ def _live_settings(max_bytes, max_message_bytes, retention_bytes, retention_seco
     """The stream settings a live stream changes, checked, as its header holds them (``layout.STREAM_LIVE``'s
     fields but the partition count)."""
     maxmsg = min(_positive_int(max_message_bytes, "max_message_bytes"), max_bytes - L.REC_SIZE)
+    if retention_seconds is not None and (isinstance(retention_seconds, bool)
+                                          or not isinstance(retention_seconds, (int, float))):
+        raise TypeError(f"retention_seconds must be a number of seconds or None, not {retention_seconds!r}")
     for value, what in ((retention_bytes, "retention_bytes"), (retention_seconds, "retention_seconds"),
                         (segment_bytes, "segment_bytes")):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not
