@@ -11,7 +11,6 @@ run again.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import shlex
 import sys
 
@@ -48,6 +47,7 @@ def publish(info, settings, skipped, results, notes, dur, plot_path, stream_part
     print(plot.draw(plot_path, results, dur, title))
 
 
+@harness.leaves_no_processes
 def main(argv=None, prog="python -m bench", **defaults):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv, prog, __doc__.splitlines()[0], **defaults)
@@ -60,7 +60,7 @@ def main(argv=None, prog="python -m bench", **defaults):
             stream_part = report.read_stream_doc(doc["streams"])
         publish(info, settings, skipped, results, notes, dur, args.plot, stream_part)
     else:
-        ctx = mp.get_context("spawn")
+        ctx = harness.context()
         info, skipped, results, notes = run_matrix(args, ctx)
         dur = []
         if args.durability:

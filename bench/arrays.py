@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import shlex
 import statistics
 import sys
 import time
 
-from bench import provenance
+from bench import harness, provenance
 from bench.adapters import run_namespace
 from bench.machine import machine_info
 from bench.plan import parse_size
@@ -376,6 +375,7 @@ def _size_text(n):
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
+@harness.leaves_no_processes
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
@@ -400,7 +400,7 @@ def main(argv=None) -> int:
     if not sizes or not pairs_list or min(sizes) < 4 or min(pairs_list) < 1:
         p.error("--sizes wants arrays of 4 bytes or more, --pairs 1 loader or more")
     skipped = {s: why for s in systems if (why := available(s))}
-    ctx = mp.get_context("spawn")
+    ctx = harness.context()
     load = os.getloadavg()[0]
     raw = []
     for run in range(args.runs):  # the systems alternate, so a change in the machine's load hits them alike

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import shlex
 import statistics
 import sys
 import time
 
-from bench import provenance
+from bench import harness, provenance
 from bench.adapters import run_namespace
 from bench.machine import machine_info
 from bench.servers import ShmqServer
@@ -156,6 +155,7 @@ def print_table(rows, args):
               f"{r['p99_us']:>8.1f} {r['max_us']:>9.0f} {r['compactions']:>6.0f} {r['compacted_bytes'] / 2**20:>9.1f}")
 
 
+@harness.leaves_no_processes
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="write the runs here")
     args = p.parse_args(argv)
     batches = [int(x) for x in args.batches.split(",")]
-    ctx = mp.get_context("spawn")
+    ctx = harness.context()
     load = os.getloadavg()[0]
     runs = []
     for run in range(args.runs):  # the cases alternate, so a change in the machine's load hits them alike

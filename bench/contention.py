@@ -13,7 +13,6 @@ test; ``--report JSON`` prints a saved run again.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import shlex
 import sys
@@ -75,6 +74,7 @@ def run_contention(args, ctx):
     return harness.run_systems(list(dict.fromkeys(s for s, _, _ in args.ops)), jobs, ctx, args.run_timeout)
 
 
+@harness.leaves_no_processes
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -89,7 +89,7 @@ def main(argv=None):
         args.command = shlex.join(["python", "-m", "bench.contention", *argv])
         args.cpus = ()
         load = os.getloadavg()[0]
-        skipped, results, notes = run_contention(args, mp.get_context("spawn"))
+        skipped, results, notes = run_contention(args, harness.context())
         info = dict(machine_info(), load=(load, os.getloadavg()[0]))
         if args.json:
             report.write_json(args.json, "queues", info, args, skipped, results, notes,

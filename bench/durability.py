@@ -10,7 +10,6 @@ local attach. Figures are medians of ``--runs`` runs; ratios are against memory 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import sys
 
 from bench import harness, report
@@ -38,6 +37,7 @@ def run_modes(ctx, count, trips, runs, run_timeout, cpus):
     return rows, notes
 
 
+@harness.leaves_no_processes
 def main(argv=None):
     full_count, full_trips, full_runs = DURABILITY_COUNTS["full"]
     ap = argparse.ArgumentParser(prog="python -m bench.durability", description=__doc__.splitlines()[0])
@@ -49,7 +49,7 @@ def main(argv=None):
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="let the OS place the two processes")
     args = ap.parse_args(argv)
     runs, count, trips = (1, args.count // 10, args.trips // 10) if args.quick else (args.runs, args.count, args.trips)
-    rows, notes = run_modes(mp.get_context("spawn"), count, trips, runs, args.run_timeout, pin_cpus(args.pin))
+    rows, notes = run_modes(harness.context(), count, trips, runs, args.run_timeout, pin_cpus(args.pin))
     report.print_durability(rows)
     for note in notes:
         print(f"note: {note}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import shlex
 import signal
@@ -28,7 +27,7 @@ import tempfile
 import time
 import uuid
 
-from bench import provenance
+from bench import harness, provenance
 from bench.machine import dist_versions, machine_info
 from bench.servers import RedisServer, ShmqServer
 
@@ -119,7 +118,7 @@ class Workers:
 
 
 def produce(tool, env, count, started):
-    """The one producer, in a process of its own (spawned: nothing of the harness's state,
+    """The one producer, in a process of its own (forked from the bench's process server: nothing of the harness's state,
     the run's environment only): imports bench.job_apps, sends ``count`` jobs, closes."""
     os.environ.update(env)
     import bench.job_apps as apps
@@ -149,7 +148,7 @@ def one_run(tool, broker, mode, url, args):
                BENCH_JOBS_CHORD=str(CHORD_PARTS) if mode == "chord" else "0",
                SHMQ_NAMESPACE=ns if broker == "shmq" else os.environ.get("SHMQ_NAMESPACE", ns))
     workers = Workers(tool, env, args)
-    ctx = mp.get_context("spawn")
+    ctx = harness.context()
     started = ctx.Queue()
     producer = ctx.Process(target=produce, args=(tool, env, args.jobs, started), daemon=True)
     try:
@@ -178,6 +177,7 @@ def one_run(tool, broker, mode, url, args):
             destroy_namespace(ns)
 
 
+@harness.leaves_no_processes
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)

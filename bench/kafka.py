@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import re
 import shlex
@@ -50,7 +49,7 @@ import struct
 import sys
 import time
 
-from bench import provenance
+from bench import harness, provenance
 from bench.machine import dist_versions, machine_info
 from bench.servers import RedisServer, ShmqServer
 
@@ -347,11 +346,12 @@ class Systems:
             destroy_namespace(f"bench-{os.getpid()}-kafka")
 
 
+@harness.leaves_no_processes
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     info = dict(machine_info(), **dist_versions("confluent-kafka"), load=(os.getloadavg()[0], None))
-    ctx = mp.get_context("spawn")
+    ctx = harness.context()
     rows = []
     systems = Systems(args.systems)
     try:

@@ -18,7 +18,6 @@ Each figure is the median over ``--runs`` runs of each run's p50, in µs.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import select
 import socket
@@ -26,6 +25,7 @@ import statistics
 import sys
 import time
 
+from bench import harness
 from bench.plan import pin_cpus
 
 BODY = b"x" * 64
@@ -143,6 +143,7 @@ def pingpong(ctx, port, cpus, n):
     return p50
 
 
+@harness.leaves_no_processes
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.loopback", description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=20_000, help="round trips per run")
@@ -155,7 +156,7 @@ def main(argv=None):
     if len(cpus) < 2:
         print("python -m bench.loopback: needs two CPUs to pin to", file=sys.stderr)
         return 2
-    ctx = mp.get_context("spawn")
+    ctx = harness.context()
     spin = args.spin_us / 1e6
     med = lambda f: statistics.median(f() for _ in range(args.runs))  # noqa: E731
     print(f"loopback TCP, 64 B, plain Python sockets; p50 µs, median of {args.runs} runs of {args.count}; "

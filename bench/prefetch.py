@@ -23,13 +23,13 @@ import argparse
 import asyncio
 import importlib
 import importlib.util
-import multiprocessing as mp
 import os
 import shutil
 import statistics
 import sys
 import time
 
+from bench import harness
 from bench.plan import pin_cpus
 
 PREFETCH = 100
@@ -309,6 +309,7 @@ def run_once(ctx, system, size, count, cpus, timeout):
         system.drop(name)
 
 
+@harness.leaves_no_processes
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.prefetch", description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -320,7 +321,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     cpus = pin_cpus(args.pin)
-    ctx = mp.get_context("spawn")
+    ctx = harness.context()
     results, skipped = {}, {}
     load = os.getloadavg()[0]
     for name in args.systems.split(","):

@@ -16,7 +16,7 @@ from dataclasses import asdict
 
 from bench import provenance
 from bench.adapters import REGISTRY, STREAM_REGISTRY, acks
-from bench.harness import CaseResult
+from bench.harness import START_METHOD, CaseResult
 from bench.machine import STREAM_VERSIONED, VERSIONED, speed_text
 from bench.plan import BASELINE, BATCH, KAFKA_REFERENCE, OWN, QUEUE_BYTES, RTT_SIZE, WARMUP, size_label
 
@@ -84,7 +84,7 @@ def print_header(info, args, skipped, out, title="shmq local benchmark", version
     if info.get("python_speed_us"):
         print(f"speed   : {speed_text(info['python_speed_us'])}", file=out)
     pinned = f"CPUs {args.cpus[0]} and {args.cpus[1]}" if args.cpus else "no (OS placement)"
-    print(f"settings: runs={args.runs}, quick={args.quick}, start method=spawn, batch={BATCH}, "
+    print(f"settings: runs={args.runs}, quick={args.quick}, start method={START_METHOD}, batch={BATCH}, "
           f"pinned: {pinned}", file=out)
     for line in more:
         print(line, file=out)
@@ -249,7 +249,7 @@ def write_json(path, measures, info, args, skipped, results, notes, durability=N
         **provenance.run_header(measures, getattr(args, "command", None)),
         "machine": info,
         "settings": {"runs": args.runs, "quick": args.quick, "batch": BATCH, "warmup": WARMUP,
-                     "start_method": "spawn", "queue_bytes": QUEUE_BYTES, "run_timeout": args.run_timeout,
+                     "start_method": START_METHOD, "queue_bytes": QUEUE_BYTES, "run_timeout": args.run_timeout,
                      "pinned_cpus": list(args.cpus)},
         "skipped": skipped,
         "notes": notes,

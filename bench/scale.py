@@ -16,7 +16,6 @@ and draws throughput against P, one line per system, a panel per shape and mode.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import shlex
 import sys
@@ -121,6 +120,7 @@ def publish(info, settings, skipped, results, notes, plot_path):
         print(plot.draw_scale(plot_path, results, _title(info, settings)))
 
 
+@harness.leaves_no_processes
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -131,7 +131,7 @@ def main(argv=None):
         args.command = shlex.join(["python", "-m", "bench.scale", *argv])
         args.cpus = pin_cpus(args.pin)
         load = os.getloadavg()[0]
-        skipped, results, notes = run_scale(args, mp.get_context("spawn"))
+        skipped, results, notes = run_scale(args, harness.context())
         info = dict(machine_info(), load=(load, os.getloadavg()[0]))
         if args.json:
             report.write_json(args.json, "queues", info, args, skipped, results, notes)

@@ -17,7 +17,6 @@ published single-producer figure is printed as a reference line (not measured he
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import shlex
 import sys
@@ -58,6 +57,7 @@ def parse_args(argv=None):
     return args
 
 
+@harness.leaves_no_processes
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -69,7 +69,7 @@ def main(argv=None):
     else:
         args.cpus = pin_cpus(args.pin)
         load = os.getloadavg()[0]
-        skipped, results, notes = run_streams(mp.get_context("spawn"), args.systems, args.sizes, args.runs,
+        skipped, results, notes = run_streams(harness.context(), args.systems, args.sizes, args.runs,
                                               args.quick, args.run_timeout, args.cpus)
         info = dict(machine_info(), load=(load, os.getloadavg()[0]))
         if args.json:

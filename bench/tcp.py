@@ -28,7 +28,6 @@ redis-server or redis-py is missing.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import shlex
 import sys
@@ -114,6 +113,7 @@ def publish(info, settings, skipped, results, notes, plot_path):
         print(plot.draw_tcp(plot_path, tcp_report.rows(results), title))
 
 
+@harness.leaves_no_processes
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -129,7 +129,7 @@ def main(argv=None):
         publish(info, settings, skipped, results, notes, args.plot)
     else:
         args.command = shlex.join([*PROG.split(), *argv])
-        info, skipped, results, notes = run(args, mp.get_context("spawn"))
+        info, skipped, results, notes = run(args, harness.context())
         if args.json:
             settings = {k: getattr(args, k) for k in ("cases", "sizes", "pairs", "count", "trips", "load")}
             targets = [{"case": row.case, "size": row.size, "flow": row.flow, "figure": row.figure,

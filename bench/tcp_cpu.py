@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import queue
 import statistics
@@ -40,7 +39,7 @@ import time
 
 import psutil
 
-from bench import adapters
+from bench import adapters, harness
 from bench.adapters.shmq_tcp import BUSY_POLL_ENV
 from bench.machine import machine_info
 from bench.plan import BATCH, csv, pin_cpus
@@ -288,11 +287,12 @@ def parse_args(argv):
     return args
 
 
+@harness.leaves_no_processes
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     try:
-        rows, skipped = run(args, mp.get_context("spawn"))
+        rows, skipped = run(args, harness.context())
     except RuntimeError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1

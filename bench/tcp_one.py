@@ -40,7 +40,6 @@ median of ``--runs`` runs (after a short warm-up run), with min .. max.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import socket
 import statistics
@@ -49,6 +48,7 @@ import time
 
 import psutil
 
+from bench import harness
 from bench.plan import pin_cpus
 from bench.prefetch import consume_acked
 
@@ -277,6 +277,7 @@ def _cpu(proc) -> float:
     return t.user + t.system
 
 
+@harness.leaves_no_processes
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.tcp_one", description=__doc__.splitlines()[0])
     ap.add_argument("--role", choices=("produce", "consume", "put", "get", "pingpong"), default="produce")
@@ -302,7 +303,7 @@ def main(argv=None):
     ns = f"bench-{os.getpid()}-one"
     server = ShmqServer(ns, "--no-auth", *args.server_arg)
     cpus = pin_cpus(args.pin)
-    ctx = mp.get_context("spawn")
+    ctx = harness.context()
     fn = CLIENTS[args.role, args.client]
     rates, costs, client_costs = [], [], []
     try:

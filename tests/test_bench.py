@@ -65,6 +65,14 @@ def _orphaned_bench_servers():
     return found
 
 
+@pytest.fixture
+def role_context():
+    """The context a bench starts its roles in (``harness.context()``: forked from a server
+    that has imported shmq once), its process server stopped (and reaped) after the test."""
+    yield harness.context()
+    harness.stop_processes()
+
+
 def _run(argv, env, timeout, module="bench"):
     """Run ``python -m bench ...``; returns (pid, returncode, stdout, stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", module, *argv], cwd=ROOT, env=env,
@@ -276,7 +284,7 @@ def test_the_leak_check_counts_only_its_own_namespace(broker, namespace):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("system", adapters.SYSTEMS)
-def test_every_adapter_carries_cases_through_the_harness(system):
+def test_every_adapter_carries_cases_through_the_harness(system, role_context):
     """Every system (iceoryx2, RabbitMQ and core NATS among them) runs a tiny case of each
     kind, or is skipped saying why; a case it cannot run comes back skipped with its reason."""
     reason = adapters.probe(system)
@@ -291,7 +299,7 @@ def test_every_adapter_carries_cases_through_the_harness(system):
     try:
         unsupported = [adapter.unsupported(j) for j in jobs]
         progress = harness.Progress(len(jobs), stream=io.StringIO())
-        results = harness.run_jobs(jobs, {system: adapter}, mp.get_context("spawn"), 30.0, progress)
+        results = harness.run_jobs(jobs, {system: adapter}, role_context, 30.0, progress)
     finally:
         notes = adapter.close()
     assert unsupported[:2] == [None, None] and unsupported[3] is None  # 1 -> 1 and ping-pong run everywhere
@@ -401,7 +409,7 @@ def test_quick_stream_bench_output_is_well_formed(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("system", adapters.STREAM_SYSTEMS)
-def test_every_stream_adapter_carries_cases_through_the_harness(system):
+def test_every_stream_adapter_carries_cases_through_the_harness(system, role_context):
     reason = adapters.probe(system)
     if reason:
         pytest.skip(reason)
@@ -414,7 +422,7 @@ def test_every_stream_adapter_carries_cases_through_the_harness(system):
         pytest.skip(f"{system} setup failed: {exc!r}")
     try:
         progress = harness.Progress(len(jobs), stream=io.StringIO())
-        results = harness.run_jobs(jobs, {system: adapter}, mp.get_context("spawn"), 30.0, progress)
+        results = harness.run_jobs(jobs, {system: adapter}, role_context, 30.0, progress)
     finally:
         notes = adapter.close()
     assert [(r.status, len(r.runs)) for r, _ in results] == [("ok", 1), ("ok", 2), ("ok", 1), ("ok", 1)], \
@@ -594,7 +602,7 @@ def test_a_run_whose_queue_cannot_be_set_up_ends_its_case_not_the_bench():
 
 
 @pytest.mark.parametrize("system", ["shmq", "shmq-tcp", "redis"])
-def test_producers_alone_carry_their_cases_through_the_harness(system):
+def test_producers_alone_carry_their_cases_through_the_harness(system, role_context):
     """Pipelined producers (2) and one timed put, two runs each: the queue emptied before
     each run holds exactly what the last one put (a flush that left some unsent would stop
     the next run's set-up, and the case)."""
@@ -605,7 +613,7 @@ def test_producers_alone_carry_their_cases_through_the_harness(system):
             ProduceJob(system, "rtt", 64, "msg", n=40, runs=2, warmup=9)]
     adapter = adapters.adapter_class(system)()
     try:
-        results = harness.run_jobs(jobs, {system: adapter}, mp.get_context("spawn"), 30.0,
+        results = harness.run_jobs(jobs, {system: adapter}, role_context, 30.0,
                                    harness.Progress(len(jobs), stream=io.StringIO()))
     finally:
         notes = adapter.close()
