@@ -47,6 +47,10 @@ def context():
     return ctx
 
 
+def _server_running() -> bool:
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None
+
+
 def stop_processes():
     """Stop (and reap) the process server ``context()`` started, if one runs: a bench run
     in a caller's process (a test's) leaves no process behind. (CPython has no public way;
@@ -57,13 +61,16 @@ def stop_processes():
 
 
 def leaves_no_processes(main):
-    """A bench's ``main``, its process server stopped when it returns or raises."""
+    """A bench's ``main``, the process server it started stopped when it returns or raises
+    (one its caller runs already, the test suite's, is the caller's and is left running)."""
     @functools.wraps(main)
     def run(*args, **kwargs):
+        running = _server_running()
         try:
             return main(*args, **kwargs)
         finally:
-            stop_processes()
+            if not running:
+                stop_processes()
     return run
 
 

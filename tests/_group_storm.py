@@ -28,12 +28,11 @@ import time
 import uuid
 from pathlib import Path
 
-import multiprocessing as mp
 
 import shmq
 from tests import _workers as w
+from tests._processes import WORKERS
 
-SPAWN = mp.get_context("spawn")
 PARTITIONS = 4
 KINDS = ("poll", "revoke", "iter")
 RECONNECT = {"retries": 60, "backoff": (0.02, 0.3)}
@@ -168,7 +167,7 @@ class Storm:
         # 4 MiB in 16 MiB frames makes them 3 records, each round a chance to meet a rebalance)
         self.s = self.broker.create_stream("events", partitions=PARTITIONS, max_bytes=8 << 20, durability="memory",
                                            max_message_bytes=max_message_bytes)
-        self.stop_appending, self.stop_members = w.StopFlag(SPAWN), w.StopFlag(SPAWN)
+        self.stop_appending, self.stop_members = w.StopFlag(WORKERS), w.StopFlag(WORKERS)
         self.procs, self.counter, self.kills, self.server_kills = {}, 0, 0, 0
         self.crashed = []  # (tag, exit code) of the processes that ended before they were killed
         self.server, self.port, self.restarting = None, None, None
@@ -213,7 +212,7 @@ class Storm:
             tag = f"m{self.counter}-{transport}-{kind}"
             url = self.url if transport == "tcp" else None
             target, args = storm_member, (self.ns, url, kind, str(self.logs / tag), self.stop_members)
-        self.procs[tag] = (what, SPAWN.Process(target=target, args=args))
+        self.procs[tag] = (what, WORKERS.Process(target=target, args=args))
         self.procs[tag][1].start()
 
     def kill(self, tag):

@@ -17,6 +17,7 @@ import pytest
 import shmq
 from shmq.engine.shm.segment import destroy_namespace, namespace_entries
 from shmq.persistence.kafka_txns import RUNTIME_ENTRY
+from tests import _processes
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +45,13 @@ def shmq_home(tmp_path_factory):
         mp.setenv("SHMQ_HOME", str(home))
         mp.delenv("SHMQ_TOKEN", raising=False)
         yield home
+
+
+@pytest.fixture(autouse=True, scope="session")
+def worker_server(shmq_home):
+    """The server the suite's workers fork from (tests._processes), started before any test
+    with the session's environment; it ends with the session's process."""
+    _processes.start()
 
 
 @pytest.fixture(scope="session")
@@ -109,9 +117,10 @@ def _owned_by_session(p) -> bool:
 
 
 def _stray(p) -> bool:
-    """A child of the test's still running that the session does not own."""
+    """A child of the test's still running that the session does not own (the workers'
+    server is the session's; a worker it forked is the test's)."""
     try:
-        return (p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        return (p.pid != _processes.server_pid() and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
                 and "resource_tracker" not in " ".join(p.cmdline()) and not _owned_by_session(p))
     except psutil.NoSuchProcess:  # it ended between two looks (a loaded run saw one do so)
         return False

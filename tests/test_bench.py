@@ -29,6 +29,7 @@ from bench.harness import CaseFailed, CaseResult
 from bench.plan import ContentionJob, Job, ProduceJob, StreamJob, plan_tcp
 from bench.plan import queue_bytes as plan_queue_bytes
 from bench.roles import consume_polled, consume_shared
+from tests import _processes
 from tests._wait import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,10 +68,9 @@ def _orphaned_bench_servers():
 
 @pytest.fixture
 def role_context():
-    """The context a bench starts its roles in (``harness.context()``: forked from a server
-    that has imported shmq once), its process server stopped (and reaped) after the test."""
-    yield harness.context()
-    harness.stop_processes()
+    """The context a bench starts its roles in: forked from a server that has imported shmq
+    and the bench once (the suite's, tests._processes, which preloads what the harness's does)."""
+    return _processes.WORKERS
 
 
 def _run(argv, env, timeout, module="bench"):

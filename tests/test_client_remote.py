@@ -1,11 +1,11 @@
 """The blocking client's own conventions: handles pickle by url and name, and work in a
-spawned child (which connects again)."""
+child process (which connects again)."""
 
-import multiprocessing as mp
 import pickle
 
 import shmq
 from tests import _workers as w
+from tests._processes import WORKERS
 
 
 def test_remote_handles_pickle_as_their_url_and_name(tcp_server):
@@ -37,10 +37,10 @@ def test_a_remote_stream_pickles_as_its_url_and_name(tcp_server):
         b.delete_stream("events")
 
 
-def test_a_remote_handle_works_in_a_spawned_child(tcp_server):
+def test_a_remote_handle_works_in_a_child_process(tcp_server):
     with shmq.connect(tcp_server.url) as b:
         q = b.create_queue("q")
-        ctx = mp.get_context("spawn")
+        ctx = WORKERS
         out = ctx.Queue()
         p = ctx.Process(target=w.get_one_from_handle, args=(q, out))
         p.start()

@@ -4,7 +4,6 @@ producer waits for the room their acks make; and a consumer
 SIGKILLed with a delivery in hand loses nothing (the liveness check gives it back). On the
 C paths and the pure-Python ones."""
 
-import multiprocessing as mp
 import os
 import signal
 
@@ -12,8 +11,7 @@ import pytest
 
 from shmq.engine.shm import cpaths
 from tests import _loop_workers as w
-
-SPAWN = mp.get_context("spawn")
+from tests._processes import WORKERS
 
 
 @pytest.fixture(params=["fast", "pure"])
@@ -35,7 +33,7 @@ def test_loops_in_children_ack_every_message_exactly_once(broker, tmp_path, impl
     n = 3000
     q = broker.create_queue("q", max_bytes=4096, visibility_timeout=120)  # ~40 messages: the producer waits
     outs = [tmp_path / f"c{i}" for i in range(consumers)]
-    procs = [SPAWN.Process(target=w.loop_consumer, args=(broker.namespace, "q", impl, str(o))) for o in outs]
+    procs = [WORKERS.Process(target=w.loop_consumer, args=(broker.namespace, "q", impl, str(o))) for o in outs]
     for p in procs:
         p.start()
     try:
@@ -70,9 +68,9 @@ def test_a_consumer_killed_in_the_loop_loses_nothing(broker, tmp_path, impl):
     assert w.settled_by_app(100, 1) is None
     rejected = [i for i in range(100) if w.settled_by_app(i, 1) == "reject"]
     nacked = [i for i in range(100) if w.settled_by_app(i, 1) == "nack"]
-    held = SPAWN.Event()
+    held = WORKERS.Event()
     out = tmp_path / "c"
-    p = SPAWN.Process(target=w.loop_consumer, args=(broker.namespace, "q", impl, str(out), held, b"m100"))
+    p = WORKERS.Process(target=w.loop_consumer, args=(broker.namespace, "q", impl, str(out), held, b"m100"))
     p.start()
     try:
         assert held.wait(60)

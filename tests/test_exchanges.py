@@ -2,7 +2,6 @@
 transports, bindings' life, publishers in other processes, and a publisher killed
 mid-publish whose retry with the same dedup id puts the message nowhere twice."""
 
-import multiprocessing as mp
 import os
 import signal
 
@@ -11,9 +10,8 @@ import pytest
 import shmq
 from shmq.engine.queues.exchange import topic_matches
 from tests import _exchange_workers as workers
+from tests._processes import WORKERS
 from tests._wait import drain as _drain, wait_for as _until
-
-SPAWN = mp.get_context("spawn")
 
 
 def _stream_values(s):
@@ -170,7 +168,7 @@ def test_publishers_in_several_processes(broker):
     broker.create_exchange("fan")
     for name in ("a", "b", "s"):
         broker.bind("fan", name)
-    procs = [SPAWN.Process(target=workers.publisher, args=(broker.namespace, "fan", f"p{i}", 100)) for i in range(3)]
+    procs = [WORKERS.Process(target=workers.publisher, args=(broker.namespace, "fan", f"p{i}", 100)) for i in range(3)]
     for p in procs:
         p.start()
     for p in procs:
@@ -196,7 +194,7 @@ def test_a_publisher_killed_mid_publish_retries_with_its_dedup_id(broker):
     broker.create_exchange("fan")
     for name in ("first", "second", "full"):
         broker.bind("fan", name)
-    p = SPAWN.Process(target=workers.publish_once, args=(broker.namespace, "fan", b"order-1", "order-1"))
+    p = WORKERS.Process(target=workers.publish_once, args=(broker.namespace, "fan", b"order-1", "order-1"))
     p.start()
     q1, q2 = broker.queue("first"), broker.queue("second")
     _until(lambda: q1.stats().ready == 1 and q2.stats().ready == 1, what="the first two targets got it")

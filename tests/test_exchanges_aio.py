@@ -4,7 +4,6 @@ worker process and by a worker on the same connection (a waiting REQUEST does no
 up the others), timeouts and late replies."""
 
 import asyncio
-import multiprocessing as mp
 
 import pytest
 
@@ -12,8 +11,7 @@ import shmq
 from shmq.client import aio
 from shmq.engine.queues.rpc import REPLY_PREFIX
 from tests import _exchange_workers as workers
-
-SPAWN = mp.get_context("spawn")
+from tests._processes import WORKERS
 
 
 def run(coro):
@@ -115,7 +113,7 @@ def test_request_reply_with_a_worker_process(tcp_server):
     async def main():
         async with await aio.connect(tcp_server.url) as b:
             await b.create_queue("rpc")
-            w = SPAWN.Process(target=workers.worker, args=(tcp_server.url, "rpc", 3))
+            w = WORKERS.Process(target=workers.worker, args=(tcp_server.url, "rpc", 3))
             w.start()
             try:
                 replies = await asyncio.gather(*(b.request("rpc", b"job %d" % i, headers={"n": i}, timeout=30)

@@ -1,12 +1,11 @@
-"""N producers x M consumers in real processes (spawn), with exact accounting."""
+"""N producers x M consumers in real processes (tests._processes), with exact accounting."""
 
 import multiprocessing as mp
 
 import pytest
 
 from tests import _workers as w
-
-SPAWN = mp.get_context("spawn")
+from tests._processes import WORKERS
 
 
 def _run(procs):
@@ -30,10 +29,10 @@ def _join_all(procs, timeout=120):
 def test_every_message_delivered_once(broker, tmp_path, producers, consumers, batch):
     per_producer = 3000
     q = broker.create_queue("work", max_bytes=256 * 1024)  # small: producers block and wrap often
-    done = SPAWN.Event()
-    cons = [SPAWN.Process(target=w.consumer, args=(broker.namespace, "work", str(tmp_path / f"c{i}"), batch, done))
+    done = WORKERS.Event()
+    cons = [WORKERS.Process(target=w.consumer, args=(broker.namespace, "work", str(tmp_path / f"c{i}"), batch, done))
             for i in range(consumers)]
-    prods = [SPAWN.Process(target=w.producer, args=(broker.namespace, "work", f"p{i}", per_producer, batch))
+    prods = [WORKERS.Process(target=w.producer, args=(broker.namespace, "work", f"p{i}", per_producer, batch))
              for i in range(producers)]
     _run(cons + prods)
     _join_all(prods)

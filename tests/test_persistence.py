@@ -9,6 +9,7 @@ import pytest
 
 import shmq
 from shmq.persistence import Snapshotter, recover, restore_file, snapshot_queue
+from tests._processes import WORKERS
 from tests.test_cli import shmq_cli
 from tests.test_server_tcp import ServerProcess
 
@@ -216,11 +217,10 @@ def test_restore_file_refuses_a_queue_that_holds_messages_unless_told(broker, tm
 def test_sigkill_the_broker_under_load_loses_nothing(broker, tmp_path, durability):
     """Local producers and consumers and remote consumers hammer a queue while the
     broker is SIGKILLed and restarted: nothing acked comes back, nothing put is lost."""
-    import multiprocessing as mp
 
     from tests import _workers as w
 
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     broker.create_queue("q", max_bytes=256 * 1024, visibility_timeout=300, durability=durability)
     url_file = tmp_path / "url"
 
@@ -407,7 +407,6 @@ def test_a_laned_wal_queue_survives_a_reboot(broker, tmp_path, interval):
 
 
 def test_a_torn_log_append_is_cut_off_by_the_next_lock_holder(broker, tmp_path):
-    import multiprocessing as mp
 
     from tests import _workers as w
 
@@ -415,7 +414,7 @@ def test_a_torn_log_append_is_cut_off_by_the_next_lock_holder(broker, tmp_path):
     q = broker.create_queue("q", durability="wal")
     Snapshotter(broker, data, wal_mode=0).open_wal(q)
     q.put(b"before")
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     ready = ctx.Event()
     p = ctx.Process(target=w.tear_wal_append, args=(broker.namespace, "q", ready))
     p.start()

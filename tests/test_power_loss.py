@@ -13,7 +13,6 @@ always the puts 1..k in order (no loss in the middle, no duplicate, nothing neve
 and k is checked against the policy's promise. Skipped where FUSE cannot be mounted.
 """
 
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -22,6 +21,7 @@ import pytest
 
 import shmq
 from shmq.persistence import snapshot_queue
+from tests._processes import WORKERS
 from tests.lazyfs import Mount, Unavailable
 from tests.test_server_tcp import ServerProcess
 
@@ -77,7 +77,7 @@ class Host:
         self.fs, self.ns, self.tmp = fs, namespace, tmp_path
         self.server = None
         self.procs = []
-        self.ctx = mp.get_context("spawn")
+        self.ctx = WORKERS
 
     def start(self, fsync, interval=3600.0):
         self.server = ServerProcess(self.ns, "--data-dir", self.fs.path, "--fsync", fsync,

@@ -3,7 +3,6 @@ CANCEL), the cap on un-acked pushes, what a cancel or a dead consumer gives back
 pipelined acks (ack(wait=False)), and bad input."""
 
 import asyncio
-import multiprocessing as mp
 import os
 import signal
 import socket
@@ -14,12 +13,13 @@ import pytest
 import shmq
 from shmq.client.aio import connect as aio_connect
 from shmq.protocol import REPLY_BIT, FrameDecoder, MsgType, PushType, Status, encode_request
+from tests._processes import WORKERS
 from tests._wait import exited, wait_for
 
 N = 400
 
 
-# ------------------------------------------------------------------ processes (spawn)
+# ------------------------------------------------------------------ processes (tests._processes)
 def _producer(url, qname, count):
     with shmq.connect(url) as b:
         q = b.queue(qname)
@@ -58,7 +58,7 @@ def _holder(url, qname, prefetch, ready):
 # ------------------------------------------------------------------ tests
 def test_every_message_acked_exactly_once_by_two_consumer_processes(broker, tcp_server, tmp_path):
     broker.create_queue("jobs")
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     outs = [tmp_path / "c0.txt", tmp_path / "c1.txt"]
     procs = [ctx.Process(target=_consumer, args=(tcp_server.url, "jobs", 16, str(outs[0]), True)),
              ctx.Process(target=_consumer, args=(tcp_server.url, "jobs", 5, str(outs[1]), False)),
@@ -147,7 +147,7 @@ def test_a_killed_consumers_pushed_messages_come_back(broker, tcp_server):
     broker.create_queue("jobs")
     local = broker.queue("jobs")
     local.put_many([b"x"] * 12)
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     ready = ctx.Event()
     p = ctx.Process(target=_holder, args=(tcp_server.url, "jobs", 10, ready))
     p.start()

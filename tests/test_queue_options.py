@@ -4,7 +4,6 @@ backoff, peek, prefetch, and the way back to the C hot paths. The conformance su
 (tests/test_conformance.py) runs the same semantics on both transports; the Hypothesis
 model (tests/engine/test_options_model.py) checks the order and the accounting."""
 
-import multiprocessing as mp
 import time
 
 import pytest
@@ -13,9 +12,8 @@ import shmq
 from shmq.engine.shm import cpaths
 from shmq.engine.shm import layout as L
 from tests import _option_workers as W
+from tests._processes import WORKERS
 from tests.engine._clock import set_clock, set_wall_clock
-
-SPAWN = mp.get_context("spawn")
 
 
 @pytest.fixture
@@ -34,7 +32,7 @@ def clocks():
 
 
 def _run(target, *args, timeout=60):
-    p = SPAWN.Process(target=target, args=args)
+    p = WORKERS.Process(target=target, args=args)
     p.start()
     p.join(timeout)
     assert p.exitcode is not None, f"{target.__name__} did not finish"
@@ -171,9 +169,9 @@ def test_a_group_moves_one_message_at_a_time_in_put_order(broker):
 def test_groups_across_four_consumer_processes_keep_order_and_exclusivity(broker, tmp_path):
     groups, per_group = [f"g{i}" for i in range(6)], 40
     broker.create_queue("q", visibility_timeout=60)
-    done = SPAWN.Event()
+    done = WORKERS.Event()
     outs = [tmp_path / f"c{i}.log" for i in range(4)]
-    consumers = [SPAWN.Process(target=W.group_consumer, args=(broker.namespace, "q", str(o), done)) for o in outs]
+    consumers = [WORKERS.Process(target=W.group_consumer, args=(broker.namespace, "q", str(o), done)) for o in outs]
     for p in consumers:
         p.start()
     try:
@@ -229,7 +227,7 @@ def test_dedup_across_sigkill_rounds_each_id_enqueued_exactly_once(broker, tmp_p
     ids = [f"id{i}" for i in range(400)]
     log = tmp_path / "put.log"
     for round_ in range(4):
-        p = SPAWN.Process(target=W.dedup_putter, args=(broker.namespace, "q", ids, str(log)))
+        p = WORKERS.Process(target=W.dedup_putter, args=(broker.namespace, "q", ids, str(log)))
         p.start()
         deadline = time.monotonic() + 30
         while p.is_alive() and time.monotonic() < deadline and _lines(log) < 50 * (round_ + 1):

@@ -3,7 +3,6 @@ timeout raises RequestTimeout and leaves no reply queue, a late reply is dropped
 the reply queue of a requester killed while it waited is removed (by the next request,
 the housekeeper, or, over TCP, when its connection closes)."""
 
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -14,9 +13,8 @@ import shmq
 from shmq.engine.queues.rpc import REPLY_PREFIX, owner_of, reply_queue_name
 from shmq.server.housekeeper import Housekeeper
 from tests import _exchange_workers as workers
+from tests._processes import WORKERS
 from tests._wait import wait_for as _until
-
-SPAWN = mp.get_context("spawn")
 
 
 def _reply_queues(b):
@@ -25,7 +23,7 @@ def _reply_queues(b):
 
 def test_request_reply_with_a_worker_process(any_broker, broker):
     any_broker.create_queue("rpc")
-    w = SPAWN.Process(target=workers.worker, args=(broker.namespace, "rpc", 3))
+    w = WORKERS.Process(target=workers.worker, args=(broker.namespace, "rpc", 3))
     w.start()
     try:
         assert [any_broker.request("rpc", f"job {i}".encode(), timeout=30) for i in range(3)] == \
@@ -38,7 +36,7 @@ def test_request_reply_with_a_worker_process(any_broker, broker):
 
 def test_a_remote_worker_answers(tcp_server, broker):
     broker.create_queue("rpc")
-    w = SPAWN.Process(target=workers.worker, args=(tcp_server.url, "rpc", 1))
+    w = WORKERS.Process(target=workers.worker, args=(tcp_server.url, "rpc", 1))
     w.start()
     try:
         assert broker.request("rpc", b"over tcp", timeout=30) == b"OVER TCP"
@@ -95,7 +93,7 @@ def test_reply_queue_names_say_their_owner():
 
 def test_a_killed_requesters_reply_queue_goes_at_the_next_request(broker):
     broker.create_queue("rpc")
-    p = SPAWN.Process(target=workers.requester, args=(broker.namespace, "rpc"))
+    p = WORKERS.Process(target=workers.requester, args=(broker.namespace, "rpc"))
     p.start()
     _until(lambda: _reply_queues(broker), what="the requester's reply queue")
     os.kill(p.pid, signal.SIGKILL)
@@ -108,7 +106,7 @@ def test_a_killed_requesters_reply_queue_goes_at_the_next_request(broker):
 
 def test_the_housekeeper_removes_a_dead_requesters_reply_queue(broker):
     broker.create_queue("rpc")
-    p = SPAWN.Process(target=workers.requester, args=(broker.namespace, "rpc"))
+    p = WORKERS.Process(target=workers.requester, args=(broker.namespace, "rpc"))
     p.start()
     _until(lambda: _reply_queues(broker), what="the requester's reply queue")
     os.kill(p.pid, signal.SIGKILL)
@@ -123,7 +121,7 @@ def test_the_housekeeper_removes_a_dead_requesters_reply_queue(broker):
 
 def test_over_tcp_the_reply_queue_goes_with_the_connection(tcp_server, broker):
     broker.create_queue("rpc")
-    p = SPAWN.Process(target=workers.requester, args=(tcp_server.url, "rpc"))
+    p = WORKERS.Process(target=workers.requester, args=(tcp_server.url, "rpc"))
     p.start()
     _until(lambda: _reply_queues(broker), what="the server's reply queue for the request")
     (name,) = _reply_queues(broker)

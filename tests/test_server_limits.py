@@ -8,7 +8,6 @@ socket (a reply, EOF, writability) or a process, with a bound.
 """
 
 import asyncio
-import multiprocessing as mp
 import os
 import random
 import select
@@ -29,6 +28,7 @@ import shmq
 from shmq.client import aio
 from shmq.protocol import HEADER_SIZE, FrameDecoder, MsgType, Status, encode_request, pack_header
 from shmq.server.limits import Boundaries
+from tests._processes import WORKERS
 from tests._wait import wait_for
 
 TOKEN = "limits-test-token"
@@ -592,7 +592,7 @@ def test_soak_mixed_valid_and_hostile_traffic(start_server, broker, tmp_path):
                        "--idle-timeout", "2", "--max-buffered-bytes", str(32 * MiB))
     srv.round_trip()
     rss0 = srv.rss()
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     per_producer, producers, consumers = 2000, 3, 3
     total = per_producer * producers
     acked = ctx.Value("q", 0)

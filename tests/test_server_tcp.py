@@ -1,7 +1,6 @@
 """The TCP server against hostile and unlucky clients: it answers, closes what it must,
 keeps serving everyone else, and gives back the deliveries of clients that vanish."""
 
-import multiprocessing as mp
 import os
 import resource
 import signal
@@ -17,6 +16,7 @@ import shmq
 from shmq.auth import client_token
 from shmq.protocol import FrameDecoder, MsgType, Status, encode_request, pack_header
 from tests import _workers as w
+from tests._processes import WORKERS
 
 
 class ServerProcess:
@@ -231,8 +231,8 @@ def test_a_closed_connection_gives_its_deliveries_back_at_once(server, broker):
 def test_a_client_killed_mid_consume_gives_its_deliveries_back(server, broker):
     q = broker.create_queue("q", visibility_timeout=300)
     q.put_many([b"%d" % i for i in range(5)])
-    ready = mp.get_context("spawn").Event()
-    p = mp.get_context("spawn").Process(target=w.hold_leases, args=(None, "q", 5, ready, server.url))
+    ready = WORKERS.Event()
+    p = WORKERS.Process(target=w.hold_leases, args=(None, "q", 5, ready, server.url))
     p.start()
     assert ready.wait(30)
     os.kill(p.pid, signal.SIGKILL)

@@ -4,13 +4,11 @@ a member that lost the partition, or whose view is older than its owning it, mov
 nothing; and a refusal says what happened. The rest of the fence (and the model it is
 checked against) is in tests/test_stream_conformance.py and tests/engine/test_groups.py."""
 
-import multiprocessing as mp
 
 import pytest
 
 import shmq
-
-SPAWN = mp.get_context("spawn")
+from tests._processes import WORKERS
 
 
 def _connect(target):
@@ -129,8 +127,8 @@ def test_the_readme_loop_commits_again_after_a_second_member_came_and_went(any_b
         s.append_many([b"p%d-%d" % (p, i) for i in range(10)], partition=p)
     c = s.consumer("billing")
     assert len(c.poll(max_records=500, timeout=1.0)) == 40
-    joined, stop = SPAWN.Queue(), SPAWN.Event()
-    other = SPAWN.Process(target=readme_member, args=(_target(any_broker, namespace), joined, stop))
+    joined, stop = WORKERS.Queue(), WORKERS.Event()
+    other = WORKERS.Process(target=readme_member, args=(_target(any_broker, namespace), joined, stop))
     other.start()
     try:
         assert joined.get(timeout=60) == [1, 3]

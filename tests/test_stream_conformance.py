@@ -4,7 +4,6 @@ connection leaves), compressed batches, the asyncio client, waiting READs and PO
 
 import asyncio
 import inspect
-import multiprocessing as mp
 import os
 import signal
 import socket
@@ -19,10 +18,9 @@ import shmq.client
 from shmq.client import aio
 from shmq.engine.streams.partitioner import partition_of
 from shmq.protocol import compression
+from tests._processes import WORKERS
 from tests.conftest import ThreadedServer
 from tests.test_server_limits import TOKEN, Server
-
-SPAWN = mp.get_context("spawn")
 
 
 def until(condition, seconds=10.0, what="the condition"):
@@ -441,8 +439,8 @@ def _join_and_hang(url, ready):
 
 def test_a_sigkilled_client_leaves_its_group(server, broker):
     s = broker.create_stream("events", partitions=2, max_bytes=1 << 16)
-    ready = SPAWN.Event()
-    child = SPAWN.Process(target=_join_and_hang, args=(server.url, ready))
+    ready = WORKERS.Event()
+    child = WORKERS.Process(target=_join_and_hang, args=(server.url, ready))
     child.start()
     try:
         assert ready.wait(30)

@@ -3,17 +3,15 @@ seek / position, pause / resume, on_assign / on_revoke, auto-commit, the iterati
 max_poll_interval (a member that stops polling leaves the group; its next poll joins again)."""
 
 import asyncio
-import multiprocessing
 
 import pytest
 
 import shmq
 from shmq.client import aio
 from tests._consumer_workers import stalling_member
+from tests._processes import WORKERS
 from tests._wait import polled, wait_for
 from tests.conftest import ThreadedServer
-
-SPAWN = multiprocessing.get_context("spawn")
 
 
 def _filled(broker, name="events", per_partition=(5, 3)):
@@ -180,14 +178,14 @@ def test_a_member_that_stops_polling_leaves_and_comes_back_on_its_next_poll(brok
     srv = ThreadedServer(broker.namespace) if transport == "tcp" else None
     here = shmq.connect(srv.url) if srv else broker
     where = srv.url if srv else broker.namespace
-    out, go = SPAWN.Queue(), SPAWN.Event()
+    out, go = WORKERS.Queue(), WORKERS.Event()
     child = None
     try:
         s = _filled(here, per_partition=(10, 10))
         heard = []
         c = s.consumer("g", on_assign=lambda ps: heard.append(("assign", ps)),
                        on_revoke=lambda ps: heard.append(("revoke", ps)))
-        child = SPAWN.Process(target=stalling_member, args=(where, "events", "g", out, go))
+        child = WORKERS.Process(target=stalling_member, args=(where, "events", "g", out, go))
         child.start()
         kind, owned = out.get(timeout=60)
         assert kind == "owned" and len(owned) == 1

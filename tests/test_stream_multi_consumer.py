@@ -5,7 +5,6 @@ stream and letting go of a deleted one, two members in two processes splitting t
 two streams woken by an append to the second, and bad arguments."""
 
 import asyncio
-import multiprocessing
 import os
 import signal
 import time
@@ -17,9 +16,9 @@ from shmq import TopicPartition
 from shmq.client import aio
 from shmq.engine.shm import layout as L
 from tests._multi_workers import reading_member
+from tests._processes import WORKERS
 from tests._wait import in_thread, polled, wait_for
 
-SPAWN = multiprocessing.get_context("spawn")
 TP = TopicPartition
 
 
@@ -125,8 +124,8 @@ def test_two_members_in_two_processes_split_the_pairs_and_after_a_sigkill_one_ta
     _streams(any_broker, {"a": (10, 10), "b": (10, 10)})
     where = any_broker.url if not isinstance(any_broker, shmq.Broker) else any_broker.namespace
     mine = any_broker.consumer("g", streams=["a", "b"])
-    out, go = SPAWN.Queue(), SPAWN.Event()
-    worker = SPAWN.Process(target=reading_member, args=(where, ["a", "b"], "g", 6, out, go))
+    out, go = WORKERS.Queue(), WORKERS.Event()
+    worker = WORKERS.Process(target=reading_member, args=(where, ["a", "b"], "g", 6, out, go))
     worker.start()
     try:
         theirs_read, theirs = out.get(timeout=60)

@@ -9,7 +9,6 @@ gap a reader is told about.
 """
 
 import logging
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -22,10 +21,9 @@ from shmq.engine.shm import layout as L
 from shmq.persistence import Snapshotter, recover
 from tests import _workers as w
 from tests import test_storage_faults as faults
+from tests._processes import WORKERS
 
 start_server, _reboot, _wait = faults.start_server, faults._reboot, faults._wait  # the fixture and helpers, shared
-
-SPAWN = mp.get_context("spawn")
 
 
 def _everything(s):
@@ -174,7 +172,7 @@ def test_an_append_that_returned_is_there_after_the_broker_and_the_host_died(bro
     broker.create_stream("events", partitions=2, max_bytes=1 << 14, durability="wal")
     srv = start_server("--data-dir", data, "--fsync", "batch:2", "--snapshot-interval", "0.05")
     logs = [tmp_path / f"a{i}.log" for i in range(3)]
-    procs = [SPAWN.Process(target=w.stream_appender, args=(broker.namespace, "events", f"t{i}", 10**7, str(log),
+    procs = [WORKERS.Process(target=w.stream_appender, args=(broker.namespace, "events", f"t{i}", 10**7, str(log),
                                                            1 + 4 * i)) for i, log in enumerate(logs)]
     for p in procs:
         p.start()
@@ -330,8 +328,8 @@ def test_an_append_logged_and_never_committed_is_cut_from_the_log(broker, tmp_pa
     s, snap = _wal_stream(broker, data)
     snap.close()
     s.append(b"before")
-    ready = SPAWN.Event()
-    p = SPAWN.Process(target=_log_and_hang, args=(broker.namespace, "events", ready))
+    ready = WORKERS.Event()
+    p = WORKERS.Process(target=_log_and_hang, args=(broker.namespace, "events", ready))
     p.start()
     assert ready.wait(30)
     os.kill(p.pid, signal.SIGKILL)

@@ -1,12 +1,12 @@
 """The Broker and its namespace: connecting makes nothing, only a create makes the
 namespace; ``create=False`` refuses one that does not exist."""
 
-import multiprocessing as mp
 
 import pytest
 
 import shmq
 from shmq.engine.shm.segment import namespace_entries
+from tests._processes import WORKERS
 
 
 def _in_child(namespace, conn):
@@ -67,8 +67,8 @@ def test_create_false_refuses_a_namespace_that_does_not_exist(namespace):
 def test_a_handle_made_before_the_namespace_sees_it_once_another_process_makes_it(namespace):
     with shmq.connect(namespace=namespace) as b:
         assert b.list_queues() == []
-        parent, child = mp.get_context("spawn").Pipe()
-        p = mp.get_context("spawn").Process(target=_in_child, args=(namespace, child))
+        parent, child = WORKERS.Pipe()
+        p = WORKERS.Process(target=_in_child, args=(namespace, child))
         p.start()
         try:
             assert parent.poll(60) and parent.recv() == "done"

@@ -3,7 +3,6 @@ same lock hold) and zero-copy (``copy=False`` / ``d.view``: the body as a read-o
 into the segment). Each test runs on the C paths and on the pure-Python ones (``impl``);
 the model tests run both modes too."""
 
-import multiprocessing as mp
 import pickle
 import threading
 
@@ -14,9 +13,8 @@ from shmq.engine.shm import cpaths
 from shmq.engine.shm import waits
 from shmq.engine.shm import layout as L
 from shmq.engine.shm.mutex import unlock
+from tests._processes import WORKERS
 from tests._wait import wait_for
-
-
 
 
 def _registered(q):
@@ -100,7 +98,7 @@ def test_a_producer_process_waiting_for_room_gets_in_after_an_auto_ack(impl, bro
             q.put_nowait(b"f" * 500)
         except shmq.QueueFull:
             break
-    child = mp.get_context("spawn").Process(target=_put_one, args=(broker.namespace, "q", b"late" * 100))
+    child = WORKERS.Process(target=_put_one, args=(broker.namespace, "q", b"late" * 100))
     child.start()
     try:
         wait_for(lambda: q.stats().producers_waiting == 1, what="the producer to sleep for room")

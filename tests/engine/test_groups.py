@@ -5,7 +5,6 @@ with exact accounting. The reproductions of issue 20 run on both transports in
 tests/test_stream_conformance.py."""
 
 import bisect
-import multiprocessing as mp
 import os
 import random
 import signal
@@ -20,6 +19,7 @@ import shmq
 from shmq.engine.shm.segment import destroy_namespace, namespace_entries
 from tests import _workers as w
 from tests._dying import killed_at_each_store
+from tests._processes import WORKERS
 from tests._wait import wait_for
 
 P = 3
@@ -198,9 +198,6 @@ def test_a_member_taken_for_dead_joins_again_from_the_committed_offset(broker):
     s.close()
 
 
-SPAWN = mp.get_context("spawn")
-
-
 def test_a_joiner_killed_inside_the_lock_leaves_a_table_that_reads_again_at_worst(broker):
     """The generation and the owner-since marks are written before a member's slot: a
     process killed between them leaves a member that reads again from the commit where
@@ -211,7 +208,7 @@ def test_a_joiner_killed_inside_the_lock_leaves_a_table_that_reads_again_at_wors
     a = s.consumer("g")
     assert len(a.poll(max_records=100, timeout=0)) == 40
     a.commit({0: 5, 1: 5})
-    child = SPAWN.Process(target=w.join_killed_inside, args=(broker.namespace, "events", "g"))
+    child = WORKERS.Process(target=w.join_killed_inside, args=(broker.namespace, "events", "g"))
     child.start()
     child.join(30)
     assert child.exitcode == -signal.SIGKILL
@@ -280,7 +277,7 @@ def test_a_storm_of_members_joining_leaving_and_killed_skips_nothing(broker, tmp
     group has committed every record, and every append that returned is in the log."""
     rnd = random.Random(20)
     s = broker.create_stream("events", partitions=STORM_PARTITIONS, max_bytes=4 << 20, durability="memory")
-    stop_appending, stop_members = w.StopFlag(SPAWN), w.StopFlag(SPAWN)  # (their pollers are killed)
+    stop_appending, stop_members = w.StopFlag(WORKERS), w.StopFlag(WORKERS)  # (their pollers are killed)
     procs, counter = {}, [0]
 
     def start(kind):
@@ -290,7 +287,7 @@ def test_a_storm_of_members_joining_leaving_and_killed_skips_nothing(broker, tmp
             args = (w.storm_appender, (broker.namespace, "events", tag, str(tmp_path / tag), stop_appending))
         else:
             args = (w.storm_member, (broker.namespace, "events", "g", str(tmp_path / tag), stop_members))
-        procs[tag] = SPAWN.Process(target=args[0], args=args[1])
+        procs[tag] = WORKERS.Process(target=args[0], args=args[1])
         procs[tag].start()
 
     seen = {}

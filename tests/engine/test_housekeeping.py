@@ -1,7 +1,6 @@
 """SIGKILL at random points: producers, consumers, a process holding the lock.
 Afterwards the queue works at once and nothing whose put returned is lost."""
 
-import multiprocessing as mp
 import os
 import random
 import signal
@@ -12,8 +11,7 @@ import pytest
 import shmq
 from shmq.engine.shm.layout import I_REPAIRS
 from tests import _workers as w
-
-SPAWN = mp.get_context("spawn")
+from tests._processes import WORKERS
 
 
 def _kill(p):
@@ -45,8 +43,8 @@ def _lines(path):
 def test_dead_consumers_leases_come_back_promptly(broker):
     q = broker.create_queue("q", visibility_timeout=300.0)
     q.put_many([b"%d" % i for i in range(10)])
-    ready = SPAWN.Event()
-    p = SPAWN.Process(target=w.hold_leases, args=(broker.namespace, "q", 10, ready))
+    ready = WORKERS.Event()
+    p = WORKERS.Process(target=w.hold_leases, args=(broker.namespace, "q", 10, ready))
     p.start()
     assert ready.wait(30)
     assert q.stats().in_flight == 10
@@ -66,8 +64,8 @@ def test_dead_consumers_leases_come_back_promptly(broker):
 def test_lock_holder_killed_inside_the_lock(broker, half_written):
     q = broker.create_queue("q")
     q.put_many([b"a", b"b"])
-    ready = SPAWN.Event()
-    p = SPAWN.Process(target=w.hold_lock, args=(broker.namespace, "q", ready, half_written))
+    ready = WORKERS.Event()
+    p = WORKERS.Process(target=w.hold_lock, args=(broker.namespace, "q", ready, half_written))
     p.start()
     assert ready.wait(30)
     _kill(p)
@@ -81,8 +79,8 @@ def test_lock_holder_killed_inside_the_lock(broker, half_written):
 
 def test_killed_waiters_do_not_leak_waiting_counts(broker):
     q = broker.create_queue("q", visibility_timeout=300.0)
-    ready = SPAWN.Event()
-    p = SPAWN.Process(target=w.hold_leases, args=(broker.namespace, "q", 1, ready))
+    ready = WORKERS.Event()
+    p = WORKERS.Process(target=w.hold_leases, args=(broker.namespace, "q", 1, ready))
     p.start()
     deadline = time.monotonic() + 30
     while q.stats().consumers_waiting == 0 and time.monotonic() < deadline:
@@ -109,7 +107,7 @@ def test_random_sigkills_lose_nothing(broker, tmp_path, kind):
     padded = kind == "memory"
     q = broker.create_queue("q", max_bytes=lanes * (2 << 20 if padded else 64 * 1024), visibility_timeout=300.0,
                             priorities=3 if options else 1, lanes=lanes)
-    stop = w.StopFlag(SPAWN)  # (the producers polling it are killed at random)
+    stop = w.StopFlag(WORKERS)  # (the producers polling it are killed at random)
     procs = {}
     counter = [0]
 
@@ -117,12 +115,12 @@ def test_random_sigkills_lose_nothing(broker, tmp_path, kind):
         counter[0] += 1
         tag = f"{kind}{counter[0]}"
         if kind == "p":
-            p = SPAWN.Process(target=w.chaos_producer,
+            p = WORKERS.Process(target=w.chaos_producer,
                               args=(broker.namespace, "q", tag, str(tmp_path / tag), stop, options, padded))
         elif kind == "h":
-            p = SPAWN.Process(target=w.chaos_housekeeper, args=(broker.namespace, "q"))
+            p = WORKERS.Process(target=w.chaos_housekeeper, args=(broker.namespace, "q"))
         else:
-            p = SPAWN.Process(target=w.chaos_consumer, args=(broker.namespace, "q", str(tmp_path / tag)))
+            p = WORKERS.Process(target=w.chaos_consumer, args=(broker.namespace, "q", str(tmp_path / tag)))
         p.start()
         procs[tag] = p
 
@@ -181,15 +179,15 @@ def test_a_lock_holder_killed_while_others_spin_and_sleep_on_the_lock(broker, tm
 
     q = broker.create_queue("q")
     n, count = 3, 50
-    ready = [SPAWN.Event() for _ in range(n)]
-    go = SPAWN.Event()
-    waiters = [SPAWN.Process(target=w.lock_waiter, args=(broker.namespace, "q", count, str(tmp_path / f"w{i}"),
+    ready = [WORKERS.Event() for _ in range(n)]
+    go = WORKERS.Event()
+    waiters = [WORKERS.Process(target=w.lock_waiter, args=(broker.namespace, "q", count, str(tmp_path / f"w{i}"),
                                                         ready[i], go)) for i in range(n)]
     for p in waiters:
         p.start()
     assert all(e.wait(30) for e in ready)
-    held = SPAWN.Event()
-    holder = SPAWN.Process(target=w.hold_lock, args=(broker.namespace, "q", held, False))
+    held = WORKERS.Event()
+    holder = WORKERS.Process(target=w.hold_lock, args=(broker.namespace, "q", held, False))
     holder.start()
     assert held.wait(30)
     go.set()

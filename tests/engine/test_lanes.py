@@ -2,7 +2,6 @@
 (own lane, home lane, groups and dedup ids pinned to a lane, spilling when a lane is
 full), waking a sleeper across lanes, and exact accounting with real processes."""
 
-import multiprocessing as mp
 import os
 import threading
 
@@ -12,10 +11,10 @@ from hypothesis import settings
 import shmq
 from shmq.engine.shm import waits
 from tests import _workers as w
+from tests._processes import WORKERS
 from tests._wait import in_thread, wait_for
 from tests.engine.test_model import PurePython, QueueModel
 
-SPAWN = mp.get_context("spawn")
 K = 3
 
 
@@ -154,8 +153,8 @@ def test_a_sleeping_get_that_cannot_have_lane_0s_lock_back_leaves_no_sleeper(imp
     q = broker.create_queue("q", lanes=2)
     t, out = in_thread(lambda: q.get(timeout=30))
     wait_for(lambda: q.stats().consumers_waiting == 1, what="the get to sleep")
-    ready = SPAWN.Event()
-    holder = SPAWN.Process(target=w.hold_lock, args=(broker.namespace, "q", ready, False))
+    ready = WORKERS.Event()
+    holder = WORKERS.Process(target=w.hold_lock, args=(broker.namespace, "q", ready, False))
     holder.start()
     try:
         assert ready.wait(60)  # (it holds lane 0's lock until killed)
@@ -214,10 +213,10 @@ def test_a_prefetch_cap_covers_every_lane(impl, broker):
 def test_producers_and_consumers_per_lane_deliver_every_message_exactly_once(broker, tmp_path):
     q = broker.create_queue("q", lanes=2, max_bytes=2 * 2**20)
     n, count = 3, 3000  # 3 producers and 3 consumers on 2 lanes: several of each per lane
-    done = SPAWN.Event()
-    producers = [SPAWN.Process(target=w.producer, args=(broker.namespace, "q", f"p{i}", count, 1 + i * 7))
+    done = WORKERS.Event()
+    producers = [WORKERS.Process(target=w.producer, args=(broker.namespace, "q", f"p{i}", count, 1 + i * 7))
                  for i in range(n)]
-    consumers = [SPAWN.Process(target=w.consumer, args=(broker.namespace, "q", str(tmp_path / f"c{i}"), 1 + i * 5,
+    consumers = [WORKERS.Process(target=w.consumer, args=(broker.namespace, "q", str(tmp_path / f"c{i}"), 1 + i * 5,
                                                         done)) for i in range(n)]
     for p in producers + consumers:
         p.start()

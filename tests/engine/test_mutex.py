@@ -6,7 +6,6 @@ alive: the robust mutex never hands its lock on. Every call that takes a timeout
 still return by it, and every other call by ``LOCK_TIMEOUT_S``.
 """
 
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -19,6 +18,7 @@ import pytest
 import shmq
 from shmq.engine.shm import mutex as _mutex
 from tests import _workers as w
+from tests._processes import WORKERS
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def stopped_holder(broker):
     """A queue whose lock is held by a SIGSTOPped process; killed afterwards."""
     q = broker.create_queue("q")
     q.put_many([b"a", b"b"])
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     ready = ctx.Event()
     p = ctx.Process(target=w.hold_lock, args=(broker.namespace, "q", ready, False))
     p.start()
@@ -116,7 +116,7 @@ def test_a_queue_refuses_processes_of_another_time_namespace(broker):
 def test_a_stopped_holder_of_a_stream_partition_lock_hangs_no_one(broker, tcp_server, monkeypatch):
     s = broker.create_stream("s", partitions=1, max_bytes=1 << 16)
     s.append(b"before")
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     ready = ctx.Event()
     p = ctx.Process(target=w.hold_partition_lock, args=(broker.namespace, "s", ready))
     p.start()

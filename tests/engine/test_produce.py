@@ -2,7 +2,6 @@
 as its block ends, nothing on an exception or a death inside it). Each test runs on the
 C paths and on the pure-Python ones (``impl``); the model test reserves too."""
 
-import multiprocessing as mp
 import os
 import signal
 
@@ -15,9 +14,8 @@ from shmq.engine.queues.reserve import Reservation
 from shmq.engine.shm import waits
 from shmq.engine.shm import layout as L
 from shmq.engine.shm.mutex import unlock
+from tests._processes import WORKERS
 from tests._wait import wait_for
-
-
 
 
 # ---------------------------------------------------------------- reserve
@@ -288,7 +286,7 @@ def _reserve_and_hang(ns, name, inside, size):
 def test_a_process_killed_inside_the_block_publishes_nothing(impl, broker):
     q = broker.create_queue("q", max_bytes=1 << 16)
     q.put(b"before")
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     inside = ctx.Event()
     child = ctx.Process(target=_reserve_and_hang, args=(broker.namespace, "q", inside, 5000))
     child.start()
@@ -342,7 +340,7 @@ def _get_one(ns, name, out):
 
 def test_a_consumer_process_asleep_is_woken_by_the_publish(impl, broker):
     q = broker.create_queue("q")
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     out = ctx.Queue()
     child = ctx.Process(target=_get_one, args=(broker.namespace, "q", out))
     child.start()
@@ -486,7 +484,7 @@ def test_producers_that_keep_finding_the_queue_full_deliver_every_message_once(b
     from tests import _workers as w
 
     q = broker.create_queue("q", max_bytes=4096, max_message_bytes=512)
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     done = ctx.Event()
     producers = [ctx.Process(target=w.producer, args=(broker.namespace, "q", f"p{i}", 2000, (1, 7)[i]))
                  for i in range(2)]

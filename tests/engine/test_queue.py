@@ -1,6 +1,5 @@
 """Queue semantics in one process: FIFO, leases, settling, dead letters, limits, stats."""
 
-import multiprocessing as mp
 import pickle
 import queue as stdlib_queue
 import threading
@@ -14,6 +13,7 @@ from shmq.engine.queues import deadletter
 from shmq.engine import maintenance
 from shmq.engine.shm import waits
 from shmq.engine.shm.mutex import unlock
+from tests._processes import WORKERS
 from tests.engine._clock import set_clock
 
 
@@ -316,7 +316,7 @@ def test_a_dead_holders_last_delivery_is_moved_by_housekeeping(impl, broker):
     broker.create_queue("dlq")
     q = broker.create_queue("q", max_deliveries=1, dead_letter_queue="dlq")
     q.put(b"m")
-    p = mp.get_context("spawn").Process(target=_get_and_exit, args=(broker.namespace,))
+    p = WORKERS.Process(target=_get_and_exit, args=(broker.namespace,))
     p.start()
     p.join(60)
     assert p.exitcode == 0

@@ -3,7 +3,6 @@ ring, as many as have room, published together as the block ends; nothing on an
 exception, a view kept, or a death inside it). On the C paths small bodies are claimed
 together; on the Python paths (``impl``) and for a large first body it is a batch of one."""
 
-import multiprocessing as mp
 import os
 import signal
 
@@ -12,6 +11,7 @@ import pytest
 import shmq
 from shmq.engine.shm import cpaths
 from shmq.engine.shm import layout as L
+from tests._processes import WORKERS
 
 C_BATCHES = cpaths.FAST
 
@@ -164,7 +164,7 @@ def _reserve_many_and_hang(ns, name, inside, n):
 def test_a_process_killed_inside_the_block_publishes_none_of_the_batch(impl, broker):
     q = broker.create_queue("q", max_bytes=1 << 16)
     q.put(b"before")
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     inside = ctx.Event()
     child = ctx.Process(target=_reserve_many_and_hang, args=(broker.namespace, "q", inside, 6))
     child.start()
@@ -201,7 +201,7 @@ def _produce_batches(ns, name, tag, total):
 
 def test_producer_processes_reserving_batches_deliver_every_message_once_in_order(impl, broker):
     q = broker.create_queue("q", max_bytes=1 << 14)  # (small: batches stop where the room does)
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     total, tags = 3000, [b"p0", b"p1", b"p2"]
     producers = [ctx.Process(target=_produce_batches, args=(broker.namespace, "q", t, total)) for t in tags]
     for p in producers:

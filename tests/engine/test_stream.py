@@ -4,7 +4,6 @@ both transports (offsets, keys, retention, groups and their fence, bad input) is
 tests/test_stream_conformance.py, which runs locally too."""
 
 import array
-import multiprocessing as mp
 import os
 import random
 import signal
@@ -24,8 +23,7 @@ from shmq.engine.streams.stream import partition_of
 from shmq.engine.shm.mutex import unlock
 from tests import _workers as w
 from tests._dying import killed_at_each_store
-
-SPAWN = mp.get_context("spawn")
+from tests._processes import WORKERS
 
 
 def test_read_replays_the_same_records_and_waits_at_the_end(broker):
@@ -109,9 +107,9 @@ def test_a_sigkilled_member_is_found_and_the_others_resume_from_the_last_commit(
     s = broker.create_stream("events", partitions=4, max_bytes=1 << 18)
     for p in range(4):
         s.append_many([b"%d-%d" % (p, i) for i in range(200)], partition=p)
-    ready, stop = SPAWN.Event(), w.StopFlag(SPAWN)  # (the victim polling stop is killed)
+    ready, stop = WORKERS.Event(), w.StopFlag(WORKERS)  # (the victim polling stop is killed)
     out_victim = tmp_path / "victim.log"
-    victim = SPAWN.Process(target=w.stream_member, args=(broker.namespace, "events", "g", str(out_victim), ready, stop))
+    victim = WORKERS.Process(target=w.stream_member, args=(broker.namespace, "events", "g", str(out_victim), ready, stop))
     victim.start()
     assert ready.wait(30)
     survivor = s.consumer("g")
@@ -149,7 +147,7 @@ def test_a_sigkilled_member_is_found_and_the_others_resume_from_the_last_commit(
 
 def test_order_per_key_holds_under_several_producer_processes(broker, tmp_path):
     broker.create_stream("events", partitions=3, max_bytes=1 << 20)
-    procs = [SPAWN.Process(target=w.stream_appender, args=(broker.namespace, "events", f"k{i}", 300,
+    procs = [WORKERS.Process(target=w.stream_appender, args=(broker.namespace, "events", f"k{i}", 300,
                                                            str(tmp_path / f"a{i}.log"), 1 + i % 2))
              for i in range(4)]
     for p in procs:
@@ -175,11 +173,11 @@ def test_appenders_killed_at_any_instant_lose_nothing_that_returned(broker, tmp_
     for round_ in range(6):
         log = tmp_path / f"r{round_}.log"
         logs.append(log)
-        procs = [SPAWN.Process(target=w.stream_appender, args=(broker.namespace, "events", f"r{round_}x{i}",
+        procs = [WORKERS.Process(target=w.stream_appender, args=(broker.namespace, "events", f"r{round_}x{i}",
                                                                10**6, str(log), 1 + i * 7)) for i in range(2)]
         rounds = tmp_path / f"h{round_}.log"
         if retention:
-            procs.append(SPAWN.Process(target=w.stream_housekeeper, args=(broker.namespace, "events", str(rounds))))
+            procs.append(WORKERS.Process(target=w.stream_housekeeper, args=(broker.namespace, "events", str(rounds))))
         for p in procs:
             p.start()
         deadline = time.monotonic() + 30
@@ -222,7 +220,7 @@ def test_a_publisher_dead_before_its_commit_leaves_neither_records_nor_its_note(
     st.append_many([b"b0:0", b"b0:1"], partition=0)
     t.publish(st, {0: [(0, 0, 2)]}, txn, 0)
     st.append_many([b"b1:0", b"b1:1", b"b1:2"], partition=0)
-    p = SPAWN.Process(target=w.publisher_dying_before_the_commit, args=(broker.namespace, "out", st.name, txn.hex(), 1))
+    p = WORKERS.Process(target=w.publisher_dying_before_the_commit, args=(broker.namespace, "out", st.name, txn.hex(), 1))
     p.start()
     p.join(30)
     assert p.exitcode == 3
@@ -273,7 +271,7 @@ def test_publishers_killed_at_any_instant_and_replayed_publish_each_batch_once(b
     st = broker.create_stream("out:staging:x", partitions=1, max_bytes=8 << 20, durability="memory")
     txn, log, next_batch = os.urandom(16), tmp_path / "published.log", 0
     for _round in range(8):
-        p = SPAWN.Process(target=w.stream_publisher, args=(broker.namespace, "out", st.name, txn.hex(), next_batch,
+        p = WORKERS.Process(target=w.stream_publisher, args=(broker.namespace, "out", st.name, txn.hex(), next_batch,
                                                           10**6, 40, str(log)))
         p.start()
         deadline = time.monotonic() + 30
@@ -283,7 +281,7 @@ def test_publishers_killed_at_any_instant_and_replayed_publish_each_batch_once(b
         os.kill(p.pid, signal.SIGKILL)
         p.join(10)
         next_batch = int(log.read_text().split()[-1])  # replay the last batch that returned, and on
-    p = SPAWN.Process(target=w.stream_publisher, args=(broker.namespace, "out", st.name, txn.hex(), next_batch,
+    p = WORKERS.Process(target=w.stream_publisher, args=(broker.namespace, "out", st.name, txn.hex(), next_batch,
                                                       3, 40, str(log)))
     p.start()
     p.join(30)

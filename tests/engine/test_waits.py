@@ -2,7 +2,6 @@
 at most one per sleeper not yet posted, and a sleeper that took a post gives it back."""
 
 import contextlib
-import multiprocessing as mp
 import threading
 import time
 
@@ -13,6 +12,7 @@ from shmq.engine.shm import cpaths
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import waits
 from shmq.engine.shm.segment import create_semaphore, open_semaphore, unlink_semaphore
+from tests._processes import WORKERS
 from tests._wait import Alarm, alarm_in, drain, in_thread, wait_for
 
 
@@ -88,7 +88,6 @@ def test_a_signal_handlers_exception_ends_a_blocking_wait_and_leaves_no_sleeper(
         consumer.close()
 
 
-
 @pytest.mark.parametrize("bad", [-1, float("nan"), "1", True])
 def test_seconds_are_checked(bad):
     with pytest.raises((TypeError, ValueError)):
@@ -138,7 +137,7 @@ def _lock_on_cue(ns, name, up, cue, inside, go):
 def _lock_holder(broker):
     """A process that takes the queue's lock when cued (``_lock_on_cue``); yields its
     (up, cue, inside, go) events and the process, which publishes and ends on ``go``."""
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     events = [ctx.Event() for _ in range(4)]
     p = ctx.Process(target=_lock_on_cue, args=(broker.namespace, "q", *events))
     p.start()

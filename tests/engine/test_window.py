@@ -5,7 +5,6 @@ Each test runs on the C paths and the pure-Python ones (``impl``); the state mac
 both too."""
 
 import functools
-import multiprocessing as mp
 import os
 import signal
 import threading
@@ -22,6 +21,7 @@ from shmq.engine.queues import produce
 from shmq.engine.shm import layout as L
 from shmq.engine.shm import ring, waits
 from shmq.engine.shm.mutex import unlock
+from tests._processes import WORKERS
 from tests._wait import exited, wait_for
 from tests.engine._clock import set_clock
 from tests.engine.test_memory import held_as_marked
@@ -180,7 +180,7 @@ def test_a_producer_that_catches_up_waits_for_the_consumer_a_while_then_spills(i
     cap = 16 * MiB
     q = broker.create_queue("q", max_bytes=cap, max_message_bytes=MiB)
     count = 60
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     out = ctx.Queue()
     child = ctx.Process(target=_keep_up, args=(broker.namespace, "q", count, hold_s, out))
     child.start()
@@ -509,7 +509,7 @@ def test_a_fills_end_wakes_every_consumer_whose_message_it_makes_ready(impl, bro
     end makes three messages ready at once and posts all three consumers (the C publish
     once said one of three: the other two slept on with messages there)."""
     q = broker.create_queue("q", max_bytes=64 * MiB, max_message_bytes=MiB)
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     out = ctx.Queue()
     kids = [ctx.Process(target=_take_one, args=(broker.namespace, "q", out)) for _ in range(3)]
     with exited(kids, 30):
@@ -601,7 +601,7 @@ def test_a_producer_killed_mid_fill_holds_back_nothing_for_long(impl, broker):
     every other message arrives."""
     q = broker.create_queue("q", max_bytes=16 * MiB, max_message_bytes=MiB)
     q.put(body(1))
-    ctx = mp.get_context("spawn")
+    ctx = WORKERS
     inside = ctx.Event()
     child = ctx.Process(target=_fill_and_hang, args=(broker.namespace, "q", inside))
     child.start()

@@ -1,13 +1,12 @@
 """A work queue as a Spark source: its messages moved into the stream that stages it,
 each once, even when the mover is SIGKILLed between its append and its ack."""
 
-import multiprocessing as mp
 import time
 
 from shmq.spark.stager import ID_HEADER, Stager, stage_name
 from tests import _workers as w
+from tests._processes import WORKERS
 
-SPAWN = mp.get_context("spawn")
 QUERY_TIMEOUT = 120
 
 
@@ -42,7 +41,7 @@ def test_a_queue_is_read_once_through_its_stage_and_acked(spark, broker, tmp_pat
 def test_a_stager_killed_between_append_and_ack_stages_nothing_twice(spark, broker, tmp_path):
     q = broker.create_queue("orders", visibility_timeout=60)  # a dead holder, not the timeout, frees them
     q.put_many([b"o%d" % i for i in range(50)])
-    p = SPAWN.Process(target=w.stager_dying_before_its_ack, args=(broker.namespace, "orders"))
+    p = WORKERS.Process(target=w.stager_dying_before_its_ack, args=(broker.namespace, "orders"))
     p.start()
     p.join(30)
     assert p.exitcode == -9
