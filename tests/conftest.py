@@ -17,7 +17,7 @@ import pytest
 import shmq
 from shmq.engine.shm.segment import destroy_namespace, namespace_entries
 from shmq.persistence.kafka_txns import RUNTIME_ENTRY
-from tests import _processes
+from tests import _processes, _scheduling
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,6 +31,7 @@ sys.dont_write_bytecode = False
 
 
 def pytest_configure(config):
+    config.pluginmanager.register(_scheduling, "shmq-scheduling")  # (one Spark session: tests/_scheduling.py)
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
         for folder in ("shmq", "bench", "tests", "examples"):
             compileall.compile_dir(os.path.join(ROOT, folder), quiet=1)

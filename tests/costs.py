@@ -38,7 +38,8 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     after = os.times()
     cpu = sum(getattr(after, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system"))
-    line = json.dumps([item.nodeid, round(time.monotonic() - wall, 3), round(cpu, 3)]) + "\n"
+    line = json.dumps([item.nodeid, round(time.monotonic() - wall, 3), round(cpu, 3),
+                       os.environ.get("PYTEST_XDIST_WORKER", ""), round(time.time(), 3)]) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # one write per line: workers interleave whole lines
     try:
         os.write(fd, line.encode())
@@ -55,14 +56,17 @@ def _cpu_ticks() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def report(rows, seconds, busy_share, top=15) -> list[str]:
+def report(rows, seconds, busy_share, top=15, workers=()) -> list[str]:
     """The report's lines for ``rows`` of (test id, wall, cpu), a run of ``seconds`` with the
-    CPUs busy ``busy_share`` (0..1) of it."""
+    CPUs busy ``busy_share`` (0..1) of it; ``workers``: (xdist worker, tests, their wall
+    summed, when its last test ended in seconds of the run), under xdist."""
     cores = os.cpu_count() or 1
     out = [f"tests.costs: {len(rows)} tests in {seconds:.0f} s; the CPUs {busy_share:.0%} busy "
            f"({cores} CPUs: {busy_share * seconds * cores:.0f} CPU-seconds)",
            f"tests.costs: the tests' own CPU {sum(c for _t, _w, c in rows):.0f} s (theirs and their reaped "
            f"children's); their wall time summed {sum(w for _t, w, _c in rows):.0f} s"]
+    for worker, n, wall, last in workers:  # (one ending long before the others: the run's tail was one worker's)
+        out.append(f"tests.costs: worker {worker}: {n} tests, {wall:.0f} s of them, its last ended at {last:.0f} s")
     files = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for test, wall, cpu in rows:
         f = files[test.split("::")[0]]
@@ -88,16 +92,25 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "costs.jsonl")
         busy0, all0 = _cpu_ticks()
-        started = time.monotonic()
+        started, began = time.monotonic(), time.time()
         rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "tests.costs",
                               *(pytest_args or DEFAULT_ARGS)], env={**os.environ, ENV: path})
         seconds = time.monotonic() - started
         busy1, all1 = _cpu_ticks()
-        rows = []
+        lines = []
         if os.path.exists(path):
             with open(path) as f:
-                rows = [tuple(json.loads(line)) for line in f]
-    print("\n".join(report(rows, seconds, (busy1 - busy0) / max(all1 - all0, 1), args.top)))
+                lines = [json.loads(line) for line in f]
+    rows = [tuple(line[:3]) for line in lines]
+    workers = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for _test, wall, _cpu, worker, ended in lines:
+        if worker:
+            w = workers[worker]
+            w[0] += 1
+            w[1] += wall
+            w[2] = max(w[2], ended - began)
+    print("\n".join(report(rows, seconds, (busy1 - busy0) / max(all1 - all0, 1), args.top,
+                           [(name, *w) for name, w in sorted(workers.items())])))
     return rc
 
 

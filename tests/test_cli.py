@@ -10,12 +10,16 @@ import sys
 import pytest
 
 from shmq.engine.queues.delivery import QueueStats
+from tests._processes import run_module
 from tests.test_server_tcp import ServerProcess
 
 
 def shmq_cli(*args, stdin=None, env=None):
-    return subprocess.run([sys.executable, "-m", "shmq.cli", *args], input=stdin, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd(), **(env or {})})
+    """``python -m shmq.cli *args``, finished (``subprocess.run``'s result): a fork of the
+    suite's process server running the command line's ``__main__`` (tests._processes), or a
+    new interpreter where ``env`` changes what one reads at its start."""
+    return run_module("shmq.cli", args, stdin=stdin, timeout=60,
+                      env={**os.environ, "PYTHONPATH": os.getcwd(), **(env or {})})
 
 
 @pytest.fixture(params=["local", "tcp"])

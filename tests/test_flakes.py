@@ -56,3 +56,10 @@ def test_costs_lists_the_tests_that_spent_cpu_and_those_that_waited(tmp_path):
     assert float(lines[5].split()[0]) >= 0.3, lines
     assert lines[6].startswith("most waiting") and lines[7].endswith("test_toy.py::test_waits"), lines
     assert float(lines[7].split()[0]) >= 0.9, lines
+    assert not any(" worker " in line for line in r.stdout.splitlines())
+    r = subprocess.run([sys.executable, "-m", "tests.costs", "--top", "1", str(tmp_path / "test_toy.py"), "-n", "2",
+                        "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stdout + r.stderr
+    workers = [line.split() for line in r.stdout.splitlines() if line.startswith("tests.costs: worker gw")]
+    assert [w[2] for w in workers] == ["gw0:", "gw1:"] and sum(int(w[3]) for w in workers) == 3, workers

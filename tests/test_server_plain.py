@@ -140,6 +140,8 @@ class Side:
             payload = f.payload
             if f.type & 0x7F == MsgType.CONSUME and not f.status:
                 payload = {"messages": [self._message(m) for m in payload["messages"]]}
+            elif f.type & 0x7F == MsgType.PEEK and not f.status:  # (a mutated frame's type can be PEEK's)
+                payload = {"messages": [{**m, "enqueued_at": None} for m in payload["messages"]]}
             elif f.status and type(payload.get("error")) is str:  # (it may name the namespace, and tags)
                 error = payload["error"].replace(self.namespace, "NS")
                 if error.startswith("unknown deliveries"):  # (the tags it names)

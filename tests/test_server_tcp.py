@@ -6,7 +6,6 @@ import resource
 import signal
 import socket
 import subprocess
-import sys
 import threading
 
 import psutil
@@ -16,19 +15,19 @@ import shmq
 from shmq.auth import client_token
 from shmq.protocol import FrameDecoder, MsgType, Status, encode_request, pack_header
 from tests import _workers as w
-from tests._processes import WORKERS
+from tests._processes import WORKERS, start_module
 
 
 class ServerProcess:
-    """``shmq server`` as a real process on a free port. ``log``: its lines up to the one
-    naming the port; then a thread drains the rest into ``later`` (a server that logs
-    every connection never blocks on a full pipe), and ``wait_for_line`` waits for one."""
+    """``shmq server`` as a process of its own on a free port (``python -m shmq.cli server``,
+    forked from the suite's process server where its environment allows: tests._processes).
+    ``log``: its lines up to the one naming the port; then a thread drains the rest into
+    ``later`` (a server that logs every connection never blocks on a full pipe), and
+    ``wait_for_line`` waits for one."""
 
     def __init__(self, namespace, *args, env=None):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shmq.cli", "server", "--namespace", namespace, "--port", "0", *args],
-            stderr=subprocess.PIPE, text=True, env=env or {**os.environ, "PYTHONPATH": os.getcwd()},
-        )
+        self.proc = start_module("shmq.cli", ["server", "--namespace", namespace, "--port", "0", *args],
+                                 stderr=subprocess.PIPE, env=env or {**os.environ, "PYTHONPATH": os.getcwd()})
         self.log = []
         while True:  # the start-up lines end with the one naming the port
             line = self.proc.stderr.readline()

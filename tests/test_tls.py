@@ -22,6 +22,7 @@ import pytest
 
 import shmq
 from shmq.errors import BrokerUnavailable
+from tests.test_cli import shmq_cli
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -354,8 +355,7 @@ def test_a_bad_certificate_or_key_is_one_line_exit_2(certs, tmp_path):
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "shmq.cli", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": os.getcwd(), **(env or {})})
+    return shmq_cli(*args, env=env)
 
 
 def test_the_cli_with_a_tcps_url(tls_server, certs):

@@ -4,7 +4,6 @@ import os
 
 import click
 
-from ..doctor import diagnose
 from ..engine.shm.segment import check_namespace, destroy_namespace, namespace_entries
 from ..errors import ShmqError
 from ..server.lock import describe, holder
@@ -20,6 +19,8 @@ def namespace_group():
 @_json_option
 def namespace_list(as_json):
     """List your namespaces in /dev/shm, with their queues, streams and broker."""
+    from ..doctor import diagnose  # (here: every other command's start would import it)
+
     found = diagnose()["namespaces"]
     if as_json:
         _echo_json([{k: ns[k] for k in ("namespace", "queues", "streams", "broker", "entries", "bytes", "registry")}
