@@ -39,7 +39,7 @@ def pytest_runtest_protocol(item, nextitem):
     after = os.times()
     cpu = sum(getattr(after, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system"))
     line = json.dumps([item.nodeid, round(time.monotonic() - wall, 3), round(cpu, 3),
-                       os.environ.get("PYTEST_XDIST_WORKER", ""), round(time.time(), 3)]) + "\n"
+                       getattr(item.config, "workerinput", {}).get("workerid", ""), round(time.time(), 3)]) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # one write per line: workers interleave whole lines
     try:
         os.write(fd, line.encode())
