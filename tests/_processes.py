@@ -8,6 +8,10 @@ named by module.
 What it does not take from the test is the environment: a worker has the server's, which
 conftest starts once per session (``start``), before any test. A test whose workers need
 an environment of their own, or that is about how a process starts, uses spawn.
+
+The suite's command lines and ``shmq server`` processes start the same way
+(``start_module``, ``run_module``: ``python -m MODULE`` in a fork, with the environment
+given), unless that environment changes what a new interpreter reads at its start.
 """
 
 import atexit
