@@ -47,8 +47,9 @@ def context():
     return ctx
 
 
-def _server_running() -> bool:
-    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None
+def server_pid():
+    """The pid of the process server ``context()`` starts, while one runs (else None)."""
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
 
 
 def stop_processes():
@@ -65,7 +66,7 @@ def leaves_no_processes(main):
     (one its caller runs already, the test suite's, is the caller's and is left running)."""
     @functools.wraps(main)
     def run(*args, **kwargs):
-        running = _server_running()
+        running = server_pid() is not None
         try:
             return main(*args, **kwargs)
         finally:

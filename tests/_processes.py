@@ -60,9 +60,7 @@ def start():
         _started = (server_pid(), env)
 
 
-def server_pid():
-    """The running server's pid (a process of the session, not a stray), or None."""
-    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+server_pid = harness.server_pid  # (the running server's pid: a process of the session, not a stray)
 
 
 # ---------------------------------------------------------------- a command, run as a fork
