@@ -37,11 +37,23 @@ def pytest_configure(config):
             compileall.compile_dir(os.path.join(ROOT, folder), quiet=1)
 
 
+def _shared_folder(request, tmp_path_factory, name: str) -> str:
+    """A folder ``name`` of this run that its xdist workers share (the parent of a worker's
+    temporary folder), for what is built once per run and read by all."""
+    run = tmp_path_factory.getbasetemp()
+    folder = (run.parent if hasattr(request.config, "workerinput") else run) / name
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return str(folder)
+
+
 @pytest.fixture(autouse=True, scope="session")
-def shmq_home(tmp_path_factory):
+def shmq_home(request, tmp_path_factory):
     """The suite's servers and clients keep their token and runtime files in a temporary
-    $SHMQ_HOME (inherited by every subprocess), never in the real home directory."""
+    $SHMQ_HOME (inherited by every subprocess), never in the real home directory. Its
+    ``spark`` folder (the connector's jar, the workers' launcher: shmq.spark) is one the
+    run's workers share, so the jar is built once a run, not once a worker (17 CPU-s)."""
     home = tmp_path_factory.mktemp("shmq-home")
+    os.symlink(_shared_folder(request, tmp_path_factory, "shmq-spark"), home / "spark")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SHMQ_HOME", str(home))
         mp.delenv("SHMQ_TOKEN", raising=False)
@@ -64,11 +76,10 @@ def spark_classes(request, tmp_path_factory):
     from tests.spark.cds import share_classes
 
     if hasattr(request.config, "cache"):
-        folder = request.config.cache.mkdir("shmq-spark-classes")
+        folder = str(request.config.cache.mkdir("shmq-spark-classes"))
     else:
-        run = tmp_path_factory.getbasetemp()
-        folder = run.parent if hasattr(request.config, "workerinput") else run
-    options = share_classes(str(folder))
+        folder = _shared_folder(request, tmp_path_factory, "shmq-spark-classes")
+    options = share_classes(folder)
     with pytest.MonkeyPatch.context() as mp:
         if options is not None:
             mp.setenv("SPARK_SUBMIT_OPTS", options)

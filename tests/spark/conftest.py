@@ -5,7 +5,7 @@ test on both sources or sinks: "shmq_python" (Python's) and "shmq" (the JVM's)."
 
 import pytest
 
-from tests.conftest import SESSION_PROCESSES
+from tests.conftest import SESSION_PROCESSES, _shared_folder
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'shmq[spark]')")
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'shmq[spark]')")
@@ -17,6 +17,14 @@ from shmq.spark.session import java_home, local_session  # noqa: E402
 def _spark_classes(spark_classes):
     """Every Spark JVM of these tests, a session's or a driver process's, maps the archive."""
     return spark_classes
+
+
+@pytest.fixture(scope="session")
+def classes(request, tmp_path_factory):
+    """The class path of the JVM connector's Java tests, compiled once a run (jvm_harness)."""
+    from tests.spark.jvm_harness import compile_tests
+
+    return compile_tests(_shared_folder(request, tmp_path_factory, "shmq-jvm-tests"))
 
 
 @pytest.fixture(scope="session")

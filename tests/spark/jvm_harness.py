@@ -2,16 +2,19 @@
 
 Strategy: there is no JUnit and no build tool here, only the JDK. A test class is a ``main``
 that throws (exit 1) when a check fails and prints what the Python side compares. ``compile_tests``
-hands javac only the test files asked for, with the connector's sources on ``-sourcepath``, so it
-compiles just the classes those tests use (another part's unfinished sources do not break it);
-pyspark's jars are on the class path for the parts that need Spark, and the defaults jar() writes into
-the jar beside the classes.
+hands javac every test file at once, with the connector's sources on ``-sourcepath`` (so the classes
+the tests use), once a run: into a folder named by the files' hash, which the run's xdist workers
+share (one javac, 6 CPU-s, where one per module cost 5.5 each); pyspark's jars are on the class path
+for the parts that need Spark, and the defaults jar() writes into the jar beside the classes.
 """
 
+import fcntl
 import glob
+import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -59,23 +62,38 @@ def java_command(classpath: str, main: str, *args, flags=None) -> list[str]:
     return [java, *(OPTIONS.split() if flags is None else flags), "-ea", "-cp", classpath, main, *map(str, args)]
 
 
-def compile_tests(out_dir, *patterns: str) -> str:
-    """Compile the test files matching ``patterns`` (globs under shmq/spark/jvm/test) and the
-    sources they use into ``out_dir``; returns the class path to run them with. Fails the test
-    with javac's output when they do not compile."""
+def compile_tests(folder) -> str:
+    """Compile every test under shmq/spark/jvm/test and the sources they use into ``folder``
+    (a subfolder named by their hash: done once, the first caller building under a lock while
+    the others wait); returns the class path to run them with. Fails the test with javac's
+    output when they do not compile."""
     tool = skip_without_jdk()
-    files = sorted({f for p in patterns for f in glob.glob(os.path.join(TEST, p), recursive=True)})
-    assert files, f"no Java tests match {patterns} under {TEST}"
-    classpath = os.pathsep.join([str(out_dir)] + _spark_jars())
-    cmd = [tool, *(f"-J{o}" for o in OPTIONS.split()), "--release", "17", "-Xlint:all,-path", "-Werror", "-proc:none", "-implicit:class",
-           "-encoding", "UTF-8", "-d", str(out_dir), "-sourcepath", os.pathsep.join([SRC, TEST]),
-           "-cp", classpath, *files]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-    assert done.returncode == 0, f"javac failed:\n{done.stdout}{done.stderr}"
-    defaults = os.path.join(str(out_dir), DEFAULTS)  # what jar() writes into the jar beside the classes
-    os.makedirs(os.path.dirname(defaults), exist_ok=True)
-    with open(defaults, "w") as f:
-        f.write(jvm_defaults())
+    files = sorted(glob.glob(os.path.join(TEST, "**", "*.java"), recursive=True))
+    digest = hashlib.sha256(jvm_defaults().encode())
+    for path in files + sorted(glob.glob(os.path.join(SRC, "**", "*.java"), recursive=True)):
+        with open(path, "rb") as f:
+            digest.update(path.encode() + b"\0" + f.read() + b"\0")
+    out_dir = os.path.join(str(folder), "classes-" + digest.hexdigest()[:16])
+    classpath = os.pathsep.join([out_dir] + _spark_jars())
+    fd = os.open(os.path.join(str(folder), "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not os.path.isdir(out_dir):
+            part = tempfile.mkdtemp(dir=str(folder), prefix=".javac-")
+            cmd = [tool, *(f"-J{o}" for o in OPTIONS.split()), "--release", "17", "-Xlint:all,-path", "-Werror",
+                   "-proc:none", "-implicit:class", "-encoding", "UTF-8", "-d", part, "-sourcepath",
+                   os.pathsep.join([SRC, TEST]), "-cp", os.pathsep.join([part] + _spark_jars()), *files]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+            if done.returncode != 0:
+                shutil.rmtree(part, ignore_errors=True)
+                pytest.fail(f"javac failed:\n{done.stdout}{done.stderr}")
+            defaults = os.path.join(part, DEFAULTS)  # what jar() writes into the jar beside the classes
+            os.makedirs(os.path.dirname(defaults), exist_ok=True)
+            with open(defaults, "w") as f:
+                f.write(jvm_defaults())
+            os.rename(part, out_dir)
+    finally:
+        os.close(fd)
     return classpath
 
 

@@ -9,13 +9,7 @@ import subprocess
 import pytest
 
 import shmq
-from tests.spark.jvm_harness import compile_tests, java_command, run_java
-
-
-@pytest.fixture(scope="module")
-def classes(tmp_path_factory):
-    return compile_tests(tmp_path_factory.mktemp("jvm-reader"), "io/shmq/spark/source/SharedCheck.java",
-                         "io/shmq/spark/source/ConcurrentReads.java", "io/shmq/spark/ReaderCheck.java")
+from tests.spark.jvm_harness import java_command, run_java
 
 
 def _fill(broker, name, partitions, values):

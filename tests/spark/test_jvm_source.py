@@ -22,21 +22,20 @@ from shmq.spark.options import Options, SpecError
 from shmq.spark.reader import BatchReader, OffsetRange, RangeGroup, StreamReader, group, share, split
 from shmq.spark.schema import SOURCE_FIELDS
 from tests.spark._session import run_in_session
-from tests.spark.jvm_harness import compile_tests, skip_without_jdk
+from tests.spark.jvm_harness import skip_without_jdk
 from tests.spark.test_source import data, expected, fill, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
-def twin(tmp_path_factory):
+def twin(classes):
     """ask(requests) -> the JVM source's answers, one per request."""
-    classpath = compile_tests(tmp_path_factory.mktemp("jvm-plan"), "io/shmq/spark/PlanTwin.java")
     java = os.path.join(os.path.dirname(skip_without_jdk()), "java")
 
     def ask(requests):
         lines = "".join(json.dumps(r) + "\n" for r in requests)
-        done = subprocess.run([java, "-cp", classpath, "io.shmq.spark.PlanTwin"], input=lines, capture_output=True,
+        done = subprocess.run([java, "-cp", classes, "io.shmq.spark.PlanTwin"], input=lines, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
         return [json.loads(line) for line in done.stdout.splitlines()]

@@ -24,15 +24,10 @@ import shmq
 from shmq import auth
 from shmq.protocol import MsgType, Status, encode_error, encode_reply, encode_request
 from tests._wait import in_thread, wait_for
-from tests.spark.jvm_harness import compile_tests, run_java, skip_without_jdk
+from tests.spark.jvm_harness import run_java, skip_without_jdk
 from tests.test_tls import certs  # noqa: F401  (a fixture: a throwaway CA and the server's certificate)
 
 TOKEN = "s3cret-token_1"
-
-
-@pytest.fixture(scope="module")
-def classes(tmp_path_factory):
-    return compile_tests(tmp_path_factory.mktemp("jvm-tcp"), "io/shmq/spark/tcp/*.java")
 
 
 @pytest.fixture

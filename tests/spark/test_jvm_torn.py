@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests._wait import wait_for
-from tests.spark.jvm_harness import compile_tests, java_command
+from tests.spark.jvm_harness import java_command
 
 pytestmark = pytest.mark.slow
 
@@ -86,11 +86,6 @@ while not select.select([sys.stdin], [], [], 0.001)[0]:
 print(given)
 s.close()
 """
-
-
-@pytest.fixture(scope="module")
-def classes(tmp_path_factory):
-    return compile_tests(tmp_path_factory.mktemp("jvm-torn"), "io/shmq/spark/source/*.java")
 
 
 @pytest.mark.parametrize("jvm_flags,keeping", [([], None), (["-Xint"], None), ([], "give-back"), ([], "compact")],

@@ -10,19 +10,13 @@ import re
 import struct
 
 import msgpack
-import pytest
 
 from shmq.engine.shm import layout as L
 from shmq.model.headers import decode_headers, encode_record_headers
 from shmq.spark.arrow import header_map
-from tests.spark.jvm_harness import SRC, compile_tests, run_java
+from tests.spark.jvm_harness import SRC, run_java
 
 LAYOUT_JAVA = f"{SRC}/io/shmq/spark/shm/Layout.java"
-
-
-@pytest.fixture(scope="module")
-def classes(tmp_path_factory):
-    return compile_tests(tmp_path_factory.mktemp("jvm-source"), "io/shmq/spark/source/*.java")
 
 
 def test_layout_java_is_generated_from_the_engines_layout():

@@ -20,7 +20,7 @@ from shmq.spark import outage
 from shmq.spark.jar import DEFAULTS, jar
 from shmq.client.options import DEFAULT_MAX_OUTAGE_S, ConnectOptions
 from shmq.spark.options import MAX_OUTAGE_S, RECONNECT_PAUSES_S, Options, SpecError, jvm_defaults
-from tests.spark.jvm_harness import compile_tests, run_java, skip_without_jdk
+from tests.spark.jvm_harness import run_java, skip_without_jdk
 
 URL = "tcp://:s3cret@127.0.0.1:9"
 jar_module = importlib.import_module("shmq.spark.jar")  # (shmq.spark.jar, the attribute, is its function jar)
@@ -143,9 +143,8 @@ def test_max_outage_0_tries_again_at_once_only(clock, caplog):
     assert clock.slept == [] and warnings(caplog) == []
 
 
-def test_the_jvm_twin_on_a_fake_clock(tmp_path_factory):
-    classpath = compile_tests(tmp_path_factory.mktemp("jvm-reconnect"), "io/shmq/spark/tcp/ReconnectCheck.java")
-    lines = run_java(classpath, "io.shmq.spark.tcp.ReconnectCheck").stdout.splitlines()
+def test_the_jvm_twin_on_a_fake_clock(classes):
+    lines = run_java(classes, "io.shmq.spark.tcp.ReconnectCheck").stdout.splitlines()
     warn = ("warn shmq test: the server at tcp://127.0.0.1:9 cannot be reached (Connection refused); trying again for "
             "up to {}s (option maxOutage)")
     slept = [[int(x) for x in re.search(r"slept \[(.*)\]$", line).group(1).split(", ") if x]
