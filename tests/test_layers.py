@@ -11,6 +11,7 @@ is a dependency too, only a later one.
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,20 @@ ROOT_PACKAGE = "shmq"
 
 # the names whose modules a remote client must never load
 LOCAL_ONLY = ("posix_ipc", "shmq.engine")
+
+# who writes a segment's control words (``mq[...] = ...``) outside engine/shm/, and how
+# often (docs/DESIGN.md, "Who may write what"): what is left of issue 72.1's one writer,
+# module by module. A count may only fall (lower it here as a module's writes move into
+# engine/shm/), and no other module starts writing one.
+CONTROL_WORD_WRITE = re.compile(r"_?mq\[[^]]+\] *(=|\+=|-=|\|=|&=)[^=]")
+CONTROL_WORD_WRITERS = {
+    "shmq/engine/streams/partition.py": 54, "shmq/engine/queues/consume.py": 30,
+    "shmq/engine/queues/scheduling.py": 22, "shmq/engine/queues/queue.py": 21, "shmq/engine/queues/produce.py": 21,
+    "shmq/engine/queues/housekeeping.py": 18, "shmq/engine/streams/compaction.py": 15,
+    "shmq/engine/streams/groups.py": 13, "shmq/engine/queues/settle.py": 13, "shmq/engine/queues/lifetime.py": 10,
+    "shmq/engine/streams/stream.py": 6, "shmq/engine/queues/dedup.py": 4, "shmq/engine/queues/lanes.py": 3,
+    "shmq/engine/doze.py": 2, "shmq/engine/broker.py": 2,
+}
 
 
 def _under(name: str, prefixes) -> bool:
@@ -449,3 +464,26 @@ def test_set_enabled_changes_only_the_handles_attached_afterwards(namespace):
         "stream": ["c", True, True, 4, False, False],
     }
     assert out["again"] == "c"
+
+
+def control_word_writes(source: str) -> int:
+    """How many lines of ``source`` write a segment's control word (``CONTROL_WORD_WRITE``)."""
+    return sum(bool(CONTROL_WORD_WRITE.search(line)) for line in source.splitlines())
+
+
+def test_no_new_writer_of_a_control_word():
+    """Outside engine/shm/ the writes of control words only fall (CONTROL_WORD_WRITERS)."""
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).as_posix()
+        if not rel.startswith("shmq/engine/shm/") and control_word_writes(path.read_text()):
+            found[rel] = control_word_writes(path.read_text())
+    more = {m: n for m, n in found.items() if n > CONTROL_WORD_WRITERS.get(m, 0)}
+    assert not more, f"control words written outside engine/shm/ ({more}): write them through engine/shm/"
+    assert found == CONTROL_WORD_WRITERS, f"fewer writes now, lower CONTROL_WORD_WRITERS to them: {found}"
+
+
+def test_the_count_of_control_word_writes_sees_each_form():
+    src = ("mq[L.I_READY] += 1\nq._mq[w + 2] = 0\nmq[x] |= 4\nmq[x] &= ~4\nmq[x] -= n\n"
+           "if mq[L.I_READY] == 0:\nn = mq[L.I_TAIL]\nx = {mq[0]: 1}\n")
+    assert control_word_writes(src) == 5

@@ -256,97 +256,16 @@ def ttl_due(q, wall) -> bool:
     return False
 
 
-def _repair_fills(q, tail) -> None:
-    """``repair``'s part past the tail: the records placed there before a death (each whole
-    before the fill word covered it: a bad one says the word is stale) kept, those of dead
-    holders made PADs, and the tail moved over what is done (``end_dead_fills``)."""
-    mq, mm, cap = q._mq, q._mm, q._cap
-    fill = mq[L.I_FILL]
-    if fill <= tail:
-        mq[L.I_FILL] = 0
-        return
-    end = tail
-    for pos, w in ring.records(mq, cap, q._base, tail, fill):
-        length = mq[w + L.R_LENGTH] & 0xFFFFFFFF
-        if length < _REC or length % 8 or pos % cap + length > cap or pos + length > fill or \
-                mq[w] & 0xFF not in (_READY, _PAD, _FILLING):
-            break
-        end = pos + length
-    else:
-        end = fill
-    mq[L.I_FILL] = end if end > tail else 0
-    end_dead_fills(q)  # (what it commits counts in ready: the sleepers' slices find it)
-
-
 def repair(q) -> None:
     """Rebuild every derived control word from head, tail and the records, after the
-    lock's previous holder died inside an update. Lock held."""
-    mq, mm, cap = q._mq, q._mm, q._cap
-    head, tail = mq[L.I_HEAD], mq[L.I_TAIL]
-    if head > tail:  # a death inside a move to a new lap (``Producing._new_lap``): the tail goes to the head
-        tail = head
-    ready = inflight = delayed = requeued = ready_run = special = 0
-    first_ready = None
-    frontier = head
-    next_deadline = L.NEVER
-    max_id = 0
-    for pos, w in ring.records(mq, cap, q._base, head, tail):
-        status, length, _b, _h, _f, msg_id, _e, deadline = L.REC.unpack_from(mm, w << 3)
-        state = status & 0xFF
-        if length < _REC or length % 8 or pos % cap + length > cap or pos + length > tail:
-            tail = pos  # a record the dead writer never finished: drop it
-            break
-        if state == _PAD:
-            continue
-        max_id = max(max_id, msg_id)
-        if _f & L.FLAG_WALK and state != L.ACKED:
-            special += 1
-        if state == _READY:
-            ready += 1
-            ready_run += 1
-            if first_ready is None:
-                first_ready = pos
-        else:
-            requeued += ready_run
-            ready_run = 0
-            frontier = pos + length
-            if state == _LEASED:
-                inflight += 1
-                next_deadline = min(next_deadline, deadline)
-            elif state == _DELAYED:
-                delayed += 1
-                next_deadline = min(next_deadline, deadline)
-    cwait = pwait = bells = 0
-    for i in range(q._nslots):
-        pid, _s, cw, pw, _a, _r, b, _c = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
-        if pid:
-            cwait += cw
-            pwait += pw
-            bells += b
-    mq[L.I_TAIL] = tail
-    mq[L.I_ROOM] = tail  # (the next put's allocation finds it again)
-    if max_id:  # (a lane's ids stay its own: lane + 1, + lanes, ...)
-        mq[L.I_NEXT_ID] = max(mq[L.I_NEXT_ID], max_id + q._id_step)
-    mq[L.I_FRONTIER] = frontier
-    mq[L.I_READY_POS] = first_ready if requeued else frontier
-    mq[L.I_REQUEUED] = requeued
-    mq[L.I_READY] = ready
-    mq[L.I_INFLIGHT] = inflight
-    mq[L.I_DELAYED] = delayed
-    mq[L.I_NEXT_DEADLINE] = next_deadline
-    mq[L.I_NEXT_LIVENESS] = 0
-    mq[L.I_CWAIT] = mq[L.I_LANE_SLEEPERS] = cwait
-    mq[L.I_BELLS] = bells
-    mq[L.I_CPOSTED] = 0
-    mq[L.I_PWAIT] = pwait
-    mq[L.I_PPOSTED] = 0
-    mq[L.I_REPAIRS] += 1
-    mq[L.I_SPECIAL] = 3 if special else 0  # (due times or not: the next whole walk says)
-    for lv in range(q._levels):
-        mq[L.I_LEVEL_POS + lv] = head  # lower bounds, found again by the next takes
-    mq[L.I_NEXT_TTL] = 0  # the next take or housekeeping looks for expired messages
+    lock's previous holder died inside an update (``ring.recount``); then what only the
+    queue knows: the dedup entries of ids never committed, the fills of dead holders, the
+    log. Lock held."""
+    mq, cap = q._mq, q._cap
+    tail = ring.recount(mq, q._mm, cap, q._base, q._nslots, q._levels, q._id_step)
     dedup.forget_uncommitted(mq, q._dedup_off, mq[L.I_NEXT_ID])
-    _repair_fills(q, tail)
+    if ring.recount_fills(mq, cap, q._base, tail):
+        end_dead_fills(q)  # (what it commits counts in ready: the sleepers' slices find it)
     ring.advance_head(mq, cap, q._base)
     if q._logged:
         q.wal.repair()

@@ -1,5 +1,6 @@
-"""Records in the ring: walking them, placing and writing one, the lease check, and the
-head's reclaim — each written once.
+"""Records in the ring: walking them, placing and writing one, the lease check, the head's
+reclaim, the commit, and the recount of a ring's control words after a holder of its lock
+died (a queue's, a partition's) — each written once.
 
 Strategy: these work on a segment seen two ways, as bytes (``mm``) and as 64-bit words
 (``mq``), and know nothing of locks, processes or time: every caller holds the queue's
@@ -15,7 +16,8 @@ from . import waits
 
 __all__ = ["records", "copy_used", "copied_records", "place", "write_record", "leased_word", "make_ready",
            "advance_head", "freed_at", "next_ready", "append_end", "commit", "commit_fills", "window", "early_wrap", "spill_start",
-           "fits", "write_pad", "bytes_used", "suspect_fill", "void_fill"]
+           "fits", "write_pad", "bytes_used", "suspect_fill", "void_fill", "recount", "recount_fills",
+           "recount_partition"]
 
 _REC = L.REC_SIZE
 _PACK = L.REC.pack_into
@@ -308,3 +310,131 @@ def void_fill(mq, w, pos) -> None:
         mq[L.I_NEXT_ID] = mq[w + R_MSG_ID]
     else:
         mq[L.I_VOIDED] += 1
+
+
+def recount(mq, mm, cap, base, nslots, levels, id_step) -> int:
+    """Rebuild every derived control word of a queue's ring from its head, its tail, its
+    records and its process rows, after the lock's previous holder died inside an update:
+    a record the dead writer never finished is dropped (the tail goes back to it), the
+    counts, the cursors, the next deadline and the sleepers' counts are found again, the
+    next id passes every id in the ring (``id_step`` apart: a lane's own), and the repair
+    is counted. Returns the tail. Lock held (``housekeeping.repair`` does the rest)."""
+    head, tail = mq[I_HEAD], mq[I_TAIL]
+    if head > tail:  # a death inside a move to a new lap (``Producing._new_lap``): the tail goes to the head
+        tail = head
+    ready = inflight = delayed = requeued = ready_run = special = 0
+    first_ready = None
+    frontier = head
+    next_deadline = L.NEVER
+    max_id = 0
+    for pos, w in records(mq, cap, base, head, tail):
+        status, length, _b, _h, flags, msg_id, _e, deadline = L.REC.unpack_from(mm, w << 3)
+        state = status & 0xFF
+        if length < _REC or length % 8 or pos % cap + length > cap or pos + length > tail:
+            tail = pos  # a record the dead writer never finished: drop it
+            break
+        if state == _PAD:
+            continue
+        max_id = max(max_id, msg_id)
+        if flags & L.FLAG_WALK and state != _ACKED:
+            special += 1
+        if state == _READY:
+            ready += 1
+            ready_run += 1
+            if first_ready is None:
+                first_ready = pos
+        else:
+            requeued += ready_run
+            ready_run = 0
+            frontier = pos + length
+            if state == _LEASED:
+                inflight += 1
+                next_deadline = min(next_deadline, deadline)
+            elif state == L.DELAYED:
+                delayed += 1
+                next_deadline = min(next_deadline, deadline)
+    cwait = pwait = bells = 0
+    for i in range(nslots):
+        pid, _s, cw, pw, _a, _r, b, _c = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
+        if pid:
+            cwait += cw
+            pwait += pw
+            bells += b
+    mq[I_TAIL] = tail
+    mq[L.I_ROOM] = tail  # (the next put's allocation finds it again)
+    if max_id:  # (a lane's ids stay its own: lane + 1, + lanes, ...)
+        mq[I_NEXT_ID] = max(mq[I_NEXT_ID], max_id + id_step)
+    mq[I_FRONTIER] = frontier
+    mq[I_READY_POS] = first_ready if requeued else frontier
+    mq[I_REQUEUED] = requeued
+    mq[I_READY] = ready
+    mq[L.I_INFLIGHT] = inflight
+    mq[L.I_DELAYED] = delayed
+    mq[L.I_NEXT_DEADLINE] = next_deadline
+    mq[L.I_NEXT_LIVENESS] = 0
+    mq[I_CWAIT] = mq[L.I_LANE_SLEEPERS] = cwait
+    mq[L.I_BELLS] = bells
+    mq[L.I_CPOSTED] = 0
+    mq[L.I_PWAIT] = pwait
+    mq[L.I_PPOSTED] = 0
+    mq[L.I_REPAIRS] += 1
+    mq[L.I_SPECIAL] = 3 if special else 0  # (due times or not: the next whole walk says)
+    for lv in range(levels):
+        mq[L.I_LEVEL_POS + lv] = head  # lower bounds, found again by the next takes
+    mq[L.I_NEXT_TTL] = 0  # the next take or housekeeping looks for expired messages
+    return tail
+
+
+def recount_fills(mq, cap, base, tail) -> bool:
+    """``recount``'s part past the ``tail``: the records placed there before a death (each
+    whole before the fill word covered it: a bad one says the word is stale) kept in the
+    fill word, or the word cleared. True when some are left: their dead holders' fills are
+    then ended (``housekeeping.end_dead_fills``). Lock held."""
+    fill = mq[I_FILL]
+    if fill <= tail:
+        mq[I_FILL] = 0
+        return False
+    end = tail
+    for pos, w in records(mq, cap, base, tail, fill):
+        length = mq[w + R_LENGTH] & 0xFFFFFFFF
+        if length < _REC or length % 8 or pos % cap + length > cap or pos + length > fill or \
+                mq[w] & 0xFF not in (_READY, _PAD, _FILLING):
+            break
+        end = pos + length
+    else:
+        end = fill
+    mq[I_FILL] = end if end > tail else 0
+    return True
+
+
+def recount_partition(mq, cap, base) -> int:
+    """A stream partition's ``recount``: its head, tail and earliest offset found again from
+    its records after the lock's previous holder died inside an append, a drop or a
+    compaction (whose image, published up to its head's store, restarts the offsets: the
+    head moves to it); the next offset is never lowered (offsets past a gap stay handed
+    out). Returns the next offset. Lock held (``Partition._repair`` does the rest)."""
+    head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
+    first = last = None
+    for pos, w in records(mq, cap, base, head, tail):
+        length = mq[w + R_LENGTH] & 0xFFFFFFFF
+        if length < _REC or length % 8 or pos % cap + length > cap or pos + length > tail:
+            tail = pos  # a record the dead writer never finished
+            break
+        if mq[w] & 0xFF == _PAD:
+            continue
+        off = mq[w + R_MSG_ID]
+        if last is not None and off <= last:  # a compaction's image, published up to its head's store
+            head, first = pos, None
+        last = off
+        if first is None:
+            first = last
+    mq[L.PI_HEAD] = head
+    mq[L.PI_TAIL] = tail
+    nxt = mq[L.PI_NEXT]
+    if last is not None:
+        nxt = mq[L.PI_NEXT] = max(nxt, last + 1)
+        mq[L.PI_EARLIEST] = first
+    else:
+        mq[L.PI_HEAD] = tail
+        mq[L.PI_EARLIEST] = nxt
+    return nxt

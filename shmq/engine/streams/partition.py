@@ -257,33 +257,10 @@ class Partition:
 
     def _repair(self):
         """Rebuild head, tail, earliest and next offset from the records, after the
-        lock's previous holder died inside an append or a drop; cut off log entries it
-        wrote and never committed. Lock held."""
-        mq, cap = self._mq, self._cap
-        head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
-        first = last = None
-        for pos, w in ring.records(mq, cap, self._base, head, tail):
-            length = mq[w + _R_LENGTH] & 0xFFFFFFFF
-            if length < _REC or length % 8 or pos % cap + length > cap or pos + length > tail:
-                tail = pos  # a record the dead writer never finished
-                break
-            if mq[w] & 0xFF == _PAD:
-                continue
-            off = mq[w + _R_MSG_ID]
-            if last is not None and off <= last:  # a compaction's image, published up to its head's store
-                head, first = pos, None
-            last = off
-            if first is None:
-                first = last
-        mq[L.PI_HEAD] = head
-        mq[L.PI_TAIL] = tail
-        nxt = mq[L.PI_NEXT]  # never lowered: offsets past a gap stay handed out
-        if last is not None:
-            nxt = mq[L.PI_NEXT] = max(nxt, last + 1)
-            mq[L.PI_EARLIEST] = first
-        else:
-            mq[L.PI_HEAD] = tail
-            mq[L.PI_EARLIEST] = nxt
+        lock's previous holder died inside an append or a drop (``ring.recount_partition``);
+        then what only the partition knows: its transactions' words, and the log entries
+        the dead holder wrote and never committed. Lock held."""
+        nxt = ring.recount_partition(self._mq, self._cap, self._base)
         self._txn_repair(nxt)
         if self._logged:  # an entry torn by the death, and those of an append that never committed
             self.log.repair(limit=nxt)
