@@ -66,8 +66,11 @@ def pytest_xdist_make_scheduler(config, log):
 
             def schedule(self):
                 if self.collection is None:
-                    with open(os.path.join(folder, "tests.json")) as f:
-                        self.together = frozenset(json.load(f))
+                    try:
+                        with open(os.path.join(folder, "tests.json")) as f:
+                            self.together = frozenset(json.load(f))
+                    except FileNotFoundError:  # no worker collected: xdist reports why, as without this
+                        pass
                 super().schedule()
 
             def _split_scope(self, nodeid):

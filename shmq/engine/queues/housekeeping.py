@@ -29,10 +29,8 @@ _wall = time.time_ns
 LIVENESS_PERIOD_NS = 500_000_000  # how often someone checks that lease holders live
 MOVE_LEASE_NS = 60 * 10**9  # the lease of a message taken only to be dead-lettered (in the same call)
 
-_REC = L.REC_SIZE
-_READY, _LEASED, _PAD, _DELAYED, _FILLING = L.READY, L.LEASED, L.PAD, L.DELAYED, L.FILLING
+_READY, _LEASED, _DELAYED, _FILLING = L.READY, L.LEASED, L.DELAYED, L.FILLING
 _R_DEADLINE = L.R_DEADLINE
-_R_FLAGS = 2  # the word whose high half is a record's flags
 
 
 def _spent(q, mq, w, pos, state, now, spent) -> int:
@@ -70,15 +68,14 @@ def expire(q, now, spent) -> int:
                     next_deadline = min(next_deadline, _spent(q, mq, w, pos, state, now, spent))
                     continue
                 if state == _LEASED and q._retry_ns:  # a lapsed lease waits as the retry policy says
-                    backoff = q._retry_delay_ns(mq[w] >> 32)
-                    mq[w + _R_DEADLINE] = now + backoff
-                    mq[w] = L.status_word(_DELAYED, L.NO_HOLDER, mq[w] >> 32)  # commit
-                    mq[L.I_INFLIGHT] -= 1
-                    mq[L.I_DELAYED] += 1
-                    next_deadline = min(next_deadline, now + backoff)
+                    until = now + q._retry_delay_ns(mq[w] >> 32)
+                    ring.unlease(mq, w, pos, until)
+                    next_deadline = min(next_deadline, until)
                     continue
-                mq[L.I_INFLIGHT if state == _LEASED else L.I_DELAYED] -= 1
-                ring.make_ready(mq, w, pos)
+                if state == _LEASED:
+                    ring.unlease(mq, w, pos)
+                else:
+                    ring.wake(mq, w, pos)
                 woke += 1
             elif due < next_deadline:
                 next_deadline = due
@@ -104,9 +101,7 @@ def _release_holder(q, slot, now, spent) -> int:
                 if until < mq[L.I_NEXT_DEADLINE]:
                     mq[L.I_NEXT_DEADLINE] = until
                 continue
-            mq[L.I_INFLIGHT] -= 1
-            ring.make_ready(mq, w, pos)
-            n += 1
+            n += ring.unlease(mq, w, pos)
     return n
 
 

@@ -16,14 +16,14 @@ from ..shm import cpaths
 from . import deadletter
 from ..shm import ring, waits
 from ..shm import layout as L
-from ..shm.layout import I_DEAD_TOTAL, I_DELAYED, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE, I_TAIL
+from ..shm.layout import I_DEAD_TOTAL, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE, I_TAIL
 from ..shm.mutex import unlock as _unlock
 from .delivery import Delivery
 
 __all__ = ["Settling"]
 
 _mono = time.monotonic_ns
-_ACKED, _DELAYED = L.ACKED, L.DELAYED
+_ACKED = L.ACKED
 _R_DEADLINE = L.R_DEADLINE
 _CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
 _encode_ack_entry = dmsq.encode_ack_entry
@@ -198,18 +198,10 @@ class Settling:
             for d, w in live:
                 if policy:
                     delay_ns = self._retry_delay_ns(d.attempt)
-                if delay_ns:
-                    mq[w + _R_DEADLINE] = now + delay_ns
-                    mq[w] = L.status_word(_DELAYED, L.NO_HOLDER, mq[w] >> 32)  # commit
-                    mq[I_DELAYED] += 1
-                    if now + delay_ns < mq[I_NEXT_DEADLINE]:
-                        mq[I_NEXT_DEADLINE] = now + delay_ns
-                else:
-                    # unseen: the attempt it was leased with never happened
-                    ring.make_ready(mq, w, d._pos, max(0, (mq[w] >> 32) - 1) if unseen else None)
-                    woke += 1
+                # unseen: the attempt it was leased with never happened
+                woke += ring.unlease(mq, w, d._pos, now + delay_ns if delay_ns else 0,
+                                     max(0, (mq[w] >> 32) - 1) if unseen else None)
             done = len(live)
-            mq[I_INFLIGHT] -= done
             post = waits.owed_posts(mq, _CONSUMERS, woke)
         finally:
             _unlock(self._lockp)

@@ -14,7 +14,7 @@ import os
 from . import layout as L
 from . import waits
 
-__all__ = ["records", "copy_used", "copied_records", "place", "write_record", "leased_word", "make_ready",
+__all__ = ["records", "copy_used", "copied_records", "place", "write_record", "leased_word", "make_ready", "unlease", "wake",
            "advance_head", "freed_at", "next_ready", "append_end", "commit", "commit_fills", "window", "early_wrap", "spill_start",
            "fits", "write_pad", "bytes_used", "suspect_fill", "void_fill", "recount", "recount_fills",
            "recount_partition"]
@@ -123,6 +123,28 @@ def make_ready(mq, w, pos, attempt=None):
     if not requeued or pos < mq[I_READY_POS]:  # ready_pos is only kept while requeued > 0
         mq[I_READY_POS] = pos
 
+
+def unlease(mq, w, pos, until=0, attempt=None) -> int:
+    """A LEASED record gives its lease up (a nack, a lapse, a dead holder's), counted out of
+    in-flight: READY again (``make_ready``: its attempt count kept, or ``attempt``), or with
+    ``until`` (monotonic ns) DELAYED till then, the next deadline lowered to it. Returns 1
+    when it became ready (its post is owed by the caller), else 0. Lock held."""
+    mq[L.I_INFLIGHT] -= 1
+    if until:
+        mq[w + R_DEADLINE] = until
+        mq[w] = L.status_word(L.DELAYED, L.NO_HOLDER, mq[w] >> 32)  # commit
+        mq[L.I_DELAYED] += 1
+        if until < mq[L.I_NEXT_DEADLINE]:
+            mq[L.I_NEXT_DEADLINE] = until
+        return 0
+    make_ready(mq, w, pos, attempt)
+    return 1
+
+
+def wake(mq, w, pos) -> None:
+    """A DELAYED record that is due becomes READY (``make_ready``). Lock held."""
+    mq[L.I_DELAYED] -= 1
+    make_ready(mq, w, pos)
 
 def advance_head(mq, cap, base):
     """Reclaim settled records and pads at the head. Returns True if it moved."""
