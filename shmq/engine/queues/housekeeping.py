@@ -18,7 +18,7 @@ import time
 from ..shm import layout as L
 from ..shm.memory import arc
 from . import deadletter, dedup, lifetime, scheduling
-from ..shm import ring, waits
+from ..shm import ring, slots, waits
 from ..shm.process import is_alive
 from ..shm.mutex import unlock as _unlock
 
@@ -124,18 +124,10 @@ def reap_dead(q, now) -> int:
     q._acquire()
     try:
         for i, pid, start in suspects:
-            p, s, cw, pw, acked, redelivered, bells, consumers = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)
-            if (p, s) != (pid, start):
+            if L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)[:2] != (pid, start):
                 continue  # reused meanwhile
             returned += _release_holder(q, i, now, spent) + end_dead_fills(q, i)
-            mq[L.I_CWAIT] -= cw
-            mq[L.I_PWAIT] -= pw
-            mq[L.I_BELLS] -= bells
-            mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]  # (a laned queue's sleepers, in its lane 0: lanes.py)
-            mq[L.I_ACKED_TOTAL] += acked  # its share of the totals stays counted
-            mq[L.I_REDELIVERED_TOTAL] += redelivered
-            gone += consumers  # its consumers go with it (``lifetime.py``)
-            L.PROC.pack_into(mm, L.PROCS_OFF + i * L.PROC_SIZE, 0, 0, 0, 0, 0, 0, 0, 0)
+            gone += slots.forget(mq, mm, i, pid, start)  # its consumers go with it (``lifetime.py``)
         posts = waits.owed_posts(mq, waits.CONSUMERS, returned) if returned else 0
     finally:
         _unlock(q._lockp)

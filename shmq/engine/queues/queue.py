@@ -35,7 +35,7 @@ from ...formats import dmsq
 from ...errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
 from ...model.messages import QueueStats
 from . import dedup, extension, housekeeping, lifetime, scheduling
-from ..shm import ring, waits
+from ..shm import ring, slots, waits
 from ..shm import layout as L
 from ..shm.memory import Memory, pinned_bytes
 from ..shm.layout import (I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PPOSTED,
@@ -141,7 +141,7 @@ class Queue(Producing, Consuming, Settling):
         mm = seg._mmap
         if seg.size < L.PROCS_OFF:
             raise QueueNotFound(f"no queue {self.name!r} in namespace {self.namespace!r} (being created)")
-        (magic, version, flags, cap, maxmsg, vis_ns, maxdel, slots, created, data_off,
+        (magic, version, flags, cap, maxmsg, vis_ns, maxdel, nslots, created, data_off,
          _nl, _n, dl, dlq) = L.STATIC.unpack_from(mm, L.STATIC_OFF)
         if magic != L.MAGIC:
             if magic == b"\0\0\0\0":
@@ -167,7 +167,7 @@ class Queue(Producing, Consuming, Settling):
         # the process slots, the opener of other queues (``__init__``), and the ring's memory, taken chunk
         # by chunk before a record is written there (``memory.py``). (A handle has at most 30 attributes:
         # CPython 3.11 keeps more in a dict of its own, and every attribute read then costs more.)
-        self._made = (created / 1e9, L.DURABILITY_NAMES.get(flags & 0xFF, "memory"), slots, opener,
+        self._made = (created / 1e9, L.DURABILITY_NAMES.get(flags & 0xFF, "memory"), nslots, opener,
                       Memory(seg, self._mq, L.MEM_OFF, pinned_bytes(data_off, seg.size), f"queue {self.name!r}"))
         self._logged = self.durability == "wal"
         # the hot paths this handle runs, C's or Python's (``paths.QueuePaths``), and the per-message C calls
@@ -434,25 +434,15 @@ class Queue(Producing, Consuming, Settling):
         slot = self._slot
         if slot >= 0:
             return slot
-        pid, start = current_identity()
-        mm, free = self._mm, -1
-        for i in range(self._nslots):
-            p, s = L.PROC.unpack_from(mm, L.PROCS_OFF + i * L.PROC_SIZE)[:2]
-            if p == pid and s == start:
-                self._slot = i
-                return i
-            if p == 0 and free < 0:
-                free = i
-        if free < 0:
+        slot = slots.claim(self._mm, self._nslots, *current_identity())
+        if slot < 0:
             raise ShmqError(f"queue {self.name!r}: all {self._nslots} process slots are taken")
-        L.PROC.pack_into(mm, L.PROCS_OFF + free * L.PROC_SIZE, pid, start, 0, 0, 0, 0, 0, 0)
-        self._slot = free
-        return free
+        self._slot = slot
+        return slot
 
     def _procs_sum(self, field) -> int:
         """The sum of word ``field`` over the process table (the totals' shares)."""
-        first = L.proc_word(0, field)
-        return sum(self._mq[first:first + self._nslots * (L.PROC_SIZE >> 3):L.PROC_SIZE >> 3])
+        return slots.total(self._mq, self._nslots, field)
 
     def _sleep(self, sem, deadline, side):
         """Sleep one slice on ``sem`` as a registered waiter of ``side``. Returns 2 if woken
