@@ -79,7 +79,7 @@ CONTROL_WORD_WRITERS = {
     "shmq/engine/queues/scheduling.py": 22, "shmq/engine/queues/queue.py": 21, "shmq/engine/queues/produce.py": 21,
     "shmq/engine/queues/housekeeping.py": 6, "shmq/engine/streams/compaction.py": 15,
     "shmq/engine/streams/groups.py": 13, "shmq/engine/queues/settle.py": 8, "shmq/engine/queues/lifetime.py": 10,
-    "shmq/engine/streams/stream.py": 6, "shmq/engine/queues/dedup.py": 4, "shmq/engine/queues/lanes.py": 3,
+    "shmq/engine/streams/stream.py": 1, "shmq/engine/queues/dedup.py": 4, "shmq/engine/queues/lanes.py": 3,
     "shmq/engine/doze.py": 2, "shmq/engine/broker.py": 2,
 }
 

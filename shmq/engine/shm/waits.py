@@ -19,6 +19,7 @@ from . import layout as L
 from .mutex import FOREVER
 
 __all__ = ["SPIN_NS", "WAIT_SLICE_S", "CONSUMERS", "BELLS", "PRODUCERS", "READERS", "register", "unregister", "owed_posts",
+           "register_reader", "unregister_reader",
            "serving", "spin",
            "sleep_slice", "seconds_ns", "lock_deadline"]
 
@@ -63,6 +64,22 @@ def unregister(mq, slot, side, waited) -> None:
         posted -= 1
     mq[i_posted] = posted if n else 0
 
+
+def register_reader(mq, bell=False) -> None:
+    """Count a stream's reader as sleeping at the end (``READERS``: no process slot);
+    ``bell``: a server's doorbell (``doze.bell``), counted in ``bells`` too. Lock held."""
+    mq[L.SI_CWAIT] += 1
+    mq[L.SI_BELLS] += bell
+
+
+def unregister_reader(mq, bell=False) -> None:
+    """Undo ``register_reader`` after a sleep: the posts counted owed stay no more than the
+    sleepers left. Lock held."""
+    mq[L.SI_BELLS] -= bell
+    n = mq[L.SI_CWAIT] - 1
+    mq[L.SI_CWAIT] = n
+    if mq[L.SI_CPOSTED] > n:
+        mq[L.SI_CPOSTED] = n
 
 class _Serving(threading.local):
     on = False

@@ -680,20 +680,14 @@ class Stream:
         registered reader; not at all if ``ready()`` holds once it is registered. True if
         it did, or a post woke the sleep. ``bell``: a server's doorbell (``doze.bell``),
         counted in ``bells`` too, whom that server's own appends owe no post."""
-        mq = self._mq
         self._acquire()
-        mq[L.SI_CWAIT] += 1
-        mq[L.SI_BELLS] += bell
+        waits.register_reader(self._mq, bell)
         _unlock(self._lockp)
         try:
             return ready() or waits.sleep_slice(self._ne, deadline, _mono(), slice_s=WAIT_SLICE_S) == 2
         finally:
             self._acquire()
-            mq[L.SI_BELLS] -= bell
-            n = mq[L.SI_CWAIT] - 1
-            mq[L.SI_CWAIT] = n
-            if mq[L.SI_CPOSTED] > n:
-                mq[L.SI_CPOSTED] = n
+            waits.unregister_reader(self._mq, bell)
             _unlock(self._lockp)
 
     # ------------------------------------------------------------------ groups
