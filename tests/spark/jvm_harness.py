@@ -74,7 +74,8 @@ def compile_tests(folder) -> str:
         with open(path, "rb") as f:
             digest.update(path.encode() + b"\0" + f.read() + b"\0")
     out_dir = os.path.join(str(folder), "classes-" + digest.hexdigest()[:16])
-    classpath = os.pathsep.join([out_dir] + _spark_jars())
+    jars = _spark_jars()
+    classpath = os.pathsep.join([out_dir] + jars)
     fd = os.open(os.path.join(str(folder), "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -82,7 +83,7 @@ def compile_tests(folder) -> str:
             part = tempfile.mkdtemp(dir=str(folder), prefix=".javac-")
             cmd = [tool, *(f"-J{o}" for o in OPTIONS.split()), "--release", "17", "-Xlint:all,-path", "-Werror",
                    "-proc:none", "-implicit:class", "-encoding", "UTF-8", "-d", part, "-sourcepath",
-                   os.pathsep.join([SRC, TEST]), "-cp", os.pathsep.join([part] + _spark_jars()), *files]
+                   os.pathsep.join([SRC, TEST]), "-cp", os.pathsep.join([part] + jars), *files]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
             if done.returncode != 0:
                 shutil.rmtree(part, ignore_errors=True)
