@@ -39,7 +39,7 @@ def group_producer(ns, qname, groups, per_group):
 def die_inside_dedup_put(ns, qname, dedup_id):
     """Put with a dedup id, and die (SIGKILL) after the id is remembered, before the
     put's commit: the lock is held by a dead process."""
-    from shmq.engine.queues import dedup
+    from shmq.engine.shm import dedup
 
     remember = dedup.remember
 

@@ -75,12 +75,8 @@ LOCAL_ONLY = ("posix_ipc", "shmq.engine")
 # engine/shm/), and no other module starts writing one.
 CONTROL_WORD_WRITE = re.compile(r"_?mq\[[^]]+\] *(=|\+=|-=|\|=|&=)[^=]")
 CONTROL_WORD_WRITERS = {
-    "shmq/engine/streams/partition.py": 54, "shmq/engine/queues/consume.py": 30,
-    "shmq/engine/queues/scheduling.py": 22, "shmq/engine/queues/queue.py": 21, "shmq/engine/queues/produce.py": 21,
-    "shmq/engine/queues/housekeeping.py": 6, "shmq/engine/streams/compaction.py": 15,
-    "shmq/engine/streams/groups.py": 13, "shmq/engine/queues/settle.py": 8, "shmq/engine/queues/lifetime.py": 10,
-    "shmq/engine/streams/stream.py": 1, "shmq/engine/queues/dedup.py": 4, "shmq/engine/queues/lanes.py": 3,
-    "shmq/engine/doze.py": 2, "shmq/engine/broker.py": 2,
+    "shmq/engine/queues/consume.py": 30, "shmq/engine/queues/scheduling.py": 22, "shmq/engine/queues/queue.py": 21,
+    "shmq/engine/queues/produce.py": 21, "shmq/engine/queues/settle.py": 8, "shmq/engine/queues/housekeeping.py": 6,
 }
 
 

@@ -13,6 +13,7 @@ import os
 import time
 import weakref
 
+from .shm import header
 from .shm import layout as L
 from .shm.memory import Memory, pinned_bytes
 from .shm.mutex import init_mutex
@@ -709,9 +710,9 @@ class Broker:
                 raise
             reg.set_state(index, DELETING, entry)
             if s is not None:
-                s._mq[L.SI_DELETED] = 1
+                header.set_deleted(s._mq, L.SI_DELETED)
                 for part in parts:
-                    part._mq[L.PI_DELETED] = 1
+                    header.set_deleted(part._mq, L.PI_DELETED)
                 for _ in range(s._mq[L.SI_CWAIT] + 1):
                     s._ne.release()
                 s.close()

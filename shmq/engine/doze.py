@@ -82,7 +82,7 @@ def _doze_queue(lanes, seen, deadline, bell) -> bool:
         side = waits.BELLS if bell else waits.CONSUMERS
         waits.register(mq, first._my_slot(), side)
         if laned:
-            mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]
+            waits.lane_sleepers(mq)
     finally:
         _unlock(first._lockp)
     waited = 1
@@ -98,7 +98,7 @@ def _doze_queue(lanes, seen, deadline, bell) -> bool:
         try:
             waits.unregister(mq, first._slot, side, waited)
             if laned:
-                mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]
+                waits.lane_sleepers(mq)
         finally:
             _unlock(first._lockp)
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import shmq
 from shmq.model.headers import encode_record_headers
 from shmq.engine.shm import layout as L
+from shmq.engine.shm import plog
 from shmq.engine.streams.paths import C as PartitionPaths_C
 from shmq.engine.streams.paths import PYTHON as PartitionPaths_PYTHON
 from shmq.engine.streams.stream import partition_of
@@ -253,12 +254,12 @@ def test_a_publish_note_killed_between_any_two_stores_is_repaired_to_the_previou
                 break
             kills += 1
             noted = bytes(part._mm[L.PART_TXN_OFF:L.PART_MEM_OFF])
-            for j in killed_at_each_store(part, lambda: part._txn_repair(4)):
-                part._txn_repair(4)  # (the next holder's, after the repairer's death; or a second, harmless)
+            for j in killed_at_each_store(part, lambda: plog.txn_repair(part._mq, 4)):
+                plog.txn_repair(part._mq, 4)  # (the next holder's, after the repairer's death; or a second, harmless)
                 assert sorted(part._txn_rows()) == sorted(before), (k, j)
                 part._mm[L.PART_TXN_OFF:L.PART_MEM_OFF] = noted
             part._mm[L.PART_TXN_OFF:L.PART_MEM_OFF] = noted
-            part._txn_repair(4)
+            plog.txn_repair(part._mq, 4)
             assert part._txn_batch(a) == (-1 if first else 0)
             assert part._txn_batch(other) == 7
         assert kills >= 3  # each of the note's stores was a place to die

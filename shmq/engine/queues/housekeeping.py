@@ -17,8 +17,8 @@ import time
 
 from ..shm import layout as L
 from ..shm.memory import arc
-from . import deadletter, dedup, lifetime, scheduling
-from ..shm import ring, slots, waits
+from . import deadletter, lifetime, scheduling
+from ..shm import dedup, ring, slots, waits
 from ..shm.process import is_alive
 from ..shm.mutex import unlock as _unlock
 

@@ -30,7 +30,7 @@ from ...model import arrays
 from ...errors import DeliveryExpired, LockTimeout, QueueEmpty, QueueFull
 from ...model.messages import QueueStats
 from ..shm import layout as L
-from ..shm import waits
+from ..shm import header, waits
 from .consume import LocalConsumer, Messages, take_capped
 from .queue import Queue
 from ..shm.mutex import unlock as _unlock
@@ -78,9 +78,7 @@ def _turn(q, word) -> int:
     """Take the next turn of counter ``word`` in lane 0 (its lock held for it)."""
     q._acquire()
     try:
-        n = q._mq[word]
-        q._mq[word] = n + 1
-        return n
+        return header.turn(q._mq, word)
     finally:
         _unlock(q._lockp)
 
@@ -312,7 +310,7 @@ class LanedQueue:
                     if first._mq[_I_DELETED]:
                         raise first._gone()
                     waits.register(first._mq, first._my_slot(), _CONSUMERS)
-                    first._mq[_I_SLEEPERS] = first._mq[L.I_CWAIT]  # (lane 0's sleepers are all gets like this)
+                    waits.lane_sleepers(first._mq)  # (lane 0's sleepers are all gets like this)
                 finally:
                     _unlock(first._lockp)
                 try:
@@ -329,7 +327,7 @@ class LanedQueue:
                     else:
                         try:
                             waits.unregister(first._mq, first._slot, _CONSUMERS, waited)
-                            first._mq[_I_SLEEPERS] = first._mq[L.I_CWAIT]
+                            waits.lane_sleepers(first._mq)
                         finally:
                             _unlock(first._lockp)
             got = self._look(order, maxn, visibility_timeout, max_bytes, ack, copy)

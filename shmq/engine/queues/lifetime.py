@@ -23,6 +23,7 @@ import os
 import time
 
 from ...errors import ShmqError
+from ..shm import header
 from ..shm import layout as L
 from ..shm.process import is_alive
 from ..shm.names import queue_segment
@@ -65,9 +66,7 @@ def add_consumer(q) -> int:
     try:
         if mq[L.I_DELETED]:
             raise q._gone()
-        mq[L.proc_word(q._my_slot(), L.P_CONSUMERS)] += 1
-        mq[_I_LIFE] |= _HAD
-        mq[_I_USED] = _mono()
+        header.consumer_added(mq, q._my_slot(), _mono())
         return q._procs_sum(L.P_CONSUMERS)
     finally:
         _unlock(q._lockp)
@@ -83,11 +82,10 @@ def remove_consumer(q) -> int:
     try:
         if mq[L.I_DELETED]:
             raise q._gone()
-        word = L.proc_word(q._my_slot(), L.P_CONSUMERS)
-        if not mq[word]:
+        slot = q._my_slot()
+        if not mq[L.proc_word(slot, L.P_CONSUMERS)]:
             raise ValueError(f"queue {q.name!r}: this process has no consumer registered (add_consumer)")
-        mq[word] -= 1
-        mq[_I_USED] = _mono()
+        header.consumer_removed(mq, slot, _mono())
         left = q._procs_sum(L.P_CONSUMERS)
         due = not left and mq[_I_LIFE] & _AUTO
     finally:
@@ -101,7 +99,7 @@ def renew(q) -> None:
     """The queue was used (a declare): its expiry counts from now. No lock: one store."""
     q = _first(q)
     if q._lockp is not None:
-        q._mq[_I_USED] = _mono()
+        header.used(q._mq, _mono())
 
 
 def used(mq, now: int) -> None:
@@ -109,15 +107,13 @@ def used(mq, now: int) -> None:
     use is ``layout.life_renew_ns`` old (the Python twin of the C takes' store). Lock held."""
     expires_ms = mq[_I_LIFE] >> _SHIFT
     if expires_ms and now - mq[_I_USED] >= L.life_renew_ns(expires_ms):
-        mq[_I_USED] = now
+        header.used(mq, now)
 
 
 def set_expires(q, expires_ms: int) -> None:
     """Store ``expires`` (ms; 0: never) in lane 0's lifetime word, keeping its flags, and
     renew: a queue given an expiry is not expired by it at once. Lock held."""
-    mq = _first(q)._mq
-    mq[_I_USED] = _mono()
-    mq[_I_LIFE] = (mq[_I_LIFE] & ((1 << _SHIFT) - 1)) | expires_ms << _SHIFT
+    header.set_expires(_first(q)._mq, expires_ms, _mono())
 
 
 def unused(q, now: int) -> str | None:
@@ -150,7 +146,7 @@ def condemn(q, then) -> str | None:
         why = None if mq[L.I_DELETED] else unused(q, _mono())
         if why is not None:
             then()
-            mq[L.I_DELETED] = 1
+            header.set_deleted(mq)
         return why
     finally:
         _unlock(q._lockp)

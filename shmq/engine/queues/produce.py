@@ -14,8 +14,8 @@ from ...model import arrays
 from ...model.headers import encode_headers, per_item
 from ...model.messages import as_body, as_buffer, as_bytes
 from ..shm import cpaths
-from . import dedup, extension, housekeeping
-from ..shm import ring, waits
+from . import extension, housekeeping
+from ..shm import dedup, ring, waits
 from ..shm import layout as L
 from ..shm.layout import I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY_POS, I_TAIL
 from .reserve import Reservation, Reservations

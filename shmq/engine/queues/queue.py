@@ -34,8 +34,8 @@ import posix_ipc
 from ...formats import dmsq
 from ...errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
 from ...model.messages import QueueStats
-from . import dedup, extension, housekeeping, lifetime, scheduling
-from ..shm import ring, slots, waits
+from . import extension, housekeeping, lifetime, scheduling
+from ..shm import dedup, ring, slots, waits
 from ..shm import layout as L
 from ..shm.memory import Memory, pinned_bytes
 from ..shm.layout import (I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PPOSTED,

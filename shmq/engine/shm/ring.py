@@ -1,6 +1,6 @@
 """Records in the ring: walking them, placing and writing one, the lease check, the head's
-reclaim, the commit, and the recount of a ring's control words after a holder of its lock
-died (a queue's, a partition's) — each written once.
+reclaim, the commit, and the recount of a queue ring's control words after a holder of its
+lock died — each written once (a stream partition's words: ``plog``).
 
 Strategy: these work on a segment seen two ways, as bytes (``mm``) and as 64-bit words
 (``mq``), and know nothing of locks, processes or time: every caller holds the queue's
@@ -16,8 +16,7 @@ from . import waits
 
 __all__ = ["records", "copy_used", "copied_records", "place", "write_record", "leased_word", "make_ready", "unlease", "wake",
            "advance_head", "freed_at", "next_ready", "append_end", "commit", "commit_fills", "window", "early_wrap", "spill_start",
-           "fits", "write_pad", "bytes_used", "suspect_fill", "void_fill", "recount", "recount_fills",
-           "recount_partition"]
+           "fits", "write_pad", "bytes_used", "suspect_fill", "void_fill", "recount", "recount_fills"]
 
 _REC = L.REC_SIZE
 _PACK = L.REC.pack_into
@@ -427,36 +426,3 @@ def recount_fills(mq, cap, base, tail) -> bool:
         end = fill
     mq[I_FILL] = end if end > tail else 0
     return True
-
-
-def recount_partition(mq, cap, base) -> int:
-    """A stream partition's ``recount``: its head, tail and earliest offset found again from
-    its records after the lock's previous holder died inside an append, a drop or a
-    compaction (whose image, published up to its head's store, restarts the offsets: the
-    head moves to it); the next offset is never lowered (offsets past a gap stay handed
-    out). Returns the next offset. Lock held (``Partition._repair`` does the rest)."""
-    head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
-    first = last = None
-    for pos, w in records(mq, cap, base, head, tail):
-        length = mq[w + R_LENGTH] & 0xFFFFFFFF
-        if length < _REC or length % 8 or pos % cap + length > cap or pos + length > tail:
-            tail = pos  # a record the dead writer never finished
-            break
-        if mq[w] & 0xFF == _PAD:
-            continue
-        off = mq[w + R_MSG_ID]
-        if last is not None and off <= last:  # a compaction's image, published up to its head's store
-            head, first = pos, None
-        last = off
-        if first is None:
-            first = last
-    mq[L.PI_HEAD] = head
-    mq[L.PI_TAIL] = tail
-    nxt = mq[L.PI_NEXT]
-    if last is not None:
-        nxt = mq[L.PI_NEXT] = max(nxt, last + 1)
-        mq[L.PI_EARLIEST] = first
-    else:
-        mq[L.PI_HEAD] = tail
-        mq[L.PI_EARLIEST] = nxt
-    return nxt

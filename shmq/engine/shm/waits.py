@@ -18,7 +18,8 @@ from . import cpaths
 from . import layout as L
 from .mutex import FOREVER
 
-__all__ = ["SPIN_NS", "WAIT_SLICE_S", "CONSUMERS", "BELLS", "PRODUCERS", "READERS", "register", "unregister", "owed_posts",
+__all__ = ["SPIN_NS", "WAIT_SLICE_S", "CONSUMERS", "BELLS", "PRODUCERS", "READERS", "register", "unregister", "lane_sleepers",
+           "owed_posts",
            "register_reader", "unregister_reader",
            "serving", "spin",
            "sleep_slice", "seconds_ns", "lock_deadline"]
@@ -63,6 +64,13 @@ def unregister(mq, slot, side, waited) -> None:
     if waited == 2 and posted:
         posted -= 1
     mq[i_posted] = posted if n else 0
+
+
+def lane_sleepers(mq) -> None:
+    """A laned queue's lane 0 says how many gets sleep on it (``I_LANE_SLEEPERS``: a word
+    on a quiet line, which a put to another lane reads before it posts), after ``register``
+    or ``unregister``. Lock held."""
+    mq[L.I_LANE_SLEEPERS] = mq[L.I_CWAIT]
 
 
 def register_reader(mq, bell=False) -> None:

@@ -27,7 +27,7 @@ import time
 from typing import NamedTuple
 
 from ..shm import layout as L
-from ..shm import ring
+from ..shm import plog, ring
 from ..shm.mutex import unlock as _unlock
 
 __all__ = ["compact", "dirty", "due", "Compacted", "MIN_INTERVAL_NS"]
@@ -132,7 +132,7 @@ def compact(part, delete_retention_ns: int, now_ns: int | None = None) -> Compac
         part._acquire()
         try:
             if mq[L.PI_HEAD] == head:
-                mq[L.PI_CLEANED] = max(mq[L.PI_CLEANED], upto + 1)
+                plog.cleaned(mq, upto)
         finally:
             _unlock(part._lockp)
         return None
@@ -300,19 +300,12 @@ def _place(part, head, upto, run, at, tail, removed) -> Compacted | None:
     def place(i):
         return start + starts[i] if i < k else second + starts[i] - starts[k]
 
-    if not mq[L.PI_COMPACT_LOW]:
-        mq[L.PI_COMPACT_LOW] = mq[L.PI_EARLIEST] + 1
-    mq[L.PI_CLEANED] = max(mq[L.PI_CLEANED], upto + 1)
-    mq[L.PI_TAIL] = new_tail  # (a repair from here on finds the run by its offsets going down)
     new_head = place(0)
-    mq[L.PI_HEAD] = new_head
-    mq[L.PI_EARLIEST] = run.offsets[0]
+    taken = (tail - head) - (new_tail - new_head)
+    plog.compacted(mq, upto, new_head, run.offsets[0], taken, new_tail)
     index_w, slots = part._index_w, part._slots
     for anchor, i in run.anchors:  # the first record of each stride: what a read of any offset there starts from
-        mq[index_w + (anchor // _STRIDE) % slots] = place(i)
-    taken = (tail - head) - (new_tail - new_head)
-    mq[L.PI_COMPACTIONS] += 1
-    mq[L.PI_BYTES_COMPACTED] += max(taken, 0)
+        plog.index(mq, index_w, slots, anchor, place(i))
     return Compacted(removed, taken)
 
 
@@ -320,11 +313,5 @@ def _drop_to(part, head, stop, upto, removed) -> Compacted:
     """Every record in [head, stop) went: the head moves to ``stop``. Lock held."""
     mq = part._mq
     found = part._find(upto) if upto < mq[L.PI_NEXT] else None
-    if not mq[L.PI_COMPACT_LOW]:
-        mq[L.PI_COMPACT_LOW] = mq[L.PI_EARLIEST] + 1
-    mq[L.PI_CLEANED] = max(mq[L.PI_CLEANED], upto + 1)
-    mq[L.PI_HEAD] = stop
-    mq[L.PI_EARLIEST] = mq[L.PI_NEXT] if found is None else found[1]
-    mq[L.PI_COMPACTIONS] += 1
-    mq[L.PI_BYTES_COMPACTED] += stop - head
+    plog.compacted(mq, upto, stop, mq[L.PI_NEXT] if found is None else found[1], stop - head)
     return Compacted(removed, stop - head)

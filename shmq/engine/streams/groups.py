@@ -28,7 +28,7 @@ from contextlib import contextmanager
 
 from ...errors import CommitFailed, ShmqError
 from ..shm import layout as L
-from ..shm import waits
+from ..shm import gtable, waits
 from ..shm.process import current_identity, is_alive
 from ..shm.mutex import unlock as _unlock
 
@@ -57,7 +57,6 @@ def assign(members, partitions: int, member_id: int) -> list[int]:
     return [p for p in range(partitions) if p % n == rank]
 
 
-_GEN_OFF = L.GROUP_HEAD.size - 16  # a group head's generation, then its last-seen time: words
 
 
 class Groups:
@@ -67,9 +66,6 @@ class Groups:
         self._s = stream  # the Stream handle: its meta mapping, lock and partition count
 
     # --------------------------------------------------------------- table access (lock held)
-    def _off(self, i):
-        return L.GROUPS_OFF + i * L.GROUP_SIZE
-
     def _head(self, i):
         used, n, raw, gen, seen = L.GROUP_HEAD.unpack_from(self._s._mm, self._off(i))
         return used, raw[:n].decode(), gen, seen
@@ -86,32 +82,15 @@ class Groups:
             return None
         if free is None:
             raise ShmqError(f"stream {self._s.name!r} has {L.MAX_GROUPS} groups already")
-        raw = name.encode()
-        L.GROUP_HEAD.pack_into(self._s._mm, self._off(free), 1, len(raw), raw, 0, _mono())
-        for m in range(L.MAX_MEMBERS):
-            L.MEMBER.pack_into(self._s._mm, self._member_off(free, m), 0, 0, 0)
-        mq = self._s._mq
-        for p in range(L.MAX_PARTITIONS):
-            mq[self._committed_w(free, p)] = _NO
-            mq[self._since_w(free, p)] = 0
-        for m in range(L.MAX_MEMBERS):
-            mq[self._deadline_w(free, m)] = 0
+        gtable.create(self._s._mm, self._s._mq, free, name.encode(), _mono())
         return free
 
-    def _member_off(self, i, m):
-        return self._off(i) + L.GROUP_HEAD.size + m * L.MEMBER.size
-
-    def _committed_w(self, i, p):
-        return (self._off(i) + L.GROUP_COMMITTED_OFF + 8 * p) >> 3
-
-    def _since_w(self, i, p):
-        return (self._off(i) + L.GROUP_SINCE_OFF + 8 * p) >> 3
-
-    def _deadline_w(self, i, m):
-        return (self._off(i) + L.GROUP_DEADLINE_OFF + 8 * m) >> 3
+    _off, _member_off = staticmethod(gtable.group_off), staticmethod(gtable.member_off)
+    _committed_w, _since_w, _deadline_w = (staticmethod(gtable.committed_w), staticmethod(gtable.since_w),
+                                           staticmethod(gtable.deadline_w))
 
     def _set_committed(self, i, p, offset):
-        self._s._mq[self._committed_w(i, p)] = offset
+        gtable.set_committed(self._s._mq, i, p, offset)
 
     def _members(self, i):
         """[(slot, pid, start_ms, member_id)] of group ``i``."""
@@ -123,12 +102,7 @@ class Groups:
         return out
 
     def _set_generation(self, i, gen, seen=None):
-        """Two word stores, not a repacked head: ``struct.pack_into`` zeroes what it packs
-        before it writes, and a kill between the two left the group's slot free."""
-        mq, w = self._s._mq, (self._off(i) + _GEN_OFF) >> 3
-        if seen is not None:
-            mq[w + 1] = seen
-        mq[w] = gen
+        gtable.set_generation(self._s._mq, i, gen, seen)
 
     def _rebalance(self, i, before, after) -> int:
         """Move the generation on for a membership going from ``before`` to ``after``
@@ -137,9 +111,7 @@ class Groups:
         gen = self._head(i)[2] + 1
         self._set_generation(i, gen, _mono())
         mq = self._s._mq
-        for p in range(self._s.partitions):
-            if owner(before, p) != owner(after, p):
-                mq[self._since_w(i, p)] = gen
+        gtable.mark_since(mq, i, [p for p in range(self._s.partitions) if owner(before, p) != owner(after, p)], gen)
         # the readers waiting (a member's poll, the server's doorbell) look again now
         for _ in range(waits.owed_posts(mq, waits.READERS, 2**31)):
             self._s._ne.release()
@@ -155,10 +127,7 @@ class Groups:
             used, _n, gen, _seen = self._head(i)
             if not used:
                 continue
-            for p in range(old, new):
-                mq[self._committed_w(i, p)] = _NO
-                mq[self._since_w(i, p)] = gen + 1
-            self._set_generation(i, gen + 1)
+            gtable.grown(mq, i, old, new, gen)
         for _ in range(waits.owed_posts(mq, waits.READERS, 2**31)):
             self._s._ne.release()
 
@@ -168,8 +137,7 @@ class Groups:
         before = [mid for _m, _p, _s, mid in members]
         self._rebalance(i, before, [mid for m, _p, _s, mid in members if m not in slots])
         for m in slots:
-            L.MEMBER.pack_into(self._s._mm, self._member_off(i, m), 0, 0, 0)
-            self._s._mq[self._deadline_w(i, m)] = 0
+            gtable.clear_member(self._s._mm, self._s._mq, i, m)
 
     def _reap(self, i) -> bool:
         """Remove members whose process died, or who did not poll by their deadline
@@ -191,7 +159,7 @@ class Groups:
                 raise ShmqError(f"group {name!r} of stream {self._s.name!r} has Kafka members (through shmq server's "
                                 "Kafka listener): a native consumer cannot join it until they leave")
             slot, member_id, gen = self._add(i, name, members, 0)
-            self._s._mq[self._deadline_w(i, slot)] = deadline
+            gtable.set_deadline(self._s._mq, i, slot, deadline)
             return member_id, gen
 
     def join_proxy(self, name: str) -> int:
@@ -229,12 +197,11 @@ class Groups:
                  if not L.MEMBER.unpack_from(s._mm, self._member_off(i, m))[2]]
         if not slots:
             raise ShmqError(f"group {name!r} of stream {s.name!r} has {L.MAX_MEMBERS} members already")
-        s._mq[L.SI_NEXT_MEMBER] += 1
-        member_id = s._mq[L.SI_NEXT_MEMBER] | kind
+        member_id = gtable.next_member_id(s._mq) | kind
         ids = [mid for _m, _p, _s, mid in members]
         gen = self._rebalance(i, ids, ids + [member_id])
         pid, start = current_identity()
-        L.MEMBER.pack_into(s._mm, self._member_off(i, slots[0]), pid, start, member_id)
+        gtable.add_member(s._mm, i, slots[0], pid, start, member_id)
         return slots[0], member_id, gen
 
     def leave(self, name: str, member_id: int) -> None:
@@ -260,7 +227,7 @@ class Groups:
             i = self._find(name)
             for m, _pid, _start, mid in self._members(i) if i is not None else ():
                 if mid == member_id:
-                    s._mq[self._deadline_w(i, m)] = deadline
+                    gtable.set_deadline(s._mq, i, m, deadline)
                     return True
             return False
         finally:
@@ -436,8 +403,7 @@ class Groups:
             if any(mid != holder for _m, _p, _s, mid in self._members(i)):
                 raise ShmqError(f"group {name!r} of stream {s.name!r} has live members: close them first")
             if partitions is None:
-                raw = self._head(i)[1].encode()
-                L.GROUP_HEAD.pack_into(s._mm, self._off(i), 0, len(raw), raw, 0, 0)
+                gtable.free(s._mm, i, self._head(i)[1].encode())
             else:
                 for p in partitions:
                     self._set_committed(i, p, _NO)

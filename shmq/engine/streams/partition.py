@@ -29,7 +29,7 @@ from typing import NamedTuple
 from ...formats import dmsq
 from ...errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StorageError, StreamNotFound
 from ..shm import layout as L
-from ..shm import ring
+from ..shm import plog, ring
 from .paths import chosen as _chosen_paths
 from ..shm.mutex import RobustMutex, acquire, init_mutex
 from ..shm.mutex import unlock as _unlock
@@ -46,9 +46,10 @@ _REC = L.REC_SIZE
 _READY, _PAD, _NULL = L.READY, L.PAD, L.FLAG_NULL_VALUE
 _HIDDEN = L.FLAG_CONTROL | L.FLAG_ABORTED  # what a reader of records passes over
 _PI_STABLE = L.PI_STABLE
-_R_LENGTH, _R_MSG_ID, _R_ENQ, _R_KEY = L.R_LENGTH, L.R_MSG_ID, L.R_ENQ, L.R_DEADLINE
+_R_LENGTH, _R_MSG_ID, _R_ENQ = L.R_LENGTH, L.R_MSG_ID, L.R_ENQ
 _R_FLAGS = L.REC_OFFSETS["flags"]  # (a byte offset in the record: a u32)
 _STRIDE = L.INDEX_STRIDE
+_index = plog.index
 _REC_UNPACK = L.REC.unpack_from
 _LOG_GEN_W = L.PART_WALCFG_OFF >> 3  # the generation word of the partition's log config
 BLOCK_SLICE_S = 0.005  # how often an appender blocked by retention="block" looks again
@@ -257,11 +258,10 @@ class Partition:
 
     def _repair(self):
         """Rebuild head, tail, earliest and next offset from the records, after the
-        lock's previous holder died inside an append or a drop (``ring.recount_partition``);
-        then what only the partition knows: its transactions' words, and the log entries
-        the dead holder wrote and never committed. Lock held."""
-        nxt = ring.recount_partition(self._mq, self._cap, self._base)
-        self._txn_repair(nxt)
+        lock's previous holder died inside an append or a drop, and its publishers' table
+        (``plog.recount``); then what only the partition knows: the log entries the dead
+        holder wrote and never committed. Lock held."""
+        nxt = plog.recount(self._mq, self._cap, self._base)
         if self._logged:  # an entry torn by the death, and those of an append that never committed
             self.log.repair(limit=nxt)
 
@@ -293,7 +293,7 @@ class Partition:
         transaction is open here)."""
         self._acquire()
         try:
-            self._mq[L.PI_STABLE] = 0 if offset is None else offset + 1
+            plog.set_stable(self._mq, offset)
         finally:
             _unlock(self._lockp)
 
@@ -537,26 +537,16 @@ class Partition:
         if self._logged:  # logged (and fsynced, by policy) before the commit below
             self.log.append(entries(first))
             if not mq[L.PI_DISK_FIRST]:
-                mq[L.PI_DISK_FIRST] = first + 1
+                plog.set_disk_first(mq, first)
         head, tail = mq[L.PI_HEAD], mq[L.PI_TAIL]
         if new_head != head:  # (a crash from here on: _repair recomputes earliest)
-            if dropped:
-                mq[L.PI_COMPACT_LOW] = 0
-            mq[L.PI_BYTES_DROPPED] += min(new_head, tail) - head
-            mq[L.PI_HEAD] = new_head
-            mq[L.PI_DROPPED] += dropped
-            if earliest is not None:
-                mq[L.PI_EARLIEST] = earliest
+            plog.drop(mq, new_head, dropped, earliest, min(new_head, tail) - head)
         if start != tail:  # a new lap: head first, so no moment has garbage between head and tail
-            mq[L.PI_TAIL] = start
+            plog.lap(mq, start)
         pos = fill(start, first)
-        if mq[L.PI_HEAD] == mq[L.PI_TAIL]:
-            mq[L.PI_EARLIEST] = first
         if txn is not None:  # before the commit: a repair takes it back if the commit never came
             self._txn_note(txn[0], txn[1], first + n, now_ns)
-        mq[L.PI_TAIL] = pos  # commit
-        mq[L.PI_NEXT] = first + n
-        mq[L.PI_APPENDED] += n
+        plog.commit(mq, pos, first, n)
         return first
 
     def _fill(self, items, sizes, stamps, start, offset, flags=0) -> int:
@@ -568,16 +558,14 @@ class Partition:
         pos = start
         for (key, hraw, value), size, now_ns in zip(items, sizes, stamps):
             pos, a = ring.place(mm, base, cap, pos, size)
-            if value is None:  # a tombstone
-                ring.write_record(mm, a, _READY, size, _EMPTY, hraw if key is None else key + hraw, offset, now_ns,
-                                  _NULL | flags)
-            else:
-                ring.write_record(mm, a, _READY, size, value, hraw if key is None else key + hraw, offset, now_ns,
-                                  flags)
-            if key is not None:
-                mq[(a >> 3) + _R_KEY] = len(key) + 1
+            if key is None:
+                ring.write_record(mm, a, _READY, size, _EMPTY if value is None else value, hraw, offset, now_ns,
+                                  flags if value is not None else _NULL | flags)
+            else:  # the key before the headers, its length + 1 in the deadline's word
+                ring.write_record(mm, a, _READY, size, _EMPTY if value is None else value, key + hraw, offset, now_ns,
+                                  flags if value is not None else _NULL | flags, len(key) + 1)
             if offset % _STRIDE == 0:
-                mq[index_w + (offset // _STRIDE) % slots] = pos
+                _index(mq, index_w, slots, offset, pos)
             offset += 1
             pos += size
         return pos
@@ -681,11 +669,7 @@ class Partition:
             new_head = tail
         if not n:
             return 0
-        mq[L.PI_COMPACT_LOW] = 0
-        mq[L.PI_BYTES_DROPPED] += new_head - head
-        mq[L.PI_HEAD] = new_head
-        mq[L.PI_EARLIEST] = mq[L.PI_NEXT] if earliest is None else earliest
-        mq[L.PI_DROPPED] += n
+        plog.drop(mq, new_head, n, mq[L.PI_NEXT] if earliest is None else earliest, new_head - head)
         return n
 
     # ------------------------------------------------------------------ the publishers' table
@@ -719,39 +703,9 @@ class Partition:
         return L.TXN.unpack_from(self._mm, L.PART_TXN_OFF + i * L.TXN.size)[1] - 1
 
     def _txn_note(self, txn_id, batch, end, now_ns) -> None:
-        """Say that ``txn_id`` published ``batch`` up to offset ``end``, keeping what it
-        said before for a repair. Word by word, in an order where a kill between any two
-        stores leaves an entry that ``_txn_repair`` makes right (``struct.pack_into``
-        zeroes the whole entry before it writes the fields: a kill there lost the
-        publisher's batch, and it published that batch again). Lock held."""
+        """Say that ``txn_id`` published ``batch`` up to offset ``end`` (``plog.txn_note``). Lock held."""
         i, new = self._txn_slot(txn_id)
-        mq, w = self._mq, (L.PART_TXN_OFF + (new if i is None else i) * L.TXN.size) >> 3
-        if i is None:  # a free slot, or the oldest publisher's: no id first, then the fields, the id last
-            mq[w] = mq[w + 1] = 0
-            mq[w + 5] = mq[w + 4] = mq[w + 3] = 0
-        else:  # the previous note kept, then the end (past the end until the commit), then the batch
-            mq[w + 4], mq[w + 5] = mq[w + 2], mq[w + 3]
-        mq[w + 3] = end
-        mq[w + 2] = batch + 1
-        mq[w + 6] = now_ns
-        if i is None:
-            mq[w], mq[w + 1] = int.from_bytes(txn_id[:8], "little"), int.from_bytes(txn_id[8:], "little")
-
-    def _txn_repair(self, next_offset) -> None:
-        """Take back what a dead appender noted of a publish whose records it never
-        committed (its end is past the end): the entry goes back to its previous note,
-        or is freed when it had none. Each store leaves an entry this repair makes right
-        again. Lock held."""
-        mq = self._mq
-        for i in range(L.MAX_TXNS):
-            w = (L.PART_TXN_OFF + i * L.TXN.size) >> 3
-            if (mq[w] or mq[w + 1]) and mq[w + 3] > next_offset:
-                if mq[w + 4]:
-                    mq[w + 2] = mq[w + 4]
-                    mq[w + 3] = mq[w + 5]
-                    mq[w + 4] = mq[w + 5] = 0
-                else:
-                    mq[w] = mq[w + 1] = 0
+        plog.txn_note(self._mq, new if i is None else i, i is None, txn_id, batch, end, now_ns)
 
     def _txn_rows(self) -> list:
         rows = []
@@ -781,11 +735,8 @@ class Partition:
                 new_head, earliest = (tail, end) if found is None else found
                 n = sum(1 for _pos, w in ring.records(mq, self._cap, self._base, head, new_head)
                         if mq[w] & 0xFF != _PAD)
-                mq[L.PI_BYTES_DROPPED] += new_head - head
-                mq[L.PI_HEAD] = new_head
-                mq[L.PI_EARLIEST] = earliest
-                mq[L.PI_DROPPED] += n
-            mq[L.PI_COMPACT_LOW] = offset + 1 if offset < mq[L.PI_EARLIEST] else 0  # the start, below earliest
+                plog.drop(mq, new_head, n, earliest, new_head - head)
+            plog.start_at(mq, offset)
             return n
         finally:
             _unlock(self._lockp)
@@ -800,18 +751,7 @@ class Partition:
         _gen, mode, _ms, directory = self.log.config()
         writes = mq[L.PI_HWM_WRITES]
         self._hwm.write(directory, writes, mq[L.PI_HWM_EPOCH], mark, mode != L.WAL_NEVER)
-        mq[L.PI_HWM_WRITES] = writes + 1
-        mq[L.PI_HWM] = mark
-
-    def _new_epoch(self):
-        """A snapshot of the records up to the end is being taken: nothing past the end
-        is handed out until the high-water file says so again. Lock held."""
-        mq = self._mq
-        end = mq[L.PI_NEXT]
-        mq[L.PI_HWM_EPOCH] += 1
-        mq[L.PI_HWM_SPAN] = end - mq[L.PI_HWM_BASE]
-        mq[L.PI_HWM_BASE] = mq[L.PI_HWM] = end
-        return mq[L.PI_HWM_EPOCH]
+        plog.mark_raised(mq, writes, mark)
 
     def start_marks(self) -> int:
         """After the broker configured the data dir (``log.configure``): begin a high-water
@@ -819,7 +759,7 @@ class Partition:
         (the first append past it writes one). Returns the epoch."""
         self._acquire()
         try:
-            return self._new_epoch()
+            return plog.new_epoch(self._mq)
         finally:
             _unlock(self._lockp)
 
@@ -845,14 +785,14 @@ class Partition:
             elif self._logged and mq[_LOG_GEN_W]:
                 now, size = time.time_ns(), self.log.size()
                 began = mq[L.PI_WAL_ROLLED] or now
-                mq[L.PI_WAL_ROLLED] = began
+                plog.wal_rolled(mq, began)
                 if size and ((roll_bytes is not None and size >= roll_bytes)
                              or (roll_ns is not None and now - began >= roll_ns)):
                     self.log.rotate()
-                    mq[L.PI_WAL_ROLLED] = now
+                    plog.wal_rolled(mq, now)
                 wal_from = mq[_LOG_GEN_W]
             elif self._marked and mq[_LOG_GEN_W]:
-                epoch = self._new_epoch()
+                epoch = plog.new_epoch(mq)
             copy = ring.copy_used(mm, base, cap, head, tail)
             txns = self._txn_rows()
         finally:
@@ -897,22 +837,13 @@ class Partition:
             for (offset, ts, key, hraw, value), size in zip(rows, sizes):
                 pos, a = ring.place(mm, base, cap, pos, size)
                 ring.write_record(mm, a, _READY, size, _EMPTY if value is None else value,
-                                  hraw if key is None else key + hraw, offset, ts, _NULL if value is None else 0)
-                if key is not None:
-                    mq[(a >> 3) + _R_KEY] = len(key) + 1
+                                  hraw if key is None else key + hraw, offset, ts, _NULL if value is None else 0,
+                                  0 if key is None else len(key) + 1)
                 if offset % _STRIDE == 0:
-                    mq[self._index_w + (offset // _STRIDE) % self._slots] = pos
+                    _index(mq, self._index_w, self._slots, offset, pos)
                 pos += size
-            mq[L.PI_EARLIEST] = rows[0][0] if rows else next_offset
-            mq[L.PI_HEAD] = 0
-            mq[L.PI_TAIL] = pos  # commit
-            mq[L.PI_NEXT] = next_offset
-            mq[L.PI_HWM_EPOCH] = hwm_epoch
-            mq[L.PI_HWM_BASE] = next_offset
-            mq[L.PI_DROPPED] = keep
-            if compacted and rows:  # (below the first row: compacted, as far as a reader can tell)
-                mq[L.PI_CLEANED] = rows[-1][0] + 1
-                mq[L.PI_COMPACT_LOW] = 1
+            plog.restored(mq, pos, rows[0][0] if rows else next_offset, next_offset, hwm_epoch, keep,
+                          rows[-1][0] + 1 if compacted and rows else None)
             for txn_id, batch, end, *ns in txns:
                 self._txn_note(txn_id, batch, end, ns[0] if ns else 0)
         finally:
@@ -932,7 +863,7 @@ class Partition:
         """Say where the logs on disk begin (the broker, after retention or a rebuild)."""
         self._acquire()
         try:
-            self._mq[L.PI_DISK_FIRST] = 0 if offset is None else offset + 1
+            plog.set_disk_first(self._mq, offset)
         finally:
             _unlock(self._lockp)
 

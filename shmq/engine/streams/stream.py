@@ -33,7 +33,7 @@ from ...model.headers import decode_headers, encode_record_headers
 from ...model.records import Record, RecordMetadata
 from ..shm import layout as L
 from . import partition as partition_mod
-from ..shm import waits
+from ..shm import header, waits
 from . import compaction
 from .groups import Groups
 from ..shm.mutex import RobustMutex, acquire
@@ -67,9 +67,7 @@ def store_live(mem, values: dict) -> None:
     (``mem``: its mmap or its words), each by one store of its word."""
     mq = mem if isinstance(mem, memoryview) and mem.format == "Q" else memoryview(mem).cast("Q")
     try:
-        for field, value in values.items():
-            w, shift, mask = L.STREAM_LIVE[field]
-            mq[w] = mq[w] & ~(mask << shift) | (value & mask) << shift
+        header.store_fields(mq, L.STREAM_LIVE, values)
     finally:
         if mq is not mem:
             mq.release()

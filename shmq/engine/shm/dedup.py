@@ -11,7 +11,7 @@ sequence is at most ``DEDUP_PROBES`` long, and when all of it is live the entry 
 lapses first makes room (the window then holds for the ``DEDUP_SLOTS`` newest ids).
 """
 
-from ..shm import layout as L
+from . import layout as L
 
 __all__ = ["lookup", "remember", "forget_uncommitted", "live_entries"]
 
