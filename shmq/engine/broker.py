@@ -8,7 +8,6 @@ or an exchange in it (or by ``shmq server``), so a mistyped namespace is never m
 looking at it; until then the namespace reads as empty.
 """
 
-import ctypes
 import os
 import time
 import weakref
@@ -16,7 +15,6 @@ import weakref
 from .shm import header
 from .shm import layout as L
 from .shm.memory import Memory, pinned_bytes
-from .shm.mutex import init_mutex
 from .shm.process import monotonic_offset
 from .shm.registry import CREATING, DELETING, LIVE, Registry
 from .shm.logbell import await_log
@@ -38,7 +36,7 @@ from .queues import deadletter, lifetime
 from .queues.lanes import MAX_LANES, LanedQueue, attach
 from .queues.queue import Queue
 from .queues.serialized import SerializedQueue
-from .streams.stream import Stream, store_live
+from .streams.stream import Stream
 from .streams.multiconsumer import MultiConsumer
 
 __all__ = ["Broker", "DEFAULT_PROCESS_SLOTS", "MUTABLE_QUEUE_SETTINGS", "FIXED_QUEUE_SETTINGS",
@@ -364,25 +362,12 @@ class Broker:
             Memory.mark_pinned(seg._mmap, L.MEM_OFF, pinned)
             create_semaphore(base + NOT_EMPTY, group).close()
             create_semaphore(base + NOT_FULL, group).close()
-            mm = seg._mmap
             raw_name, raw_dlq = name.encode(), (dlq or "").encode()
-            L.STATIC.pack_into(
-                mm, L.STATIC_OFF, b"\0\0\0\0", L.LAYOUT_VERSION, L.DURABILITY[durability], capacity, max_message_bytes,
-                int(visibility_timeout * 1e9), max_deliveries or 0, slots, time.time_ns(),
-                L.data_offset(slots), len(raw_name), raw_name, len(raw_dlq), raw_dlq,
-            )
-            L.WORD.pack_into(mm, L.TIMENS_OFF, monotonic_offset())
-            L.OPTS.pack_into(mm, L.OPTS_OFF, *opts, lanes if lanes > 1 else 0, lane)
-            L.WORD.pack_into(mm, L.I_NEXT_TTL << 3, -1)  # NEVER
-            L.WORD.pack_into(mm, L.LIFETIME_OFF, life)  # (lane 0's: auto_delete, expires)
-            L.WORD.pack_into(mm, L.I_LAST_USED << 3, time.monotonic_ns())
-            hot = dict.fromkeys(L.HOT_FIELDS, 0)
-            hot.update(next_id=lane + 1, next_deadline=L.NEVER)  # lane j's ids: j + 1, j + 1 + lanes, ...
-            L.HOT.pack_into(mm, L.HOT_OFF, *hot.values())
-            anchor = ctypes.c_char.from_buffer(mm, L.MUTEX_OFF)
-            init_mutex(ctypes.addressof(anchor))
-            del anchor
-            mm[0:4] = L.MAGIC  # published
+            header.init_queue(seg._mmap, (L.LAYOUT_VERSION, L.DURABILITY[durability], capacity, max_message_bytes,
+                                          int(visibility_timeout * 1e9), max_deliveries or 0, slots, time.time_ns(),
+                                          L.data_offset(slots), len(raw_name), raw_name, len(raw_dlq), raw_dlq),
+                              (*opts, lanes if lanes > 1 else 0, lane), life, lane, monotonic_offset(),
+                              time.monotonic_ns())
         finally:
             seg.close()
 
@@ -656,21 +641,13 @@ class Broker:
         create_semaphore(base + NOT_EMPTY, group).close()
         seg = create_segment(base, L.STREAM_SIZE, group=group)
         try:
-            L.STREAM_STATIC.pack_into(seg._mmap, 0, b"\0\0\0\0", L.STREAM_VERSION, partitions, L.RETENTION[retention],
-                                      L.DURABILITY[durability], live["timestamp_type"], live["compression"], max_bytes,
-                                      live["max_message_bytes"], live["retention_bytes"], live["retention_ns"],
-                                      int(idle_s * 1e9), now)
-            store_live(seg._mmap, {f: live[f] for f in _COMPACTION_WORDS + ("segment_bytes",)})
-            self._init_mutex(seg._mmap, L.STREAM_MUTEX_OFF)
-            seg._mmap[0:4] = L.STREAM_MAGIC  # published
+            header.init_stream(seg._mmap, (L.STREAM_VERSION, partitions, L.RETENTION[retention], L.DURABILITY[durability],
+                                           live["timestamp_type"], live["compression"], max_bytes,
+                                           live["max_message_bytes"], live["retention_bytes"], live["retention_ns"],
+                                           int(idle_s * 1e9), now),
+                               {f: live[f] for f in _COMPACTION_WORDS + ("segment_bytes",)})
         finally:
             seg.close()
-
-    @staticmethod
-    def _init_mutex(mm, offset):
-        anchor = ctypes.c_char.from_buffer(mm, offset)
-        init_mutex(ctypes.addressof(anchor))
-        del anchor
 
     def _unlink_stream_files(self, name):
         base = stream_base(self.namespace, name)

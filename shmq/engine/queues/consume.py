@@ -14,10 +14,10 @@ from ...formats import dmsq
 from ...errors import DeliveryExpired, LockTimeout, QueueEmpty
 from ..shm import cpaths
 from . import deadletter, extension, housekeeping, lifetime, scheduling
-from ..shm import ring, waits
+from ..shm import header, ring, waits
 from ..shm import layout as L
-from ..shm.layout import (I_DELETED, I_FRONTIER, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS,
-                          I_EXPIRED_TOTAL, I_REQUEUED, I_SPECIAL, I_TAIL)
+from ..shm.layout import (I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS,
+                          I_REQUEUED, I_SPECIAL, I_TAIL)
 from .delivery import Delivery, Message
 from ...model.headers import decode_headers
 from ...model.keepalive import _live as _kept_alive
@@ -33,13 +33,14 @@ _mono = time.monotonic_ns
 _wall = time.time_ns
 _REC = L.REC_SIZE
 _REC_UNPACK = L.REC.unpack_from
+_lease, _take_next = ring.lease, ring.take_next
 _HOT_UNPACK = L.HOT.unpack_from
 _HOT_OFF = L.HOT_OFF
 assert L.HOT_FIELDS == ("deleted", "tail", "next_id", "pwait", "pposted", "settings_gen", "bells", "room", "head", "frontier",
                         "ready_pos", "requeued", "in_flight", "delayed", "next_deadline", "next_liveness", "ready",
                         "cwait", "cposted"), "the plain take below unpacks the control words in this order"
-_READY, _LEASED, _ACKED, _PAD = L.READY, L.LEASED, L.ACKED, L.PAD
-_R_DEADLINE, _R_MSG_ID = L.R_DEADLINE, L.R_MSG_ID
+_READY, _LEASED, _PAD = L.READY, L.LEASED, L.PAD
+_R_MSG_ID = L.R_MSG_ID
 _TTL = L.FLAG_TTL
 _expiry = extension.expiry
 _CONSUMERS = waits.CONSUMERS
@@ -48,7 +49,6 @@ _lock_deadline, _seconds_ns = waits.lock_deadline, waits.seconds_ns
 _F_OWNERDEAD, _F_FALLBACK, _F_BUSY, _F_EMPTY, _F_SLEEP = (cpaths.OWNERDEAD, cpaths.FALLBACK, cpaths.BUSY, cpaths.EMPTY,
                                                        cpaths.SLEEP)
 _W_REGISTER = cpaths.W_REGISTER
-_proc_word, _P_ACKED, _P_REDELIVERED = L.proc_word, L.P_ACKED, L.P_REDELIVERED
 _I_LIFE, _LIFE_SHIFT = L.I_LIFETIME, L.LIFE_EXPIRES_SHIFT
 # a take's mode (bits, as _fast.c's): settled as taken (get(ack=False)); the body a view (copy=False)
 _AUTOACK, _VIEW = 1, 2
@@ -245,26 +245,14 @@ class Consuming:
                 attempt = (status >> 32) + 1
                 if (status & 0xFF == _READY and not flags
                         and (self.max_deliveries is None or attempt <= self.max_deliveries)):
-                    w = a >> 3
                     if mode and mode & _AUTOACK:
                         if self._logged:  # logged before the commit below
                             self.wal.append(_encode_ack_entry(msg_id, attempt), grows=False)
-                        mq[w] = _ACKED | (slot << 8) | (attempt << 32)  # commit
-                        mq[I_FRONTIER] = pos + length
-                        mq[I_READY] = ready - 1
-                        mq[_proc_word(slot, _P_ACKED)] += 1
+                        _take_next(mq, a >> 3, pos + length, slot, attempt, 0, ready, inflight, next_deadline)
                         post = ring.freed_at(mq, cap, self._base, pos, head)
                     else:
-                        until = now + self._vis_ns
-                        mq[w + _R_DEADLINE] = until
-                        mq[w] = _LEASED | (slot << 8) | (attempt << 32)  # commit
-                        mq[I_FRONTIER] = pos + length  # (ready_pos means nothing while requeued == 0)
-                        mq[I_READY] = ready - 1
-                        mq[I_INFLIGHT] = inflight + 1
-                        if until < next_deadline:
-                            mq[I_NEXT_DEADLINE] = until
-                    if attempt > 1:
-                        mq[_proc_word(slot, _P_REDELIVERED)] += 1
+                        _take_next(mq, a >> 3, pos + length, slot, attempt, now + self._vis_ns, ready, inflight,
+                                   next_deadline)
                     b = a + _REC
                     body = mm[b + hl:b + hl + bl] if not mode or not mode & _VIEW else self._ring[
                         off + _REC + hl:off + _REC + hl + bl]
@@ -505,7 +493,7 @@ class Consuming:
             if now >= mq[I_NEXT_DEADLINE]:
                 housekeeping.expire(self, now, spent)
             if now >= mq[I_NEXT_LIVENESS]:
-                mq[I_NEXT_LIVENESS] = now + housekeeping.LIVENESS_PERIOD_NS
+                header.liveness_due(mq, now + housekeeping.LIVENESS_PERIOD_NS)
                 reap = True
             ready = mq[I_READY]
             if self._levels > 1 or mq[I_SPECIAL]:
@@ -521,22 +509,22 @@ class Consuming:
                 lease = _LEASED | (self._my_slot() << 8)
                 until = now + vis_ns
                 maxdel = self.max_deliveries
-                requeued, frontier, tail = mq[I_REQUEUED], mq[I_FRONTIER], mq[I_TAIL]
-                taken = redelivered = 0
+                requeued, frontier, tail, ready_pos = mq[I_REQUEUED], mq[I_FRONTIER], mq[I_TAIL], mq[I_READY_POS]
+                taken = redelivered = nexpired = 0
                 append = out.append
                 ndead = 0
                 budget = max_bytes
                 while ready and len(out) - ndead < maxn:
                     if requeued:
-                        pos = ring.next_ready(mq, cap, base, mq[I_READY_POS], frontier)
+                        pos = ring.next_ready(mq, cap, base, ready_pos, frontier)
                         if pos < 0:  # the count was stale: none left below the frontier
                             requeued = 0
-                            mq[I_READY_POS] = frontier
+                            ready_pos = frontier
                             continue
                         requeued -= 1
                         a = base + pos % cap
                         status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
-                        mq[I_READY_POS] = pos + length if requeued else frontier
+                        ready_pos = pos + length if requeued else frontier
                     else:
                         if frontier >= tail:
                             break
@@ -552,11 +540,10 @@ class Consuming:
                             continue
                     if (_f & _TTL or ttl) and 0 < _expiry(mm, a, _f, _e, ttl) <= wall:
                         attempt = status >> 32  # leased to us only to expire (dead-letter or drop)
-                        mq[(a >> 3) + _R_DEADLINE] = until
-                        mq[a >> 3] = lease | (attempt << 32)  # commit
+                        _lease(mq, a >> 3, lease, until, attempt)
                         ready -= 1
                         taken += 1
-                        mq[I_EXPIRED_TOTAL] += 1
+                        nexpired += 1
                         a += _REC
                         dead.append((pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None, _e))
                         continue
@@ -564,14 +551,13 @@ class Consuming:
                         if out and bl + hl > budget:
                             if pos < frontier:  # a requeued one: leave it for the next take, as it was
                                 requeued += 1
-                                mq[I_READY_POS] = pos
+                                ready_pos = pos
                             else:
                                 frontier = pos
                             break
                         budget -= bl + hl
                     attempt = (status >> 32) + 1
-                    mq[(a >> 3) + _R_DEADLINE] = until
-                    mq[a >> 3] = lease | (attempt << 32)  # commit
+                    _lease(mq, a >> 3, lease, until, attempt)
                     ready -= 1
                     taken += 1
                     if attempt > 1:
@@ -580,16 +566,8 @@ class Consuming:
                             ndead += 1  # leased to us only to be dead-lettered below
                     a += _REC
                     append((pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None, _e))
-                mq[I_FRONTIER] = frontier
-                if not requeued:
-                    mq[I_READY_POS] = frontier
-                mq[I_REQUEUED] = requeued
-                mq[I_READY] = ready
-                mq[I_INFLIGHT] += taken
-                if redelivered:
-                    mq[_proc_word(self._my_slot(), _P_REDELIVERED)] += redelivered
-                if taken and until < mq[I_NEXT_DEADLINE]:
-                    mq[I_NEXT_DEADLINE] = until
+                ring.took(mq, frontier, requeued, ready_pos, ready, taken, nexpired, self._my_slot(), redelivered,
+                          until)
             if out and self.max_deliveries is not None:
                 out = self._past_max_deliveries(out, spent, now)
             if not out and not dead and not spent and register:  # nothing taken at all: this process sleeps next
@@ -625,10 +603,7 @@ class Consuming:
             if t[2] <= maxdel:
                 keep.append(t)
                 continue
-            w = (self._base + t[0] % self._cap) >> 3
-            mq[w + _R_DEADLINE] = now + housekeeping.MOVE_LEASE_NS
-            mq[w] = _LEASED | (slot << 8) | ((t[2] - 1) << 32)  # (the lease's commit, its attempt undone)
-            mq[_proc_word(slot, _P_REDELIVERED)] -= 1
+            ring.spent(mq, (self._base + t[0] % self._cap) >> 3, slot, now + housekeeping.MOVE_LEASE_NS, t[2] - 1)
             spent.append((t[0], t[1], t[2] - 1, *t[3:]))
         return keep
 

@@ -18,7 +18,7 @@ import time
 from ..shm import layout as L
 from ..shm.memory import arc
 from . import deadletter, lifetime, scheduling
-from ..shm import dedup, ring, slots, waits
+from ..shm import dedup, header, ring, slots, waits
 from ..shm.process import is_alive
 from ..shm.mutex import unlock as _unlock
 
@@ -39,8 +39,7 @@ def _spent(q, mq, w, pos, state, now, spent) -> int:
     goes to ``spent``. Lock held. Returns its lease's deadline."""
     until = now + MOVE_LEASE_NS  # (should this process die first, the reaper moves it)
     if state == _DELAYED:
-        mq[L.I_DELAYED] -= 1
-        mq[L.I_INFLIGHT] += 1
+        ring.lease_delayed(mq)
     spent.append(scheduling.lease_record(mq, q._mm, w, pos, _LEASED | (q._my_slot() << 8), until, mq[w] >> 32))
     return until
 
@@ -79,7 +78,7 @@ def expire(q, now, spent) -> int:
                 woke += 1
             elif due < next_deadline:
                 next_deadline = due
-    mq[L.I_NEXT_DEADLINE] = next_deadline
+    ring.next_deadline(mq, next_deadline, lower_only=False)
     if woke:
         for _ in range(waits.owed_posts(mq, waits.CONSUMERS, woke)):
             q._ne.release()
@@ -97,9 +96,7 @@ def _release_holder(q, slot, now, spent) -> int:
         s = mq[w]
         if s & 0xFF == _LEASED and (s >> 8) & 0xFFFF == slot:
             if _last(q, mq, w):
-                until = _spent(q, mq, w, pos, _LEASED, now, spent)
-                if until < mq[L.I_NEXT_DEADLINE]:
-                    mq[L.I_NEXT_DEADLINE] = until
+                ring.next_deadline(mq, _spent(q, mq, w, pos, _LEASED, now, spent))
                 continue
             n += ring.unlease(mq, w, pos)
     return n
@@ -172,7 +169,7 @@ def housekeep(q, now) -> int:
         if mq[L.I_DELETED]:
             raise q._gone()
         woke = expire(q, now, spent)
-        mq[L.I_NEXT_LIVENESS] = now + LIVENESS_PERIOD_NS
+        header.liveness_due(mq, now + LIVENESS_PERIOD_NS)
         wall = _wall()
         if ttl_due(q, wall):
             dead = scheduling.sweep(q, now, wall)
@@ -199,7 +196,7 @@ def give_back(q) -> int:
     if head == tail and (tail % cap >= q._reuse or tail >= L.POS_LIMIT):  # the next put starts a lap
         start = 0 if tail >= L.POS_LIMIT else tail + cap - tail % cap
     # the put's room shrinks to what is kept before anything is given back (``layout.HOT_LINES``)
-    mq[L.I_ROOM] = min(mq[L.I_ROOM], tail + ahead if start == tail else tail)
+    ring.limit_room(mq, tail + ahead if start == tail else tail)
     return mem.give_back(arc(base, cap, head, tail) + arc(base, cap, start, start + ahead),
                          stamp=None if ahead else (head, tail), alive=lambda slot: _slot_alive(q, slot))
 

@@ -17,7 +17,7 @@ from ..shm import cpaths
 from . import extension, housekeeping
 from ..shm import dedup, ring, waits
 from ..shm import layout as L
-from ..shm.layout import I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_ID, I_READY_POS, I_TAIL
+from ..shm.layout import I_DELETED, I_HEAD, I_NEXT_ID, I_TAIL
 from .reserve import Reservation, Reservations
 from ..shm.mutex import FOREVER
 from ..shm.mutex import unlock as _unlock
@@ -450,8 +450,7 @@ class Producing:
                 if abandon:
                     ring.void_fill(mq, w, pos)
                 else:
-                    mq[w + L.R_ENQ] = _wall()
-                    mq[w] = _READY
+                    ring.end_fill(mq, w, _wall())
                 post = waits.owed_posts(mq, _CONSUMERS, ring.commit_fills(mq, cap, base))
         finally:
             _unlock(self._lockp)
@@ -613,7 +612,7 @@ class Producing:
         if start != tail:
             ring.write_pad(self._mm, base, cap, tail, start)
             if wrap:
-                mq[_I_WRAP] = tail  # (a stale word is harmless: ``ring.fits`` and ``spill_start`` check it)
+                ring.wrap_at(mq, tail)
         return start
 
     def _set_room(self, head, tail, end):
@@ -623,13 +622,13 @@ class Producing:
         fills toward the end of its chunks, halfway there, with ``grow_due`` set: the append
         that comes back allocates the next ones ahead, outside the lock (``_grow_ahead``),
         before the puts reach them. A queue that reuses what it holds grows nothing. Lock held."""
-        mq, cap = self._mq, self._cap
+        cap = self._cap
         limit = min(end + L.ROOM_LOOK, tail - tail % cap + cap)
         room = self._memory.allocated_to(self._base, cap, tail, limit)
         if room < limit and room < head + cap and room - end < max(L.CHUNK, (end - head) >> 2):
-            mq[_GROW_DUE] = 1
-            room = max(end, (end + room) >> 1)
-        mq[I_ROOM] = room
+            ring.set_room(self._mq, max(end, (end + room) >> 1), grow_due=True)
+        else:
+            ring.set_room(self._mq, room)
 
     def _grow_ahead(self) -> None:
         """A step of chunks past the room allocated outside the lock (claimed under it first,
@@ -664,21 +663,8 @@ class Producing:
     def _new_lap(self, tail):
         """Move the empty queue's cursors from ``tail`` to the start of the next lap, or to 0
         past ``POS_LIMIT`` (every delivery of before is then past the tail: expired).
-        Returns the new tail. Lock held; a death midway leaves head above tail, which the
-        repair settles (``housekeeping.repair``: the tail goes to the head)."""
-        mq, cap = self._mq, self._cap
-        mq[_I_FILL] = 0  # (none under way: an empty queue; a word a death left stale goes)
-        if tail >= L.POS_LIMIT:
-            mq[I_ROOM] = 0  # (nothing known allocated from there yet)
-            mq[I_TAIL] = 0  # the tail first: a repair then takes the tail back to the head
-            mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = 0
-            for lv in range(L.MAX_PRIORITIES):
-                mq[L.I_LEVEL_POS + lv] = 0
-            return 0
-        new = tail + (cap - tail % cap) % cap
-        mq[I_HEAD] = new  # the head first: a repair then takes the tail to it
-        mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = new
-        return new
+        Returns the new tail (``ring.new_lap``). Lock held."""
+        return ring.new_lap(self._mq, tail, self._cap)
 
     def _try_reserve(self, items, waited, deadline, fill=None, spill=True):
         """One locked attempt to place ``items``' one record: ((its position, its byte
@@ -704,8 +690,7 @@ class Producing:
                 L.REC.pack_into(mm, a, _FILLING | self._my_slot() << 8, rec, size, len(hraw), 0, msg_id, _wall(), 0)
                 if hraw:
                     mm[a + _REC:a + _REC + len(hraw)] = hraw
-                mq[I_NEXT_ID] = msg_id + self._id_step
-                mq[_I_FILL] = pos + rec  # placed: past the tail, after the fills before it
+                ring.placed_fills(mq, msg_id + self._id_step, pos + rec)  # past the tail, after the fills before it
                 return (pos, a), 0
             L.REC.pack_into(mm, a, _READY, rec, size, len(hraw), 0, mq[I_NEXT_ID], 0, 0)
             if hraw:
@@ -727,7 +712,7 @@ class Producing:
             if self._logged:  # logged (and fsynced, by policy) before the commit below
                 b = a + _REC
                 self.wal.append(_encode_put_entry(msg_id, now, mm[b:b + hl], mm[b + hl:b + hl + size]))
-            mq[(a >> 3) + L.R_ENQ] = now
+            ring.stamp(mq, a >> 3, now)
             post = _commit(mq, pos + rec, msg_id + self._id_step, 1)
         finally:
             _unlock(self._lockp)
@@ -780,22 +765,15 @@ class Producing:
                     pos += size
                 if dh:  # remembered before the commit; a repair forgets it if the commit never comes
                     dedup.remember(mq, self._dedup_off, dh, first_id, now + self._dedup_window_ns)
-                if flags & _WALK:  # 2: a due time (the walk orders by it)
-                    mq[L.I_SPECIAL] |= 3 if delay_ns else 1
-                expires = extension.decode(items[0][1])[0].expires_ns
-                if expires and expires < mq[L.I_NEXT_TTL]:
-                    mq[L.I_NEXT_TTL] = expires
+                ring.mark_special(mq, (3 if delay_ns else 1) if flags & _WALK else 0,  # 2: a due time (the walk
+                                  extension.decode(items[0][1])[0].expires_ns)  # orders by it)
             n = len(items)
             if mq[_I_FILL] > mq[I_TAIL]:  # after fills not yet done (plain items): seen once they are
-                mq[I_NEXT_ID] = next_id
-                mq[_I_FILL] = pos
+                ring.placed_fills(mq, next_id, pos)
                 return list(range(first_id, next_id, step)), waits.owed_posts(
                     mq, _CONSUMERS, ring.commit_fills(mq, cap, base))
             if delay_ns:
-                _commit(mq, pos, next_id, 0)
-                mq[L.I_DELAYED] += n
-                if due < mq[L.I_NEXT_DEADLINE]:
-                    mq[L.I_NEXT_DEADLINE] = due
+                ring.commit_delayed(mq, pos, next_id, n, due)
                 return list(range(first_id, next_id, step)), 0
             return list(range(first_id, next_id, step)), _commit(mq, pos, next_id, n)
         finally:

@@ -25,7 +25,6 @@ binds the paths ``cpaths``' default names when it attaches).
 
 import ctypes
 import os
-import struct
 import time
 import weakref
 
@@ -35,11 +34,11 @@ from ...formats import dmsq
 from ...errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
 from ...model.messages import QueueStats
 from . import extension, housekeeping, lifetime, scheduling
-from ..shm import dedup, ring, slots, waits
+from ..shm import dedup, header, ring, slots, waits
 from ..shm import layout as L
 from ..shm.memory import Memory, pinned_bytes
-from ..shm.layout import (I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PPOSTED,
-                          I_PURGED_TOTAL, I_PWAIT, I_READY, I_READY_POS, I_REQUEUED, I_TAIL)
+from ..shm.layout import (I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PWAIT, I_READY,
+                          I_READY_POS, I_REQUEUED, I_TAIL)
 from .consume import Consuming
 from ..shm.cpaths import FAST
 from .delivery import Delivery
@@ -71,26 +70,7 @@ _write_record = ring.write_record
 
 _live_queues = weakref.WeakSet()
 
-# where the changeable settings are in the header (``layout``'s structs): words of ``_mq``, and the
-# dead-letter queue's name (a u16 length, then the bytes)
-_STATIC_AT = L.field_offsets(L.STATIC, ("magic", "version", "flags", "capacity", "max_message_bytes", "visibility_ns",
-                                         "max_deliveries", "slots", "created_ns", "data_offset", "name_len", "name",
-                                         "dlq_len", "dlq"))
-_OPTS_AT = {k: L.OPTS_OFF + v for k, v in L.field_offsets(L.OPTS, L.OPTS_FIELDS).items()}
-_W_VIS, _W_MAXDEL = _STATIC_AT["visibility_ns"] >> 3, _STATIC_AT["max_deliveries"] >> 3
-_DLQ_LEN_OFF, _DLQ_OFF = _STATIC_AT["dlq_len"], _STATIC_AT["dlq"]
-_DLQ_BYTES = L.STATIC.size - _DLQ_OFF
-_W_LEVELS_AGING = _OPTS_AT["levels"] >> 3  # (levels: the low half, aging ms: the high half)
-_W_TTL, _W_WINDOW, _W_RETRY, _W_BACKOFF, _W_RETRY_MAX = (
-    _OPTS_AT[k] >> 3 for k in ("message_ttl_ns", "dedup_window_ns", "retry_delay_ns", "retry_backoff",
-                               "retry_delay_max_ns"))
-assert _STATIC_AT["visibility_ns"] % 8 == 0 and _OPTS_AT["levels"] % 8 == 0 and _OPTS_AT["priority_aging_ms"] == (
-    _OPTS_AT["levels"] + 4) and all(_OPTS_AT[k] % 8 == 0 for k in ("message_ttl_ns", "retry_backoff"))
-# a free word of the producers' line of the control block (``layout.HOT_LINES``): bumped by each
-# change of the settings, so a handle's slow paths see that its copies are stale by one word read
-_W_SETTINGS_GEN = (L.HOT_OFF >> 3) + L.HOT_FIELDS.index("settings_gen")
-_U16 = struct.Struct("<H")
-_F64, _F64_AS_U64 = struct.Struct("<d"), struct.Struct("<Q")
+_W_VIS, _W_MAXDEL, _W_SETTINGS_GEN = header.W_VIS, header.W_MAXDEL, header.W_SETTINGS_GEN
 
 
 def _after_fork_in_child():
@@ -206,8 +186,7 @@ class Queue(Producing, Consuming, Settling):
         header into this handle (the hot paths read the handle's copies)."""
         mm = self._mm
         vis_ns, maxdel = self._mq[_W_VIS], self._mq[_W_MAXDEL]
-        dl = _U16.unpack_from(mm, _DLQ_LEN_OFF)[0]
-        dlq = bytes(mm[_DLQ_OFF:_DLQ_OFF + min(dl, _DLQ_BYTES)]).decode(errors="replace") or None
+        dlq = header.dead_letter_queue(mm)
         (levels, aging_ms, ttl_ns, window_ns, retry_ns, backoff, retry_max_ns, lanes, lane) = L.OPTS.unpack_from(
             mm, L.OPTS_OFF)
         self._vis_ns = vis_ns
@@ -252,26 +231,16 @@ class Queue(Producing, Consuming, Settling):
         """Store changed settings in the header (``Broker.update_queue``): each word one
         aligned store, the dead-letter queue's name under the lock as every reader of it.
         ``expires_ms``: lane 0's (``lifetime.set_expires``: a declare renews it too)."""
-        mq, mm = self._mq, self._mm
-        raw = (dlq or "").encode()
+        mq = self._mq
         self._acquire()
         try:
             if mq[I_DELETED]:
                 raise self._gone()
-            mq[_W_VIS] = vis_ns
-            mq[_W_MAXDEL] = maxdel or 0
-            mm[_DLQ_OFF:_DLQ_OFF + _DLQ_BYTES] = raw.ljust(_DLQ_BYTES, b"\0")
-            _U16.pack_into(mm, _DLQ_LEN_OFF, len(raw))
-            levels = L.OPTS.unpack_from(mm, L.OPTS_OFF)[0]
-            mq[_W_LEVELS_AGING] = levels | aging_ms << 32
-            old_ttl = mq[_W_TTL]
-            mq[_W_TTL], mq[_W_WINDOW], mq[_W_RETRY], mq[_W_RETRY_MAX] = ttl_ns, window_ns, retry_ns, retry_max_ns
-            mq[_W_BACKOFF] = _F64_AS_U64.unpack(_F64.pack(backoff))[0]
-            if ttl_ns and ttl_ns != old_ttl:
-                mq[L.I_NEXT_TTL] = 0  # the next take or housekeeping looks for expired messages
+            header.store_settings(self._mm, mq, vis_ns, maxdel, dlq, aging_ms, ttl_ns, window_ns, retry_ns, backoff,
+                                  retry_max_ns)
             if expires_ms is not None:
                 lifetime.set_expires(self, expires_ms)
-            mq[_W_SETTINGS_GEN] += 1
+            header.settings_moved(mq)
             for q in list(_live_queues):  # this process's handles on the queue see them at once
                 if (q is self or q._lockp is not None and q._lane == self._lane and q.name == self.name
                         and q.namespace == self.namespace):
@@ -375,7 +344,7 @@ class Queue(Producing, Consuming, Settling):
                 mq = self._mq
                 for side, waited in owed:
                     waits.unregister(mq, self._slot, side, waited)
-                mq[L.I_LANE_SLEEPERS] = mq[I_CWAIT]  # (a laned queue's sleepers, in its lane 0, as the reaper sets it)
+                waits.lane_sleepers(mq)  # (a laned queue's sleepers, in its lane 0, as the reaper sets it)
         except Reentered:
             raise
         except BaseException:
@@ -510,19 +479,8 @@ class Queue(Producing, Consuming, Settling):
             if self._logged and ready:  # log the drops first
                 self.wal.append(b"".join(_encode_ack_entry(mq[w + _R_MSG_ID], 0) for _pos, w in ready),
                                 grows=False)
-            for _pos, w in ready:
-                if mq[w] & 0xFF == _DELAYED:
-                    mq[L.I_DELAYED] -= 1
-                mq[w] = (mq[w] & ~0xFF) | _ACKED
             n = len(ready)
-            mq[I_READY] = 0
-            mq[I_REQUEUED] = 0
-            mq[I_FRONTIER] = mq[I_READY_POS] = tail
-            mq[I_PURGED_TOTAL] += n
-            freed = ring.advance_head(mq, cap, base)
-            post = freed and mq[I_PWAIT] > mq[I_PPOSTED]
-            if post:
-                mq[I_PPOSTED] += 1
+            post = ring.purge(mq, cap, base, [w for _pos, w in ready], tail)
         finally:
             _unlock(self._lockp)
         if post:
@@ -686,19 +644,19 @@ class Queue(Producing, Consuming, Settling):
             pos = tail
             top = 0
             wall, mono = _wall(), _mono()
-            ready = delayed = 0
+            ready = delayed = special = 0
+            first_due = L.NEVER
             for body, hraw, size, msg_id, attempt, enq in items:
                 pos, a = ring.place(mm, base, cap, pos, size)
                 flags = extension.flags_of(hraw)
                 state, due = _READY, 0
                 if flags & L.FLAG_WALK:
-                    mq[L.I_SPECIAL] |= 3 if extension.decode(hraw)[0].due_ns else 1
-                    mq[L.I_NEXT_TTL] = 0  # sweep soon: restored messages may have expired meanwhile
+                    special |= 3 if extension.decode(hraw)[0].due_ns else 1
                 if flags:
                     ext = extension.decode(hraw)[0]
                     if ext.due_ns > wall and attempt == 0:  # a delayed put not yet due
                         state, due = _DELAYED, mono + (ext.due_ns - wall)
-                        mq[I_NEXT_DEADLINE] = min(mq[I_NEXT_DEADLINE], due)
+                        first_due = min(first_due, due)
                 _write_record(mm, a, L.status_word(state, L.NO_HOLDER, attempt), size, body, hraw, msg_id, enq,
                               flags, due)
                 if state == _READY:
@@ -707,15 +665,12 @@ class Queue(Producing, Consuming, Settling):
                     delayed += 1
                 top = max(top, msg_id)
                 pos += size
-            if delayed and mq[I_FRONTIER] < pos:
-                mq[I_FRONTIER] = pos  # (special is set: the general take recomputes the cursors)
             step = self._id_step
             next_id = max(mq[I_NEXT_ID], top + step)  # (a laned queue imports into lane (id - 1) % lanes)
             if once:  # the token is the next id, which the commit below takes
                 dedup.remember(mq, self._dedup_off, once, next_id, wall + self._dedup_window_ns)
                 next_id += step
-            post = ring.commit(mq, pos, next_id, ready)
-            mq[L.I_DELAYED] += delayed
+            post = ring.commit_import(mq, pos, next_id, ready, delayed, special, first_due)
         finally:
             _unlock(self._lockp)
         for _ in range(post):
@@ -726,7 +681,7 @@ class Queue(Producing, Consuming, Settling):
         """Flag the queue deleted (for ``Broker.delete_queue``) and wake every sleeper."""
         self._acquire()
         try:
-            self._mq[I_DELETED] = 1
+            header.set_deleted(self._mq)
             waiters = self._mq[I_CWAIT] + self._mq[I_PWAIT]
         finally:
             _unlock(self._lockp)

@@ -39,6 +39,7 @@ _R_ENQ, _R_DEADLINE, _R_LENGTH = L.R_ENQ, L.R_DEADLINE, L.R_LENGTH
 _R_FLAGS = 2  # the word whose high half is the record's flags
 _NEVER = L.NEVER
 _decode = extension.decode
+_lease = ring.lease
 _NONE = extension.NONE
 
 
@@ -138,8 +139,7 @@ def _order(q, ready, busy, wall, maxn):
 def lease_record(mq, mm, w, pos, lease, until, attempt):
     """Lease the record at word ``w`` as ``lease`` with ``attempt``; its ``Delivery``
     tuple (pos, id, attempt, body, header bytes or None, enqueued ns). Lock held."""
-    mq[w + _R_DEADLINE] = until
-    mq[w] = lease | (attempt << 32)  # commit
+    _lease(mq, w, lease, until, attempt)
     bl = mq[w + 1] >> 32
     hl = mq[w + _R_FLAGS] & 0xFFFFFFFF
     b = (w << 3) + _REC
@@ -194,19 +194,11 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
                     from ...formats import dmsq
 
                     q.wal.append(dmsq.encode_ack_entry(mq[w + L.R_MSG_ID], 0), grows=False)
-                mq[w] = (mq[w] & ~0xFF) | _ACKED
-        mq[L.I_EXPIRED_TOTAL] += len(expired)
+                ring.drop(mq, w)
     n = len(out)
-    leased_expired = len(dead)
-    mq[L.I_READY] = mq[L.I_READY] - n - len(expired)
-    mq[L.I_INFLIGHT] += n + leased_expired
-    if redelivered:
-        mq[L.proc_word(slot, L.P_REDELIVERED)] += redelivered
-    if (n or leased_expired) and until < mq[L.I_NEXT_DEADLINE]:
-        mq[L.I_NEXT_DEADLINE] = until
+    ring.taken(mq, n + len(expired), n + len(dead), len(expired), slot, redelivered, until)
     if not complete:  # a part of the ring: the cursors stay lower bounds; the frontier covers the leases
-        if frontier > mq[L.I_FRONTIER]:
-            mq[L.I_FRONTIER] = frontier
+        ring.cursors(mq, frontier)
         return out, dead
     # the plain paths' cursors, from this walk
     requeued = 0
@@ -222,11 +214,7 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
             requeued += 1
             if first is None:
                 first = pos
-    mq[L.I_FRONTIER] = frontier
-    mq[L.I_REQUEUED] = requeued
-    mq[L.I_READY_POS] = first if requeued else frontier
-    mq[L.I_NEXT_TTL] = next_ttl
-    mq[L.I_SPECIAL] = special
+    ring.cursors(mq, frontier, requeued, first if requeued else frontier, next_ttl, special)
     if q._levels > 1:  # the leveled take's pointers, exact: each level's first ready record
         firsts = {}
         for rec in ready:
@@ -234,7 +222,7 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
                 firsts.setdefault(min(rec[2], q._levels - 1), rec[0])
         tail = mq[L.I_TAIL]
         for lv in range(q._levels):
-            mq[_I_LEVEL_POS + lv] = firsts.get(lv, tail)
+            ring.level_at(mq, lv, firsts.get(lv, tail))
     if expired and not dead:
         ring.advance_head(mq, q._cap, q._base)
     return out, dead
@@ -247,9 +235,9 @@ def _first_ready(q, level, start, head, tail):
     top = q._levels - 1
     for pos, w in ring.records(mq, q._cap, q._base, max(start, head), tail):
         if mq[w] & 0xFF == _READY and min((mq[w + _R_FLAGS] >> 32) & 0xFF, top) == level:
-            mq[_I_LEVEL_POS + level] = pos
+            ring.level_at(mq, level, pos)
             return pos, w
-    mq[_I_LEVEL_POS + level] = tail
+    ring.level_at(mq, level, tail)
     return None
 
 
@@ -305,13 +293,7 @@ def take_leveled(q, maxn, slot, until, now, wall, max_bytes=None):
         cur[lv] = _first_ready(q, lv, pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF), head, tail)
     n = len(out) + len(dead)
     if n:
-        mq[L.I_READY] -= n
-        mq[L.I_INFLIGHT] += n
-        mq[L.I_EXPIRED_TOTAL] += len(dead)
-        if redelivered:
-            mq[L.proc_word(slot, L.P_REDELIVERED)] += redelivered
-        if until < mq[L.I_NEXT_DEADLINE]:
-            mq[L.I_NEXT_DEADLINE] = until
+        ring.taken(mq, n, n, len(dead), slot, redelivered, until)
     return out, dead
 
 

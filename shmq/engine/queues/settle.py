@@ -16,15 +16,13 @@ from ..shm import cpaths
 from . import deadletter
 from ..shm import ring, waits
 from ..shm import layout as L
-from ..shm.layout import I_DEAD_TOTAL, I_DELETED, I_HEAD, I_INFLIGHT, I_NEXT_DEADLINE, I_TAIL
+from ..shm.layout import I_DEAD_TOTAL, I_DELETED, I_HEAD, I_TAIL
 from ..shm.mutex import unlock as _unlock
 from .delivery import Delivery
 
 __all__ = ["Settling"]
 
 _mono = time.monotonic_ns
-_ACKED = L.ACKED
-_R_DEADLINE = L.R_DEADLINE
 _CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
 _encode_ack_entry = dmsq.encode_ack_entry
 _seconds_ns = waits.seconds_ns
@@ -84,9 +82,7 @@ class Settling:
                 raise self._expired(d)
             if self._logged:
                 self.wal.append(_encode_ack_entry(d.id, d.attempt), grows=False)
-            mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
-            mq[I_INFLIGHT] -= 1
-            mq[_proc_word(self._my_slot(), _P_ACKED)] += 1
+            ring.ack(mq, w, self._my_slot())
             post = (pos == head or pos % cap == 0) and ring.freed_at(mq, cap, self._base, pos, head)
         finally:
             _unlock(lp)
@@ -265,15 +261,14 @@ class Settling:
             head = mq[I_HEAD]
             if self._logged and live:
                 self.wal.append(b"".join(_encode_ack_entry(d.id, d.attempt) for d, _w in live), grows=False)
-            for d, w in live:
-                mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
+            for d, _w in live:
                 pos = d._pos
                 if pos == head or (pos % cap == 0 and pos - head < cap):  # first after head (or a pad)
                     freed = True
+                    break
             done = len(live)
-            mq[I_INFLIGHT] -= done
-            if counted:
-                mq[I_DEAD_TOTAL if dead_lettered else _proc_word(self._my_slot(), _P_ACKED)] += done
+            ring.ack_many(mq, [w for _d, w in live], None if not counted else I_DEAD_TOTAL if dead_lettered
+                          else _proc_word(self._my_slot(), _P_ACKED))
             if freed and ring.advance_head(mq, cap, self._base):
                 post = waits.owed_posts(mq, _PRODUCERS, 1)
         finally:
@@ -293,8 +288,6 @@ class Settling:
             w = self._leased_word(d)
             if w < 0:
                 raise self._expired(d)
-            mq[w + _R_DEADLINE] = until
-            if until < mq[I_NEXT_DEADLINE]:
-                mq[I_NEXT_DEADLINE] = until
+            ring.extend(mq, w, until)
         finally:
             _unlock(self._lockp)

@@ -14,8 +14,11 @@ import os
 from . import layout as L
 from . import waits
 
-__all__ = ["records", "copy_used", "copied_records", "place", "write_record", "leased_word", "make_ready", "unlease", "wake",
-           "advance_head", "freed_at", "next_ready", "append_end", "commit", "commit_fills", "window", "early_wrap", "spill_start",
+__all__ = ["records", "copy_used", "copied_records", "place", "write_record", "leased_word", "make_ready", "unlease",
+           "wake", "lease", "taken", "lease_delayed", "drop", "ack", "ack_many", "extend", "next_deadline", "cursors",
+           "level_at", "limit_room", "take_next", "took", "spent", "advance_head", "freed_at", "next_ready",
+           "append_end", "commit", "commit_delayed", "mark_special", "stamp", "placed_fills", "end_fill", "wrap_at",
+           "set_room", "new_lap", "commit_import", "purge", "commit_fills", "window", "early_wrap", "spill_start",
            "fits", "write_pad", "bytes_used", "suspect_fill", "void_fill", "recount", "recount_fills"]
 
 _REC = L.REC_SIZE
@@ -25,6 +28,7 @@ R_LENGTH, R_MSG_ID, R_DEADLINE = L.R_LENGTH, L.R_MSG_ID, L.R_DEADLINE
 I_HEAD, I_TAIL, I_FRONTIER, I_READY_POS = L.I_HEAD, L.I_TAIL, L.I_FRONTIER, L.I_READY_POS
 I_READY, I_REQUEUED, I_FILL = L.I_READY, L.I_REQUEUED, L.I_FILL
 I_NEXT_ID, I_CWAIT = L.I_NEXT_ID, L.I_CWAIT
+_GROW_DUE = L.mem_words(L.MEM_OFF)["grow_due"]
 _CONSUMERS = waits.CONSUMERS
 _owed_posts = waits.owed_posts
 
@@ -145,6 +149,144 @@ def wake(mq, w, pos) -> None:
     mq[L.I_DELAYED] -= 1
     make_ready(mq, w, pos)
 
+def lease(mq, w, lease_word, until, attempt) -> None:
+    """Lease the record at ``w``: its deadline ``until``, then its status word (``lease_word``:
+    LEASED and the holder's slot, with ``attempt``), the commit. Lock held."""
+    mq[w + R_DEADLINE] = until
+    mq[w] = lease_word | (attempt << 32)  # commit
+
+
+def taken(mq, ready, leased, expired, slot, redelivered, until) -> None:
+    """A take's counts: ``ready`` records fewer ready, ``leased`` more in flight (leased to
+    ``slot`` till ``until``), ``expired`` of them counted expired, ``redelivered`` counted
+    to the slot's row. Lock held."""
+    mq[I_READY] -= ready
+    mq[L.I_INFLIGHT] += leased
+    if expired:
+        mq[L.I_EXPIRED_TOTAL] += expired
+    if redelivered:
+        mq[L.proc_word(slot, L.P_REDELIVERED)] += redelivered
+    if leased and until < mq[L.I_NEXT_DEADLINE]:
+        mq[L.I_NEXT_DEADLINE] = until
+
+
+def lease_delayed(mq) -> None:
+    """A DELAYED record is being leased (``lease``): one delayed fewer, one more in flight."""
+    mq[L.I_DELAYED] -= 1
+    mq[L.I_INFLIGHT] += 1
+
+
+def drop(mq, w) -> None:
+    """The record at ``w`` is done with (ACKED: the head's reclaim passes it), uncounted:
+    the caller counts it. Lock held."""
+    mq[w] = (mq[w] & ~0xFF) | _ACKED
+
+
+def ack(mq, w, slot) -> None:
+    """Ack the leased record at ``w``: the status store is the commit; one fewer in flight,
+    one more acked by the process of row ``slot``. Lock held (``_fast.c``'s ``ack`` is its twin)."""
+    mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
+    mq[L.I_INFLIGHT] -= 1
+    mq[L.proc_word(slot, L.P_ACKED)] += 1
+
+
+def ack_many(mq, words, counter) -> None:
+    """Ack the leased records at ``words``; counted acked in word ``counter`` (a process row's
+    ``P_ACKED``, or ``I_DEAD_TOTAL`` for those dead-lettered; None: counted already). Lock held."""
+    for w in words:
+        mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
+    mq[L.I_INFLIGHT] -= len(words)
+    if counter is not None:
+        mq[counter] += len(words)
+
+
+def extend(mq, w, until) -> None:
+    """The lease of the record at ``w`` runs till ``until`` now. Lock held."""
+    mq[w + R_DEADLINE] = until
+    if until < mq[L.I_NEXT_DEADLINE]:
+        mq[L.I_NEXT_DEADLINE] = until
+
+
+def next_deadline(mq, until, lower_only=True) -> None:
+    """The next lease or delay falls due at ``until`` (``lower_only``: if sooner than the word
+    says; else exactly then: housekeeping's walk found every deadline). Lock held."""
+    if not lower_only or until < mq[L.I_NEXT_DEADLINE]:
+        mq[L.I_NEXT_DEADLINE] = until
+
+
+def cursors(mq, frontier, requeued=None, ready_pos=None, next_ttl=None, special=None) -> None:
+    """The plain takes' cursors after a general take's walk: with only ``frontier``, a part of
+    the ring was walked (the frontier only rises, to cover the leases); with the rest, the
+    whole (each exact). Lock held."""
+    if requeued is None:
+        if frontier > mq[I_FRONTIER]:
+            mq[I_FRONTIER] = frontier
+        return
+    mq[I_FRONTIER] = frontier
+    mq[I_REQUEUED] = requeued
+    mq[I_READY_POS] = ready_pos
+    mq[L.I_NEXT_TTL] = next_ttl
+    mq[L.I_SPECIAL] = special
+
+
+def level_at(mq, level, pos) -> None:
+    """Priority ``level``'s first ready record is at ``pos`` or after (the leveled take's pointer)."""
+    mq[L.I_LEVEL_POS + level] = pos
+
+
+def limit_room(mq, room) -> None:
+    """The puts' room ends at ``room`` at most (memory given back past it). Lock held."""
+    if room < mq[L.I_ROOM]:
+        mq[L.I_ROOM] = room
+
+
+def take_next(mq, w, end, slot, attempt, until, ready, inflight, next_deadline) -> None:
+    """The plain take of the record at the frontier (word ``w``, ending at ``end``): leased
+    to ``slot`` till ``until`` (0: auto-acked, counted acked at once), the frontier past it.
+    ``ready``, ``inflight``, ``next_deadline``: those words as the caller read them in this
+    hold of the lock. Lock held (``_fast.c``'s ``take_locked`` is its twin)."""
+    if until:
+        mq[w + R_DEADLINE] = until
+        mq[w] = _LEASED | (slot << 8) | (attempt << 32)  # commit
+        mq[I_FRONTIER] = end  # (ready_pos means nothing while requeued == 0)
+        mq[I_READY] = ready - 1
+        mq[L.I_INFLIGHT] = inflight + 1
+        if until < next_deadline:
+            mq[L.I_NEXT_DEADLINE] = until
+    else:
+        mq[w] = _ACKED | (slot << 8) | (attempt << 32)  # commit
+        mq[I_FRONTIER] = end
+        mq[I_READY] = ready - 1
+        mq[L.proc_word(slot, L.P_ACKED)] += 1
+    if attempt > 1:
+        mq[L.proc_word(slot, L.P_REDELIVERED)] += 1
+
+
+def took(mq, frontier, requeued, ready_pos, ready, leased, expired, slot, redelivered, until) -> None:
+    """A plain batch take's cursors and counts (each record ``lease``d by then): the
+    frontier, the requeued records left below it from ``ready_pos``, ``ready`` left,
+    ``leased`` more in flight till ``until`` (``expired`` of them only to expire), and
+    ``redelivered`` counted to row ``slot``. Lock held."""
+    mq[I_FRONTIER] = frontier
+    mq[I_READY_POS] = ready_pos if requeued else frontier
+    mq[I_REQUEUED] = requeued
+    mq[I_READY] = ready
+    mq[L.I_INFLIGHT] += leased
+    if expired:
+        mq[L.I_EXPIRED_TOTAL] += expired
+    if redelivered:
+        mq[L.proc_word(slot, L.P_REDELIVERED)] += redelivered
+    if leased and until < mq[L.I_NEXT_DEADLINE]:
+        mq[L.I_NEXT_DEADLINE] = until
+
+
+def spent(mq, w, slot, until, attempt) -> None:
+    """A record just taken past ``max_deliveries`` is leased to ``slot`` only to be
+    dead-lettered: its attempt as it was (``attempt``), not counted redelivered. Lock held."""
+    lease(mq, w, _LEASED | (slot << 8), until, attempt)
+    mq[L.proc_word(slot, L.P_REDELIVERED)] -= 1
+
+
 def advance_head(mq, cap, base):
     """Reclaim settled records and pads at the head. Returns True if it moved."""
     start = head = mq[I_HEAD]
@@ -207,6 +349,111 @@ def commit(mq, end, next_id, ready) -> int:
         return 0
     mq[I_READY] += ready
     return _owed_posts(mq, _CONSUMERS, ready) if mq[I_CWAIT] else 0
+
+
+def commit_delayed(mq, end, next_id, n, due) -> None:
+    """``commit`` of ``n`` records DELAYED till ``due`` (monotonic ns): not ready, counted
+    delayed, the next deadline lowered to theirs. Lock held."""
+    commit(mq, end, next_id, 0)
+    mq[L.I_DELAYED] += n
+    if due < mq[L.I_NEXT_DEADLINE]:
+        mq[L.I_NEXT_DEADLINE] = due
+
+
+def mark_special(mq, bits, expires) -> None:
+    """Records about to be committed need the general take (``I_SPECIAL``'s ``bits``: 1, a
+    walk; 2, a due time), and the first of them expires at ``expires`` (wall ns; 0: none).
+    Lock held."""
+    if bits:
+        mq[L.I_SPECIAL] |= bits
+    if expires and expires < mq[L.I_NEXT_TTL]:
+        mq[L.I_NEXT_TTL] = expires
+
+
+def stamp(mq, w, enq_ns) -> None:
+    """The put time of the record at ``w`` (placed, not committed yet)."""
+    mq[w + L.R_ENQ] = enq_ns
+
+
+def placed_fills(mq, next_id, end) -> None:
+    """Records were placed past the tail up to ``end`` (a fill begun, or items after fills
+    not done yet), ids handed out up to ``next_id``: the tail moves over them as the fills
+    before them end (``commit_fills``). Lock held."""
+    mq[L.I_NEXT_ID] = next_id
+    mq[I_FILL] = end
+
+
+def end_fill(mq, w, enq_ns) -> None:
+    """The fill at ``w`` is done: READY, put at ``enq_ns``; ``commit_fills`` follows. Lock held."""
+    mq[w + L.R_ENQ] = enq_ns
+    mq[w] = _READY
+
+
+def wrap_at(mq, tail) -> None:
+    """The puts wrapped early at ``tail`` (``early_wrap``): a stale word is harmless, ``fits``
+    and ``spill_start`` check it. Lock held."""
+    mq[L.I_WRAP] = tail
+
+
+def set_room(mq, room, grow_due=False) -> None:
+    """The puts' room (the fast paths' one compare) ends at ``room``; ``grow_due``: an append
+    allocates the next chunks ahead, outside the lock. Lock held."""
+    if grow_due:
+        mq[_GROW_DUE] = 1
+    mq[L.I_ROOM] = room
+
+
+def new_lap(mq, tail, cap) -> int:
+    """Move an empty ring's cursors from ``tail`` to the start of the next lap, or to 0 past
+    ``POS_LIMIT``; returns the new tail. A death midway leaves head above tail, which the
+    repair settles (``recount``: the tail goes to the head). Lock held."""
+    mq[I_FILL] = 0  # (none under way: an empty queue; a word a death left stale goes)
+    if tail >= L.POS_LIMIT:
+        mq[L.I_ROOM] = 0  # (nothing known allocated from there yet)
+        mq[I_TAIL] = 0  # the tail first: a repair then takes the tail back to the head
+        mq[I_HEAD] = mq[I_FRONTIER] = mq[I_READY_POS] = 0
+        for lv in range(L.MAX_PRIORITIES):
+            mq[L.I_LEVEL_POS + lv] = 0
+        return 0
+    new = tail + (cap - tail % cap) % cap
+    mq[I_HEAD] = new  # the head first: a repair then takes the tail to it
+    mq[I_FRONTIER] = mq[I_READY_POS] = mq[I_TAIL] = new
+    return new
+
+
+def commit_import(mq, end, next_id, ready, delayed, special, first_due) -> int:
+    """``commit`` for restored records (a snapshot's import): ``delayed`` of them not due
+    yet (the first at ``first_due``, monotonic ns), ``special`` the kinds of extension
+    they carry (``I_SPECIAL``'s bits: the general take recomputes the cursors, and a sweep
+    looks for expired ones soon). Returns the posts owed. Lock held."""
+    if special:
+        mq[L.I_SPECIAL] |= special
+        mq[L.I_NEXT_TTL] = 0
+    if first_due < mq[L.I_NEXT_DEADLINE]:
+        mq[L.I_NEXT_DEADLINE] = first_due
+    if delayed and mq[I_FRONTIER] < end:
+        mq[I_FRONTIER] = end
+    post = commit(mq, end, next_id, ready)
+    mq[L.I_DELAYED] += delayed
+    return post
+
+
+def purge(mq, cap, base, words, tail) -> bool:
+    """Drop the READY (and DELAYED) records at ``words`` (their word indices): each ACKED,
+    counted purged; nothing is ready up to ``tail`` after. Returns whether a sleeping
+    producer is owed a post (counted as posted) for the room freed. Lock held."""
+    for w in words:
+        if mq[w] & 0xFF == L.DELAYED:
+            mq[L.I_DELAYED] -= 1
+        mq[w] = (mq[w] & ~0xFF) | _ACKED
+    mq[I_READY] = 0
+    mq[I_REQUEUED] = 0
+    mq[I_FRONTIER] = mq[I_READY_POS] = tail
+    mq[L.I_PURGED_TOTAL] += len(words)
+    post = advance_head(mq, cap, base) and mq[L.I_PWAIT] > mq[L.I_PPOSTED]
+    if post:
+        mq[L.I_PPOSTED] += 1
+    return post
 
 
 def commit_fills(mq, cap, base) -> int:

@@ -29,9 +29,9 @@ from typing import NamedTuple
 from ...formats import dmsq
 from ...errors import MessageTooLarge, OffsetOutOfRange, ShmqError, StorageError, StreamNotFound
 from ..shm import layout as L
-from ..shm import plog, ring
+from ..shm import header, plog, ring
 from .paths import chosen as _chosen_paths
-from ..shm.mutex import RobustMutex, acquire, init_mutex
+from ..shm.mutex import RobustMutex, acquire
 from ..shm.mutex import unlock as _unlock
 from ..shm.memory import Memory, arc, pinned_bytes
 from ..shm.names import partition_segment
@@ -83,12 +83,8 @@ def create_partition(stream_base: str, index: int, max_bytes: int, max_message_b
     try:
         mm = seg._mmap
         Memory.mark_pinned(mm, L.PART_MEM_OFF, pinned)
-        L.PART_STATIC.pack_into(mm, 0, b"\0\0\0\0", L.STREAM_VERSION, 0, max_bytes, max_message_bytes,
-                                L.index_slots(max_bytes), L.part_data_offset(max_bytes), created_ns)
-        anchor = ctypes.c_char.from_buffer(mm, L.PART_MUTEX_OFF)
-        init_mutex(ctypes.addressof(anchor))
-        del anchor
-        mm[0:4] = L.PART_MAGIC
+        header.init_partition(mm, (L.STREAM_VERSION, 0, max_bytes, max_message_bytes, L.index_slots(max_bytes),
+                                   L.part_data_offset(max_bytes), created_ns))
     finally:
         seg.close()
 

@@ -149,7 +149,7 @@ class Stream:
     def _restore_created(self, created_ns: int) -> None:
         """A stream rebuilt from its files keeps the creation time they carry (which tells
         its files from those of a deleted stream of the same name)."""
-        L.WORD.pack_into(self._mm, L.STREAM_CREATED_OFF, created_ns)
+        header.set_created(self._mm, created_ns)
         self.created_at = created_ns / 1e9
 
     @property
