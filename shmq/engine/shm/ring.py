@@ -270,14 +270,7 @@ def took(mq, frontier, requeued, ready_pos, ready, leased, expired, slot, redeli
     mq[I_FRONTIER] = frontier
     mq[I_READY_POS] = ready_pos if requeued else frontier
     mq[I_REQUEUED] = requeued
-    mq[I_READY] = ready
-    mq[L.I_INFLIGHT] += leased
-    if expired:
-        mq[L.I_EXPIRED_TOTAL] += expired
-    if redelivered:
-        mq[L.proc_word(slot, L.P_REDELIVERED)] += redelivered
-    if leased and until < mq[L.I_NEXT_DEADLINE]:
-        mq[L.I_NEXT_DEADLINE] = until
+    taken(mq, mq[I_READY] - ready, leased, expired, slot, redelivered, until)
 
 
 def spent(mq, w, slot, until, attempt) -> None:
