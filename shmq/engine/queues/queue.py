@@ -5,7 +5,8 @@ Strategy: a queue is one segment — a static header, a robust mutex, a control 
 64-bit words, a table of attached processes, and a ring of records (``layout``) — plus
 two POSIX semaphores that wake sleepers (not_empty, not_full; ``waits``). Every
 operation takes the mutex, reads the control block, changes records and control words
-(``ring``), and releases the mutex; semaphores only say "look again": the control block
+through ``ring`` (the one writer of them: no module of the queue wing stores a word),
+and releases the mutex; semaphores only say "look again": the control block
 is the truth, and every wait is timed and re-checks it.
 
 Crash safety rests on three rules (docs/DESIGN.md walks through each crash):
