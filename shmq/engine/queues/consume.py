@@ -16,8 +16,7 @@ from ..shm import cpaths
 from . import deadletter, extension, housekeeping, lifetime, scheduling
 from ..shm import header, ring, waits
 from ..shm import layout as L
-from ..shm.layout import (I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_READY_POS,
-                          I_REQUEUED, I_SPECIAL, I_TAIL)
+from ..shm.layout import I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_SPECIAL, I_TAIL
 from .delivery import Delivery, Message
 from ...model.headers import decode_headers
 from ...model.keepalive import _live as _kept_alive
@@ -33,15 +32,14 @@ _mono = time.monotonic_ns
 _wall = time.time_ns
 _REC = L.REC_SIZE
 _REC_UNPACK = L.REC.unpack_from
-_lease, _take_next = ring.lease, ring.take_next
+_take_next = ring.take_next
 _HOT_UNPACK = L.HOT.unpack_from
 _HOT_OFF = L.HOT_OFF
 assert L.HOT_FIELDS == ("deleted", "tail", "next_id", "pwait", "pposted", "settings_gen", "bells", "room", "head", "frontier",
                         "ready_pos", "requeued", "in_flight", "delayed", "next_deadline", "next_liveness", "ready",
                         "cwait", "cposted"), "the plain take below unpacks the control words in this order"
-_READY, _LEASED, _PAD = L.READY, L.LEASED, L.PAD
+_READY, _LEASED = L.READY, L.LEASED
 _R_MSG_ID = L.R_MSG_ID
-_TTL = L.FLAG_TTL
 _expiry = extension.expiry
 _CONSUMERS = waits.CONSUMERS
 _encode_ack_entry = dmsq.encode_ack_entry
@@ -503,71 +501,8 @@ class Consuming:
                 if expired:
                     dead = expired
             if ready:
-                ttl = self._ttl_ns
-                wall = _wall()
-                dead = []
-                lease = _LEASED | (self._my_slot() << 8)
-                until = now + vis_ns
-                maxdel = self.max_deliveries
-                requeued, frontier, tail, ready_pos = mq[I_REQUEUED], mq[I_FRONTIER], mq[I_TAIL], mq[I_READY_POS]
-                taken = redelivered = nexpired = 0
-                append = out.append
-                ndead = 0
-                budget = max_bytes
-                while ready and len(out) - ndead < maxn:
-                    if requeued:
-                        pos = ring.next_ready(mq, cap, base, ready_pos, frontier)
-                        if pos < 0:  # the count was stale: none left below the frontier
-                            requeued = 0
-                            ready_pos = frontier
-                            continue
-                        requeued -= 1
-                        a = base + pos % cap
-                        status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
-                        ready_pos = pos + length if requeued else frontier
-                    else:
-                        if frontier >= tail:
-                            break
-                        pos = frontier
-                        off = pos % cap
-                        if cap - off < _REC:  # implicit pad to the end of the lap
-                            frontier += cap - off
-                            continue
-                        a = base + off
-                        status, length, bl, hl, _f, msg_id, _e, _d = _REC_UNPACK(mm, a)
-                        frontier = pos + length
-                        if status & 0xFF == _PAD:
-                            continue
-                    if (_f & _TTL or ttl) and 0 < _expiry(mm, a, _f, _e, ttl) <= wall:
-                        attempt = status >> 32  # leased to us only to expire (dead-letter or drop)
-                        _lease(mq, a >> 3, lease, until, attempt)
-                        ready -= 1
-                        taken += 1
-                        nexpired += 1
-                        a += _REC
-                        dead.append((pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None, _e))
-                        continue
-                    if budget is not None:
-                        if out and bl + hl > budget:
-                            if pos < frontier:  # a requeued one: leave it for the next take, as it was
-                                requeued += 1
-                                ready_pos = pos
-                            else:
-                                frontier = pos
-                            break
-                        budget -= bl + hl
-                    attempt = (status >> 32) + 1
-                    _lease(mq, a >> 3, lease, until, attempt)
-                    ready -= 1
-                    taken += 1
-                    if attempt > 1:
-                        redelivered += 1
-                        if maxdel is not None and attempt > maxdel:
-                            ndead += 1  # leased to us only to be dead-lettered below
-                    a += _REC
-                    append((pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None, _e))
-                ring.took(mq, frontier, requeued, ready_pos, ready, taken, nexpired, self._my_slot(), redelivered,
-                          until)
+                out, dead = ring.take_batch(mm, mq, cap, base, ready, maxn, self._my_slot(), now + vis_ns,
+                                            self.max_deliveries, max_bytes, self._ttl_ns, _wall(), _expiry)
             if out and self.max_deliveries is not None:
                 out = self._past_max_deliveries(out, spent, now)
             if not out and not dead and not spent and register:  # nothing taken at all: this process sleeps next

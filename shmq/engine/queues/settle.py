@@ -25,6 +25,7 @@ __all__ = ["Settling"]
 _mono = time.monotonic_ns
 _CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
 _encode_ack_entry = dmsq.encode_ack_entry
+_word_leased, _ack = ring.leased_word, ring.ack
 _seconds_ns = waits.seconds_ns
 _F_OWNERDEAD, _F_EXPIRED, _F_DELETED = cpaths.OWNERDEAD, cpaths.EXPIRED, cpaths.DELETED
 _proc_word, _P_ACKED = L.proc_word, L.P_ACKED
@@ -77,12 +78,13 @@ class Settling:
             if mq[I_DELETED]:
                 raise self._gone()
             head = mq[I_HEAD]
-            w = ring.leased_word(mq, self._base, cap, pos, d.attempt, d.id, head, mq[I_TAIL], _mono())
+            w = _word_leased(mq, self._base, cap, pos, d.attempt, d.id, head, mq[I_TAIL], _mono())
             if w < 0:
                 raise self._expired(d)
             if self._logged:
                 self.wal.append(_encode_ack_entry(d.id, d.attempt), grows=False)
-            ring.ack(mq, w, self._my_slot())
+            slot = self._slot
+            _ack(mq, w, slot if slot >= 0 else self._my_slot())
             post = (pos == head or pos % cap == 0) and ring.freed_at(mq, cap, self._base, pos, head)
         finally:
             _unlock(lp)

@@ -13,8 +13,9 @@ import struct
 from . import layout as L
 from .mutex import init_mutex
 
-__all__ = ["init_queue", "init_stream", "init_partition", "set_created", "set_deleted", "consumer_added", "consumer_removed", "used", "set_expires", "store_settings",
-           "settings_moved", "dead_letter_queue", "liveness_due", "turn", "store_fields", "W_VIS", "W_MAXDEL", "W_SETTINGS_GEN"]
+__all__ = ["init_queue", "init_stream", "init_partition", "set_created", "set_deleted", "consumer_added",
+           "consumer_removed", "used", "set_expires", "store_settings", "settings_moved", "dead_letter_queue",
+           "liveness_due", "turn", "store_fields", "W_VIS", "W_MAXDEL", "W_SETTINGS_GEN"]
 
 # where a queue's changeable settings are in the header (``layout``'s structs): words, and the
 # dead-letter queue's name (a u16 length, then the bytes)

@@ -16,10 +16,11 @@ from . import waits
 
 __all__ = ["records", "copy_used", "copied_records", "place", "write_record", "leased_word", "make_ready", "unlease",
            "wake", "lease", "taken", "lease_delayed", "drop", "ack", "ack_many", "extend", "next_deadline", "cursors",
-           "level_at", "limit_room", "take_next", "took", "spent", "advance_head", "freed_at", "next_ready",
-           "append_end", "commit", "commit_delayed", "mark_special", "stamp", "placed_fills", "end_fill", "wrap_at",
-           "set_room", "new_lap", "commit_import", "purge", "commit_fills", "window", "early_wrap", "spill_start",
-           "fits", "write_pad", "bytes_used", "suspect_fill", "void_fill", "recount", "recount_fills"]
+           "level_at", "limit_room", "take_next", "take_batch", "took", "spent", "advance_head", "freed_at",
+           "next_ready", "append_end", "commit", "commit_delayed", "mark_special", "stamp", "placed_fills",
+           "end_fill", "wrap_at", "set_room", "new_lap", "commit_import", "purge", "commit_fills", "window",
+           "early_wrap", "spill_start", "fits", "write_pad", "bytes_used", "suspect_fill", "void_fill", "recount",
+           "recount_fills"]
 
 _REC = L.REC_SIZE
 _PACK = L.REC.pack_into
@@ -28,6 +29,9 @@ R_LENGTH, R_MSG_ID, R_DEADLINE = L.R_LENGTH, L.R_MSG_ID, L.R_DEADLINE
 I_HEAD, I_TAIL, I_FRONTIER, I_READY_POS = L.I_HEAD, L.I_TAIL, L.I_FRONTIER, L.I_READY_POS
 I_READY, I_REQUEUED, I_FILL = L.I_READY, L.I_REQUEUED, L.I_FILL
 I_NEXT_ID, I_CWAIT = L.I_NEXT_ID, L.I_CWAIT
+I_INFLIGHT, I_NEXT_DEADLINE, I_EXPIRED_TOTAL = L.I_INFLIGHT, L.I_NEXT_DEADLINE, L.I_EXPIRED_TOTAL
+_proc_word, _P_ACKED, _P_REDELIVERED = L.proc_word, L.P_ACKED, L.P_REDELIVERED
+_UNPACK, _FLAG_TTL = L.REC.unpack_from, L.FLAG_TTL
 _GROW_DUE = L.mem_words(L.MEM_OFF)["grow_due"]
 _CONSUMERS = waits.CONSUMERS
 _owed_posts = waits.owed_posts
@@ -132,13 +136,13 @@ def unlease(mq, w, pos, until=0, attempt=None) -> int:
     in-flight: READY again (``make_ready``: its attempt count kept, or ``attempt``), or with
     ``until`` (monotonic ns) DELAYED till then, the next deadline lowered to it. Returns 1
     when it became ready (its post is owed by the caller), else 0. Lock held."""
-    mq[L.I_INFLIGHT] -= 1
+    mq[I_INFLIGHT] -= 1
     if until:
         mq[w + R_DEADLINE] = until
         mq[w] = L.status_word(L.DELAYED, L.NO_HOLDER, mq[w] >> 32)  # commit
         mq[L.I_DELAYED] += 1
-        if until < mq[L.I_NEXT_DEADLINE]:
-            mq[L.I_NEXT_DEADLINE] = until
+        if until < mq[I_NEXT_DEADLINE]:
+            mq[I_NEXT_DEADLINE] = until
         return 0
     make_ready(mq, w, pos, attempt)
     return 1
@@ -161,19 +165,19 @@ def taken(mq, ready, leased, expired, slot, redelivered, until) -> None:
     ``slot`` till ``until``), ``expired`` of them counted expired, ``redelivered`` counted
     to the slot's row. Lock held."""
     mq[I_READY] -= ready
-    mq[L.I_INFLIGHT] += leased
+    mq[I_INFLIGHT] += leased
     if expired:
-        mq[L.I_EXPIRED_TOTAL] += expired
+        mq[I_EXPIRED_TOTAL] += expired
     if redelivered:
-        mq[L.proc_word(slot, L.P_REDELIVERED)] += redelivered
-    if leased and until < mq[L.I_NEXT_DEADLINE]:
-        mq[L.I_NEXT_DEADLINE] = until
+        mq[_proc_word(slot, _P_REDELIVERED)] += redelivered
+    if leased and until < mq[I_NEXT_DEADLINE]:
+        mq[I_NEXT_DEADLINE] = until
 
 
 def lease_delayed(mq) -> None:
     """A DELAYED record is being leased (``lease``): one delayed fewer, one more in flight."""
     mq[L.I_DELAYED] -= 1
-    mq[L.I_INFLIGHT] += 1
+    mq[I_INFLIGHT] += 1
 
 
 def drop(mq, w) -> None:
@@ -186,8 +190,8 @@ def ack(mq, w, slot) -> None:
     """Ack the leased record at ``w``: the status store is the commit; one fewer in flight,
     one more acked by the process of row ``slot``. Lock held (``_fast.c``'s ``ack`` is its twin)."""
     mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
-    mq[L.I_INFLIGHT] -= 1
-    mq[L.proc_word(slot, L.P_ACKED)] += 1
+    mq[I_INFLIGHT] -= 1
+    mq[_proc_word(slot, _P_ACKED)] += 1
 
 
 def ack_many(mq, words, counter) -> None:
@@ -195,7 +199,7 @@ def ack_many(mq, words, counter) -> None:
     ``P_ACKED``, or ``I_DEAD_TOTAL`` for those dead-lettered; None: counted already). Lock held."""
     for w in words:
         mq[w] = (mq[w] & ~0xFF) | _ACKED  # commit
-    mq[L.I_INFLIGHT] -= len(words)
+    mq[I_INFLIGHT] -= len(words)
     if counter is not None:
         mq[counter] += len(words)
 
@@ -203,15 +207,15 @@ def ack_many(mq, words, counter) -> None:
 def extend(mq, w, until) -> None:
     """The lease of the record at ``w`` runs till ``until`` now. Lock held."""
     mq[w + R_DEADLINE] = until
-    if until < mq[L.I_NEXT_DEADLINE]:
-        mq[L.I_NEXT_DEADLINE] = until
+    if until < mq[I_NEXT_DEADLINE]:
+        mq[I_NEXT_DEADLINE] = until
 
 
 def next_deadline(mq, until, lower_only=True) -> None:
     """The next lease or delay falls due at ``until`` (``lower_only``: if sooner than the word
     says; else exactly then: housekeeping's walk found every deadline). Lock held."""
-    if not lower_only or until < mq[L.I_NEXT_DEADLINE]:
-        mq[L.I_NEXT_DEADLINE] = until
+    if not lower_only or until < mq[I_NEXT_DEADLINE]:
+        mq[I_NEXT_DEADLINE] = until
 
 
 def cursors(mq, frontier, requeued=None, ready_pos=None, next_ttl=None, special=None) -> None:
@@ -250,16 +254,90 @@ def take_next(mq, w, end, slot, attempt, until, ready, inflight, next_deadline) 
         mq[w] = _LEASED | (slot << 8) | (attempt << 32)  # commit
         mq[I_FRONTIER] = end  # (ready_pos means nothing while requeued == 0)
         mq[I_READY] = ready - 1
-        mq[L.I_INFLIGHT] = inflight + 1
+        mq[I_INFLIGHT] = inflight + 1
         if until < next_deadline:
-            mq[L.I_NEXT_DEADLINE] = until
+            mq[I_NEXT_DEADLINE] = until
     else:
         mq[w] = _ACKED | (slot << 8) | (attempt << 32)  # commit
         mq[I_FRONTIER] = end
         mq[I_READY] = ready - 1
-        mq[L.proc_word(slot, L.P_ACKED)] += 1
+        mq[_proc_word(slot, _P_ACKED)] += 1
     if attempt > 1:
-        mq[L.proc_word(slot, L.P_REDELIVERED)] += 1
+        mq[_proc_word(slot, _P_REDELIVERED)] += 1
+
+
+def take_batch(mm, mq, cap, base, ready, maxn, slot, until, maxdel, budget, ttl, wall, expiry):
+    """The plain batch take (a FIFO ring, no special records; ``ready`` of them): up to
+    ``maxn`` records, the requeued ones below the frontier first, then the frontier on, each
+    leased to ``slot`` till ``until``; within ``budget`` bytes of bodies and headers (None:
+    any, the first always); one past ``maxdel`` deliveries is taken on top (leased only to
+    be dead-lettered by the caller); one expired (``expiry(mm, a, flags, enq, ttl)`` at or
+    before ``wall``) is leased only to expire. Returns (taken, expired): ``Delivery`` tuples
+    (pos, id, attempt, body, header bytes or None, enqueued ns). The cursors and counts are
+    ``took``'s. Lock held (``_fast.c``'s ``take_many_core`` is its twin)."""
+    lease_word = _LEASED | (slot << 8)
+    requeued, frontier, tail, ready_pos = mq[I_REQUEUED], mq[I_FRONTIER], mq[I_TAIL], mq[I_READY_POS]
+    out, dead = [], []
+    taken = redelivered = nexpired = ndead = 0
+    append = out.append
+    while ready and len(out) - ndead < maxn:
+        if requeued:
+            pos = next_ready(mq, cap, base, ready_pos, frontier)
+            if pos < 0:  # the count was stale: none left below the frontier
+                requeued = 0
+                ready_pos = frontier
+                continue
+            requeued -= 1
+            a = base + pos % cap
+            status, length, bl, hl, fl, msg_id, enq, _d = _UNPACK(mm, a)
+            ready_pos = pos + length if requeued else frontier
+        else:
+            if frontier >= tail:
+                break
+            pos = frontier
+            off = pos % cap
+            if cap - off < _REC:  # implicit pad to the end of the lap
+                frontier += cap - off
+                continue
+            a = base + off
+            status, length, bl, hl, fl, msg_id, enq, _d = _UNPACK(mm, a)
+            frontier = pos + length
+            if status & 0xFF == _PAD:
+                continue
+        if (fl & _FLAG_TTL or ttl) and 0 < expiry(mm, a, fl, enq, ttl) <= wall:
+            attempt = status >> 32  # leased to us only to expire (dead-letter or drop)
+            w = a >> 3
+            mq[w + R_DEADLINE] = until
+            mq[w] = lease_word | (attempt << 32)  # commit
+            ready -= 1
+            taken += 1
+            nexpired += 1
+            a += _REC
+            dead.append((pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None, enq))
+            continue
+        if budget is not None:
+            if out and bl + hl > budget:
+                if pos < frontier:  # a requeued one: leave it for the next take, as it was
+                    requeued += 1
+                    ready_pos = pos
+                else:
+                    frontier = pos
+                break
+            budget -= bl + hl
+        attempt = (status >> 32) + 1
+        w = a >> 3
+        mq[w + R_DEADLINE] = until
+        mq[w] = lease_word | (attempt << 32)  # commit
+        ready -= 1
+        taken += 1
+        if attempt > 1:
+            redelivered += 1
+            if maxdel is not None and attempt > maxdel:
+                ndead += 1  # leased to us only to be dead-lettered by the caller
+        a += _REC
+        append((pos, msg_id, attempt, mm[a + hl:a + hl + bl], mm[a:a + hl] if hl else None, enq))
+    took(mq, frontier, requeued, ready_pos, ready, taken, nexpired, slot, redelivered, until)
+    return out, dead
 
 
 def took(mq, frontier, requeued, ready_pos, ready, leased, expired, slot, redelivered, until) -> None:
@@ -277,7 +355,7 @@ def spent(mq, w, slot, until, attempt) -> None:
     """A record just taken past ``max_deliveries`` is leased to ``slot`` only to be
     dead-lettered: its attempt as it was (``attempt``), not counted redelivered. Lock held."""
     lease(mq, w, _LEASED | (slot << 8), until, attempt)
-    mq[L.proc_word(slot, L.P_REDELIVERED)] -= 1
+    mq[_proc_word(slot, _P_REDELIVERED)] -= 1
 
 
 def advance_head(mq, cap, base):
@@ -349,8 +427,8 @@ def commit_delayed(mq, end, next_id, n, due) -> None:
     delayed, the next deadline lowered to theirs. Lock held."""
     commit(mq, end, next_id, 0)
     mq[L.I_DELAYED] += n
-    if due < mq[L.I_NEXT_DEADLINE]:
-        mq[L.I_NEXT_DEADLINE] = due
+    if due < mq[I_NEXT_DEADLINE]:
+        mq[I_NEXT_DEADLINE] = due
 
 
 def mark_special(mq, bits, expires) -> None:
@@ -422,8 +500,8 @@ def commit_import(mq, end, next_id, ready, delayed, special, first_due) -> int:
     if special:
         mq[L.I_SPECIAL] |= special
         mq[L.I_NEXT_TTL] = 0
-    if first_due < mq[L.I_NEXT_DEADLINE]:
-        mq[L.I_NEXT_DEADLINE] = first_due
+    if first_due < mq[I_NEXT_DEADLINE]:
+        mq[I_NEXT_DEADLINE] = first_due
     if delayed and mq[I_FRONTIER] < end:
         mq[I_FRONTIER] = end
     post = commit(mq, end, next_id, ready)
@@ -551,7 +629,7 @@ def suspect_fill(mq, mm, cap, base, tail, now) -> bool:
         return False
     if now - mq[w + L.R_ENQ] > L.FILL_STALE_NS:
         return True
-    pid = mq[L.proc_word((s >> 8) & 0xFFFF, 0)]
+    pid = mq[_proc_word((s >> 8) & 0xFFFF, 0)]
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -629,9 +707,9 @@ def recount(mq, mm, cap, base, nslots, levels, id_step) -> int:
     mq[I_READY_POS] = first_ready if requeued else frontier
     mq[I_REQUEUED] = requeued
     mq[I_READY] = ready
-    mq[L.I_INFLIGHT] = inflight
+    mq[I_INFLIGHT] = inflight
     mq[L.I_DELAYED] = delayed
-    mq[L.I_NEXT_DEADLINE] = next_deadline
+    mq[I_NEXT_DEADLINE] = next_deadline
     mq[L.I_NEXT_LIVENESS] = 0
     mq[I_CWAIT] = mq[L.I_LANE_SLEEPERS] = cwait
     mq[L.I_BELLS] = bells
