@@ -1232,7 +1232,7 @@ static int put_many_core(char *seg, uint64_t base, uint64_t cap, Py_ssize_t n, c
 /* nack_many(seg, base, cap, [pos, attempt, msg_id, ...], now, slot)
  *   -> (nacked, consumer posts owed, [indices of those no longer leased]), or R_*: the
  *   immediate requeue (no delay, no retry policy) repeated under one lock hold, as
- *   ring.make_ready does it: ready again with the same attempt, before the frontier. */
+ *   takes.make_ready does it: ready again with the same attempt, before the frontier. */
 static PyObject *fast_nack_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t v[4], now;
     Py_ssize_t k;

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shmq.engine.shm import layout as L
-from shmq.engine.shm import ring
+from shmq.engine.shm import ring, takes
 
 BASE = 4096  # where the ring starts in the buffer (a segment's data offset is page-aligned)
 
@@ -75,13 +75,13 @@ def test_leased_word_checks_range_state_attempt_id_and_deadline():
     mq[w] = L.status_word(L.LEASED, 3, 2)
     mq[w + L.R_DEADLINE] = 1000
     args = (mq, BASE, 256, pos)
-    assert ring.leased_word(*args, 2, 9, 0, 64, 999) == w
-    assert ring.leased_word(*args, 2, 9, 0, 64, 1000) == -1  # lapsed at its deadline
-    assert ring.leased_word(*args, 1, 9, 0, 64, 0) == -1  # another attempt's lease
-    assert ring.leased_word(*args, 2, 8, 0, 64, 0) == -1  # another message
-    assert ring.leased_word(*args, 2, 9, 64, 64, 0) == -1  # behind the head: reclaimed
+    assert takes.leased_word(*args, 2, 9, 0, 64, 999) == w
+    assert takes.leased_word(*args, 2, 9, 0, 64, 1000) == -1  # lapsed at its deadline
+    assert takes.leased_word(*args, 1, 9, 0, 64, 0) == -1  # another attempt's lease
+    assert takes.leased_word(*args, 2, 8, 0, 64, 0) == -1  # another message
+    assert takes.leased_word(*args, 2, 9, 64, 64, 0) == -1  # behind the head: reclaimed
     mq[w] = L.status_word(L.READY, L.NO_HOLDER, 2)
-    assert ring.leased_word(*args, 2, 9, 0, 64, 0) == -1
+    assert takes.leased_word(*args, 2, 9, 0, 64, 0) == -1
 
 
 def test_make_ready_keeps_the_attempt_and_tracks_the_lowest_requeued_position():
@@ -89,20 +89,20 @@ def test_make_ready_keeps_the_attempt_and_tracks_the_lowest_requeued_position():
     positions = _append(mm, mq, 512, [64, 64, 64], state=L.status_word(L.LEASED, 1, 1))
     mq[L.I_FRONTIER] = mq[L.I_TAIL]  # leased: taken, so behind the frontier
     for pos in (positions[2], positions[0]):
-        ring.make_ready(mq, (BASE + pos) >> 3, pos)
+        takes.make_ready(mq, (BASE + pos) >> 3, pos)
     assert [L.split_status(mq[(BASE + p) >> 3]) for p in positions] == [
         (L.READY, L.NO_HOLDER, 1), (L.LEASED, 1, 1), (L.READY, L.NO_HOLDER, 1)]
     assert (mq[L.I_READY], mq[L.I_REQUEUED], mq[L.I_READY_POS]) == (2, 2, positions[0])
-    assert ring.next_ready(mq, 512, BASE, 0, 192) == positions[0]
-    assert ring.next_ready(mq, 512, BASE, 64, 192) == positions[2]
-    assert ring.next_ready(mq, 512, BASE, 64, 128) == -1
+    assert takes.next_ready(mq, 512, BASE, 0, 192) == positions[0]
+    assert takes.next_ready(mq, 512, BASE, 64, 192) == positions[2]
+    assert takes.next_ready(mq, 512, BASE, 64, 128) == -1
 
 
 def test_make_ready_of_a_record_the_frontier_has_not_reached_counts_it_ready_not_requeued():
     mm, mq = _segment(512)
     positions = _append(mm, mq, 512, [64, 64], state=L.status_word(L.DELAYED, L.NO_HOLDER, 0))
     mq[L.I_FRONTIER] = positions[0]  # nothing taken: the frontier will meet both
-    ring.make_ready(mq, (BASE + positions[1]) >> 3, positions[1])
+    takes.make_ready(mq, (BASE + positions[1]) >> 3, positions[1])
     assert (mq[L.I_READY], mq[L.I_REQUEUED]) == (1, 0)
 
 
@@ -169,7 +169,7 @@ def test_commit_publishes_the_records_and_owes_posts_to_sleepers_only():
 
 
 def test_a_queues_commit_is_written_once_in_python_and_once_in_c():
-    """The ready count of new records moves only in ring.py (commit, commit_fills, a record made
+    """The ready count moves only in ring.py (commit, commit_fills) and takes.py (a record made
     ready again), and C stores a queue's tail only in commit, commit_fills and a lap reset."""
     import os
     import re
@@ -180,7 +180,7 @@ def test_a_queues_commit_is_written_once_in_python_and_once_in_c():
         for f in files:
             if f.endswith(".py") and re.search(r"mq\[(L\.)?I_READY\] \+=", open(os.path.join(folder, f)).read()):
                 writers.add(f)
-    assert writers == {"ring.py"}
+    assert writers == {"ring.py", "takes.py"}
     c = open(os.path.join(engine, "_fast.c")).read()
     assert len(re.findall(r"__atomic_store_n\(&h\[H_TAIL\]", c)) == 2  # commit_fills, commit
     assert len(re.findall(r"h\[H_TAIL\] = ", c)) == 1  # the lap reset (an empty ring, nothing to publish)

@@ -14,7 +14,7 @@ from ...formats import dmsq
 from ...errors import DeliveryExpired, LockTimeout, QueueEmpty
 from ..shm import cpaths
 from . import deadletter, extension, housekeeping, lifetime, scheduling
-from ..shm import header, ring, waits
+from ..shm import header, ring, takes, waits
 from ..shm import layout as L
 from ..shm.layout import I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_LIVENESS, I_READY, I_SPECIAL, I_TAIL
 from .delivery import Delivery, Message
@@ -32,7 +32,7 @@ _mono = time.monotonic_ns
 _wall = time.time_ns
 _REC = L.REC_SIZE
 _REC_UNPACK = L.REC.unpack_from
-_take_next = ring.take_next
+_take_next = takes.take_next
 _HOT_UNPACK = L.HOT.unpack_from
 _HOT_OFF = L.HOT_OFF
 assert L.HOT_FIELDS == ("deleted", "tail", "next_id", "pwait", "pposted", "settings_gen", "bells", "room", "head", "frontier",
@@ -501,7 +501,7 @@ class Consuming:
                 if expired:
                     dead = expired
             if ready:
-                out, dead = ring.take_batch(mm, mq, cap, base, ready, maxn, self._my_slot(), now + vis_ns,
+                out, dead = takes.take_batch(mm, mq, cap, base, ready, maxn, self._my_slot(), now + vis_ns,
                                             self.max_deliveries, max_bytes, self._ttl_ns, _wall(), _expiry)
             if out and self.max_deliveries is not None:
                 out = self._past_max_deliveries(out, spent, now)
@@ -538,7 +538,7 @@ class Consuming:
             if t[2] <= maxdel:
                 keep.append(t)
                 continue
-            ring.spent(mq, (self._base + t[0] % self._cap) >> 3, slot, now + housekeeping.MOVE_LEASE_NS, t[2] - 1)
+            takes.spent(mq, (self._base + t[0] % self._cap) >> 3, slot, now + housekeeping.MOVE_LEASE_NS, t[2] - 1)
             spent.append((t[0], t[1], t[2] - 1, *t[3:]))
         return keep
 
@@ -623,7 +623,7 @@ class Messages:
     and takes the next. With the C paths that is one ``take_next`` (one lock hold); the
     Python twin (and a handle whose ``get`` is its own: a serializer's, lanes) acks, then
     gets. Either way an ack is made only while the delivery is still leased as it was
-    delivered (``ring.leased_word``'s checks), so the application's own settle wins."""
+    delivered (``takes.leased_word``'s checks), so the application's own settle wins."""
 
     __slots__ = ("_q", "_timeout", "_vis", "_vis_ns", "_copy", "_mode", "_step", "_last", "_done")
 

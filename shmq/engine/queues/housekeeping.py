@@ -18,7 +18,7 @@ import time
 from ..shm import layout as L
 from ..shm.memory import arc
 from . import deadletter, lifetime, scheduling
-from ..shm import dedup, header, ring, slots, waits
+from ..shm import dedup, header, ring, slots, takes, waits
 from ..shm.process import is_alive
 from ..shm.mutex import unlock as _unlock
 
@@ -39,7 +39,7 @@ def _spent(q, mq, w, pos, state, now, spent) -> int:
     goes to ``spent``. Lock held. Returns its lease's deadline."""
     until = now + MOVE_LEASE_NS  # (should this process die first, the reaper moves it)
     if state == _DELAYED:
-        ring.lease_delayed(mq)
+        takes.lease_delayed(mq)
     spent.append(scheduling.lease_record(mq, q._mm, w, pos, _LEASED | (q._my_slot() << 8), until, mq[w] >> 32))
     return until
 
@@ -68,17 +68,17 @@ def expire(q, now, spent) -> int:
                     continue
                 if state == _LEASED and q._retry_ns:  # a lapsed lease waits as the retry policy says
                     until = now + q._retry_delay_ns(mq[w] >> 32)
-                    ring.unlease(mq, w, pos, until)
+                    takes.unlease(mq, w, pos, until)
                     next_deadline = min(next_deadline, until)
                     continue
                 if state == _LEASED:
-                    ring.unlease(mq, w, pos)
+                    takes.unlease(mq, w, pos)
                 else:
-                    ring.wake(mq, w, pos)
+                    takes.wake(mq, w, pos)
                 woke += 1
             elif due < next_deadline:
                 next_deadline = due
-    ring.next_deadline(mq, next_deadline, lower_only=False)
+    takes.next_deadline(mq, next_deadline, lower_only=False)
     if woke:
         for _ in range(waits.owed_posts(mq, waits.CONSUMERS, woke)):
             q._ne.release()
@@ -96,9 +96,9 @@ def _release_holder(q, slot, now, spent) -> int:
         s = mq[w]
         if s & 0xFF == _LEASED and (s >> 8) & 0xFFFF == slot:
             if _last(q, mq, w):
-                ring.next_deadline(mq, _spent(q, mq, w, pos, _LEASED, now, spent))
+                takes.next_deadline(mq, _spent(q, mq, w, pos, _LEASED, now, spent))
                 continue
-            n += ring.unlease(mq, w, pos)
+            n += takes.unlease(mq, w, pos)
     return n
 
 

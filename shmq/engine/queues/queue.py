@@ -35,7 +35,7 @@ from ...formats import dmsq
 from ...errors import LockTimeout, QueueCorrupted, QueueFull, QueueNotFound, ShmqError
 from ...model.messages import QueueStats
 from . import extension, housekeeping, lifetime, scheduling
-from ..shm import dedup, header, ring, slots, waits
+from ..shm import dedup, header, ring, slots, takes, waits
 from ..shm import layout as L
 from ..shm.memory import Memory, pinned_bytes
 from ..shm.layout import (I_CWAIT, I_DELETED, I_FRONTIER, I_HEAD, I_NEXT_DEADLINE, I_NEXT_ID, I_PWAIT, I_READY,
@@ -481,7 +481,7 @@ class Queue(Producing, Consuming, Settling):
                 self.wal.append(b"".join(_encode_ack_entry(mq[w + _R_MSG_ID], 0) for _pos, w in ready),
                                 grows=False)
             n = len(ready)
-            post = ring.purge(mq, cap, base, [w for _pos, w in ready], tail)
+            post = takes.purge(mq, cap, base, [w for _pos, w in ready], tail)
         finally:
             _unlock(self._lockp)
         if post:

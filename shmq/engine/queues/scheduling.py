@@ -25,7 +25,7 @@ level, O(levels) per message.
 import heapq
 
 from . import extension
-from ..shm import ring
+from ..shm import ring, takes
 from ..shm import layout as L
 
 __all__ = ["take", "take_leveled", "peek", "sweep", "ttl_of", "lease_record"]
@@ -39,7 +39,7 @@ _R_ENQ, _R_DEADLINE, _R_LENGTH = L.R_ENQ, L.R_DEADLINE, L.R_LENGTH
 _R_FLAGS = 2  # the word whose high half is the record's flags
 _NEVER = L.NEVER
 _decode = extension.decode
-_lease = ring.lease
+_lease = takes.lease
 _NONE = extension.NONE
 
 
@@ -194,11 +194,11 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
                     from ...formats import dmsq
 
                     q.wal.append(dmsq.encode_ack_entry(mq[w + L.R_MSG_ID], 0), grows=False)
-                ring.drop(mq, w)
+                takes.drop(mq, w)
     n = len(out)
-    ring.taken(mq, n + len(expired), n + len(dead), len(expired), slot, redelivered, until)
+    takes.taken(mq, n + len(expired), n + len(dead), len(expired), slot, redelivered, until)
     if not complete:  # a part of the ring: the cursors stay lower bounds; the frontier covers the leases
-        ring.cursors(mq, frontier)
+        takes.cursors(mq, frontier)
         return out, dead
     # the plain paths' cursors, from this walk
     requeued = 0
@@ -214,7 +214,7 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
             requeued += 1
             if first is None:
                 first = pos
-    ring.cursors(mq, frontier, requeued, first if requeued else frontier, next_ttl, special)
+    takes.cursors(mq, frontier, requeued, first if requeued else frontier, next_ttl, special)
     if q._levels > 1:  # the leveled take's pointers, exact: each level's first ready record
         firsts = {}
         for rec in ready:
@@ -222,7 +222,7 @@ def take(q, maxn, slot, until, now, wall, max_bytes=None):
                 firsts.setdefault(min(rec[2], q._levels - 1), rec[0])
         tail = mq[L.I_TAIL]
         for lv in range(q._levels):
-            ring.level_at(mq, lv, firsts.get(lv, tail))
+            takes.level_at(mq, lv, firsts.get(lv, tail))
     if expired and not dead:
         ring.advance_head(mq, q._cap, q._base)
     return out, dead
@@ -235,9 +235,9 @@ def _first_ready(q, level, start, head, tail):
     top = q._levels - 1
     for pos, w in ring.records(mq, q._cap, q._base, max(start, head), tail):
         if mq[w] & 0xFF == _READY and min((mq[w + _R_FLAGS] >> 32) & 0xFF, top) == level:
-            ring.level_at(mq, level, pos)
+            takes.level_at(mq, level, pos)
             return pos, w
-    ring.level_at(mq, level, tail)
+    takes.level_at(mq, level, tail)
     return None
 
 
@@ -293,7 +293,7 @@ def take_leveled(q, maxn, slot, until, now, wall, max_bytes=None):
         cur[lv] = _first_ready(q, lv, pos + (mq[w + _R_LENGTH] & 0xFFFFFFFF), head, tail)
     n = len(out) + len(dead)
     if n:
-        ring.taken(mq, n, n, len(dead), slot, redelivered, until)
+        takes.taken(mq, n, n, len(dead), slot, redelivered, until)
     return out, dead
 
 

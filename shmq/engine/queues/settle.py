@@ -1,6 +1,6 @@
 """Settling deliveries: ack (the hot path: C first), batches of acks, nacks with an
 optional delay, rejects to the dead-letter queue, lease extension — each checks that
-the lease is still the delivery's (``ring.leased_word``). Part of ``Queue`` (``queue.py``).
+the lease is still the delivery's (``takes.leased_word``). Part of ``Queue`` (``queue.py``).
 """
 
 import time
@@ -14,7 +14,7 @@ from .views import _viewed as _array_views
 from ...model.keepalive import settling as _stop_keepalives
 from ..shm import cpaths
 from . import deadletter
-from ..shm import ring, waits
+from ..shm import ring, takes, waits
 from ..shm import layout as L
 from ..shm.layout import I_DEAD_TOTAL, I_DELETED, I_HEAD, I_TAIL
 from ..shm.mutex import unlock as _unlock
@@ -25,7 +25,7 @@ __all__ = ["Settling"]
 _mono = time.monotonic_ns
 _CONSUMERS, _PRODUCERS = waits.CONSUMERS, waits.PRODUCERS
 _encode_ack_entry = dmsq.encode_ack_entry
-_word_leased, _ack = ring.leased_word, ring.ack
+_word_leased, _ack = takes.leased_word, takes.ack
 _seconds_ns = waits.seconds_ns
 _F_OWNERDEAD, _F_EXPIRED, _F_DELETED = cpaths.OWNERDEAD, cpaths.EXPIRED, cpaths.DELETED
 _proc_word, _P_ACKED = L.proc_word, L.P_ACKED
@@ -37,7 +37,7 @@ class Settling:
     def _leased_word(self, d, head=None, tail=None, now=None):
         """Word index of the delivery's record if its lease is still d's, else -1. Lock held."""
         mq = self._mq
-        return ring.leased_word(mq, self._base, self._cap, d._pos, d.attempt, d.id,
+        return takes.leased_word(mq, self._base, self._cap, d._pos, d.attempt, d.id,
                                 mq[I_HEAD] if head is None else head, mq[I_TAIL] if tail is None else tail,
                                 _mono() if now is None else now)
 
@@ -197,7 +197,7 @@ class Settling:
                 if policy:
                     delay_ns = self._retry_delay_ns(d.attempt)
                 # unseen: the attempt it was leased with never happened
-                woke += ring.unlease(mq, w, d._pos, now + delay_ns if delay_ns else 0,
+                woke += takes.unlease(mq, w, d._pos, now + delay_ns if delay_ns else 0,
                                      max(0, (mq[w] >> 32) - 1) if unseen else None)
             done = len(live)
             post = waits.owed_posts(mq, _CONSUMERS, woke)
@@ -269,7 +269,7 @@ class Settling:
                     freed = True
                     break
             done = len(live)
-            ring.ack_many(mq, [w for _d, w in live], None if not counted else I_DEAD_TOTAL if dead_lettered
+            takes.ack_many(mq, [w for _d, w in live], None if not counted else I_DEAD_TOTAL if dead_lettered
                           else _proc_word(self._my_slot(), _P_ACKED))
             if freed and ring.advance_head(mq, cap, self._base):
                 post = waits.owed_posts(mq, _PRODUCERS, 1)
@@ -290,6 +290,6 @@ class Settling:
             w = self._leased_word(d)
             if w < 0:
                 raise self._expired(d)
-            ring.extend(mq, w, until)
+            takes.extend(mq, w, until)
         finally:
             _unlock(self._lockp)
