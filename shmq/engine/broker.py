@@ -641,10 +641,10 @@ class Broker:
         create_semaphore(base + NOT_EMPTY, group).close()
         seg = create_segment(base, L.STREAM_SIZE, group=group)
         try:
-            header.init_stream(seg._mmap, (L.STREAM_VERSION, partitions, L.RETENTION[retention], L.DURABILITY[durability],
-                                           live["timestamp_type"], live["compression"], max_bytes,
-                                           live["max_message_bytes"], live["retention_bytes"], live["retention_ns"],
-                                           int(idle_s * 1e9), now),
+            header.init_stream(seg._mmap, (L.STREAM_VERSION, partitions, L.RETENTION[retention],
+                                           L.DURABILITY[durability], live["timestamp_type"], live["compression"],
+                                           max_bytes, live["max_message_bytes"], live["retention_bytes"],
+                                           live["retention_ns"], int(idle_s * 1e9), now),
                                {f: live[f] for f in _COMPACTION_WORDS + ("segment_bytes",)})
         finally:
             seg.close()

@@ -502,7 +502,7 @@ class Consuming:
                     dead = expired
             if ready:
                 out, dead = takes.take_batch(mm, mq, cap, base, ready, maxn, self._my_slot(), now + vis_ns,
-                                            self.max_deliveries, max_bytes, self._ttl_ns, _wall(), _expiry)
+                                             self.max_deliveries, max_bytes, self._ttl_ns, _wall(), _expiry)
             if out and self.max_deliveries is not None:
                 out = self._past_max_deliveries(out, spent, now)
             if not out and not dead and not spent and register:  # nothing taken at all: this process sleeps next

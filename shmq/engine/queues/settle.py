@@ -38,8 +38,8 @@ class Settling:
         """Word index of the delivery's record if its lease is still d's, else -1. Lock held."""
         mq = self._mq
         return takes.leased_word(mq, self._base, self._cap, d._pos, d.attempt, d.id,
-                                mq[I_HEAD] if head is None else head, mq[I_TAIL] if tail is None else tail,
-                                _mono() if now is None else now)
+                                 mq[I_HEAD] if head is None else head, mq[I_TAIL] if tail is None else tail,
+                                 _mono() if now is None else now)
 
     def _expired(self, d):
         return DeliveryExpired(f"delivery {self.name}#{d.id} attempt {d.attempt} is no longer leased")
@@ -198,7 +198,7 @@ class Settling:
                     delay_ns = self._retry_delay_ns(d.attempt)
                 # unseen: the attempt it was leased with never happened
                 woke += takes.unlease(mq, w, d._pos, now + delay_ns if delay_ns else 0,
-                                     max(0, (mq[w] >> 32) - 1) if unseen else None)
+                                      max(0, (mq[w] >> 32) - 1) if unseen else None)
             done = len(live)
             post = waits.owed_posts(mq, _CONSUMERS, woke)
         finally:
@@ -270,7 +270,7 @@ class Settling:
                     break
             done = len(live)
             takes.ack_many(mq, [w for _d, w in live], None if not counted else I_DEAD_TOTAL if dead_lettered
-                          else _proc_word(self._my_slot(), _P_ACKED))
+                           else _proc_word(self._my_slot(), _P_ACKED))
             if freed and ring.advance_head(mq, cap, self._base):
                 post = waits.owed_posts(mq, _PRODUCERS, 1)
         finally:

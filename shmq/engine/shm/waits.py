@@ -18,9 +18,8 @@ from . import cpaths
 from . import layout as L
 from .mutex import FOREVER
 
-__all__ = ["SPIN_NS", "WAIT_SLICE_S", "CONSUMERS", "BELLS", "PRODUCERS", "READERS", "register", "unregister", "lane_sleepers",
-           "owed_posts",
-           "register_reader", "unregister_reader",
+__all__ = ["SPIN_NS", "WAIT_SLICE_S", "CONSUMERS", "BELLS", "PRODUCERS", "READERS", "register", "unregister",
+           "lane_sleepers", "owed_posts", "register_reader", "unregister_reader",
            "serving", "spin",
            "sleep_slice", "seconds_ns", "lock_deadline"]
 
