@@ -13,7 +13,7 @@ lapses first makes room (the window then holds for the ``DEDUP_SLOTS`` newest id
 
 from . import layout as L
 
-__all__ = ["lookup", "remember", "forget_uncommitted", "live_entries"]
+__all__ = ["lookup", "remember", "forget_uncommitted"]
 
 _SLOTS = L.DEDUP_SLOTS
 _PROBES = L.DEDUP_PROBES
@@ -63,14 +63,3 @@ def forget_uncommitted(mq, off, next_id) -> int:
             mq[w + 2] = 0  # lapsed; the slot stays occupied, so no probe sequence breaks
             n += 1
     return n
-
-
-def live_entries(mq, off, now_wall) -> list[tuple[int, int, int]]:
-    """Every (hash, message id, until) that has not lapsed. Lock held."""
-    base = off >> 3
-    out = []
-    for s in range(_SLOTS):
-        w = base + s * _WORDS
-        if mq[w] and mq[w + 2] > now_wall:
-            out.append((mq[w], mq[w + 1], mq[w + 2]))
-    return out
