@@ -1,6 +1,7 @@
 /* The server's plain requests in C (issue 44): a read's PRODUCE, PRODUCE_BATCH, CONSUME and ACK
  * frames of the plain shapes, parsed, checked, served through the engine's C paths and answered,
- * in one call from the event loop per read (``Plain.serve``).
+ * in one call from the event loop per read (``Plain.read``: the fast path of ``Connection.take``,
+ * the one way in for a read; ``Plain.serve`` for frames that came in more than one read).
  *
  * Strategy: the twin of connection.py's dispatch to handlers/queues.py's plain_produce, produce_batch,
  * consume / plain_consume and plain_ack, for the shapes the clients send every message, as the
@@ -885,7 +886,7 @@ static PyObject *plain_serve(Plain *self, PyObject *const *args, Py_ssize_t narg
     return result;
 }
 
-/* ---- a read served whole: Connection.get_buffer and buffer_updated's common case, in C */
+/* ---- a read served whole: Connection.get_buffer and take's common case, in C */
 
 /* 1 where ``name`` of ``o`` is true, 0 where false, -1 on an error */
 static int attr_true(PyObject *o, PyObject *name) {
@@ -948,9 +949,9 @@ static PyObject *call_method0(PyObject *o, PyObject *name) {
 }
 
 /* read(conn, nbytes) -> True: the read's every frame served here and answered, with what
- * buffer_updated does after (the requests counted, the gets waiting on the queues put to
+ * Connection.take does after (the requests counted, the gets waiting on the queues put to
  * answered, the busy poll touched, the clocks, the replies written); a tuple: ``serve``'s, the
- * read served only in part (buffer_updated goes on with the rest); False: nothing served; None:
+ * read served only in part (``take`` goes on with the rest); False: nothing served; None:
  * not tried (the connection is mid-frame, paused, or holds bytes). */
 static PyObject *plain_read(Plain *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
@@ -978,7 +979,7 @@ static PyObject *plain_read(Plain *self, PyObject *const *args, Py_ssize_t nargs
         goto done;
     }
     Py_ssize_t used = PyLong_AsSsize_t(PyTuple_GET_ITEM(served, 0));
-    if (used < nbytes) { /* the rest is Python's: buffer_updated goes on from serve's result */
+    if (used < nbytes) { /* the rest is Python's: Connection.take goes on from serve's result */
         result = Py_NewRef(served);
         goto done;
     }
@@ -1034,7 +1035,7 @@ static PyObject *plain_read(Plain *self, PyObject *const *args, Py_ssize_t nargs
             if (r < 0) goto done;
         }
     }
-    /* then, as buffer_updated: ``account`` unless it reads on at a frame's boundary */
+    /* then, as Connection.take: ``account`` unless it reads on at a frame's boundary */
     if ((r = attr_true(conn, s_closing)) != 0) {
         if (r > 0) result = Py_NewRef(Py_True);
         goto done;

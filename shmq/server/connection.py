@@ -133,54 +133,48 @@ class Connection(asyncio.BufferedProtocol):
             return
         try:
             plain = self.plain
-            # the common read, whole in C: every frame plain, served and answered, and what follows here
-            # after such a read done there (``Plain.read``); else what it served of it, if anything
+            # the common read, whole in C: every frame plain, served and answered, and what ``take`` does
+            # after (``Plain.read``: True); else what it served of the read's first frames, if it tried
             served = plain.read(self, nbytes) if plain is not None else None
-            if served is True:
-                return
-            data = self.server.rview[:nbytes]
-            bounds = self.bounds
-            one, ended, replies = None, 1, None
-            if not (bounds.got or self.write_paused or self.reserved):  # at a frame's start, taking requests
-                if plain is not None and not self.decoder.buffered:
-                    # the plain frames first, in C (server/plain.py); what it leaves, from the first frame
-                    # it does not serve, goes on below as a read of its own
-                    if served is None:
-                        served = plain.serve(data, self.leases, self.decoder.max_frame_bytes, self.wait_plain)
-                    replies = self.served(served or None)
-                    plain = None  # (offered)
-                    if replies is not None:
-                        used = self.served_bytes
-                        data = data[used:] if used < nbytes else None
-                if data is not None:
-                    one = self.decoder.one_frame(data)  # the usual read: one whole request, decoded in one call
-            if one is None and data is not None:
-                self.decoder.feed(data)
-                ended = bounds.advance(data)
-                if ended and self.reserved:
-                    self.server.budget.release(self)  # a reserved read ends where its frame does
-                if ended and plain is not None and not self.write_paused:
-                    # frames that came in more than one read (a big batch): the plain ones among the first
-                    # in C too, from the decoder's bytes
-                    replies = self.served(self.decoder.offer(plain.serve, self.leases, self.decoder.max_frame_bytes,
-                                                              self.wait_plain))
-            now = self.server.loop.time()
-            self.server.spin.touch(self, now)  # the client's next request may follow its reply: looked for awake
-            if bounds.got:  # a frame still open
-                self.clocks.received(now, bounds.got, ended)
-            else:
-                self.clocks.frame_started = None  # (``received`` of whole frames, a call less)
-            if data is None:  # every request of the read served in C
-                self.clocks.last_active = now
-                if replies and not self.eof_sent and not self.transport.is_closing():  # (none: they wait)
-                    self.transport.write(replies)
-            else:
-                self.process(now, one, replies)
-            if not self.closing and (bounds.got or not self.reading or self.write_paused or self.budget_wait):
-                self.account()  # (else nothing to do: ``account``'s own first test, a call less)
+            if served is not True:
+                self.take(self.server.rview[:nbytes], served)
         except Exception:  # a bug must cost this connection, never the server
             log.exception("%s: internal error; closing", self.peer)
             self.shut()
+
+    def take(self, data, served=None):
+        """A read's bytes, the one way in for them: every request they complete handled in
+        order and answered, the replies in one write (``process``), the rest held for the
+        next read. ``Plain.read`` in C is the fast path of the same: a read whose every frame
+        it serves ends there; one it served in part or not at all comes here with
+        ``served``, its ``Plain.serve`` result (False: it served nothing; None: it did not
+        try, or there is no C path). Frames a later read completes are offered to C from
+        the decoder's bytes (``FrameDecoder.offer``); what C leaves is Python's, frame by frame."""
+        bounds, replies, one, ended = self.bounds, None, None, 1
+        if served:  # the first frames served in C: the rest from the first it left
+            replies = self.served(served)
+            data = data[self.served_bytes:]
+        if not (bounds.got or self.write_paused or self.reserved):  # at a frame's start, taking requests
+            one = self.decoder.one_frame(data)  # the usual read: one whole request, decoded in one call
+        if one is None:
+            self.decoder.feed(data)
+            ended = bounds.advance(data)
+            if ended and self.reserved:
+                self.server.budget.release(self)  # a reserved read ends where its frame does
+            if ended and served is None and self.plain is not None and not self.write_paused:
+                # frames that came in more than one read (a big batch): the plain ones among the first
+                # in C too, from the decoder's bytes
+                replies = self.served(self.decoder.offer(self.plain.serve, self.leases, self.decoder.max_frame_bytes,
+                                                          self.wait_plain))
+        now = self.server.loop.time()
+        self.server.spin.touch(self, now)  # the client's next request may follow its reply: looked for awake
+        if bounds.got:  # a frame still open
+            self.clocks.received(now, bounds.got, ended)
+        else:
+            self.clocks.frame_started = None  # (``received`` of whole frames, a call less)
+        self.process(now, one, replies)
+        if not self.closing and (bounds.got or not self.reading or self.write_paused or self.budget_wait):
+            self.account()  # (else nothing to do: ``account``'s own first test, a call less)
 
     def served(self, served):
         """The replies of what ``server.plain`` served (``Plain.serve``'s result, None:

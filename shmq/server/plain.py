@@ -37,7 +37,7 @@ def plain_server(server):
     count = getattr(server.metrics, "count", None)  # (NO_METRICS counts nothing)
     if count is not None:
         plain.timed(count)
-    if server.loop is not None:  # a read served whole in C (``Connection.buffer_updated``)
+    if server.loop is not None:  # a read served whole in C (``Connection.take``'s fast path)
         plain.reads(server.rview, server.rview[:SMALL_FRAME_BYTES], server.queues.notify, server.spin.touch,
                     server.loop.time, server.queues)
     return plain
