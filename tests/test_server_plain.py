@@ -284,6 +284,31 @@ def test_frames_in_pieces_get_the_python_paths_answers(sides, reads, cuts):
     event(f"served in C: {'some' if pair[0].served else 'none'}")
 
 
+def test_a_read_goes_in_once_its_rest_from_the_first_frame_c_left(sides):
+    """A read has one way in (``Connection.take``, ``Plain.read`` its fast path): a whole read of
+    plain frames ends in C; a read with a PING among them is served in C up to the PING, and
+    ``take`` goes on from there, the PING and the frames after it through Python's dispatch; C's
+    ``serve`` is called for neither read from anywhere else (only ``FrameDecoder.offer`` calls it,
+    for frames over several reads), and the replies and counts are those of the Python path."""
+    pair = sides()
+    c = pair[0]
+    dispatched, offered = [], []
+    hook, serve = c.conn.handle, c.server.plain.serve
+    c.conn.handle = lambda frame: dispatched.append(frame[0]) or hook(frame)
+    c.server.plain.serve = lambda *args: offered.append(1) or serve(*args)
+    whole = [("put", "q", b"a"), ("put", "q", b"b")]
+    split = [("get", "q", 2, True), ("ping",), ("put", "q", b"c"), ("get", "q", 5, False)]
+    for looked in (False, True):  # (a warm-up round first: a ring's next chunk is Python's to map)
+        dispatched.clear()
+        c.whole = c.served = 0
+        requests = c.conn.requests
+        run(pair, [whole])
+        assert not looked or (c.whole, c.served, dispatched, c.conn.requests - requests) == (1, 2, [], 2)
+        run(pair, [split])
+    assert (c.whole, c.served, c.conn.requests - requests) == (1, 3, 6)
+    assert dispatched == [MsgType.PING, MsgType.PRODUCE, MsgType.CONSUME] and offered == []
+
+
 def test_a_big_batch_in_pieces_is_served_in_c(sides):
     """A PRODUCE_BATCH of 64 bodies, a CONSUME of them and their ACK, each in pieces: no
     Python dispatch, the queue holds exactly them and then nothing. (A ring's next chunk of
