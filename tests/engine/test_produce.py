@@ -380,6 +380,12 @@ def test_put_many_is_all_or_nothing_and_places_pads(impl, broker):
     assert q.put_many([b"h"] * 3, headers={"all": True}) == [7, 8, 9]
     assert [d.headers for d in q.get_many(10, timeout=0)] == [{"all": True}] * 3
     assert q.put_many(iter([b"g1", b"g2"])) == [10, 11] and q.put_many([]) == []
+    # no headers: other buffers (from a generator) taken as views, one too large anywhere refusing the batch
+    assert q.put_many(b for b in [b"b1", bytearray(b"b2"), memoryview(b"b3")]) == [12, 13, 14]
+    with pytest.raises(shmq.MessageTooLarge, match="1001 bytes"):
+        q.put_many(iter([b"ok", bytearray(1001)]))
+    assert [d.body for d in q.get_many(10, timeout=0)][-3:] == [b"b1", b"b2", b"b3"]
+    assert q.stats().enqueued_total == 14
     with pytest.raises(ValueError, match="2 bodies and 1 headers"):
         q.put_many([b"1", b"2"], headers=[{}])
     q.close()

@@ -69,12 +69,19 @@ def batch_items(bodies, headers, maxmsg: int, name: str, ext: bytes = b"") -> li
     items = []
     for body, h in zip(bodies, per_item(headers, len(bodies))):
         hraw = ext + encode_headers(h)
-        if type(body) is not bytes:
-            body = as_body(body)
-        if len(body) > maxmsg:
-            raise MessageTooLarge(f"message body is {len(body)} bytes; queue {name!r} takes at most {maxmsg}")
+        body = checked_body(body, maxmsg, name)
         items.append((body, hraw, _record_size(len(hraw), len(body))))
     return items
+
+
+def checked_body(body, maxmsg: int, name: str):
+    """A put_many's body as the ring takes it: bytes, or another buffer as a view in one piece
+    (``as_body``), of at most ``maxmsg`` bytes (else MessageTooLarge: nothing is put)."""
+    if type(body) is not bytes:
+        body = as_body(body)
+    if len(body) > maxmsg:
+        raise MessageTooLarge(f"message body is {len(body)} bytes; queue {name!r} takes at most {maxmsg}")
+    return body
 
 
 class Producing:
@@ -140,7 +147,7 @@ class Producing:
                 self._repair_held_lock()
             # busy: the Python path below waits for the lock
         size = _record_size(len(hraw), bl)
-        self._acquire(_lock_deadline(timeout), QueueFull)
+        self._acquire(FOREVER if timeout is None else _lock_deadline(timeout), QueueFull)  # (a call less: no timeout)
         try:
             if mq[I_DELETED]:
                 raise self._gone()
@@ -217,17 +224,14 @@ class Producing:
         if headers is not None:
             return self._append_items(batch_items(bodies, headers, self.max_message_bytes, self.name, ext),
                                       timeout, ext, flags, delay_ns, waited)
-        items = []
-        append = items.append
+        if type(bodies) is not list:
+            bodies = list(bodies)
         maxmsg = self.max_message_bytes
         for body in bodies:
-            if type(body) is not bytes:
-                body = as_body(body)
-            if len(body) > maxmsg:
-                raise MessageTooLarge(
-                    f"message body is {len(body)} bytes; queue {self.name!r} takes at most {maxmsg}"
-                )
-            append((body, ext, _record_size(len(ext), len(body))))
+            if type(body) is not bytes or len(body) > maxmsg:  # another buffer (a view of it), or one too large
+                bodies = [checked_body(b, maxmsg, self.name) for b in bodies]
+                break
+        items = L.sized(bodies, ext)
         return self._append_items(items, timeout, ext, flags, delay_ns, waited)
 
     def _append_items(self, items, timeout, ext, flags, delay_ns, waited=0):

@@ -41,7 +41,7 @@ __all__ = [
     "MAX_PRIORITIES", "MAX_GROUP_BYTES",
     "CHUNK_SHIFT", "CHUNK", "MEM_FIELDS", "MEM_SIZE", "BITMAP_BYTES", "MAX_RING_BYTES", "GIVE_BACK_GRACE_NS",
     "GIVE_BACK_BUDGET", "ROOM_LOOK", "MEM_OFF", "PART_MEM_OFF", "mem_words", "reuse_after", "POS_LIMIT",
-    "align", "record_size", "status_word", "split_status", "skip_gap", "place", "segment_size", "data_offset",
+    "align", "record_size", "sized", "status_word", "split_status", "skip_gap", "place", "segment_size", "data_offset",
 ]
 
 MAGIC = b"SHMQ"
@@ -303,6 +303,14 @@ def record_size(hdr_len: int, body_len: int) -> int:
     rounded up to ALIGN: the one place it is computed in Python (_fast.c's twin:
     ``rec_size``)."""
     return (_REC_ROUNDED + hdr_len + body_len) & -ALIGN
+
+
+def sized(bodies, hraw: bytes) -> list[tuple]:
+    """Each body of a batch with ``hraw`` (its headers' or extension's bytes) and its record's
+    size, ``record_size``'s: ``(body, hraw, size)`` items in one call a batch, not one a record
+    (a pure-Python put_many's)."""
+    first = _REC_ROUNDED + len(hraw)
+    return [(body, hraw, (first + len(body)) & -ALIGN) for body in bodies]
 
 
 def dedup_offset(proc_slots: int) -> int:
