@@ -300,8 +300,8 @@ _REC_ROUNDED = REC_SIZE + ALIGN - 1  # (record_size's one addition: the header, 
 
 def record_size(hdr_len: int, body_len: int) -> int:
     """Bytes a record takes in the ring, its header, headers (or key and headers) and body
-    rounded up to ALIGN: the one place it is computed in Python (_fast.c's twin:
-    ``rec_size``)."""
+    rounded up to ALIGN: the one place it is computed in Python, with ``sized`` below, its
+    form for a batch (_fast.c's twin: ``rec_size``)."""
     return (_REC_ROUNDED + hdr_len + body_len) & -ALIGN
 
 
@@ -309,7 +309,7 @@ def sized(bodies, hraw: bytes) -> list[tuple]:
     """Each body of a batch with ``hraw`` (its headers' or extension's bytes) and its record's
     size, ``record_size``'s: ``(body, hraw, size)`` items in one call a batch, not one a record
     (a pure-Python put_many's)."""
-    first = _REC_ROUNDED + len(hraw)
+    first = _REC_ROUNDED + len(hraw)  # (record_size's addition, the header's part once)
     return [(body, hraw, (first + len(body)) & -ALIGN) for body in bodies]
 
 
