@@ -19,6 +19,12 @@ def test_record_header_is_48_aligned_bytes():
     assert L.record_size(0, 8) == 56
 
 
+def test_a_batch_is_sized_as_each_record_alone():
+    for hraw in (b"", b"abc", b"h" * 8, b"h" * 9):
+        bodies = [b"", b"x", b"y" * 7, b"z" * 8, b"w" * 100]
+        assert L.sized(bodies, hraw) == [(b, hraw, L.record_size(len(hraw), len(b))) for b in bodies]
+
+
 def test_status_word_round_trips():
     w = L.status_word(L.LEASED, 7, 3)
     assert L.split_status(w) == (L.LEASED, 7, 3)
